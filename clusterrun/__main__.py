@@ -1,0 +1,3 @@
+from clusterrun.cli import main
+
+main()

@@ -1,0 +1,817 @@
+"""The clusterrun node agent: one stdlib-only file, run on every host (local or over SSH).
+
+How it is run
+-------------
+The controller never builds a shell command from job data. It runs the constant command
+``PYTHON -c BOOTSTRAP`` (see ``BOOTSTRAP``) and writes to its stdin::
+
+    <length of the agent source in bytes, decimal>\\n
+    <the agent source>
+    <one JSON request>\\n
+
+``BOOTSTRAP`` reads the source, executes it with ``__name__ == "__clusterrun_agent__"`` and the
+agent then reads the request from the rest of stdin. Argv and environment therefore travel as
+data: a fish or tcsh login shell, quoting or ``AcceptEnv`` cannot change them, and no secret
+appears on a command line. The agent answers with JSON lines on stdout.
+
+Requests (``op``) and answers
+-----------------------------
+``probe``  ``{free_port: bool, state_dir}`` → ``{ok, hostname, python, torch, torchrun_flags,
+           boot_id, port, state_dir}``; ``torch`` is the installed version or null (found without
+           importing torch); ``port`` a TCP port that was free on this host, when asked.
+``start``  ``{job, node, attempt, state_dir, argv, env, cwd}`` → ``{ok, dir, state}``: creates the
+           attempt directory, starts the detached supervisor and returns once it has started
+           torchrun (or failed to: ``{ok: false, error}``).
+``follow`` ``{job, node, attempt, state_dir, offset}`` → a stream of lines:
+           ``{t: "log", offset, next, data}`` (complete lines only, bytes decoded as UTF-8 with
+           surrogateescape; ``next`` is the byte offset to resume from), ``{t: "state", state}``
+           whenever the state file changes, and finally ``{t: "end", state}`` after a last read
+           that includes a partial last line. Resuming from ``next`` loses and repeats nothing.
+``stop``   ``{job, node, attempt, state_dir, grace}`` → ``{ok, killed: [...], left: [...], state}``:
+           the verified stop described below; idempotent.
+``status`` ``{job, node, attempt, state_dir}`` → ``{ok, state, alive}``.
+
+Errors are ``{ok: false, error: "..."}``; the exit code is 0 whenever an answer was written.
+
+State on the host
+-----------------
+``<state_dir>/jobs/<job>/node<node>/attempt<attempt>/`` (directories 0700, files 0600, created
+under umask 077 so they are never readable by others, not even briefly):
+
+``spec.json``       the request: argv, env, cwd (written once, before the supervisor starts)
+``output.log``      torchrun's stdout and stderr, appended (O_APPEND) and never truncated
+``state.json``      written only by the supervisor, atomically (temp file, fsync, rename):
+                    ``state`` (starting → running → exited), ``supervisor`` and ``torchrun``
+                    ``{pid, start_time}`` (start time in clock ticks since boot), ``boot_id``,
+                    ``exit_code`` / ``signal`` of torchrun, ``error`` (could not start),
+                    ``stop_requested``, ``workers`` ``[{rank, local_rank, pid, died}]`` (``died``:
+                    wall-clock time the worker process ended, to find the first failure),
+                    ``sessions`` (session ids seen among the job's processes)
+``stop``            present once a stop was requested
+``supervisor.log``  the supervisor's own diagnostics
+``<state_dir>/agent/<sha256>.py`` is the copy of this file the supervisors run.
+
+The supervisor
+--------------
+``python <agent copy> supervise <attempt dir>``, started in its own session with stdin from
+/dev/null, no terminal and SIGHUP ignored, so it survives the controller and the SSH connection.
+It makes itself a child subreaper (orphaned descendants are re-parented to it, not to init),
+sets ``CLUSTERRUN_JOB=<job>.<node>`` in the job's environment and runs torchrun with its output
+appended to ``output.log``. It records the worker processes and when each one ended, reaps
+everything, and when torchrun has exited sweeps what is left of the job before writing the
+final state.
+
+The verified stop
+-----------------
+SIGTERM to torchrun first (it stops its workers; killing workers first makes it restart them),
+up to ``grace`` seconds for it to exit, then a sweep of everything left of this job: the
+supervisor's descendants ∪ processes carrying the marker ∪ processes in the job's recorded
+sessions. Every process is identified again *after* a pidfd was opened for it and is signalled
+through that pidfd, so a reused pid is never signalled. SIGTERM, a short wait, SIGKILL, re-scan
+until nothing is left; then the answer lists what was killed and what could not be (e.g. a
+process in uninterruptible sleep). Nothing is ever matched by command line.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+# Constant: no job data in it, no quotes, backslashes, "!" or "$", so any login shell passes it on.
+BOOTSTRAP = (
+    "import sys;b=sys.stdin.buffer;n=int(b.readline());s=b.read(n);"
+    "exec(compile(s,'clusterrun-agent','exec'),"
+    "{'__name__':'__clusterrun_agent__','AGENT_SOURCE':s})"
+)
+
+MARKER_VAR = "CLUSTERRUN_JOB"
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+PR_SET_CHILD_SUBREAPER = 36
+POLL_INTERVAL = 0.05
+# torchrun options newer than the oldest torch we support; the probe says which a host has.
+OPTIONAL_TORCHRUN_FLAGS = ("--signals-to-handle", "--shutdown-timeout")
+
+
+class AgentFailure(Exception):
+    """A request that cannot be carried out; reported as ``{ok: false, error}``."""
+
+
+# --------------------------------------------------------------------------------- small helpers
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _write_json_atomic(path: str, obj: object) -> None:
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, json.dumps(obj, sort_keys=True).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _state_root(state_dir: str | None) -> str:
+    if state_dir:
+        return os.path.abspath(os.path.expanduser(state_dir))
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "clusterrun")
+
+
+def _attempt_dir(req: dict) -> str:
+    job, node, attempt = req.get("job"), req.get("node"), req.get("attempt")
+    if not isinstance(job, str) or not _ID_RE.match(job):
+        raise AgentFailure("invalid job id %r" % (job,))
+    if not isinstance(node, int) or not isinstance(attempt, int) or node < 0 or attempt < 1:
+        raise AgentFailure("invalid node %r or attempt %r" % (node, attempt))
+    root = _state_root(req.get("state_dir"))
+    return os.path.join(root, "jobs", job, "node%d" % node, "attempt%d" % attempt)
+
+
+def _marker(job: str, node: int) -> str:
+    return "%s=%s.%d" % (MARKER_VAR, job, node)
+
+
+# ------------------------------------------------------------------------------ process inspection
+
+
+class ProcInfo:
+    """What /proc/<pid>/stat says of one process."""
+
+    __slots__ = ("pid", "comm", "state", "ppid", "sid", "start_time")
+
+    def __init__(self, pid: int, comm: str, state: str, ppid: int, sid: int, start_time: int) -> None:
+        self.pid, self.comm, self.state = pid, comm, state
+        self.ppid, self.sid, self.start_time = ppid, sid, start_time
+
+    def as_dict(self) -> dict:
+        return {"pid": self.pid, "name": self.comm, "state": self.state}
+
+
+def proc_info(pid: int) -> ProcInfo | None:
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    lpar, rpar = data.find(b"("), data.rfind(b")")
+    rest = data[rpar + 2 :].split()
+    try:
+        return ProcInfo(pid, data[lpar + 1 : rpar].decode(errors="replace"), rest[0].decode(),
+                        int(rest[1]), int(rest[3]), int(rest[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def all_procs() -> dict[int, ProcInfo]:
+    procs = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            info = proc_info(int(name))
+            if info is not None:
+                procs[info.pid] = info
+    return procs
+
+
+def has_marker(pid: int, marker: str) -> bool:
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            env = f.read()
+    except OSError:
+        return False
+    return (b"\0" + marker.encode() + b"\0") in (b"\0" + env + b"\0")
+
+
+def proc_env(pid: int) -> dict[str, str]:
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return {}
+    env = {}
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def descendants(root: int, procs: dict[int, ProcInfo]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for info in procs.values():
+        children.setdefault(info.ppid, []).append(info.pid)
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+class PidHandle:
+    """A process pinned by a pidfd (where the kernel and Python have them), so that a signal
+    can never reach another process that later got the same pid."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.fd = -1
+        if hasattr(os, "pidfd_open"):
+            try:
+                self.fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                raise
+            except OSError:
+                self.fd = -1
+
+    def signal(self, sig: int) -> bool:
+        try:
+            if self.fd >= 0:
+                signal.pidfd_send_signal(self.fd, sig)  # type: ignore[attr-defined]
+            else:
+                os.kill(self.pid, sig)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def alive(self) -> bool:
+        info = proc_info(self.pid)
+        if self.fd >= 0:
+            return bool(select.select([self.fd], [], [], 0)[0] == []) and (info is None or info.state != "Z")
+        return info is not None and info.state != "Z"
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until the process has ended (or is a zombie); True if it did."""
+        deadline = time.monotonic() + timeout
+        while self.alive():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self.fd >= 0:
+                select.select([self.fd], [], [], min(left, 0.2))
+            else:
+                time.sleep(min(left, 0.05))
+        return True
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def pin(pid: int, start_time: int | None) -> PidHandle | None:
+    """A handle on ``pid`` if it still is the process that started at ``start_time``."""
+    try:
+        handle = PidHandle(pid)
+    except ProcessLookupError:
+        return None
+    info = proc_info(pid)
+    if info is None or (start_time is not None and info.start_time != start_time) or not handle.alive():
+        handle.close()
+        return None
+    return handle
+
+
+# ------------------------------------------------------------------------------------- the sweep
+
+
+class JobScope:
+    """Which processes belong to one node's job: the supervisor's tree ∪ marker ∪ sessions."""
+
+    def __init__(self, state: dict, exclude: set[int]) -> None:
+        sup = state.get("supervisor") or {}
+        self.sup_pid = sup.get("pid")
+        self.sup_start = sup.get("start_time")
+        self.marker = _marker(state["job"], state["node"])
+        self.sessions = set(state.get("sessions") or [])
+        tr = state.get("torchrun") or {}
+        if tr.get("pid"):
+            self.sessions.add(tr["pid"])  # torchrun leads its own session
+        self.min_start = self.sup_start or 0
+        self.exclude = set(exclude)
+        if self.sup_pid:
+            self.exclude.add(self.sup_pid)
+
+    def _supervisor_alive(self, procs: dict[int, ProcInfo]) -> bool:
+        info = procs.get(self.sup_pid) if self.sup_pid else None
+        return info is not None and info.start_time == self.sup_start
+
+    def members(self, procs: dict[int, ProcInfo]) -> set[int]:
+        tree = descendants(self.sup_pid, procs) if self._supervisor_alive(procs) else set()
+        found = set()
+        for pid, info in procs.items():
+            if pid in self.exclude or info.state == "Z":
+                continue
+            if (pid in tree
+                    or (info.sid in self.sessions and info.start_time >= self.min_start)
+                    or has_marker(pid, self.marker)):
+                found.add(pid)
+        return found
+
+    def belongs(self, pid: int) -> bool:
+        """Check one process again (after it was pinned): is it still part of the job?"""
+        info = proc_info(pid)
+        if info is None or info.state == "Z":
+            return False
+        if info.sid in self.sessions and info.start_time >= self.min_start:
+            return True
+        if has_marker(pid, self.marker):
+            return True
+        seen = set()
+        while info is not None and info.ppid > 1 and info.pid not in seen:
+            seen.add(info.pid)
+            if info.ppid == self.sup_pid:
+                sup = proc_info(self.sup_pid)
+                return sup is not None and sup.start_time == self.sup_start
+            info = proc_info(info.ppid)
+        return False
+
+    def signal_all(self, sig: int, killed: dict[int, dict]) -> int:
+        """Send ``sig`` to every live member; returns how many were signalled."""
+        count = 0
+        for pid in sorted(self.members(all_procs())):
+            try:
+                handle = PidHandle(pid)
+            except ProcessLookupError:
+                continue
+            try:
+                if not self.belongs(pid) or not handle.alive():
+                    continue
+                info = proc_info(pid)
+                if handle.signal(sig):
+                    count += 1
+                    entry = killed.setdefault(pid, info.as_dict() if info else {"pid": pid})
+                    entry["signal"] = signal.Signals(sig).name
+            finally:
+                handle.close()
+        return count
+
+    def sweep(self, term_wait: float, deadline: float, killed: dict[int, dict]) -> list[dict]:
+        """SIGTERM what is left, wait up to ``term_wait``, then SIGKILL and re-scan until nothing
+        is left or ``deadline`` (monotonic) passes. Returns the processes still there."""
+        if self.signal_all(signal.SIGTERM, killed):
+            end = min(deadline, time.monotonic() + term_wait)
+            while time.monotonic() < end and self.members(all_procs()):
+                time.sleep(0.05)
+        while True:
+            procs = all_procs()
+            left = self.members(procs)
+            if not left:
+                return []
+            if time.monotonic() >= deadline:
+                return [procs[p].as_dict() for p in sorted(left) if p in procs]
+            self.signal_all(signal.SIGKILL, killed)
+            time.sleep(0.05)
+
+
+# -------------------------------------------------------------------------------------- requests
+
+
+def op_probe(req: dict) -> dict:
+    import importlib.util
+
+    answer = {
+        "ok": True,
+        "hostname": socket.gethostname(),
+        "python": "%d.%d.%d" % sys.version_info[:3],
+        "boot_id": _boot_id(),
+        "torch": None,
+        "torchrun_flags": [],
+        "state_dir": _state_root(req.get("state_dir")),
+        "port": None,
+    }
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin:
+        torch_dir = os.path.dirname(spec.origin)
+        try:
+            with open(os.path.join(torch_dir, "version.py")) as f:
+                found = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", f.read())
+            answer["torch"] = found.group(1) if found else "unknown"
+            with open(os.path.join(torch_dir, "distributed", "run.py")) as f:
+                run_py = f.read()
+            answer["torchrun_flags"] = [flag for flag in OPTIONAL_TORCHRUN_FLAGS if flag in run_py]
+        except OSError:
+            answer["torch"] = answer["torch"] or "unknown"
+    if req.get("free_port"):
+        answer["port"] = _free_port()
+    return answer
+
+
+def _free_port() -> int:
+    # Below Linux's ephemeral range (32768+), so an outgoing connection will not take it later.
+    import random
+
+    for _ in range(200):
+        port = random.randint(20000, 32000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise AgentFailure("no free TCP port found between 20000 and 32000")
+
+
+def _agent_copy(root: str, source: bytes) -> str:
+    digest = hashlib.sha256(source).hexdigest()[:16]
+    folder = os.path.join(root, "agent")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, "%s.py" % digest)
+    if not os.path.exists(path):
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, source)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    return path
+
+
+def op_start(req: dict, source: bytes) -> dict:
+    folder = _attempt_dir(req)
+    argv, env, cwd = req.get("argv"), req.get("env") or {}, req.get("cwd")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise AgentFailure("argv must be a non-empty list of strings")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise AgentFailure("env must map strings to strings")
+    try:
+        os.makedirs(folder, mode=0o700)
+    except FileExistsError:
+        raise AgentFailure("%s already exists: this attempt was started before" % folder) from None
+    agent_path = _agent_copy(_state_root(req.get("state_dir")), source)
+    spec = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "argv": argv, "env": env,
+            "cwd": os.path.expanduser(cwd) if cwd else None}
+    _write_json_atomic(os.path.join(folder, "spec.json"), spec)
+    log_fd = os.open(os.path.join(folder, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        subprocess.Popen(
+            [sys.executable, agent_path, "supervise", folder],
+            stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+            start_new_session=True, close_fds=True, cwd=folder,
+        )
+    finally:
+        os.close(log_fd)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        state = _read_json(os.path.join(folder, "state.json"))
+        if state and state.get("state") in ("running", "exited"):
+            if state.get("error"):
+                return {"ok": False, "error": state["error"], "dir": folder, "state": state}
+            return {"ok": True, "dir": folder, "state": state}
+        time.sleep(0.02)
+    raise AgentFailure("the supervisor did not start within 30 s; see %s/supervisor.log" % folder)
+
+
+def _load_state(req: dict) -> tuple[str, dict]:
+    folder = _attempt_dir(req)
+    state = _read_json(os.path.join(folder, "state.json"))
+    if state is None:
+        raise AgentFailure("no job %s node %s attempt %s in %s" % (req.get("job"), req.get("node"),
+                                                                 req.get("attempt"), folder))
+    return folder, state
+
+
+def _is_alive(entry: dict | None) -> bool:
+    if not entry or not entry.get("pid"):
+        return False
+    info = proc_info(entry["pid"])
+    return info is not None and info.start_time == entry.get("start_time") and info.state != "Z"
+
+
+def op_status(req: dict) -> dict:
+    folder, state = _load_state(req)
+    same_boot = state.get("boot_id") == _boot_id()
+    return {"ok": True, "state": state,
+            "alive": {"supervisor": same_boot and _is_alive(state.get("supervisor")),
+                      "torchrun": same_boot and _is_alive(state.get("torchrun"))}}
+
+
+def _emit(obj: dict) -> None:
+    sys.stdout.buffer.write(json.dumps(obj).encode() + b"\n")
+    sys.stdout.buffer.flush()
+
+
+def op_follow(req: dict) -> None:
+    folder, state = _load_state(req)
+    offset = int(req.get("offset") or 0)
+    state_path = os.path.join(folder, "state.json")
+    last_mtime = None
+    with open(os.path.join(folder, "output.log"), "rb") as log:
+        log.seek(offset)
+        pending = b""
+        while True:
+            chunk = log.read(1 << 20)
+            if chunk:
+                data = pending + chunk
+                cut = data.rfind(b"\n") + 1
+                if cut:
+                    _emit({"t": "log", "offset": offset, "next": offset + cut,
+                           "data": data[:cut].decode("utf-8", "surrogateescape")})
+                    offset += cut
+                pending = data[cut:]
+                if len(chunk) == 1 << 20:
+                    continue
+            try:
+                mtime = os.stat(state_path).st_mtime_ns
+            except OSError:
+                mtime = None
+            if mtime != last_mtime:
+                last_mtime = mtime
+                state = _read_json(state_path) or state
+                _emit({"t": "state", "state": state})
+            ended = state.get("state") == "exited"
+            if not ended and not _is_alive(state.get("supervisor")) and not _is_alive(state.get("torchrun")):
+                ended = True  # the supervisor died without a word and torchrun is gone: lost
+                state = dict(state, state="lost")
+            if ended:
+                rest = pending + log.read()
+                if rest:
+                    _emit({"t": "log", "offset": offset, "next": offset + len(rest),
+                           "data": rest.decode("utf-8", "surrogateescape")})
+                _emit({"t": "end", "state": state})
+                return
+            time.sleep(POLL_INTERVAL)
+
+
+def op_stop(req: dict) -> dict:
+    folder, state = _load_state(req)
+    grace = float(req.get("grace", 10))
+    deadline = time.monotonic() + grace + 15
+    killed: dict[int, dict] = {}
+    if state.get("boot_id") != _boot_id():
+        return {"ok": True, "killed": [], "left": [], "state": state, "note": "the host rebooted since the job started"}
+    if state.get("state") != "exited":
+        with open(os.path.join(folder, "stop"), "w"):
+            pass
+    scope = JobScope(state, exclude={os.getpid()})
+    tr = state.get("torchrun") or {}
+    torchrun = pin(tr["pid"], tr.get("start_time")) if tr.get("pid") else None
+    if torchrun is not None:
+        info = proc_info(torchrun.pid)
+        entry = dict(info.as_dict() if info else {"pid": torchrun.pid})
+        if torchrun.signal(signal.SIGTERM):
+            killed[torchrun.pid] = dict(entry, signal="SIGTERM")
+        if not torchrun.wait(grace) and torchrun.signal(signal.SIGKILL):
+            killed[torchrun.pid] = dict(entry, signal="SIGKILL")
+            torchrun.wait(5)
+        torchrun.close()
+    left = scope.sweep(term_wait=2.0, deadline=deadline, killed=killed)
+    sup = state.get("supervisor") or {}
+    supervisor = pin(sup["pid"], sup.get("start_time")) if sup.get("pid") else None
+    if supervisor is not None:
+        if not supervisor.wait(10):  # it writes the final state once nothing of the job is left
+            supervisor.signal(signal.SIGKILL)
+            supervisor.wait(5)
+        supervisor.close()
+    final = _read_json(os.path.join(folder, "state.json")) or state
+    if final.get("state") != "exited":
+        final = dict(final, state="exited", stop_requested=True,
+                     error=final.get("error") or "the supervisor ended without recording an exit")
+        _write_json_atomic(os.path.join(folder, "state.json"), final)
+    procs = all_procs()
+    left = [procs[pid].as_dict() for pid in sorted(scope.members(procs))]  # verify: nothing may be left
+    return {"ok": True, "killed": sorted(killed.values(), key=lambda e: e["pid"]), "left": left, "state": final}
+
+
+# ----------------------------------------------------------------------------------- supervisor
+
+
+class Supervisor:
+    """Runs one node's torchrun: create → run() → (torchrun exits) → sweep → final state."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        spec = _read_json(os.path.join(folder, "spec.json"))
+        if spec is None:
+            raise SystemExit("clusterrun supervisor: no spec.json in %s" % folder)
+        self.spec = spec
+        me = proc_info(os.getpid())
+        self.state = {
+            "state": "starting", "job": spec["job"], "node": spec["node"], "attempt": spec["attempt"],
+            "boot_id": _boot_id(), "supervisor": {"pid": os.getpid(), "start_time": me.start_time if me else None},
+            "torchrun": None, "exit_code": None, "signal": None, "error": None, "stop_requested": False,
+            "workers": [], "sessions": [], "started_at": time.time(), "ended_at": None,
+        }
+        self.term_requested = False
+        self.workers: dict[int, PidHandle] = {}
+
+    def save(self) -> None:
+        _write_json_atomic(os.path.join(self.folder, "state.json"), self.state)
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        self.term_requested = True
+
+    def run(self) -> int:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, self._on_term)
+        _set_subreaper()
+        env = dict(os.environ)
+        env.update(self.spec["env"])
+        key, _, value = _marker(self.spec["job"], self.spec["node"]).partition("=")
+        env[key] = value
+        log_fd = os.open(os.path.join(self.folder, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = subprocess.Popen(self.spec["argv"], stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+                                    env=env, cwd=self.spec.get("cwd") or None, start_new_session=True)
+        except OSError as exc:
+            self.state.update(state="exited", error="could not start %s: %s" % (self.spec["argv"][0], exc),
+                              ended_at=time.time())
+            self.save()
+            return 1
+        finally:
+            os.close(log_fd)
+        info = proc_info(proc.pid)
+        torchrun = PidHandle(proc.pid)
+        self.state.update(state="running", torchrun={"pid": proc.pid, "start_time": info.start_time if info else None})
+        self.state["sessions"] = [proc.pid]
+        self.save()
+        status = self._watch(torchrun)
+        torchrun.close()
+        if os.WIFSIGNALED(status):
+            self.state["signal"] = os.WTERMSIG(status)
+            self.state["exit_code"] = -os.WTERMSIG(status)
+        else:
+            self.state["exit_code"] = os.WEXITSTATUS(status)
+        self.state["stop_requested"] = os.path.exists(os.path.join(self.folder, "stop"))
+        self.save()
+        scope = JobScope(self.state, exclude={os.getpid()})
+        scope.sweep(term_wait=2.0, deadline=time.monotonic() + 20, killed={})
+        self._reap_all(timeout=10)
+        self.state.update(state="exited", ended_at=time.time())
+        self.save()
+        return 0
+
+    def _watch(self, torchrun: PidHandle) -> int:
+        """Reap children until torchrun exits; meanwhile record workers and sessions."""
+        last_scan = 0.0
+        forwarded = False
+        while True:
+            fds = [h.fd for h in self.workers.values() if h.fd >= 0]
+            if fds:
+                ready = select.select(fds, [], [], 0.1)[0]
+            else:
+                time.sleep(0.1)
+                ready = []
+            changed = False
+            for pid, handle in list(self.workers.items()):
+                if handle.fd in ready or (handle.fd < 0 and not handle.alive()):
+                    for w in self.state["workers"]:
+                        if w["pid"] == pid and w["died"] is None:
+                            w["died"] = time.time()
+                            changed = True
+                    handle.close()
+                    del self.workers[pid]
+            status = None
+            while True:
+                try:
+                    pid, st = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                if pid == torchrun.pid:
+                    status = st
+            if self.term_requested and not forwarded:
+                forwarded = True
+                torchrun.signal(signal.SIGTERM)
+            now = time.monotonic()
+            if status is None and now - last_scan >= 0.25:
+                last_scan = now
+                changed |= self._scan(torchrun.pid)
+            if changed:
+                self.save()
+            if status is not None:
+                for w in self.state["workers"]:
+                    if w["died"] is None:
+                        w["died"] = time.time()
+                return status
+
+    def _scan(self, torchrun_pid: int) -> bool:
+        procs = all_procs()
+        changed = False
+        known = {w["pid"] for w in self.state["workers"]}
+        for pid, info in procs.items():
+            if info.ppid == torchrun_pid and pid not in known and info.state != "Z":
+                env = proc_env(pid)
+                if "RANK" not in env:
+                    continue
+                try:
+                    handle = PidHandle(pid)
+                except ProcessLookupError:
+                    continue
+                self.workers[pid] = handle
+                self.state["workers"].append({"pid": pid, "rank": int(env.get("RANK", -1)),
+                                              "local_rank": int(env.get("LOCAL_RANK", -1)), "died": None})
+                changed = True
+        sessions = set(self.state["sessions"])
+        for pid in descendants(os.getpid(), procs):
+            sessions.add(procs[pid].sid)
+        if sessions != set(self.state["sessions"]):
+            self.state["sessions"] = sorted(sessions)
+            changed = True
+        return changed
+
+    def _reap_all(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                time.sleep(0.05)
+
+
+def _set_subreaper() -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # the marker and the recorded sessions still find the job's processes
+
+
+# ------------------------------------------------------------------------------------ entry points
+
+
+def serve(source: bytes) -> int:
+    """Answer one request read from stdin (the ``BOOTSTRAP`` path)."""
+    os.umask(0o077)
+    try:
+        req = json.loads(sys.stdin.buffer.read() or b"{}")
+        op = req.get("op")
+        if op == "probe":
+            answer = op_probe(req)
+        elif op == "start":
+            answer = op_start(req, source)
+        elif op == "follow":
+            op_follow(req)
+            return 0
+        elif op == "stop":
+            answer = op_stop(req)
+        elif op == "status":
+            answer = op_status(req)
+        else:
+            answer = {"ok": False, "error": "unknown op %r" % (op,)}
+    except AgentFailure as exc:
+        answer = {"ok": False, "error": str(exc)}
+    except (ValueError, KeyError, TypeError) as exc:
+        answer = {"ok": False, "error": "bad request: %s: %s" % (type(exc).__name__, exc)}
+    except BrokenPipeError:
+        return 0
+    except OSError as exc:
+        answer = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+    try:
+        _emit(answer)
+    except BrokenPipeError:
+        pass
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    os.umask(0o077)
+    if len(argv) == 3 and argv[1] == "supervise":
+        return Supervisor(argv[2]).run()
+    sys.stderr.write("usage: agent.py supervise ATTEMPT_DIR (the controller runs everything else)\n")
+    return 2
+
+
+if __name__ == "__clusterrun_agent__":
+    try:
+        code = serve(globals()["AGENT_SOURCE"])
+    except BrokenPipeError:
+        code = 0
+    sys.exit(code)
+elif __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,121 @@
+"""Find the root cause of a failed job from what the nodes printed and recorded (pure code).
+
+torchrun prefixes each worker line with ``[rankN]:`` (``plan.RANK_PREFIX_TEMPLATE``) and, when a
+worker fails, prints a report with ``rank : N (local_rank: M)`` and ``exitcode : X (pid: P)``
+for every failed worker, whether or not the script uses ``@record``. The agent records when each
+worker process ended. The root cause is the failed worker that ended first across the cluster;
+failures of nodes that clusterrun itself stopped only count when nothing else failed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterrun.events import RootCause
+
+_RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
+_REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
+_REPORT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b.*|^[A-Za-z_][\w.]*: .+")
+TAIL_LINES = 20
+
+
+def split_rank(line: str) -> tuple[int | None, str]:
+    """``"[rank3]:hello"`` → ``(3, "hello")``; lines of torchrun itself → ``(None, line)``."""
+    found = _RANK_LINE.match(line)
+    if not found:
+        return None, line
+    rank, text = int(found.group(1)), found.group(2)
+    inner = f"[rank{rank}]:"  # torch tags a worker's uncaught traceback itself; drop the repeat
+    if text.startswith(inner):
+        text = text[len(inner):].removeprefix(" ")
+    return rank, text
+
+
+@dataclass
+class NodeLog:
+    """What one node printed, as far as a diagnosis needs it: tails per rank and torchrun's
+    failure report. Feed it lines in order."""
+
+    tail: int = TAIL_LINES
+    rank_tails: dict[int, deque[str]] = field(default_factory=dict)
+    node_tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    failures: dict[int, dict[str, int]] = field(default_factory=dict)  # rank → local_rank, exit_code, pid
+    _pending_rank: tuple[int, int] | None = None
+
+    def feed(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            rank, text = split_rank(line)
+            if rank is not None:
+                self.rank_tails.setdefault(rank, deque(maxlen=self.tail)).append(text)
+                continue
+            self.node_tail.append(line)
+            found = _REPORT_RANK.match(line)
+            if found:
+                self._pending_rank = (int(found.group(1)), int(found.group(2)))
+                continue
+            found = _REPORT_EXIT.match(line)
+            if found and self._pending_rank is not None:
+                rank, local = self._pending_rank
+                self.failures[rank] = {"local_rank": local, "exit_code": int(found.group(1)),
+                                       "pid": int(found.group(2))}
+                self._pending_rank = None
+
+
+def exception_message(lines: Iterable[str]) -> str:
+    """The last line that looks like ``SomeError: message``, or ``""``."""
+    found = ""
+    for line in lines:
+        stripped = line.strip()
+        if stripped and _EXCEPTION.match(stripped) and not stripped.startswith(("File ", "Traceback")):
+            found = stripped
+    return found
+
+
+def find_root_cause(
+    hosts: Mapping[int, str],
+    logs: Mapping[int, NodeLog],
+    states: Mapping[int, Mapping[str, Any]],
+    stopped_by_us: set[int],
+) -> RootCause | None:
+    """The first failure across the cluster, from each node's log and final agent state.
+
+    ``states`` are the agents' state files (``exit_code``, ``signal``, ``workers`` with ``died``
+    times, ``ended_at``); ``stopped_by_us`` are nodes that clusterrun stopped (fail-fast or the
+    user), whose failures are consequences unless nothing else failed.
+    """
+    candidates: list[tuple[int, float, RootCause]] = []
+    for node, state in states.items():
+        if state.get("exit_code") in (0, None) and not state.get("error") and state.get("state") != "lost":
+            continue
+        log = logs.get(node) or NodeLog()
+        died = {w.get("pid"): w.get("died") for w in state.get("workers") or []}
+        died_by_rank = {w.get("rank"): w.get("died") for w in state.get("workers") or []}
+        secondary = 1 if node in stopped_by_us else 0
+        for rank, failure in log.failures.items():
+            code = failure["exit_code"]
+            tail = tuple(log.rank_tails.get(rank, ()))
+            when = died.get(failure["pid"]) or died_by_rank.get(rank) or state.get("ended_at") or float("inf")
+            candidates.append((secondary, when, RootCause(
+                node=node, host=hosts[node], rank=rank, local_rank=failure["local_rank"],
+                exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
+                last_lines=tail, message=exception_message(tail))))
+        if not log.failures:
+            tail = tuple(log.node_tail)
+            code = state.get("exit_code")
+            sig = state.get("signal")
+            message = state.get("error") or exception_message(tail)
+            if state.get("state") == "lost":
+                message = message or "the node's agent and torchrun vanished"
+            when = state.get("ended_at") or float("inf")
+            candidates.append((secondary, when, RootCause(
+                node=node, host=hosts[node], rank=None, local_rank=None,
+                exit_code=None if sig else code, signal=sig, last_lines=tail, message=message)))
+    if not candidates:
+        return None
+    candidates.sort(key=lambda c: (c[0], c[1], c[2].node))
+    return candidates[0][2]

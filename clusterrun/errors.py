@@ -1,0 +1,115 @@
+"""The exceptions clusterrun raises, in one tree.
+
+    ClusterrunError                 base; every error renders a readable report
+    ├── ConfigError(path, line, key)  the hosts file or a command-line value is wrong
+    ├── TransportError(host)          reaching a host failed
+    │   ├── ConnectError              unreachable, refused, timed out, connection lost
+    │   ├── AuthError                 the host refused our credentials
+    │   └── HostKeyError              the host key is unknown or changed
+    ├── AgentError(host)              the node agent on a host failed or answered nonsense
+    └── JobFailed(result)             the job ran and at least one node failed
+
+Node failures during a run are data (``NodeResult.error``); only the edge (``cli.py``) turns
+a failed ``JobResult`` into ``JobFailed`` and an exit code. This module imports nothing of the
+package.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ClusterrunError(Exception):
+    """Base class: a message, and an optional hint saying what to do about it."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def render(self) -> str:
+        """The report shown to the user: the message, then the hint on its own line."""
+        text = self.message
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+class ConfigError(ClusterrunError):
+    """The hosts file (or a value given on the command line) is invalid.
+
+    Rendered as ``hosts.yaml:7: hosts[1].gpus: expected ..., got 'four'``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        key: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
+        self.line = line
+        self.key = key
+
+    def render(self) -> str:
+        where = ""
+        if self.path is not None:
+            where = self.path + (f":{self.line}" if self.line is not None else "") + ": "
+        if self.key:
+            where += f"{self.key}: "
+        text = where + self.message
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+class TransportError(ClusterrunError):
+    """Reaching ``host`` failed."""
+
+    def __init__(self, host: str, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.host = host
+
+    def render(self) -> str:
+        text = f"{self.host}: {self.message}"
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+class ConnectError(TransportError):
+    """The host is unreachable, refused the connection, timed out, or the connection was lost."""
+
+
+class AuthError(TransportError):
+    """The host refused our credentials."""
+
+
+class HostKeyError(TransportError):
+    """The host's key is unknown or does not match the one recorded."""
+
+
+class AgentError(ClusterrunError):
+    """The node agent on ``host`` failed, or its answer could not be understood."""
+
+    def __init__(self, host: str, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.host = host
+
+    def render(self) -> str:
+        text = f"{self.host}: {self.message}"
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+class JobFailed(ClusterrunError):
+    """The job ran and did not succeed; ``result`` is its ``JobResult``."""
+
+    def __init__(self, result: Any, message: str) -> None:
+        super().__init__(message)
+        self.result = result

@@ -1,0 +1,170 @@
+"""What the orchestrator tells its consumers: node states, results and events (past-tense facts).
+
+Events are frozen dataclasses with the node rank they concern (``None`` for the whole job) and a
+monotonic timestamp ``ts``; ``to_json()`` serialises any of them. This module imports nothing of
+the package, so consumers (the CLI printer, the Textual app) depend on it and nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class NodeState(str, Enum):
+    """One node's state as the controller sees it.
+
+    ::
+
+        pending → connecting → starting → running ─┬→ succeeded
+                                   │               ├→ failed      (torchrun exited non-zero)
+                                   │               ├→ stopping → stopped   (stop requested)
+                                   └→ failed       └→ lost        (the host or its agent vanished)
+    """
+
+    PENDING = "pending"
+    CONNECTING = "connecting"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (NodeState.SUCCEEDED, NodeState.FAILED, NodeState.STOPPED, NodeState.LOST)
+
+
+def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9, or ``signal 64`` for numbers without a name."""
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """The first failure across the cluster: where, which rank, how, and its last lines."""
+
+    node: int
+    host: str
+    rank: int | None
+    local_rank: int | None
+    exit_code: int | None
+    signal: int | None
+    last_lines: tuple[str, ...] = ()
+    message: str = ""
+
+    def describe(self) -> str:
+        how = (f"killed by {signal_name(self.signal)}" if self.signal
+               else f"exit code {self.exit_code}" if self.exit_code is not None else "failed")
+        who = f"rank {self.rank}" if self.rank is not None else "torchrun"
+        local = f", local rank {self.local_rank}" if self.local_rank is not None else ""
+        text = f"{who} on node {self.node} ({self.host}{local}): {how}"
+        return text + (f": {self.message}" if self.message else "")
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What the agent's verified stop did on one node."""
+
+    node: int
+    host: str
+    killed: tuple[dict[str, Any], ...] = ()
+    left: tuple[dict[str, Any], ...] = ()
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.left
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """How one node's torchrun ended."""
+
+    node: int
+    host: str
+    state: NodeState
+    exit_code: int | None = None
+    signal: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state is NodeState.SUCCEEDED
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """The outcome of a whole job: every node's result, the root cause, and the stop reports."""
+
+    job_id: str
+    nodes: tuple[NodeResult, ...]
+    root_cause: RootCause | None = None
+    stops: tuple[StopReport, ...] = ()
+    interrupted: str | None = None  # the signal name when the user stopped the job
+
+    @property
+    def ok(self) -> bool:
+        return self.interrupted is None and all(n.ok for n in self.nodes)
+
+    @property
+    def failed(self) -> bool:
+        return not self.ok
+
+
+@dataclass(frozen=True)
+class Event:
+    node: int | None
+    ts: float = field(default_factory=time.monotonic, kw_only=True)
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["event"] = type(self).__name__
+        return data
+
+
+@dataclass(frozen=True)
+class NodeStarted(Event):
+    host: str
+    attempt: int
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class NodeStateChanged(Event):
+    host: str
+    state: NodeState
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class LogLines(Event):
+    """Complete lines of one node's log, in order, without their newlines."""
+
+    host: str
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NodeExited(Event):
+    result: NodeResult
+
+
+@dataclass(frozen=True)
+class NodeStopped(Event):
+    report: StopReport
+
+
+@dataclass(frozen=True)
+class JobFinished(Event):
+    result: JobResult

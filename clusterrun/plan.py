@@ -1,0 +1,170 @@
+"""Turn a ``ClusterSpec`` and a script into a ``LaunchPlan``: pure code, no I/O, no clock, no env.
+
+Everything that depends on the hosts (their interpreter, the torchrun options their torch knows,
+the free port found on node 0) or on the moment (the job id, the working directory) comes in as
+arguments, so the same inputs always give the same plan and ``up --dry-run`` prints exactly what
+``up`` runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from clusterrun.config import ClusterSpec, HostSpec
+from clusterrun.errors import ConfigError
+
+TORCHRUN_MODULE = "torch.distributed.run"
+# torchrun prefixes every worker line with its global rank: "[rank3]:text".
+RANK_PREFIX_TEMPLATE = "[rank${rank}]:"
+# torchrun traps these and stops the workers; SIGHUP is left out on purpose: a job must not die
+# because a terminal or an SSH session that once started it went away.
+HANDLED_SIGNALS = "SIGTERM,SIGINT,SIGQUIT"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_JOB_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the probe found on a host, as far as the plan needs it."""
+
+    python: str
+    torchrun_flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """One node's part of the job: the exact argv, environment and directory torchrun gets."""
+
+    rank: int
+    host: HostSpec
+    nproc: int
+    first_rank: int  # global rank of this node's local rank 0
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str | None
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.nproc)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The whole job: one ``NodeLaunch`` per host, in hosts-file order."""
+
+    job_id: str
+    name: str
+    master_addr: str
+    master_port: int
+    nodes: tuple[NodeLaunch, ...]
+    state_dir: str | None = None
+    grace: float = 10.0
+    script: str = ""
+    script_args: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.nproc for n in self.nodes)
+
+    def node_of_rank(self, rank: int) -> NodeLaunch | None:
+        return next((n for n in self.nodes if rank in n.ranks), None)
+
+
+def job_name(name: str | None, script: str) -> str:
+    """A name usable in paths: the ``--name`` given, or the script's stem."""
+    base = name or re.sub(r"\.py$", "", script.rstrip("/").rsplit("/", 1)[-1]) or "job"
+    cleaned = _JOB_NAME.sub("-", base).strip("-.") or "job"
+    return cleaned[:40]
+
+
+def make_job_id(name: str, timestamp: str, suffix: str) -> str:
+    """``train-20261122-150102-3f9a``: readable, sortable, unique with a random ``suffix``."""
+    return f"{name}-{timestamp}-{suffix}"
+
+
+def parse_env_overrides(items: Sequence[str]) -> dict[str, str]:
+    """``--env K=V`` values into a dict; the value is kept verbatim (spaces, quotes, ``$``)."""
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_NAME.match(key):
+            raise ConfigError(f"expected NAME=VALUE with NAME made of letters, digits and _, got {item!r}",
+                              key="--env")
+        env[key] = value
+    return env
+
+
+def master_addr(spec: ClusterSpec) -> str:
+    """Where every node finds node 0: ``master.addr``, else node 0's ``address``, else its host
+    (``127.0.0.1`` for a local host)."""
+    if spec.master_addr:
+        return spec.master_addr
+    node0 = spec.hosts[0]
+    if node0.address:
+        return node0.address
+    return "127.0.0.1" if node0.transport == "local" else node0.host
+
+
+def node_env(host: HostSpec, overrides: Mapping[str, str]) -> dict[str, str]:
+    """defaults < host < ``--env``, with clusterrun's own settings where the user set none."""
+    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.update(host.env)
+    env.update(overrides)
+    if host.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(host.gpus)
+    env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX_TEMPLATE
+    return env
+
+
+def torchrun_argv(
+    facts: HostFacts, *, nnodes: int, nproc: int, node_rank: int, addr: str, port: int, grace: float,
+    script: str, script_args: Sequence[str],
+) -> tuple[str, ...]:
+    argv = [
+        facts.python, "-m", TORCHRUN_MODULE,
+        f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--node-rank={node_rank}",
+        "--rdzv-backend=static", f"--master-addr={addr}", f"--master-port={port}",
+        "--max-restarts=0", "--tee=3",
+    ]
+    if "--signals-to-handle" in facts.torchrun_flags:
+        argv.append(f"--signals-to-handle={HANDLED_SIGNALS}")
+    if "--shutdown-timeout" in facts.torchrun_flags:
+        argv.append(f"--shutdown-timeout={max(1, int(grace))}")
+    # "--" would be taken as the script by older torchrun versions; the script follows directly.
+    return (*argv, script, *script_args)
+
+
+def build_plan(
+    spec: ClusterSpec,
+    script: str,
+    script_args: Sequence[str],
+    *,
+    job_id: str,
+    name: str,
+    facts: Sequence[HostFacts],
+    master_port: int,
+    env_overrides: Mapping[str, str] | None = None,
+    local_cwd: str | None = None,
+    grace: float = 10.0,
+) -> LaunchPlan:
+    """The launch plan: node ranks in file order, global ranks packed node after node."""
+    if len(facts) != len(spec.hosts):
+        raise ValueError("one HostFacts per host is needed")
+    addr = master_addr(spec)
+    nodes = []
+    first = 0
+    for rank, (host, fact) in enumerate(zip(spec.hosts, facts)):
+        cwd = host.workdir or (local_cwd if host.transport == "local" else None)
+        argv = torchrun_argv(fact, nnodes=len(spec.hosts), nproc=host.nproc, node_rank=rank, addr=addr,
+                             port=master_port, grace=grace, script=script, script_args=script_args)
+        nodes.append(NodeLaunch(rank=rank, host=host, nproc=host.nproc, first_rank=first, argv=argv,
+                                env=node_env(host, env_overrides or {}), cwd=cwd))
+        first += host.nproc
+    return LaunchPlan(job_id=job_id, name=name, master_addr=addr, master_port=master_port, nodes=tuple(nodes),
+                      state_dir=spec.state_dir, grace=grace, script=script, script_args=tuple(script_args))

@@ -1,0 +1,111 @@
+"""The plain CLI consumer: every node's lines on stdout with a node prefix, status on stderr.
+
+A line is printed whole, in one write, so lines of different nodes never split or interleave.
+On a terminal each node's prefix gets its own colour. Lines that torchrun tagged with a global
+rank (``[rank3]:``) show that rank in the prefix: ``node1 gpu-b rank3 | text``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from clusterrun.diagnose import split_rank
+from clusterrun.events import (
+    Event,
+    JobFinished,
+    JobResult,
+    LogLines,
+    NodeStarted,
+    NodeState,
+    NodeStateChanged,
+    NodeStopped,
+    signal_name,
+)
+from clusterrun.plan import LaunchPlan
+
+_COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
+_QUIET_STATES = {NodeState.PENDING, NodeState.CONNECTING, NodeState.STARTING, NodeState.RUNNING,
+                 NodeState.SUCCEEDED, NodeState.STOPPED}
+
+
+class Printer:
+    """Turns events into text. ``__call__`` is the orchestrator's ``emit``."""
+
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None, colour: bool | None = None) -> None:
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.colour = self.out.isatty() if colour is None else colour
+        self._prefix_width = 0
+        self._hosts: dict[int, str] = {}
+
+    def set_plan(self, plan: LaunchPlan) -> None:
+        self._hosts = {n.rank: n.host.host for n in plan.nodes}
+        width_rank = len(f"rank{max(plan.world_size - 1, 0)}")
+        self._prefix_width = max(len(f"node{n.rank} {n.host.host}") for n in plan.nodes) + 1 + width_rank
+
+    def _prefix(self, node: int, host: str, rank: int | None) -> str:
+        text = f"node{node} {host}" + (f" rank{rank}" if rank is not None else "")
+        text = text.ljust(self._prefix_width)
+        if self.colour:
+            return f"\x1b[{_COLOURS[node % len(_COLOURS)]}m{text}\x1b[0m"
+        return text
+
+    def note(self, text: str) -> None:
+        self.err.write(f"clusterrun: {text}\n")
+        self.err.flush()
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, LogLines):
+            node = event.node if event.node is not None else -1
+            chunk = []
+            for line in event.lines:
+                rank, text = split_rank(line)
+                chunk.append(f"{self._prefix(node, event.host, rank)} | {text}\n")
+            self.out.write("".join(chunk))
+            self.out.flush()
+        elif isinstance(event, NodeStarted):
+            self.note(f"node{event.node} {event.host}: started attempt {event.attempt} (torchrun pid {event.pid})")
+        elif isinstance(event, NodeStateChanged):
+            if event.state not in _QUIET_STATES:
+                detail = f" ({event.detail})" if event.detail else ""
+                self.note(f"node{event.node} {event.host}: {event.state.value}{detail}")
+        elif isinstance(event, NodeStopped):
+            report = event.report
+            if report.error:
+                self.note(f"node{report.node} {report.host}: could not be stopped: {report.error}")
+                return
+            killed = ", ".join(f"{k.get('name')}[{k.get('pid')}]" for k in report.killed) or "nothing was running"
+            self.note(f"node{report.node} {report.host}: stopped: {killed}")
+            if report.left:
+                left = ", ".join(f"{p.get('name')}[{p.get('pid')}] state {p.get('state')}" for p in report.left)
+                self.note(f"node{report.node} {report.host}: STILL RUNNING after the stop: {left}")
+            else:
+                self.note(f"node{report.node} {report.host}: verified: no process of the job is left")
+        elif isinstance(event, JobFinished):
+            self.summary(event.result)
+
+    def summary(self, result: JobResult) -> None:
+        for node in result.nodes:
+            if node.exit_code is not None:
+                how = f"exit code {node.exit_code}"
+                if node.signal:
+                    how = f"killed by {signal_name(node.signal)}"
+            else:
+                how = node.error or ""
+            self.note(f"node{node.node} {node.host}: {node.state.value}" + (f" ({how})" if how else ""))
+        cause = result.root_cause
+        if result.ok:
+            self.note(f"job {result.job_id} succeeded")
+            return
+        if result.interrupted:
+            self.note(f"job {result.job_id} stopped ({result.interrupted})")
+        else:
+            self.note(f"job {result.job_id} FAILED")
+        if cause is not None and not result.interrupted:
+            self.note(f"root cause: {cause.describe()}")
+            if cause.last_lines:
+                who = f"rank {cause.rank}" if cause.rank is not None else f"node {cause.node}"
+                self.err.write(f"clusterrun: last lines of {who}:\n")
+                self.err.write("".join(f"    {line}\n" for line in cause.last_lines))
+                self.err.flush()

@@ -1,0 +1,20 @@
+"""Ways to run the node agent on a host: ``local`` (a process here) and ``ssh`` (paramiko)."""
+
+from __future__ import annotations
+
+from clusterrun.config import HostSpec
+from clusterrun.transports.base import AgentStream, Transport
+
+
+def transport_for(host: HostSpec) -> Transport:
+    """The transport the hosts file asks for; paramiko is imported only for SSH hosts."""
+    if host.transport == "local":
+        from clusterrun.transports.local import LocalTransport
+
+        return LocalTransport(host)
+    from clusterrun.transports.ssh import SSHTransport
+
+    return SSHTransport(host)
+
+
+__all__ = ["AgentStream", "Transport", "transport_for"]

@@ -1,0 +1,59 @@
+"""The local transport: the agent runs as a process on this machine, no SSH involved."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from clusterrun.errors import AgentError
+from clusterrun.transports.base import AgentStream, Transport, agent_command, agent_stdin
+
+
+class LocalTransport(Transport):
+    """Runs ``python -c BOOTSTRAP`` locally; the request goes to its stdin, as over SSH."""
+
+    _stderr_tail = b""
+
+    @property
+    def python(self) -> str:
+        return self.host.python or sys.executable
+
+    def connect(self) -> None:
+        pass
+
+    def stream(self, request: dict[str, Any]) -> AgentStream:
+        try:
+            proc = subprocess.Popen(agent_command(self.python), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, close_fds=True)
+        except OSError as exc:
+            raise AgentError(self.name, f"cannot run {self.python!r}: {exc.strerror or exc}",
+                             hint="set `python:` for this host to an interpreter that exists") from None
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        stderr = proc.stderr
+
+        def drain() -> None:
+            self._stderr_tail = stderr.read()[-2000:]
+
+        reader = threading.Thread(target=drain, daemon=True, name=f"agent-stderr-{self.name}")
+        reader.start()
+        try:
+            proc.stdin.write(agent_stdin(request))
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+
+        def close() -> None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            reader.join(timeout=5)
+            assert proc.stdout is not None
+            proc.stdout.close()
+
+        return AgentStream(self.name, iter(proc.stdout.readline, b""), close)
+
+    def _last_words(self) -> str:
+        text = self._stderr_tail.decode(errors="replace").strip()
+        return f": {text.splitlines()[-1]}" if text else ""
