@@ -46,19 +46,27 @@ class AgentStream:
         self._closer = closer
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for raw in self._lines:
-            if not raw.strip():
-                continue
-            try:
-                message = json.loads(raw)
-            except ValueError:
-                raise AgentError(self._host, f"the agent answered something that is not JSON: {raw[:200]!r}") from None
-            if not isinstance(message, dict):
-                raise AgentError(self._host, f"the agent answered {message!r}")
-            yield message
+        """The messages; the stream closes itself when they end (or iteration fails)."""
+        try:
+            for raw in self._lines:
+                if not raw.strip():
+                    continue
+                try:
+                    message = json.loads(raw)
+                except ValueError:
+                    raise AgentError(self._host, f"the agent answered something that is not JSON: {raw[:200]!r}"
+                                     ) from None
+                if not isinstance(message, dict):
+                    raise AgentError(self._host, f"the agent answered {message!r}")
+                yield message
+        finally:
+            self.close()
 
     def close(self) -> None:
-        self._closer()
+        """Stop the agent if it is still answering and release the channel (idempotent)."""
+        closer, self._closer = self._closer, None
+        if closer is not None:
+            closer()
 
 
 class Transport(ABC):

@@ -34,7 +34,8 @@ class LocalTransport(Transport):
         stderr = proc.stderr
 
         def drain() -> None:
-            self._stderr_tail = stderr.read()[-2000:]
+            with stderr:
+                self._stderr_tail = stderr.read()[-2000:]
 
         reader = threading.Thread(target=drain, daemon=True, name=f"agent-stderr-{self.name}")
         reader.start()

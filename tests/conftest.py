@@ -1,0 +1,105 @@
+"""Shared fixtures: hosts files for local nodes, running `clusterrun up`, checking processes."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SUPPORT = ROOT / "tests" / "_support"
+
+
+def write_hosts(folder: Path, nprocs: Sequence[int], state_dir: Path, extra: str = "") -> Path:
+    """A hosts file with one local node per entry of ``nprocs``."""
+    lines = [f"state_dir: {state_dir}", "defaults:", "  transport: local", "hosts:"]
+    for i, n in enumerate(nprocs):
+        lines += [f"  - host: local-{chr(ord('a') + i)}", f"    nproc: {n}"]
+    path = folder / "hosts.yaml"
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+def up_argv(*args: str | os.PathLike[str]) -> list[str]:
+    return [sys.executable, "-m", "clusterrun", "up", "--no-tui", *map(str, args)]
+
+
+def run_up(*args: str | os.PathLike[str], timeout: float = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(up_argv(*args), capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def job_id_of(stderr: str) -> str:
+    found = re.search(r"clusterrun: job (\S+): \d+ nodes", stderr)
+    assert found, f"no job id in:\n{stderr}"
+    return found.group(1)
+
+
+def start_time(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def alive(pid: int, started: int) -> bool:
+    """True if the process that started at ``started`` still exists (zombies count as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0] != "Z" and int(fields[19]) == started
+
+
+def marked(job_id: str) -> list[int]:
+    """Pids of live processes carrying the job's marker (CLUSTERRUN_JOB=<job>.<node>)."""
+    found = []
+    needle = f"CLUSTERRUN_JOB={job_id}.".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{name}/environ").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(item.startswith(needle) for item in env.split(b"\0")):
+            found.append(int(name))
+    return found
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "state"
+    yield path
+    # Leave nothing behind even when a test failed half-way: stop every job this test started.
+    stop_all_jobs(path)
+
+
+def stop_all_jobs(path: Path) -> None:
+    """Stop every node attempt recorded under the state dir ``path`` with the agent's stop."""
+    from clusterrun.config import HostSpec
+    from clusterrun.transports.local import LocalTransport
+
+    transport = LocalTransport(HostSpec(host="cleanup", transport="local"))
+    for state in sorted(path.glob("jobs/*/node*/attempt*/state.json")):
+        attempt = state.parent
+        request = {"op": "stop", "job": attempt.parent.parent.name, "node": int(attempt.parent.name[4:]),
+                   "attempt": int(attempt.name[7:]), "state_dir": str(path), "grace": 1}
+        transport.call(request)

@@ -1,0 +1,208 @@
+"""The node agent driven through the local transport, with plain processes instead of torchrun.
+
+The supervisor runs whatever argv it is given, so these tests exercise detaching, logging,
+following and the verified stop quickly, without torch.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterrun.config import HostSpec
+from clusterrun.errors import AgentError
+from clusterrun.transports.local import LocalTransport
+from tests.conftest import alive, start_time, wait_for
+
+pytestmark = pytest.mark.integration
+
+TRANSPORT = LocalTransport(HostSpec(host="here", transport="local"))
+
+
+def req(state_dir: Path, op: str, job: str = "job-1", node: int = 0, **extra: object) -> dict:
+    return {"op": op, "job": job, "node": node, "attempt": 1, "state_dir": str(state_dir), **extra}
+
+
+def start(state_dir: Path, code: str, job: str = "job-1", node: int = 0, env: dict | None = None) -> dict:
+    return TRANSPORT.call(req(state_dir, "start", job, node, argv=[sys.executable, "-c", code],
+                              env=env or {}, cwd=str(state_dir.parent)))
+
+
+def follow(state_dir: Path, offset: int = 0, job: str = "job-1") -> list[dict]:
+    return list(TRANSPORT.stream(req(state_dir, "follow", job, offset=offset)))
+
+
+WRITER = r"""
+import os, sys, time
+out = sys.stdout.buffer
+out.write(b"first line\npart"); out.flush(); time.sleep(0.4)
+out.write(b"ial\n\xff\xfe not utf-8\n"); out.flush(); time.sleep(0.2)
+out.write(b"unterminated tail"); out.flush()
+"""
+
+
+def test_follow_holds_back_partial_lines_and_resumes_exactly(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    start(state_dir, WRITER)
+    messages = follow(state_dir)
+    logs = [m for m in messages if m["t"] == "log"]
+    assert messages[-1]["t"] == "end" and messages[-1]["state"]["exit_code"] == 0
+    # every chunk but the last ends at a line boundary; the final read brings the partial line
+    assert all(m["data"].endswith("\n") for m in logs[:-1])
+    assert logs[-1]["data"].endswith("unterminated tail")
+    data = b"".join(m["data"].encode("utf-8", "surrogateescape") for m in logs)
+    log_file = next(state_dir.glob("jobs/job-1/node0/attempt1/output.log"))
+    assert data == log_file.read_bytes() == b"first line\npartial\n\xff\xfe not utf-8\nunterminated tail"
+    # resuming from any offset the agent handed out gives exactly the rest: nothing lost or repeated
+    for m in logs:
+        rest = follow(state_dir, offset=m["next"])
+        tail = b"".join(x["data"].encode("utf-8", "surrogateescape") for x in rest if x["t"] == "log")
+        assert tail == data[m["next"]:]
+
+
+def test_state_is_private_whatever_the_umask(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    old = os.umask(0o022)
+    try:
+        answer = start(state_dir, "print('hi')")
+    finally:
+        os.umask(old)
+    follow(state_dir)
+    folder = Path(answer["dir"])
+    paths = [state_dir / "jobs", state_dir / "jobs" / "job-1", folder.parent, folder, state_dir / "agent"]
+    for p in paths:
+        assert stat.S_IMODE(p.stat().st_mode) == 0o700, p
+    files = list(folder.iterdir()) + list((state_dir / "agent").iterdir())
+    assert {f.name for f in folder.iterdir()} >= {"spec.json", "state.json", "output.log", "supervisor.log"}
+    for f in files:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+
+
+STUBBORN = r"""
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+subprocess.Popen([sys.executable, "-c", "import os,time; os.setsid(); time.sleep(600)"])
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={})
+if os.fork() == 0:
+    if os.fork() == 0:
+        time.sleep(600)
+    os._exit(0)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def _job_tree(root_pid: int) -> set[int]:
+    """Live pids whose ancestry reaches ``root_pid`` (the supervisor): computed independently."""
+    parents = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(name)] = int(fields[1])
+    found = set()
+    for pid in parents:
+        p = pid
+        while p in parents and p > 1:
+            p = parents[p]
+            if p == root_pid:
+                found.add(pid)
+                break
+    return found
+
+
+def test_stop_kills_the_whole_job_and_verifies(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    answer = start(state_dir, STUBBORN)
+    sup = answer["state"]["supervisor"]["pid"]
+    log = Path(answer["dir"]) / "output.log"
+    wait_for(lambda: b"ready" in log.read_bytes(), timeout=20, what="ready")
+    members = wait_for(lambda: t if len(t := _job_tree(sup)) == 4 else None, timeout=10, what="children")
+    pinned = {pid: start_time(pid) for pid in members}
+    began = time.monotonic()
+    report = TRANSPORT.call(req(state_dir, "stop", grace=1))
+    assert time.monotonic() - began < 20
+    assert report["left"] == []
+    killed = {k["pid"] for k in report["killed"]}
+    assert set(pinned) <= killed
+    assert [pid for pid, st in pinned.items() if st is not None and alive(pid, st)] == []
+    assert report["state"]["state"] == "exited" and report["state"]["stop_requested"] is True
+    # idempotent: a second stop finds nothing to do
+    again = TRANSPORT.call(req(state_dir, "stop", grace=1))
+    assert again["killed"] == [] and again["left"] == []
+
+
+def test_stop_touches_only_its_own_job(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    first = start(state_dir, "import time; print('a', flush=True); time.sleep(600)", job="job-a")
+    second = start(state_dir, "import time; print('b', flush=True); time.sleep(600)", job="job-b")
+    other = second["state"]["torchrun"]
+    TRANSPORT.call(req(state_dir, "stop", job="job-a", grace=1))
+    assert not alive(first["state"]["torchrun"]["pid"], first["state"]["torchrun"]["start_time"])
+    assert alive(other["pid"], other["start_time"])
+    TRANSPORT.call(req(state_dir, "stop", job="job-b", grace=1))
+    assert not alive(other["pid"], other["start_time"])
+
+
+def test_stop_never_signals_a_reused_pid(tmp_path: Path) -> None:
+    """A state file naming a pid that now belongs to an unrelated process: it must survive."""
+    state_dir = tmp_path / "state"
+    answer = start(state_dir, "print('done')")
+    follow(state_dir)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        state_path = Path(answer["dir"]) / "state.json"
+        import json
+
+        state = json.loads(state_path.read_text())
+        true_start = start_time(bystander.pid)
+        assert true_start is not None
+        # same pid, different start time: what a reused pid looks like
+        state.update(state="running", torchrun={"pid": bystander.pid, "start_time": true_start - 1},
+                     supervisor={"pid": bystander.pid, "start_time": true_start - 1})
+        state_path.write_text(json.dumps(state))
+        report = TRANSPORT.call(req(state_dir, "stop", grace=1))
+        assert report["killed"] == []
+        assert bystander.poll() is None and alive(bystander.pid, true_start)
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_start_failure_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(AgentError, match="could not start /nonexistent/python"):
+        TRANSPORT.call(req(tmp_path / "state", "start", argv=["/nonexistent/python"], env={}, cwd=None))
+
+
+def test_same_attempt_cannot_start_twice(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    start(state_dir, "print(1)")
+    with pytest.raises(AgentError, match="already exists"):
+        start(state_dir, "print(2)")
+
+
+@pytest.mark.parametrize("job", ["../escape", "", "a/b", ".hidden"])
+def test_job_ids_cannot_escape_the_state_dir(tmp_path: Path, job: str) -> None:
+    with pytest.raises(AgentError, match="invalid job id"):
+        TRANSPORT.call(req(tmp_path / "state", "start", job=job, argv=["true"], env={}, cwd=None))
+    assert not (tmp_path / "escape").exists()
+
+
+def test_probe_reports_torch_and_a_free_port(tmp_path: Path) -> None:
+    import socket
+
+    answer = TRANSPORT.call({"op": "probe", "free_port": True, "state_dir": str(tmp_path)})
+    assert answer["torch"] and answer["torch"].startswith("2.")
+    assert "--signals-to-handle" in answer["torchrun_flags"]
+    with socket.socket() as s:
+        s.bind(("", answer["port"]))  # it really is free
+    assert answer["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()

@@ -1,0 +1,215 @@
+"""`clusterrun up` end to end on local hosts: real torchrun, real gloo, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import (
+    ROOT,
+    SUPPORT,
+    alive,
+    job_id_of,
+    marked,
+    run_up,
+    up_argv,
+    wait_for,
+    write_hosts,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def rank_lines(stdout: str) -> dict[int, str]:
+    """`node1 local-b rank3 | rank=3 local_rank=1 ...` → {3: 'rank=3 local_rank=1 ...'}."""
+    found: dict[int, str] = {}
+    for line in stdout.splitlines():
+        m = re.match(r"^node(\d+) (\S+) +rank(\d+) +\| (rank=.*)$", line)
+        if m:
+            rank = int(m.group(3))
+            assert rank not in found, f"rank {rank} reported twice"
+            found[rank] = f"node{m.group(1)} {m.group(4)}"
+    return found
+
+
+def test_two_nodes_two_procs_ranks_and_allreduce(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [2, 2], state_dir)
+    proc = run_up(hosts, "examples/allreduce.py")
+    assert proc.returncode == 0, proc.stderr
+    ranks = rank_lines(proc.stdout)
+    assert sorted(ranks) == [0, 1, 2, 3]
+    for rank, text in ranks.items():
+        node, local = divmod(rank, 2)
+        assert text.startswith(f"node{node} rank={rank} local_rank={local} world_size=4 node_rank={node} "), text
+    # 1 + 2 + 3 + 4: every rank prints the all-reduced sum
+    assert proc.stdout.count("allreduce sum=10 expected=10 OK") == 4
+    assert "succeeded" in proc.stderr
+
+
+def test_uneven_nodes(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 3], state_dir)
+    proc = run_up(hosts, "examples/allreduce.py")
+    assert proc.returncode == 0, proc.stderr
+    ranks = rank_lines(proc.stdout)
+    assert sorted(ranks) == [0, 1, 2, 3]
+    expected = {0: (0, 0), 1: (1, 0), 2: (1, 1), 3: (1, 2)}  # rank → (node, local rank)
+    for rank, (node, local) in expected.items():
+        assert ranks[rank].startswith(f"node{node} rank={rank} local_rank={local} world_size=4 node_rank={node}")
+    assert proc.stdout.count("allreduce sum=10 expected=10 OK") == 4
+
+
+def test_demo_training_agrees(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [2, 2], state_dir)
+    proc = run_up(hosts, "examples/train.py", "--", "--epochs", "2", "--samples", "512")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^node0 local-a +rank0 +\| parameters agree across 4 ranks: checksum=", proc.stdout, re.M)
+    for rank in range(4):
+        assert re.search(rf"rank{rank} +\| RANK={rank} LOCAL_RANK={rank % 2} WORLD_SIZE=4 NODE_RANK={rank // 2}",
+                         proc.stdout)
+
+
+def test_failing_rank_fails_fast_and_names_root_cause(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [2, 2], state_dir)
+    started = time.monotonic()
+    proc = run_up("--grace", "3", hosts, "tests/_support/fail_rank.py", "3", "exit", "3")
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr
+    assert elapsed < 60  # a gloo timeout would take 30 minutes
+    assert "root cause: rank 3 on node 1 (local-b, local rank 1): exit code 3" in proc.stderr
+    assert "last lines of rank 3:\n    rank 3 ready\n    rank 3 is about to fail" in proc.stderr
+    assert marked(job_id_of(proc.stderr)) == []
+
+
+def test_exception_without_record_is_the_root_cause(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 3], state_dir)
+    proc = run_up("--grace", "3", hosts, "tests/_support/fail_rank.py", "2", "raise", "custom failure 42")
+    assert proc.returncode == 1, proc.stderr
+    cause = re.search(r"root cause: (.*)", proc.stderr)
+    assert cause and cause.group(1) == "rank 2 on node 1 (local-b, local rank 1): exit code 1: " \
+                                       "RuntimeError: custom failure 42", proc.stderr
+    assert "last lines of rank 2:" in proc.stderr
+    assert "    RuntimeError: custom failure 42" in proc.stderr
+
+
+def _attempt_dirs(state_dir: Path, job: str) -> list[Path]:
+    return sorted((state_dir / "jobs" / job).glob("node*/attempt1"))
+
+
+def test_job_survives_sigkill_of_up(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    proc = subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", "40", "0.1"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    header = proc.stderr.readline() + proc.stderr.readline()
+    job = job_id_of(header)
+    wait_for(lambda: "line 5" in "".join(p.read_text() for p in state_dir.glob(f"jobs/{job}/node*/attempt1/output.log")),
+             timeout=60, what="the job to print")
+    proc.kill()
+    proc.wait()
+    for attempt in _attempt_dirs(state_dir, job):
+        state = wait_for(lambda a=attempt: _final_state(a), timeout=60, what="the job to finish")
+        assert state["exit_code"] == 0
+        log = (attempt / "output.log").read_text()
+        rank = int(attempt.parent.name[4:])  # one process per node: rank == node
+        assert [f"[rank{rank}]:rank {rank} line {i}" for i in range(40)] + [f"[rank{rank}]:rank {rank} done"] == [
+            line for line in log.splitlines() if line.startswith(f"[rank{rank}]:")]
+    assert len(_attempt_dirs(state_dir, job)) == 2
+    assert marked(job) == []
+
+
+def _final_state(attempt: Path) -> dict | None:
+    try:
+        state = json.loads((attempt / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state if state.get("state") == "exited" else None
+
+
+def test_sigint_stops_everything(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [2, 2], state_dir)
+    proc = subprocess.Popen(up_argv("--grace", "3", hosts, SUPPORT / "counter.py", "1000", "0.1"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    wait_for(lambda: "line 3" in proc.stdout.readline(), timeout=60, what="output")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    job = job_id_of(err)
+    assert err.count("verified: no process of the job is left") == 2, err
+    assert marked(job) == []
+    for attempt in _attempt_dirs(state_dir, job):
+        state = json.loads((attempt / "state.json").read_text())
+        assert state["state"] == "exited" and state["stop_requested"]
+
+
+def test_hostile_children_are_all_stopped(tmp_path: Path, state_dir: Path) -> None:
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    hosts = write_hosts(tmp_path, [2, 1], state_dir)
+    proc = subprocess.Popen(up_argv("--grace", "2", hosts, SUPPORT / "hostile.py", piddir), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kinds = ["worker", "setsid", "env-i", "grandchild"]
+    expected = {f"rank{r}-{k}.pid" for r in range(3) for k in kinds}
+    wait_for(lambda: expected <= {p.name for p in piddir.iterdir()}, timeout=90, what="all hostile processes")
+    pids = {name: tuple(map(int, (piddir / name).read_text().split())) for name in expected}
+    assert all(alive(pid, started) for pid, started in pids.values())
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, err
+    survivors = [name for name, (pid, started) in pids.items() if alive(pid, started)]
+    assert survivors == []
+    assert err.count("verified: no process of the job is left") == 2, err
+    assert "STILL RUNNING" not in err
+
+
+def test_two_jobs_stopping_one_leaves_the_other(tmp_path: Path, state_dir: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    hosts_a = write_hosts(tmp_path / "a", [1, 1], state_dir)
+    hosts_b = write_hosts(tmp_path / "b", [1, 1], state_dir)
+    a = subprocess.Popen(up_argv("--grace", "2", hosts_a, SUPPORT / "counter.py", "1000", "0.05"), cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    b = subprocess.Popen(up_argv("--grace", "2", hosts_b, SUPPORT / "counter.py", "150", "0.05"), cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert a.stdout is not None and b.stdout is not None
+    wait_for(lambda: "line 2" in a.stdout.readline(), timeout=60, what="job a output")
+    wait_for(lambda: "line 2" in b.stdout.readline(), timeout=60, what="job b output")
+    a.send_signal(signal.SIGINT)
+    _, err_a = a.communicate(timeout=60)
+    assert a.returncode == 130, err_a
+    job_a = job_id_of(err_a)
+    assert marked(job_a) == []
+    b_out, err_b = b.communicate(timeout=120)
+    assert b.returncode == 0, err_b
+    assert job_id_of(err_b) != job_a
+    for rank in (0, 1):
+        assert f"rank {rank} done" in b_out
+        assert len(re.findall(rf"rank{rank} +\| rank {rank} line \d+", b_out)) >= 140
+
+
+HOSTILE_ARGS = ["a b", "it's", '"quoted"', "x; touch {canary}", "$(touch {canary})", "`touch {canary}`",
+                "$HOME", "new\nline", "*", ""]
+
+
+def test_arguments_and_env_arrive_verbatim(tmp_path: Path, state_dir: Path) -> None:
+    canary = tmp_path / "canary"
+    args = [a.format(canary=canary) for a in HOSTILE_ARGS]
+    value = f"v; touch {canary} $(touch {canary}) 'q' \"d\" $HOME"
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra=f"env:\n  FROM_FILE: {json.dumps(value)}\n")
+    proc = run_up("--env", f"FROM_CLI={value}", "--env", "ECHO_ENV=FROM_CLI,FROM_FILE", hosts,
+                  SUPPORT / "echo_args.py", "--", *args)
+    assert proc.returncode == 0, proc.stderr
+    echoed = [line.split("ECHO ", 1)[1] for line in proc.stdout.splitlines() if "| ECHO " in line]
+    assert len(echoed) == 1
+    data = json.loads(echoed[0])
+    assert data["argv"] == args
+    assert data["env"] == {"FROM_CLI": value, "FROM_FILE": value}
+    assert not canary.exists()
+    assert not os.path.exists("x; touch")
