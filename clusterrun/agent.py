@@ -74,7 +74,6 @@ process in uninterruptible sleep). Nothing is ever matched by command line.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -85,6 +84,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 # Constant: no job data in it, no quotes, backslashes, "!" or "$", so any login shell passes it on.
 BOOTSTRAP = (
@@ -117,7 +117,7 @@ def _boot_id() -> str:
 
 
 def _write_json_atomic(path: str, obj: object) -> None:
-    tmp = "%s.%d.tmp" % (path, os.getpid())
+    tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, json.dumps(obj, sort_keys=True).encode())
@@ -127,12 +127,13 @@ def _write_json_atomic(path: str, obj: object) -> None:
     os.rename(tmp, path)
 
 
-def _read_json(path: str) -> dict | None:
+def _read_json(path: str) -> dict[str, Any] | None:
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read())
+            value = json.loads(f.read())
     except (OSError, ValueError):
         return None
+    return value if isinstance(value, dict) else None
 
 
 def _state_root(state_dir: str | None) -> str:
@@ -142,18 +143,18 @@ def _state_root(state_dir: str | None) -> str:
     return os.path.join(base, "clusterrun")
 
 
-def _attempt_dir(req: dict) -> str:
+def _attempt_dir(req: dict[str, Any]) -> str:
     job, node, attempt = req.get("job"), req.get("node"), req.get("attempt")
     if not isinstance(job, str) or not _ID_RE.match(job):
-        raise AgentFailure("invalid job id %r" % (job,))
+        raise AgentFailure(f"invalid job id {job!r}")
     if not isinstance(node, int) or not isinstance(attempt, int) or node < 0 or attempt < 1:
-        raise AgentFailure("invalid node %r or attempt %r" % (node, attempt))
+        raise AgentFailure(f"invalid node {node!r} or attempt {attempt!r}")
     root = _state_root(req.get("state_dir"))
-    return os.path.join(root, "jobs", job, "node%d" % node, "attempt%d" % attempt)
+    return os.path.join(root, "jobs", job, f"node{node}", f"attempt{attempt}")
 
 
 def _marker(job: str, node: int) -> str:
-    return "%s=%s.%d" % (MARKER_VAR, job, node)
+    return f"{MARKER_VAR}={job}.{node}"
 
 
 # ------------------------------------------------------------------------------ process inspection
@@ -168,13 +169,13 @@ class ProcInfo:
         self.pid, self.comm, self.state = pid, comm, state
         self.ppid, self.sid, self.start_time = ppid, sid, start_time
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"pid": self.pid, "name": self.comm, "state": self.state}
 
 
 def proc_info(pid: int) -> ProcInfo | None:
     try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
+        with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
@@ -199,7 +200,7 @@ def all_procs() -> dict[int, ProcInfo]:
 
 def has_marker(pid: int, marker: str) -> bool:
     try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
+        with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read()
     except OSError:
         return False
@@ -208,7 +209,7 @@ def has_marker(pid: int, marker: str) -> bool:
 
 def proc_env(pid: int) -> dict[str, str]:
     try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
+        with open(f"/proc/{pid}/environ", "rb") as f:
             data = f.read()
     except OSError:
         return {}
@@ -251,7 +252,7 @@ class PidHandle:
     def signal(self, sig: int) -> bool:
         try:
             if self.fd >= 0:
-                signal.pidfd_send_signal(self.fd, sig)  # type: ignore[attr-defined]
+                signal.pidfd_send_signal(self.fd, sig)
             else:
                 os.kill(self.pid, sig)
             return True
@@ -302,7 +303,7 @@ def pin(pid: int, start_time: int | None) -> PidHandle | None:
 class JobScope:
     """Which processes belong to one node's job: the supervisor's tree ∪ marker ∪ sessions."""
 
-    def __init__(self, state: dict, exclude: set[int]) -> None:
+    def __init__(self, state: dict[str, Any], exclude: set[int]) -> None:
         sup = state.get("supervisor") or {}
         self.sup_pid = sup.get("pid")
         self.sup_start = sup.get("start_time")
@@ -321,7 +322,7 @@ class JobScope:
         return info is not None and info.start_time == self.sup_start
 
     def members(self, procs: dict[int, ProcInfo]) -> set[int]:
-        tree = descendants(self.sup_pid, procs) if self._supervisor_alive(procs) else set()
+        tree = descendants(self.sup_pid, procs) if self.sup_pid and self._supervisor_alive(procs) else set()
         found = set()
         for pid, info in procs.items():
             if pid in self.exclude or info.state == "Z":
@@ -350,7 +351,7 @@ class JobScope:
             info = proc_info(info.ppid)
         return False
 
-    def signal_all(self, sig: int, killed: dict[int, dict]) -> int:
+    def signal_all(self, sig: int, killed: dict[int, dict[str, Any]]) -> int:
         """Send ``sig`` to every live member; returns how many were signalled."""
         count = 0
         for pid in sorted(self.members(all_procs())):
@@ -370,7 +371,7 @@ class JobScope:
                 handle.close()
         return count
 
-    def sweep(self, term_wait: float, deadline: float, killed: dict[int, dict]) -> list[dict]:
+    def sweep(self, term_wait: float, deadline: float, killed: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
         """SIGTERM what is left, wait up to ``term_wait``, then SIGKILL and re-scan until nothing
         is left or ``deadline`` (monotonic) passes. Returns the processes still there."""
         if self.signal_all(signal.SIGTERM, killed):
@@ -391,13 +392,13 @@ class JobScope:
 # -------------------------------------------------------------------------------------- requests
 
 
-def op_probe(req: dict) -> dict:
+def op_probe(req: dict[str, Any]) -> dict[str, Any]:
     import importlib.util
 
     answer = {
         "ok": True,
         "hostname": socket.gethostname(),
-        "python": "%d.%d.%d" % sys.version_info[:3],
+        "python": "{}.{}.{}".format(*sys.version_info[:3]),
         "boot_id": _boot_id(),
         "torch": None,
         "torchrun_flags": [],
@@ -443,9 +444,9 @@ def _agent_copy(root: str, source: bytes) -> str:
     digest = hashlib.sha256(source).hexdigest()[:16]
     folder = os.path.join(root, "agent")
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    path = os.path.join(folder, "%s.py" % digest)
+    path = os.path.join(folder, f"{digest}.py")
     if not os.path.exists(path):
-        tmp = "%s.%d.tmp" % (path, os.getpid())
+        tmp = f"{path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, source)
@@ -456,7 +457,7 @@ def _agent_copy(root: str, source: bytes) -> str:
     return path
 
 
-def op_start(req: dict, source: bytes) -> dict:
+def op_start(req: dict[str, Any], source: bytes) -> dict[str, Any]:
     folder = _attempt_dir(req)
     argv, env, cwd = req.get("argv"), req.get("env") or {}, req.get("cwd")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
@@ -466,7 +467,7 @@ def op_start(req: dict, source: bytes) -> dict:
     try:
         os.makedirs(folder, mode=0o700)
     except FileExistsError:
-        raise AgentFailure("%s already exists: this attempt was started before" % folder) from None
+        raise AgentFailure(f"{folder} already exists: this attempt was started before") from None
     agent_path = _agent_copy(_state_root(req.get("state_dir")), source)
     spec = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "argv": argv, "env": env,
             "cwd": os.path.expanduser(cwd) if cwd else None}
@@ -488,26 +489,26 @@ def op_start(req: dict, source: bytes) -> dict:
                 return {"ok": False, "error": state["error"], "dir": folder, "state": state}
             return {"ok": True, "dir": folder, "state": state}
         time.sleep(0.02)
-    raise AgentFailure("the supervisor did not start within 30 s; see %s/supervisor.log" % folder)
+    raise AgentFailure(f"the supervisor did not start within 30 s; see {folder}/supervisor.log")
 
 
-def _load_state(req: dict) -> tuple[str, dict]:
+def _load_state(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     folder = _attempt_dir(req)
     state = _read_json(os.path.join(folder, "state.json"))
     if state is None:
-        raise AgentFailure("no job %s node %s attempt %s in %s" % (req.get("job"), req.get("node"),
+        raise AgentFailure("no job {} node {} attempt {} in {}".format(req.get("job"), req.get("node"),
                                                                  req.get("attempt"), folder))
     return folder, state
 
 
-def _is_alive(entry: dict | None) -> bool:
+def _is_alive(entry: dict[str, Any] | None) -> bool:
     if not entry or not entry.get("pid"):
         return False
     info = proc_info(entry["pid"])
     return info is not None and info.start_time == entry.get("start_time") and info.state != "Z"
 
 
-def op_status(req: dict) -> dict:
+def op_status(req: dict[str, Any]) -> dict[str, Any]:
     folder, state = _load_state(req)
     same_boot = state.get("boot_id") == _boot_id()
     return {"ok": True, "state": state,
@@ -515,12 +516,12 @@ def op_status(req: dict) -> dict:
                       "torchrun": same_boot and _is_alive(state.get("torchrun"))}}
 
 
-def _emit(obj: dict) -> None:
+def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.buffer.write(json.dumps(obj).encode() + b"\n")
     sys.stdout.buffer.flush()
 
 
-def op_follow(req: dict) -> None:
+def op_follow(req: dict[str, Any]) -> None:
     folder, state = _load_state(req)
     offset = int(req.get("offset") or 0)
     state_path = os.path.join(folder, "state.json")
@@ -562,11 +563,11 @@ def op_follow(req: dict) -> None:
             time.sleep(POLL_INTERVAL)
 
 
-def op_stop(req: dict) -> dict:
+def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     folder, state = _load_state(req)
     grace = float(req.get("grace", 10))
     deadline = time.monotonic() + grace + 15
-    killed: dict[int, dict] = {}
+    killed: dict[int, dict[str, Any]] = {}
     if state.get("boot_id") != _boot_id():
         return {"ok": True, "killed": [], "left": [], "state": state, "note": "the host rebooted since the job started"}
     if state.get("state") != "exited":
@@ -612,7 +613,7 @@ class Supervisor:
         self.folder = folder
         spec = _read_json(os.path.join(folder, "spec.json"))
         if spec is None:
-            raise SystemExit("clusterrun supervisor: no spec.json in %s" % folder)
+            raise SystemExit(f"clusterrun supervisor: no spec.json in {folder}")
         self.spec = spec
         me = proc_info(os.getpid())
         self.state = {
@@ -644,7 +645,7 @@ class Supervisor:
             proc = subprocess.Popen(self.spec["argv"], stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
                                     env=env, cwd=self.spec.get("cwd") or None, start_new_session=True)
         except OSError as exc:
-            self.state.update(state="exited", error="could not start %s: %s" % (self.spec["argv"][0], exc),
+            self.state.update(state="exited", error="could not start {}: {}".format(self.spec["argv"][0], exc),
                               ended_at=time.time())
             self.save()
             return 1
@@ -783,15 +784,15 @@ def serve(source: bytes) -> int:
         elif op == "status":
             answer = op_status(req)
         else:
-            answer = {"ok": False, "error": "unknown op %r" % (op,)}
+            answer = {"ok": False, "error": f"unknown op {op!r}"}
     except AgentFailure as exc:
         answer = {"ok": False, "error": str(exc)}
     except (ValueError, KeyError, TypeError) as exc:
-        answer = {"ok": False, "error": "bad request: %s: %s" % (type(exc).__name__, exc)}
+        answer = {"ok": False, "error": f"bad request: {type(exc).__name__}: {exc}"}
     except BrokenPipeError:
         return 0
     except OSError as exc:
-        answer = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+        answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     try:
         _emit(answer)
     except BrokenPipeError:

@@ -27,7 +27,7 @@ from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrid
 from clusterrun.printer import Printer
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HOSTS = 0, 1, 2, 3
-EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_SIGNAL = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143}
 
 
 def _fail(error: ClusterrunError, code: int) -> None:
@@ -101,6 +101,8 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], name: str | N
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
     the script verbatim. Ctrl-C stops the job on every host and checks that nothing is left.
     """
+    if script_args[:1] == ("--",):  # click passes the separator on once SCRIPT has been read
+        script_args = script_args[1:]
     try:
         spec = load_cluster(hosts_file)
         overrides = parse_env_overrides(env)

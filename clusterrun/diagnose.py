@@ -106,7 +106,7 @@ def find_root_cause(
                 last_lines=tail, message=exception_message(tail))))
         if not log.failures:
             tail = tuple(log.node_tail)
-            code = state.get("exit_code")
+            node_code = state.get("exit_code")
             sig = state.get("signal")
             message = state.get("error") or exception_message(tail)
             if state.get("state") == "lost":
@@ -114,7 +114,7 @@ def find_root_cause(
             when = state.get("ended_at") or float("inf")
             candidates.append((secondary, when, RootCause(
                 node=node, host=hosts[node], rank=None, local_rank=None,
-                exit_code=None if sig else code, signal=sig, last_lines=tail, message=message)))
+                exit_code=None if sig else node_code, signal=sig, last_lines=tail, message=message)))
     if not candidates:
         return None
     candidates.sort(key=lambda c: (c[0], c[1], c[2].node))

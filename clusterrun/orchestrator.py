@@ -137,7 +137,7 @@ class Job:
         futures = [self._pool.submit(self._probe, rank) for rank in range(len(self._nodes))]
         answers: list[dict[str, Any]] = []
         errors: list[ClusterrunError] = []
-        for future, node in zip(futures, self._nodes):
+        for future, node in zip(futures, self._nodes, strict=True):
             try:
                 answers.append(future.result())
             except ClusterrunError as exc:
@@ -148,11 +148,11 @@ class Job:
             raise HostsUnavailable(errors)
         port = self.spec.master_port or int(answers[0]["port"])
         facts = [HostFacts(python=n.transport.python, torchrun_flags=tuple(a.get("torchrun_flags") or ()))
-                 for n, a in zip(self._nodes, answers)]
+                 for n, a in zip(self._nodes, answers, strict=True)]
         self.plan = build_plan(self.spec, self.script, self.script_args, job_id=self.job_id, name=self.name,
                                facts=facts, master_port=port, env_overrides=self.env_overrides,
                                local_cwd=self.local_cwd, grace=self.grace)
-        for node, launch in zip(self._nodes, self.plan.nodes):
+        for node, launch in zip(self._nodes, self.plan.nodes, strict=True):
             node.launch = launch
         return self.plan
 

@@ -136,8 +136,9 @@ def torchrun_argv(
         argv.append(f"--signals-to-handle={HANDLED_SIGNALS}")
     if "--shutdown-timeout" in facts.torchrun_flags:
         argv.append(f"--shutdown-timeout={max(1, int(grace))}")
-    # "--" would be taken as the script by older torchrun versions; the script follows directly.
-    return (*argv, script, *script_args)
+    # torchrun drops one "--" right after the script; protect an argument list that starts with one.
+    guard = ("--",) if tuple(script_args[:1]) == ("--",) else ()
+    return (*argv, script, *guard, *script_args)
 
 
 def build_plan(
@@ -159,7 +160,7 @@ def build_plan(
     addr = master_addr(spec)
     nodes = []
     first = 0
-    for rank, (host, fact) in enumerate(zip(spec.hosts, facts)):
+    for rank, (host, fact) in enumerate(zip(spec.hosts, facts, strict=True)):
         cwd = host.workdir or (local_cwd if host.transport == "local" else None)
         argv = torchrun_argv(fact, nnodes=len(spec.hosts), nproc=host.nproc, node_rank=rank, addr=addr,
                              port=master_port, grace=grace, script=script, script_args=script_args)

@@ -109,5 +109,5 @@ class Transport(ABC):
         """What the agent said on stderr, for error messages (transports override)."""
         return ""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: a local host has nothing to release
         """Release the connection (nothing to do for a local host)."""

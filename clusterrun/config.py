@@ -1,0 +1,445 @@
+"""Parse and validate a hosts file into a frozen ``ClusterSpec``.
+
+The format is documented in ``docs/hosts-file.md``. The file is read with PyYAML's safe
+loader, but only as far as ``yaml.compose``: the parser walks the node tree itself so that
+every value keeps its line number, duplicate mapping keys (which PyYAML silently collapses)
+are caught, and YAML's implicit typing never reaches a field unchecked (``yes`` is a
+boolean, ``010`` an octal, ``12:30`` a base-60 number in YAML 1.1).
+
+Every mistake raises ``ConfigError(message, path=, line=, key=, hint=)``; nothing else
+escapes. Validation runs in two passes: ``_Parser.check_tree`` looks at every node (tags,
+key shapes, duplicate keys, secrets), then ``_Parser.parse`` applies the schema. The first
+error found is raised; ``hosts[i]`` in key paths counts from 0. ``env`` numbers keep the text
+as written; booleans and nulls there are refused with a hint to quote them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from clusterrun.errors import ConfigError
+
+Transport = Literal["ssh", "local"]
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One machine as the hosts file describes it, with defaults and env already merged.
+
+    ``nproc`` is resolved: ``len(gpus)`` when GPUs are given, else ``nproc``, else 1.
+    ``env`` is merged top-level ``env`` < ``defaults.env`` < the host's own ``env``.
+    """
+
+    host: str
+    line: int | None = None
+    address: str | None = None
+    port: int | None = None
+    user: str | None = None
+    identity_file: str | None = None
+    gpus: tuple[str, ...] | None = None
+    nproc: int = 1
+    python: str | None = None
+    workdir: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    transport: Transport = "ssh"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A parsed hosts file: the hosts in file order plus cluster-wide settings.
+
+    ``master_port`` None means ``auto`` (a free port is found on node 0 at launch).
+    ``state_dir`` None means the agent's default on each host (under the user's home).
+    """
+
+    path: str
+    hosts: tuple[HostSpec, ...]
+    master_addr: str | None = None
+    master_port: int | None = None
+    state_dir: str | None = None
+    ssh_config: str | None = None
+
+
+_TAG = "tag:yaml.org,2002:"
+_STR, _INT, _FLOAT, _BOOL, _NULL = (_TAG + t for t in ("str", "int", "float", "bool", "null"))
+_TIMESTAMP, _MERGE = _TAG + "timestamp", _TAG + "merge"
+_ALLOWED_TAGS = {_STR, _INT, _FLOAT, _BOOL, _NULL, _TIMESTAMP, _MERGE, _TAG + "seq", _TAG + "map"}
+
+_TOP_KEYS = ("hosts", "defaults", "env", "master", "state_dir", "ssh_config")
+_SHARED_KEYS = ("port", "user", "identity_file", "gpus", "nproc", "python", "workdir", "env", "transport")
+_HOST_KEYS = ("host", "address", *_SHARED_KEYS)
+_MASTER_KEYS = ("addr", "port")
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]*)\Z")
+# No commas: the ids end up joined into CUDA_VISIBLE_DEVICES.
+_GPU_ID = re.compile(r"([0-9]+|(GPU|MIG)-[A-Za-z0-9_./-]+)\Z")
+_BAD_CHARS = re.compile(r"[\s\x00-\x1f\x7f]")
+_MAX_GPUS = 1024
+
+
+def load_cluster(path: str) -> ClusterSpec:
+    """Read, parse and validate the hosts file at ``path``; raise ``ConfigError`` on any mistake."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError as exc:
+        hint = "check the path; hosts/example.yaml shows the format"
+        raise ConfigError("no such file", path=path, hint=hint) from exc
+    except IsADirectoryError as exc:
+        raise ConfigError("is a directory, not a hosts file", path=path) from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read the file: {exc.strerror or exc}", path=path) from exc
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError("the file is not UTF-8 text", path=path, line=line) from exc
+    return load_cluster_text(text, path)
+
+
+def load_cluster_text(text: str, path: str = "<string>") -> ClusterSpec:
+    """Parse and validate hosts-file ``text``; ``path`` is only used in error messages."""
+    hint = "check the indentation (spaces, not tabs) and the quoting around this line"
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = (exc.problem or "syntax error").removeprefix("but ")
+        if exc.context:
+            problem += f" ({exc.context})"
+        line = mark.line + 1 if mark is not None else None
+        raise ConfigError(f"invalid YAML: {problem}", path=path, line=line, hint=hint) from exc
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        char = f" #x{exc.character:04x}" if isinstance(exc.character, int) else ""
+        raise ConfigError(f"invalid YAML: unacceptable character{char}", path=path, line=line) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML: {exc}", path=path, hint=hint) from exc
+    except RecursionError as exc:
+        raise ConfigError("invalid YAML: nested too deeply", path=path) from exc
+    parser = _Parser(path)
+    if root is None or (isinstance(root, ScalarNode) and root.tag == _NULL):
+        raise ConfigError("the file is empty", path=path, hint="a hosts file needs at least 'hosts: [node1]'")
+    parser.check_tree(root)
+    return parser.parse(root)
+
+
+def _line(node: Node) -> int:
+    return int(node.start_mark.line) + 1
+
+
+def _describe(node: Node) -> str:
+    """What the user wrote, for ``got ...`` in messages."""
+    if isinstance(node, SequenceNode):
+        return "an empty list" if not node.value else "a list"
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    text = str(node.value)
+    if node.tag == _STR:
+        return repr(text if len(text) <= 60 else text[:57] + "...")
+    if node.tag == _BOOL:
+        return f"{text} (YAML reads it as a boolean)"
+    if node.tag == _NULL:
+        return "an empty value" if text in ("", "~", "null", "Null", "NULL") else text
+    if node.tag == _TIMESTAMP:
+        return f"{text} (YAML reads it as a date)"
+    return text
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _is_secret(name: str) -> bool:
+    lowered = name.lower()
+    return lowered in ("password", "passphrase") or lowered.endswith(("_password", "_passphrase"))
+
+
+@dataclass
+class _Settings:
+    """What one host entry or ``defaults`` sets (keys of ``_SHARED_KEYS``), and the node of each value."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+
+
+class _Parser:
+    """One file's validation: create → check_tree(root) → parse(root)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def error(self, message: str, node: Node | None, key: str | None, hint: str | None = None) -> ConfigError:
+        line = _line(node) if node is not None else None
+        return ConfigError(message, path=self.path, line=line, key=key or None, hint=hint)
+
+    def expected(self, what: str, node: Node, key: str, hint: str | None = None) -> ConfigError:
+        if hint is None and isinstance(node, ScalarNode) and node.tag != _STR and what.startswith("a string"):
+            quoted = f'put the value in quotes: "{node.value}"'
+            hint = "give a value, or remove the key" if node.tag == _NULL else quoted
+        return self.error(f"expected {what}, got {_describe(node)}", node, key, hint)
+
+    # -- pass 1: every node, whatever its place in the schema ---------------------------------
+
+    def check_tree(self, root: Node) -> None:
+        """Refuse unsafe tags, odd keys, duplicate keys and secrets anywhere in the document."""
+        stack: list[tuple[Node, str]] = [(root, "")]
+        seen: set[int] = set()  # aliases share nodes, and may even form cycles
+        while stack:
+            node, path = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.tag not in _ALLOWED_TAGS:
+                raise self.error(f"YAML tag '{node.tag.replace(_TAG, '!!')}' is not allowed", node, path,
+                                 "hosts files are plain (safe) YAML: strings, numbers, booleans, lists, mappings")
+            children: list[tuple[Node, str]] = []
+            if isinstance(node, ScalarNode):
+                self._check_text(node, path)
+            elif isinstance(node, SequenceNode):
+                children = [(item, f"{path}[{i}]") for i, item in enumerate(node.value)]
+            elif isinstance(node, MappingNode):
+                children = self._check_mapping(node, path)
+            stack.extend(reversed(children))
+
+    def _check_text(self, node: ScalarNode, path: str) -> None:
+        # Neither can reach a command line or an environment: fail here rather than at launch.
+        if "\x00" in node.value:
+            raise self.error("must not contain NUL characters", node, path)
+        try:
+            node.value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise self.error("is not valid text (it holds a lone surrogate)", node, path) from exc
+
+    def _check_mapping(self, node: MappingNode, path: str) -> list[tuple[Node, str]]:
+        children: list[tuple[Node, str]] = []
+        names: dict[str, Node] = {}
+        for knode, vnode in node.value:
+            if not isinstance(knode, ScalarNode):
+                raise self.error(f"a key must be a plain name, got {_describe(knode)}", knode, path)
+            name = str(knode.value)
+            key = _join(path, name)
+            if knode.tag == _MERGE:
+                raise self.error("YAML merge keys ('<<') are not supported", knode, path,
+                                 "put settings shared by all hosts under 'defaults:'")
+            if _is_secret(name):
+                in_env = path == "env" or path.endswith(".env")
+                hint = ("keep secrets out of the hosts file; set them on the host instead" if in_env
+                        else "use an SSH key (identity_file) or ssh-agent")
+                raise self.error("passwords are not accepted in hosts files", knode, key, hint)
+            if name in names:
+                raise self.error(f"duplicate key '{name}' (also at line {_line(names[name])})", knode, key,
+                                 "YAML would silently keep only the last one; remove one of them")
+            names[name] = knode
+            children.append((vnode, key))
+        return children
+
+    # -- pass 2: the schema -------------------------------------------------------------------
+
+    def fields(self, node: Node, key: str, allowed: Iterable[str], what: str) -> dict[str, Node]:
+        """The mapping's entries by name; unknown names are refused with a suggestion."""
+        if not isinstance(node, MappingNode):
+            raise self.expected(what, node, key)
+        allowed = tuple(allowed)
+        result: dict[str, Node] = {}
+        for knode, vnode in node.value:
+            name = str(knode.value)
+            if name not in allowed:
+                if key == "defaults" and name in ("host", "address"):
+                    raise self.error(f"'{name}' cannot be set in defaults", knode, _join(key, name),
+                                     "each host entry names its own host and address")
+                close = difflib.get_close_matches(name, allowed, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else "valid keys: " + ", ".join(allowed)
+                raise self.error(f"unknown key '{name}'", knode, _join(key, name), hint)
+            result[name] = vnode
+        return result
+
+    def string(self, node: Node, key: str, *, name_like: bool = False) -> str:
+        if not (isinstance(node, ScalarNode) and node.tag == _STR):
+            raise self.expected("a string", node, key)
+        value = str(node.value)
+        if not value.strip():
+            raise self.error("must not be empty", node, key)
+        if "\n" in value or "\r" in value:
+            raise self.error("must be a single line of text", node, key)
+        if name_like:
+            if _BAD_CHARS.search(value):
+                raise self.error(f"must not contain spaces or control characters, got {value!r}", node, key)
+            if value.startswith("-"):
+                raise self.error(f"must not start with '-', got {value!r}", node, key,
+                                 "ssh would read it as an option")
+            if "@" in value:
+                raise self.error(f"must not contain '@', got {value!r}", node, key, "put the user name in 'user:'")
+        return value
+
+    def integer(self, node: Node, key: str, what: str, low: int, high: int | None = None,
+                hint: str | None = None) -> int:
+        if not (isinstance(node, ScalarNode) and node.tag == _INT):
+            raise self.expected(what, node, key)
+        text = str(node.value)
+        if not _DECIMAL.match(text):
+            raise self.expected(what, node, key, "write it as a plain decimal number")
+        value = int(text)
+        if value < low or (high is not None and value > high):
+            raise self.expected(what, node, key, hint)
+        return value
+
+    def port(self, node: Node, key: str) -> int:
+        return self.integer(node, key, "a port number from 1 to 65535", 1, 65535)
+
+    def gpus(self, node: Node, key: str) -> tuple[str, ...]:
+        no_gpus = "to run without GPUs, remove 'gpus' and set 'nproc'"
+        if isinstance(node, ScalarNode) and node.tag == _INT:
+            count = self.integer(node, key, f"a GPU count from 1 to {_MAX_GPUS}", 1, _MAX_GPUS, no_gpus)
+            return tuple(str(i) for i in range(count))
+        if not isinstance(node, SequenceNode):
+            raise self.expected("a list of GPU ids or a count", node, key, "e.g. 'gpus: 4' or 'gpus: [0, 1]'")
+        if not node.value:
+            raise self.expected("a list of GPU ids or a count", node, key, no_gpus)
+        ids: dict[str, Node] = {}
+        for i, item in enumerate(node.value):
+            ikey = f"{key}[{i}]"
+            what = "a GPU index (0, 1, ...) or UUID ('GPU-...', 'MIG-...')"
+            if isinstance(item, ScalarNode) and item.tag == _INT:
+                gpu = str(self.integer(item, ikey, what, 0))
+            elif isinstance(item, ScalarNode) and item.tag == _STR and _GPU_ID.match(str(item.value)):
+                gpu = str(item.value)
+            else:
+                raise self.expected(what, item, ikey)
+            if gpu in ids:
+                raise self.error(f"GPU '{gpu}' is listed twice (also at line {_line(ids[gpu])})", item, ikey)
+            ids[gpu] = item
+        return tuple(ids)
+
+    def env(self, node: Node, key: str) -> dict[str, str]:
+        if not isinstance(node, MappingNode):
+            raise self.expected("a mapping of NAME: value", node, key)
+        env: dict[str, str] = {}
+        for knode, vnode in node.value:
+            name = str(knode.value)
+            nkey = f"{key}.{name}"
+            if not _ENV_NAME.match(name):
+                raise self.error(f"invalid environment variable name {name!r}", knode, nkey,
+                                 "use letters, digits and '_', not starting with a digit")
+            if isinstance(vnode, ScalarNode) and vnode.tag in (_STR, _INT, _FLOAT, _TIMESTAMP):
+                # Numbers keep the text as written: str(int('010')) would be '8' under YAML 1.1.
+                env[name] = str(vnode.value)
+            elif isinstance(vnode, ScalarNode) and vnode.tag in (_BOOL, _NULL):
+                text = "" if vnode.tag == _NULL and vnode.value == "~" else str(vnode.value)
+                raise self.expected("a string or number", vnode, nkey, f'quote the value: {name}: "{text}"')
+            else:
+                raise self.expected("a string or number", vnode, nkey)
+        return env
+
+    def transport(self, node: Node, key: str) -> Transport:
+        value = node.value if isinstance(node, ScalarNode) and node.tag == _STR else None
+        if value == "ssh":
+            return "ssh"
+        if value == "local":
+            return "local"
+        close = difflib.get_close_matches(str(value), ("ssh", "local"), n=1) if value else []
+        raise self.expected("'ssh' or 'local'", node, key, f"did you mean '{close[0]}'?" if close else None)
+
+    def settings(self, entries: dict[str, Node], prefix: str) -> _Settings:
+        """The keys shared by host entries and ``defaults``, typed and checked."""
+        parsers: dict[str, Callable[[Node, str], object]] = {
+            "port": self.port, "user": lambda node, key: self.string(node, key, name_like=True),
+            "identity_file": self.string, "python": self.string, "workdir": self.string, "gpus": self.gpus,
+            "nproc": lambda node, key: self.integer(node, key, "a positive number of processes", 1),
+            "env": self.env, "transport": self.transport,
+        }
+        result = _Settings()
+        for name, vnode in entries.items():
+            if name in parsers:
+                result.values[name] = parsers[name](vnode, _join(prefix, name))
+                result.nodes[name] = vnode
+        return result
+
+    def parse(self, root: Node) -> ClusterSpec:
+        if not isinstance(root, MappingNode):
+            raise self.error(f"the top level must be a mapping with a 'hosts' key, got {_describe(root)}",
+                             root, None, "start the file with 'hosts:'")
+        top = self.fields(root, "", _TOP_KEYS, "a mapping")
+        if "hosts" not in top:
+            raise self.error("missing required key 'hosts'", None, None, "list the machines: 'hosts: [node1, node2]'")
+        env = self.env(top["env"], "env") if "env" in top else {}
+        defaults = _Settings()
+        if "defaults" in top:
+            defaults = self.settings(self.fields(top["defaults"], "defaults", _SHARED_KEYS, "a mapping"), "defaults")
+        master = {}
+        if "master" in top:
+            master = self.fields(top["master"], "master", _MASTER_KEYS, "a mapping with 'addr' and/or 'port'")
+        return ClusterSpec(
+            path=self.path,
+            hosts=self.hosts(top["hosts"], defaults, env),
+            master_addr=self.string(master["addr"], "master.addr", name_like=True) if "addr" in master else None,
+            master_port=self.master_port(master["port"]) if "port" in master else None,
+            state_dir=self.string(top["state_dir"], "state_dir") if "state_dir" in top else None,
+            ssh_config=self.string(top["ssh_config"], "ssh_config") if "ssh_config" in top else None,
+        )
+
+    def master_port(self, node: Node) -> int | None:
+        if isinstance(node, ScalarNode) and node.tag == _STR and node.value == "auto":
+            return None
+        if isinstance(node, ScalarNode) and node.tag == _INT:
+            return self.port(node, "master.port")
+        raise self.expected("'auto' or a port number from 1 to 65535", node, "master.port")
+
+    def hosts(self, node: Node, defaults: _Settings, env: dict[str, str]) -> tuple[HostSpec, ...]:
+        if not isinstance(node, SequenceNode) or not node.value:
+            hint = "write each host as a list item: '- node1'" if isinstance(node, MappingNode) else None
+            raise self.expected("a non-empty list of hosts", node, "hosts", hint)
+        specs: list[HostSpec] = []
+        seen: dict[tuple[str, int | None], Node] = {}
+        for i, entry in enumerate(node.value):
+            key = f"hosts[{i}]"
+            name_node: Node = entry
+            address, own = None, _Settings()
+            if isinstance(entry, MappingNode):
+                entries = self.fields(entry, key, _HOST_KEYS, "a mapping")
+                if "host" not in entries:
+                    raise self.error("missing required key 'host'", entry, key,
+                                     "every entry needs 'host: <name or address>'; '- node1' also works")
+                name_node = entries["host"]
+                if "address" in entries:
+                    address = self.string(entries["address"], f"{key}.address", name_like=True)
+                own = self.settings(entries, key)
+            elif not (isinstance(entry, ScalarNode) and entry.tag == _STR):
+                raise self.expected("a host name or a mapping with 'host'", entry, key)
+            host = self.string(name_node, f"{key}.host", name_like=True)
+            spec = self.host_spec(host, address, entry, own, defaults, env, key)
+            other = seen.setdefault((host, spec.port), name_node)
+            if other is not name_node:
+                on_port = f" on port {spec.port}" if spec.port is not None else ""
+                raise self.error(f"host '{host}'{on_port} is listed twice (also at line {_line(other)})", name_node,
+                                 f"{key}.host", "list each machine once; use gpus or nproc for more processes")
+            specs.append(spec)
+        return tuple(specs)
+
+    def host_spec(self, host: str, address: str | None, entry: Node, own: _Settings, defaults: _Settings,
+                  env: dict[str, str], key: str) -> HostSpec:
+        """Merge one entry over ``defaults`` (the entry's own value wins) and resolve ``nproc``."""
+        merged = {**defaults.values, **own.values}
+        merged["env"] = {**env, **defaults.values.get("env", {}), **own.values.get("env", {})}
+        gpus, nproc = merged.get("gpus"), merged.pop("nproc", None)
+        if gpus is not None and nproc is not None and nproc != len(gpus):
+            def origin(name: str) -> tuple[str, Node | None]:
+                if name in own.nodes:
+                    return "", own.nodes[name]
+                return f" (from defaults, line {_line(defaults.nodes[name])})", None
+
+            g_from, g_node = origin("gpus")
+            n_from, n_node = origin("nproc")
+            raise self.error(f"gpus{g_from} gives {len(gpus)} processes but nproc{n_from} is {nproc}",
+                             n_node or g_node or entry, key,
+                             "one process runs per GPU: drop nproc, or make it equal the number of GPUs")
+        nproc = len(gpus) if gpus is not None else nproc or 1
+        return HostSpec(host=host, line=_line(entry), address=address, nproc=nproc, **merged)

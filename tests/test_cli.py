@@ -1,0 +1,99 @@
+"""The command line: bad input gets a clear error and exit code 2, `--dry-run` starts nothing."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, write_hosts
+
+
+def clusterrun(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "clusterrun", *args], capture_output=True, text=True,
+                          timeout=60, cwd=cwd)
+
+
+BAD_FILES = {
+    "unknown key": ("hosts:\n  - host: a\n    gpu: 2\n", "hosts.yaml:3: hosts[0].gpu: unknown key 'gpu'",
+                    "did you mean 'gpus'?"),
+    "wrong type": ("hosts:\n  - host: a\n  - host: b\n    gpus: four\n",
+                   "hosts.yaml:4: hosts[1].gpus: expected a list of GPU ids or a count, got 'four'", None),
+    "empty hosts": ("hosts: []\n", "hosts.yaml:1: hosts:", None),
+    "duplicate host": ("hosts:\n  - host: a\n  - host: a\n", "hosts.yaml:3: hosts[1]", "line 2"),
+    "gpus vs nproc": ("hosts:\n  - host: a\n    gpus: [0, 1, 2, 3]\n    nproc: 2\n", "hosts.yaml:", "nproc"),
+    "bad env name": ("env:\n  BAD-NAME: 1\nhosts:\n  - host: a\n", "hosts.yaml:2: env", "BAD-NAME"),
+    "password": ("hosts:\n  - host: a\n    password: hunter2\n", "hosts.yaml:3: hosts[0].password",
+                 "ssh-agent"),
+    "yaml syntax": ("hosts:\n  - host: a\n   nproc: [1\n", "hosts.yaml:", "invalid YAML"),
+    "unsafe tag": ("hosts:\n  - host: !!python/object/apply:os.system ['touch /tmp/pwned-clusterrun']\n",
+                   "hosts.yaml:2", "tag"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_hosts_file_is_a_clear_error_and_nothing_starts(tmp_path: Path, case: str) -> None:
+    text, where, also = BAD_FILES[case]
+    (tmp_path / "hosts.yaml").write_text(f"state_dir: {tmp_path / 'state'}\n" * 0 + text)
+    (tmp_path / "train.py").write_text("print('must not run')\n")
+    proc = clusterrun("up", "--no-tui", "hosts.yaml", "train.py", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert where in proc.stderr, proc.stderr
+    if also:
+        assert also in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+    assert not Path("/tmp/pwned-clusterrun").exists()
+
+
+def test_missing_hosts_file_and_script(tmp_path: Path) -> None:
+    proc = clusterrun("up", "nowhere.yaml", "train.py", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "nowhere.yaml" in proc.stderr
+    hosts = write_hosts(tmp_path, [1], tmp_path / "state")
+    proc = clusterrun("up", str(hosts), "missing.py", cwd=tmp_path)
+    assert proc.returncode == 2 and "missing.py does not exist" in proc.stderr, proc.stderr
+    assert not (tmp_path / "state" / "jobs").exists()
+
+
+def test_bad_env_option(tmp_path: Path) -> None:
+    hosts = write_hosts(tmp_path, [1], tmp_path / "state")
+    (tmp_path / "t.py").write_text("")
+    proc = clusterrun("up", "--env", "1X=y", str(hosts), "t.py", cwd=tmp_path)
+    assert proc.returncode == 2 and "--env: expected NAME=VALUE" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_ssh_hosts_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    (tmp_path / "hosts.yaml").write_text(f"state_dir: {tmp_path / 'state'}\nhosts:\n"
+                                         "  - host: local-a\n    transport: local\n  - host: gpu-b\n")
+    (tmp_path / "t.py").write_text("")
+    proc = clusterrun("up", "hosts.yaml", "t.py", cwd=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert "gpu-b: " in proc.stderr and "nothing was started" in proc.stderr
+    assert not (tmp_path / "state" / "jobs").exists()
+
+
+@pytest.mark.integration
+def test_dry_run_prints_exact_commands_and_starts_nothing(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    hosts = write_hosts(tmp_path, [1, 3], state, extra="env:\n  SECRET_SPACE: 'a b'\n")
+    proc = clusterrun("up", "--dry-run", "--env", "X=$(id)", str(hosts), "examples/train.py", "--", "--epochs", "1")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "2 nodes, world size 4, master 127.0.0.1:" in out
+    commands = [line.split("command: ", 1)[1] for line in out.splitlines() if "command: " in line]
+    assert len(commands) == 2
+    argv1 = shlex.split(commands[1])
+    assert argv1[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--node-rank=1" in argv1 and "--nproc-per-node=3" in argv1 and "--nnodes=2" in argv1
+    assert argv1[-3:] == ["examples/train.py", "--epochs", "1"]
+    assert "    X='$(id)'" in out and "    SECRET_SPACE='a b'" in out
+    assert not (state / "jobs").exists()
+
+
+def test_help_and_version() -> None:
+    proc = clusterrun("up", "--help")
+    assert proc.returncode == 0 and "HOSTS.yaml SCRIPT [-- ARGS...]" in proc.stdout
+    assert clusterrun("--version").stdout.strip().startswith("clusterrun, version ")

@@ -1,0 +1,87 @@
+"""Root-cause analysis on torchrun's real output format (captured from torch 2.13)."""
+
+from __future__ import annotations
+
+from clusterrun.diagnose import NodeLog, exception_message, find_root_cause, split_rank
+
+REPORT = """\
+[rank1]:Traceback (most recent call last):
+[rank1]:[rank1]:   File "/tmp/t/s.py", line 5, in <module>
+[rank1]:[rank1]: ValueError: boom from rank 1
+E1122 14:49:35.111000 2219 site-packages/torch/distributed/elastic/multiprocessing/api.py:1002] failed
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+s.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-22_14:49:35
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 2262)  (SIGTERM)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-22_14:49:35
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 2263)
+  error_file: <N/A>
+============================================================"""
+
+
+def test_split_rank_drops_torchs_own_repeat() -> None:
+    assert split_rank("[rank3]:hello") == (3, "hello")
+    assert split_rank("[rank3]:[rank3]: ValueError: x") == (3, "ValueError: x")
+    assert split_rank("[rank3]:[rank2]: odd") == (3, "[rank2]: odd")
+    assert split_rank("plain line") == (None, "plain line")
+
+
+def test_report_is_parsed() -> None:
+    log = NodeLog()
+    log.feed(REPORT.splitlines())
+    assert log.failures == {0: {"local_rank": 0, "exit_code": -15, "pid": 2262},
+                            1: {"local_rank": 1, "exit_code": 1, "pid": 2263}}
+    assert list(log.rank_tails[1])[-1] == "ValueError: boom from rank 1"
+    assert exception_message(log.rank_tails[1]) == "ValueError: boom from rank 1"
+
+
+def _state(code: int, workers: list[dict], ended: float) -> dict:
+    return {"state": "exited", "exit_code": code, "signal": None, "workers": workers, "ended_at": ended}
+
+
+def test_earliest_worker_death_across_nodes_wins() -> None:
+    node0, node1 = NodeLog(), NodeLog()
+    node0.feed(["[rank0]:gloo error: connection closed by peer", "  rank      : 0 (local_rank: 0)",
+                "  exitcode  : 1 (pid: 100)"])
+    node1.feed(["[rank3]:bye", "  rank      : 3 (local_rank: 1)", "  exitcode  : 3 (pid: 200)"])
+    states = {0: _state(1, [{"pid": 100, "rank": 0, "died": 50.2}], 51.0),
+              1: _state(1, [{"pid": 200, "rank": 3, "died": 50.0}], 51.5)}
+    cause = find_root_cause({0: "a", 1: "b"}, {0: node0, 1: node1}, states, stopped_by_us=set())
+    assert cause is not None
+    assert (cause.node, cause.rank, cause.local_rank, cause.exit_code) == (1, 3, 1, 3)
+    assert cause.last_lines == ("bye",)
+    assert cause.describe() == "rank 3 on node 1 (b, local rank 1): exit code 3"
+
+
+def test_nodes_we_stopped_are_not_the_root_cause() -> None:
+    node0, node1 = NodeLog(), NodeLog()
+    node0.feed(["  rank      : 0 (local_rank: 0)", "  exitcode  : -15 (pid: 100)"])
+    node1.feed(["  rank      : 1 (local_rank: 0)", "  exitcode  : 1 (pid: 200)"])
+    states = {0: _state(1, [{"pid": 100, "rank": 0, "died": 10.0}], 11.0),  # died first, but we stopped it
+              1: _state(1, [{"pid": 200, "rank": 1, "died": 20.0}], 21.0)}
+    cause = find_root_cause({0: "a", 1: "b"}, {0: node0, 1: node1}, states, stopped_by_us={0})
+    assert cause is not None and cause.node == 1
+
+
+def test_signals_and_node_level_failures() -> None:
+    log = NodeLog()
+    log.feed(["  rank      : 2 (local_rank: 0)", "  exitcode  : -9 (pid: 7)"])
+    cause = find_root_cause({0: "h"}, {0: log}, {0: _state(1, [], 5.0)}, set())
+    assert cause is not None and cause.signal == 9 and cause.exit_code is None
+    assert "killed by SIGKILL" in cause.describe()
+    # torchrun itself could not start: no worker report, the agent's error is the message
+    nothing = find_root_cause({0: "h"}, {0: NodeLog()},
+                              {0: {"state": "exited", "exit_code": None, "error": "could not start python9"}}, set())
+    assert nothing is not None and nothing.rank is None and nothing.message == "could not start python9"
+    assert find_root_cause({0: "h"}, {0: NodeLog()}, {0: _state(0, [], 1.0)}, set()) is None
