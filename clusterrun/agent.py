@@ -25,7 +25,8 @@ Requests (``op``) and answers
 ``follow`` ``{job, node, attempt, state_dir, offset}`` → a stream of lines:
            ``{t: "log", offset, next, data}`` (complete lines only, bytes decoded as UTF-8 with
            surrogateescape; ``next`` is the byte offset to resume from), ``{t: "state", state}``
-           whenever the state file changes, and finally ``{t: "end", state}`` after a last read
+           whenever the state file changes, ``{t: "beat"}`` after ``HEARTBEAT`` seconds without
+           anything else, and finally ``{t: "end", state}`` after a last read
            that includes a partial last line. Resuming from ``next`` loses and repeats nothing.
 ``stop``   ``{job, node, attempt, state_dir, grace}`` → ``{ok, killed: [...], left: [...], state}``:
            the verified stop described below; idempotent.
@@ -86,17 +87,21 @@ import sys
 import time
 from typing import Any
 
-# Constant: no job data in it, no quotes, backslashes, "!" or "$", so any login shell passes it on.
+# Constant: no job data in it; no single quotes, backslashes, "!" or "$", so that once quoted for
+# the remote shell (sh, bash, zsh, fish or tcsh) it reaches Python unchanged.
 BOOTSTRAP = (
     "import sys;b=sys.stdin.buffer;n=int(b.readline());s=b.read(n);"
-    "exec(compile(s,'clusterrun-agent','exec'),"
-    "{'__name__':'__clusterrun_agent__','AGENT_SOURCE':s})"
+    'exec(compile(s,"clusterrun-agent","exec"),'
+    '{"__name__":"__clusterrun_agent__","AGENT_SOURCE":s})'
 )
 
 MARKER_VAR = "CLUSTERRUN_JOB"
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PR_SET_CHILD_SUBREAPER = 36
 POLL_INTERVAL = 0.05
+# ``follow`` says something at least this often, so a reader can tell a dead connection from a
+# quiet job: no message for a few heartbeats means the link is gone.
+HEARTBEAT = 5.0
 # torchrun options newer than the oldest torch we support; the probe says which a host has.
 OPTIONAL_TORCHRUN_FLAGS = ("--signals-to-handle", "--shutdown-timeout")
 
@@ -516,9 +521,13 @@ def op_status(req: dict[str, Any]) -> dict[str, Any]:
                       "torchrun": same_boot and _is_alive(state.get("torchrun"))}}
 
 
+_last_emit = [0.0]
+
+
 def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.buffer.write(json.dumps(obj).encode() + b"\n")
     sys.stdout.buffer.flush()
+    _last_emit[0] = time.monotonic()
 
 
 def op_follow(req: dict[str, Any]) -> None:
@@ -560,6 +569,8 @@ def op_follow(req: dict[str, Any]) -> None:
                            "data": rest.decode("utf-8", "surrogateescape")})
                 _emit({"t": "end", "state": state})
                 return
+            if time.monotonic() - _last_emit[0] >= HEARTBEAT:
+                _emit({"t": "beat"})
             time.sleep(POLL_INTERVAL)
 
 

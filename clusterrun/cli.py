@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from types import FrameType
 
 import click
@@ -25,6 +26,7 @@ from clusterrun.errors import ClusterrunError, ConfigError
 from clusterrun.orchestrator import HostsUnavailable, Job
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides
 from clusterrun.printer import Printer
+from clusterrun.transports import transport_for
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HOSTS = 0, 1, 2, 3
 EXIT_SIGNAL = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143}
@@ -89,13 +91,17 @@ def _stop_on_signals(job: Job) -> Iterator[dict[str, int]]:
               help="Set an environment variable for every node (repeatable; wins over the hosts file).")
 @click.option("--dry-run", is_flag=True, help="Print each node's exact command and environment, start nothing.")
 @click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
+@click.option("--ssh-config", type=click.Path(dir_okay=False), help="An ssh_config file to resolve hosts with "
+              "(default: the hosts file's `ssh_config`, else ~/.ssh/config).")
+@click.option("--accept-new-host-keys", is_flag=True, help="Record the keys of hosts not yet in known_hosts "
+              "(like StrictHostKeyChecking=accept-new); a changed key is still refused.")
 @click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds torchrun gets to stop its workers before they are killed.")
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 def up(hosts_file: str, script: str, script_args: tuple[str, ...], name: str | None, env: tuple[str, ...],
-       dry_run: bool, no_tui: bool, grace: float) -> None:
+       dry_run: bool, no_tui: bool, ssh_config: str | None, accept_new_host_keys: bool, grace: float) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
@@ -113,7 +119,9 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], name: str | N
     job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
     printer = Printer()
     job = Job(spec, script, script_args, job_id=job_id, name=jname, emit=printer, env_overrides=overrides,
-              local_cwd=os.getcwd(), grace=grace)
+              local_cwd=os.getcwd(), grace=grace,
+              transport_factory=partial(transport_for, ssh_config=ssh_config or spec.ssh_config,
+                                        accept_new_host_keys=accept_new_host_keys))
     try:
         try:
             plan = job.prepare()

@@ -210,6 +210,8 @@ class Job:
                 stream = node.transport.stream(self._request(rank, "follow", offset=offset))
                 try:
                     for message in stream:
+                        if message.get("t") == "beat":
+                            continue
                         if message.get("t") == "log":
                             offset = int(message["next"])
                         elif message.get("ok") is False:

@@ -6,15 +6,15 @@ from clusterrun.config import HostSpec
 from clusterrun.transports.base import AgentStream, Transport
 
 
-def transport_for(host: HostSpec) -> Transport:
+def transport_for(host: HostSpec, *, ssh_config: str | None = None, accept_new_host_keys: bool = False) -> Transport:
     """The transport the hosts file asks for; paramiko is imported only for SSH hosts."""
     if host.transport == "local":
         from clusterrun.transports.local import LocalTransport
 
         return LocalTransport(host)
-    from clusterrun.transports.ssh import SSHTransport
+    from clusterrun.transports.ssh import SSHOptions, SSHTransport
 
-    return SSHTransport(host)
+    return SSHTransport(host, SSHOptions(ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys))
 
 
 __all__ = ["AgentStream", "Transport", "transport_for"]

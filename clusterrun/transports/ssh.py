@@ -1,23 +1,404 @@
-"""The SSH transport (paramiko). Not available yet: every SSH host is refused up front, before
-anything starts anywhere, with a message that says what works today."""
+"""The SSH transport: paramiko, configured like OpenSSH's ``ssh`` and strict about host keys.
+
+Lifecycle: create → ``connect()`` (resolve the host through ssh_config, open one connection,
+check the host key, authenticate) → ``stream()`` / ``call()`` open one session channel each on
+that connection → ``close()``. A connection that died is opened again by the next ``stream()``.
+
+- The host is resolved with ``ssh -G`` where the OpenSSH client is installed (so ``Include``,
+  ``Match`` and every default behave exactly as for ``ssh``), else with paramiko's parser.
+  ``port``, ``user`` and ``identity_file`` from the hosts file win over the config.
+- Host keys are checked against ``UserKnownHostsFile`` and ``GlobalKnownHostsFile`` (hashed and
+  ``[host]:port`` entries included). An unknown key is refused with the fix in the message; with
+  ``accept_new`` it is appended, as OpenSSH's ``StrictHostKeyChecking=accept-new`` does. A key
+  that changed is always refused. Jump hosts are checked the same way.
+- ``ProxyJump`` (any number of hops, each over a ``direct-tcpip`` channel) and ``ProxyCommand``.
+- The remote command is constant (``python -c BOOTSTRAP``); the job travels on stdin. No pty.
+- Every paramiko and socket exception is translated here, in ``map_error``.
+"""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from clusterrun.errors import ConnectError
-from clusterrun.transports.base import AgentStream, Transport
+import paramiko
+
+from clusterrun.config import HostSpec
+from clusterrun.errors import AuthError, ConnectError, HostKeyError, TransportError
+from clusterrun.transports.base import AgentStream, Transport, agent_command, agent_stdin
+
+CONNECT_TIMEOUT = 10.0
+# The agent's follow stream speaks at least every 5 s (agent.HEARTBEAT); silence for this long
+# means the connection is dead even if TCP has not noticed.
+READ_TIMEOUT = 20.0
+MAX_SESSIONS = 8  # sshd's MaxSessions defaults to 10 per connection
+CONNECT_ATTEMPTS = 5  # sshd's MaxStartups drops connections under load: retry those
+MAX_JUMPS = 5
+
+
+@dataclass(frozen=True)
+class SSHOptions:
+    """Settings for every SSH host of a run (from the hosts file and the command line)."""
+
+    ssh_config: str | None = None
+    accept_new_host_keys: bool = False
+
+
+@dataclass
+class ResolvedHost:
+    """What ``ssh -G`` says about a host, with the hosts file's values applied."""
+
+    alias: str
+    hostname: str
+    port: int = 22
+    user: str | None = None
+    identity_files: list[str] = field(default_factory=list)
+    identities_only: bool = False
+    proxy_jump: str | None = None
+    proxy_command: str | None = None
+    known_hosts: list[str] = field(default_factory=list)
+    connect_timeout: float = CONNECT_TIMEOUT
+
+    @property
+    def key_name(self) -> str:
+        """How known_hosts names this host: ``host`` on port 22, ``[host]:port`` otherwise."""
+        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+
+
+def _ssh_g(alias: str, config: str | None, port: int | None, user: str | None) -> dict[str, list[str]] | None:
+    ssh = shutil.which("ssh")
+    if ssh is None:
+        return None
+    argv = [ssh, "-G"]
+    if config:
+        argv += ["-F", os.path.expanduser(config)]
+    if port:
+        argv += ["-p", str(port)]
+    if user:
+        argv += ["-l", user]
+    argv += ["--", alias]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        raise ConnectError(alias, f"ssh -G could not read the ssh configuration: {proc.stderr.strip()}",
+                           hint="check the ssh_config file named in the hosts file or by --ssh-config")
+    values: dict[str, list[str]] = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        values.setdefault(key.lower(), []).append(value)
+    return values
+
+
+def _paramiko_lookup(alias: str, config: str | None) -> dict[str, list[str]]:
+    path = os.path.expanduser(config or "~/.ssh/config")
+    values: dict[str, list[str]] = {}
+    if os.path.exists(path):
+        try:
+            found = paramiko.SSHConfig.from_path(path).lookup(alias)
+        except (OSError, paramiko.ssh_exception.ConfigParseError) as exc:
+            raise ConnectError(alias, f"cannot read {path}: {exc}") from None
+        for key, value in found.items():
+            values[key] = list(value) if isinstance(value, list) else [str(value)]
+    return values
+
+
+def resolve(host: HostSpec, options: SSHOptions, alias: str | None = None) -> ResolvedHost:
+    """Resolve ``host`` (or a jump host ``alias``) the way OpenSSH would."""
+    name = alias or host.host
+    port = host.port if alias is None else None
+    user = host.user if alias is None else None
+    values = _ssh_g(name, options.ssh_config, port, user)
+    if values is None:
+        values = _paramiko_lookup(name, options.ssh_config)
+
+    def first(key: str) -> str | None:
+        found = values.get(key)
+        return found[0] if found else None
+
+    identity = [os.path.expanduser(p) for p in values.get("identityfile", [])]
+    if alias is None and host.identity_file:
+        identity.insert(0, os.path.expanduser(host.identity_file))
+    known = []
+    for key in ("userknownhostsfile", "globalknownhostsfile"):
+        for item in values.get(key, []):
+            known += [os.path.expanduser(p) for p in item.split()]
+    if not known:
+        known = [os.path.expanduser("~/.ssh/known_hosts"), "/etc/ssh/ssh_known_hosts"]
+    jump = first("proxyjump")
+    command = first("proxycommand")
+    timeout = first("connecttimeout")
+    return ResolvedHost(
+        alias=name,
+        hostname=first("hostname") or name,
+        port=port or int(first("port") or 22),
+        user=user or first("user") or None,
+        identity_files=identity,
+        identities_only=(first("identitiesonly") or "no").lower() == "yes",
+        proxy_jump=None if jump in (None, "none") else jump,
+        proxy_command=None if command in (None, "none") else command,
+        known_hosts=known,
+        connect_timeout=float(timeout) if timeout and timeout.isdigit() else CONNECT_TIMEOUT,
+    )
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown keys (saying how to fix it), or record them when the user opted in."""
+
+    def __init__(self, target: ResolvedHost, accept_new: bool) -> None:
+        self.target = target
+        self.accept_new = accept_new
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        t = self.target
+        if not self.accept_new:
+            scan = f"ssh-keyscan -p {t.port} {t.hostname}" if t.port != 22 else f"ssh-keyscan {t.hostname}"
+            raise HostKeyError(
+                t.alias, f"unknown host key for {hostname} ({key.get_name()} {fingerprint(key)}); nothing was started",
+                hint=f"check the fingerprint, then `{scan} >> ~/.ssh/known_hosts`, "
+                     "or run again with --accept-new-host-keys to record it")
+        path = t.known_hosts[0]
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def map_error(host: str, exc: BaseException) -> TransportError:
+    """Translate a paramiko or socket exception into clusterrun's error tree."""
+    if isinstance(exc, TransportError):
+        return exc
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return HostKeyError(host, f"the host key of {exc.hostname} has CHANGED: it is now {exc.key.get_name()} "
+                            f"{fingerprint(exc.key)}, known_hosts expects {fingerprint(exc.expected_key)}",
+                            hint="if the machine was reinstalled, remove the old key with "
+                                 f"`ssh-keygen -R {exc.hostname}`; otherwise someone may be intercepting the "
+                                 "connection")
+    if isinstance(exc, paramiko.PasswordRequiredException):
+        return AuthError(host, f"the private key is encrypted: {exc}",
+                         hint="add it to ssh-agent (ssh-add) so clusterrun can use it")
+    if isinstance(exc, (paramiko.AuthenticationException, paramiko.ssh_exception.UnableToAuthenticate)):
+        return AuthError(host, f"authentication failed: {exc}",
+                         hint="check `user` and `identity_file` for this host, or load the key into ssh-agent")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return ConnectError(host, f"cannot connect: {exc.strerror or exc}")
+    if isinstance(exc, paramiko.ssh_exception.ProxyCommandFailure):
+        return ConnectError(host, f"ProxyCommand failed: {exc}")
+    if isinstance(exc, paramiko.ChannelException):
+        return ConnectError(host, f"the SSH server refused a channel: {exc.text}")
+    if isinstance(exc, paramiko.SSHException):
+        return ConnectError(host, f"SSH error: {exc}")
+    if isinstance(exc, socket.timeout | TimeoutError):
+        return ConnectError(host, "timed out", hint="is the host up and reachable on its SSH port?")
+    if isinstance(exc, socket.gaierror):
+        return ConnectError(host, f"cannot resolve the host name: {exc.strerror}")
+    if isinstance(exc, OSError):
+        return ConnectError(host, f"cannot connect: {exc.strerror or exc}")
+    return ConnectError(host, f"{type(exc).__name__}: {exc}")
+
+
+def _is_throttled(exc: BaseException) -> bool:
+    """sshd's MaxStartups closes surplus connections before the banner: worth retrying."""
+    text = str(exc)
+    return isinstance(exc, paramiko.SSHException) and not isinstance(exc, paramiko.AuthenticationException) and (
+        "banner" in text or "reset" in text.lower() or "closed" in text.lower())
 
 
 class SSHTransport(Transport):
+    """Runs the agent on a host over one reused SSH connection."""
+
+    def __init__(self, host: HostSpec, options: SSHOptions | None = None) -> None:
+        super().__init__(host)
+        self.options = options or SSHOptions()
+        self._client: paramiko.SSHClient | None = None
+        self._jumps: list[paramiko.SSHClient] = []
+        self._lock = threading.Lock()
+        self._sessions = threading.BoundedSemaphore(MAX_SESSIONS)
+
     @property
     def python(self) -> str:
         return self.host.python or "python3"
 
+    # ---------------------------------------------------------------------------- connecting
+
+    def _open(self, target: ResolvedHost, depth: int = 0) -> paramiko.SSHClient:
+        sock: Any = None
+        if target.proxy_jump:
+            if depth >= MAX_JUMPS:
+                raise ConnectError(self.name, f"more than {MAX_JUMPS} ProxyJump hops")
+            hops = target.proxy_jump.split(",")
+            jump = resolve(self.host, self.options, alias=_jump_alias(hops[-1]))
+            if len(hops) > 1:
+                jump.proxy_jump = ",".join(hops[:-1])
+            spec_user, spec_port = _jump_user_port(hops[-1])
+            jump.user = spec_user or jump.user
+            jump.port = spec_port or jump.port
+            jump_client = self._open(jump, depth + 1)
+            self._jumps.append(jump_client)
+            transport = jump_client.get_transport()
+            if transport is None:
+                raise ConnectError(self.name, f"jump host {jump.alias} closed the connection")
+            try:
+                sock = transport.open_channel("direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0),
+                                              timeout=target.connect_timeout)
+            except Exception as exc:  # noqa: BLE001 - translated right here
+                raise map_error(self.name, exc) from exc
+        elif target.proxy_command:
+            command = (target.proxy_command.replace("%h", target.hostname).replace("%p", str(target.port))
+                       .replace("%r", target.user or "").replace("%%", "%"))
+            sock = paramiko.ProxyCommand(command)
+        client = paramiko.SSHClient()
+        for path in target.known_hosts:
+            if os.path.exists(path):
+                try:
+                    client.load_system_host_keys(path)
+                except (OSError, paramiko.SSHException) as exc:
+                    raise HostKeyError(target.alias, f"cannot read {path}: {exc}") from None
+        client.set_missing_host_key_policy(_HostKeyPolicy(target, self.options.accept_new_host_keys))
+        keys = [p for p in target.identity_files if os.path.exists(p)]
+        delay = 0.2
+        for attempt in range(CONNECT_ATTEMPTS):
+            try:
+                client.connect(
+                    target.hostname, port=target.port, username=target.user,
+                    key_filename=keys or None,  # type: ignore[arg-type]  # a list is documented and works
+                    allow_agent=not (target.identities_only and keys), look_for_keys=False, sock=sock,
+                    timeout=target.connect_timeout, banner_timeout=target.connect_timeout,
+                    auth_timeout=target.connect_timeout, channel_timeout=target.connect_timeout,
+                )
+                break
+            except Exception as exc:  # noqa: BLE001 - every failure is translated by map_error
+                client.close()
+                if attempt + 1 < CONNECT_ATTEMPTS and sock is None and _is_throttled(exc):
+                    time.sleep(delay)
+                    delay *= 2
+                    continue
+                error = map_error(target.alias, exc)
+                if target.alias != self.name:
+                    error.message = f"via jump host {target.alias}: {error.message}"
+                    error.host = self.name
+                raise error from exc
+        transport = client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(5)
+        return client
+
     def connect(self) -> None:
-        raise ConnectError(self.name, "SSH hosts are not supported by this version of clusterrun yet",
-                           hint="use `transport: local` for hosts on this machine")
+        with self._lock:
+            if self._client is not None:
+                transport = self._client.get_transport()
+                if transport is not None and transport.is_active():
+                    return
+                self._close_clients()
+            self._client = self._open(resolve(self.host, self.options))
+
+    def _close_clients(self) -> None:
+        for client in [self._client, *reversed(self._jumps)]:
+            if client is not None:
+                client.close()
+        self._client = None
+        self._jumps = []
+
+    # ------------------------------------------------------------------------------- running
 
     def stream(self, request: dict[str, Any]) -> AgentStream:
         self.connect()
-        raise AssertionError("unreachable")
+        client = self._client
+        transport = client.get_transport() if client is not None else None
+        if transport is None:
+            raise ConnectError(self.name, "the connection closed")
+        self._sessions.acquire()
+        try:
+            channel = transport.open_session(timeout=CONNECT_TIMEOUT)
+            channel.exec_command(shlex.join(agent_command(self.python)))  # constant: no job data
+            channel.sendall(agent_stdin(request))
+            channel.shutdown_write()
+            channel.settimeout(_read_timeout(request))
+        except Exception as exc:  # noqa: BLE001 - translated by map_error
+            self._sessions.release()
+            raise map_error(self.name, exc) from exc
+        released = threading.Event()
+
+        def close() -> None:
+            if released.is_set():
+                return
+            released.set()
+            try:
+                while channel.recv_stderr_ready():
+                    self._stderr_tail = (self._stderr_tail + channel.recv_stderr(65536))[-2000:]
+            except (OSError, paramiko.SSHException):
+                pass
+            channel.close()
+            self._sessions.release()
+
+        return AgentStream(self.name, self._lines(channel), close)
+
+    _stderr_tail = b""
+
+    def _lines(self, channel: paramiko.Channel) -> Iterator[bytes]:
+        buffer = b""
+        while True:
+            try:
+                data = channel.recv(65536)
+            except Exception as exc:  # noqa: BLE001 - a timeout or a dead connection
+                raise map_error(self.name, exc) from exc
+            if not data:
+                if buffer:
+                    yield buffer
+                return
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            yield from lines
+
+    def _last_words(self) -> str:
+        text = self._stderr_tail.decode(errors="replace").strip()
+        return f": {text.splitlines()[-1]}" if text else ""
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_clients()
+
+
+def _read_timeout(request: dict[str, Any]) -> float:
+    """How long an answer may take to arrive before the connection is taken for dead."""
+    if request.get("op") == "follow":
+        return READ_TIMEOUT  # the agent sends a heartbeat every few seconds
+    if request.get("op") == "stop":
+        return float(request.get("grace") or 0) + 60  # torchrun's grace, then the sweep
+    return 60.0
+
+
+def _jump_alias(hop: str) -> str:
+    """``user@host:port`` → ``host`` (ProxyJump syntax)."""
+    hop = hop.split("@", 1)[-1]
+    if hop.startswith("["):
+        return hop[1:].split("]", 1)[0]
+    return hop.rsplit(":", 1)[0] if hop.count(":") == 1 else hop
+
+
+def _jump_user_port(hop: str) -> tuple[str | None, int | None]:
+    user = hop.split("@", 1)[0] if "@" in hop else None
+    rest = hop.split("@", 1)[-1]
+    port = None
+    if rest.startswith("[") and "]:" in rest:
+        port = int(rest.rsplit(":", 1)[1])
+    elif rest.count(":") == 1:
+        port = int(rest.rsplit(":", 1)[1])
+    return user, port

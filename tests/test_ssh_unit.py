@@ -1,0 +1,91 @@
+"""Pure parts of the SSH transport: error translation (complete), ProxyJump syntax, host keys."""
+
+from __future__ import annotations
+
+import inspect
+import socket
+
+import paramiko
+import pytest
+
+from clusterrun.errors import AuthError, ConnectError, HostKeyError, TransportError
+from clusterrun.transports.ssh import _jump_alias, _jump_user_port, fingerprint, map_error
+
+
+
+def _key() -> paramiko.PKey:
+    return paramiko.RSAKey.generate(1024)
+
+
+def _instances() -> dict[type[BaseException], BaseException]:
+    e = paramiko.ssh_exception
+    k1, k2 = _key(), _key()
+    return {
+        e.SSHException: e.SSHException("Error reading SSH protocol banner"),
+        e.AuthenticationException: e.AuthenticationException("Authentication failed."),
+        e.PasswordRequiredException: e.PasswordRequiredException("private key file is encrypted"),
+        e.BadAuthenticationType: e.BadAuthenticationType("bad type", ["publickey"]),
+        e.PartialAuthentication: e.PartialAuthentication(["publickey"]),
+        e.UnableToAuthenticate: e.UnableToAuthenticate("no method"),
+        e.ChannelException: e.ChannelException(1, "administratively prohibited"),
+        e.BadHostKeyException: e.BadHostKeyException("gpu-a", k1, k2),
+        e.ProxyCommandFailure: e.ProxyCommandFailure("nc gpu-a 22", "broken pipe"),
+        e.NoValidConnectionsError: e.NoValidConnectionsError({("10.0.0.1", 22): ConnectionRefusedError()}),
+        e.CouldNotCanonicalize: e.CouldNotCanonicalize("gpu-a"),
+        e.ConfigParseError: e.ConfigParseError("bad line"),
+        e.MessageOrderError: e.MessageOrderError("out of order"),
+        e.IncompatiblePeer: e.IncompatiblePeer("no common kex"),
+    }
+
+
+def test_every_paramiko_exception_is_translated() -> None:
+    declared = {cls for _, cls in inspect.getmembers(paramiko.ssh_exception, inspect.isclass)
+                if issubclass(cls, Exception) and cls.__module__ == "paramiko.ssh_exception"}
+    instances = _instances()
+    assert declared == set(instances), "a paramiko exception class is not covered by this test"
+    for cls, exc in instances.items():
+        mapped = map_error("gpu-a", exc)
+        assert isinstance(mapped, TransportError), cls
+        assert mapped.host == "gpu-a" and mapped.message, cls
+        assert "Traceback" not in mapped.render()
+
+
+@pytest.mark.parametrize(("exc", "kind", "text"), [
+    (paramiko.ssh_exception.BadHostKeyException("gpu-a", _key(), _key()), HostKeyError, "CHANGED"),
+    (paramiko.AuthenticationException("nope"), AuthError, "authentication failed"),
+    (paramiko.ssh_exception.BadAuthenticationType("x", ["password"]), AuthError, "authentication failed"),
+    (paramiko.PasswordRequiredException("enc"), AuthError, "encrypted"),
+    (socket.timeout("timed out"), ConnectError, "timed out"),
+    (ConnectionRefusedError(111, "Connection refused"), ConnectError, "Connection refused"),
+    (socket.gaierror(-2, "Name or service not known"), ConnectError, "cannot resolve"),
+    (OSError(113, "No route to host"), ConnectError, "No route to host"),
+])
+def test_specific_translations(exc: BaseException, kind: type, text: str) -> None:
+    mapped = map_error("h", exc)
+    assert type(mapped) is kind and text in mapped.render()
+
+
+def test_changed_key_message_names_both_fingerprints_and_the_fix() -> None:
+    got, expected = _key(), _key()
+    text = map_error("gpu-a", paramiko.ssh_exception.BadHostKeyException("gpu-a", got, expected)).render()
+    assert fingerprint(got) in text and fingerprint(expected) in text and "ssh-keygen -R gpu-a" in text
+    assert fingerprint(got).startswith("SHA256:") and not fingerprint(got).endswith("=")
+
+
+@pytest.mark.parametrize(("hop", "alias", "user", "port"), [
+    ("bastion", "bastion", None, None),
+    ("admin@bastion", "bastion", "admin", None),
+    ("admin@bastion:2222", "bastion", "admin", 2222),
+    ("[10.0.0.1]:2222", "10.0.0.1", None, 2222),
+])
+def test_proxyjump_syntax(hop: str, alias: str, user: str | None, port: int | None) -> None:
+    assert _jump_alias(hop) == alias
+    assert _jump_user_port(hop) == (user, port)
+
+
+def test_no_permissive_host_key_policy_anywhere() -> None:
+    from pathlib import Path
+
+    for path in (Path(__file__).resolve().parent.parent / "clusterrun").rglob("*.py"):
+        text = path.read_text()
+        assert "AutoAddPolicy" not in text and "WarningPolicy" not in text, path
