@@ -560,8 +560,12 @@ def op_follow(req: dict[str, Any]) -> None:
                 _emit({"t": "state", "state": state})
             ended = state.get("state") == "exited"
             if not ended and not _is_alive(state.get("supervisor")) and not _is_alive(state.get("torchrun")):
-                ended = True  # the supervisor died without a word and torchrun is gone: lost
-                state = dict(state, state="lost")
+                # Read the state again: the supervisor may have written its last word and exited
+                # since the read above. Only if it still says nothing is the node lost.
+                state = _read_json(state_path) or state
+                ended = True
+                if state.get("state") != "exited":
+                    state = dict(state, state="lost")
             if ended:
                 rest = pending + log.read()
                 if rest:

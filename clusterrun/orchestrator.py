@@ -147,7 +147,8 @@ class Job:
         if errors:
             raise HostsUnavailable(errors)
         port = self.spec.master_port or int(answers[0]["port"])
-        facts = [HostFacts(python=n.transport.python, torchrun_flags=tuple(a.get("torchrun_flags") or ()))
+        facts = [HostFacts(python=n.transport.python, torchrun_flags=tuple(a.get("torchrun_flags") or ()),
+                           address=n.transport.address)
                  for n, a in zip(self._nodes, answers, strict=True)]
         self.plan = build_plan(self.spec, self.script, self.script_args, job_id=self.job_id, name=self.name,
                                facts=facts, master_port=port, env_overrides=self.env_overrides,

@@ -31,6 +31,7 @@ class HostFacts:
 
     python: str
     torchrun_flags: tuple[str, ...] = ()
+    address: str | None = None  # how the controller reached it (ssh_config's HostName), if known
 
 
 @dataclass(frozen=True)
@@ -100,15 +101,18 @@ def parse_env_overrides(items: Sequence[str]) -> dict[str, str]:
     return env
 
 
-def master_addr(spec: ClusterSpec) -> str:
-    """Where every node finds node 0: ``master.addr``, else node 0's ``address``, else its host
+def master_addr(spec: ClusterSpec, node0_facts: HostFacts | None = None) -> str:
+    """Where every node finds node 0: ``master.addr``, else node 0's ``address``, else the address
+    SSH reached it at (an ssh_config alias resolved to its HostName), else its ``host``
     (``127.0.0.1`` for a local host)."""
     if spec.master_addr:
         return spec.master_addr
     node0 = spec.hosts[0]
     if node0.address:
         return node0.address
-    return "127.0.0.1" if node0.transport == "local" else node0.host
+    if node0.transport == "local":
+        return "127.0.0.1"
+    return (node0_facts.address if node0_facts else None) or node0.host
 
 
 def node_env(host: HostSpec, overrides: Mapping[str, str]) -> dict[str, str]:
@@ -157,7 +161,7 @@ def build_plan(
     """The launch plan: node ranks in file order, global ranks packed node after node."""
     if len(facts) != len(spec.hosts):
         raise ValueError("one HostFacts per host is needed")
-    addr = master_addr(spec)
+    addr = master_addr(spec, facts[0] if facts else None)
     nodes = []
     first = 0
     for rank, (host, fact) in enumerate(zip(spec.hosts, facts, strict=True)):

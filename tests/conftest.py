@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.simhosts import sim_cluster  # noqa: F401 - the simulated machines, for every test module
+
 ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = ROOT / "tests" / "_support"
 
@@ -103,3 +105,9 @@ def stop_all_jobs(path: Path) -> None:
         request = {"op": "stop", "job": attempt.parent.parent.name, "node": int(attempt.parent.name[4:]),
                    "attempt": int(attempt.name[7:]), "state_dir": str(path), "grace": 1}
         transport.call(request)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ssh_tools() -> None:
+    """The test setup installs OpenSSH (server and client) when missing; a no-op when present."""
+    subprocess.run(["sh", str(SUPPORT / "install_sshd.sh")], check=True, capture_output=True, timeout=900)

@@ -55,6 +55,8 @@ def test_master_addr_choice() -> None:
     assert master_addr(spec(HostSpec("a", address="10.1.1.1"), HostSpec("b"))) == "10.1.1.1"
     assert master_addr(spec(HostSpec("gpu-a"), HostSpec("gpu-b"))) == "gpu-a"
     assert master_addr(spec(HostSpec("l", transport="local"))) == "127.0.0.1"
+    # an ssh_config alias: the HostName SSH resolved it to, which the other nodes can reach
+    assert master_addr(spec(HostSpec("gpu-a")), HostFacts(python="p", address="10.0.0.7")) == "10.0.0.7"
 
 
 def test_env_merge_order_and_gpus() -> None:

@@ -80,6 +80,11 @@ class Transport(ABC):
         return self.host.host
 
     @property
+    def address(self) -> str | None:
+        """The address the host was reached at, once connected (None where that means nothing)."""
+        return None
+
+    @property
     @abstractmethod
     def python(self) -> str:
         """The interpreter that runs the agent and torchrun on the host."""

@@ -231,10 +231,15 @@ class SSHTransport(Transport):
         self._jumps: list[paramiko.SSHClient] = []
         self._lock = threading.Lock()
         self._sessions = threading.BoundedSemaphore(MAX_SESSIONS)
+        self._resolved: ResolvedHost | None = None
 
     @property
     def python(self) -> str:
         return self.host.python or "python3"
+
+    @property
+    def address(self) -> str | None:
+        return self._resolved.hostname if self._resolved else None
 
     # ---------------------------------------------------------------------------- connecting
 
@@ -307,7 +312,8 @@ class SSHTransport(Transport):
                 if transport is not None and transport.is_active():
                     return
                 self._close_clients()
-            self._client = self._open(resolve(self.host, self.options))
+            self._resolved = resolve(self.host, self.options)
+            self._client = self._open(self._resolved)
 
     def _close_clients(self) -> None:
         for client in [self._client, *reversed(self._jumps)]:

@@ -1,0 +1,430 @@
+"""Simulated machines for integration tests: each "host" runs a real OpenSSH sshd in its own namespaces.
+
+Lifecycle: ``SimCluster.start(n)`` → ``ssh -F cluster.ssh_config sim1 …`` (``host.run`` looks inside a host,
+``host.kill`` crashes it) → ``close()``; the ``sim_cluster`` fixture factory closes what it made, failed or not.
+Each host has its own network, PID, mount and UTS namespaces: a veth on a bridge ``10.77.<k>.0/24`` (``.1`` is the
+root namespace, hosts ``.11``…; no default route, no NAT), a private ``/run``, a shared ``/etc/hosts`` naming every
+host, and sshd as its PID namespace's first process, so killing that process kills all the host runs. Where
+namespaces are refused, one sshd per loopback address ``127.0.0.(10+i)`` on its own port stands in
+(``isolated=False``, ``fallback_reason`` says why). All that is made is named after the creating process (netns
+``crsim-<pid>-…``, links with alias ``crsim-<pid>``, temp dirs ``crsim-<pid>-…``): ``sweep_stale`` finds it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import functools
+import ipaddress
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PREFIX = "crsim"
+TIMEOUT = 10.0
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+IP = shutil.which("ip") or "/usr/sbin/ip"
+WIPED_LOGS = ("/var/log/wtmp", "/var/log/lastlog", "/var/log/btmp")
+
+# First process of a new PID namespace, inside the host's network namespace; ends by exec'ing sshd.
+BOOTSTRAP = """\
+set -eu
+name=$1 cidr=$2 hosts=$3 config=$4 passwd=$5 sshd=$6
+shift 6
+mount --make-rprivate /
+ip link set lo up
+ip addr add "$cidr" dev eth0
+ip link set eth0 up
+hostname "$name"
+mount -t tmpfs -o mode=0755,size=8m crsim-run /run
+mkdir -m 0755 /run/sshd
+mount --bind "$hosts" /etc/hosts
+for log in "$@"; do mount --bind /dev/null "$log"; done
+if [ -n "$passwd" ]; then mount --bind "$passwd" /etc/passwd; fi
+exec "$sshd" -D -e -f "$config"
+"""
+
+
+class SimHostError(RuntimeError):
+    """A simulated host could not be set up or torn down; the message says which and shows its log."""
+
+
+@dataclass
+class SimHost:
+    """One simulated machine: started by ``SimCluster.start`` → ``run`` / ``kill`` → removed by its cluster."""
+
+    name: str
+    address: str
+    port: int
+    isolated: bool
+    log: Path
+    pid: int = 0
+    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def run(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` inside this host's namespaces (directly in the loopback fallback), output captured."""
+        enter = ["nsenter", f"--target={self.pid}", "--net", "--pid", "--mount", "--uts"] if self.isolated else []
+        return subprocess.run([*enter, *argv], capture_output=True, text=True, timeout=timeout, check=False)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def kill(self) -> None:
+        """Simulate the machine dying: SIGKILL its first process, and with it its whole PID namespace."""
+        if self._proc is None:
+            return
+        # While the launcher (unshare, or sshd itself in the fallback) lives, self.pid cannot have been reused.
+        if self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid or self._proc.pid, signal.SIGKILL)
+        self._proc.wait(timeout=TIMEOUT)
+
+
+@dataclass
+class SimCluster:
+    """Simulated machines on one bridge: ``start`` → ``hosts``, ``ssh_config``, ``known_hosts`` → ``close``."""
+
+    dir: Path
+    isolated: bool
+    fallback_reason: str | None = None
+    hosts: list[SimHost] = field(default_factory=list)
+    subnet: int = 0
+    ssh_config: Path = field(init=False)
+    known_hosts: Path = field(init=False)
+    client_key: Path = field(init=False)
+    _bridge: str | None = None
+    _links: list[str] = field(default_factory=list)
+    _netns: list[str] = field(default_factory=list)
+    _closed: bool = False
+
+    def __post_init__(self) -> None:
+        self.ssh_config, self.known_hosts = self.dir / "ssh_config", self.dir / "known_hosts"
+        self.client_key = self.dir / "client" / "id_ed25519"
+
+    def ssh_argv(self, host: str, *command: str) -> list[str]:
+        """The OpenSSH client argv that runs ``command`` on ``host`` with this cluster's config."""
+        return ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", host, *command]
+
+    @classmethod
+    def start(cls, n: int, *, login_shell: str | Mapping[str, str] | None = None,
+              sshd_options: Mapping[str, str] | None = None, isolated: bool | None = None) -> SimCluster:
+        """Start hosts ``sim1``…``simN``; return once every sshd accepts connections.
+
+        ``login_shell`` replaces root's shell on every host (a str) or on the named hosts (a mapping), through a
+        copy of /etc/passwd bind-mounted in the host. ``sshd_options`` override or add sshd_config keywords.
+        ``isolated=None`` uses namespaces where permitted; False forces the loopback fallback; True refuses it.
+        """
+        if not 1 <= n <= 200:
+            raise ValueError(f"n must be between 1 and 200, not {n}")
+        _sweep_once()
+        reason = namespace_problem() if isolated is not False else "loopback fallback requested by the caller"
+        if reason and isolated:
+            raise SimHostError(f"namespaces are not available: {reason}")
+        if reason:
+            print(f"simhosts: not isolated, one sshd per loopback address instead: {reason}", file=sys.stderr)
+            if login_shell:
+                raise SimHostError("login_shell needs a mount namespace per host, which the fallback has not")
+        folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{os.getpid()}-"))
+        cluster = cls(dir=folder, isolated=not reason, fallback_reason=reason)
+        _OPEN.append(cluster)
+        try:
+            cluster._start(n, login_shell, dict(sshd_options or {}))
+        except BaseException:
+            cluster.close()
+            raise
+        return cluster
+
+    def _start(self, n: int, login_shell: str | Mapping[str, str] | None, options: dict[str, str]) -> None:
+        for folder in [self.client_key.parent, *(self.dir / f"sim{i}" for i in range(1, n + 1))]:
+            folder.mkdir(mode=0o700)
+        _keygen([self.client_key, *(self.dir / f"sim{i}" / "ssh_host_ed25519_key" for i in range(1, n + 1))])
+        if self.isolated:
+            self._make_network(n)
+            addresses = [(f"10.77.{self.subnet}.{10 + i}", 22) for i in range(1, n + 1)]
+        else:
+            addresses = [(f"127.0.0.{10 + i}", _free_port(f"127.0.0.{10 + i}")) for i in range(1, n + 1)]
+            with contextlib.suppress(OSError):  # sshd's privilege-separation dir, normally made by its init script
+                Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        for i, (address, port) in enumerate(addresses, 1):
+            self.hosts.append(SimHost(f"sim{i}", address, port, self.isolated, self.dir / f"sim{i}" / "sshd.log"))
+        self._write_files(login_shell, options)
+        for i, host in enumerate(self.hosts):
+            self._launch(host, self._netns[i] if self.isolated else None)
+        self._wait_ready()
+
+    def _make_network(self, n: int) -> None:
+        pid = os.getpid()
+        # Choosing a free /24 and taking it is atomic among concurrent test processes; locking the temp dir
+        # itself leaves no lock file behind.
+        lock = os.open(tempfile.gettempdir(), os.O_RDONLY)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.subnet = _free_subnet()
+            self._bridge = bridge = f"cr{pid:x}b{self.subnet:x}"
+            lines = [f"link add {bridge} type bridge", f"link set {bridge} alias {PREFIX}-{pid}",
+                     f"addr add 10.77.{self.subnet}.1/24 dev {bridge}", f"link set {bridge} up"]
+            for i in range(1, n + 1):
+                netns, veth = f"{PREFIX}-{pid}-{self.subnet}-sim{i}", f"cr{pid:x}v{self.subnet:x}h{i:x}"
+                self._netns.append(netns)
+                self._links.append(veth)
+                lines += [f"netns add {netns}", f"link add {veth} type veth peer name eth0 netns {netns}",
+                          f"link set {veth} alias {PREFIX}-{pid}", f"link set {veth} master {bridge}",
+                          f"link set {veth} up"]
+            _ip_batch(lines)
+        finally:
+            os.close(lock)
+
+    def _write_files(self, login_shell: str | Mapping[str, str] | None, options: dict[str, str]) -> None:
+        (self.dir / "authorized_keys").write_text(self.client_key.with_suffix(".pub").read_text())
+        (self.dir / "hosts").write_text("127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
+                                        + "".join(f"{h.address} {h.name}\n" for h in self.hosts))
+        (self.dir / "bootstrap.sh").write_text(BOOTSTRAP)
+        known, config = [], []
+        for host in self.hosts:
+            key = " ".join((self.dir / host.name / "ssh_host_ed25519_key.pub").read_text().split()[:2])
+            names = [host.address, host.name]
+            if host.port != 22:
+                names = [f"[{name}]:{host.port}" for name in names]
+            known.append(f"{','.join(names)} {key}\n")
+            config.append(f"Host {host.name}\n    HostName {host.address}\n    Port {host.port}\n"
+                          f"    User {pwd.getpwuid(os.getuid()).pw_name}\n    IdentityFile {self.client_key}\n"
+                          f"    IdentitiesOnly yes\n    UserKnownHostsFile {self.known_hosts}\n"
+                          "    StrictHostKeyChecking yes\n    BatchMode yes\n    ConnectTimeout 10\n\n")
+            (self.dir / host.name / "sshd_config").write_text(self._sshd_config(host, options))
+            shell = login_shell if isinstance(login_shell, str) else (login_shell or {}).get(host.name)
+            if shell:
+                lines = Path("/etc/passwd").read_text().splitlines(keepends=True)
+                (self.dir / host.name / "passwd").write_text("".join(
+                    line.rsplit(":", 1)[0] + f":{shell}\n" if line.startswith("root:") else line for line in lines))
+        self.known_hosts.write_text("".join(known))
+        self.ssh_config.write_text("".join(config))
+
+    def _sshd_config(self, host: SimHost, options: dict[str, str]) -> str:
+        settings = {
+            "ListenAddress": host.address, "Port": str(host.port),
+            "HostKey": str(self.dir / host.name / "ssh_host_ed25519_key"),
+            "AuthorizedKeysFile": str(self.dir / "authorized_keys"),
+            "PubkeyAuthentication": "yes", "PasswordAuthentication": "no", "KbdInteractiveAuthentication": "no",
+            "PermitRootLogin": "prohibit-password", "StrictModes": "no", "UsePAM": "no", "PidFile": "none",
+            "PrintMotd": "no", "PrintLastLog": "no", "Subsystem": "sftp internal-sftp",
+        }
+        if _sshd_version() >= (9, 8):
+            # Every client connects from the bridge's one address: penalising it would refuse later tests.
+            settings["PerSourcePenalties"] = "no"
+        # sshd keeps the first value it reads for a keyword, so the caller's options go first.
+        overridden = {key.lower() for key in options}
+        kept = {key: value for key, value in settings.items() if key.lower() not in overridden}
+        return "".join(f"{key} {value}\n" for key, value in {**options, **kept}.items())
+
+    def _launch(self, host: SimHost, netns: str | None) -> None:
+        folder = self.dir / host.name
+        if netns:
+            passwd = folder / "passwd"
+            argv = [IP, "netns", "exec", netns, "unshare", "--pid", "--fork", "--mount-proc", "--uts", "--mount",
+                    "--propagation", "private", "--kill-child", "sh", str(self.dir / "bootstrap.sh"), host.name,
+                    f"{host.address}/24", str(self.dir / "hosts"), str(folder / "sshd_config"),
+                    str(passwd) if passwd.exists() else "", SSHD, *filter(os.path.isfile, WIPED_LOGS)]
+        else:
+            argv = [SSHD, "-D", "-e", "-f", str(folder / "sshd_config")]
+        with open(host.log, "wb") as log:
+            host._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                          start_new_session=True)
+        host.pid = 0 if netns else host._proc.pid
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        pending = {host.name: host for host in self.hosts}
+        while pending:
+            for host in list(pending.values()):
+                if host._proc is None or host._proc.poll() is not None:
+                    raise SimHostError(f"{host.name} exited during start-up:\n{host.log.read_text()}")
+                # Connecting before the host has its address would cost an ARP retry (1 s): first look for
+                # sshd's listening socket in the host's network namespace, which sends no packet.
+                if self.isolated and not _listening(host._proc.pid, host.port):
+                    continue
+                with contextlib.suppress(OSError), socket.create_connection((host.address, host.port), 1):
+                    del pending[host.name]
+            if pending and time.monotonic() > deadline:
+                raise SimHostError(f"sshd not ready after {TIMEOUT} s on {sorted(pending)}")
+            time.sleep(0.01 if pending else 0)
+        if self.isolated:
+            children = _children()
+            for host in self.hosts:
+                found = children.get(host._proc.pid if host._proc else 0, [])
+                if len(found) != 1:
+                    raise SimHostError(f"{host.name}: expected one first process, found {found}")
+                host.pid = found[0]
+
+    def close(self) -> None:
+        """Kill every host, delete the namespaces, links and bridge made for them, wait until gone, remove files."""
+        if self._closed:
+            return
+        self._closed = True
+        for host in self.hosts:
+            host.kill()
+        links = [*self._links, *([self._bridge] if self._bridge else [])]
+        if links or self._netns:
+            _ip_batch([*(f"link del {x}" for x in links), *(f"netns del {x}" for x in self._netns)], force=True)
+            deadline = time.monotonic() + TIMEOUT
+            while left := ({x["ifname"] for x in _ip_json("link")} & set(links)) | (_netns_names() & set(self._netns)):
+                if time.monotonic() > deadline:
+                    raise SimHostError(f"still present after close: {sorted(left)}")
+                time.sleep(0.02)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        with contextlib.suppress(ValueError):
+            _OPEN.remove(self)
+
+
+_OPEN: list[SimCluster] = []
+
+
+@atexit.register
+def _close_open_clusters() -> None:
+    for cluster in list(_OPEN):
+        with contextlib.suppress(Exception):
+            cluster.close()
+
+
+@pytest.fixture
+def sim_cluster() -> Iterator[Callable[..., SimCluster]]:
+    """A factory ``make(n, login_shell=None, **kwargs) -> SimCluster``; every cluster it made is closed at teardown."""
+    with contextlib.ExitStack() as closing:
+
+        def make(n: int, login_shell: str | Mapping[str, str] | None = None, **kwargs: object) -> SimCluster:
+            cluster = SimCluster.start(n, login_shell=login_shell, **kwargs)  # type: ignore[arg-type]
+            closing.callback(cluster.close)
+            return cluster
+
+        yield make
+
+
+@functools.cache
+def namespace_problem() -> str | None:
+    """Why namespaces cannot be used here, or None when they can (probed once per process)."""
+    for tool in (SSHD, IP, "unshare", "nsenter", "ssh-keygen"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (run tests/_support/install_sshd.sh)"
+    probe = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "--uts", "--mount", "true"],
+                           capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        return f"unshare refused: {probe.stderr.strip()}"
+    netns, bridge = f"{PREFIX}-{os.getpid()}-probe", f"cr{os.getpid():x}p"
+    try:
+        _ip_batch([f"netns add {netns}", f"link add {bridge} type bridge"])
+    except SimHostError as exc:
+        return str(exc)
+    finally:
+        _ip_batch([f"link del {bridge}", f"netns del {netns}"], force=True)
+    return None
+
+
+@functools.cache
+def _sweep_once() -> None:
+    sweep_stale()
+
+
+def sweep_stale() -> None:
+    """Remove the namespaces (and their processes), links and temp dirs of test processes that are gone."""
+
+    def dead(name: str) -> bool:
+        found = re.match(rf"{PREFIX}-(\d+)(?:-|$)", name)
+        return found is not None and not os.path.exists(f"/proc/{found[1]}")
+
+    if not shutil.which(IP):
+        return
+    stale = [netns for netns in _netns_names() if dead(netns)]
+    for netns in stale:
+        pids = subprocess.run([IP, "netns", "pids", netns], capture_output=True, text=True, check=False).stdout
+        for pid in pids.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+    links = [link["ifname"] for link in _ip_json("link") if dead(link.get("ifalias", ""))]
+    _ip_batch([*(f"link del {x}" for x in links), *(f"netns del {x}" for x in stale)], force=True)
+    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}-*"):
+        if folder.is_dir() and dead(folder.name):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ip_batch(lines: list[str], force: bool = False) -> None:
+    argv = [IP, *(["-force"] if force else []), "-batch", "-"]
+    done = subprocess.run(argv, input="\n".join(lines) + "\n", capture_output=True, text=True, check=False)
+    if done.returncode != 0 and not force:
+        raise SimHostError(f"ip -batch failed: {done.stderr.strip()}")
+
+
+def _ip_json(*args: str) -> list[dict[str, Any]]:
+    out = subprocess.run([IP, "-j", *args, "show"], capture_output=True, text=True, check=False).stdout
+    return json.loads(out or "[]")  # type: ignore[no-any-return]
+
+
+def _netns_names() -> set[str]:
+    return {netns["name"] for netns in _ip_json("netns")}
+
+
+def _free_subnet() -> int:
+    """The first k whose 10.77.k.0/24 overlaps no address or route of the root namespace."""
+    used = [ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}").network
+            for link in _ip_json("-4", "addr") for a in link.get("addr_info", [])]
+    used += [ipaddress.ip_network(r["dst"], strict=False) for r in _ip_json("-4", "route") if r["dst"] != "default"]
+    for k in range(1, 255):
+        if not any(ipaddress.ip_network(f"10.77.{k}.0/24").overlaps(net) for net in used):
+            return k
+    raise SimHostError("no free /24 left in 10.77.0.0/16")
+
+
+def _children() -> dict[int, list[int]]:
+    """Parent pid → child pids, from /proc/*/stat (this kernel has no /proc/PID/task/TID/children)."""
+    found: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            found.setdefault(ppid, []).append(int(entry))
+    return found
+
+
+def _listening(pid: int, port: int) -> bool:
+    """True if a TCP socket listens on ``port`` in the network namespace of process ``pid``."""
+    try:
+        table = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    return any(f[1].endswith(f":{port:04X}") and f[3] == "0A" for f in map(str.split, table))
+
+
+def _keygen(paths: list[Path]) -> None:
+    """Generate an ed25519 key pair at each path, all at once."""
+    argv = ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", PREFIX, "-f"]
+    running = [subprocess.Popen([*argv, str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True) for path in paths]
+    errors = [proc.communicate()[1].strip() for proc in running]
+    if any(proc.returncode for proc in running):
+        raise SimHostError(f"ssh-keygen failed: {[error for error in errors if error]}")
+
+
+def _free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
+
+
+@functools.cache
+def _sshd_version() -> tuple[int, int]:
+    out = subprocess.run([SSHD, "-V"], capture_output=True, text=True, check=False).stderr
+    found = re.search(r"OpenSSH_(\d+)\.(\d+)", out)
+    return (int(found[1]), int(found[2])) if found else (0, 0)

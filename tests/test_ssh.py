@@ -1,0 +1,248 @@
+"""SSH hosts for real: OpenSSH sshd on simulated machines (own network, PID, mount and UTS
+namespaces), reached with the paramiko transport, running real torchrun with gloo."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, SUPPORT, job_id_of, run_up, up_argv, wait_for
+from tests.simhosts import SimCluster, SimHost
+
+pytestmark = pytest.mark.integration
+MakeCluster = Callable[..., SimCluster]
+
+
+def ssh_hosts(folder: Path, cluster: SimCluster, nprocs: Sequence[int], state_dir: Path,
+              names: Sequence[str] | None = None, ssh_config: Path | None = None) -> Path:
+    """A hosts file naming the simulated hosts by their ssh_config aliases."""
+    lines = [f"state_dir: {state_dir}", f"ssh_config: {ssh_config or cluster.ssh_config}", "defaults:",
+             f"  python: {sys.executable}", f"  workdir: {ROOT}", "hosts:"]
+    for name, n in zip(names or [h.name for h in cluster.hosts], nprocs, strict=True):
+        lines += [f"  - host: {name}", f"    nproc: {n}"]
+    path = folder / "hosts.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def job_processes(host: SimHost) -> list[str]:
+    """Processes of clusterrun jobs still alive inside the host's own PID namespace."""
+    out = host.run("ps", "-eo", "pid=,args=").stdout
+    return [line.strip() for line in out.splitlines()
+            if ("torch" in line or "agent" in line or "_support" in line or "examples/" in line)
+            and "ps -eo" not in line]
+
+
+def check_ranks(stdout: str, layout: Sequence[tuple[str, int]]) -> None:
+    """Every rank printed its place in the world exactly once, from the right (simulated) host."""
+    world = sum(n for _, n in layout)
+    rank = 0
+    for node, (host, n) in enumerate(layout):
+        for local in range(n):
+            pattern = (rf"^node{node} {host} +rank{rank} +\| rank={rank} local_rank={local} world_size={world} "
+                       rf"node_rank={node} host={host} backend=gloo$")
+            assert len(re.findall(pattern, stdout, re.M)) == 1, (pattern, stdout)
+            rank += 1
+    total = world * (world + 1) // 2
+    assert stdout.count(f"allreduce sum={total} expected={total} OK") == world
+
+
+def test_two_hosts_two_procs_over_ssh(sim_cluster: MakeCluster, tmp_path: Path) -> None:
+    cluster = sim_cluster(2)
+    state = tmp_path / "state"
+    proc = run_up(ssh_hosts(tmp_path, cluster, [2, 2], state), "examples/allreduce.py")
+    assert proc.returncode == 0, proc.stderr
+    check_ranks(proc.stdout, [("sim1", 2), ("sim2", 2)])
+    master = re.search(r"master (\S+):\d+", proc.stderr)
+    assert master and master.group(1) == cluster.hosts[0].address  # the HostName, not the alias
+    # every node's log arrived complete: what was printed is what the host's file holds
+    job = job_id_of(proc.stderr)
+    for node in (0, 1):
+        log = (state / "jobs" / job / f"node{node}" / "attempt1" / "output.log").read_text()
+        printed = [line.split("| ", 1)[1] for line in proc.stdout.splitlines()
+                   if line.startswith(f"node{node} ")]
+        from clusterrun.diagnose import split_rank
+
+        assert printed == [split_rank(line)[1] for line in log.splitlines()]
+    for host in cluster.hosts:
+        assert job_processes(host) == []
+
+
+def test_three_hosts_uneven(sim_cluster: MakeCluster, tmp_path: Path) -> None:
+    cluster = sim_cluster(3)
+    proc = run_up(ssh_hosts(tmp_path, cluster, [1, 3, 2], tmp_path / "state"), "examples/allreduce.py")
+    assert proc.returncode == 0, proc.stderr
+    check_ranks(proc.stdout, [("sim1", 1), ("sim2", 3), ("sim3", 2)])
+
+
+def test_proxyjump_reaches_a_host_only_the_jump_host_can_resolve(sim_cluster: MakeCluster, tmp_path: Path) -> None:
+    cluster = sim_cluster(2)
+    sim1, sim2 = cluster.hosts
+    config = tmp_path / "ssh_config"
+    # "inner" is sim2 under a name only the simulated hosts resolve (their shared /etc/hosts): the
+    # controller cannot reach it without going through sim1.
+    config.write_text(cluster.ssh_config.read_text() + (
+        f"\nHost inner\n  HostName sim2\n  Port {sim2.port}\n  User root\n  IdentityFile {cluster.client_key}\n"
+        f"  IdentitiesOnly yes\n  UserKnownHostsFile {cluster.known_hosts}\n  ProxyJump sim1\n"))
+    with cluster.known_hosts.open("a") as f:  # the key of sim2, under the name the jump resolves
+        line = next(line for line in cluster.known_hosts.read_text().splitlines() if line.startswith(sim2.address))
+        f.write("sim2" + line[len(sim2.address):] + "\n")
+    proc = run_up(ssh_hosts(tmp_path, cluster, [1, 1], tmp_path / "state", names=["sim1", "inner"],
+                            ssh_config=config), "examples/allreduce.py")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^node1 inner +rank1 +\| rank=1 .* host=sim2 ", proc.stdout, re.M), proc.stdout
+
+
+def _keys_without(cluster: SimCluster, address: str) -> str:
+    """known_hosts without any entry for ``address`` (lines look like ``addr,name type key``)."""
+    addresses = {h.name: h.address for h in cluster.hosts}
+    kept = []
+    for line in cluster.known_hosts.read_text().splitlines():
+        names = {n.strip("[").split("]")[0] for n in line.split(" ", 1)[0].split(",")}
+        if address not in {addresses.get(n, n) for n in names}:
+            kept.append(line + "\n")
+    return "".join(kept)
+
+
+def test_unknown_host_key_is_refused_then_accepted_when_asked(sim_cluster: MakeCluster, tmp_path: Path) -> None:
+    cluster = sim_cluster(2)
+    sim2 = cluster.hosts[1]
+    cluster.known_hosts.write_text(_keys_without(cluster, sim2.address))
+    hosts = ssh_hosts(tmp_path, cluster, [1, 1], tmp_path / "state")
+    proc = run_up(hosts, "examples/allreduce.py")
+    assert proc.returncode == 3, proc.stderr
+    assert "sim2: unknown host key for" in proc.stderr and "SHA256:" in proc.stderr
+    assert "ssh-keyscan" in proc.stderr and "--accept-new-host-keys" in proc.stderr
+    assert "sim1:" not in proc.stderr  # one line for the failing host only
+    assert not (tmp_path / "state" / "jobs").exists()  # nothing started anywhere
+    proc = run_up("--accept-new-host-keys", hosts, "examples/allreduce.py")
+    assert proc.returncode == 0, proc.stderr
+    assert sim2.address in cluster.known_hosts.read_text()
+    proc = run_up(hosts, "examples/allreduce.py")  # recorded: no opt-in needed any more
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_changed_host_key_is_refused_even_with_accept_new(sim_cluster: MakeCluster, tmp_path: Path) -> None:
+    cluster = sim_cluster(2)
+    sim1, sim2 = cluster.hosts
+    lines = cluster.known_hosts.read_text().splitlines()
+    key_of_sim1 = next(line.split(" ", 1)[1] for line in lines if line.startswith(sim1.address))
+    cluster.known_hosts.write_text(_keys_without(cluster, sim2.address) + f"{sim2.address} {key_of_sim1}\n")
+    proc = run_up("--accept-new-host-keys", ssh_hosts(tmp_path, cluster, [1, 1], tmp_path / "state"),
+                  "examples/allreduce.py")
+    assert proc.returncode == 3, proc.stderr
+    assert "sim2: the host key of" in proc.stderr and "CHANGED" in proc.stderr
+    assert not (tmp_path / "state" / "jobs").exists()
+
+
+def test_hashed_known_hosts_entries_are_honoured(sim_cluster: MakeCluster, tmp_path: Path) -> None:
+    cluster = sim_cluster(1)
+    hashed = subprocess.run(["ssh-keygen", "-H", "-f", str(cluster.known_hosts)], capture_output=True, text=True)
+    assert hashed.returncode == 0, hashed.stderr
+    assert all(line.startswith("|1|") for line in cluster.known_hosts.read_text().splitlines() if line)
+    proc = run_up(ssh_hosts(tmp_path, cluster, [1], tmp_path / "state"), "examples/allreduce.py")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_wrong_key_on_one_of_three_hosts(sim_cluster: MakeCluster, tmp_path: Path) -> None:
+    cluster = sim_cluster(3)
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    config = tmp_path / "ssh_config"
+    text = cluster.ssh_config.read_text()
+    # sim2 offers a key its sshd does not accept
+    blocks = re.split(r"(?m)^(?=Host )", text)
+    blocks = [b.replace(str(cluster.client_key), str(other)) if b.startswith("Host sim2\n") else b for b in blocks]
+    config.write_text("".join(blocks))
+    proc = run_up(ssh_hosts(tmp_path, cluster, [1, 1, 1], tmp_path / "state", ssh_config=config),
+                  "examples/allreduce.py")
+    assert proc.returncode == 3, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if re.match(r"^sim\d: ", line)]
+    assert len(errors) == 1 and errors[0].startswith("sim2: authentication failed"), proc.stderr
+    assert not (tmp_path / "state" / "jobs").exists()
+    for host in cluster.hosts:
+        assert job_processes(host) == []
+
+
+def test_remote_state_is_private_under_umask_022(sim_cluster: MakeCluster, tmp_path: Path) -> None:
+    cluster = sim_cluster(1)
+    assert cluster.hosts[0].run("sh", "-c", "umask").stdout.strip() == "0022"
+    state = tmp_path / "state"  # does not exist yet: the agent creates all of it on the host
+    proc = run_up(ssh_hosts(tmp_path, cluster, [1], state), "examples/allreduce.py")
+    assert proc.returncode == 0, proc.stderr
+    paths = [state, *state.rglob("*")]
+    assert any(p.name == "output.log" for p in paths) and any(p.name == "state.json" for p in paths)
+    for path in paths:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+
+
+def test_a_host_dying_mid_run_fails_fast_and_is_named(sim_cluster: MakeCluster, tmp_path: Path) -> None:
+    cluster = sim_cluster(2)
+    hosts = ssh_hosts(tmp_path, cluster, [1, 1], tmp_path / "state")
+    with subprocess.Popen(up_argv("--grace", "3", hosts, SUPPORT / "counter.py", "1000", "0.1"), cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        wait_for(lambda: "line 3" in proc.stdout.readline(), timeout=90, what="output from the job")
+        began = time.monotonic()
+        cluster.hosts[1].kill()
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert time.monotonic() - began < 60
+    assert "node1 sim2: lost" in err
+    assert re.search(r"root cause: torchrun on node 1 \(sim2\)", err), err
+    assert "node0 sim1: verified: no process of the job is left" in err
+    assert job_processes(cluster.hosts[0]) == []
+
+
+def test_sixteen_hosts_in_parallel(sim_cluster: MakeCluster, tmp_path: Path) -> None:
+    cluster = sim_cluster(16)
+    hosts = ssh_hosts(tmp_path, cluster, [1] * 16, tmp_path / "state")
+    proc = run_up("--dry-run", hosts, "examples/allreduce.py", timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("command: ") == 16
+    # a real start on all of them, with a job that needs no torch import in the workers
+    proc = run_up(hosts, SUPPORT / "counter.py", "3", "0", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for rank in range(16):
+        assert f"rank {rank} done" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def login_shells() -> dict[str, str]:
+    """fish and tcsh, installed with apt by the test setup when missing."""
+    subprocess.run(["sh", str(SUPPORT / "install_sshd.sh"), "tcsh", "fish"], check=True, capture_output=True)
+    import shutil
+
+    found = {name: shutil.which(name) for name in ("tcsh", "fish")}
+    missing = [name for name, path in found.items() if not path]
+    assert not missing, f"could not install {missing}"
+    return {name: str(path) for name, path in found.items()}
+
+
+HOSTILE = ["'; touch /tmp/clusterrun-pwned #", "$(id)", "`id`", "a\nb", "x y", '"q"', "!!", "%h"]
+
+
+@pytest.mark.parametrize("shell", ["tcsh", "fish"])
+def test_fish_and_tcsh_login_shells_change_nothing(sim_cluster: MakeCluster, tmp_path: Path, shell: str,
+                                                   login_shells: dict[str, str]) -> None:
+    cluster = sim_cluster(1, login_shell=login_shells[shell])
+    assert cluster.hosts[0].run("sh", "-c", "getent passwd root").stdout.rstrip().endswith(login_shells[shell])
+    value = "v " + " ".join(HOSTILE)
+    hosts = ssh_hosts(tmp_path, cluster, [1], tmp_path / "state")
+    proc = run_up("--env", f"FROM_CLI={value}", "--env", "ECHO_ENV=FROM_CLI", hosts, SUPPORT / "echo_args.py",
+                  "--", *HOSTILE)
+    assert proc.returncode == 0, proc.stderr
+    echoed = [line.split("ECHO ", 1)[1] for line in proc.stdout.splitlines() if "| ECHO " in line]
+    assert len(echoed) == 1
+    data = json.loads(echoed[0])
+    assert data["argv"] == HOSTILE and data["env"] == {"FROM_CLI": value}
+    assert not Path("/tmp/clusterrun-pwned").exists()
