@@ -12,7 +12,6 @@ from clusterrun.errors import AuthError, ConnectError, HostKeyError, TransportEr
 from clusterrun.transports.ssh import _jump_alias, _jump_user_port, fingerprint, map_error
 
 
-
 def _key() -> paramiko.PKey:
     return paramiko.RSAKey.generate(1024)
 
@@ -55,7 +54,7 @@ def test_every_paramiko_exception_is_translated() -> None:
     (paramiko.AuthenticationException("nope"), AuthError, "authentication failed"),
     (paramiko.ssh_exception.BadAuthenticationType("x", ["password"]), AuthError, "authentication failed"),
     (paramiko.PasswordRequiredException("enc"), AuthError, "encrypted"),
-    (socket.timeout("timed out"), ConnectError, "timed out"),
+    (TimeoutError("timed out"), ConnectError, "timed out"),
     (ConnectionRefusedError(111, "Connection refused"), ConnectError, "Connection refused"),
     (socket.gaierror(-2, "Name or service not known"), ConnectError, "cannot resolve"),
     (OSError(113, "No route to host"), ConnectError, "No route to host"),
