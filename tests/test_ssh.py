@@ -246,3 +246,21 @@ def test_fish_and_tcsh_login_shells_change_nothing(sim_cluster: MakeCluster, tmp
     data = json.loads(echoed[0])
     assert data["argv"] == HOSTILE and data["env"] == {"FROM_CLI": value}
     assert not Path("/tmp/clusterrun-pwned").exists()
+
+
+def test_missing_torch_or_python_on_a_host_is_one_line_and_nothing_starts(sim_cluster: MakeCluster,
+                                                                          tmp_path: Path) -> None:
+    cluster = sim_cluster(3)
+    hosts = ssh_hosts(tmp_path, cluster, [1, 1, 1], tmp_path / "state")
+    text = hosts.read_text()
+    # sim2: an interpreter without torch; sim3: no such interpreter at all
+    text = text.replace("  - host: sim2\n", "  - host: sim2\n    python: /usr/bin/python3\n")
+    text = text.replace("  - host: sim3\n", "  - host: sim3\n    python: /opt/nowhere/python3\n")
+    hosts.write_text(text)
+    proc = run_up(hosts, "examples/allreduce.py")
+    assert proc.returncode == 3, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if re.match(r"^sim\d: ", line)]
+    assert len(lines) == 2, proc.stderr
+    assert lines[0] == "sim2: torch is not installed for /usr/bin/python3"
+    assert lines[1].startswith("sim3: ") and "/opt/nowhere/python3" in lines[1]
+    assert not (tmp_path / "state" / "jobs").exists()
