@@ -22,8 +22,8 @@ import click
 
 from clusterrun import __version__
 from clusterrun.config import ClusterSpec, load_cluster
-from clusterrun.errors import ClusterrunError, ConfigError
-from clusterrun.orchestrator import HostsUnavailable, Job
+from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
+from clusterrun.orchestrator import Job
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides
 from clusterrun.printer import Printer
 from clusterrun.transports import transport_for

@@ -7,6 +7,7 @@
     │   ├── AuthError                 the host refused our credentials
     │   └── HostKeyError              the host key is unknown or changed
     ├── AgentError(host)              the node agent on a host failed or answered nonsense
+    ├── HostsUnavailable(errors)      some hosts cannot run the job: one error per host; nothing started
     └── JobFailed(result)             the job ran and at least one node failed
 
 Node failures during a run are data (``NodeResult.error``); only the edge (``cli.py``) turns
@@ -113,3 +114,14 @@ class JobFailed(ClusterrunError):
     def __init__(self, result: Any, message: str) -> None:
         super().__init__(message)
         self.result = result
+
+
+class HostsUnavailable(ClusterrunError):
+    """Some hosts cannot run the job, so nothing was started anywhere. Renders one line per host."""
+
+    def __init__(self, errors: list[ClusterrunError]) -> None:
+        super().__init__(f"{len(errors)} host(s) cannot run the job; nothing was started")
+        self.errors = list(errors)
+
+    def render(self) -> str:
+        return "\n".join([self.message, *(e.render() for e in self.errors)])

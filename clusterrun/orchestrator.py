@@ -18,12 +18,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun.config import ClusterSpec
 from clusterrun.diagnose import NodeLog, find_root_cause
-from clusterrun.errors import AgentError, ClusterrunError, TransportError
+from clusterrun.errors import AgentError, ClusterrunError, HostsUnavailable, TransportError
 from clusterrun.events import (
     Event,
     JobFinished,
@@ -45,24 +45,13 @@ MIN_PYTHON = (3, 8)
 FOLLOW_RETRIES = 5
 
 
-class HostsUnavailable(ClusterrunError):
-    """Some hosts could not be used; nothing was started anywhere. One line per host."""
-
-    def __init__(self, errors: Sequence[ClusterrunError]) -> None:
-        super().__init__(f"{len(errors)} host(s) cannot run the job; nothing was started")
-        self.errors = list(errors)
-
-    def render(self) -> str:
-        return "\n".join([self.message, *(e.render() for e in self.errors)])
-
-
 @dataclass
 class _Node:
     launch: NodeLaunch | None
     transport: Transport
     state: NodeState = NodeState.PENDING
     final: dict[str, Any] | None = None
-    log: NodeLog | None = None
+    log: NodeLog = field(default_factory=NodeLog)
     stop_sent: bool = False
 
     @property
@@ -235,7 +224,6 @@ class Job:
     def run(self) -> JobResult:
         """Follow every node until all have ended; stop the rest when one fails. Blocks."""
         for rank in range(len(self._nodes)):
-            self._nodes[rank].log = NodeLog()
             thread = threading.Thread(target=self._follow, args=(rank,), daemon=True, name=f"follow-node{rank}")
             thread.start()
             self._threads.append(thread)
@@ -273,7 +261,6 @@ class Job:
             if lines and lines[-1] == "":
                 lines.pop()
             if lines:
-                assert node.log is not None
                 node.log.feed(lines)
                 self.emit(LogLines(rank, host=node.host, lines=tuple(lines)))
             return False
@@ -338,7 +325,7 @@ class Job:
         if any(r.state in (NodeState.FAILED, NodeState.LOST) for r in results) or interrupted is None:
             root = find_root_cause(
                 hosts={r: n.host for r, n in enumerate(self._nodes)},
-                logs={r: n.log for r, n in enumerate(self._nodes) if n.log is not None},
+                logs={r: n.log for r, n in enumerate(self._nodes)},
                 states={r: n.final for r, n in enumerate(self._nodes) if n.final is not None},
                 stopped_by_us={r for r, n in enumerate(self._nodes) if n.stop_sent},
             )

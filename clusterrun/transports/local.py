@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import IO, Any, cast
 
 from clusterrun.errors import AgentError
 from clusterrun.transports.base import AgentStream, Transport, agent_command, agent_stdin
@@ -30,8 +30,7 @@ class LocalTransport(Transport):
         except OSError as exc:
             raise AgentError(self.name, f"cannot run {self.python!r}: {exc.strerror or exc}",
                              hint="set `python:` for this host to an interpreter that exists") from None
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        stderr = proc.stderr
+        stdin, stdout, stderr = cast(IO[bytes], proc.stdin), cast(IO[bytes], proc.stdout), cast(IO[bytes], proc.stderr)
 
         def drain() -> None:
             with stderr:
@@ -40,8 +39,8 @@ class LocalTransport(Transport):
         reader = threading.Thread(target=drain, daemon=True, name=f"agent-stderr-{self.name}")
         reader.start()
         try:
-            proc.stdin.write(agent_stdin(request))
-            proc.stdin.close()
+            stdin.write(agent_stdin(request))
+            stdin.close()
         except BrokenPipeError:
             pass
 
@@ -50,10 +49,9 @@ class LocalTransport(Transport):
                 proc.kill()
             proc.wait()
             reader.join(timeout=5)
-            assert proc.stdout is not None
-            proc.stdout.close()
+            stdout.close()
 
-        return AgentStream(self.name, iter(proc.stdout.readline, b""), close)
+        return AgentStream(self.name, iter(stdout.readline, b""), close)
 
     def _last_words(self) -> str:
         text = self._stderr_tail.decode(errors="replace").strip()
