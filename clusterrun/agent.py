@@ -19,7 +19,7 @@ Requests (``op``) and answers
 ``probe``  ``{free_port: bool, state_dir}`` → ``{ok, hostname, python, torch, torchrun_flags,
            boot_id, port, state_dir}``; ``torch`` is the installed version or null (found without
            importing torch); ``port`` a TCP port that was free on this host, when asked.
-``start``  ``{job, node, attempt, state_dir, argv, env, cwd}`` → ``{ok, dir, state}``: creates the
+``start``  ``{job, node, attempt, state_dir, argv, env, cwd, first_rank}`` → ``{ok, dir, state}``: creates the
            attempt directory, starts the detached supervisor and returns once it has started
            torchrun (or failed to: ``{ok: false, error}``).
 ``follow`` ``{job, node, attempt, state_dir, offset}`` → a stream of lines:
@@ -40,7 +40,9 @@ State on the host
 under umask 077 so they are never readable by others, not even briefly):
 
 ``spec.json``       the request: argv, env, cwd (written once, before the supervisor starts)
-``output.log``      torchrun's stdout and stderr, appended (O_APPEND) and never truncated
+``output.log``      torchrun's stdout and stderr, appended (O_APPEND) and never truncated, and
+                    every worker's lines, whole and tagged ``[rankN]:`` (see ``RankLogs``)
+``torchrun/``       torchrun's own ``--log-dir`` (per-rank files it truncates; read by ``RankLogs``)
 ``state.json``      written only by the supervisor, atomically (temp file, fsync, rename):
                     ``state`` (starting → running → exited), ``supervisor`` and ``torchrun``
                     ``{pid, start_time}`` (start time in clock ticks since boot), ``boot_id``,
@@ -475,6 +477,7 @@ def op_start(req: dict[str, Any], source: bytes) -> dict[str, Any]:
         raise AgentFailure(f"{folder} already exists: this attempt was started before") from None
     agent_path = _agent_copy(_state_root(req.get("state_dir")), source)
     spec = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "argv": argv, "env": env,
+            "first_rank": int(req.get("first_rank") or 0),
             "cwd": os.path.expanduser(cwd) if cwd else None}
     _write_json_atomic(os.path.join(folder, "spec.json"), spec)
     log_fd = os.open(os.path.join(folder, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -621,6 +624,58 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------- supervisor
 
 
+class RankLogs:
+    """Merge torchrun's per-rank files into ``output.log``: whole lines, each tagged ``[rankN]:``.
+
+    torchrun runs with ``--redirects=3`` and its log dir inside the attempt directory
+    (``<dir>/torchrun/<run id>/attempt_<k>/<local rank>/std{out,err}.log``). Its own ``--tee``
+    would copy those files to the console with a prefix, but it emits a line as soon as part of
+    it was written (Python writes a printed text and its newline separately), which splits lines
+    and mixes ranks. Here a line is only passed on once complete, and every batch goes to the
+    O_APPEND log in one write, so no line is ever split or interleaved.
+    """
+
+    def __init__(self, root: str, out_fd: int, first_rank: int) -> None:
+        self.root, self.out_fd, self.first_rank = root, out_fd, first_rank
+        self.files: dict[str, list[Any]] = {}  # path → [file, pending bytes, prefix]
+
+    def _discover(self) -> None:
+        import glob
+
+        for path in glob.glob(os.path.join(self.root, "*", "attempt_*", "*", "std*.log")):
+            local = os.path.basename(os.path.dirname(path))
+            if path not in self.files and local.isdigit():
+                try:
+                    handle = open(path, "rb")  # noqa: SIM115 - kept open while the job runs
+                except OSError:
+                    continue
+                prefix = b"[rank%d]:" % (self.first_rank + int(local))
+                self.files[path] = [handle, b"", prefix]
+
+    def poll(self, final: bool = False) -> None:
+        """Pass on every complete line written so far (and, when ``final``, the rest too)."""
+        self._discover()
+        out = []
+        for entry in self.files.values():
+            handle, pending, prefix = entry
+            pending += handle.read()
+            cut = pending.rfind(b"\n") + 1
+            for line in pending[:cut].splitlines():
+                out.append(prefix + line + b"\n")
+            pending = pending[cut:]
+            if final and pending:
+                out.append(prefix + pending + b"\n")
+                pending = b""
+            entry[1] = pending
+        data = b"".join(out)
+        while data:
+            data = data[os.write(self.out_fd, data):]
+
+    def close(self) -> None:
+        for handle, _, _ in self.files.values():
+            handle.close()
+
+
 class Supervisor:
     """Runs one node's torchrun: create → run() → (torchrun exits) → sweep → final state."""
 
@@ -655,17 +710,19 @@ class Supervisor:
         env.update(self.spec["env"])
         key, _, value = _marker(self.spec["job"], self.spec["node"]).partition("=")
         env[key] = value
+        # torchrun's --log-dir, inside this attempt's private directory (never the log we keep)
+        env["PET_LOG_DIR"] = os.path.join(self.folder, "torchrun")
         log_fd = os.open(os.path.join(self.folder, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.rank_logs = RankLogs(env["PET_LOG_DIR"], log_fd, int(self.spec.get("first_rank") or 0))
         try:
             proc = subprocess.Popen(self.spec["argv"], stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
                                     env=env, cwd=self.spec.get("cwd") or None, start_new_session=True)
         except OSError as exc:
+            os.close(log_fd)
             self.state.update(state="exited", error="could not start {}: {}".format(self.spec["argv"][0], exc),
                               ended_at=time.time())
             self.save()
             return 1
-        finally:
-            os.close(log_fd)
         info = proc_info(proc.pid)
         torchrun = PidHandle(proc.pid)
         self.state.update(state="running", torchrun={"pid": proc.pid, "start_time": info.start_time if info else None})
@@ -683,6 +740,9 @@ class Supervisor:
         scope = JobScope(self.state, exclude={os.getpid()})
         scope.sweep(term_wait=2.0, deadline=time.monotonic() + 20, killed={})
         self._reap_all(timeout=10)
+        self.rank_logs.poll(final=True)  # nothing of the job is left to write: the rest, partial lines too
+        self.rank_logs.close()
+        os.close(log_fd)
         self.state.update(state="exited", ended_at=time.time())
         self.save()
         return 0
@@ -724,6 +784,7 @@ class Supervisor:
             if status is None and now - last_scan >= 0.25:
                 last_scan = now
                 changed |= self._scan(torchrun.pid)
+            self.rank_logs.poll()
             if changed:
                 self.save()
             if status is not None:

@@ -1,6 +1,6 @@
 """Find the root cause of a failed job from what the nodes printed and recorded (pure code).
 
-torchrun prefixes each worker line with ``[rankN]:`` (``plan.RANK_PREFIX_TEMPLATE``) and, when a
+the node agent tags each worker line with ``[rankN]:`` (``agent.RankLogs``) and torchrun, when a
 worker fails, prints a report with ``rank : N (local_rank: M)`` and ``exitcode : X (pid: P)``
 for every failed worker, whether or not the script uses ``@record``. The agent records when each
 worker process ended. The root cause is the failed worker that ended first across the cluster;

@@ -159,7 +159,7 @@ class Job:
             raise RuntimeError("start() before prepare()")
         self._set_state(rank, NodeState.STARTING)
         return node.transport.call(self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env),
-                                                 cwd=launch.cwd))
+                                                 cwd=launch.cwd, first_rank=launch.first_rank))
 
     def start(self) -> None:
         """Start every node in parallel; if any fails, stop the ones that started and raise."""

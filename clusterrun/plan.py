@@ -16,8 +16,6 @@ from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import ConfigError
 
 TORCHRUN_MODULE = "torch.distributed.run"
-# torchrun prefixes every worker line with its global rank: "[rank3]:text".
-RANK_PREFIX_TEMPLATE = "[rank${rank}]:"
 # torchrun traps these and stops the workers; SIGHUP is left out on purpose: a job must not die
 # because a terminal or an SSH session that once started it went away.
 HANDLED_SIGNALS = "SIGTERM,SIGINT,SIGQUIT"
@@ -122,7 +120,6 @@ def node_env(host: HostSpec, overrides: Mapping[str, str]) -> dict[str, str]:
     env.update(overrides)
     if host.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(host.gpus)
-    env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX_TEMPLATE
     return env
 
 
@@ -134,7 +131,9 @@ def torchrun_argv(
         facts.python, "-m", TORCHRUN_MODULE,
         f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--node-rank={node_rank}",
         "--rdzv-backend=static", f"--master-addr={addr}", f"--master-port={port}",
-        "--max-restarts=0", "--tee=3",
+        # workers' output goes to per-rank files that the node agent merges, whole lines tagged
+        # with the global rank, into the node's log (torchrun's --tee splits lines)
+        "--max-restarts=0", "--redirects=3",
     ]
     if "--signals-to-handle" in facts.torchrun_flags:
         argv.append(f"--signals-to-handle={HANDLED_SIGNALS}")

@@ -206,3 +206,28 @@ def test_probe_reports_torch_and_a_free_port(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("", answer["port"]))  # it really is free
     assert answer["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def test_rank_logs_pass_on_whole_lines_only(tmp_path: Path) -> None:
+    from clusterrun.agent import RankLogs
+
+    folder = tmp_path / "torchrun" / "run_x" / "attempt_0"
+    (folder / "0").mkdir(parents=True)
+    (folder / "1").mkdir()
+    out = tmp_path / "output.log"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    logs = RankLogs(str(tmp_path / "torchrun"), fd, first_rank=4)
+    try:
+        (folder / "0" / "stdout.log").write_bytes(b"one\ntw")  # a print caught half-way
+        (folder / "1" / "stderr.log").write_bytes(b"Traceback\n")
+        logs.poll()
+        assert sorted(out.read_bytes().splitlines()) == [b"[rank4]:one", b"[rank5]:Traceback"]
+        with open(folder / "0" / "stdout.log", "ab") as f:
+            f.write(b"o\nthree")
+        logs.poll()
+        assert out.read_bytes().splitlines()[-1] == b"[rank4]:two"
+        logs.poll(final=True)  # the job is over: the unterminated rest is passed on too
+        assert out.read_bytes().splitlines()[-1] == b"[rank4]:three"
+    finally:
+        logs.close()
+        os.close(fd)

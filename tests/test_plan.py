@@ -40,7 +40,7 @@ def test_torchrun_argv_is_static_rendezvous_with_node_rank() -> None:
     p = plan_for(spec(HostSpec("gpu-a", address="10.0.0.1", nproc=2), HostSpec("gpu-b", nproc=2)), grace=7)
     assert p.nodes[1].argv == (
         "/usr/bin/python3", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1",
-        "--rdzv-backend=static", "--master-addr=10.0.0.1", "--master-port=29400", "--max-restarts=0", "--tee=3",
+        "--rdzv-backend=static", "--master-addr=10.0.0.1", "--master-port=29400", "--max-restarts=0", "--redirects=3",
         "--signals-to-handle=SIGTERM,SIGINT,SIGQUIT", "--shutdown-timeout=7", "train.py", "--lr", "0.1",
     )
 
@@ -66,7 +66,6 @@ def test_env_merge_order_and_gpus() -> None:
     assert env["OMP_NUM_THREADS"] == "4"  # the user's value wins over clusterrun's default of 1
     assert env["A"] == "host" and env["B"] == "cli $(x) 'q'"
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
-    assert env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]:"
     assert plan_for(spec(HostSpec("b"))).nodes[0].env["OMP_NUM_THREADS"] == "1"
     assert "CUDA_VISIBLE_DEVICES" not in plan_for(spec(HostSpec("b"))).nodes[0].env
 

@@ -214,3 +214,20 @@ def test_arguments_and_env_arrive_verbatim(tmp_path: Path, state_dir: Path) -> N
     assert data["env"] == {"FROM_CLI": value, "FROM_FILE": value}
     assert not canary.exists()
     assert not os.path.exists("x; touch")
+
+
+def test_lines_are_never_split_or_mixed_under_a_flood(tmp_path: Path, state_dir: Path) -> None:
+    """Workers print as fast as they can; every line arrives whole, in order, once, with its rank."""
+    hosts = write_hosts(tmp_path, [2, 2], state_dir)
+    proc = run_up(hosts, SUPPORT / "counter.py", "3000", "0")
+    assert proc.returncode == 0, proc.stderr
+    job = job_id_of(proc.stderr)
+    for rank in range(4):
+        expected = [f"rank {rank} line {i}" for i in range(3000)] + [f"rank {rank} done"]
+        printed = [line.split("| ", 1)[1] for line in proc.stdout.splitlines()
+                   if re.match(rf"^node{rank // 2} local-{'ab'[rank // 2]} +rank{rank} +\| ", line)]
+        assert printed == expected
+        log = (state_dir / "jobs" / job / f"node{rank // 2}" / "attempt1" / "output.log").read_text()
+        assert [line for line in log.splitlines() if line.startswith(f"[rank{rank}]:")] == [
+            f"[rank{rank}]:{text}" for text in expected]
+    assert not re.search(r"\[rank\d\]:.*\[rank\d\]:", proc.stdout)
