@@ -2,17 +2,18 @@
 
     ClusterrunError                 base; every error renders a readable report
     ├── ConfigError(path, line, key)  the hosts file or a command-line value is wrong
-    ├── TransportError(host)          reaching a host failed
-    │   ├── ConnectError              unreachable, refused, timed out, connection lost
-    │   ├── AuthError                 the host refused our credentials
-    │   └── HostKeyError              the host key is unknown or changed
-    ├── AgentError(host)              the node agent on a host failed or answered nonsense
+    ├── HostError(host)               about one host; renders as "host: message"
+    │   ├── TransportError            reaching the host failed
+    │   │   ├── ConnectError          unreachable, refused, timed out, connection lost
+    │   │   ├── AuthError             the host refused our credentials
+    │   │   └── HostKeyError          the host key is unknown or changed
+    │   └── AgentError                the node agent on the host failed or answered nonsense
     ├── HostsUnavailable(errors)      some hosts cannot run the job: one error per host; nothing started
     └── JobFailed(result)             the job ran and at least one node failed
 
-Node failures during a run are data (``NodeResult.error``); only the edge (``cli.py``) turns
-a failed ``JobResult`` into ``JobFailed`` and an exit code. This module imports nothing of the
-package.
+Node failures during a run are data (``NodeResult.error``); only the edge turns a failed
+``JobResult`` into an outcome: ``cli.py`` into an exit code, a library caller into
+``JobFailed``. This module imports nothing of the package.
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ class ConfigError(ClusterrunError):
         return text
 
 
-class TransportError(ClusterrunError):
-    """Reaching ``host`` failed."""
+class HostError(ClusterrunError):
+    """Something went wrong on or with one ``host``; rendered as ``host: message``."""
 
     def __init__(self, host: str, message: str, *, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
@@ -80,6 +81,10 @@ class TransportError(ClusterrunError):
         if self.hint:
             text += f"\n  hint: {self.hint}"
         return text
+
+
+class TransportError(HostError):
+    """Reaching ``host`` failed."""
 
 
 class ConnectError(TransportError):
@@ -94,18 +99,8 @@ class HostKeyError(TransportError):
     """The host's key is unknown or does not match the one recorded."""
 
 
-class AgentError(ClusterrunError):
+class AgentError(HostError):
     """The node agent on ``host`` failed, or its answer could not be understood."""
-
-    def __init__(self, host: str, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.host = host
-
-    def render(self) -> str:
-        text = f"{self.host}: {self.message}"
-        if self.hint:
-            text += f"\n  hint: {self.hint}"
-        return text
 
 
 class JobFailed(ClusterrunError):
