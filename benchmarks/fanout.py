@@ -9,10 +9,12 @@ it measures, in the same run and on the same hosts:
   every host, detached (setsid, stdio redirected), and pdsh's CPU time (with its ssh children).
 
 The job is a torchrun of a script that exits at once; each run waits for the job to end on every
-host before the next one starts. Needs root (namespaces) and installs pdsh and OpenSSH with apt
-when missing.
+host before the next one starts. On a small machine the torch imports of the torchruns already
+started slow down everything else, for both tools alike; ``--stub-torchrun`` replaces torchrun by
+``sleep 2`` (through an interpreter shim, for both tools) to measure the fan-out alone. Needs root
+(namespaces) and installs pdsh and OpenSSH with apt when missing.
 
-    python benchmarks/fanout.py --sizes 1,8,32 --repeat 3
+    python benchmarks/fanout.py --sizes 1,8,32 --repeat 3 [--stub-torchrun]
 """
 
 from __future__ import annotations
@@ -40,9 +42,22 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+PYTHON = sys.executable
+STUB = "sleep 2"
+
+
+def make_stub(folder: Path) -> str:
+    """An interpreter that runs Python as usual but `-m torch.distributed.run ...` as `sleep 2`."""
+    shim = folder / "python-stub"
+    shim.write_text(f'#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = torch.distributed.run ]; then exec {STUB}; fi\n'
+                    f'exec {shlex.quote(sys.executable)} "$@"\n')
+    shim.chmod(0o755)
+    return str(shim)
+
+
 def hosts_file(folder: Path, cluster: SimCluster) -> Path:
     lines = [f"state_dir: {folder / 'state'}", f"ssh_config: {cluster.ssh_config}", "defaults:",
-             f"  python: {sys.executable}", f"  workdir: {ROOT}", "  nproc: 1", "hosts:"]
+             f"  python: {PYTHON}", f"  workdir: {ROOT}", "  nproc: 1", "hosts:"]
     lines += [f"  - host: {h.name}" for h in cluster.hosts]
     path = folder / "hosts.yaml"
     path.write_text("\n".join(lines) + "\n")
@@ -75,7 +90,7 @@ def run_pdsh(folder: Path, cluster: SimCluster, port: int) -> tuple[float, float
     n = len(cluster.hosts)
     logs = folder / "pdsh-logs"
     logs.mkdir(exist_ok=True)
-    torchrun = shlex.join([sys.executable, "-m", "torch.distributed.run", f"--nnodes={n}", "--nproc-per-node=1",
+    torchrun = shlex.join([PYTHON, "-m", "torch.distributed.run", f"--nnodes={n}", "--nproc-per-node=1",
                            "--rdzv-backend=static", f"--master-addr={cluster.hosts[0].address}",
                            f"--master-port={port}", "--max-restarts=0", "--tee=3"])
     # hosts are sim1..simN: node rank = the number in the hostname - 1
@@ -97,8 +112,9 @@ def run_pdsh(folder: Path, cluster: SimCluster, port: int) -> tuple[float, float
     while time.monotonic() < deadline:  # wait for the job to end everywhere before measuring again
         texts = [(logs / f"{h.name}.log").read_text() if (logs / f"{h.name}.log").exists() else ""
                  for h in cluster.hosts]
-        if all("done" in t or "Error" in t for t in texts) and not any(
-                "torch.distributed.run" in h.run("ps", "-eo", "args=").stdout for h in cluster.hosts):
+        if (PYTHON != sys.executable or all("done" in t or "Error" in t for t in texts)) and not any(
+                "torch.distributed.run" in (ps := h.run("ps", "-eo", "args=").stdout) or STUB in ps
+                for h in cluster.hosts):
             break
         time.sleep(0.5)
     for h in cluster.hosts:
@@ -110,6 +126,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1,8,32")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--stub-torchrun", action="store_true", help="start `sleep 2` instead of torchrun")
     args = parser.parse_args()
     subprocess.run(["sh", str(ROOT / "tests" / "_support" / "install_sshd.sh"), "pdsh"], check=True,
                    capture_output=True)
@@ -120,6 +137,8 @@ def main() -> None:
         try:
             folder = cluster.dir / "bench"
             folder.mkdir()
+            global PYTHON
+            PYTHON = make_stub(folder) if args.stub_torchrun else sys.executable
             ours, theirs = [], []
             for i in range(args.repeat):
                 ours.append(run_clusterrun(folder, cluster))
@@ -132,7 +151,7 @@ def main() -> None:
                      statistics.median(t for t, _ in theirs), statistics.median(c for _, c in theirs),
                      cluster.isolated))
     print(f"{os.cpu_count()} cores; median of {args.repeat} runs; hosts isolated in namespaces: "
-          f"{all(r[5] for r in rows)}")
+          f"{all(r[5] for r in rows)}; torchrun {'stubbed by ' + repr(STUB) if args.stub_torchrun else 'real'}")
     print("| N | clusterrun: all started (s) | pdsh -R ssh: all started (s) | ratio | clusterrun CPU/host (ms) "
           "| pdsh CPU/host (ms) |")
     print("|---|---|---|---|---|---|")
