@@ -19,18 +19,23 @@ Requests (``op``) and answers
 ``probe``  ``{free_port: bool, state_dir}`` → ``{ok, hostname, python, torch, torchrun_flags,
            boot_id, port, state_dir}``; ``torch`` is the installed version or null (found without
            importing torch); ``port`` a TCP port that was free on this host, when asked.
-``start``  ``{job, node, attempt, state_dir, argv, env, cwd, first_rank}`` → ``{ok, dir, state}``: creates the
-           attempt directory, starts the detached supervisor and returns once it has started
-           torchrun (or failed to: ``{ok: false, error}``).
-``follow`` ``{job, node, attempt, state_dir, offset}`` → a stream of lines:
+``start``  ``{job, node, attempt, state_dir, argv, env, cwd, first_rank}`` → ``{ok, dir, state}``:
+           creates the attempt directory, starts the detached supervisor and returns once it has
+           started torchrun (or failed to: ``{ok: false, error}``).
+``follow`` ``{job, node, attempt, state_dir, offset | tail, logs, once}`` → a stream of lines:
            ``{t: "log", offset, next, data}`` (complete lines only, bytes decoded as UTF-8 with
            surrogateescape; ``next`` is the byte offset to resume from), ``{t: "state", state}``
            whenever the state file changes, ``{t: "beat"}`` after ``HEARTBEAT`` seconds without
-           anything else, and finally ``{t: "end", state}`` after a last read
-           that includes a partial last line. Resuming from ``next`` loses and repeats nothing.
+           anything else, and finally ``{t: "end", state}`` after a last read that includes a
+           partial last line. Resuming from ``next`` loses and repeats nothing. ``tail: N`` starts
+           at the last N complete lines instead of ``offset``; ``logs: false`` sends no log data
+           (states only); ``once: true`` ends with ``{t: "eof", next, state}`` at the end of what
+           is written so far if the job still runs. ``state.state`` is ``lost`` when neither the
+           supervisor nor torchrun runs any more (host rebooted, processes killed, pid reused).
 ``stop``   ``{job, node, attempt, state_dir, grace}`` → ``{ok, killed: [...], left: [...], state}``:
            the verified stop described below; idempotent.
-``status`` ``{job, node, attempt, state_dir}`` → ``{ok, state, alive}``.
+``status`` ``{job, node, attempt, state_dir}`` → ``{ok, state, alive, log_size}`` (``lost`` as
+           for ``follow``).
 
 Errors are ``{ok: false, error: "..."}``; the exit code is 0 whenever an answer was written.
 
@@ -49,7 +54,8 @@ under umask 077 so they are never readable by others, not even briefly):
                     ``exit_code`` / ``signal`` of torchrun, ``error`` (could not start),
                     ``stop_requested``, ``workers`` ``[{rank, local_rank, pid, died}]`` (``died``:
                     wall-clock time the worker process ended, to find the first failure),
-                    ``sessions`` (session ids seen among the job's processes)
+                    ``sessions`` (session ids seen among the job's processes) and
+                    ``session_leaders`` (sid → start time of its leader when first seen)
 ``stop``            present once a stop was requested
 ``supervisor.log``  the supervisor's own diagnostics
 ``<state_dir>/agent/<sha256>.py`` is the copy of this file the supervisors run.
@@ -316,9 +322,12 @@ class JobScope:
         self.sup_start = sup.get("start_time")
         self.marker = _marker(state["job"], state["node"])
         self.sessions = set(state.get("sessions") or [])
+        # When each session was first seen: the start time of its leader (None: already gone).
+        self.leaders = {int(sid): start for sid, start in (state.get("session_leaders") or {}).items()}
         tr = state.get("torchrun") or {}
         if tr.get("pid"):
             self.sessions.add(tr["pid"])  # torchrun leads its own session
+            self.leaders[tr["pid"]] = tr.get("start_time")
         self.min_start = self.sup_start or 0
         self.exclude = set(exclude)
         if self.sup_pid:
@@ -328,15 +337,27 @@ class JobScope:
         info = procs.get(self.sup_pid) if self.sup_pid else None
         return info is not None and info.start_time == self.sup_start
 
+    def _in_session(self, info: ProcInfo, procs: dict[int, ProcInfo]) -> bool:
+        """In one of the job's sessions, and that session is still the one recorded.
+
+        Linux does not hand out a pid while it names a live session, so a session whose leader is
+        gone is still ours; a living leader must be the process recorded (else the pid was reused
+        by a process that then started a session of its own)."""
+        if info.sid not in self.sessions or info.start_time < self.min_start:
+            return False
+        leader = procs[info.sid] if info.sid in procs else proc_info(info.sid)
+        if leader is None:
+            return True
+        recorded = self.leaders.get(info.sid)
+        return recorded is not None and leader.start_time == recorded
+
     def members(self, procs: dict[int, ProcInfo]) -> set[int]:
         tree = descendants(self.sup_pid, procs) if self.sup_pid and self._supervisor_alive(procs) else set()
         found = set()
         for pid, info in procs.items():
             if pid in self.exclude or info.state == "Z":
                 continue
-            if (pid in tree
-                    or (info.sid in self.sessions and info.start_time >= self.min_start)
-                    or has_marker(pid, self.marker)):
+            if pid in tree or self._in_session(info, procs) or has_marker(pid, self.marker):
                 found.add(pid)
         return found
 
@@ -345,7 +366,7 @@ class JobScope:
         info = proc_info(pid)
         if info is None or info.state == "Z":
             return False
-        if info.sid in self.sessions and info.start_time >= self.min_start:
+        if self._in_session(info, {}):
             return True
         if has_marker(pid, self.marker):
             return True
@@ -516,12 +537,27 @@ def _is_alive(entry: dict[str, Any] | None) -> bool:
     return info is not None and info.start_time == entry.get("start_time") and info.state != "Z"
 
 
+def _job_alive(state: dict[str, Any]) -> bool:
+    """Whether the supervisor or torchrun recorded in ``state`` still runs (a reboot ends both)."""
+    if state.get("boot_id") != _boot_id():
+        return False
+    return _is_alive(state.get("supervisor")) or _is_alive(state.get("torchrun"))
+
+
 def op_status(req: dict[str, Any]) -> dict[str, Any]:
     folder, state = _load_state(req)
     same_boot = state.get("boot_id") == _boot_id()
-    return {"ok": True, "state": state,
-            "alive": {"supervisor": same_boot and _is_alive(state.get("supervisor")),
-                      "torchrun": same_boot and _is_alive(state.get("torchrun"))}}
+    alive = {"supervisor": same_boot and _is_alive(state.get("supervisor")),
+             "torchrun": same_boot and _is_alive(state.get("torchrun"))}
+    if state.get("state") != "exited" and not any(alive.values()):
+        state = _read_json(os.path.join(folder, "state.json")) or state  # it may have ended just now
+        if state.get("state") != "exited":
+            state = dict(state, state="lost")
+    try:
+        size = os.path.getsize(os.path.join(folder, "output.log"))
+    except OSError:
+        size = 0
+    return {"ok": True, "state": state, "alive": alive, "log_size": size}
 
 
 _last_emit = [0.0]
@@ -533,16 +569,42 @@ def _emit(obj: dict[str, Any]) -> None:
     _last_emit[0] = time.monotonic()
 
 
+def tail_offset(path: str, lines: int) -> int:
+    """The byte offset where the last ``lines`` complete lines of the file at ``path`` begin."""
+    with open(path, "rb") as f:
+        pos, found = f.seek(0, os.SEEK_END), 0
+        # A partial last line has no newline, so it is not counted among the ``lines``.
+        while pos > 0:
+            size = min(1 << 16, pos)
+            pos -= size
+            f.seek(pos)
+            block = f.read(size)
+            at = len(block)
+            while (at := block.rfind(b"\n", 0, at)) >= 0:
+                found += 1  # the newline ending the found-th complete line from the end
+                if found > lines:
+                    return pos + at + 1
+        return 0
+
+
 def op_follow(req: dict[str, Any]) -> None:
     folder, state = _load_state(req)
-    offset = int(req.get("offset") or 0)
+    log_path = os.path.join(folder, "output.log")
+    if req.get("tail") is not None:
+        offset = tail_offset(log_path, int(req["tail"]))
+    else:
+        offset = int(req.get("offset") or 0)
+    want_logs = req.get("logs", True)
+    once = bool(req.get("once"))
     state_path = os.path.join(folder, "state.json")
     last_mtime = None
-    with open(os.path.join(folder, "output.log"), "rb") as log:
+    with open(log_path, "rb") as log:
+        if not want_logs:
+            offset = log.seek(0, os.SEEK_END)
         log.seek(offset)
         pending = b""
         while True:
-            chunk = log.read(1 << 20)
+            chunk = log.read(1 << 20) if want_logs else b""
             if chunk:
                 data = pending + chunk
                 cut = data.rfind(b"\n") + 1
@@ -562,7 +624,7 @@ def op_follow(req: dict[str, Any]) -> None:
                 state = _read_json(state_path) or state
                 _emit({"t": "state", "state": state})
             ended = state.get("state") == "exited"
-            if not ended and not _is_alive(state.get("supervisor")) and not _is_alive(state.get("torchrun")):
+            if not ended and not _job_alive(state):
                 # Read the state again: the supervisor may have written its last word and exited
                 # since the read above. Only if it still says nothing is the node lost.
                 state = _read_json(state_path) or state
@@ -570,11 +632,14 @@ def op_follow(req: dict[str, Any]) -> None:
                 if state.get("state") != "exited":
                     state = dict(state, state="lost")
             if ended:
-                rest = pending + log.read()
+                rest = pending + log.read() if want_logs else b""
                 if rest:
                     _emit({"t": "log", "offset": offset, "next": offset + len(rest),
                            "data": rest.decode("utf-8", "surrogateescape")})
                 _emit({"t": "end", "state": state})
+                return
+            if once:
+                _emit({"t": "eof", "next": offset, "state": state})
                 return
             if time.monotonic() - _last_emit[0] >= HEARTBEAT:
                 _emit({"t": "beat"})
@@ -811,8 +876,13 @@ class Supervisor:
                                               "local_rank": int(env.get("LOCAL_RANK", -1)), "died": None})
                 changed = True
         sessions = set(self.state["sessions"])
+        leaders = self.state.setdefault("session_leaders", {})
         for pid in descendants(os.getpid(), procs):
-            sessions.add(procs[pid].sid)
+            sid = procs[pid].sid
+            if sid not in sessions:
+                sessions.add(sid)
+                leader = procs.get(sid)
+                leaders[str(sid)] = leader.start_time if leader is not None else None
         if sessions != set(self.state["sessions"]):
             self.state["sessions"] = sorted(sessions)
             changed = True
