@@ -1,30 +1,53 @@
 """The ``clusterrun`` command. The only place that turns exceptions into messages and exit codes.
 
-Exit codes: 0 the job succeeded · 1 the job failed (a node exited non-zero or was lost) ·
-2 bad input (hosts file, options) · 3 a host could not be used (nothing was started) ·
-130 / 143 stopped by SIGINT / SIGTERM (the job was stopped on every node).
+Exit codes: 0 the job succeeded (``down``: everything stopped and verified) · 1 the job failed
+(a node exited non-zero, was lost or stopped; ``down``: something is still running) · 2 bad input
+(hosts file, options, an unknown job) · 3 a host could not be used (``up``: nothing was started;
+``down``: a host could not be reached) · 130 / 143 SIGINT / SIGTERM (``up``: the job was stopped
+on every node, or left running with ``--leave-running``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import secrets
 import shlex
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from types import FrameType
+from typing import NoReturn
 
 import click
 
 from clusterrun import __version__
 from clusterrun.config import ClusterSpec, load_cluster
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
+from clusterrun.events import JobResult
+from clusterrun.jobs import JobNotFound, JobRecord, JobStore
+from clusterrun.lifecycle import (
+    Recorder,
+    daemonize,
+    fan_out,
+    follower,
+    mark_failed_start,
+    mark_stopped,
+    new_record,
+    read_log,
+    refresh,
+    run_monitor,
+    save_seen,
+    spec_of,
+    start_attempt,
+    stop_job,
+)
 from clusterrun.orchestrator import Job
-from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides
+from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
 from clusterrun.printer import Printer
 from clusterrun.transports import transport_for
 
@@ -32,15 +55,34 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HOSTS = 0, 1, 2, 3
 EXIT_SIGNAL = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143}
 
 
-def _fail(error: ClusterrunError, code: int) -> None:
+def _fail(error: ClusterrunError, code: int) -> NoReturn:
     click.echo(f"clusterrun: error: {error.render()}", err=True)
     sys.exit(code)
+
+
+def _note(text: str) -> None:
+    click.echo(f"clusterrun: {text}", err=True)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="clusterrun")
 def main() -> None:
-    """Launch PyTorch distributed training on several machines over SSH and watch it."""
+    """Launch PyTorch distributed training on several machines over SSH and watch it.
+
+    \b
+    clusterrun up HOSTS.yaml train.py      start a job and follow it
+    clusterrun up -d HOSTS.yaml train.py   start it in the background
+    clusterrun ps [JOB]                    jobs, or one job's nodes
+    clusterrun logs [-f] JOB               a job's logs
+    clusterrun attach JOB                  follow a running job again
+    clusterrun down JOB                    stop it on every host, verified
+    clusterrun restart JOB                 stop it and start it again as a new attempt
+    """
+    # A log line may hold bytes that are not UTF-8: print them back as they were, never fail on them.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="surrogateescape")
 
 
 def _check_script(spec: ClusterSpec, script: str) -> None:
@@ -69,15 +111,15 @@ def _print_plan(plan: LaunchPlan) -> None:
 
 
 @contextmanager
-def _stop_on_signals(job: Job) -> Iterator[dict[str, int]]:
-    """SIGINT and SIGTERM ask the job to stop on every node; the exit code says which came."""
+def _on_signals(handlers: Mapping[signal.Signals, Callable[[int], None]]) -> Iterator[dict[str, int]]:
+    """Install ``handlers`` (by signal) for the duration; the dict yielded says which signal came first."""
     got: dict[str, int] = {}
 
     def handler(signum: int, frame: FrameType | None) -> None:
         got.setdefault("signal", signum)
-        job.request_stop(signal.Signals(signum).name)
+        handlers[signal.Signals(signum)](signum)
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, handler) for s in handlers}
     try:
         yield got
     finally:
@@ -85,12 +127,27 @@ def _stop_on_signals(job: Job) -> Iterator[dict[str, int]]:
             signal.signal(s, h)
 
 
+def _exit_code(result: JobResult | None, got: dict[str, int]) -> int:
+    if got.get("signal"):
+        return EXIT_SIGNAL.get(got["signal"], 1)
+    return EXIT_OK if result is not None and result.ok else EXIT_FAILED
+
+
+def _follow_hint(job_id: str) -> str:
+    return (f"follow it with `clusterrun attach {job_id}` or `clusterrun logs -f {job_id}`; "
+            f"stop it with `clusterrun down {job_id}`")
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-d", "--detach", is_flag=True, help="Start the job, print its id and return; a background "
+              "monitor applies fail-fast until it ends.")
 @click.option("--name", help="A name for the job (default: the script's name); part of the job id.")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable for every node (repeatable; wins over the hosts file).")
 @click.option("--dry-run", is_flag=True, help="Print each node's exact command and environment, start nothing.")
 @click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
+@click.option("--leave-running", is_flag=True, help="Ctrl-C (SIGINT) stops following but leaves the job "
+              "running, owned by a background monitor (default: Ctrl-C stops the job).")
 @click.option("--ssh-config", type=click.Path(dir_okay=False), help="An ssh_config file to resolve hosts with "
               "(default: the hosts file's `ssh_config`, else ~/.ssh/config).")
 @click.option("--accept-new-host-keys", is_flag=True, help="Record the keys of hosts not yet in known_hosts "
@@ -100,17 +157,23 @@ def _stop_on_signals(job: Job) -> Iterator[dict[str, int]]:
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
-def up(hosts_file: str, script: str, script_args: tuple[str, ...], name: str | None, env: tuple[str, ...],
-       dry_run: bool, no_tui: bool, ssh_config: str | None, accept_new_host_keys: bool, grace: float) -> None:
+def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool, name: str | None,
+       env: tuple[str, ...], dry_run: bool, no_tui: bool, leave_running: bool, ssh_config: str | None,
+       accept_new_host_keys: bool, grace: float) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
-    the script verbatim. Ctrl-C stops the job on every host and checks that nothing is left.
+    the script verbatim. The job runs detached on its hosts: closing the terminal (SIGHUP) or
+    losing the connection never stops it, and a background monitor takes over. Ctrl-C (or
+    SIGTERM) stops the job on every host and checks that nothing is left; with --leave-running
+    Ctrl-C only stops following.
     """
     if script_args[:1] == ("--",):  # click passes the separator on once SCRIPT has been read
         script_args = script_args[1:]
     try:
         spec = load_cluster(hosts_file)
+        with open(hosts_file, encoding="utf-8", errors="surrogateescape") as f:
+            hosts_text = f.read()
         overrides = parse_env_overrides(env)
         _check_script(spec, script)
     except ConfigError as exc:
@@ -118,10 +181,12 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], name: str | N
     jname = job_name(name, script)
     job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
     printer = Printer()
+    ssh_config = ssh_config or spec.ssh_config
     job = Job(spec, script, script_args, job_id=job_id, name=jname, emit=printer, env_overrides=overrides,
               local_cwd=os.getcwd(), grace=grace,
-              transport_factory=partial(transport_for, ssh_config=ssh_config or spec.ssh_config,
+              transport_factory=partial(transport_for, ssh_config=ssh_config,
                                         accept_new_host_keys=accept_new_host_keys))
+    store = JobStore()
     try:
         try:
             plan = job.prepare()
@@ -130,17 +195,268 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], name: str | N
         if dry_run:
             _print_plan(plan)
             return
+        store.create(new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
+                                local_cwd=os.getcwd(), ssh_config=ssh_config))
+        owner = store.try_own(job_id)
+        job.emit = fan_out(printer, Recorder(store, job_id, 1))
         printer.set_plan(plan)
         printer.note(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
                      f"master {plan.master_addr}:{plan.master_port}")
-        with _stop_on_signals(job) as got:
+
+        def hand_over(signum: int) -> None:
+            """Stop following, leave the job to a monitor, exit: for SIGHUP and --leave-running."""
+            save_seen(store, job_id, 1, job.offsets)
+            store.spawn_monitor(job_id, owner)
+            with contextlib.suppress(OSError):
+                if signum != signal.SIGHUP:
+                    printer.note(f"job {job_id} left running; {_follow_hint(job_id)}")
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(EXIT_SIGNAL.get(signum, 1))
+
+        def stop(signum: int) -> None:
+            job.request_stop(signal.Signals(signum).name)
+
+        handlers = {signal.SIGINT: hand_over if leave_running else stop, signal.SIGTERM: stop,
+                    signal.SIGHUP: hand_over}
+        with _on_signals(handlers) as got:
             try:
                 job.start()
             except HostsUnavailable as exc:
+                mark_failed_start(store, job_id, 1, exc)
                 _fail(exc, EXIT_HOSTS)
+            if detach:
+                store.spawn_monitor(job_id, owner)
+                click.echo(job_id)
+                _note(f"job {job_id} started; {_follow_hint(job_id)}")
+                return
             result = job.run()
+            save_seen(store, job_id, 1, job.offsets)
     finally:
         job.close()
-    if got.get("signal"):
-        sys.exit(EXIT_SIGNAL.get(got["signal"], 1))
-    sys.exit(EXIT_OK if result.ok else EXIT_FAILED)
+    sys.exit(_exit_code(result, got))
+
+
+# ------------------------------------------------------------------------------- job commands
+
+
+def _open_job(ref: str) -> tuple[JobStore, JobRecord]:
+    store = JobStore()
+    try:
+        record = store.load(store.resolve(ref))
+    except JobNotFound as exc:
+        _fail(exc, EXIT_USAGE)
+    if os.path.isdir(record.local_cwd):
+        os.chdir(record.local_cwd)  # relative paths in the job's hosts file are relative to it
+    return store, record
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _refresh(store: JobStore, record: JobRecord) -> JobRecord:
+    try:
+        return refresh(store, record)
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+
+
+@main.command()
+@click.argument("job", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def ps(job: str | None, as_json: bool) -> None:
+    """List jobs, or show one JOB's nodes (JOB: an id, a --name or a unique id prefix).
+
+    A job nobody follows is first brought up to date from its hosts: a node whose processes are
+    gone (the host rebooted, or they were killed) shows as lost, never as running."""
+    if job is not None:
+        store, record = _open_job(job)
+        record = _refresh(store, record)
+        if as_json:
+            click.echo(json.dumps(record.to_json(), indent=1, sort_keys=True))
+            return
+        attempt = record.attempts[-1] if record.attempts else None
+        click.echo(f"job {record.job_id} ({record.name}): {record.state}, attempt {record.attempt}, "
+                   f"{record.script} {shlex.join(record.script_args)}".rstrip())
+        rows = [("NODE", "HOST", "STATE", "PID", "EXIT", "ERROR")]
+        for n in record.nodes:
+            rows.append((str(n.rank), n.host, n.state, str(n.pid or "-"),
+                         "-" if n.exit_code is None else str(n.exit_code), n.error or ""))
+        _table(rows)
+        if attempt is not None and attempt.root_cause:
+            click.echo(f"root cause: {attempt.root_cause}")
+        return
+    store = JobStore()
+    records = [_refresh(store, r) for r in store.all()]
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in records], indent=1, sort_keys=True))
+        return
+    rows = [("JOB", "NAME", "HOSTS", "STATE", "ATTEMPT", "AGE")]
+    now = time.time()
+    for r in records:
+        rows.append((r.job_id, r.name, ",".join(r.hosts), r.state, str(r.attempt), _age(now - r.created)))
+    _table(rows)
+
+
+def _table(rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _select_ranks(record: JobRecord, node: tuple[int, ...]) -> list[int]:
+    ranks = list(node) or list(range(len(record.nodes)))
+    bad = [r for r in ranks if not 0 <= r < len(record.nodes)]
+    if bad:
+        _fail(ConfigError(f"job {record.job_id} has nodes 0..{len(record.nodes) - 1}, not {bad[0]}", key="--node"),
+              EXIT_USAGE)
+    return ranks
+
+
+def _check_attempt(record: JobRecord, attempt: int | None) -> int:
+    if attempt is None:
+        return record.attempt
+    if not 1 <= attempt <= record.attempt:
+        _fail(ConfigError(f"job {record.job_id} has attempts 1..{record.attempt}, not {attempt}", key="--attempt"),
+              EXIT_USAGE)
+    return attempt
+
+
+@main.command()
+@click.argument("job")
+@click.option("-n", "--node", type=int, multiple=True, metavar="N", help="Only node N (repeatable).")
+@click.option("-f", "--follow", is_flag=True, help="Keep following until the job ends.")
+@click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Start at the last N lines of each node.")
+@click.option("--attempt", type=click.IntRange(min=1), metavar="K", help="An earlier attempt (default: the last).")
+@click.option("--prefix/--no-prefix", default=None,
+              help="Prefix each line with its node (default: only when several nodes are shown).")
+def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attempt: int | None,
+         prefix: bool | None) -> None:
+    """Print JOB's logs from its hosts' log files: every node's lines with a prefix, or one node's
+    exactly as written (byte for byte) with --node N. Works during and after the job, from any
+    controller that has its record."""
+    store, record = _open_job(job)
+    ranks = _select_ranks(record, node)
+    attempt = _check_attempt(record, attempt)
+    record = _refresh(store, record)
+    printer = Printer(prefix=len(ranks) > 1 if prefix is None else prefix, quiet=True)
+    spec = spec_of(record)
+    printer.set_plan(plan_from_json(record.plan, spec))
+    if not follow:
+        failed = False
+        for rank in ranks:
+            try:
+                for lines in read_log(record, rank, attempt, tail):
+                    printer(lines)
+            except ClusterrunError as exc:
+                failed = True
+                _note(f"node{rank} {record.nodes[rank].host}: {exc.render()}")
+        sys.exit(EXIT_HOSTS if failed else EXIT_OK)
+    follower_job = follower(record, printer, fail_fast=False, follow_logs=True, attempt=attempt, tail=tail,
+                            ranks=ranks)
+    with _on_signals({signal.SIGINT: lambda s: follower_job.detach(),
+                      signal.SIGTERM: lambda s: follower_job.detach()}) as got:
+        try:
+            follower_job.run()
+        finally:
+            follower_job.close()
+    sys.exit(EXIT_SIGNAL[got["signal"]] if got.get("signal") else EXIT_OK)
+
+
+@main.command()
+@click.argument("job")
+@click.option("--tail", type=click.IntRange(min=0), metavar="N",
+              help="Start at the last N lines of each node (default: where the last viewer stopped).")
+@click.option("--no-tui", is_flag=True, help="Print prefixed log lines (the dashboard is not there yet).")
+def attach(job: str, tail: int | None, no_tui: bool) -> None:
+    """Follow JOB live again: every node's log and state, from where you last left it (or --tail
+    N), with no line lost or repeated. Ctrl-C detaches and leaves the job running."""
+    store, record = _open_job(job)
+    record = _refresh(store, record)
+    printer = Printer()
+    offsets = {n.rank: n.seen for n in record.nodes} if tail is None else None
+    viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, tail=tail)
+    printer.set_plan(plan_from_json(record.plan, spec_of(record)))
+    printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "
+                 "Ctrl-C detaches, the job keeps running")
+    with _on_signals({signal.SIGINT: lambda s: viewer.detach(), signal.SIGTERM: lambda s: viewer.detach(),
+                      signal.SIGHUP: lambda s: viewer.detach()}) as got:
+        try:
+            result = viewer.run()
+        finally:
+            save_seen(store, record.job_id, record.attempt, viewer.offsets)
+            viewer.close()
+    if result is None:
+        with contextlib.suppress(OSError):
+            printer.note(f"detached; job {record.job_id} keeps running. {_follow_hint(record.job_id)}")
+        sys.exit(EXIT_SIGNAL.get(got.get("signal", 0), EXIT_OK))
+    sys.exit(_exit_code(result, {}))
+
+
+@main.command()
+@click.argument("job")
+@click.option("--grace", type=click.FloatRange(min=0), help="Seconds torchrun gets to stop its workers "
+              "(default: the job's --grace).")
+def down(job: str, grace: float | None) -> None:
+    """Stop JOB on every host and verify that nothing of it is left (idempotent). Also `stop`."""
+    store, record = _open_job(job)
+    _note(f"stopping job {record.job_id} (attempt {record.attempt}) on {len(record.nodes)} hosts")
+    reports = stop_job(record, grace=grace)
+    printer = Printer()
+    for rank in sorted(reports):
+        printer.report(reports[rank])
+    mark_stopped(store, record, reports)
+    if any(r.error for r in reports.values()):
+        _note(f"job {record.job_id} is NOT marked stopped: a host could not be reached, it may still run there")
+        sys.exit(EXIT_HOSTS)
+    if any(r.left for r in reports.values()):
+        sys.exit(EXIT_FAILED)
+    _note(f"job {record.job_id} stopped; nothing of it is left on any host")
+
+
+main.add_command(down, name="stop")
+
+
+@main.command()
+@click.argument("job")
+@click.option("--grace", type=click.FloatRange(min=0), help="Seconds torchrun gets to stop its workers "
+              "(default: the job's --grace).")
+def restart(job: str, grace: float | None) -> None:
+    """Stop JOB (verified) and start it again with the same hosts file, script, arguments and
+    environment, as a new attempt with logs of its own; returns once it runs (like up -d)."""
+    store, record = _open_job(job)
+    reports = stop_job(record, grace=grace)
+    printer = Printer()
+    for rank in sorted(reports):
+        printer.report(reports[rank])
+    mark_stopped(store, record, reports)
+    if not all(r.ok for r in reports.values()):
+        _note(f"not restarting job {record.job_id}: the last attempt could not be verified stopped everywhere")
+        sys.exit(EXIT_HOSTS if any(r.error for r in reports.values()) else EXIT_FAILED)
+    owner = store.wait_own(record.job_id, timeout=60)
+    if owner is None:
+        _fail(ClusterrunError(f"job {record.job_id} is still owned by another clusterrun process",
+                              hint="wait for it to finish, or stop it"), EXIT_FAILED)
+    try:
+        record = start_attempt(store, store.load(record.job_id), printer)
+    except HostsUnavailable as exc:
+        os.close(owner)
+        _fail(exc, EXIT_HOSTS)
+    store.spawn_monitor(record.job_id, owner)
+    _note(f"job {record.job_id} restarted as attempt {record.attempt}; {_follow_hint(record.job_id)}")
+
+
+@main.command(name="_monitor", hidden=True)
+@click.argument("job_id")
+def monitor(job_id: str) -> None:
+    """Own JOB_ID in the background until it ends (started by `up -d` and friends)."""
+    daemonize()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    store = JobStore()
+    printer = Printer(colour=False)
+    printer.note(f"monitor {os.getpid()} for job {job_id} started")
+    sys.exit(run_monitor(store, job_id, printer))

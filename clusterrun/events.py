@@ -121,6 +121,14 @@ class JobResult:
     def failed(self) -> bool:
         return not self.ok
 
+    @property
+    def stopped(self) -> bool:
+        """Stopped on request (here or by ``clusterrun down``) rather than failed."""
+        if self.interrupted is not None:
+            return True
+        states = {n.state for n in self.nodes}
+        return NodeState.STOPPED in states and states <= {NodeState.STOPPED, NodeState.SUCCEEDED}
+
 
 @dataclass(frozen=True)
 class Event:
@@ -144,6 +152,15 @@ class NodeStarted(Event):
 class NodeStateChanged(Event):
     host: str
     state: NodeState
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class NodeLink(Event):
+    """The connection to a node's host was lost (``up`` False; being retried) or is back."""
+
+    host: str
+    up: bool
     detail: str = ""
 
 

@@ -3,8 +3,14 @@
 Lifecycle of a ``Job``: create → ``prepare()`` (connect and probe every host in parallel, build
 the plan; all or nothing) → ``start()`` (start every node; if one fails, stop those started) →
 ``run()`` (follow every node until all have ended; fail-fast; returns the ``JobResult``) →
-``close()``. ``request_stop()`` may be called from any thread or a signal handler; the stop itself
-is carried out by ``run()``'s loop.
+``close()``. A job started earlier is followed again with ``resume(plan)`` instead of
+``prepare()`` and ``start()``. ``request_stop()`` may be called from any thread or a signal
+handler; the stop itself is carried out by ``run()``'s loop.
+
+Who follows decides what is followed: the job's owner (``up``, the monitor) applies fail-fast;
+a viewer (``attach``, ``logs -f``) passes ``fail_fast=False`` and only watches, and the monitor
+passes ``follow_logs=False`` and watches states only. A node whose host cannot be reached is
+retried, from the byte offset it had reached, for ``LOST_AFTER`` seconds before it counts as lost.
 
 One follower thread per node reads the agent's ``follow`` stream and puts messages on a bounded
 queue (back-pressure: a slow consumer slows the readers, never memory); ``run()`` is the only
@@ -30,6 +36,7 @@ from clusterrun.events import (
     JobResult,
     LogLines,
     NodeExited,
+    NodeLink,
     NodeResult,
     NodeStarted,
     NodeState,
@@ -42,7 +49,28 @@ from clusterrun.transports import Transport, transport_for
 
 Emit = Callable[[Event], None]
 MIN_PYTHON = (3, 8)
-FOLLOW_RETRIES = 5
+LOST_AFTER = 30.0
+
+
+def split_lines(data: str) -> tuple[str, ...]:
+    """The lines of a ``log`` message's data, without their newlines."""
+    lines = data.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return tuple(lines)
+
+
+def node_state_of(state: dict[str, Any], stop_sent: bool = False) -> NodeState:
+    """A node's state from the agent's ``state.json`` (as ``follow``/``status`` report it)."""
+    if state.get("state") == "lost":
+        return NodeState.LOST
+    if state.get("state") != "exited":
+        return NodeState.STARTING if state.get("state") == "starting" else NodeState.RUNNING
+    if state.get("exit_code") == 0 and not state.get("error"):
+        return NodeState.SUCCEEDED
+    if stop_sent or state.get("stop_requested"):
+        return NodeState.STOPPED
+    return NodeState.FAILED
 
 
 @dataclass
@@ -76,6 +104,11 @@ class Job:
         grace: float = 10.0,
         attempt: int = 1,
         transport_factory: Callable[..., Transport] = transport_for,
+        fail_fast: bool = True,
+        follow_logs: bool = True,
+        offsets: dict[int, int] | None = None,
+        tail: int | None = None,
+        ranks: Sequence[int] | None = None,
     ) -> None:
         self.spec = spec
         self.script = script
@@ -87,8 +120,14 @@ class Job:
         self.local_cwd = local_cwd
         self.grace = grace
         self.attempt = attempt
+        self.fail_fast = fail_fast
+        self.follow_logs = follow_logs
+        self.offsets: dict[int, int] = dict(offsets or {})  # where each node's log is followed from/to
+        self.tail = tail
         self.plan: LaunchPlan | None = None
+        self._detach = threading.Event()
         self._nodes = [_Node(None, transport_factory(h)) for h in spec.hosts]
+        self.ranks = list(range(len(self._nodes))) if ranks is None else sorted(ranks)  # the nodes run() follows
         self._inbox: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue(maxsize=256)
         self._stop_reason: str | None = None
         self._stop_event = threading.Event()
@@ -146,6 +185,13 @@ class Job:
             node.launch = launch
         return self.plan
 
+    def resume(self, plan: LaunchPlan) -> None:
+        """Follow a job that was started earlier (by this or another controller) with ``plan``."""
+        self.plan = plan
+        for node, launch in zip(self._nodes, plan.nodes, strict=True):
+            node.launch = launch
+            node.state = NodeState.RUNNING
+
     # -------------------------------------------------------------------------------- start
 
     def _request(self, rank: int, op: str, **extra: Any) -> dict[str, Any]:
@@ -191,19 +237,29 @@ class Job:
             self._stop_reason = reason
         self._stop_event.set()
 
+    def detach(self) -> None:
+        """Make ``run()`` return None soon, leaving the job as it is (safe from signal handlers)."""
+        self._detach.set()
+
     def _follow(self, rank: int) -> None:
         node = self._nodes[rank]
-        offset = 0
+        tail = self.tail
         failures = 0
+        last_heard = time.monotonic()
         while True:
+            where: dict[str, Any] = {"offset": self.offsets.get(rank, 0)} if tail is None else {"tail": tail}
             try:
-                stream = node.transport.stream(self._request(rank, "follow", offset=offset))
+                stream = node.transport.stream(self._request(rank, "follow", logs=self.follow_logs, **where))
                 try:
                     for message in stream:
+                        if failures:
+                            self._inbox.put((rank, {"t": "reconnected"}))
+                        last_heard, failures = time.monotonic(), 0
                         if message.get("t") == "beat":
                             continue
                         if message.get("t") == "log":
-                            offset = int(message["next"])
+                            self.offsets[rank] = int(message["next"])
+                            tail = None
                         elif message.get("ok") is False:
                             raise AgentError(node.host, str(message.get("error")))
                         self._inbox.put((rank, message))
@@ -215,15 +271,20 @@ class Job:
                 error = exc.render()
             else:
                 error = "the log stream ended early"
+            if self._detach.is_set():
+                return
             failures += 1
-            if failures > FOLLOW_RETRIES or self._stop_event.is_set() and failures > 1:
+            if failures == 1 and not self._stop_event.is_set():
+                self._inbox.put((rank, {"t": "unreachable", "error": error}))
+            if time.monotonic() - last_heard > LOST_AFTER or self._stop_event.is_set() and failures > 1:
                 self._inbox.put((rank, {"t": "lost", "error": error}))
                 return
             time.sleep(min(2.0, 0.2 * failures))
 
-    def run(self) -> JobResult:
-        """Follow every node until all have ended; stop the rest when one fails. Blocks."""
-        for rank in range(len(self._nodes)):
+    def run(self) -> JobResult | None:
+        """Follow the nodes until all have ended; stop the rest when one fails (``fail_fast``).
+        Blocks; returns None if ``detach()`` was called first."""
+        for rank in self.ranks:
             thread = threading.Thread(target=self._follow, args=(rank,), daemon=True, name=f"follow-node{rank}")
             thread.start()
             self._threads.append(thread)
@@ -231,7 +292,9 @@ class Job:
         interrupted: str | None = None
         stops: list[StopReport] = []
         stop_futures: list[Any] = []
-        while not all(n.state.is_terminal and n.final is not None for n in self._nodes):
+        while not all(self._nodes[r].state.is_terminal and self._nodes[r].final is not None for r in self.ranks):
+            if self._detach.is_set():
+                return None
             if self._stop_event.is_set() and not stopping:
                 stopping = True
                 interrupted = self._stop_reason
@@ -240,7 +303,7 @@ class Job:
                 rank, message = self._inbox.get(timeout=0.1)
             except queue.Empty:
                 continue
-            if self._handle(rank, message) and not stopping:
+            if self._handle(rank, message) and self.fail_fast and not stopping:
                 stopping = True
                 failed = self._nodes[rank]
                 stop_futures = self._stop_async(reason=f"node {rank} ({failed.host}) failed")
@@ -257,14 +320,19 @@ class Job:
         node = self._nodes[rank]
         kind = message.get("t")
         if kind == "log":
-            lines = message["data"].split("\n")
-            if lines and lines[-1] == "":
-                lines.pop()
+            lines = split_lines(message["data"])
             if lines:
                 node.log.feed(lines)
-                self.emit(LogLines(rank, host=node.host, lines=tuple(lines)))
+                self.emit(LogLines(rank, host=node.host, lines=lines))
             return False
         if kind == "state":
+            new = node_state_of(message.get("state") or {})
+            if new in (NodeState.STARTING, NodeState.RUNNING) and node.state in (NodeState.STARTING,
+                                                                                NodeState.RUNNING):
+                self._set_state(rank, new)
+            return False
+        if kind in ("unreachable", "reconnected"):
+            self.emit(NodeLink(rank, host=node.host, up=kind == "reconnected", detail=str(message.get("error") or "")))
             return False
         if kind == "lost":
             node.final = {"state": "lost", "error": message.get("error")}
@@ -275,14 +343,11 @@ class Job:
             state = message.get("state") or {}
             node.final = state
             code, sig = state.get("exit_code"), state.get("signal")
-            if state.get("state") == "lost":
-                new = NodeState.LOST
-            elif code == 0 and not state.get("error"):
-                new = NodeState.SUCCEEDED
-            elif node.stop_sent or state.get("stop_requested"):
-                new = NodeState.STOPPED
-            else:
-                new = NodeState.FAILED
+            new = node_state_of(state, node.stop_sent)
+            if new is NodeState.LOST:
+                state = dict(state, error=state.get("error") or "neither the supervisor nor torchrun runs any more "
+                             "(the host rebooted, or they were killed)")
+                node.final = state
             detail = state.get("error") or (f"exit code {code}" if code is not None else "")
             self._set_state(rank, new, detail)
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, new, exit_code=code, signal=sig,
@@ -327,7 +392,8 @@ class Job:
                 hosts={r: n.host for r, n in enumerate(self._nodes)},
                 logs={r: n.log for r, n in enumerate(self._nodes)},
                 states={r: n.final for r, n in enumerate(self._nodes) if n.final is not None},
-                stopped_by_us={r for r, n in enumerate(self._nodes) if n.stop_sent},
+                stopped_by_us={r for r, n in enumerate(self._nodes)
+                                if n.stop_sent or (n.final or {}).get("stop_requested")},
             )
         result = JobResult(self.job_id, tuple(results), root_cause=root, stops=tuple(stops),
                            interrupted=interrupted)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import ConfigError
@@ -172,3 +173,30 @@ def build_plan(
         first += host.nproc
     return LaunchPlan(job_id=job_id, name=name, master_addr=addr, master_port=master_port, nodes=tuple(nodes),
                       state_dir=spec.state_dir, grace=grace, script=script, script_args=tuple(script_args))
+
+
+def plan_to_json(plan: LaunchPlan) -> dict[str, Any]:
+    """The plan as JSON data, for the job record; the hosts are kept by rank (see ``plan_from_json``)."""
+    return {
+        "job_id": plan.job_id, "name": plan.name, "master_addr": plan.master_addr,
+        "master_port": plan.master_port, "state_dir": plan.state_dir, "grace": plan.grace,
+        "script": plan.script, "script_args": list(plan.script_args),
+        "nodes": [{"rank": n.rank, "host": n.host.host, "nproc": n.nproc, "first_rank": n.first_rank,
+                   "argv": list(n.argv), "env": dict(n.env), "cwd": n.cwd} for n in plan.nodes],
+    }
+
+
+def plan_from_json(data: Mapping[str, Any], spec: ClusterSpec) -> LaunchPlan:
+    """The plan ``plan_to_json`` wrote, its nodes joined again with the hosts of ``spec``."""
+    nodes = data["nodes"]
+    names = [h.host for h in spec.hosts]
+    if [n["host"] for n in nodes] != names:
+        raise ValueError(f"the plan's hosts {[n['host'] for n in nodes]} are not the hosts file's {names}")
+    return LaunchPlan(
+        job_id=data["job_id"], name=data["name"], master_addr=data["master_addr"],
+        master_port=int(data["master_port"]), state_dir=data.get("state_dir"), grace=float(data["grace"]),
+        script=data["script"], script_args=tuple(data["script_args"]),
+        nodes=tuple(NodeLaunch(rank=int(n["rank"]), host=host, nproc=int(n["nproc"]),
+                               first_rank=int(n["first_rank"]), argv=tuple(n["argv"]), env=dict(n["env"]),
+                               cwd=n["cwd"]) for n, host in zip(nodes, spec.hosts, strict=True)),
+    )

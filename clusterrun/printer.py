@@ -16,10 +16,12 @@ from clusterrun.events import (
     JobFinished,
     JobResult,
     LogLines,
+    NodeLink,
     NodeStarted,
     NodeState,
     NodeStateChanged,
     NodeStopped,
+    StopReport,
     signal_name,
 )
 from clusterrun.plan import LaunchPlan
@@ -32,10 +34,13 @@ _QUIET_STATES = {NodeState.PENDING, NodeState.CONNECTING, NodeState.STARTING, No
 class Printer:
     """Turns events into text. ``__call__`` is the orchestrator's ``emit``."""
 
-    def __init__(self, out: TextIO | None = None, err: TextIO | None = None, colour: bool | None = None) -> None:
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None, colour: bool | None = None,
+                 prefix: bool = True, quiet: bool = False) -> None:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.colour = self.out.isatty() if colour is None else colour
+        self.prefix = prefix  # False: log lines exactly as the node wrote them
+        self.quiet = quiet  # True: log lines only, no status
         self._prefix_width = 0
         self._hosts: dict[int, str] = {}
 
@@ -58,32 +63,45 @@ class Printer:
     def __call__(self, event: Event) -> None:
         if isinstance(event, LogLines):
             node = event.node if event.node is not None else -1
-            chunk = []
-            for line in event.lines:
-                rank, text = split_rank(line)
-                chunk.append(f"{self._prefix(node, event.host, rank)} | {text}\n")
-            self.out.write("".join(chunk))
+            if self.prefix:
+                chunk = []
+                for line in event.lines:
+                    rank, text = split_rank(line)
+                    chunk.append(f"{self._prefix(node, event.host, rank)} | {text}\n")
+                self.out.write("".join(chunk))
+            else:
+                self.out.write("".join(f"{line}\n" for line in event.lines))
             self.out.flush()
+        elif self.quiet:
+            return
         elif isinstance(event, NodeStarted):
             self.note(f"node{event.node} {event.host}: started attempt {event.attempt} (torchrun pid {event.pid})")
         elif isinstance(event, NodeStateChanged):
             if event.state not in _QUIET_STATES:
                 detail = f" ({event.detail})" if event.detail else ""
                 self.note(f"node{event.node} {event.host}: {event.state.value}{detail}")
-        elif isinstance(event, NodeStopped):
-            report = event.report
-            if report.error:
-                self.note(f"node{report.node} {report.host}: could not be stopped: {report.error}")
-                return
-            killed = ", ".join(f"{k.get('name')}[{k.get('pid')}]" for k in report.killed) or "nothing was running"
-            self.note(f"node{report.node} {report.host}: stopped: {killed}")
-            if report.left:
-                left = ", ".join(f"{p.get('name')}[{p.get('pid')}] state {p.get('state')}" for p in report.left)
-                self.note(f"node{report.node} {report.host}: STILL RUNNING after the stop: {left}")
+        elif isinstance(event, NodeLink):
+            if event.up:
+                self.note(f"node{event.node} {event.host}: reconnected; the log continues where it stopped")
             else:
-                self.note(f"node{report.node} {report.host}: verified: no process of the job is left")
+                self.note(f"node{event.node} {event.host}: connection lost, reconnecting ({event.detail})")
+        elif isinstance(event, NodeStopped):
+            self.report(event.report)
         elif isinstance(event, JobFinished):
             self.summary(event.result)
+
+    def report(self, report: StopReport) -> None:
+        """What a verified stop did on one node, and whether anything is left."""
+        if report.error:
+            self.note(f"node{report.node} {report.host}: could not be stopped: {report.error}")
+            return
+        killed = ", ".join(f"{k.get('name')}[{k.get('pid')}]" for k in report.killed) or "nothing was running"
+        self.note(f"node{report.node} {report.host}: stopped: {killed}")
+        if report.left:
+            left = ", ".join(f"{p.get('name')}[{p.get('pid')}] state {p.get('state')}" for p in report.left)
+            self.note(f"node{report.node} {report.host}: STILL RUNNING after the stop: {left}")
+        else:
+            self.note(f"node{report.node} {report.host}: verified: no process of the job is left")
 
     def summary(self, result: JobResult) -> None:
         for node in result.nodes:
@@ -98,11 +116,11 @@ class Printer:
         if result.ok:
             self.note(f"job {result.job_id} succeeded")
             return
-        if result.interrupted:
-            self.note(f"job {result.job_id} stopped ({result.interrupted})")
+        if result.stopped:
+            self.note(f"job {result.job_id} stopped" + (f" ({result.interrupted})" if result.interrupted else ""))
         else:
             self.note(f"job {result.job_id} FAILED")
-        if cause is not None and not result.interrupted:
+        if cause is not None and not result.stopped:
             self.note(f"root cause: {cause.describe()}")
             if cause.last_lines:
                 who = f"rank {cause.rank}" if cause.rank is not None else f"node {cause.node}"

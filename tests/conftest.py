@@ -111,3 +111,11 @@ def stop_all_jobs(path: Path) -> None:
 def _ssh_tools() -> None:
     """The test setup installs OpenSSH (server and client) when missing; a no-op when present."""
     subprocess.run(["sh", str(SUPPORT / "install_sshd.sh")], check=True, capture_output=True, timeout=900)
+
+
+@pytest.fixture(autouse=True)
+def controller_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own controller state dir (job records), never the user's."""
+    home = tmp_path_factory.mktemp("xdg-state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    return home

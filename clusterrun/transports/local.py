@@ -26,7 +26,8 @@ class LocalTransport(Transport):
     def stream(self, request: dict[str, Any]) -> AgentStream:
         try:
             proc = subprocess.Popen(agent_command(self.python), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, close_fds=True)
+                                    stderr=subprocess.PIPE, close_fds=True,
+                                    start_new_session=True)  # not in the terminal's group: Ctrl-C is for us
         except OSError as exc:
             raise AgentError(self.name, f"cannot run {self.python!r}: {exc.strerror or exc}",
                              hint="set `python:` for this host to an interpreter that exists") from None

@@ -1,0 +1,248 @@
+"""Jobs on the controller: one directory per job, the record in it, and who owns the job now.
+
+Layout (directories 0700, files 0600)::
+
+    $XDG_STATE_HOME/clusterrun/jobs/<job id>/      (default ~/.local/state/clusterrun/...)
+        job.json      the record (``JobRecord``): the hosts file as it was read, the script and
+                      its arguments, the plan of the current attempt, every attempt, and the last
+                      known state of every node; rewritten atomically under ``record.lock``
+        owner.lock    an ``flock`` held by the one process that follows the job and applies its
+                      policy (fail-fast): the foreground ``up``, or the job's monitor
+        monitor.log   what the monitor printed
+
+The owner lock is what makes a job survive its controller: when the owner dies, the kernel drops
+the lock, and the next ``ps``, ``logs`` or ``attach`` finds the job without an owner, reconciles
+its state from the hosts and starts a monitor (``spawn_monitor``) that takes the lock over.
+A lock taken by ``up`` is handed to the monitor it starts by inheritance, so no moment passes
+without an owner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clusterrun.errors import ClusterrunError
+
+OWNER_FD_VAR = "CLUSTERRUN_OWNER_FD"
+JOB_STATES = ("starting", "running", "succeeded", "failed", "stopped", "lost")
+TERMINAL_JOB_STATES = frozenset({"succeeded", "failed", "stopped", "lost"})
+
+
+class JobNotFound(ClusterrunError):
+    """No job, or more than one, matches what the user typed."""
+
+
+def state_home() -> Path:
+    """``$XDG_STATE_HOME/clusterrun``, by default ``~/.local/state/clusterrun``."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "clusterrun"
+
+
+@dataclass
+class NodeRecord:
+    """The last known state of one node of the current attempt."""
+
+    rank: int
+    host: str
+    state: str = "starting"
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    error: str | None = None
+    seen: int = 0  # bytes of the node's log a viewer (up, attach) has shown; attach resumes here
+
+
+@dataclass
+class AttemptRecord:
+    attempt: int
+    started: float
+    master_port: int
+    state: str = "starting"
+    ended: float | None = None
+    root_cause: str | None = None
+
+
+@dataclass
+class JobRecord:
+    """Everything the controller keeps about one job (``job.json``)."""
+
+    job_id: str
+    name: str
+    created: float
+    hosts_file: str
+    hosts_text: str
+    script: str
+    script_args: list[str]
+    env_overrides: dict[str, str]
+    local_cwd: str
+    grace: float
+    ssh_config: str | None
+    plan: dict[str, Any]
+    attempt: int = 1
+    state: str = "starting"
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    nodes: list[NodeRecord] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_JOB_STATES
+
+    @property
+    def hosts(self) -> list[str]:
+        return [n.host for n in self.nodes]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobRecord:
+        data = dict(data)
+        data["attempts"] = [AttemptRecord(**a) for a in data.get("attempts", [])]
+        data["nodes"] = [NodeRecord(**n) for n in data.get("nodes", [])]
+        return cls(**data)
+
+
+class JobStore:
+    """The job directories under ``root`` (``state_home()/jobs`` unless given)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or state_home() / "jobs"
+
+    def dir(self, job_id: str) -> Path:
+        return self.root / job_id
+
+    def _ensure_root(self) -> None:
+        old = os.umask(0o077)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        finally:
+            os.umask(old)
+
+    def create(self, record: JobRecord) -> None:
+        self._ensure_root()
+        self.dir(record.job_id).mkdir(mode=0o700)
+        self._write(record)
+
+    def load(self, job_id: str) -> JobRecord:
+        path = self.dir(job_id) / "job.json"
+        try:
+            return JobRecord.from_json(json.loads(path.read_bytes()))
+        except FileNotFoundError:
+            raise JobNotFound(f"no job {job_id!r}", hint="`clusterrun ps` lists the jobs") from None
+        except (ValueError, TypeError) as exc:
+            raise JobNotFound(f"the record of job {job_id!r} is damaged ({exc})", hint=f"see {path}") from None
+
+    def _write(self, record: JobRecord) -> None:
+        path = self.dir(record.job_id) / "job.json"
+        tmp = path.with_name(f"job.json.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, json.dumps(record.to_json(), indent=1, sort_keys=True).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+
+    @contextmanager
+    def _locked(self, job_id: str, name: str) -> Iterator[None]:
+        fd = os.open(self.dir(job_id) / name, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def update(self, job_id: str, change: Callable[[JobRecord], None]) -> JobRecord:
+        """Read the record, apply ``change`` to it and write it back, atomically and serialised."""
+        with self._locked(job_id, "record.lock"):
+            record = self.load(job_id)
+            change(record)
+            self._write(record)
+            return record
+
+    def all(self) -> list[JobRecord]:
+        """Every job with a readable record, oldest first."""
+        records = []
+        if self.root.is_dir():
+            for entry in self.root.iterdir():
+                if (entry / "job.json").is_file():
+                    try:
+                        records.append(self.load(entry.name))
+                    except JobNotFound:
+                        continue
+        return sorted(records, key=lambda r: (r.created, r.job_id))
+
+    def resolve(self, ref: str) -> str:
+        """A job id from an id, a ``--name`` (the newest job of that name) or a unique id prefix."""
+        records = self.all()
+        for record in records:
+            if record.job_id == ref:
+                return record.job_id
+        named = [r for r in records if r.name == ref]
+        if named:
+            return named[-1].job_id
+        prefixed = [r for r in records if r.job_id.startswith(ref)]
+        if len(prefixed) == 1:
+            return prefixed[0].job_id
+        if prefixed:
+            raise JobNotFound(f"{ref!r} matches {len(prefixed)} jobs: {', '.join(r.job_id for r in prefixed[:5])}",
+                              hint="type more of the job id")
+        raise JobNotFound(f"no job matches {ref!r}", hint="`clusterrun ps` lists the jobs")
+
+    # ----------------------------------------------------------------------------- ownership
+
+    def try_own(self, job_id: str) -> int | None:
+        """Take the job's owner lock without waiting: its fd, or None if another process owns the job."""
+        fd = os.open(self.dir(job_id) / "owner.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
+    def wait_own(self, job_id: str, timeout: float) -> int | None:
+        """Take the owner lock, waiting up to ``timeout`` seconds for the current owner to let go."""
+        deadline = time.monotonic() + timeout
+        while True:
+            fd = self.try_own(job_id)
+            if fd is not None or time.monotonic() > deadline:
+                return fd
+            time.sleep(0.1)
+
+    def owned(self, job_id: str) -> bool:
+        """Whether a live process owns the job."""
+        fd = self.try_own(job_id)
+        if fd is None:
+            return True
+        os.close(fd)
+        return False
+
+    def spawn_monitor(self, job_id: str, owner_fd: int | None = None) -> bool:
+        """Start the job's monitor in the background; it takes over ``owner_fd`` (a held owner lock)
+        or takes the lock itself. False if the job has an owner already."""
+        fd = owner_fd if owner_fd is not None else self.try_own(job_id)
+        if fd is None:
+            return False
+        os.set_inheritable(fd, True)
+        log = str(self.dir(job_id) / "monitor.log")
+        env = dict(os.environ, **{OWNER_FD_VAR: str(fd)})
+        pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "clusterrun", "_monitor", job_id], env,
+                             file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                                           (os.POSIX_SPAWN_OPEN, 1, log, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                                            0o600),
+                                           (os.POSIX_SPAWN_DUP2, 1, 2)],
+                             setsid=True)
+        os.close(fd)  # the monitor holds the lock now (an flock belongs to the open file, which it shares)
+        os.waitpid(pid, 0)  # it forks again at once (see monitor.daemonize), so this returns quickly
+        return True

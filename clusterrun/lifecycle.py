@@ -1,0 +1,352 @@
+"""A job's life after ``up``: its record, its monitor, ``ps`` reconciliation, ``down`` and ``restart``.
+
+Every function here works from the job's record (``jobs.JobRecord``) and talks to the hosts
+through the same transports and node agent as ``up``; none of them prints. The CLI turns their
+results into text and exit codes.
+
+The monitor (``run_monitor``) is the owner of a job nobody else follows: a background process on
+the controller, started in a new session without a terminal, that follows every node's state
+(not its log), applies fail-fast and keeps the record up to date, then exits when the job ends.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
+
+from clusterrun.config import ClusterSpec, load_cluster_text
+from clusterrun.errors import AgentError, ClusterrunError, HostsUnavailable
+from clusterrun.events import (
+    Event,
+    JobFinished,
+    JobResult,
+    LogLines,
+    NodeExited,
+    NodeStarted,
+    NodeState,
+    NodeStateChanged,
+    StopReport,
+)
+from clusterrun.jobs import OWNER_FD_VAR, AttemptRecord, JobRecord, JobStore, NodeRecord
+from clusterrun.orchestrator import Emit, Job, node_state_of, split_lines
+from clusterrun.plan import LaunchPlan, plan_from_json, plan_to_json
+from clusterrun.transports import Transport, transport_for
+
+
+def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overrides: dict[str, str],
+               local_cwd: str, ssh_config: str | None) -> JobRecord:
+    """The record of a job about to start its first attempt."""
+    return JobRecord(
+        job_id=plan.job_id, name=plan.name, created=time.time(), hosts_file=os.path.abspath(hosts_file),
+        hosts_text=hosts_text, script=plan.script, script_args=list(plan.script_args),
+        env_overrides=dict(env_overrides), local_cwd=local_cwd, grace=plan.grace, ssh_config=ssh_config,
+        plan=plan_to_json(plan), attempt=1,
+        attempts=[AttemptRecord(1, started=time.time(), master_port=plan.master_port)],
+        nodes=[NodeRecord(n.rank, n.host.host) for n in plan.nodes],
+    )
+
+
+def spec_of(record: JobRecord) -> ClusterSpec:
+    """The hosts file as it was when the job started (relative paths in it are the job's cwd's)."""
+    return load_cluster_text(record.hosts_text, record.hosts_file)
+
+
+def transport_factory(record: JobRecord) -> Callable[..., Transport]:
+    return partial(transport_for, ssh_config=record.ssh_config)
+
+
+def job_state(result: JobResult) -> str:
+    """The job's state in its record from how it ended."""
+    if result.ok:
+        return "succeeded"
+    states = {n.state for n in result.nodes}
+    if NodeState.FAILED in states:
+        return "failed"
+    if result.stopped:
+        return "stopped"
+    return "lost" if NodeState.LOST in states else "failed"
+
+
+class Recorder:
+    """An ``emit`` consumer that keeps the job's record up to date (and nothing else)."""
+
+    def __init__(self, store: JobStore, job_id: str, attempt: int) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.attempt = attempt
+
+    def _node(self, rank: int, **changes: Any) -> None:
+        def change(record: JobRecord) -> None:
+            if record.attempt != self.attempt:
+                return  # a newer attempt has started: this one's news is history
+            node = record.nodes[rank]
+            for key, value in changes.items():
+                setattr(node, key, value)
+            live = {n.state for n in record.nodes}
+            if record.state in ("starting", "running") and live <= {"running", "succeeded"} and "running" in live:
+                record.state = record.attempts[-1].state = "running"
+
+        self.store.update(self.job_id, change)
+
+    def __call__(self, event: Event) -> None:
+        if event.node is not None and isinstance(event, NodeStarted):
+            self._node(event.node, pid=event.pid)
+        elif event.node is not None and isinstance(event, NodeStateChanged):
+            self._node(event.node, state=event.state.value)
+        elif event.node is not None and isinstance(event, NodeExited):
+            r = event.result
+            self._node(event.node, state=r.state.value, exit_code=r.exit_code, signal=r.signal, error=r.error)
+        elif isinstance(event, JobFinished):
+            self.finish(event.result)
+
+    def finish(self, result: JobResult) -> None:
+        def change(record: JobRecord) -> None:
+            if record.attempt != self.attempt:
+                return
+            record.state = job_state(result)
+            attempt = record.attempts[-1]
+            attempt.state, attempt.ended = record.state, time.time()
+            failed = record.state in ("failed", "lost")
+            attempt.root_cause = result.root_cause.describe() if result.root_cause and failed else None
+
+        self.store.update(self.job_id, change)
+
+
+def fan_out(*emits: Emit) -> Emit:
+    def emit(event: Event) -> None:
+        for each in emits:
+            each(event)
+
+    return emit
+
+
+def follower(record: JobRecord, emit: Emit, *, fail_fast: bool, follow_logs: bool, attempt: int | None = None,
+             offsets: dict[int, int] | None = None, tail: int | None = None,
+             ranks: Sequence[int] | None = None) -> Job:
+    """A ``Job`` that follows an attempt of the recorded job (the current one unless given)."""
+    spec = spec_of(record)
+    plan = plan_from_json(record.plan, spec)
+    job = Job(spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
+              grace=record.grace, attempt=attempt or record.attempt, transport_factory=transport_factory(record),
+              fail_fast=fail_fast, follow_logs=follow_logs, offsets=offsets, tail=tail, ranks=ranks)
+    job.resume(plan)
+    return job
+
+
+# -------------------------------------------------------------------------------- the monitor
+
+
+def daemonize() -> None:
+    """Fork once more so that the monitor is no session leader (it can never get a terminal) and
+    the process that started it can reap the intermediate at once."""
+    if os.fork() > 0:
+        os._exit(0)
+
+
+def run_monitor(store: JobStore, job_id: str, emit: Emit) -> int:
+    """Own the job until it ends: follow its nodes' states, apply fail-fast, keep the record."""
+    fd_text = os.environ.pop(OWNER_FD_VAR, "")
+    fd = int(fd_text) if fd_text.isdigit() else store.try_own(job_id)
+    if fd is None:
+        return 0  # somebody else owns the job
+    record = store.load(job_id)
+    if record.finished:
+        return 0
+    os.chdir(record.local_cwd)
+    job = follower(record, fan_out(emit, Recorder(store, job_id, record.attempt)), fail_fast=True,
+                   follow_logs=False)
+    try:
+        job.run()
+    finally:
+        job.close()
+    return 0
+
+
+# ------------------------------------------------------------------------------------ status
+
+
+def _per_node(record: JobRecord, call: Callable[[Transport, int], Any],
+              ranks: Sequence[int] | None = None) -> dict[int, Any]:
+    """``call(transport, rank)`` on every node in parallel; an exception is returned as the value."""
+    spec = spec_of(record)
+    factory = transport_factory(record)
+    ranks = list(range(len(spec.hosts))) if ranks is None else list(ranks)
+    transports = {rank: factory(spec.hosts[rank]) for rank in ranks}
+
+    def one(rank: int) -> Any:
+        try:
+            transports[rank].connect()
+            return call(transports[rank], rank)
+        except ClusterrunError as exc:
+            return exc
+        except OSError as exc:
+            return ClusterrunError(f"{spec.hosts[rank].host}: {exc}")
+        finally:
+            transports[rank].close()
+
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(ranks)))) as pool:
+        return dict(zip(ranks, pool.map(one, ranks), strict=True))
+
+
+def request(record: JobRecord, rank: int, op: str, attempt: int | None = None, **extra: Any) -> dict[str, Any]:
+    return {"op": op, "job": record.job_id, "node": rank, "attempt": attempt or record.attempt,
+            "state_dir": record.plan.get("state_dir"), **extra}
+
+
+def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
+    """Ask every host how the current attempt is doing and write that into the record.
+
+    Only for a job that has no owner (the owner keeps the record itself). A host that cannot be
+    reached leaves its node as it was, with the error noted."""
+    answers = _per_node(record, lambda t, rank: t.call(request(record, rank, "status")))
+
+    def change(rec: JobRecord) -> None:
+        if rec.attempt != record.attempt:
+            return
+        for rank, answer in answers.items():
+            node = rec.nodes[rank]
+            if isinstance(answer, ClusterrunError):
+                node.error = f"unreachable: {answer.render()}"
+                continue
+            state = answer.get("state") or {}
+            node.state = node_state_of(state).value
+            node.pid = ((state.get("torchrun") or {}).get("pid")) or node.pid
+            node.exit_code, node.signal = state.get("exit_code"), state.get("signal")
+            node.error = state.get("error") or ("neither the supervisor nor torchrun runs any more"
+                                                if node.state == "lost" else None)
+        states = {n.state for n in rec.nodes}
+        reachable = all(not isinstance(a, ClusterrunError) for a in answers.values())
+        if states & {"running", "starting"} or not reachable:
+            if "running" in states:
+                rec.state = "running"
+            return
+        if states == {"succeeded"}:
+            rec.state = "succeeded"
+        elif "failed" in states:
+            rec.state = "failed"
+        elif "lost" in states:
+            rec.state = "lost"
+        else:
+            rec.state = "stopped"
+        rec.attempts[-1].state = rec.state
+        rec.attempts[-1].ended = rec.attempts[-1].ended or time.time()
+
+    return store.update(record.job_id, change)
+
+
+def refresh(store: JobStore, record: JobRecord) -> JobRecord:
+    """The record made current: if the job is unfinished and nobody owns it, reconcile it with
+    its hosts and start a monitor for it (fail-fast resumes)."""
+    if record.finished or store.owned(record.job_id):
+        return record
+    record = reconcile(store, record)
+    if not record.finished:
+        store.spawn_monitor(record.job_id)
+    return record
+
+
+def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None) -> Iterator[LogLines]:
+    """Node ``rank``'s log of ``attempt`` as written so far (from its last ``tail`` lines if given)."""
+    spec = spec_of(record)
+    transport = transport_factory(record)(spec.hosts[rank])
+    where: dict[str, Any] = {"offset": 0} if tail is None else {"tail": tail}
+    try:
+        transport.connect()
+        for message in transport.stream(request(record, rank, "follow", attempt=attempt, once=True, **where)):
+            if message.get("ok") is False:
+                raise AgentError(transport.name, str(message.get("error")))
+            if message.get("t") == "log":
+                yield LogLines(rank, host=transport.name, lines=split_lines(message["data"]))
+            elif message.get("t") in ("end", "eof"):
+                return
+    finally:
+        transport.close()
+
+
+# ------------------------------------------------------------------------------- down, restart
+
+
+def stop_job(record: JobRecord, *, grace: float | None = None) -> dict[int, StopReport]:
+    """The agent's verified stop of the current attempt on every node, in parallel."""
+    wait = record.grace if grace is None else grace
+    answers = _per_node(record, lambda t, rank: t.call(request(record, rank, "stop", grace=wait)))
+    reports = {}
+    for rank, answer in answers.items():
+        host = record.nodes[rank].host
+        if isinstance(answer, ClusterrunError):
+            reports[rank] = StopReport(rank, host, error=answer.render())
+        else:
+            reports[rank] = StopReport(rank, host, killed=tuple(answer.get("killed") or ()),
+                                       left=tuple(answer.get("left") or ()))
+    return reports
+
+
+def mark_stopped(store: JobStore, record: JobRecord, reports: dict[int, StopReport]) -> JobRecord:
+    """Record a verified stop; nodes whose stop failed keep their state (they may still run)."""
+    def change(rec: JobRecord) -> None:
+        if rec.attempt != record.attempt:
+            return
+        for rank, report in reports.items():
+            if report.ok and rec.nodes[rank].state not in ("succeeded", "failed", "lost"):
+                rec.nodes[rank].state = "stopped"
+        if all(r.ok for r in reports.values()) and not rec.finished:
+            rec.state = rec.attempts[-1].state = "stopped"
+            rec.attempts[-1].ended = time.time()
+
+    return store.update(record.job_id, change)
+
+
+def mark_failed_start(store: JobStore, job_id: str, attempt: int, error: ClusterrunError) -> None:
+    """The attempt could not start on every host (those that started were stopped again)."""
+    def change(rec: JobRecord) -> None:
+        if rec.attempt == attempt:
+            rec.state = rec.attempts[-1].state = "failed"
+            rec.attempts[-1].ended = time.time()
+            rec.attempts[-1].root_cause = f"could not start: {error.render()}"
+
+    store.update(job_id, change)
+
+
+def save_seen(store: JobStore, job_id: str, attempt: int, offsets: dict[int, int]) -> None:
+    """Remember how much of each node's log a viewer has shown, for the next ``attach``."""
+    def change(rec: JobRecord) -> None:
+        if rec.attempt == attempt:
+            for rank, offset in offsets.items():
+                rec.nodes[rank].seen = max(rec.nodes[rank].seen, offset)
+
+    store.update(job_id, change)
+
+
+def start_attempt(store: JobStore, record: JobRecord, emit: Emit) -> JobRecord:
+    """Start the job again, as attempt ``record.attempt + 1``, with the same hosts file, script,
+    arguments and environment (a new master port where ``auto`` and the old one is taken).
+
+    The caller holds the owner lock and has verified that nothing of the last attempt runs."""
+    spec = spec_of(record)
+    attempt = record.attempt + 1
+    job = Job(spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
+              env_overrides=record.env_overrides, local_cwd=record.local_cwd, grace=record.grace, attempt=attempt,
+              transport_factory=transport_factory(record))
+    try:
+        plan = job.prepare()
+
+        def begin(rec: JobRecord) -> None:
+            rec.attempt, rec.plan, rec.state = attempt, plan_to_json(plan), "starting"
+            rec.attempts.append(AttemptRecord(attempt, started=time.time(), master_port=plan.master_port))
+            rec.nodes = [NodeRecord(n.rank, n.host.host) for n in plan.nodes]
+
+        record = store.update(record.job_id, begin)
+        recorder = Recorder(store, record.job_id, attempt)
+        job.emit = fan_out(emit, recorder)
+        try:
+            job.start()
+        except HostsUnavailable as exc:
+            mark_failed_start(store, record.job_id, attempt, exc)
+            raise
+    finally:
+        job.close()
+    return store.load(record.job_id)
