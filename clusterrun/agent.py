@@ -35,7 +35,8 @@ Requests (``op``) and answers
 ``stop``   ``{job, node, attempt, state_dir, grace}`` → ``{ok, killed: [...], left: [...], state}``:
            the verified stop described below; idempotent.
 ``status`` ``{job, node, attempt, state_dir}`` → ``{ok, state, alive, log_size}`` (``lost`` as
-           for ``follow``).
+           for ``follow``). For ``status`` and ``stop``, a node never started (no attempt
+           directory) is ``{state: {state: "absent"}}``, not an error.
 
 Errors are ``{ok: false, error: "..."}``; the exit code is 0 whenever an answer was written.
 
@@ -544,7 +545,18 @@ def _job_alive(state: dict[str, Any]) -> bool:
     return _is_alive(state.get("supervisor")) or _is_alive(state.get("torchrun"))
 
 
+def _absent(req: dict[str, Any]) -> dict[str, Any] | None:
+    """The answer for a node that was never started (its controller died during ``start``)."""
+    if os.path.exists(_attempt_dir(req)):
+        return None
+    return {"ok": True, "state": {"state": "absent"}, "alive": {"supervisor": False, "torchrun": False},
+            "log_size": 0, "killed": [], "left": []}
+
+
 def op_status(req: dict[str, Any]) -> dict[str, Any]:
+    absent = _absent(req)
+    if absent is not None:
+        return absent
     folder, state = _load_state(req)
     same_boot = state.get("boot_id") == _boot_id()
     alive = {"supervisor": same_boot and _is_alive(state.get("supervisor")),
@@ -647,6 +659,9 @@ def op_follow(req: dict[str, Any]) -> None:
 
 
 def op_stop(req: dict[str, Any]) -> dict[str, Any]:
+    absent = _absent(req)
+    if absent is not None:
+        return absent
     folder, state = _load_state(req)
     grace = float(req.get("grace", 10))
     deadline = time.monotonic() + grace + 15

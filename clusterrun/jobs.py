@@ -9,6 +9,7 @@ Layout (directories 0700, files 0600)::
         owner.lock    an ``flock`` held by the one process that follows the job and applies its
                       policy (fail-fast): the foreground ``up``, or the job's monitor
         monitor.log   what the monitor printed
+        monitor.pid   the last monitor's pid and start time (clock ticks since boot)
 
 The owner lock is what makes a job survive its controller: when the owner dies, the kernel drops
 the lock, and the next ``ps``, ``logs`` or ``attach`` finds the job without an owner, reconciles
@@ -227,6 +228,16 @@ class JobStore:
             return True
         os.close(fd)
         return False
+
+    def note_monitor(self, job_id: str) -> None:
+        """Record the calling process as the job's monitor (``monitor.pid``: pid and start time)."""
+        with open(f"/proc/{os.getpid()}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]
+        tmp = self.dir(job_id) / f"monitor.pid.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()} {start}\n")
+        tmp.rename(self.dir(job_id) / "monitor.pid")
 
     def spawn_monitor(self, job_id: str, owner_fd: int | None = None) -> bool:
         """Start the job's monitor in the background; it takes over ``owner_fd`` (a held owner lock)

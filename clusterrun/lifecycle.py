@@ -156,14 +156,30 @@ def run_monitor(store: JobStore, job_id: str, emit: Emit) -> int:
     record = store.load(job_id)
     if record.finished:
         return 0
+    store.note_monitor(job_id)
     os.chdir(record.local_cwd)
     job = follower(record, fan_out(emit, Recorder(store, job_id, record.attempt)), fail_fast=True,
                    follow_logs=False)
     try:
+        if record.state == "starting":
+            _finish_start(record, job)
         job.run()
+    except HostsUnavailable as exc:  # the missing nodes could not be started: the others wait in vain
+        stop_job(record)
+        mark_failed_start(store, job_id, record.attempt, exc)
     finally:
         job.close()
     return 0
+
+
+def _finish_start(record: JobRecord, job: Job) -> None:
+    """Start the nodes that a controller which died during ``start`` never reached (from the
+    plan in the record), so that the job can still run: the other nodes wait for them."""
+    answers = _per_node(record, lambda t, rank: t.call(request(record, rank, "status")))
+    absent = [rank for rank, answer in answers.items()
+              if isinstance(answer, dict) and (answer.get("state") or {}).get("state") == "absent"]
+    if absent:
+        job.start(absent)
 
 
 # ------------------------------------------------------------------------------------ status
@@ -220,10 +236,10 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
                                                 if node.state == "lost" else None)
         states = {n.state for n in rec.nodes}
         reachable = all(not isinstance(a, ClusterrunError) for a in answers.values())
-        if states & {"running", "starting"} or not reachable:
-            if "running" in states:
+        if states & {"running", "starting", "pending"} or not reachable:
+            if "running" in states and "pending" not in states:
                 rec.state = "running"
-            return
+            return  # unfinished: "pending" nodes were never started, the monitor will start them
         if states == {"succeeded"}:
             rec.state = "succeeded"
         elif "failed" in states:

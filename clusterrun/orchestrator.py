@@ -64,6 +64,8 @@ def node_state_of(state: dict[str, Any], stop_sent: bool = False) -> NodeState:
     """A node's state from the agent's ``state.json`` (as ``follow``/``status`` report it)."""
     if state.get("state") == "lost":
         return NodeState.LOST
+    if state.get("state") == "absent":
+        return NodeState.PENDING
     if state.get("state") != "exited":
         return NodeState.STARTING if state.get("state") == "starting" else NodeState.RUNNING
     if state.get("exit_code") == 0 and not state.get("error"):
@@ -207,14 +209,16 @@ class Job:
         return node.transport.call(self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env),
                                                  cwd=launch.cwd, first_rank=launch.first_rank))
 
-    def start(self) -> None:
-        """Start every node in parallel; if any fails, stop the ones that started and raise."""
+    def start(self, ranks: Sequence[int] | None = None) -> None:
+        """Start every node (or those of ``ranks``) in parallel; if any fails, stop the ones that
+        started and raise."""
         if self.plan is None:
             self.prepare()
-        futures = [self._pool.submit(self._start_node, rank) for rank in range(len(self._nodes))]
+        ranks = list(range(len(self._nodes))) if ranks is None else list(ranks)
+        futures = [self._pool.submit(self._start_node, rank) for rank in ranks]
         errors: list[ClusterrunError] = []
         started: list[int] = []
-        for rank, future in enumerate(futures):
+        for rank, future in zip(ranks, futures, strict=True):
             try:
                 answer = future.result()
             except ClusterrunError as exc:
@@ -252,6 +256,8 @@ class Job:
                 stream = node.transport.stream(self._request(rank, "follow", logs=self.follow_logs, **where))
                 try:
                     for message in stream:
+                        if message.get("ok") is False:
+                            raise AgentError(node.host, str(message.get("error")))
                         if failures:
                             self._inbox.put((rank, {"t": "reconnected"}))
                         last_heard, failures = time.monotonic(), 0
@@ -260,8 +266,6 @@ class Job:
                         if message.get("t") == "log":
                             self.offsets[rank] = int(message["next"])
                             tail = None
-                        elif message.get("ok") is False:
-                            raise AgentError(node.host, str(message.get("error")))
                         self._inbox.put((rank, message))
                         if message.get("t") == "end":
                             return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -114,8 +115,28 @@ def _ssh_tools() -> None:
 
 
 @pytest.fixture(autouse=True)
-def controller_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+def controller_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Every test gets its own controller state dir (job records), never the user's."""
     home = tmp_path_factory.mktemp("xdg-state")
     monkeypatch.setenv("XDG_STATE_HOME", str(home))
-    return home
+    yield home
+    # A monitor ends with its job (the state_dir fixture has stopped them all); one that does not
+    # within a few seconds is killed here, by its recorded pid and start time.
+    for pidfile in home.glob("clusterrun/jobs/*/monitor.pid"):
+        pid, started = map(int, pidfile.read_text().split())
+        try:
+            wait_for(lambda p=pid, s=started: not alive(p, s), timeout=15, what=f"monitor {pid} to exit")
+        except AssertionError:
+            if alive(pid, started):
+                os.kill(pid, signal.SIGKILL)
+            raise
+
+
+def monitors(home: Path) -> list[int]:
+    """Pids of the live monitors of the jobs recorded under the controller state dir ``home``."""
+    found = []
+    for pidfile in home.glob("clusterrun/jobs/*/monitor.pid"):
+        pid, started = map(int, pidfile.read_text().split())
+        if alive(pid, started):
+            found.append(pid)
+    return found

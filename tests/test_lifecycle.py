@@ -1,0 +1,261 @@
+"""Job lifecycle on local hosts: `up -d`, `ps`, `logs`, `attach`, `down`, `restart`, with real torchrun.
+
+The controller side (``up``, the monitor) is killed with SIGKILL at will; the jobs must not care.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import (
+    ROOT,
+    SUPPORT,
+    alive,
+    job_id_of,
+    marked,
+    monitors,
+    start_time,
+    up_argv,
+    wait_for,
+    write_hosts,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def clusterrun(*args: str | os.PathLike[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "clusterrun", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def up_detached(*args: str | os.PathLike[str]) -> str:
+    proc = clusterrun("up", "-d", *args)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    assert f"clusterrun: job {job} started" in proc.stderr
+    return job
+
+
+def ps_json(job: str) -> dict[str, Any]:
+    proc = clusterrun("ps", "--json", job)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def wait_state(job: str, *states: str, timeout: float = 90) -> dict[str, Any]:
+    return wait_for(lambda: (r := ps_json(job))["state"] in states and r, timeout=timeout, interval=0.5,
+                    what=f"job {job} to be {'/'.join(states)}")
+
+
+def attempt_dir(state_dir: Path, job: str, node: int, attempt: int = 1) -> Path:
+    return state_dir / "jobs" / job / f"node{node}" / f"attempt{attempt}"
+
+
+def host_state(state_dir: Path, job: str, node: int, attempt: int = 1) -> dict[str, Any]:
+    return json.loads((attempt_dir(state_dir, job, node, attempt) / "state.json").read_text())
+
+
+def counter_lines(rank: int, count: int) -> list[str]:
+    return [f"[rank{rank}]:rank {rank} line {i}" for i in range(count)] + [f"[rank{rank}]:rank {rank} done"]
+
+
+def rank_lines(log: str, rank: int) -> list[str]:
+    return [line for line in log.splitlines() if line.startswith(f"[rank{rank}]:")]
+
+
+def kill_monitors(home: Path) -> list[int]:
+    pids = monitors(home)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not monitors(home), timeout=10, what="the monitors to die")
+    return pids
+
+
+def test_detached_job_outlives_every_controller_process(tmp_path: Path, state_dir: Path,
+                                                        controller_state: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached(hosts, SUPPORT / "counter.py", "80", "0.05")
+    assert ps_json(job)["state"] in ("starting", "running")
+    # `up -d` has returned; its monitor is the only clusterrun process left on the controller.
+    assert kill_monitors(controller_state)
+    assert marked(job), "the job must still run on its hosts"
+    record = ps_json(job)  # nobody owns the job: ps reconciles it with the hosts and starts a monitor
+    assert record["state"] == "running" and [n["state"] for n in record["nodes"]] == ["running", "running"]
+    wait_for(lambda: monitors(controller_state), timeout=10, what="a new monitor")
+    for node in (0, 1):
+        proc = subprocess.run([sys.executable, "-m", "clusterrun", "logs", "-f", "--node", str(node), job],
+                              capture_output=True, timeout=120, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        on_host = (attempt_dir(state_dir, job, node) / "output.log").read_bytes()
+        assert hashlib.sha256(proc.stdout).hexdigest() == hashlib.sha256(on_host).hexdigest()
+        assert rank_lines(on_host.decode(), node) == counter_lines(node, 80)
+    record = wait_state(job, "succeeded")
+    assert [(n["state"], n["exit_code"]) for n in record["nodes"]] == [("succeeded", 0), ("succeeded", 0)]
+    listing = clusterrun("ps")
+    assert job in listing.stdout and "succeeded" in listing.stdout
+    # The finished job's logs stay readable, whole and with prefixes, from a fresh controller.
+    logs = clusterrun("logs", job)
+    assert logs.returncode == 0
+    assert "node1 local-b rank1 | rank 1 line 79" in logs.stdout.replace("  ", " ")
+
+
+def test_controller_sigkilled_at_random_moments(tmp_path: Path, state_dir: Path, controller_state: Path) -> None:
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    print(f"seed {seed}")
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    jobs = []
+    for run in range(10):
+        proc = subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", "20", "0.05"), cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        job = job_id_of(proc.stderr.readline())  # printed once the job's record exists
+        time.sleep(rng.uniform(0, 1.5))  # during the start, the run, or after the end
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+        jobs.append(job)
+        kill_monitors(controller_state)  # up -d's monitor, if `up` had time to hand over to one
+        # What a user does on coming back: `logs -f` reconciles, restarts the owner, and follows.
+        logs = clusterrun("logs", "-f", job, timeout=120)
+        assert logs.returncode == 0, f"run {run} (seed {seed}): {logs.stderr}"
+        record = wait_state(job, "succeeded", "failed", "stopped", "lost")
+        assert record["state"] == "succeeded", f"run {run} (seed {seed}): {record}"
+        for node in (0, 1):
+            log = (attempt_dir(state_dir, job, node) / "output.log").read_text()
+            assert rank_lines(log, node) == counter_lines(node, 20), f"run {run} (seed {seed}) node {node}"
+    assert len(set(jobs)) == 10
+
+
+def test_down_stops_everything_even_what_ignores_sigterm(tmp_path: Path, state_dir: Path) -> None:
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    hosts = write_hosts(tmp_path, [2, 1], state_dir)
+    job = up_detached("--grace", "2", hosts, SUPPORT / "hostile.py", piddir)
+    kinds = ["worker", "setsid", "env-i", "grandchild"]
+    expected = {f"rank{r}-{k}.pid" for r in range(3) for k in kinds}
+    wait_for(lambda: expected <= {p.name for p in piddir.iterdir()}, timeout=90, what="all hostile processes")
+    pids = {name: tuple(map(int, (piddir / name).read_text().split())) for name in expected}
+    assert all(alive(pid, started) for pid, started in pids.values())
+    began = time.monotonic()
+    down = clusterrun("down", job)
+    took = time.monotonic() - began
+    assert down.returncode == 0, down.stderr
+    assert [name for name, (pid, started) in pids.items() if alive(pid, started)] == []
+    assert marked(job) == []
+    assert down.stderr.count("verified: no process of the job is left") == 2, down.stderr
+    assert took >= 2, "rank 0 ignores SIGTERM: it may only be killed once the grace period is over"
+    assert wait_state(job, "stopped")["nodes"][0]["state"] == "stopped"
+    again = clusterrun("down", job)  # idempotent
+    assert again.returncode == 0 and again.stderr.count("nothing was running") == 2, again.stderr
+
+
+def test_down_of_one_job_leaves_the_other_intact(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    a = up_detached("--name", "a", hosts, SUPPORT / "counter.py", "1000", "0.05")
+    b = up_detached("--name", "b", hosts, SUPPORT / "counter.py", "100", "0.05")
+    wait_for(lambda: "line 3" in clusterrun("logs", "--node", "0", b).stdout, timeout=60, what="job b output")
+    down = clusterrun("down", "a")  # by name
+    assert down.returncode == 0, down.stderr
+    assert marked(a) == [] and marked(b)
+    record = wait_state(b, "succeeded")
+    assert record["attempt"] == 1
+    for node in (0, 1):
+        log = (attempt_dir(state_dir, b, node) / "output.log").read_text()
+        assert rank_lines(log, node) == counter_lines(node, 100)
+    assert ps_json(a)["state"] == "stopped"
+
+
+def _attempt_of(pid: int) -> str | None:
+    """The attempt directory a process of a job belongs to (torchrun's log dir is in its environment)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"PET_LOG_DIR="):
+            return Path(item[len(b"PET_LOG_DIR="):].decode()).parent.name
+    return None
+
+
+def test_restart_twice_keeps_attempts_apart(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    for attempt in (1, 2):
+        wait_for(lambda a=attempt: "line 3" in clusterrun("logs", "--node", "1", "--attempt", str(a), job).stdout,
+                 timeout=60, what=f"attempt {attempt} output")
+        proc = clusterrun("restart", job)
+        assert proc.returncode == 0, proc.stderr
+        assert f"restarted as attempt {attempt + 1}" in proc.stderr
+        assert {_attempt_of(pid) for pid in marked(job)} == {f"attempt{attempt + 1}"}
+    record = ps_json(job)
+    assert record["attempt"] == 3 and [a["attempt"] for a in record["attempts"]] == [1, 2, 3]
+    assert [a["state"] for a in record["attempts"][:2]] == ["stopped", "stopped"]
+    wait_for(lambda: "line 3" in clusterrun("logs", "--node", "0", job).stdout, timeout=60, what="attempt 3")
+    for node in (0, 1):
+        for attempt in (1, 2):
+            old, new = host_state(state_dir, job, node, attempt), host_state(state_dir, job, node, attempt + 1)
+            assert old["state"] == "exited" and old["stop_requested"]
+            assert old["ended_at"] <= new["started_at"], "two attempts were alive at once"
+            assert not alive(old["torchrun"]["pid"], old["torchrun"]["start_time"])
+        logs = [clusterrun("logs", "--node", str(node), "--attempt", str(a), job).stdout for a in (1, 2, 3)]
+        assert all(f"rank {node} line 3" in log for log in logs)  # each attempt's log is its own, from line 0
+        assert all(log.count(f"rank {node} line 0\n") == 1 for log in logs)
+    assert clusterrun("down", job).returncode == 0
+    assert marked(job) == []
+
+
+def test_a_reused_pid_or_a_reboot_means_lost_and_down_kills_no_stranger(
+        tmp_path: Path, state_dir: Path, controller_state: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached(hosts, SUPPORT / "counter.py", "10000", "0.05")
+    wait_state(job, "running")
+    kill_monitors(controller_state)
+    # Take the job away behind clusterrun's back, as a crash would: supervisors first, then the rest.
+    for node in (0, 1):
+        sup = host_state(state_dir, job, node)["supervisor"]
+        if alive(sup["pid"], sup["start_time"]):
+            os.kill(sup["pid"], signal.SIGKILL)
+    for pid in marked(job):
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not marked(job), timeout=10, what="the job's processes to die")
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        # node 0: its pids now belong to an unrelated process; node 1: the host has rebooted since.
+        path0 = attempt_dir(state_dir, job, 0) / "state.json"
+        state = json.loads(path0.read_text())
+        for key in ("supervisor", "torchrun"):
+            state[key]["pid"] = stranger.pid
+        path0.write_text(json.dumps(state))
+        path1 = attempt_dir(state_dir, job, 1) / "state.json"
+        state = json.loads(path1.read_text())
+        state["boot_id"] = "0" * 32
+        path1.write_text(json.dumps(state))
+        record = wait_state(job, "lost", timeout=60)
+        assert [n["state"] for n in record["nodes"]] == ["lost", "lost"]
+        shown = clusterrun("ps", job)
+        assert "lost" in shown.stdout and "running" not in shown.stdout, shown.stdout
+        down = clusterrun("down", job)
+        assert down.returncode == 0, down.stderr
+        assert stranger.poll() is None and alive(stranger.pid, start_time(stranger.pid) or -1)
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_unknown_job_is_a_clear_error() -> None:
+    for args in (["ps", "nope"], ["logs", "nope"], ["down", "nope"], ["attach", "nope"], ["restart", "nope"]):
+        proc = clusterrun(*args)
+        assert proc.returncode == 2, proc.stderr
+        assert "no job matches 'nope'" in proc.stderr and "Traceback" not in proc.stderr
