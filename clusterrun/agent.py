@@ -93,6 +93,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -130,15 +131,28 @@ def _boot_id() -> str:
         return ""
 
 
-def _write_json_atomic(path: str, obj: object) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _write_atomic(path: str, data: bytes) -> None:
+    """Write a temporary file (0600, a random name: hosts sharing a filesystem have the same pids), fsync, rename."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
     try:
-        os.write(fd, json.dumps(obj, sort_keys=True).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _write_json_atomic(path: str, obj: object) -> None:
+    _write_atomic(path, json.dumps(obj, sort_keys=True).encode())
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
@@ -475,14 +489,7 @@ def _agent_copy(root: str, source: bytes) -> str:
     os.makedirs(folder, mode=0o700, exist_ok=True)
     path = os.path.join(folder, f"{digest}.py")
     if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, source)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
+        _write_atomic(path, source)
     return path
 
 

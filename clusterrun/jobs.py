@@ -20,11 +20,13 @@ without an owner.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -144,15 +146,8 @@ class JobStore:
             raise JobNotFound(f"the record of job {job_id!r} is damaged ({exc})", hint=f"see {path}") from None
 
     def _write(self, record: JobRecord) -> None:
-        path = self.dir(record.job_id) / "job.json"
-        tmp = path.with_name(f"job.json.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, json.dumps(record.to_json(), indent=1, sort_keys=True).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
+        _write_atomic(self.dir(record.job_id) / "job.json",
+                      json.dumps(record.to_json(), indent=1, sort_keys=True).encode())
 
     @contextmanager
     def _locked(self, job_id: str, name: str) -> Iterator[None]:
@@ -233,11 +228,7 @@ class JobStore:
         """Record the calling process as the job's monitor (``monitor.pid``: pid and start time)."""
         with open(f"/proc/{os.getpid()}/stat") as f:
             start = f.read().rsplit(")", 1)[1].split()[19]
-        tmp = self.dir(job_id) / f"monitor.pid.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()} {start}\n")
-        tmp.rename(self.dir(job_id) / "monitor.pid")
+        _write_atomic(self.dir(job_id) / "monitor.pid", f"{os.getpid()} {start}\n".encode())
 
     def spawn_monitor(self, job_id: str, owner_fd: int | None = None) -> bool:
         """Start the job's monitor in the background; it takes over ``owner_fd`` (a held owner lock)
@@ -257,3 +248,19 @@ class JobStore:
         os.close(fd)  # the monitor holds the lock now (an flock belongs to the open file, which it shares)
         os.waitpid(pid, 0)  # it forks again at once (see monitor.daemonize), so this returns quickly
         return True
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write a temporary file (0600, a random name: a home shared between machines sees their pids
+    collide), fsync, rename over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

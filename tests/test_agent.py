@@ -231,3 +231,33 @@ def test_rank_logs_pass_on_whole_lines_only(tmp_path: Path) -> None:
     finally:
         logs.close()
         os.close(fd)
+
+
+def test_atomic_writes_from_hosts_with_the_same_pids_do_not_collide(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hosts sharing a filesystem (an NFS home, or the simulated hosts) run agents with equal pids:
+    their temporary files must not share a name, or one host's rename fails."""
+    import threading
+
+    from clusterrun import agent
+
+    monkeypatch.setattr(agent.os, "getpid", lambda: 18)  # every writer looks like pid 18 on its own host
+    target = tmp_path / "agent.py"
+    errors: list[BaseException] = []
+
+    def write(n: int) -> None:
+        try:
+            for _ in range(300):
+                agent._write_atomic(str(target), f"writer {n}\n".encode() * 1000)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    writers = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    for thread in writers:
+        thread.start()
+    for thread in writers:
+        thread.join()
+    assert errors == []
+    assert target.read_bytes() in {f"writer {n}\n".encode() * 1000 for n in range(4)}
+    assert [p.name for p in tmp_path.iterdir()] == ["agent.py"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
