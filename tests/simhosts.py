@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ name=$1 cidr=$2 hosts=$3 config=$4 passwd=$5 sshd=$6
 shift 6
 mount --make-rprivate /
 ip link set lo up
-ip addr add "$cidr" dev eth0
+ip addr replace "$cidr" dev eth0  # a rebooted host finds its address kept
 ip link set eth0 up
 hostname "$name"
 mount -t tmpfs -o mode=0755,size=8m crsim-run /run
@@ -84,6 +84,16 @@ class SimHost:
     @property
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    def drop_connections(self) -> int:
+        """Cut every SSH connection to this host, as a network failure would, but leave sshd listening:
+        SIGKILL the sshd processes serving the connections: the listener's children named sshd (orphans of the
+        host, such as detached job supervisors, are its children too, as they would be init's). Returns how many."""
+        served = [pid for pid in _children().get(self.pid, []) if _comm(pid) == "sshd"]
+        for pid in served:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(served)
 
     def kill(self) -> None:
         """Simulate the machine dying: SIGKILL its first process, and with it its whole PID namespace."""
@@ -208,10 +218,12 @@ class SimCluster:
                           "    StrictHostKeyChecking yes\n    BatchMode yes\n    ConnectTimeout 10\n\n")
             (self.dir / host.name / "sshd_config").write_text(self._sshd_config(host, options))
             shell = login_shell if isinstance(login_shell, str) else (login_shell or {}).get(host.name)
-            if shell:
-                lines = Path("/etc/passwd").read_text().splitlines(keepends=True)
-                (self.dir / host.name / "passwd").write_text("".join(
-                    line.rsplit(":", 1)[0] + f":{shell}\n" if line.startswith("root:") else line for line in lines))
+            if self.isolated:
+                # Each machine has its own home: the user's shell start-up files (here ~/.bashrc runs
+                # `pyenv init`, whose rehash lock a killed host would leave behind) stay out of the test.
+                home = self.dir / host.name / "home"
+                home.mkdir(mode=0o700)
+                (self.dir / host.name / "passwd").write_text(_passwd(home, shell))
         self.known_hosts.write_text("".join(known))
         self.ssh_config.write_text("".join(config))
 
@@ -247,9 +259,18 @@ class SimCluster:
                                           start_new_session=True)
         host.pid = 0 if netns else host._proc.pid
 
-    def _wait_ready(self) -> None:
+    def reboot(self, host: SimHost) -> None:
+        """Simulate a reboot: the host dies with everything on it, then comes back with a fresh PID namespace
+        (same name, address and host key; files on disk are kept, as on a real machine)."""
+        if not self.isolated:
+            raise SimHostError("reboot needs a PID namespace per host, which the fallback has not")
+        host.kill()
+        self._launch(host, self._netns[self.hosts.index(host)])
+        self._wait_ready([host])
+
+    def _wait_ready(self, hosts: Sequence[SimHost] | None = None) -> None:
         deadline = time.monotonic() + TIMEOUT
-        pending = {host.name: host for host in self.hosts}
+        pending = {host.name: host for host in (self.hosts if hosts is None else hosts)}
         while pending:
             for host in list(pending.values()):
                 if host._proc is None or host._proc.poll() is not None:
@@ -265,7 +286,7 @@ class SimCluster:
             time.sleep(0.01 if pending else 0)
         if self.isolated:
             children = _children()
-            for host in self.hosts:
+            for host in self.hosts if hosts is None else hosts:
                 found = children.get(host._proc.pid if host._proc else 0, [])
                 if len(found) != 1:
                     raise SimHostError(f"{host.name}: expected one first process, found {found}")
@@ -396,6 +417,25 @@ def _children() -> dict[int, list[int]]:
             ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
             found.setdefault(ppid, []).append(int(entry))
     return found
+
+
+def _passwd(home: Path, shell: str | None) -> str:
+    """/etc/passwd with the current user's home (and shell, if given) replaced."""
+    lines = []
+    for line in Path("/etc/passwd").read_text().splitlines():
+        fields = line.split(":")
+        if len(fields) == 7 and fields[2] == str(os.getuid()):
+            fields[5] = str(home)
+            fields[6] = shell or fields[6]
+        lines.append(":".join(fields) + "\n")
+    return "".join(lines)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _listening(pid: int, port: int) -> bool:
