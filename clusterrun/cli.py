@@ -49,6 +49,7 @@ from clusterrun.lifecycle import (
 from clusterrun.orchestrator import Job
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
 from clusterrun.printer import Printer
+from clusterrun.session import Session
 from clusterrun.transports import transport_for
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HOSTS = 0, 1, 2, 3
@@ -195,9 +196,12 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         if dry_run:
             _print_plan(plan)
             return
-        store.create(new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
-                                local_cwd=os.getcwd(), ssh_config=ssh_config))
+        record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
+                            local_cwd=os.getcwd(), ssh_config=ssh_config)
+        store.create(record)
         owner = store.try_own(job_id)
+        if not detach and _use_tui(no_tui):
+            sys.exit(_dashboard(Session(store, record, printer, job=job, owner_fd=owner)))
         job.emit = fan_out(printer, Recorder(store, job_id, 1))
         printer.set_plan(plan)
         printer.note(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
@@ -235,6 +239,44 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     finally:
         job.close()
     sys.exit(_exit_code(result, got))
+
+
+def _use_tui(no_tui: bool) -> bool:
+    """The dashboard unless --no-tui, and never without a terminal on stdin and stdout."""
+    return not no_tui and sys.stdout.isatty() and sys.stdin.isatty() and os.environ.get("TERM") != "dumb"
+
+
+def _dashboard(session: Session) -> int:
+    """Run the dashboard over ``session``; afterwards print what happened; the exit code."""
+    from clusterrun.tui import Dashboard  # Textual is loaded only for the dashboard
+
+    app = Dashboard(session)
+    printer = Printer()
+
+    def hand_over(signum: int) -> None:  # the terminal is gone: leave the job to a monitor
+        session.detach()
+        os._exit(EXIT_SIGNAL.get(signum, 1))
+
+    with _on_signals({signal.SIGHUP: hand_over, signal.SIGTERM: lambda s: session.kill()}) as got:
+        code = app.run()
+    if session.failed_start and session.error is not None:
+        _fail(session.error, EXIT_HOSTS)
+    if session.error is not None:
+        printer.note(f"error: {session.error.render()}")
+    job_id = session.job_id
+    if app.outcome in ("detached", "left") or (code is None and session.running):
+        if session.running:
+            session.detach()
+        printer.note(f"detached; job {job_id} keeps running. {_follow_hint(job_id)}")
+        return EXIT_OK
+    session.wait(timeout=60)
+    if session.result is not None:
+        for report in session.result.stops:
+            printer.report(report)
+        printer.summary(session.result)
+    if got.get("signal"):
+        return EXIT_SIGNAL.get(got["signal"], 1)
+    return code if code is not None else app.exit_code_of()
 
 
 # ------------------------------------------------------------------------------- job commands
@@ -371,7 +413,7 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
 @click.argument("job")
 @click.option("--tail", type=click.IntRange(min=0), metavar="N",
               help="Start at the last N lines of each node (default: where the last viewer stopped).")
-@click.option("--no-tui", is_flag=True, help="Print prefixed log lines (the dashboard is not there yet).")
+@click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
 def attach(job: str, tail: int | None, no_tui: bool) -> None:
     """Follow JOB live again: every node's log and state, from where you last left it (or --tail
     N), with no line lost or repeated. Ctrl-C detaches and leaves the job running."""
@@ -379,6 +421,8 @@ def attach(job: str, tail: int | None, no_tui: bool) -> None:
     record = _refresh(store, record)
     printer = Printer()
     offsets = {n.rank: n.seen for n in record.nodes} if tail is None else None
+    if _use_tui(no_tui):
+        sys.exit(_dashboard(Session(store, record, printer, offsets=offsets, tail=tail)))
     viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, tail=tail)
     printer.set_plan(plan_from_json(record.plan, spec_of(record)))
     printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "

@@ -142,6 +142,20 @@ class Event:
 
 
 @dataclass(frozen=True)
+class AttemptStarted(Event):
+    """An attempt of the job is being started or followed: what a consumer shows of its plan.
+    ``nodes`` holds per node rank ``(host, nproc, CUDA_VISIBLE_DEVICES or None)``."""
+
+    job_id: str
+    name: str
+    attempt: int
+    master_addr: str
+    master_port: int
+    world_size: int
+    nodes: tuple[tuple[str, int, str | None], ...]
+
+
+@dataclass(frozen=True)
 class NodeStarted(Event):
     host: str
     attempt: int

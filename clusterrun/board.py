@@ -1,0 +1,258 @@
+"""What a dashboard shows of a job, kept from the orchestrator's events: pure, no Textual.
+
+``Board.apply(event)`` is called in the consumer's own thread (the dashboard drains a queue of
+events every 50 ms). Per node it keeps the row of the node table and a ring of its last ``ring``
+log lines; a merged ring holds every node's lines in arrival order. Rings are bounded: the full
+logs stay on the hosts (``clusterrun logs``). A view that shows a ring remembers how many lines
+it has seen (``count``) and asks ``since(count)`` for the rest, so nothing is written into views
+nobody looks at and a view switch costs one ring.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from clusterrun.events import (
+    AttemptStarted,
+    Event,
+    JobFinished,
+    JobResult,
+    LogLines,
+    NodeExited,
+    NodeLink,
+    NodeStarted,
+    NodeState,
+    NodeStateChanged,
+    NodeStopped,
+    RootCause,
+    StopReport,
+    signal_name,
+)
+
+RING = 10_000
+
+
+class Ring:
+    """The last ``size`` lines, and how many lines were ever added (``count``)."""
+
+    def __init__(self, size: int) -> None:
+        self.lines: deque[str] = deque(maxlen=size)
+        self.count = 0
+
+    def extend(self, lines: tuple[str, ...] | list[str]) -> None:
+        self.lines.extend(lines)
+        self.count += len(lines)
+
+    def since(self, count: int) -> tuple[list[str], bool]:
+        """Lines added after the first ``count``; True if some were dropped on the way (the
+        view must then start again from ``lines``)."""
+        new = self.count - count
+        if new <= 0:
+            return [], False
+        if new > len(self.lines):
+            return list(self.lines), True
+        return list(itertools.islice(self.lines, len(self.lines) - new, None)), False
+
+    def clear(self) -> None:
+        self.lines.clear()
+        self.count = 0
+
+
+@dataclass
+class NodeRow:
+    rank: int
+    host: str
+    slots: str = ""  # "gpus 0,1" or "2 procs"
+    state: NodeState = NodeState.PENDING
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    detail: str = ""
+    reachable: bool = True
+    last_output: float | None = None
+    log: Ring = field(default_factory=lambda: Ring(RING))
+
+    @property
+    def status(self) -> str:
+        """The state as the table shows it: unreachable, failed with its exit code, ..."""
+        if not self.reachable and not self.state.is_terminal:
+            return "unreachable"
+        if self.state is NodeState.FAILED:
+            if self.signal:
+                return f"failed ({signal_name(self.signal)})"
+            if self.exit_code is not None:
+                return f"failed (exit {self.exit_code})"
+        return self.state.value
+
+
+class Board:
+    """The state of one job as a dashboard shows it (see the module docstring)."""
+
+    def __init__(self, ring: int = RING, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ring = ring
+        self.clock = clock
+        self.job_id = ""
+        self.name = ""
+        self.attempt = 0
+        self.master = ""
+        self.world_size = 0
+        self.nodes: list[NodeRow] = []
+        self.merged = Ring(ring)
+        self.started = clock()
+        self.ended: float | None = None
+        self.result: JobResult | None = None
+        self.first_failure: int | None = None  # the node that failed first, while the job runs
+        self.stops: dict[int, StopReport] = {}
+        self.notes: deque[str] = deque(maxlen=200)
+        self.changed: set[int] = set()  # rows to redraw
+        self.header_changed = True
+
+    def node(self, rank: int, host: str = "") -> NodeRow:
+        while len(self.nodes) <= rank:
+            self.nodes.append(NodeRow(len(self.nodes), host if len(self.nodes) == rank else ""))
+        return self.nodes[rank]
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        self.header_changed = True
+
+    def apply(self, event: Event) -> None:
+        rank = event.node
+        if isinstance(event, LogLines) and rank is not None:
+            row = self.node(rank, event.host)
+            row.log.extend(event.lines)
+            row.last_output = event.ts
+            self.merged.extend([f"node{rank} | {line}" for line in event.lines])
+            self.changed.add(rank)
+            return
+        self.header_changed = True
+        if isinstance(event, AttemptStarted):
+            self._attempt(event)
+        elif isinstance(event, NodeStarted) and rank is not None:
+            row = self.node(rank, event.host)
+            row.pid = event.pid
+        elif isinstance(event, NodeStateChanged) and rank is not None:
+            row = self.node(rank, event.host)
+            row.state, row.detail = event.state, event.detail
+            if event.state is NodeState.RUNNING:
+                row.reachable = True
+        elif isinstance(event, NodeLink) and rank is not None:
+            row = self.node(rank, event.host)
+            row.reachable = event.up
+            self.note(f"node{rank} {event.host}: " + ("reconnected" if event.up else f"unreachable ({event.detail})"))
+        elif isinstance(event, NodeExited) and rank is not None:
+            result = event.result
+            row = self.node(rank, result.host)
+            row.state, row.exit_code, row.signal = result.state, result.exit_code, result.signal
+            row.detail = result.error or row.detail
+            if result.state in (NodeState.FAILED, NodeState.LOST) and self.first_failure is None:
+                self.first_failure = rank
+        elif isinstance(event, NodeStopped) and rank is not None:
+            report = event.report
+            self.stops[rank] = report
+            self.note(describe_stop(report))
+        elif isinstance(event, JobFinished):
+            self.result = event.result
+            self.ended = event.ts
+        if rank is not None:
+            self.changed.add(rank)
+
+    def _attempt(self, event: AttemptStarted) -> None:
+        self.job_id, self.name, self.attempt = event.job_id, event.name, event.attempt
+        self.master, self.world_size = f"{event.master_addr}:{event.master_port}", event.world_size
+        self.result, self.ended, self.first_failure = None, None, None
+        self.stops = {}
+        self.started = event.ts
+        keep = [row.log for row in self.nodes]
+        self.nodes = []
+        for rank, (host, nproc, gpus) in enumerate(event.nodes):
+            row = self.node(rank, host)
+            row.slots = f"gpus {gpus}" if gpus else f"{nproc} proc" + ("s" if nproc != 1 else "")
+            if rank < len(keep):  # the old attempt's lines stay visible above the new ones
+                row.log = keep[rank]
+        self.changed = set(range(len(self.nodes)))
+        if event.attempt > 1:
+            marker = f"---- attempt {event.attempt} ----"
+            for row in self.nodes:
+                row.log.extend([marker])
+            self.merged.extend([marker])
+
+    # ---------------------------------------------------------------------------- summaries
+
+    @property
+    def state(self) -> str:
+        """The job's state: starting, running, stopping, succeeded, failed, stopped or lost."""
+        if self.result is not None:
+            if self.result.ok:
+                return "succeeded"
+            if self.result.stopped:
+                return "stopped"
+            states = {n.state for n in self.result.nodes}
+            return "lost" if NodeState.LOST in states and NodeState.FAILED not in states else "failed"
+        states = {row.state for row in self.nodes}
+        if NodeState.STOPPING in states:
+            return "stopping"
+        if states and states <= {NodeState.RUNNING, NodeState.SUCCEEDED} and NodeState.RUNNING in states:
+            return "running"
+        if states and all(s.is_terminal for s in states):
+            return "ending"
+        return "starting"
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+    def summary(self) -> str:
+        """``4 nodes · 3 running · 1 failed``."""
+        counts: dict[str, int] = {}
+        for row in self.nodes:
+            key = "unreachable" if row.status == "unreachable" else row.state.value
+            counts[key] = counts.get(key, 0) + 1
+        parts = [f"{len(self.nodes)} node" + ("s" if len(self.nodes) != 1 else "")]
+        parts += [f"{n} {state}" for state, n in counts.items()]
+        return " · ".join(parts)
+
+    def elapsed(self) -> float:
+        return (self.ended if self.ended is not None else self.clock()) - self.started
+
+    def root_cause(self) -> RootCause | None:
+        if self.result is not None:
+            return self.result.root_cause
+        return None
+
+    def root_rank(self) -> int | None:
+        """The node marked as the root cause in the table."""
+        cause = self.root_cause()
+        if cause is not None and self.state in ("failed", "lost"):
+            return cause.node
+        return self.first_failure
+
+    def root_text(self) -> str:
+        """The root cause, its exception and last lines; empty while nothing failed."""
+        cause = self.root_cause()
+        if cause is not None and self.state in ("failed", "lost"):
+            lines = [f"root cause: {cause.describe()}"]
+            lines += [f"  {line}" for line in cause.last_lines[-8:]]
+            return "\n".join(lines)
+        if self.first_failure is not None:
+            row = self.nodes[self.first_failure]
+            last = list(row.log.lines)[-8:]
+            return "\n".join([f"first failure: node {row.rank} ({row.host}): {row.status}"
+                              + (f": {row.detail}" if row.detail else ""), *(f"  {line}" for line in last)])
+        return ""
+
+
+def describe_stop(report: StopReport) -> str:
+    """One line of a verified stop's report."""
+    where = f"node{report.node} {report.host}"
+    if report.error:
+        return f"{where}: could not be stopped: {report.error}"
+    killed = ", ".join(f"{k.get('name')}[{k.get('pid')}]" for k in report.killed) or "nothing was running"
+    if report.left:
+        left = ", ".join(f"{p.get('name')}[{p.get('pid')}]" for p in report.left)
+        return f"{where}: stopped {killed}; STILL RUNNING: {left}"
+    return f"{where}: stopped {killed}; verified: nothing of the job is left"

@@ -1,0 +1,516 @@
+"""The live dashboard: a Textual app over a ``Session`` (the only module that imports Textual).
+
+Threads never touch widgets: the session's thread puts events into a queue, and a 50 ms timer in
+the app's thread drains it into the ``Board`` (clusterrun/board.py) and redraws what changed —
+the changed rows of the node table, and the lines of the one log view on screen, taken from that
+node's bounded ring. Hidden views get nothing; switching views refills the log from the ring.
+The log view is Textual's ``Log`` (plain lines; it renders only the visible ones).
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from rich.highlighter import Highlighter
+from rich.text import Text
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, DataTable, Footer, Input, Label, Log, Static
+
+from clusterrun.board import Board, NodeRow
+from clusterrun.events import Event, NodeState
+from clusterrun.session import Session
+
+TICK = 0.05  # seconds between draining the event queue
+COLOURS = ("cyan", "yellow", "magenta", "green", "blue", "red", "bright_cyan", "bright_yellow",
+           "bright_magenta", "bright_green", "bright_blue", "bright_red")
+ICONS = {
+    NodeState.PENDING: ("·", "dim"), NodeState.CONNECTING: ("…", "yellow"), NodeState.STARTING: ("◔", "yellow"),
+    NodeState.RUNNING: ("▶", "green"), NodeState.STOPPING: ("◼", "yellow"), NodeState.SUCCEEDED: ("✔", "green"),
+    NodeState.FAILED: ("✘", "bold red"), NodeState.STOPPED: ("■", "dim"), NodeState.LOST: ("?", "bold red"),
+}
+COLUMNS = ("node", "host", "gpus/procs", "state", "pid", "lines", "last output")
+PREFIX = re.compile(r"^node(\d+) \| ")
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60:02d}:{rest % 60:02d}"
+
+
+class LogHighlighter(Highlighter):
+    """Colours the ``nodeK |`` prefix of merged lines and marks search matches."""
+
+    def __init__(self) -> None:
+        self.pattern: re.Pattern[str] | None = None
+
+    def highlight(self, text: Text) -> None:
+        found = PREFIX.match(text.plain)
+        if found:
+            text.stylize(f"bold {COLOURS[int(found.group(1)) % len(COLOURS)]}", 0, found.end() - 2)
+        if self.pattern is not None:
+            for match in self.pattern.finditer(text.plain):
+                if match.end() > match.start():
+                    text.stylize("black on yellow", match.start(), match.end())
+
+
+class Confirm(ModalScreen[bool]):
+    """A yes/no question."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [("y", "answer(True)", "Yes"), ("n,escape", "answer(False)", "No")]
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Label(self.question, id="question")
+            with Horizontal(id="buttons"):
+                yield Button("Yes (y)", variant="error", id="yes")
+                yield Button("No (n)", variant="primary", id="no")
+
+    def action_answer(self, answer: bool) -> None:
+        self.dismiss(answer)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+
+class QuitQuestion(ModalScreen[str]):
+    """Quit while the job runs: leave it running, stop it, or stay."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [("l", "answer('leave')", "Leave running"),
+                                             ("s", "answer('stop')", "Stop the job"),
+                                             ("escape,c", "answer('cancel')", "Cancel")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Label("The job is still running. Leave it running, or stop it on every host?", id="question")
+            with Horizontal(id="buttons"):
+                yield Button("Leave running (l)", variant="primary", id="leave")
+                yield Button("Stop the job (s)", variant="error", id="stop")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def action_answer(self, answer: str) -> None:
+        self.dismiss(answer)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(str(event.button.id))
+
+
+HELP = """\
+[b]Keys[/b]
+  ↑/↓ or j/k    select a node           1–9      jump to node 1–9
+  Enter or l    log of the selected node  a        all nodes, merged
+  f or End      follow the log again     /        search (text or regex); n/N next/previous; Esc clears
+  K             kill the job (asks)      R        restart: kill, then a new attempt (asks)
+  d             detach: leave the job running and exit
+  q             quit (asks whether to stop a running job)
+  ?             this help
+
+Scrolling the log up pauses following; f or End resumes it. The log keeps the last lines of each
+node (--ring); the whole log is on the hosts: `clusterrun logs JOB`."""
+
+
+class Help(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [("escape,q,question_mark", "close", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Static(HELP)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class Dashboard(App[int]):
+    """Every node's state and log; kill, restart, detach. Returns the exit code from ``run()``."""
+
+    TITLE = "clusterrun"
+    CSS = """
+    #header { height: 2; padding: 0 1; background: $boost; }
+    #nodes { height: auto; max-height: 40%; }
+    #report { height: auto; max-height: 12; padding: 0 1; color: $error; display: none; }
+    #report.shown { display: block; }
+    #logtitle { height: 1; padding: 0 1; background: $boost; }
+    #log { height: 1fr; }
+    #search { dock: bottom; display: none; }
+    #search.shown { display: block; }
+    #dialog { width: 80; height: auto; border: thick $primary; background: $surface; padding: 1 2; }
+    Confirm, QuitQuestion, Help { align: center middle; }
+    #buttons { height: auto; margin-top: 1; }
+    #buttons Button { margin-right: 2; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("j", "move(1)", "Down", show=False),
+        Binding("k", "move(-1)", "Up", show=False),
+        Binding("l", "node_log", "Node log", show=False),
+        Binding("a", "all_nodes", "All nodes"),
+        Binding("f,end", "follow", "Follow"),
+        Binding("slash", "search", "Search"),
+        Binding("n", "match(1)", "Next", show=False),
+        Binding("N", "match(-1)", "Previous", show=False),
+        Binding("escape", "clear_search", "Clear search", show=False),
+        Binding("K", "kill", "Kill"),
+        Binding("R", "restart", "Restart"),
+        Binding("d", "detach", "Detach"),
+        Binding("q,ctrl+c", "quit_job", "Quit", priority=True),
+        Binding("question_mark", "help", "Help"),
+        *(Binding(str(i), f"jump({i - 1})", f"Node {i}", show=False) for i in range(1, 10)),
+    ]
+
+    def __init__(self, session: Session, *, ring: int = 10_000, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.session = session
+        self.board = Board(ring=ring, clock=clock)
+        self.clock = clock
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._view: int | None = 0  # the node whose log is shown; None: all nodes
+        self._shown = 0  # lines of the view's ring already in the Log
+        self._follow = True
+        self._matches: list[int] = []
+        self._match = -1
+        self._highlighter = LogHighlighter()
+        self.outcome = "running"  # how the app ended: "detached", "left", "stopped", "finished"
+        self._rows_ready = 0
+
+    # ------------------------------------------------------------------------ the session side
+
+    def emit(self, event: Event) -> None:
+        """The session's ``emit``: called from its thread; only queues."""
+        self._events.put(event)
+
+    # ------------------------------------------------------------------------------- layout
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="header")
+        table: DataTable[Any] = DataTable(id="nodes", cursor_type="row", zebra_stripes=True)
+        yield table
+        yield Static(id="report")
+        yield Static(id="logtitle")
+        log = Log(id="log", highlight=True, max_lines=self.board.ring, auto_scroll=True)
+        log.highlighter = self._highlighter
+        yield log
+        yield Input(placeholder="search: text or regex, Enter to find, Esc to clear", id="search")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#nodes", DataTable)
+        for name in COLUMNS:
+            table.add_column(name, key=name)
+        table.focus()
+        self.set_interval(TICK, self._drain)
+        self.set_interval(1.0, self._tick_clock)
+        self.session.emit = self.emit
+        self.session.begin()
+        self._drain()
+
+    # --------------------------------------------------------------------------- redrawing
+
+    def _drain(self) -> None:
+        got = False
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                break
+            self.board.apply(event)
+            got = True
+        if self.session.failed_start:
+            self.outcome = "finished"
+            self.exit(3)
+            return
+        if self.session.error is not None and not self.board.finished:
+            self.board.note(f"error: {self.session.error.render()}")
+            self.session.error = None
+            self.board.header_changed = True
+        if got or self.board.header_changed:
+            self._redraw()
+
+    def _redraw(self) -> None:
+        board = self.board
+        table = self.query_one("#nodes", DataTable)
+        if len(board.nodes) != self._rows_ready:
+            table.clear()
+            for row in board.nodes:
+                table.add_row(*self._cells(row), key=str(row.rank))
+            self._rows_ready = len(board.nodes)
+            board.changed.clear()
+        for rank in sorted(board.changed):
+            if rank < len(board.nodes):
+                for name, value in zip(COLUMNS, self._cells(board.nodes[rank]), strict=True):
+                    table.update_cell(str(rank), name, value, update_width=True)
+        board.changed.clear()
+        self._append_view()
+        if board.header_changed:
+            board.header_changed = False
+            self._draw_header()
+            report = self.query_one("#report", Static)
+            text = board.root_text()
+            if board.stops and board.state in ("stopped", "stopping", "failed", "lost"):
+                text = "\n".join([*([text] if text else []), "stop report:",
+                                  *(f"  {line}" for line in board.notes if line.startswith("node"))][-12:])
+            report.update(Text(text))
+            report.set_class(bool(text), "shown")
+            self.refresh_bindings()
+
+    def _cells(self, row: NodeRow) -> tuple[Any, ...]:
+        icon, style = ICONS.get(row.state, ("?", ""))
+        status = row.status
+        if status == "unreachable":
+            icon, style = "⚡", "bold yellow"
+        state = Text(f"{icon} {status}", style=style)
+        if self.board.root_rank() == row.rank:
+            state.append("  ◀ root cause", style="bold red")
+        since = "-" if row.last_output is None else _duration(self.clock() - row.last_output) + " ago"
+        return (Text(str(row.rank), style=COLOURS[row.rank % len(COLOURS)]), row.host, row.slots, state,
+                str(row.pid or "-"), str(row.log.count), since)
+
+    def _draw_header(self) -> None:
+        board = self.board
+        nodes = board.nodes
+        per = {n.slots for n in nodes}
+        shape = f"{len(nodes)} nodes × {per.pop()}" if len(per) == 1 else f"{len(nodes)} nodes"
+        state = board.state.upper()
+        colour = {"SUCCEEDED": "green", "FAILED": "red", "LOST": "red", "RUNNING": "green"}.get(state, "yellow")
+        header = Text.assemble(("clusterrun ", "bold"), f"{board.name} ({board.job_id}) · ", (state, f"bold {colour}"),
+                               f" · attempt {board.attempt} · {shape} = world size {board.world_size}"
+                               f" · master {board.master} · {_duration(board.elapsed())}")
+        line2 = board.summary()
+        if board.notes:
+            line2 += "  │  " + board.notes[-1]
+        header.append("\n" + line2)
+        self.query_one("#header", Static).update(header)
+
+    def _tick_clock(self) -> None:
+        self.board.header_changed = True
+        self.board.changed.update(range(len(self.board.nodes)))
+        self._redraw()
+
+    def _ring(self) -> Any:
+        return self.board.merged if self._view is None else self.board.node(self._view).log
+
+    def _append_view(self) -> None:
+        ring = self._ring()
+        lines, restart = ring.since(self._shown)
+        log = self.query_one("#log", Log)
+        if restart:
+            log.clear()
+        if lines:
+            log.write_lines(lines, scroll_end=self._follow)
+        self._shown = ring.count
+        self._draw_log_title()
+
+    def _show(self, view: int | None) -> None:
+        """Switch the log to a node (or all nodes, None): refill it from that ring."""
+        if view is not None and not 0 <= view < len(self.board.nodes):
+            return
+        self._view = view
+        self._shown = 0
+        self._follow = True
+        self._matches, self._match = [], -1
+        log = self.query_one("#log", Log)
+        log.clear()
+        ring = self._ring()
+        log.write_lines(list(ring.lines), scroll_end=True)
+        self._shown = ring.count
+        self._draw_log_title()
+
+    def _draw_log_title(self) -> None:
+        log = self.query_one("#log", Log)
+        following = self._follow and (log.is_vertical_scroll_end or log.max_scroll_y == 0)
+        if self._view is None:
+            what = "all nodes"
+        else:
+            row = self.board.node(self._view)
+            what = f"node {row.rank} ({row.host})"
+        mode = "following" if following else "paused — f or End to follow"
+        search = ""
+        if self._highlighter.pattern is not None:
+            where = f"{self._match + 1}/{len(self._matches)}" if self._matches else "no match"
+            search = f" · /{self._highlighter.pattern.pattern}/ {where} (n/N, Esc clears)"
+        self.query_one("#logtitle", Static).update(f"{what} · {mode}{search}")
+
+    # ------------------------------------------------------------------------------ actions
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        running = self.session.running and not self.board.finished
+        if action == "kill":
+            return running and self.board.state != "stopping" and not self.session.busy
+        if action == "restart":
+            return not self.session.busy and self.board.attempt > 0
+        if action == "detach":
+            return running
+        if action in ("match",):
+            return bool(self._matches)
+        return True
+
+    @on(DataTable.RowHighlighted, "#nodes")
+    def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+        rank = int(event.row_key.value) if event.row_key.value is not None else 0
+        if self._view is not None and rank != self._view:
+            self._show(rank)
+
+    @on(DataTable.RowSelected, "#nodes")
+    def _selected(self, event: DataTable.RowSelected) -> None:
+        self._show(int(event.row_key.value) if event.row_key.value is not None else 0)
+
+    def action_move(self, step: int) -> None:
+        table = self.query_one("#nodes", DataTable)
+        table.move_cursor(row=max(0, min(table.row_count - 1, table.cursor_row + step)))
+
+    def action_jump(self, rank: int) -> None:
+        if 0 <= rank < len(self.board.nodes):
+            self.query_one("#nodes", DataTable).move_cursor(row=rank)
+            self._show(rank)
+
+    def action_node_log(self) -> None:
+        self._show(self.query_one("#nodes", DataTable).cursor_row)
+
+    def action_all_nodes(self) -> None:
+        self._show(None)
+
+    def action_follow(self) -> None:
+        self._follow = True
+        self.query_one("#log", Log).scroll_end(animate=False)
+        self._draw_log_title()
+
+    def on_mouse_scroll_up(self) -> None:
+        self._pause()
+
+    def _pause(self) -> None:
+        if self._follow:
+            self._follow = False
+            self._draw_log_title()
+
+    def action_search(self) -> None:
+        field = self.query_one("#search", Input)
+        field.add_class("shown")
+        field.focus()
+
+    @on(Input.Submitted, "#search")
+    def _search(self, event: Input.Submitted) -> None:
+        text = event.value
+        event.input.remove_class("shown")
+        self.query_one("#nodes", DataTable).focus()
+        if not text:
+            self.action_clear_search()
+            return
+        try:
+            pattern = re.compile(text)
+        except re.error:
+            pattern = re.compile(re.escape(text))
+        self._highlighter.pattern = pattern
+        log = self.query_one("#log", Log)
+        self._matches = [i for i, line in enumerate(log.lines) if pattern.search(line)]
+        self._match = -1
+        log._render_line_cache.clear()
+        log.refresh()
+        if self._matches:
+            self.action_match(1)
+        else:
+            self._draw_log_title()
+        self.refresh_bindings()
+
+    def action_match(self, step: int) -> None:
+        if not self._matches:
+            return
+        log = self.query_one("#log", Log)
+        here = self._match
+        self._match = (here + step) % len(self._matches) if here >= 0 else (0 if step > 0 else len(self._matches) - 1)
+        self._follow = False
+        log.scroll_to(y=max(0, self._matches[self._match] - log.size.height // 2), animate=False)
+        self._draw_log_title()
+
+    def action_clear_search(self) -> None:
+        field = self.query_one("#search", Input)
+        if field.has_class("shown"):
+            field.remove_class("shown")
+            self.query_one("#nodes", DataTable).focus()
+        self._highlighter.pattern = None
+        self._matches, self._match = [], -1
+        log = self.query_one("#log", Log)
+        log._render_line_cache.clear()
+        log.refresh()
+        self._draw_log_title()
+        self.refresh_bindings()
+
+    def action_help(self) -> None:
+        self.push_screen(Help())
+
+    def action_kill(self) -> None:
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.board.note("stopping the job on every host (SIGTERM, then SIGKILL after the grace period)")
+                self.session.kill()
+                self.refresh_bindings()
+
+        self.push_screen(Confirm(f"Kill job {self.board.job_id} on every host?"), answered)
+
+    def action_restart(self) -> None:
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.board.note(f"restarting: stopping attempt {self.board.attempt}, then starting a new one")
+                self.session.restart()
+                self.refresh_bindings()
+
+        self.push_screen(Confirm(f"Restart job {self.board.job_id}: stop it and start a new attempt?"), answered)
+
+    def action_detach(self) -> None:
+        self._leave("detached")
+
+    def _leave(self, outcome: str) -> None:
+        self.board.note("detaching; the job keeps running")
+        self.outcome = outcome
+
+        def work() -> None:
+            self.session.detach()
+            self.call_from_thread(self.exit, 0)
+
+        threading.Thread(target=work, daemon=True, name="detach").start()
+
+    def action_quit_job(self) -> None:
+        if not (self.session.running and not self.board.finished):
+            self.outcome = "finished"
+            self.exit(self.exit_code_of())
+            return
+
+        def answered(choice: str | None) -> None:
+            if choice == "leave":
+                self._leave("left")
+            elif choice == "stop":
+                self.outcome = "stopped"
+                self.board.note("stopping the job on every host before quitting")
+                self.session.kill()
+
+                def work() -> None:
+                    self.session.wait()
+                    self.call_from_thread(lambda: self.exit(self.exit_code_of()))
+
+                threading.Thread(target=work, daemon=True, name="quit").start()
+
+        self.push_screen(QuitQuestion(), answered)
+
+    def exit_code_of(self) -> int:
+        """0 succeeded or detached; 1 failed; 130 stopped by the user; 3 could not start."""
+        result = self.session.result
+        if self.outcome in ("detached", "left"):
+            return 0
+        if result is None:
+            return 3 if self.session.error is not None else 0
+        if result.ok:
+            return 0
+        return 130 if result.interrupted else 1

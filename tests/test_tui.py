@@ -1,0 +1,184 @@
+"""The dashboard driven by Textual's Pilot over real local jobs (real torchrun), and in a real terminal (tmux)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from clusterrun.events import NodeState
+from clusterrun.jobs import JobStore
+from clusterrun.session import Session
+from clusterrun.tui import Dashboard
+from tests.conftest import ROOT, SUPPORT, marked, wait_for, write_hosts
+from tests.test_lifecycle import counter_lines, ps_json, up_detached, wait_state
+
+pytestmark = pytest.mark.integration
+
+
+async def until(pilot: object, predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await pilot.pause(0.1)  # type: ignore[attr-defined]
+
+
+def dashboard_on(job: str, **session: object) -> Dashboard:
+    store = JobStore()
+    record = store.load(store.resolve(job))
+    return Dashboard(Session(store, record, lambda event: None, **session))  # type: ignore[arg-type]
+
+
+def drive(app: Dashboard, script: Callable[[Dashboard, object], Awaitable[None]]) -> None:
+    async def main() -> None:
+        async with app.run_test(size=(140, 40)) as pilot:
+            await script(app, pilot)
+
+    asyncio.run(main())
+
+
+def table_states(app: Dashboard) -> list[str]:
+    return [row.state.value for row in app.board.nodes]
+
+
+def log_lines(app: Dashboard) -> list[str]:
+    return list(app.query_one("#log").lines)  # type: ignore[attr-defined]
+
+
+def test_the_table_follows_the_nodes_and_the_log_shows_the_selected_one(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached(hosts, SUPPORT / "counter.py", "40", "0.05")
+    app = dashboard_on(job, tail=0)
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: table_states(app) == ["running", "running"], 60, "both nodes running")
+        cells = app.query_one("#nodes").get_row("1")  # type: ignore[attr-defined]
+        assert cells[1] == "local-b" and "running" in str(cells[3])
+        await until(pilot, lambda: table_states(app) == ["succeeded", "succeeded"], 90, "both nodes succeeded")
+        assert app.board.state == "succeeded"
+        await pilot.press("j", "enter")  # type: ignore[attr-defined]
+        await until(pilot, lambda: app._view == 1 and log_lines(app), 5, "node 1's log")
+        assert [line for line in log_lines(app) if line.startswith("[rank")] == counter_lines(1, 40)
+        assert "node 1 (local-b)" in str(app.query_one("#logtitle").render())  # type: ignore[attr-defined]
+        await pilot.press("a")  # type: ignore[attr-defined]
+        merged = log_lines(app)
+        assert [line.removeprefix("node0 | ") for line in merged if line.startswith("node0 | [rank")] == \
+            counter_lines(0, 40)
+        await pilot.press("slash", *"line 3[0-9]", "enter")  # type: ignore[attr-defined]
+        assert len(app._matches) == 20  # lines 30..39 of both ranks
+        assert not app.check_action("kill", ())  # the job is over: nothing to kill
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)
+    assert app.return_value == 0
+
+
+def test_kill_asks_then_stops_the_job_and_nothing_is_left(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [2, 1], state_dir)
+    job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    app = dashboard_on(job, tail=10)
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: table_states(app) == ["running", "running"] and app.board.nodes[1].log.count,
+                    60, "both nodes running with output")
+        await pilot.press("K")  # type: ignore[attr-defined]
+        await pilot.press("n")  # type: ignore[attr-defined]  # no: nothing happens
+        await pilot.pause(0.5)  # type: ignore[attr-defined]
+        assert table_states(app) == ["running", "running"] and marked(job)
+        await pilot.press("K", "y")  # type: ignore[attr-defined]
+        await until(pilot, lambda: app.board.finished, 60, "the job to end")
+        assert table_states(app) == ["stopped", "stopped"]
+        assert sorted(app.board.stops) == [0, 1] and all(r.ok for r in app.board.stops.values())
+        assert "verified: nothing of the job is left" in str(app.query_one("#report").render())  # type: ignore
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)
+    assert marked(job) == []
+    assert wait_state(job, "stopped")["state"] == "stopped"
+    assert app.return_value == 130
+
+
+def test_restart_asks_then_starts_attempt_two(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    app = dashboard_on(job, tail=0)
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: table_states(app) == ["running", "running"], 60, "both nodes running")
+        first = list(marked(job))
+        await pilot.press("R", "y")  # type: ignore[attr-defined]
+        await until(pilot, lambda: app.board.attempt == 2 and table_states(app) == ["running", "running"], 90,
+                    "attempt 2 running")
+        assert not set(first) & set(marked(job))  # nothing of attempt 1 is left
+        assert "attempt 2" in str(app.query_one("#header").render())  # type: ignore[attr-defined]
+        await pilot.press("d")  # type: ignore[attr-defined]
+
+    drive(app, script)
+    record = ps_json(job)
+    assert record["attempt"] == 2 and [a["attempt"] for a in record["attempts"]] == [1, 2]
+    assert record["state"] == "running"
+    assert (state_dir / "jobs" / job / "node0" / "attempt2" / "output.log").exists()
+    assert subprocess.run([sys.executable, "-m", "clusterrun", "down", job], cwd=ROOT).returncode == 0
+
+
+def test_detach_leaves_the_job_running(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached(hosts, SUPPORT / "counter.py", "60", "0.05")
+    app = dashboard_on(job)
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: table_states(app) == ["running", "running"], 60, "both nodes running")
+        await pilot.press("d")  # type: ignore[attr-defined]
+        await until(pilot, lambda: not app.is_running, 15, "the app to exit")
+
+    drive(app, script)
+    assert app.outcome == "detached" and app.return_value == 0
+    assert marked(job), "the job runs on"
+    record = wait_state(job, "succeeded")
+    assert [n["exit_code"] for n in record["nodes"]] == [0, 0]
+
+
+def test_up_in_a_real_terminal_shows_the_dashboard_and_kill_leaves_nothing(tmp_path: Path, state_dir: Path) -> None:
+    subprocess.run(["sh", str(SUPPORT / "install_sshd.sh"), "tmux"], check=True, capture_output=True)
+    assert shutil.which("tmux"), "tmux could not be installed"
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    session = f"crtest{os.getpid()}"
+    socket = tmp_path / "tmux.sock"
+    tmux = ["tmux", "-S", str(socket)]
+    command = (f"cd {ROOT} && {sys.executable} -m clusterrun up --name tuitest --grace 2 {hosts} "
+               f"{SUPPORT / 'counter.py'} 10000 0.05")
+    subprocess.run([*tmux, "new-session", "-d", "-s", session, "-x", "160", "-y", "45",
+                    f"{command}; echo EXIT=$?; sleep 60"], check=True,
+                   env={**os.environ, "TERM": "xterm-256color"})
+    try:
+        def screen() -> str:
+            return subprocess.run([*tmux, "capture-pane", "-p", "-t", session], capture_output=True,
+                                  text=True).stdout
+
+        wait_for(lambda: "rank 0 line 3" in screen() and screen().count("running") >= 2, timeout=90,
+                 what=f"the dashboard with both nodes running:\n{screen()}")
+        shown = screen()
+        assert "local-a" in shown and "local-b" in shown and "world size 2" in shown
+        job = next(p.name for p in (state_dir / "jobs").iterdir())
+        assert marked(job)
+        subprocess.run([*tmux, "send-keys", "-t", session, "K"], check=True)
+        wait_for(lambda: "Kill job" in screen(), timeout=10, what="the confirm dialog")
+        subprocess.run([*tmux, "send-keys", "-t", session, "y"], check=True)
+        wait_for(lambda: "STOPPED" in screen(), timeout=60, what=f"the job stopped:\n{screen()}")
+        subprocess.run([*tmux, "send-keys", "-t", session, "q"], check=True)
+        wait_for(lambda: "EXIT=" in screen(), timeout=30, what=f"clusterrun to exit:\n{screen()}")
+        assert "EXIT=130" in screen()
+        assert "verified: no process of the job is left" in screen()
+        assert marked(job) == []
+        assert ps_json(job)["state"] == "stopped"
+        assert NodeState.STOPPED.value in ps_json(job)["nodes"][0]["state"]
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
