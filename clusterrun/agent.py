@@ -108,7 +108,11 @@ BOOTSTRAP = (
 MARKER_VAR = "CLUSTERRUN_JOB"
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PR_SET_CHILD_SUBREAPER = 36
+# How often ``follow`` looks for new bytes in the node's log, and the supervisor for new bytes in
+# torchrun's per-rank files (to merge them into that log): a line's latency from the worker to the
+# controller is about the sum of the two, plus the network (docs/benchmarks.md).
 POLL_INTERVAL = 0.05
+MERGE_INTERVAL = 0.02
 # ``follow`` says something at least this often, so a reader can tell a dead connection from a
 # quiet job: no message for a few heartbeats means the link is gone.
 HEARTBEAT = 5.0
@@ -841,9 +845,9 @@ class Supervisor:
         while True:
             fds = [h.fd for h in self.workers.values() if h.fd >= 0]
             if fds:
-                ready = select.select(fds, [], [], 0.1)[0]
+                ready = select.select(fds, [], [], MERGE_INTERVAL)[0]
             else:
-                time.sleep(0.1)
+                time.sleep(MERGE_INTERVAL)
                 ready = []
             changed = False
             for pid, handle in list(self.workers.items()):

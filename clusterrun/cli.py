@@ -38,7 +38,7 @@ from clusterrun.lifecycle import (
     mark_failed_start,
     mark_stopped,
     new_record,
-    read_log,
+    read_logs,
     refresh,
     run_monitor,
     save_seen,
@@ -390,13 +390,12 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
     printer.set_plan(plan_from_json(record.plan, spec))
     if not follow:
         failed = False
-        for rank in ranks:
-            try:
-                for lines in read_log(record, rank, attempt, tail):
-                    printer(lines)
-            except ClusterrunError as exc:
+        for rank, item in read_logs(record, ranks, attempt, tail):
+            if isinstance(item, ClusterrunError):
                 failed = True
-                _note(f"node{rank} {record.nodes[rank].host}: {exc.render()}")
+                _note(f"node{rank} {record.nodes[rank].host}: {item.render()}")
+            else:
+                printer(item)
         sys.exit(EXIT_HOSTS if failed else EXIT_OK)
     follower_job = follower(record, printer, fail_fast=False, follow_logs=True, attempt=attempt, tail=tail,
                             ranks=ranks)

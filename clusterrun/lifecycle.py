@@ -11,7 +11,10 @@ the controller, started in a new session without a terminal, that follows every 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -281,6 +284,42 @@ def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None
                 return
     finally:
         transport.close()
+
+
+def read_logs(record: JobRecord, ranks: Sequence[int], attempt: int, tail: int | None = None,
+              prefetch: int = 64) -> Iterator[tuple[int, LogLines | ClusterrunError]]:
+    """The logs of several nodes, node after node, each read from its host in a thread of its own
+    while the nodes before it are printed (at most ``prefetch`` chunks ahead per node). Yields
+    ``(rank, lines)``, or ``(rank, error)`` once for a node whose host failed."""
+    done = object()
+    queues: dict[int, queue.Queue[Any]] = {rank: queue.Queue(maxsize=prefetch) for rank in ranks}
+    cancelled = threading.Event()
+
+    def put(rank: int, item: Any) -> None:
+        while not cancelled.is_set():
+            with contextlib.suppress(queue.Full):
+                queues[rank].put(item, timeout=0.2)
+                return
+
+    def read(rank: int) -> None:
+        try:
+            for lines in read_log(record, rank, attempt, tail):
+                put(rank, lines)
+                if cancelled.is_set():
+                    return
+        except ClusterrunError as exc:
+            put(rank, exc)
+        put(rank, done)
+
+    threads = [threading.Thread(target=read, args=(rank,), daemon=True, name=f"logs-node{rank}") for rank in ranks]
+    for thread in threads:
+        thread.start()
+    try:
+        for rank in ranks:
+            while (item := queues[rank].get()) is not done:
+                yield rank, item
+    finally:
+        cancelled.set()
 
 
 # ------------------------------------------------------------------------------- down, restart

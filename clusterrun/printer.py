@@ -43,13 +43,22 @@ class Printer:
         self.quiet = quiet  # True: log lines only, no status
         self._prefix_width = 0
         self._hosts: dict[int, str] = {}
+        self._prefixes: dict[tuple[int, int | None], str] = {}
 
     def set_plan(self, plan: LaunchPlan) -> None:
         self._hosts = {n.rank: n.host.host for n in plan.nodes}
         width_rank = len(f"rank{max(plan.world_size - 1, 0)}")
         self._prefix_width = max(len(f"node{n.rank} {n.host.host}") for n in plan.nodes) + 1 + width_rank
+        self._prefixes.clear()
 
     def _prefix(self, node: int, host: str, rank: int | None) -> str:
+        key = (node, rank)
+        found = self._prefixes.get(key)
+        if found is None:
+            found = self._prefixes[key] = self._make_prefix(node, host, rank)
+        return found
+
+    def _make_prefix(self, node: int, host: str, rank: int | None) -> str:
         text = f"node{node} {host}" + (f" rank{rank}" if rank is not None else "")
         text = text.ljust(self._prefix_width)
         if self.colour:
