@@ -1,0 +1,560 @@
+"""Log benchmark: clusterrun's `logs`, `logs -f` and `up --no-tui` beside `ssh cat` and `ssh tail -F`.
+
+For N simulated hosts (tests/simhosts.py: separate network and PID namespaces, a real sshd each),
+each running a real torchrun with one worker per node that writes numbered, timestamped lines
+(benchmarks/_log_writer.py, every line flushed at once), it measures in the same run and on the
+same hosts:
+
+- latency: every writer prints RATE lines/s for SECONDS; `up --no-tui` (the job's own foreground
+  controller), `logs -f JOB` and one `ssh HOST tail -n +1 -F FILE` per host all follow the job at
+  the same time. A line's latency is the time the benchmark read it from that reader's stdout
+  minus the `time.time()` the worker wrote in it (all hosts share this machine's clock): it
+  includes the worker's write, torchrun's per-rank file, the supervisor merging it into the
+  node's output.log, the agent, SSH and the controller's printing. p50, p99 and max; lines lost
+  or shown twice are counted.
+- throughput, following: every writer prints LINES lines as fast as it can while `logs -f JOB`
+  and the N `ssh tail -F` follow; lines/s from the moment the writers are released to the last
+  line read, beside the writers' own rate.
+- throughput, whole files: once that job has ended, `logs JOB` (every node, prefixed) beside N
+  `ssh HOST cat FILE` started at once, and `logs JOB --node 0` beside one `ssh sim1 cat FILE`;
+  from starting the command (start-up and connecting included) to its exit; MB/s counts the log
+  files' bytes, not the prefixes. Median of --repeat runs; every clusterrun output is checked
+  for lost and repeated lines.
+- `attach JOB --tail 100 --no-tui` on a one-node job of 1,000,000 lines: time from starting it
+  to its first log line on stdout, beside `ssh sim1 tail -n 100 FILE` (median of --repeat).
+
+FILE is the node's log on the host, `<state_dir>/jobs/<job>/node<N>/attempt1/output.log`, where
+the supervisor appends the worker's lines tagged `[rankR]:`. Every reader is started before the
+writers are released (a go-file on the shared filesystem) and has shown the writers' `ready`
+line. Needs root (namespaces); installs OpenSSH with apt when missing. Takes a few minutes.
+
+    python benchmarks/logs.py [--hosts 8] [--lines 100000] [--rate 1000] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import selectors
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.simhosts import SimCluster  # noqa: E402
+
+WRITER = ROOT / "benchmarks" / "_log_writer.py"
+PYTHON = sys.executable
+CLUSTERRUN = [PYTHON, "-m", "clusterrun"]
+WIDTH = 100  # bytes per written line, newline included (the log file adds `[rankR]:`)
+BIG = 1_000_000
+READY, DONE = b"ready\n", b"done lines="
+RANK = re.compile(rb"rank(\d+)")
+JOB_ID = re.compile(r"clusterrun: job ([A-Za-z0-9][A-Za-z0-9._-]*): \d+ nodes")
+
+
+def log(text: str) -> None:
+    print(f"logs.py: {text}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------ reading many processes
+
+
+@dataclass
+class Source:
+    """One process whose stdout is read by the pump: the data as it arrived, with arrival times."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    node: int | None = None  # the node whose log this is (None: lines carry their node)
+    started: float = 0.0
+    chunks: list[tuple[float, bytes]] = field(default_factory=list)
+    first: float | None = None  # when the first complete line arrived
+    end: float | None = None  # when stdout closed
+    marks: dict[bytes, int] = field(default_factory=lambda: {READY: 0, DONE: 0})
+    _edge: bytes = b""
+
+    def feed(self, when: float, data: bytes) -> None:
+        self.chunks.append((when, data))
+        if self.first is None and b"\n" in data:
+            self.first = when
+        for mark in self.marks:  # occurrences ending in `data`, none counted twice
+            self.marks[mark] += (self._edge[len(self._edge) - len(mark) + 1:] + data).count(mark)
+        self._edge = (self._edge + data)[-16:]
+
+    def lines(self) -> Iterable[tuple[float, bytes]]:
+        """Every complete line, with the time the chunk holding its newline arrived."""
+        partial = b""
+        for when, data in self.chunks:
+            parts = (partial + data).split(b"\n")
+            partial = parts.pop()
+            for line in parts:
+                yield when, line
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(data) for _, data in self.chunks)
+
+
+class Pump:
+    """Starts processes and reads all their stdouts in this one thread (no reader lags behind)."""
+
+    def __init__(self, logdir: Path, env: dict[str, str]) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.logdir = logdir
+        self.env = env
+        self.sources: list[Source] = []
+
+    def start(self, name: str, argv: list[str], node: int | None = None, stdin: bool = False) -> Source:
+        err = open(self.logdir / f"{name}.err", "wb")  # noqa: SIM115 - the child keeps it
+        try:
+            began = time.time()
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=err, cwd=ROOT, env=self.env)
+        finally:
+            err.close()
+        assert proc.stdout is not None
+        source = Source(name, proc, node, started=began)
+        self.sources.append(source)
+        self.selector.register(proc.stdout.fileno(), selectors.EVENT_READ, source)
+        return source
+
+    def stderr(self, source: Source) -> str:
+        return (self.logdir / f"{source.name}.err").read_text(errors="replace")
+
+    def run(self, until: Callable[[], bool], timeout: float, what: str,
+            alive: Iterable[Source] = ()) -> None:
+        """Read until ``until()``; fail after ``timeout`` s or if a source of ``alive`` ends first."""
+        alive = list(alive)
+        deadline = time.monotonic() + timeout
+        while not until():
+            for source in alive:
+                if source.end is not None:
+                    source.proc.wait()
+                    raise RuntimeError(f"{source.name} ended (exit {source.proc.returncode}) while waiting for "
+                                       f"{what}:\n{self.stderr(source)[-3000:]}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+            for key, _ in self.selector.select(min(left, 0.2)):
+                data = os.read(key.fd, 1 << 16)
+                when = time.time()
+                source = key.data
+                if data:
+                    source.feed(when, data)
+                else:
+                    source.end = when
+                    self.selector.unregister(key.fd)
+                    assert source.proc.stdout is not None
+                    source.proc.stdout.close()
+
+    def finish(self, source: Source, timeout: float = 30) -> int:
+        """Wait for a source's process to exit (its stdout already closed); its exit code."""
+        try:
+            return source.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            source.proc.kill()
+            return source.proc.wait()
+
+    def close(self) -> None:
+        """Stop what is still running among the processes started here (by their own pid)."""
+        for source in self.sources:
+            proc = source.proc
+            if proc.stdin is not None and not proc.stdin.closed:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+            if proc.poll() is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(3)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None and not proc.stdout.closed:
+                with contextlib.suppress(KeyError, ValueError):
+                    self.selector.unregister(proc.stdout.fileno())
+                proc.stdout.close()
+        self.sources.clear()
+
+
+# ---------------------------------------------------------------------------------- the figures
+
+
+def parse(source: Source) -> list[tuple[int, int, float, float]]:
+    """(node, seq, written, read) of every timed line a source showed."""
+    out = []
+    for when, line in source.lines():
+        at = line.find(b"seq=")
+        if at < 0:
+            continue
+        seq, stamp = line[at:].split(b" ", 2)[:2]
+        if source.node is not None:
+            node = source.node
+        else:
+            found = RANK.search(line, 0, at)
+            node = int(found.group(1)) if found else -1
+        out.append((node, int(seq[4:]), float(stamp[2:]), when))
+    return out
+
+
+def completeness(records: list[tuple[int, int, float, float]], nodes: Iterable[int], count: int) -> tuple[int, int]:
+    """(lines lost, lines shown more than once) against seq 0..count-1 on every node."""
+    seen: dict[int, bytearray] = {node: bytearray(count) for node in nodes}
+    extra = 0
+    for node, seq, _, _ in records:
+        marks = seen.get(node)
+        if marks is None or not 0 <= seq < count:
+            extra += 1
+        elif marks[seq]:
+            extra += 1
+        else:
+            marks[seq] = 1
+    lost = sum(count - sum(marks) for marks in seen.values())
+    return lost, extra
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+# ------------------------------------------------------------------------------------- the runs
+
+
+def hosts_file(path: Path, folder: Path, cluster: SimCluster, count: int) -> Path:
+    lines = [f"state_dir: {folder / 'state'}", f"ssh_config: {cluster.ssh_config}", "defaults:",
+             f"  python: {PYTHON}", f"  workdir: {ROOT}", "  nproc: 1", "hosts:"]
+    lines += [f"  - host: {h.name}" for h in cluster.hosts[:count]]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class Bench:
+    def __init__(self, cluster: SimCluster, folder: Path) -> None:
+        self.cluster = cluster
+        self.folder = folder
+        self.env = dict(os.environ, XDG_STATE_HOME=str(folder / "xdg"))
+        self.pump = Pump(folder / "out", self.env)
+        self.jobs: list[str] = []  # started by this benchmark, for `down` if something fails
+
+    def output_log(self, job: str, node: int) -> Path:
+        return self.folder / "state" / "jobs" / job / f"node{node}" / "attempt1" / "output.log"
+
+    def clusterrun(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLUSTERRUN, *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
+                              timeout=120)
+
+    def up_detached(self, name: str, hosts: Path, *script_args: str) -> str:
+        done = self.clusterrun("up", "-d", "--name", name, str(hosts), str(WRITER), *script_args)
+        if done.returncode != 0 or not done.stdout.strip():
+            raise RuntimeError(f"up -d failed (exit {done.returncode}):\n{done.stderr}")
+        job = done.stdout.strip().splitlines()[-1]
+        self.jobs.append(job)
+        return job
+
+    def wait_ready_in_files(self, job: str, n: int, timeout: float = 180) -> None:
+        """Until every node's output.log holds the writer's `ready` line (read here, on the shared disk)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            paths = [self.output_log(job, node) for node in range(n)]
+            if all(p.exists() and READY in p.read_bytes()[:4096] for p in paths):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"job {job}: the writers were not ready after {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def worker_log(self, job: str, node: int) -> Path:
+        """torchrun's file of the worker's stdout (local rank 0), which the supervisor merges into output.log."""
+        found = sorted(self.output_log(job, node).parent.glob("torchrun/*/attempt_*/0/stdout.log"))
+        if len(found) != 1:
+            raise RuntimeError(f"job {job} node {node}: expected one worker stdout file, found {found}")
+        return found[0]
+
+    def start_tails(self, job: str, n: int, tag: str, worker: bool = False) -> list[Source]:
+        """`ssh HOST tail -n +1 -F FILE` per node (FILE: output.log, or the worker's own stdout file);
+        it ends when its stdin is closed."""
+        tails = []
+        for node in range(n):
+            path = self.worker_log(job, node) if worker else self.output_log(job, node)
+            command = f"tail -n +1 -F {shlex.quote(str(path))} & read _; kill $!"
+            argv = self.cluster.ssh_argv(self.cluster.hosts[node].name, command)
+            tails.append(self.pump.start(f"{tag}-tail-{node}", argv, node=node, stdin=True))
+        return tails
+
+    def stop_tails(self, tails: list[Source]) -> None:
+        for tail in tails:
+            assert tail.proc.stdin is not None
+            tail.proc.stdin.close()
+        self.pump.run(lambda: all(t.end is not None for t in tails), 30, "ssh tail to end")
+        for tail in tails:
+            self.pump.finish(tail)
+
+    def job_state(self, job: str) -> str:
+        done = self.clusterrun("ps", job, "--json")
+        return str(json.loads(done.stdout).get("state")) if done.returncode == 0 else "?"
+
+    def wait_job(self, job: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while (state := self.job_state(job)) not in ("succeeded", "failed", "stopped", "lost"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"job {job} still {state} after {timeout:.0f} s")
+            time.sleep(1)
+        if state != "succeeded":
+            raise RuntimeError(f"job {job} {state}")
+        self.jobs.remove(job)
+
+    # ----------------------------------------------------------------------------- latency
+
+    def paced(self, hosts: Path, n: int, rate: float, seconds: float) -> dict[str, dict[str, float]]:
+        go = self.folder / "go-paced"
+        up = self.pump.start("paced-up", [*CLUSTERRUN, "up", "--no-tui", "--name", "paced", str(hosts), str(WRITER),
+                                          str(go), "paced", str(rate), str(seconds), str(WIDTH)])
+        job = ""
+
+        def have_id() -> bool:
+            nonlocal job
+            found = JOB_ID.search(self.pump.stderr(up))
+            job = found.group(1) if found else ""
+            return bool(job)
+
+        self.pump.run(have_id, 120, "the job id from `up --no-tui`", alive=[up])
+        self.jobs.append(job)
+        follow = self.pump.start("paced-logs-f", [*CLUSTERRUN, "logs", "-f", job])
+        self.wait_ready_in_files(job, n)
+        tails = self.start_tails(job, n, "paced")
+        raw = self.start_tails(job, n, "paced-raw", worker=True)
+        readers = [up, follow, *tails, *raw]
+        self.pump.run(lambda: all(r.marks[READY] >= (1 if r.node is not None else n) for r in readers), 120,
+                      "every reader to show the writers' `ready`", alive=readers)
+        log(f"paced: every reader is ready, {n} writers at {rate:.0f} lines/s for {seconds:.0f} s")
+        go.touch()
+        self.pump.run(lambda: up.end is not None and follow.end is not None
+                      and all(t.marks[DONE] for t in [*tails, *raw]), seconds + 180, "the paced job to end",
+                      alive=[*tails, *raw])
+        self.stop_tails([*tails, *raw])
+        if self.pump.finish(up) != 0:
+            raise RuntimeError(f"up --no-tui failed:\n{self.pump.stderr(up)[-3000:]}")
+        self.pump.finish(follow)
+        self.jobs.remove(job)
+        count = int(rate * seconds)
+        results = {}
+        for name, group in (("ssh tail -F (worker's stdout file)", raw), ("ssh tail -F", tails),
+                            ("clusterrun up --no-tui", [up]),
+                            ("clusterrun logs -f", [follow])):
+            records = [r for source in group for r in parse(source)]
+            lost, extra = completeness(records, range(n), count)
+            delays = [read - written for _, _, written, read in records]
+            results[name] = {"lines": len(records), "lost": lost, "extra": extra, "p50": percentile(delays, 0.5),
+                             "p99": percentile(delays, 0.99), "max": max(delays)}
+        return results
+
+    # -------------------------------------------------------------------------- throughput
+
+    def fast(self, hosts: Path, n: int, lines: int, repeat: int) -> dict[str, dict[str, float]]:
+        go = self.folder / "go-fast"
+        job = self.up_detached("fast", hosts, str(go), "fast", str(lines), str(WIDTH))
+        follow = self.pump.start("fast-logs-f", [*CLUSTERRUN, "logs", "-f", job])
+        self.wait_ready_in_files(job, n)
+        tails = self.start_tails(job, n, "fast")
+        self.pump.run(lambda: all(r.marks[READY] >= (1 if r.node is not None else n) for r in [follow, *tails]),
+                      120, "every reader to show the writers' `ready`", alive=[follow, *tails])
+        log(f"fast: every reader is ready, {n} writers of {lines} lines each")
+        began = time.time()
+        go.touch()
+        self.pump.run(lambda: follow.end is not None and all(t.marks[DONE] for t in tails), 600,
+                      "the fast job to end", alive=tails)
+        self.stop_tails(tails)
+        self.pump.finish(follow)
+        self.wait_job(job, 120)
+        results: dict[str, dict[str, float]] = {}
+        total = n * lines
+        written_last = 0.0
+        for name, group in (("ssh tail -F", tails), ("clusterrun logs -f", [follow])):
+            records = [r for source in group for r in parse(source)]
+            lost, extra = completeness(records, range(n), lines)
+            last = max(read for _, _, _, read in records)
+            written_last = max(written for _, _, written, _ in records)
+            results[name] = {"seconds": last - began, "rate": len(records) / (last - began), "lost": lost,
+                             "extra": extra, "lag": last - written_last}
+        results["writers"] = {"seconds": written_last - began, "rate": total / (written_last - began)}
+        files = [self.output_log(job, node) for node in range(n)]
+        size_all, size_one = sum(p.stat().st_size for p in files), files[0].stat().st_size
+        lines_all = sum(p.read_bytes().count(b"\n") for p in files)
+        lines_one = files[0].read_bytes().count(b"\n")
+        runs: dict[str, list[tuple[float, float]]] = {}
+        for i in range(repeat):
+            for name, commands, nodes in (
+                (f"ssh cat ×{n} at once", [self.cluster.ssh_argv(self.cluster.hosts[k].name, "cat", str(files[k]))
+                                           for k in range(n)], None),
+                ("clusterrun logs JOB", [[*CLUSTERRUN, "logs", job]], range(n)),
+                ("ssh sim1 cat (node 0)", [self.cluster.ssh_argv(self.cluster.hosts[0].name, "cat", str(files[0]))],
+                 None),
+                ("clusterrun logs JOB --node 0", [[*CLUSTERRUN, "logs", job, "--node", "0"]], range(1)),
+            ):
+                sources = [self.pump.start(f"read-{i}-{len(runs.get(name, []))}-{k}", argv) for k, argv in
+                           enumerate(commands)]
+                self.pump.run(lambda s=sources: all(x.end is not None for x in s), 600, name)
+                codes = [self.pump.finish(x) for x in sources]
+                if any(codes):
+                    raise RuntimeError(f"{name} failed: exit {codes}:\n{self.pump.stderr(sources[0])[-3000:]}")
+                began_at = min(x.started for x in sources)
+                elapsed = max(x.end or 0 for x in sources) - began_at
+                first = min(x.first or float("inf") for x in sources) - began_at
+                if nodes is not None:  # lines carry their rank: `node0 sim1 rank0 | ` or `[rank0]:`
+                    lost, extra = completeness(parse(sources[0]), nodes, lines)
+                    if lost or extra:
+                        log(f"{name}: {lost} lines lost, {extra} extra")
+                    results.setdefault(f"{name} check", {"lost": 0, "extra": 0})
+                    results[f"{name} check"]["lost"] += lost
+                    results[f"{name} check"]["extra"] += extra
+                got = sum(x.nbytes for x in sources)
+                runs.setdefault(name, []).append((elapsed, first))
+                log(f"{name}: {elapsed:.2f} s ({got / 1e6:.1f} MB on stdout), first line after {first:.2f} s")
+                self.pump.sources = [s for s in self.pump.sources if s not in sources]
+        for name, values in runs.items():
+            size, count = (size_one, lines_one) if "node 0" in name else (size_all, lines_all)
+            elapsed = statistics.median(e for e, _ in values)
+            results[name] = {"seconds": elapsed, "first": statistics.median(f for _, f in values),
+                             "rate": count / elapsed, "mbps": size / elapsed / 1e6, "lines": count, "bytes": size}
+        return results
+
+    # ------------------------------------------------------------------------- attach --tail
+
+    def big(self, hosts: Path, repeat: int) -> dict[str, dict[str, float]]:
+        job = self.up_detached("big", hosts, "-", "fast", str(BIG), str(WIDTH))
+        self.wait_job(job, 600)
+        path = self.output_log(job, 0)
+        count = path.read_bytes().count(b"\n")
+        log(f"big: job {job} ended; its log has {count} lines, {path.stat().st_size / 1e6:.0f} MB")
+        runs: dict[str, list[tuple[float, float, int]]] = {}
+        for i in range(repeat):
+            for name, argv in (("ssh sim1 tail -n 100", self.cluster.ssh_argv("sim1", "tail", "-n", "100", str(path))),
+                               ("clusterrun attach --tail 100", [*CLUSTERRUN, "attach", job, "--tail", "100",
+                                                                 "--no-tui"])):
+                source = self.pump.start(f"big-{i}-{name.split()[0]}", argv)
+                self.pump.run(lambda s=source: s.end is not None, 120, name)
+                self.pump.finish(source)
+                shown = sum(1 for _ in source.lines())
+                runs.setdefault(name, []).append(((source.first or float("inf")) - source.started,
+                                                  (source.end or 0) - source.started, shown))
+                self.pump.sources.remove(source)
+        return {name: {"first": statistics.median(f for f, _, _ in v), "first_max": max(f for f, _, _ in v),
+                       "seconds": statistics.median(e for _, e, _ in v), "lines": v[-1][2], "file_lines": count}
+                for name, v in runs.items()}
+
+    def down_all(self) -> None:
+        for job in list(self.jobs):
+            log(f"stopping job {job}")
+            with contextlib.suppress(Exception):
+                self.clusterrun("down", job)
+
+
+# ----------------------------------------------------------------------------------- reporting
+
+
+def report(args: argparse.Namespace, n: int, isolated: bool, paced: dict[str, dict[str, float]],
+           fast: dict[str, dict[str, float]], big: dict[str, dict[str, float]]) -> None:
+    print(f"{os.cpu_count()} cores; {n} hosts isolated in namespaces: {isolated}; one worker per node; "
+          f"lines of {WIDTH} bytes as written")
+    print(f"\n### Latency: {n} hosts × {args.rate:.0f} lines/s for {args.seconds:.0f} s, all readers at once\n")
+    print("| reader | lines read | lost | shown twice | p50 (ms) | p99 (ms) | max (ms) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in paced.items():
+        print(f"| {name} | {r['lines']:.0f} | {r['lost']:.0f} | {r['extra']:.0f} | {r['p50'] * 1000:.0f} "
+              f"| {r['p99'] * 1000:.0f} | {r['max'] * 1000:.0f} |")
+    total = n * args.lines
+    print(f"\n### Throughput, following: {n} hosts × {args.lines} lines as fast as they can "
+          f"({total} lines), both readers at once\n")
+    print("| reader | lines/s | last line read after (s) | lag of the last line (s) | lost | shown twice |")
+    print("|---|---|---|---|---|---|")
+    w = fast["writers"]
+    print(f"| (the writers themselves) | {w['rate']:.0f} | {w['seconds']:.2f} | | | |")
+    for name in ("ssh tail -F", "clusterrun logs -f"):
+        r = fast[name]
+        print(f"| {name} | {r['rate']:.0f} | {r['seconds']:.2f} | {r['lag']:.2f} | {r['lost']:.0f} "
+              f"| {r['extra']:.0f} |")
+    one = fast["ssh sim1 cat (node 0)"]
+    every = fast[f"ssh cat ×{n} at once"]
+    print(f"\n### Throughput, whole files of the finished job (median of {args.repeat}; start-up included)\n")
+    print(f"{n} files: {every['lines']:.0f} lines, {every['bytes'] / 1e6:.1f} MB; node 0: {one['lines']:.0f} lines, "
+          f"{one['bytes'] / 1e6:.1f} MB.\n")
+    print("| reader | time (s) | first line after (s) | lines/s | MB/s (log bytes) | vs ssh cat |")
+    print("|---|---|---|---|---|---|")
+    for name, base in ((f"ssh cat ×{n} at once", every), ("clusterrun logs JOB", every),
+                       ("ssh sim1 cat (node 0)", one), ("clusterrun logs JOB --node 0", one)):
+        r = fast[name]
+        print(f"| {name} | {r['seconds']:.2f} | {r['first']:.2f} | {r['rate']:.0f} | {r['mbps']:.1f} "
+              f"| {r['rate'] / base['rate']:.2f} |")
+    for name in ("clusterrun logs JOB check", "clusterrun logs JOB --node 0 check"):
+        r = fast.get(name, {"lost": 0, "extra": 0})
+        print(f"{name.removesuffix(' check')}: {r['lost']:.0f} lines lost, {r['extra']:.0f} shown twice "
+              f"(all runs)")
+    print(f"\n### `attach --tail 100` on a job of {BIG} lines (1 node; median of {args.repeat})\n")
+    print("| command | first line after (s) | worst (s) | exit after (s) | lines shown |")
+    print("|---|---|---|---|---|")
+    for name, r in big.items():
+        print(f"| {name} | {r['first']:.2f} | {r['first_max']:.2f} | {r['seconds']:.2f} | {r['lines']:.0f} |")
+    ratio = fast["clusterrun logs JOB"]["rate"] / every["rate"]
+    p99 = max(paced["clusterrun logs -f"]["p99"], paced["clusterrun up --no-tui"]["p99"])
+    first = big["clusterrun attach --tail 100"]["first_max"]
+    print(f"\nTargets: `logs` throughput ≥ 0.80 × ssh cat: {ratio:.2f} → {'met' if ratio >= 0.8 else 'NOT met'}; "
+          f"p99 ≤ 150 ms: {p99 * 1000:.0f} ms → {'met' if p99 <= 0.15 else 'NOT met'}; "
+          f"attach --tail 100 first line ≤ 1 s: {first:.2f} s (worst) → {'met' if first <= 1 else 'NOT met'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hosts", type=int, default=8)
+    parser.add_argument("--lines", type=int, default=100_000, help="lines per host for the throughput runs")
+    parser.add_argument("--rate", type=float, default=1000, help="lines/s per host for the latency run")
+    parser.add_argument("--seconds", type=float, default=10, help="duration of the latency run")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each whole-file read and attach")
+    parser.add_argument("--skip-big", action="store_true", help="leave out the 1,000,000-line attach check")
+    parser.add_argument("--latency-only", action="store_true", help="only the latency run (a quick check)")
+    args = parser.parse_args()
+    subprocess.run(["sh", str(ROOT / "tests" / "_support" / "install_sshd.sh")], check=True, capture_output=True)
+    n = args.hosts
+    cluster = SimCluster.start(n)
+    bench = None
+    try:
+        folder = cluster.dir / "bench"
+        (folder / "out").mkdir(parents=True)
+        bench = Bench(cluster, folder)
+        every = hosts_file(folder / "hosts.yaml", folder, cluster, n)
+        began = time.monotonic()
+        paced = bench.paced(every, n, args.rate, args.seconds)
+        log(f"latency run done after {time.monotonic() - began:.0f} s")
+        if args.latency_only:
+            for name, r in paced.items():
+                print(f"{name}: p50 {r['p50'] * 1000:.0f} ms, p99 {r['p99'] * 1000:.0f} ms, "
+                      f"max {r['max'] * 1000:.0f} ms, {r['lost']:.0f} lost, {r['extra']:.0f} twice")
+            return
+        fast = bench.fast(every, n, args.lines, args.repeat)
+        log(f"throughput runs done after {time.monotonic() - began:.0f} s")
+        big = {} if args.skip_big else bench.big(hosts_file(folder / "one.yaml", folder, cluster, 1), args.repeat)
+        log(f"all done after {time.monotonic() - began:.0f} s")
+    except BaseException:
+        if bench is not None:
+            bench.pump.close()
+            bench.down_all()
+        raise
+    finally:
+        if bench is not None:
+            bench.pump.close()
+        cluster.close()
+    if not big:
+        big = {"clusterrun attach --tail 100": {"first": 0, "first_max": 0, "seconds": 0, "lines": 0}}
+    report(args, n, cluster.isolated, paced, fast, big)
+
+
+if __name__ == "__main__":
+    main()
