@@ -108,7 +108,7 @@ class Board:
         self.first_failure: int | None = None  # the node that failed first, while the job runs
         self.stops: dict[int, StopReport] = {}
         self.notes: deque[str] = deque(maxlen=200)
-        self.changed: set[int] = set()  # rows to redraw
+        self.changed: set[int] = set()  # rows whose state changed: redraw them now
         self.header_changed = True
 
     def node(self, rank: int, host: str = "") -> NodeRow:
@@ -127,8 +127,7 @@ class Board:
             row.log.extend(event.lines)
             row.last_output = event.ts
             self.merged.extend([f"node{rank} | {line}" for line in event.lines])
-            self.changed.add(rank)
-            return
+            return  # the row's line count and last output are redrawn by the clock, not per batch
         self.header_changed = True
         if isinstance(event, AttemptStarted):
             self._attempt(event)

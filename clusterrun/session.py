@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 
 from clusterrun.errors import ClusterrunError, HostsUnavailable
-from clusterrun.events import AttemptStarted, JobResult, NodeState, NodeStateChanged
+from clusterrun.events import AttemptStarted, JobResult, NodeStarted, NodeState, NodeStateChanged
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import (
     Recorder,
@@ -124,6 +124,9 @@ class Session:
         self.emit(attempt_event(job.plan, record.attempt))
         for launch in job.plan.nodes:  # as ``resume`` assumes until the hosts say otherwise
             self.emit(NodeStateChanged(launch.rank, host=launch.host.host, state=NodeState.RUNNING))
+            known = record.nodes[launch.rank] if launch.rank < len(record.nodes) else None
+            if known is not None and known.pid:
+                self.emit(NodeStarted(launch.rank, host=launch.host.host, attempt=record.attempt, pid=known.pid))
         return job
 
     def _follow(self) -> None:

@@ -38,6 +38,9 @@ ICONS = {
     NodeState.FAILED: ("✘", "bold red"), NodeState.STOPPED: ("■", "dim"), NodeState.LOST: ("?", "bold red"),
 }
 COLUMNS = ("node", "host", "gpus/procs", "state", "pid", "lines", "last output")
+# Fixed widths (host: from the hosts): measuring columns again on every update costs more than
+# drawing the table. None: sized from the content when the rows are added.
+WIDTHS = (4, None, None, 30, 8, 9, 11)
 PREFIX = re.compile(r"^node(\d+) \| ")
 
 
@@ -140,7 +143,7 @@ class Dashboard(App[int]):
 
     TITLE = "clusterrun"
     CSS = """
-    #header { height: 2; padding: 0 1; background: $boost; }
+    #header { height: 3; padding: 0 1; background: $boost; }
     #nodes { height: auto; max-height: 40%; }
     #report { height: auto; max-height: 12; padding: 0 1; color: $error; display: none; }
     #report.shown { display: block; }
@@ -209,8 +212,6 @@ class Dashboard(App[int]):
 
     def on_mount(self) -> None:
         table = self.query_one("#nodes", DataTable)
-        for name in COLUMNS:
-            table.add_column(name, key=name)
         table.focus()
         self.set_interval(TICK, self._drain)
         self.set_interval(1.0, self._tick_clock)
@@ -244,7 +245,11 @@ class Dashboard(App[int]):
         board = self.board
         table = self.query_one("#nodes", DataTable)
         if len(board.nodes) != self._rows_ready:
-            table.clear()
+            table.clear(columns=True)
+            for name, width in zip(COLUMNS, WIDTHS, strict=True):
+                if width is None:
+                    width = max([len(name), *(len(str(self._cells(r)[COLUMNS.index(name)])) for r in board.nodes)])
+                table.add_column(name, key=name, width=width)
             for row in board.nodes:
                 table.add_row(*self._cells(row), key=str(row.rank))
             self._rows_ready = len(board.nodes)
@@ -252,7 +257,7 @@ class Dashboard(App[int]):
         for rank in sorted(board.changed):
             if rank < len(board.nodes):
                 for name, value in zip(COLUMNS, self._cells(board.nodes[rank]), strict=True):
-                    table.update_cell(str(rank), name, value, update_width=True)
+                    table.update_cell(str(rank), name, value)
         board.changed.clear()
         self._append_view()
         if board.header_changed:
@@ -287,12 +292,9 @@ class Dashboard(App[int]):
         state = board.state.upper()
         colour = {"SUCCEEDED": "green", "FAILED": "red", "LOST": "red", "RUNNING": "green"}.get(state, "yellow")
         header = Text.assemble(("clusterrun ", "bold"), f"{board.name} ({board.job_id}) · ", (state, f"bold {colour}"),
-                               f" · attempt {board.attempt} · {shape} = world size {board.world_size}"
-                               f" · master {board.master} · {_duration(board.elapsed())}")
-        line2 = board.summary()
-        if board.notes:
-            line2 += "  │  " + board.notes[-1]
-        header.append("\n" + line2)
+                               f" · attempt {board.attempt} · {_duration(board.elapsed())}")
+        header.append(f"\n{shape} = world size {board.world_size} · master {board.master} · {board.summary()}")
+        header.append("\n" + (board.notes[-1] if board.notes else ""), style="italic")
         self.query_one("#header", Static).update(header)
 
     def _tick_clock(self) -> None:
