@@ -67,6 +67,7 @@ class NodeRow:
     rank: int
     host: str
     slots: str = ""  # "gpus 0,1" or "2 procs"
+    nproc: int = 0
     state: NodeState = NodeState.PENDING
     pid: int | None = None
     exit_code: int | None = None
@@ -171,6 +172,7 @@ class Board:
         for rank, (host, nproc, gpus) in enumerate(event.nodes):
             row = self.node(rank, host)
             row.slots = f"gpus {gpus}" if gpus else f"{nproc} proc" + ("s" if nproc != 1 else "")
+            row.nproc = nproc
             if rank < len(keep):  # the old attempt's lines stay visible above the new ones
                 row.log = keep[rank]
         self.changed = set(range(len(self.nodes)))

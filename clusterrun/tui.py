@@ -40,7 +40,7 @@ ICONS = {
 COLUMNS = ("node", "host", "gpus/procs", "state", "pid", "lines", "last output")
 # Fixed widths (host: from the hosts): measuring columns again on every update costs more than
 # drawing the table. None: sized from the content when the rows are added.
-WIDTHS = (4, None, None, 30, 8, 9, 11)
+WIDTHS = (4, None, None, 34, 8, 9, 11)
 PREFIX = re.compile(r"^node(\d+) \| ")
 
 
@@ -287,8 +287,8 @@ class Dashboard(App[int]):
     def _draw_header(self) -> None:
         board = self.board
         nodes = board.nodes
-        per = {n.slots for n in nodes}
-        shape = f"{len(nodes)} nodes × {per.pop()}" if len(per) == 1 else f"{len(nodes)} nodes"
+        per = {n.nproc for n in nodes}
+        shape = f"{len(nodes)} nodes × {per.pop()}" if len(per) == 1 else f"{len(nodes)} nodes (uneven)"
         state = board.state.upper()
         colour = {"SUCCEEDED": "green", "FAILED": "red", "LOST": "red", "RUNNING": "green"}.get(state, "yellow")
         header = Text.assemble(("clusterrun ", "bold"), f"{board.name} ({board.job_id}) · ", (state, f"bold {colour}"),

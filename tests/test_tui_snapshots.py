@@ -1,0 +1,121 @@
+"""Snapshots of the dashboard's main screen in a few states (pytest-textual-snapshot).
+
+The app is fed a fixed script of the orchestrator's events by a stand-in for the session, with
+an injected clock and fixed pids, so a snapshot changes only when what the dashboard draws does.
+Update them after a deliberate change with ``python -m pytest tests/test_tui_snapshots.py --snapshot-update``
+and look at the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from clusterrun.events import (
+    AttemptStarted,
+    Event,
+    JobFinished,
+    JobResult,
+    LogLines,
+    NodeExited,
+    NodeResult,
+    NodeStarted,
+    NodeState,
+    NodeStateChanged,
+    RootCause,
+)
+from clusterrun.tui import Dashboard
+
+T0 = 1000.0
+HOSTS = ("gpu-a", "gpu-b", "gpu-c")
+
+
+class Scripted:
+    """Stands in for ``clusterrun.session.Session``: emits a fixed list of events when begun."""
+
+    job_id = "train-20261122-150102-3f9a"
+    owner = True
+    busy = False
+    failed_start = False
+    detached = False
+    error = None
+
+    def __init__(self, events: list[Event], running: bool, result: JobResult | None = None) -> None:
+        self.events = events
+        self.running = running
+        self.result = result
+        self.emit: Callable[[Event], None] = lambda event: None
+
+    def begin(self) -> None:
+        for event in self.events:
+            self.emit(event)
+
+    def kill(self) -> None: ...
+
+    def restart(self) -> None: ...
+
+    def detach(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> None: ...
+
+
+def started() -> list[Event]:
+    events: list[Event] = [AttemptStarted(None, job_id=Scripted.job_id, name="train", attempt=1,
+                                          master_addr="10.0.0.11", master_port=29500, world_size=6,
+                                          nodes=tuple((h, 2, "0,1") for h in HOSTS), ts=T0)]
+    for rank, host in enumerate(HOSTS):
+        events.append(NodeStarted(rank, host=host, attempt=1, pid=4100 + rank, ts=T0))
+        events.append(NodeStateChanged(rank, host=host, state=NodeState.RUNNING, ts=T0))
+        events.append(LogLines(rank, host=host, ts=T0 + 5 + rank, lines=tuple(
+            f"[rank{2 * rank + local}]:epoch 1 step {step} loss 0.{900 - 37 * step - rank:03d}"
+            for step in range(6) for local in (0, 1))))
+    return events
+
+
+def failed() -> tuple[list[Event], JobResult]:
+    events = started()
+    trace = ("[rank3]:Traceback (most recent call last):", '[rank3]:  File "train.py", line 41, in <module>',
+             "[rank3]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    events.append(LogLines(1, host="gpu-b", ts=T0 + 9, lines=trace))
+    events.append(NodeExited(1, result=NodeResult(1, "gpu-b", NodeState.FAILED, exit_code=1), ts=T0 + 9))
+    events.append(NodeStateChanged(1, host="gpu-b", state=NodeState.FAILED, detail="exit code 1", ts=T0 + 9))
+    for rank in (0, 2):
+        events.append(NodeStateChanged(rank, host=HOSTS[rank], state=NodeState.STOPPED, ts=T0 + 10))
+    nodes = tuple(NodeResult(r, h, NodeState.FAILED if r == 1 else NodeState.STOPPED, exit_code=1 if r == 1 else None)
+                  for r, h in enumerate(HOSTS))
+    cause = RootCause(node=1, host="gpu-b", rank=3, local_rank=1, exit_code=1, signal=None,
+                      last_lines=tuple(line.removeprefix("[rank3]:") for line in trace),
+                      message="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    result = JobResult(Scripted.job_id, nodes, root_cause=cause)
+    events.append(JobFinished(None, result=result, ts=T0 + 11))
+    return events, result
+
+
+def done() -> tuple[list[Event], JobResult]:
+    events = started()
+    nodes = []
+    for rank, host in enumerate(HOSTS):
+        events.append(LogLines(rank, host=host, ts=T0 + 20, lines=(f"[rank{2 * rank}]:done",)))
+        events.append(NodeExited(rank, result=NodeResult(rank, host, NodeState.SUCCEEDED, exit_code=0), ts=T0 + 20))
+        events.append(NodeStateChanged(rank, host=host, state=NodeState.SUCCEEDED, ts=T0 + 20))
+        nodes.append(NodeResult(rank, host, NodeState.SUCCEEDED, exit_code=0))
+    result = JobResult(Scripted.job_id, tuple(nodes))
+    events.append(JobFinished(None, result=result, ts=T0 + 21))
+    return events, result
+
+
+def app_for(session: Scripted) -> Dashboard:
+    return Dashboard(session, clock=lambda: T0 + 30)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("state", ["running", "one failed", "all done"])
+def test_main_screen(snap_compare: Any, state: str) -> None:
+    if state == "running":
+        session = Scripted(started(), running=True)
+    else:
+        events, result = failed() if state == "one failed" else done()
+        session = Scripted(events, running=False, result=result)
+    keys = ["a"] if state == "all done" else []  # the merged view, with its coloured prefixes
+    assert snap_compare(app_for(session), terminal_size=(120, 36), press=keys)
