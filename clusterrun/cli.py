@@ -147,6 +147,8 @@ def _follow_hint(job_id: str) -> str:
               help="Set an environment variable for every node (repeatable; wins over the hosts file).")
 @click.option("--dry-run", is_flag=True, help="Print each node's exact command and environment, start nothing.")
 @click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
+@click.option("--ui-lines", type=click.IntRange(min=100), default=10_000, show_default=True, metavar="N",
+              help="Lines of each node the dashboard keeps in memory (the whole log stays on the hosts).")
 @click.option("--leave-running", is_flag=True, help="Ctrl-C (SIGINT) stops following but leaves the job "
               "running, owned by a background monitor (default: Ctrl-C stops the job).")
 @click.option("--ssh-config", type=click.Path(dir_okay=False), help="An ssh_config file to resolve hosts with "
@@ -159,7 +161,7 @@ def _follow_hint(job_id: str) -> str:
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool, name: str | None,
-       env: tuple[str, ...], dry_run: bool, no_tui: bool, leave_running: bool, ssh_config: str | None,
+       env: tuple[str, ...], dry_run: bool, no_tui: bool, ui_lines: int, leave_running: bool, ssh_config: str | None,
        accept_new_host_keys: bool, grace: float) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
@@ -201,7 +203,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         store.create(record)
         owner = store.try_own(job_id)
         if not detach and _use_tui(no_tui):
-            sys.exit(_dashboard(Session(store, record, printer, job=job, owner_fd=owner)))
+            sys.exit(_dashboard(Session(store, record, printer, job=job, owner_fd=owner), ui_lines))
         job.emit = fan_out(printer, Recorder(store, job_id, 1))
         printer.set_plan(plan)
         printer.note(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
@@ -246,11 +248,11 @@ def _use_tui(no_tui: bool) -> bool:
     return not no_tui and sys.stdout.isatty() and sys.stdin.isatty() and os.environ.get("TERM") != "dumb"
 
 
-def _dashboard(session: Session) -> int:
+def _dashboard(session: Session, ring: int) -> int:
     """Run the dashboard over ``session``; afterwards print what happened; the exit code."""
     from clusterrun.tui import Dashboard  # Textual is loaded only for the dashboard
 
-    app = Dashboard(session)
+    app = Dashboard(session, ring=ring)
     printer = Printer()
 
     def hand_over(signum: int) -> None:  # the terminal is gone: leave the job to a monitor
@@ -413,7 +415,9 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
 @click.option("--tail", type=click.IntRange(min=0), metavar="N",
               help="Start at the last N lines of each node (default: where the last viewer stopped).")
 @click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
-def attach(job: str, tail: int | None, no_tui: bool) -> None:
+@click.option("--ui-lines", type=click.IntRange(min=100), default=10_000, show_default=True, metavar="N",
+              help="Lines of each node the dashboard keeps in memory (the whole log stays on the hosts).")
+def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int) -> None:
     """Follow JOB live again: every node's log and state, from where you last left it (or --tail
     N), with no line lost or repeated. Ctrl-C detaches and leaves the job running."""
     store, record = _open_job(job)
@@ -421,7 +425,7 @@ def attach(job: str, tail: int | None, no_tui: bool) -> None:
     printer = Printer()
     offsets = {n.rank: n.seen for n in record.nodes} if tail is None else None
     if _use_tui(no_tui):
-        sys.exit(_dashboard(Session(store, record, printer, offsets=offsets, tail=tail)))
+        sys.exit(_dashboard(Session(store, record, printer, offsets=offsets, tail=tail), ui_lines))
     viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, tail=tail)
     printer.set_plan(plan_from_json(record.plan, spec_of(record)))
     printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "

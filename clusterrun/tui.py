@@ -124,7 +124,7 @@ HELP = """\
   ?             this help
 
 Scrolling the log up pauses following; f or End resumes it. The log keeps the last lines of each
-node (--ring); the whole log is on the hosts: `clusterrun logs JOB`."""
+node (--ui-lines); the whole log is on the hosts: `clusterrun logs JOB`."""
 
 
 class Help(ModalScreen[None]):

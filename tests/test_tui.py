@@ -31,10 +31,10 @@ async def until(pilot: object, predicate: Callable[[], object], timeout: float, 
         await pilot.pause(0.1)  # type: ignore[attr-defined]
 
 
-def dashboard_on(job: str, **session: object) -> Dashboard:
+def dashboard_on(job: str, ring: int = 10_000, **session: object) -> Dashboard:
     store = JobStore()
     record = store.load(store.resolve(job))
-    return Dashboard(Session(store, record, lambda event: None, **session))  # type: ignore[arg-type]
+    return Dashboard(Session(store, record, lambda event: None, **session), ring=ring)  # type: ignore[arg-type]
 
 
 def drive(app: Dashboard, script: Callable[[Dashboard, object], Awaitable[None]]) -> None:
@@ -84,11 +84,12 @@ def test_the_table_follows_the_nodes_and_the_log_shows_the_selected_one(tmp_path
 def test_kill_asks_then_stops_the_job_and_nothing_is_left(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [2, 1], state_dir)
     job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
-    app = dashboard_on(job, tail=10)
+    app = dashboard_on(job, ring=50, tail=10)
 
     async def script(app: Dashboard, pilot: object) -> None:
-        await until(pilot, lambda: table_states(app) == ["running", "running"] and app.board.nodes[1].log.count,
+        await until(pilot, lambda: table_states(app) == ["running", "running"] and app.board.nodes[0].log.count > 80,
                     60, "both nodes running with output")
+        assert 40 <= len(log_lines(app)) <= 50  # the ring keeps the last 50 lines of a node, no more
         await pilot.press("K")  # type: ignore[attr-defined]
         await pilot.press("n")  # type: ignore[attr-defined]  # no: nothing happens
         await pilot.pause(0.5)  # type: ignore[attr-defined]
@@ -153,7 +154,7 @@ def test_up_in_a_real_terminal_shows_the_dashboard_and_kill_leaves_nothing(tmp_p
     session = f"crtest{os.getpid()}"
     socket = tmp_path / "tmux.sock"
     tmux = ["tmux", "-S", str(socket)]
-    command = (f"cd {ROOT} && {sys.executable} -m clusterrun up --name tuitest --grace 2 {hosts} "
+    command = (f"cd {ROOT} && {sys.executable} -m clusterrun up --name tuitest --grace 2 --ui-lines 500 {hosts} "
                f"{SUPPORT / 'counter.py'} 10000 0.05")
     subprocess.run([*tmux, "new-session", "-d", "-s", session, "-x", "160", "-y", "45",
                     f"{command}; echo EXIT=$?; sleep 60"], check=True,
