@@ -1,0 +1,57 @@
+"""The dashboard's model (clusterrun/board.py): pure logic, fed events by hand."""
+
+from __future__ import annotations
+
+from clusterrun.board import Board, Ring
+from clusterrun.events import AttemptStarted, LogLines, NodeExited, NodeLink, NodeResult, NodeState, NodeStateChanged
+
+
+def attempt(n: int, k: int = 1) -> AttemptStarted:
+    return AttemptStarted(None, job_id="j", name="j", attempt=k, master_addr="10.0.0.1", master_port=29500,
+                          world_size=2 * n, nodes=tuple((f"h{i}", 2, None) for i in range(n)))
+
+
+def test_a_ring_hands_a_view_exactly_the_lines_it_has_not_seen() -> None:
+    ring = Ring(5)
+    ring.extend(["a", "b", "c"])
+    assert ring.since(0) == (["a", "b", "c"], False)
+    ring.extend(["d"])
+    assert ring.since(3) == (["d"], False)
+    assert ring.since(4) == ([], False)
+    ring.extend([str(i) for i in range(10)])  # more than the ring holds arrived since the view's last look
+    assert ring.since(4) == (["5", "6", "7", "8", "9"], True)
+    assert ring.count == 14 and len(ring.lines) == 5
+
+
+def test_a_node_whose_host_cannot_be_reached_shows_unreachable_until_it_is_back() -> None:
+    board = Board(ring=10)
+    board.apply(attempt(2))
+    board.apply(NodeStateChanged(1, host="h1", state=NodeState.RUNNING))
+    board.apply(NodeLink(1, host="h1", up=False, detail="timed out"))
+    assert board.nodes[1].status == "unreachable"
+    assert "1 unreachable" in board.summary()
+    assert board.notes[-1] == "node1 h1: unreachable (timed out)"
+    board.apply(NodeLink(1, host="h1", up=True))
+    assert board.nodes[1].status == "running"
+
+
+def test_the_first_failure_is_the_root_cause_with_its_last_lines() -> None:
+    board = Board(ring=10)
+    board.apply(attempt(2))
+    board.apply(LogLines(1, host="h1", lines=tuple(f"[rank3]:line {i}" for i in range(20))))
+    board.apply(NodeExited(1, result=NodeResult(1, "h1", NodeState.FAILED, exit_code=3)))
+    board.apply(NodeExited(0, result=NodeResult(0, "h0", NodeState.FAILED, exit_code=1)))
+    assert board.root_rank() == 1
+    assert board.nodes[1].status == "failed (exit 3)"
+    text = board.root_text().splitlines()
+    assert text[0] == "first failure: node 1 (h1): failed (exit 3)"
+    assert text[1:] == [f"  [rank3]:line {i}" for i in range(12, 20)]  # the ring kept the last 10
+
+
+def test_a_new_attempt_keeps_the_old_lines_above_a_marker() -> None:
+    board = Board(ring=100)
+    board.apply(attempt(1))
+    board.apply(LogLines(0, host="h0", lines=("old",)))
+    board.apply(attempt(1, k=2))
+    assert board.attempt == 2 and list(board.nodes[0].log.lines) == ["old", "---- attempt 2 ----"]
+    assert board.state == "starting" and board.first_failure is None
