@@ -259,7 +259,11 @@ def _dashboard(session: Session, ring: int) -> int:
         session.detach()
         os._exit(EXIT_SIGNAL.get(signum, 1))
 
-    with _on_signals({signal.SIGHUP: hand_over, signal.SIGTERM: lambda s: session.kill()}) as got:
+    def terminate(signum: int) -> None:  # stop the job, show its stop, then leave
+        app.quit_when_ended = True
+        session.kill()
+
+    with _on_signals({signal.SIGHUP: hand_over, signal.SIGTERM: terminate}) as got:
         code = app.run()
     if session.failed_start and session.error is not None:
         _fail(session.error, EXIT_HOSTS)

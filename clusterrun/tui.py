@@ -188,6 +188,7 @@ class Dashboard(App[int]):
         self._match = -1
         self._highlighter = LogHighlighter()
         self.outcome = "running"  # how the app ended: "detached", "left", "stopped", "finished"
+        self.quit_when_ended = False  # SIGTERM: exit once the job's stop has been shown
         self._rows_ready = 0
 
     # ------------------------------------------------------------------------ the session side
@@ -240,6 +241,9 @@ class Dashboard(App[int]):
             self.board.header_changed = True
         if got or self.board.header_changed:
             self._redraw()
+        if self.quit_when_ended and (self.board.finished or not self.session.running):
+            self.outcome = "stopped"
+            self.exit(self.exit_code_of())
 
     def _redraw(self) -> None:
         board = self.board

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -147,39 +148,69 @@ def test_detach_leaves_the_job_running(tmp_path: Path, state_dir: Path) -> None:
     assert [n["exit_code"] for n in record["nodes"]] == [0, 0]
 
 
-def test_up_in_a_real_terminal_shows_the_dashboard_and_kill_leaves_nothing(tmp_path: Path, state_dir: Path) -> None:
+@pytest.fixture
+def terminal(tmp_path: Path, state_dir: Path) -> Iterator[tuple[list[str], str]]:
+    """`clusterrun up` of a long job in a real terminal (tmux); yields (tmux argv, session) once the
+    dashboard shows both nodes running."""
     subprocess.run(["sh", str(SUPPORT / "install_sshd.sh"), "tmux"], check=True, capture_output=True)
     assert shutil.which("tmux"), "tmux could not be installed"
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
     session = f"crtest{os.getpid()}"
-    socket = tmp_path / "tmux.sock"
-    tmux = ["tmux", "-S", str(socket)]
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
     command = (f"cd {ROOT} && {sys.executable} -m clusterrun up --name tuitest --grace 2 --ui-lines 500 {hosts} "
                f"{SUPPORT / 'counter.py'} 10000 0.05")
     subprocess.run([*tmux, "new-session", "-d", "-s", session, "-x", "160", "-y", "45",
                     f"{command}; echo EXIT=$?; sleep 60"], check=True,
                    env={**os.environ, "TERM": "xterm-256color"})
     try:
-        def screen() -> str:
-            return subprocess.run([*tmux, "capture-pane", "-p", "-t", session], capture_output=True,
-                                  text=True).stdout
-
-        wait_for(lambda: "rank 0 line 3" in screen() and screen().count("running") >= 2, timeout=90,
-                 what=f"the dashboard with both nodes running:\n{screen()}")
-        shown = screen()
-        assert "local-a" in shown and "local-b" in shown and "world size 2" in shown
-        job = next(p.name for p in (state_dir / "jobs").iterdir())
-        assert marked(job)
-        subprocess.run([*tmux, "send-keys", "-t", session, "K"], check=True)
-        wait_for(lambda: "Kill job" in screen(), timeout=10, what="the confirm dialog")
-        subprocess.run([*tmux, "send-keys", "-t", session, "y"], check=True)
-        wait_for(lambda: "STOPPED" in screen(), timeout=60, what=f"the job stopped:\n{screen()}")
-        subprocess.run([*tmux, "send-keys", "-t", session, "q"], check=True)
-        wait_for(lambda: "EXIT=" in screen(), timeout=30, what=f"clusterrun to exit:\n{screen()}")
-        assert "EXIT=130" in screen()
-        assert "verified: no process of the job is left" in screen()
-        assert marked(job) == []
-        assert ps_json(job)["state"] == "stopped"
-        assert NodeState.STOPPED.value in ps_json(job)["nodes"][0]["state"]
+        wait_for(lambda: "rank 0 line 3" in screen(tmux, session) and screen(tmux, session).count("running") >= 2,
+                 timeout=90, what=f"the dashboard with both nodes running:\n{screen(tmux, session)}")
+        yield tmux, session
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def screen(tmux: list[str], session: str) -> str:
+    return subprocess.run([*tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+
+
+def test_up_in_a_real_terminal_shows_the_dashboard_and_kill_leaves_nothing(terminal: tuple[list[str], str],
+                                                                           state_dir: Path) -> None:
+    tmux, session = terminal
+    shown = screen(tmux, session)
+    assert "local-a" in shown and "local-b" in shown and "world size 2" in shown
+    job = next(p.name for p in (state_dir / "jobs").iterdir())
+    assert marked(job)
+    subprocess.run([*tmux, "send-keys", "-t", session, "K"], check=True)
+    wait_for(lambda: "Kill job" in screen(tmux, session), timeout=10, what="the confirm dialog")
+    subprocess.run([*tmux, "send-keys", "-t", session, "y"], check=True)
+    wait_for(lambda: "STOPPED" in screen(tmux, session), timeout=60, what=f"the job stopped:\n{screen(tmux, session)}")
+    subprocess.run([*tmux, "send-keys", "-t", session, "q"], check=True)
+    wait_for(lambda: "EXIT=" in screen(tmux, session), timeout=30, what=f"clusterrun to exit:\n{screen(tmux, session)}")
+    assert "EXIT=130" in screen(tmux, session)
+    assert "verified: no process of the job is left" in screen(tmux, session)
+    assert marked(job) == []
+    assert ps_json(job)["state"] == "stopped"
+    assert NodeState.STOPPED.value in ps_json(job)["nodes"][0]["state"]
+
+
+def test_sigterm_to_up_in_a_terminal_stops_the_job_and_exits_143(terminal: tuple[list[str], str],
+                                                                  state_dir: Path) -> None:
+    tmux, session = terminal
+    job = next(p.name for p in (state_dir / "jobs").iterdir())
+    shell = int(subprocess.run([*tmux, "display", "-p", "-t", session, "#{pane_pid}"], capture_output=True,
+                               text=True, check=True).stdout)
+    up = [int(p) for p in os.listdir("/proc") if p.isdigit() and parent_of(int(p)) == shell]
+    assert len(up) == 1 and b"clusterrun" in Path(f"/proc/{up[0]}/cmdline").read_bytes()
+    os.kill(up[0], signal.SIGTERM)
+    wait_for(lambda: "EXIT=" in screen(tmux, session), timeout=60, what=f"up to exit:\n{screen(tmux, session)}")
+    assert "EXIT=143" in screen(tmux, session)
+    assert marked(job) == []
+    assert ps_json(job)["state"] == "stopped"
