@@ -65,9 +65,17 @@ def test_uneven_nodes(tmp_path: Path, state_dir: Path) -> None:
     assert proc.stdout.count("allreduce sum=10 expected=10 OK") == 4
 
 
+GLOO_ABORT = "terminate called without an active exception"
+
+
 def test_demo_training_agrees(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [2, 2], state_dir)
     proc = run_up(hosts, "examples/train.py", "--", "--epochs", "2", "--samples", "512")
+    if proc.returncode != 0 and GLOO_ABORT in proc.stderr and "killed by SIGABRT" in proc.stderr:
+        # gloo itself sometimes aborts while its ranks connect (about 1 run in 10 on this 2-core machine;
+        # upstream: pytorch/pytorch#188266, pytorch/gloo#514). Say so and run once more: the second run must pass.
+        print(f"gloo aborted (upstream flake); running the demo once more. First run:\n{proc.stderr}")
+        proc = run_up(hosts, "examples/train.py", "--", "--epochs", "2", "--samples", "512")
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"^node0 local-a +rank0 +\| parameters agree across 4 ranks: checksum=", proc.stdout, re.M)
     for rank in range(4):
