@@ -64,6 +64,7 @@ def test_the_table_follows_the_nodes_and_the_log_shows_the_selected_one(tmp_path
         cells = app.query_one("#nodes").get_row("1")  # type: ignore[attr-defined]
         assert cells[1] == "local-b" and "running" in str(cells[3])
         await until(pilot, lambda: table_states(app) == ["succeeded", "succeeded"], 90, "both nodes succeeded")
+        await until(pilot, lambda: app.board.finished, 10, "the job's result")  # it follows the nodes' ends
         assert app.board.state == "succeeded"
         await pilot.press("j", "enter")  # type: ignore[attr-defined]
         await until(pilot, lambda: app._view == 1 and log_lines(app), 5, "node 1's log")
