@@ -252,7 +252,7 @@ def describe_stop(report: StopReport) -> str:
     where = f"node{report.node} {report.host}"
     if report.error:
         return f"{where}: could not be stopped: {report.error}"
-    killed = ", ".join(f"{k.get('name')}[{k.get('pid')}]" for k in report.killed) or "nothing was running"
+    killed = report.killed_text()
     if report.left:
         left = ", ".join(f"{p.get('name')}[{p.get('pid')}]" for p in report.left)
         return f"{where}: stopped {killed}; STILL RUNNING: {left}"

@@ -86,6 +86,10 @@ class StopReport:
     def ok(self) -> bool:
         return self.error is None and not self.left
 
+    def killed_text(self) -> str:
+        """``python[123], pt_elastic[124]``, or ``nothing was running``."""
+        return ", ".join(f"{k.get('name')}[{k.get('pid')}]" for k in self.killed) or "nothing was running"
+
 
 @dataclass(frozen=True)
 class NodeResult:

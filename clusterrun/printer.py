@@ -104,7 +104,7 @@ class Printer:
         if report.error:
             self.note(f"node{report.node} {report.host}: could not be stopped: {report.error}")
             return
-        killed = ", ".join(f"{k.get('name')}[{k.get('pid')}]" for k in report.killed) or "nothing was running"
+        killed = report.killed_text()
         self.note(f"node{report.node} {report.host}: stopped: {killed}")
         if report.left:
             left = ", ".join(f"{p.get('name')}[{p.get('pid')}] state {p.get('state')}" for p in report.left)
