@@ -3,16 +3,21 @@
 How it is run
 -------------
 The controller never builds a shell command from job data. It runs the constant command
-``PYTHON -c BOOTSTRAP`` (see ``BOOTSTRAP``) and writes to its stdin::
+``PYTHON -S -c BOOTSTRAP`` (see ``BOOTSTRAP``) and writes to its stdin::
 
     <length of the agent source in bytes, decimal>\\n
     <the agent source>
-    <one JSON request>\\n
+    <a JSON request>\\n
+    <the next JSON request, once the previous one is answered>\\n ...
 
 ``BOOTSTRAP`` reads the source, executes it with ``__name__ == "__clusterrun_agent__"`` and the
-agent then reads the request from the rest of stdin. Argv and environment therefore travel as
-data: a fish or tcsh login shell, quoting or ``AcceptEnv`` cannot change them, and no secret
-appears on a command line. The agent answers with JSON lines on stdout.
+agent then answers requests, one per line, until stdin ends or a ``follow`` has streamed to its
+end: the controller probes, starts and follows a node with one agent process (one SSH channel,
+one interpreter start). Argv and environment therefore travel as data: a fish or tcsh login
+shell, quoting or ``AcceptEnv`` cannot change them, and no secret appears on a command line. The
+agent answers with JSON lines on stdout. ``-S`` skips ``site``: the agent needs only the standard
+library, and the ``.pth`` files of a big environment can cost more than the agent's own work
+(the probe looks for torch with ``site``'s paths all the same).
 
 Requests (``op``) and answers
 -----------------------------
@@ -59,12 +64,12 @@ under umask 077 so they are never readable by others, not even briefly):
                     ``session_leaders`` (sid → start time of its leader when first seen)
 ``stop``            present once a stop was requested
 ``supervisor.log``  the supervisor's own diagnostics
-``<state_dir>/agent/<sha256>.py`` is the copy of this file the supervisors run.
-
 The supervisor
 --------------
-``python <agent copy> supervise <attempt dir>``, started in its own session with stdin from
-/dev/null, no terminal and SIGHUP ignored, so it survives the controller and the SSH connection.
+Forked by ``start`` from the agent (twice, so that it is nobody's child but init's or a
+subreaper's; no second interpreter start), in its own session with stdin from /dev/null, stdout
+and stderr to ``supervisor.log``, every other descriptor closed (the SSH channel included), no
+terminal and SIGHUP ignored, so it survives the controller and the SSH connection.
 It makes itself a child subreaper (orphaned descendants are re-parented to it, not to init),
 sets ``CLUSTERRUN_JOB=<job>.<node>`` in the job's environment and runs torchrun with its output
 appended to ``output.log``. It records the worker processes and when each one ended, reaps
@@ -84,16 +89,12 @@ process in uninterruptible sleep). Nothing is ever matched by command line.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import select
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -101,8 +102,7 @@ from typing import Any
 # the remote shell (sh, bash, zsh, fish or tcsh) it reaches Python unchanged.
 BOOTSTRAP = (
     "import sys;b=sys.stdin.buffer;n=int(b.readline());s=b.read(n);"
-    'exec(compile(s,"clusterrun-agent","exec"),'
-    '{"__name__":"__clusterrun_agent__","AGENT_SOURCE":s})'
+    'exec(compile(s,"clusterrun-agent","exec"),{"__name__":"__clusterrun_agent__"})'
 )
 
 MARKER_VAR = "CLUSTERRUN_JOB"
@@ -137,7 +137,8 @@ def _boot_id() -> str:
 
 def _write_atomic(path: str, data: bytes) -> None:
     """Write a temporary file (0600, a random name: hosts sharing a filesystem have the same pids), fsync, rename."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
+    tmp = f"{path}.{os.urandom(6).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         try:
             view = memoryview(data)
@@ -439,8 +440,31 @@ class JobScope:
 # -------------------------------------------------------------------------------------- requests
 
 
-def op_probe(req: dict[str, Any]) -> dict[str, Any]:
+def _find_torch() -> Any:
+    """torch's module spec for this interpreter, without importing torch. The agent runs without
+    ``site`` (``-S``): look in ``site``'s directories first, and run ``site`` only if that fails
+    (a ``.pth`` file or a virtualenv's own ``site`` may know more)."""
+    import importlib.machinery
     import importlib.util
+    import site
+
+    paths = list(sys.path)
+    try:
+        paths += [*site.getsitepackages(), site.getusersitepackages()]
+    except AttributeError:  # an old virtualenv's own site module
+        pass
+    try:
+        spec = importlib.machinery.PathFinder.find_spec("torch", paths)
+        if spec is None and sys.flags.no_site:
+            site.main()
+            spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    return spec
+
+
+def op_probe(req: dict[str, Any]) -> dict[str, Any]:
+    import socket
 
     answer = {
         "ok": True,
@@ -452,10 +476,7 @@ def op_probe(req: dict[str, Any]) -> dict[str, Any]:
         "state_dir": _state_root(req.get("state_dir")),
         "port": None,
     }
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        spec = None
+    spec = _find_torch()
     if spec is not None and spec.origin:
         torch_dir = os.path.dirname(spec.origin)
         try:
@@ -475,6 +496,7 @@ def op_probe(req: dict[str, Any]) -> dict[str, Any]:
 def _free_port() -> int:
     # Below Linux's ephemeral range (32768+), so an outgoing connection will not take it later.
     import random
+    import socket
 
     for _ in range(200):
         port = random.randint(20000, 32000)
@@ -487,17 +509,50 @@ def _free_port() -> int:
     raise AgentFailure("no free TCP port found between 20000 and 32000")
 
 
-def _agent_copy(root: str, source: bytes) -> str:
-    digest = hashlib.sha256(source).hexdigest()[:16]
-    folder = os.path.join(root, "agent")
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    path = os.path.join(folder, f"{digest}.py")
-    if not os.path.exists(path):
-        _write_atomic(path, source)
-    return path
+def _spawn_supervisor(folder: str) -> None:
+    """Fork the detached supervisor of ``folder`` (see the module docstring) and return at once."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child:
+        os.waitpid(child, 0)  # the middle process exits at once: the supervisor is nobody's child
+        return
+    code = 1
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        os.chdir(folder)
+        null = os.open(os.devnull, os.O_RDONLY)
+        log_fd = os.open(os.path.join(folder, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(null, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.closerange(3, _max_fd())  # the SSH channel's pipes among them: the connection may close
+        code = Supervisor(folder).run()
+    except BaseException:  # noqa: BLE001 - the supervisor's last word, in its log
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
-def op_start(req: dict[str, Any], source: bytes) -> dict[str, Any]:
+def _max_fd() -> int:
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        limit = 0
+    return limit if 0 < limit < 1 << 20 else 1 << 16
+
+
+def op_start(req: dict[str, Any]) -> dict[str, Any]:
     folder = _attempt_dir(req)
     argv, env, cwd = req.get("argv"), req.get("env") or {}, req.get("cwd")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
@@ -508,20 +563,11 @@ def op_start(req: dict[str, Any], source: bytes) -> dict[str, Any]:
         os.makedirs(folder, mode=0o700)
     except FileExistsError:
         raise AgentFailure(f"{folder} already exists: this attempt was started before") from None
-    agent_path = _agent_copy(_state_root(req.get("state_dir")), source)
     spec = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "argv": argv, "env": env,
             "first_rank": int(req.get("first_rank") or 0),
             "cwd": os.path.expanduser(cwd) if cwd else None}
     _write_json_atomic(os.path.join(folder, "spec.json"), spec)
-    log_fd = os.open(os.path.join(folder, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        subprocess.Popen(
-            [sys.executable, agent_path, "supervise", folder],
-            stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
-            start_new_session=True, close_fds=True, cwd=folder,
-        )
-    finally:
-        os.close(log_fd)
+    _spawn_supervisor(folder)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         state = _read_json(os.path.join(folder, "state.json"))
@@ -529,7 +575,7 @@ def op_start(req: dict[str, Any], source: bytes) -> dict[str, Any]:
             if state.get("error"):
                 return {"ok": False, "error": state["error"], "dir": folder, "state": state}
             return {"ok": True, "dir": folder, "state": state}
-        time.sleep(0.02)
+        time.sleep(0.005)
     raise AgentFailure(f"the supervisor did not start within 30 s; see {folder}/supervisor.log")
 
 
@@ -793,6 +839,8 @@ class Supervisor:
         self.term_requested = True
 
     def run(self) -> int:
+        import subprocess
+
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, self._on_term)
@@ -938,38 +986,50 @@ def _set_subreaper() -> None:
 # ------------------------------------------------------------------------------------ entry points
 
 
-def serve(source: bytes) -> int:
-    """Answer one request read from stdin (the ``BOOTSTRAP`` path)."""
-    os.umask(0o077)
+def answer(line: bytes) -> dict[str, Any] | None:
+    """The answer to one request line, or None for ``follow`` (which streams its own)."""
     try:
-        req = json.loads(sys.stdin.buffer.read() or b"{}")
+        req = json.loads(line)
         op = req.get("op")
         if op == "probe":
-            answer = op_probe(req)
-        elif op == "start":
-            answer = op_start(req, source)
-        elif op == "follow":
+            return op_probe(req)
+        if op == "start":
+            return op_start(req)
+        if op == "follow":
             op_follow(req)
-            return 0
-        elif op == "stop":
-            answer = op_stop(req)
-        elif op == "status":
-            answer = op_status(req)
-        else:
-            answer = {"ok": False, "error": f"unknown op {op!r}"}
+            return None
+        if op == "stop":
+            return op_stop(req)
+        if op == "status":
+            return op_status(req)
+        return {"ok": False, "error": f"unknown op {op!r}"}
     except AgentFailure as exc:
-        answer = {"ok": False, "error": str(exc)}
-    except (ValueError, KeyError, TypeError) as exc:
-        answer = {"ok": False, "error": f"bad request: {type(exc).__name__}: {exc}"}
+        return {"ok": False, "error": str(exc)}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return {"ok": False, "error": f"bad request: {type(exc).__name__}: {exc}"}
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def serve() -> int:
+    """Answer the requests on stdin, one per line, until it ends (the ``BOOTSTRAP`` path)."""
+    os.umask(0o077)
+    stdin = sys.stdin.buffer
+    try:
+        while True:
+            line = stdin.readline()
+            if not line:
+                return 0
+            if not line.strip():
+                continue
+            reply = answer(line)
+            if reply is None:
+                return 0  # a follow streamed to its end: the controller closes the channel
+            _emit(reply)
     except BrokenPipeError:
         return 0
-    except OSError as exc:
-        answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    try:
-        _emit(answer)
-    except BrokenPipeError:
-        pass
-    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -981,10 +1041,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__clusterrun_agent__":
-    try:
-        code = serve(globals()["AGENT_SOURCE"])
-    except BrokenPipeError:
-        code = 0
-    sys.exit(code)
+    sys.exit(serve())
 elif __name__ == "__main__":
     sys.exit(main(sys.argv))

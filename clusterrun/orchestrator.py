@@ -45,7 +45,7 @@ from clusterrun.events import (
     StopReport,
 )
 from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, build_plan
-from clusterrun.transports import Transport, transport_for
+from clusterrun.transports import AgentSession, Transport, transport_for
 
 Emit = Callable[[Event], None]
 MIN_PYTHON = (3, 8)
@@ -83,10 +83,16 @@ class _Node:
     final: dict[str, Any] | None = None
     log: NodeLog = field(default_factory=NodeLog)
     stop_sent: bool = False
+    agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node
 
     @property
     def host(self) -> str:
         return self.transport.name
+
+    def close_agent(self) -> None:
+        agent, self.agent = self.agent, None
+        if agent is not None:
+            agent.close()
 
 
 class Job:
@@ -148,8 +154,9 @@ class Job:
     def _probe(self, rank: int) -> dict[str, Any]:
         node = self._nodes[rank]
         node.transport.connect()
-        answer = node.transport.call({"op": "probe", "free_port": rank == 0 and self.spec.master_port is None,
-                                      "state_dir": self.spec.state_dir})
+        node.agent = node.transport.session()
+        answer = node.agent.call({"op": "probe", "free_port": rank == 0 and self.spec.master_port is None,
+                                  "state_dir": self.spec.state_dir})
         version = tuple(int(p) for p in str(answer.get("python", "0.0")).split(".")[:2])
         if version < MIN_PYTHON:
             raise AgentError(node.host, f"{node.transport.python} is Python {answer.get('python')}; "
@@ -175,6 +182,8 @@ class Job:
             except OSError as exc:  # a transport that did not translate its error
                 errors.append(TransportError(node.host, str(exc)))
         if errors:
+            for node in self._nodes:
+                node.close_agent()
             raise HostsUnavailable(errors)
         port = self.spec.master_port or int(answers[0]["port"])
         facts = [HostFacts(python=n.transport.python, torchrun_flags=tuple(a.get("torchrun_flags") or ()),
@@ -206,8 +215,15 @@ class Job:
         if launch is None:
             raise RuntimeError("start() before prepare()")
         self._set_state(rank, NodeState.STARTING)
-        return node.transport.call(self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env),
-                                                 cwd=launch.cwd, first_rank=launch.first_rank))
+        request = self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env), cwd=launch.cwd,
+                                first_rank=launch.first_rank)
+        if node.agent is None:
+            return node.transport.call(request)
+        try:
+            return node.agent.call(request)
+        except BaseException:
+            node.close_agent()
+            raise
 
     def start(self, ranks: Sequence[int] | None = None) -> None:
         """Start every node (or those of ``ranks``) in parallel; if any fails, stop the ones that
@@ -252,8 +268,10 @@ class Job:
         last_heard = time.monotonic()
         while True:
             where: dict[str, Any] = {"offset": self.offsets.get(rank, 0)} if tail is None else {"tail": tail}
+            request = self._request(rank, "follow", logs=self.follow_logs, **where)
+            agent, node.agent = node.agent, None
             try:
-                stream = node.transport.stream(self._request(rank, "follow", logs=self.follow_logs, **where))
+                stream = agent.stream(request) if agent is not None else node.transport.stream(request)
                 try:
                     for message in stream:
                         if message.get("ok") is False:
@@ -408,4 +426,5 @@ class Job:
         self._stop_event.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         for node in self._nodes:
+            node.close_agent()
             node.transport.close()

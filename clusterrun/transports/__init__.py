@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from clusterrun.config import HostSpec
-from clusterrun.transports.base import AgentStream, Transport
+from clusterrun.transports.base import AgentSession, AgentStream, Transport
 
 
 def transport_for(host: HostSpec, *, ssh_config: str | None = None, accept_new_host_keys: bool = False) -> Transport:
@@ -17,4 +17,4 @@ def transport_for(host: HostSpec, *, ssh_config: str | None = None, accept_new_h
     return SSHTransport(host, SSHOptions(ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys))
 
 
-__all__ = ["AgentStream", "Transport", "transport_for"]
+__all__ = ["AgentSession", "AgentStream", "Transport", "transport_for"]

@@ -1,15 +1,17 @@
-"""The transport interface: run the node agent on a host with one JSON request.
+"""The transport interface: run the node agent on a host and talk to it in JSON lines.
 
-Lifecycle: create → ``connect()`` → any number of ``call()`` / ``stream()`` → ``close()``.
-A transport only moves bytes: what the agent does is the agent's business (``agent.py``), and
-the request always travels on the agent's stdin, never on a command line.
+Lifecycle: create → ``connect()`` → any number of ``session()`` / ``call()`` / ``stream()`` →
+``close()``. A session is one agent process (over SSH: one channel, one interpreter start) that
+answers requests in turn, so a node is probed, started and followed by the same agent. A
+transport only moves bytes: what the agent does is the agent's business (``agent.py``), and
+requests always travel on the agent's stdin, never on a command line.
 """
 
 from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,12 @@ from clusterrun.agent import BOOTSTRAP
 from clusterrun.config import HostSpec
 from clusterrun.errors import AgentError
 
-__all__ = ["AgentStream", "Transport", "agent_command", "agent_stdin"]
+__all__ = ["AgentSession", "AgentStream", "Transport", "agent_command", "agent_preamble", "request_line",
+           "read_timeout"]
+
+# How long a follow may stay silent before its connection is taken for dead even if TCP has not
+# noticed: the agent speaks at least every 5 s (agent.HEARTBEAT).
+FOLLOW_TIMEOUT = 20.0
 
 
 @lru_cache(maxsize=1)
@@ -26,15 +33,28 @@ def _agent_source() -> bytes:
     return (Path(__file__).resolve().parent.parent / "agent.py").read_bytes()
 
 
-def agent_stdin(request: dict[str, Any]) -> bytes:
-    """What the agent reads: its own source, length-prefixed, then the request as one JSON line."""
+def agent_preamble() -> bytes:
+    """What the agent reads first: its own source, length-prefixed."""
     source = _agent_source()
-    return b"%d\n" % len(source) + source + json.dumps(request).encode() + b"\n"
+    return b"%d\n" % len(source) + source
+
+
+def request_line(request: dict[str, Any]) -> bytes:
+    return json.dumps(request).encode() + b"\n"
 
 
 def agent_command(python: str) -> list[str]:
-    """The constant argv that runs the agent: no job data in it."""
-    return [python, "-c", BOOTSTRAP]
+    """The constant argv that runs the agent: no job data in it (``-S``: see agent.py)."""
+    return [python, "-S", "-c", BOOTSTRAP]
+
+
+def read_timeout(request: dict[str, Any]) -> float:
+    """How long the answer to ``request`` may take before the connection is taken for dead."""
+    if request.get("op") == "follow":
+        return FOLLOW_TIMEOUT
+    if request.get("op") == "stop":
+        return float(request.get("grace") or 0) + 60  # torchrun's grace, then the sweep
+    return 60.0
 
 
 class AgentStream:
@@ -49,21 +69,69 @@ class AgentStream:
         """The messages; the stream closes itself when they end (or iteration fails)."""
         try:
             for raw in self._lines:
-                if not raw.strip():
-                    continue
-                try:
-                    message = json.loads(raw)
-                except ValueError:
-                    raise AgentError(self._host, f"the agent answered something that is not JSON: {raw[:200]!r}"
-                                     ) from None
-                if not isinstance(message, dict):
-                    raise AgentError(self._host, f"the agent answered {message!r}")
-                yield message
+                if raw.strip():
+                    yield _parse(self._host, raw)
         finally:
             self.close()
 
     def close(self) -> None:
         """Stop the agent if it is still answering and release the channel (idempotent)."""
+        closer, self._closer = self._closer, None
+        if closer is not None:
+            closer()
+
+
+def _parse(host: str, raw: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        raise AgentError(host, f"the agent answered something that is not JSON: {raw[:200]!r}") from None
+    if not isinstance(message, dict):
+        raise AgentError(host, f"the agent answered {message!r}")
+    return message
+
+
+class AgentSession:
+    """One running agent: ``call()`` as often as needed, then ``close()`` — or hand it to one
+    ``stream()`` (a follow), which ends the session when the stream is closed."""
+
+    def __init__(self, host: str, send: Callable[[bytes], None], lines: Iterator[bytes], closer: Callable[[], None],
+                 *, set_timeout: Callable[[float], None] | None = None,
+                 last_words: Callable[[], str] = lambda: "") -> None:
+        self.host = host
+        self._send = send
+        self._lines = lines
+        self._closer: Callable[[], None] | None = closer
+        self._set_timeout = set_timeout
+        self._last_words = last_words
+
+    def _ask(self, request: dict[str, Any]) -> None:
+        if self._closer is None:
+            raise RuntimeError("the agent session was closed")
+        if self._set_timeout is not None:
+            self._set_timeout(read_timeout(request))
+        self._send(request_line(request))
+
+    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send a one-answer request; raise ``AgentError`` if the agent reports a failure."""
+        self._ask(request)
+        for raw in self._lines:
+            if raw.strip():
+                message = _parse(self.host, raw)
+                if not message.get("ok"):
+                    raise AgentError(self.host, str(message.get("error") or "the agent failed"))
+                return message
+        raise AgentError(self.host, f"the agent ended without an answer to {request.get('op')!r}"
+                         + self._last_words())
+
+    def stream(self, request: dict[str, Any]) -> AgentStream:
+        """Send a streaming request (``follow``); the session belongs to the stream from now on."""
+        self._ask(request)
+        closer, self._closer = self._closer, None
+        return AgentStream(self.host, self._lines, closer)
+
+    def close(self) -> None:
+        """End the agent and release its channel (idempotent)."""
         closer, self._closer = self._closer, None
         if closer is not None:
             closer()
@@ -94,25 +162,25 @@ class Transport(ABC):
         """Make the host reachable; raise a ``TransportError`` subclass if it is not."""
 
     @abstractmethod
+    def session(self) -> AgentSession:
+        """Start an agent on the host, ready for requests."""
+
     def stream(self, request: dict[str, Any]) -> AgentStream:
-        """Start the agent with ``request``; its answer lines arrive on the returned stream."""
+        """Start an agent with a streaming request; its answer lines arrive on the returned stream."""
+        session = self.session()
+        try:
+            return session.stream(request)
+        except BaseException:
+            session.close()
+            raise
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Run a one-answer request; raise ``AgentError`` if the agent reports a failure."""
-        stream = self.stream(request)
+        """Run a one-answer request in an agent of its own; raise ``AgentError`` on failure."""
+        session = self.session()
         try:
-            for message in stream:
-                if not message.get("ok"):
-                    raise AgentError(self.name, str(message.get("error") or "the agent failed"))
-                return message
+            return session.call(request)
         finally:
-            stream.close()
-        raise AgentError(self.name, f"the agent ended without an answer to {request.get('op')!r}"
-                         + self._last_words())
-
-    def _last_words(self) -> str:
-        """What the agent said on stderr, for error messages (transports override)."""
-        return ""
+            session.close()
 
     def close(self) -> None:  # noqa: B027 - optional hook: a local host has nothing to release
         """Release the connection (nothing to do for a local host)."""

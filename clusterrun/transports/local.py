@@ -5,14 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from typing import IO, Any, cast
+from typing import IO, cast
 
 from clusterrun.errors import AgentError
-from clusterrun.transports.base import AgentStream, Transport, agent_command, agent_stdin
+from clusterrun.transports.base import AgentSession, Transport, agent_command, agent_preamble
 
 
 class LocalTransport(Transport):
-    """Runs ``python -c BOOTSTRAP`` locally; the request goes to its stdin, as over SSH."""
+    """Runs ``python -S -c BOOTSTRAP`` locally; requests go to its stdin, as over SSH."""
 
     _stderr_tail = b""
 
@@ -23,7 +23,7 @@ class LocalTransport(Transport):
     def connect(self) -> None:
         pass
 
-    def stream(self, request: dict[str, Any]) -> AgentStream:
+    def session(self) -> AgentSession:
         try:
             proc = subprocess.Popen(agent_command(self.python), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, close_fds=True,
@@ -39,21 +39,30 @@ class LocalTransport(Transport):
 
         reader = threading.Thread(target=drain, daemon=True, name=f"agent-stderr-{self.name}")
         reader.start()
-        try:
-            stdin.write(agent_stdin(request))
-            stdin.close()
-        except BrokenPipeError:
-            pass
+
+        def send(data: bytes) -> None:
+            try:
+                stdin.write(data)
+                stdin.flush()
+            except (BrokenPipeError, ValueError):
+                pass  # the agent is gone: reading its answer says so, with its last words
+
+        send(agent_preamble())
 
         def close() -> None:
-            if proc.poll() is None:
+            try:
+                stdin.close()
+            except BrokenPipeError:
+                pass
+            if proc.poll() is None:  # waiting for a request, or still streaming: nothing to finish
                 proc.kill()
             proc.wait()
             reader.join(timeout=5)
             stdout.close()
 
-        return AgentStream(self.name, iter(stdout.readline, b""), close)
+        def last_words() -> str:
+            reader.join(timeout=1)
+            text = self._stderr_tail.decode(errors="replace").strip()
+            return f": {text.splitlines()[-1]}" if text else ""
 
-    def _last_words(self) -> str:
-        text = self._stderr_tail.decode(errors="replace").strip()
-        return f": {text.splitlines()[-1]}" if text else ""
+        return AgentSession(self.name, send, iter(stdout.readline, b""), close, last_words=last_words)

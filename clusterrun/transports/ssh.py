@@ -35,12 +35,9 @@ import paramiko
 
 from clusterrun.config import HostSpec
 from clusterrun.errors import AuthError, ConnectError, HostKeyError, TransportError
-from clusterrun.transports.base import AgentStream, Transport, agent_command, agent_stdin
+from clusterrun.transports.base import AgentSession, Transport, agent_command, agent_preamble
 
 CONNECT_TIMEOUT = 10.0
-# The agent's follow stream speaks at least every 5 s (agent.HEARTBEAT); silence for this long
-# means the connection is dead even if TCP has not noticed.
-READ_TIMEOUT = 20.0
 MAX_SESSIONS = 8  # sshd's MaxSessions defaults to 10 per connection
 CONNECT_ATTEMPTS = 5  # sshd's MaxStartups drops connections under load: retry those
 MAX_JUMPS = 5
@@ -324,7 +321,7 @@ class SSHTransport(Transport):
 
     # ------------------------------------------------------------------------------- running
 
-    def stream(self, request: dict[str, Any]) -> AgentStream:
+    def session(self) -> AgentSession:
         self.connect()
         client = self._client
         transport = client.get_transport() if client is not None else None
@@ -334,27 +331,39 @@ class SSHTransport(Transport):
         try:
             channel = transport.open_session(timeout=CONNECT_TIMEOUT)
             channel.exec_command(shlex.join(agent_command(self.python)))  # constant: no job data
-            channel.sendall(agent_stdin(request))
-            channel.shutdown_write()
-            channel.settimeout(_read_timeout(request))
+            channel.sendall(agent_preamble())
         except Exception as exc:  # noqa: BLE001 - translated by map_error
             self._sessions.release()
             raise map_error(self.name, exc) from exc
         released = threading.Event()
 
-        def close() -> None:
-            if released.is_set():
-                return
-            released.set()
+        def send(data: bytes) -> None:
+            try:
+                channel.sendall(data)
+            except Exception as exc:  # noqa: BLE001 - translated by map_error
+                raise map_error(self.name, exc) from exc
+
+        def drain_stderr() -> None:
             try:
                 while channel.recv_stderr_ready():
                     self._stderr_tail = (self._stderr_tail + channel.recv_stderr(65536))[-2000:]
             except (OSError, paramiko.SSHException):
                 pass
+
+        def close() -> None:
+            if released.is_set():
+                return
+            released.set()
+            drain_stderr()
             channel.close()
             self._sessions.release()
 
-        return AgentStream(self.name, self._lines(channel), close)
+        def last_words() -> str:
+            drain_stderr()
+            return self._last_words()
+
+        return AgentSession(self.name, send, self._lines(channel), close, set_timeout=channel.settimeout,
+                            last_words=last_words)
 
     _stderr_tail = b""
 
@@ -380,15 +389,6 @@ class SSHTransport(Transport):
     def close(self) -> None:
         with self._lock:
             self._close_clients()
-
-
-def _read_timeout(request: dict[str, Any]) -> float:
-    """How long an answer may take to arrive before the connection is taken for dead."""
-    if request.get("op") == "follow":
-        return READ_TIMEOUT  # the agent sends a heartbeat every few seconds
-    if request.get("op") == "stop":
-        return float(request.get("grace") or 0) + 60  # torchrun's grace, then the sweep
-    return 60.0
 
 
 def _jump_alias(hop: str) -> str:
