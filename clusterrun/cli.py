@@ -204,13 +204,15 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         owner = store.try_own(job_id)
         if not detach and _use_tui(no_tui):
             sys.exit(_dashboard(Session(store, record, printer, job=job, owner_fd=owner), ui_lines))
-        job.emit = fan_out(printer, Recorder(store, job_id, 1))
+        recorder = Recorder(store, job_id, 1)
+        job.emit = fan_out(printer, recorder)
         printer.set_plan(plan)
         printer.note(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
                      f"master {plan.master_addr}:{plan.master_port}")
 
         def hand_over(signum: int) -> None:
             """Stop following, leave the job to a monitor, exit: for SIGHUP and --leave-running."""
+            recorder.flush()
             save_seen(store, job_id, 1, job.offsets)
             store.spawn_monitor(job_id, owner)
             with contextlib.suppress(OSError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -81,6 +82,44 @@ class Recorder:
         self.store = store
         self.job_id = job_id
         self.attempt = attempt
+        self._pending: list[Callable[[JobRecord], None]] = []
+        self._idle = threading.Condition()
+        self._writer: threading.Thread | None = None
+
+    def _submit(self, change: Callable[[JobRecord], None]) -> None:
+        """Queue ``change`` for the record. A writer thread applies what is queued in one write
+        and exits when nothing is left: the threads that emit events never wait for the disk, and
+        32 nodes starting at once make a few writes of the record, not 128. It is not a daemon:
+        the process does not exit before the record is written."""
+        with self._idle:
+            self._pending.append(change)
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_all, name=f"record-{self.job_id}")
+                self._writer.start()
+
+    def _write_all(self) -> None:
+        while True:
+            with self._idle:
+                batch, self._pending = self._pending, []
+                if not batch:
+                    self._writer = None
+                    self._idle.notify_all()
+                    return
+
+            def change(record: JobRecord, batch: list[Callable[[JobRecord], None]] = batch) -> None:
+                for each in batch:
+                    each(record)
+
+            try:
+                self.store.update(self.job_id, change)
+            except (OSError, ClusterrunError) as exc:  # the record is gone or damaged: say so, go on
+                print(f"clusterrun: cannot update the record of job {self.job_id}: {exc}", file=sys.stderr)
+
+    def flush(self) -> None:
+        """Return once every change submitted so far is in the record."""
+        with self._idle:
+            while self._writer is not None:
+                self._idle.wait()
 
     def _node(self, rank: int, **changes: Any) -> None:
         def change(record: JobRecord) -> None:
@@ -93,7 +132,7 @@ class Recorder:
             if record.state in ("starting", "running") and live <= {"running", "succeeded"} and "running" in live:
                 record.state = record.attempts[-1].state = "running"
 
-        self.store.update(self.job_id, change)
+        self._submit(change)
 
     def __call__(self, event: Event) -> None:
         if event.node is not None and isinstance(event, NodeStarted):
@@ -116,7 +155,8 @@ class Recorder:
             failed = record.state in ("failed", "lost")
             attempt.root_cause = result.root_cause.describe() if result.root_cause and failed else None
 
-        self.store.update(self.job_id, change)
+        self._submit(change)
+        self.flush()
 
 
 def fan_out(*emits: Emit) -> Emit:
