@@ -116,9 +116,11 @@ def _ssh_tools() -> None:
 
 @pytest.fixture(autouse=True)
 def controller_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Every test gets its own controller state dir (job records), never the user's."""
+    """Every test gets its own controller state dir (job records), never the user's; local agents
+    cache their compiled code in the session's temp dir, not in the user's ~/.cache."""
     home = tmp_path_factory.mktemp("xdg-state")
     monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))  # the agent's code
     yield home
     # A monitor ends with its job (the state_dir fixture has stopped them all); one that does not
     # within a few seconds is killed here, by its recorded pid and start time.

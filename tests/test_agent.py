@@ -82,6 +82,30 @@ def test_state_is_private_whatever_the_umask(tmp_path: Path) -> None:
         assert stat.S_IMODE(p.stat().st_mode) == (0o700 if p.is_dir() else 0o600), p
 
 
+def test_compiled_agent_is_cached_privately_and_a_damaged_cache_is_replaced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    probe = {"op": "probe", "free_port": False, "state_dir": str(tmp_path / "state")}
+    old_umask = os.umask(0o022)
+    try:
+        assert TRANSPORT.call(probe)["ok"]
+    finally:
+        os.umask(old_umask)
+    tag = subprocess.run([sys.executable, "-c", "import sys; print(sys.implementation.cache_tag)"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    [cached] = (cache / "clusterrun").iterdir()
+    assert cached.name.endswith(f"-{tag}-{sys.hexversion:x}.bin")
+    assert stat.S_IMODE(cached.stat().st_mode) == 0o600
+    assert stat.S_IMODE(cached.parent.stat().st_mode) == 0o700
+    older = cache / "clusterrun" / f"agent-{'0' * 64}-{tag}-{sys.hexversion:x}.bin"
+    older.write_bytes(b"an older agent's code")
+    cached.write_bytes(b"\x00garbage")  # damaged: compiled again, and the answer is the same
+    assert TRANSPORT.call(probe)["ok"]
+    assert cached.read_bytes() != b"\x00garbage"
+    assert list((cache / "clusterrun").iterdir()) == [cached]  # the older version is gone
+
+
 STUBBORN = r"""
 import os, signal, subprocess, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)

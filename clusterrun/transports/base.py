@@ -9,6 +9,7 @@ requests always travel on the agent's stdin, never on a command line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from clusterrun.agent import BOOTSTRAP
+from clusterrun.agent import BOOTSTRAP, LOADER
 from clusterrun.config import HostSpec
 from clusterrun.errors import AgentError
 
@@ -29,14 +30,13 @@ FOLLOW_TIMEOUT = 20.0
 
 
 @lru_cache(maxsize=1)
-def _agent_source() -> bytes:
-    return (Path(__file__).resolve().parent.parent / "agent.py").read_bytes()
-
-
 def agent_preamble() -> bytes:
-    """What the agent reads first: its own source, length-prefixed."""
-    source = _agent_source()
-    return b"%d\n" % len(source) + source
+    """What ``BOOTSTRAP`` reads first: the loader and then the agent's source, each length-prefixed
+    (the agent's with its sha256, under which the host caches its compiled code; see agent.py)."""
+    source = (Path(__file__).resolve().parent.parent / "agent.py").read_bytes()
+    loader = LOADER.encode()
+    return (b"%d\n" % len(loader) + loader
+            + b"%s %d\n" % (hashlib.sha256(source).hexdigest().encode(), len(source)) + source)
 
 
 def request_line(request: dict[str, Any]) -> bytes:
