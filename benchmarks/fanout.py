@@ -37,6 +37,13 @@ from tests.simhosts import SimCluster  # noqa: E402
 SCRIPT = ROOT / "tests" / "_support" / "counter.py"
 
 
+def machine_cpu() -> float:
+    """CPU seconds spent so far by every process on this machine (hosts, sshd's and controller alike)."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, *_ = map(int, f.readline().split()[1:])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
 def children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -64,10 +71,12 @@ def hosts_file(folder: Path, cluster: SimCluster) -> Path:
     return path
 
 
-def run_clusterrun(folder: Path, cluster: SimCluster) -> tuple[float, float]:
-    """Seconds to every node started, and controller CPU seconds (the whole run, per host)."""
+def run_clusterrun(folder: Path, cluster: SimCluster) -> tuple[float, float, float]:
+    """Seconds to every node started, controller CPU seconds (the whole run, per host), and the
+    machine's CPU seconds until every node started (per host)."""
     n = len(cluster.hosts)
     cpu0 = children_cpu()
+    machine0 = machine_cpu()
     began = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", "--no-tui", str(hosts_file(folder, cluster)),
                              str(SCRIPT), "0", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -80,13 +89,15 @@ def run_clusterrun(folder: Path, cluster: SimCluster) -> tuple[float, float]:
             started += 1
             if started == n:
                 elapsed = time.monotonic() - began
+                machine = machine_cpu() - machine0
     if proc.wait() != 0 or elapsed is None:
         raise SystemExit(f"clusterrun failed (exit {proc.returncode}) with {n} hosts")
-    return elapsed, (children_cpu() - cpu0) / n
+    return elapsed, (children_cpu() - cpu0) / n, machine / n
 
 
-def run_pdsh(folder: Path, cluster: SimCluster, port: int) -> tuple[float, float]:
-    """Seconds until pdsh has started torchrun detached on every host, and its CPU per host."""
+def run_pdsh(folder: Path, cluster: SimCluster, port: int) -> tuple[float, float, float]:
+    """Seconds until pdsh has started torchrun detached on every host, its CPU per host, and the
+    machine's CPU seconds until then (per host)."""
     n = len(cluster.hosts)
     logs = folder / "pdsh-logs"
     logs.mkdir(exist_ok=True)
@@ -101,10 +112,12 @@ def run_pdsh(folder: Path, cluster: SimCluster, port: int) -> tuple[float, float
                f"{shlex.quote(str(SCRIPT))} 0 0 > {shlex.quote(str(logs))}/$(hostname).log 2>&1 < /dev/null &")
     env = dict(os.environ, PDSH_SSH_ARGS=f"-F {cluster.ssh_config} -o BatchMode=yes -x -l%u %h")
     cpu0 = children_cpu()
+    machine0 = machine_cpu()
     began = time.monotonic()
     proc = subprocess.run(["pdsh", "-R", "ssh", "-f", "256", "-w", ",".join(h.name for h in cluster.hosts), command],
                           env=env, capture_output=True, text=True)
     elapsed = time.monotonic() - began
+    machine = machine_cpu() - machine0
     if proc.returncode != 0:
         raise SystemExit(f"pdsh failed: {proc.stderr}")
     cpu = (children_cpu() - cpu0) / n
@@ -119,7 +132,7 @@ def run_pdsh(folder: Path, cluster: SimCluster, port: int) -> tuple[float, float
         time.sleep(0.5)
     for h in cluster.hosts:
         (logs / f"{h.name}.log").unlink(missing_ok=True)
-    return elapsed, cpu
+    return elapsed, cpu, machine / n
 
 
 def main() -> None:
@@ -147,20 +160,19 @@ def main() -> None:
                       file=sys.stderr, flush=True)
         finally:
             cluster.close()
-        rows.append((n, statistics.median(t for t, _ in ours), statistics.median(c for _, c in ours),
-                     statistics.median(t for t, _ in theirs), statistics.median(c for _, c in theirs),
-                     cluster.isolated))
+        rows.append((n, *(statistics.median(run[i] for run in ours) for i in range(3)),
+                     *(statistics.median(run[i] for run in theirs) for i in range(3)), cluster.isolated))
     print(f"{os.cpu_count()} cores; median of {args.repeat} runs; hosts isolated in namespaces: "
-          f"{all(r[5] for r in rows)}; torchrun {'stubbed by ' + repr(STUB) if args.stub_torchrun else 'real'}")
+          f"{all(r[7] for r in rows)}; torchrun {'stubbed by ' + repr(STUB) if args.stub_torchrun else 'real'}")
     print("| N | clusterrun: all started (s) | pdsh -R ssh: all started (s) | ratio | clusterrun CPU/host (ms) "
-          "| pdsh CPU/host (ms) |")
-    print("|---|---|---|---|---|---|")
-    for n, t, c, pt, pc, _ in rows:
-        print(f"| {n} | {t:.2f} | {pt:.2f} | {t / pt:.2f} | {c * 1000:.0f} | {pc * 1000:.0f} |")
+          "| pdsh CPU/host (ms) | machine CPU/host until all started (ms): clusterrun | pdsh |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, t, c, m, pt, pc, pm, _ in rows:
+        print(f"| {n} | {t:.2f} | {pt:.2f} | {t / pt:.2f} | {c * 1000:.0f} | {pc * 1000:.0f} | {m * 1000:.0f} "
+              f"| {pm * 1000:.0f} |")
     if len(rows) > 1:
         print(f"clusterrun t({rows[-1][0]})/t({rows[0][0]}) = {rows[-1][1] / rows[0][1]:.2f}; "
-              f"pdsh: {rows[-1][3] / rows[0][3]:.2f}")
-
+              f"pdsh: {rows[-1][4] / rows[0][4]:.2f}")
 
 if __name__ == "__main__":
     main()
