@@ -403,7 +403,7 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
                 failed = True
                 _note(f"node{rank} {record.nodes[rank].host}: {item.render()}")
             else:
-                printer(item)
+                printer.write_log(rank, record.nodes[rank].host, item)
         sys.exit(EXIT_HOSTS if failed else EXIT_OK)
     follower_job = follower(record, printer, fail_fast=False, follow_logs=True, attempt=attempt, tail=tail,
                             ranks=ranks)

@@ -28,7 +28,6 @@ from clusterrun.events import (
     Event,
     JobFinished,
     JobResult,
-    LogLines,
     NodeExited,
     NodeStarted,
     NodeState,
@@ -36,7 +35,7 @@ from clusterrun.events import (
     StopReport,
 )
 from clusterrun.jobs import OWNER_FD_VAR, AttemptRecord, JobRecord, JobStore, NodeRecord
-from clusterrun.orchestrator import Emit, Job, node_state_of, split_lines
+from clusterrun.orchestrator import Emit, Job, node_state_of
 from clusterrun.plan import LaunchPlan, plan_from_json, plan_to_json
 from clusterrun.transports import Transport, transport_for
 
@@ -308,8 +307,9 @@ def refresh(store: JobStore, record: JobRecord) -> JobRecord:
     return record
 
 
-def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None) -> Iterator[LogLines]:
-    """Node ``rank``'s log of ``attempt`` as written so far (from its last ``tail`` lines if given)."""
+def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None) -> Iterator[str]:
+    """Node ``rank``'s log of ``attempt`` as written so far (from its last ``tail`` lines if
+    given), in chunks of whole lines (the last one may lack its newline)."""
     spec = spec_of(record)
     transport = transport_factory(record)(spec.hosts[rank])
     where: dict[str, Any] = {"offset": 0} if tail is None else {"tail": tail}
@@ -319,7 +319,7 @@ def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None
             if message.get("ok") is False:
                 raise AgentError(transport.name, str(message.get("error")))
             if message.get("t") == "log":
-                yield LogLines(rank, host=transport.name, lines=split_lines(message["data"]))
+                yield message["data"]
             elif message.get("t") in ("end", "eof"):
                 return
     finally:
@@ -327,10 +327,10 @@ def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None
 
 
 def read_logs(record: JobRecord, ranks: Sequence[int], attempt: int, tail: int | None = None,
-              prefetch: int = 64) -> Iterator[tuple[int, LogLines | ClusterrunError]]:
+              prefetch: int = 64) -> Iterator[tuple[int, str | ClusterrunError]]:
     """The logs of several nodes, node after node, each read from its host in a thread of its own
     while the nodes before it are printed (at most ``prefetch`` chunks ahead per node). Yields
-    ``(rank, lines)``, or ``(rank, error)`` once for a node whose host failed."""
+    ``(rank, chunk)`` (see ``read_log``), or ``(rank, error)`` once for a node whose host failed."""
     done = object()
     queues: dict[int, queue.Queue[Any]] = {rank: queue.Queue(maxsize=prefetch) for rank in ranks}
     cancelled = threading.Event()

@@ -44,9 +44,11 @@ class Printer:
         self._prefix_width = 0
         self._hosts: dict[int, str] = {}
         self._prefixes: dict[tuple[int, int | None], str] = {}
+        self._tags: dict[int, list[tuple[str, int]]] = {}  # node → its ranks' line tags, "[rank3]:"
 
     def set_plan(self, plan: LaunchPlan) -> None:
         self._hosts = {n.rank: n.host.host for n in plan.nodes}
+        self._tags = {n.rank: [(f"[rank{r}]:", r) for r in n.ranks] for n in plan.nodes}
         width_rank = len(f"rank{max(plan.world_size - 1, 0)}")
         self._prefix_width = max(len(f"node{n.rank} {n.host.host}") for n in plan.nodes) + 1 + width_rank
         self._prefixes.clear()
@@ -65,22 +67,46 @@ class Printer:
             return f"\x1b[{_COLOURS[node % len(_COLOURS)]}m{text}\x1b[0m"
         return text
 
+    def write_log(self, node: int, host: str, text: str) -> None:
+        """Print a chunk of node ``node``'s log: whole lines (a missing last newline is added)."""
+        if not text:
+            return
+        if not text.endswith("\n"):
+            text += "\n"
+        self.out.write(self._prefixed(node, host, text) if self.prefix else text)
+        self.out.flush()
+
+    def _prefixed(self, node: int, host: str, chunk: str) -> str:
+        """``chunk`` (whole lines) with their prefixes. Done on the whole chunk with ``str``
+        methods (C speed) when every tagged line carries a tag of this node's ranks; line by line
+        otherwise (e.g. torch's doubled tag on a traceback, which ``split_rank`` drops)."""
+        text = chunk[:-1]
+        head = self._prefix(node, host, None) + " | "
+        tags = self._tags.get(node)
+        if tags is not None and head not in text:
+            tagged = text.count("\n[rank") + text.startswith("[rank")
+            present = [(tag, rank) for tag, rank in tags if tag in text]
+            if tagged == sum(text.count("\n" + tag) + text.startswith(tag) for tag, _ in present) and not any(
+                    tag + tag in text for tag, _ in present):
+                whole = head + text.replace("\n", "\n" + head) + "\n"
+                for tag, tag_rank in present:  # head is now exactly at every line's start
+                    whole = whole.replace(head + tag, self._prefix(node, host, tag_rank) + " | ")
+                return whole
+        out = []
+        for line in text.split("\n"):
+            rank, rest = split_rank(line)
+            out.append(f"{self._prefix(node, host, rank)} | {rest}\n")
+        return "".join(out)
+
     def note(self, text: str) -> None:
         self.err.write(f"clusterrun: {text}\n")
         self.err.flush()
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, LogLines):
-            node = event.node if event.node is not None else -1
-            if self.prefix:
-                chunk = []
-                for line in event.lines:
-                    rank, text = split_rank(line)
-                    chunk.append(f"{self._prefix(node, event.host, rank)} | {text}\n")
-                self.out.write("".join(chunk))
-            else:
-                self.out.write("".join(f"{line}\n" for line in event.lines))
-            self.out.flush()
+            if event.lines:
+                self.write_log(event.node if event.node is not None else -1, event.host,
+                               "\n".join(event.lines) + "\n")
         elif self.quiet:
             return
         elif isinstance(event, NodeStarted):

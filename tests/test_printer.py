@@ -1,0 +1,58 @@
+"""The prefixed stream: chunks prefixed as a whole must read exactly as if prefixed line by line."""
+
+from __future__ import annotations
+
+import io
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from clusterrun.diagnose import split_rank
+from clusterrun.events import LogLines
+from clusterrun.printer import Printer
+
+
+def plan(*nprocs: int) -> SimpleNamespace:
+    nodes, first = [], 0
+    for rank, nproc in enumerate(nprocs):
+        nodes.append(SimpleNamespace(rank=rank, host=SimpleNamespace(host=f"host{rank}"),
+                                     ranks=range(first, first + nproc)))
+        first += nproc
+    return SimpleNamespace(nodes=nodes, world_size=first)
+
+
+def line_by_line(printer: Printer, node: int, host: str, lines: tuple[str, ...]) -> str:
+    out = []
+    for line in lines:
+        rank, text = split_rank(line)
+        out.append(f"{printer._prefix(node, host, rank)} | {text}\n")
+    return "".join(out)
+
+
+PIECES = ["[rank2]:", "[rank3]:", "[rank9]:", "[rank2]:[rank2]: Traceback", "[rank", "plain text", "",
+          "text with [rank3]: inside", "node1 host1       | ", "  indented", "üñí", "\x1b[31mred\x1b[0m"]
+
+
+@pytest.mark.parametrize("colour", [False, True])
+def test_chunks_prefixed_at_once_read_as_line_by_line(colour: bool) -> None:
+    rng = random.Random(7)
+    printer = Printer(out=io.StringIO(), err=io.StringIO(), colour=colour)
+    printer.set_plan(plan(2, 2))  # type: ignore[arg-type]  # the attributes the printer reads
+    for _ in range(2000):
+        size = rng.randint(1, 6)
+        lines = tuple("".join(rng.choice(PIECES) for _ in range(rng.randint(1, 2))) for _ in range(size))
+        assert printer._prefixed(1, "host1", "\n".join(lines) + "\n") == line_by_line(printer, 1, "host1", lines), lines
+
+
+def test_lines_of_ranks_and_of_torchrun_get_their_prefixes_or_none() -> None:
+    out = io.StringIO()
+    printer = Printer(out=out, err=io.StringIO(), colour=False)
+    printer.set_plan(plan(1, 2))  # type: ignore[arg-type]
+    printer(LogLines(1, host="host1", lines=("[rank1]:a", "[rank2]:b", "torchrun says", "[rank1]:c")))
+    printer(LogLines(0, host="host0", lines=()))
+    assert out.getvalue() == ("node1 host1 rank1 | a\nnode1 host1 rank2 | b\nnode1 host1       | torchrun says\n"
+                              "node1 host1 rank1 | c\n")
+    raw = io.StringIO()
+    Printer(out=raw, err=io.StringIO(), colour=False, prefix=False)(LogLines(0, host="h", lines=("x", "[rank0]:y")))
+    assert raw.getvalue() == "x\n[rank0]:y\n"
