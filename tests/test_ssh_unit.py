@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import inspect
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import paramiko
 import pytest
@@ -88,3 +91,26 @@ def test_no_permissive_host_key_policy_anywhere() -> None:
     for path in (Path(__file__).resolve().parent.parent / "clusterrun").rglob("*.py"):
         text = path.read_text()
         assert "AutoAddPolicy" not in text and "WarningPolicy" not in text, path
+
+
+MATCH_EXEC = """
+import shutil, sys
+import clusterrun.transports.ssh as ssh
+from clusterrun.config import HostSpec
+from clusterrun.errors import ConnectError
+assert "invoke" not in sys.modules
+shutil.which = lambda name: None  # no OpenSSH client: paramiko's own parser reads the config
+try:
+    ssh.resolve(HostSpec(host="box"), ssh.SSHOptions(ssh_config=sys.argv[1]))
+except ConnectError as exc:
+    print(exc.render())
+import invoke  # hidden only while paramiko was imported
+"""
+
+
+def test_paramiko_is_imported_without_invoke_and_match_exec_says_what_to_install(tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text('Match exec "true"\n  Port 2222\n')
+    done = subprocess.run([sys.executable, "-c", MATCH_EXEC, str(config)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "uses `Match exec`" in done.stdout and "openssh-client" in done.stdout, done.stdout

@@ -25,19 +25,40 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import paramiko
-
 from clusterrun.config import HostSpec
 from clusterrun.errors import AuthError, ConnectError, HostKeyError, TransportError
 from clusterrun.transports.base import AgentSession, Transport, agent_command, agent_preamble
 
+# paramiko imports invoke (with asyncio and unittest.mock: 47 ms, a sixth of a command's start-up)
+# only to run `Match exec` in its own ssh_config parser, which clusterrun uses only where OpenSSH's
+# `ssh -G` is missing (then `Match exec` is reported, see _paramiko_lookup). Hidden while
+# paramiko is imported, and only then.
+_hide_invoke = "invoke" not in sys.modules
+if _hide_invoke:
+    sys.modules["invoke"] = None  # type: ignore[assignment]  # the documented way to block an import
+try:
+    import paramiko
+finally:
+    if _hide_invoke:
+        del sys.modules["invoke"]
+
+
 CONNECT_TIMEOUT = 10.0
+# Channel flow control: paramiko's defaults (2 MB window, 32 KB packets) make `logs` pay its
+# per-packet Python work (MAC, window adjustments, wake-ups) once per 32 KB.
+WINDOW_SIZE = 16 * 2**20
+MAX_PACKET = 2**17  # OpenSSH sends up to 256 KB per packet
+# AES-GCM first: an AEAD cipher, done in one call of `cryptography` per packet, where the
+# CTR ciphers paramiko prefers need a separate HMAC in Python's hmac module. Everything else
+# paramiko supports stays allowed, after it (servers without GCM still work).
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 MAX_SESSIONS = 8  # sshd's MaxSessions defaults to 10 per connection
 CONNECT_ATTEMPTS = 5  # sshd's MaxStartups drops connections under load: retry those
 MAX_JUMPS = 5
@@ -106,6 +127,10 @@ def _paramiko_lookup(alias: str, config: str | None) -> dict[str, list[str]]:
             found = paramiko.SSHConfig.from_path(path).lookup(alias)
         except (OSError, paramiko.ssh_exception.ConfigParseError) as exc:
             raise ConnectError(alias, f"cannot read {path}: {exc}") from None
+        except ImportError:  # `Match exec`: see the import of paramiko above
+            raise ConnectError(alias, f"{path} uses `Match exec`, which clusterrun evaluates with OpenSSH's "
+                               "`ssh -G`, and no `ssh` command was found",
+                               hint="install the OpenSSH client (Debian: openssh-client)") from None
         for key, value in found.items():
             values[key] = list(value) if isinstance(value, list) else [str(value)]
     return values
@@ -284,6 +309,7 @@ class SSHTransport(Transport):
                     allow_agent=not (target.identities_only and keys), look_for_keys=False, sock=sock,
                     timeout=target.connect_timeout, banner_timeout=target.connect_timeout,
                     auth_timeout=target.connect_timeout, channel_timeout=target.connect_timeout,
+                    transport_factory=_transport,
                 )
                 break
             except Exception as exc:  # noqa: BLE001 - every failure is translated by map_error
@@ -329,7 +355,8 @@ class SSHTransport(Transport):
             raise ConnectError(self.name, "the connection closed")
         self._sessions.acquire()
         try:
-            channel = transport.open_session(timeout=CONNECT_TIMEOUT)
+            channel = transport.open_session(window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET,
+                                             timeout=CONNECT_TIMEOUT)
             channel.exec_command(shlex.join(agent_command(self.python)))  # constant: no job data
             channel.sendall(agent_preamble())
         except Exception as exc:  # noqa: BLE001 - translated by map_error
@@ -368,19 +395,26 @@ class SSHTransport(Transport):
     _stderr_tail = b""
 
     def _lines(self, channel: paramiko.Channel) -> Iterator[bytes]:
-        buffer = b""
+        # A log message is one line of up to a few MB: keep its pieces in a list and look for the
+        # newline only in what just arrived (not in the whole line again at every read).
+        pieces: list[bytes] = []
         while True:
             try:
-                data = channel.recv(65536)
+                data = channel.recv(MAX_PACKET * 4)
             except Exception as exc:  # noqa: BLE001 - a timeout or a dead connection
                 raise map_error(self.name, exc) from exc
             if not data:
-                if buffer:
-                    yield buffer
+                if pieces:
+                    yield b"".join(pieces)
                 return
-            buffer += data
-            *lines, buffer = buffer.split(b"\n")
+            if b"\n" not in data:
+                pieces.append(data)
+                continue
+            first, *lines, rest = data.split(b"\n")
+            pieces.append(first)
+            yield b"".join(pieces)
             yield from lines
+            pieces = [rest] if rest else []
 
     def _last_words(self) -> str:
         text = self._stderr_tail.decode(errors="replace").strip()
@@ -389,6 +423,16 @@ class SSHTransport(Transport):
     def close(self) -> None:
         with self._lock:
             self._close_clients()
+
+
+def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
+    """paramiko's Transport with the ciphers in the order of PREFERRED_CIPHERS."""
+    transport = paramiko.Transport(sock, **kwargs)
+    options = transport.get_security_options()
+    known = tuple(options.ciphers)
+    options.ciphers = tuple(c for c in PREFERRED_CIPHERS if c in known) + tuple(
+        c for c in known if c not in PREFERRED_CIPHERS)
+    return transport
 
 
 def _jump_alias(hop: str) -> str:
