@@ -570,7 +570,7 @@ def _spawn_supervisor(folder: str) -> None:
         os.dup2(null, 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
-        os.closerange(3, _max_fd())  # the SSH channel's pipes among them: the connection may close
+        _close_fds_from(3)  # the SSH channel's pipes among them: the connection may close
         code = Supervisor(folder).run()
     except BaseException:  # noqa: BLE001 - the supervisor's last word, in its log
         import traceback
@@ -584,14 +584,23 @@ def _spawn_supervisor(folder: str) -> None:
             os._exit(code)
 
 
-def _max_fd() -> int:
+def _close_fds_from(lowest: int) -> None:
+    """Close every descriptor from ``lowest`` up: those /proc lists (a range up to the limit can
+    be millions of calls on Pythons without close_range), else up to the limit."""
     try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
         import resource
 
         limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (ImportError, OSError, ValueError):
-        limit = 0
-    return limit if 0 < limit < 1 << 20 else 1 << 16
+        os.closerange(lowest, limit if 0 < limit < 1 << 16 else 1 << 16)
+        return
+    for fd in fds:
+        if fd >= lowest:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the descriptor of the listing itself, closed already
 
 
 def op_start(req: dict[str, Any]) -> dict[str, Any]:

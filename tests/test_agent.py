@@ -163,6 +163,25 @@ def test_stop_kills_the_whole_job_and_verifies(tmp_path: Path) -> None:
     assert again["killed"] == [] and again["left"] == []
 
 
+def test_supervisor_is_detached_and_holds_nothing_of_the_agent(tmp_path: Path) -> None:
+    """Forked from the agent, the supervisor must keep none of its pipes (over SSH: the channel,
+    which would then never close) and be nobody's child (no zombie under a long-lived agent)."""
+    state_dir = tmp_path / "state"
+    answer = start(state_dir, "import time; time.sleep(30)")
+    sup = answer["state"]["supervisor"]["pid"]
+    try:
+        fds = {int(fd): os.readlink(f"/proc/{sup}/fd/{fd}") for fd in os.listdir(f"/proc/{sup}/fd")}
+        assert fds[0] == "/dev/null", fds
+        assert fds[1] == fds[2] == str(Path(answer["dir"]) / "supervisor.log"), fds
+        assert not [t for t in fds.values() if t.startswith(("pipe:", "socket:"))], fds
+        stat_fields = Path(f"/proc/{sup}/stat").read_text().rsplit(")", 1)[1].split()
+        parent, session = int(stat_fields[1]), int(stat_fields[4])
+        assert session == sup  # its own session, and its parent is not this test (the agent's parent)
+        assert parent != os.getpid()
+    finally:
+        TRANSPORT.call(req(state_dir, "stop", grace=1))
+
+
 def test_stop_touches_only_its_own_job(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     first = start(state_dir, "import time; print('a', flush=True); time.sleep(600)", job="job-a")
