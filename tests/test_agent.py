@@ -175,9 +175,9 @@ def test_supervisor_is_detached_and_holds_nothing_of_the_agent(tmp_path: Path) -
         assert fds[1] == fds[2] == str(Path(answer["dir"]) / "supervisor.log"), fds
         assert not [t for t in fds.values() if t.startswith(("pipe:", "socket:"))], fds
         stat_fields = Path(f"/proc/{sup}/stat").read_text().rsplit(")", 1)[1].split()
-        parent, session = int(stat_fields[1]), int(stat_fields[4])
-        assert session == sup  # its own session, and its parent is not this test (the agent's parent)
-        assert parent != os.getpid()
+        parent, session, tty = int(stat_fields[1]), int(stat_fields[3]), int(stat_fields[4])
+        assert session == sup and tty == 0  # its own session, no terminal
+        assert parent != os.getpid()  # not the agent's parent's child either
     finally:
         TRANSPORT.call(req(state_dir, "stop", grace=1))
 
