@@ -81,8 +81,13 @@ class Printer:
         methods (C speed) when every tagged line carries a tag of this node's ranks; line by line
         otherwise (e.g. torch's doubled tag on a traceback, which ``split_rank`` drops)."""
         text = chunk[:-1]
-        head = self._prefix(node, host, None) + " | "
         tags = self._tags.get(node)
+        if tags and text.startswith("[rank"):  # every line of one rank (one process per node): 4 passes
+            for tag, tag_rank in tags:
+                if text.startswith(tag) and text.count("\n" + tag) == text.count("\n") and tag + tag not in text:
+                    mine = self._prefix(node, host, tag_rank) + " | "
+                    return mine + text[len(tag):].replace("\n" + tag, "\n" + mine) + "\n"
+        head = self._prefix(node, host, None) + " | "
         if tags is not None and head not in text:
             tagged = text.count("\n[rank") + text.startswith("[rank")
             present = [(tag, rank) for tag, rank in tags if tag in text]

@@ -42,6 +42,9 @@ def test_chunks_prefixed_at_once_read_as_line_by_line(colour: bool) -> None:
     for _ in range(2000):
         size = rng.randint(1, 6)
         lines = tuple("".join(rng.choice(PIECES) for _ in range(rng.randint(1, 2))) for _ in range(size))
+        if rng.random() < 0.3:  # one rank's lines only, as with one process per node
+            tag = rng.choice(["[rank2]:", "[rank3]:", "[rank9]:"])
+            lines = tuple(tag + line for line in lines)
         assert printer._prefixed(1, "host1", "\n".join(lines) + "\n") == line_by_line(printer, 1, "host1", lines), lines
 
 
