@@ -114,7 +114,7 @@ class Board:
 
     def node(self, rank: int, host: str = "") -> NodeRow:
         while len(self.nodes) <= rank:
-            self.nodes.append(NodeRow(len(self.nodes), host if len(self.nodes) == rank else ""))
+            self.nodes.append(NodeRow(len(self.nodes), host if len(self.nodes) == rank else "", log=Ring(self.ring)))
         return self.nodes[rank]
 
     def note(self, text: str) -> None:

@@ -23,6 +23,14 @@ def test_a_ring_hands_a_view_exactly_the_lines_it_has_not_seen() -> None:
     assert ring.count == 14 and len(ring.lines) == 5
 
 
+def test_every_ring_of_a_board_holds_the_lines_it_was_sized_for() -> None:
+    board = Board(ring=3)
+    board.apply(attempt(2))
+    board.apply(LogLines(1, host="h1", lines=tuple(f"line {i}" for i in range(5))))
+    assert list(board.nodes[1].log.lines) == ["line 2", "line 3", "line 4"]
+    assert list(board.merged.lines) == ["node1 | line 2", "node1 | line 3", "node1 | line 4"]
+
+
 def test_a_node_whose_host_cannot_be_reached_shows_unreachable_until_it_is_back() -> None:
     board = Board(ring=10)
     board.apply(attempt(2))
