@@ -59,6 +59,12 @@ def _duration(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60:02d}:{rest % 60:02d}"
 
 
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, Text) and isinstance(b, Text):
+        return a.plain == b.plain and a.style == b.style and a.spans == b.spans
+    return a == b
+
+
 class LogHighlighter(Highlighter):
     """Colours the ``nodeK |`` prefix of merged lines and marks search matches."""
 
@@ -342,6 +348,9 @@ class Dashboard(App[int]):
         self.outcome = "running"  # how the app ended: "detached", "left", "stopped", "finished"
         self.quit_when_ended = False  # SIGTERM: exit once the job's stop has been shown
         self._rows_ready = 0
+        self._drawn: dict[int, tuple[Any, ...]] = {}  # the cells in the table, per rank
+        self._report = ""
+        self._actions: tuple[bool | None, ...] = ()
         self._title = ""
 
     # ------------------------------------------------------------------------ the session side
@@ -405,14 +414,19 @@ class Dashboard(App[int]):
                 if width is None:
                     width = max([len(name), *(len(str(self._cells(r)[COLUMNS.index(name)])) for r in board.nodes)])
                 table.add_column(name, key=name, width=width)
+            self._drawn = {}
             for row in board.nodes:
-                table.add_row(*self._cells(row), key=str(row.rank))
+                self._drawn[row.rank] = cells = self._cells(row)
+                table.add_row(*cells, key=str(row.rank))
             self._rows_ready = len(board.nodes)
             board.changed.clear()
         for rank in sorted(board.changed):
             if rank < len(board.nodes):
-                for name, value in zip(COLUMNS, self._cells(board.nodes[rank]), strict=True):
-                    table.update_cell(str(rank), name, value)
+                cells, drawn = self._cells(board.nodes[rank]), self._drawn.get(rank, ())
+                for i, (name, value) in enumerate(zip(COLUMNS, cells, strict=True)):
+                    if i >= len(drawn) or not _same(value, drawn[i]):  # each update repaints the table
+                        table.update_cell(str(rank), name, value)
+                self._drawn[rank] = cells
         board.changed.clear()
         self._append_view()
         if board.header_changed:
@@ -423,8 +437,13 @@ class Dashboard(App[int]):
             if board.stops and board.state in ("stopped", "stopping", "failed", "lost"):
                 text = "\n".join([*([text] if text else []), "stop report:",
                                   *(f"  {line}" for line in board.notes if line.startswith("node"))][-12:])
-            report.update(Text(text))
-            report.set_class(bool(text), "shown")
+            if text != self._report:
+                self._report = text
+                report.update(Text(text))
+                report.set_class(bool(text), "shown")
+        actions = tuple(self.check_action(action, ()) for action in ("kill", "restart", "detach", "match"))
+        if actions != self._actions:  # the footer is composed again on every refresh
+            self._actions = actions
             self.refresh_bindings()
 
     def _cells(self, row: NodeRow) -> tuple[Any, ...]:
@@ -450,7 +469,7 @@ class Dashboard(App[int]):
                                f" · attempt {board.attempt} · {_duration(board.elapsed())}")
         header.append(f"\n{shape} = world size {board.world_size} · master {board.master} · {board.summary()}")
         header.append("\n" + (board.notes[-1] if board.notes else ""), style="italic")
-        self.query_one("#header", Static).update(header)
+        self.query_one("#header", Static).update(header, layout=False)  # its height is fixed
 
     def _tick_clock(self) -> None:
         self.board.header_changed = True
@@ -492,7 +511,10 @@ class Dashboard(App[int]):
         if self._highlighter.pattern is not None:
             where = f"{self._match + 1}/{len(self._matches)}" if self._matches else "no match"
             search = f" · /{self._highlighter.pattern.pattern}/ {where} (n/N, Esc clears)"
-        self.query_one("#logtitle", Static).update(f"{what} · {mode}{search}")
+        title = f"{what} · {mode}{search}"
+        if title != self._title:  # a layout pass on every tick would redraw the whole screen
+            self._title = title
+            self.query_one("#logtitle", Static).update(title, layout=False)
 
     # ------------------------------------------------------------------------------ actions
 
