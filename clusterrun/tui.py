@@ -27,6 +27,7 @@ from textual.binding import Binding, BindingType
 from textual.cache import LRUCache
 from textual.containers import Horizontal, Vertical
 from textual.geometry import Size
+from textual.message import Message
 from textual.screen import ModalScreen
 from textual.scroll_view import ScrollView
 from textual.selection import Selection
@@ -103,6 +104,9 @@ class RingLog(ScrollView, can_focus=True):
     }
     """
 
+    class Paused(Message):
+        """The view froze or follows again (the user scrolled, or pressed End in it)."""
+
     def __init__(self, highlighter: Highlighter, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
         super().__init__(id=id)
         self.highlighter = highlighter
@@ -140,7 +144,9 @@ class RingLog(ScrollView, can_focus=True):
 
     def follow(self) -> None:
         """Show the ring's last lines, and the new ones as they come."""
-        self._frozen = None
+        if self._frozen is not None:
+            self._frozen = None
+            self.post_message(self.Paused())
         self._advance()
 
     def freeze(self) -> None:
@@ -152,6 +158,7 @@ class RingLog(ScrollView, can_focus=True):
         if kept <= 0:  # all of them went (a burst larger than the ring): keep what there is
             kept, self._seen = len(ring.lines), ring.count
         self._frozen = list(itertools.islice(ring.lines, kept))
+        self.post_message(self.Paused())
         dropped = ring.first - self._first
         self._first = ring.first
         self._resize()
@@ -529,6 +536,10 @@ class Dashboard(App[int]):
         if action in ("match",):
             return bool(self._matches)
         return True
+
+    @on(RingLog.Paused)
+    def _paused(self) -> None:
+        self._draw_log_title()
 
     @on(DataTable.RowHighlighted, "#nodes")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
