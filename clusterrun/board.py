@@ -3,14 +3,13 @@
 ``Board.apply(event)`` is called in the consumer's own thread (the dashboard drains a queue of
 events every 50 ms). Per node it keeps the row of the node table and a ring of its last ``ring``
 log lines; a merged ring holds every node's lines in arrival order. Rings are bounded: the full
-logs stay on the hosts (``clusterrun logs``). A view that shows a ring remembers how many lines
-it has seen (``count``) and asks ``since(count)`` for the rest, so nothing is written into views
-nobody looks at and a view switch costs one ring.
+logs stay on the hosts (``clusterrun logs``). The dashboard's log view reads the ring it shows by
+reference (its ``lines``, and ``count`` to see what is new), so nothing is written into views
+nobody looks at and switching views copies nothing.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -37,29 +36,24 @@ RING = 10_000
 
 
 class Ring:
-    """The last ``size`` lines, and how many lines were ever added (``count``)."""
+    """The last ``size`` lines, how many lines were ever added (``count``), and the length of the
+    longest line ever added (``width``, in characters: a view's scroll width, never measured again)."""
 
     def __init__(self, size: int) -> None:
         self.lines: deque[str] = deque(maxlen=size)
         self.count = 0
+        self.width = 0
 
     def extend(self, lines: tuple[str, ...] | list[str]) -> None:
-        self.lines.extend(lines)
-        self.count += len(lines)
+        if lines:
+            self.lines.extend(lines)
+            self.count += len(lines)
+            self.width = max(self.width, max(map(len, lines)))
 
-    def since(self, count: int) -> tuple[list[str], bool]:
-        """Lines added after the first ``count``; True if some were dropped on the way (the
-        view must then start again from ``lines``)."""
-        new = self.count - count
-        if new <= 0:
-            return [], False
-        if new > len(self.lines):
-            return list(self.lines), True
-        return list(itertools.islice(self.lines, len(self.lines) - new, None)), False
-
-    def clear(self) -> None:
-        self.lines.clear()
-        self.count = 0
+    @property
+    def first(self) -> int:
+        """The number of the oldest line kept (0 for the first line ever added)."""
+        return self.count - len(self.lines)
 
 
 @dataclass
@@ -114,7 +108,7 @@ class Board:
 
     def node(self, rank: int, host: str = "") -> NodeRow:
         while len(self.nodes) <= rank:
-            self.nodes.append(NodeRow(len(self.nodes), host if len(self.nodes) == rank else ""))
+            self.nodes.append(NodeRow(len(self.nodes), host if len(self.nodes) == rank else "", log=Ring(self.ring)))
         return self.nodes[rank]
 
     def note(self, text: str) -> None:

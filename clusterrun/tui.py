@@ -3,29 +3,39 @@
 Threads never touch widgets: the session's thread puts events into a queue, and a 50 ms timer in
 the app's thread drains it into the ``Board`` (clusterrun/board.py) and redraws what changed —
 the changed rows of the node table, and the lines of the one log view on screen, taken from that
-node's bounded ring. Hidden views get nothing; switching views refills the log from the ring.
-The log view is Textual's ``Log`` (plain lines; it renders only the visible ones).
+node's bounded ring. Hidden views get nothing. The log view (``RingLog``) reads the ring it shows
+by reference, as Textual's ``Log`` draws (plain lines; only the visible ones are rendered), so
+switching views and arriving lines cost the lines on screen, not the ring.
 """
 
 from __future__ import annotations
 
+import gc
+import itertools
 import queue
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+from rich.cells import cell_len
 from rich.highlighter import Highlighter
 from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
+from textual.cache import LRUCache
 from textual.containers import Horizontal, Vertical
+from textual.geometry import Size
+from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Footer, Input, Label, Log, Static
+from textual.scroll_view import ScrollView
+from textual.selection import Selection
+from textual.strip import Strip
+from textual.widgets import Button, DataTable, Footer, Input, Label, Static
 
-from clusterrun.board import Board, NodeRow
+from clusterrun.board import Board, NodeRow, Ring
 from clusterrun.events import Event, NodeState
 from clusterrun.session import Session
 
@@ -42,12 +52,19 @@ COLUMNS = ("node", "host", "gpus/procs", "state", "pid", "lines", "last output")
 # drawing the table. None: sized from the content when the rows are added.
 WIDTHS = (4, None, None, 34, 8, 9, 11)
 PREFIX = re.compile(r"^node(\d+) \| ")
+CONTROL = re.compile("[\u0000-\u0014]")  # shown as � (as Textual's Log does)
 
 
 def _duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     hours, rest = divmod(seconds, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60:02d}:{rest % 60:02d}"
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, Text) and isinstance(b, Text):
+        return a.plain == b.plain and a.style == b.style and a.spans == b.spans
+    return a == b
 
 
 class LogHighlighter(Highlighter):
@@ -64,6 +81,157 @@ class LogHighlighter(Highlighter):
             for match in self.pattern.finditer(text.plain):
                 if match.end() > match.start():
                     text.stylize("black on yellow", match.start(), match.end())
+
+
+class RingLog(ScrollView, can_focus=True):
+    """The log view: a ``Ring``'s lines, read by reference (Textual's Line API, as ``Log`` draws).
+
+    ``show(ring)`` → ``advance()`` every tick → ``freeze()`` (the user scrolls up, or a search) →
+    ``follow()``. Unlike ``Log.write_lines`` nothing is copied or measured when the view switches
+    rings or lines arrive: the height is the ring's length, the width the ring's longest line, and
+    only the lines on screen are rendered, each once (cached by its number in the ring). A frozen
+    view shows the lines it had (references to them), so what the user reads does not slide away
+    under a flood; the ring goes on filling behind it.
+    """
+
+    DEFAULT_CSS = """
+    RingLog {
+        background: $surface;
+        color: $text;
+        overflow: scroll;
+        &:focus {
+            background-tint: $foreground 5%;
+        }
+    }
+    """
+
+    class Paused(Message):
+        """The view froze or follows again (the user scrolled, or pressed End in it)."""
+
+    def __init__(self, highlighter: Highlighter, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
+        super().__init__(id=id)
+        self.highlighter = highlighter
+        self._ring = Ring(0)
+        self._frozen: list[str] | None = None
+        self._first = 0  # the ring's number of the first line shown
+        self._seen = 0  # the ring's count when the view last moved
+        self._width = 0  # widest line rendered, where the ring's width (characters) fell short
+        self._strips: LRUCache[int, Strip] = LRUCache(1024)
+
+    @property
+    def lines(self) -> Sequence[str]:
+        """The lines the view shows: the ring's, or those it had when it was frozen."""
+        return self._ring.lines if self._frozen is None else self._frozen
+
+    @property
+    def ring(self) -> Ring:
+        return self._ring
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen is not None
+
+    @property
+    def pending(self) -> int:
+        """Lines that arrived in the ring after the view was frozen."""
+        return self._ring.count - self._seen if self._frozen is not None else 0
+
+    def show(self, ring: Ring) -> None:
+        """Show another ring, following it."""
+        self._ring = ring
+        self._width = 0
+        self._strips.clear()
+        self.follow()
+
+    def follow(self) -> None:
+        """Show the ring's last lines, and the new ones as they come."""
+        if self._frozen is not None:
+            self._frozen = None
+            self.post_message(self.Paused())
+        self._advance()
+
+    def freeze(self) -> None:
+        """Keep showing the lines shown now; new lines wait in the ring."""
+        if self._frozen is not None:
+            return
+        ring = self._ring
+        kept = self._seen - ring.first  # lines shown at the last tick that the ring still has
+        if kept <= 0:  # all of them went (a burst larger than the ring): keep what there is
+            kept, self._seen = len(ring.lines), ring.count
+        self._frozen = list(itertools.islice(ring.lines, kept))
+        self.post_message(self.Paused())
+        dropped = ring.first - self._first
+        self._first = ring.first
+        self._resize()
+        if dropped > 0:  # the lines above went: the ones on screen stay where they are
+            self.scroll_to(y=max(0, self.scroll_offset.y - dropped), animate=False, immediate=True)
+
+    def advance(self) -> None:
+        """Show the lines that arrived since the last call (nothing while frozen)."""
+        if self._frozen is None and self._ring.count != self._seen:
+            self._advance()
+
+    def _advance(self) -> None:
+        self._first, self._seen = self._ring.first, self._ring.count
+        self._resize()
+        self.scroll_end(animate=False, immediate=True, x_axis=False)
+        self.refresh()
+
+    def _resize(self) -> None:
+        size = Size(max(self._ring.width, self._width), len(self.lines))
+        if size != self.virtual_size:  # a new virtual size costs a layout of the screen
+            self.virtual_size = size
+
+    def restyle(self) -> None:
+        """Render the lines again (the highlighter's search pattern changed)."""
+        self._strips.clear()
+        self.refresh()
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if new_value < old_value and round(new_value) < self.max_scroll_y:  # scrolled up, not a resize
+            self.freeze()
+
+    def action_scroll_end(self) -> None:
+        self.follow()
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips.clear()
+
+    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
+        return selection.extract("\n".join(self.lines)), "\n"
+
+    def selection_updated(self, selection: Selection | None) -> None:
+        self._strips.clear()
+        self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        index = scroll_y + y
+        width = self.size.width
+        style = self.rich_style
+        lines = self.lines
+        if index >= len(lines):
+            return Strip.blank(width, style)
+        selection = self.text_selection
+        strip = self._strips.get(self._first + index) if selection is None else None
+        if strip is None:
+            line = CONTROL.sub("�", lines[index].expandtabs())
+            text = Text(line, no_wrap=True)
+            text.stylize(style)
+            text = self.highlighter(text)
+            if selection is not None and (span := selection.get_span(index)) is not None:
+                start, end = span
+                text.stylize(self.screen.get_component_rich_style("screen--selection"), start,
+                             len(text) if end == -1 else end)
+            strip = Strip(text.render(self.app.console), cell_len(line))
+            if selection is None:
+                self._strips[self._first + index] = strip
+            if strip.cell_length > max(self._ring.width, self._width):  # tabs or wide characters
+                self._width = strip.cell_length
+                self.call_later(self._resize)
+        return strip.crop_extend(scroll_x, scroll_x + width, style).apply_offsets(scroll_x, index)
 
 
 class Confirm(ModalScreen[bool]):
@@ -182,14 +350,16 @@ class Dashboard(App[int]):
         self.clock = clock
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._view: int | None = 0  # the node whose log is shown; None: all nodes
-        self._shown = 0  # lines of the view's ring already in the Log
-        self._follow = True
         self._matches: list[int] = []
         self._match = -1
         self._highlighter = LogHighlighter()
         self.outcome = "running"  # how the app ended: "detached", "left", "stopped", "finished"
         self.quit_when_ended = False  # SIGTERM: exit once the job's stop has been shown
         self._rows_ready = 0
+        self._drawn: dict[int, tuple[Any, ...]] = {}  # the cells in the table, per rank
+        self._report = ""
+        self._actions: tuple[bool | None, ...] = ()
+        self._title = ""
 
     # ------------------------------------------------------------------------ the session side
 
@@ -205,9 +375,7 @@ class Dashboard(App[int]):
         yield table
         yield Static(id="report")
         yield Static(id="logtitle")
-        log = Log(id="log", highlight=True, max_lines=self.board.ring, auto_scroll=True)
-        log.highlighter = self._highlighter
-        yield log
+        yield RingLog(self._highlighter, id="log")
         yield Input(placeholder="search: text or regex, Enter to find, Esc to clear", id="search")
         yield Footer()
 
@@ -219,6 +387,17 @@ class Dashboard(App[int]):
         self.session.emit = self.emit
         self.session.begin()
         self._drain()
+        self.call_after_refresh(self._freeze_heap)
+
+    def _freeze_heap(self) -> None:
+        # A full garbage collection walks every object Textual made for the app (~60,000: 40 ms on
+        # one core), and under a flood one runs about every second — the slowest frames were those.
+        # Objects made before the first frame live as long as the app: leave them out of every walk.
+        gc.collect()
+        gc.freeze()
+
+    def on_unmount(self) -> None:
+        gc.unfreeze()
 
     # --------------------------------------------------------------------------- redrawing
 
@@ -254,14 +433,19 @@ class Dashboard(App[int]):
                 if width is None:
                     width = max([len(name), *(len(str(self._cells(r)[COLUMNS.index(name)])) for r in board.nodes)])
                 table.add_column(name, key=name, width=width)
+            self._drawn = {}
             for row in board.nodes:
-                table.add_row(*self._cells(row), key=str(row.rank))
+                self._drawn[row.rank] = cells = self._cells(row)
+                table.add_row(*cells, key=str(row.rank))
             self._rows_ready = len(board.nodes)
             board.changed.clear()
         for rank in sorted(board.changed):
             if rank < len(board.nodes):
-                for name, value in zip(COLUMNS, self._cells(board.nodes[rank]), strict=True):
-                    table.update_cell(str(rank), name, value)
+                cells, drawn = self._cells(board.nodes[rank]), self._drawn.get(rank, ())
+                for i, (name, value) in enumerate(zip(COLUMNS, cells, strict=True)):
+                    if i >= len(drawn) or not _same(value, drawn[i]):  # each update repaints the table
+                        table.update_cell(str(rank), name, value)
+                self._drawn[rank] = cells
         board.changed.clear()
         self._append_view()
         if board.header_changed:
@@ -272,8 +456,13 @@ class Dashboard(App[int]):
             if board.stops and board.state in ("stopped", "stopping", "failed", "lost"):
                 text = "\n".join([*([text] if text else []), "stop report:",
                                   *(f"  {line}" for line in board.notes if line.startswith("node"))][-12:])
-            report.update(Text(text))
-            report.set_class(bool(text), "shown")
+            if text != self._report:
+                self._report = text
+                report.update(Text(text))
+                report.set_class(bool(text), "shown")
+        actions = tuple(self.check_action(action, ()) for action in ("kill", "restart", "detach", "match"))
+        if actions != self._actions:  # the footer is composed again on every refresh
+            self._actions = actions
             self.refresh_bindings()
 
     def _cells(self, row: NodeRow) -> tuple[Any, ...]:
@@ -299,7 +488,7 @@ class Dashboard(App[int]):
                                f" · attempt {board.attempt} · {_duration(board.elapsed())}")
         header.append(f"\n{shape} = world size {board.world_size} · master {board.master} · {board.summary()}")
         header.append("\n" + (board.notes[-1] if board.notes else ""), style="italic")
-        self.query_one("#header", Static).update(header)
+        self.query_one("#header", Static).update(header, layout=False)  # its height is fixed
 
     def _tick_clock(self) -> None:
         self.board.header_changed = True
@@ -310,45 +499,41 @@ class Dashboard(App[int]):
         return self.board.merged if self._view is None else self.board.node(self._view).log
 
     def _append_view(self) -> None:
+        log = self.query_one("#log", RingLog)
         ring = self._ring()
-        lines, restart = ring.since(self._shown)
-        log = self.query_one("#log", Log)
-        if restart:
-            log.clear()
-        if lines:
-            log.write_lines(lines, scroll_end=self._follow)
-        self._shown = ring.count
+        if log.ring is not ring:  # the first rows, or a new attempt with more nodes
+            log.show(ring)
+        log.advance()
         self._draw_log_title()
 
     def _show(self, view: int | None) -> None:
-        """Switch the log to a node (or all nodes, None): refill it from that ring."""
+        """Switch the log to a node (or all nodes, None): it shows that ring, following it."""
         if view is not None and not 0 <= view < len(self.board.nodes):
             return
         self._view = view
-        self._shown = 0
-        self._follow = True
         self._matches, self._match = [], -1
-        log = self.query_one("#log", Log)
-        log.clear()
-        ring = self._ring()
-        log.write_lines(list(ring.lines), scroll_end=True)
-        self._shown = ring.count
+        self.query_one("#log", RingLog).show(self._ring())
         self._draw_log_title()
 
     def _draw_log_title(self) -> None:
-        log = self.query_one("#log", Log)
-        following = self._follow and (log.is_vertical_scroll_end or log.max_scroll_y == 0)
+        log = self.query_one("#log", RingLog)
         if self._view is None:
             what = "all nodes"
         else:
             row = self.board.node(self._view)
             what = f"node {row.rank} ({row.host})"
-        mode = "following" if following else "paused — f or End to follow"
+        mode = "following"
+        if log.frozen:
+            mode = f"paused ({log.pending:,} new lines) — f or End to follow" if log.pending else \
+                "paused — f or End to follow"
         search = ""
         if self._highlighter.pattern is not None:
             where = f"{self._match + 1}/{len(self._matches)}" if self._matches else "no match"
             search = f" · /{self._highlighter.pattern.pattern}/ {where} (n/N, Esc clears)"
-        self.query_one("#logtitle", Static).update(f"{what} · {mode}{search}")
+        title = f"{what} · {mode}{search}"
+        if title != self._title:  # a layout pass on every tick would redraw the whole screen
+            self._title = title
+            self.query_one("#logtitle", Static).update(title, layout=False)
 
     # ------------------------------------------------------------------------------ actions
 
@@ -363,6 +548,10 @@ class Dashboard(App[int]):
         if action in ("match",):
             return bool(self._matches)
         return True
+
+    @on(RingLog.Paused)
+    def _paused(self) -> None:
+        self._draw_log_title()
 
     @on(DataTable.RowHighlighted, "#nodes")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -390,17 +579,8 @@ class Dashboard(App[int]):
         self._show(None)
 
     def action_follow(self) -> None:
-        self._follow = True
-        self.query_one("#log", Log).scroll_end(animate=False)
+        self.query_one("#log", RingLog).follow()
         self._draw_log_title()
-
-    def on_mouse_scroll_up(self) -> None:
-        self._pause()
-
-    def _pause(self) -> None:
-        if self._follow:
-            self._follow = False
-            self._draw_log_title()
 
     def action_search(self) -> None:
         field = self.query_one("#search", Input)
@@ -420,24 +600,27 @@ class Dashboard(App[int]):
         except re.error:
             pattern = re.compile(re.escape(text))
         self._highlighter.pattern = pattern
-        log = self.query_one("#log", Log)
+        log = self.query_one("#log", RingLog)
+        was_frozen = log.frozen
+        log.freeze()  # the matches are numbers of the lines shown: they must stay put
         self._matches = [i for i, line in enumerate(log.lines) if pattern.search(line)]
         self._match = -1
-        log._render_line_cache.clear()
-        log.refresh()
+        log.restyle()
         if self._matches:
             self.action_match(1)
         else:
+            if not was_frozen:
+                log.follow()
             self._draw_log_title()
         self.refresh_bindings()
 
     def action_match(self, step: int) -> None:
         if not self._matches:
             return
-        log = self.query_one("#log", Log)
+        log = self.query_one("#log", RingLog)
         here = self._match
         self._match = (here + step) % len(self._matches) if here >= 0 else (0 if step > 0 else len(self._matches) - 1)
-        self._follow = False
+        log.freeze()
         log.scroll_to(y=max(0, self._matches[self._match] - log.size.height // 2), animate=False)
         self._draw_log_title()
 
@@ -448,9 +631,7 @@ class Dashboard(App[int]):
             self.query_one("#nodes", DataTable).focus()
         self._highlighter.pattern = None
         self._matches, self._match = [], -1
-        log = self.query_one("#log", Log)
-        log._render_line_cache.clear()
-        log.refresh()
+        self.query_one("#log", RingLog).restyle()
         self._draw_log_title()
         self.refresh_bindings()
 

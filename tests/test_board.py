@@ -11,16 +11,23 @@ def attempt(n: int, k: int = 1) -> AttemptStarted:
                           world_size=2 * n, nodes=tuple((f"h{i}", 2, None) for i in range(n)))
 
 
-def test_a_ring_hands_a_view_exactly_the_lines_it_has_not_seen() -> None:
+def test_a_ring_keeps_its_last_lines_and_counts_and_measures_all_it_was_given() -> None:
     ring = Ring(5)
-    ring.extend(["a", "b", "c"])
-    assert ring.since(0) == (["a", "b", "c"], False)
-    ring.extend(["d"])
-    assert ring.since(3) == (["d"], False)
-    assert ring.since(4) == ([], False)
-    ring.extend([str(i) for i in range(10)])  # more than the ring holds arrived since the view's last look
-    assert ring.since(4) == (["5", "6", "7", "8", "9"], True)
-    assert ring.count == 14 and len(ring.lines) == 5
+    ring.extend(["a", "bbb", "c"])
+    assert list(ring.lines) == ["a", "bbb", "c"] and (ring.count, ring.first, ring.width) == (3, 0, 3)
+    ring.extend([])
+    ring.extend([str(i) for i in range(10)])
+    assert list(ring.lines) == ["5", "6", "7", "8", "9"]
+    assert (ring.count, ring.first) == (13, 8)
+    assert ring.width == 3  # the longest line ever added: a view's scroll width never shrinks under it
+
+
+def test_every_ring_of_a_board_holds_the_lines_it_was_sized_for() -> None:
+    board = Board(ring=3)
+    board.apply(attempt(2))
+    board.apply(LogLines(1, host="h1", lines=tuple(f"line {i}" for i in range(5))))
+    assert list(board.nodes[1].log.lines) == ["line 2", "line 3", "line 4"]
+    assert list(board.merged.lines) == ["node1 | line 2", "node1 | line 3", "node1 | line 4"]
 
 
 def test_a_node_whose_host_cannot_be_reached_shows_unreachable_until_it_is_back() -> None:

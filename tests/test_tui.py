@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.events import NodeState
+from clusterrun.events import LogLines, NodeState
 from clusterrun.jobs import JobStore
 from clusterrun.session import Session
-from clusterrun.tui import Dashboard
+from clusterrun.tui import Dashboard, RingLog
 from tests.conftest import ROOT, SUPPORT, marked, wait_for, write_hosts
 from tests.test_lifecycle import counter_lines, ps_json, up_detached, wait_state
+from tests.test_tui_snapshots import Scripted, started
 
 pytestmark = pytest.mark.integration
 
@@ -147,6 +148,45 @@ def test_detach_leaves_the_job_running(tmp_path: Path, state_dir: Path) -> None:
     assert marked(job), "the job runs on"
     record = wait_state(job, "succeeded")
     assert [n["exit_code"] for n in record["nodes"]] == [0, 0]
+
+
+def test_scrolling_up_freezes_the_log_while_lines_pour_in_and_end_or_f_follows_again() -> None:
+    app = Dashboard(Scripted(started(), running=True), ring=200)  # type: ignore[arg-type]
+
+    def pour(first: int, last: int) -> None:
+        app.emit(LogLines(0, host="gpu-a", lines=tuple(f"line {i}" for i in range(first, last))))
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        log = app.query_one("#log", RingLog)
+        pour(0, 150)
+        await until(pilot, lambda: "line 149" in log.lines, 5, "the first lines")
+        await pilot.pause()  # type: ignore[attr-defined]
+        assert log.is_vertical_scroll_end and not log.frozen
+        log.focus()
+        await pilot.press("pageup")  # type: ignore[attr-defined]
+        assert log.frozen and not log.is_vertical_scroll_end
+        top = int(log.scroll_offset.y)
+        shown = list(log.lines)[top:top + 5]
+        pour(150, 450)  # more than the ring holds: every line shown is gone from the ring
+        await until(pilot, lambda: app.board.nodes[0].log.count == 12 + 450, 5, "the flood")
+        await pilot.pause()  # type: ignore[attr-defined]
+        assert list(log.lines)[int(log.scroll_offset.y):][:5] == shown  # what the user reads stays put
+        assert "paused (300 new lines)" in str(app.query_one("#logtitle").render())  # type: ignore[attr-defined]
+        await pilot.press("end")  # type: ignore[attr-defined]
+        assert not log.frozen and log.is_vertical_scroll_end and log.lines[-1] == "line 449"
+        assert len(log.lines) == 200 and "following" in str(app.query_one("#logtitle").render())  # type: ignore
+        app.query_one("#nodes").focus()
+        await pilot.press("slash", *"line 4[0-4]0", "enter")  # type: ignore[attr-defined]
+        assert log.frozen and len(app._matches) == 5
+        pour(450, 700)
+        await until(pilot, lambda: app.board.nodes[0].log.count == 12 + 700, 5, "more lines")
+        await pilot.press("N")  # type: ignore[attr-defined]
+        assert log.lines[app._matches[app._match]] == "line 440"  # the matches still point at their lines
+        await pilot.press("escape", "f")  # type: ignore[attr-defined]
+        assert not log.frozen and log.lines[-1] == "line 699"
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)
 
 
 @pytest.fixture
