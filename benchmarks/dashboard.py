@@ -2,7 +2,7 @@
 
     python benchmarks/dashboard.py [--nodes 8] [--rate 50000] [--seconds 20] [--presses 200]
 
-The app (clusterrun/tui.py) runs headless under Textual's Pilot, fed by a stand-in for the
+The app (clusterrun/tui/) runs headless under Textual's Pilot, fed by a stand-in for the
 session whose thread emits the orchestrator's events — ``LogLines`` batches every 10 ms for every
 node, RATE lines/s in total — exactly as the session's thread does for a real job (the transport
 is left out: this measures the dashboard). While the flood runs, the benchmark presses keys

@@ -99,3 +99,16 @@ def test_help_and_version() -> None:
     proc = clusterrun("up", "--help")
     assert proc.returncode == 0 and "HOSTS.yaml SCRIPT [-- ARGS...]" in proc.stdout
     assert clusterrun("--version").stdout.strip().startswith("clusterrun, version ")
+
+
+def test_the_core_never_imports_textual() -> None:
+    """Layers import one way: Textual is loaded only by clusterrun.tui, when the dashboard opens."""
+    core = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                  for p in (ROOT / "clusterrun").rglob("*.py") if "tui" not in p.parts and p.stem != "__main__")
+    assert "clusterrun.orchestrator" in core and "clusterrun.transports.ssh" in core
+    code = (f"import sys, importlib\nfor name in {core!r}:\n    importlib.import_module(name)\n"
+            "print(sorted(n for n in sys.modules if n.split('.')[0] == 'textual'))\n"
+            "import clusterrun.tui\nprint('textual' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[]", "True"], done.stdout

@@ -1,4 +1,5 @@
-"""The live dashboard: a Textual app over a ``Session`` (the only module that imports Textual).
+"""The live dashboard: a Textual app over a ``Session`` (this package is the only one that imports
+Textual; the log view is in ``logview``).
 
 Threads never touch widgets: the session's thread puts events into a queue, and a 50 ms timer in
 the app's thread drains it into the ``Board`` (clusterrun/board.py) and redraws what changed —
@@ -11,37 +12,29 @@ switching views and arriving lines cost the lines on screen, not the ring.
 from __future__ import annotations
 
 import gc
-import itertools
 import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, ClassVar
 
-from rich.cells import cell_len
-from rich.highlighter import Highlighter
 from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.cache import LRUCache
 from textual.containers import Horizontal, Vertical
-from textual.geometry import Size
-from textual.message import Message
 from textual.screen import ModalScreen
-from textual.scroll_view import ScrollView
-from textual.selection import Selection
-from textual.strip import Strip
 from textual.widgets import Button, DataTable, Footer, Input, Label, Static
 
-from clusterrun.board import Board, NodeRow, Ring
+from clusterrun.board import Board, NodeRow
 from clusterrun.events import Event, NodeState
 from clusterrun.session import Session
+from clusterrun.tui.logview import COLOURS, LogHighlighter, RingLog
+
+__all__ = ["Dashboard", "LogHighlighter", "RingLog"]
 
 TICK = 0.05  # seconds between draining the event queue
-COLOURS = ("cyan", "yellow", "magenta", "green", "blue", "red", "bright_cyan", "bright_yellow",
-           "bright_magenta", "bright_green", "bright_blue", "bright_red")
 ICONS = {
     NodeState.PENDING: ("·", "dim"), NodeState.CONNECTING: ("…", "yellow"), NodeState.STARTING: ("◔", "yellow"),
     NodeState.RUNNING: ("▶", "green"), NodeState.STOPPING: ("◼", "yellow"), NodeState.SUCCEEDED: ("✔", "green"),
@@ -51,8 +44,6 @@ COLUMNS = ("node", "host", "gpus/procs", "state", "pid", "lines", "last output")
 # Fixed widths (host: from the hosts): measuring columns again on every update costs more than
 # drawing the table. None: sized from the content when the rows are added.
 WIDTHS = (4, None, None, 34, 8, 9, 11)
-PREFIX = re.compile(r"^node(\d+) \| ")
-CONTROL = re.compile("[\u0000-\u0014]")  # shown as � (as Textual's Log does)
 
 
 def _duration(seconds: float) -> str:
@@ -65,173 +56,6 @@ def _same(a: object, b: object) -> bool:
     if isinstance(a, Text) and isinstance(b, Text):
         return a.plain == b.plain and a.style == b.style and a.spans == b.spans
     return a == b
-
-
-class LogHighlighter(Highlighter):
-    """Colours the ``nodeK |`` prefix of merged lines and marks search matches."""
-
-    def __init__(self) -> None:
-        self.pattern: re.Pattern[str] | None = None
-
-    def highlight(self, text: Text) -> None:
-        found = PREFIX.match(text.plain)
-        if found:
-            text.stylize(f"bold {COLOURS[int(found.group(1)) % len(COLOURS)]}", 0, found.end() - 2)
-        if self.pattern is not None:
-            for match in self.pattern.finditer(text.plain):
-                if match.end() > match.start():
-                    text.stylize("black on yellow", match.start(), match.end())
-
-
-class RingLog(ScrollView, can_focus=True):
-    """The log view: a ``Ring``'s lines, read by reference (Textual's Line API, as ``Log`` draws).
-
-    ``show(ring)`` → ``advance()`` every tick → ``freeze()`` (the user scrolls up, or a search) →
-    ``follow()``. Unlike ``Log.write_lines`` nothing is copied or measured when the view switches
-    rings or lines arrive: the height is the ring's length, the width the ring's longest line, and
-    only the lines on screen are rendered, each once (cached by its number in the ring). A frozen
-    view shows the lines it had (references to them), so what the user reads does not slide away
-    under a flood; the ring goes on filling behind it.
-    """
-
-    DEFAULT_CSS = """
-    RingLog {
-        background: $surface;
-        color: $text;
-        overflow: scroll;
-        &:focus {
-            background-tint: $foreground 5%;
-        }
-    }
-    """
-
-    class Paused(Message):
-        """The view froze or follows again (the user scrolled, or pressed End in it)."""
-
-    def __init__(self, highlighter: Highlighter, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
-        super().__init__(id=id)
-        self.highlighter = highlighter
-        self._ring = Ring(0)
-        self._frozen: list[str] | None = None
-        self._first = 0  # the ring's number of the first line shown
-        self._seen = 0  # the ring's count when the view last moved
-        self._width = 0  # widest line rendered, where the ring's width (characters) fell short
-        self._strips: LRUCache[int, Strip] = LRUCache(1024)
-
-    @property
-    def lines(self) -> Sequence[str]:
-        """The lines the view shows: the ring's, or those it had when it was frozen."""
-        return self._ring.lines if self._frozen is None else self._frozen
-
-    @property
-    def ring(self) -> Ring:
-        return self._ring
-
-    @property
-    def frozen(self) -> bool:
-        return self._frozen is not None
-
-    @property
-    def pending(self) -> int:
-        """Lines that arrived in the ring after the view was frozen."""
-        return self._ring.count - self._seen if self._frozen is not None else 0
-
-    def show(self, ring: Ring) -> None:
-        """Show another ring, following it."""
-        self._ring = ring
-        self._width = 0
-        self._strips.clear()
-        self.follow()
-
-    def follow(self) -> None:
-        """Show the ring's last lines, and the new ones as they come."""
-        if self._frozen is not None:
-            self._frozen = None
-            self.post_message(self.Paused())
-        self._advance()
-
-    def freeze(self) -> None:
-        """Keep showing the lines shown now; new lines wait in the ring."""
-        if self._frozen is not None:
-            return
-        ring = self._ring
-        kept = self._seen - ring.first  # lines shown at the last tick that the ring still has
-        if kept <= 0:  # all of them went (a burst larger than the ring): keep what there is
-            kept, self._seen = len(ring.lines), ring.count
-        self._frozen = list(itertools.islice(ring.lines, kept))
-        self.post_message(self.Paused())
-        dropped = ring.first - self._first
-        self._first = ring.first
-        self._resize()
-        if dropped > 0:  # the lines above went: the ones on screen stay where they are
-            self.scroll_to(y=max(0, self.scroll_offset.y - dropped), animate=False, immediate=True)
-
-    def advance(self) -> None:
-        """Show the lines that arrived since the last call (nothing while frozen)."""
-        if self._frozen is None and self._ring.count != self._seen:
-            self._advance()
-
-    def _advance(self) -> None:
-        self._first, self._seen = self._ring.first, self._ring.count
-        self._resize()
-        self.scroll_end(animate=False, immediate=True, x_axis=False)
-        self.refresh()
-
-    def _resize(self) -> None:
-        size = Size(max(self._ring.width, self._width), len(self.lines))
-        if size != self.virtual_size:  # a new virtual size costs a layout of the screen
-            self.virtual_size = size
-
-    def restyle(self) -> None:
-        """Render the lines again (the highlighter's search pattern changed)."""
-        self._strips.clear()
-        self.refresh()
-
-    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
-        super().watch_scroll_y(old_value, new_value)
-        if new_value < old_value and round(new_value) < self.max_scroll_y:  # scrolled up, not a resize
-            self.freeze()
-
-    def action_scroll_end(self) -> None:
-        self.follow()
-
-    def notify_style_update(self) -> None:
-        super().notify_style_update()
-        self._strips.clear()
-
-    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
-        return selection.extract("\n".join(self.lines)), "\n"
-
-    def selection_updated(self, selection: Selection | None) -> None:
-        self._strips.clear()
-        self.refresh()
-
-    def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
-        index = scroll_y + y
-        width = self.size.width
-        style = self.rich_style
-        lines = self.lines
-        if index >= len(lines):
-            return Strip.blank(width, style)
-        selection = self.text_selection
-        strip = self._strips.get(self._first + index) if selection is None else None
-        if strip is None:
-            line = CONTROL.sub("�", lines[index].expandtabs())
-            text = Text(line, no_wrap=True)
-            text.stylize(style)
-            text = self.highlighter(text)
-            if selection is not None and (span := selection.get_span(index)) is not None:
-                start, end = span
-                text.stylize(self.screen.get_component_rich_style("screen--selection"), start,
-                             len(text) if end == -1 else end)
-            strip = Strip(text.render(self.app.console), cell_len(line))
-            if selection is None:
-                self._strips[self._first + index] = strip
-            if strip.cell_length > max(self._ring.width, self._width):  # tabs or wide characters
-                self._width = strip.cell_length
-                self.call_later(self._resize)
-        return strip.crop_extend(scroll_x, scroll_x + width, style).apply_offsets(scroll_x, index)
 
 
 class Confirm(ModalScreen[bool]):
