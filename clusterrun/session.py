@@ -112,7 +112,11 @@ class Session:
                 job.close()
                 return
         else:
-            self._job = self._viewer(self._offsets, self._tail)
+            try:
+                self._job = self._viewer(self._offsets, self._tail)
+            except ClusterrunError as exc:  # e.g. the record is gone or damaged: the UI shows it
+                self.error = exc
+                return
         self._follow()
 
     def _viewer(self, offsets: dict[int, int] | None, tail: int | None) -> Job:
@@ -184,7 +188,11 @@ class Session:
             self.record = record
             if self.owner_fd is None:
                 self.store.spawn_monitor(self.job_id, owner)  # the monitor owns it, as after `clusterrun restart`
-            self._job = self._viewer({}, None)
+            try:
+                self._job = self._viewer({}, None)
+            except ClusterrunError as exc:  # the attempt runs; only following it failed
+                self.error = exc
+                return
         finally:
             self._busy = False
         self._follow()

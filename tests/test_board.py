@@ -1,9 +1,14 @@
-"""The dashboard's model (clusterrun/board.py): pure logic, fed events by hand."""
+"""The dashboard's model (clusterrun/board.py): pure logic, fed events by hand; and the session's
+report of a job it cannot follow."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from clusterrun.board import Board, Ring
 from clusterrun.events import AttemptStarted, LogLines, NodeExited, NodeLink, NodeResult, NodeState, NodeStateChanged
+from clusterrun.jobs import JobNotFound, JobRecord, JobStore
+from clusterrun.session import Session
 
 
 def attempt(n: int, k: int = 1) -> AttemptStarted:
@@ -62,3 +67,18 @@ def test_a_new_attempt_keeps_the_old_lines_above_a_marker() -> None:
     board.apply(attempt(1, k=2))
     assert board.attempt == 2 and list(board.nodes[0].log.lines) == ["old", "---- attempt 2 ----"]
     assert board.state == "starting" and board.first_failure is None
+
+
+def test_a_session_that_cannot_build_its_follower_reports_it_instead_of_dying(tmp_path: Path) -> None:
+    """attach on a job whose record went away meanwhile: session.error (the dashboard shows it),
+    not an exception lost with the session's thread."""
+    record = JobRecord(job_id="gone-1", name="gone", created=0.0, hosts_file="hosts.yaml", hosts_text="",
+                       script="train.py", script_args=[], env_overrides={}, local_cwd=str(tmp_path), grace=1.0,
+                       ssh_config=None, plan={})
+    events: list[object] = []
+    session = Session(JobStore(tmp_path / "jobs"), record, events.append)
+    session.begin()
+    session.wait(10)
+    assert not session.running
+    assert isinstance(session.error, JobNotFound) and "gone-1" in session.error.message
+    assert events == []
