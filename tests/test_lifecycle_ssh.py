@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,3 +104,36 @@ def test_a_rebooted_host_shows_its_node_lost(sim_cluster: MakeCluster, tmp_path:
     record = wait_state(job, "lost", "failed", timeout=120)
     assert [n["state"] for n in record["nodes"]] == ["stopped", "lost"], record
     assert marked_on(cluster.hosts[0], job) == []
+
+
+def test_dashboard_shows_a_dropped_connection_and_resumes_from_its_offset(sim_cluster: MakeCluster, tmp_path: Path,
+                                                                          controller_state: Path) -> None:
+    """The dashboard (Pilot) over SSH: its connection and the monitor's are killed twice mid-run
+    (sshd's per-connection processes); the node shows as unreachable, reconnects, and its log
+    view holds every line exactly once."""
+    from tests.test_tui import dashboard_on, drive, log_lines, table_states, until
+
+    cluster = sim_cluster(1)
+    hosts = ssh_hosts(tmp_path, cluster, [1], tmp_path / "state")
+    job = up_detached(hosts, SUPPORT / "counter.py", "300", "0.025")
+    app = dashboard_on(job)
+    drops: list[int] = []
+    shown: list[str] = []
+
+    async def script(app: Any, pilot: Any) -> None:
+        for at in (60, 180):
+            await until(pilot, lambda a=at: app.board.nodes and app.board.nodes[0].log.count >= a, 60,
+                        f"{at} lines")
+            drops.append(cluster.hosts[0].drop_connections())
+            await until(pilot, lambda: any("unreachable" in n for n in app.board.notes), 30, "unreachable")
+            shown.append(" ".join(app.board.notes))
+            app.board.notes.clear()
+            await until(pilot, lambda: any("reconnected" in n for n in app.board.notes), 60, "reconnected")
+        await until(pilot, lambda: app.board.finished, 120, "the job's end")
+        assert table_states(app) == ["succeeded"]
+        assert [line for line in log_lines(app) if line.startswith("[rank")] == counter_lines(0, 300)
+        await pilot.press("q")
+
+    drive(app, script)
+    assert len(drops) == 2 and all(d >= 1 for d in drops)
+    assert all("node0 sim1: unreachable" in text for text in shown), shown
