@@ -1083,15 +1083,5 @@ def serve() -> int:
         return 0
 
 
-def main(argv: list[str]) -> int:
-    os.umask(0o077)
-    if len(argv) == 3 and argv[1] == "supervise":
-        return Supervisor(argv[2]).run()
-    sys.stderr.write("usage: agent.py supervise ATTEMPT_DIR (the controller runs everything else)\n")
-    return 2
-
-
 if __name__ == "__clusterrun_agent__":
     sys.exit(serve())
-elif __name__ == "__main__":
-    sys.exit(main(sys.argv))
