@@ -264,3 +264,29 @@ def test_missing_torch_or_python_on_a_host_is_one_line_and_nothing_starts(sim_cl
     assert lines[0] == "sim2: torch is not installed for /usr/bin/python3"
     assert lines[1].startswith("sim3: ") and "/opt/nowhere/python3" in lines[1]
     assert not (tmp_path / "state" / "jobs").exists()
+
+
+def test_an_agent_that_cannot_start_is_reported_with_its_stderr_even_after_its_channel_closed(
+        sim_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No such interpreter: the remote command ends at once. Sending the agent after that (slow
+    link, busy controller) must not turn into a connection error: the answer quotes the shell."""
+    from clusterrun.config import HostSpec
+    from clusterrun.errors import AgentError
+    from clusterrun.transports import ssh
+
+    cluster = sim_cluster(1)
+    preamble = ssh.agent_preamble()
+
+    def late() -> bytes:
+        time.sleep(1.0)  # by now the shell has said "not found" and the channel is closed
+        return preamble
+
+    monkeypatch.setattr(ssh, "agent_preamble", late)
+    transport = ssh.SSHTransport(HostSpec(host="sim1", python="/opt/nowhere/python3"),
+                                 ssh.SSHOptions(ssh_config=str(cluster.ssh_config)))
+    try:
+        with pytest.raises(AgentError) as caught:
+            transport.call({"op": "probe", "free_port": False, "state_dir": None})
+    finally:
+        transport.close()
+    assert "ended without an answer" in caught.value.message and "/opt/nowhere/python3" in caught.value.message

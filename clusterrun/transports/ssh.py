@@ -359,7 +359,6 @@ class SSHTransport(Transport):
             channel = transport.open_session(window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET,
                                              timeout=CONNECT_TIMEOUT)
             channel.exec_command(shlex.join(agent_command(self.python)))  # constant: no job data
-            channel.sendall(agent_preamble())
         except Exception as exc:  # noqa: BLE001 - translated by map_error
             self._sessions.release()
             raise map_error(self.name, exc) from exc
@@ -369,7 +368,16 @@ class SSHTransport(Transport):
             try:
                 channel.sendall(data)
             except Exception as exc:  # noqa: BLE001 - translated by map_error
+                if transport.is_active() and (channel.closed or channel.exit_status_ready()):
+                    return  # the command ended (e.g. no such python): reading says so, with its stderr
                 raise map_error(self.name, exc) from exc
+
+        try:
+            send(agent_preamble())
+        except BaseException:
+            self._sessions.release()
+            channel.close()
+            raise
 
         def drain_stderr() -> None:
             try:
