@@ -7,6 +7,7 @@ following and the verified stop quickly, without torch.
 from __future__ import annotations
 
 import os
+import random
 import stat
 import subprocess
 import sys
@@ -302,3 +303,109 @@ def test_atomic_writes_from_hosts_with_the_same_pids_do_not_collide(tmp_path: Pa
     assert target.read_bytes() in {f"writer {n}\n".encode() * 1000 for n in range(4)}
     assert [p.name for p in tmp_path.iterdir()] == ["agent.py"]
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+def _random_json(rng: random.Random, depth: int = 0) -> object:
+    kind = rng.randrange(9 if depth < 3 else 6)
+    if kind == 0:
+        return rng.choice([None, True, False])
+    if kind == 1:
+        return rng.randint(-2**70, 2**70)
+    if kind == 2:
+        return rng.choice([0.0, -1.5, 1e300, 3.141592653589793, float("inf"), float("-inf")])
+    if kind in (3, 4, 5):  # text as the agent sends it: log lines, undecodable bytes kept as surrogates
+        alphabet = 'aZ 09"\\/\n\r\t\x00\x1f\x7fé€😀\udcff'
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+    if kind in (6, 7):
+        return [_random_json(rng, depth + 1) for _ in range(rng.randrange(5))]
+    return {_random_json(rng, 3) if rng.random() < 0.8 else str(rng.random()): _random_json(rng, depth + 1)
+            for _ in range(rng.randrange(5))}
+
+
+def test_agent_json_matches_the_json_module() -> None:
+    """The agent speaks JSON through json's C parts (see agent._codec): byte for byte what json
+    would write, and reads whatever json reads; the fallback is the json module itself."""
+    import json
+
+    from clusterrun import agent
+
+    rng = random.Random(5)
+    for _ in range(3000):
+        obj = {str(k): _random_json(rng) for k in range(rng.randrange(4))} if rng.random() < 0.5 else _random_json(rng)
+        text = json.dumps(obj)
+        assert agent.json_dumps(obj) == text
+        try:
+            assert agent.json_dumps_sorted(obj) == json.dumps(obj, sort_keys=True)
+        except TypeError:  # keys of mixed types cannot be sorted: json refuses them alike
+            with pytest.raises(TypeError):
+                json.dumps(obj, sort_keys=True)
+        assert agent.json_dumps(agent.json_loads(text)) == text
+        assert agent.json_dumps(agent.json_loads(f" \n{text}\t".encode())) == text
+    assert agent.json_loads('{"a": NaN}')["a"] != agent.json_loads('{"a": NaN}')["a"]
+    for bad in ["", "{", '{"a": 1} x', "[1,]", "{'a': 1}", '"\x01"', "nul"]:
+        with pytest.raises(ValueError):
+            agent.json_loads(bad)
+    with pytest.raises(TypeError, match="set is not JSON serializable"):
+        agent.json_dumps({"a": {1}})
+
+
+def test_agent_json_falls_back_to_the_json_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from clusterrun import agent
+
+    monkeypatch.setitem(sys.modules, "_json", None)  # a Python without json's C parts
+    dumps, dumps_sorted, loads = agent._codec()
+    assert dumps is json.dumps and loads is json.loads
+    assert dumps_sorted({"b": 1, "a": 2}) == '{"a": 2, "b": 1}'
+
+
+def test_the_agent_and_its_supervisor_import_little(tmp_path: Path) -> None:
+    """Every module the agent imports is paid for on every host at every command (re and enum
+    alone were 12 of its 30 ms of CPU; subprocess 20 ms more in every node's supervisor)."""
+    from clusterrun.transports.base import agent_command, agent_preamble, request_line
+
+    heavy = {"re", "enum", "json", "subprocess", "socket", "typing", "glob", "random", "threading", "importlib.util"}
+    argv = agent_command(sys.executable)
+    argv[1:1] = ["-X", "importtime"]  # also in the forked supervisor, which logs to supervisor.log
+    request = req(tmp_path / "state", "start", argv=[sys.executable, "-c", "print('ran')"], env={},
+                  cwd=str(tmp_path))
+    probe = {"op": "probe", "free_port": True, "state_dir": str(tmp_path / "state")}
+    proc = subprocess.run(argv, input=agent_preamble() + request_line(probe) + request_line(request),
+                          capture_output=True, timeout=60)
+    answers = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert len(answers) == 2 and all(b'"ok": true' in a for a in answers), proc
+    agent_modules = {line.split("|")[-1].strip() for line in proc.stderr.decode().splitlines() if "|" in line}
+    assert "_json" in agent_modules and not heavy & agent_modules, sorted(heavy & agent_modules)
+    folder = tmp_path / "state" / "jobs" / "job-1" / "node0" / "attempt1"
+    wait_for(lambda: b"ran" in (folder / "output.log").read_bytes(), 30, what="the job's output")
+    wait_for(lambda: '"exited"' in (folder / "state.json").read_text(), 30, what="the end of the job")
+    log = (folder / "supervisor.log").read_text()
+    supervisor_modules = {line.split("|")[-1].strip() for line in log.splitlines() if "|" in line}
+    assert supervisor_modules and not heavy & supervisor_modules, sorted(heavy & supervisor_modules)
+
+
+def test_start_in_a_missing_directory_is_reported_with_the_directory(tmp_path: Path) -> None:
+    with pytest.raises(AgentError, match=f"could not start {sys.executable}: .*No such file.*{tmp_path}/gone"):
+        TRANSPORT.call(req(tmp_path / "state", "start", argv=[sys.executable, "-c", "pass"], env={},
+                           cwd=str(tmp_path / "gone")))
+
+
+def test_job_finds_its_program_on_its_own_path_and_keeps_no_descriptor(tmp_path: Path) -> None:
+    """The job is run as subprocess would: argv[0] looked up on the job's PATH, a session of its
+    own, stdin /dev/null, SIGPIPE back to default, and no descriptor of the supervisor."""
+    state_dir = tmp_path / "state"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "mytool"
+    tool.write_text("#!/bin/sh\nls -l /proc/self/fd/ | sed 1d | wc -l; readlink /proc/self/fd/0; "
+                    "ps -o sid= -p $$ | tr -d ' '; echo $$; grep SigIgn /proc/self/status\n")
+    tool.chmod(0o755)
+    answer = TRANSPORT.call(req(state_dir, "start", argv=["mytool"], env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+                                cwd=str(tmp_path)))
+    messages = follow(state_dir)
+    assert messages[-1]["state"]["exit_code"] == 0
+    fds, stdin, sid, pid, _, ignored = "".join(m["data"] for m in messages if m["t"] == "log").split()[:6]
+    assert int(fds) == 4  # 0, 1, 2 and the one ls itself lists /proc/self/fd with
+    assert stdin == "/dev/null" and sid == pid == str(answer["state"]["torchrun"]["pid"])
+    assert int(ignored, 16) & (1 << (13 - 1)) == 0  # SIGPIPE (13) not ignored
