@@ -78,7 +78,10 @@ It makes itself a child subreaper (orphaned descendants are re-parented to it, n
 sets ``CLUSTERRUN_JOB=<job>.<node>`` in the job's environment and runs torchrun with its output
 appended to ``output.log``. It records the worker processes and when each one ended, reaps
 everything, and when torchrun has exited sweeps what is left of the job before writing the
-final state.
+final state. It sleeps until something happens (inotify on torchrun's per-rank files, pidfds of
+the workers, SIGCHLD and SIGTERM through a wake-up pipe; see ``Waker``), as ``follow`` does
+(inotify on the attempt directory, pidfds of the supervisor and torchrun): a quiet job costs
+no CPU on the host. Where inotify is missing they poll.
 
 The verified stop
 -----------------
@@ -219,6 +222,15 @@ PR_SET_CHILD_SUBREAPER = 36
 # controller is about the sum of the two, plus the network (docs/benchmarks.md).
 POLL_INTERVAL = 0.05
 MERGE_INTERVAL = 0.02
+# Both wait for inotify to say that something changed instead of waking up at those intervals (a
+# quiet job then costs no CPU: polling cost 30-40 ms of CPU per second per node), and read at most
+# that often. They look anyway after IDLE_CHECK seconds without any event. The supervisor looks
+# for new worker processes every SCAN_INTERVAL seconds for BUSY seconds after torchrun started or
+# made new per-rank files (it is starting workers), else every IDLE_SCAN_INTERVAL seconds.
+IDLE_CHECK = 1.0
+SCAN_INTERVAL = 0.25
+IDLE_SCAN_INTERVAL = 2.0
+BUSY = 10.0
 # ``follow`` says something at least this often, so a reader can tell a dead connection from a
 # quiet job: no message for a few heartbeats means the link is gone.
 HEARTBEAT = 5.0
@@ -795,13 +807,16 @@ def op_follow(req: dict[str, Any]) -> None:
     want_logs = req.get("logs", True)
     once = bool(req.get("once"))
     state_path = os.path.join(folder, "state.json")
-    last_mtime = None
+    last_seen = None
+    waker: Waker | None = None
+    pins: dict[tuple[int, int | None], PidHandle | None] = {}  # the supervisor and torchrun, by pidfd
     with open(log_path, "rb") as log:
         if not want_logs:
             offset = log.seek(0, os.SEEK_END)
         log.seek(offset)
         pending = b""
         while True:
+            last_read = time.monotonic()
             chunk = log.read(1 << 20) if want_logs else b""
             if chunk:
                 data = pending + chunk
@@ -814,11 +829,12 @@ def op_follow(req: dict[str, Any]) -> None:
                 if len(chunk) == 1 << 20:
                     continue
             try:
-                mtime = os.stat(state_path).st_mtime_ns
+                seen = os.stat(state_path)
+                version = (seen.st_ino, seen.st_mtime_ns, seen.st_size)  # replaced by a rename
             except OSError:
-                mtime = None
-            if mtime != last_mtime:
-                last_mtime = mtime
+                version = None
+            if version != last_seen:
+                last_seen = version
                 state = _read_json(state_path) or state
                 _emit({"t": "state", "state": state})
             ended = state.get("state") == "exited"
@@ -835,13 +851,41 @@ def op_follow(req: dict[str, Any]) -> None:
                     _emit({"t": "log", "offset": offset, "next": offset + len(rest),
                            "data": rest.decode("utf-8", "surrogateescape")})
                 _emit({"t": "end", "state": state})
-                return
+                break
             if once:
                 _emit({"t": "eof", "next": offset, "state": state})
-                return
+                break
             if time.monotonic() - _last_emit[0] >= HEARTBEAT:
                 _emit({"t": "beat"})
-            time.sleep(POLL_INTERVAL)
+            if waker is None:
+                waker = Waker()
+                waker.watch(folder, IN_MODIFY | IN_MOVED_TO)  # output.log appended, state.json replaced
+            _pin_job(state, pins)
+            if waker.reliable:
+                timeout = min(IDLE_CHECK, HEARTBEAT - (time.monotonic() - _last_emit[0]))
+            else:
+                timeout = POLL_INTERVAL
+            ready = waker.wait(timeout, [h.fd for h in pins.values() if h is not None and h.fd >= 0])
+            for key, handle in pins.items():
+                if handle is not None and handle.fd in ready:  # it ended: do not wait on it again
+                    handle.close()
+                    pins[key] = None
+            left = last_read + POLL_INTERVAL - time.monotonic()
+            if left > 0:  # woken again at once (a flood): read in batches
+                time.sleep(left)
+    if waker is not None:
+        waker.close()
+    for handle in pins.values():
+        if handle is not None:
+            handle.close()
+
+
+def _pin_job(state: dict[str, Any], pins: dict[tuple[int, int | None], PidHandle | None]) -> None:
+    """Pidfds of the supervisor and torchrun that ``state`` names (once each), so that a wait
+    wakes when one of them ends even if it could not write its last state (SIGKILL)."""
+    for entry in (state.get("supervisor"), state.get("torchrun")):
+        if entry and entry.get("pid") and (entry["pid"], entry.get("start_time")) not in pins:
+            pins[(entry["pid"], entry.get("start_time"))] = pin(entry["pid"], entry.get("start_time"))
 
 
 def op_stop(req: dict[str, Any]) -> dict[str, Any]:
@@ -890,13 +934,70 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------- supervisor
 
 
-def _files_at(root: str, prefixes: tuple[str, ...]) -> list[str]:
+IN_MODIFY, IN_MOVED_TO, IN_CREATE = 0x2, 0x80, 0x100
+
+
+class Waker:
+    """Sleeps until something may have changed: a file in a watched directory was written,
+    created or renamed into it (inotify), a descriptor became readable (the pidfd of a process
+    that ended, a signal's wake-up pipe), or the timeout passed.
+
+    create → ``watch(folder)`` → ``wait(timeout, fds)`` ... → ``close()``. ``reliable`` is False
+    when inotify is missing (no ctypes, or the kernel's per-user limits reached) or a directory
+    could not be watched: the caller must then poll, as it did before inotify.
+    """
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self.watched: set[str] = set()
+        self.missed = False
+        try:
+            import ctypes
+
+            self._libc = ctypes.CDLL(None, use_errno=True)
+            self.fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        except (ImportError, OSError, AttributeError):
+            self.fd = -1
+
+    @property
+    def reliable(self) -> bool:
+        return self.fd >= 0 and not self.missed
+
+    def watch(self, folder: str, mask: int = IN_MODIFY | IN_CREATE | IN_MOVED_TO) -> None:
+        """Watch ``folder`` for changes of the files in it (not deeper): before listing it, so that
+        nothing written after the listing goes unnoticed."""
+        if self.fd >= 0 and folder not in self.watched:
+            if self._libc.inotify_add_watch(self.fd, os.fsencode(folder), mask) >= 0:
+                self.watched.add(folder)
+            elif os.path.isdir(folder):
+                self.missed = True  # fs.inotify.max_user_watches, or a file system without inotify
+
+    def wait(self, timeout: float, fds: list[int] | None = None) -> list[int]:
+        """Block for at most ``timeout`` seconds; the descriptors of ``fds`` that are readable."""
+        watch = [*(fds or []), *([self.fd] if self.fd >= 0 else [])]
+        ready = select.select(watch, [], [], max(timeout, 0.0))[0] if watch else []
+        if not watch:
+            time.sleep(max(timeout, 0.0))
+        if self.fd in ready:
+            _drain(self.fd)  # the events themselves do not matter: the caller looks at everything
+        return [fd for fd in ready if fd != self.fd]
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _files_at(root: str, prefixes: tuple[str, ...], before_listing: Any = None) -> list[str]:
     """The paths ``root/a/b/...`` whose n-th part starts with ``prefixes[n]`` (a glob of
-    ``*/attempt_*/...`` without glob's imports of re and fnmatch), hidden names excluded."""
+    ``*/attempt_*/...`` without glob's imports of re and fnmatch), hidden names excluded.
+    ``before_listing(folder)`` is called before each directory is listed."""
     found = [root]
     for prefix in prefixes:
         deeper = []
         for folder in found:
+            if before_listing is not None:
+                before_listing(folder)
             try:
                 with os.scandir(folder) as entries:
                     deeper += [e.path for e in entries if e.name.startswith(prefix) and not e.name.startswith(".")]
@@ -917,12 +1018,15 @@ class RankLogs:
     O_APPEND log in one write, so no line is ever split or interleaved.
     """
 
-    def __init__(self, root: str, out_fd: int, first_rank: int) -> None:
+    def __init__(self, root: str, out_fd: int, first_rank: int, waker: Waker | None = None) -> None:
         self.root, self.out_fd, self.first_rank = root, out_fd, first_rank
         self.files: dict[str, list[Any]] = {}  # path → [file, pending bytes, prefix]
+        self.waker = waker  # told to watch every directory of the tree
 
-    def _discover(self) -> None:
-        for path in _files_at(self.root, ("", "attempt_", "", "std")):
+    def _discover(self) -> bool:
+        found = False
+        watch = self.waker.watch if self.waker is not None else None
+        for path in _files_at(self.root, ("", "attempt_", "", "std"), before_listing=watch):
             local = os.path.basename(os.path.dirname(path))
             if path not in self.files and local.isdigit() and path.endswith(".log"):
                 try:
@@ -931,10 +1035,13 @@ class RankLogs:
                     continue
                 prefix = b"[rank%d]:" % (self.first_rank + int(local))
                 self.files[path] = [handle, b"", prefix]
+                found = True
+        return found
 
-    def poll(self, final: bool = False) -> None:
-        """Pass on every complete line written so far (and, when ``final``, the rest too)."""
-        self._discover()
+    def poll(self, final: bool = False) -> bool:
+        """Pass on every complete line written so far (and, when ``final``, the rest too); True if
+        torchrun made new per-rank files (it is starting workers)."""
+        found = self._discover()
         out = []
         for entry in self.files.values():
             handle, pending, prefix = entry
@@ -950,6 +1057,7 @@ class RankLogs:
         data = b"".join(out)
         while data:
             data = data[os.write(self.out_fd, data):]
+        return found
 
     def close(self) -> None:
         for handle, _, _ in self.files.values():
@@ -1037,7 +1145,16 @@ class Supervisor:
         # torchrun's --log-dir, inside this attempt's private directory (never the log we keep)
         env["PET_LOG_DIR"] = os.path.join(self.folder, "torchrun")
         log_fd = os.open(os.path.join(self.folder, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self.rank_logs = RankLogs(env["PET_LOG_DIR"], log_fd, int(self.spec.get("first_rank") or 0))
+        # Woken by a child's end and by SIGTERM: their handlers write to this pipe (a handler for
+        # SIGCHLD, not SIG_IGN, which would reap torchrun before its status is read).
+        self.wakeup, wakeup_w = os.pipe()
+        os.set_blocking(self.wakeup, False)
+        os.set_blocking(wakeup_w, False)
+        signal.set_wakeup_fd(wakeup_w)
+        signal.signal(signal.SIGCHLD, _ignore)
+        self.waker = Waker()
+        os.makedirs(env["PET_LOG_DIR"], mode=0o700, exist_ok=True)  # torchrun accepts it existing
+        self.rank_logs = RankLogs(env["PET_LOG_DIR"], log_fd, int(self.spec.get("first_rank") or 0), self.waker)
         try:
             pid = _spawn_job(self.spec["argv"], env, self.spec.get("cwd") or None, log_fd)
         except OSError as exc:
@@ -1071,16 +1188,21 @@ class Supervisor:
         return 0
 
     def _watch(self, torchrun: PidHandle) -> int:
-        """Reap children until torchrun exits; meanwhile record workers and sessions."""
-        last_scan = 0.0
+        """Reap children until torchrun exits; meanwhile merge the rank logs and record workers
+        and sessions. Sleeps until something happens (see ``Waker``): a rank file written or
+        created, a worker's pidfd, a child's end or SIGTERM (through the signal wake-up pipe)."""
+        waker = self.waker
+        last_scan = last_merge = 0.0
+        busy_until = time.monotonic() + BUSY  # torchrun is about to start its workers
         forwarded = False
         while True:
-            fds = [h.fd for h in self.workers.values() if h.fd >= 0]
-            if fds:
-                ready = select.select(fds, [], [], MERGE_INTERVAL)[0]
-            else:
-                time.sleep(MERGE_INTERVAL)
-                ready = []
+            now = time.monotonic()
+            polling = not waker.reliable or any(h.fd < 0 for h in self.workers.values())
+            scan_every = SCAN_INTERVAL if polling or now < busy_until else IDLE_SCAN_INTERVAL
+            timeout = MERGE_INTERVAL if polling else min(last_scan + scan_every - now, IDLE_CHECK)
+            ready = waker.wait(timeout, [h.fd for h in self.workers.values() if h.fd >= 0] + [self.wakeup])
+            if self.wakeup in ready:
+                _drain(self.wakeup)
             changed = False
             for pid, handle in list(self.workers.items()):
                 if handle.fd in ready or (handle.fd < 0 and not handle.alive()):
@@ -1104,10 +1226,14 @@ class Supervisor:
                 forwarded = True
                 torchrun.signal(signal.SIGTERM)
             now = time.monotonic()
-            if status is None and now - last_scan >= 0.25:
+            if status is None and now - last_scan >= scan_every:
                 last_scan = now
                 changed |= self._scan(torchrun.pid)
-            self.rank_logs.poll()
+            if status is None and last_merge + MERGE_INTERVAL > now:  # woken again at once (a flood): batches
+                time.sleep(last_merge + MERGE_INTERVAL - now)
+            last_merge = time.monotonic()
+            if self.rank_logs.poll():
+                busy_until = last_merge + BUSY
             if changed:
                 self.save()
             if status is not None:
@@ -1155,6 +1281,18 @@ class Supervisor:
                 return
             if pid == 0:
                 time.sleep(0.05)
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """A signal handler that does nothing: the signal only wakes the wait (``set_wakeup_fd``)."""
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def _set_subreaper() -> None:

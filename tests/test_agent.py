@@ -174,7 +174,9 @@ def test_supervisor_is_detached_and_holds_nothing_of_the_agent(tmp_path: Path) -
         fds = {int(fd): os.readlink(f"/proc/{sup}/fd/{fd}") for fd in os.listdir(f"/proc/{sup}/fd")}
         assert fds[0] == "/dev/null", fds
         assert fds[1] == fds[2] == str(Path(answer["dir"]) / "supervisor.log"), fds
-        assert not [t for t in fds.values() if t.startswith(("pipe:", "socket:"))], fds
+        assert not [t for t in fds.values() if t.startswith("socket:")], fds
+        pipes = [t for t in fds.values() if t.startswith("pipe:")]
+        assert all(pipes.count(p) == 2 for p in pipes), fds  # only its own wake-up pipe, both ends
         stat_fields = Path(f"/proc/{sup}/stat").read_text().rsplit(")", 1)[1].split()
         parent, session, tty = int(stat_fields[1]), int(stat_fields[3]), int(stat_fields[4])
         assert session != os.getsid(0) and tty == 0  # a session of its own (not leading it), no terminal
@@ -409,3 +411,97 @@ def test_job_finds_its_program_on_its_own_path_and_keeps_no_descriptor(tmp_path:
     assert int(fds) == 4  # 0, 1, 2 and the one ls itself lists /proc/self/fd with
     assert stdin == "/dev/null" and sid == pid == str(answer["state"]["torchrun"]["pid"])
     assert int(ignored, 16) & (1 << (13 - 1)) == 0  # SIGPIPE (13) not ignored
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_quiet_job_costs_its_supervisor_and_follower_no_cpu(tmp_path: Path) -> None:
+    """Both sleep until inotify, a pidfd or a signal says that something happened. They used to
+    poll 20 and 50 times a second: 8 and 29 ms of CPU per second for every node here."""
+    import threading
+
+    from clusterrun.agent import BOOTSTRAP, BUSY
+
+    state_dir = tmp_path / "state"
+    flag = tmp_path / "go"
+    began = time.monotonic()
+    answer = start(state_dir, "import os, time\nprint('hello', flush=True)\n"
+                              f"while not os.path.exists({str(flag)!r}): time.sleep(0.05)\nprint('late', flush=True)")
+    supervisor = answer["state"]["supervisor"]["pid"]
+    messages: list[dict] = []
+    def read() -> None:
+        for message in TRANSPORT.stream(req(state_dir, "follow")):
+            messages.append(message)
+
+    follower = threading.Thread(target=read, daemon=True)
+    try:
+        follower.start()
+        wait_for(lambda: any("hello" in m.get("data", "") for m in messages), 10, what="the first line")
+        agents = [int(p) for p in os.listdir("/proc") if p.isdigit() and Path(f"/proc/{p}/stat").exists()
+                  and BOOTSTRAP.encode() in Path(f"/proc/{p}/cmdline").read_bytes()
+                  and int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()]
+        assert len(agents) == 1, agents
+        before = _cpu_seconds(agents[0])
+        time.sleep(4)
+        assert _cpu_seconds(agents[0]) - before <= 0.02  # polling: 0.03
+        time.sleep(max(0.0, began + BUSY + 1 - time.monotonic()))  # torchrun would have started its workers
+        before = _cpu_seconds(supervisor)
+        time.sleep(3)
+        assert _cpu_seconds(supervisor) - before <= 0.02  # polling: 0.09
+        flag.touch()
+        follower.join(10)
+        assert not follower.is_alive() and messages[-1]["t"] == "end"
+        assert "".join(m["data"] for m in messages if m["t"] == "log") == "hello\nlate\n"
+    finally:
+        TRANSPORT.call(req(state_dir, "stop", grace=1))
+
+
+def test_rank_logs_are_watched_as_torchrun_makes_them(tmp_path: Path) -> None:
+    """The supervisor's wait wakes when a per-rank file is made or written, however deep, and
+    sleeps through its timeout when nothing happens."""
+    from clusterrun.agent import RankLogs, Waker
+
+    root = tmp_path / "torchrun"
+    root.mkdir()
+    fd = os.open(tmp_path / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    waker = Waker()
+    logs = RankLogs(str(root), fd, first_rank=0, waker=waker)
+    try:
+        assert waker.reliable
+        assert logs.poll() is False
+        began = time.monotonic()
+        waker.wait(0.3)
+        assert time.monotonic() - began >= 0.25  # nothing happened: no wake-up
+        (root / "run_x" / "attempt_0" / "0").mkdir(parents=True)
+        began = time.monotonic()
+        waker.wait(10)
+        assert time.monotonic() - began < 2
+        (root / "run_x" / "attempt_0" / "0" / "stdout.log").write_bytes(b"one\n")  # before it is watched
+        assert logs.poll() is True  # found, read, and its directories watched
+        assert (tmp_path / "output.log").read_bytes() == b"[rank0]:one\n"
+        waker.wait(0)  # what the write above queued
+        with open(root / "run_x" / "attempt_0" / "0" / "stdout.log", "ab") as f:
+            f.write(b"two\n")
+        began = time.monotonic()
+        waker.wait(10)
+        assert time.monotonic() - began < 2
+        assert logs.poll() is False
+        assert (tmp_path / "output.log").read_bytes() == b"[rank0]:one\n[rank0]:two\n"
+    finally:
+        logs.close()
+        waker.close()
+        os.close(fd)
+
+
+def test_without_inotify_the_waits_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterrun.agent import Waker
+
+    monkeypatch.setitem(sys.modules, "ctypes", None)
+    waker = Waker()
+    assert not waker.reliable
+    began = time.monotonic()
+    assert waker.wait(0.2) == []
+    assert 0.15 <= time.monotonic() - began < 2
