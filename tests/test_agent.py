@@ -505,3 +505,15 @@ def test_without_inotify_the_waits_poll(monkeypatch: pytest.MonkeyPatch) -> None
     began = time.monotonic()
     assert waker.wait(0.2) == []
     assert 0.15 <= time.monotonic() - began < 2
+
+
+@pytest.mark.parametrize(("source", "version"), [
+    ("from typing import Optional\n__version__ = '2.13.0+cpu'\ndebug = False\n", "2.13.0+cpu"),
+    ('__version__: str = "2.5.1+cu121"\n', "2.5.1+cu121"),
+    ("x__version__ = '1'\n__version__ = get()\n", "unknown"),
+    ("__version__ = '\n", "unknown"),
+])
+def test_torch_version_is_read_from_its_version_file(source: str, version: str) -> None:
+    from clusterrun.agent import _version_of
+
+    assert _version_of(source) == version
