@@ -217,16 +217,18 @@ MARKER_VAR = "CLUSTERRUN_JOB"
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 _ID_CHARS = _ALNUM | frozenset("._-")
 PR_SET_CHILD_SUBREAPER = 36
-# How often ``follow`` looks for new bytes in the node's log, and the supervisor for new bytes in
-# torchrun's per-rank files (to merge them into that log): a line's latency from the worker to the
-# controller is about the sum of the two, plus the network (docs/benchmarks.md).
+# How often at most ``follow`` reads new bytes of the node's log, and the supervisor new bytes of
+# torchrun's per-rank files (to merge them into that log): under a steady flow a line's latency
+# from the worker to the controller is about the sum of the two, plus the network
+# (docs/benchmarks.md). Without inotify they are also the polling intervals.
 POLL_INTERVAL = 0.05
 MERGE_INTERVAL = 0.02
 # Both wait for inotify to say that something changed instead of waking up at those intervals (a
-# quiet job then costs no CPU: polling cost 30-40 ms of CPU per second per node), and read at most
-# that often. They look anyway after IDLE_CHECK seconds without any event. The supervisor looks
-# for new worker processes every SCAN_INTERVAL seconds for BUSY seconds after torchrun started or
-# made new per-rank files (it is starting workers), else every IDLE_SCAN_INTERVAL seconds.
+# quiet job then costs no CPU: polling cost 30-40 ms of CPU per second per node), so the first
+# line after a quiet spell goes at once. They look anyway after IDLE_CHECK seconds without any
+# event. The supervisor looks for new worker processes every SCAN_INTERVAL seconds for BUSY
+# seconds after torchrun started or made new per-rank files (it is starting workers), else every
+# IDLE_SCAN_INTERVAL seconds.
 IDLE_CHECK = 1.0
 SCAN_INTERVAL = 0.25
 IDLE_SCAN_INTERVAL = 2.0
