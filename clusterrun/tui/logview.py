@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from rich.cells import cell_len
 from rich.highlighter import Highlighter
+from rich.segment import Segment
 from rich.text import Text
-from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
@@ -22,6 +22,7 @@ COLOURS = ("cyan", "yellow", "magenta", "green", "blue", "red", "bright_cyan", "
            "bright_magenta", "bright_green", "bright_blue", "bright_red")
 PREFIX = re.compile(r"^node(\d+) \| ")
 CONTROL = re.compile("[\u0000-\u0014]")  # shown as � (as Textual's Log does)
+CACHED = 1024  # rendered lines kept (the oldest go first)
 
 
 class LogHighlighter(Highlighter):
@@ -73,7 +74,7 @@ class RingLog(ScrollView, can_focus=True):
         self._first = 0  # the ring's number of the first line shown
         self._seen = 0  # the ring's count when the view last moved
         self._width = 0  # widest line rendered, where the ring's width (characters) fell short
-        self._strips: LRUCache[int, Strip] = LRUCache(1024)
+        self._rendered: dict[int, tuple[list[Segment], int]] = {}  # rendered lines: segments, cells
 
     @property
     def lines(self) -> Sequence[str]:
@@ -97,7 +98,7 @@ class RingLog(ScrollView, can_focus=True):
         """Show another ring, following it."""
         self._ring = ring
         self._width = 0
-        self._strips.clear()
+        self._rendered.clear()
         self.follow()
 
     def follow(self) -> None:
@@ -141,7 +142,7 @@ class RingLog(ScrollView, can_focus=True):
 
     def restyle(self) -> None:
         """Render the lines again (the highlighter's search pattern changed)."""
-        self._strips.clear()
+        self._rendered.clear()
         self.refresh()
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
@@ -154,13 +155,13 @@ class RingLog(ScrollView, can_focus=True):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._strips.clear()
+        self._rendered.clear()
 
     def get_selection(self, selection: Selection) -> tuple[str, str] | None:
         return selection.extract("\n".join(self.lines)), "\n"
 
     def selection_updated(self, selection: Selection | None) -> None:
-        self._strips.clear()
+        self._rendered.clear()
         self.refresh()
 
     def render_line(self, y: int) -> Strip:
@@ -172,8 +173,8 @@ class RingLog(ScrollView, can_focus=True):
         if index >= len(lines):
             return Strip.blank(width, style)
         selection = self.text_selection
-        strip = self._strips.get(self._first + index) if selection is None else None
-        if strip is None:
+        cached = self._rendered.get(self._first + index) if selection is None else None
+        if cached is None:
             line = CONTROL.sub("�", lines[index].expandtabs())
             text = Text(line, no_wrap=True)
             text.stylize(style)
@@ -182,10 +183,16 @@ class RingLog(ScrollView, can_focus=True):
                 start, end = span
                 text.stylize(self.screen.get_component_rich_style("screen--selection"), start,
                              len(text) if end == -1 else end)
-            strip = Strip(text.render(self.app.console), cell_len(line))
+            cached = list(text.render(self.app.console)), cell_len(line)
             if selection is None:
-                self._strips[self._first + index] = strip
-            if strip.cell_length > max(self._ring.width, self._width):  # tabs or wide characters
-                self._width = strip.cell_length
+                if len(self._rendered) >= CACHED:
+                    del self._rendered[next(iter(self._rendered))]
+                self._rendered[self._first + index] = cached
+            if cached[1] > max(self._ring.width, self._width):  # tabs or wide characters
+                self._width = cached[1]
                 self.call_later(self._resize)
-        return strip.crop_extend(scroll_x, scroll_x + width, style).apply_offsets(scroll_x, index)
+        # A new Strip each time, and not crop_extend (which caches the strip in itself when nothing
+        # is cut): every Strip the frame leaves behind is freed as soon as it is dropped, none waits
+        # for a full garbage collection.
+        strip = Strip(*cached).extend_cell_length(scroll_x + width, style).crop(scroll_x, scroll_x + width)
+        return strip.apply_offsets(scroll_x, index)
