@@ -301,6 +301,20 @@ def _open_job(ref: str) -> tuple[JobStore, JobRecord]:
     return store, record
 
 
+def _hosts_cell(hosts: Sequence[str], width: int = 40) -> str:
+    """The hosts of a job for the job list: all of them if they fit in ``width`` characters, else
+    the first ones and how many more (``ps JOB`` lists every node)."""
+    text = ",".join(hosts)
+    if len(text) <= width or len(hosts) == 1:
+        return text
+    shown = [hosts[0]]
+    for host in hosts[1:]:
+        if len(",".join([*shown, host])) > width - 8:
+            break
+        shown.append(host)
+    return ",".join(shown) + f",… +{len(hosts) - len(shown)}"
+
+
 def _age(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
@@ -348,7 +362,7 @@ def ps(job: str | None, as_json: bool) -> None:
     rows = [("JOB", "NAME", "HOSTS", "STATE", "ATTEMPT", "AGE")]
     now = time.time()
     for r in records:
-        rows.append((r.job_id, r.name, ",".join(r.hosts), r.state, str(r.attempt), _age(now - r.created)))
+        rows.append((r.job_id, r.name, _hosts_cell(r.hosts), r.state, str(r.attempt), _age(now - r.created)))
     _table(rows)
 
 

@@ -112,3 +112,14 @@ def test_the_core_never_imports_textual() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["[]", "True"], done.stdout
+
+
+def test_the_job_list_shortens_long_host_lists() -> None:
+    from clusterrun.cli import _hosts_cell
+
+    assert _hosts_cell(["local-a", "local-b"]) == "local-a,local-b"
+    many = [f"sim{i}" for i in range(1, 33)]
+    cell = _hosts_cell(many)
+    assert len(cell) <= 40 and cell.startswith("sim1,sim2,") and cell.endswith(f"… +{32 - cell.count(',')}")
+    assert _hosts_cell(["a" * 50]) == "a" * 50  # one host: shown whole
+    assert _hosts_cell(["a" * 50, "b"]) == "a" * 50 + ",… +1"
