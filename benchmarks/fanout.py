@@ -80,7 +80,7 @@ def run_clusterrun(folder: Path, cluster: SimCluster) -> tuple[float, float, flo
     began = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", "--no-tui", str(hosts_file(folder, cluster)),
                              str(SCRIPT), "0", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env=dict(os.environ, XDG_STATE_HOME=str(folder / "xdg")))  # job records too
     assert proc.stderr is not None
     started = 0
     elapsed = None
