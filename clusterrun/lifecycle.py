@@ -444,4 +444,5 @@ def start_attempt(store: JobStore, record: JobRecord, emit: Emit) -> JobRecord:
             raise
     finally:
         job.close()
+    recorder.flush()  # the nodes' pids and states, before the record is read back
     return store.load(record.job_id)

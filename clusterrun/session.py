@@ -70,6 +70,7 @@ class Session:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._busy = False  # a kill or restart is under way
+        self._recorders: list[Recorder] = []  # flushed by detach(): the process may exit right after
 
     @property
     def job_id(self) -> str:
@@ -101,7 +102,7 @@ class Session:
         if job is not None:
             assert job.plan is not None
             self._job = job
-            job.emit = fan_out(self.emit, Recorder(self.store, self.job_id, job.attempt))
+            job.emit = fan_out(self.emit, self._recorder(job.attempt))
             self.emit(attempt_event(job.plan, job.attempt))
             try:
                 job.start()
@@ -119,10 +120,15 @@ class Session:
                 return
         self._follow()
 
+    def _recorder(self, attempt: int) -> Recorder:
+        recorder = Recorder(self.store, self.job_id, attempt)
+        self._recorders.append(recorder)
+        return recorder
+
     def _viewer(self, offsets: dict[int, int] | None, tail: int | None) -> Job:
         record = self.store.load(self.job_id)
         self.record = record
-        emit = fan_out(self.emit, Recorder(self.store, record.job_id, record.attempt)) if self.owner else self.emit
+        emit = fan_out(self.emit, self._recorder(record.attempt)) if self.owner else self.emit
         job = follower(record, emit, fail_fast=self.owner, follow_logs=True, offsets=offsets, tail=tail)
         assert job.plan is not None
         self.emit(attempt_event(job.plan, record.attempt))
@@ -205,6 +211,8 @@ class Session:
             job.detach()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        for recorder in self._recorders:  # what the nodes reported, in the record before the monitor reads it
+            recorder.flush()
         if self.owner_fd is not None and (self.result is None and self.error is None):
             self.store.spawn_monitor(self.job_id, self.owner_fd)
             self.owner_fd = None
