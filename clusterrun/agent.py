@@ -1303,7 +1303,7 @@ def _set_subreaper() -> None:
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
+    except (ImportError, OSError, AttributeError):  # ImportError: a Python built without ctypes
         pass  # the marker and the recorded sessions still find the job's processes
 
 

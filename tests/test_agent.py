@@ -497,9 +497,12 @@ def test_rank_logs_are_watched_as_torchrun_makes_them(tmp_path: Path) -> None:
 
 
 def test_without_inotify_the_waits_poll(monkeypatch: pytest.MonkeyPatch) -> None:
-    from clusterrun.agent import Waker
+    """A Python without ctypes: the supervisor is no subreaper (the marker and the recorded
+    sessions still find the job's processes) and its waits poll."""
+    from clusterrun.agent import Waker, _set_subreaper
 
     monkeypatch.setitem(sys.modules, "ctypes", None)
+    _set_subreaper()  # no ImportError
     waker = Waker()
     assert not waker.reliable
     began = time.monotonic()
