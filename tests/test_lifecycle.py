@@ -261,12 +261,28 @@ def test_unknown_job_is_a_clear_error() -> None:
         assert "no job matches 'nope'" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_a_new_attempt_is_read_back_with_its_nodes_started_even_when_the_record_is_slow(
-        tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """start_attempt (restart, and the dashboard's R) returns the record after the start: the
-    nodes' pids, written by the Recorder's thread, must be in it however slow that thread is."""
+@pytest.fixture
+def slow_record_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every write of a job record by a Recorder's writer thread takes 0.5 s more (in this process)."""
     import threading
 
+    from clusterrun.jobs import JobStore
+
+    update = JobStore.update
+
+    def slow_from_the_writer(self: JobStore, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name.startswith("record-"):
+            time.sleep(0.5)
+        return update(self, *args, **kwargs)
+
+    monkeypatch.setattr(JobStore, "update", slow_from_the_writer)
+
+
+@pytest.mark.usefixtures("slow_record_writer")
+def test_a_new_attempt_is_read_back_with_its_nodes_started_even_when_the_record_is_slow(
+        tmp_path: Path, state_dir: Path) -> None:
+    """start_attempt (restart, and the dashboard's R) returns the record after the start: the
+    nodes' pids, written by the Recorder's thread, must be in it however slow that thread is."""
     from clusterrun.jobs import JobStore
     from clusterrun.lifecycle import start_attempt
 
@@ -277,31 +293,20 @@ def test_a_new_attempt_is_read_back_with_its_nodes_started_even_when_the_record_
     job_id = store.resolve(job)
     owner = store.wait_own(job_id, timeout=30)
     assert owner is not None
-    update = JobStore.update
-
-    def slow_from_the_writer(self: JobStore, *args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread().name.startswith("record-"):
-            time.sleep(0.5)
-        return update(self, *args, **kwargs)
-
-    monkeypatch.setattr(JobStore, "update", slow_from_the_writer)
     try:
         record = start_attempt(store, store.load(job_id), lambda event: None)
         assert record.attempt == 2
         assert all(n.pid for n in record.nodes), record.nodes
     finally:
-        monkeypatch.setattr(JobStore, "update", update)  # not undo(): that would drop XDG_STATE_HOME too
         os.close(owner)
         wait_state(job, "succeeded", "failed")
 
 
-def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_dir: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("slow_record_writer")
+def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_dir: Path) -> None:
     """`up` on a terminal, then the terminal closes (SIGHUP): the dashboard detaches its session and
     the process exits at once (os._exit). What the nodes reported must be in the record by then,
     however slow the Recorder's thread, or the monitor that takes over starts from a stale one."""
-    import threading
-
     from clusterrun.config import load_cluster
     from clusterrun.events import NodeStarted
     from clusterrun.jobs import JobStore
@@ -318,14 +323,6 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
     record = new_record(plan, hosts_file=str(hosts), hosts_text=hosts.read_text(), env_overrides={},
                         local_cwd=str(tmp_path), ssh_config=None)
     store.create(record)
-    update = JobStore.update
-
-    def slow_from_the_writer(self: JobStore, *args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread().name.startswith("record-"):
-            time.sleep(0.5)
-        return update(self, *args, **kwargs)
-
-    monkeypatch.setattr(JobStore, "update", slow_from_the_writer)
     events: list[object] = []
     session = Session(store, record, events.append, job=job, owner_fd=store.try_own("detach-1"))
     try:
@@ -334,5 +331,4 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
         session.detach()
         assert all(n.pid for n in store.load("detach-1").nodes), store.load("detach-1").nodes
     finally:
-        monkeypatch.setattr(JobStore, "update", update)  # not undo(): that would drop XDG_STATE_HOME too
         assert clusterrun("down", "detach-1").returncode == 0
