@@ -126,6 +126,7 @@ def test_restart_asks_then_starts_attempt_two(tmp_path: Path, state_dir: Path) -
         assert not set(first) & set(marked(job))  # nothing of attempt 1 is left
         assert "attempt 2" in str(app.query_one("#header").render())  # type: ignore[attr-defined]
         await pilot.press("d")  # type: ignore[attr-defined]
+        await until(pilot, lambda: not app.is_running, 15, "the app to exit")
 
     drive(app, script)
     record = ps_json(job)
@@ -291,3 +292,32 @@ def test_sigterm_to_up_in_a_terminal_stops_the_job_and_exits_143(terminal: tuple
     assert "EXIT=143" in screen(tmux, session)
     assert marked(job) == []
     assert ps_json(job)["state"] == "stopped"
+
+
+def test_a_detach_that_ends_after_the_app_does_not_touch_it() -> None:
+    """The detach runs in a thread and the app may be gone when it is done (its terminal closed,
+    a test harness shut it): the thread must not call into the ended app (it did, and raised
+    'Event loop is closed' in that thread)."""
+    import threading
+
+    finished = threading.Event()
+
+    class SlowDetach(Scripted):
+        def detach(self) -> None:
+            time.sleep(0.5)
+            finished.set()
+
+    errors: list[BaseException] = []
+    hook, threading.excepthook = threading.excepthook, lambda args: errors.append(args.exc_value)  # type: ignore[assignment]
+    try:
+        app = Dashboard(SlowDetach(started(), running=True), ring=100)  # type: ignore[arg-type]
+
+        async def script(app: Dashboard, pilot: object) -> None:
+            await pilot.press("d")  # type: ignore[attr-defined]  # and the harness ends the app at once
+
+        drive(app, script)
+        assert finished.wait(5)
+        time.sleep(0.2)  # what the thread does after the detach
+    finally:
+        threading.excepthook = hook
+    assert errors == [] and app.outcome == "detached"

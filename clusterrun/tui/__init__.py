@@ -202,6 +202,9 @@ class Dashboard(App[int]):
         self._report = ""
         self._actions: tuple[bool | None, ...] = ()
         self._title = ""
+        # Set by a worker thread (detach, quit) once its work is done: the next tick exits with the
+        # code it returns. Threads never call into the app: it may have ended meanwhile.
+        self._exit_soon: Callable[[], int] | None = None
 
     # ------------------------------------------------------------------------ the session side
 
@@ -243,6 +246,10 @@ class Dashboard(App[int]):
     # --------------------------------------------------------------------------- redrawing
 
     def _drain(self) -> None:
+        exit_soon, self._exit_soon = self._exit_soon, None
+        if exit_soon is not None:
+            self.exit(exit_soon())
+            return
         got = False
         while True:
             try:
@@ -507,7 +514,7 @@ class Dashboard(App[int]):
 
         def work() -> None:
             self.session.detach()
-            self.call_from_thread(self.exit, 0)
+            self._exit_soon = lambda: 0
 
         threading.Thread(target=work, daemon=True, name="detach").start()
 
@@ -527,7 +534,7 @@ class Dashboard(App[int]):
 
                 def work() -> None:
                     self.session.wait()
-                    self.call_from_thread(lambda: self.exit(self.exit_code_of()))
+                    self._exit_soon = self.exit_code_of
 
                 threading.Thread(target=work, daemon=True, name="quit").start()
 
