@@ -46,7 +46,7 @@ from clusterrun.lifecycle import (
     start_attempt,
     stop_job,
 )
-from clusterrun.orchestrator import Job
+from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
 from clusterrun.printer import Printer
 from clusterrun.session import Session
@@ -157,12 +157,16 @@ def _follow_hint(job_id: str) -> str:
               "(like StrictHostKeyChecking=accept-new); a changed key is still refused.")
 @click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds torchrun gets to stop its workers before they are killed.")
+@click.option("--unreachable-timeout", type=click.FloatRange(min=1), metavar="SECONDS",
+              help="Treat a host that cannot be reached for this long as failed (its node lost, fail-fast). "
+              "Default: never; losing contact alone never stops a job. Counts the time spent retrying, "
+              "not time this machine was paused or asleep.")
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool, name: str | None,
        env: tuple[str, ...], dry_run: bool, no_tui: bool, ui_lines: int, leave_running: bool, ssh_config: str | None,
-       accept_new_host_keys: bool, grace: float) -> None:
+       accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
@@ -186,7 +190,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     printer = Printer()
     ssh_config = ssh_config or spec.ssh_config
     job = Job(spec, script, script_args, job_id=job_id, name=jname, emit=printer, env_overrides=overrides,
-              local_cwd=os.getcwd(), grace=grace,
+              local_cwd=os.getcwd(), grace=grace, reconnect=Reconnect(give_up_after=unreachable_timeout),
               transport_factory=partial(transport_for, ssh_config=ssh_config,
                                         accept_new_host_keys=accept_new_host_keys))
     store = JobStore()
@@ -199,7 +203,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
             _print_plan(plan)
             return
         record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
-                            local_cwd=os.getcwd(), ssh_config=ssh_config)
+                            local_cwd=os.getcwd(), ssh_config=ssh_config, unreachable_timeout=unreachable_timeout)
         store.create(record)
         owner = store.try_own(job_id)
         if not detach and _use_tui(no_tui):

@@ -22,7 +22,12 @@ class NodeState(str, Enum):
         pending → connecting → starting → running ─┬→ succeeded
                                    │               ├→ failed      (torchrun exited non-zero)
                                    │               ├→ stopping → stopped   (stop requested)
-                                   └→ failed       └→ lost        (the host or its agent vanished)
+                                   └→ failed       └→ lost        (the host says the job's processes are gone)
+
+    ``unreachable`` is not a state of the job but of the controller's view: a node whose host
+    cannot be reached keeps its state (it runs on, for all anybody knows) and is shown
+    unreachable (``NodeLink``). A node ends ``unreachable`` only in a result: the controller
+    stopped following it (a stop was asked for) without reaching its host, so it may still run.
     """
 
     PENDING = "pending"
@@ -34,6 +39,7 @@ class NodeState(str, Enum):
     FAILED = "failed"
     STOPPED = "stopped"
     LOST = "lost"
+    UNREACHABLE = "unreachable"
 
     @property
     def is_terminal(self) -> bool:

@@ -93,6 +93,7 @@ class JobRecord:
     plan: dict[str, Any]
     attempt: int = 1
     state: str = "starting"
+    unreachable_timeout: float | None = None  # --unreachable-timeout: silence that counts as a loss
     attempts: list[AttemptRecord] = field(default_factory=list)
     nodes: list[NodeRecord] = field(default_factory=list)
 

@@ -35,19 +35,19 @@ from clusterrun.events import (
     StopReport,
 )
 from clusterrun.jobs import OWNER_FD_VAR, AttemptRecord, JobRecord, JobStore, NodeRecord
-from clusterrun.orchestrator import Emit, Job, node_state_of
+from clusterrun.orchestrator import Emit, Job, Reconnect, node_state_of
 from clusterrun.plan import LaunchPlan, plan_from_json, plan_to_json
 from clusterrun.transports import Transport, transport_for
 
 
 def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overrides: dict[str, str],
-               local_cwd: str, ssh_config: str | None) -> JobRecord:
+               local_cwd: str, ssh_config: str | None, unreachable_timeout: float | None = None) -> JobRecord:
     """The record of a job about to start its first attempt."""
     return JobRecord(
         job_id=plan.job_id, name=plan.name, created=time.time(), hosts_file=os.path.abspath(hosts_file),
         hosts_text=hosts_text, script=plan.script, script_args=list(plan.script_args),
         env_overrides=dict(env_overrides), local_cwd=local_cwd, grace=plan.grace, ssh_config=ssh_config,
-        plan=plan_to_json(plan), attempt=1,
+        plan=plan_to_json(plan), attempt=1, unreachable_timeout=unreachable_timeout,
         attempts=[AttemptRecord(1, started=time.time(), master_port=plan.master_port)],
         nodes=[NodeRecord(n.rank, n.host.host) for n in plan.nodes],
     )
@@ -62,8 +62,11 @@ def transport_factory(record: JobRecord) -> Callable[..., Transport]:
     return partial(transport_for, ssh_config=record.ssh_config)
 
 
-def job_state(result: JobResult) -> str:
-    """The job's state in its record from how it ended."""
+def job_state(result: JobResult) -> str | None:
+    """The job's state in its record from how it ended; None while a node may still run (its
+    host could not be reached: the next ``ps`` asks it again)."""
+    if any(n.state is NodeState.UNREACHABLE for n in result.nodes):
+        return None
     if result.ok:
         return "succeeded"
     states = {n.state for n in result.nodes}
@@ -145,10 +148,12 @@ class Recorder:
             self.finish(event.result)
 
     def finish(self, result: JobResult) -> None:
+        state = job_state(result)
+
         def change(record: JobRecord) -> None:
-            if record.attempt != self.attempt:
+            if record.attempt != self.attempt or state is None:
                 return
-            record.state = job_state(result)
+            record.state = state
             attempt = record.attempts[-1]
             attempt.state, attempt.ended = record.state, time.time()
             failed = record.state in ("failed", "lost")
@@ -174,7 +179,8 @@ def follower(record: JobRecord, emit: Emit, *, fail_fast: bool, follow_logs: boo
     plan = plan_from_json(record.plan, spec)
     job = Job(spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
               grace=record.grace, attempt=attempt or record.attempt, transport_factory=transport_factory(record),
-              fail_fast=fail_fast, follow_logs=follow_logs, offsets=offsets, tail=tail, ranks=ranks)
+              fail_fast=fail_fast, follow_logs=follow_logs, offsets=offsets, tail=tail, ranks=ranks,
+              reconnect=Reconnect(give_up_after=record.unreachable_timeout if fail_fast else None))
     job.resume(plan)
     return job
 

@@ -9,12 +9,21 @@ handler; the stop itself is carried out by ``run()``'s loop.
 
 Who follows decides what is followed: the job's owner (``up``, the monitor) applies fail-fast;
 a viewer (``attach``, ``logs -f``) passes ``fail_fast=False`` and only watches, and the monitor
-passes ``follow_logs=False`` and watches states only. A node whose host cannot be reached is
-retried, from the byte offset it had reached, for ``LOST_AFTER`` seconds before it counts as lost.
+passes ``follow_logs=False`` and watches states only.
+
+Losing contact is never evidence: a node whose host cannot be reached is shown unreachable
+(``NodeLink``) and retried from the byte offset it had reached, for as long as it takes. Only the
+hosts' own word fails a node: torchrun exited non-zero, or the agent found the job's processes
+gone (``lost``: killed, or the host rebooted). A host that died for good shows as the other
+ranks failing in their collectives. ``Reconnect.give_up_after`` (``--unreachable-timeout``)
+opts into treating long silence as a loss; it counts the time spent retrying, each retry's share
+capped, so a paused or suspended controller does not count its own pause.
 
 One follower thread per node reads the agent's ``follow`` stream and puts messages on a bounded
 queue (back-pressure: a slow consumer slows the readers, never memory); ``run()`` is the only
-place that changes job state and calls ``emit``.
+place that changes job state and calls ``emit``. ``offsets`` advance only once ``emit`` has
+returned for a log message, so a viewer that detaches saves what it has shown, not what was
+merely queued: the next viewer resumes there and loses nothing.
 """
 
 from __future__ import annotations
@@ -49,7 +58,22 @@ from clusterrun.transports import AgentSession, Transport, transport_for
 
 Emit = Callable[[Event], None]
 MIN_PYTHON = (3, 8)
-LOST_AFTER = 30.0
+
+
+@dataclass(frozen=True)
+class Reconnect:
+    """How a follower retries a host it cannot reach: after ``first`` × failures seconds, at
+    most ``most``; forever, unless ``give_up_after`` seconds of retrying have failed (then the
+    node is lost). Each retry adds at most ``most`` + ``try_cap`` seconds to that count, so time
+    the controller itself spent paused or asleep in one retry hardly counts."""
+
+    first: float = 0.2
+    most: float = 2.0
+    give_up_after: float | None = None
+    try_cap: float = 20.0  # a connection attempt over SSH times out after 10 s
+
+    def delay(self, failures: int) -> float:
+        return min(self.most, self.first * failures)
 
 
 def split_lines(data: str) -> tuple[str, ...]:
@@ -117,6 +141,7 @@ class Job:
         offsets: dict[int, int] | None = None,
         tail: int | None = None,
         ranks: Sequence[int] | None = None,
+        reconnect: Reconnect = Reconnect(),  # noqa: B008 - frozen
     ) -> None:
         self.spec = spec
         self.script = script
@@ -130,10 +155,12 @@ class Job:
         self.attempt = attempt
         self.fail_fast = fail_fast
         self.follow_logs = follow_logs
-        self.offsets: dict[int, int] = dict(offsets or {})  # where each node's log is followed from/to
+        self.offsets: dict[int, int] = dict(offsets or {})  # per node: the log's bytes emitted so far
+        self.reconnect = reconnect
         self.tail = tail
         self.plan: LaunchPlan | None = None
         self._detach = threading.Event()
+        self._wake = threading.Event()  # set by detach() and request_stop(): followers stop waiting to retry
         self._nodes = [_Node(None, transport_factory(h)) for h in spec.hosts]
         self.ranks = list(range(len(self._nodes))) if ranks is None else sorted(ranks)  # the nodes run() follows
         self._inbox: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue(maxsize=256)
@@ -256,20 +283,28 @@ class Job:
         if self._stop_reason is None:
             self._stop_reason = reason
         self._stop_event.set()
+        self._wake.set()
 
     def detach(self) -> None:
         """Make ``run()`` return None soon, leaving the job as it is (safe from signal handlers)."""
         self._detach.set()
+        self._wake.set()
+
+    @property
+    def detached(self) -> bool:
+        return self._detach.is_set()
 
     def _follow(self, rank: int) -> None:
         node = self._nodes[rank]
         tail = self.tail
+        position = self.offsets.get(rank, 0)  # where the stream resumes: the end of what was queued
         failures = 0
-        last_heard = time.monotonic()
+        retrying = 0.0  # seconds spent failing to reach the host (see Reconnect)
         while True:
-            where: dict[str, Any] = {"offset": self.offsets.get(rank, 0)} if tail is None else {"tail": tail}
+            where: dict[str, Any] = {"offset": position} if tail is None else {"tail": tail}
             request = self._request(rank, "follow", logs=self.follow_logs, **where)
             agent, node.agent = node.agent, None
+            began = time.monotonic()
             try:
                 stream = agent.stream(request) if agent is not None else node.transport.stream(request)
                 try:
@@ -278,11 +313,11 @@ class Job:
                             raise AgentError(node.host, str(message.get("error")))
                         if failures:
                             self._inbox.put((rank, {"t": "reconnected"}))
-                        last_heard, failures = time.monotonic(), 0
+                            failures, retrying = 0, 0.0
                         if message.get("t") == "beat":
                             continue
                         if message.get("t") == "log":
-                            self.offsets[rank] = int(message["next"])
+                            position = int(message["next"])
                             tail = None
                         self._inbox.put((rank, message))
                         if message.get("t") == "end":
@@ -296,12 +331,19 @@ class Job:
             if self._detach.is_set():
                 return
             failures += 1
+            delay = self.reconnect.delay(failures)
+            retrying += min(time.monotonic() - began, self.reconnect.try_cap) + delay
             if failures == 1 and not self._stop_event.is_set():
                 self._inbox.put((rank, {"t": "unreachable", "error": error}))
-            if time.monotonic() - last_heard > LOST_AFTER or self._stop_event.is_set() and failures > 1:
-                self._inbox.put((rank, {"t": "lost", "error": error}))
+            if self._stop_event.is_set() and failures > 1:
+                self._inbox.put((rank, {"t": "gave_up", "error": error}))  # a stop cannot wait for the host
                 return
-            time.sleep(min(2.0, 0.2 * failures))
+            limit = self.reconnect.give_up_after
+            if limit is not None and retrying >= limit:
+                self._inbox.put((rank, {"t": "lost", "error": f"unreachable for {limit:g} s "
+                                        f"(--unreachable-timeout): {error}"}))
+                return
+            self._wake.wait(delay)
 
     def run(self) -> JobResult | None:
         """Follow the nodes until all have ended; stop the rest when one fails (``fail_fast``).
@@ -314,7 +356,7 @@ class Job:
         interrupted: str | None = None
         stops: list[StopReport] = []
         stop_futures: list[Any] = []
-        while not all(self._nodes[r].state.is_terminal and self._nodes[r].final is not None for r in self.ranks):
+        while not all(self._nodes[r].final is not None for r in self.ranks):
             if self._detach.is_set():
                 return None
             if self._stop_event.is_set() and not stopping:
@@ -333,6 +375,10 @@ class Job:
             report = future.result()
             if report is not None:
                 stops.append(report)
+                node = self._nodes[report.node]
+                if report.ok and node.state is NodeState.UNREACHABLE:  # the stop got through after all
+                    node.final = {"state": "exited", "stop_requested": True}
+                    self._set_state(report.node, NodeState.STOPPED)
         for thread in self._threads:
             thread.join(timeout=5)
         return self._result(stops, interrupted)
@@ -346,6 +392,7 @@ class Job:
             if lines:
                 node.log.feed(lines)
                 self.emit(LogLines(rank, host=node.host, lines=lines))
+            self.offsets[rank] = int(message["next"])  # shown: a viewer that leaves now resumes after it
             return False
         if kind == "state":
             new = node_state_of(message.get("state") or {})
@@ -355,6 +402,12 @@ class Job:
             return False
         if kind in ("unreachable", "reconnected"):
             self.emit(NodeLink(rank, host=node.host, up=kind == "reconnected", detail=str(message.get("error") or "")))
+            return False
+        if kind == "gave_up":
+            node.final = {"state": "unreachable", "error": message.get("error")}
+            node.state = NodeState.UNREACHABLE
+            self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.UNREACHABLE,
+                                                         error=f"unreachable, may still run: {message.get('error')}")))
             return False
         if kind == "lost":
             node.final = {"state": "lost", "error": message.get("error")}
@@ -393,7 +446,8 @@ class Job:
         ranks = [r for r, n in enumerate(self._nodes) if not n.state.is_terminal and n.launch is not None]
         for rank in ranks:
             self._nodes[rank].stop_sent = True
-            self._set_state(rank, NodeState.STOPPING, reason)
+            if self._nodes[rank].final is None:
+                self._set_state(rank, NodeState.STOPPING, reason)
         return [self._pool.submit(self._stop_node, rank) for rank in ranks]
 
     def _stop_nodes(self, ranks: Sequence[int]) -> list[StopReport]:

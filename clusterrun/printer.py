@@ -124,7 +124,8 @@ class Printer:
             if event.up:
                 self.note(f"node{event.node} {event.host}: reconnected; the log continues where it stopped")
             else:
-                self.note(f"node{event.node} {event.host}: connection lost, reconnecting ({event.detail})")
+                self.note(f"node{event.node} {event.host}: unreachable ({event.detail}); the job runs on there "
+                          "as far as anybody knows; reconnecting")
         elif isinstance(event, NodeStopped):
             self.report(event.report)
         elif isinstance(event, JobFinished):

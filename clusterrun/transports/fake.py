@@ -1,0 +1,357 @@
+"""An in-memory cluster that answers the agent's protocol: the test seam for a job's policies.
+
+Lifecycle: ``FakeCluster()`` → pass ``cluster.transport`` as the ``transport_factory`` of a
+``Job`` (or a job record's owner) → script what the hosts do while the job runs
+(``cluster.node(...).write()`` / ``.exit()``, ``cluster.host(name).drop()`` / ``.restore()`` /
+``.reboot()``) → nothing to close. It speaks the protocol of ``agent.py``'s docstring (probe,
+start, follow, stop, status) over an ``AgentSession`` as the real transports do, and
+``tests/test_transport_contract.py`` holds it to the local and SSH transports, so a policy tested
+against it is tested against what the real hosts say. No processes, no clock: a job's "processes"
+run until the test says they end.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterrun.config import HostSpec
+from clusterrun.errors import ConnectError
+from clusterrun.transports.base import AgentSession, Transport
+
+Key = tuple[str, int, int]  # job, node, attempt
+_pids = itertools.count(1000)
+
+
+@dataclass
+class FakeNode:
+    """One attempt of one node on a fake host: its log and its state file."""
+
+    key: Key
+    host: FakeHost
+    argv: list[str]
+    env: dict[str, str]
+    log: bytearray = field(default_factory=bytearray)
+    state: dict[str, Any] = field(default_factory=dict)
+    sent_to: int = 0  # the end of the log that the last follow has handed out
+    gone: bool = False  # its processes vanished without a word (SIGKILLed with the supervisor)
+    stops: int = 0  # stop requests received
+    leave_on_stop: list[dict[str, Any]] = field(default_factory=list)  # processes a stop cannot kill
+
+    def write(self, data: bytes | str) -> None:
+        """The job prints ``data``."""
+        with self.host.cluster.changed:
+            self.log += data.encode() if isinstance(data, str) else data
+            self.host.cluster.changed.notify_all()
+
+    def exit(self, code: int = 0, *, signal: int | None = None) -> None:
+        """torchrun ends with ``code`` (or was killed by ``signal``)."""
+        with self.host.cluster.changed:
+            self.state = dict(self.state, state="exited", exit_code=None if signal else code, signal=signal,
+                              ended_at=self.host.cluster.now())
+            self.host.cluster.changed.notify_all()
+
+    def vanish(self) -> None:
+        """Its supervisor and torchrun are killed without a word (the agent then says ``lost``)."""
+        with self.host.cluster.changed:
+            self.gone = True
+            self.host.cluster.changed.notify_all()
+
+    @property
+    def running(self) -> bool:
+        return (self.state.get("state") in ("starting", "running") and not self.gone
+                and self.state.get("boot_id") == self.host.boot_id)
+
+
+@dataclass
+class FakeHost:
+    """One fake machine: reachable or not, its boot id, the nodes started on it."""
+
+    name: str
+    cluster: FakeCluster
+    reachable: bool = True
+    boot_id: str = "boot-1"
+    start_error: str | None = None  # the next start fails with this
+    python: str = "3.11.7"
+    torch: str | None = "2.13.0"
+    connects: int = 0  # connection attempts, reachable or not
+    _epoch: int = 0  # bumped by drop(): streams of an older epoch are cut
+
+    def drop(self) -> None:
+        """The network to this host fails: open streams break, new connections are refused."""
+        with self.cluster.changed:
+            self.reachable = False
+            self._epoch += 1
+            self.cluster.changed.notify_all()
+
+    def restore(self) -> None:
+        with self.cluster.changed:
+            self.reachable = True
+            self.cluster.changed.notify_all()
+
+    def reboot(self) -> None:
+        """The machine restarts: every job process on it is gone without a word."""
+        with self.cluster.changed:
+            self.boot_id = f"boot-{int(self.boot_id.split('-')[1]) + 1}"
+            self._epoch += 1
+            self.cluster.changed.notify_all()
+
+
+class FakeCluster:
+    """Fake hosts by name, made on first use; ``transport`` is a ``transport_factory``."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.hosts: dict[str, FakeHost] = {}
+        self.nodes: dict[Key, FakeNode] = {}
+        self.requests: list[tuple[str, dict[str, Any]]] = []  # (host, request), every one received
+        self._ticks = itertools.count(1)
+
+    def now(self) -> float:
+        """A fake wall clock that only moves forward, one tick per event (orders failures)."""
+        return float(next(self._ticks))
+
+    def host(self, name: str) -> FakeHost:
+        with self.changed:
+            if name not in self.hosts:
+                self.hosts[name] = FakeHost(name, self)
+            return self.hosts[name]
+
+    def transport(self, spec: HostSpec, **_: Any) -> FakeTransport:
+        return FakeTransport(spec, self)
+
+    def node(self, job: str, node: int, attempt: int = 1) -> FakeNode:
+        return self.nodes[(job, node, attempt)]
+
+    def wait(self, predicate: Callable[[], bool], timeout: float = 10.0, what: str = "the fake cluster") -> None:
+        """Block until ``predicate()`` (checked whenever the cluster changes), or fail."""
+        with self.changed:
+            if not self.changed.wait_for(predicate, timeout):
+                raise AssertionError(f"timed out waiting for {what}")
+
+    def wait_started(self, job: str, node: int, attempt: int = 1, timeout: float = 10.0) -> FakeNode:
+        self.wait(lambda: (job, node, attempt) in self.nodes, timeout, f"{job} node {node} attempt {attempt}")
+        return self.nodes[(job, node, attempt)]
+
+    def ops(self, op: str, host: str | None = None) -> list[dict[str, Any]]:
+        """The requests ``op`` received so far (by ``host`` if given)."""
+        with self.changed:
+            return [r for h, r in self.requests if r.get("op") == op and (host is None or h == host)]
+
+    # --------------------------------------------------------------------------- the agent
+
+    def _answers(self, host: FakeHost, request: dict[str, Any], epoch: int) -> Iterator[dict[str, Any]]:
+        with self.changed:
+            self.requests.append((host.name, request))
+            self.changed.notify_all()
+        op = request.get("op")
+        if op == "follow":
+            yield from self._follow(host, request, epoch)
+            return
+        handler = {"probe": self._probe, "start": self._start, "stop": self._stop, "status": self._status}.get(
+            str(op))
+        if handler is None:
+            yield {"ok": False, "error": f"unknown op {op!r}"}
+            return
+        with self.changed:
+            answer = handler(host, request)
+            self.changed.notify_all()
+        yield answer
+
+    def _probe(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "hostname": host.name, "python": host.python, "torch": host.torch,
+                "torchrun_flags": ["--node-rank", "--master-addr", "--master-port", "--nproc-per-node"],
+                "boot_id": host.boot_id, "port": 29500 if request.get("free_port") else None,
+                "state_dir": request.get("state_dir") or "~/.local/state/clusterrun"}
+
+    @staticmethod
+    def _key(request: dict[str, Any]) -> Key:
+        return str(request["job"]), int(request["node"]), int(request["attempt"])
+
+    def _start(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        if host.start_error is not None:
+            error, host.start_error = host.start_error, None
+            return {"ok": False, "error": error}
+        key = self._key(request)
+        if key in self.nodes:
+            return {"ok": False, "error": f"node {key[1]} attempt {key[2]} of job {key[0]} exists already"}
+        state = {"state": "running", "boot_id": host.boot_id, "supervisor": {"pid": next(_pids), "start_time": 1},
+                 "torchrun": {"pid": next(_pids), "start_time": 1}}
+        node = self.nodes[key] = FakeNode(key, host, list(request.get("argv") or ()), dict(request.get("env") or {}),
+                                          state=state)
+        return {"ok": True, "dir": f"fake:{key}", "state": dict(node.state)}
+
+    def _view(self, host: FakeHost, node: FakeNode) -> dict[str, Any]:
+        """The node's state as the agent reports it: ``lost`` when its processes are gone."""
+        state = node.state
+        if state.get("state") != "exited" and not node.running:
+            return dict(state, state="lost")
+        return dict(state)
+
+    def _absent(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        if self._key(request) in self.nodes:
+            return None
+        return {"ok": True, "state": {"state": "absent"}, "alive": {"supervisor": False, "torchrun": False},
+                "log_size": 0, "killed": [], "left": []}
+
+    def _stop(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        absent = self._absent(request)
+        if absent is not None:
+            return absent
+        node = self.nodes[self._key(request)]
+        node.stops += 1
+        killed = []
+        if node.running:
+            killed = [{"pid": node.state["torchrun"]["pid"], "name": "torchrun", "signal": "SIGTERM"}]
+            node.state = dict(node.state, state="exited", exit_code=None, signal=15, stop_requested=True,
+                              ended_at=self.now())
+        return {"ok": True, "killed": killed, "left": list(node.leave_on_stop), "state": self._view(host, node)}
+
+    def _status(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        absent = self._absent(request)
+        if absent is not None:
+            return absent
+        node = self.nodes[self._key(request)]
+        alive = node.running
+        return {"ok": True, "state": self._view(host, node), "alive": {"supervisor": alive, "torchrun": alive},
+                "log_size": len(node.log)}
+
+    def _follow(self, host: FakeHost, request: dict[str, Any], epoch: int) -> Iterator[dict[str, Any]]:
+        key = self._key(request)
+        with self.changed:
+            node = self.nodes.get(key)
+            if node is None:
+                yield {"ok": False, "error": f"no job {key[0]} node {key[1]} attempt {key[2]}"}
+                return
+            if request.get("tail") is not None:
+                offset = _tail_offset(bytes(node.log), int(request["tail"]))
+            else:
+                offset = int(request.get("offset") or 0)
+            if not request.get("logs", True):
+                offset = len(node.log)
+        last_state: dict[str, Any] | None = None
+        while True:
+            with self.changed:
+                if host._epoch != epoch:
+                    raise ConnectError(host.name, "the connection was lost (fake)")
+                data = bytes(node.log[offset:]) if request.get("logs", True) else b""
+                state = self._view(host, node)
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                yield {"t": "log", "offset": offset, "next": offset + cut,
+                       "data": data[:cut].decode("utf-8", "surrogateescape")}
+                offset += cut
+                with self.changed:
+                    node.sent_to = offset
+                    self.changed.notify_all()
+            if state != last_state:
+                last_state = state
+                yield {"t": "state", "state": state}
+            if state.get("state") in ("exited", "lost"):
+                rest = data[cut:]
+                if rest:
+                    yield {"t": "log", "offset": offset, "next": offset + len(rest),
+                           "data": rest.decode("utf-8", "surrogateescape")}
+                yield {"t": "end", "state": state}
+                return
+            if request.get("once"):
+                yield {"t": "eof", "next": offset, "state": state}
+                return
+            seen_to, seen_state = offset + len(data) - cut, last_state
+
+            def moved_on(seen_to: int = seen_to, seen_state: dict[str, Any] | None = seen_state) -> bool:
+                return host._epoch != epoch or len(node.log) > seen_to or self._view(host, node) != seen_state
+
+            with self.changed:
+                moved = self.changed.wait_for(moved_on, timeout=0.5)
+            if not moved:
+                yield {"t": "beat"}
+
+
+def _tail_offset(data: bytes, lines: int) -> int:
+    """Where the last ``lines`` complete lines of ``data`` begin (as the agent's ``tail_offset``)."""
+    end = data.rfind(b"\n") + 1
+    at = end
+    for _ in range(lines):
+        found = data.rfind(b"\n", 0, at - 1) if at > 0 else -1
+        if found < 0:
+            return 0
+        at = found + 1
+    return at
+
+
+class FakeTransport(Transport):
+    """A transport to one host of a ``FakeCluster``: sessions answer from memory."""
+
+    def __init__(self, host: HostSpec, cluster: FakeCluster) -> None:
+        super().__init__(host)
+        self.cluster = cluster
+
+    @property
+    def python(self) -> str:
+        return self.host.python or "python3"
+
+    @property
+    def address(self) -> str | None:
+        return self.host.address or self.host.host
+
+    def connect(self) -> None:
+        fake = self.cluster.host(self.name)
+        with self.cluster.changed:
+            fake.connects += 1
+            self.cluster.changed.notify_all()
+            if not fake.reachable:
+                raise ConnectError(self.name, "cannot connect: connection refused (fake)")
+
+    def session(self) -> AgentSession:
+        self.connect()
+        fake = self.cluster.host(self.name)
+        requests: list[dict[str, Any]] = []
+        closed = threading.Event()
+        with self.cluster.changed:
+            epoch = fake._epoch
+
+        def send(data: bytes) -> None:
+            requests.append(json.loads(data))
+
+        def lines() -> Iterator[bytes]:
+            while requests and not closed.is_set():
+                for answer in self.cluster._answers(fake, requests.pop(0), epoch):
+                    if closed.is_set():
+                        return
+                    yield json.dumps(answer).encode() + b"\n"
+                    if answer.get("t") in ("end", "eof"):
+                        return
+
+        def close() -> None:
+            closed.set()
+            with self.cluster.changed:
+                self.cluster.changed.notify_all()
+
+        return AgentSession(self.name, send, _Lines(lines), close)
+
+
+class _Lines:
+    """An iterator over a session's answer lines that picks up requests sent after it was made
+    (``AgentSession`` iterates one iterator for every request of a session)."""
+
+    def __init__(self, make: Callable[[], Iterator[bytes]]) -> None:
+        self._make = make
+        self._current: Iterator[bytes] | None = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        while True:
+            if self._current is None:
+                self._current = self._make()
+            try:
+                return next(self._current)
+            except StopIteration:
+                self._current = None
+                raise

@@ -1,0 +1,264 @@
+"""The orchestrator's policies against the fake transport: fail-fast, losing contact, offsets, stops.
+
+Fast (no processes): the fake cluster answers the agent protocol from memory and the tests script
+what its hosts do. ``tests/test_transport_contract.py`` holds the fake to the real transports.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from clusterrun.config import load_cluster_text
+from clusterrun.errors import HostsUnavailable
+from clusterrun.events import Event, JobFinished, JobResult, LogLines, NodeExited, NodeLink, NodeState, NodeStopped
+from clusterrun.orchestrator import Job, Reconnect
+from clusterrun.transports.fake import FakeCluster
+
+JOB = "train-20261123-120000-abcd"
+FAST = Reconnect(first=0.01, most=0.02)
+
+
+def spec_of(n: int = 2):  # type: ignore[no-untyped-def]
+    hosts = "\n".join(f"  - host: h{i}\n    nproc: 1" for i in range(n))
+    return load_cluster_text(f"hosts:\n{hosts}\n", "hosts.yaml")
+
+
+@dataclass
+class Seen:
+    """Every event, in order, from any thread."""
+
+    events: list[Event] = field(default_factory=list)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def __call__(self, event: Event) -> None:
+        with self.changed:
+            self.events.append(event)
+            self.changed.notify_all()
+
+    def wait(self, predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+        with self.changed:
+            assert self.changed.wait_for(lambda: predicate(self.events), timeout), self.events
+
+    def lines(self, node: int) -> list[str]:
+        return [line for e in self.events if isinstance(e, LogLines) and e.node == node for line in e.lines]
+
+    def of(self, kind: type[Event]) -> list[Event]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+class Running:
+    """A job started on a fake cluster, ``run()`` in a thread."""
+
+    def __init__(self, fake: FakeCluster, n: int = 2, **options: object) -> None:
+        self.seen = Seen()
+        self.job = Job(spec_of(n), "train.py", job_id=JOB, name="train", emit=self.seen,
+                       transport_factory=fake.transport, reconnect=options.pop("reconnect", FAST),  # type: ignore[arg-type]
+                       **options)  # type: ignore[arg-type]
+        self.job.prepare()
+        self.job.start()
+        self.result: JobResult | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.result = self.job.run()
+
+    def finish(self, timeout: float = 10.0) -> JobResult | None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "run() did not return"
+        self.job.close()
+        return self.result
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeCluster]:
+    yield FakeCluster()
+
+
+def test_a_failed_rank_stops_the_other_nodes_and_is_the_root_cause(fake: FakeCluster) -> None:
+    run = Running(fake)
+    n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    n1.write("[rank1]:Traceback (most recent call last):\n[rank1]:ValueError: bad batch\n"
+             "  rank      : 1 (local_rank: 0)\n  exitcode  : 1 (pid: 4321)\n")  # torchrun's failure report
+    n1.exit(1)
+    result = run.finish()
+    assert result is not None and result.failed
+    assert [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.FAILED]
+    assert result.root_cause is not None and result.root_cause.node == 1
+    assert result.root_cause.message == "ValueError: bad batch"
+    assert n0.stops == 1 and n1.stops == 0  # the failed node is not stopped: it has ended
+    assert [r.node for r in result.stops] == [0]
+
+
+class Clock:
+    """``time.monotonic`` that can jump forward, as it does for a controller paused or asleep."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.real = time.monotonic
+        self.skipped = 0.0
+        monkeypatch.setattr(time, "monotonic", lambda: self.real() + self.skipped)
+
+    def pause(self, seconds: float) -> None:
+        self.skipped += seconds
+
+
+@pytest.mark.parametrize("give_up_after", [None, 60.0])
+def test_losing_contact_for_any_time_never_stops_the_job(fake: FakeCluster, monkeypatch: pytest.MonkeyPatch,
+                                                         give_up_after: float | None) -> None:
+    """The controller cannot reach a host (a laptop asleep for an hour, a VPN drop): the node is
+    shown unreachable, retried, and followed on from its offset when the host is back; nothing is
+    stopped. An --unreachable-timeout does not count the controller's own pause."""
+    clock = Clock(monkeypatch)
+    run = Running(fake, reconnect=Reconnect(first=0.01, most=0.02, give_up_after=give_up_after))
+    n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    n0.write("line 1\n")
+    run.seen.wait(lambda ev: "line 1" in run.seen.lines(0))
+    fake.host("h0").drop()
+    clock.pause(3600)
+    run.seen.wait(lambda ev: any(isinstance(e, NodeLink) and not e.up for e in ev))
+    n0.write("line 2\n")  # written while nobody could see it
+    before = fake.host("h0").connects
+    fake.wait(lambda: fake.host("h0").connects >= before + 50, what="50 failed reconnections")
+    assert not fake.ops("stop") and n0.running and n1.running
+    fake.host("h0").restore()
+    run.seen.wait(lambda ev: any(isinstance(e, NodeLink) and e.up for e in ev))
+    n0.write("line 3\n")
+    n0.exit(0)
+    n1.exit(0)
+    result = run.finish()
+    assert result is not None and result.ok, result
+    assert run.seen.lines(0) == ["line 1", "line 2", "line 3"]  # each exactly once
+    assert not fake.ops("stop")
+
+
+def test_an_unreachable_timeout_is_opt_in_and_then_counts_as_lost(fake: FakeCluster) -> None:
+    run = Running(fake, reconnect=Reconnect(first=0.01, most=0.02, give_up_after=0.2))
+    n0, _ = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    fake.host("h1").drop()
+    result = run.finish()
+    assert result is not None and result.failed
+    assert [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.LOST]
+    assert "--unreachable-timeout" in (result.nodes[1].error or "")
+    assert n0.stops == 1 and not n0.running
+
+
+def test_a_host_back_from_a_reboot_is_evidence_and_fails_fast(fake: FakeCluster) -> None:
+    run = Running(fake)
+    n0, _ = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    fake.host("h1").drop()
+    run.seen.wait(lambda ev: any(isinstance(e, NodeLink) and not e.up for e in ev))
+    fake.host("h1").reboot()
+    fake.host("h1").restore()
+    result = run.finish()
+    assert result is not None and [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.LOST]
+    assert result.root_cause is not None and result.root_cause.node == 1
+    assert n0.stops == 1
+
+
+def test_processes_vanishing_is_evidence_too(fake: FakeCluster) -> None:
+    run = Running(fake)
+    _, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    n1.vanish()
+    result = run.finish()
+    assert result is not None and [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.LOST]
+
+
+def test_a_viewer_never_stops_anything(fake: FakeCluster) -> None:
+    run = Running(fake, fail_fast=False)
+    n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    n1.exit(1)
+    run.seen.wait(lambda ev: any(isinstance(e, NodeExited) and e.node == 1 for e in ev))
+    assert n0.running and not fake.ops("stop")
+    n0.exit(0)
+    result = run.finish()
+    assert result is not None and [n.state for n in result.nodes] == [NodeState.SUCCEEDED, NodeState.FAILED]
+
+
+def test_a_stop_that_cannot_reach_a_host_says_it_may_still_run(fake: FakeCluster) -> None:
+    run = Running(fake)
+    _, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    fake.host("h1").drop()
+    run.seen.wait(lambda ev: any(isinstance(e, NodeLink) and not e.up for e in ev))
+    run.job.request_stop("SIGINT")
+    result = run.finish()
+    assert result is not None and result.interrupted == "SIGINT"
+    assert [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.UNREACHABLE]
+    stops = {r.node: r for r in result.stops}
+    assert stops[0].ok and stops[1].error and not stops[1].ok
+    assert n1.running  # it really may: nothing reached it
+
+
+def test_offsets_count_only_what_was_emitted(fake: FakeCluster) -> None:
+    """A viewer that detaches while lines are queued but not yet shown saves the offset of what it
+    showed: the next viewer starts there (no line lost), and nothing shown is repeated."""
+    release, first_shown = threading.Event(), threading.Event()
+    shown: list[str] = []
+
+    class Slow(Seen):
+        def __call__(self, event: Event) -> None:
+            if isinstance(event, LogLines) and event.node == 0:
+                if shown:
+                    release.wait(10)  # the consumer is slow from the second batch on
+                shown.extend(event.lines)
+                first_shown.set()
+            super().__call__(event)
+
+    job = Job(spec_of(1), "train.py", job_id=JOB, name="train", emit=Slow(), transport_factory=fake.transport,
+              reconnect=FAST)
+    job.prepare()
+    job.start()
+    node = fake.wait_started(JOB, 0)
+    node.write("a\n")
+    thread = threading.Thread(target=job.run, daemon=True)
+    thread.start()
+    assert first_shown.wait(10)
+    for i in range(200):  # 20 batches the follower queues while the consumer is stuck on the second
+        node.write(f"line {i}\n")
+        if i % 10 == 9:
+            fake.wait(lambda: node.sent_to == len(node.log))
+    job.detach()
+    release.set()
+    thread.join(10)
+    job.close()
+    seen_bytes = job.offsets[0]
+    assert seen_bytes == sum(len(line) + 1 for line in shown)  # exactly what was shown, not what was read
+    assert seen_bytes < len(node.log)  # and some lines were queued, not shown
+    # the next viewer resumes there and gets the rest exactly once
+    viewer_seen = Seen()
+    viewer = Job(spec_of(1), "train.py", job_id=JOB, name="train", emit=viewer_seen,
+                 transport_factory=fake.transport, fail_fast=False, offsets={0: seen_bytes})
+    viewer.resume(job.plan)  # type: ignore[arg-type]
+    node.exit(0)
+    assert viewer.run() is not None
+    viewer.close()
+    assert shown + viewer_seen.lines(0) == ["a", *(f"line {i}" for i in range(200))]
+
+
+def test_a_failed_start_stops_what_started(fake: FakeCluster) -> None:
+    fake.host("h1").start_error = "cannot start torchrun: no such file"
+    job = Job(spec_of(2), "train.py", job_id=JOB, name="train", emit=Seen(), transport_factory=fake.transport)
+    job.prepare()
+    with pytest.raises(HostsUnavailable) as raised:
+        job.start()
+    assert "no such file" in raised.value.render()
+    job.close()
+    assert fake.node(JOB, 0).stops == 1 and not fake.node(JOB, 0).running
+
+
+def test_stop_reports_are_emitted_for_each_stopped_node(fake: FakeCluster) -> None:
+    run = Running(fake, n=3)
+    for rank in range(3):
+        fake.wait_started(JOB, rank)
+    fake.node(JOB, 2).leave_on_stop = [{"pid": 4242, "name": "escapee"}]
+    run.job.request_stop("SIGTERM")
+    result = run.finish()
+    assert result is not None
+    reports = {e.report.node: e.report for e in run.seen.of(NodeStopped)}  # type: ignore[attr-defined]
+    assert sorted(reports) == [0, 1, 2]
+    assert reports[0].ok and not reports[2].ok and reports[2].left[0]["name"] == "escapee"
+    assert any(isinstance(e, JobFinished) for e in run.seen.events)
