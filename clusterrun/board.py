@@ -19,6 +19,7 @@ from clusterrun.events import (
     AttemptStarted,
     Event,
     JobFinished,
+    JobNote,
     JobResult,
     LogLines,
     NodeExited,
@@ -149,6 +150,8 @@ class Board:
             report = event.report
             self.stops[rank] = report
             self.note(describe_stop(report))
+        elif isinstance(event, JobNote):
+            self.note(event.text)
         elif isinstance(event, JobFinished):
             self.result = event.result
             self.ended = event.ts

@@ -4,7 +4,8 @@ Exit codes: 0 the job succeeded (``down``: everything stopped and verified) · 1
 (a node exited non-zero, was lost or stopped; ``down``: something is still running) · 2 bad input
 (hosts file, options, an unknown job) · 3 a host could not be used (``up``: nothing was started;
 ``down``: a host could not be reached) · 130 / 143 SIGINT / SIGTERM (``up``: the job was stopped
-on every node, or left running with ``--leave-running``).
+on every node, or left running with ``--leave-running``) · 129 SIGHUP (``up``: the job was left
+running, owned by a monitor).
 """
 
 from __future__ import annotations
@@ -30,30 +31,16 @@ from clusterrun.config import ClusterSpec, load_cluster
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
 from clusterrun.events import JobResult
 from clusterrun.jobs import JobNotFound, JobRecord, JobStore
-from clusterrun.lifecycle import (
-    Recorder,
-    daemonize,
-    fan_out,
-    follower,
-    mark_failed_start,
-    mark_stopped,
-    new_record,
-    read_logs,
-    refresh,
-    run_monitor,
-    save_seen,
-    spec_of,
-    start_attempt,
-    stop_job,
-)
+from clusterrun.lifecycle import daemonize, follower, new_record, read_logs, refresh, save_seen, spec_of
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
 from clusterrun.printer import Printer
+from clusterrun.runner import NotStopped, Runner, restart_job, run_monitor, stop_recorded
 from clusterrun.session import Session
 from clusterrun.transports import transport_for
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HOSTS = 0, 1, 2, 3
-EXIT_SIGNAL = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143}
+EXIT_SIGNAL = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
 
 
 def _fail(error: ClusterrunError, code: int) -> NoReturn:
@@ -157,6 +144,9 @@ def _follow_hint(job_id: str) -> str:
               "(like StrictHostKeyChecking=accept-new); a changed key is still refused.")
 @click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds torchrun gets to stop its workers before they are killed.")
+@click.option("--no-retry-startup", is_flag=True, help="Do not retry a known transient start-up failure "
+              "(gloo aborting a rank while connecting; the master port taken before torchrun bound it), which "
+              "is otherwise retried once as attempt 2, visibly.")
 @click.option("--unreachable-timeout", type=click.FloatRange(min=1), metavar="SECONDS",
               help="Treat a host that cannot be reached for this long as failed (its node lost, fail-fast). "
               "Default: never; losing contact alone never stops a job. Counts the time spent retrying, "
@@ -166,7 +156,7 @@ def _follow_hint(job_id: str) -> str:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool, name: str | None,
        env: tuple[str, ...], dry_run: bool, no_tui: bool, ui_lines: int, leave_running: bool, ssh_config: str | None,
-       accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None) -> None:
+       accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None, no_retry_startup: bool) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
@@ -189,7 +179,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
     printer = Printer()
     ssh_config = ssh_config or spec.ssh_config
-    job = Job(spec, script, script_args, job_id=job_id, name=jname, emit=printer, env_overrides=overrides,
+    job = Job(spec, script, script_args, job_id=job_id, name=jname, emit=None, env_overrides=overrides,
               local_cwd=os.getcwd(), grace=grace, reconnect=Reconnect(give_up_after=unreachable_timeout),
               transport_factory=partial(transport_for, ssh_config=ssh_config,
                                         accept_new_host_keys=accept_new_host_keys))
@@ -203,47 +193,44 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
             _print_plan(plan)
             return
         record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
-                            local_cwd=os.getcwd(), ssh_config=ssh_config, unreachable_timeout=unreachable_timeout)
+                            local_cwd=os.getcwd(), ssh_config=ssh_config, unreachable_timeout=unreachable_timeout,
+                            retry_startup=not no_retry_startup)
         store.create(record)
         owner = store.try_own(job_id)
-        if not detach and _use_tui(no_tui):
-            sys.exit(_dashboard(Session(store, record, printer, job=job, owner_fd=owner), ui_lines))
-        recorder = Recorder(store, job_id, 1)
-        job.emit = fan_out(printer, recorder)
+        if owner is None:  # cannot happen to a job created just now, unless its directory is shared
+            _fail(ClusterrunError(f"job {job_id} is owned by another process already"), EXIT_FAILED)
+        tui = not detach and _use_tui(no_tui)
+        runner = Runner(store, record, job, owner, None if tui else printer, retry_startup=not no_retry_startup)
+        if tui:
+            sys.exit(_dashboard(Session(store, record, runner=runner), ui_lines))
         printer.set_plan(plan)
         printer.note(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
                      f"master {plan.master_addr}:{plan.master_port}")
 
-        def hand_over(signum: int) -> None:
-            """Stop following, leave the job to a monitor, exit: for SIGHUP and --leave-running."""
-            recorder.flush()
-            save_seen(store, job_id, 1, job.offsets)
-            store.spawn_monitor(job_id, owner)
-            with contextlib.suppress(OSError):
-                if signum != signal.SIGHUP:
-                    printer.note(f"job {job_id} left running; {_follow_hint(job_id)}")
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(EXIT_SIGNAL.get(signum, 1))
-
         def stop(signum: int) -> None:
-            job.request_stop(signal.Signals(signum).name)
+            runner.request_stop(signal.Signals(signum).name)
 
-        handlers = {signal.SIGINT: hand_over if leave_running else stop, signal.SIGTERM: stop,
-                    signal.SIGHUP: hand_over}
+        handlers = {signal.SIGINT: (lambda s: runner.request_hand_over()) if leave_running else stop,
+                    signal.SIGTERM: stop, signal.SIGHUP: lambda s: runner.request_hand_over()}
         with _on_signals(handlers) as got:
             try:
-                job.start()
+                runner.start()
             except HostsUnavailable as exc:
-                mark_failed_start(store, job_id, 1, exc)
                 _fail(exc, EXIT_HOSTS)
             if detach:
-                store.spawn_monitor(job_id, owner)
+                runner.hand_over()
                 click.echo(job_id)
                 _note(f"job {job_id} started; {_follow_hint(job_id)}")
                 return
-            result = job.run()
-            save_seen(store, job_id, 1, job.offsets)
+            result = runner.follow()
+            if result is None:  # SIGHUP, or Ctrl-C with --leave-running: a monitor owns the job now
+                runner.hand_over()
+                with contextlib.suppress(OSError):  # the terminal may be gone
+                    if got.get("signal") != signal.SIGHUP:
+                        printer.note(f"job {job_id} left running; {_follow_hint(job_id)}")
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(EXIT_SIGNAL.get(got.get("signal", 0), 1))  # its followers may still wait on the hosts
     finally:
         job.close()
     sys.exit(_exit_code(result, got))
@@ -449,7 +436,7 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int) -> None:
     printer = Printer()
     offsets = {n.rank: n.seen for n in record.nodes} if tail is None else None
     if _use_tui(no_tui):
-        sys.exit(_dashboard(Session(store, record, printer, offsets=offsets, tail=tail), ui_lines))
+        sys.exit(_dashboard(Session(store, record, offsets=offsets, tail=tail), ui_lines))
     viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, tail=tail)
     printer.set_plan(plan_from_json(record.plan, spec_of(record)))
     printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "
@@ -476,11 +463,10 @@ def down(job: str, grace: float | None) -> None:
     """Stop JOB on every host and verify that nothing of it is left (idempotent). Also `stop`."""
     store, record = _open_job(job)
     _note(f"stopping job {record.job_id} (attempt {record.attempt}) on {len(record.nodes)} hosts")
-    reports = stop_job(record, grace=grace)
+    reports = stop_recorded(store, record, grace)
     printer = Printer()
     for rank in sorted(reports):
         printer.report(reports[rank])
-    mark_stopped(store, record, reports)
     if any(r.error for r in reports.values()):
         _note(f"job {record.job_id} is NOT marked stopped: a host could not be reached, it may still run there")
         sys.exit(EXIT_HOSTS)
@@ -500,24 +486,14 @@ def restart(job: str, grace: float | None) -> None:
     """Stop JOB (verified) and start it again with the same hosts file, script, arguments and
     environment, as a new attempt with logs of its own; returns once it runs (like up -d)."""
     store, record = _open_job(job)
-    reports = stop_job(record, grace=grace)
-    printer = Printer()
-    for rank in sorted(reports):
-        printer.report(reports[rank])
-    mark_stopped(store, record, reports)
-    if not all(r.ok for r in reports.values()):
-        _note(f"not restarting job {record.job_id}: the last attempt could not be verified stopped everywhere")
-        sys.exit(EXIT_HOSTS if any(r.error for r in reports.values()) else EXIT_FAILED)
-    owner = store.wait_own(record.job_id, timeout=60)
-    if owner is None:
-        _fail(ClusterrunError(f"job {record.job_id} is still owned by another clusterrun process",
-                              hint="wait for it to finish, or stop it"), EXIT_FAILED)
     try:
-        record = start_attempt(store, store.load(record.job_id), printer)
+        record = restart_job(store, record, Printer(), grace=grace)
+    except NotStopped as exc:
+        _fail(exc, EXIT_HOSTS if exc.unreachable else EXIT_FAILED)
     except HostsUnavailable as exc:
-        os.close(owner)
         _fail(exc, EXIT_HOSTS)
-    store.spawn_monitor(record.job_id, owner)
+    except ClusterrunError as exc:
+        _fail(exc, EXIT_FAILED)
     _note(f"job {record.job_id} restarted as attempt {record.attempt}; {_follow_hint(record.job_id)}")
 
 

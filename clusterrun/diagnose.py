@@ -119,3 +119,29 @@ def find_root_cause(
         return None
     candidates.sort(key=lambda c: (c[0], c[1], c[2].node))
     return candidates[0][2]
+
+
+# Start-up failures that say nothing about the job: retried once by the owner (``--no-retry-startup``).
+TRANSIENT_START = (
+    ("terminate called without an active exception",
+     "gloo aborted a rank while setting up its connections (pytorch/pytorch#188266)"),
+    ("address already in use", "the master port was taken between the probe and torchrun's bind"),
+)
+# torch's own C++ log lines ("[W1123 12:00:00.000 ...]"), warnings and blank lines: not the job's output.
+_NOT_THE_JOBS = re.compile(r"^\s*$|^\[[WIE]\d{4} |Warning|^terminate called", re.IGNORECASE)
+
+
+def transient_start_failure(root: RootCause | None, logs: Mapping[int, NodeLog]) -> str | None:
+    """Why the job's failure was a known transient start-up failure, or None: the root cause
+    shows one of ``TRANSIENT_START``'s signatures and no rank had printed a line of its own."""
+    if root is None:
+        return None
+    text = "\n".join((*root.last_lines, root.message)).lower()
+    why = next((why for signature, why in TRANSIENT_START if signature in text), None)
+    if why is None:
+        return None
+    for log in logs.values():
+        for lines in log.rank_tails.values():
+            if any(not _NOT_THE_JOBS.search(line) for line in lines):
+                return None
+    return why

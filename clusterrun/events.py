@@ -209,3 +209,10 @@ class NodeStopped(Event):
 @dataclass(frozen=True)
 class JobFinished(Event):
     result: JobResult
+
+
+@dataclass(frozen=True)
+class JobNote(Event):
+    """Something the owner did that every consumer should show (a start-up retry, ...)."""
+
+    text: str

@@ -94,6 +94,7 @@ class JobRecord:
     attempt: int = 1
     state: str = "starting"
     unreachable_timeout: float | None = None  # --unreachable-timeout: silence that counts as a loss
+    retry_startup: bool = True  # retry a known transient start-up failure once (--no-retry-startup)
     attempts: list[AttemptRecord] = field(default_factory=list)
     nodes: list[NodeRecord] = field(default_factory=list)
 
@@ -220,6 +221,11 @@ class JobStore:
             if fd is not None or time.monotonic() > deadline:
                 return fd
             time.sleep(0.1)
+
+    @staticmethod
+    def release(fd: int) -> None:
+        """Let go of an owner lock taken with ``try_own``/``wait_own``."""
+        os.close(fd)
 
     def owned(self, job_id: str) -> bool:
         """Whether a live process owns the job."""

@@ -4,9 +4,8 @@ Every function here works from the job's record (``jobs.JobRecord``) and talks t
 through the same transports and node agent as ``up``; none of them prints. The CLI turns their
 results into text and exit codes.
 
-The monitor (``run_monitor``) is the owner of a job nobody else follows: a background process on
-the controller, started in a new session without a terminal, that follows every node's state
-(not its log), applies fail-fast and keeps the record up to date, then exits when the job ends.
+The policies of the job's owner (follow, fail-fast, restart, hand-over to the background monitor)
+are in ``runner.py``, built from the pieces here.
 """
 
 from __future__ import annotations
@@ -34,20 +33,21 @@ from clusterrun.events import (
     NodeStateChanged,
     StopReport,
 )
-from clusterrun.jobs import OWNER_FD_VAR, AttemptRecord, JobRecord, JobStore, NodeRecord
+from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
 from clusterrun.orchestrator import Emit, Job, Reconnect, node_state_of
 from clusterrun.plan import LaunchPlan, plan_from_json, plan_to_json
 from clusterrun.transports import Transport, transport_for
 
 
 def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overrides: dict[str, str],
-               local_cwd: str, ssh_config: str | None, unreachable_timeout: float | None = None) -> JobRecord:
+               local_cwd: str, ssh_config: str | None, unreachable_timeout: float | None = None,
+               retry_startup: bool = True) -> JobRecord:
     """The record of a job about to start its first attempt."""
     return JobRecord(
         job_id=plan.job_id, name=plan.name, created=time.time(), hosts_file=os.path.abspath(hosts_file),
         hosts_text=hosts_text, script=plan.script, script_args=list(plan.script_args),
         env_overrides=dict(env_overrides), local_cwd=local_cwd, grace=plan.grace, ssh_config=ssh_config,
-        plan=plan_to_json(plan), attempt=1, unreachable_timeout=unreachable_timeout,
+        plan=plan_to_json(plan), attempt=1, unreachable_timeout=unreachable_timeout, retry_startup=retry_startup,
         attempts=[AttemptRecord(1, started=time.time(), master_port=plan.master_port)],
         nodes=[NodeRecord(n.rank, n.host.host) for n in plan.nodes],
     )
@@ -171,16 +171,16 @@ def fan_out(*emits: Emit) -> Emit:
     return emit
 
 
-def follower(record: JobRecord, emit: Emit, *, fail_fast: bool, follow_logs: bool, attempt: int | None = None,
+def follower(record: JobRecord, emit: Emit | None, *, fail_fast: bool, follow_logs: bool, attempt: int | None = None,
              offsets: dict[int, int] | None = None, tail: int | None = None,
-             ranks: Sequence[int] | None = None) -> Job:
+             ranks: Sequence[int] | None = None, reconnect: Reconnect | None = None) -> Job:
     """A ``Job`` that follows an attempt of the recorded job (the current one unless given)."""
     spec = spec_of(record)
     plan = plan_from_json(record.plan, spec)
     job = Job(spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
               grace=record.grace, attempt=attempt or record.attempt, transport_factory=transport_factory(record),
               fail_fast=fail_fast, follow_logs=follow_logs, offsets=offsets, tail=tail, ranks=ranks,
-              reconnect=Reconnect(give_up_after=record.unreachable_timeout if fail_fast else None))
+              reconnect=reconnect or Reconnect(give_up_after=record.unreachable_timeout if fail_fast else None))
     job.resume(plan)
     return job
 
@@ -195,45 +195,10 @@ def daemonize() -> None:
         os._exit(0)
 
 
-def run_monitor(store: JobStore, job_id: str, emit: Emit) -> int:
-    """Own the job until it ends: follow its nodes' states, apply fail-fast, keep the record."""
-    fd_text = os.environ.pop(OWNER_FD_VAR, "")
-    fd = int(fd_text) if fd_text.isdigit() else store.try_own(job_id)
-    if fd is None:
-        return 0  # somebody else owns the job
-    record = store.load(job_id)
-    if record.finished:
-        return 0
-    store.note_monitor(job_id)
-    os.chdir(record.local_cwd)
-    job = follower(record, fan_out(emit, Recorder(store, job_id, record.attempt)), fail_fast=True,
-                   follow_logs=False)
-    try:
-        if record.state == "starting":
-            _finish_start(record, job)
-        job.run()
-    except HostsUnavailable as exc:  # the missing nodes could not be started: the others wait in vain
-        stop_job(record)
-        mark_failed_start(store, job_id, record.attempt, exc)
-    finally:
-        job.close()
-    return 0
-
-
-def _finish_start(record: JobRecord, job: Job) -> None:
-    """Start the nodes that a controller which died during ``start`` never reached (from the
-    plan in the record), so that the job can still run: the other nodes wait for them."""
-    answers = _per_node(record, lambda t, rank: t.call(request(record, rank, "status")))
-    absent = [rank for rank, answer in answers.items()
-              if isinstance(answer, dict) and (answer.get("state") or {}).get("state") == "absent"]
-    if absent:
-        job.start(absent)
-
-
 # ------------------------------------------------------------------------------------ status
 
 
-def _per_node(record: JobRecord, call: Callable[[Transport, int], Any],
+def per_node(record: JobRecord, call: Callable[[Transport, int], Any],
               ranks: Sequence[int] | None = None) -> dict[int, Any]:
     """``call(transport, rank)`` on every node in parallel; an exception is returned as the value."""
     spec = spec_of(record)
@@ -266,7 +231,7 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
 
     Only for a job that has no owner (the owner keeps the record itself). A host that cannot be
     reached leaves its node as it was, with the error noted."""
-    answers = _per_node(record, lambda t, rank: t.call(request(record, rank, "status")))
+    answers = per_node(record, lambda t, rank: t.call(request(record, rank, "status")))
 
     def change(rec: JobRecord) -> None:
         if rec.attempt != record.attempt:
@@ -374,7 +339,7 @@ def read_logs(record: JobRecord, ranks: Sequence[int], attempt: int, tail: int |
 def stop_job(record: JobRecord, *, grace: float | None = None) -> dict[int, StopReport]:
     """The agent's verified stop of the current attempt on every node, in parallel."""
     wait = record.grace if grace is None else grace
-    answers = _per_node(record, lambda t, rank: t.call(request(record, rank, "stop", grace=wait)))
+    answers = per_node(record, lambda t, rank: t.call(request(record, rank, "stop", grace=wait)))
     reports = {}
     for rank, answer in answers.items():
         host = record.nodes[rank].host
@@ -422,7 +387,7 @@ def save_seen(store: JobStore, job_id: str, attempt: int, offsets: dict[int, int
     store.update(job_id, change)
 
 
-def start_attempt(store: JobStore, record: JobRecord, emit: Emit) -> JobRecord:
+def start_attempt(store: JobStore, record: JobRecord, emit: Emit | None) -> JobRecord:
     """Start the job again, as attempt ``record.attempt + 1``, with the same hosts file, script,
     arguments and environment (a new master port where ``auto`` and the old one is taken).
 
@@ -442,7 +407,7 @@ def start_attempt(store: JobStore, record: JobRecord, emit: Emit) -> JobRecord:
 
         record = store.update(record.job_id, begin)
         recorder = Recorder(store, record.job_id, attempt)
-        job.emit = fan_out(emit, recorder)
+        job.subscribe(recorder)
         try:
             job.start()
         except HostsUnavailable as exc:

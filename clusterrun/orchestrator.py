@@ -58,6 +58,7 @@ from clusterrun.transports import AgentSession, Transport, transport_for
 
 Emit = Callable[[Event], None]
 MIN_PYTHON = (3, 8)
+TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class Job:
         *,
         job_id: str,
         name: str,
-        emit: Emit,
+        emit: Emit | None,
         env_overrides: dict[str, str] | None = None,
         local_cwd: str | None = None,
         grace: float = 10.0,
@@ -148,7 +149,7 @@ class Job:
         self.script_args = tuple(script_args)
         self.job_id = job_id
         self.name = name
-        self.emit = emit
+        self._listeners: list[Emit] = [emit] if emit is not None else []
         self.env_overrides = env_overrides or {}
         self.local_cwd = local_cwd
         self.grace = grace
@@ -169,6 +170,22 @@ class Job:
         self._threads: list[threading.Thread] = []
         self._pool = ThreadPoolExecutor(max_workers=min(32, max(4, len(self._nodes))),
                                         thread_name_prefix="clusterrun-host")
+
+    def subscribe(self, listener: Emit) -> None:
+        """Also hand every event from now on to ``listener`` (after the earlier ones)."""
+        self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Emit) -> None:
+        self._listeners.remove(listener)
+
+    def emit(self, event: Event) -> None:
+        for listener in self._listeners:
+            listener(event)
+
+    @property
+    def logs(self) -> dict[int, NodeLog]:
+        """What each node printed, as far as a diagnosis needs it."""
+        return {rank: node.log for rank, node in enumerate(self._nodes)}
 
     # ------------------------------------------------------------------------------ prepare
 
@@ -456,6 +473,21 @@ class Job:
         reports = [f.result() for f in [self._pool.submit(self._stop_node, r) for r in ranks]]
         return [r for r in reports if r is not None]
 
+    def _read_tails(self, ranks: Sequence[int]) -> None:
+        """Feed the last ``TAIL_READ`` lines of these nodes' logs to their diagnosis: a job followed
+        without its logs (the monitor) names the root cause's rank and last lines as ``up`` does."""
+        def read(rank: int) -> None:
+            node = self._nodes[rank]
+            request = self._request(rank, "follow", tail=TAIL_READ, once=True)
+            try:
+                for message in node.transport.stream(request):
+                    if message.get("t") == "log":
+                        node.log.feed(split_lines(message["data"]))
+            except ClusterrunError:
+                pass  # the diagnosis goes on from the states alone
+
+        list(self._pool.map(read, ranks))
+
     def _result(self, stops: list[StopReport], interrupted: str | None) -> JobResult:
         results = []
         for rank, node in enumerate(self._nodes):
@@ -464,6 +496,9 @@ class Job:
                                       signal=final.get("signal"), error=final.get("error")))
         root = None
         if any(r.state in (NodeState.FAILED, NodeState.LOST) for r in results) or interrupted is None:
+            if not self.follow_logs:
+                self._read_tails([r.node for r in results if r.state in (NodeState.FAILED, NodeState.STOPPED,
+                                                                         NodeState.LOST)])
             root = find_root_cause(
                 hosts={r: n.host for r, n in enumerate(self._nodes)},
                 logs={r: n.log for r, n in enumerate(self._nodes)},

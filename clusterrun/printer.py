@@ -7,6 +7,7 @@ rank (``[rank3]:``) show that rank in the prefix: ``node1 gpu-b rank3 | text``.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TextIO
 
@@ -14,6 +15,7 @@ from clusterrun.diagnose import split_rank
 from clusterrun.events import (
     Event,
     JobFinished,
+    JobNote,
     JobResult,
     LogLines,
     NodeLink,
@@ -73,8 +75,22 @@ class Printer:
             return
         if not text.endswith("\n"):
             text += "\n"
-        self.out.write(self._prefixed(node, host, text) if self.prefix else text)
-        self.out.flush()
+        self._write_out(self._prefixed(node, host, text) if self.prefix else text)
+
+    def _write_out(self, text: str) -> None:
+        """Write ``text`` to ``out`` whole. Into a real file its bytes go through ``os.write`` in a
+        loop: CPython's buffered stdout drops the rest of a large write that a signal interrupts
+        part-way (Ctrl-C while a slow reader holds the pipe), and the offsets counted it as shown."""
+        self.out.flush()  # whatever was written to it otherwise goes first
+        try:
+            fd = self.out.fileno()
+        except (OSError, ValueError):  # not a file (a test's StringIO, pytest's capture)
+            self.out.write(text)
+            self.out.flush()
+            return
+        view = memoryview(text.encode(self.out.encoding or "utf-8", self.out.errors or "strict"))
+        while view:
+            view = view[os.write(fd, view):]
 
     def _prefixed(self, node: int, host: str, chunk: str) -> str:
         """``chunk`` (whole lines) with their prefixes. Done on the whole chunk with ``str``
@@ -128,6 +144,8 @@ class Printer:
                           "as far as anybody knows; reconnecting")
         elif isinstance(event, NodeStopped):
             self.report(event.report)
+        elif isinstance(event, JobNote):
+            self.note(event.text)
         elif isinstance(event, JobFinished):
             self.summary(event.result)
 

@@ -11,30 +11,23 @@ consumer queues them for its own thread. Two roles:
   following.
 
 ``kill()`` is the orchestrator's verified stop (torchrun first, then the sweep, per node, with
-``NodeStopped`` reports). ``restart()`` kills, waits until the attempt is verified gone, then
-starts the next attempt with the same plan (``AttemptStarted``) and follows it.
+``NodeStopped`` reports). ``restart()`` is ``runner.restart_job`` — the verified stop of every
+node, whatever this view believes of them, then the next attempt (``AttemptStarted``) — and
+follows the new attempt.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 
 from clusterrun.errors import ClusterrunError, HostsUnavailable
-from clusterrun.events import AttemptStarted, JobResult, NodeStarted, NodeState, NodeStateChanged
+from clusterrun.events import AttemptStarted, Event, JobResult, NodeStarted, NodeState, NodeStateChanged
 from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.lifecycle import (
-    Recorder,
-    fan_out,
-    follower,
-    mark_failed_start,
-    mark_stopped,
-    save_seen,
-    start_attempt,
-)
+from clusterrun.lifecycle import follower, mark_stopped, save_seen
 from clusterrun.orchestrator import Emit, Job
 from clusterrun.plan import LaunchPlan
+from clusterrun.runner import Runner, restart_job
 
 KILLED = "stopped from the dashboard"
 
@@ -51,26 +44,31 @@ def attempt_event(plan: LaunchPlan, attempt: int) -> AttemptStarted:
 
 
 class Session:
-    """One job followed in the background, with the controls of a dashboard."""
+    """One job followed in the background, with the controls of a dashboard.
 
-    def __init__(self, store: JobStore, record: JobRecord, emit: Emit, *, job: Job | None = None,
-                 owner_fd: int | None = None, offsets: dict[int, int] | None = None, tail: int | None = None) -> None:
+    Create → ``subscribe(consumer)`` → ``begin()`` → ``kill()`` / ``restart()`` / ``detach()`` →
+    ``wait()``. The policies (fail-fast, restart, hand-over, the record) are the ``Runner``'s and
+    ``restart_job``'s: a session only runs them off the consumer's thread."""
+
+    def __init__(self, store: JobStore, record: JobRecord, emit: Emit | None = None, *, runner: Runner | None = None,
+                 offsets: dict[int, int] | None = None, tail: int | None = None) -> None:
         self.store = store
         self.record = record
-        self.emit = emit
-        self.owner_fd = owner_fd  # held: this process owns the job (else a monitor does)
+        self._listeners: list[Emit] = [emit] if emit is not None else []
+        self.runner = runner  # this process owns the job (``up``); else a monitor does and we view it
         self.result: JobResult | None = None
-        self.error: ClusterrunError | None = None  # the job could not be started
+        self.error: ClusterrunError | None = None  # the job could not be started or followed
         self.detached = False
         self.failed_start = False  # `up`'s start failed: nothing runs
-        self._to_start = job  # prepared by `up`, not started yet
+        self._to_start = runner is not None
         self._offsets = offsets
         self._tail = tail
-        self._job: Job | None = None
+        self._viewer: Job | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._busy = False  # a kill or restart is under way
-        self._recorders: list[Recorder] = []  # flushed by detach(): the process may exit right after
+        if runner is not None:
+            runner.subscribe(self.emit)
 
     @property
     def job_id(self) -> str:
@@ -78,7 +76,7 @@ class Session:
 
     @property
     def owner(self) -> bool:
-        return self.owner_fd is not None
+        return self.runner is not None and self.runner.owner_fd is not None
 
     @property
     def running(self) -> bool:
@@ -89,6 +87,14 @@ class Session:
     def busy(self) -> bool:
         return self._busy
 
+    def subscribe(self, listener: Emit) -> None:
+        """Hand every event to ``listener`` too (from the session's thread)."""
+        self._listeners.append(listener)
+
+    def emit(self, event: Event) -> None:
+        for listener in list(self._listeners):
+            listener(event)
+
     def begin(self) -> None:
         """Start (``up``) or follow (``attach``) the job in the background."""
         self._spawn(self._first)
@@ -98,38 +104,36 @@ class Session:
         self._thread.start()
 
     def _first(self) -> None:
-        job = self._to_start
-        if job is not None:
-            assert job.plan is not None
-            self._job = job
-            job.emit = fan_out(self.emit, self._recorder(job.attempt))
-            self.emit(attempt_event(job.plan, job.attempt))
+        runner = self.runner
+        if runner is not None and self._to_start:
+            self._to_start = False
+            assert runner.job.plan is not None
+            self.emit(attempt_event(runner.job.plan, runner.job.attempt))
             try:
-                job.start()
+                runner.start()
             except HostsUnavailable as exc:
-                mark_failed_start(self.store, self.job_id, job.attempt, exc)
                 self.failed_start = True
                 self.error = exc
-                job.close()
+                runner.close()
                 return
-        else:
-            try:
-                self._job = self._viewer(self._offsets, self._tail)
-            except ClusterrunError as exc:  # e.g. the record is gone or damaged: the UI shows it
-                self.error = exc
-                return
+        elif not self._view(self._offsets, self._tail):
+            return
         self._follow()
 
-    def _recorder(self, attempt: int) -> Recorder:
-        recorder = Recorder(self.store, self.job_id, attempt)
-        self._recorders.append(recorder)
-        return recorder
-
-    def _viewer(self, offsets: dict[int, int] | None, tail: int | None) -> Job:
-        record = self.store.load(self.job_id)
+    def _view(self, offsets: dict[int, int] | None, tail: int | None) -> bool:
+        """Follow the job's current attempt as a viewer (the monitor owns it); False if it cannot be."""
+        try:
+            record = self.store.load(self.job_id)
+            job = follower(record, self.emit, fail_fast=False, follow_logs=True, offsets=offsets, tail=tail)
+        except ClusterrunError as exc:  # e.g. the record is gone or damaged: the UI shows it
+            self.error = exc
+            return False
         self.record = record
-        emit = fan_out(self.emit, self._recorder(record.attempt)) if self.owner else self.emit
-        job = follower(record, emit, fail_fast=self.owner, follow_logs=True, offsets=offsets, tail=tail)
+        self._viewer = job
+        self._announce(record, job)
+        return True
+
+    def _announce(self, record: JobRecord, job: Job) -> None:
         assert job.plan is not None
         self.emit(attempt_event(job.plan, record.attempt))
         for launch in job.plan.nodes:  # as ``resume`` assumes until the hosts say otherwise
@@ -137,29 +141,34 @@ class Session:
             known = record.nodes[launch.rank] if launch.rank < len(record.nodes) else None
             if known is not None and known.pid:
                 self.emit(NodeStarted(launch.rank, host=launch.host.host, attempt=record.attempt, pid=known.pid))
-        return job
 
     def _follow(self) -> None:
-        job = self._job
+        if self.runner is not None:
+            self.result = self.runner.follow()
+            self.record = self.runner.record
+            return
+        job = self._viewer
         assert job is not None
         try:
             self.result = job.run()
         finally:
             save_seen(self.store, self.job_id, job.attempt, job.offsets)
             job.close()
-        result = self.result
-        if result is not None and result.interrupted == KILLED and not self.owner:
-            mark_stopped(self.store, self.store.load(self.job_id), {s.node: s for s in result.stops})
+        if self.result is not None and self.result.interrupted == KILLED:
+            mark_stopped(self.store, self.store.load(self.job_id), {s.node: s for s in self.result.stops})
 
     def kill(self) -> None:
         """Stop the job on every host (verified); the result arrives as ``JobFinished``."""
-        job = self._job
-        if job is not None and self.running:
-            job.request_stop(KILLED)
+        if not self.running:
+            return
+        if self.runner is not None:
+            self.runner.request_stop(KILLED)
+        elif self._viewer is not None:
+            self._viewer.request_stop(KILLED)
 
     def restart(self) -> None:
-        """Kill the job if it runs, then start the next attempt and follow it; in the background.
-        Errors arrive as ``self.error`` (and the session stops following)."""
+        """Stop the job on every host (verified, whatever this view believes of its nodes), then
+        start the next attempt and follow it; in the background. Errors arrive as ``self.error``."""
         with self._lock:
             if self._busy:
                 return
@@ -172,32 +181,22 @@ class Session:
             self.kill()
             if previous is not None:
                 previous.join()
-            result = self.result
-            if result is not None and result.stops and not all(s.ok for s in result.stops):
-                self.error = ClusterrunError(f"job {self.job_id}: the last attempt could not be verified stopped "
-                                             "everywhere; not restarting", hint="see the stop report")
-                return
-            owner = self.owner_fd
-            if owner is None:
-                owner = self.store.wait_own(self.job_id, timeout=60)
-                if owner is None:
-                    self.error = ClusterrunError(f"job {self.job_id} is still owned by another clusterrun process")
-                    return
             self.result = None
+            owner_fd = self.runner.owner_fd if self.runner is not None else None
             try:
-                record = start_attempt(self.store, self.store.load(self.job_id), self.emit)
+                record = restart_job(self.store, self.store.load(self.job_id), self.emit, owner_fd=owner_fd)
             except ClusterrunError as exc:
                 self.error = exc
-                if self.owner_fd is None:
-                    os.close(owner)
                 return
             self.record = record
-            if self.owner_fd is None:
-                self.store.spawn_monitor(self.job_id, owner)  # the monitor owns it, as after `clusterrun restart`
-            try:
-                self._job = self._viewer({}, None)
-            except ClusterrunError as exc:  # the attempt runs; only following it failed
-                self.error = exc
+            if self.runner is not None and owner_fd is not None:
+                old = self.runner
+                old.unsubscribe(self.emit)
+                old.close()
+                self.runner = Runner.adopt(self.store, record, owner_fd, retry_startup=False)
+                self.runner.subscribe(self.emit)
+                self._announce(record, self.runner.job)
+            elif not self._view({}, None):  # the new attempt runs, owned by its monitor; only following it failed
                 return
         finally:
             self._busy = False
@@ -206,16 +205,14 @@ class Session:
     def detach(self) -> None:
         """Stop following and leave the job running (owned by a background monitor from now on)."""
         self.detached = True
-        job = self._job
-        if job is not None:
-            job.detach()
+        if self.runner is not None:
+            self.runner.request_hand_over()
+        elif self._viewer is not None:
+            self._viewer.detach()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        for recorder in self._recorders:  # what the nodes reported, in the record before the monitor reads it
-            recorder.flush()
-        if self.owner_fd is not None and (self.result is None and self.error is None):
-            self.store.spawn_monitor(self.job_id, self.owner_fd)
-            self.owner_fd = None
+        if self.runner is not None and self.result is None and not self.failed_start:
+            self.runner.hand_over()
 
     def wait(self, timeout: float | None = None) -> None:
         if self._thread is not None:

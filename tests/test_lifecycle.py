@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -312,6 +313,7 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
     from clusterrun.jobs import JobStore
     from clusterrun.lifecycle import new_record
     from clusterrun.orchestrator import Job
+    from clusterrun.runner import Runner
     from clusterrun.session import Session
     from clusterrun.transports import transport_for
 
@@ -324,7 +326,9 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
                         local_cwd=str(tmp_path), ssh_config=None)
     store.create(record)
     events: list[object] = []
-    session = Session(store, record, events.append, job=job, owner_fd=store.try_own("detach-1"))
+    owner = store.try_own("detach-1")
+    assert owner is not None
+    session = Session(store, record, events.append, runner=Runner(store, record, job, owner))
     try:
         session.begin()
         wait_for(lambda: sum(isinstance(e, NodeStarted) for e in events) == 2, 60, what="both nodes started")
@@ -332,3 +336,73 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
         assert all(n.pid for n in store.load("detach-1").nodes), store.load("detach-1").nodes
     finally:
         assert clusterrun("down", "detach-1").returncode == 0
+
+
+def read_slowly(proc: subprocess.Popen[bytes], interrupt_after: int | None, sig: int, pause: float = 0.005) -> bytes:
+    """All of ``proc``'s stdout, read 4 KB at a time with ``pause`` seconds between reads (800 KB/s:
+    slower than the ranks print, so the pipe fills up and the controller's queue with it); ``sig``
+    is sent once ``interrupt_after`` bytes have been read."""
+    assert proc.stdout is not None
+    data = bytearray()
+    sent = False
+    while chunk := proc.stdout.read1(4096):
+        data += chunk
+        if interrupt_after is not None and not sent and len(data) >= interrupt_after:
+            proc.send_signal(sig)
+            sent = True
+        time.sleep(pause)  # rate, not synchronisation
+    proc.stdout.close()
+    proc.wait(timeout=60)
+    return bytes(data)
+
+
+def lines_by_node(outputs: list[bytes]) -> dict[int, list[str]]:
+    found: dict[int, list[str]] = {0: [], 1: []}
+    for out in outputs:
+        for line in out.decode().splitlines():
+            m = re.match(r"^node(\d) local-\w +rank(\d) +\| (.*)$", line)
+            if m:
+                found[int(m.group(1))].append(f"[rank{m.group(2)}]:{m.group(3)}")
+    return found
+
+
+FLOOD = 40_000
+
+
+def test_interrupted_attaches_under_a_flood_show_every_line_exactly_once(tmp_path: Path, state_dir: Path) -> None:
+    """Ctrl-C on `attach` again and again while the ranks print as fast as they can and the reader
+    is slow: across all the attaches every line is shown exactly once (the offset saved is that of
+    what was shown, never of what was only read from the host)."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached(hosts, SUPPORT / "counter.py", str(FLOOD), "0")
+    outputs = []
+    for _ in range(50):
+        attach = subprocess.Popen([sys.executable, "-m", "clusterrun", "attach", "--no-tui", job], cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        outputs.append(read_slowly(attach, 256 * 1024, signal.SIGINT))
+        if attach.returncode == 0:  # the job ended and this attach saw its end
+            break
+        assert attach.returncode == 130
+    assert len(outputs) > 2  # interrupted at least twice
+    found = lines_by_node(outputs)
+    for node in (0, 1):
+        assert found[node] == counter_lines(node, FLOOD)
+
+
+def test_a_hand_over_by_sighup_then_attach_shows_every_line_exactly_once(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    up = subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", str(FLOOD), "0"), cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = read_slowly(up, 256 * 1024, signal.SIGHUP)
+    assert up.stderr is not None
+    err = up.stderr.read().decode()
+    up.stderr.close()
+    assert up.returncode == 129, err
+    job = job_id_of(err)
+    attach = subprocess.Popen([sys.executable, "-m", "clusterrun", "attach", "--no-tui", job], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    rest = read_slowly(attach, None, signal.SIGINT)
+    assert attach.returncode == 0
+    found = lines_by_node([first, rest])
+    for node in (0, 1):
+        assert found[node] == counter_lines(node, FLOOD)

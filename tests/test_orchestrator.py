@@ -262,3 +262,19 @@ def test_stop_reports_are_emitted_for_each_stopped_node(fake: FakeCluster) -> No
     assert sorted(reports) == [0, 1, 2]
     assert reports[0].ok and not reports[2].ok and reports[2].left[0]["name"] == "escapee"
     assert any(isinstance(e, JobFinished) for e in run.seen.events)
+
+
+def test_the_monitor_names_the_root_cause_as_up_does(fake: FakeCluster) -> None:
+    """Followed without its logs (the background monitor), a failed job still names the rank,
+    its exception and last lines: the failed nodes' tails are read for the diagnosis."""
+    run = Running(fake, follow_logs=False)
+    _, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    n1.write("".join(f"[rank1]:step {i}\n" for i in range(500)))
+    n1.write("[rank1]:Traceback (most recent call last):\n[rank1]:ValueError: bad batch\n"
+             "  rank      : 1 (local_rank: 0)\n  exitcode  : 1 (pid: 4321)\n")
+    n1.exit(1)
+    result = run.finish()
+    assert result is not None and result.root_cause is not None
+    assert result.root_cause.describe() == "rank 1 on node 1 (h1, local rank 0): exit code 1: ValueError: bad batch"
+    assert result.root_cause.last_lines[-2:] == ("Traceback (most recent call last):", "ValueError: bad batch")
+    assert not run.seen.lines(1)  # nothing of the log was emitted

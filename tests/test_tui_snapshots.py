@@ -48,6 +48,9 @@ class Scripted:
         self.result = result
         self.emit: Callable[[Event], None] = lambda event: None
 
+    def subscribe(self, listener: Callable[[Event], None]) -> None:
+        self.emit = listener
+
     def begin(self) -> None:
         for event in self.events:
             self.emit(event)

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -65,22 +66,34 @@ def test_uneven_nodes(tmp_path: Path, state_dir: Path) -> None:
     assert proc.stdout.count("allreduce sum=10 expected=10 OK") == 4
 
 
-GLOO_ABORT = "terminate called without an active exception"
-
-
 def test_demo_training_agrees(tmp_path: Path, state_dir: Path) -> None:
+    """gloo itself sometimes aborts a rank while the ranks connect (pytorch/pytorch#188266, about 1 run
+    in 10 here): clusterrun retries that once by itself, so the demo must succeed."""
     hosts = write_hosts(tmp_path, [2, 2], state_dir)
     proc = run_up(hosts, "examples/train.py", "--", "--epochs", "2", "--samples", "512")
-    if proc.returncode != 0 and GLOO_ABORT in proc.stderr and "killed by SIGABRT" in proc.stderr:
-        # gloo itself sometimes aborts while its ranks connect (about 1 run in 10 on this 2-core machine;
-        # upstream: pytorch/pytorch#188266, pytorch/gloo#514). Say so and run once more: the second run must pass.
-        print(f"gloo aborted (upstream flake); running the demo once more. First run:\n{proc.stderr}")
-        proc = run_up(hosts, "examples/train.py", "--", "--epochs", "2", "--samples", "512")
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"^node0 local-a +rank0 +\| parameters agree across 4 ranks: checksum=", proc.stdout, re.M)
     for rank in range(4):
         assert re.search(rf"rank{rank} +\| RANK={rank} LOCAL_RANK={rank % 2} WORLD_SIZE=4 NODE_RANK={rank // 2}",
                          proc.stdout)
+
+
+def test_a_transient_start_up_abort_is_retried_once_visibly(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    proc = run_up("--grace", "3", hosts, SUPPORT / "abort_once.py", tmp_path / "aborted")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "aborted").exists()
+    assert "attempt 1 failed at start-up: gloo aborted a rank" in proc.stderr
+    assert "retrying once as attempt 2" in proc.stderr
+    assert sorted(re.findall(r"rank (\d) sum=2$", proc.stdout, re.M)) == ["0", "1"], proc.stdout
+    job = job_id_of(proc.stderr)
+    shown = subprocess.run([sys.executable, "-m", "clusterrun", "ps", "--json", job], capture_output=True, text=True,
+                           cwd=ROOT, timeout=60)
+    attempts = json.loads(shown.stdout)["attempts"]
+    assert [a["state"] for a in attempts] == ["failed", "succeeded"], attempts
+    assert "terminate called" in (attempts[0]["root_cause"] or "") or "SIGABRT" in (attempts[0]["root_cause"] or "")
+    again = run_up("--no-retry-startup", hosts, SUPPORT / "abort_once.py", tmp_path / "aborted-2")
+    assert again.returncode == 1 and "retrying" not in again.stderr, again.stderr
 
 
 def test_failing_rank_fails_fast_and_names_root_cause(tmp_path: Path, state_dir: Path) -> None:

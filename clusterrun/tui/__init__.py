@@ -228,7 +228,7 @@ class Dashboard(App[int]):
         table.focus()
         self.set_interval(TICK, self._drain)
         self.set_interval(1.0, self._tick_clock)
-        self.session.emit = self.emit
+        self.session.subscribe(self.emit)
         self.session.begin()
         self._drain()
         self.call_after_refresh(self._freeze_heap)

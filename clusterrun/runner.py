@@ -1,0 +1,244 @@
+"""The owner of a job on this controller: the one place for what owning a job means.
+
+Exactly one process owns a running job at a time (``jobs.JobStore``'s owner lock): the foreground
+``up`` (stream or dashboard) or the job's background monitor. The owner follows the job, applies
+fail-fast, keeps the record, retries a known transient start-up failure once, and either sees
+the job end or hands it over to a monitor. Every consumer goes through this module for these
+policies:
+
+- ``Runner``: start (or adopt) an attempt, ``follow()`` it to its end with the record kept and
+  the start-up retry applied; ``request_stop()`` and ``request_hand_over()`` are safe from signal
+  handlers and other threads, and ``hand_over()`` (in the owner's thread, after ``follow()``
+  returned None) gives the lock to a monitor with what was shown saved.
+- ``restart_job()``: the verified stop of every node of the current attempt — whatever the caller
+  believes of them — then the next attempt; refused if any node could not be verified stopped,
+  so two attempts never run at once.
+- ``stop_recorded()``: the verified stop, written into the record (``down``, the dashboard's K).
+
+Lifecycle of a ``Runner``: ``Runner(store, record, job, owner_fd, emit)`` → ``start()`` (a new
+job) → ``follow()`` → ``hand_over()`` if it returned None → ``close()``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from clusterrun.diagnose import transient_start_failure
+from clusterrun.errors import ClusterrunError, HostsUnavailable
+from clusterrun.events import Event, JobNote, JobResult, NodeStopped, StopReport
+from clusterrun.jobs import OWNER_FD_VAR, JobRecord, JobStore
+from clusterrun.lifecycle import (
+    Recorder,
+    follower,
+    mark_failed_start,
+    mark_stopped,
+    per_node,
+    request,
+    save_seen,
+    start_attempt,
+    stop_job,
+)
+from clusterrun.orchestrator import Emit, Job
+
+
+class NotStopped(ClusterrunError):
+    """A restart was refused: some node of the last attempt could not be verified stopped."""
+
+    def __init__(self, message: str, reports: dict[int, StopReport], *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.reports = reports
+
+    @property
+    def unreachable(self) -> bool:
+        """A host could not be reached (rather than a process that would not die)."""
+        return any(r.error for r in self.reports.values())
+
+
+def stop_recorded(store: JobStore, record: JobRecord, grace: float | None = None) -> dict[int, StopReport]:
+    """The verified stop of the current attempt on every node, written into the record (a node
+    whose stop failed keeps its state: it may still run)."""
+    reports = stop_job(record, grace=grace)
+    mark_stopped(store, record, reports)
+    return reports
+
+
+def restart_job(store: JobStore, record: JobRecord, emit: Emit, *, owner_fd: int | None = None,
+                grace: float | None = None) -> JobRecord:
+    """Stop the current attempt on every node (verified), then start the next one; returns its record.
+
+    ``owner_fd``: the caller owns the job and keeps owning it. Otherwise the owner lock is waited
+    for (the monitor of the stopped attempt exits) and given to a new monitor. Raises
+    ``NotStopped`` (nothing new started) when a node could not be verified stopped, and
+    ``HostsUnavailable`` when the new attempt could not start."""
+    reports = stop_recorded(store, record, grace)
+    for rank in sorted(reports):
+        emit(NodeStopped(rank, report=reports[rank]))
+    if not all(r.ok for r in reports.values()):
+        bad = ", ".join(f"node {r.node} ({r.host})" for r in reports.values() if not r.ok)
+        raise NotStopped(f"not restarting job {record.job_id}: attempt {record.attempt} could not be verified "
+                         f"stopped on {bad}", reports,
+                         hint="see the stop report; `clusterrun down` again once the host is back, then restart")
+    owner = owner_fd if owner_fd is not None else store.wait_own(record.job_id, timeout=60)
+    if owner is None:
+        raise ClusterrunError(f"job {record.job_id} is still owned by another clusterrun process",
+                              hint="wait for it to finish, or stop it")
+    try:
+        new = start_attempt(store, store.load(record.job_id), emit)
+    except BaseException:
+        if owner_fd is None:
+            store.release(owner)
+        raise
+    if owner_fd is None:
+        store.spawn_monitor(record.job_id, owner)
+    return new
+
+
+def run_monitor(store: JobStore, job_id: str, emit: Emit) -> int:
+    """Own the job until it ends, in the background: follow its nodes' states (not their logs),
+    apply fail-fast and the start-up retry, keep the record. Started by ``JobStore.spawn_monitor``."""
+    fd_text = os.environ.pop(OWNER_FD_VAR, "")
+    fd = int(fd_text) if fd_text.isdigit() else store.try_own(job_id)
+    if fd is None:
+        return 0  # somebody else owns the job
+    record = store.load(job_id)
+    if record.finished:
+        return 0
+    store.note_monitor(job_id)
+    os.chdir(record.local_cwd)
+    runner = Runner.adopt(store, record, fd, emit, follow_logs=False, retry_startup=record.retry_startup)
+    try:
+        if record.state == "starting":
+            _finish_start(record, runner.job)
+        runner.follow()
+    except HostsUnavailable as exc:  # the missing nodes could not be started: the others wait in vain
+        stop_job(record)
+        mark_failed_start(store, job_id, record.attempt, exc)
+    finally:
+        runner.close()
+    return 0
+
+
+def _finish_start(record: JobRecord, job: Job) -> None:
+    """Start the nodes that a controller which died during ``start`` never reached (from the
+    plan in the record), so that the job can still run: the other nodes wait for them."""
+    answers = per_node(record, lambda t, rank: t.call(request(record, rank, "status")))
+    absent = [rank for rank, answer in answers.items()
+              if isinstance(answer, dict) and (answer.get("state") or {}).get("state") == "absent"]
+    if absent:
+        job.start(absent)
+
+
+class Runner:
+    """The owner's loop over one job (see the module docstring)."""
+
+    def __init__(self, store: JobStore, record: JobRecord, job: Job, owner_fd: int, emit: Emit | None = None, *,
+                 retry_startup: bool = True) -> None:
+        self.store = store
+        self.record = record
+        self.job = job
+        self.owner_fd: int | None = owner_fd
+        self.retry_startup = retry_startup
+        self._listeners: list[Emit] = [emit] if emit is not None else []
+        self.recorder = Recorder(store, record.job_id, job.attempt)
+        job.subscribe(self.emit)
+        job.subscribe(self.recorder)
+        self._hand_over = threading.Event()
+        self._stop_reason: str | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id
+
+    @classmethod
+    def adopt(cls, store: JobStore, record: JobRecord, owner_fd: int, emit: Emit | None = None, *,
+              follow_logs: bool = True, offsets: dict[int, int] | None = None, retry_startup: bool = True) -> Runner:
+        """The owner of a job started earlier (a monitor, or after a restart), following its current attempt."""
+        job = follower(record, None, fail_fast=True, follow_logs=follow_logs, offsets=offsets)
+        return cls(store, record, job, owner_fd, emit, retry_startup=retry_startup)
+
+    def subscribe(self, listener: Emit) -> None:
+        """Hand every event of the job, of this attempt and the next ones, to ``listener`` too."""
+        self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Emit) -> None:
+        self._listeners.remove(listener)
+
+    def emit(self, event: Event) -> None:
+        for listener in list(self._listeners):
+            listener(event)
+
+    def start(self) -> None:
+        """Start every node of the prepared job; on failure the record says so and the nodes that
+        started were stopped again (``HostsUnavailable``)."""
+        try:
+            self.job.start()
+        except HostsUnavailable as exc:
+            self.recorder.flush()
+            mark_failed_start(self.store, self.job_id, self.job.attempt, exc)
+            raise
+
+    def request_stop(self, reason: str) -> None:
+        """Stop the job on every host (verified); ``follow()`` then returns its result."""
+        self._stop_reason = reason
+        self.job.request_stop(reason)
+
+    def request_hand_over(self) -> None:
+        """Make ``follow()`` return None soon, so that ``hand_over()`` can give the job to a monitor."""
+        self._hand_over.set()
+        self.job.detach()
+
+    def follow(self) -> JobResult | None:
+        """Follow the job until it ends (then its result) or a hand-over was requested (None).
+        A known transient start-up failure of the first attempt is retried once, visibly."""
+        while True:
+            try:
+                result = self.job.run()
+            except OSError:
+                if self.job.detached:  # the terminal went away while a line was being shown
+                    return None
+                raise
+            finally:
+                save_seen(self.store, self.job_id, self.job.attempt, self.job.offsets)
+            if result is None:
+                return None
+            why = self._retryable(result)
+            if why is None:
+                return result
+            self.emit(JobNote(None, text=f"attempt {self.job.attempt} failed at start-up: {why}; "
+                              f"retrying once as attempt {self.job.attempt + 1} (--no-retry-startup turns this off)"))
+            try:
+                record = restart_job(self.store, self.store.load(self.job_id), self.emit, owner_fd=self.owner_fd)
+            except ClusterrunError as exc:
+                self.emit(JobNote(None, text=f"could not retry: {exc.render()}"))
+                return result
+            self.job.close()
+            self.record = record
+            self.job = follower(record, self.emit, fail_fast=True, follow_logs=self.job.follow_logs,
+                                reconnect=self.job.reconnect)
+            self.recorder = Recorder(self.store, record.job_id, record.attempt)
+            self.job.subscribe(self.recorder)
+            if self._stop_reason is not None:
+                self.job.request_stop(self._stop_reason)
+            if self._hand_over.is_set():
+                self.job.detach()
+
+    def _retryable(self, result: JobResult) -> str | None:
+        if not self.retry_startup or self.job.attempt != 1 or result.interrupted is not None or result.ok:
+            return None
+        return transient_start_failure(result.root_cause, self.job.logs)
+
+    def hand_over(self) -> None:
+        """Give the job to a background monitor: what the nodes reported and what was shown are in
+        the record first, then the owner lock passes on without a moment unowned."""
+        self.recorder.flush()
+        save_seen(self.store, self.job_id, self.job.attempt, self.job.offsets)
+        if self.owner_fd is not None:
+            self.store.spawn_monitor(self.job_id, self.owner_fd)
+            self.owner_fd = None
+
+    def close(self) -> None:
+        self.job.close()
+
+
+__all__ = ["NotStopped", "Runner", "restart_job", "run_monitor", "stop_recorded"]

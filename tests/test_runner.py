@@ -1,0 +1,162 @@
+"""The owner's policies against the fake transport: restart never overlaps, the start-up retry, hand-over.
+
+Fast (no processes): jobs run on a ``FakeCluster``; their records live in a temporary ``JobStore``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clusterrun import lifecycle
+from clusterrun.events import Event, JobNote, NodeState
+from clusterrun.jobs import JobStore
+from clusterrun.lifecycle import new_record
+from clusterrun.orchestrator import Job, Reconnect
+from clusterrun.runner import NotStopped, Runner, restart_job
+from clusterrun.transports.fake import FakeCluster
+from tests.test_orchestrator import JOB, spec_of
+
+HOSTS_TEXT = "hosts:\n  - host: h0\n    nproc: 1\n  - host: h1\n    nproc: 1\n"
+TORCHRUN_REPORT = "  rank      : 1 (local_rank: 0)\n  exitcode  : -6 (pid: 4321)\n"
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCluster]:
+    cluster = FakeCluster()
+    monkeypatch.setattr(lifecycle, "transport_factory", lambda record: cluster.transport)
+    yield cluster
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> JobStore:
+    return JobStore(tmp_path / "jobs")
+
+
+def owned_job(fake: FakeCluster, store: JobStore, tmp_path: Path, events: list[Event],
+              retry_startup: bool = True) -> Runner:
+    job = Job(spec_of(2), "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport,
+              local_cwd=str(tmp_path), reconnect=Reconnect(first=0.01, most=0.02))
+    plan = job.prepare()
+    (tmp_path / "hosts.yaml").write_text(HOSTS_TEXT)
+    record = new_record(plan, hosts_file=str(tmp_path / "hosts.yaml"), hosts_text=HOSTS_TEXT, env_overrides={},
+                        local_cwd=str(tmp_path), ssh_config=None, retry_startup=retry_startup)
+    store.create(record)
+    owner = store.try_own(JOB)
+    assert owner is not None
+    runner = Runner(store, record, job, owner, events.append, retry_startup=retry_startup)
+    runner.start()
+    return runner
+
+
+def follow_in_thread(runner: Runner) -> tuple[threading.Thread, list[object]]:
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(runner.follow()), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_restart_stops_every_node_verified_before_the_next_attempt(fake: FakeCluster, store: JobStore,
+                                                                   tmp_path: Path) -> None:
+    """Whatever the caller believes of the nodes (a viewer that saw them lost or unreachable), a
+    restart stops each one on its host first: two attempts never run at once."""
+    runner = owned_job(fake, store, tmp_path, [])
+    a0, a1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    record = restart_job(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+    assert record.attempt == 2
+    assert a0.stops == 1 and a1.stops == 1 and not a0.running and not a1.running
+    b0, b1 = fake.node(JOB, 0, 2), fake.node(JOB, 1, 2)
+    assert b0.running and b1.running
+    starts = [r for r in fake.requests if r[1].get("op") in ("stop", "start")]
+    assert [op["op"] for _, op in starts] == ["start", "start", "stop", "stop", "start", "start"]
+    runner.close()
+
+
+def test_restart_is_refused_while_a_node_cannot_be_verified_stopped(fake: FakeCluster, store: JobStore,
+                                                                    tmp_path: Path) -> None:
+    runner = owned_job(fake, store, tmp_path, [])
+    _, a1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    fake.host("h1").drop()
+    with pytest.raises(NotStopped) as refused:
+        restart_job(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+    assert refused.value.unreachable and "node 1 (h1)" in refused.value.render()
+    assert (JOB, 0, 2) not in fake.nodes and (JOB, 1, 2) not in fake.nodes  # nothing new started
+    assert a1.running and store.load(JOB).attempt == 1
+    a1.leave_on_stop = [{"pid": 77, "name": "escapee"}]  # reachable again, but something would not die
+    fake.host("h1").restore()
+    with pytest.raises(NotStopped) as refused:
+        restart_job(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+    assert not refused.value.unreachable and (JOB, 0, 2) not in fake.nodes
+    runner.close()
+
+
+def abort_at_start(node: object) -> None:
+    node.write("[rank1]:terminate called without an active exception\n" + TORCHRUN_REPORT)  # type: ignore[attr-defined]
+    node.exit(1)  # type: ignore[attr-defined]
+
+
+def test_a_transient_start_up_failure_is_retried_once_visibly(fake: FakeCluster, store: JobStore,
+                                                              tmp_path: Path) -> None:
+    events: list[Event] = []
+    runner = owned_job(fake, store, tmp_path, events)
+    thread, out = follow_in_thread(runner)
+    fake.wait_started(JOB, 0)
+    abort_at_start(fake.wait_started(JOB, 1))
+    b0, b1 = fake.wait_started(JOB, 0, 2), fake.wait_started(JOB, 1, 2)
+    abort_at_start(b1)  # again: the retry is once only
+    thread.join(10)
+    result = out[0]
+    assert result is not None and result.failed  # type: ignore[attr-defined]
+    notes = [e.text for e in events if isinstance(e, JobNote)]
+    assert len(notes) == 1 and "retrying once as attempt 2" in notes[0] and "gloo" in notes[0]
+    record = store.load(JOB)
+    assert record.attempt == 2 and [a.state for a in record.attempts] == ["failed", "failed"]
+    assert not b0.running  # fail-fast applied to attempt 2 as well
+    runner.close()
+
+
+@pytest.mark.parametrize("case", ["own output", "other failure", "turned off"])
+def test_other_failures_are_not_retried(fake: FakeCluster, store: JobStore, tmp_path: Path, case: str) -> None:
+    events: list[Event] = []
+    runner = owned_job(fake, store, tmp_path, events, retry_startup=case != "turned off")
+    thread, out = follow_in_thread(runner)
+    fake.wait_started(JOB, 0)
+    node = fake.wait_started(JOB, 1)
+    if case == "own output":
+        node.write("[rank1]:epoch 1 loss 0.3\n")
+    if case == "other failure":
+        node.write("[rank1]:ValueError: bad batch\n" + TORCHRUN_REPORT)
+        node.exit(1)
+    else:
+        abort_at_start(node)
+    thread.join(10)
+    assert out and out[0].failed  # type: ignore[attr-defined]
+    assert (JOB, 0, 2) not in fake.nodes and not [e for e in events if isinstance(e, JobNote)]
+    runner.close()
+
+
+def test_hand_over_saves_what_was_shown_and_passes_the_lock(fake: FakeCluster, store: JobStore, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    spawned: list[tuple[str, int | None]] = []
+    monkeypatch.setattr(JobStore, "spawn_monitor", lambda self, job_id, fd=None: spawned.append((job_id, fd)))
+    events: list[Event] = []
+    runner = owned_job(fake, store, tmp_path, events)
+    owner = runner.owner_fd
+    thread, out = follow_in_thread(runner)
+    node = fake.wait_started(JOB, 0)
+    node.write("one\ntwo\n")
+    shown = threading.Event()
+    runner.subscribe(lambda event: "two" in getattr(event, "lines", ()) and shown.set())
+    assert shown.wait(10)
+    runner.request_hand_over()
+    thread.join(10)
+    assert out == [None]
+    runner.hand_over()
+    assert spawned == [(JOB, owner)] and runner.owner_fd is None
+    record = store.load(JOB)
+    assert record.nodes[0].seen == 8 and record.nodes[0].pid is not None
+    assert [n.state for n in record.nodes] == [NodeState.RUNNING.value] * 2
+    runner.close()
