@@ -21,6 +21,7 @@ from clusterrun.events import (
     JobFinished,
     JobNote,
     JobResult,
+    JobState,
     LogLines,
     NodeExited,
     NodeLink,
@@ -183,14 +184,11 @@ class Board:
 
     @property
     def state(self) -> str:
-        """The job's state: starting, running, stopping, succeeded, failed, stopped or lost."""
+        """The job's state: starting, running, stopping, succeeded, failed, stopped, lost, or
+        unreachable (a stop that could not reach a host: the job may still run there)."""
         if self.result is not None:
-            if self.result.ok:
-                return "succeeded"
-            if self.result.stopped:
-                return "stopped"
-            states = {n.state for n in self.result.nodes}
-            return "lost" if NodeState.LOST in states and NodeState.FAILED not in states else "failed"
+            ended = JobState.of_nodes(n.state for n in self.result.nodes)
+            return ended.value if ended is not None else "unreachable"  # stopped, but a host was not reached
         states = {row.state for row in self.nodes}
         if NodeState.STOPPING in states:
             return "stopping"

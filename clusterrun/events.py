@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -44,6 +45,40 @@ class NodeState(str, Enum):
     @property
     def is_terminal(self) -> bool:
         return self in (NodeState.SUCCEEDED, NodeState.FAILED, NodeState.STOPPED, NodeState.LOST)
+
+
+class JobState(str, Enum):
+    """A whole job's state, as its record keeps it: ``starting → running → one of the ends``."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (JobState.STARTING, JobState.RUNNING)
+
+    @classmethod
+    def of_nodes(cls, states: Iterable[NodeState | str]) -> JobState | None:
+        """The job's state from its nodes' (the one rule, for results, records and dashboards):
+        an end once every node has ended — succeeded if all did, else failed if one failed, else
+        lost if one was lost, else stopped; ``running`` once all started and none ended badly;
+        None while the job is still starting or a node may still run unseen (``unreachable``)."""
+        seen = {NodeState(s) for s in states}
+        if not seen or NodeState.UNREACHABLE in seen:
+            return None
+        if all(s.is_terminal for s in seen):
+            if seen == {NodeState.SUCCEEDED}:
+                return cls.SUCCEEDED
+            if NodeState.FAILED in seen:
+                return cls.FAILED
+            return cls.LOST if NodeState.LOST in seen else cls.STOPPED
+        if seen <= {NodeState.RUNNING, NodeState.SUCCEEDED}:
+            return cls.RUNNING
+        return None
 
 
 def signal_name(number: int) -> str:

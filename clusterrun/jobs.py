@@ -35,10 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from clusterrun.errors import ClusterrunError
+from clusterrun.events import JobState, NodeState
 
 OWNER_FD_VAR = "CLUSTERRUN_OWNER_FD"
-JOB_STATES = ("starting", "running", "succeeded", "failed", "stopped", "lost")
-TERMINAL_JOB_STATES = frozenset({"succeeded", "failed", "stopped", "lost"})
 
 
 class JobNotFound(ClusterrunError):
@@ -57,7 +56,7 @@ class NodeRecord:
 
     rank: int
     host: str
-    state: str = "starting"
+    state: NodeState = NodeState.STARTING
     pid: int | None = None
     exit_code: int | None = None
     signal: int | None = None
@@ -70,7 +69,7 @@ class AttemptRecord:
     attempt: int
     started: float
     master_port: int
-    state: str = "starting"
+    state: JobState = JobState.STARTING
     ended: float | None = None
     root_cause: str | None = None
 
@@ -92,7 +91,7 @@ class JobRecord:
     ssh_config: str | None
     plan: dict[str, Any]
     attempt: int = 1
-    state: str = "starting"
+    state: JobState = JobState.STARTING
     unreachable_timeout: float | None = None  # --unreachable-timeout: silence that counts as a loss
     retry_startup: bool = True  # retry a known transient start-up failure once (--no-retry-startup)
     attempts: list[AttemptRecord] = field(default_factory=list)
@@ -100,7 +99,7 @@ class JobRecord:
 
     @property
     def finished(self) -> bool:
-        return self.state in TERMINAL_JOB_STATES
+        return JobState(self.state).is_terminal
 
     @property
     def hosts(self) -> list[str]:
@@ -116,8 +115,11 @@ class JobRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobRecord:
         data = dict(data)
-        data["attempts"] = [AttemptRecord(**a) for a in data.get("attempts", [])]
-        data["nodes"] = [NodeRecord(**n) for n in data.get("nodes", [])]
+        data["state"] = JobState(data.get("state", JobState.STARTING))
+        data["attempts"] = [AttemptRecord(**dict(a, state=JobState(a.get("state", JobState.STARTING))))
+                            for a in data.get("attempts", [])]
+        data["nodes"] = [NodeRecord(**dict(n, state=NodeState(n.get("state", NodeState.STARTING))))
+                         for n in data.get("nodes", [])]
         return cls(**data)
 
 

@@ -27,6 +27,7 @@ from clusterrun.events import (
     Event,
     JobFinished,
     JobResult,
+    JobState,
     NodeExited,
     NodeStarted,
     NodeState,
@@ -62,19 +63,10 @@ def transport_factory(record: JobRecord) -> Callable[..., Transport]:
     return partial(transport_for, ssh_config=record.ssh_config)
 
 
-def job_state(result: JobResult) -> str | None:
+def job_state(result: JobResult) -> JobState | None:
     """The job's state in its record from how it ended; None while a node may still run (its
     host could not be reached: the next ``ps`` asks it again)."""
-    if any(n.state is NodeState.UNREACHABLE for n in result.nodes):
-        return None
-    if result.ok:
-        return "succeeded"
-    states = {n.state for n in result.nodes}
-    if NodeState.FAILED in states:
-        return "failed"
-    if result.stopped:
-        return "stopped"
-    return "lost" if NodeState.LOST in states else "failed"
+    return JobState.of_nodes(n.state for n in result.nodes)
 
 
 class Recorder:
@@ -130,9 +122,9 @@ class Recorder:
             node = record.nodes[rank]
             for key, value in changes.items():
                 setattr(node, key, value)
-            live = {n.state for n in record.nodes}
-            if record.state in ("starting", "running") and live <= {"running", "succeeded"} and "running" in live:
-                record.state = record.attempts[-1].state = "running"
+            now = JobState.of_nodes(n.state for n in record.nodes)
+            if record.state == JobState.STARTING and now is JobState.RUNNING:
+                record.state = record.attempts[-1].state = JobState.RUNNING
 
         self._submit(change)
 
@@ -140,10 +132,10 @@ class Recorder:
         if event.node is not None and isinstance(event, NodeStarted):
             self._node(event.node, pid=event.pid)
         elif event.node is not None and isinstance(event, NodeStateChanged):
-            self._node(event.node, state=event.state.value)
+            self._node(event.node, state=event.state)
         elif event.node is not None and isinstance(event, NodeExited):
             r = event.result
-            self._node(event.node, state=r.state.value, exit_code=r.exit_code, signal=r.signal, error=r.error)
+            self._node(event.node, state=r.state, exit_code=r.exit_code, signal=r.signal, error=r.error)
         elif isinstance(event, JobFinished):
             self.finish(event.result)
 
@@ -156,7 +148,7 @@ class Recorder:
             record.state = state
             attempt = record.attempts[-1]
             attempt.state, attempt.ended = record.state, time.time()
-            failed = record.state in ("failed", "lost")
+            failed = record.state in (JobState.FAILED, JobState.LOST)
             attempt.root_cause = result.root_cause.describe() if result.root_cause and failed else None
 
         self._submit(change)
@@ -242,26 +234,18 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
                 node.error = f"unreachable: {answer.render()}"
                 continue
             state = answer.get("state") or {}
-            node.state = node_state_of(state).value
+            node.state = node_state_of(state)
             node.pid = ((state.get("torchrun") or {}).get("pid")) or node.pid
             node.exit_code, node.signal = state.get("exit_code"), state.get("signal")
             node.error = state.get("error") or ("neither the supervisor nor torchrun runs any more"
                                                 if node.state == "lost" else None)
-        states = {n.state for n in rec.nodes}
-        reachable = all(not isinstance(a, ClusterrunError) for a in answers.values())
-        if states & {"running", "starting", "pending"} or not reachable:
-            if "running" in states and "pending" not in states:
-                rec.state = "running"
-            return  # unfinished: "pending" nodes were never started, the monitor will start them
-        if states == {"succeeded"}:
-            rec.state = "succeeded"
-        elif "failed" in states:
-            rec.state = "failed"
-        elif "lost" in states:
-            rec.state = "lost"
-        else:
-            rec.state = "stopped"
-        rec.attempts[-1].state = rec.state
+        new = JobState.of_nodes(NodeState.UNREACHABLE if isinstance(answers.get(n.rank), ClusterrunError)
+                                else n.state for n in rec.nodes)
+        if new is None or not new.is_terminal:  # pending nodes were never started: the monitor starts them
+            if new is JobState.RUNNING:
+                rec.state = new
+            return
+        rec.state = rec.attempts[-1].state = new
         rec.attempts[-1].ended = rec.attempts[-1].ended or time.time()
 
     return store.update(record.job_id, change)
@@ -357,10 +341,10 @@ def mark_stopped(store: JobStore, record: JobRecord, reports: dict[int, StopRepo
         if rec.attempt != record.attempt:
             return
         for rank, report in reports.items():
-            if report.ok and rec.nodes[rank].state not in ("succeeded", "failed", "lost"):
-                rec.nodes[rank].state = "stopped"
+            if report.ok and rec.nodes[rank].state not in (NodeState.SUCCEEDED, NodeState.FAILED, NodeState.LOST):
+                rec.nodes[rank].state = NodeState.STOPPED
         if all(r.ok for r in reports.values()) and not rec.finished:
-            rec.state = rec.attempts[-1].state = "stopped"
+            rec.state = rec.attempts[-1].state = JobState.STOPPED
             rec.attempts[-1].ended = time.time()
 
     return store.update(record.job_id, change)
@@ -370,7 +354,7 @@ def mark_failed_start(store: JobStore, job_id: str, attempt: int, error: Cluster
     """The attempt could not start on every host (those that started were stopped again)."""
     def change(rec: JobRecord) -> None:
         if rec.attempt == attempt:
-            rec.state = rec.attempts[-1].state = "failed"
+            rec.state = rec.attempts[-1].state = JobState.FAILED
             rec.attempts[-1].ended = time.time()
             rec.attempts[-1].root_cause = f"could not start: {error.render()}"
 
@@ -401,7 +385,7 @@ def start_attempt(store: JobStore, record: JobRecord, emit: Emit | None) -> JobR
         plan = job.prepare()
 
         def begin(rec: JobRecord) -> None:
-            rec.attempt, rec.plan, rec.state = attempt, plan_to_json(plan), "starting"
+            rec.attempt, rec.plan, rec.state = attempt, plan_to_json(plan), JobState.STARTING
             rec.attempts.append(AttemptRecord(attempt, started=time.time(), master_port=plan.master_port))
             rec.nodes = [NodeRecord(n.rank, n.host.host) for n in plan.nodes]
 

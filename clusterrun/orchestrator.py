@@ -343,6 +343,8 @@ class Job:
                     stream.close()
             except ClusterrunError as exc:
                 error = exc.render()
+            except Exception as exc:  # noqa: BLE001 - a transport's untranslated error must not end the follower
+                error = f"{node.host}: {type(exc).__name__}: {exc}"
             else:
                 error = "the log stream ended early"
             if self._detach.is_set():

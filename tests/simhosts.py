@@ -85,11 +85,15 @@ class SimHost:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def served(self) -> list[int]:
+        """The sshd processes serving connections to this host now (children of the listener)."""
+        return [pid for pid in _children().get(self.pid, []) if _comm(pid) == "sshd"]
+
     def drop_connections(self) -> int:
         """Cut every SSH connection to this host, as a network failure would, but leave sshd listening:
         SIGKILL the sshd processes serving the connections: the listener's children named sshd (orphans of the
         host, such as detached job supervisors, are its children too, as they would be init's). Returns how many."""
-        served = [pid for pid in _children().get(self.pid, []) if _comm(pid) == "sshd"]
+        served = self.served()
         for pid in served:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -258,6 +262,13 @@ class SimCluster:
             host._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                           start_new_session=True)
         host.pid = 0 if netns else host._proc.pid
+
+    def set_link(self, host: SimHost, up: bool) -> None:
+        """Plug ``host``'s network cable in or out (its veth on the bridge): packets to and from it
+        vanish, as on a real network failure; nothing on the host notices."""
+        if not self.isolated:
+            raise SimHostError("a host's link can only be cut where hosts have network namespaces")
+        _ip_batch([f"link set {self._links[self.hosts.index(host)]} {'up' if up else 'down'}"])
 
     def reboot(self, host: SimHost) -> None:
         """Simulate a reboot: the host dies with everything on it, then comes back with a fresh PID namespace

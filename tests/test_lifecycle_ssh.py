@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -13,9 +16,17 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, SUPPORT, wait_for
+from tests.conftest import ROOT, SUPPORT, up_argv, wait_for
 from tests.simhosts import SimCluster, SimHost
-from tests.test_lifecycle import clusterrun, counter_lines, kill_monitors, ps_json, up_detached, wait_state
+from tests.test_lifecycle import (
+    attempt_dir,
+    clusterrun,
+    counter_lines,
+    kill_monitors,
+    ps_json,
+    up_detached,
+    wait_state,
+)
 from tests.test_ssh import ssh_hosts
 
 pytestmark = pytest.mark.integration
@@ -137,3 +148,109 @@ def test_dashboard_shows_a_dropped_connection_and_resumes_from_its_offset(sim_cl
     drive(app, script)
     assert len(drops) == 2 and all(d >= 1 for d in drops)
     assert all("node0 sim1: unreachable" in text for text in shown), shown
+
+
+PAUSE = 45.0  # longer than anything the controller ever allowed for silence (30 s, before)
+
+
+def test_a_paused_controller_never_stops_a_healthy_job(sim_cluster: MakeCluster, tmp_path: Path,
+                                                       controller_state: Path) -> None:
+    """A laptop closed for a while: `up` (foreground) and the monitor of an `up -d` job are stopped
+    (SIGSTOP) while the hosts' sshd drop their silent connections and the jobs end; resumed, both
+    follow on from where they were: the jobs succeed, nothing was stopped, every line exactly once."""
+    cluster = sim_cluster(2, sshd_options={"ClientAliveInterval": "2", "ClientAliveCountMax": "2"})
+    state = tmp_path / "state"
+    hosts = ssh_hosts(tmp_path, cluster, [1, 1], state)
+    background = up_detached(hosts, SUPPORT / "counter.py", "300", "0.02")
+    monitor = wait_for(lambda: monitors_of(controller_state), timeout=30, what="the monitor")[0]
+    up = subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", "300", "0.02"), cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert up.stdout is not None and up.stderr is not None
+    lines: list[str] = [up.stdout.readline()]
+    wait_for(lambda: lines.append(up.stdout.readline()) or "line 20" in lines[-1], timeout=60,  # type: ignore[union-attr]
+             interval=0, what="the foreground job's output")
+    paused = time.monotonic()
+    for pid in (up.pid, monitor):
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        foreground = job_id_of_dir(state, exclude=background)
+        wait_for(lambda: all(host_ended(state, job, node) for job in (background, foreground) for node in (0, 1)),
+                 timeout=120, what="both jobs to end on their hosts")
+        wait_for(lambda: not any(host.served() for host in cluster.hosts), timeout=60,
+                 what="the hosts' sshd to drop the paused controller's connections")
+        wait_for(lambda: time.monotonic() - paused >= PAUSE, timeout=PAUSE + 5, interval=1, what="the pause")
+    finally:
+        for pid in (up.pid, monitor):
+            os.kill(pid, signal.SIGCONT)
+    out, err = up.communicate(timeout=120)
+    assert up.returncode == 0, err
+    lines += out.splitlines(keepends=True)
+    for node in (0, 1):
+        printed = [f"[rank{m.group(2)}]:{m.group(3)}" for line in lines
+                   if (m := re.match(r"^node(\d) sim\d +rank(\d) +\| (.*)$", line)) and m.group(1) == str(node)]
+        assert printed == counter_lines(node, 300)
+    assert wait_state(background, "succeeded", "failed", "stopped", "lost")["state"] == "succeeded"
+    for job in (background, foreground):
+        for node in (0, 1):
+            assert not (attempt_dir(state, job, node) / "stop").exists()  # nobody asked for a stop
+
+
+OUTAGE = 120.0
+
+
+def test_a_host_unreachable_for_minutes_is_waited_for_not_stopped(sim_cluster: MakeCluster, tmp_path: Path,
+                                                                  controller_state: Path) -> None:
+    """sim2's network cable is out for two minutes while the job runs: its node shows unreachable,
+    nothing is stopped anywhere, and when it is back the job goes on and succeeds, every line once."""
+    cluster = sim_cluster(2)
+    state = tmp_path / "state"
+    hosts = ssh_hosts(tmp_path, cluster, [1, 1], state)
+    count = int((OUTAGE + 40) / 0.1)
+    up = subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", str(count), "0.1"), cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert up.stdout is not None and up.stderr is not None
+    errors: list[str] = []
+    reader = threading.Thread(target=lambda: errors.extend(up.stderr or ()), daemon=True)
+    reader.start()
+    lines: list[str] = []
+    wait_for(lambda: lines.append(up.stdout.readline()) or "rank 1 line 10" in lines[-1], timeout=60,  # type: ignore[union-attr]
+             interval=0, what="output from node 1")
+    cut = time.monotonic()
+    cluster.set_link(cluster.hosts[1], up=False)
+    try:
+        wait_for(lambda: any("node1 sim2: unreachable" in e for e in errors), timeout=60,
+                 what="node 1 to be shown unreachable")
+        wait_for(lambda: time.monotonic() - cut >= OUTAGE, timeout=OUTAGE + 5, interval=1, what="the outage")
+    finally:
+        cluster.set_link(cluster.hosts[1], up=True)
+    out, _ = up.communicate(timeout=count * 0.1 + 120)
+    reader.join(timeout=10)
+    assert up.returncode == 0, "".join(errors)
+    lines += out.splitlines(keepends=True)
+    assert any("node1 sim2: reconnected" in e for e in errors), errors
+    for node in (0, 1):
+        printed = [f"[rank{m.group(2)}]:{m.group(3)}" for line in lines
+                   if (m := re.match(r"^node(\d) sim\d +rank(\d) +\| (.*)$", line)) and m.group(1) == str(node)]
+        assert printed == counter_lines(node, count)
+    job = job_id_of_dir(state)
+    assert not any((attempt_dir(state, job, node) / "stop").exists() for node in (0, 1))
+
+
+def monitors_of(home: Path) -> list[int]:
+    from tests.conftest import monitors
+
+    return monitors(home)
+
+
+def job_id_of_dir(state: Path, exclude: str | None = None) -> str:
+    """The one job with state under ``state`` (the hosts' state dir), other than ``exclude``."""
+    jobs = [p.name for p in (state / "jobs").iterdir() if p.name != exclude]
+    assert len(jobs) == 1, jobs
+    return jobs[0]
+
+
+def host_ended(state: Path, job: str, node: int) -> bool:
+    try:
+        return json.loads((attempt_dir(state, job, node) / "state.json").read_text()).get("state") == "exited"
+    except (OSError, ValueError):
+        return False

@@ -278,3 +278,20 @@ def test_the_monitor_names_the_root_cause_as_up_does(fake: FakeCluster) -> None:
     assert result.root_cause.describe() == "rank 1 on node 1 (h1, local rank 0): exit code 1: ValueError: bad batch"
     assert result.root_cause.last_lines[-2:] == ("Traceback (most recent call last):", "ValueError: bad batch")
     assert not run.seen.lines(1)  # nothing of the log was emitted
+
+
+def test_a_transport_fault_the_transport_did_not_translate_is_retried_not_fatal(fake: FakeCluster) -> None:
+    """paramiko raises EOFError when a channel of a dead connection is closed: a follower must
+    retry as for any lost connection, not die and leave the job followed by nobody."""
+    run = Running(fake)
+    n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    fake.host("h0").close_error = EOFError()
+    fake.host("h0").drop()
+    run.seen.wait(lambda ev: any(isinstance(e, NodeLink) and not e.up for e in ev))
+    fake.host("h0").close_error = None
+    fake.host("h0").restore()
+    n0.write("after\n")
+    n0.exit(0)
+    n1.exit(0)
+    result = run.finish()
+    assert result is not None and result.ok and run.seen.lines(0) == ["after"]

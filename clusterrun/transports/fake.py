@@ -79,6 +79,7 @@ class FakeHost:
     python: str = "3.11.7"
     torch: str | None = "2.13.0"
     connects: int = 0  # connection attempts, reachable or not
+    close_error: Exception | None = None  # closing a session raises this (a transport's untranslated fault)
     _epoch: int = 0  # bumped by drop(): streams of an older epoch are cut
 
     def drop(self) -> None:
@@ -331,6 +332,8 @@ class FakeTransport(Transport):
             closed.set()
             with self.cluster.changed:
                 self.cluster.changed.notify_all()
+            if fake.close_error is not None:
+                raise fake.close_error
 
         return AgentSession(self.name, send, _Lines(lines), close)
 

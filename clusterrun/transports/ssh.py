@@ -391,8 +391,12 @@ class SSHTransport(Transport):
                 return
             released.set()
             drain_stderr()
-            channel.close()
-            self._sessions.release()
+            try:
+                channel.close()
+            except (EOFError, OSError, paramiko.SSHException):
+                pass  # the connection is dead already (paramiko raises EOFError sending the close)
+            finally:
+                self._sessions.release()
 
         def last_words() -> str:
             drain_stderr()

@@ -1,0 +1,197 @@
+"""One contract for every transport: the fake, local processes, and SSH to simulated machines.
+
+The same requests get answers of the same shape and meaning whichever way the agent is reached
+(``agent.py``'s protocol), so a policy tested against the fake transport (tests/test_orchestrator.py,
+tests/test_runner.py) is tested against what real hosts say. The fake runs no processes: where a
+real job prints and exits, the harness makes the fake node do the same.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterrun.config import load_cluster_text
+from clusterrun.errors import AgentError
+from clusterrun.transports import Transport, transport_for
+from clusterrun.transports.fake import FakeCluster
+from tests.conftest import wait_for
+from tests.simhosts import SimCluster
+
+JOB = "contract-20261123-120000-0001"
+# Prints `line I` for I < COUNT, waits for RELEASE to exist, exits with CODE.
+SCRIPT = ("import os,sys,time\ncount,release,code=int(sys.argv[1]),sys.argv[2],int(sys.argv[3])\n"
+          "for i in range(count):\n print('line %d' % i, flush=True)\n"
+          "while not os.path.exists(release):\n time.sleep(0.02)\nsys.exit(code)\n")
+
+
+def expected(count: int) -> str:
+    return "".join(f"line {i}\n" for i in range(count))
+
+
+@dataclass
+class Harness:
+    """One transport, and a way to run a small job on its host."""
+
+    transport: Transport
+    state_dir: str
+    folder: Path
+    fake: FakeCluster | None = None
+
+    def request(self, op: str, node: int, **extra: Any) -> dict[str, Any]:
+        return {"op": op, "job": JOB, "node": node, "attempt": 1, "state_dir": self.state_dir, **extra}
+
+    def start(self, node: int, count: int, code: int = 0) -> dict[str, Any]:
+        release = self.folder / f"release-{node}"
+        argv = [sys.executable, "-c", SCRIPT, str(count), str(release), str(code)]
+        answer = self.transport.call(self.request("start", node, argv=argv, env={}, cwd=None, first_rank=0))
+        if self.fake is not None:
+            self.fake.node(JOB, node).write(expected(count))
+        return answer
+
+    def release(self, node: int, code: int = 0) -> None:
+        if self.fake is not None:
+            self.fake.node(JOB, node).exit(code)
+        else:
+            (self.folder / f"release-{node}").touch()
+
+    def follow(self, node: int, **where: Any) -> list[dict[str, Any]]:
+        return list(self.transport.stream(self.request("follow", node, **where)))
+
+
+def _local(tmp_path: Path) -> Harness:
+    spec = load_cluster_text("hosts:\n  - host: here\n    transport: local\n", "hosts.yaml").hosts[0]
+    return Harness(transport_for(spec), str(tmp_path / "state"), tmp_path)
+
+
+@pytest.fixture(params=["fake", pytest.param("local", marks=pytest.mark.integration),
+                        pytest.param("ssh", marks=pytest.mark.integration)])
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    if request.param == "fake":
+        fake = FakeCluster()
+        spec = load_cluster_text("hosts:\n  - host: h0\n", "hosts.yaml").hosts[0]
+        yield Harness(fake.transport(spec), str(tmp_path / "state"), tmp_path, fake)
+        return
+    if request.param == "local":
+        made = _local(tmp_path)
+    else:
+        make: Callable[..., SimCluster] = request.getfixturevalue("sim_cluster")
+        cluster = make(1)
+        text = (f"ssh_config: {cluster.ssh_config}\ndefaults:\n  python: {sys.executable}\n"
+                f"hosts:\n  - host: {cluster.hosts[0].name}\n")
+        made = Harness(transport_for(load_cluster_text(text, "hosts.yaml").hosts[0],
+                                     ssh_config=str(cluster.ssh_config)), str(tmp_path / "state"), tmp_path)
+    made.transport.connect()
+    try:
+        yield made
+    finally:
+        for node in range(4):  # nothing of a test's jobs may outlive it
+            try:
+                made.transport.call(made.request("stop", node, grace=1))
+            except AgentError:
+                pass
+        made.transport.close()
+
+
+def log_of(messages: list[dict[str, Any]]) -> str:
+    return "".join(m["data"] for m in messages if m.get("t") == "log")
+
+
+def test_probe_describes_the_host(harness: Harness) -> None:
+    answer = harness.transport.call({"op": "probe", "free_port": True, "state_dir": harness.state_dir})
+    assert answer["ok"] is True
+    assert answer["python"].count(".") == 2 and answer["torch"]
+    assert isinstance(answer["boot_id"], str) and answer["boot_id"]
+    assert isinstance(answer["port"], int) and 1024 < answer["port"] < 65536
+    assert isinstance(answer["torchrun_flags"], list) and isinstance(answer["hostname"], str)
+
+
+def test_follow_streams_every_line_then_the_end_with_the_exit_code(harness: Harness) -> None:
+    started = harness.start(0, 50, code=3)
+    assert started["ok"] is True and started["state"]["state"] in ("running", "exited")
+    harness.release(0, code=3)
+    messages = harness.follow(0, offset=0)
+    assert log_of(messages) == expected(50)
+    assert messages[-1]["t"] == "end" and messages[-1]["state"]["exit_code"] == 3
+    logs = [m for m in messages if m["t"] == "log"]
+    assert all(a["next"] == b["offset"] for a, b in zip(logs, logs[1:], strict=False))  # contiguous
+    assert {m["t"] for m in messages} <= {"log", "state", "beat", "end"}
+
+
+def test_resuming_from_any_next_offset_gives_exactly_the_rest(harness: Harness) -> None:
+    harness.start(0, 200)
+    harness.release(0)
+    text = expected(200)
+    whole = harness.follow(0, offset=0)
+    for message in [m for m in whole if m["t"] == "log"]:
+        rest = harness.follow(0, offset=message["next"])
+        assert log_of(rest) == text[message["next"]:]
+    middle = text.index("line 100\n")
+    assert log_of(harness.follow(0, offset=middle)) == text[middle:]
+
+
+def test_tail_starts_at_the_last_complete_lines(harness: Harness) -> None:
+    harness.start(0, 30)
+    harness.release(0)
+    assert log_of(harness.follow(0, tail=5)) == "".join(f"line {i}\n" for i in range(25, 30))
+    assert log_of(harness.follow(0, tail=0)) == ""
+
+
+def test_once_ends_with_eof_while_the_job_runs(harness: Harness) -> None:
+    harness.start(0, 10)
+    messages = wait_for(lambda: (m := harness.follow(0, offset=0, once=True)) and log_of(m) == expected(10) and m,
+                        timeout=30, what="the job's ten lines")
+    assert messages[-1]["t"] == "eof" and messages[-1]["next"] == len(expected(10))
+    assert messages[-1]["state"]["state"] == "running"
+    harness.release(0)
+
+
+def test_logs_false_sends_states_only(harness: Harness) -> None:
+    harness.start(0, 20)
+    harness.release(0)
+    messages = harness.follow(0, logs=False)
+    assert not [m for m in messages if m["t"] == "log"] and messages[-1]["t"] == "end"
+
+
+def test_stop_is_verified_and_idempotent(harness: Harness) -> None:
+    harness.start(0, 5)
+    first = harness.transport.call(harness.request("stop", 0, grace=2))
+    assert first["ok"] is True and first["left"] == []
+    assert first["killed"] and all(isinstance(p["pid"], int) and p["name"] for p in first["killed"])
+    assert first["state"]["state"] == "exited" and first["state"]["stop_requested"] is True
+    again = harness.transport.call(harness.request("stop", 0, grace=2))
+    assert again["ok"] is True and again["killed"] == [] and again["left"] == []
+    assert harness.follow(0, offset=0)[-1]["t"] == "end"
+    status = harness.transport.call(harness.request("status", 0))
+    assert status["state"]["state"] == "exited" and status["log_size"] == len(expected(5))
+
+
+def test_a_node_never_started_is_absent_not_an_error(harness: Harness) -> None:
+    for op in ("status", "stop"):
+        answer = harness.transport.call(harness.request(op, 3, grace=1))
+        assert answer["ok"] is True and answer["state"] == {"state": "absent"}
+
+
+def test_errors_are_answers(harness: Harness) -> None:
+    with pytest.raises(AgentError, match="unknown op"):
+        harness.transport.call({"op": "bogus"})
+    messages = harness.follow(2, offset=0)
+    assert messages == [{"ok": False, "error": messages[0]["error"]}] and "no job" in messages[0]["error"]
+    harness.start(1, 1)
+    with pytest.raises(AgentError, match="already|exists"):
+        harness.start(1, 1)
+    harness.release(1)
+
+
+def test_answers_are_json_round_trips(harness: Harness) -> None:
+    """Nothing but JSON types cross the wire: what the fake answers could be sent by the agent."""
+    harness.start(0, 3)
+    harness.release(0)
+    for message in harness.follow(0, offset=0):
+        assert json.loads(json.dumps(message)) == message
