@@ -562,16 +562,32 @@ class JobScope:
 
 def _find_torch() -> Any:
     """torch's module spec for this interpreter, without importing torch. The agent runs without
-    ``site`` (``-S``): look in ``site``'s directories first, and run ``site`` only if that fails
-    (a ``.pth`` file or a virtualenv's own ``site`` may know more)."""
+    ``site`` (``-S``), so ``sys.prefix`` is the base interpreter's even in a virtual environment:
+    look in the site directories ``site`` would add (the environment's own, as its ``pyvenv.cfg``
+    says), and run ``site`` only if torch is not there (a ``.pth`` file may know more; it may also
+    import anything, such as an editable install's finder)."""
     import importlib.machinery
     import site
 
-    paths = list(sys.path)
-    try:
-        paths += [*site.getsitepackages(), site.getusersitepackages()]
-    except AttributeError:  # an old virtualenv's own site module
-        pass
+    paths, system_site = list(sys.path), True
+    exe_dir = os.path.dirname(os.path.abspath(sys.executable))
+    for cfg in (os.path.join(exe_dir, "pyvenv.cfg"), os.path.join(os.path.dirname(exe_dir), "pyvenv.cfg")):
+        try:
+            with open(cfg, encoding="utf-8") as f:
+                values = [v for k, _, v in (line.partition("=") for line in f)
+                          if k.strip().lower() == "include-system-site-packages"]
+        except OSError:
+            continue
+        system_site = not values or values[-1].strip().lower() == "true"  # site's default: true
+        version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        paths += [os.path.join(os.path.dirname(exe_dir), lib, version, "site-packages")
+                  for lib in dict.fromkeys((getattr(sys, "platlibdir", "lib"), "lib"))]
+        break
+    if system_site:
+        try:
+            paths += [*site.getsitepackages([sys.base_prefix]), site.getusersitepackages()]
+        except AttributeError:  # an old virtualenv's own site module
+            pass
     try:
         spec = importlib.machinery.PathFinder.find_spec("torch", paths)
         if spec is None and sys.flags.no_site:

@@ -6,6 +6,7 @@ following and the verified stop quickly, without torch.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import stat
@@ -252,6 +253,51 @@ def test_probe_reports_torch_and_a_free_port(tmp_path: Path) -> None:
     assert answer["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
+def _fake_torch(site_dir: Path, version: str) -> None:
+    (site_dir / "torch" / "distributed").mkdir(parents=True)
+    (site_dir / "torch" / "__init__.py").write_text("raise ImportError('the probe must not import torch')\n")
+    (site_dir / "torch" / "version.py").write_text(f"__version__ = {version!r}\n")
+    (site_dir / "torch" / "distributed" / "run.py").write_text("# --signals-to-handle\n")
+
+
+def _probe_with(python: Path, tmp_path: Path) -> dict:
+    from clusterrun.agent import json_loads
+    from clusterrun.transports.base import agent_command, agent_preamble, request_line
+
+    probe = {"op": "probe", "free_port": False, "state_dir": str(tmp_path / "state")}
+    proc = subprocess.run(agent_command(str(python)), input=agent_preamble() + request_line(probe),
+                          capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
+    assert proc.returncode == 0, proc
+    return json_loads(proc.stdout)
+
+
+@pytest.mark.parametrize("system_site", [False, True])
+def test_probe_in_a_virtualenv_reports_the_environments_torch_without_running_site(
+        tmp_path: Path, system_site: bool) -> None:
+    """Under ``-S`` a venv's ``sys.prefix`` is the base interpreter's: the probe must look in the
+    venv's site-packages (where `pip install torch` put it), not report the base's torch, and
+    must not run its ``.pth`` files (an editable install's finder imports re and enum)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", *(["--system-site-packages"] * system_site),
+                    str(venv)], check=True, timeout=120)
+    site_dir = next(venv.glob("lib/python3*/site-packages"))
+    _fake_torch(site_dir, "9.9.9+venv")
+    marker = tmp_path / "pth-ran"
+    (site_dir / "zz_marker.pth").write_text(f"import os; open({str(marker)!r}, 'w').close()\n")
+    answer = _probe_with(venv / "bin" / "python", tmp_path)
+    assert answer["torch"] == "9.9.9+venv" and answer["torchrun_flags"] == ["--signals-to-handle"]
+    assert not marker.exists()
+
+
+def test_probe_finds_a_torch_that_only_a_pth_file_knows(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    elsewhere = tmp_path / "elsewhere"
+    _fake_torch(elsewhere, "8.8.8")
+    (next(venv.glob("lib/python3*/site-packages")) / "extra.pth").write_text(f"{elsewhere}\n")
+    assert _probe_with(venv / "bin" / "python", tmp_path)["torch"] == "8.8.8"
+
+
 def test_rank_logs_pass_on_whole_lines_only(tmp_path: Path) -> None:
     from clusterrun.agent import RankLogs
 
@@ -362,9 +408,47 @@ def test_agent_json_falls_back_to_the_json_module(monkeypatch: pytest.MonkeyPatc
     assert dumps_sorted({"b": 1, "a": 2}) == '{"a": 2, "b": 1}'
 
 
+def _own_imports(importtime: str) -> set[str]:
+    """The modules in ``-X importtime`` output that the agent imported itself. The agent is
+    stdlib-only, so a top-level import of anything else came from ``site`` (run when torch is
+    not in the site directories: a ``.pth`` file, sitecustomize); it and what it imported (listed
+    before it, indented) are not the agent's."""
+    import sysconfig
+
+    stdlib = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
+    own: set[str] = set()
+    subtree: set[str] = set()
+    for line in importtime.splitlines():
+        if not line.startswith("import time:") or line.endswith("imported package"):
+            continue
+        column = line.split("|")[-1]
+        name = column.strip()
+        subtree.add(name)
+        if len(column) - len(column.lstrip()) > 1:  # nested: decided with its top-level import
+            continue
+        spec = importlib.util.find_spec(name)
+        origin = getattr(spec, "origin", None) or ""
+        in_stdlib = origin.startswith(stdlib) and not {"site-packages", "dist-packages"} & set(Path(origin).parts)
+        if spec is None or origin in ("built-in", "frozen") or in_stdlib:
+            own |= subtree
+        subtree = set()
+    return own
+
+
+def test_own_imports_leave_out_what_a_pth_file_imported() -> None:
+    importtime = ("import time: self [us] | cumulative | imported package\n"
+                  "import time:       100 |        100 |     re._parser\n"
+                  "import time:       100 |        200 |   re\n"
+                  "import time:       100 |        300 | pytest\n"
+                  "import time:       100 |        100 |   _json\n"
+                  "import time:       100 |        200 | json.scanner\n"
+                  "import time:       100 |        100 | _signal\n")
+    assert _own_imports(importtime) == {"_json", "json.scanner", "_signal"}
+
+
 def test_the_agent_and_its_supervisor_import_little(tmp_path: Path) -> None:
-    """Every module the agent imports is paid for on every host at every command (re and enum
-    alone were 12 of its 30 ms of CPU; subprocess 20 ms more in every node's supervisor)."""
+    """Every module the agent imports is paid for on every host at every command (the figures are
+    in docs/benchmarks.md)."""
     from clusterrun.transports.base import agent_command, agent_preamble, request_line
 
     heavy = {"re", "enum", "json", "subprocess", "socket", "typing", "glob", "random", "threading", "importlib.util"}
@@ -377,13 +461,12 @@ def test_the_agent_and_its_supervisor_import_little(tmp_path: Path) -> None:
                           capture_output=True, timeout=60)
     answers = [line for line in proc.stdout.splitlines() if line.strip()]
     assert len(answers) == 2 and all(b'"ok": true' in a for a in answers), proc
-    agent_modules = {line.split("|")[-1].strip() for line in proc.stderr.decode().splitlines() if "|" in line}
+    agent_modules = _own_imports(proc.stderr.decode())
     assert "_json" in agent_modules and not heavy & agent_modules, sorted(heavy & agent_modules)
     folder = tmp_path / "state" / "jobs" / "job-1" / "node0" / "attempt1"
     wait_for(lambda: b"ran" in (folder / "output.log").read_bytes(), 30, what="the job's output")
     wait_for(lambda: '"exited"' in (folder / "state.json").read_text(), 30, what="the end of the job")
-    log = (folder / "supervisor.log").read_text()
-    supervisor_modules = {line.split("|")[-1].strip() for line in log.splitlines() if "|" in line}
+    supervisor_modules = _own_imports((folder / "supervisor.log").read_text())
     assert supervisor_modules and not heavy & supervisor_modules, sorted(heavy & supervisor_modules)
 
 
