@@ -502,8 +502,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def test_a_quiet_job_costs_its_supervisor_and_follower_no_cpu(tmp_path: Path) -> None:
-    """Both sleep until inotify, a pidfd or a signal says that something happened. They used to
-    poll 20 and 50 times a second: 8 and 29 ms of CPU per second for every node here."""
+    """Both sleep until inotify, a pidfd or a signal says that something happened."""
     import threading
 
     from clusterrun.agent import BOOTSTRAP, BUSY

@@ -193,8 +193,7 @@ def test_scrolling_up_freezes_the_log_while_lines_pour_in_and_end_or_f_follows_a
 
 
 def test_the_log_view_leaves_no_reference_cycles_as_lines_pour_in_and_views_switch() -> None:
-    # Garbage in a cycle waits for a full collection, and a key pressed during one waits too: under
-    # a flood (benchmarks/dashboard.py) those were the slowest key presses.
+    # Garbage in a cycle waits for a full collection, and a key pressed during one waits too.
     app = Dashboard(Scripted(started(), running=True), ring=200)  # type: ignore[arg-type]
 
     async def script(app: Dashboard, pilot: object) -> None:

@@ -248,9 +248,8 @@ class Dashboard(App[int]):
         self.call_after_refresh(self._freeze_heap)
 
     def _freeze_heap(self) -> None:
-        # A full garbage collection walks every object Textual made for the app (~60,000: 40 ms on
-        # one core), and under a flood one runs about every second — the slowest frames were those.
-        # Objects made before the first frame live as long as the app: leave them out of every walk.
+        # Objects made before the first frame live as long as the app: leave them out of every full
+        # garbage collection, which would walk them all (the slowest frames: docs/benchmarks.md).
         gc.collect()
         gc.freeze()
 
