@@ -102,13 +102,12 @@ import sys
 import time
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing costs the agent 3 ms at every start, and annotations are never evaluated
+if TYPE_CHECKING:  # annotations are never evaluated, and typing costs every start (docs/benchmarks.md)
     from typing import Any
 
 # The agent starts once per node and command, so what it imports is paid on every host every
-# time. The modules json and signal import re and enum (with functools, collections, ...): 12 of
-# the 30 ms of CPU an agent took to start. The agent uses their C parts, which json and signal
-# themselves are built on (the `json` fallback keeps it working on Pythons without them).
+# time. The modules json and signal import re and enum (docs/benchmarks.md): the agent uses their
+# C parts, which json and signal themselves are built on (the fallbacks keep it working without).
 if TYPE_CHECKING:
     import signal
 else:
@@ -224,11 +223,10 @@ PR_SET_CHILD_SUBREAPER = 36
 POLL_INTERVAL = 0.05
 MERGE_INTERVAL = 0.02
 # Both wait for inotify to say that something changed instead of waking up at those intervals (a
-# quiet job then costs no CPU: polling cost 30-40 ms of CPU per second per node), so the first
-# line after a quiet spell goes at once. They look anyway after IDLE_CHECK seconds without any
-# event. The supervisor looks for new worker processes every SCAN_INTERVAL seconds for BUSY
-# seconds after torchrun started or made new per-rank files (it is starting workers), else every
-# IDLE_SCAN_INTERVAL seconds.
+# quiet job then costs no CPU), so the first line after a quiet spell goes at once. They look
+# anyway after IDLE_CHECK seconds without any event. The supervisor looks for new worker
+# processes every SCAN_INTERVAL seconds for BUSY seconds after torchrun started or made new
+# per-rank files (it is starting workers), else every IDLE_SCAN_INTERVAL seconds.
 IDLE_CHECK = 1.0
 SCAN_INTERVAL = 0.25
 IDLE_SCAN_INTERVAL = 2.0
@@ -640,7 +638,7 @@ def _version_of(version_py: str) -> str:
 
 def _free_port() -> int:
     # Below Linux's ephemeral range (32768+), so an outgoing connection will not take it later.
-    # _socket, not socket: the socket module imports enum and selectors (7 ms at every probe).
+    # _socket, not socket: the socket module imports enum and selectors.
     try:
         import _socket as socket
     except ImportError:  # not CPython
@@ -1087,7 +1085,7 @@ def _spawn_job(argv: list[str], env: dict[str, str], cwd: str | None, out_fd: in
     stdout and stderr to ``out_fd``; its pid, or the ``OSError`` that kept it from running.
 
     What ``subprocess.Popen(..., start_new_session=True)`` does, without importing subprocess
-    (20 ms of CPU on the way to every node's start). Every other descriptor of the supervisor
+    (paid on the way to every node's start). Every other descriptor of the supervisor
     is close-on-exec (Python opens them so), so the job inherits none of them.
     """
     errors_r, errors_w = os.pipe()  # close-on-exec: the parent reads EOF once exec succeeded
