@@ -130,9 +130,16 @@ class _JSONContext:
     parse_constant = float  # NaN, Infinity, -Infinity
 
 
+# _json's make_encoder and make_scanner are CPython internals: used only on the versions checked
+# (tests/test_third_party.py fails on a newer Python until they are checked again).
+JSON_C_CHECKED = ((3, 8), (3, 13))
+
+
 def _codec() -> tuple[Any, Any, Any]:
     """``dumps``, sorted-keys ``dumps`` and ``loads``, as ``json``'s (ASCII output, ``NaN`` allowed)."""
     try:
+        if sys.implementation.name != "cpython" or not JSON_C_CHECKED[0] <= sys.version_info[:2] <= JSON_C_CHECKED[1]:
+            raise ImportError("json's C parts not checked on this Python")
         import _json
 
         def encoder(sort_keys: bool) -> Any:
