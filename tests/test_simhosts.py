@@ -10,14 +10,13 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests import simhosts
-from tests.conftest import ROOT, SUPPORT
+from tests.conftest import ROOT, SUPPORT, wait_for
 from tests.simhosts import SSHD, SimCluster, SimHostError, namespace_problem, sweep_stale, unavailable
 
 pytestmark = pytest.mark.integration
@@ -67,11 +66,7 @@ def links_of(pid: int) -> list[str]:
 
 
 def test_three_hosts_answer_by_name_and_resolve_to_their_bridge_address(sim_cluster: Make) -> None:
-    started = time.monotonic()
     cluster = isolated(sim_cluster, 3)
-    elapsed = time.monotonic() - started
-    print(f"3 hosts ready in {elapsed:.2f} s")
-    assert elapsed < 5
     assert [h.name for h in cluster.hosts] == ["sim1", "sim2", "sim3"]
     assert len({h.address for h in cluster.hosts}) == 3
     for host in cluster.hosts:
@@ -267,8 +262,8 @@ def test_leftovers_of_a_crashed_run_are_swept(tmp_path: Path) -> None:
     sweep_stale()
     assert not [ns for ns in netns_list().split() if ns.startswith(prefix)]
     assert links_of(crashed.pid) == []
-    time.sleep(0.2)  # SIGKILL is delivered asynchronously to the orphaned hosts
-    assert processes_mentioning(folder) == []
+    # SIGKILL is delivered asynchronously to the orphaned hosts
+    wait_for(lambda: processes_mentioning(folder) == [], timeout=30, what="the crashed run's hosts to die")
     assert not Path(folder).exists()
 
 
