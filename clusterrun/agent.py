@@ -102,13 +102,12 @@ import sys
 import time
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing costs the agent 3 ms at every start, and annotations are never evaluated
+if TYPE_CHECKING:  # annotations are never evaluated, and typing costs every start (docs/benchmarks.md)
     from typing import Any
 
 # The agent starts once per node and command, so what it imports is paid on every host every
-# time. The modules json and signal import re and enum (with functools, collections, ...): 12 of
-# the 30 ms of CPU an agent took to start. The agent uses their C parts, which json and signal
-# themselves are built on (the `json` fallback keeps it working on Pythons without them).
+# time. The modules json and signal import re and enum (docs/benchmarks.md): the agent uses their
+# C parts, which json and signal themselves are built on (the fallbacks keep it working without).
 if TYPE_CHECKING:
     import signal
 else:
@@ -131,9 +130,16 @@ class _JSONContext:
     parse_constant = float  # NaN, Infinity, -Infinity
 
 
+# _json's make_encoder and make_scanner are CPython internals: used only on the versions checked
+# (tests/test_third_party.py fails on a newer Python until they are checked again).
+JSON_C_CHECKED = ((3, 8), (3, 13))
+
+
 def _codec() -> tuple[Any, Any, Any]:
     """``dumps``, sorted-keys ``dumps`` and ``loads``, as ``json``'s (ASCII output, ``NaN`` allowed)."""
     try:
+        if sys.implementation.name != "cpython" or not JSON_C_CHECKED[0] <= sys.version_info[:2] <= JSON_C_CHECKED[1]:
+            raise ImportError("json's C parts not checked on this Python")
         import _json
 
         def encoder(sort_keys: bool) -> Any:
@@ -224,11 +230,10 @@ PR_SET_CHILD_SUBREAPER = 36
 POLL_INTERVAL = 0.05
 MERGE_INTERVAL = 0.02
 # Both wait for inotify to say that something changed instead of waking up at those intervals (a
-# quiet job then costs no CPU: polling cost 30-40 ms of CPU per second per node), so the first
-# line after a quiet spell goes at once. They look anyway after IDLE_CHECK seconds without any
-# event. The supervisor looks for new worker processes every SCAN_INTERVAL seconds for BUSY
-# seconds after torchrun started or made new per-rank files (it is starting workers), else every
-# IDLE_SCAN_INTERVAL seconds.
+# quiet job then costs no CPU), so the first line after a quiet spell goes at once. They look
+# anyway after IDLE_CHECK seconds without any event. The supervisor looks for new worker
+# processes every SCAN_INTERVAL seconds for BUSY seconds after torchrun started or made new
+# per-rank files (it is starting workers), else every IDLE_SCAN_INTERVAL seconds.
 IDLE_CHECK = 1.0
 SCAN_INTERVAL = 0.25
 IDLE_SCAN_INTERVAL = 2.0
@@ -562,16 +567,32 @@ class JobScope:
 
 def _find_torch() -> Any:
     """torch's module spec for this interpreter, without importing torch. The agent runs without
-    ``site`` (``-S``): look in ``site``'s directories first, and run ``site`` only if that fails
-    (a ``.pth`` file or a virtualenv's own ``site`` may know more)."""
+    ``site`` (``-S``), so ``sys.prefix`` is the base interpreter's even in a virtual environment:
+    look in the site directories ``site`` would add (the environment's own, as its ``pyvenv.cfg``
+    says), and run ``site`` only if torch is not there (a ``.pth`` file may know more; it may also
+    import anything, such as an editable install's finder)."""
     import importlib.machinery
     import site
 
-    paths = list(sys.path)
-    try:
-        paths += [*site.getsitepackages(), site.getusersitepackages()]
-    except AttributeError:  # an old virtualenv's own site module
-        pass
+    paths, system_site = list(sys.path), True
+    exe_dir = os.path.dirname(os.path.abspath(sys.executable))
+    for cfg in (os.path.join(exe_dir, "pyvenv.cfg"), os.path.join(os.path.dirname(exe_dir), "pyvenv.cfg")):
+        try:
+            with open(cfg, encoding="utf-8") as f:
+                values = [v for k, _, v in (line.partition("=") for line in f)
+                          if k.strip().lower() == "include-system-site-packages"]
+        except OSError:
+            continue
+        system_site = not values or values[-1].strip().lower() == "true"  # site's default: true
+        version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        paths += [os.path.join(os.path.dirname(exe_dir), lib, version, "site-packages")
+                  for lib in dict.fromkeys((getattr(sys, "platlibdir", "lib"), "lib"))]
+        break
+    if system_site:
+        try:
+            paths += [*site.getsitepackages([sys.base_prefix]), site.getusersitepackages()]
+        except AttributeError:  # an old virtualenv's own site module
+            pass
     try:
         spec = importlib.machinery.PathFinder.find_spec("torch", paths)
         if spec is None and sys.flags.no_site:
@@ -624,7 +645,7 @@ def _version_of(version_py: str) -> str:
 
 def _free_port() -> int:
     # Below Linux's ephemeral range (32768+), so an outgoing connection will not take it later.
-    # _socket, not socket: the socket module imports enum and selectors (7 ms at every probe).
+    # _socket, not socket: the socket module imports enum and selectors.
     try:
         import _socket as socket
     except ImportError:  # not CPython
@@ -1071,7 +1092,7 @@ def _spawn_job(argv: list[str], env: dict[str, str], cwd: str | None, out_fd: in
     stdout and stderr to ``out_fd``; its pid, or the ``OSError`` that kept it from running.
 
     What ``subprocess.Popen(..., start_new_session=True)`` does, without importing subprocess
-    (20 ms of CPU on the way to every node's start). Every other descriptor of the supervisor
+    (paid on the way to every node's start). Every other descriptor of the supervisor
     is close-on-exec (Python opens them so), so the job inherits none of them.
     """
     errors_r, errors_w = os.pipe()  # close-on-exec: the parent reads EOF once exec succeeded

@@ -108,10 +108,17 @@ def stop_all_jobs(path: Path) -> None:
         transport.call(request)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def _ssh_tools() -> None:
     """The test setup installs OpenSSH (server and client) when missing; a no-op when present."""
     subprocess.run(["sh", str(SUPPORT / "install_sshd.sh")], check=True, capture_output=True, timeout=900)
+
+
+@pytest.fixture(autouse=True)
+def _ssh_tools_for_integration(request: pytest.FixtureRequest) -> None:
+    """Only integration tests need OpenSSH: the unit tests (``-m "not integration"``) run no apt."""
+    if request.node.get_closest_marker("integration"):
+        request.getfixturevalue("_ssh_tools")
 
 
 @pytest.fixture(autouse=True)

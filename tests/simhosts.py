@@ -6,8 +6,9 @@ Each host has its own network, PID, mount and UTS namespaces: a veth on a bridge
 root namespace, hosts ``.11``…; no default route, no NAT), a private ``/run``, a shared ``/etc/hosts`` naming every
 host, and sshd as its PID namespace's first process, so killing that process kills all the host runs. Where
 namespaces are refused, one sshd per loopback address ``127.0.0.(10+i)`` on its own port stands in
-(``isolated=False``, ``fallback_reason`` says why). All that is made is named after the creating process (netns
-``crsim-<pid>-…``, links with alias ``crsim-<pid>``, temp dirs ``crsim-<pid>-…``): ``sweep_stale`` finds it.
+(``isolated=False``, ``fallback_reason`` says why), except under ``CI=true``, where that is an error. All that is
+made is named after the creating process (netns ``crsim-<pid>-…``, links with alias ``crsim-<pid>``, temp dirs
+``crsim-<pid>-…``): ``sweep_stale`` finds it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -150,6 +151,8 @@ class SimCluster:
         reason = namespace_problem() if isolated is not False else "loopback fallback requested by the caller"
         if reason and isolated:
             raise SimHostError(f"namespaces are not available: {reason}")
+        if reason and isolated is None and in_ci():
+            raise SimHostError(f"CI=true: the simulated hosts must have namespaces here, and cannot: {reason}")
         if reason:
             print(f"simhosts: not isolated, one sshd per loopback address instead: {reason}", file=sys.stderr)
             if login_shell:
@@ -344,6 +347,18 @@ def sim_cluster() -> Iterator[Callable[..., SimCluster]]:
             return cluster
 
         yield make
+
+
+def in_ci() -> bool:
+    """True under CI (``CI=true``), which must test what it claims: no loopback fallback, no skips."""
+    return os.environ.get("CI", "").lower() in ("true", "1", "yes")
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip a test this machine cannot run (saying why); under CI, fail it instead."""
+    if in_ci():
+        pytest.fail(f"CI=true, but this machine cannot run the test: {reason}")
+    pytest.skip(reason)
 
 
 @functools.cache

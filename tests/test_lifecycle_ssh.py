@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -105,8 +104,7 @@ def test_a_rebooted_host_shows_its_node_lost(sim_cluster: MakeCluster, tmp_path:
     job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
     wait_state(job, "running")
     kill_monitors(controller_state)  # nobody watches: only the next `ps` can tell
-    cluster.reboot(cluster.hosts[1])
-    time.sleep(0.5)
+    cluster.reboot(cluster.hosts[1])  # returns once its new sshd accepts connections
     record = ps_json(job)
     assert [n["state"] for n in record["nodes"]] == ["running", "lost"], record
     shown = clusterrun("ps", job).stdout

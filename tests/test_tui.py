@@ -19,7 +19,7 @@ from textual.strip import Strip
 from clusterrun.events import LogLines, NodeState
 from clusterrun.jobs import JobStore
 from clusterrun.session import Session
-from clusterrun.tui import Dashboard, RingLog
+from clusterrun.tui import Confirm, Dashboard, RingLog
 from tests.conftest import ROOT, SUPPORT, marked, wait_for, write_hosts
 from tests.test_lifecycle import counter_lines, ps_json, up_detached, wait_state
 from tests.test_tui_snapshots import Scripted, started
@@ -97,8 +97,8 @@ def test_kill_asks_then_stops_the_job_and_nothing_is_left(tmp_path: Path, state_
         assert 40 <= len(log_lines(app)) <= 50  # the ring keeps the last 50 lines of a node, no more
         await pilot.press("K")  # type: ignore[attr-defined]
         await pilot.press("n")  # type: ignore[attr-defined]  # no: nothing happens
-        await pilot.pause(0.5)  # type: ignore[attr-defined]
-        assert table_states(app) == ["running", "running"] and marked(job)
+        await until(pilot, lambda: not isinstance(app.screen, Confirm), 10, "the question to close")
+        assert table_states(app) == ["running", "running"] and marked(job) and not app.session.busy
         await pilot.press("K", "y")  # type: ignore[attr-defined]
         await until(pilot, lambda: app.board.finished, 60, "the job to end")
         assert table_states(app) == ["stopped", "stopped"]
@@ -193,8 +193,7 @@ def test_scrolling_up_freezes_the_log_while_lines_pour_in_and_end_or_f_follows_a
 
 
 def test_the_log_view_leaves_no_reference_cycles_as_lines_pour_in_and_views_switch() -> None:
-    # Garbage in a cycle waits for a full collection, and a key pressed during one waits too: under
-    # a flood (benchmarks/dashboard.py) those were the slowest key presses.
+    # Garbage in a cycle waits for a full collection, and a key pressed during one waits too.
     app = Dashboard(Scripted(started(), running=True), ring=200)  # type: ignore[arg-type]
 
     async def script(app: Dashboard, pilot: object) -> None:
@@ -300,12 +299,11 @@ def test_a_detach_that_ends_after_the_app_does_not_touch_it() -> None:
     'Event loop is closed' in that thread)."""
     import threading
 
-    finished = threading.Event()
+    app_ended = threading.Event()
 
     class SlowDetach(Scripted):
         def detach(self) -> None:
-            time.sleep(0.5)
-            finished.set()
+            app_ended.wait(10)
 
     errors: list[BaseException] = []
     hook, threading.excepthook = threading.excepthook, lambda args: errors.append(args.exc_value)  # type: ignore[assignment]
@@ -316,8 +314,10 @@ def test_a_detach_that_ends_after_the_app_does_not_touch_it() -> None:
             await pilot.press("d")  # type: ignore[attr-defined]  # and the harness ends the app at once
 
         drive(app, script)
-        assert finished.wait(5)
-        time.sleep(0.2)  # what the thread does after the detach
+        app_ended.set()
+        detach = next(t for t in threading.enumerate() if t.name == "detach")
+        detach.join(10)  # the detach, then what the thread does after it
+        assert not detach.is_alive()
     finally:
         threading.excepthook = hook
     assert errors == [] and app.outcome == "detached"

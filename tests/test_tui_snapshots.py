@@ -122,3 +122,23 @@ def test_main_screen(snap_compare: Any, state: str) -> None:
         session = Scripted(events, running=False, result=result)
     keys = ["a"] if state == "all done" else []  # the merged view, with its coloured prefixes
     assert snap_compare(app_for(session), terminal_size=(120, 36), press=keys)
+
+
+def test_node_table_caches_are_sized_only_on_textual_versions_checked() -> None:
+    """NodeTable sizes DataTable's private render caches. This fails on a Textual newer than the
+    versions checked to have them: check them (the names in NodeTable.fit_caches, and that
+    maxsize is settable), then raise CACHES_CHECKED."""
+    import asyncio
+
+    from clusterrun.tui import CACHES_CHECKED, COLUMNS, NodeTable, textual_version
+
+    assert textual_version() <= CACHES_CHECKED[1], f"Textual {textual_version()} is newer than checked"
+
+    async def main() -> int:
+        app = app_for(Scripted(started(), running=True))
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause()
+            return app.query_one("#nodes", NodeTable)._cell_render_cache.maxsize
+
+    maxsize = asyncio.run(main())
+    assert maxsize == (2 * (len(HOSTS) + 1) * len(COLUMNS) if textual_version() >= CACHES_CHECKED[0] else 10000)

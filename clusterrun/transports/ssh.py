@@ -36,10 +36,9 @@ from clusterrun.config import HostSpec
 from clusterrun.errors import AuthError, ConnectError, HostKeyError, TransportError
 from clusterrun.transports.base import AgentSession, Transport, agent_command, agent_preamble
 
-# paramiko imports invoke (with asyncio and unittest.mock: 47 ms, a sixth of a command's start-up)
-# only to run `Match exec` in its own ssh_config parser, which clusterrun uses only where OpenSSH's
-# `ssh -G` is missing (then `Match exec` is reported, see _paramiko_lookup). Hidden while
-# paramiko is imported, and only then.
+# paramiko imports invoke (and asyncio: docs/benchmarks.md) only to run `Match exec` in its own
+# ssh_config parser, which clusterrun uses only where OpenSSH's `ssh -G` is missing (then `Match
+# exec` is reported, see _paramiko_lookup). Hidden while paramiko is imported, and only then.
 _hide_invoke = "invoke" not in sys.modules
 if _hide_invoke:
     sys.modules["invoke"] = None  # type: ignore[assignment]  # the documented way to block an import

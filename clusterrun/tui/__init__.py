@@ -11,6 +11,7 @@ switching views and arriving lines cost the lines on screen, not the ring.
 
 from __future__ import annotations
 
+import functools
 import gc
 import queue
 import re
@@ -105,18 +106,31 @@ class QuitQuestion(ModalScreen[str]):
         self.dismiss(str(event.button.id))
 
 
+# DataTable's render caches are private: sized only on the Textual versions checked to have them
+# all, with a settable maxsize (tests/test_tui_snapshots.py fails on a newer Textual until checked).
+CACHES_CHECKED = ((5, 0), (8, 2))
+
+
+@functools.cache
+def textual_version() -> tuple[int, int]:
+    from importlib.metadata import version
+
+    major, minor = version("textual").split(".")[:2]
+    return int(major), int(minor)
+
+
 class NodeTable(DataTable[Any]):
     """The node table: Textual's ``DataTable`` with render caches for about two frames of it.
 
-    The table changes on nearly every tick, and each change renews every key of DataTable's caches
-    (they hold its update count), so what they keep from earlier ticks is never read again. Sized
-    for large tables that change rarely (1,000 rows, 10,000 cells), they filled with it: ~40,000
-    live objects after a minute, which every full garbage collection walks (and a key pressed
-    during one waits).
+    The table changes on nearly every tick, and each change renews every key of DataTable's caches,
+    so what they keep from earlier ticks is never read again; at their default sizes they fill with
+    it, and every full garbage collection walks them (docs/benchmarks.md, "Dashboard under a flood").
     """
 
     def fit_caches(self) -> None:
         """Size the caches for the rows and columns the table has now (after adding them)."""
+        if not CACHES_CHECKED[0] <= textual_version() <= CACHES_CHECKED[1]:
+            return  # Textual's default sizes: more memory, the same table
         lines = 2 * (self.row_count + 1)  # the header's too
         for cache in (self._row_render_cache, self._row_renderable_cache, self._line_cache):
             cache.maxsize = lines
@@ -234,9 +248,8 @@ class Dashboard(App[int]):
         self.call_after_refresh(self._freeze_heap)
 
     def _freeze_heap(self) -> None:
-        # A full garbage collection walks every object Textual made for the app (~60,000: 40 ms on
-        # one core), and under a flood one runs about every second — the slowest frames were those.
-        # Objects made before the first frame live as long as the app: leave them out of every walk.
+        # Objects made before the first frame live as long as the app: leave them out of every full
+        # garbage collection, which would walk them all (the slowest frames: docs/benchmarks.md).
         gc.collect()
         gc.freeze()
 
