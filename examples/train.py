@@ -10,6 +10,7 @@ ranks all-gather a checksum of their parameters: DDP keeps replicas identical, s
 import argparse
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,7 @@ def main() -> None:
     if use_cuda:
         torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl" if use_cuda else "gloo")
+    dist.barrier()  # every rank connected before anything is printed: a failure to connect is a start-up failure
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     print(f"RANK={rank} LOCAL_RANK={local_rank} WORLD_SIZE={world} NODE_RANK={os.environ['GROUP_RANK']} "
@@ -77,9 +79,17 @@ def main() -> None:
     if rank == 0:
         print(f"parameters {'agree' if agree else 'DIFFER'} across {world} ranks: checksum={values[0]:.9f}",
               flush=True)
-    dist.destroy_process_group()
-    if not agree:
-        raise SystemExit(1)
+    leave(0 if agree else 1)
+
+
+def leave(code: int) -> None:
+    """Exit once every rank is done, without tearing gloo down: torch 2.13's gloo sometimes aborts
+    a rank in its teardown (``terminate called without an active exception``, pytorch/pytorch#188266),
+    which would fail a job whose work is complete."""
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
