@@ -61,6 +61,14 @@ class Harness:
         else:
             (self.folder / f"release-{node}").touch()
 
+    def wait_ended(self, node: int) -> None:
+        wait_for(lambda: self.transport.call(self.request("status", node))["state"]["state"] == "exited",
+                 timeout=30, what=f"node {node}'s job to end")
+
+    def wait_printed(self, node: int, count: int) -> None:
+        wait_for(lambda: log_of(self.follow(node, offset=0, once=True)) == expected(count), timeout=30,
+                 what=f"node {node}'s job to print {count} lines")
+
     def follow(self, node: int, **where: Any) -> list[dict[str, Any]]:
         return list(self.transport.stream(self.request("follow", node, **where)))
 
@@ -139,14 +147,15 @@ def test_resuming_from_any_next_offset_gives_exactly_the_rest(harness: Harness) 
 def test_tail_starts_at_the_last_complete_lines(harness: Harness) -> None:
     harness.start(0, 30)
     harness.release(0)
+    harness.wait_ended(0)  # a tail is taken of what is written when the follow begins
     assert log_of(harness.follow(0, tail=5)) == "".join(f"line {i}\n" for i in range(25, 30))
     assert log_of(harness.follow(0, tail=0)) == ""
 
 
 def test_once_ends_with_eof_while_the_job_runs(harness: Harness) -> None:
     harness.start(0, 10)
-    messages = wait_for(lambda: (m := harness.follow(0, offset=0, once=True)) and log_of(m) == expected(10) and m,
-                        timeout=30, what="the job's ten lines")
+    harness.wait_printed(0, 10)
+    messages = harness.follow(0, offset=0, once=True)
     assert messages[-1]["t"] == "eof" and messages[-1]["next"] == len(expected(10))
     assert messages[-1]["state"]["state"] == "running"
     harness.release(0)
@@ -161,6 +170,7 @@ def test_logs_false_sends_states_only(harness: Harness) -> None:
 
 def test_stop_is_verified_and_idempotent(harness: Harness) -> None:
     harness.start(0, 5)
+    harness.wait_printed(0, 5)
     first = harness.transport.call(harness.request("stop", 0, grace=2))
     assert first["ok"] is True and first["left"] == []
     assert first["killed"] and all(isinstance(p["pid"], int) and p["name"] for p in first["killed"])
@@ -181,8 +191,10 @@ def test_a_node_never_started_is_absent_not_an_error(harness: Harness) -> None:
 def test_errors_are_answers(harness: Harness) -> None:
     with pytest.raises(AgentError, match="unknown op"):
         harness.transport.call({"op": "bogus"})
-    messages = harness.follow(2, offset=0)
-    assert messages == [{"ok": False, "error": messages[0]["error"]}] and "no job" in messages[0]["error"]
+    stream = harness.transport.stream(harness.request("follow", 2, offset=0))
+    first = next(iter(stream))  # the agent then waits for another request: the caller closes
+    stream.close()
+    assert first == {"ok": False, "error": first["error"]} and "no job" in first["error"]
     harness.start(1, 1)
     with pytest.raises(AgentError, match="already|exists"):
         harness.start(1, 1)
