@@ -25,9 +25,10 @@ library, and the ``.pth`` files of a big environment can cost more than the agen
 
 Requests (``op``) and answers
 -----------------------------
-``probe``  ``{free_port: bool, state_dir}`` → ``{ok, hostname, python, torch, torchrun_flags,
-           boot_id, port, state_dir}``; ``torch`` is the installed version or null (found without
-           importing torch); ``port`` a TCP port that was free on this host, when asked.
+``probe``  ``{free_port: bool, state_dir}`` → ``{ok, protocol, hostname, python, torch,
+           torchrun_flags, boot_id, port, state_dir}`` (``protocol``: ``PROTOCOL``); ``torch`` is
+           the installed version or null (found without importing torch); ``port`` a TCP port
+           that was free on this host, when asked.
 ``start``  ``{job, node, attempt, state_dir, argv, env, cwd, first_rank}`` → ``{ok, dir, state}``:
            creates the attempt directory, starts the detached supervisor and returns once it has
            started torchrun (or failed to: ``{ok: false, error}``).
@@ -115,6 +116,8 @@ else:
         import _signal as signal
     except ImportError:  # not CPython
         import signal
+
+PROTOCOL = 1  # protocol.PROTOCOL on the controller: bump both for any change the other side would misread
 
 SIGNAL_NAMES: dict[int, str] = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGKILL"}
 
@@ -608,6 +611,7 @@ def _find_torch() -> Any:
 def op_probe(req: dict[str, Any]) -> dict[str, Any]:
     answer = {
         "ok": True,
+        "protocol": PROTOCOL,
         "hostname": os.uname().nodename,  # what socket.gethostname() returns
         "python": "{}.{}.{}".format(*sys.version_info[:3]),
         "boot_id": _boot_id(),

@@ -13,9 +13,9 @@ import re
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from clusterrun.events import RootCause
+from clusterrun.protocol import HostState, NodeStatus
 
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
 _REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
@@ -79,39 +79,39 @@ def exception_message(lines: Iterable[str]) -> str:
 def find_root_cause(
     hosts: Mapping[int, str],
     logs: Mapping[int, NodeLog],
-    states: Mapping[int, Mapping[str, Any]],
+    states: Mapping[int, NodeStatus],
     stopped_by_us: set[int],
 ) -> RootCause | None:
     """The first failure across the cluster, from each node's log and final agent state.
 
-    ``states`` are the agents' state files (``exit_code``, ``signal``, ``workers`` with ``died``
-    times, ``ended_at``); ``stopped_by_us`` are nodes that clusterrun stopped (fail-fast or the
+    ``states`` are the agents' reports of their state files (exit code, signal, the workers and
+    when each died, when torchrun ended); ``stopped_by_us`` are nodes that clusterrun stopped (fail-fast or the
     user), whose failures are consequences unless nothing else failed.
     """
     candidates: list[tuple[int, float, RootCause]] = []
     for node, state in states.items():
-        if state.get("exit_code") in (0, None) and not state.get("error") and state.get("state") != "lost":
+        if state.exit_code in (0, None) and not state.error and state.state is not HostState.LOST:
             continue
         log = logs.get(node) or NodeLog()
-        died = {w.get("pid"): w.get("died") for w in state.get("workers") or []}
-        died_by_rank = {w.get("rank"): w.get("died") for w in state.get("workers") or []}
+        died = {w.pid: w.died for w in state.workers}
+        died_by_rank = {w.rank: w.died for w in state.workers}
         secondary = 1 if node in stopped_by_us else 0
         for rank, failure in log.failures.items():
             code = failure["exit_code"]
             tail = tuple(log.rank_tails.get(rank, ()))
-            when = died.get(failure["pid"]) or died_by_rank.get(rank) or state.get("ended_at") or float("inf")
+            when = died.get(failure["pid"]) or died_by_rank.get(rank) or state.ended_at or float("inf")
             candidates.append((secondary, when, RootCause(
                 node=node, host=hosts[node], rank=rank, local_rank=failure["local_rank"],
                 exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
                 last_lines=tail, message=exception_message(tail))))
         if not log.failures:
             tail = tuple(log.node_tail)
-            node_code = state.get("exit_code")
-            sig = state.get("signal")
-            message = state.get("error") or exception_message(tail)
-            if state.get("state") == "lost":
+            node_code = state.exit_code
+            sig = state.signal
+            message = state.error or exception_message(tail)
+            if state.state is HostState.LOST:
                 message = message or "the node's agent and torchrun vanished"
-            when = state.get("ended_at") or float("inf")
+            when = state.ended_at or float("inf")
             candidates.append((secondary, when, RootCause(
                 node=node, host=hosts[node], rank=None, local_rank=None,
                 exit_code=None if sig else node_code, signal=sig, last_lines=tail, message=message)))

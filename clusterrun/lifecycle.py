@@ -22,7 +22,7 @@ from functools import partial
 from typing import Any
 
 from clusterrun.config import ClusterSpec, load_cluster_text
-from clusterrun.errors import AgentError, ClusterrunError, HostsUnavailable
+from clusterrun.errors import ClusterrunError, HostsUnavailable
 from clusterrun.events import (
     Event,
     JobFinished,
@@ -37,6 +37,7 @@ from clusterrun.events import (
 from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
 from clusterrun.orchestrator import Emit, Job, Reconnect, node_state_of
 from clusterrun.plan import LaunchPlan, plan_from_json, plan_to_json
+from clusterrun.protocol import End, Eof, LogChunk, NodeStatus, decode_follow, decode_status
 from clusterrun.transports import Transport, transport_for
 
 
@@ -218,12 +219,18 @@ def request(record: JobRecord, rank: int, op: str, attempt: int | None = None, *
             "state_dir": record.plan.get("state_dir"), **extra}
 
 
+def status_of(transport: Transport, record: JobRecord, rank: int) -> NodeStatus:
+    """What node ``rank``'s agent says of the current attempt (``absent`` if never started)."""
+    answer = transport.call(request(record, rank, "status"))
+    return decode_status(transport.name, answer.get("state"), "status answer's state")
+
+
 def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
     """Ask every host how the current attempt is doing and write that into the record.
 
     Only for a job that has no owner (the owner keeps the record itself). A host that cannot be
     reached leaves its node as it was, with the error noted."""
-    answers = per_node(record, lambda t, rank: t.call(request(record, rank, "status")))
+    answers = per_node(record, lambda t, rank: status_of(t, record, rank))
 
     def change(rec: JobRecord) -> None:
         if rec.attempt != record.attempt:
@@ -233,12 +240,11 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
             if isinstance(answer, ClusterrunError):
                 node.error = f"unreachable: {answer.render()}"
                 continue
-            state = answer.get("state") or {}
-            node.state = node_state_of(state)
-            node.pid = ((state.get("torchrun") or {}).get("pid")) or node.pid
-            node.exit_code, node.signal = state.get("exit_code"), state.get("signal")
-            node.error = state.get("error") or ("neither the supervisor nor torchrun runs any more"
-                                                if node.state == "lost" else None)
+            node.state = node_state_of(answer)
+            node.pid = answer.torchrun_pid or node.pid
+            node.exit_code, node.signal = answer.exit_code, answer.signal
+            node.error = answer.error or ("neither the supervisor nor torchrun runs any more"
+                                          if node.state is NodeState.LOST else None)
         new = JobState.of_nodes(NodeState.UNREACHABLE if isinstance(answers.get(n.rank), ClusterrunError)
                                 else n.state for n in rec.nodes)
         if new is None or not new.is_terminal:  # pending nodes were never started: the monitor starts them
@@ -270,12 +276,11 @@ def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None
     where: dict[str, Any] = {"offset": 0} if tail is None else {"tail": tail}
     try:
         transport.connect()
-        for message in transport.stream(request(record, rank, "follow", attempt=attempt, once=True, **where)):
-            if message.get("ok") is False:
-                raise AgentError(transport.name, str(message.get("error")))
-            if message.get("t") == "log":
-                yield message["data"]
-            elif message.get("t") in ("end", "eof"):
+        for raw in transport.stream(request(record, rank, "follow", attempt=attempt, once=True, **where)):
+            message = decode_follow(transport.name, raw)
+            if isinstance(message, LogChunk):
+                yield message.data
+            elif isinstance(message, (End, Eof)):
                 return
     finally:
         transport.close()

@@ -28,6 +28,7 @@ merely queued: the next viewer resumes there and loses nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -54,6 +55,19 @@ from clusterrun.events import (
     StopReport,
 )
 from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, build_plan
+from clusterrun.protocol import (
+    Beat,
+    End,
+    FollowMessage,
+    HostState,
+    LogChunk,
+    NodeStatus,
+    Probe,
+    StateUpdate,
+    decode_follow,
+    decode_probe,
+    decode_status,
+)
 from clusterrun.transports import AgentSession, Transport, transport_for
 
 Emit = Callable[[Event], None]
@@ -85,19 +99,31 @@ def split_lines(data: str) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def node_state_of(state: dict[str, Any], stop_sent: bool = False) -> NodeState:
-    """A node's state from the agent's ``state.json`` (as ``follow``/``status`` report it)."""
-    if state.get("state") == "lost":
+def node_state_of(status: NodeStatus, stop_sent: bool = False) -> NodeState:
+    """A node's state from what its agent reports of its state file."""
+    if status.state is HostState.LOST:
         return NodeState.LOST
-    if state.get("state") == "absent":
+    if status.state is HostState.ABSENT:
         return NodeState.PENDING
-    if state.get("state") != "exited":
-        return NodeState.STARTING if state.get("state") == "starting" else NodeState.RUNNING
-    if state.get("exit_code") == 0 and not state.get("error"):
+    if status.state is not HostState.EXITED:
+        return NodeState.STARTING if status.state is HostState.STARTING else NodeState.RUNNING
+    if status.exit_code == 0 and not status.error:
         return NodeState.SUCCEEDED
-    if stop_sent or state.get("stop_requested"):
+    if stop_sent or status.stop_requested:
         return NodeState.STOPPED
     return NodeState.FAILED
+
+
+@dataclass(frozen=True)
+class _Link:
+    """A follower's own news, beside the agent's messages: the host is unreachable (``up`` False)
+    or back; ``gave_up``: a stop was asked for and the host could not be reached; ``lost``: the
+    --unreachable-timeout ran out."""
+
+    up: bool
+    error: str = ""
+    gave_up: bool = False
+    lost: bool = False
 
 
 @dataclass
@@ -105,9 +131,10 @@ class _Node:
     launch: NodeLaunch | None
     transport: Transport
     state: NodeState = NodeState.PENDING
-    final: dict[str, Any] | None = None
+    final: NodeStatus | None = None  # how the node ended, once the follower has ended
     log: NodeLog = field(default_factory=NodeLog)
     stop_sent: bool = False
+    error: str | None = None  # why the node ended as it did, where its status does not say
     agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node
 
     @property
@@ -164,7 +191,7 @@ class Job:
         self._wake = threading.Event()  # set by detach() and request_stop(): followers stop waiting to retry
         self._nodes = [_Node(None, transport_factory(h)) for h in spec.hosts]
         self.ranks = list(range(len(self._nodes))) if ranks is None else sorted(ranks)  # the nodes run() follows
-        self._inbox: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue(maxsize=256)
+        self._inbox: queue.Queue[tuple[int, FollowMessage | _Link]] = queue.Queue(maxsize=256)
         self._stop_reason: str | None = None
         self._stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -195,17 +222,16 @@ class Job:
             node.state = state
             self.emit(NodeStateChanged(rank, host=node.host, state=state, detail=detail))
 
-    def _probe(self, rank: int) -> dict[str, Any]:
+    def _probe(self, rank: int) -> Probe:
         node = self._nodes[rank]
         node.transport.connect()
         node.agent = node.transport.session()
-        answer = node.agent.call({"op": "probe", "free_port": rank == 0 and self.spec.master_port is None,
-                                  "state_dir": self.spec.state_dir})
-        version = tuple(int(p) for p in str(answer.get("python", "0.0")).split(".")[:2])
-        if version < MIN_PYTHON:
-            raise AgentError(node.host, f"{node.transport.python} is Python {answer.get('python')}; "
+        answer = decode_probe(node.host, node.agent.call({"op": "probe", "state_dir": self.spec.state_dir,
+                                                          "free_port": rank == 0 and self.spec.master_port is None}))
+        if answer.python_version < MIN_PYTHON:
+            raise AgentError(node.host, f"{node.transport.python} is Python {answer.python}; "
                              "the agent needs 3.8 or newer", hint="set `python:` for this host")
-        if not answer.get("torch"):
+        if not answer.torch:
             raise AgentError(node.host, f"torch is not installed for {node.transport.python}",
                              hint="install torch on that host, or set `python:` to an interpreter that has it")
         return answer
@@ -216,7 +242,7 @@ class Job:
         for rank in range(len(self._nodes)):
             self._set_state(rank, NodeState.CONNECTING)
         futures = [self._pool.submit(self._probe, rank) for rank in range(len(self._nodes))]
-        answers: list[dict[str, Any]] = []
+        answers: list[Probe] = []
         errors: list[ClusterrunError] = []
         for future, node in zip(futures, self._nodes, strict=True):
             try:
@@ -229,8 +255,10 @@ class Job:
             for node in self._nodes:
                 node.close_agent()
             raise HostsUnavailable(errors)
-        port = self.spec.master_port or int(answers[0]["port"])
-        facts = [HostFacts(python=n.transport.python, torchrun_flags=tuple(a.get("torchrun_flags") or ()),
+        port = self.spec.master_port or answers[0].port
+        if port is None:
+            raise HostsUnavailable([AgentError(self._nodes[0].host, "the agent found no free port for the master")])
+        facts = [HostFacts(python=n.transport.python, torchrun_flags=a.torchrun_flags,
                            address=n.transport.address)
                  for n, a in zip(self._nodes, answers, strict=True)]
         self.plan = build_plan(self.spec, self.script, self.script_args, job_id=self.job_id, name=self.name,
@@ -253,7 +281,7 @@ class Job:
         return {"op": op, "job": self.job_id, "node": rank, "attempt": self.attempt,
                 "state_dir": self.spec.state_dir, **extra}
 
-    def _start_node(self, rank: int) -> dict[str, Any]:
+    def _start_node(self, rank: int) -> NodeStatus:
         node = self._nodes[rank]
         launch = node.launch
         if launch is None:
@@ -262,12 +290,14 @@ class Job:
         request = self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env), cwd=launch.cwd,
                                 first_rank=launch.first_rank)
         if node.agent is None:
-            return node.transport.call(request)
-        try:
-            return node.agent.call(request)
-        except BaseException:
-            node.close_agent()
-            raise
+            answer = node.transport.call(request)
+        else:
+            try:
+                answer = node.agent.call(request)
+            except BaseException:
+                node.close_agent()
+                raise
+        return decode_status(node.host, answer.get("state"), "start answer's state")
 
     def start(self, ranks: Sequence[int] | None = None) -> None:
         """Start every node (or those of ``ranks``) in parallel; if any fails, stop the ones that
@@ -286,8 +316,7 @@ class Job:
                 self._set_state(rank, NodeState.FAILED, exc.message)
                 continue
             started.append(rank)
-            pid = ((answer.get("state") or {}).get("torchrun") or {}).get("pid")
-            self.emit(NodeStarted(rank, host=self._nodes[rank].host, attempt=self.attempt, pid=pid))
+            self.emit(NodeStarted(rank, host=self._nodes[rank].host, attempt=self.attempt, pid=answer.torchrun_pid))
             self._set_state(rank, NodeState.RUNNING)
         if errors:
             self._stop_nodes(started)
@@ -325,19 +354,17 @@ class Job:
             try:
                 stream = agent.stream(request) if agent is not None else node.transport.stream(request)
                 try:
-                    for message in stream:
-                        if message.get("ok") is False:
-                            raise AgentError(node.host, str(message.get("error")))
+                    for raw in stream:
+                        message = decode_follow(node.host, raw)
                         if failures:
-                            self._inbox.put((rank, {"t": "reconnected"}))
+                            self._inbox.put((rank, _Link(up=True)))
                             failures, retrying = 0, 0.0
-                        if message.get("t") == "beat":
+                        if isinstance(message, Beat):
                             continue
-                        if message.get("t") == "log":
-                            position = int(message["next"])
-                            tail = None
+                        if isinstance(message, LogChunk):
+                            position, tail = message.next, None
                         self._inbox.put((rank, message))
-                        if message.get("t") == "end":
+                        if isinstance(message, End):
                             return
                 finally:
                     stream.close()
@@ -353,14 +380,14 @@ class Job:
             delay = self.reconnect.delay(failures)
             retrying += min(time.monotonic() - began, self.reconnect.try_cap) + delay
             if failures == 1 and not self._stop_event.is_set():
-                self._inbox.put((rank, {"t": "unreachable", "error": error}))
+                self._inbox.put((rank, _Link(up=False, error=error)))
             if self._stop_event.is_set() and failures > 1:
-                self._inbox.put((rank, {"t": "gave_up", "error": error}))  # a stop cannot wait for the host
+                self._inbox.put((rank, _Link(up=False, error=error, gave_up=True)))  # a stop cannot wait for the host
                 return
             limit = self.reconnect.give_up_after
             if limit is not None and retrying >= limit:
-                self._inbox.put((rank, {"t": "lost", "error": f"unreachable for {limit:g} s "
-                                        f"(--unreachable-timeout): {error}"}))
+                self._inbox.put((rank, _Link(up=False, lost=True,
+                                             error=f"unreachable for {limit:g} s (--unreachable-timeout): {error}")))
                 return
             self._wake.wait(delay)
 
@@ -396,56 +423,52 @@ class Job:
                 stops.append(report)
                 node = self._nodes[report.node]
                 if report.ok and node.state is NodeState.UNREACHABLE:  # the stop got through after all
-                    node.final = {"state": "exited", "stop_requested": True}
+                    node.final, node.error = NodeStatus(HostState.EXITED, stop_requested=True), None
                     self._set_state(report.node, NodeState.STOPPED)
         for thread in self._threads:
             thread.join(timeout=5)
         return self._result(stops, interrupted)
 
-    def _handle(self, rank: int, message: dict[str, Any]) -> bool:
+    def _handle(self, rank: int, message: FollowMessage | _Link) -> bool:
         """Apply one message from a follower; True if the node has just failed."""
         node = self._nodes[rank]
-        kind = message.get("t")
-        if kind == "log":
-            lines = split_lines(message["data"])
+        if isinstance(message, LogChunk):
+            lines = split_lines(message.data)
             if lines:
                 node.log.feed(lines)
                 self.emit(LogLines(rank, host=node.host, lines=lines))
-            self.offsets[rank] = int(message["next"])  # shown: a viewer that leaves now resumes after it
+            self.offsets[rank] = message.next  # shown: a viewer that leaves now resumes after it
             return False
-        if kind == "state":
-            new = node_state_of(message.get("state") or {})
+        if isinstance(message, StateUpdate):
+            new = node_state_of(message.status)
             if new in (NodeState.STARTING, NodeState.RUNNING) and node.state in (NodeState.STARTING,
                                                                                 NodeState.RUNNING):
                 self._set_state(rank, new)
             return False
-        if kind in ("unreachable", "reconnected"):
-            self.emit(NodeLink(rank, host=node.host, up=kind == "reconnected", detail=str(message.get("error") or "")))
-            return False
-        if kind == "gave_up":
-            node.final = {"state": "unreachable", "error": message.get("error")}
+        if isinstance(message, _Link) and message.gave_up:
+            node.final, node.error = NodeStatus(HostState.RUNNING), f"unreachable, may still run: {message.error}"
             node.state = NodeState.UNREACHABLE
-            self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.UNREACHABLE,
-                                                         error=f"unreachable, may still run: {message.get('error')}")))
+            self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.UNREACHABLE, error=node.error)))
             return False
-        if kind == "lost":
-            node.final = {"state": "lost", "error": message.get("error")}
-            self._set_state(rank, NodeState.LOST, str(message.get("error") or ""))
-            self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.LOST, error=message.get("error"))))
+        if isinstance(message, _Link) and message.lost:
+            node.final = NodeStatus(HostState.LOST, error=message.error)
+            self._set_state(rank, NodeState.LOST, message.error)
+            self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.LOST, error=message.error)))
             return True
-        if kind == "end":
-            state = message.get("state") or {}
-            node.final = state
-            code, sig = state.get("exit_code"), state.get("signal")
-            new = node_state_of(state, node.stop_sent)
-            if new is NodeState.LOST:
-                state = dict(state, error=state.get("error") or "neither the supervisor nor torchrun runs any more "
-                             "(the host rebooted, or they were killed)")
-                node.final = state
-            detail = state.get("error") or (f"exit code {code}" if code is not None else "")
-            self._set_state(rank, new, detail)
-            self.emit(NodeExited(rank, result=NodeResult(rank, node.host, new, exit_code=code, signal=sig,
-                                                         error=state.get("error"))))
+        if isinstance(message, _Link):
+            self.emit(NodeLink(rank, host=node.host, up=message.up, detail=message.error))
+            return False
+        if isinstance(message, End):
+            status = message.status
+            new = node_state_of(status, node.stop_sent)
+            if new is NodeState.LOST and not status.error:
+                status = dataclasses.replace(status, error="neither the supervisor nor torchrun runs any more "
+                                             "(the host rebooted, or they were killed)")
+            node.final = status
+            code = status.exit_code
+            self._set_state(rank, new, status.error or (f"exit code {code}" if code is not None else ""))
+            self.emit(NodeExited(rank, result=NodeResult(rank, node.host, new, exit_code=code, signal=status.signal,
+                                                         error=status.error)))
             return new in (NodeState.FAILED, NodeState.LOST)
         return False
 
@@ -482,9 +505,10 @@ class Job:
             node = self._nodes[rank]
             request = self._request(rank, "follow", tail=TAIL_READ, once=True)
             try:
-                for message in node.transport.stream(request):
-                    if message.get("t") == "log":
-                        node.log.feed(split_lines(message["data"]))
+                for raw in node.transport.stream(request):
+                    message = decode_follow(node.host, raw)
+                    if isinstance(message, LogChunk):
+                        node.log.feed(split_lines(message.data))
             except ClusterrunError:
                 pass  # the diagnosis goes on from the states alone
 
@@ -493,9 +517,9 @@ class Job:
     def _result(self, stops: list[StopReport], interrupted: str | None) -> JobResult:
         results = []
         for rank, node in enumerate(self._nodes):
-            final = node.final or {}
-            results.append(NodeResult(rank, node.host, node.state, exit_code=final.get("exit_code"),
-                                      signal=final.get("signal"), error=final.get("error")))
+            final = node.final or NodeStatus(HostState.RUNNING)
+            results.append(NodeResult(rank, node.host, node.state, exit_code=final.exit_code, signal=final.signal,
+                                      error=node.error or final.error))
         root = None
         if any(r.state in (NodeState.FAILED, NodeState.LOST) for r in results) or interrupted is None:
             if not self.follow_logs:
@@ -506,7 +530,7 @@ class Job:
                 logs={r: n.log for r, n in enumerate(self._nodes)},
                 states={r: n.final for r, n in enumerate(self._nodes) if n.final is not None},
                 stopped_by_us={r for r, n in enumerate(self._nodes)
-                                if n.stop_sent or (n.final or {}).get("stop_requested")},
+                                if n.stop_sent or (n.final is not None and n.final.stop_requested)},
             )
         result = JobResult(self.job_id, tuple(results), root_cause=root, stops=tuple(stops),
                            interrupted=interrupted)

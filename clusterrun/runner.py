@@ -34,12 +34,13 @@ from clusterrun.lifecycle import (
     mark_failed_start,
     mark_stopped,
     per_node,
-    request,
     save_seen,
     start_attempt,
+    status_of,
     stop_job,
 )
 from clusterrun.orchestrator import Emit, Job
+from clusterrun.protocol import HostState, NodeStatus
 
 
 class NotStopped(ClusterrunError):
@@ -122,9 +123,9 @@ def run_monitor(store: JobStore, job_id: str, emit: Emit) -> int:
 def _finish_start(record: JobRecord, job: Job) -> None:
     """Start the nodes that a controller which died during ``start`` never reached (from the
     plan in the record), so that the job can still run: the other nodes wait for them."""
-    answers = per_node(record, lambda t, rank: t.call(request(record, rank, "status")))
+    answers = per_node(record, lambda t, rank: status_of(t, record, rank))
     absent = [rank for rank, answer in answers.items()
-              if isinstance(answer, dict) and (answer.get("state") or {}).get("state") == "absent"]
+              if isinstance(answer, NodeStatus) and answer.state is HostState.ABSENT]
     if absent:
         job.start(absent)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from clusterrun.diagnose import NodeLog, exception_message, find_root_cause, split_rank
+from clusterrun.protocol import HostState, NodeStatus, decode_status
 
 REPORT = """\
 [rank1]:Traceback (most recent call last):
@@ -46,8 +47,10 @@ def test_report_is_parsed() -> None:
     assert exception_message(log.rank_tails[1]) == "ValueError: boom from rank 1"
 
 
-def _state(code: int, workers: list[dict], ended: float) -> dict:
-    return {"state": "exited", "exit_code": code, "signal": None, "workers": workers, "ended_at": ended}
+def _state(code: int, workers: list[dict], ended: float) -> NodeStatus:
+    """As the agent reports a state file (decoded as the controller decodes it)."""
+    return decode_status("h", {"state": "exited", "exit_code": code, "signal": None, "workers": workers,
+                               "ended_at": ended})
 
 
 def test_earliest_worker_death_across_nodes_wins() -> None:
@@ -82,6 +85,6 @@ def test_signals_and_node_level_failures() -> None:
     assert "killed by SIGKILL" in cause.describe()
     # torchrun itself could not start: no worker report, the agent's error is the message
     nothing = find_root_cause({0: "h"}, {0: NodeLog()},
-                              {0: {"state": "exited", "exit_code": None, "error": "could not start python9"}}, set())
+                              {0: NodeStatus(HostState.EXITED, error="could not start python9")}, set())
     assert nothing is not None and nothing.rank is None and nothing.message == "could not start python9"
     assert find_root_cause({0: "h"}, {0: NodeLog()}, {0: _state(0, [], 1.0)}, set()) is None

@@ -295,3 +295,13 @@ def test_a_transport_fault_the_transport_did_not_translate_is_retried_not_fatal(
     n1.exit(0)
     result = run.finish()
     assert result is not None and result.ok and run.seen.lines(0) == ["after"]
+
+
+def test_an_agent_of_another_protocol_is_refused_before_anything_starts(fake: FakeCluster) -> None:
+    fake.host("h1").protocol = 0  # an agent from before the protocol had a version
+    job = Job(spec_of(2), "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport)
+    with pytest.raises(HostsUnavailable) as raised:
+        job.prepare()
+    job.close()
+    assert "h1: the agent speaks protocol 0, this controller 1" in raised.value.render()
+    assert not fake.ops("start")

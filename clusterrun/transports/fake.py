@@ -21,6 +21,7 @@ from typing import Any
 
 from clusterrun.config import HostSpec
 from clusterrun.errors import ConnectError
+from clusterrun.protocol import PROTOCOL
 from clusterrun.transports.base import AgentSession, Transport
 
 Key = tuple[str, int, int]  # job, node, attempt
@@ -77,6 +78,7 @@ class FakeHost:
     boot_id: str = "boot-1"
     start_error: str | None = None  # the next start fails with this
     python: str = "3.11.7"
+    protocol: int = PROTOCOL
     torch: str | None = "2.13.0"
     connects: int = 0  # connection attempts, reachable or not
     close_error: Exception | None = None  # closing a session raises this (a transport's untranslated fault)
@@ -164,7 +166,8 @@ class FakeCluster:
         yield answer
 
     def _probe(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "hostname": host.name, "python": host.python, "torch": host.torch,
+        return {"ok": True, "protocol": host.protocol, "hostname": host.name, "python": host.python,
+                "torch": host.torch,
                 "torchrun_flags": ["--node-rank", "--master-addr", "--master-port", "--nproc-per-node"],
                 "boot_id": host.boot_id, "port": 29500 if request.get("free_port") else None,
                 "state_dir": request.get("state_dir") or "~/.local/state/clusterrun"}
