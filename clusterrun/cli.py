@@ -401,13 +401,20 @@ def _check_attempt(record: JobRecord, attempt: int | None) -> int:
 def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attempt: int | None,
          prefix: bool | None) -> None:
     """Print JOB's logs from its hosts' log files: every node's lines with a prefix, or one node's
-    exactly as written (byte for byte) with --node N. Works during and after the job, from any
-    controller that has its record."""
+    exactly as written with --node N. Works during and after the job, from any controller that
+    has its record.
+
+    Lines shown with a prefix (or of a one-node job) are made safe for a terminal: colours pass
+    (dropped with NO_COLOR, TERM=dumb or when not a terminal), other escape sequences and control
+    characters are shown escaped (`\x1b]52;...`). --node N without --prefix prints the node's file
+    byte for byte, escape sequences included, as `cat` would: redirect it to a file, or pipe it to
+    `cat -v`, to look at output you do not trust."""
     store, record = _open_job(job)
     ranks = _select_ranks(record, node)
     attempt = _check_attempt(record, attempt)
     record = _refresh(store, record)
-    printer = Printer(prefix=len(ranks) > 1 if prefix is None else prefix, quiet=True)
+    raw = len(ranks) == 1 and bool(node) and not prefix
+    printer = Printer(prefix=len(ranks) > 1 if prefix is None else prefix, quiet=True, raw=raw)
     spec = spec_of(record)
     printer.set_plan(plan_from_json(record.plan, spec))
     if not follow:

@@ -332,3 +332,35 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
         assert all(n.pid for n in store.load("detach-1").nodes), store.load("detach-1").nodes
     finally:
         assert clusterrun("down", "detach-1").returncode == 0
+
+
+ESCAPES_PREFIXED = (
+    "node0 local-a rank0 | red plain\n"
+    "node0 local-a rank0 | clip \\x1b]52;c;aGVsbG8=\\x07 title \\x1b]0;pwned\\x07 clear \\x1b[2J\\x1b[H end\n"
+    "node0 local-a rank0 | bell \\x07 cr \n"  # the rank's tagging splits lines at \r
+    "node0 local-a rank0 |  back \\x08 c1 \\x9b31m done\n"
+)
+
+
+def test_escape_sequences_are_shown_escaped_and_the_node_file_stays_byte_exact(tmp_path: Path,
+                                                                                state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached(hosts, SUPPORT / "escapes.py")
+    wait_state(job, "succeeded")
+    log = attempt_dir(state_dir, job, 0) / "output.log"
+    with log.open("ab") as f:  # a file that does not end with a newline
+        f.write(b"partial \x1b]0;t\x07")
+    merged = subprocess.run([sys.executable, "-m", "clusterrun", "logs", job], capture_output=True, cwd=ROOT,
+                            timeout=120)
+    assert merged.returncode == 0, merged.stderr
+    mine = [line for line in merged.stdout.decode().splitlines(keepends=True) if line.startswith("node0")]
+    assert "".join(mine) == ESCAPES_PREFIXED + "node0 local-a       | partial \\x1b]0;t\\x07\n"
+    assert b"\x1b" not in merged.stdout and b"\x07" not in merged.stdout and b"\x9b" not in merged.stdout
+    coloured = subprocess.run([sys.executable, "-m", "clusterrun", "logs", "--node", "0", "--prefix", job],
+                              capture_output=True, cwd=ROOT, timeout=120)
+    assert coloured.stdout.decode().startswith("node0 local-a rank0 | red plain\n")  # not a terminal: no SGR
+    exact = subprocess.run([sys.executable, "-m", "clusterrun", "logs", "--node", "0", job], capture_output=True,
+                           cwd=ROOT, timeout=120)
+    assert exact.returncode == 0, exact.stderr
+    assert exact.stdout == log.read_bytes()
+    assert exact.stdout.endswith(b"partial \x1b]0;t\x07")
