@@ -10,6 +10,7 @@ on every node, or left running with ``--leave-running``).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 import os
 import secrets
@@ -98,6 +99,57 @@ def _check_script(spec: ClusterSpec, script: str) -> None:
                               "or the host's workdir")
 
 
+def _option_names(command: click.Command) -> dict[str, bool]:
+    """Every option name of ``command`` (``--name``, ``-d``), and whether it takes a value."""
+    names: dict[str, bool] = {}
+    for param in command.params:
+        if isinstance(param, click.Option):
+            for name in (*param.opts, *param.secondary_opts):
+                names[name] = not param.is_flag
+    return names
+
+
+def _unknown_option(command: click.Command, token: str) -> ConfigError:
+    names = _option_names(command)
+    close = difflib.get_close_matches(token.partition("=")[0], names, n=1)
+    hint = f"did you mean {close[0]}?" if close else f"`clusterrun {command.name} --help` lists the options"
+    return ConfigError(f"no such option: {token}", hint=hint)
+
+
+def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ...]) -> None:
+    """Refuse what would start the wrong job: an unknown option (click takes it for HOSTS.yaml,
+    as up passes unknown options on to the script), or options of up written after HOSTS.yaml,
+    which click would take for SCRIPT and its arguments."""
+    if hosts_file.startswith("-") and hosts_file != "-":
+        raise _unknown_option(up, hosts_file)
+    if not script.startswith("-"):
+        return
+    names = _option_names(up)
+    tokens = [script, *script_args]
+    moved: list[str] = []
+    while tokens and tokens[0].startswith("-") and tokens[0] != "--":
+        name = tokens[0].partition("=")[0]
+        if name not in names:
+            if moved:
+                break
+            raise ConfigError(f"SCRIPT must not start with '-', got {script!r}",
+                              hint="options go before HOSTS.yaml; a script named so: write ./" + script)
+        takes_value = names[name] and "=" not in tokens[0]
+        moved += tokens[:2] if takes_value else tokens[:1]
+        tokens = tokens[2:] if takes_value else tokens[1:]
+    if tokens[:1] == ["--"]:
+        tokens = tokens[1:]
+    hint = None
+    argv = sys.argv[1:]
+    for i in range(len(argv) - 1):  # the command as typed, with the options moved before HOSTS.yaml
+        if argv[i] == hosts_file and argv[i + 1] == script and "up" in argv[:i]:
+            command = ["clusterrun", *argv[:i], *moved, hosts_file, *tokens]
+            hint = f"did you mean: {shlex.join(command)}"
+            break
+    raise ConfigError(f"options go before HOSTS.yaml: {shlex.join(moved)} after {hosts_file} would be the script "
+                      "and its arguments; nothing was started", hint=hint)
+
+
 def _print_plan(plan: LaunchPlan) -> None:
     click.echo(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
                f"master {plan.master_addr}:{plan.master_port}")
@@ -166,7 +218,8 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
-    the script verbatim. The job runs detached on its hosts: closing the terminal (SIGHUP) or
+    the script verbatim. An option of up written after HOSTS.yaml, or a SCRIPT starting with
+    `-`, is refused before anything starts. The job runs detached on its hosts: closing the terminal (SIGHUP) or
     losing the connection never stops it, and a background monitor takes over. Ctrl-C (or
     SIGTERM) stops the job on every host and checks that nothing is left; with --leave-running
     Ctrl-C only stops following.
@@ -174,6 +227,10 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     if script_args[:1] == ("--",):  # click passes the separator on once SCRIPT has been read
         script_args = script_args[1:]
     try:
+        if script == "--" and script_args:  # `up HOSTS.yaml -- SCRIPT ...`: the script may start with '-'
+            script, script_args = script_args[0], script_args[1:]
+        else:
+            _check_up_arguments(hosts_file, script, script_args)
         spec = load_cluster(hosts_file)
         with open(hosts_file, encoding="utf-8", errors="surrogateescape") as f:
             hosts_text = f.read()
