@@ -28,9 +28,9 @@ import click
 
 from clusterrun import __version__
 from clusterrun.config import ClusterSpec, load_cluster
-from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
+from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound
 from clusterrun.events import JobResult
-from clusterrun.jobs import JobNotFound, JobRecord, JobStore
+from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import (
     Recorder,
     daemonize,
@@ -194,7 +194,8 @@ def _follow_hint(job_id: str) -> str:
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-d", "--detach", is_flag=True, help="Start the job, print its id and return; a background "
               "monitor applies fail-fast until it ends.")
-@click.option("--name", help="A name for the job (default: the script's name); part of the job id.")
+@click.option("--name", help="A name for the job (default: the script's name); part of the job id. Refused "
+              "while a job of that name is running.")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable for every node (repeatable; wins over the hosts file).")
 @click.option("--dry-run", is_flag=True, help="Print each node's exact command and environment, start nothing.")
@@ -239,6 +240,9 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
     jname = job_name(name, script)
+    store = JobStore()
+    if not dry_run:
+        _check_name_free(store, jname, given=name is not None)
     job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
     printer = Printer()
     ssh_config = ssh_config or spec.ssh_config
@@ -246,7 +250,6 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
               local_cwd=os.getcwd(), grace=grace,
               transport_factory=partial(transport_for, ssh_config=ssh_config,
                                         accept_new_host_keys=accept_new_host_keys))
-    store = JobStore()
     try:
         try:
             plan = job.prepare()
@@ -300,6 +303,20 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     finally:
         job.close()
     sys.exit(_exit_code(result, got))
+
+
+def _check_name_free(store: JobStore, name: str, given: bool) -> None:
+    """Refuse a name that an unfinished job has (its record brought up to date from its hosts
+    first), so that every job can still be named: two running jobs of one name would make the
+    name ambiguous for `ps`, `logs`, `down`..."""
+    for record in store.named(name):
+        if not record.finished:
+            record = _refresh(store, record)
+        if not record.finished:
+            how = "named" if given else "named after the script,"
+            _fail(ConfigError(f"job {record.job_id}, {how} {name!r}, is {record.state}; nothing was started",
+                              key="--name", hint=f"stop it first (`clusterrun down {record.job_id}`), or name this "
+                              "job otherwise with --name NAME"), EXIT_USAGE)
 
 
 def _use_tui(no_tui: bool) -> bool:

@@ -9,6 +9,7 @@
     │   │   └── HostKeyError          the host key is unknown or changed
     │   └── AgentError                the node agent on the host failed or answered nonsense
     ├── HostsUnavailable(errors)      some hosts cannot run the job: one error per host; nothing started
+    ├── JobNotFound                   no job, or more than one, matches the id, name or prefix given
     └── JobFailed(result)             the job ran and at least one node failed
 
 Node failures during a run are data (``NodeResult.error``); only the edge turns a failed
@@ -109,6 +110,10 @@ class JobFailed(ClusterrunError):
     def __init__(self, result: Any, message: str) -> None:
         super().__init__(message)
         self.result = result
+
+
+class JobNotFound(ClusterrunError):
+    """No job, or more than one, matches what the user typed (an id, a ``--name``, an id prefix)."""
 
 
 class HostsUnavailable(ClusterrunError):

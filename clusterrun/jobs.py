@@ -34,15 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clusterrun.errors import ClusterrunError
+from clusterrun.errors import JobNotFound
 
 OWNER_FD_VAR = "CLUSTERRUN_OWNER_FD"
 JOB_STATES = ("starting", "running", "succeeded", "failed", "stopped", "lost")
 TERMINAL_JOB_STATES = frozenset({"succeeded", "failed", "stopped", "lost"})
-
-
-class JobNotFound(ClusterrunError):
-    """No job, or more than one, matches what the user typed."""
 
 
 def state_home() -> Path:
@@ -183,21 +179,27 @@ class JobStore:
         return sorted(records, key=lambda r: (r.created, r.job_id))
 
     def resolve(self, ref: str) -> str:
-        """A job id from an id, a ``--name`` (the newest job of that name) or a unique id prefix."""
+        """A job id from an id, a ``--name`` or a unique id prefix. A name or prefix that matches
+        several jobs is refused with their ids, as docker does."""
         records = self.all()
         for record in records:
             if record.job_id == ref:
                 return record.job_id
         named = [r for r in records if r.name == ref]
+        if len(named) == 1:
+            return named[0].job_id
         if named:
-            return named[-1].job_id
+            raise _ambiguous(ref, named, f"{len(named)} jobs named {ref!r}")
         prefixed = [r for r in records if r.job_id.startswith(ref)]
         if len(prefixed) == 1:
             return prefixed[0].job_id
         if prefixed:
-            raise JobNotFound(f"{ref!r} matches {len(prefixed)} jobs: {', '.join(r.job_id for r in prefixed[:5])}",
-                              hint="type more of the job id")
+            raise _ambiguous(ref, prefixed, f"{len(prefixed)} jobs")
         raise JobNotFound(f"no job matches {ref!r}", hint="`clusterrun ps` lists the jobs")
+
+    def named(self, name: str) -> list[JobRecord]:
+        """The jobs called ``name`` (their ``--name``), oldest first."""
+        return [r for r in self.all() if r.name == name]
 
     # ----------------------------------------------------------------------------- ownership
 
@@ -252,6 +254,13 @@ class JobStore:
         os.close(fd)  # the monitor holds the lock now (an flock belongs to the open file, which it shares)
         os.waitpid(pid, 0)  # it forks again at once (see monitor.daemonize), so this returns quickly
         return True
+
+
+def _ambiguous(ref: str, records: list[JobRecord], what: str) -> JobNotFound:
+    shown = [f"{r.job_id} ({r.state})" for r in reversed(records[-10:])]  # newest first
+    more = f", and {len(records) - 10} older" if len(records) > 10 else ""
+    return JobNotFound(f"{ref!r} is ambiguous: it matches {what}: {', '.join(shown)}{more}",
+                       hint="name the job by its id, or a prefix of the id that only it has")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -364,3 +364,29 @@ def test_escape_sequences_are_shown_escaped_and_the_node_file_stays_byte_exact(t
     assert exact.returncode == 0, exact.stderr
     assert exact.stdout == log.read_bytes()
     assert exact.stdout.endswith(b"partial \x1b]0;t\x07")
+
+
+def test_a_running_jobs_name_is_refused_and_a_shared_name_is_ambiguous_everywhere(tmp_path: Path,
+                                                                                   state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1], state_dir)
+    old = up_detached("--name", "dup", hosts, SUPPORT / "counter.py", "1", "0.01")
+    wait_state(old, "succeeded")
+    new = up_detached("--name", "dup", hosts, SUPPORT / "counter.py", "10000", "0.05")  # the old one ended
+    jobs = sorted(p.name for p in (state_dir / "jobs").iterdir())
+    again = clusterrun("up", "-d", "--name", "dup", hosts, SUPPORT / "counter.py", "1", "0.01")
+    assert again.returncode == 2, again.stderr
+    assert f"--name: job {new}, named 'dup', is running; nothing was started" in again.stderr
+    assert f"hint: stop it first (`clusterrun down {new}`), or name this job otherwise with --name" in again.stderr
+    default = clusterrun("up", "-d", "--name", "counter", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    assert default.returncode == 0, default.stderr
+    unnamed = clusterrun("up", "-d", hosts, SUPPORT / "counter.py", "1", "0.01")  # named after the script
+    assert unnamed.returncode == 2 and "named after the script, 'counter', is running" in unnamed.stderr
+    assert sorted(p.name for p in (state_dir / "jobs").iterdir()) == sorted([*jobs, default.stdout.strip()])
+    for command in (["ps"], ["logs"], ["attach", "--no-tui"], ["down"], ["restart"]):
+        proc = clusterrun(*command, "dup")
+        assert proc.returncode == 2, (command, proc.stderr)
+        assert f"'dup' is ambiguous: it matches 2 jobs named 'dup': {new} (running), {old} (succeeded)" \
+            in proc.stderr, proc.stderr
+    assert ps_json(new)["state"] == "running"  # none of them touched it
+    for job in (new, default.stdout.strip()):
+        assert clusterrun("down", job).returncode == 0
