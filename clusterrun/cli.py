@@ -2,7 +2,10 @@
 
 Exit codes: 0 the job succeeded (``down``: everything stopped and verified) · 1 the job failed
 (a node exited non-zero, was lost or stopped; ``down``: something is still running) · 2 bad input
-(hosts file, options, an unknown job) · 3 a host could not be used (``up``: nothing was started;
+(hosts file, options, an unknown or ambiguous job) or a bad environment on this machine: the
+controller's state directory cannot be read or written (read-only, full, no permission; ``up``:
+nothing was started; ``down``: the job was stopped but that could not be recorded) · 3 a host
+could not be used (``up``: nothing was started;
 ``down``: a host could not be reached) · 130 / 143 SIGINT / SIGTERM (``up``: the job was stopped
 on every node, or left running with ``--leave-running``).
 """
@@ -28,8 +31,8 @@ import click
 
 from clusterrun import __version__
 from clusterrun.config import ClusterSpec, load_cluster
-from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound
-from clusterrun.events import JobResult
+from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound, StateError
+from clusterrun.events import JobResult, StopReport
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import (
     Recorder,
@@ -66,7 +69,18 @@ def _note(text: str) -> None:
     click.echo(f"clusterrun: {text}", err=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The commands, with the one error every command can meet made an exit code here: the
+    controller's own state directory cannot be read or written (``StateError``)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except StateError as exc:
+            _fail(exc, EXIT_USAGE)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="clusterrun")
 def main() -> None:
     """Launch PyTorch distributed training on several machines over SSH and watch it.
@@ -260,7 +274,11 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
             return
         record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
                             local_cwd=os.getcwd(), ssh_config=ssh_config)
-        store.create(record)
+        try:
+            store.create(record)  # before anything starts: a job nobody could find again must not run
+        except StateError as exc:
+            exc.message += "; nothing was started"
+            _fail(exc, EXIT_USAGE)
         owner = store.try_own(job_id)
         if not detach and _use_tui(no_tui):
             sys.exit(_dashboard(Session(store, record, printer, job=job, owner_fd=owner), ui_lines))
@@ -401,6 +419,21 @@ def _refresh(store: JobStore, record: JobRecord) -> JobRecord:
         return refresh(store, record)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
+    except StateError as exc:  # the record could not be brought up to date: show it as it is
+        _note(f"warning: job {record.job_id} shows its last recorded state: {exc.render()}")
+        return record
+
+
+def _mark_stopped(store: JobStore, record: JobRecord, reports: dict[int, StopReport]) -> StateError | None:
+    """Record the stop; the error if the record cannot be written (the stop on the hosts stands)."""
+    try:
+        mark_stopped(store, record, reports)
+    except StateError as exc:
+        _note(f"error: {exc.render()}")
+        _note(f"the stop of job {record.job_id} above was NOT recorded: its record may show it as it was "
+              "before; run `clusterrun down` again once the directory can be written")
+        return exc
+    return None
 
 
 @main.command()
@@ -557,13 +590,15 @@ def down(job: str, grace: float | None) -> None:
     printer = Printer()
     for rank in sorted(reports):
         printer.report(reports[rank])
-    mark_stopped(store, record, reports)
+    unrecorded = _mark_stopped(store, record, reports)
     if any(r.error for r in reports.values()):
         _note(f"job {record.job_id} is NOT marked stopped: a host could not be reached, it may still run there")
         sys.exit(EXIT_HOSTS)
     if any(r.left for r in reports.values()):
         sys.exit(EXIT_FAILED)
     _note(f"job {record.job_id} stopped; nothing of it is left on any host")
+    if unrecorded is not None:
+        sys.exit(EXIT_USAGE)
 
 
 main.add_command(down, name="stop")
@@ -581,7 +616,9 @@ def restart(job: str, grace: float | None) -> None:
     printer = Printer()
     for rank in sorted(reports):
         printer.report(reports[rank])
-    mark_stopped(store, record, reports)
+    if _mark_stopped(store, record, reports) is not None:
+        _note(f"not restarting job {record.job_id}: its record cannot be written")
+        sys.exit(EXIT_USAGE)
     if not all(r.ok for r in reports.values()):
         _note(f"not restarting job {record.job_id}: the last attempt could not be verified stopped everywhere")
         sys.exit(EXIT_HOSTS if any(r.error for r in reports.values()) else EXIT_FAILED)

@@ -112,7 +112,8 @@ class Recorder:
             try:
                 self.store.update(self.job_id, change)
             except (OSError, ClusterrunError) as exc:  # the record is gone or damaged: say so, go on
-                print(f"clusterrun: cannot update the record of job {self.job_id}: {exc}", file=sys.stderr)
+                text = exc.render() if isinstance(exc, ClusterrunError) else str(exc)
+                print(f"clusterrun: cannot update the record of job {self.job_id}: {text}", file=sys.stderr)
 
     def flush(self) -> None:
         """Return once every change submitted so far is in the record."""

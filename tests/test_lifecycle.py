@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -390,3 +391,57 @@ def test_a_running_jobs_name_is_refused_and_a_shared_name_is_ambiguous_everywher
     assert ps_json(new)["state"] == "running"  # none of them touched it
     for job in (new, default.stdout.strip()):
         assert clusterrun("down", job).returncode == 0
+
+
+def in_mount_namespace(setup: str, *args: str | os.PathLike[str], after: str = "") -> subprocess.CompletedProcess[str]:
+    """``clusterrun ARGS`` in a private mount namespace prepared by the shell commands ``setup``
+    (mounts made there vanish with it); ``after`` runs there too, its output after a ``---`` line."""
+    if subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True).returncode:
+        pytest.skip("no mount namespaces here (unshare -m)")
+    script = f'set -e; {setup}; set +e; "$@"; rc=$?; echo ---; {after or "true"}; exit $rc'
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", sys.executable,
+                           "-m", "clusterrun", *map(str, args)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_a_read_only_state_home_starts_nothing(tmp_path: Path, state_dir: Path, controller_state: Path) -> None:
+    hosts = write_hosts(tmp_path, [1], state_dir)
+    ro = f"mount --bind {controller_state} {controller_state}; mount -o remount,bind,ro {controller_state}"
+    proc = in_mount_namespace(ro, "up", "-d", hosts, SUPPORT / "counter.py", "3", "0.01")
+    assert proc.returncode == 2, proc.stderr
+    assert (f"clusterrun: error: cannot create {controller_state}/clusterrun/jobs: Read-only file system; "
+            "nothing was started") in proc.stderr, proc.stderr
+    assert f"hint: make {controller_state}/clusterrun writable, or set XDG_STATE_HOME" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == "---\n"
+    assert not (state_dir / "jobs").exists()  # nothing started on the host
+
+
+def test_a_full_state_home_starts_nothing_and_leaves_no_job_directory(tmp_path: Path, state_dir: Path,
+                                                                      controller_state: Path) -> None:
+    hosts = write_hosts(tmp_path, [1], state_dir)
+    full = (f"mount -t tmpfs -o size=16k tmpfs {controller_state}; "
+            f"dd if=/dev/zero of={controller_state}/fill bs=4k 2>/dev/null || true")
+    proc = in_mount_namespace(full, "up", "-d", hosts, SUPPORT / "counter.py", "3", "0.01",
+                              after=f"ls -A {controller_state}/clusterrun/jobs")
+    assert proc.returncode == 2, proc.stderr
+    assert re.search(rf"clusterrun: error: cannot write {controller_state}/clusterrun/jobs/counter-\S+/job.json: "
+                     r"No space left on device; nothing was started", proc.stderr), proc.stderr
+    assert "hint: free some space there, or set XDG_STATE_HOME to a directory with room" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == "---\n"  # no job directory left in jobs/
+    assert not (state_dir / "jobs").exists()
+
+
+def test_down_with_a_read_only_state_home_stops_the_job_and_says_what_it_could_not_record(
+        tmp_path: Path, state_dir: Path, controller_state: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached(hosts, SUPPORT / "counter.py", "100000", "0.05")
+    wait_state(job, "running")
+    ro = f"mount --bind {controller_state} {controller_state}; mount -o remount,bind,ro {controller_state}"
+    listed = in_mount_namespace(ro, "ps")
+    assert listed.returncode == 0 and job in listed.stdout, listed.stderr
+    down = in_mount_namespace(ro, "down", job)
+    assert down.returncode == 2, down.stderr
+    assert down.stderr.count("verified: no process of the job is left") == 2, down.stderr
+    assert f"cannot open {controller_state}/clusterrun/jobs/{job}/record.lock: Read-only file system" in down.stderr
+    assert f"the stop of job {job} above was NOT recorded" in down.stderr and "Traceback" not in down.stderr
+    assert marked(job) == []
