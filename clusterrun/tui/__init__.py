@@ -182,7 +182,7 @@ class Dashboard(App[int]):
         Binding("d", "detach", "Detach"),
         Binding("q,ctrl+c", "quit_job", "Quit", priority=True),
         Binding("question_mark", "help", "Help"),
-        *(Binding(str(i), f"jump({i - 1})", f"Node {i}", show=False) for i in range(1, 10)),
+        *(Binding(str(i), f"jump({i - 1})", f"Node {i - 1}", show=False) for i in range(1, 10)),
     ]
 
     def __init__(self, session: Session, *, ring: int = 10_000, clock: Callable[[], float] = time.monotonic,
