@@ -269,6 +269,9 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
             plan = job.prepare()
         except HostsUnavailable as exc:
             _fail(exc, EXIT_HOSTS)
+        except KeyboardInterrupt:  # Ctrl-C while connecting: close every connection (finally), start nothing
+            _note("interrupted while connecting to the hosts; nothing was started")
+            sys.exit(EXIT_SIGNAL[signal.SIGINT])
         if dry_run:
             _print_plan(plan)
             return
