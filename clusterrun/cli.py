@@ -54,6 +54,7 @@ from clusterrun.orchestrator import Job
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
 from clusterrun.printer import Printer
 from clusterrun.session import Session
+from clusterrun.terminal import safe
 from clusterrun.transports import transport_for
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HOSTS = 0, 1, 2, 3
@@ -61,12 +62,12 @@ EXIT_SIGNAL = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143}
 
 
 def _fail(error: ClusterrunError, code: int) -> NoReturn:
-    click.echo(f"clusterrun: error: {error.render()}", err=True)
+    click.echo(f"clusterrun: error: {safe(error.render(), colour=False)}", err=True)  # may quote a host
     sys.exit(code)
 
 
 def _note(text: str) -> None:
-    click.echo(f"clusterrun: {text}", err=True)
+    click.echo(f"clusterrun: {safe(text, colour=False)}", err=True)
 
 
 class _Commands(click.Group):
@@ -459,10 +460,10 @@ def ps(job: str | None, as_json: bool) -> None:
         rows = [("NODE", "HOST", "STATE", "PID", "EXIT", "ERROR")]
         for n in record.nodes:
             rows.append((str(n.rank), n.host, n.state, str(n.pid or "-"),
-                         "-" if n.exit_code is None else str(n.exit_code), n.error or ""))
+                         "-" if n.exit_code is None else str(n.exit_code), safe(n.error or "", colour=False)))
         _table(rows)
-        if attempt is not None and attempt.root_cause:
-            click.echo(f"root cause: {attempt.root_cause}")
+        if attempt is not None and attempt.root_cause:  # its last lines are the rank's output
+            click.echo(f"root cause: {safe(attempt.root_cause, colour=False)}")
         return
     store = JobStore()
     records = [_refresh(store, r) for r in store.all()]

@@ -183,3 +183,19 @@ def test_script_arguments_and_the_separator_still_pass_verbatim(tmp_path: Path) 
         proc = clusterrun("up", "--dry-run", str(hosts), *args, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.rstrip().endswith(tail), proc.stdout
+
+
+def test_ps_shows_a_rank_s_escape_sequences_escaped(controller_state: Path) -> None:
+    from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
+
+    store = JobStore()
+    store.create(JobRecord(
+        job_id="esc-20261123-100000-abcd", name="esc", created=0.0, hosts_file="hosts.yaml", hosts_text="",
+        script="train.py", script_args=[], env_overrides={}, local_cwd="/", grace=1.0, ssh_config=None, plan={},
+        state="failed", attempts=[AttemptRecord(1, started=0.0, master_port=1, state="failed",
+                                                root_cause="rank 0: exit code 1: \x1b]0;pwned\x07 \x1b[2J")],
+        nodes=[NodeRecord(0, "h", state="failed", exit_code=1, error="\x1b[31mboom\x1b[0m")]))
+    proc = clusterrun("ps", "esc")
+    assert proc.returncode == 0, proc.stderr
+    assert "root cause: rank 0: exit code 1: \\x1b]0;pwned\\x07 \\x1b[2J" in proc.stdout
+    assert "boom" in proc.stdout and "\x1b" not in proc.stdout
