@@ -2,7 +2,10 @@
 
 Exit codes: 0 the job succeeded (``down``: everything stopped and verified) · 1 the job failed
 (a node exited non-zero, was lost or stopped; ``down``: something is still running) · 2 bad input
-(hosts file, options, an unknown job) · 3 a host could not be used (``up``: nothing was started;
+(hosts file, options, an unknown or ambiguous job) or a bad environment on this machine: the
+controller's state directory cannot be read or written (read-only, full, no permission; ``up``:
+nothing was started; ``down``: the job was stopped but that could not be recorded) · 3 a host
+could not be used (``up``: nothing was started;
 ``down``: a host could not be reached) · 130 / 143 SIGINT / SIGTERM (``up``: the job was stopped
 on every node, or left running with ``--leave-running``) · 129 SIGHUP (``up``: the job was left
 running, owned by a monitor).
@@ -11,6 +14,7 @@ running, owned by a monitor).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 import os
 import secrets
@@ -28,15 +32,16 @@ import click
 
 from clusterrun import __version__
 from clusterrun.config import ClusterSpec, load_cluster
-from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
+from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import JobResult
-from clusterrun.jobs import JobNotFound, JobRecord, JobStore
+from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import daemonize, follower, new_record, read_logs, refresh, save_seen, spec_of
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
 from clusterrun.printer import Printer
 from clusterrun.runner import NotStopped, Runner, restart_job, run_monitor, stop_recorded
 from clusterrun.session import Session
+from clusterrun.terminal import safe
 from clusterrun.transports import transport_for
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HOSTS = 0, 1, 2, 3
@@ -44,15 +49,26 @@ EXIT_SIGNAL = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIG
 
 
 def _fail(error: ClusterrunError, code: int) -> NoReturn:
-    click.echo(f"clusterrun: error: {error.render()}", err=True)
+    click.echo(f"clusterrun: error: {safe(error.render(), colour=False)}", err=True)  # may quote a host
     sys.exit(code)
 
 
 def _note(text: str) -> None:
-    click.echo(f"clusterrun: {text}", err=True)
+    click.echo(f"clusterrun: {safe(text, colour=False)}", err=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The commands, with the one error every command can meet made an exit code here: the
+    controller's own state directory cannot be read or written (``StateError``)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except StateError as exc:
+            _fail(exc, EXIT_USAGE)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="clusterrun")
 def main() -> None:
     """Launch PyTorch distributed training on several machines over SSH and watch it.
@@ -83,6 +99,57 @@ def _check_script(spec: ClusterSpec, script: str) -> None:
             raise ConfigError(f"{os.path.join(base, script)} does not exist (needed by local host {host.host!r})",
                               path=script, hint="give the script's path relative to the current directory "
                               "or the host's workdir")
+
+
+def _option_names(command: click.Command) -> dict[str, bool]:
+    """Every option name of ``command`` (``--name``, ``-d``), and whether it takes a value."""
+    names: dict[str, bool] = {}
+    for param in command.params:
+        if isinstance(param, click.Option):
+            for name in (*param.opts, *param.secondary_opts):
+                names[name] = not param.is_flag
+    return names
+
+
+def _unknown_option(command: click.Command, token: str) -> ConfigError:
+    names = _option_names(command)
+    close = difflib.get_close_matches(token.partition("=")[0], names, n=1)
+    hint = f"did you mean {close[0]}?" if close else f"`clusterrun {command.name} --help` lists the options"
+    return ConfigError(f"no such option: {token}", hint=hint)
+
+
+def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ...]) -> None:
+    """Refuse what would start the wrong job: an unknown option (click takes it for HOSTS.yaml,
+    as up passes unknown options on to the script), or options of up written after HOSTS.yaml,
+    which click would take for SCRIPT and its arguments."""
+    if hosts_file.startswith("-") and hosts_file != "-":
+        raise _unknown_option(up, hosts_file)
+    if not script.startswith("-"):
+        return
+    names = _option_names(up)
+    tokens = [script, *script_args]
+    moved: list[str] = []
+    while tokens and tokens[0].startswith("-") and tokens[0] != "--":
+        name = tokens[0].partition("=")[0]
+        if name not in names:
+            if moved:
+                break
+            raise ConfigError(f"SCRIPT must not start with '-', got {script!r}",
+                              hint="options go before HOSTS.yaml; a script named so: write ./" + script)
+        takes_value = names[name] and "=" not in tokens[0]
+        moved += tokens[:2] if takes_value else tokens[:1]
+        tokens = tokens[2:] if takes_value else tokens[1:]
+    if tokens[:1] == ["--"]:
+        tokens = tokens[1:]
+    hint = None
+    argv = sys.argv[1:]
+    for i in range(len(argv) - 1):  # the command as typed, with the options moved before HOSTS.yaml
+        if argv[i] == hosts_file and argv[i + 1] == script and "up" in argv[:i]:
+            command = ["clusterrun", *argv[:i], *moved, hosts_file, *tokens]
+            hint = f"did you mean: {shlex.join(command)}"
+            break
+    raise ConfigError(f"options go before HOSTS.yaml: {shlex.join(moved)} after {hosts_file} would be the script "
+                      "and its arguments; nothing was started", hint=hint)
 
 
 def _print_plan(plan: LaunchPlan) -> None:
@@ -129,7 +196,8 @@ def _follow_hint(job_id: str) -> str:
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-d", "--detach", is_flag=True, help="Start the job, print its id and return; a background "
               "monitor applies fail-fast until it ends.")
-@click.option("--name", help="A name for the job (default: the script's name); part of the job id.")
+@click.option("--name", help="A name for the job (default: the script's name); part of the job id. Refused "
+              "while a job of that name is running.")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable for every node (repeatable; wins over the hosts file).")
 @click.option("--dry-run", is_flag=True, help="Print each node's exact command and environment, start nothing.")
@@ -160,7 +228,8 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
-    the script verbatim. The job runs detached on its hosts: closing the terminal (SIGHUP) or
+    the script verbatim. An option of up written after HOSTS.yaml, or a SCRIPT starting with
+    `-`, is refused before anything starts. The job runs detached on its hosts: closing the terminal (SIGHUP) or
     losing the connection never stops it, and a background monitor takes over. Ctrl-C (or
     SIGTERM) stops the job on every host and checks that nothing is left; with --leave-running
     Ctrl-C only stops following.
@@ -168,6 +237,10 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     if script_args[:1] == ("--",):  # click passes the separator on once SCRIPT has been read
         script_args = script_args[1:]
     try:
+        if script == "--" and script_args:  # `up HOSTS.yaml -- SCRIPT ...`: the script may start with '-'
+            script, script_args = script_args[0], script_args[1:]
+        else:
+            _check_up_arguments(hosts_file, script, script_args)
         spec = load_cluster(hosts_file)
         with open(hosts_file, encoding="utf-8", errors="surrogateescape") as f:
             hosts_text = f.read()
@@ -176,6 +249,9 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
     jname = job_name(name, script)
+    store = JobStore()
+    if not dry_run:
+        _check_name_free(store, jname, given=name is not None)
     job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
     printer = Printer()
     ssh_config = ssh_config or spec.ssh_config
@@ -183,19 +259,25 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
               local_cwd=os.getcwd(), grace=grace, reconnect=Reconnect(give_up_after=unreachable_timeout),
               transport_factory=partial(transport_for, ssh_config=ssh_config,
                                         accept_new_host_keys=accept_new_host_keys))
-    store = JobStore()
     try:
         try:
             plan = job.prepare()
         except HostsUnavailable as exc:
             _fail(exc, EXIT_HOSTS)
+        except KeyboardInterrupt:  # Ctrl-C while connecting: close every connection (finally), start nothing
+            _note("interrupted while connecting to the hosts; nothing was started")
+            sys.exit(EXIT_SIGNAL[signal.SIGINT])
         if dry_run:
             _print_plan(plan)
             return
         record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
                             local_cwd=os.getcwd(), ssh_config=ssh_config, unreachable_timeout=unreachable_timeout,
                             retry_startup=not no_retry_startup)
-        store.create(record)
+        try:
+            store.create(record)  # before anything starts: a job nobody could find again must not run
+        except StateError as exc:
+            exc.message += "; nothing was started"
+            _fail(exc, EXIT_USAGE)
         owner = store.try_own(job_id)
         if owner is None:  # cannot happen to a job created just now, unless its directory is shared
             _fail(ClusterrunError(f"job {job_id} is owned by another process already"), EXIT_FAILED)
@@ -234,6 +316,20 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     finally:
         job.close()
     sys.exit(_exit_code(result, got))
+
+
+def _check_name_free(store: JobStore, name: str, given: bool) -> None:
+    """Refuse a name that an unfinished job has (its record brought up to date from its hosts
+    first), so that every job can still be named: two running jobs of one name would make the
+    name ambiguous for `ps`, `logs`, `down`..."""
+    for record in store.named(name):
+        if not record.finished:
+            record = _refresh(store, record)
+        if not record.finished:
+            how = "named" if given else "named after the script,"
+            _fail(ConfigError(f"job {record.job_id}, {how} {name!r}, is {record.state}; nothing was started",
+                              key="--name", hint=f"stop it first (`clusterrun down {record.job_id}`), or name this "
+                              "job otherwise with --name NAME"), EXIT_USAGE)
 
 
 def _use_tui(no_tui: bool) -> bool:
@@ -318,6 +414,15 @@ def _refresh(store: JobStore, record: JobRecord) -> JobRecord:
         return refresh(store, record)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
+    except StateError as exc:  # the record could not be brought up to date: show it as it is
+        _note(f"warning: job {record.job_id} shows its last recorded state: {exc.render()}")
+        return record
+
+
+def _not_recorded(record: JobRecord, error: StateError) -> None:
+    _note(f"error: {error.render()}")
+    _note(f"the stop of job {record.job_id} above was NOT recorded: its record may show it as it was "
+          "before; run `clusterrun down` again once the directory can be written")
 
 
 @main.command()
@@ -340,10 +445,10 @@ def ps(job: str | None, as_json: bool) -> None:
         rows = [("NODE", "HOST", "STATE", "PID", "EXIT", "ERROR")]
         for n in record.nodes:
             rows.append((str(n.rank), n.host, n.state, str(n.pid or "-"),
-                         "-" if n.exit_code is None else str(n.exit_code), n.error or ""))
+                         "-" if n.exit_code is None else str(n.exit_code), safe(n.error or "", colour=False)))
         _table(rows)
-        if attempt is not None and attempt.root_cause:
-            click.echo(f"root cause: {attempt.root_cause}")
+        if attempt is not None and attempt.root_cause:  # its last lines are the rank's output
+            click.echo(f"root cause: {safe(attempt.root_cause, colour=False)}")
         return
     store = JobStore()
     records = [_refresh(store, r) for r in store.all()]
@@ -392,13 +497,20 @@ def _check_attempt(record: JobRecord, attempt: int | None) -> int:
 def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attempt: int | None,
          prefix: bool | None) -> None:
     """Print JOB's logs from its hosts' log files: every node's lines with a prefix, or one node's
-    exactly as written (byte for byte) with --node N. Works during and after the job, from any
-    controller that has its record."""
+    exactly as written with --node N. Works during and after the job, from any controller that
+    has its record.
+
+    Lines shown with a prefix (or of a one-node job) are made safe for a terminal: colours pass
+    (dropped with NO_COLOR, TERM=dumb or when not a terminal), other escape sequences and control
+    characters are shown escaped (`\x1b]52;...`). --node N without --prefix prints the node's file
+    byte for byte, escape sequences included, as `cat` would: redirect it to a file, or pipe it to
+    `cat -v`, to look at output you do not trust."""
     store, record = _open_job(job)
     ranks = _select_ranks(record, node)
     attempt = _check_attempt(record, attempt)
     record = _refresh(store, record)
-    printer = Printer(prefix=len(ranks) > 1 if prefix is None else prefix, quiet=True)
+    raw = len(ranks) == 1 and bool(node) and not prefix
+    printer = Printer(prefix=len(ranks) > 1 if prefix is None else prefix, quiet=True, raw=raw)
     spec = spec_of(record)
     printer.set_plan(plan_from_json(record.plan, spec))
     if not follow:
@@ -463,16 +575,20 @@ def down(job: str, grace: float | None) -> None:
     """Stop JOB on every host and verify that nothing of it is left (idempotent). Also `stop`."""
     store, record = _open_job(job)
     _note(f"stopping job {record.job_id} (attempt {record.attempt}) on {len(record.nodes)} hosts")
-    reports = stop_recorded(store, record, grace)
+    reports, unrecorded = stop_recorded(store, record, grace)
     printer = Printer()
     for rank in sorted(reports):
         printer.report(reports[rank])
+    if unrecorded is not None:
+        _not_recorded(record, unrecorded)
     if any(r.error for r in reports.values()):
         _note(f"job {record.job_id} is NOT marked stopped: a host could not be reached, it may still run there")
         sys.exit(EXIT_HOSTS)
     if any(r.left for r in reports.values()):
         sys.exit(EXIT_FAILED)
     _note(f"job {record.job_id} stopped; nothing of it is left on any host")
+    if unrecorded is not None:
+        sys.exit(EXIT_USAGE)
 
 
 main.add_command(down, name="stop")
@@ -492,6 +608,8 @@ def restart(job: str, grace: float | None) -> None:
         _fail(exc, EXIT_HOSTS if exc.unreachable else EXIT_FAILED)
     except HostsUnavailable as exc:
         _fail(exc, EXIT_HOSTS)
+    except StateError as exc:
+        _fail(exc, EXIT_USAGE)
     except ClusterrunError as exc:
         _fail(exc, EXIT_FAILED)
     _note(f"job {record.job_id} restarted as attempt {record.attempt}; {_follow_hint(record.job_id)}")

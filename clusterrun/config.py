@@ -19,7 +19,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -82,7 +82,29 @@ _DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]*)\Z")
 # No commas: the ids end up joined into CUDA_VISIBLE_DEVICES.
 _GPU_ID = re.compile(r"([0-9]+|(GPU|MIG)-[A-Za-z0-9_./-]+)\Z")
 _BAD_CHARS = re.compile(r"[\s\x00-\x1f\x7f]")
-_MAX_GPUS = 1024
+MAX_PROCS = 1024  # processes (GPUs) per host
+# One NAME=VALUE of the environment, in bytes: Linux refuses a longer string to exec (MAX_ARG_STRLEN,
+# 128 KiB with its NUL), so torchrun would never start on the hosts.
+MAX_ENV_ENTRY = 128 * 1024 - 1
+MAX_ENV_TOTAL = 1024 * 1024  # all of a node's variables from the hosts file or --env: half of ARG_MAX
+_MAX_DIGITS = 20  # a longer number is not a count or a port (and int() refuses > 4,300 digits)
+
+
+def check_env_entry(name: str, value: str) -> str | None:
+    """Why ``NAME=VALUE`` cannot reach a process's environment, or None."""
+    size = len(name.encode()) + 1 + len(value.encode("utf-8", "surrogateescape"))
+    if size > MAX_ENV_ENTRY:
+        return (f"the value is too long ({size:,} bytes with its name; at most {MAX_ENV_ENTRY:,}: "
+                "Linux refuses a longer environment string to a new process)")
+    return None
+
+
+def check_env_total(env: Mapping[str, str]) -> str | None:
+    """Why ``env`` is too large for a process's environment, or None."""
+    size = sum(len(k.encode()) + len(v.encode("utf-8", "surrogateescape")) + 2 for k, v in env.items())
+    if size > MAX_ENV_TOTAL:
+        return f"the environment is too large ({size:,} bytes; at most {MAX_ENV_TOTAL:,})"
+    return None
 
 
 def load_cluster(path: str) -> ClusterSpec:
@@ -287,10 +309,15 @@ class _Parser:
         text = str(node.value)
         if not _DECIMAL.match(text):
             raise self.expected(what, node, key, "write it as a plain decimal number")
+        if len(text.lstrip("+-")) > _MAX_DIGITS:
+            return self._too_large(what, text, node, key, hint)
         value = int(text)
         if value < low or (high is not None and value > high):
             raise self.expected(what, node, key, hint)
         return value
+
+    def _too_large(self, what: str, text: str, node: Node, key: str, hint: str | None) -> NoReturn:
+        raise self.error(f"expected {what}, got a number of {len(text.lstrip('+-')):,} digits", node, key, hint)
 
     def port(self, node: Node, key: str) -> int:
         return self.integer(node, key, "a port number from 1 to 65535", 1, 65535)
@@ -298,7 +325,7 @@ class _Parser:
     def gpus(self, node: Node, key: str) -> tuple[str, ...]:
         no_gpus = "to run without GPUs, remove 'gpus' and set 'nproc'"
         if isinstance(node, ScalarNode) and node.tag == _INT:
-            count = self.integer(node, key, f"a GPU count from 1 to {_MAX_GPUS}", 1, _MAX_GPUS, no_gpus)
+            count = self.integer(node, key, f"a GPU count from 1 to {MAX_PROCS}", 1, MAX_PROCS, no_gpus)
             return tuple(str(i) for i in range(count))
         if not isinstance(node, SequenceNode):
             raise self.expected("a list of GPU ids or a count", node, key, "e.g. 'gpus: 4' or 'gpus: [0, 1]'")
@@ -317,6 +344,8 @@ class _Parser:
             if gpu in ids:
                 raise self.error(f"GPU '{gpu}' is listed twice (also at line {_line(ids[gpu])})", item, ikey)
             ids[gpu] = item
+            if len(ids) > MAX_PROCS:
+                raise self.error(f"more than {MAX_PROCS} GPUs for one host", item, ikey)
         return tuple(ids)
 
     def env(self, node: Node, key: str) -> dict[str, str]:
@@ -332,6 +361,8 @@ class _Parser:
             if isinstance(vnode, ScalarNode) and vnode.tag in (_STR, _INT, _FLOAT, _TIMESTAMP):
                 # Numbers keep the text as written: str(int('010')) would be '8' under YAML 1.1.
                 env[name] = str(vnode.value)
+                if (problem := check_env_entry(name, env[name])) is not None:
+                    raise self.error(problem, vnode, nkey, "pass large data in a file on the hosts")
             elif isinstance(vnode, ScalarNode) and vnode.tag in (_BOOL, _NULL):
                 text = "" if vnode.tag == _NULL and vnode.value == "~" else str(vnode.value)
                 raise self.expected("a string or number", vnode, nkey, f'quote the value: {name}: "{text}"')
@@ -353,7 +384,8 @@ class _Parser:
         parsers: dict[str, Callable[[Node, str], object]] = {
             "port": self.port, "user": lambda node, key: self.string(node, key, name_like=True),
             "identity_file": self.string, "python": self.string, "workdir": self.string, "gpus": self.gpus,
-            "nproc": lambda node, key: self.integer(node, key, "a positive number of processes", 1),
+            "nproc": lambda node, key: self.integer(node, key, f"a number of processes from 1 to {MAX_PROCS}", 1,
+                                                    MAX_PROCS),
             "env": self.env, "transport": self.transport,
         }
         result = _Settings()
@@ -398,7 +430,7 @@ class _Parser:
             hint = "write each host as a list item: '- node1'" if isinstance(node, MappingNode) else None
             raise self.expected("a non-empty list of hosts", node, "hosts", hint)
         specs: list[HostSpec] = []
-        seen: dict[tuple[str, int | None], Node] = {}
+        seen: dict[tuple[str, int | None], Node] = {}  # host names ignore case, as DNS and ssh do
         for i, entry in enumerate(node.value):
             key = f"hosts[{i}]"
             name_node: Node = entry
@@ -416,11 +448,17 @@ class _Parser:
                 raise self.expected("a host name or a mapping with 'host'", entry, key)
             host = self.string(name_node, f"{key}.host", name_like=True)
             spec = self.host_spec(host, address, entry, own, defaults, env, key)
-            other = seen.setdefault((host, spec.port), name_node)
+            other = seen.setdefault((host.lower(), spec.port), name_node)
             if other is not name_node:
                 on_port = f" on port {spec.port}" if spec.port is not None else ""
-                raise self.error(f"host '{host}'{on_port} is listed twice (also at line {_line(other)})", name_node,
-                                 f"{key}.host", "list each machine once; use gpus or nproc for more processes")
+                as_ = f", as '{other.value}'" if isinstance(other, ScalarNode) and other.value != host else ""
+                raise self.error(f"host '{host}'{on_port} is listed twice (also at line {_line(other)}{as_})",
+                                 name_node, f"{key}.host",
+                                 "list each machine once (host names ignore case); use gpus or nproc for more "
+                                 "processes")
+            if (problem := check_env_total(spec.env)) is not None:
+                raise self.error(f"{problem}: env, defaults.env and the host's own env together", entry, key,
+                                 "pass large data in a file on the hosts")
             specs.append(spec)
         return tuple(specs)
 

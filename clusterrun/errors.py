@@ -9,6 +9,8 @@
     │   │   └── HostKeyError          the host key is unknown or changed
     │   └── AgentError                the node agent on the host failed or answered nonsense
     ├── HostsUnavailable(errors)      some hosts cannot run the job: one error per host; nothing started
+    ├── JobNotFound                   no job, or more than one, matches the id, name or prefix given
+    ├── StateError(path)              the controller's job records cannot be read or written there
     └── JobFailed(result)             the job ran and at least one node failed
 
 Node failures during a run are data (``NodeResult.error``); only the edge turns a failed
@@ -109,6 +111,20 @@ class JobFailed(ClusterrunError):
     def __init__(self, result: Any, message: str) -> None:
         super().__init__(message)
         self.result = result
+
+
+class JobNotFound(ClusterrunError):
+    """No job, or more than one, matches what the user typed (an id, a ``--name``, an id prefix)."""
+
+
+class StateError(ClusterrunError):
+    """The controller's own state (job records under ``$XDG_STATE_HOME/clusterrun``) cannot be
+    read or written at ``path``: a read-only or full file system, a quota, no permission. Made
+    from the ``OSError`` in one place (``jobs.state_error``)."""
+
+    def __init__(self, path: str, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
 
 
 class HostsUnavailable(ClusterrunError):

@@ -42,6 +42,12 @@ class NodeState(str, Enum):
     LOST = "lost"
     UNREACHABLE = "unreachable"
 
+    def __str__(self) -> str:  # in messages and tables, "running" (Python 3.11 says "JobState.RUNNING")
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
     @property
     def is_terminal(self) -> bool:
         return self in (NodeState.SUCCEEDED, NodeState.FAILED, NodeState.STOPPED, NodeState.LOST)
@@ -56,6 +62,12 @@ class JobState(str, Enum):
     FAILED = "failed"
     STOPPED = "stopped"
     LOST = "lost"
+
+    def __str__(self) -> str:  # in messages and tables, "running" (Python 3.11 says "JobState.RUNNING")
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
     @property
     def is_terminal(self) -> bool:

@@ -16,15 +16,20 @@ the lock, and the next ``ps``, ``logs`` or ``attach`` finds the job without an o
 its state from the hosts and starts a monitor (``spawn_monitor``) that takes the lock over.
 A lock taken by ``up`` is handed to the monitor it starts by inheritance, so no moment passes
 without an owner.
+
+Every ``OSError`` met reading or writing here becomes a ``StateError`` naming the path and the
+fix (``state_error``); a job directory whose record could not be written is removed again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -34,14 +39,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clusterrun.errors import ClusterrunError
+from clusterrun.errors import JobNotFound, StateError
 from clusterrun.events import JobState, NodeState
 
 OWNER_FD_VAR = "CLUSTERRUN_OWNER_FD"
 
 
-class JobNotFound(ClusterrunError):
-    """No job, or more than one, matches what the user typed."""
+def state_error(path: Path | str, exc: OSError, doing: str) -> StateError:
+    """The ``StateError`` for ``exc``, met trying to ``doing`` (e.g. "write") ``path``."""
+    where = state_home()
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = f"free some space there, or set XDG_STATE_HOME to a directory with room (now: {where.parent})"
+    else:
+        hint = f"make {where} writable, or set XDG_STATE_HOME to a writable directory"
+    return StateError(str(path), f"cannot {doing} {path}: {exc.strerror or exc}", hint=hint)
+
+
+@contextmanager
+def _state(path: Path | str, doing: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise state_error(path, exc, doing) from exc
 
 
 def state_home() -> Path:
@@ -140,9 +159,17 @@ class JobStore:
             os.umask(old)
 
     def create(self, record: JobRecord) -> None:
-        self._ensure_root()
-        self.dir(record.job_id).mkdir(mode=0o700)
-        self._write(record)
+        """Make the job's directory and write its record; on failure, leave no directory behind."""
+        with _state(self.root, "create"):
+            self._ensure_root()
+        path = self.dir(record.job_id)
+        with _state(path, "create"):
+            path.mkdir(mode=0o700)
+        try:
+            self._write(record)
+        except StateError:
+            shutil.rmtree(path, ignore_errors=True)  # made just now (mkdir fails on an existing one)
+            raise
 
     def load(self, job_id: str) -> JobRecord:
         path = self.dir(job_id) / "job.json"
@@ -152,6 +179,8 @@ class JobStore:
             raise JobNotFound(f"no job {job_id!r}", hint="`clusterrun ps` lists the jobs") from None
         except (ValueError, TypeError) as exc:
             raise JobNotFound(f"the record of job {job_id!r} is damaged ({exc})", hint=f"see {path}") from None
+        except OSError as exc:
+            raise state_error(path, exc, "read") from exc
 
     def _write(self, record: JobRecord) -> None:
         # No indent: json's C encoder handles only compact output, and it is many times faster.
@@ -159,7 +188,9 @@ class JobStore:
 
     @contextmanager
     def _locked(self, job_id: str, name: str) -> Iterator[None]:
-        fd = os.open(self.dir(job_id) / name, os.O_RDWR | os.O_CREAT, 0o600)
+        path = self.dir(job_id) / name
+        with _state(path, "open"):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -177,37 +208,51 @@ class JobStore:
     def all(self) -> list[JobRecord]:
         """Every job with a readable record, oldest first."""
         records = []
-        if self.root.is_dir():
-            for entry in self.root.iterdir():
-                if (entry / "job.json").is_file():
-                    try:
-                        records.append(self.load(entry.name))
-                    except JobNotFound:
-                        continue
+        with _state(self.root, "list"):
+            entries = list(self.root.iterdir()) if self.root.is_dir() else []
+        for entry in entries:
+            if (entry / "job.json").is_file():
+                try:
+                    records.append(self.load(entry.name))
+                except JobNotFound:
+                    continue
         return sorted(records, key=lambda r: (r.created, r.job_id))
 
     def resolve(self, ref: str) -> str:
-        """A job id from an id, a ``--name`` (the newest job of that name) or a unique id prefix."""
+        """A job id from an id, a ``--name`` or a unique id prefix. A name or prefix that matches
+        several jobs is refused with their ids, as docker does."""
         records = self.all()
         for record in records:
             if record.job_id == ref:
                 return record.job_id
         named = [r for r in records if r.name == ref]
+        if len(named) == 1:
+            return named[0].job_id
         if named:
-            return named[-1].job_id
+            raise _ambiguous(ref, named, f"{len(named)} jobs named {ref!r}")
         prefixed = [r for r in records if r.job_id.startswith(ref)]
         if len(prefixed) == 1:
             return prefixed[0].job_id
         if prefixed:
-            raise JobNotFound(f"{ref!r} matches {len(prefixed)} jobs: {', '.join(r.job_id for r in prefixed[:5])}",
-                              hint="type more of the job id")
+            raise _ambiguous(ref, prefixed, f"{len(prefixed)} jobs")
         raise JobNotFound(f"no job matches {ref!r}", hint="`clusterrun ps` lists the jobs")
+
+    def named(self, name: str) -> list[JobRecord]:
+        """The jobs called ``name`` (their ``--name``), oldest first."""
+        return [r for r in self.all() if r.name == name]
 
     # ----------------------------------------------------------------------------- ownership
 
     def try_own(self, job_id: str) -> int | None:
         """Take the job's owner lock without waiting: its fd, or None if another process owns the job."""
-        fd = os.open(self.dir(job_id) / "owner.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        path = self.dir(job_id) / "owner.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            try:  # a read-only state directory: an flock works on a file opened for reading too
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                raise state_error(path, exc, "open") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -252,28 +297,39 @@ class JobStore:
         os.set_inheritable(fd, True)
         log = str(self.dir(job_id) / "monitor.log")
         env = dict(os.environ, **{OWNER_FD_VAR: str(fd)})
-        pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "clusterrun", "_monitor", job_id], env,
-                             file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                                           (os.POSIX_SPAWN_OPEN, 1, log, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-                                            0o600),
-                                           (os.POSIX_SPAWN_DUP2, 1, 2)],
-                             setsid=True)
+        with _state(log, "start the job's monitor with its log in"):
+            pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "clusterrun", "_monitor", job_id], env,
+                                 file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                                               (os.POSIX_SPAWN_OPEN, 1, log,
+                                                os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600),
+                                               (os.POSIX_SPAWN_DUP2, 1, 2)],
+                                 setsid=True)
         os.close(fd)  # the monitor holds the lock now (an flock belongs to the open file, which it shares)
         os.waitpid(pid, 0)  # it forks again at once (see monitor.daemonize), so this returns quickly
         return True
 
 
+def _ambiguous(ref: str, records: list[JobRecord], what: str) -> JobNotFound:
+    shown = [f"{r.job_id} ({r.state})" for r in reversed(records[-10:])]  # newest first
+    more = f", and {len(records) - 10} older" if len(records) > 10 else ""
+    return JobNotFound(f"{ref!r} is ambiguous: it matches {what}: {', '.join(shown)}{more}",
+                       hint="name the job by its id, or a prefix of the id that only it has")
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     """Write a temporary file (0600, a random name: a home shared between machines sees their pids
     collide), fsync, rename over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
+    with _state(path, "write"):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise state_error(path, exc, "write") from exc
         raise

@@ -10,12 +10,11 @@ are in ``runner.py``, built from the pieces here.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -108,7 +107,8 @@ class Recorder:
             try:
                 self.store.update(self.job_id, change)
             except (OSError, ClusterrunError) as exc:  # the record is gone or damaged: say so, go on
-                print(f"clusterrun: cannot update the record of job {self.job_id}: {exc}", file=sys.stderr)
+                text = exc.render() if isinstance(exc, ClusterrunError) else str(exc)
+                print(f"clusterrun: cannot update the record of job {self.job_id}: {text}", file=sys.stderr)
 
     def flush(self) -> None:
         """Return once every change submitted so far is in the record."""
@@ -287,25 +287,35 @@ def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None
 
 
 def read_logs(record: JobRecord, ranks: Sequence[int], attempt: int, tail: int | None = None,
-              prefetch: int = 64) -> Iterator[tuple[int, str | ClusterrunError]]:
+              budget: int = 64 * 2**20) -> Iterator[tuple[int, str | ClusterrunError]]:
     """The logs of several nodes, node after node, each read from its host in a thread of its own
-    while the nodes before it are printed (at most ``prefetch`` chunks ahead per node). Yields
-    ``(rank, chunk)`` (see ``read_log``), or ``(rank, error)`` once for a node whose host failed."""
+    while the nodes before it are printed. Yields ``(rank, chunk)`` (see ``read_log``), or
+    ``(rank, error)`` once for a node whose host failed. What is read ahead waits while the chunks
+    held for all nodes together exceed ``budget`` characters; the node being printed may always
+    hold one chunk, so it never waits for the others (each reader thread also has one in hand)."""
     done = object()
-    queues: dict[int, queue.Queue[Any]] = {rank: queue.Queue(maxsize=prefetch) for rank in ranks}
-    cancelled = threading.Event()
+    queues: dict[int, deque[tuple[Any, int]]] = {rank: deque() for rank in ranks}
+    held = {rank: 0 for rank in ranks}
+    total = 0
+    current = ranks[0] if ranks else None
+    cancelled = False
+    changed = threading.Condition()
 
-    def put(rank: int, item: Any) -> None:
-        while not cancelled.is_set():
-            with contextlib.suppress(queue.Full):
-                queues[rank].put(item, timeout=0.2)
-                return
+    def put(rank: int, item: Any, size: int = 0) -> None:
+        nonlocal total
+        with changed:
+            while size and total + size > budget and not (rank == current and not held[rank]) and not cancelled:
+                changed.wait()
+            queues[rank].append((item, size))
+            held[rank] += size
+            total += size
+            changed.notify_all()
 
     def read(rank: int) -> None:
         try:
             for lines in read_log(record, rank, attempt, tail):
-                put(rank, lines)
-                if cancelled.is_set():
+                put(rank, lines, len(lines))
+                if cancelled:
                     return
         except ClusterrunError as exc:
             put(rank, exc)
@@ -316,10 +326,24 @@ def read_logs(record: JobRecord, ranks: Sequence[int], attempt: int, tail: int |
         thread.start()
     try:
         for rank in ranks:
-            while (item := queues[rank].get()) is not done:
+            with changed:
+                current = rank
+                changed.notify_all()
+            while True:
+                with changed:
+                    while not queues[rank]:
+                        changed.wait()
+                    item, size = queues[rank].popleft()
+                    held[rank] -= size
+                    total -= size
+                    changed.notify_all()
+                if item is done:
+                    break
                 yield rank, item
     finally:
-        cancelled.set()
+        with changed:
+            cancelled = True
+            changed.notify_all()
 
 
 # ------------------------------------------------------------------------------- down, restart

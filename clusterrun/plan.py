@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusterrun.config import ClusterSpec, HostSpec
+from clusterrun.config import ClusterSpec, HostSpec, check_env_entry, check_env_total
 from clusterrun.errors import ConfigError
 
 TORCHRUN_MODULE = "torch.distributed.run"
@@ -96,7 +96,11 @@ def parse_env_overrides(items: Sequence[str]) -> dict[str, str]:
         if not sep or not _ENV_NAME.match(key):
             raise ConfigError(f"expected NAME=VALUE with NAME made of letters, digits and _, got {item!r}",
                               key="--env")
+        if (problem := check_env_entry(key, value)) is not None:
+            raise ConfigError(f"{key}: {problem}", key="--env", hint="pass large data in a file on the hosts")
         env[key] = value
+    if (problem := check_env_total(env)) is not None:
+        raise ConfigError(problem, key="--env", hint="pass large data in a file on the hosts")
     return env
 
 

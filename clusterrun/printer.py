@@ -3,6 +3,11 @@
 A line is printed whole, in one write, so lines of different nodes never split or interleave.
 On a terminal each node's prefix gets its own colour. Lines that torchrun tagged with a global
 rank (``[rank3]:``) show that rank in the prefix: ``node1 gpu-b rank3 | text``.
+
+Text from the hosts is made terminal-safe (``terminal.safe``): colours (SGR) pass when colour is
+on, and dropped when it is off (not a terminal, ``NO_COLOR``, ``TERM=dumb``); every other escape
+sequence and control character is shown escaped. Only ``raw`` output (``logs --node N``) is
+written as the node wrote it, byte for byte.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from clusterrun.events import (
     signal_name,
 )
 from clusterrun.plan import LaunchPlan
+from clusterrun.terminal import safe, wants_colour
 
 _COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 _QUIET_STATES = {NodeState.PENDING, NodeState.CONNECTING, NodeState.STARTING, NodeState.RUNNING,
@@ -37,11 +43,12 @@ class Printer:
     """Turns events into text. ``__call__`` is the orchestrator's ``emit``."""
 
     def __init__(self, out: TextIO | None = None, err: TextIO | None = None, colour: bool | None = None,
-                 prefix: bool = True, quiet: bool = False) -> None:
+                 prefix: bool = True, quiet: bool = False, raw: bool = False) -> None:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
-        self.colour = self.out.isatty() if colour is None else colour
-        self.prefix = prefix  # False: log lines exactly as the node wrote them
+        self.colour = wants_colour(self.out) if colour is None else colour
+        self.prefix = prefix and not raw  # False: no node prefix
+        self.raw = raw  # True: log data exactly as the node wrote it (no prefix, nothing escaped or added)
         self.quiet = quiet  # True: log lines only, no status
         self._prefix_width = 0
         self._hosts: dict[int, str] = {}
@@ -70,12 +77,17 @@ class Printer:
         return text
 
     def write_log(self, node: int, host: str, text: str) -> None:
-        """Print a chunk of node ``node``'s log: whole lines (a missing last newline is added)."""
+        """Print a chunk of node ``node``'s log: whole lines, made terminal-safe (a missing last
+        newline is added); with ``raw``, the chunk as it is."""
         if not text:
             return
-        if not text.endswith("\n"):
-            text += "\n"
-        self._write_out(self._prefixed(node, host, text) if self.prefix else text)
+        if not self.raw:
+            if not text.endswith("\n"):
+                text += "\n"
+            text = safe(text, self.colour)
+            if self.prefix:
+                text = self._prefixed(node, host, text)
+        self._write_out(text)
 
     def _write_out(self, text: str) -> None:
         """Write ``text`` to ``out`` whole. Into a real file its bytes go through ``os.write`` in a
@@ -120,7 +132,7 @@ class Printer:
         return "".join(out)
 
     def note(self, text: str) -> None:
-        self.err.write(f"clusterrun: {text}\n")
+        self.err.write(f"clusterrun: {safe(text, colour=False)}\n")
         self.err.flush()
 
     def __call__(self, event: Event) -> None:
@@ -184,5 +196,5 @@ class Printer:
             if cause.last_lines:
                 who = f"rank {cause.rank}" if cause.rank is not None else f"node {cause.node}"
                 self.err.write(f"clusterrun: last lines of {who}:\n")
-                self.err.write("".join(f"    {line}\n" for line in cause.last_lines))
+                self.err.write("".join(f"    {safe(line, colour=False)}\n" for line in cause.last_lines))
                 self.err.flush()

@@ -25,7 +25,7 @@ import os
 import threading
 
 from clusterrun.diagnose import transient_start_failure
-from clusterrun.errors import ClusterrunError, HostsUnavailable
+from clusterrun.errors import ClusterrunError, HostsUnavailable, StateError
 from clusterrun.events import Event, JobNote, JobResult, NodeStopped, StopReport
 from clusterrun.jobs import OWNER_FD_VAR, JobRecord, JobStore
 from clusterrun.lifecycle import (
@@ -56,12 +56,17 @@ class NotStopped(ClusterrunError):
         return any(r.error for r in self.reports.values())
 
 
-def stop_recorded(store: JobStore, record: JobRecord, grace: float | None = None) -> dict[int, StopReport]:
+def stop_recorded(store: JobStore, record: JobRecord,
+                  grace: float | None = None) -> tuple[dict[int, StopReport], StateError | None]:
     """The verified stop of the current attempt on every node, written into the record (a node
-    whose stop failed keeps its state: it may still run)."""
+    whose stop failed keeps its state: it may still run). The stop on the hosts stands even when
+    the record cannot be written: then the ``StateError`` comes back beside the reports."""
     reports = stop_job(record, grace=grace)
-    mark_stopped(store, record, reports)
-    return reports
+    try:
+        mark_stopped(store, record, reports)
+    except StateError as exc:
+        return reports, exc
+    return reports, None
 
 
 def restart_job(store: JobStore, record: JobRecord, emit: Emit, *, owner_fd: int | None = None,
@@ -72,9 +77,12 @@ def restart_job(store: JobStore, record: JobRecord, emit: Emit, *, owner_fd: int
     for (the monitor of the stopped attempt exits) and given to a new monitor. Raises
     ``NotStopped`` (nothing new started) when a node could not be verified stopped, and
     ``HostsUnavailable`` when the new attempt could not start."""
-    reports = stop_recorded(store, record, grace)
+    reports, unrecorded = stop_recorded(store, record, grace)
     for rank in sorted(reports):
         emit(NodeStopped(rank, report=reports[rank]))
+    if unrecorded is not None:
+        raise StateError(unrecorded.path, f"not restarting job {record.job_id}: its record cannot be written "
+                         f"({unrecorded.message})", hint=unrecorded.hint)
     if not all(r.ok for r in reports.values()):
         bad = ", ".join(f"node {r.node} ({r.host})" for r in reports.values() if not r.ok)
         raise NotStopped(f"not restarting job {record.job_id}: attempt {record.attempt} could not be verified "

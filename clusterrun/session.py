@@ -155,7 +155,10 @@ class Session:
             save_seen(self.store, self.job_id, job.attempt, job.offsets)
             job.close()
         if self.result is not None and self.result.interrupted == KILLED:
-            mark_stopped(self.store, self.store.load(self.job_id), {s.node: s for s in self.result.stops})
+            try:
+                mark_stopped(self.store, self.store.load(self.job_id), {s.node: s for s in self.result.stops})
+            except ClusterrunError as exc:  # e.g. a full state directory: the stop stands, unrecorded
+                self.error = exc
 
     def kill(self) -> None:
         """Stop the job on every host (verified); the result arrives as ``JobFinished``."""

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from clusterrun.board import Board, Ring
+from clusterrun.errors import JobNotFound
 from clusterrun.events import AttemptStarted, LogLines, NodeExited, NodeLink, NodeResult, NodeState, NodeStateChanged
-from clusterrun.jobs import JobNotFound, JobRecord, JobStore
+from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.session import Session
 
 

@@ -31,6 +31,17 @@ BAD_FILES = {
     "yaml syntax": ("hosts:\n  - host: a\n   nproc: [1\n", "hosts.yaml:", "invalid YAML"),
     "unsafe tag": ("hosts:\n  - host: !!python/object/apply:os.system ['touch /tmp/pwned-clusterrun']\n",
                    "hosts.yaml:2", "tag"),
+    "integer of 5000 digits": ("hosts:\n  - host: a\n    nproc: " + "1" * 5000 + "\n",
+                               "hosts.yaml:3: hosts[0].nproc: expected a number of processes from 1 to 1024",
+                               "5,000 digits"),
+    "too many processes": ("hosts:\n  - host: a\n    nproc: 1025\n", "hosts.yaml:3: hosts[0].nproc",
+                           "from 1 to 1024, got 1025"),
+    "too many gpus": ("hosts:\n  - host: a\n    gpus: 2000\n", "hosts.yaml:3: hosts[0].gpus", "from 1 to 1024"),
+    "duplicate host in another case": ("hosts:\n  - host: Node-A\n  - host: node-a\n",
+                                       "hosts.yaml:3: hosts[1].host: host 'node-a' is listed twice",
+                                       "line 2, as 'Node-A'"),
+    "10 MB env value": ("env:\n  BIG: " + "x" * 10_000_000 + "\nhosts:\n  - host: a\n",
+                        "hosts.yaml:2: env.BIG: the value is too long", "at most 131,071"),
 }
 
 
@@ -123,3 +134,68 @@ def test_the_job_list_shortens_long_host_lists() -> None:
     assert len(cell) <= 40 and cell.startswith("sim1,sim2,") and cell.endswith(f"… +{32 - cell.count(',')}")
     assert _hosts_cell(["a" * 50]) == "a" * 50  # one host: shown whole
     assert _hosts_cell(["a" * 50, "b"]) == "a" * 50 + ",… +1"
+
+
+def test_too_large_an_environment_from_env_options_is_bad_input(tmp_path: Path) -> None:
+    hosts = write_hosts(tmp_path, [1], tmp_path / "state")
+    (tmp_path / "train.py").write_text("print('must not run')\n")
+    values = [f"--env=V{i}=" + "x" * 100_000 for i in range(12)]
+    proc = clusterrun("up", "--no-tui", *values, str(hosts), "train.py", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "error: --env: the environment is too large" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize(("args", "message", "hint"), [
+    (["--bogus", "hosts.yaml", "train.py"], "error: no such option: --bogus",
+     "`clusterrun up --help` lists the options"),
+    (["--dry-rnu", "hosts.yaml", "train.py"], "error: no such option: --dry-rnu", "did you mean --dry-run?"),
+    (["--no-tui", "hosts.yaml", "--dry-run", "train.py", "--steps", "20"],
+     "error: options go before HOSTS.yaml: --dry-run after hosts.yaml would be the script",
+     "did you mean: clusterrun up --no-tui --dry-run hosts.yaml train.py --steps 20"),
+    (["--no-tui", "hosts.yaml", "--name", "x", "-d", "train.py", "--", "--name", "y"],
+     "error: options go before HOSTS.yaml: --name x -d after hosts.yaml",
+     "did you mean: clusterrun up --no-tui --name x -d hosts.yaml train.py -- --name y"),
+    (["--no-tui", "hosts.yaml", "-x.py"], "error: SCRIPT must not start with '-', got '-x.py'",
+     "options go before HOSTS.yaml; a script named so: write ./-x.py"),
+])
+def test_misplaced_or_unknown_options_start_nothing(tmp_path: Path, args: list[str], message: str,
+                                                    hint: str) -> None:
+    write_hosts(tmp_path, [1], tmp_path / "state")
+    (tmp_path / "train.py").write_text("print('must not run')\n")
+    (tmp_path / "-x.py").write_text("print('must not run')\n")
+    (tmp_path / "--dry-run").write_text("print('must not run')\n")
+    proc = clusterrun("up", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert f"hint: {hint}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not (tmp_path / "state").exists()
+
+
+def test_script_arguments_and_the_separator_still_pass_verbatim(tmp_path: Path) -> None:
+    hosts = write_hosts(tmp_path, [1], tmp_path / "state")
+    (tmp_path / "-odd.py").write_text("")
+    (tmp_path / "train.py").write_text("")
+    for args, tail in ((["train.py", "--dry-run", "--name", "a b"], "train.py --dry-run --name 'a b'"),
+                       (["train.py", "--", "-x"], "train.py -x"),
+                       (["--", "-odd.py", "--steps", "2"], "-odd.py --steps 2")):
+        proc = clusterrun("up", "--dry-run", str(hosts), *args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.rstrip().endswith(tail), proc.stdout
+
+
+def test_ps_shows_a_rank_s_escape_sequences_escaped(controller_state: Path) -> None:
+    from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
+
+    store = JobStore()
+    store.create(JobRecord(
+        job_id="esc-20261123-100000-abcd", name="esc", created=0.0, hosts_file="hosts.yaml", hosts_text="",
+        script="train.py", script_args=[], env_overrides={}, local_cwd="/", grace=1.0, ssh_config=None, plan={},
+        state="failed", attempts=[AttemptRecord(1, started=0.0, master_port=1, state="failed",
+                                                root_cause="rank 0: exit code 1: \x1b]0;pwned\x07 \x1b[2J")],
+        nodes=[NodeRecord(0, "h", state="failed", exit_code=1, error="\x1b[31mboom\x1b[0m")]))
+    proc = clusterrun("ps", "esc")
+    assert proc.returncode == 0, proc.stderr
+    assert "root cause: rank 0: exit code 1: \\x1b]0;pwned\\x07 \\x1b[2J" in proc.stdout
+    assert "boom" in proc.stdout and "\x1b" not in proc.stdout

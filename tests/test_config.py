@@ -230,8 +230,10 @@ def test_defaults_cannot_name_a_host(tmp_path: Path, name: str) -> None:
      "expected a string, got yes (YAML reads it as a boolean)"),
     ("hosts:\n  - host: a\n    gpus: four\n", 3, "hosts[0].gpus", "expected a list of GPU ids or a count, got 'four'"),
     ("hosts:\n  - {host: a, gpus: '0,1'}\n", 2, "hosts[0].gpus", "expected a list of GPU ids or a count, got '0,1'"),
-    ("hosts:\n  - {host: a, nproc: '2'}\n", 2, "hosts[0].nproc", "expected a positive number of processes, got '2'"),
-    ("hosts:\n  - {host: a, nproc: 2.5}\n", 2, "hosts[0].nproc", "expected a positive number of processes, got 2.5"),
+    ("hosts:\n  - {host: a, nproc: '2'}\n", 2, "hosts[0].nproc",
+     "expected a number of processes from 1 to 1024, got '2'"),
+    ("hosts:\n  - {host: a, nproc: 2.5}\n", 2, "hosts[0].nproc",
+     "expected a number of processes from 1 to 1024, got 2.5"),
     ("hosts:\n  - host: a\n    python:\n", 3, "hosts[0].python", "expected a string, got an empty value"),
     ("hosts:\n  - {host: a, workdir: 1}\n", 2, "hosts[0].workdir", "expected a string, got 1"),
     ("hosts:\n  - {host: a, env: [A=1]}\n", 2, "hosts[0].env", "expected a mapping of NAME: value, got a list"),
@@ -356,7 +358,7 @@ def test_bad_gpus(tmp_path: Path, value: str, key: str, message: str) -> None:
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_nproc_must_be_positive(tmp_path: Path, value: str) -> None:
     fails(tmp_path, f"hosts:\n  - host: a\n    nproc: {value}\n", 3, "hosts[0].nproc",
-          f"expected a positive number of processes, got {value}")
+          f"expected a number of processes from 1 to 1024, got {value}")
 
 
 # -- ports and transport ------------------------------------------------------------------------

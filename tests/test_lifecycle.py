@@ -406,3 +406,115 @@ def test_a_hand_over_by_sighup_then_attach_shows_every_line_exactly_once(tmp_pat
     found = lines_by_node([first, rest])
     for node in (0, 1):
         assert found[node] == counter_lines(node, FLOOD)
+
+
+ESCAPES_PREFIXED = (
+    "node0 local-a rank0 | red plain\n"
+    "node0 local-a rank0 | clip \\x1b]52;c;aGVsbG8=\\x07 title \\x1b]0;pwned\\x07 clear \\x1b[2J\\x1b[H end\n"
+    "node0 local-a rank0 | bell \\x07 cr \n"  # the rank's tagging splits lines at \r
+    "node0 local-a rank0 |  back \\x08 c1 \\x9b31m done\n"
+)
+
+
+def test_escape_sequences_are_shown_escaped_and_the_node_file_stays_byte_exact(tmp_path: Path,
+                                                                                state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached(hosts, SUPPORT / "escapes.py")
+    wait_state(job, "succeeded")
+    log = attempt_dir(state_dir, job, 0) / "output.log"
+    with log.open("ab") as f:  # a file that does not end with a newline
+        f.write(b"partial \x1b]0;t\x07")
+    merged = subprocess.run([sys.executable, "-m", "clusterrun", "logs", job], capture_output=True, cwd=ROOT,
+                            timeout=120)
+    assert merged.returncode == 0, merged.stderr
+    mine = [line for line in merged.stdout.decode().splitlines(keepends=True) if line.startswith("node0")]
+    assert "".join(mine) == ESCAPES_PREFIXED + "node0 local-a       | partial \\x1b]0;t\\x07\n"
+    assert b"\x1b" not in merged.stdout and b"\x07" not in merged.stdout and b"\x9b" not in merged.stdout
+    coloured = subprocess.run([sys.executable, "-m", "clusterrun", "logs", "--node", "0", "--prefix", job],
+                              capture_output=True, cwd=ROOT, timeout=120)
+    assert coloured.stdout.decode().startswith("node0 local-a rank0 | red plain\n")  # not a terminal: no SGR
+    exact = subprocess.run([sys.executable, "-m", "clusterrun", "logs", "--node", "0", job], capture_output=True,
+                           cwd=ROOT, timeout=120)
+    assert exact.returncode == 0, exact.stderr
+    assert exact.stdout == log.read_bytes()
+    assert exact.stdout.endswith(b"partial \x1b]0;t\x07")
+
+
+def test_a_running_jobs_name_is_refused_and_a_shared_name_is_ambiguous_everywhere(tmp_path: Path,
+                                                                                   state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1], state_dir)
+    old = up_detached("--name", "dup", hosts, SUPPORT / "counter.py", "1", "0.01")
+    wait_state(old, "succeeded")
+    new = up_detached("--name", "dup", hosts, SUPPORT / "counter.py", "10000", "0.05")  # the old one ended
+    jobs = sorted(p.name for p in (state_dir / "jobs").iterdir())
+    again = clusterrun("up", "-d", "--name", "dup", hosts, SUPPORT / "counter.py", "1", "0.01")
+    assert again.returncode == 2, again.stderr
+    assert f"--name: job {new}, named 'dup', is running; nothing was started" in again.stderr
+    assert f"hint: stop it first (`clusterrun down {new}`), or name this job otherwise with --name" in again.stderr
+    default = clusterrun("up", "-d", "--name", "counter", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    assert default.returncode == 0, default.stderr
+    unnamed = clusterrun("up", "-d", hosts, SUPPORT / "counter.py", "1", "0.01")  # named after the script
+    assert unnamed.returncode == 2 and "named after the script, 'counter', is running" in unnamed.stderr
+    assert sorted(p.name for p in (state_dir / "jobs").iterdir()) == sorted([*jobs, default.stdout.strip()])
+    for command in (["ps"], ["logs"], ["attach", "--no-tui"], ["down"], ["restart"]):
+        proc = clusterrun(*command, "dup")
+        assert proc.returncode == 2, (command, proc.stderr)
+        assert f"'dup' is ambiguous: it matches 2 jobs named 'dup': {new} (running), {old} (succeeded)" \
+            in proc.stderr, proc.stderr
+    assert ps_json(new)["state"] == "running"  # none of them touched it
+    for job in (new, default.stdout.strip()):
+        assert clusterrun("down", job).returncode == 0
+
+
+def in_mount_namespace(setup: str, *args: str | os.PathLike[str], after: str = "") -> subprocess.CompletedProcess[str]:
+    """``clusterrun ARGS`` in a private mount namespace prepared by the shell commands ``setup``
+    (mounts made there vanish with it); ``after`` runs there too, its output after a ``---`` line."""
+    if subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True).returncode:
+        pytest.skip("no mount namespaces here (unshare -m)")
+    script = f'set -e; {setup}; set +e; "$@"; rc=$?; echo ---; {after or "true"}; exit $rc'
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", sys.executable,
+                           "-m", "clusterrun", *map(str, args)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_a_read_only_state_home_starts_nothing(tmp_path: Path, state_dir: Path, controller_state: Path) -> None:
+    hosts = write_hosts(tmp_path, [1], state_dir)
+    ro = f"mount --bind {controller_state} {controller_state}; mount -o remount,bind,ro {controller_state}"
+    proc = in_mount_namespace(ro, "up", "-d", hosts, SUPPORT / "counter.py", "3", "0.01")
+    assert proc.returncode == 2, proc.stderr
+    assert (f"clusterrun: error: cannot create {controller_state}/clusterrun/jobs: Read-only file system; "
+            "nothing was started") in proc.stderr, proc.stderr
+    assert f"hint: make {controller_state}/clusterrun writable, or set XDG_STATE_HOME" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == "---\n"
+    assert not (state_dir / "jobs").exists()  # nothing started on the host
+
+
+def test_a_full_state_home_starts_nothing_and_leaves_no_job_directory(tmp_path: Path, state_dir: Path,
+                                                                      controller_state: Path) -> None:
+    hosts = write_hosts(tmp_path, [1], state_dir)
+    full = (f"mount -t tmpfs -o size=16k tmpfs {controller_state}; "
+            f"dd if=/dev/zero of={controller_state}/fill bs=4k 2>/dev/null || true")
+    proc = in_mount_namespace(full, "up", "-d", hosts, SUPPORT / "counter.py", "3", "0.01",
+                              after=f"ls -A {controller_state}/clusterrun/jobs")
+    assert proc.returncode == 2, proc.stderr
+    assert re.search(rf"clusterrun: error: cannot write {controller_state}/clusterrun/jobs/counter-\S+/job.json: "
+                     r"No space left on device; nothing was started", proc.stderr), proc.stderr
+    assert "hint: free some space there, or set XDG_STATE_HOME to a directory with room" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == "---\n"  # no job directory left in jobs/
+    assert not (state_dir / "jobs").exists()
+
+
+def test_down_with_a_read_only_state_home_stops_the_job_and_says_what_it_could_not_record(
+        tmp_path: Path, state_dir: Path, controller_state: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached(hosts, SUPPORT / "counter.py", "100000", "0.05")
+    wait_state(job, "running")
+    ro = f"mount --bind {controller_state} {controller_state}; mount -o remount,bind,ro {controller_state}"
+    listed = in_mount_namespace(ro, "ps")
+    assert listed.returncode == 0 and job in listed.stdout, listed.stderr
+    down = in_mount_namespace(ro, "down", job)
+    assert down.returncode == 2, down.stderr
+    assert down.stderr.count("verified: no process of the job is left") == 2, down.stderr
+    assert f"cannot open {controller_state}/clusterrun/jobs/{job}/record.lock: Read-only file system" in down.stderr
+    assert f"the stop of job {job} above was NOT recorded" in down.stderr and "Traceback" not in down.stderr
+    assert marked(job) == []

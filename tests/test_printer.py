@@ -59,3 +59,54 @@ def test_lines_of_ranks_and_of_torchrun_get_their_prefixes_or_none() -> None:
     raw = io.StringIO()
     Printer(out=raw, err=io.StringIO(), colour=False, prefix=False)(LogLines(0, host="h", lines=("x", "[rank0]:y")))
     assert raw.getvalue() == "x\n[rank0]:y\n"
+
+
+def test_colours_pass_and_other_controls_are_shown_escaped() -> None:
+    from clusterrun.terminal import safe
+
+    line = "\x1b[1;31mred\x1b[0m \x1b]52;c;aGk=\x07 \x1b[2J\x1b[10;1H \x1b]0;title\x1b\\ \r\b\x7f \x9b2J \udc9b \t ü"
+    escaped = ("\\x1b]52;c;aGk=\\x07 \\x1b[2J\\x1b[10;1H \\x1b]0;title\\x1b\\ \\r\\x08\\x7f \\x9b2J \\x9b \t ü")
+    assert safe(line) == "\x1b[1;31mred\x1b[0m " + escaped
+    assert safe(line, colour=False) == "red " + escaped
+    assert safe("plain [rank0]: text\n") == "plain [rank0]: text\n"
+
+
+@pytest.mark.parametrize("colour", [False, True])
+def test_the_stream_neutralises_escape_sequences(colour: bool) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    printer = Printer(out=out, err=err, colour=colour)
+    printer.set_plan(plan(1))  # type: ignore[arg-type]
+    printer(LogLines(0, host="host0", lines=("[rank0]:\x1b[32mok\x1b[0m \x1b]0;x\x07", "\x1b[2Jcleared")))
+    printer.note("node0: \x1b]52;c;aGk=\x07")
+    head = "\x1b[36mnode0 host0 rank0\x1b[0m" if colour else "node0 host0 rank0"
+    bare = "\x1b[36mnode0 host0      \x1b[0m" if colour else "node0 host0      "
+    ok = "\x1b[32mok\x1b[0m" if colour else "ok"
+    assert out.getvalue() == f"{head} | {ok} \\x1b]0;x\\x07\n{bare} | \\x1b[2Jcleared\n"
+    assert err.getvalue() == "clusterrun: node0: \\x1b]52;c;aGk=\\x07\n"
+
+
+def test_raw_output_is_the_nodes_bytes_with_no_newline_added() -> None:
+    out = io.StringIO()
+    printer = Printer(out=out, err=io.StringIO(), raw=True)
+    printer.write_log(0, "h", "a \x1b]0;t\x07\n")
+    printer.write_log(0, "h", "no newline \x1b[2J")
+    assert out.getvalue() == "a \x1b]0;t\x07\nno newline \x1b[2J"
+
+
+@pytest.mark.parametrize("env", [{"NO_COLOR": "1"}, {"TERM": "dumb"}, {}])
+def test_no_color_and_a_dumb_terminal_turn_colour_off(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    printer = Printer(out=out, err=io.StringIO())
+    printer.set_plan(plan(1))  # type: ignore[arg-type]
+    printer(LogLines(0, host="host0", lines=("\x1b[31mred\x1b[0m",)))
+    assert out.getvalue() == ("\x1b[36mnode0 host0      \x1b[0m | \x1b[31mred\x1b[0m\n" if not env
+                              else "node0 host0       | red\n")

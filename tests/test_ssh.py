@@ -143,6 +143,22 @@ def test_changed_host_key_is_refused_even_with_accept_new(sim_cluster: MakeClust
     assert not (tmp_path / "state" / "jobs").exists()
 
 
+def test_a_revoked_host_key_is_refused_naming_the_line(sim_cluster: MakeCluster, tmp_path: Path) -> None:
+    cluster = sim_cluster(2)
+    sim2 = cluster.hosts[1]
+    text = cluster.known_hosts.read_text()
+    key_of_sim2 = next(line.split(" ", 1)[1] for line in text.splitlines() if line.startswith(sim2.address))
+    cluster.known_hosts.write_text(text + f"@cert-authority *.example.com {key_of_sim2}\n@revoked * {key_of_sim2}\n")
+    line = len(text.splitlines()) + 2
+    proc = run_up("--accept-new-host-keys", ssh_hosts(tmp_path, cluster, [1, 1], tmp_path / "state"),
+                  "examples/allreduce.py")
+    assert proc.returncode == 3, proc.stderr
+    assert f"sim2: the host key of {sim2.address}" in proc.stderr, proc.stderr
+    assert f"is REVOKED ({cluster.known_hosts}:{line}: @revoked)" in proc.stderr and "Traceback" not in proc.stderr
+    assert "sim1:" not in proc.stderr
+    assert not (tmp_path / "state" / "jobs").exists()
+
+
 def test_hashed_known_hosts_entries_are_honoured(sim_cluster: MakeCluster, tmp_path: Path) -> None:
     cluster = sim_cluster(1)
     hashed = subprocess.run(["ssh-keygen", "-H", "-f", str(cluster.known_hosts)], capture_output=True, text=True)

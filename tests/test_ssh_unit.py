@@ -12,7 +12,15 @@ import paramiko
 import pytest
 
 from clusterrun.errors import AuthError, ConnectError, HostKeyError, TransportError
-from clusterrun.transports.ssh import _jump_alias, _jump_user_port, fingerprint, map_error
+from clusterrun.transports.ssh import (
+    KnownHosts,
+    ResolvedHost,
+    _HostKeyPolicy,
+    _jump_alias,
+    _jump_user_port,
+    fingerprint,
+    map_error,
+)
 
 
 def _key() -> paramiko.PKey:
@@ -116,3 +124,43 @@ def test_paramiko_is_imported_without_invoke_and_match_exec_says_what_to_install
     done = subprocess.run([sys.executable, "-c", MATCH_EXEC, str(config)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "uses `Match exec`" in done.stdout and "openssh-client" in done.stdout, done.stdout
+
+
+def _resolved(port: int = 22) -> ResolvedHost:
+    return ResolvedHost(alias="gpu-a", hostname="10.0.0.5", port=port, known_hosts=[])
+
+
+def test_changed_key_hint_names_host_and_port_when_the_port_is_not_22() -> None:
+    text = map_error("gpu-a", paramiko.ssh_exception.BadHostKeyException("[10.0.0.5]:2222", _key(), _key())).render()
+    assert "ssh-keygen -R '[10.0.0.5]:2222'" in text
+
+
+def test_known_hosts_with_revoked_and_cert_authority_lines(tmp_path: Path) -> None:
+    good, bad, other = _key(), _key(), _key()
+    path = tmp_path / "known_hosts"
+    path.write_text(
+        "# comment\n"
+        f"10.0.0.5 {good.get_name()} {good.get_base64()}\n"
+        f"@revoked * {bad.get_name()} {bad.get_base64()}\n"
+        f"[10.0.0.5]:2222 {bad.get_name()} {bad.get_base64()}\n"
+        f"@cert-authority *.example.com,!skip.example.com {other.get_name()} {other.get_base64()}\n"
+        "10.0.0.9 ssh-ed25519 not-base64!\n"
+        "garbage\n")
+    client = paramiko.SSHClient()
+    known = KnownHosts()
+    known.read(str(path))  # paramiko alone raises InvalidHostKey for this file
+    known.install(client.get_host_keys())
+    assert client.get_host_keys().check("10.0.0.5", good)
+    assert not client.get_host_keys().check("[10.0.0.5]:2222", bad)  # revoked: never a known key
+    policy = _HostKeyPolicy(_resolved(2222), accept_new=True, known=known)
+    with pytest.raises(HostKeyError) as revoked:
+        policy.missing_host_key(client, "[10.0.0.5]:2222", bad)
+    assert f"REVOKED ({path}:3: @revoked)" in revoked.value.render()
+    policy = _HostKeyPolicy(_resolved(), accept_new=False, known=known)
+    with pytest.raises(HostKeyError) as authority:
+        policy.missing_host_key(client, "gpu.example.com", other)
+    text = authority.value.render()
+    assert f"host certificates ({path}:5: @cert-authority) are not supported" in text and "ssh-keyscan" in text
+    with pytest.raises(HostKeyError) as unknown:  # negated by the pattern list: the usual unknown-key message
+        policy.missing_host_key(client, "skip.example.com", other)
+    assert "unknown host key for skip.example.com" in unknown.value.render()

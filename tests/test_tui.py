@@ -321,3 +321,20 @@ def test_a_detach_that_ends_after_the_app_does_not_touch_it() -> None:
     finally:
         threading.excepthook = hook
     assert errors == [] and app.outcome == "detached"
+
+
+def test_the_help_says_what_the_digit_keys_do() -> None:
+    """Key 2 shows node 1: the help says 1–9 jump to nodes 0–8 (it said 1–9)."""
+    app = Dashboard(Scripted(started(), running=True), ring=100)  # type: ignore[arg-type]
+    seen: dict[str, str] = {}
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await pilot.press("question_mark")  # type: ignore[attr-defined]
+        seen["help"] = str(app.screen.query_one("Static").render())
+        await pilot.press("escape", "2")  # type: ignore[attr-defined]
+        await pilot.pause()  # type: ignore[attr-defined]
+        seen["title"] = str(app.query_one("#logtitle").render())
+
+    drive(app, script)
+    assert "1–9      jump to node 0–8" in seen["help"], seen["help"]
+    assert seen["title"].startswith("node 1 (gpu-b)"), seen["title"]

@@ -109,14 +109,24 @@ def done() -> tuple[list[Event], JobResult]:
     return events, result
 
 
+ESCAPES = ("[rank0]:\x1b[1;32mgreen\x1b[0m and \x1b[31mred\x1b[0m pass",
+           "[rank0]:clipboard \x1b]52;c;aGVsbG8=\x07 title \x1b]0;pwned\x07 shown escaped",
+           "[rank0]:clear \x1b[2J\x1b[H cursor \x1b[5A bell \x07 cr \r c1 \x9b2J \udc9b end")
+
+
+def escapes() -> list[Event]:
+    """A rank's output with colours and escape sequences that a terminal would act on."""
+    return [*started(), LogLines(0, host=HOSTS[0], ts=T0 + 9, lines=ESCAPES)]
+
+
 def app_for(session: Scripted) -> Dashboard:
     return Dashboard(session, clock=lambda: T0 + 30)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("state", ["running", "one failed", "all done"])
+@pytest.mark.parametrize("state", ["running", "one failed", "all done", "escapes"])
 def test_main_screen(snap_compare: Any, state: str) -> None:
-    if state == "running":
-        session = Scripted(started(), running=True)
+    if state in ("running", "escapes"):
+        session = Scripted(started() if state == "running" else escapes(), running=True)
     else:
         events, result = failed() if state == "one failed" else done()
         session = Scripted(events, running=False, result=result)

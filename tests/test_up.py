@@ -252,3 +252,28 @@ def test_lines_are_never_split_or_mixed_under_a_flood(tmp_path: Path, state_dir:
         assert [line for line in log.splitlines() if line.startswith(f"[rank{rank}]:")] == [
             f"[rank{rank}]:{text}" for text in expected]
     assert not re.search(r"\[rank\d\]:.*\[rank\d\]:", proc.stdout)
+
+
+def test_ctrl_c_while_connecting_exits_130_and_starts_nothing(tmp_path: Path, state_dir: Path,
+                                                              controller_state: Path) -> None:
+    """A host that never answers the probe (its `python` sleeps): Ctrl-C ends `up` with 130 at
+    once, closes the connection (the silent process is gone) and starts nothing."""
+    pid_file = tmp_path / "silent.pid"
+    hosts = write_hosts(tmp_path, [1], state_dir, extra=f"    python: {SUPPORT / 'silent_python.sh'}\n")
+    proc = subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", "3", "0.01"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=dict(os.environ, SILENT_PID_FILE=str(pid_file)))
+    try:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30, what="the probe to start")
+        silent = int(pid_file.read_text())
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted while connecting to the hosts; nothing was started" in err and "Traceback" not in err
+    wait_for(lambda: not os.path.exists(f"/proc/{silent}") or "Z" in open(f"/proc/{silent}/stat").read().split()[2],
+             timeout=10, what="the silent interpreter to be gone")
+    assert not (state_dir / "jobs").exists() and not (controller_state / "clusterrun" / "jobs").exists()

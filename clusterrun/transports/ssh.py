@@ -10,7 +10,10 @@ that connection → ``close()``. A connection that died is opened again by the n
 - Host keys are checked against ``UserKnownHostsFile`` and ``GlobalKnownHostsFile`` (hashed and
   ``[host]:port`` entries included). An unknown key is refused with the fix in the message; with
   ``accept_new`` it is appended, as OpenSSH's ``StrictHostKeyChecking=accept-new`` does. A key
-  that changed is always refused. Jump hosts are checked the same way.
+  that changed is always refused. Jump hosts are checked the same way. A key marked
+  ``@revoked`` is refused for every host, naming the file and line; ``@cert-authority`` (host
+  certificates) is not supported: a host it names with no key of its own is refused, naming the
+  line. Lines that cannot be read are skipped, as OpenSSH does.
 - ``ProxyJump`` (any number of hops, each over a ``direct-tcpip`` channel) and ``ProxyCommand``.
 - The remote command is constant (``python -c BOOTSTRAP``); the job travels on stdin. No pty.
 - Every paramiko and socket exception is translated here, in ``map_error``.
@@ -19,6 +22,8 @@ that connection → ``close()``. A connection that died is opened again by the n
 from __future__ import annotations
 
 import base64
+import binascii
+import fnmatch
 import hashlib
 import os
 import shlex
@@ -30,7 +35,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from clusterrun.config import HostSpec
 from clusterrun.errors import AuthError, ConnectError, HostKeyError, TransportError
@@ -180,20 +185,106 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
-class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Refuse unknown keys (saying how to fix it), or record them when the user opted in."""
+class _Marked(NamedTuple):
+    """A ``@revoked`` or ``@cert-authority`` line of a known_hosts file."""
 
-    def __init__(self, target: ResolvedHost, accept_new: bool) -> None:
+    where: str  # path:line
+    patterns: str
+    blob: bytes  # the key's wire format
+
+
+@dataclass
+class KnownHosts:
+    """What the known_hosts files say: plain entries, revoked keys, CA lines. ``read`` each file,
+    then ``install`` the entries whose key is not revoked into a client's host keys."""
+
+    entries: list[paramiko.hostkeys.HostKeyEntry] = field(default_factory=list)
+    revoked: list[_Marked] = field(default_factory=list)
+    authorities: list[_Marked] = field(default_factory=list)
+
+    def read(self, path: str) -> None:
+        """Keep the entries and marked lines of ``path``. Unreadable lines are skipped (as OpenSSH
+        does); paramiko would refuse the whole file for one of them."""
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+        for number, line in enumerate(lines, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("@"):
+                fields = line.split()
+                if len(fields) >= 4 and fields[0] in ("@revoked", "@cert-authority"):
+                    try:
+                        blob = base64.b64decode(fields[3], validate=True)
+                    except binascii.Error:
+                        continue
+                    mark = _Marked(f"{path}:{number}", fields[1], blob)
+                    (self.revoked if fields[0] == "@revoked" else self.authorities).append(mark)
+                continue
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(line, number)
+            except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, ValueError):
+                continue
+            if entry is not None and entry.key is not None:
+                self.entries.append(entry)
+
+    def install(self, keys: paramiko.HostKeys) -> None:
+        """Add every entry to ``keys`` but revoked keys: a host with only those has no known key,
+        and the policy refuses it."""
+        blobs = {m.blob for m in self.revoked}
+        for entry in self.entries:
+            if entry.key.asbytes() not in blobs:
+                for name in entry.hostnames:
+                    keys.add(name, entry.key.get_name(), entry.key)
+
+    def revocation(self, key: paramiko.PKey) -> _Marked | None:
+        blob = key.asbytes()
+        return next((m for m in self.revoked if m.blob == blob), None)
+
+    def authority_for(self, hostname: str) -> _Marked | None:
+        """A ``@cert-authority`` line whose host patterns match ``hostname`` (``[host]:port`` too)."""
+        for mark in self.authorities:
+            allowed = False
+            for pattern in mark.patterns.split(","):
+                negated = pattern.startswith("!")
+                if fnmatch.fnmatchcase(hostname.lower(), pattern.lstrip("!").lower()):
+                    if negated:
+                        allowed = False
+                        break
+                    allowed = True
+            if allowed:
+                return mark
+        return None
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown keys (saying how to fix it), or record them when the user opted in; never
+    accept a revoked key."""
+
+    def __init__(self, target: ResolvedHost, accept_new: bool, known: KnownHosts | None = None) -> None:
         self.target = target
         self.accept_new = accept_new
+        self.known = known or KnownHosts()
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         t = self.target
+        revoked = self.known.revocation(key)
+        if revoked is not None:
+            raise HostKeyError(
+                t.alias, f"the host key of {hostname} ({key.get_name()} {fingerprint(key)}) is REVOKED "
+                f"({revoked.where}: @revoked); nothing was started",
+                hint="the key must never be accepted: ask the host's administrator for its new key")
+        authority = self.known.authority_for(hostname)
+        if authority is not None and not self.accept_new:
+            raise HostKeyError(
+                t.alias, f"no key of {hostname} is known, and host certificates ({authority.where}: "
+                f"@cert-authority) are not supported by clusterrun; nothing was started",
+                hint=f"check the fingerprint ({key.get_name()} {fingerprint(key)}), then add the host's own key: "
+                     f"`{_keyscan(t)} >> ~/.ssh/known_hosts`")
         if not self.accept_new:
-            scan = f"ssh-keyscan -p {t.port} {t.hostname}" if t.port != 22 else f"ssh-keyscan {t.hostname}"
             raise HostKeyError(
                 t.alias, f"unknown host key for {hostname} ({key.get_name()} {fingerprint(key)}); nothing was started",
-                hint=f"check the fingerprint, then `{scan} >> ~/.ssh/known_hosts`, "
+                hint=f"check the fingerprint, then `{_keyscan(t)} >> ~/.ssh/known_hosts`, "
                      "or run again with --accept-new-host-keys to record it")
         path = t.known_hosts[0]
         os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
@@ -201,6 +292,10 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         with os.fdopen(fd, "a") as f:
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
         client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def _keyscan(t: ResolvedHost) -> str:
+    return f"ssh-keyscan -p {t.port} {t.hostname}" if t.port != 22 else f"ssh-keyscan {t.hostname}"
 
 
 def map_error(host: str, exc: BaseException) -> TransportError:
@@ -211,7 +306,8 @@ def map_error(host: str, exc: BaseException) -> TransportError:
         return HostKeyError(host, f"the host key of {exc.hostname} has CHANGED: it is now {exc.key.get_name()} "
                             f"{fingerprint(exc.key)}, known_hosts expects {fingerprint(exc.expected_key)}",
                             hint="if the machine was reinstalled, remove the old key with "
-                                 f"`ssh-keygen -R {exc.hostname}`; otherwise someone may be intercepting the "
+                                 f"`ssh-keygen -R {shlex.quote(exc.hostname)}`; otherwise someone may be "
+                                 "intercepting the "
                                  "connection")
     if isinstance(exc, paramiko.PasswordRequiredException):
         return AuthError(host, f"the private key is encrypted: {exc}",
@@ -292,13 +388,15 @@ class SSHTransport(Transport):
                        .replace("%r", target.user or "").replace("%%", "%"))
             sock = paramiko.ProxyCommand(command)
         client = paramiko.SSHClient()
+        known = KnownHosts()
         for path in target.known_hosts:
             if os.path.exists(path):
                 try:
-                    client.load_system_host_keys(path)
-                except (OSError, paramiko.SSHException) as exc:
-                    raise HostKeyError(target.alias, f"cannot read {path}: {exc}") from None
-        client.set_missing_host_key_policy(_HostKeyPolicy(target, self.options.accept_new_host_keys))
+                    known.read(path)
+                except OSError as exc:
+                    raise HostKeyError(target.alias, f"cannot read {path}: {exc.strerror or exc}") from None
+        known.install(client.get_host_keys())
+        client.set_missing_host_key_policy(_HostKeyPolicy(target, self.options.accept_new_host_keys, known))
         keys = [p for p in target.identity_files if os.path.exists(p)]
         delay = 0.2
         for attempt in range(CONNECT_ATTEMPTS):

@@ -31,6 +31,7 @@ from textual.widgets import Button, DataTable, Footer, Input, Label, Static
 from clusterrun.board import Board, NodeRow
 from clusterrun.events import Event, NodeState
 from clusterrun.session import Session
+from clusterrun.terminal import safe
 from clusterrun.tui.logview import COLOURS, LogHighlighter, RingLog
 
 __all__ = ["Dashboard", "LogHighlighter", "RingLog"]
@@ -139,7 +140,7 @@ class NodeTable(DataTable[Any]):
 
 HELP = """\
 [b]Keys[/b]
-  ↑/↓ or j/k    select a node           1–9      jump to node 1–9
+  ↑/↓ or j/k    select a node           1–9      jump to node 0–8
   Enter or l    log of the selected node  a        all nodes, merged
   f or End      follow the log again     /        search (text or regex); n/N next/previous; Esc clears
   K             kill the job (asks)      R        restart: kill, then a new attempt (asks)
@@ -195,7 +196,7 @@ class Dashboard(App[int]):
         Binding("d", "detach", "Detach"),
         Binding("q,ctrl+c", "quit_job", "Quit", priority=True),
         Binding("question_mark", "help", "Help"),
-        *(Binding(str(i), f"jump({i - 1})", f"Node {i}", show=False) for i in range(1, 10)),
+        *(Binding(str(i), f"jump({i - 1})", f"Node {i - 1}", show=False) for i in range(1, 10)),
     ]
 
     def __init__(self, session: Session, *, ring: int = 10_000, clock: Callable[[], float] = time.monotonic,
@@ -320,7 +321,7 @@ class Dashboard(App[int]):
                                   *(f"  {line}" for line in board.notes if line.startswith("node"))][-12:])
             if text != self._report:
                 self._report = text
-                report.update(Text(text))
+                report.update(Text(safe(text, colour=False)))
                 report.set_class(bool(text), "shown")
         actions = tuple(self.check_action(action, ()) for action in ("kill", "restart", "detach", "match"))
         if actions != self._actions:  # the footer is composed again on every refresh
@@ -349,7 +350,7 @@ class Dashboard(App[int]):
         header = Text.assemble(("clusterrun ", "bold"), f"{board.name} ({board.job_id}) · ", (state, f"bold {colour}"),
                                f" · attempt {board.attempt} · {_duration(board.elapsed())}")
         header.append(f"\n{shape} = world size {board.world_size} · master {board.master} · {board.summary()}")
-        header.append("\n" + (board.notes[-1] if board.notes else ""), style="italic")
+        header.append("\n" + (safe(board.notes[-1], colour=False) if board.notes else ""), style="italic")
         self.query_one("#header", Static).update(header, layout=False)  # its height is fixed
 
     def _tick_clock(self) -> None:

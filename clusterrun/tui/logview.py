@@ -1,4 +1,8 @@
-"""The dashboard's log view: a ``Ring`` of lines shown by reference, and its highlighter."""
+"""The dashboard's log view: a ``Ring`` of lines shown by reference, and its highlighter.
+
+Lines are drawn terminal-safe (``terminal.safe``): a rank's colours (SGR) become Rich styles
+(none with ``NO_COLOR``), every other escape sequence or control character is shown escaped.
+"""
 
 from __future__ import annotations
 
@@ -17,11 +21,11 @@ from textual.selection import Selection
 from textual.strip import Strip
 
 from clusterrun.board import Ring
+from clusterrun.terminal import colour_allowed, safe
 
 COLOURS = ("cyan", "yellow", "magenta", "green", "blue", "red", "bright_cyan", "bright_yellow",
            "bright_magenta", "bright_green", "bright_blue", "bright_red")
 PREFIX = re.compile(r"^node(\d+) \| ")
-CONTROL = re.compile("[\u0000-\u0014]")  # shown as � (as Textual's Log does)
 CACHED = 1024  # rendered lines kept (the oldest go first)
 
 
@@ -75,6 +79,7 @@ class RingLog(ScrollView, can_focus=True):
         self._seen = 0  # the ring's count when the view last moved
         self._width = 0  # widest line rendered, where the ring's width (characters) fell short
         self._rendered: dict[int, tuple[list[Segment], int]] = {}  # rendered lines: segments, cells
+        self._colour = colour_allowed()  # the ranks' own colours
 
     @property
     def lines(self) -> Sequence[str]:
@@ -175,15 +180,15 @@ class RingLog(ScrollView, can_focus=True):
         selection = self.text_selection
         cached = self._rendered.get(self._first + index) if selection is None else None
         if cached is None:
-            line = CONTROL.sub("�", lines[index].expandtabs())
-            text = Text(line, no_wrap=True)
+            line = safe(lines[index].expandtabs(), self._colour)
+            text = Text.from_ansi(line, no_wrap=True) if "\x1b" in line else Text(line, no_wrap=True)
             text.stylize(style)
             text = self.highlighter(text)
             if selection is not None and (span := selection.get_span(index)) is not None:
                 start, end = span
                 text.stylize(self.screen.get_component_rich_style("screen--selection"), start,
                              len(text) if end == -1 else end)
-            cached = list(text.render(self.app.console)), cell_len(line)
+            cached = list(text.render(self.app.console)), cell_len(text.plain)
             if selection is None:
                 if len(self._rendered) >= CACHED:
                     del self._rendered[next(iter(self._rendered))]
