@@ -33,7 +33,7 @@ import click
 from clusterrun import __version__
 from clusterrun.config import ClusterSpec, load_cluster
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound, StateError
-from clusterrun.events import JobResult
+from clusterrun.events import JobResult, JobState
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import daemonize, follower, new_record, read_logs, refresh, save_seen, spec_of
 from clusterrun.orchestrator import Job, Reconnect
@@ -45,6 +45,7 @@ from clusterrun.terminal import safe
 from clusterrun.transports import transport_for
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HOSTS = 0, 1, 2, 3
+EXIT_TIMEOUT = 124  # `wait --timeout` ran out, as timeout(1) says
 EXIT_SIGNAL = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
 
 
@@ -81,6 +82,7 @@ def main() -> None:
     clusterrun attach JOB                  follow a running job again
     clusterrun down JOB                    stop it on every host, verified
     clusterrun restart JOB                 stop it and start it again as a new attempt
+    clusterrun wait JOB                    block until it ends; exit 0 if it succeeded
     """
     # A log line may hold bytes that are not UTF-8: print them back as they were, never fail on them.
     for stream in (sys.stdout, sys.stderr):
@@ -613,6 +615,31 @@ def restart(job: str, grace: float | None) -> None:
     except ClusterrunError as exc:
         _fail(exc, EXIT_FAILED)
     _note(f"job {record.job_id} restarted as attempt {record.attempt}; {_follow_hint(record.job_id)}")
+
+
+@main.command(name="wait")
+@click.argument("job")
+@click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Give up after this long (exit 124); the job runs on.")
+def wait_job(job: str, timeout: float | None) -> None:
+    """Block until JOB has ended, then exit with its outcome: 0 succeeded, 1 failed, stopped or
+    lost (for scripts and CI). Waits through a start-up retry (a new attempt) too. Nothing is
+    printed but one line on stderr at the end."""
+    store, record = _open_job(job)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            record = _refresh(store, store.load(record.job_id))  # a job nobody owns gets a monitor again
+        except ClusterrunError as exc:  # the record went away (removed) or cannot be read
+            _fail(exc, EXIT_USAGE)
+        if record.finished:
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            _note(f"job {record.job_id} is still {record.state} after {timeout:g} s")
+            sys.exit(EXIT_TIMEOUT)
+        time.sleep(0.5)  # the job's owner writes its record; this process only reads it
+    _note(f"job {record.job_id} {record.state} (attempt {record.attempt})")
+    sys.exit(EXIT_OK if record.state == JobState.SUCCEEDED else EXIT_FAILED)
 
 
 @main.command(name="_monitor", hidden=True)

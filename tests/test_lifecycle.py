@@ -518,3 +518,19 @@ def test_down_with_a_read_only_state_home_stops_the_job_and_says_what_it_could_n
     assert f"cannot open {controller_state}/clusterrun/jobs/{job}/record.lock: Read-only file system" in down.stderr
     assert f"the stop of job {job} above was NOT recorded" in down.stderr and "Traceback" not in down.stderr
     assert marked(job) == []
+
+
+def test_wait_blocks_until_the_job_ends_and_exits_with_its_outcome(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached(hosts, SUPPORT / "counter.py", "100", "0.02")
+    early = clusterrun("wait", "--timeout", "0", job)
+    assert early.returncode == 124 and "is still" in early.stderr, early.stderr
+    done = clusterrun("wait", job)
+    assert done.returncode == 0 and f"job {job} succeeded" in done.stderr, done.stderr
+    assert ps_json(job)["state"] == "succeeded"
+    failing = tmp_path / "exit3.py"
+    failing.write_text("import sys\nsys.exit(3)\n")
+    job = up_detached(hosts, failing)
+    failed = clusterrun("wait", job)
+    assert failed.returncode == 1 and f"job {job} failed" in failed.stderr, failed.stderr
+    assert clusterrun("wait", "no-such-job").returncode == 2
