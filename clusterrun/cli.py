@@ -482,7 +482,12 @@ def down(job: str, grace: float | None) -> None:
         sys.exit(EXIT_HOSTS)
     if any(r.left for r in reports.values()):
         sys.exit(EXIT_FAILED)
-    _note(f"job {record.job_id} stopped; nothing of it is left on any host")
+    swept = [r.host for r in reports.values() if not r.complete]
+    if swept:
+        _note(f"job {record.job_id} stopped; swept without a cgroup on {', '.join(swept)}: processes that left "
+              "the job's tree, session and environment could not be seen there")
+    else:
+        _note(f"job {record.job_id} stopped; nothing of it is left on any host (verified by cgroup)")
 
 
 main.add_command(down, name="stop")

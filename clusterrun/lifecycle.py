@@ -375,8 +375,7 @@ def stop_job(record: JobRecord, *, grace: float | None = None) -> dict[int, Stop
         if isinstance(answer, ClusterrunError):
             reports[rank] = StopReport(rank, host, error=answer.render())
         else:
-            reports[rank] = StopReport(rank, host, killed=tuple(answer.get("killed") or ()),
-                                       left=tuple(answer.get("left") or ()))
+            reports[rank] = StopReport.from_answer(rank, host, answer)
     return reports
 
 

@@ -384,8 +384,7 @@ class Job:
         except ClusterrunError as exc:
             report = StopReport(rank, node.host, error=exc.render())
         else:
-            report = StopReport(rank, node.host, killed=tuple(answer.get("killed") or ()),
-                                left=tuple(answer.get("left") or ()))
+            report = StopReport.from_answer(rank, node.host, answer)
         self.emit(NodeStopped(rank, report=report))
         return report
 

@@ -154,7 +154,7 @@ def test_down_stops_everything_even_what_ignores_sigterm(tmp_path: Path, state_d
     assert down.returncode == 0, down.stderr
     assert [name for name, (pid, started) in pids.items() if alive(pid, started)] == []
     assert marked(job) == []
-    assert down.stderr.count("verified: no process of the job is left") == 2, down.stderr
+    assert down.stderr.count("verified: nothing of the job is left") == 2, down.stderr
     assert took >= 2, "rank 0 ignores SIGTERM: it may only be killed once the grace period is over"
     assert wait_state(job, "stopped")["nodes"][0]["state"] == "stopped"
     again = clusterrun("down", job)  # idempotent

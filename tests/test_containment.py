@@ -1,0 +1,238 @@
+"""The agent's stop against hostile jobs, with and without a cgroup, on this machine and on a
+simulated SSH host (cgroup2 mounted at /sys/fs/cgroup there, or no cgroup at all).
+
+With a cgroup nothing may be left, every time, also after the supervisor was SIGKILLed; without
+one, the stop must say that it only swept (and what it cannot see: a process that escaped the
+job's tree, sessions and environment after the supervisor died survives, and is not reported as
+"verified"). An unrelated process with the same command line always survives.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from clusterrun.config import HostSpec
+from clusterrun.transports import transport_for
+from clusterrun.transports.base import Transport
+from clusterrun.transports.local import LocalTransport
+from tests.conftest import SUPPORT, alive, start_time, wait_for
+from tests.simhosts import SimCluster, SimHost, namespace_problem
+
+pytestmark = pytest.mark.integration
+
+KINDS = ["escape", "unshare", "sigterm", "storm"]
+CHECK = ("import sys\nfor a in sys.argv[1:]:\n pid, st = a.split(':')\n try:\n"
+         "  f = open('/proc/%s/stat' % pid).read().rsplit(')', 1)[1].split()\n except OSError:\n  continue\n"
+         " if f[0] != 'Z' and f[19] == st:\n  print(pid)\n")
+
+
+@dataclass
+class Place:
+    """Where the agent runs: this machine (``host`` None) or a simulated host; with a cgroup or not."""
+
+    name: str
+    transport: Transport
+    cgroup: bool
+    host: SimHost | None = None
+    children: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def call(self, request: dict) -> dict:
+        return self.transport.call(request)
+
+    def alive(self, pids: dict[str, tuple[int, int]]) -> list[str]:
+        """The names of ``pids`` (name → pid, start time) still alive, as seen on the host."""
+        if self.host is None:
+            return sorted(name for name, (pid, st) in pids.items() if alive(pid, st))
+        out = self.host.run(sys.executable, "-c", CHECK, *(f"{pid}:{st}" for pid, st in pids.values()))
+        assert out.returncode == 0, out.stderr
+        living = {int(p) for p in out.stdout.split()}
+        return sorted(name for name, (pid, _) in pids.items() if pid in living)
+
+    def kill(self, pids: list[int]) -> None:
+        if not pids:
+            return
+        if self.host is None:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            for child in self.children:
+                if child.pid in pids:
+                    child.wait()
+        else:
+            self.host.run("kill", "-9", *map(str, pids))
+
+    def sleeper(self) -> tuple[int, int]:
+        """An unrelated ``sleep 3600`` (the escapee's very command line): its pid and start time."""
+        if self.host is None:
+            proc = subprocess.Popen(["sleep", "3600"], start_new_session=True)
+            self.children.append(proc)
+            started = start_time(proc.pid)
+            assert started is not None
+            return proc.pid, started
+        out = self.host.run("sh", "-c", "setsid sleep 3600 </dev/null >/dev/null 2>&1 & echo $!")
+        pid = int(out.stdout)
+        stat = self.host.run("cat", f"/proc/{pid}/stat").stdout
+        return pid, int(stat.rsplit(")", 1)[1].split()[19])
+
+
+@pytest.fixture(scope="module")
+def clusters() -> Iterator[dict[bool, SimCluster]]:
+    if namespace_problem():
+        pytest.skip(f"no simulated hosts here: {namespace_problem()}")
+    made: dict[bool, SimCluster] = {}
+    try:
+        made[True] = SimCluster.start(1, isolated=True)
+        made[False] = SimCluster.start(1, isolated=True, cgroup=False)
+        yield made
+    finally:
+        for cluster in made.values():
+            cluster.close()
+
+
+@pytest.fixture(params=["local-cgroup", "local-sweep", "ssh-cgroup", "ssh-sweep"])
+def place(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Place:
+    where, how = request.param.split("-")
+    cgroup = how == "cgroup"
+    if where == "local":
+        if not cgroup:
+            monkeypatch.setenv("CLUSTERRUN_NO_CGROUP", "1")
+        return Place(request.param, LocalTransport(HostSpec(host="here", transport="local")), cgroup)
+    cluster = request.getfixturevalue("clusters")[cgroup]
+    transport = transport_for(HostSpec(host="sim1", python=sys.executable), ssh_config=str(cluster.ssh_config))
+    return Place(request.param, transport, cgroup, cluster.hosts[0])
+
+
+def req(state_dir: Path, op: str, attempt: int = 1, **extra: object) -> dict:
+    return {"op": op, "job": "hostile-1", "node": 0, "attempt": attempt, "state_dir": str(state_dir), **extra}
+
+
+def recorded(piddir: Path) -> dict[str, tuple[int, int]]:
+    found = {}
+    for path in piddir.glob("*.pid"):
+        pid, started = map(int, path.read_text().split())
+        found[path.name] = (pid, started)
+    return found
+
+
+@pytest.mark.parametrize("supervisor_killed", [False, True], ids=["", "supervisor-killed"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_hostile_jobs_are_stopped_or_reported(place: Place, kind: str, supervisor_killed: bool,
+                                              tmp_path: Path) -> None:
+    probe = place.call({"op": "probe", "state_dir": str(tmp_path / "state")})
+    assert probe["containment"] == ("cgroup" if place.cgroup else "sweep"), probe
+    assert place.cgroup or any(f.startswith("no cgroup: ") for f in probe["fallbacks"]), probe
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    state_dir = tmp_path / "state"
+    argv = [sys.executable, str(SUPPORT / "hostile_child.py"), kind, str(piddir)]
+    argv += ["wait"] if supervisor_killed else []
+    answer = place.call(req(state_dir, "start", argv=argv, env={}, cwd=str(tmp_path)))
+    assert bool(answer["state"]["cgroup"]) is place.cgroup, answer
+    pids: dict[str, tuple[int, int]] = {}
+    bystander = place.sleeper()
+    try:
+        if supervisor_killed:
+            sup = answer["state"]["supervisor"]
+            place.kill([sup["pid"]])
+            wait_for(lambda: not place.alive({"supervisor": (sup["pid"], sup["start_time"])}), 10,
+                     what="the supervisor to die")
+            (piddir / "go").touch()
+        wait_for(lambda: (piddir / "ready").exists(), 60, what=f"the hostile processes: {os.listdir(piddir)}")
+        pids = recorded(piddir)
+        assert len(place.alive(pids)) == len(pids) >= 2, pids
+        report = place.call(req(state_dir, "stop", grace=1))
+        survivors = place.alive(pids)
+        if place.cgroup:
+            assert (report["containment"], report["verified"], report["left"], survivors) == ("cgroup", True, [], [])
+            assert "is empty and removed" in report["detail"]
+        else:
+            assert (report["containment"], report["verified"]) == ("sweep", False), report
+            assert "could not be seen" in report["detail"]
+            # what the sweep cannot see: out of the tree (no supervisor to reap it), sessions and environment
+            expected = [n for n in pids if n.startswith("escape-")] if kind == "escape" and supervisor_killed else []
+            assert survivors == expected, report
+        assert place.alive({"bystander": bystander}) == ["bystander"]
+    finally:
+        place.kill([pid for pid, _ in pids.values()] + [bystander[0]])
+
+
+def test_a_stale_stop_of_attempt_1_leaves_attempt_2_untouched(place: Place, tmp_path: Path) -> None:
+    """A stop of attempt 1 working from a stale record (down racing restart) while attempt 2 of
+    the same job runs on the same node: attempt 2's processes live on and it ends normally."""
+    state_dir = tmp_path / "state"
+    place.call(req(state_dir, "start", argv=[sys.executable, "-c", "print('one')"], env={}, cwd=str(tmp_path)))
+    wait_for(lambda: place.call(req(state_dir, "status"))["state"]["state"] == "exited", 30, what="attempt 1's end")
+    flag, piddir = tmp_path / "finish", tmp_path / "pids"
+    piddir.mkdir()
+    code = ("import os, subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, sys.argv[1], 'sigterm', sys.argv[2]])\n"
+            "while not os.path.exists(sys.argv[3]): time.sleep(0.02)\n"
+            "child.kill(); print('attempt 2 done', flush=True)\n")
+    second = place.call(req(state_dir, "start", attempt=2, argv=[sys.executable, "-c", code,
+                        str(SUPPORT / "hostile_child.py"), str(piddir), str(flag)], env={}, cwd=str(tmp_path)))
+    wait_for(lambda: (piddir / "ready").exists(), 30, what="attempt 2's processes")
+    tr = second["state"]["torchrun"]
+    pids = {"torchrun": (tr["pid"], tr["start_time"]), **recorded(piddir)}
+    try:
+        report = place.call(req(state_dir, "stop", grace=1))  # attempt 1, again
+        assert report["killed"] == [] and report["left"] == []
+        assert place.alive(pids) == sorted(pids)
+        flag.touch()
+        messages = list(place.transport.stream(req(state_dir, "follow", attempt=2)))
+        end = messages[-1]
+        assert end["t"] == "end" and end["state"]["exit_code"] == 0 and not end["state"]["stop_requested"], end
+        assert "attempt 2 done" in "".join(m.get("data", "") for m in messages)
+    finally:
+        place.kill([pid for pid, _ in pids.values()])
+        place.call(req(state_dir, "stop", attempt=2, grace=1))
+
+
+def test_without_cgroup_kill_the_cgroup_is_frozen_and_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels before 5.14 have no cgroup.kill: freeze, SIGKILL every process listed, thaw."""
+    from clusterrun import agent
+
+    parent, why = agent.cgroup_parent()
+    if parent is None:
+        pytest.skip(f"no cgroup here: {why}")
+    cgroup = os.path.join(parent, f"clusterrun-test-{os.getpid()}")
+    os.mkdir(cgroup)
+    real_write = agent.cg_write
+    tried: list[str] = []
+
+    def no_kill(path: str, data: bytes) -> None:
+        tried.append(os.path.basename(path))
+        if path.endswith("cgroup.kill"):
+            raise FileNotFoundError(path)
+        real_write(path, data)
+
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    join = f"open({os.path.join(cgroup, 'cgroup.procs')!r}, 'w').write('0'); import runpy, sys; "
+    code = join + f"sys.argv = ['x', 'storm', {str(piddir)!r}]; runpy.run_path({str(SUPPORT / 'hostile_child.py')!r})"
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        wait_for(lambda: (piddir / "ready").exists(), 30, what="the fork storm")
+        pids = recorded(piddir)
+        monkeypatch.setattr(agent, "cg_write", no_kill)
+        killed: dict[int, dict] = {}
+        assert agent.cg_kill(cgroup, killed) == "freeze + SIGKILL"
+        assert "cgroup.freeze" in tried
+        assert agent.cg_wait_empty(cgroup, agent.time.monotonic() + 10)
+        assert [name for name, (pid, st) in pids.items() if alive(pid, st)] == []
+        assert set(pid for pid, _ in pids.values()) <= set(killed)
+    finally:
+        proc.kill()
+        proc.wait()
+        real_write(os.path.join(cgroup, "cgroup.kill"), b"1")
+        agent.cg_wait_empty(cgroup, agent.time.monotonic() + 10)
+        os.rmdir(cgroup)
