@@ -38,6 +38,7 @@ from clusterrun.lifecycle import (
     mark_failed_start,
     mark_stopped,
     new_record,
+    node_statuses,
     read_logs,
     refresh,
     run_monitor,
@@ -98,7 +99,7 @@ def _check_script(spec: ClusterSpec, script: str) -> None:
                               "or the host's workdir")
 
 
-def _print_plan(plan: LaunchPlan) -> None:
+def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]]) -> None:
     click.echo(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
                f"master {plan.master_addr}:{plan.master_port}")
     for node in plan.nodes:
@@ -109,6 +110,17 @@ def _print_plan(plan: LaunchPlan) -> None:
         for key in sorted(node.env):
             click.echo(f"    {key}={shlex.quote(node.env[key])}")
         click.echo(f"  command: {shlex.join(node.argv)}")
+        click.echo(_guarantee(fallbacks.get(node.rank) or ()))
+
+
+def _guarantee(fallbacks: Sequence[str], prefix: str = "  ") -> str:
+    """How a stop will be verified on a host, and what else it lacks (from its probe or status)."""
+    if any(f.startswith("no cgroup") for f in fallbacks):
+        text = (f"{prefix}stop: a sweep (no cgroup: processes that leave the job's tree, session and "
+                "environment cannot be seen)")
+    else:
+        text = f"{prefix}stop: verified by the attempt's cgroup"
+    return text + "".join(f"\n{prefix}fallback: {f}" for f in fallbacks)
 
 
 @contextmanager
@@ -196,7 +208,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         except HostsUnavailable as exc:
             _fail(exc, EXIT_HOSTS)
         if dry_run:
-            _print_plan(plan)
+            _print_plan(plan, job.host_fallbacks)
             return
         record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
                             local_cwd=os.getcwd(), ssh_config=ssh_config)
@@ -340,8 +352,12 @@ def ps(job: str | None, as_json: bool) -> None:
     if job is not None:
         store, record = _open_job(job)
         record = _refresh(store, record)
+        statuses = {rank: a for rank, a in node_statuses(record).items() if not isinstance(a, ClusterrunError)}
         if as_json:
-            click.echo(json.dumps(record.to_json(), indent=1, sort_keys=True))
+            data = record.to_json()
+            data["hosts"] = {str(rank): {key: a.get(key) for key in ("containment", "fallbacks", "degraded")}
+                             for rank, a in statuses.items()}
+            click.echo(json.dumps(data, indent=1, sort_keys=True))
             return
         attempt = record.attempts[-1] if record.attempts else None
         click.echo(f"job {record.job_id} ({record.name}): {record.state}, attempt {record.attempt}, "
@@ -353,6 +369,13 @@ def ps(job: str | None, as_json: bool) -> None:
         _table(rows)
         if attempt is not None and attempt.root_cause:
             click.echo(f"root cause: {attempt.root_cause}")
+        for rank, answer in sorted(statuses.items()):
+            if answer.get("state", {}).get("state") == "absent":
+                continue
+            where = f"node{rank} {record.nodes[rank].host}: "
+            click.echo(_guarantee(answer.get("fallbacks") or (), prefix=where))
+            if answer.get("degraded"):
+                click.echo(f"{where}degraded: {answer['degraded']}")
         return
     store = JobStore()
     records = [_refresh(store, r) for r in store.all()]

@@ -255,6 +255,11 @@ def request(record: JobRecord, rank: int, op: str, attempt: int | None = None, *
             "state_dir": record.plan.get("state_dir"), **extra}
 
 
+def node_statuses(record: JobRecord) -> dict[int, Any]:
+    """Every node's ``status`` answer for the current attempt, or the error that kept it away."""
+    return _per_node(record, lambda t, rank: t.call(request(record, rank, "status")))
+
+
 def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
     """Ask every host how the current attempt is doing and write that into the record.
 

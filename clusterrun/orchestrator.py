@@ -84,6 +84,7 @@ class _Node:
     log: NodeLog = field(default_factory=NodeLog)
     stop_sent: bool = False
     agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node
+    probe: dict[str, Any] = field(default_factory=dict)  # its answer
 
     @property
     def host(self) -> str:
@@ -164,7 +165,13 @@ class Job:
         if not answer.get("torch"):
             raise AgentError(node.host, f"torch is not installed for {node.transport.python}",
                              hint="install torch on that host, or set `python:` to an interpreter that has it")
+        node.probe = answer
         return answer
+
+    @property
+    def host_fallbacks(self) -> dict[int, list[str]]:
+        """What each probed host lacks, by node rank (no cgroup and why, no pidfd, ...): see the agent's probe."""
+        return {rank: [str(f) for f in node.probe.get("fallbacks") or ()] for rank, node in enumerate(self._nodes)}
 
     def prepare(self) -> LaunchPlan:
         """Connect to and probe every host in parallel, then build the plan. Raises

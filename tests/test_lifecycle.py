@@ -332,3 +332,34 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
         assert all(n.pid for n in store.load("detach-1").nodes), store.load("detach-1").nodes
     finally:
         assert clusterrun("down", "detach-1").returncode == 0
+
+
+@pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "sweep"])
+def test_dry_run_ps_and_down_say_which_guarantee_holds(tmp_path: Path, state_dir: Path,
+                                                       monkeypatch: pytest.MonkeyPatch, cgroup: bool) -> None:
+    """With a cgroup per attempt the stop is verified; without one (forced off here) every place
+    that speaks of the stop says it was a sweep and what a sweep cannot see, never "nothing left"."""
+    if not cgroup:
+        monkeypatch.setenv("CLUSTERRUN_NO_CGROUP", "1")  # the local agents inherit it
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    dry = clusterrun("up", "--dry-run", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    assert dry.returncode == 0, dry.stderr
+    job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    wait_state(job, "running")
+    ps = clusterrun("ps", job)
+    assert ps.returncode == 0, ps.stderr
+    down = clusterrun("down", job)
+    assert down.returncode == 0, down.stderr
+    assert marked(job) == []
+    if cgroup:
+        assert dry.stdout.count("  stop: verified by the attempt's cgroup") == 2, dry.stdout
+        assert ps.stdout.count(": stop: verified by the attempt's cgroup") == 2, ps.stdout
+        assert down.stderr.count("verified: nothing of the job is left (its cgroup is empty)") == 2, down.stderr
+        assert f"job {job} stopped; nothing of it is left on any host (verified by cgroup)" in down.stderr
+    else:
+        assert dry.stdout.count("  stop: a sweep (no cgroup") == 2, dry.stdout
+        assert dry.stdout.count("fallback: no cgroup: cgroups turned off on this host (CLUSTERRUN_NO_CGROUP") == 2
+        assert ps.stdout.count(": stop: a sweep (no cgroup") == 2, ps.stdout
+        assert "verified" not in down.stderr and "nothing of it is left" not in down.stderr, down.stderr
+        assert down.stderr.count("processes that left the job's tree, session and environment could not be seen") == 3
+        assert f"job {job} stopped; swept without a cgroup on local-a, local-b" in down.stderr
