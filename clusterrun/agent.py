@@ -962,6 +962,7 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
     except OSError as exc:
         if cgroup:
             cg_remove(cgroup)
+        _discard(folder)
         raise AgentFailure(f"cannot write to the state dir {folder}: {_fs_problem(exc)}; nothing was started "
                            "(free space there or set `state_dir:` for this host)") from None
     data = b""
@@ -986,8 +987,24 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
         why = "did not start within 30 s" if not data and time.monotonic() >= deadline else "ended at once"
         raise AgentFailure(f"the supervisor {why}; see {folder}/supervisor.log")
     if state.get("error"):
+        if state.get("unwritable"):
+            _discard(folder)  # nothing ran: the same attempt may be started again once there is room
         return {"ok": False, "error": state["error"], "dir": folder, "state": state}
     return {"ok": True, "dir": folder, "state": state}
+
+
+def _discard(folder: str) -> None:
+    """Remove an attempt directory whose start failed before anything ran."""
+    for folder_, _dirs, files in sorted(os.walk(folder), key=lambda entry: -len(entry[0])):
+        for name in files:
+            try:
+                os.unlink(os.path.join(folder_, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(folder_)
+        except OSError:
+            pass
 
 
 def _make_cgroup(job: str, node: int, attempt: int) -> tuple[str | None, str]:
@@ -1143,8 +1160,18 @@ def _degraded(folder: str) -> str | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        return f"the supervisor could not write its state ({exc.strerror})"
-    return reason or f"the supervisor could not write its state (the disk of {folder} is full?)"
+        reason = f"({exc.strerror})"
+    if reason and not reason.startswith("("):
+        return reason
+    try:
+        fs = os.statvfs(folder)
+        if fs.f_flag & os.ST_RDONLY:
+            reason = f"(the file system of {folder} is read-only)"
+        elif fs.f_bavail == 0:
+            reason = f"(no space left on the file system of {folder})"
+    except OSError:
+        pass
+    return f"the supervisor could not write its state {reason or '(a full disk or a quota?)'}"
 
 
 def _is_alive(entry: dict[str, Any] | None) -> bool:
@@ -1626,7 +1653,10 @@ class Supervisor:
         if self.state.get("degraded"):
             return
         self.state["degraded"] = reason
-        print(f"clusterrun supervisor: degraded: {reason}", flush=True)
+        try:
+            print(f"clusterrun supervisor: degraded: {reason}", flush=True)
+        except OSError:
+            pass  # supervisor.log is on the same disk
         try:  # an empty file needs an inode, not a block: it often fits where the state did not
             fd = os.open(os.path.join(self.folder, "degraded"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
@@ -1699,7 +1729,7 @@ class Supervisor:
             os.makedirs(env["PET_LOG_DIR"], mode=0o700, exist_ok=True)  # torchrun accepts it existing
             _write_json_atomic(os.path.join(self.folder, "state.json"), self.state)  # nothing runs yet
         except OSError as exc:
-            self.state.update(state="exited", ended_at=time.time(),
+            self.state.update(state="exited", ended_at=time.time(), unwritable=True,
                               error=f"cannot write to the state dir {self.folder}: {_fs_problem(exc)}; nothing was "
                                     "started (free space there or set `state_dir:` for this host)")
             self._leave_cgroup()

@@ -236,3 +236,95 @@ def test_without_cgroup_kill_the_cgroup_is_frozen_and_killed(tmp_path: Path, mon
         real_write(os.path.join(cgroup, "cgroup.kill"), b"1")
         agent.cg_wait_empty(cgroup, agent.time.monotonic() + 10)
         os.rmdir(cgroup)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MB tmpfs: the state dir on a disk that a test can fill."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "crtest-small", str(folder)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def fill(disk: Path) -> Path:
+    """Fill ``disk`` to the last block; returns the file that does it (delete it to make room)."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_a_full_state_dir_refuses_the_start_cleanly(small_disk: Path, tmp_path: Path) -> None:
+    from clusterrun.errors import AgentError
+
+    transport = LocalTransport(HostSpec(host="here", transport="local"))
+    state_dir = small_disk / "state"
+    state_dir.mkdir()
+    filler = fill(small_disk)
+    request = req(state_dir, "start", argv=[sys.executable, "-c", "import time; time.sleep(600)"], env={},
+                  cwd=str(tmp_path))
+    with pytest.raises(AgentError, match=r"cannot write to the state dir .*No space left on device.*nothing was "
+                                         r"started \(free space there or set `state_dir:` for this host\)"):
+        transport.call(request)
+    assert transport.call(req(state_dir, "status"))["state"] == {"state": "absent"}
+    filler.unlink()  # once there is room, the same attempt starts
+    answer = transport.call(request)
+    assert answer["ok"]
+    report = transport.call(req(state_dir, "stop", grace=1))
+    assert report["left"] == [] and report["notes"] == []
+
+
+def test_a_disk_that_fills_up_degrades_the_supervisor_but_the_stop_works(small_disk: Path, tmp_path: Path) -> None:
+    """The supervisor cannot write its state any more: it keeps supervising, says so (degraded),
+    and the stop still kills and verifies everything, saying what it could not record."""
+    from clusterrun import agent
+
+    transport = LocalTransport(HostSpec(host="here", transport="local"))
+    state_dir = small_disk / "state"
+    piddir, flag = tmp_path / "pids", tmp_path / "go"
+    piddir.mkdir()
+    code = ("import os, subprocess, sys, time\n"
+            "while not os.path.exists(sys.argv[3]): time.sleep(0.02)\n"  # a new session once the disk is full
+            "subprocess.Popen([sys.executable, sys.argv[1], 'escape', sys.argv[2]], start_new_session=True)\n"
+            "time.sleep(3600)\n")
+    answer = transport.call(req(state_dir, "start", argv=[sys.executable, "-c", code,
+                                str(SUPPORT / "hostile_child.py"), str(piddir), str(flag)], env={}, cwd=str(tmp_path)))
+    folder = Path(answer["dir"])
+    sup = answer["state"]["supervisor"]
+    filler = fill(small_disk)
+    flag.touch()
+    wait_for(lambda: (piddir / "ready").exists(), 30, what="the job's new processes")
+    status = wait_for(lambda: (s := transport.call(req(state_dir, "status")))["degraded"] and s, 30,
+                      what="the supervisor to find it cannot write")
+    assert "could not write its state" in status["degraded"] or "No space left" in status["degraded"], status
+    assert alive(sup["pid"], sup["start_time"]), "the supervisor must keep supervising"
+    pids = {**recorded(piddir), "supervisor": (sup["pid"], sup["start_time"])}
+    try:
+        report = transport.call(req(state_dir, "stop", grace=1))
+        assert [n for n, (pid, st) in pids.items() if alive(pid, st)] == []
+        assert report["left"] == [] and report["degraded"], report
+        if agent.cgroup_parent()[0] is not None:
+            assert report["verified"] and report["containment"] == "cgroup"
+        assert any("could not record the end of the job in state.json: No space left on device" in n
+                   for n in report["notes"]), report["notes"]
+        assert "Traceback" not in (folder / "supervisor.log").read_text(errors="replace")
+    finally:
+        for pid, _ in pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        filler.unlink()

@@ -363,3 +363,35 @@ def test_dry_run_ps_and_down_say_which_guarantee_holds(tmp_path: Path, state_dir
         assert "verified" not in down.stderr and "nothing of it is left" not in down.stderr, down.stderr
         assert down.stderr.count("processes that left the job's tree, session and environment could not be seen") == 3
         assert f"job {job} stopped; swept without a cgroup on local-a, local-b" in down.stderr
+
+
+def test_down_on_a_full_state_dir_stops_everything_and_says_what_it_could_not_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_containment import fill
+
+    disk = tmp_path / "small"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "crtest-small", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    state_dir = disk / "state"
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    try:
+        hosts = write_hosts(tmp_path, [2, 1], state_dir)
+        job = up_detached("--grace", "2", hosts, SUPPORT / "hostile.py", piddir)
+        kinds = ["worker", "setsid", "env-i", "grandchild"]
+        expected = {f"rank{r}-{k}.pid" for r in range(3) for k in kinds}
+        wait_for(lambda: expected <= {p.name for p in piddir.iterdir()}, timeout=90, what="all hostile processes")
+        pids = {name: tuple(map(int, (piddir / name).read_text().split())) for name in expected}
+        fill(disk)
+        down = clusterrun("down", job)
+        assert down.returncode == 0, down.stderr
+        assert "Traceback" not in down.stderr
+        assert [name for name, (pid, started) in pids.items() if alive(pid, started)] == []
+        assert marked(job) == []
+        assert down.stderr.count("could not record the end of the job in state.json: No space left on device") == 2
+        assert down.stderr.count(": degraded: ") == 2, down.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
