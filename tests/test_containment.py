@@ -328,3 +328,85 @@ def test_a_disk_that_fills_up_degrades_the_supervisor_but_the_stop_works(small_d
             except ProcessLookupError:
                 pass
         filler.unlink()
+
+
+@pytest.fixture
+def login_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path, str]]:
+    """A fake logind layout: a cgroup named like an SSH login's session scope, an interpreter that
+    puts itself there before it runs the agent, and a `loginctl` whose answer the test writes."""
+    from clusterrun import agent
+
+    parent, why = agent.cgroup_parent()
+    if parent is None or os.geteuid() != 0:
+        pytest.skip(f"needs root and cgroup2 to make the session's cgroup: {why}")
+    top = os.path.join(parent, f"crtest-{os.getpid()}")
+    scope = os.path.join(top, "user.slice", "user-0.slice", "session-7.scope")
+    os.makedirs(scope)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python"
+    python.write_text(f"#!/bin/sh\necho $$ > {scope}/cgroup.procs && exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    answer = tmp_path / "loginctl.out"
+    loginctl = bin_dir / "loginctl"
+    loginctl.write_text(f"#!/bin/sh\ncat {answer}\n")
+    loginctl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    try:
+        yield str(python), answer, scope
+    finally:
+        with open(os.path.join(scope, "cgroup.kill"), "w") as f:  # "logout": what logind does to the scope
+            f.write("1")
+        agent.cg_wait_empty(top, agent.time.monotonic() + 10)
+        for folder in sorted((f for f, _, _ in os.walk(top)), key=len, reverse=True):
+            os.rmdir(folder)
+
+
+@pytest.mark.parametrize("kill_user_processes", ["yes", "no"])
+def test_logind_that_kills_at_logout_refuses_the_start_without_a_cgroup(
+        login_session: tuple[str, Path, str], kill_user_processes: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    python, answer, _ = login_session
+    answer.write_text(f"KillUserProcesses={kill_user_processes}\nKillOnlyUsers=\nKillExcludeUsers=\n")
+    monkeypatch.setenv("CLUSTERRUN_NO_CGROUP", "1")  # as a user whose cgroup is not delegated
+    transport = LocalTransport(HostSpec(host="here", transport="local", python=python))
+    state_dir = tmp_path / "state"
+    request = req(state_dir, "start", argv=[sys.executable, "-c", "import time; time.sleep(600)"], env={},
+                  cwd=str(tmp_path))
+    probe = transport.call({"op": "probe", "state_dir": str(state_dir)})
+    if kill_user_processes == "no":
+        assert not [f for f in probe["fallbacks"] if "logind" in f]
+        transport.call(request)
+        transport.call(req(state_dir, "stop", grace=1))
+        return
+    assert [f for f in probe["fallbacks"] if "KillUserProcesses=yes" in f], probe
+    from clusterrun.errors import AgentError
+
+    with pytest.raises(AgentError, match=r"logind kills every process of this login session "
+                                         r"\(/crtest-\d+/user.slice/user-0.slice/session-7.scope\).*nothing was "
+                                         r"started.*KillExcludeUsers=root.*loginctl enable-linger"):
+        transport.call(request)
+    assert transport.call(req(state_dir, "status"))["state"] == {"state": "absent"}
+
+
+def test_as_root_the_job_leaves_the_login_session_and_outlives_it(login_session: tuple[str, Path, str],
+                                                                   tmp_path: Path) -> None:
+    """With KillUserProcesses=yes and root: the attempt's cgroup is outside the session's scope,
+    so killing the scope (a logout) leaves the job running."""
+    python, answer, scope = login_session
+    answer.write_text("KillUserProcesses=yes\nKillOnlyUsers=\nKillExcludeUsers=\n")
+    transport = LocalTransport(HostSpec(host="here", transport="local", python=python))
+    state_dir = tmp_path / "state"
+    started = transport.call(req(state_dir, "start", argv=[sys.executable, "-c", "import time; time.sleep(600)"],
+                                 env={}, cwd=str(tmp_path)))
+    sup, tr = started["state"]["supervisor"], started["state"]["torchrun"]
+    try:
+        with open(os.path.join(scope, "cgroup.kill"), "w") as f:
+            f.write("1")
+        from clusterrun import agent
+
+        assert agent.cg_wait_empty(scope, agent.time.monotonic() + 10)
+        assert alive(sup["pid"], sup["start_time"]) and alive(tr["pid"], tr["start_time"])
+    finally:
+        report = transport.call(req(state_dir, "stop", grace=1))
+    assert report["verified"]
