@@ -1,6 +1,6 @@
 """The ``clusterrun`` command. The only place that turns exceptions into messages and exit codes.
 
-Exit codes: 0 the job succeeded (``down``: everything stopped and verified) · 1 the job failed
+Exit codes: 0 the job succeeded (``down``: stopped, nothing it could see is left) · 1 the job failed
 (a node exited non-zero, was lost or stopped; ``down``: something is still running) · 2 bad input
 (hosts file, options, an unknown job) · 3 a host could not be used (``up``: nothing was started;
 ``down``: a host could not be reached) · 130 / 143 SIGINT / SIGTERM (``up``: the job was stopped
@@ -77,7 +77,7 @@ def main() -> None:
     clusterrun ps [JOB]                    jobs, or one job's nodes
     clusterrun logs [-f] JOB               a job's logs
     clusterrun attach JOB                  follow a running job again
-    clusterrun down JOB                    stop it on every host, verified
+    clusterrun down JOB                    stop it on every host; says what was verified
     clusterrun restart JOB                 stop it and start it again as a new attempt
     """
     # A log line may hold bytes that are not UTF-8: print them back as they were, never fail on them.
@@ -492,7 +492,11 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int) -> None:
 @click.option("--grace", type=click.FloatRange(min=0), help="Seconds torchrun gets to stop its workers "
               "(default: the job's --grace).")
 def down(job: str, grace: float | None) -> None:
-    """Stop JOB on every host and verify that nothing of it is left (idempotent). Also `stop`."""
+    """Stop JOB on every host (idempotent). Also `stop`.
+
+    Each host's report says which guarantee held: verified by the attempt's cgroup (nothing of
+    the job is left), or a sweep where the host has no cgroup for it (a process that left the
+    job's tree, session and environment could not be seen)."""
     store, record = _open_job(job)
     _note(f"stopping job {record.job_id} (attempt {record.attempt}) on {len(record.nodes)} hosts")
     reports = stop_job(record, grace=grace)
