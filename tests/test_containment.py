@@ -410,3 +410,92 @@ def test_as_root_the_job_leaves_the_login_session_and_outlives_it(login_session:
     finally:
         report = transport.call(req(state_dir, "stop", grace=1))
     assert report["verified"]
+
+
+USER_PYTHON = "/usr/bin/python3"  # an interpreter every user may run (this one may live in /root)
+
+
+@pytest.fixture
+def delegated(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, Path]]:
+    """A cgroup delegated to the unprivileged user ``nobody`` (chowned as systemd's Delegate=yes
+    does: the directory, cgroup.procs, cgroup.subtree_control, cgroup.threads), an interpreter
+    wrapper that enters it and drops to that user, and a folder that user may write."""
+    import shutil
+    import tempfile
+
+    from clusterrun import agent
+
+    parent, why = agent.cgroup_parent()
+    if parent is None or os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
+        pytest.skip(f"needs root, setpriv, {USER_PYTHON} and cgroup2: {why}")
+    uid, gid = 65534, 65534
+    top = os.path.join(parent, f"crtest-{os.getpid()}")
+    cgroup = os.path.join(top, "user.slice", "user-65534.slice", "app.slice", "delegated.scope")
+    os.makedirs(cgroup)
+    for name in ("", "cgroup.procs", "cgroup.subtree_control", "cgroup.threads"):
+        os.chown(os.path.join(cgroup, name), uid, gid)
+    folder = Path(tempfile.mkdtemp(prefix="crtest-user-"))
+    folder.chmod(0o755)
+    os.chown(folder, uid, gid)
+    wrapper = folder / "python"
+    wrapper.write_text(f"#!/bin/sh\necho $$ > {cgroup}/cgroup.procs && exec setpriv --reuid={uid} --regid={gid} "
+                       f"--clear-groups {USER_PYTHON} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("HOME", str(folder))
+    try:
+        yield str(wrapper), cgroup, folder
+    finally:
+        with open(os.path.join(top, "cgroup.kill"), "w") as f:
+            f.write("1")
+        agent.cg_wait_empty(top, agent.time.monotonic() + 10)
+        for sub in sorted((f for f, _, _ in os.walk(top)), key=len, reverse=True):
+            os.rmdir(sub)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kind", ["escape", "storm"])
+def test_an_unprivileged_user_with_a_delegated_cgroup_gets_a_verified_stop(
+        delegated: tuple[str, str, Path], kind: str) -> None:
+    python, cgroup, folder = delegated
+    transport = LocalTransport(HostSpec(host="here", transport="local", python=python))
+    state_dir, piddir = folder / "state", folder / "pids"
+    probe = transport.call({"op": "probe", "state_dir": str(state_dir)})
+    assert probe["containment"] == "cgroup", probe
+    os.mkdir(piddir)
+    os.chown(piddir, 65534, 65534)
+    argv = [USER_PYTHON, str(SUPPORT / "hostile_child.py"), kind, str(piddir), "wait"]
+    answer = transport.call(req(state_dir, "start", argv=argv, env={}, cwd=str(folder)))
+    attempt = answer["state"]["cgroup"]
+    assert os.path.dirname(attempt) == cgroup, answer  # below the user's own cgroup
+    sup = answer["state"]["supervisor"]
+    os.kill(sup["pid"], signal.SIGKILL)
+    wait_for(lambda: not alive(sup["pid"], sup["start_time"]), 10, what="the supervisor to die")
+    (piddir / "go").touch()
+    wait_for(lambda: (piddir / "ready").exists(), 60, what="the hostile processes")
+    pids = recorded(piddir)
+    assert all(Path(f"/proc/{pid}").stat().st_uid == 65534 for pid, _ in pids.values())
+    report = transport.call(req(state_dir, "stop", grace=1))
+    assert (report["containment"], report["verified"], report["left"]) == ("cgroup", True, []), report
+    assert [n for n, (pid, st) in pids.items() if alive(pid, st)] == []
+    assert not os.path.exists(attempt)
+
+
+def test_an_unprivileged_user_without_delegation_or_linger_is_swept(delegated: tuple[str, str, Path]) -> None:
+    """Not delegated (owned by root), or inside a user manager without linger (it stops at the
+    last logout, and the job with it): no cgroup, and the probe says why."""
+    python, cgroup, folder = delegated
+    transport = LocalTransport(HostSpec(host="here", transport="local", python=python))
+    manager = os.path.join(os.path.dirname(os.path.dirname(cgroup)), "user@65534.service")
+    os.mkdir(manager)
+    os.chown(manager, 65534, 65534)
+    os.chown(os.path.join(manager, "cgroup.procs"), 65534, 65534)
+    os.chown(os.path.join(cgroup, "cgroup.procs"), 0, 0)
+    probe = transport.call({"op": "probe", "state_dir": str(folder / "state")})
+    assert probe["containment"] == "sweep"
+    assert any(f"cgroup {cgroup} is not delegated to uid 65534" in f for f in probe["fallbacks"]), probe
+    wrapper = Path(python)
+    wrapper.write_text(wrapper.read_text().replace(cgroup, manager))
+    probe = transport.call({"op": "probe", "state_dir": str(folder / "state")})
+    assert probe["containment"] == "sweep"
+    assert any("user manager, which stops at your last logout" in f and "loginctl enable-linger" in f
+               for f in probe["fallbacks"]), probe
