@@ -166,6 +166,30 @@ def test_hostile_jobs_are_stopped_or_reported(place: Place, kind: str, superviso
         place.kill([pid for pid, _ in pids.values()] + [bystander[0]])
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_what_torchrun_leaves_behind_is_killed_when_it_exits(place: Place, kind: str, tmp_path: Path) -> None:
+    """torchrun ends on its own (success, or the failure that makes fail-fast stop the others):
+    the supervisor kills everything the job left before it records the end."""
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    state_dir = tmp_path / "state"
+    argv = [sys.executable, str(SUPPORT / "hostile_child.py"), kind, str(piddir), "exit"]
+    answer = place.call(req(state_dir, "start", argv=argv, env={}, cwd=str(tmp_path)))
+    pids: dict[str, tuple[int, int]] = {}
+    try:
+        end = list(place.transport.stream(req(state_dir, "follow")))[-1]
+        assert end["t"] == "end" and end["state"]["exit_code"] == 0, end
+        pids = recorded(piddir)
+        assert len(pids) >= 2
+        assert place.alive(pids) == []
+        if place.cgroup:
+            assert end["state"]["cgroup_removed"] is True
+            assert place.call(req(state_dir, "stop", grace=1))["verified"] is True
+        assert bool(answer["state"]["cgroup"]) is place.cgroup
+    finally:
+        place.kill([pid for pid, _ in pids.values()])
+
+
 def test_a_stale_stop_of_attempt_1_leaves_attempt_2_untouched(place: Place, tmp_path: Path) -> None:
     """A stop of attempt 1 working from a stale record (down racing restart) while attempt 2 of
     the same job runs on the same node: attempt 2's processes live on and it ends normally."""

@@ -1,8 +1,9 @@
-"""A job (in torchrun's place) whose processes make stopping hard: argv KIND PIDDIR [wait].
+"""A job (in torchrun's place) whose processes make stopping hard: argv KIND PIDDIR [wait] [exit].
 
 Every process it makes records `<pid> <start time>` in PIDDIR/<kind>-<pid>.pid once it runs (pids
 as this host's /proc sees them), then sleeps; the main process ignores SIGTERM. With `wait` it
 first waits for PIDDIR/go, so that a test can SIGKILL the supervisor before anything escapes.
+With `exit` the main process exits (0) once the others are ready, leaving them behind.
 
 escape   double fork, setsid, every descriptor closed, then exec `sleep 3600` under `env -i`
          (no marker): out of the job's tree, sessions and environment at once
@@ -64,7 +65,7 @@ if kind == "inner":  # inside the new PID namespace: /proc is still the host's, 
         time.sleep(3600)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 record("main")
-if len(sys.argv) > 3:
+if "wait" in sys.argv[3:]:
     while not os.path.exists(os.path.join(piddir, "go")):
         time.sleep(0.02)
 if kind == "escape":
@@ -94,5 +95,7 @@ elif kind == "storm":
         storm_node(3)
     wait_for(16)
 print("ready", flush=True)
+if "exit" in sys.argv[3:]:
+    sys.exit(0)
 while True:
     time.sleep(3600)
