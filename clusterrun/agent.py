@@ -78,7 +78,7 @@ under umask 077 so they are never readable by others, not even briefly):
                     wall-clock time the worker process ended, to find the first failure),
                     ``sessions`` (session ids seen among the job's processes) and
                     ``session_leaders`` (sid → start time of its leader when first seen)
-``spec.json``, too: ``cgroup`` (the cgroup made for the attempt) and ``fallbacks``
+``spec.json`` also holds ``cgroup`` (made for the attempt), ``user_scope`` and ``fallbacks``
 ``stop``            present once a stop was requested
 ``degraded``        present once the supervisor could not write its state or log (a full or
                     read-only disk, a quota): the reason, if even that could be written. The
@@ -99,7 +99,15 @@ last logout (containment never costs detachment). Otherwise (no cgroup2, not del
 reason is among the ``fallbacks``. A process cannot leave its cgroup without write access to a
 cgroup above it, so what the job forks, daemonizes, ``setsid``'s, ``unshare``'s or runs under
 ``env -i`` stays in; what is started through a running daemon (``systemd-run``, ``docker run``,
-``tmux new -d`` with a server already running) never was in it.
+``tmux new -d`` with a server already running) never was in it. A supervisor SIGKILLed cannot
+remove its cgroup: ``status`` and ``stop`` remove it once it is empty.
+
+logind: inside a login session whose processes logind kills at logout (``KillUserProcesses=yes``
+for this user), a start as root with a cgroup goes ahead (the cgroup is outside the session); a
+user's supervisor is started through ``systemd-run --user --scope -p Delegate=yes`` (``SUPERVISE``:
+a new interpreter reading the agent's source from stdin) when their user manager runs and
+lingers, and makes the attempt's cgroup in that scope; otherwise the start is refused.
+
 The supervisor
 --------------
 Forked by ``start`` from the agent (twice, so that it is nobody's child but init's or a
@@ -250,7 +258,7 @@ if code is None:
                     os.unlink(os.path.join(folder, name))
         except OSError:
             pass
-exec(code, {"__name__": "__clusterrun_agent__"})
+exec(code, {"__name__": "__clusterrun_agent__", "__clusterrun_source__": source})
 """
 
 MARKER_VAR = "CLUSTERRUN_JOB"
@@ -389,15 +397,45 @@ def _own_cgroup(pid: int | str = "self") -> str | None:
     return None
 
 
-def _lingers() -> bool:
-    """Whether systemd keeps this user's manager after their last logout (``loginctl enable-linger``)."""
+def _user_name() -> str:
     import pwd
 
     try:
-        name = pwd.getpwuid(os.getuid()).pw_name
+        return pwd.getpwuid(os.getuid()).pw_name
     except KeyError:
-        return False
+        return str(os.getuid())
+
+
+def _lingers() -> bool:
+    """Whether systemd keeps this user's manager after their last logout (``loginctl enable-linger``):
+    asked of logind, else its linger file."""
+    name = _user_name()
+    out = _capture(["loginctl", "show-user", name, "-p", "Linger"])
+    if out and "Linger=" in out:
+        return "Linger=yes" in out
     return os.path.exists(f"/var/lib/systemd/linger/{name}")
+
+
+def _which(name: str) -> str | None:
+    for folder in (os.environ.get("PATH") or "/usr/bin:/bin").split(os.pathsep):
+        path = os.path.join(folder or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def user_scope(job: str, node: int, attempt: int) -> list[str] | None:
+    """The systemd-run argv that starts a command in a scope of the user's systemd manager, out of
+    the login session (Delegate=yes: the supervisor makes its cgroup there), or None when no
+    manager runs, it does not linger (it would stop at the last logout, the job with it) or
+    systemd-run is missing."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    if not os.path.exists(os.path.join(runtime, "systemd", "private")) or not _which("systemd-run"):
+        return None
+    if not _lingers():
+        return None
+    return ["systemd-run", "--user", "--scope", "--quiet", "--collect", "-p", "Delegate=yes",
+            f"--unit=clusterrun-{job}-n{node}-a{attempt}-{os.urandom(3).hex()}", "--"]
 
 
 def cgroup_parent() -> tuple[str | None, str]:
@@ -839,6 +877,9 @@ def op_probe(req: dict[str, Any]) -> dict[str, Any]:
     except ImportError:
         answer["fallbacks"] += ["no subreaper (Python without ctypes)", "no inotify (Python without ctypes)"]
     problem = logind_problem()
+    if problem and user_scope("probe", 0, 1) is not None:
+        problem = ("logind kills this login session's processes at logout (KillUserProcesses=yes): jobs start "
+                   "in a scope of your systemd user manager instead (it lingers)")
     if problem:
         answer["fallbacks"].append(problem)
     return answer
@@ -876,31 +917,53 @@ def _free_port() -> int:
     raise AgentFailure("no free TCP port found between 20000 and 32000")
 
 
-def _spawn_supervisor(folder: str) -> int:
-    """Fork the detached supervisor of ``folder`` (see the module docstring); returns at once with
-    the read end of a pipe on which the supervisor writes its first state as one JSON line."""
+# What systemd-run runs in the user's scope: the agent's source arrives on stdin, as for BOOTSTRAP.
+SUPERVISE = (
+    "import os,sys;s=sys.stdin.buffer.read();n=os.open(os.devnull,os.O_RDONLY);os.dup2(n,0);os.close(n);"
+    'exec(compile(s,"clusterrun-agent","exec"),{"__name__":"__clusterrun_supervisor__"})'
+)
+
+
+def _spawn_supervisor(folder: str, scope: list[str] | None = None) -> tuple[int, int]:
+    """Fork the detached supervisor of ``folder`` (see the module docstring) and return at once
+    with the read end of a pipe on which it writes its first state as one JSON line, and the pid
+    of a child to reap once that is read (0 if none). With ``scope`` (``user_scope``), the
+    supervisor is a new interpreter that systemd-run starts in a scope of the user's manager."""
     sys.stdout.flush()
     sys.stderr.flush()
     ready_r, ready_w = os.pipe()
+    source_r, source_w = os.pipe() if scope else (-1, -1)
     child = os.fork()
     if child:
         os.close(ready_w)
-        os.waitpid(child, 0)  # the middle process exits at once: the supervisor is nobody's child
-        return ready_r
+        if not scope:
+            os.waitpid(child, 0)  # the middle process exits at once: the supervisor is nobody's child
+            return ready_r, 0
+        os.close(source_r)
+        try:
+            view = memoryview(_own_source())
+            while view:
+                view = view[os.write(source_w, view):]
+        except OSError:
+            pass  # systemd-run failed: its message is in supervisor.log, and the ready pipe says so
+        finally:
+            os.close(source_w)
+        return ready_r, child
     code = 1
     try:
         os.setsid()
-        if os.fork():
+        if not scope and os.fork():
             os._exit(0)
         os.chdir(folder)
-        null = os.open(os.devnull, os.O_RDONLY)
         log_fd = os.open(os.path.join(folder, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(null, 0)
+        os.dup2(source_r if scope else os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.dup2(ready_w, 3)
-        os.set_inheritable(3, False)
+        os.set_inheritable(3, bool(scope))
         _close_fds_from(4)  # the SSH channel's pipes among them: the connection may close
+        if scope:
+            os.execvp(scope[0], [*scope, sys.executable, "-S", "-c", SUPERVISE, folder])
         code = Supervisor(folder, ready_fd=3).run()
     except BaseException:  # noqa: BLE001 - the supervisor's last word, in its log
         import traceback
@@ -912,6 +975,35 @@ def _spawn_supervisor(folder: str) -> int:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _supervise_in_scope(folder: str) -> None:
+    """The supervisor started by systemd-run (``SUPERVISE``): forked once more, so that it is
+    nobody's child, and in the scope all the same."""
+    if os.fork():
+        os._exit(0)
+    os.set_inheritable(3, False)
+    code = 1
+    try:
+        code = Supervisor(folder, ready_fd=3).run()
+    except BaseException:  # noqa: BLE001 - the supervisor's last word, in its log
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _own_source() -> bytes:
+    source = globals().get("__clusterrun_source__")
+    if isinstance(source, bytes):
+        return source
+    with open(__file__, "rb") as f:  # imported as a module (tests)
+        return f.read()
 
 
 def _close_fds_from(lowest: int) -> None:
@@ -947,18 +1039,24 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
     except OSError as exc:
         raise AgentFailure(f"cannot create the state dir {folder}: {_fs_problem(exc)}; nothing was started "
                            "(free space there or set `state_dir:` for this host)") from None
+    scope = None
     session_problem = logind_problem()
     if session_problem:
-        os.rmdir(folder)
-        raise AgentFailure(session_problem)
-    cgroup, why = _make_cgroup(req["job"], req["node"], req["attempt"])
+        scope = user_scope(req["job"], req["node"], req["attempt"])
+        if scope is None:
+            os.rmdir(folder)
+            raise AgentFailure(session_problem)
+        cgroup, why = None, ""  # the supervisor makes it in its scope (delegated to the user)
+    else:
+        cgroup, why = _make_cgroup(req["job"], req["node"], req["attempt"])
     spec = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "argv": argv, "env": env,
             "first_rank": int(req.get("first_rank") or 0),
-            "cwd": os.path.expanduser(cwd) if cwd else None, "cgroup": cgroup,
+            "cwd": os.path.expanduser(cwd) if cwd else None, "cgroup": cgroup, "user_scope": scope is not None,
             "fallbacks": ([f"no cgroup: {why}"] if why else []) + static_fallbacks()}
+    middle = 0
     try:
         _write_json_atomic(os.path.join(folder, "spec.json"), spec)
-        ready = _spawn_supervisor(folder)
+        ready, middle = _spawn_supervisor(folder, scope)
     except OSError as exc:
         if cgroup:
             cg_remove(cgroup)
@@ -975,6 +1073,8 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
             data += chunk
     finally:
         os.close(ready)
+        if middle:
+            os.waitpid(middle, 0)  # systemd-run's interpreter, which forked the supervisor and exited
     state = None
     if data.endswith(b"\n"):
         try:
@@ -1117,20 +1217,15 @@ def logind_problem() -> str:
     settings = _logind_settings()
     if settings.get("KillUserProcesses", "no").lower() not in ("yes", "true", "1", "on"):
         return ""
-    import pwd
-
-    try:
-        user = pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        user = str(os.getuid())
+    user = _user_name()
     only, exclude = settings.get("KillOnlyUsers", "").split(), settings.get("KillExcludeUsers", "").split()
     if user in exclude or (only and user not in only):
         return ""
     return (f"logind kills every process of this login session ({own}) at logout (KillUserProcesses=yes), "
-            "the job's detached supervisor included, so nothing was started. Fix (an administrator): "
-            f"KillExcludeUsers={user} in /etc/systemd/logind.conf, or run the job as root (it then runs in a "
-            "cgroup of its own, outside the session); `loginctl enable-linger` alone keeps your user manager, "
-            "not this session's processes")
+            "a detached one too, and there is no systemd user manager with linger to start the job in "
+            f"instead: nothing was started. Fix: `loginctl enable-linger {user}` (keeps your systemd user "
+            "manager running after you log out; clusterrun then starts each job in a scope of it, outside "
+            f"the session), or KillExcludeUsers={user} in /etc/systemd/logind.conf, or run the job as root")
 
 
 def _load_state(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -1196,6 +1291,14 @@ def _absent(req: dict[str, Any]) -> dict[str, Any] | None:
             "log_size": 0, "killed": [], "left": []}
 
 
+def _forget_cgroup(state: dict[str, Any]) -> None:
+    """Remove the cgroup of an attempt whose supervisor is gone (SIGKILLed, so it could not) once
+    nothing is left in it; a populated one stays for the stop to kill."""
+    cgroup = state.get("cgroup")
+    if cgroup and os.path.isdir(cgroup) and not cg_populated(cgroup):
+        cg_remove(cgroup)
+
+
 def op_status(req: dict[str, Any]) -> dict[str, Any]:
     absent = _absent(req)
     if absent is not None:
@@ -1208,6 +1311,8 @@ def op_status(req: dict[str, Any]) -> dict[str, Any]:
         state = _read_state(folder) or state  # it may have ended just now
         if state.get("state") != "exited":
             state = dict(state, state="lost")
+    if not alive["supervisor"]:
+        _forget_cgroup(state)
     try:
         size = os.path.getsize(os.path.join(folder, "output.log"))
     except OSError:
@@ -1356,6 +1461,7 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     killed: dict[int, dict[str, Any]] = {}
     base = {"ok": True, "fallbacks": state.get("fallbacks") or [], "degraded": state.get("degraded"), "notes": notes}
     if state.get("boot_id") and state.get("boot_id") != _boot_id():
+        _forget_cgroup(state)
         return dict(base, killed=[], left=[], state=state, containment="reboot", verified=True,
                     detail="the host rebooted since the job started: nothing of it can be running")
     if state.get("state") != "exited":
@@ -1680,6 +1786,11 @@ class Supervisor:
         self.term_requested = True
 
     def _join_cgroup(self) -> None:
+        if self.spec.get("user_scope"):  # started by systemd-run in a scope delegated to the user
+            self.cgroup, why = _make_cgroup(self.spec["job"], self.spec["node"], self.spec["attempt"])
+            self.job_cgroup = os.path.join(self.cgroup, "job") if self.cgroup else None
+            if why:
+                self.state["fallbacks"].append(f"no cgroup: {why}")
         if not self.cgroup:
             return
         try:
@@ -1953,3 +2064,5 @@ def serve() -> int:
 
 if __name__ == "__clusterrun_agent__":
     sys.exit(serve())
+elif __name__ == "__clusterrun_supervisor__":
+    _supervise_in_scope(sys.argv[1])

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -376,6 +377,7 @@ def login_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[t
     loginctl.write_text(f"#!/bin/sh\ncat {answer}\n")
     loginctl.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # no systemd user manager to start the job in
     try:
         yield str(python), answer, scope
     finally:
@@ -408,7 +410,7 @@ def test_logind_that_kills_at_logout_refuses_the_start_without_a_cgroup(
 
     with pytest.raises(AgentError, match=r"logind kills every process of this login session "
                                          r"\(/crtest-\d+/user.slice/user-0.slice/session-7.scope\).*nothing was "
-                                         r"started.*KillExcludeUsers=root.*loginctl enable-linger"):
+                                         r"started. Fix: `loginctl enable-linger root`.*KillExcludeUsers=root"):
         transport.call(request)
     assert transport.call(req(state_dir, "status"))["state"] == {"state": "absent"}
 
@@ -523,3 +525,123 @@ def test_an_unprivileged_user_without_delegation_or_linger_is_swept(delegated: t
     assert probe["containment"] == "sweep"
     assert any("user manager, which stops at your last logout" in f and "loginctl enable-linger" in f
                for f in probe["fallbacks"]), probe
+
+
+@pytest.fixture
+def user_session(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """A fake logind and systemd for the user ``nobody``: an SSH login's session scope (root's),
+    a user manager's scope delegated to them, a `loginctl` that answers KillUserProcesses=yes and
+    Linger as the test says, a `systemd-run` that enters that scope, and XDG_RUNTIME_DIR with the
+    manager's socket. The interpreter wrapper enters the session and drops to ``nobody``."""
+    import shutil
+    import tempfile
+
+    from clusterrun import agent
+
+    parent, why = agent.cgroup_parent()
+    if parent is None or os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
+        pytest.skip(f"needs root, setpriv, {USER_PYTHON} and cgroup2: {why}")
+    top = os.path.join(parent, f"crtest-{os.getpid()}")
+    user = os.path.join(top, "user.slice", "user-65534.slice")
+    session = os.path.join(user, "session-7.scope")
+    scope = os.path.join(user, "user@65534.service", "app.slice", "run-r1.scope")
+    os.makedirs(session)
+    os.makedirs(scope)
+    # Delegate=yes hands the scope to the user; the fake systemd-run needs the slice too, to move in
+    for path in (scope, os.path.join(scope, "cgroup.procs"), os.path.join(scope, "cgroup.subtree_control"),
+                 os.path.join(user, "cgroup.procs")):
+        os.chown(path, 65534, 65534)
+    folder = Path(tempfile.mkdtemp(prefix="crtest-user-"))
+    folder.chmod(0o755)
+    os.chown(folder, 65534, 65534)
+    (folder / "run" / "systemd").mkdir(parents=True)
+    (folder / "run" / "systemd" / "private").touch()
+    bin_dir = folder / "bin"
+    bin_dir.mkdir()
+    scripts = {
+        "python": f"echo $$ > {session}/cgroup.procs && exec setpriv --reuid=65534 --regid=65534 --clear-groups "
+                  f"{USER_PYTHON} \"$@\"",
+        "loginctl": f"case \"$1\" in show-user) cat {folder}/linger;; "
+                    "*) printf 'KillUserProcesses=yes\\nKillExcludeUsers=root\\n';; esac",
+        "systemd-run": f"echo \"$@\" > {folder}/systemd-run.args\n"
+                       "while [ \"$1\" != -- ]; do shift; done; shift\n"
+                       f"echo $$ > {scope}/cgroup.procs && exec \"$@\"",
+    }
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{text}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder / "run"))
+    monkeypatch.setenv("HOME", str(folder))
+    try:
+        yield {"python": str(bin_dir / "python"), "session": session, "scope": scope, "folder": folder}
+    finally:
+        with open(os.path.join(top, "cgroup.kill"), "w") as f:
+            f.write("1")
+        agent.cg_wait_empty(top, agent.time.monotonic() + 10)
+        for sub in sorted((f for f, _, _ in os.walk(top)), key=len, reverse=True):
+            os.rmdir(sub)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_logind_with_linger_starts_the_job_in_a_user_scope_that_outlives_the_session(
+        user_session: dict[str, Any]) -> None:
+    folder: Path = user_session["folder"]
+    (folder / "linger").write_text("Linger=yes\n")
+    transport = LocalTransport(HostSpec(host="here", transport="local", python=user_session["python"]))
+    state_dir, piddir = folder / "state", folder / "pids"
+    probe = transport.call({"op": "probe", "state_dir": str(state_dir)})
+    assert any("jobs start in a scope of your systemd user manager" in f for f in probe["fallbacks"]), probe
+    os.mkdir(piddir)
+    os.chown(piddir, 65534, 65534)
+    argv = [USER_PYTHON, str(SUPPORT / "hostile_child.py"), "escape", str(piddir)]
+    answer = transport.call(req(state_dir, "start", argv=argv, env={}, cwd=str(folder)))
+    args = (folder / "systemd-run.args").read_text()
+    assert args.startswith("--user --scope --quiet --collect -p Delegate=yes --unit=clusterrun-hostile-1-n0-a1-")
+    cgroup = answer["state"]["cgroup"]
+    assert os.path.dirname(cgroup) == user_session["scope"], answer  # its own cgroup, in the user's scope
+    sup, tr = answer["state"]["supervisor"], answer["state"]["torchrun"]
+    wait_for(lambda: (piddir / "ready").exists(), 60, what="the hostile processes")
+    pids = {**recorded(piddir), "supervisor": (sup["pid"], sup["start_time"]),
+            "torchrun": (tr["pid"], tr["start_time"])}
+    with open(os.path.join(user_session["session"], "cgroup.kill"), "w") as f:  # the logout
+        f.write("1")
+    from clusterrun import agent
+
+    assert agent.cg_wait_empty(user_session["session"], agent.time.monotonic() + 10)
+    assert [n for n, (pid, st) in pids.items() if not alive(pid, st)] == []  # all outlived the session
+    report = transport.call(req(state_dir, "stop", grace=1))
+    assert (report["containment"], report["verified"], report["left"]) == ("cgroup", True, []), report
+    assert [n for n, (pid, st) in pids.items() if alive(pid, st)] == []
+
+
+def test_logind_without_linger_refuses_the_start_and_names_enable_linger(user_session: dict[str, Any]) -> None:
+    from clusterrun.errors import AgentError
+
+    folder: Path = user_session["folder"]
+    (folder / "linger").write_text("Linger=no\n")
+    transport = LocalTransport(HostSpec(host="here", transport="local", python=user_session["python"]))
+    with pytest.raises(AgentError, match=r"KillUserProcesses=yes.*no systemd user manager with linger.*nothing "
+                                         r"was started. Fix: `loginctl enable-linger nobody` \(keeps your systemd"):
+        transport.call(req(folder / "state", "start", argv=["true"], env={}, cwd=str(folder)))
+    assert not (folder / "systemd-run.args").exists()
+
+
+def test_the_cgroup_of_a_supervisor_killed_is_removed_once_empty(tmp_path: Path) -> None:
+    """The supervisor removes its cgroup at the end; killed, it cannot: the next status or stop
+    does, once nothing is left in it (a reboot removes it anyway)."""
+    transport = LocalTransport(HostSpec(host="here", transport="local"))
+    state_dir, flag = tmp_path / "state", tmp_path / "go"
+    code = f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.02)\n"
+    answer = transport.call(req(state_dir, "start", argv=[sys.executable, "-c", code], env={}, cwd=str(tmp_path)))
+    cgroup, sup, tr = answer["state"]["cgroup"], answer["state"]["supervisor"], answer["state"]["torchrun"]
+    if cgroup is None:
+        pytest.skip("no cgroup here")
+    os.kill(sup["pid"], signal.SIGKILL)
+    wait_for(lambda: not alive(sup["pid"], sup["start_time"]), 10, what="the supervisor to die")
+    assert transport.call(req(state_dir, "status"))["state"]["state"] == "running"
+    assert os.path.isdir(cgroup)  # torchrun still runs in it
+    flag.touch()
+    wait_for(lambda: not alive(tr["pid"], tr["start_time"]), 10, what="the job to end")
+    assert transport.call(req(state_dir, "status"))["state"]["state"] == "lost"
+    assert not os.path.exists(cgroup)
