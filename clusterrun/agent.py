@@ -26,12 +26,17 @@ library, and the ``.pth`` files of a big environment can cost more than the agen
 Requests (``op``) and answers
 -----------------------------
 ``probe``  ``{free_port: bool, state_dir}`` → ``{ok, protocol, hostname, python, torch,
-           torchrun_flags, boot_id, port, state_dir}`` (``protocol``: ``PROTOCOL``); ``torch`` is
-           the installed version or null (found without importing torch); ``port`` a TCP port
-           that was free on this host, when asked.
+           torchrun_flags, boot_id, port, state_dir, containment, fallbacks}`` (``protocol``:
+           ``PROTOCOL``); ``torch`` is the installed version or null (found without importing
+           torch); ``port`` a TCP port that was free on this host, when asked; ``containment``
+           ``cgroup`` or ``sweep`` (what a stop here would rely on) and ``fallbacks`` what this
+           host lacks, in words (no cgroup and why, no pidfd, no ctypes, a logind that would kill
+           the job at logout).
 ``start``  ``{job, node, attempt, state_dir, argv, env, cwd, first_rank}`` → ``{ok, dir, state}``:
-           creates the attempt directory, starts the detached supervisor and returns once it has
-           started torchrun (or failed to: ``{ok: false, error}``).
+           creates the attempt directory and the attempt's cgroup, starts the detached supervisor
+           and returns once it has started torchrun (or failed to: ``{ok: false, error}``; a state
+           dir that cannot be written, or a logind that would kill the job at logout, starts
+           nothing). The supervisor tells it how the start went through a pipe, not the disk.
 ``follow`` ``{job, node, attempt, state_dir, offset | tail, logs, once}`` → a stream of lines:
            ``{t: "log", offset, next, data}`` (complete lines only, bytes decoded as UTF-8 with
            surrogateescape; ``next`` is the byte offset to resume from), ``{t: "state", state}``
@@ -42,11 +47,15 @@ Requests (``op``) and answers
            (states only); ``once: true`` ends with ``{t: "eof", next, state}`` at the end of what
            is written so far if the job still runs. ``state.state`` is ``lost`` when neither the
            supervisor nor torchrun runs any more (host rebooted, processes killed, pid reused).
-``stop``   ``{job, node, attempt, state_dir, grace}`` → ``{ok, killed: [...], left: [...], state}``:
-           the verified stop described below; idempotent.
-``status`` ``{job, node, attempt, state_dir}`` → ``{ok, state, alive, log_size}`` (``lost`` as
-           for ``follow``). For ``status`` and ``stop``, a node never started (no attempt
-           directory) is ``{state: {state: "absent"}}``, not an error.
+``stop``   ``{job, node, attempt, state_dir, grace}`` → ``{ok, killed: [...], left: [...], state,
+           containment, verified, detail, fallbacks, degraded, notes}``: the stop described below,
+           of that attempt only; idempotent. ``containment`` is ``cgroup`` (``verified``: the
+           attempt's cgroup was empty, then removed), ``sweep`` (``verified`` false: ``left: []``
+           means only that no process the sweep can see is left) or ``reboot``; ``notes`` say what
+           could not be recorded on disk.
+``status`` ``{job, node, attempt, state_dir}`` → ``{ok, state, alive, log_size, containment,
+           fallbacks, degraded}`` (``lost`` as for ``follow``). For ``status`` and ``stop``, a node
+           never started (no attempt directory) is ``{state: {state: "absent"}}``, not an error.
 
 Errors are ``{ok: false, error: "..."}``; the exit code is 0 whenever an answer was written.
 
@@ -59,16 +68,47 @@ under umask 077 so they are never readable by others, not even briefly):
 ``output.log``      torchrun's stdout and stderr, appended (O_APPEND) and never truncated, and
                     every worker's lines, whole and tagged ``[rankN]:`` (see ``RankLogs``)
 ``torchrun/``       torchrun's own ``--log-dir`` (per-rank files it truncates; read by ``RankLogs``)
-``state.json``      written only by the supervisor, atomically (temp file, fsync, rename):
-                    ``state`` (starting → running → exited), ``supervisor`` and ``torchrun``
+``state.json``      written by the supervisor, atomically (temp file, fsync, rename), and by a
+                    stop that outlived it: ``state`` (starting → running → exited),
+                    ``cgroup`` (the attempt's cgroup once the supervisor is in it, else null),
+                    ``fallbacks`` (what the host lacked, in words), ``degraded`` (why the
+                    supervisor could not write something), ``supervisor`` and ``torchrun``
                     ``{pid, start_time}`` (start time in clock ticks since boot), ``boot_id``,
                     ``exit_code`` / ``signal`` of torchrun, ``error`` (could not start),
                     ``stop_requested``, ``workers`` ``[{rank, local_rank, pid, died}]`` (``died``:
                     wall-clock time the worker process ended, to find the first failure),
                     ``sessions`` (session ids seen among the job's processes) and
                     ``session_leaders`` (sid → start time of its leader when first seen)
+``spec.json`` also holds ``cgroup`` (made for the attempt), ``user_scope`` and ``fallbacks``
 ``stop``            present once a stop was requested
+``degraded``        present once the supervisor could not write its state or log (a full or
+                    read-only disk, a quota): the reason, if even that could be written. The
+                    supervisor goes on supervising with its state in memory and writes it again
+                    when it can; ``status``, ``follow`` and ``stop`` report ``degraded``.
 ``supervisor.log``  the supervisor's own diagnostics
+
+The cgroup
+----------
+Where the host allows it, every attempt of every node runs in a cgroup v2 of its own,
+``clusterrun-<job>-n<node>-a<attempt>`` (a random suffix if a stale one has the name): the
+supervisor in it, torchrun and everything it starts in its child ``job``. As root it is made at
+the top of the cgroup2 mount (found in /proc/self/mountinfo: ``/sys/fs/cgroup`` on most
+distributions), outside any login session; as a user inside the user's own cgroup if that was
+delegated (writable), but never inside a systemd user manager without linger, which stops at the
+last logout (containment never costs detachment). Otherwise (no cgroup2, not delegated, or
+``CLUSTERRUN_NO_CGROUP`` set on the host) there is no cgroup and the stop is a sweep only; the
+reason is among the ``fallbacks``. A process cannot leave its cgroup without write access to a
+cgroup above it, so what the job forks, daemonizes, ``setsid``'s, ``unshare``'s or runs under
+``env -i`` stays in; what is started through a running daemon (``systemd-run``, ``docker run``,
+``tmux new -d`` with a server already running) never was in it. A supervisor SIGKILLed cannot
+remove its cgroup: ``status`` and ``stop`` remove it once it is empty.
+
+logind: inside a login session whose processes logind kills at logout (``KillUserProcesses=yes``
+for this user), a start as root with a cgroup goes ahead (the cgroup is outside the session); a
+user's supervisor is started through ``systemd-run --user --scope -p Delegate=yes`` (``SUPERVISE``:
+a new interpreter reading the agent's source from stdin) when their user manager runs and
+lingers, and makes the attempt's cgroup in that scope; otherwise the start is refused.
+
 The supervisor
 --------------
 Forked by ``start`` from the agent (twice, so that it is nobody's child but init's or a
@@ -76,9 +116,10 @@ subreaper's; no second interpreter start), in its own session with stdin from /d
 and stderr to ``supervisor.log``, every other descriptor closed (the SSH channel included), no
 terminal and SIGHUP ignored, so it survives the controller and the SSH connection.
 It makes itself a child subreaper (orphaned descendants are re-parented to it, not to init),
-sets ``CLUSTERRUN_JOB=<job>.<node>`` in the job's environment and runs torchrun with its output
-appended to ``output.log``. It records the worker processes and when each one ended, reaps
-everything, and when torchrun has exited sweeps what is left of the job before writing the
+sets ``CLUSTERRUN_JOB=<job>.<node>.<attempt>`` in the job's environment and runs torchrun with
+its output appended to ``output.log``. It records the worker processes and when each one ended,
+reaps everything, and when torchrun has exited kills what is left of the job (its ``job``
+cgroup, then the sweep below) before leaving and removing the attempt's cgroup and writing the
 final state. It sleeps until something happens (inotify on torchrun's per-rank files, pidfds of
 the workers, SIGCHLD and SIGTERM through a wake-up pipe; see ``Waker``), as ``follow`` does
 (inotify on the attempt directory, pidfds of the supervisor and torchrun): a quiet job costs
@@ -86,13 +127,20 @@ no CPU on the host. Where inotify is missing they poll.
 
 The verified stop
 -----------------
-SIGTERM to torchrun first (it stops its workers; killing workers first makes it restart them),
-up to ``grace`` seconds for it to exit, then a sweep of everything left of this job: the
-supervisor's descendants ∪ processes carrying the marker ∪ processes in the job's recorded
-sessions. Every process is identified again *after* a pidfd was opened for it and is signalled
-through that pidfd, so a reused pid is never signalled. SIGTERM, a short wait, SIGKILL, re-scan
-until nothing is left; then the answer lists what was killed and what could not be (e.g. a
-process in uninterruptible sleep). Nothing is ever matched by command line.
+A stop names one attempt and touches nothing of another. SIGTERM to torchrun first (it stops its
+workers; killing workers first makes it restart them), up to ``grace`` seconds for it to exit;
+then, with a cgroup, ``cgroup.kill`` of its ``job`` cgroup (Linux >= 5.14; else freeze it and
+SIGKILL every process in ``cgroup.procs``), the supervisor's exit (it removes the cgroup), and
+the same for the whole attempt cgroup if it is still there; verified: ``cgroup.events`` says
+``populated 0``, or the cgroup is gone (a cgroup can only be removed once empty). With or
+without a cgroup, a sweep of everything left of this attempt: the supervisor's descendants ∪
+processes carrying the attempt's marker ∪ processes in the attempt's recorded sessions. Every
+process is identified again *after* a pidfd was opened for it and is signalled through that
+pidfd, so a reused pid is never signalled. SIGTERM, a short wait, SIGKILL, re-scan until nothing
+is left. The sweep cannot see a process that left the job's tree (no subreaper, or the
+supervisor was killed), its sessions and its environment (``setsid`` + ``env -i``): only the
+cgroup verifies. The answer lists what was killed and what could not be (e.g. a process in
+uninterruptible sleep). Nothing is ever matched by command line.
 """
 
 from __future__ import annotations
@@ -219,7 +267,7 @@ if code is None:
                     os.unlink(os.path.join(folder, name))
         except OSError:
             pass
-exec(code, {"__name__": "__clusterrun_agent__"})
+exec(code, {"__name__": "__clusterrun_agent__", "__clusterrun_source__": source})
 """
 
 MARKER_VAR = "CLUSTERRUN_JOB"
@@ -314,8 +362,221 @@ def _attempt_dir(req: dict[str, Any]) -> str:
     return os.path.join(root, "jobs", job, f"node{node}", f"attempt{attempt}")
 
 
-def _marker(job: str, node: int) -> str:
-    return f"{MARKER_VAR}={job}.{node}"
+def _marker(job: str, node: int, attempt: int) -> str:
+    """The variable every process of one attempt of one node carries: never another attempt's."""
+    return f"{MARKER_VAR}={job}.{node}.{attempt}"
+
+
+def _fs_problem(exc: OSError) -> str:
+    """A short reason for a failed write to the state dir (a full or read-only disk, a quota)."""
+    return f"{os.strerror(exc.errno) if exc.errno else exc}" + (f": {exc.filename}" if exc.filename else "")
+
+
+# ------------------------------------------------------------------------------------ cgroups v2
+
+
+CGROUP_OFF_VAR = "CLUSTERRUN_NO_CGROUP"  # set (non-empty) on a host: no cgroup, the sweep only
+
+
+def _cgroup2_mount() -> str | None:
+    """Where the cgroup v2 hierarchy is mounted (its root visible), from /proc/self/mountinfo."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if sep and right.split(" ", 1)[0] == "cgroup2" and len(fields) >= 5 and fields[3] == "/":
+            return fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+    return None
+
+
+def _own_cgroup(pid: int | str = "self") -> str | None:
+    """The cgroup v2 path of a process (``/user.slice/...``), or None."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _user_name() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def _lingers() -> bool:
+    """Whether systemd keeps this user's manager after their last logout (``loginctl enable-linger``):
+    asked of logind, else its linger file."""
+    name = _user_name()
+    out = _capture(["loginctl", "show-user", name, "-p", "Linger"])
+    if out and "Linger=" in out:
+        return "Linger=yes" in out
+    return os.path.exists(f"/var/lib/systemd/linger/{name}")
+
+
+def _which(name: str) -> str | None:
+    for folder in (os.environ.get("PATH") or "/usr/bin:/bin").split(os.pathsep):
+        path = os.path.join(folder or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def user_scope(job: str, node: int, attempt: int) -> list[str] | None:
+    """The systemd-run argv that starts a command in a scope of the user's systemd manager, out of
+    the login session (Delegate=yes: the supervisor makes its cgroup there), or None when no
+    manager runs, it does not linger (it would stop at the last logout, the job with it) or
+    systemd-run is missing."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    if not os.path.exists(os.path.join(runtime, "systemd", "private")) or not _which("systemd-run"):
+        return None
+    if not _lingers():
+        return None
+    return ["systemd-run", "--user", "--scope", "--quiet", "--collect", "-p", "Delegate=yes",
+            f"--unit=clusterrun-{job}-n{node}-a{attempt}-{os.urandom(3).hex()}", "--"]
+
+
+def cgroup_parent() -> tuple[str | None, str]:
+    """The cgroup under which this agent may make one per attempt, or None and why not.
+
+    As root: the top of the cgroup2 mount (outside any login session, so logind's
+    KillUserProcesses does not reach it). As a user: the agent's own cgroup if it was delegated
+    (writable), except inside a systemd user manager that stops at the last logout (no linger):
+    containment must never cost detachment."""
+    if os.environ.get(CGROUP_OFF_VAR):
+        return None, f"cgroups turned off on this host ({CGROUP_OFF_VAR} is set)"
+    mount = _cgroup2_mount()
+    if mount is None:
+        return None, "no cgroup2 file system is mounted"
+    if os.geteuid() == 0:
+        if os.access(os.path.join(mount, "cgroup.procs"), os.W_OK) and os.access(mount, os.W_OK):
+            return mount, ""
+        return None, f"{mount} is not writable (read-only mount?)"
+    own = _own_cgroup()
+    if own is None:
+        return None, "this process is in no cgroup v2"
+    path = mount + own.rstrip("/") if own != "/" else mount
+    if not (os.access(path, os.W_OK) and os.access(os.path.join(path, "cgroup.procs"), os.W_OK)):
+        return None, (f"cgroup {path} is not delegated to uid {os.getuid()} (not writable); run as root or "
+                      "in a delegated cgroup (systemd: Delegate=yes) for a stop verified by cgroup")
+    if f"/user@{os.getuid()}.service" in own and not _lingers():
+        return None, (f"cgroup {path} belongs to the systemd user manager, which stops at your last logout: "
+                      "`loginctl enable-linger` lets it (and a cgroup per job) outlive the session")
+    return path, ""
+
+
+def cg_write(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def cg_pids(cgroup: str) -> list[int]:
+    """Every process in ``cgroup`` and the cgroups below it (as this pid namespace sees them)."""
+    pids: list[int] = []
+    for folder, _dirs, _files in os.walk(cgroup):
+        try:
+            with open(os.path.join(folder, "cgroup.procs")) as f:
+                pids += [int(p) for p in f.read().split() if p != "0"]
+        except (OSError, ValueError):
+            pass
+    return sorted(set(pids))
+
+
+def cg_populated(cgroup: str) -> bool:
+    """True while a process lives in ``cgroup`` or below (``cgroup.events``: ``populated 1``)."""
+    try:
+        with open(os.path.join(cgroup, "cgroup.events")) as f:
+            return "populated 1" in f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return bool(cg_pids(cgroup))
+
+
+def cg_kill(cgroup: str, killed: dict[int, dict[str, Any]]) -> str:
+    """Kill everything in ``cgroup`` and below at once (``cgroup.kill``, Linux >= 5.14), else
+    freeze it and SIGKILL each process (by pidfd, once it is seen in the cgroup again, so that a
+    reused pid is never signalled); returns the method used."""
+    for pid in cg_pids(cgroup):
+        info = proc_info(pid)
+        if info is not None and info.state != "Z":
+            killed.setdefault(pid, info.as_dict())["signal"] = "SIGKILL"
+    if not os.path.isdir(cgroup):
+        return "gone"
+    try:
+        cg_write(os.path.join(cgroup, "cgroup.kill"), b"1")
+        return "cgroup.kill"
+    except OSError:
+        pass
+    frozen = False
+    try:
+        cg_write(os.path.join(cgroup, "cgroup.freeze"), b"1")  # nothing forks between listing and killing
+        frozen = True
+    except OSError:
+        pass
+    where = _cgroup_path(cgroup)
+    try:
+        for _ in range(500):
+            pids = cg_pids(cgroup)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    handle = PidHandle(pid)
+                except ProcessLookupError:
+                    continue
+                own = _own_cgroup(pid) or ""
+                if own == where or own.startswith(where + "/"):
+                    handle.signal(signal.SIGKILL)
+                handle.close()
+            time.sleep(0.01)
+    finally:
+        if frozen:
+            try:
+                cg_write(os.path.join(cgroup, "cgroup.freeze"), b"0")  # SIGKILL ends frozen tasks all the same
+            except OSError:
+                pass
+    return "freeze + SIGKILL"
+
+
+def _cgroup_path(folder: str) -> str:
+    """The cgroup path (``/clusterrun-...``) of a cgroup directory, as /proc/PID/cgroup names it."""
+    mount = _cgroup2_mount() or ""
+    return (folder[len(mount):] or "/") if folder.startswith(mount) else folder
+
+
+def cg_wait_empty(cgroup: str, deadline: float) -> bool:
+    """Wait until no process is left in ``cgroup`` or below; True if none is."""
+    while cg_populated(cgroup):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def cg_remove(cgroup: str) -> bool:
+    """Remove an empty cgroup and its (empty) children; True if it is gone."""
+    for folder, _dirs, _files in sorted(os.walk(cgroup), key=lambda entry: -len(entry[0])):
+        try:
+            os.rmdir(folder)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+    return not os.path.isdir(cgroup)
 
 
 # ------------------------------------------------------------------------------ process inspection
@@ -468,7 +729,7 @@ class JobScope:
         sup = state.get("supervisor") or {}
         self.sup_pid = sup.get("pid")
         self.sup_start = sup.get("start_time")
-        self.marker = _marker(state["job"], state["node"])
+        self.marker = _marker(state["job"], state["node"], state["attempt"])
         self.sessions = set(state.get("sessions") or [])
         # When each session was first seen: the start time of its leader (None: already gone).
         self.leaders = {int(sid): start for sid, start in (state.get("session_leaders") or {}).items()}
@@ -609,7 +870,7 @@ def _find_torch() -> Any:
 
 
 def op_probe(req: dict[str, Any]) -> dict[str, Any]:
-    answer = {
+    answer: dict[str, Any] = {
         "ok": True,
         "protocol": PROTOCOL,
         "hostname": os.uname().nodename,  # what socket.gethostname() returns
@@ -633,6 +894,19 @@ def op_probe(req: dict[str, Any]) -> dict[str, Any]:
             answer["torch"] = answer["torch"] or "unknown"
     if req.get("free_port"):
         answer["port"] = _free_port()
+    parent, why = cgroup_parent()
+    answer["containment"] = "cgroup" if parent else "sweep"
+    answer["fallbacks"] = ([f"no cgroup: {why}"] if why else []) + static_fallbacks()
+    try:
+        import _ctypes  # noqa: F401 - the supervisor's subreaper and inotify go through ctypes
+    except ImportError:
+        answer["fallbacks"] += ["no subreaper (Python without ctypes)", "no inotify (Python without ctypes)"]
+    problem = logind_problem()
+    if problem and user_scope("probe", 0, 1) is not None:
+        problem = ("logind kills this login session's processes at logout (KillUserProcesses=yes): jobs start "
+                   "in a scope of your systemd user manager instead (it lingers)")
+    if problem:
+        answer["fallbacks"].append(problem)
     return answer
 
 
@@ -668,27 +942,54 @@ def _free_port() -> int:
     raise AgentFailure("no free TCP port found between 20000 and 32000")
 
 
-def _spawn_supervisor(folder: str) -> None:
-    """Fork the detached supervisor of ``folder`` (see the module docstring) and return at once."""
+# What systemd-run runs in the user's scope: the agent's source arrives on stdin, as for BOOTSTRAP.
+SUPERVISE = (
+    "import os,sys;s=sys.stdin.buffer.read();n=os.open(os.devnull,os.O_RDONLY);os.dup2(n,0);os.close(n);"
+    'exec(compile(s,"clusterrun-agent","exec"),{"__name__":"__clusterrun_supervisor__"})'
+)
+
+
+def _spawn_supervisor(folder: str, scope: list[str] | None = None) -> tuple[int, int]:
+    """Fork the detached supervisor of ``folder`` (see the module docstring) and return at once
+    with the read end of a pipe on which it writes its first state as one JSON line, and the pid
+    of a child to reap once that is read (0 if none). With ``scope`` (``user_scope``), the
+    supervisor is a new interpreter that systemd-run starts in a scope of the user's manager."""
     sys.stdout.flush()
     sys.stderr.flush()
+    ready_r, ready_w = os.pipe()
+    source_r, source_w = os.pipe() if scope else (-1, -1)
     child = os.fork()
     if child:
-        os.waitpid(child, 0)  # the middle process exits at once: the supervisor is nobody's child
-        return
+        os.close(ready_w)
+        if not scope:
+            os.waitpid(child, 0)  # the middle process exits at once: the supervisor is nobody's child
+            return ready_r, 0
+        os.close(source_r)
+        try:
+            view = memoryview(_own_source())
+            while view:
+                view = view[os.write(source_w, view):]
+        except OSError:
+            pass  # systemd-run failed: its message is in supervisor.log, and the ready pipe says so
+        finally:
+            os.close(source_w)
+        return ready_r, child
     code = 1
     try:
         os.setsid()
-        if os.fork():
+        if not scope and os.fork():
             os._exit(0)
         os.chdir(folder)
-        null = os.open(os.devnull, os.O_RDONLY)
         log_fd = os.open(os.path.join(folder, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(null, 0)
+        os.dup2(source_r if scope else os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
-        _close_fds_from(3)  # the SSH channel's pipes among them: the connection may close
-        code = Supervisor(folder).run()
+        os.dup2(ready_w, 3)
+        os.set_inheritable(3, bool(scope))
+        _close_fds_from(4)  # the SSH channel's pipes among them: the connection may close
+        if scope:
+            os.execvp(scope[0], [*scope, sys.executable, "-S", "-c", SUPERVISE, folder])
+        code = Supervisor(folder, ready_fd=3).run()
     except BaseException:  # noqa: BLE001 - the supervisor's last word, in its log
         import traceback
 
@@ -699,6 +1000,35 @@ def _spawn_supervisor(folder: str) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _supervise_in_scope(folder: str) -> None:
+    """The supervisor started by systemd-run (``SUPERVISE``): forked once more, so that it is
+    nobody's child, and in the scope all the same."""
+    if os.fork():
+        os._exit(0)
+    os.set_inheritable(3, False)
+    code = 1
+    try:
+        code = Supervisor(folder, ready_fd=3).run()
+    except BaseException:  # noqa: BLE001 - the supervisor's last word, in its log
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _own_source() -> bytes:
+    source = globals().get("__clusterrun_source__")
+    if isinstance(source, bytes):
+        return source
+    with open(__file__, "rb") as f:  # imported as a module (tests)
+        return f.read()
 
 
 def _close_fds_from(lowest: int) -> None:
@@ -731,29 +1061,237 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
         os.makedirs(folder, mode=0o700)
     except FileExistsError:
         raise AgentFailure(f"{folder} already exists: this attempt was started before") from None
+    except OSError as exc:
+        raise AgentFailure(f"cannot create the state dir {folder}: {_fs_problem(exc)}; nothing was started "
+                           "(free space there or set `state_dir:` for this host)") from None
+    scope = None
+    session_problem = logind_problem()
+    if session_problem:
+        scope = user_scope(req["job"], req["node"], req["attempt"])
+        if scope is None:
+            os.rmdir(folder)
+            raise AgentFailure(session_problem)
+        cgroup, why = None, ""  # the supervisor makes it in its scope (delegated to the user)
+    else:
+        cgroup, why = _make_cgroup(req["job"], req["node"], req["attempt"])
     spec = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "argv": argv, "env": env,
             "first_rank": int(req.get("first_rank") or 0),
-            "cwd": os.path.expanduser(cwd) if cwd else None}
-    _write_json_atomic(os.path.join(folder, "spec.json"), spec)
-    _spawn_supervisor(folder)
+            "cwd": os.path.expanduser(cwd) if cwd else None, "cgroup": cgroup, "user_scope": scope is not None,
+            "fallbacks": ([f"no cgroup: {why}"] if why else []) + static_fallbacks()}
+    middle = 0
+    try:
+        _write_json_atomic(os.path.join(folder, "spec.json"), spec)
+        ready, middle = _spawn_supervisor(folder, scope)
+    except OSError as exc:
+        if cgroup:
+            cg_remove(cgroup)
+        _discard(folder)
+        raise AgentFailure(f"cannot write to the state dir {folder}: {_fs_problem(exc)}; nothing was started "
+                           "(free space there or set `state_dir:` for this host)") from None
+    data = b""
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        state = _read_json(os.path.join(folder, "state.json"))
-        if state and state.get("state") in ("running", "exited"):
-            if state.get("error"):
-                return {"ok": False, "error": state["error"], "dir": folder, "state": state}
-            return {"ok": True, "dir": folder, "state": state}
-        time.sleep(0.005)
-    raise AgentFailure(f"the supervisor did not start within 30 s; see {folder}/supervisor.log")
+    try:
+        while not data.endswith(b"\n") and select.select([ready], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(ready, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(ready)
+        if middle:
+            os.waitpid(middle, 0)  # systemd-run's interpreter, which forked the supervisor and exited
+    state = None
+    if data.endswith(b"\n"):
+        try:
+            state = json_loads(data)
+        except ValueError:
+            state = None
+    if state is None:
+        if cgroup and not cg_populated(cgroup):
+            cg_remove(cgroup)
+        why = "did not start within 30 s" if not data and time.monotonic() >= deadline else "ended at once"
+        raise AgentFailure(f"the supervisor {why}; see {folder}/supervisor.log")
+    if state.get("error"):
+        if state.get("unwritable"):
+            _discard(folder)  # nothing ran: the same attempt may be started again once there is room
+        return {"ok": False, "error": state["error"], "dir": folder, "state": state}
+    return {"ok": True, "dir": folder, "state": state}
+
+
+def _discard(folder: str) -> None:
+    """Remove an attempt directory whose start failed before anything ran."""
+    for folder_, _dirs, files in sorted(os.walk(folder), key=lambda entry: -len(entry[0])):
+        for name in files:
+            try:
+                os.unlink(os.path.join(folder_, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(folder_)
+        except OSError:
+            pass
+
+
+def _make_cgroup(job: str, node: int, attempt: int) -> tuple[str | None, str]:
+    """Make the attempt's cgroup (and its ``job`` child, for torchrun and everything it starts)."""
+    parent, why = cgroup_parent()
+    if parent is None:
+        return None, why
+    name = f"clusterrun-{job}-n{node}-a{attempt}"
+    for suffix in ("", *(f"-{os.urandom(3).hex()}" for _ in range(3))):  # a stale one of the same name
+        path = os.path.join(parent, name + suffix)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            return None, f"cannot make a cgroup in {parent}: {os.strerror(exc.errno or 0)}"
+        try:
+            os.mkdir(os.path.join(path, "job"))
+        except OSError as exc:
+            cg_remove(path)
+            return None, f"cannot make a cgroup in {path}: {os.strerror(exc.errno or 0)}"
+        return path, ""
+    return None, f"cannot make a cgroup in {parent}: {name} exists"
+
+
+def static_fallbacks() -> list[str]:
+    """What this host's Python lacks that the supervisor would use (the rest it finds itself)."""
+    if hasattr(os, "pidfd_open"):
+        return []
+    return ["no pidfd (Python {}.{}): processes are signalled by pid after a check of their start time"
+            .format(*sys.version_info[:2])]
+
+
+def _capture(argv: list[str], timeout: float = 5.0) -> str | None:
+    """The stdout of ``argv`` (found on PATH), or None if it cannot run or fails (no subprocess)."""
+    try:
+        out_r, out_w = os.pipe()
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:
+        try:
+            os.close(out_r)
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(out_w, 1)
+            os.dup2(null, 2)
+            os.execvp(argv[0], argv)
+        finally:
+            os._exit(127)
+    os.close(out_w)
+    data, deadline = b"", time.monotonic() + timeout
+    try:
+        while select.select([out_r], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(out_r, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(out_r)
+    done, status = os.waitpid(pid, os.WNOHANG)
+    while done == 0 and time.monotonic() < deadline:  # its output ended: its exit follows at once
+        time.sleep(0.002)
+        done, status = os.waitpid(pid, os.WNOHANG)
+    if done == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return None
+    return data.decode("utf-8", "replace") if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else None
+
+
+def _logind_settings() -> dict[str, str]:
+    """logind's KillUserProcesses, KillOnlyUsers and KillExcludeUsers: asked of logind through
+    ``loginctl``, else read from logind.conf and its drop-ins (later files win)."""
+    out = _capture(["loginctl", "show-session", "-p", "KillUserProcesses", "-p", "KillOnlyUsers",
+                    "-p", "KillExcludeUsers"])
+    text = out if out and "KillUserProcesses=" in out else ""
+    if not text:
+        files = ["/etc/systemd/logind.conf"]
+        for folder in ("/usr/lib/systemd/logind.conf.d", "/run/systemd/logind.conf.d", "/etc/systemd/logind.conf.d"):
+            try:
+                files += sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".conf"))
+            except OSError:
+                pass
+        for path in files:
+            try:
+                with open(path) as f:
+                    text += f.read() + "\n"
+            except OSError:
+                pass
+    settings = {"KillExcludeUsers": "root"}
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key in ("KillUserProcesses", "KillOnlyUsers", "KillExcludeUsers"):
+            settings[key] = value.strip()
+    return settings
+
+
+def logind_problem() -> str:
+    """Why a supervisor started from here would die when the SSH session ends, or "".
+
+    logind with ``KillUserProcesses=yes`` kills every process of a login session's scope
+    (``session-N.scope``) at logout, a detached one too. As root with a cgroup the supervisor
+    leaves the session (its own cgroup at the top); otherwise the start is refused."""
+    own = _own_cgroup() or ""
+    if not any(part.startswith("session-") and part.endswith(".scope") for part in own.split("/")):
+        return ""
+    if cgroup_parent()[0] is not None and os.geteuid() == 0:
+        return ""
+    settings = _logind_settings()
+    if settings.get("KillUserProcesses", "no").lower() not in ("yes", "true", "1", "on"):
+        return ""
+    user = _user_name()
+    only, exclude = settings.get("KillOnlyUsers", "").split(), settings.get("KillExcludeUsers", "").split()
+    if user in exclude or (only and user not in only):
+        return ""
+    return (f"logind kills every process of this login session ({own}) at logout (KillUserProcesses=yes), "
+            "a detached one too, and there is no systemd user manager with linger to start the job in "
+            f"instead: nothing was started. Fix: `loginctl enable-linger {user}` (keeps your systemd user "
+            "manager running after you log out; clusterrun then starts each job in a scope of it, outside "
+            f"the session), or KillExcludeUsers={user} in /etc/systemd/logind.conf, or run the job as root")
 
 
 def _load_state(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     folder = _attempt_dir(req)
-    state = _read_json(os.path.join(folder, "state.json"))
+    state = _read_state(folder)
     if state is None:
         raise AgentFailure("no job {} node {} attempt {} in {}".format(req.get("job"), req.get("node"),
                                                                  req.get("attempt"), folder))
     return folder, state
+
+
+def _read_state(folder: str) -> dict[str, Any] | None:
+    """state.json, with ``degraded`` set if the supervisor could not write everything since."""
+    state = _read_json(os.path.join(folder, "state.json"))
+    if state is not None and not state.get("degraded"):
+        reason = _degraded(folder)
+        if reason:
+            state = dict(state, degraded=reason)
+    return state
+
+
+def _degraded(folder: str) -> str | None:
+    """Why the supervisor could not write to its attempt directory (its ``degraded`` marker)."""
+    try:
+        with open(os.path.join(folder, "degraded"), "rb") as f:
+            reason = f.read().decode("utf-8", "replace").strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        reason = f"({exc.strerror})"
+    if reason and not reason.startswith("("):
+        return reason
+    try:
+        fs = os.statvfs(folder)
+        if fs.f_flag & os.ST_RDONLY:
+            reason = f"(the file system of {folder} is read-only)"
+        elif fs.f_bavail == 0:
+            reason = f"(no space left on the file system of {folder})"
+    except OSError:
+        pass
+    return f"the supervisor could not write its state {reason or '(a full disk or a quota?)'}"
 
 
 def _is_alive(entry: dict[str, Any] | None) -> bool:
@@ -778,6 +1316,14 @@ def _absent(req: dict[str, Any]) -> dict[str, Any] | None:
             "log_size": 0, "killed": [], "left": []}
 
 
+def _forget_cgroup(state: dict[str, Any]) -> None:
+    """Remove the cgroup of an attempt whose supervisor is gone (SIGKILLed, so it could not) once
+    nothing is left in it; a populated one stays for the stop to kill."""
+    cgroup = state.get("cgroup")
+    if cgroup and os.path.isdir(cgroup) and not cg_populated(cgroup):
+        cg_remove(cgroup)
+
+
 def op_status(req: dict[str, Any]) -> dict[str, Any]:
     absent = _absent(req)
     if absent is not None:
@@ -787,14 +1333,17 @@ def op_status(req: dict[str, Any]) -> dict[str, Any]:
     alive = {"supervisor": same_boot and _is_alive(state.get("supervisor")),
              "torchrun": same_boot and _is_alive(state.get("torchrun"))}
     if state.get("state") != "exited" and not any(alive.values()):
-        state = _read_json(os.path.join(folder, "state.json")) or state  # it may have ended just now
+        state = _read_state(folder) or state  # it may have ended just now
         if state.get("state") != "exited":
             state = dict(state, state="lost")
+    if not alive["supervisor"]:
+        _forget_cgroup(state)
     try:
         size = os.path.getsize(os.path.join(folder, "output.log"))
     except OSError:
         size = 0
-    return {"ok": True, "state": state, "alive": alive, "log_size": size}
+    return {"ok": True, "state": state, "alive": alive, "log_size": size, "degraded": state.get("degraded"),
+            "fallbacks": state.get("fallbacks") or [], "containment": "cgroup" if state.get("cgroup") else "sweep"}
 
 
 _last_emit = [0.0]
@@ -834,6 +1383,7 @@ def op_follow(req: dict[str, Any]) -> None:
     want_logs = req.get("logs", True)
     once = bool(req.get("once"))
     state_path = os.path.join(folder, "state.json")
+    degraded_path = os.path.join(folder, "degraded")
     last_seen = None
     waker: Waker | None = None
     pins: dict[tuple[int, int | None], PidHandle | None] = {}  # the supervisor and torchrun, by pidfd
@@ -857,18 +1407,19 @@ def op_follow(req: dict[str, Any]) -> None:
                     continue
             try:
                 seen = os.stat(state_path)
-                version = (seen.st_ino, seen.st_mtime_ns, seen.st_size)  # replaced by a rename
+                # replaced by a rename; a ``degraded`` marker changes what is sent too
+                version = (seen.st_ino, seen.st_mtime_ns, seen.st_size, os.path.exists(degraded_path))
             except OSError:
                 version = None
             if version != last_seen:
                 last_seen = version
-                state = _read_json(state_path) or state
+                state = _read_state(folder) or state
                 _emit({"t": "state", "state": state})
             ended = state.get("state") == "exited"
             if not ended and not _job_alive(state):
                 # Read the state again: the supervisor may have written its last word and exited
                 # since the read above. Only if it still says nothing is the node lost.
-                state = _read_json(state_path) or state
+                state = _read_state(folder) or state
                 ended = True
                 if state.get("state") != "exited":
                     state = dict(state, state="lost")
@@ -915,19 +1466,39 @@ def _pin_job(state: dict[str, Any], pins: dict[tuple[int, int | None], PidHandle
             pins[(entry["pid"], entry.get("start_time"))] = pin(entry["pid"], entry.get("start_time"))
 
 
+UNSEEN = "processes that left the job's tree, session and environment could not be seen"
+
+
 def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     absent = _absent(req)
     if absent is not None:
         return absent
-    folder, state = _load_state(req)
+    folder = _attempt_dir(req)
+    spec = _read_json(os.path.join(folder, "spec.json")) or {}
+    state = _read_state(folder)
+    notes: list[str] = []
+    if state is None:  # the supervisor never wrote it (it died, or the disk was full): find what we can
+        state = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "state": "starting",
+                 "fallbacks": spec.get("fallbacks") or []}
+        notes.append("no state.json: the supervisor never recorded the job's pids")
     grace = float(req.get("grace", 10))
     deadline = time.monotonic() + grace + 15
     killed: dict[int, dict[str, Any]] = {}
-    if state.get("boot_id") != _boot_id():
-        return {"ok": True, "killed": [], "left": [], "state": state, "note": "the host rebooted since the job started"}
+    base = {"ok": True, "fallbacks": state.get("fallbacks") or [], "degraded": state.get("degraded"), "notes": notes}
+    if state.get("boot_id") and state.get("boot_id") != _boot_id():
+        _forget_cgroup(state)
+        return dict(base, killed=[], left=[], state=state, containment="reboot", verified=True,
+                    detail="the host rebooted since the job started: nothing of it can be running")
     if state.get("state") != "exited":
-        with open(os.path.join(folder, "stop"), "w"):
-            pass
+        try:
+            with open(os.path.join(folder, "stop"), "w"):
+                pass
+        except OSError as exc:
+            notes.append(f"could not record the stop request: {_fs_problem(exc)}")
+    # The cgroup counts once the supervisor joined it (it says so in its first state); else the sweep.
+    cgroup = state.get("cgroup") or None
+    if cgroup is None and spec.get("cgroup") and state.get("state") == "starting" and os.path.isdir(spec["cgroup"]):
+        cgroup = spec["cgroup"]  # the supervisor could not record it (a full disk): the cgroup is there
     scope = JobScope(state, exclude={os.getpid()})
     tr = state.get("torchrun") or {}
     torchrun = pin(tr["pid"], tr.get("start_time")) if tr.get("pid") else None
@@ -940,7 +1511,13 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
             killed[torchrun.pid] = dict(entry, signal="SIGKILL")
             torchrun.wait(5)
         torchrun.close()
-    left = scope.sweep(term_wait=2.0, deadline=deadline, killed=killed)
+    method = ""
+    if cgroup:
+        job = os.path.join(cgroup, "job")
+        if os.path.isdir(job):
+            method = cg_kill(job, killed)
+            cg_wait_empty(job, deadline)
+    scope.sweep(term_wait=0.5 if cgroup else 2.0, deadline=deadline, killed=killed)
     sup = state.get("supervisor") or {}
     supervisor = pin(sup["pid"], sup.get("start_time")) if sup.get("pid") else None
     if supervisor is not None:
@@ -948,14 +1525,39 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
             supervisor.signal(signal.SIGKILL)
             supervisor.wait(5)
         supervisor.close()
-    final = _read_json(os.path.join(folder, "state.json")) or state
+    cgroup_empty = False
+    if cgroup:
+        if os.path.isdir(cgroup):  # the supervisor was killed before it could remove it
+            used = cg_kill(cgroup, killed)
+            method = method or used
+            cg_wait_empty(cgroup, deadline)
+        cgroup_empty = not cg_populated(cgroup)
+        if cgroup_empty and not cg_remove(cgroup):
+            notes.append(f"could not remove the empty cgroup {cgroup}")
+    final = _read_state(folder) or state
     if final.get("state") != "exited":
         final = dict(final, state="exited", stop_requested=True,
                      error=final.get("error") or "the supervisor ended without recording an exit")
-        _write_json_atomic(os.path.join(folder, "state.json"), final)
+        try:
+            _write_json_atomic(os.path.join(folder, "state.json"), final)
+        except OSError as exc:
+            notes.append(f"could not record the end of the job in state.json: {_fs_problem(exc)}")
     procs = all_procs()
     left = [procs[pid].as_dict() for pid in sorted(scope.members(procs))]  # verify: nothing may be left
-    return {"ok": True, "killed": sorted(killed.values(), key=lambda e: e["pid"]), "left": left, "state": final}
+    if cgroup:
+        seen = {e["pid"] for e in left}
+        left += [info.as_dict() for pid in cg_pids(cgroup) if pid not in seen and (info := proc_info(pid))]
+    count = len(killed)
+    if cgroup:
+        detail = (f"cgroup {cgroup} is empty and removed" if cgroup_empty and not left
+                  else f"cgroup {cgroup} is NOT empty")
+        if method and method != "gone":
+            detail += f" ({method})"
+    else:
+        detail = f"swept {count} process{'es' if count != 1 else ''}; {UNSEEN}"
+    return dict(base, killed=sorted(killed.values(), key=lambda e: e["pid"]), left=left, state=final,
+                containment="cgroup" if cgroup else "sweep", verified=bool(cgroup) and cgroup_empty and not left,
+                detail=detail, degraded=final.get("degraded") or state.get("degraded"))
 
 
 # ----------------------------------------------------------------------------------- supervisor
@@ -1048,6 +1650,7 @@ class RankLogs:
     def __init__(self, root: str, out_fd: int, first_rank: int, waker: Waker | None = None) -> None:
         self.root, self.out_fd, self.first_rank = root, out_fd, first_rank
         self.files: dict[str, list[Any]] = {}  # path → [file, pending bytes, prefix]
+        self.error: str | None = None
         self.waker = waker  # told to watch every directory of the tree
 
     def _discover(self) -> bool:
@@ -1082,8 +1685,11 @@ class RankLogs:
                 pending = b""
             entry[1] = pending
         data = b"".join(out)
-        while data:
-            data = data[os.write(self.out_fd, data):]
+        try:
+            while data:
+                data = data[os.write(self.out_fd, data):]
+        except OSError as exc:  # a full disk: the lines are lost, the job goes on
+            self.error = f"lines of the workers were lost: cannot write output.log: {_fs_problem(exc)}"
         return found
 
     def close(self) -> None:
@@ -1091,13 +1697,14 @@ class RankLogs:
             handle.close()
 
 
-def _spawn_job(argv: list[str], env: dict[str, str], cwd: str | None, out_fd: int) -> int:
+def _spawn_job(argv: list[str], env: dict[str, str], cwd: str | None, out_fd: int, cgroup: str | None = None) -> int:
     """Start ``argv`` (found on ``env``'s PATH) in a session of its own, stdin from /dev/null and
     stdout and stderr to ``out_fd``; its pid, or the ``OSError`` that kept it from running.
 
     What ``subprocess.Popen(..., start_new_session=True)`` does, without importing subprocess
     (paid on the way to every node's start). Every other descriptor of the supervisor
     is close-on-exec (Python opens them so), so the job inherits none of them.
+    With ``cgroup``, the child moves itself there before anything else runs in it.
     """
     errors_r, errors_w = os.pipe()  # close-on-exec: the parent reads EOF once exec succeeded
     pid = os.fork()
@@ -1105,6 +1712,11 @@ def _spawn_job(argv: list[str], env: dict[str, str], cwd: str | None, out_fd: in
         failure = b"OSError"
         try:
             os.close(errors_r)
+            if cgroup:
+                try:
+                    cg_write(os.path.join(cgroup, "cgroup.procs"), b"0")
+                except OSError:
+                    pass  # it stays in the supervisor's cgroup, which the supervisor notices
             os.setsid()
             for sig in ("SIGPIPE", "SIGXFSZ"):  # Python ignores them; as subprocess does, not the job
                 if hasattr(signal, sig):
@@ -1138,40 +1750,106 @@ def _spawn_job(argv: list[str], env: dict[str, str], cwd: str | None, out_fd: in
 class Supervisor:
     """Runs one node's torchrun: create → run() → (torchrun exits) → sweep → final state."""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, ready_fd: int = -1) -> None:
         self.folder = folder
         spec = _read_json(os.path.join(folder, "spec.json"))
         if spec is None:
             raise SystemExit(f"clusterrun supervisor: no spec.json in {folder}")
         self.spec = spec
+        self.ready_fd = ready_fd
+        self.cgroup: str | None = spec.get("cgroup")
+        self.job_cgroup: str | None = os.path.join(self.cgroup, "job") if self.cgroup else None
         me = proc_info(os.getpid())
         self.state = {
             "state": "starting", "job": spec["job"], "node": spec["node"], "attempt": spec["attempt"],
             "boot_id": _boot_id(), "supervisor": {"pid": os.getpid(), "start_time": me.start_time if me else None},
             "torchrun": None, "exit_code": None, "signal": None, "error": None, "stop_requested": False,
             "workers": [], "sessions": [], "started_at": time.time(), "ended_at": None,
+            "cgroup": None, "fallbacks": list(spec.get("fallbacks") or []), "degraded": None,
         }
         self.term_requested = False
         self.workers: dict[int, PidHandle] = {}
 
-    def save(self) -> None:
-        _write_json_atomic(os.path.join(self.folder, "state.json"), self.state)
+    def save(self) -> bool:
+        """Write the state; on a full or read-only disk keep it in memory and go on supervising
+        (stopping needs no disk), and leave a ``degraded`` marker for the agent where one fits."""
+        try:
+            _write_json_atomic(os.path.join(self.folder, "state.json"), self.state)
+            return True
+        except OSError as exc:
+            self._degrade(f"cannot write state.json: {_fs_problem(exc)}")
+            return False
+
+    def _degrade(self, reason: str) -> None:
+        if self.state.get("degraded"):
+            return
+        self.state["degraded"] = reason
+        try:
+            print(f"clusterrun supervisor: degraded: {reason}", flush=True)
+        except OSError:
+            pass  # supervisor.log is on the same disk
+        try:  # an empty file needs an inode, not a block: it often fits where the state did not
+            fd = os.open(os.path.join(self.folder, "degraded"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, reason.encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+
+    def _ready(self) -> None:
+        """Tell the agent that started us how the start went (once), whether or not it is on disk."""
+        if self.ready_fd >= 0:
+            try:
+                os.write(self.ready_fd, json_dumps(self.state).encode() + b"\n")
+            except OSError:
+                pass  # the agent is gone: the state file says it
+            os.close(self.ready_fd)
+            self.ready_fd = -1
 
     def _on_term(self, signum: int, frame: object) -> None:
         self.term_requested = True
+
+    def _join_cgroup(self) -> None:
+        if self.spec.get("user_scope"):  # started by systemd-run in a scope delegated to the user
+            self.cgroup, why = _make_cgroup(self.spec["job"], self.spec["node"], self.spec["attempt"])
+            self.job_cgroup = os.path.join(self.cgroup, "job") if self.cgroup else None
+            if why:
+                self.state["fallbacks"].append(f"no cgroup: {why}")
+        if not self.cgroup:
+            return
+        try:
+            cg_write(os.path.join(self.cgroup, "cgroup.procs"), str(os.getpid()).encode())
+        except OSError as exc:
+            self.state["fallbacks"].append(f"no cgroup: cannot join {self.cgroup}: {os.strerror(exc.errno or 0)}")
+            cg_remove(self.cgroup)
+            self.cgroup = self.job_cgroup = None
+        self.state["cgroup"] = self.cgroup
+
+    def _leave_cgroup(self) -> None:
+        """Once nothing of the job is left: move out of the attempt's cgroup and remove it."""
+        if not self.cgroup:
+            return
+        try:
+            cg_write(os.path.join(os.path.dirname(self.cgroup), "cgroup.procs"), str(os.getpid()).encode())
+        except OSError:
+            return  # the stop removes it once the supervisor has exited
+        self.state["cgroup_removed"] = cg_remove(self.cgroup)
 
     def run(self) -> int:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, self._on_term)
-        _set_subreaper()
+        self._join_cgroup()
+        if not _set_subreaper():
+            self.state["fallbacks"].append("no subreaper (prctl through ctypes failed): orphans of the job go to "
+                                           "init and are found by marker and session only")
         env = dict(os.environ)
         env.update(self.spec["env"])
-        key, _, value = _marker(self.spec["job"], self.spec["node"]).partition("=")
+        key, _, value = _marker(self.spec["job"], self.spec["node"], self.spec["attempt"]).partition("=")
         env[key] = value
         # torchrun's --log-dir, inside this attempt's private directory (never the log we keep)
         env["PET_LOG_DIR"] = os.path.join(self.folder, "torchrun")
-        log_fd = os.open(os.path.join(self.folder, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         # Woken by a child's end and by SIGTERM: their handlers write to this pipe (a handler for
         # SIGCHLD, not SIG_IGN, which would reap torchrun before its status is read).
         self.wakeup, wakeup_w = os.pipe()
@@ -1180,21 +1858,40 @@ class Supervisor:
         signal.set_wakeup_fd(wakeup_w)
         signal.signal(signal.SIGCHLD, _ignore)
         self.waker = Waker()
-        os.makedirs(env["PET_LOG_DIR"], mode=0o700, exist_ok=True)  # torchrun accepts it existing
+        if self.waker.fd < 0:
+            self.state["fallbacks"].append("no inotify: the supervisor polls (20 times a second)")
+        try:
+            log_fd = os.open(os.path.join(self.folder, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.makedirs(env["PET_LOG_DIR"], mode=0o700, exist_ok=True)  # torchrun accepts it existing
+            _write_json_atomic(os.path.join(self.folder, "state.json"), self.state)  # nothing runs yet
+        except OSError as exc:
+            self.state.update(state="exited", ended_at=time.time(), unwritable=True,
+                              error=f"cannot write to the state dir {self.folder}: {_fs_problem(exc)}; nothing was "
+                                    "started (free space there or set `state_dir:` for this host)")
+            self._leave_cgroup()
+            self._ready()
+            return 1
         self.rank_logs = RankLogs(env["PET_LOG_DIR"], log_fd, int(self.spec.get("first_rank") or 0), self.waker)
         try:
-            pid = _spawn_job(self.spec["argv"], env, self.spec.get("cwd") or None, log_fd)
+            pid = _spawn_job(self.spec["argv"], env, self.spec.get("cwd") or None, log_fd, self.job_cgroup)
         except OSError as exc:
             os.close(log_fd)
             self.state.update(state="exited", error="could not start {}: {}".format(self.spec["argv"][0], exc),
                               ended_at=time.time())
+            self._leave_cgroup()
             self.save()
+            self._ready()
             return 1
         info = proc_info(pid)
         torchrun = PidHandle(pid)
+        if self.job_cgroup and _own_cgroup(pid) != _cgroup_path(self.job_cgroup):
+            self.state["fallbacks"].append(f"torchrun is not in {self.job_cgroup}: a stop kills the attempt's "
+                                           "whole cgroup instead")
+            self.job_cgroup = None
         self.state.update(state="running", torchrun={"pid": pid, "start_time": info.start_time if info else None})
         self.state["sessions"] = [pid]
         self.save()
+        self._ready()
         status = self._watch(torchrun)
         torchrun.close()
         if os.WIFSIGNALED(status):
@@ -1202,14 +1899,20 @@ class Supervisor:
             self.state["exit_code"] = -os.WTERMSIG(status)
         else:
             self.state["exit_code"] = os.WEXITSTATUS(status)
-        self.state["stop_requested"] = os.path.exists(os.path.join(self.folder, "stop"))
+        self.state["stop_requested"] = self.term_requested or os.path.exists(os.path.join(self.folder, "stop"))
         self.save()
+        if self.job_cgroup:  # what torchrun left behind, all of it, at once
+            cg_kill(self.job_cgroup, {})
+            cg_wait_empty(self.job_cgroup, time.monotonic() + 10)
         scope = JobScope(self.state, exclude={os.getpid()})
         scope.sweep(term_wait=2.0, deadline=time.monotonic() + 20, killed={})
         self._reap_all(timeout=10)
         self.rank_logs.poll(final=True)  # nothing of the job is left to write: the rest, partial lines too
         self.rank_logs.close()
+        if self.rank_logs.error:
+            self._degrade(self.rank_logs.error)
         os.close(log_fd)
+        self._leave_cgroup()
         self.state.update(state="exited", ended_at=time.time())
         self.save()
         return 0
@@ -1221,7 +1924,7 @@ class Supervisor:
         waker = self.waker
         last_scan = last_merge = 0.0
         busy_until = time.monotonic() + BUSY  # torchrun is about to start its workers
-        forwarded = False
+        forwarded = unsaved = False
         while True:
             now = time.monotonic()
             polling = not waker.reliable or any(h.fd < 0 for h in self.workers.values())
@@ -1261,8 +1964,10 @@ class Supervisor:
             last_merge = time.monotonic()
             if self.rank_logs.poll():
                 busy_until = last_merge + BUSY
-            if changed:
-                self.save()
+            if self.rank_logs.error:
+                self._degrade(self.rank_logs.error)
+            if changed or (unsaved and now - last_scan < 0.1):  # after a failed write: at each scan
+                unsaved = not self.save()
             if status is not None:
                 for w in self.state["workers"]:
                     if w["died"] is None:
@@ -1322,14 +2027,15 @@ def _drain(fd: int) -> None:
         pass
 
 
-def _set_subreaper() -> None:
+def _set_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants; False where that failed."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (ImportError, OSError, AttributeError):  # ImportError: a Python built without ctypes
-        pass  # the marker and the recorded sessions still find the job's processes
+        return False  # the marker and the recorded sessions still find the job's processes
 
 
 # ------------------------------------------------------------------------------------ entry points
@@ -1383,3 +2089,5 @@ def serve() -> int:
 
 if __name__ == "__clusterrun_agent__":
     sys.exit(serve())
+elif __name__ == "__clusterrun_supervisor__":
+    _supervise_in_scope(sys.argv[1])

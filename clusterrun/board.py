@@ -243,12 +243,5 @@ class Board:
 
 
 def describe_stop(report: StopReport) -> str:
-    """One line of a verified stop's report."""
-    where = f"node{report.node} {report.host}"
-    if report.error:
-        return f"{where}: could not be stopped: {report.error}"
-    killed = report.killed_text()
-    if report.left:
-        left = ", ".join(f"{p.get('name')}[{p.get('pid')}]" for p in report.left)
-        return f"{where}: stopped {killed}; STILL RUNNING: {left}"
-    return f"{where}: stopped {killed}; verified: nothing of the job is left"
+    """One line of a stop's report (which guarantee held: see ``StopReport.describe``)."""
+    return report.describe() + (f"; degraded: {report.degraded}" if report.degraded else "")

@@ -1,6 +1,6 @@
 """The ``clusterrun`` command. The only place that turns exceptions into messages and exit codes.
 
-Exit codes: 0 the job succeeded (``down``: everything stopped and verified) · 1 the job failed
+Exit codes: 0 the job succeeded (``down``: stopped, nothing it could see is left) · 1 the job failed
 (a node exited non-zero, was lost or stopped; ``down``: something is still running) · 2 bad input
 (hosts file, options, an unknown or ambiguous job) or a bad environment on this machine: the
 controller's state directory cannot be read or written (read-only, full, no permission; ``up``:
@@ -35,7 +35,16 @@ from clusterrun.config import ClusterSpec, load_cluster
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import JobResult, JobState
 from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.lifecycle import daemonize, follower, new_record, read_logs, refresh, save_seen, spec_of
+from clusterrun.lifecycle import (
+    daemonize,
+    follower,
+    new_record,
+    node_statuses,
+    read_logs,
+    refresh,
+    save_seen,
+    spec_of,
+)
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
 from clusterrun.printer import Printer
@@ -80,7 +89,7 @@ def main() -> None:
     clusterrun ps [JOB]                    jobs, or one job's nodes
     clusterrun logs [-f] JOB               a job's logs
     clusterrun attach JOB                  follow a running job again
-    clusterrun down JOB                    stop it on every host, verified
+    clusterrun down JOB                    stop it on every host; says what was verified
     clusterrun restart JOB                 stop it and start it again as a new attempt
     clusterrun wait JOB                    block until it ends; exit 0 if it succeeded
     """
@@ -154,7 +163,7 @@ def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ..
                       "and its arguments; nothing was started", hint=hint)
 
 
-def _print_plan(plan: LaunchPlan) -> None:
+def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]]) -> None:
     click.echo(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
                f"master {plan.master_addr}:{plan.master_port}")
     for node in plan.nodes:
@@ -165,6 +174,17 @@ def _print_plan(plan: LaunchPlan) -> None:
         for key in sorted(node.env):
             click.echo(f"    {key}={shlex.quote(node.env[key])}")
         click.echo(f"  command: {shlex.join(node.argv)}")
+        click.echo(_guarantee(fallbacks.get(node.rank) or ()))
+
+
+def _guarantee(fallbacks: Sequence[str], prefix: str = "  ") -> str:
+    """How a stop will be verified on a host, and what else it lacks (from its probe or status)."""
+    if any(f.startswith("no cgroup") for f in fallbacks):
+        text = (f"{prefix}stop: a sweep (no cgroup: processes that leave the job's tree, session and "
+                "environment cannot be seen)")
+    else:
+        text = f"{prefix}stop: verified by the attempt's cgroup"
+    return text + "".join(f"\n{prefix}fallback: {f}" for f in fallbacks)
 
 
 @contextmanager
@@ -270,7 +290,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
             _note("interrupted while connecting to the hosts; nothing was started")
             sys.exit(EXIT_SIGNAL[signal.SIGINT])
         if dry_run:
-            _print_plan(plan)
+            _print_plan(plan, job.host_fallbacks)
             return
         record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
                             local_cwd=os.getcwd(), ssh_config=ssh_config, unreachable_timeout=unreachable_timeout,
@@ -438,8 +458,16 @@ def ps(job: str | None, as_json: bool) -> None:
     if job is not None:
         store, record = _open_job(job)
         record = _refresh(store, record)
+        try:
+            answers = node_statuses(record)
+        except ClusterrunError:  # the recorded hosts file cannot be read: the record alone is shown
+            answers = {}
+        statuses = {rank: a for rank, a in answers.items() if not isinstance(a, ClusterrunError)}
         if as_json:
-            click.echo(json.dumps(record.to_json(), indent=1, sort_keys=True))
+            data = record.to_json()
+            data["hosts"] = {str(rank): {key: a.get(key) for key in ("containment", "fallbacks", "degraded")}
+                             for rank, a in statuses.items()}
+            click.echo(json.dumps(data, indent=1, sort_keys=True))
             return
         attempt = record.attempts[-1] if record.attempts else None
         click.echo(f"job {record.job_id} ({record.name}): {record.state}, attempt {record.attempt}, "
@@ -451,6 +479,13 @@ def ps(job: str | None, as_json: bool) -> None:
         _table(rows)
         if attempt is not None and attempt.root_cause:  # its last lines are the rank's output
             click.echo(f"root cause: {safe(attempt.root_cause, colour=False)}")
+        for rank, answer in sorted(statuses.items()):
+            if answer.get("state", {}).get("state") == "absent":
+                continue
+            where = f"node{rank} {record.nodes[rank].host}: "
+            click.echo(_guarantee(answer.get("fallbacks") or (), prefix=where))
+            if answer.get("degraded"):
+                click.echo(f"{where}degraded: {answer['degraded']}")
         return
     store = JobStore()
     records = [_refresh(store, r) for r in store.all()]
@@ -574,7 +609,11 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int) -> None:
 @click.option("--grace", type=click.FloatRange(min=0), help="Seconds torchrun gets to stop its workers "
               "(default: the job's --grace).")
 def down(job: str, grace: float | None) -> None:
-    """Stop JOB on every host and verify that nothing of it is left (idempotent). Also `stop`."""
+    """Stop JOB on every host (idempotent). Also `stop`.
+
+    Each host's report says which guarantee held: verified by the attempt's cgroup (nothing of
+    the job is left), or a sweep where the host has no cgroup for it (a process that left the
+    job's tree, session and environment could not be seen)."""
     store, record = _open_job(job)
     _note(f"stopping job {record.job_id} (attempt {record.attempt}) on {len(record.nodes)} hosts")
     reports, unrecorded = stop_recorded(store, record, grace)
@@ -588,7 +627,12 @@ def down(job: str, grace: float | None) -> None:
         sys.exit(EXIT_HOSTS)
     if any(r.left for r in reports.values()):
         sys.exit(EXIT_FAILED)
-    _note(f"job {record.job_id} stopped; nothing of it is left on any host")
+    swept = [r.host for r in reports.values() if not r.complete]
+    if swept:
+        _note(f"job {record.job_id} stopped; swept without a cgroup on {', '.join(swept)}: processes that left "
+              "the job's tree, session and environment could not be seen there")
+    else:
+        _note(f"job {record.job_id} stopped; nothing of it is left on any host (verified by cgroup)")
     if unrecorded is not None:
         sys.exit(EXIT_USAGE)
 

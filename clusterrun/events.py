@@ -127,21 +127,73 @@ class RootCause:
 
 @dataclass(frozen=True)
 class StopReport:
-    """What the agent's verified stop did on one node."""
+    """What the agent's stop did on one node, and which guarantee held.
+
+    ``containment`` is ``cgroup`` (``verified``: the attempt's cgroup was empty, then removed),
+    ``sweep`` (no cgroup on that host: ``left == ()`` only means that no process the sweep could
+    see is left), ``reboot`` (the host rebooted since), or None (no answer, or an older agent)."""
 
     node: int
     host: str
     killed: tuple[dict[str, Any], ...] = ()
     left: tuple[dict[str, Any], ...] = ()
     error: str | None = None
+    containment: str | None = None
+    verified: bool = False
+    detail: str = ""
+    fallbacks: tuple[str, ...] = ()
+    degraded: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_answer(cls, node: int, host: str, answer: dict[str, Any]) -> StopReport:
+        """The report of the agent's answer to ``stop`` (the one place that reads it)."""
+        return cls(node, host, killed=tuple(answer.get("killed") or ()), left=tuple(answer.get("left") or ()),
+                   containment=answer.get("containment"), verified=bool(answer.get("verified")),
+                   detail=str(answer.get("detail") or ""), fallbacks=tuple(answer.get("fallbacks") or ()),
+                   degraded=answer.get("degraded") or None, notes=tuple(answer.get("notes") or ()))
 
     @property
     def ok(self) -> bool:
+        """Stopped, and nothing the stop could see is left."""
         return self.error is None and not self.left
+
+    @property
+    def complete(self) -> bool:
+        """Stopped, and verified by a method that sees every process of the job (its cgroup)."""
+        return self.ok and self.verified
 
     def killed_text(self) -> str:
         """``python[123], pt_elastic[124]``, or ``nothing was running``."""
         return ", ".join(f"{k.get('name')}[{k.get('pid')}]" for k in self.killed) or "nothing was running"
+
+    def describe(self) -> str:
+        """One line: what was stopped and which guarantee holds."""
+        where = f"node{self.node} {self.host}"
+        if self.error:
+            return f"{where}: could not be stopped: {self.error}"
+        stopped = f"{where}: stopped {self.killed_text()}"
+        if self.left:
+            left = ", ".join(f"{p.get('name')}[{p.get('pid')}] state {p.get('state')}" for p in self.left)
+            return f"{stopped}; STILL RUNNING: {left}"
+        if self.containment == "cgroup" and self.verified:
+            return f"{stopped}; verified: nothing of the job is left (its cgroup is empty)"
+        if self.containment == "reboot":
+            return f"{stopped}; the host rebooted since the job started: nothing of it runs"
+        if self.containment == "sweep":
+            return f"{stopped}; swept: no process of the job that could be seen is left ({self.detail or 'no cgroup'})"
+        return f"{stopped}; no process of the job was found"
+
+    def remarks(self) -> list[str]:
+        """Further lines: why there was no cgroup, what could not be written on the host."""
+        where = f"node{self.node} {self.host}"
+        lines = []
+        if self.degraded:
+            lines.append(f"{where}: degraded: {self.degraded}")
+        lines += [f"{where}: {note}" for note in self.notes]
+        if self.containment == "sweep":
+            lines += [f"{where}: {fallback}" for fallback in self.fallbacks if fallback.startswith("no cgroup")]
+        return lines
 
 
 @dataclass(frozen=True)

@@ -225,6 +225,11 @@ def status_of(transport: Transport, record: JobRecord, rank: int) -> NodeStatus:
     return decode_status(transport.name, answer.get("state"), "status answer's state")
 
 
+def node_statuses(record: JobRecord) -> dict[int, Any]:
+    """Every node's ``status`` answer for the current attempt, or the error that kept it away."""
+    return per_node(record, lambda t, rank: t.call(request(record, rank, "status")))
+
+
 def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
     """Ask every host how the current attempt is doing and write that into the record.
 
@@ -359,8 +364,7 @@ def stop_job(record: JobRecord, *, grace: float | None = None) -> dict[int, Stop
         if isinstance(answer, ClusterrunError):
             reports[rank] = StopReport(rank, host, error=answer.render())
         else:
-            reports[rank] = StopReport(rank, host, killed=tuple(answer.get("killed") or ()),
-                                       left=tuple(answer.get("left") or ()))
+            reports[rank] = StopReport.from_answer(rank, host, answer)
     return reports
 
 

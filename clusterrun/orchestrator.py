@@ -136,6 +136,7 @@ class _Node:
     stop_sent: bool = False
     error: str | None = None  # why the node ended as it did, where its status does not say
     agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node
+    probe: Probe | None = None  # what its agent said of the host
 
     @property
     def host(self) -> str:
@@ -234,7 +235,14 @@ class Job:
         if not answer.torch:
             raise AgentError(node.host, f"torch is not installed for {node.transport.python}",
                              hint="install torch on that host, or set `python:` to an interpreter that has it")
+        node.probe = answer
         return answer
+
+    @property
+    def host_fallbacks(self) -> dict[int, list[str]]:
+        """What each probed host lacks, by node rank (no cgroup and why, no pidfd, ...): see the agent's probe."""
+        return {rank: list(node.probe.fallbacks if node.probe is not None else ())
+                for rank, node in enumerate(self._nodes)}
 
     def prepare(self) -> LaunchPlan:
         """Connect to and probe every host in parallel, then build the plan. Raises
@@ -479,8 +487,7 @@ class Job:
         except ClusterrunError as exc:
             report = StopReport(rank, node.host, error=exc.render())
         else:
-            report = StopReport(rank, node.host, killed=tuple(answer.get("killed") or ()),
-                                left=tuple(answer.get("left") or ()))
+            report = StopReport.from_answer(rank, node.host, answer)
         self.emit(NodeStopped(rank, report=report))
         return report
 

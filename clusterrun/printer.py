@@ -162,17 +162,10 @@ class Printer:
             self.summary(event.result)
 
     def report(self, report: StopReport) -> None:
-        """What a verified stop did on one node, and whether anything is left."""
-        if report.error:
-            self.note(f"node{report.node} {report.host}: could not be stopped: {report.error}")
-            return
-        killed = report.killed_text()
-        self.note(f"node{report.node} {report.host}: stopped: {killed}")
-        if report.left:
-            left = ", ".join(f"{p.get('name')}[{p.get('pid')}] state {p.get('state')}" for p in report.left)
-            self.note(f"node{report.node} {report.host}: STILL RUNNING after the stop: {left}")
-        else:
-            self.note(f"node{report.node} {report.host}: verified: no process of the job is left")
+        """What a stop did on one node, which guarantee held, and what the host could not record."""
+        self.note(report.describe())
+        for line in report.remarks():
+            self.note(line)
 
     def summary(self, result: JobResult) -> None:
         for node in result.nodes:

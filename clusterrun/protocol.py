@@ -79,6 +79,8 @@ class Probe:
     port: int | None
     state_dir: str
     protocol: int
+    containment: str = "sweep"  # what a stop on this host relies on: "cgroup" or "sweep"
+    fallbacks: tuple[str, ...] = ()  # what the host lacks, in words (no cgroup and why, no pidfd, ...)
 
     @property
     def python_version(self) -> tuple[int, ...]:
@@ -220,9 +222,13 @@ def decode_probe(host: str, answer: Any) -> Probe:
     flags = r.items("torchrun_flags")
     if not all(isinstance(f, str) for f in flags):
         raise r._fail("torchrun_flags", "a list of strings")
+    fallbacks = r.items("fallbacks")
+    if not all(isinstance(f, str) for f in fallbacks):
+        raise r._fail("fallbacks", "a list of strings")
     return Probe(hostname=r.need_text("hostname"), python=r.need_text("python"), torch=r.text("torch"),
                  torchrun_flags=tuple(flags), boot_id=r.need_text("boot_id"), port=r.integer("port"),
-                 state_dir=r.need_text("state_dir"), protocol=protocol)
+                 state_dir=r.need_text("state_dir"), protocol=protocol,
+                 containment=r.text("containment") or "sweep", fallbacks=tuple(fallbacks))
 
 
 def decode_follow(host: str, message: Any) -> FollowMessage:

@@ -61,7 +61,7 @@ def alive(pid: int, started: int) -> bool:
 
 
 def marked(job_id: str) -> list[int]:
-    """Pids of live processes carrying the job's marker (CLUSTERRUN_JOB=<job>.<node>)."""
+    """Pids of live processes carrying the job's marker (CLUSTERRUN_JOB=<job>.<node>.<attempt>), any attempt."""
     found = []
     needle = f"CLUSTERRUN_JOB={job_id}.".encode()
     for name in os.listdir("/proc"):

@@ -45,14 +45,16 @@ WIPED_LOGS = ("/var/log/wtmp", "/var/log/lastlog", "/var/log/btmp")
 # First process of a new PID namespace, inside the host's network namespace; ends by exec'ing sshd.
 BOOTSTRAP = """\
 set -eu
-name=$1 cidr=$2 hosts=$3 config=$4 passwd=$5 sshd=$6
-shift 6
+name=$1 cidr=$2 hosts=$3 config=$4 passwd=$5 sshd=$6 cgroup=$7
+shift 7
 mount --make-rprivate /
 ip link set lo up
 ip addr replace "$cidr" dev eth0  # a rebooted host finds its address kept
 ip link set eth0 up
 hostname "$name"
 mount -t tmpfs -o mode=0755,size=8m crsim-run /run
+# `ip netns exec` remounted /sys without cgroups: the host's cgroup2 where most distributions have it
+if [ "$cgroup" = yes ]; then mount -t cgroup2 crsim-cgroup2 /sys/fs/cgroup; fi
 mkdir -m 0755 /run/sshd
 mount --bind "$hosts" /etc/hosts
 for log in "$@"; do mount --bind /dev/null "$log"; done
@@ -127,6 +129,7 @@ class SimCluster:
     _links: list[str] = field(default_factory=list)
     _netns: list[str] = field(default_factory=list)
     _closed: bool = False
+    cgroup: bool = True
 
     def __post_init__(self) -> None:
         self.ssh_config, self.known_hosts = self.dir / "ssh_config", self.dir / "known_hosts"
@@ -138,12 +141,15 @@ class SimCluster:
 
     @classmethod
     def start(cls, n: int, *, login_shell: str | Mapping[str, str] | None = None,
-              sshd_options: Mapping[str, str] | None = None, isolated: bool | None = None) -> SimCluster:
+              sshd_options: Mapping[str, str] | None = None, isolated: bool | None = None,
+              cgroup: bool = True) -> SimCluster:
         """Start hosts ``sim1``…``simN``; return once every sshd accepts connections.
 
         ``login_shell`` replaces root's shell on every host (a str) or on the named hosts (a mapping), through a
         copy of /etc/passwd bind-mounted in the host. ``sshd_options`` override or add sshd_config keywords.
         ``isolated=None`` uses namespaces where permitted; False forces the loopback fallback; True refuses it.
+        ``cgroup`` mounts cgroup2 at ``/sys/fs/cgroup`` in every host (the one hierarchy of this kernel, as a
+        real host has it); False leaves the hosts without cgroups (the loopback fallback always sees this one's).
         """
         if not 1 <= n <= 200:
             raise ValueError(f"n must be between 1 and 200, not {n}")
@@ -158,7 +164,7 @@ class SimCluster:
             if login_shell:
                 raise SimHostError("login_shell needs a mount namespace per host, which the fallback has not")
         folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{os.getpid()}-"))
-        cluster = cls(dir=folder, isolated=not reason, fallback_reason=reason)
+        cluster = cls(dir=folder, isolated=not reason, fallback_reason=reason, cgroup=cgroup)
         _OPEN.append(cluster)
         try:
             cluster._start(n, login_shell, dict(sshd_options or {}))
@@ -258,7 +264,8 @@ class SimCluster:
             argv = [IP, "netns", "exec", netns, "unshare", "--pid", "--fork", "--mount-proc", "--uts", "--mount",
                     "--propagation", "private", "--kill-child", "sh", str(self.dir / "bootstrap.sh"), host.name,
                     f"{host.address}/24", str(self.dir / "hosts"), str(folder / "sshd_config"),
-                    str(passwd) if passwd.exists() else "", SSHD, *filter(os.path.isfile, WIPED_LOGS)]
+                    str(passwd) if passwd.exists() else "", SSHD, "yes" if self.cgroup else "no",
+                    *filter(os.path.isfile, WIPED_LOGS)]
         else:
             argv = [SSHD, "-D", "-e", "-f", str(folder / "sshd_config")]
         with open(host.log, "wb") as log:

@@ -182,7 +182,8 @@ def test_script_arguments_and_the_separator_still_pass_verbatim(tmp_path: Path) 
                        (["--", "-odd.py", "--steps", "2"], "-odd.py --steps 2")):
         proc = clusterrun("up", "--dry-run", str(hosts), *args, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.rstrip().endswith(tail), proc.stdout
+        command = next(line for line in proc.stdout.splitlines() if line.startswith("  command: "))
+        assert command.endswith(tail), proc.stdout
 
 
 def test_ps_shows_a_rank_s_escape_sequences_escaped(controller_state: Path) -> None:

@@ -155,7 +155,7 @@ def test_down_stops_everything_even_what_ignores_sigterm(tmp_path: Path, state_d
     assert down.returncode == 0, down.stderr
     assert [name for name, (pid, started) in pids.items() if alive(pid, started)] == []
     assert marked(job) == []
-    assert down.stderr.count("verified: no process of the job is left") == 2, down.stderr
+    assert down.stderr.count("verified: nothing of the job is left") == 2, down.stderr
     assert took >= 2, "rank 0 ignores SIGTERM: it may only be killed once the grace period is over"
     assert wait_state(job, "stopped")["nodes"][0]["state"] == "stopped"
     again = clusterrun("down", job)  # idempotent
@@ -534,3 +534,66 @@ def test_wait_blocks_until_the_job_ends_and_exits_with_its_outcome(tmp_path: Pat
     failed = clusterrun("wait", job)
     assert failed.returncode == 1 and f"job {job} failed" in failed.stderr, failed.stderr
     assert clusterrun("wait", "no-such-job").returncode == 2
+
+
+@pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "sweep"])
+def test_dry_run_ps_and_down_say_which_guarantee_holds(tmp_path: Path, state_dir: Path,
+                                                       monkeypatch: pytest.MonkeyPatch, cgroup: bool) -> None:
+    """With a cgroup per attempt the stop is verified; without one (forced off here) every place
+    that speaks of the stop says it was a sweep and what a sweep cannot see, never "nothing left"."""
+    if not cgroup:
+        monkeypatch.setenv("CLUSTERRUN_NO_CGROUP", "1")  # the local agents inherit it
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    dry = clusterrun("up", "--dry-run", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    assert dry.returncode == 0, dry.stderr
+    job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    wait_state(job, "running")
+    ps = clusterrun("ps", job)
+    assert ps.returncode == 0, ps.stderr
+    down = clusterrun("down", job)
+    assert down.returncode == 0, down.stderr
+    assert marked(job) == []
+    if cgroup:
+        assert dry.stdout.count("  stop: verified by the attempt's cgroup") == 2, dry.stdout
+        assert ps.stdout.count(": stop: verified by the attempt's cgroup") == 2, ps.stdout
+        assert down.stderr.count("verified: nothing of the job is left (its cgroup is empty)") == 2, down.stderr
+        assert f"job {job} stopped; nothing of it is left on any host (verified by cgroup)" in down.stderr
+    else:
+        assert dry.stdout.count("  stop: a sweep (no cgroup") == 2, dry.stdout
+        assert dry.stdout.count("fallback: no cgroup: cgroups turned off on this host (CLUSTERRUN_NO_CGROUP") == 2
+        assert ps.stdout.count(": stop: a sweep (no cgroup") == 2, ps.stdout
+        assert "verified" not in down.stderr and "nothing of it is left" not in down.stderr, down.stderr
+        assert down.stderr.count("processes that left the job's tree, session and environment could not be seen") == 3
+        assert f"job {job} stopped; swept without a cgroup on local-a, local-b" in down.stderr
+
+
+def test_down_on_a_full_state_dir_stops_everything_and_says_what_it_could_not_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_containment import fill
+
+    disk = tmp_path / "small"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "crtest-small", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    state_dir = disk / "state"
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    try:
+        hosts = write_hosts(tmp_path, [2, 1], state_dir)
+        job = up_detached("--grace", "2", hosts, SUPPORT / "hostile.py", piddir)
+        kinds = ["worker", "setsid", "env-i", "grandchild"]
+        expected = {f"rank{r}-{k}.pid" for r in range(3) for k in kinds}
+        wait_for(lambda: expected <= {p.name for p in piddir.iterdir()}, timeout=90, what="all hostile processes")
+        pids = {name: tuple(map(int, (piddir / name).read_text().split())) for name in expected}
+        fill(disk)
+        down = clusterrun("down", job)
+        assert down.returncode == 0, down.stderr
+        assert "Traceback" not in down.stderr
+        assert [name for name, (pid, started) in pids.items() if alive(pid, started)] == []
+        assert marked(job) == []
+        assert down.stderr.count("could not record the end of the job in state.json: No space left on device") == 2
+        assert down.stderr.count(": degraded: ") == 2, down.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)

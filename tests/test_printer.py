@@ -110,3 +110,42 @@ def test_no_color_and_a_dumb_terminal_turn_colour_off(env: dict[str, str], monke
     printer(LogLines(0, host="host0", lines=("\x1b[31mred\x1b[0m",)))
     assert out.getvalue() == ("\x1b[36mnode0 host0      \x1b[0m | \x1b[31mred\x1b[0m\n" if not env
                               else "node0 host0       | red\n")
+
+
+SWEPT = "swept 2 processes; processes that left the job's tree, session and environment could not be seen"
+
+
+@pytest.mark.parametrize(("answer", "line"), [
+    ({"killed": [{"pid": 5, "name": "torchrun"}], "left": [], "containment": "cgroup", "verified": True},
+     "node1 h: stopped torchrun[5]; verified: nothing of the job is left (its cgroup is empty)"),
+    ({"killed": [], "left": [], "containment": "sweep", "verified": False, "detail": SWEPT},
+     f"node1 h: stopped nothing was running; swept: no process of the job that could be seen is left ({SWEPT})"),
+    ({"killed": [], "left": [{"pid": 7, "name": "python", "state": "D"}], "containment": "cgroup", "verified": False},
+     "node1 h: stopped nothing was running; STILL RUNNING: python[7] state D"),
+    ({"killed": [], "left": []},  # an agent of before this report: it claims nothing
+     "node1 h: stopped nothing was running; no process of the job was found"),
+])
+def test_a_stop_report_says_which_guarantee_held(answer: dict, line: str) -> None:
+    from clusterrun.board import describe_stop
+    from clusterrun.events import StopReport
+
+    report = StopReport.from_answer(1, "h", answer)
+    assert report.describe() == line
+    assert report.complete is (answer.get("verified") is True and not answer["left"])
+    err = io.StringIO()
+    Printer(err=err).report(report)
+    assert err.getvalue().splitlines()[0] == f"clusterrun: {line}"
+    assert "nothing of the job is left" not in describe_stop(report) or report.complete
+
+
+def test_a_stop_report_names_what_the_host_could_not_do() -> None:
+    from clusterrun.events import StopReport
+
+    report = StopReport.from_answer(0, "h", {
+        "killed": [], "left": [], "containment": "sweep", "verified": False, "detail": SWEPT,
+        "fallbacks": ["no cgroup: no cgroup2 file system is mounted", "no pidfd (Python 3.8): ..."],
+        "degraded": "cannot write state.json: No space left on device",
+        "notes": ["could not record the end of the job in state.json: No space left on device"]})
+    assert report.remarks() == ["node0 h: degraded: cannot write state.json: No space left on device",
+                                "node0 h: could not record the end of the job in state.json: No space left on device",
+                                "node0 h: no cgroup: no cgroup2 file system is mounted"]

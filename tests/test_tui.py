@@ -272,7 +272,7 @@ def test_up_in_a_real_terminal_shows_the_dashboard_and_kill_leaves_nothing(termi
     subprocess.run([*tmux, "send-keys", "-t", session, "q"], check=True)
     wait_for(lambda: "EXIT=" in screen(tmux, session), timeout=30, what=f"clusterrun to exit:\n{screen(tmux, session)}")
     assert "EXIT=130" in screen(tmux, session)
-    assert "verified: no process of the job is left" in screen(tmux, session)
+    assert "verified: nothing of the job is left" in screen(tmux, session)
     assert marked(job) == []
     assert ps_json(job)["state"] == "stopped"
     assert NodeState.STOPPED.value in ps_json(job)["nodes"][0]["state"]

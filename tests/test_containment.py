@@ -1,0 +1,647 @@
+"""The agent's stop against hostile jobs, with and without a cgroup, on this machine and on a
+simulated SSH host (cgroup2 mounted at /sys/fs/cgroup there, or no cgroup at all).
+
+With a cgroup nothing may be left, every time, also after the supervisor was SIGKILLed; without
+one, the stop must say that it only swept (and what it cannot see: a process that escaped the
+job's tree, sessions and environment after the supervisor died survives, and is not reported as
+"verified"). An unrelated process with the same command line always survives.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterrun.config import HostSpec
+from clusterrun.transports import transport_for
+from clusterrun.transports.base import Transport
+from clusterrun.transports.local import LocalTransport
+from tests.conftest import SUPPORT, alive, start_time, wait_for
+from tests.simhosts import SimCluster, SimHost, namespace_problem
+
+pytestmark = pytest.mark.integration
+
+KINDS = ["escape", "unshare", "sigterm", "storm"]
+CHECK = ("import sys\nfor a in sys.argv[1:]:\n pid, st = a.split(':')\n try:\n"
+         "  f = open('/proc/%s/stat' % pid).read().rsplit(')', 1)[1].split()\n except OSError:\n  continue\n"
+         " if f[0] != 'Z' and f[19] == st:\n  print(pid)\n")
+
+
+@dataclass
+class Place:
+    """Where the agent runs: this machine (``host`` None) or a simulated host; with a cgroup or not."""
+
+    name: str
+    transport: Transport
+    cgroup: bool
+    host: SimHost | None = None
+    children: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def call(self, request: dict) -> dict:
+        return self.transport.call(request)
+
+    def alive(self, pids: dict[str, tuple[int, int]]) -> list[str]:
+        """The names of ``pids`` (name → pid, start time) still alive, as seen on the host."""
+        if self.host is None:
+            return sorted(name for name, (pid, st) in pids.items() if alive(pid, st))
+        out = self.host.run(sys.executable, "-c", CHECK, *(f"{pid}:{st}" for pid, st in pids.values()))
+        assert out.returncode == 0, out.stderr
+        living = {int(p) for p in out.stdout.split()}
+        return sorted(name for name, (pid, _) in pids.items() if pid in living)
+
+    def kill(self, pids: list[int]) -> None:
+        if not pids:
+            return
+        if self.host is None:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            for child in self.children:
+                if child.pid in pids:
+                    child.wait()
+        else:
+            self.host.run("kill", "-9", *map(str, pids))
+
+    def sleeper(self) -> tuple[int, int]:
+        """An unrelated ``sleep 3600`` (the escapee's very command line): its pid and start time."""
+        if self.host is None:
+            proc = subprocess.Popen(["sleep", "3600"], start_new_session=True)
+            self.children.append(proc)
+            started = start_time(proc.pid)
+            assert started is not None
+            return proc.pid, started
+        out = self.host.run("sh", "-c", "setsid sleep 3600 </dev/null >/dev/null 2>&1 & echo $!")
+        pid = int(out.stdout)
+        stat = self.host.run("cat", f"/proc/{pid}/stat").stdout
+        return pid, int(stat.rsplit(")", 1)[1].split()[19])
+
+
+@pytest.fixture(scope="module")
+def clusters() -> Iterator[dict[bool, SimCluster]]:
+    if namespace_problem():
+        pytest.skip(f"no simulated hosts here: {namespace_problem()}")
+    made: dict[bool, SimCluster] = {}
+    try:
+        made[True] = SimCluster.start(1, isolated=True)
+        made[False] = SimCluster.start(1, isolated=True, cgroup=False)
+        yield made
+    finally:
+        for cluster in made.values():
+            cluster.close()
+
+
+@pytest.fixture(params=["local-cgroup", "local-sweep", "ssh-cgroup", "ssh-sweep"])
+def place(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Place:
+    where, how = request.param.split("-")
+    cgroup = how == "cgroup"
+    if where == "local":
+        if not cgroup:
+            monkeypatch.setenv("CLUSTERRUN_NO_CGROUP", "1")
+        return Place(request.param, LocalTransport(HostSpec(host="here", transport="local")), cgroup)
+    cluster = request.getfixturevalue("clusters")[cgroup]
+    transport = transport_for(HostSpec(host="sim1", python=sys.executable), ssh_config=str(cluster.ssh_config))
+    return Place(request.param, transport, cgroup, cluster.hosts[0])
+
+
+def req(state_dir: Path, op: str, attempt: int = 1, **extra: object) -> dict:
+    return {"op": op, "job": "hostile-1", "node": 0, "attempt": attempt, "state_dir": str(state_dir), **extra}
+
+
+def recorded(piddir: Path) -> dict[str, tuple[int, int]]:
+    found = {}
+    for path in piddir.glob("*.pid"):
+        pid, started = map(int, path.read_text().split())
+        found[path.name] = (pid, started)
+    return found
+
+
+@pytest.mark.parametrize("supervisor_killed", [False, True], ids=["", "supervisor-killed"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_hostile_jobs_are_stopped_or_reported(place: Place, kind: str, supervisor_killed: bool,
+                                              tmp_path: Path) -> None:
+    probe = place.call({"op": "probe", "state_dir": str(tmp_path / "state")})
+    assert probe["containment"] == ("cgroup" if place.cgroup else "sweep"), probe
+    assert place.cgroup or any(f.startswith("no cgroup: ") for f in probe["fallbacks"]), probe
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    state_dir = tmp_path / "state"
+    argv = [sys.executable, str(SUPPORT / "hostile_child.py"), kind, str(piddir)]
+    argv += ["wait"] if supervisor_killed else []
+    answer = place.call(req(state_dir, "start", argv=argv, env={}, cwd=str(tmp_path)))
+    assert bool(answer["state"]["cgroup"]) is place.cgroup, answer
+    pids: dict[str, tuple[int, int]] = {}
+    bystander = place.sleeper()
+    try:
+        if supervisor_killed:
+            sup = answer["state"]["supervisor"]
+            place.kill([sup["pid"]])
+            wait_for(lambda: not place.alive({"supervisor": (sup["pid"], sup["start_time"])}), 10,
+                     what="the supervisor to die")
+            (piddir / "go").touch()
+        wait_for(lambda: (piddir / "ready").exists(), 60, what=f"the hostile processes: {os.listdir(piddir)}")
+        pids = recorded(piddir)
+        assert len(place.alive(pids)) == len(pids) >= 2, pids
+        report = place.call(req(state_dir, "stop", grace=1))
+        survivors = place.alive(pids)
+        if place.cgroup:
+            assert (report["containment"], report["verified"], report["left"], survivors) == ("cgroup", True, [], [])
+            assert "is empty and removed" in report["detail"]
+        else:
+            assert (report["containment"], report["verified"]) == ("sweep", False), report
+            assert "could not be seen" in report["detail"]
+            # what the sweep cannot see: out of the tree (no supervisor to reap it), sessions and environment
+            expected = [n for n in pids if n.startswith("escape-")] if kind == "escape" and supervisor_killed else []
+            assert survivors == expected, report
+        assert place.alive({"bystander": bystander}) == ["bystander"]
+    finally:
+        place.kill([pid for pid, _ in pids.values()] + [bystander[0]])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_what_torchrun_leaves_behind_is_killed_when_it_exits(place: Place, kind: str, tmp_path: Path) -> None:
+    """torchrun ends on its own (success, or the failure that makes fail-fast stop the others):
+    the supervisor kills everything the job left before it records the end."""
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    state_dir = tmp_path / "state"
+    argv = [sys.executable, str(SUPPORT / "hostile_child.py"), kind, str(piddir), "exit"]
+    answer = place.call(req(state_dir, "start", argv=argv, env={}, cwd=str(tmp_path)))
+    pids: dict[str, tuple[int, int]] = {}
+    try:
+        end = list(place.transport.stream(req(state_dir, "follow")))[-1]
+        assert end["t"] == "end" and end["state"]["exit_code"] == 0, end
+        pids = recorded(piddir)
+        assert len(pids) >= 2
+        assert place.alive(pids) == []
+        if place.cgroup:
+            assert end["state"]["cgroup_removed"] is True
+            assert place.call(req(state_dir, "stop", grace=1))["verified"] is True
+        assert bool(answer["state"]["cgroup"]) is place.cgroup
+    finally:
+        place.kill([pid for pid, _ in pids.values()])
+
+
+def test_a_stale_stop_of_attempt_1_leaves_attempt_2_untouched(place: Place, tmp_path: Path) -> None:
+    """A stop of attempt 1 working from a stale record (down racing restart) while attempt 2 of
+    the same job runs on the same node: attempt 2's processes live on and it ends normally."""
+    state_dir = tmp_path / "state"
+    place.call(req(state_dir, "start", argv=[sys.executable, "-c", "print('one')"], env={}, cwd=str(tmp_path)))
+    wait_for(lambda: place.call(req(state_dir, "status"))["state"]["state"] == "exited", 30, what="attempt 1's end")
+    flag, piddir = tmp_path / "finish", tmp_path / "pids"
+    piddir.mkdir()
+    code = ("import os, subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, sys.argv[1], 'sigterm', sys.argv[2]])\n"
+            "while not os.path.exists(sys.argv[3]): time.sleep(0.02)\n"
+            "child.kill(); print('attempt 2 done', flush=True)\n")
+    second = place.call(req(state_dir, "start", attempt=2, argv=[sys.executable, "-c", code,
+                        str(SUPPORT / "hostile_child.py"), str(piddir), str(flag)], env={}, cwd=str(tmp_path)))
+    wait_for(lambda: (piddir / "ready").exists(), 30, what="attempt 2's processes")
+    tr = second["state"]["torchrun"]
+    pids = {"torchrun": (tr["pid"], tr["start_time"]), **recorded(piddir)}
+    try:
+        report = place.call(req(state_dir, "stop", grace=1))  # attempt 1, again
+        assert report["killed"] == [] and report["left"] == []
+        assert place.alive(pids) == sorted(pids)
+        flag.touch()
+        messages = list(place.transport.stream(req(state_dir, "follow", attempt=2)))
+        end = messages[-1]
+        assert end["t"] == "end" and end["state"]["exit_code"] == 0 and not end["state"]["stop_requested"], end
+        assert "attempt 2 done" in "".join(m.get("data", "") for m in messages)
+    finally:
+        place.kill([pid for pid, _ in pids.values()])
+        place.call(req(state_dir, "stop", attempt=2, grace=1))
+
+
+def test_without_cgroup_kill_the_cgroup_is_frozen_and_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels before 5.14 have no cgroup.kill: freeze, SIGKILL every process listed, thaw."""
+    from clusterrun import agent
+
+    parent, why = agent.cgroup_parent()
+    if parent is None:
+        pytest.skip(f"no cgroup here: {why}")
+    cgroup = os.path.join(parent, f"clusterrun-test-{os.getpid()}")
+    os.mkdir(cgroup)
+    real_write = agent.cg_write
+    tried: list[str] = []
+
+    def no_kill(path: str, data: bytes) -> None:
+        tried.append(os.path.basename(path))
+        if path.endswith("cgroup.kill"):
+            raise FileNotFoundError(path)
+        real_write(path, data)
+
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    join = f"open({os.path.join(cgroup, 'cgroup.procs')!r}, 'w').write('0'); import runpy, sys; "
+    code = join + f"sys.argv = ['x', 'storm', {str(piddir)!r}]; runpy.run_path({str(SUPPORT / 'hostile_child.py')!r})"
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        wait_for(lambda: (piddir / "ready").exists(), 30, what="the fork storm")
+        pids = recorded(piddir)
+        monkeypatch.setattr(agent, "cg_write", no_kill)
+        killed: dict[int, dict] = {}
+        assert agent.cg_kill(cgroup, killed) == "freeze + SIGKILL"
+        assert "cgroup.freeze" in tried
+        assert agent.cg_wait_empty(cgroup, agent.time.monotonic() + 10)
+        assert [name for name, (pid, st) in pids.items() if alive(pid, st)] == []
+        assert set(pid for pid, _ in pids.values()) <= set(killed)
+    finally:
+        proc.kill()
+        proc.wait()
+        real_write(os.path.join(cgroup, "cgroup.kill"), b"1")
+        agent.cg_wait_empty(cgroup, agent.time.monotonic() + 10)
+        os.rmdir(cgroup)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MB tmpfs: the state dir on a disk that a test can fill."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "crtest-small", str(folder)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def fill(disk: Path) -> Path:
+    """Fill ``disk`` to the last block; returns the file that does it (delete it to make room)."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_a_full_state_dir_refuses_the_start_cleanly(small_disk: Path, tmp_path: Path) -> None:
+    from clusterrun.errors import AgentError
+
+    transport = LocalTransport(HostSpec(host="here", transport="local"))
+    state_dir = small_disk / "state"
+    state_dir.mkdir()
+    filler = fill(small_disk)
+    request = req(state_dir, "start", argv=[sys.executable, "-c", "import time; time.sleep(600)"], env={},
+                  cwd=str(tmp_path))
+    with pytest.raises(AgentError, match=r"cannot write to the state dir .*No space left on device.*nothing was "
+                                         r"started \(free space there or set `state_dir:` for this host\)"):
+        transport.call(request)
+    assert transport.call(req(state_dir, "status"))["state"] == {"state": "absent"}
+    filler.unlink()  # once there is room, the same attempt starts
+    answer = transport.call(request)
+    assert answer["ok"]
+    report = transport.call(req(state_dir, "stop", grace=1))
+    assert report["left"] == [] and report["notes"] == []
+
+
+def test_a_disk_that_fills_up_degrades_the_supervisor_but_the_stop_works(small_disk: Path, tmp_path: Path) -> None:
+    """The supervisor cannot write its state any more: it keeps supervising, says so (degraded),
+    and the stop still kills and verifies everything, saying what it could not record."""
+    from clusterrun import agent
+
+    transport = LocalTransport(HostSpec(host="here", transport="local"))
+    state_dir = small_disk / "state"
+    piddir, flag = tmp_path / "pids", tmp_path / "go"
+    piddir.mkdir()
+    code = ("import os, subprocess, sys, time\n"
+            "while not os.path.exists(sys.argv[3]): time.sleep(0.02)\n"  # a new session once the disk is full
+            "subprocess.Popen([sys.executable, sys.argv[1], 'escape', sys.argv[2]], start_new_session=True)\n"
+            "time.sleep(3600)\n")
+    answer = transport.call(req(state_dir, "start", argv=[sys.executable, "-c", code,
+                                str(SUPPORT / "hostile_child.py"), str(piddir), str(flag)], env={}, cwd=str(tmp_path)))
+    folder = Path(answer["dir"])
+    sup = answer["state"]["supervisor"]
+    filler = fill(small_disk)
+    flag.touch()
+    wait_for(lambda: (piddir / "ready").exists(), 30, what="the job's new processes")
+    status = wait_for(lambda: (s := transport.call(req(state_dir, "status")))["degraded"] and s, 30,
+                      what="the supervisor to find it cannot write")
+    assert "could not write its state" in status["degraded"] or "No space left" in status["degraded"], status
+    assert alive(sup["pid"], sup["start_time"]), "the supervisor must keep supervising"
+    pids = {**recorded(piddir), "supervisor": (sup["pid"], sup["start_time"])}
+    try:
+        report = transport.call(req(state_dir, "stop", grace=1))
+        assert [n for n, (pid, st) in pids.items() if alive(pid, st)] == []
+        assert report["left"] == [] and report["degraded"], report
+        if agent.cgroup_parent()[0] is not None:
+            assert report["verified"] and report["containment"] == "cgroup"
+        assert any("could not record the end of the job in state.json: No space left on device" in n
+                   for n in report["notes"]), report["notes"]
+        assert "Traceback" not in (folder / "supervisor.log").read_text(errors="replace")
+    finally:
+        for pid, _ in pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        filler.unlink()
+
+
+@pytest.fixture
+def login_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path, str]]:
+    """A fake logind layout: a cgroup named like an SSH login's session scope, an interpreter that
+    puts itself there before it runs the agent, and a `loginctl` whose answer the test writes."""
+    from clusterrun import agent
+
+    parent, why = agent.cgroup_parent()
+    if parent is None or os.geteuid() != 0:
+        pytest.skip(f"needs root and cgroup2 to make the session's cgroup: {why}")
+    top = os.path.join(parent, f"crtest-{os.getpid()}")
+    scope = os.path.join(top, "user.slice", "user-0.slice", "session-7.scope")
+    os.makedirs(scope)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python"
+    python.write_text(f"#!/bin/sh\necho $$ > {scope}/cgroup.procs && exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    answer = tmp_path / "loginctl.out"
+    loginctl = bin_dir / "loginctl"
+    loginctl.write_text(f"#!/bin/sh\ncat {answer}\n")
+    loginctl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # no systemd user manager to start the job in
+    try:
+        yield str(python), answer, scope
+    finally:
+        with open(os.path.join(scope, "cgroup.kill"), "w") as f:  # "logout": what logind does to the scope
+            f.write("1")
+        agent.cg_wait_empty(top, agent.time.monotonic() + 10)
+        for folder in sorted((f for f, _, _ in os.walk(top)), key=len, reverse=True):
+            os.rmdir(folder)
+
+
+@pytest.mark.parametrize("kill_user_processes", ["yes", "no"])
+def test_logind_that_kills_at_logout_refuses_the_start_without_a_cgroup(
+        login_session: tuple[str, Path, str], kill_user_processes: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    python, answer, _ = login_session
+    answer.write_text(f"KillUserProcesses={kill_user_processes}\nKillOnlyUsers=\nKillExcludeUsers=\n")
+    monkeypatch.setenv("CLUSTERRUN_NO_CGROUP", "1")  # as a user whose cgroup is not delegated
+    transport = LocalTransport(HostSpec(host="here", transport="local", python=python))
+    state_dir = tmp_path / "state"
+    request = req(state_dir, "start", argv=[sys.executable, "-c", "import time; time.sleep(600)"], env={},
+                  cwd=str(tmp_path))
+    probe = transport.call({"op": "probe", "state_dir": str(state_dir)})
+    if kill_user_processes == "no":
+        assert not [f for f in probe["fallbacks"] if "logind" in f]
+        transport.call(request)
+        transport.call(req(state_dir, "stop", grace=1))
+        return
+    assert [f for f in probe["fallbacks"] if "KillUserProcesses=yes" in f], probe
+    from clusterrun.errors import AgentError
+
+    with pytest.raises(AgentError, match=r"logind kills every process of this login session "
+                                         r"\(/crtest-\d+/user.slice/user-0.slice/session-7.scope\).*nothing was "
+                                         r"started. Fix: `loginctl enable-linger root`.*KillExcludeUsers=root"):
+        transport.call(request)
+    assert transport.call(req(state_dir, "status"))["state"] == {"state": "absent"}
+
+
+def test_as_root_the_job_leaves_the_login_session_and_outlives_it(login_session: tuple[str, Path, str],
+                                                                   tmp_path: Path) -> None:
+    """With KillUserProcesses=yes and root: the attempt's cgroup is outside the session's scope,
+    so killing the scope (a logout) leaves the job running."""
+    python, answer, scope = login_session
+    answer.write_text("KillUserProcesses=yes\nKillOnlyUsers=\nKillExcludeUsers=\n")
+    transport = LocalTransport(HostSpec(host="here", transport="local", python=python))
+    state_dir = tmp_path / "state"
+    started = transport.call(req(state_dir, "start", argv=[sys.executable, "-c", "import time; time.sleep(600)"],
+                                 env={}, cwd=str(tmp_path)))
+    sup, tr = started["state"]["supervisor"], started["state"]["torchrun"]
+    try:
+        with open(os.path.join(scope, "cgroup.kill"), "w") as f:
+            f.write("1")
+        from clusterrun import agent
+
+        assert agent.cg_wait_empty(scope, agent.time.monotonic() + 10)
+        assert alive(sup["pid"], sup["start_time"]) and alive(tr["pid"], tr["start_time"])
+    finally:
+        report = transport.call(req(state_dir, "stop", grace=1))
+    assert report["verified"]
+
+
+USER_PYTHON = "/usr/bin/python3"  # an interpreter every user may run (this one may live in /root)
+
+
+@pytest.fixture
+def delegated(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, Path]]:
+    """A cgroup delegated to the unprivileged user ``nobody`` (chowned as systemd's Delegate=yes
+    does: the directory, cgroup.procs, cgroup.subtree_control, cgroup.threads), an interpreter
+    wrapper that enters it and drops to that user, and a folder that user may write."""
+    import shutil
+    import tempfile
+
+    from clusterrun import agent
+
+    parent, why = agent.cgroup_parent()
+    if parent is None or os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
+        pytest.skip(f"needs root, setpriv, {USER_PYTHON} and cgroup2: {why}")
+    uid, gid = 65534, 65534
+    top = os.path.join(parent, f"crtest-{os.getpid()}")
+    cgroup = os.path.join(top, "user.slice", "user-65534.slice", "app.slice", "delegated.scope")
+    os.makedirs(cgroup)
+    for name in ("", "cgroup.procs", "cgroup.subtree_control", "cgroup.threads"):
+        os.chown(os.path.join(cgroup, name), uid, gid)
+    folder = Path(tempfile.mkdtemp(prefix="crtest-user-"))
+    folder.chmod(0o755)
+    os.chown(folder, uid, gid)
+    wrapper = folder / "python"
+    wrapper.write_text(f"#!/bin/sh\necho $$ > {cgroup}/cgroup.procs && exec setpriv --reuid={uid} --regid={gid} "
+                       f"--clear-groups {USER_PYTHON} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("HOME", str(folder))
+    try:
+        yield str(wrapper), cgroup, folder
+    finally:
+        with open(os.path.join(top, "cgroup.kill"), "w") as f:
+            f.write("1")
+        agent.cg_wait_empty(top, agent.time.monotonic() + 10)
+        for sub in sorted((f for f, _, _ in os.walk(top)), key=len, reverse=True):
+            os.rmdir(sub)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kind", ["escape", "storm"])
+def test_an_unprivileged_user_with_a_delegated_cgroup_gets_a_verified_stop(
+        delegated: tuple[str, str, Path], kind: str) -> None:
+    python, cgroup, folder = delegated
+    transport = LocalTransport(HostSpec(host="here", transport="local", python=python))
+    state_dir, piddir = folder / "state", folder / "pids"
+    probe = transport.call({"op": "probe", "state_dir": str(state_dir)})
+    assert probe["containment"] == "cgroup", probe
+    os.mkdir(piddir)
+    os.chown(piddir, 65534, 65534)
+    argv = [USER_PYTHON, str(SUPPORT / "hostile_child.py"), kind, str(piddir), "wait"]
+    answer = transport.call(req(state_dir, "start", argv=argv, env={}, cwd=str(folder)))
+    attempt = answer["state"]["cgroup"]
+    assert os.path.dirname(attempt) == cgroup, answer  # below the user's own cgroup
+    sup = answer["state"]["supervisor"]
+    os.kill(sup["pid"], signal.SIGKILL)
+    wait_for(lambda: not alive(sup["pid"], sup["start_time"]), 10, what="the supervisor to die")
+    (piddir / "go").touch()
+    wait_for(lambda: (piddir / "ready").exists(), 60, what="the hostile processes")
+    pids = recorded(piddir)
+    assert all(Path(f"/proc/{pid}").stat().st_uid == 65534 for pid, _ in pids.values())
+    report = transport.call(req(state_dir, "stop", grace=1))
+    assert (report["containment"], report["verified"], report["left"]) == ("cgroup", True, []), report
+    assert [n for n, (pid, st) in pids.items() if alive(pid, st)] == []
+    assert not os.path.exists(attempt)
+
+
+def test_an_unprivileged_user_without_delegation_or_linger_is_swept(delegated: tuple[str, str, Path]) -> None:
+    """Not delegated (owned by root), or inside a user manager without linger (it stops at the
+    last logout, and the job with it): no cgroup, and the probe says why."""
+    python, cgroup, folder = delegated
+    transport = LocalTransport(HostSpec(host="here", transport="local", python=python))
+    manager = os.path.join(os.path.dirname(os.path.dirname(cgroup)), "user@65534.service")
+    os.mkdir(manager)
+    os.chown(manager, 65534, 65534)
+    os.chown(os.path.join(manager, "cgroup.procs"), 65534, 65534)
+    os.chown(os.path.join(cgroup, "cgroup.procs"), 0, 0)
+    probe = transport.call({"op": "probe", "state_dir": str(folder / "state")})
+    assert probe["containment"] == "sweep"
+    assert any(f"cgroup {cgroup} is not delegated to uid 65534" in f for f in probe["fallbacks"]), probe
+    wrapper = Path(python)
+    wrapper.write_text(wrapper.read_text().replace(cgroup, manager))
+    probe = transport.call({"op": "probe", "state_dir": str(folder / "state")})
+    assert probe["containment"] == "sweep"
+    assert any("user manager, which stops at your last logout" in f and "loginctl enable-linger" in f
+               for f in probe["fallbacks"]), probe
+
+
+@pytest.fixture
+def user_session(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """A fake logind and systemd for the user ``nobody``: an SSH login's session scope (root's),
+    a user manager's scope delegated to them, a `loginctl` that answers KillUserProcesses=yes and
+    Linger as the test says, a `systemd-run` that enters that scope, and XDG_RUNTIME_DIR with the
+    manager's socket. The interpreter wrapper enters the session and drops to ``nobody``."""
+    import shutil
+    import tempfile
+
+    from clusterrun import agent
+
+    parent, why = agent.cgroup_parent()
+    if parent is None or os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
+        pytest.skip(f"needs root, setpriv, {USER_PYTHON} and cgroup2: {why}")
+    top = os.path.join(parent, f"crtest-{os.getpid()}")
+    user = os.path.join(top, "user.slice", "user-65534.slice")
+    session = os.path.join(user, "session-7.scope")
+    scope = os.path.join(user, "user@65534.service", "app.slice", "run-r1.scope")
+    os.makedirs(session)
+    os.makedirs(scope)
+    # Delegate=yes hands the scope to the user; the fake systemd-run needs the slice too, to move in
+    for path in (scope, os.path.join(scope, "cgroup.procs"), os.path.join(scope, "cgroup.subtree_control"),
+                 os.path.join(user, "cgroup.procs")):
+        os.chown(path, 65534, 65534)
+    folder = Path(tempfile.mkdtemp(prefix="crtest-user-"))
+    folder.chmod(0o755)
+    os.chown(folder, 65534, 65534)
+    (folder / "run" / "systemd").mkdir(parents=True)
+    (folder / "run" / "systemd" / "private").touch()
+    bin_dir = folder / "bin"
+    bin_dir.mkdir()
+    scripts = {
+        "python": f"echo $$ > {session}/cgroup.procs && exec setpriv --reuid=65534 --regid=65534 --clear-groups "
+                  f"{USER_PYTHON} \"$@\"",
+        "loginctl": f"case \"$1\" in show-user) cat {folder}/linger;; "
+                    "*) printf 'KillUserProcesses=yes\\nKillExcludeUsers=root\\n';; esac",
+        "systemd-run": f"echo \"$@\" > {folder}/systemd-run.args\n"
+                       "while [ \"$1\" != -- ]; do shift; done; shift\n"
+                       f"echo $$ > {scope}/cgroup.procs && exec \"$@\"",
+    }
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{text}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder / "run"))
+    monkeypatch.setenv("HOME", str(folder))
+    try:
+        yield {"python": str(bin_dir / "python"), "session": session, "scope": scope, "folder": folder}
+    finally:
+        with open(os.path.join(top, "cgroup.kill"), "w") as f:
+            f.write("1")
+        agent.cg_wait_empty(top, agent.time.monotonic() + 10)
+        for sub in sorted((f for f, _, _ in os.walk(top)), key=len, reverse=True):
+            os.rmdir(sub)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_logind_with_linger_starts_the_job_in_a_user_scope_that_outlives_the_session(
+        user_session: dict[str, Any]) -> None:
+    folder: Path = user_session["folder"]
+    (folder / "linger").write_text("Linger=yes\n")
+    transport = LocalTransport(HostSpec(host="here", transport="local", python=user_session["python"]))
+    state_dir, piddir = folder / "state", folder / "pids"
+    probe = transport.call({"op": "probe", "state_dir": str(state_dir)})
+    assert any("jobs start in a scope of your systemd user manager" in f for f in probe["fallbacks"]), probe
+    os.mkdir(piddir)
+    os.chown(piddir, 65534, 65534)
+    argv = [USER_PYTHON, str(SUPPORT / "hostile_child.py"), "escape", str(piddir)]
+    answer = transport.call(req(state_dir, "start", argv=argv, env={}, cwd=str(folder)))
+    args = (folder / "systemd-run.args").read_text()
+    assert args.startswith("--user --scope --quiet --collect -p Delegate=yes --unit=clusterrun-hostile-1-n0-a1-")
+    cgroup = answer["state"]["cgroup"]
+    assert os.path.dirname(cgroup) == user_session["scope"], answer  # its own cgroup, in the user's scope
+    sup, tr = answer["state"]["supervisor"], answer["state"]["torchrun"]
+    wait_for(lambda: (piddir / "ready").exists(), 60, what="the hostile processes")
+    pids = {**recorded(piddir), "supervisor": (sup["pid"], sup["start_time"]),
+            "torchrun": (tr["pid"], tr["start_time"])}
+    with open(os.path.join(user_session["session"], "cgroup.kill"), "w") as f:  # the logout
+        f.write("1")
+    from clusterrun import agent
+
+    assert agent.cg_wait_empty(user_session["session"], agent.time.monotonic() + 10)
+    assert [n for n, (pid, st) in pids.items() if not alive(pid, st)] == []  # all outlived the session
+    report = transport.call(req(state_dir, "stop", grace=1))
+    assert (report["containment"], report["verified"], report["left"]) == ("cgroup", True, []), report
+    assert [n for n, (pid, st) in pids.items() if alive(pid, st)] == []
+
+
+def test_logind_without_linger_refuses_the_start_and_names_enable_linger(user_session: dict[str, Any]) -> None:
+    from clusterrun.errors import AgentError
+
+    folder: Path = user_session["folder"]
+    (folder / "linger").write_text("Linger=no\n")
+    transport = LocalTransport(HostSpec(host="here", transport="local", python=user_session["python"]))
+    with pytest.raises(AgentError, match=r"KillUserProcesses=yes.*no systemd user manager with linger.*nothing "
+                                         r"was started. Fix: `loginctl enable-linger nobody` \(keeps your systemd"):
+        transport.call(req(folder / "state", "start", argv=["true"], env={}, cwd=str(folder)))
+    assert not (folder / "systemd-run.args").exists()
+
+
+def test_the_cgroup_of_a_supervisor_killed_is_removed_once_empty(tmp_path: Path) -> None:
+    """The supervisor removes its cgroup at the end; killed, it cannot: the next status or stop
+    does, once nothing is left in it (a reboot removes it anyway)."""
+    transport = LocalTransport(HostSpec(host="here", transport="local"))
+    state_dir, flag = tmp_path / "state", tmp_path / "go"
+    code = f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.02)\n"
+    answer = transport.call(req(state_dir, "start", argv=[sys.executable, "-c", code], env={}, cwd=str(tmp_path)))
+    cgroup, sup, tr = answer["state"]["cgroup"], answer["state"]["supervisor"], answer["state"]["torchrun"]
+    if cgroup is None:
+        pytest.skip("no cgroup here")
+    os.kill(sup["pid"], signal.SIGKILL)
+    wait_for(lambda: not alive(sup["pid"], sup["start_time"]), 10, what="the supervisor to die")
+    assert transport.call(req(state_dir, "status"))["state"]["state"] == "running"
+    assert os.path.isdir(cgroup)  # torchrun still runs in it
+    flag.touch()
+    wait_for(lambda: not alive(tr["pid"], tr["start_time"]), 10, what="the job to end")
+    assert transport.call(req(state_dir, "status"))["state"]["state"] == "lost"
+    assert not os.path.exists(cgroup)
