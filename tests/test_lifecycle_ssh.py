@@ -160,9 +160,9 @@ def test_a_paused_controller_never_stops_a_healthy_job(sim_cluster: MakeCluster,
     cluster = sim_cluster(2, sshd_options={"ClientAliveInterval": "2", "ClientAliveCountMax": "2"})
     state = tmp_path / "state"
     hosts = ssh_hosts(tmp_path, cluster, [1, 1], state)
-    background = up_detached(hosts, SUPPORT / "counter.py", "300", "0.02")
+    background = up_detached("--name", "background", hosts, SUPPORT / "counter.py", "300", "0.02")
     monitor = wait_for(lambda: monitors_of(controller_state), timeout=30, what="the monitor")[0]
-    up = subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", "300", "0.02"), cwd=ROOT,
+    up = subprocess.Popen(up_argv("--name", "foreground", hosts, SUPPORT / "counter.py", "300", "0.02"), cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert up.stdout is not None and up.stderr is not None
     lines: list[str] = [up.stdout.readline()]
