@@ -7,20 +7,19 @@
     │   │   ├── ConnectError          unreachable, refused, timed out, connection lost
     │   │   ├── AuthError             the host refused our credentials
     │   │   └── HostKeyError          the host key is unknown or changed
-    │   └── AgentError                the node agent on the host failed or answered nonsense
+    │   └── AgentError                the node agent on the host failed
+    │       └── ProtocolError         ... or answered what this controller cannot read (protocol.py)
     ├── HostsUnavailable(errors)      some hosts cannot run the job: one error per host; nothing started
     ├── JobNotFound                   no job, or more than one, matches the id, name or prefix given
     ├── StateError(path)              the controller's job records cannot be read or written there
-    └── JobFailed(result)             the job ran and at least one node failed
+    └── NotStopped(reports)           a restart refused: a node could not be verified stopped (runner.py)
 
-Node failures during a run are data (``NodeResult.error``); only the edge turns a failed
-``JobResult`` into an outcome: ``cli.py`` into an exit code, a library caller into
-``JobFailed``. This module imports nothing of the package.
+Node failures during a run are data (``NodeResult.error``, a ``JobResult``); only the edge turns a
+failed ``JobResult`` into an outcome: ``cli.py`` into an exit code. This module imports nothing
+of the package.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 
 class ClusterrunError(Exception):
@@ -103,14 +102,6 @@ class HostKeyError(TransportError):
 
 class AgentError(HostError):
     """The node agent on ``host`` failed, or its answer could not be understood."""
-
-
-class JobFailed(ClusterrunError):
-    """The job ran and did not succeed; ``result`` is its ``JobResult``."""
-
-    def __init__(self, result: Any, message: str) -> None:
-        super().__init__(message)
-        self.result = result
 
 
 class JobNotFound(ClusterrunError):
