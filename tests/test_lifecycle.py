@@ -597,3 +597,15 @@ def test_down_on_a_full_state_dir_stops_everything_and_says_what_it_could_not_re
         assert down.stderr.count(": degraded: ") == 2, down.stderr
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_the_monitor_names_the_root_cause_as_up_does(tmp_path: Path, state_dir: Path) -> None:
+    """`up -d`: the monitor follows the nodes' states, not their logs, yet `ps JOB` names the
+    failed rank, its exit code and its exception as the foreground `up` does."""
+    hosts = write_hosts(tmp_path, [2, 2], state_dir)
+    job = up_detached("--grace", "3", hosts, "tests/_support/fail_rank.py", "3", "raise", "custom failure 42")
+    wait_state(job, "failed")
+    shown = clusterrun("ps", job)
+    assert shown.returncode == 0, shown.stderr
+    assert ("root cause: rank 3 on node 1 (local-b, local rank 1): exit code 1: RuntimeError: custom failure 42"
+            in shown.stdout), shown.stdout
