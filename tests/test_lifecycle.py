@@ -514,7 +514,7 @@ def test_down_with_a_read_only_state_home_stops_the_job_and_says_what_it_could_n
     assert listed.returncode == 0 and job in listed.stdout, listed.stderr
     down = in_mount_namespace(ro, "down", job)
     assert down.returncode == 2, down.stderr
-    assert down.stderr.count("verified: no process of the job is left") == 2, down.stderr
+    assert down.stderr.count("verified: nothing of the job is left") == 2, down.stderr
     assert f"cannot open {controller_state}/clusterrun/jobs/{job}/record.lock: Read-only file system" in down.stderr
     assert f"the stop of job {job} above was NOT recorded" in down.stderr and "Traceback" not in down.stderr
     assert marked(job) == []

@@ -153,7 +153,7 @@ PAUSE = 45.0  # longer than anything the controller ever allowed for silence (30
 
 
 def test_a_paused_controller_never_stops_a_healthy_job(sim_cluster: MakeCluster, tmp_path: Path,
-                                                       controller_state: Path) -> None:
+                                                       controller_state: Path, request: pytest.FixtureRequest) -> None:
     """A laptop closed for a while: `up` (foreground) and the monitor of an `up -d` job are stopped
     (SIGSTOP) while the hosts' sshd drop their silent connections and the jobs end; resumed, both
     follow on from where they were: the jobs succeed, nothing was stopped, every line exactly once."""
@@ -164,6 +164,7 @@ def test_a_paused_controller_never_stops_a_healthy_job(sim_cluster: MakeCluster,
     monitor = wait_for(lambda: monitors_of(controller_state), timeout=30, what="the monitor")[0]
     up = subprocess.Popen(up_argv("--name", "foreground", hosts, SUPPORT / "counter.py", "300", "0.02"), cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    request.addfinalizer(lambda: finish(up))
     assert up.stdout is not None and up.stderr is not None
     lines: list[str] = [up.stdout.readline()]
     wait_for(lambda: lines.append(up.stdout.readline()) or "line 20" in lines[-1], timeout=60,  # type: ignore[union-attr]
@@ -198,7 +199,8 @@ OUTAGE = 120.0
 
 
 def test_a_host_unreachable_for_minutes_is_waited_for_not_stopped(sim_cluster: MakeCluster, tmp_path: Path,
-                                                                  controller_state: Path) -> None:
+                                                                  controller_state: Path,
+                                                                  request: pytest.FixtureRequest) -> None:
     """sim2's network cable is out for two minutes while the job runs: its node shows unreachable,
     nothing is stopped anywhere, and when it is back the job goes on and succeeds, every line once."""
     cluster = sim_cluster(2)
@@ -207,6 +209,7 @@ def test_a_host_unreachable_for_minutes_is_waited_for_not_stopped(sim_cluster: M
     count = int((OUTAGE + 40) / 0.1)
     up = subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", str(count), "0.1"), cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    request.addfinalizer(lambda: finish(up))
     assert up.stdout is not None and up.stderr is not None
     errors: list[str] = []
     reader = threading.Thread(target=lambda: errors.extend(up.stderr or ()), daemon=True)
@@ -233,6 +236,16 @@ def test_a_host_unreachable_for_minutes_is_waited_for_not_stopped(sim_cluster: M
         assert printed == counter_lines(node, count)
     job = job_id_of_dir(state)
     assert not any((attempt_dir(state, job, node) / "stop").exists() for node in (0, 1))
+
+
+def finish(proc: subprocess.Popen[str]) -> None:
+    """Leave nothing of a controller a test started: its process and its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
 
 
 def monitors_of(home: Path) -> list[int]:

@@ -7,6 +7,7 @@ import sys
 import threading
 from typing import IO, cast
 
+from clusterrun.config import HostSpec
 from clusterrun.errors import AgentError
 from clusterrun.transports.base import AgentSession, Transport, agent_command, agent_preamble
 
@@ -15,6 +16,10 @@ class LocalTransport(Transport):
     """Runs ``python -S -c BOOTSTRAP`` locally; requests go to its stdin, as over SSH."""
 
     _stderr_tail = b""
+
+    def __init__(self, host: HostSpec) -> None:
+        super().__init__(host)
+        self._live: set[subprocess.Popen[bytes]] = set()  # agents running, for close()
 
     @property
     def python(self) -> str:
@@ -31,6 +36,7 @@ class LocalTransport(Transport):
         except OSError as exc:
             raise AgentError(self.name, f"cannot run {self.python!r}: {exc.strerror or exc}",
                              hint="set `python:` for this host to an interpreter that exists") from None
+        self._live.add(proc)
         stdin, stdout, stderr = cast(IO[bytes], proc.stdin), cast(IO[bytes], proc.stdout), cast(IO[bytes], proc.stderr)
 
         def drain() -> None:
@@ -57,6 +63,7 @@ class LocalTransport(Transport):
             if proc.poll() is None:  # waiting for a request, or still streaming: nothing to finish
                 proc.kill()
             proc.wait()
+            self._live.discard(proc)
             reader.join(timeout=5)
             stdout.close()
 
@@ -66,3 +73,10 @@ class LocalTransport(Transport):
             return f": {text.splitlines()[-1]}" if text else ""
 
         return AgentSession(self.name, send, iter(stdout.readline, b""), close, last_words=last_words)
+
+    def close(self) -> None:
+        """End the agents still running: one that never reads its stdin (an interpreter that
+        hangs) would otherwise keep the thread sending it the agent blocked for ever."""
+        for proc in list(self._live):
+            if proc.poll() is None:
+                proc.kill()
