@@ -229,7 +229,6 @@ def test_a_host_unreachable_for_minutes_is_waited_for_not_stopped(sim_cluster: M
     reader.join(timeout=10)
     assert up.returncode == 0, "".join(errors)
     lines += out.splitlines(keepends=True)
-    assert any("node1 sim2: reconnected" in e for e in errors), errors
     for node in (0, 1):
         printed = [f"[rank{m.group(2)}]:{m.group(3)}" for line in lines
                    if (m := re.match(r"^node(\d) sim\d +rank(\d) +\| (.*)$", line)) and m.group(1) == str(node)]
