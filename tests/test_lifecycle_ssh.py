@@ -165,10 +165,8 @@ def test_a_paused_controller_never_stops_a_healthy_job(sim_cluster: MakeCluster,
     up = subprocess.Popen(up_argv("--name", "foreground", hosts, SUPPORT / "counter.py", "300", "0.02"), cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     request.addfinalizer(lambda: finish(up))
-    assert up.stdout is not None and up.stderr is not None
-    lines: list[str] = [up.stdout.readline()]
-    wait_for(lambda: lines.append(up.stdout.readline()) or "line 20" in lines[-1], timeout=60,  # type: ignore[union-attr]
-             interval=0, what="the foreground job's output")
+    lines, errors, readers = read_both(up)
+    wait_for(lambda: any("line 20" in line for line in lines), timeout=60, what="the foreground job's output")
     paused = time.monotonic()
     for pid in (up.pid, monitor):
         os.kill(pid, signal.SIGSTOP)
@@ -182,9 +180,9 @@ def test_a_paused_controller_never_stops_a_healthy_job(sim_cluster: MakeCluster,
     finally:
         for pid in (up.pid, monitor):
             os.kill(pid, signal.SIGCONT)
-    out, err = up.communicate(timeout=120)
-    assert up.returncode == 0, err
-    lines += out.splitlines(keepends=True)
+    assert up.wait(timeout=120) == 0, "".join(errors)
+    for reader in readers:
+        reader.join(timeout=10)
     for node in (0, 1):
         printed = [f"[rank{m.group(2)}]:{m.group(3)}" for line in lines
                    if (m := re.match(r"^node(\d) sim\d +rank(\d) +\| (.*)$", line)) and m.group(1) == str(node)]
@@ -210,13 +208,8 @@ def test_a_host_unreachable_for_minutes_is_waited_for_not_stopped(sim_cluster: M
     up = subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", str(count), "0.1"), cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     request.addfinalizer(lambda: finish(up))
-    assert up.stdout is not None and up.stderr is not None
-    errors: list[str] = []
-    reader = threading.Thread(target=lambda: errors.extend(up.stderr or ()), daemon=True)
-    reader.start()
-    lines: list[str] = []
-    wait_for(lambda: lines.append(up.stdout.readline()) or "rank 1 line 10" in lines[-1], timeout=60,  # type: ignore[union-attr]
-             interval=0, what="output from node 1")
+    lines, errors, readers = read_both(up)
+    wait_for(lambda: any("rank 1 line 10" in line for line in lines), timeout=60, what="output from node 1")
     cut = time.monotonic()
     cluster.set_link(cluster.hosts[1], up=False)
     try:
@@ -225,16 +218,27 @@ def test_a_host_unreachable_for_minutes_is_waited_for_not_stopped(sim_cluster: M
         wait_for(lambda: time.monotonic() - cut >= OUTAGE, timeout=OUTAGE + 5, interval=1, what="the outage")
     finally:
         cluster.set_link(cluster.hosts[1], up=True)
-    out, _ = up.communicate(timeout=count * 0.1 + 120)
-    reader.join(timeout=10)
-    assert up.returncode == 0, "".join(errors)
-    lines += out.splitlines(keepends=True)
+    assert up.wait(timeout=count * 0.1 + 120) == 0, "".join(errors)
+    for reader in readers:
+        reader.join(timeout=10)
     for node in (0, 1):
         printed = [f"[rank{m.group(2)}]:{m.group(3)}" for line in lines
                    if (m := re.match(r"^node(\d) sim\d +rank(\d) +\| (.*)$", line)) and m.group(1) == str(node)]
         assert printed == counter_lines(node, count)
     job = job_id_of_dir(state)
     assert not any((attempt_dir(state, job, node) / "stop").exists() for node in (0, 1))
+
+
+def read_both(proc: subprocess.Popen[str]) -> tuple[list[str], list[str], list[threading.Thread]]:
+    """The lines of ``proc``'s stdout and stderr as they come, each read by a thread of its own
+    (through the pipes' own buffers: nothing read is lost, as communicate() would lose it)."""
+    out: list[str] = []
+    err: list[str] = []
+    readers = [threading.Thread(target=lambda: out.extend(proc.stdout or ()), daemon=True),
+               threading.Thread(target=lambda: err.extend(proc.stderr or ()), daemon=True)]
+    for reader in readers:
+        reader.start()
+    return out, err, readers
 
 
 def finish(proc: subprocess.Popen[str]) -> None:
