@@ -139,7 +139,7 @@ class _Reader:
 
     def integer(self, key: str) -> int | None:
         """The field if it is an integer, None if it is missing or null."""
-        value = self.data.get(key)
+        value: object = self.data.get(key)
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
@@ -147,13 +147,13 @@ class _Reader:
         return value
 
     def need_integer(self, key: str) -> int:
-        value = self.data.get(key)
+        value: object = self.data.get(key)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self._fail(key, "an integer")
         return value
 
     def number(self, key: str) -> float | None:
-        value = self.data.get(key)
+        value: object = self.data.get(key)
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -162,7 +162,7 @@ class _Reader:
 
     def text(self, key: str) -> str | None:
         """The field if it is a string, None if it is missing or null."""
-        value = self.data.get(key)
+        value: object = self.data.get(key)
         if value is None:
             return None
         if not isinstance(value, str):
@@ -170,13 +170,13 @@ class _Reader:
         return value
 
     def need_text(self, key: str) -> str:
-        value = self.data.get(key)
+        value: object = self.data.get(key)
         if not isinstance(value, str):
             raise self._fail(key, "a string")
         return value
 
     def items(self, key: str) -> list[Any]:
-        value = self.data.get(key)
+        value: object = self.data.get(key)
         if value is None:
             return []
         if not isinstance(value, list):
@@ -184,7 +184,7 @@ class _Reader:
         return value
 
     def mapping(self, key: str) -> Mapping[str, Any]:
-        value = self.data.get(key)
+        value: object = self.data.get(key)
         if value is None:
             return {}
         if not isinstance(value, Mapping):
