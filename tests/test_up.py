@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -98,11 +97,10 @@ def test_a_transient_start_up_abort_is_retried_once_visibly(tmp_path: Path, stat
 
 def test_failing_rank_fails_fast_and_names_root_cause(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [2, 2], state_dir)
-    started = time.monotonic()
+    # Without fail-fast the other ranks would wait in their all-reduce for gloo's 30-minute timeout:
+    # run_up's own deadline (120 s) fails the test then.
     proc = run_up("--grace", "3", hosts, "tests/_support/fail_rank.py", "3", "exit", "3")
-    elapsed = time.monotonic() - started
     assert proc.returncode == 1, proc.stderr
-    assert elapsed < 60  # a gloo timeout would take 30 minutes
     assert "root cause: rank 3 on node 1 (local-b, local rank 1): exit code 3" in proc.stderr
     assert "last lines of rank 3:\n    rank 3 ready\n    rank 3 is about to fail" in proc.stderr
     assert marked(job_id_of(proc.stderr)) == []
