@@ -15,7 +15,18 @@ from enum import Enum
 from typing import Any
 
 
-class NodeState(str, Enum):
+class _Named(str, Enum):
+    """A str enum that prints as its value: "running" in messages and tables (Python 3.11's
+    format() of a str enum says "JobState.RUNNING")."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class NodeState(_Named):
     """One node's state as the controller sees it.
 
     ::
@@ -42,18 +53,12 @@ class NodeState(str, Enum):
     LOST = "lost"
     UNREACHABLE = "unreachable"
 
-    def __str__(self) -> str:  # in messages and tables, "running" (Python 3.11 says "JobState.RUNNING")
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
     @property
     def is_terminal(self) -> bool:
         return self in (NodeState.SUCCEEDED, NodeState.FAILED, NodeState.STOPPED, NodeState.LOST)
 
 
-class JobState(str, Enum):
+class JobState(_Named):
     """A whole job's state, as its record keeps it: ``starting → running → one of the ends``."""
 
     STARTING = "starting"
@@ -62,12 +67,6 @@ class JobState(str, Enum):
     FAILED = "failed"
     STOPPED = "stopped"
     LOST = "lost"
-
-    def __str__(self) -> str:  # in messages and tables, "running" (Python 3.11 says "JobState.RUNNING")
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
     @property
     def is_terminal(self) -> bool:
