@@ -471,11 +471,7 @@ def delegated(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, Path]
     try:
         yield str(wrapper), cgroup, folder
     finally:
-        with open(os.path.join(top, "cgroup.kill"), "w") as f:
-            f.write("1")
-        agent.cg_wait_empty(top, agent.time.monotonic() + 10)
-        for sub in sorted((f for f, _, _ in os.walk(top)), key=len, reverse=True):
-            os.rmdir(sub)
+        remove_cgroup_tree(top)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -576,11 +572,7 @@ def user_session(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     try:
         yield {"python": str(bin_dir / "python"), "session": session, "scope": scope, "folder": folder}
     finally:
-        with open(os.path.join(top, "cgroup.kill"), "w") as f:
-            f.write("1")
-        agent.cg_wait_empty(top, agent.time.monotonic() + 10)
-        for sub in sorted((f for f, _, _ in os.walk(top)), key=len, reverse=True):
-            os.rmdir(sub)
+        remove_cgroup_tree(top)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -645,3 +637,14 @@ def test_the_cgroup_of_a_supervisor_killed_is_removed_once_empty(tmp_path: Path)
     wait_for(lambda: not alive(tr["pid"], tr["start_time"]), 10, what="the job to end")
     assert transport.call(req(state_dir, "status"))["state"]["state"] == "lost"
     assert not os.path.exists(cgroup)
+
+
+def remove_cgroup_tree(top: str) -> None:
+    """Kill what runs in the cgroup tree at ``top`` and remove it, deepest first."""
+    from clusterrun import agent
+
+    with open(os.path.join(top, "cgroup.kill"), "w") as f:
+        f.write("1")
+    agent.cg_wait_empty(top, agent.time.monotonic() + 10)
+    for sub in sorted((f for f, _, _ in os.walk(top)), key=len, reverse=True):
+        os.rmdir(sub)

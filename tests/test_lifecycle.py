@@ -139,7 +139,9 @@ def test_controller_sigkilled_at_random_moments(tmp_path: Path, state_dir: Path,
     assert len(set(jobs)) == 10
 
 
-def test_down_stops_everything_even_what_ignores_sigterm(tmp_path: Path, state_dir: Path) -> None:
+def start_hostile(tmp_path: Path, state_dir: Path) -> tuple[str, dict[str, tuple[int, int]]]:
+    """`up -d` of tests/_support/hostile.py on two local nodes (3 ranks); once every rank has made
+    its hostile processes: the job and their (pid, start time) by pid file name."""
     piddir = tmp_path / "pids"
     piddir.mkdir()
     hosts = write_hosts(tmp_path, [2, 1], state_dir)
@@ -147,7 +149,11 @@ def test_down_stops_everything_even_what_ignores_sigterm(tmp_path: Path, state_d
     kinds = ["worker", "setsid", "env-i", "grandchild"]
     expected = {f"rank{r}-{k}.pid" for r in range(3) for k in kinds}
     wait_for(lambda: expected <= {p.name for p in piddir.iterdir()}, timeout=90, what="all hostile processes")
-    pids = {name: tuple(map(int, (piddir / name).read_text().split())) for name in expected}
+    return job, {name: tuple(map(int, (piddir / name).read_text().split())) for name in expected}  # type: ignore[misc]
+
+
+def test_down_stops_everything_even_what_ignores_sigterm(tmp_path: Path, state_dir: Path) -> None:
+    job, pids = start_hostile(tmp_path, state_dir)
     assert all(alive(pid, started) for pid, started in pids.values())
     began = time.monotonic()
     down = clusterrun("down", job)
@@ -578,15 +584,8 @@ def test_down_on_a_full_state_dir_stops_everything_and_says_what_it_could_not_re
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     state_dir = disk / "state"
-    piddir = tmp_path / "pids"
-    piddir.mkdir()
     try:
-        hosts = write_hosts(tmp_path, [2, 1], state_dir)
-        job = up_detached("--grace", "2", hosts, SUPPORT / "hostile.py", piddir)
-        kinds = ["worker", "setsid", "env-i", "grandchild"]
-        expected = {f"rank{r}-{k}.pid" for r in range(3) for k in kinds}
-        wait_for(lambda: expected <= {p.name for p in piddir.iterdir()}, timeout=90, what="all hostile processes")
-        pids = {name: tuple(map(int, (piddir / name).read_text().split())) for name in expected}
+        job, pids = start_hostile(tmp_path, state_dir)
         fill(disk)
         down = clusterrun("down", job)
         assert down.returncode == 0, down.stderr
