@@ -1,0 +1,201 @@
+"""Every way a job is stopped, against every hostile kind of process at once, on local and SSH hosts,
+with a cgroup and without one.
+
+The agent's stop itself is tested kind by kind in test_containment.py; here each path of the
+controller that stops a job — `down`, Ctrl-C, fail-fast, the dashboard's K, `restart` — must
+reach it for the right attempt and say which guarantee held: with a cgroup, nothing is left and
+the output says "verified"; without (forced off), nothing the sweep can see is left, and the
+output says what it could not see, never "verified" or "nothing of it is left". An unrelated
+process with the escapee's command line survives every time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, SUPPORT, alive, job_id_of, start_time, up_argv, wait_for, write_hosts
+from tests.simhosts import SimCluster, SimHost, namespace_problem
+from tests.test_containment import CHECK
+from tests.test_lifecycle import clusterrun, up_detached
+from tests.test_ssh import ssh_hosts
+from tests.test_tui import dashboard_on, drive, until
+
+pytestmark = pytest.mark.integration
+
+PATHS = ["down", "ctrl-c", "fail-fast", "dashboard-K", "restart"]
+VERIFIED = "verified: nothing of the job is left (its cgroup is empty)"
+UNSEEN = "processes that left the job's tree, session and environment could not be seen"
+
+
+@dataclass
+class Where:
+    """Two nodes (one rank each) on this machine or on two simulated hosts; with a cgroup or not."""
+
+    cgroup: bool
+    cluster: SimCluster | None  # None: local hosts
+    children: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def hosts(self) -> list[SimHost] | None:
+        return None if self.cluster is None else self.cluster.hosts
+
+    def alive(self, pids: dict[str, tuple[int, int]]) -> list[str]:
+        """Which of ``pids`` (name → pid, start time; names start with ``a<attempt>-rank<r>``) still live."""
+        if self.hosts is None:
+            return sorted(name for name, (pid, st) in pids.items() if alive(pid, st))
+        living = []
+        for rank, host in enumerate(self.hosts):
+            mine = {name: p for name, p in pids.items() if f"-rank{rank}-" in name}
+            out = host.run(sys.executable, "-c", CHECK, *(f"{pid}:{st}" for pid, st in mine.values()))
+            assert out.returncode == 0, out.stderr
+            found = {int(p) for p in out.stdout.split()}
+            living += [name for name, (pid, _) in mine.items() if pid in found]
+        return sorted(living)
+
+    def bystanders(self) -> dict[str, tuple[int, int]]:
+        """An unrelated `sleep 3600` (the escapee's command line) on every host of the job."""
+        if self.hosts is None:
+            proc = subprocess.Popen(["sleep", "3600"], start_new_session=True)
+            self.children.append(proc)
+            started = start_time(proc.pid)
+            assert started is not None
+            return {"a0-rank0-bystander": (proc.pid, started)}
+        made = {}
+        for rank, host in enumerate(self.hosts):
+            pid = int(host.run("sh", "-c", "setsid sleep 3600 </dev/null >/dev/null 2>&1 & echo $!").stdout)
+            stat = host.run("cat", f"/proc/{pid}/stat").stdout
+            made[f"a0-rank{rank}-bystander"] = (pid, int(stat.rsplit(")", 1)[1].split()[19]))
+        return made
+
+    def kill(self, pids: dict[str, tuple[int, int]]) -> None:
+        for name in self.alive(pids):
+            pid = pids[name][0]
+            if self.hosts is None:
+                os.kill(pid, signal.SIGKILL)
+            else:
+                self.hosts[int(name.split("-rank")[1].split("-")[0])].run("kill", "-9", str(pid))
+        for child in self.children:
+            child.wait()
+
+
+@pytest.fixture(scope="module")
+def clusters() -> Iterator[dict[bool, SimCluster]]:
+    if namespace_problem():
+        pytest.skip(f"no simulated hosts here: {namespace_problem()}")
+    made: dict[bool, SimCluster] = {}
+    try:
+        made[True] = SimCluster.start(2, isolated=True)
+        made[False] = SimCluster.start(2, isolated=True, cgroup=False)
+        yield made
+    finally:
+        for cluster in made.values():
+            cluster.close()
+
+
+@pytest.fixture(params=["local-cgroup", "local-sweep", "ssh-cgroup", "ssh-sweep"])
+def where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Where:
+    place, how = request.param.split("-")
+    cgroup = how == "cgroup"
+    if place == "local":
+        if not cgroup:
+            monkeypatch.setenv("CLUSTERRUN_NO_CGROUP", "1")  # the local agents inherit it
+        return Where(cgroup, None)
+    return Where(cgroup, request.getfixturevalue("clusters")[cgroup])
+
+
+def hosts_file(where: Where, tmp_path: Path, state_dir: Path) -> Path:
+    if where.cluster is None:
+        return write_hosts(tmp_path, [1, 1], state_dir)
+    return ssh_hosts(tmp_path, where.cluster, [1, 1], state_dir)
+
+
+def recorded(piddir: Path, attempt: int) -> dict[str, tuple[int, int]]:
+    """Every process attempt ``attempt`` made, once both ranks are ready: name → (pid, start time)."""
+    wait_for(lambda: all((piddir / f"a{attempt}-rank{r}.ready").exists() for r in (0, 1)), 120,
+             what=f"attempt {attempt}'s hostile processes: {sorted(p.name for p in piddir.iterdir())}")
+    found = {}
+    for path in piddir.glob(f"a{attempt}-rank*-*/*.pid"):
+        pid, started = map(int, path.read_text().split())
+        found[f"{path.parent.name}-{path.stem}"] = (pid, started)
+    assert len(found) == 2 * 23, sorted(found)  # per rank: itself, 4 kinds' mains, 3 children, 15 of the storm
+    return found
+
+
+def stop_by(path: str, hosts: Path, piddir: Path) -> tuple[str, dict[str, tuple[int, int]]]:
+    """Start the hostile job, stop it by ``path``; what the controller said, and attempt 1's processes."""
+    args = ["--grace", "1", hosts, SUPPORT / "hostile_all.py", piddir]
+    if path in ("ctrl-c", "fail-fast"):
+        extra = ["fail", "1"] if path == "fail-fast" else []
+        proc = subprocess.Popen(up_argv(*args, *extra), cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        job_id_of(proc.stderr.readline())
+        pids = recorded(piddir, 1)
+        if path == "ctrl-c":
+            proc.send_signal(signal.SIGINT)
+        else:
+            (piddir / "fail").touch()
+        err = proc.stderr.read()
+        proc.stderr.close()
+        assert proc.wait(timeout=120) == (130 if path == "ctrl-c" else 1), err
+        return err, pids
+    job = up_detached(*args)
+    pids = recorded(piddir, 1)
+    if path == "down":
+        down = clusterrun("down", job)
+        assert down.returncode == 0, down.stderr
+        return down.stderr, pids
+    if path == "restart":
+        again = clusterrun("restart", job)
+        assert again.returncode == 0, again.stderr
+        second = recorded(piddir, 2)
+        assert len(second) == len(pids)  # attempt 2 runs, whole
+        return again.stderr, pids
+    app = dashboard_on(job, tail=0)
+    shown: list[str] = []
+
+    async def script(app: object, pilot: object) -> None:
+        await pilot.press("K", "y")  # type: ignore[attr-defined]
+        await until(pilot, lambda: app.board.finished, 120, "the job to end")  # type: ignore[attr-defined]
+        shown.append(str(app.query_one("#report").render()))  # type: ignore[attr-defined]
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)  # type: ignore[arg-type]
+    return shown[0], pids
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_stop_path_stops_every_hostile_process_and_says_which_guarantee_held(
+        where: Where, path: str, tmp_path: Path, state_dir: Path) -> None:
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    hosts = hosts_file(where, tmp_path, state_dir)
+    bystanders = where.bystanders()
+    pids: dict[str, tuple[int, int]] = {}
+    try:
+        said, pids = stop_by(path, hosts, piddir)
+        assert where.alive(pids) == [], said
+        # the node whose rank failed stopped by itself (its supervisor contained what torchrun left)
+        stopped = 1 if path == "fail-fast" else 2
+        if where.cgroup:
+            assert said.count(VERIFIED) == stopped, said
+        else:
+            assert "verified" not in said and "nothing of it is left" not in said, said
+            assert UNSEEN in said, said
+        assert where.alive(bystanders) == sorted(bystanders)
+    finally:
+        if path == "restart":
+            clusterrun("down", job_of(state_dir))
+        where.kill({**pids, **bystanders})
+
+
+def job_of(state_dir: Path) -> str:
+    return next((state_dir / "jobs").iterdir()).name
