@@ -40,13 +40,14 @@ PREFIX = "crsim"
 TIMEOUT = 10.0
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 IP = shutil.which("ip") or "/usr/sbin/ip"
+USER, USER_ID = "crtest", 64123  # the simulated hosts' unprivileged user (SimCluster.start(user=True))
 WIPED_LOGS = ("/var/log/wtmp", "/var/log/lastlog", "/var/log/btmp")
 
 # First process of a new PID namespace, inside the host's network namespace; ends by exec'ing sshd.
 BOOTSTRAP = """\
 set -eu
-name=$1 cidr=$2 hosts=$3 config=$4 passwd=$5 sshd=$6 cgroup=$7
-shift 7
+name=$1 cidr=$2 hosts=$3 config=$4 passwd=$5 sshd=$6 cgroup=$7 login=$8
+shift 8
 mount --make-rprivate /
 ip link set lo up
 ip addr replace "$cidr" dev eth0  # a rebooted host finds its address kept
@@ -55,6 +56,8 @@ hostname "$name"
 mount -t tmpfs -o mode=0755,size=8m crsim-run /run
 # `ip netns exec` remounted /sys without cgroups: the host's cgroup2 where most distributions have it
 if [ "$cgroup" = yes ]; then mount -t cgroup2 crsim-cgroup2 /sys/fs/cgroup; fi
+# every login starts in this cgroup, as pam_systemd puts it in a session's (or a delegated) scope
+if [ -n "$login" ]; then echo $$ > "/sys/fs/cgroup/$login/cgroup.procs"; fi
 mkdir -m 0755 /run/sshd
 mount --bind "$hosts" /etc/hosts
 for log in "$@"; do mount --bind /dev/null "$log"; done
@@ -130,6 +133,8 @@ class SimCluster:
     _netns: list[str] = field(default_factory=list)
     _closed: bool = False
     cgroup: bool = True
+    user: bool = False
+    login_cgroup: str = ""
 
     def __post_init__(self) -> None:
         self.ssh_config, self.known_hosts = self.dir / "ssh_config", self.dir / "known_hosts"
@@ -142,7 +147,7 @@ class SimCluster:
     @classmethod
     def start(cls, n: int, *, login_shell: str | Mapping[str, str] | None = None,
               sshd_options: Mapping[str, str] | None = None, isolated: bool | None = None,
-              cgroup: bool = True) -> SimCluster:
+              cgroup: bool = True, user: bool = False, login_cgroup: str = "") -> SimCluster:
         """Start hosts ``sim1``…``simN``; return once every sshd accepts connections.
 
         ``login_shell`` replaces root's shell on every host (a str) or on the named hosts (a mapping), through a
@@ -150,6 +155,9 @@ class SimCluster:
         ``isolated=None`` uses namespaces where permitted; False forces the loopback fallback; True refuses it.
         ``cgroup`` mounts cgroup2 at ``/sys/fs/cgroup`` in every host (the one hierarchy of this kernel, as a
         real host has it); False leaves the hosts without cgroups (the loopback fallback always sees this one's).
+        ``user`` adds the unprivileged user ``USER`` (uid ``USER_ID``, /bin/sh, a home of their own on each host)
+        who logs in with the cluster's client key. ``login_cgroup`` (a path below the cgroup2 root, which the
+        caller makes and removes) is where every login starts, as pam_systemd puts it in a session scope.
         """
         if not 1 <= n <= 200:
             raise ValueError(f"n must be between 1 and 200, not {n}")
@@ -161,10 +169,12 @@ class SimCluster:
             raise SimHostError(f"CI=true: the simulated hosts must have namespaces here, and cannot: {reason}")
         if reason:
             print(f"simhosts: not isolated, one sshd per loopback address instead: {reason}", file=sys.stderr)
-            if login_shell:
-                raise SimHostError("login_shell needs a mount namespace per host, which the fallback has not")
+            if login_shell or user or login_cgroup:
+                raise SimHostError("login_shell, user and login_cgroup need a mount namespace per host, which the "
+                                   "fallback has not")
         folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{os.getpid()}-"))
-        cluster = cls(dir=folder, isolated=not reason, fallback_reason=reason, cgroup=cgroup)
+        cluster = cls(dir=folder, isolated=not reason, fallback_reason=reason, cgroup=cgroup, user=user,
+                      login_cgroup=login_cgroup.strip("/"))
         _OPEN.append(cluster)
         try:
             cluster._start(n, login_shell, dict(sshd_options or {}))
@@ -236,15 +246,31 @@ class SimCluster:
                 # `pyenv init`, whose rehash lock a killed host would leave behind) stay out of the test.
                 home = self.dir / host.name / "home"
                 home.mkdir(mode=0o700)
-                (self.dir / host.name / "passwd").write_text(_passwd(home, shell))
+                passwd = _passwd(home, shell)
+                if self.user:
+                    passwd += f"{USER}:x:{USER_ID}:{USER_ID}::{self._user_home(host)}:/bin/sh\n"
+                (self.dir / host.name / "passwd").write_text(passwd)
         self.known_hosts.write_text("".join(known))
         self.ssh_config.write_text("".join(config))
+
+    def _user_home(self, host: SimHost) -> Path:
+        """``USER``'s home on ``host``, with the client key authorized (the folders above it are 0711)."""
+        home = self.dir / host.name / USER
+        if not home.exists():
+            for folder in (self.dir, self.dir / host.name):
+                folder.chmod(0o711)
+            (home / ".ssh").mkdir(parents=True)
+            (home / ".ssh" / "authorized_keys").write_text(self.client_key.with_suffix(".pub").read_text())
+            for path in (home, home / ".ssh", home / ".ssh" / "authorized_keys"):
+                os.chown(path, USER_ID, USER_ID)
+            home.chmod(0o700)
+        return home
 
     def _sshd_config(self, host: SimHost, options: dict[str, str]) -> str:
         settings = {
             "ListenAddress": host.address, "Port": str(host.port),
             "HostKey": str(self.dir / host.name / "ssh_host_ed25519_key"),
-            "AuthorizedKeysFile": str(self.dir / "authorized_keys"),
+            "AuthorizedKeysFile": f"{self.dir / 'authorized_keys'} .ssh/authorized_keys",
             "PubkeyAuthentication": "yes", "PasswordAuthentication": "no", "KbdInteractiveAuthentication": "no",
             "PermitRootLogin": "prohibit-password", "StrictModes": "no", "UsePAM": "no", "PidFile": "none",
             "PrintMotd": "no", "PrintLastLog": "no", "Subsystem": "sftp internal-sftp",
@@ -264,7 +290,7 @@ class SimCluster:
             argv = [IP, "netns", "exec", netns, "unshare", "--pid", "--fork", "--mount-proc", "--uts", "--mount",
                     "--propagation", "private", "--kill-child", "sh", str(self.dir / "bootstrap.sh"), host.name,
                     f"{host.address}/24", str(self.dir / "hosts"), str(folder / "sshd_config"),
-                    str(passwd) if passwd.exists() else "", SSHD, "yes" if self.cgroup else "no",
+                    str(passwd) if passwd.exists() else "", SSHD, "yes" if self.cgroup else "no", self.login_cgroup,
                     *filter(os.path.isfile, WIPED_LOGS)]
         else:
             argv = [SSHD, "-D", "-e", "-f", str(folder / "sshd_config")]

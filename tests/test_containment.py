@@ -648,3 +648,189 @@ def remove_cgroup_tree(top: str) -> None:
     agent.cg_wait_empty(top, agent.time.monotonic() + 10)
     for sub in sorted((f for f, _, _ in os.walk(top)), key=len, reverse=True):
         os.rmdir(sub)
+
+
+# ------------------------------------------------------------------ an unprivileged user over SSH
+
+
+@dataclass
+class UserHost:
+    """A simulated host where every login (sshd itself) starts in ``login``, a cgroup the test made
+    below the cgroup2 root, and the user ``simhosts.USER`` logs in by SSH (a transport as them)."""
+
+    host: SimHost
+    transport: Transport
+    home: Path
+    top: str  # the test's cgroups, as the host sees them (its cgroup2 is at /sys/fs/cgroup)
+    login: str  # the login cgroup, as the host sees it
+    mount: str  # this machine's cgroup2 mount, where the same cgroups are seen from here
+
+    def here(self, cgroup: str) -> str:
+        """A host's cgroup path as this machine sees it."""
+        return self.mount + cgroup.removeprefix("/sys/fs/cgroup")
+
+    def alive(self, pids: dict[str, tuple[int, int]]) -> list[str]:
+        out = self.host.run(sys.executable, "-c", CHECK, *(f"{pid}:{st}" for pid, st in pids.values()))
+        living = {int(p) for p in out.stdout.split()}
+        return sorted(name for name, (pid, _) in pids.items() if pid in living)
+
+    def owners(self, pids: dict[str, tuple[int, int]]) -> set[str]:
+        return set(self.host.run("stat", "-c", "%u", *(f"/proc/{pid}" for pid, _ in pids.values())).stdout.split())
+
+
+def user_host(layout: list[str], delegate: list[str], files: tuple[str, ...] = ()) -> Iterator[UserHost]:
+    """Make the cgroups ``layout`` (paths below a top of the test's own), hand ``delegate`` to the user
+    (chowned as systemd's Delegate=yes does) and the cgroup files ``files`` too, start a simulated
+    host whose logins start in ``layout[0]``, and yield it; remove everything after."""
+    import shutil
+
+    from clusterrun import agent
+    from tests.simhosts import USER, USER_ID
+
+    mount = agent._cgroup2_mount()
+    if namespace_problem() or mount is None or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
+        pytest.skip(f"needs simulated hosts, cgroup2 and {USER_PYTHON}: {namespace_problem()}")
+    top = os.path.join(mount, f"crtest-ssh-{os.getpid()}")
+    for path in layout:
+        os.makedirs(os.path.join(top, path))
+    for path in delegate:
+        for name in ("", "cgroup.procs", "cgroup.subtree_control", "cgroup.threads"):
+            os.chown(os.path.join(top, path, name), USER_ID, USER_ID)
+    for path in files:
+        os.chown(os.path.join(top, path), USER_ID, USER_ID)
+    rel = os.path.relpath(os.path.join(top, layout[0]), mount)
+    cluster = None
+    try:
+        cluster = SimCluster.start(1, isolated=True, user=True, login_cgroup=rel)
+        host = cluster.hosts[0]
+        home = cluster.dir / host.name / USER
+        spec = HostSpec(host=host.name, user=USER, python=str(home / "bin" / "python"))
+        (home / "bin").mkdir()
+        (home / "run" / "systemd").mkdir(parents=True)
+        write_script(home / "bin" / "python", f'PATH="$HOME/bin:$PATH" XDG_RUNTIME_DIR="$HOME/run" '
+                                              f'exec {USER_PYTHON} "$@"')
+        yield UserHost(host, transport_for(spec, ssh_config=str(cluster.ssh_config)), home,
+                       f"/sys/fs/cgroup/{os.path.relpath(top, mount)}", f"/sys/fs/cgroup/{rel}", mount)
+    finally:
+        if cluster is not None:
+            cluster.close()
+        remove_cgroup_tree(top)
+
+
+def write_script(path: Path, text: str) -> None:
+    path.write_text(f"#!/bin/sh\n{text}\n")
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def ssh_delegated() -> Iterator[UserHost]:
+    scope = "user.slice/user-64123.slice/app.slice/delegated.scope"
+    yield from user_host([scope], [scope])
+
+
+@pytest.fixture
+def ssh_undelegated() -> Iterator[UserHost]:
+    yield from user_host(["user.slice/user-64123.slice/session-3.scope"], [])  # a login session's: root's
+
+
+@pytest.mark.parametrize("kind", ["escape", "storm"])
+def test_an_unprivileged_user_over_ssh_with_a_delegated_cgroup_gets_a_verified_stop(
+        ssh_delegated: UserHost, kind: str) -> None:
+    where = ssh_delegated
+    state_dir, piddir = where.home / "state", where.home / "pids"
+    probe = where.transport.call({"op": "probe", "state_dir": str(state_dir)})
+    assert probe["containment"] == "cgroup", probe
+    piddir.mkdir()
+    os.chown(piddir, 64123, 64123)
+    argv = [USER_PYTHON, str(SUPPORT / "hostile_child.py"), kind, str(piddir), "wait"]
+    answer = where.transport.call(req(state_dir, "start", argv=argv, env={}, cwd=str(where.home)))
+    attempt = answer["state"]["cgroup"]
+    assert os.path.dirname(attempt) == where.login, answer  # below the user's own (delegated) cgroup
+    sup = answer["state"]["supervisor"]
+    where.host.run("kill", "-9", str(sup["pid"]))
+    wait_for(lambda: not where.alive({"supervisor": (sup["pid"], sup["start_time"])}), 10, what="the supervisor to die")
+    (piddir / "go").touch()
+    wait_for(lambda: (piddir / "ready").exists(), 60, what="the hostile processes")
+    pids = recorded(piddir)
+    assert where.owners(pids) == {"64123"}
+    report = where.transport.call(req(state_dir, "stop", grace=1))
+    assert (report["containment"], report["verified"], report["left"]) == ("cgroup", True, []), report
+    assert where.alive(pids) == []
+    assert not os.path.exists(where.here(attempt))
+
+
+def test_an_unprivileged_user_over_ssh_without_delegation_is_swept_and_told_why(ssh_undelegated: UserHost) -> None:
+    where = ssh_undelegated
+    probe = where.transport.call({"op": "probe", "state_dir": str(where.home / "state")})
+    assert probe["containment"] == "sweep", probe
+    assert any(f"cgroup {where.login} is not delegated to uid 64123" in f for f in probe["fallbacks"]), probe
+
+
+@pytest.fixture
+def ssh_logind() -> Iterator[tuple[UserHost, str]]:
+    """An SSH login of the user in a session scope of a fake logind that kills the session at logout
+    (KillUserProcesses=yes), with a systemd user manager whose scope is delegated to them, and a
+    fake `loginctl` (linger as the test writes it) and `systemd-run` (enters that scope)."""
+    user = "user.slice/user-64123.slice"
+    session, scope = f"{user}/session-7.scope", f"{user}/user@64123.service/app.slice/run-r1.scope"
+    for where in user_host([session, scope], [scope], files=(f"{user}/cgroup.procs",)):
+        bin_dir = where.home / "bin"
+        write_script(bin_dir / "loginctl", f"case \"$1\" in show-user) cat {where.home}/linger;; "
+                                           "*) printf 'KillUserProcesses=yes\\nKillExcludeUsers=root\\n';; esac")
+        write_script(bin_dir / "systemd-run", f"echo \"$@\" > {where.home}/systemd-run.args\n"
+                                              "while [ \"$1\" != -- ]; do shift; done; shift\n"
+                                              f"echo $$ > {where.top}/{scope}/cgroup.procs && exec \"$@\"")
+        (where.home / "run" / "systemd" / "private").touch()
+        yield where, f"{where.top}/{scope}"
+
+
+def logout(where: UserHost) -> None:
+    """What logind does at the session's end with KillUserProcesses=yes: SIGKILL everything in the
+    session's scope — except the simulated host's sshd listener (its PID 1), which stands in for
+    sshd.service, outside the session on a real host."""
+    for pid in Path(where.here(where.login), "cgroup.procs").read_text().split():
+        status = Path(f"/proc/{pid}/status").read_text()
+        nspid = next(line.split()[-1] for line in status.splitlines() if line.startswith("NSpid:"))
+        if nspid != "1":
+            os.kill(int(pid), signal.SIGKILL)
+    wait_for(lambda: len(Path(where.here(where.login), "cgroup.procs").read_text().split()) <= 1, 10,
+             what="the session to end")
+
+
+def test_logind_over_ssh_with_linger_starts_the_job_in_a_user_scope_that_outlives_the_logout(
+        ssh_logind: tuple[UserHost, str]) -> None:
+    where, scope = ssh_logind
+    (where.home / "linger").write_text("Linger=yes\n")
+    state_dir, piddir = where.home / "state", where.home / "pids"
+    probe = where.transport.call({"op": "probe", "state_dir": str(state_dir)})
+    assert any("jobs start in a scope of your systemd user manager" in f for f in probe["fallbacks"]), probe
+    piddir.mkdir()
+    os.chown(piddir, 64123, 64123)
+    argv = [USER_PYTHON, str(SUPPORT / "hostile_child.py"), "escape", str(piddir)]
+    answer = where.transport.call(req(state_dir, "start", argv=argv, env={}, cwd=str(where.home)))
+    args = (where.home / "systemd-run.args").read_text()
+    assert args.startswith("--user --scope --quiet --collect -p Delegate=yes --unit=clusterrun-hostile-1-n0-a1-")
+    cgroup = answer["state"]["cgroup"]
+    assert os.path.dirname(cgroup) == scope, answer  # its own cgroup, in the user manager's scope
+    sup, tr = answer["state"]["supervisor"], answer["state"]["torchrun"]
+    wait_for(lambda: (piddir / "ready").exists(), 60, what="the hostile processes")
+    pids = {**recorded(piddir), "supervisor": (sup["pid"], sup["start_time"]),
+            "torchrun": (tr["pid"], tr["start_time"])}
+    where.transport.close()  # the SSH connection ends, then logind ends the session
+    logout(where)
+    assert where.alive(pids) == sorted(pids)  # all outlived the session
+    report = where.transport.call(req(state_dir, "stop", grace=1))  # a new login
+    assert (report["containment"], report["verified"], report["left"]) == ("cgroup", True, []), report
+    assert where.alive(pids) == []
+
+
+def test_logind_over_ssh_without_linger_refuses_the_start_and_names_enable_linger(
+        ssh_logind: tuple[UserHost, str]) -> None:
+    from clusterrun.errors import AgentError
+
+    where, _ = ssh_logind
+    (where.home / "linger").write_text("Linger=no\n")
+    with pytest.raises(AgentError, match=r"KillUserProcesses=yes.*no systemd user manager with linger.*nothing "
+                                         r"was started. Fix: `loginctl enable-linger crtest`"):
+        where.transport.call(req(where.home / "state", "start", argv=["true"], env={}, cwd=str(where.home)))
+    assert not (where.home / "systemd-run.args").exists()
