@@ -1,0 +1,186 @@
+"""Known failure signatures on the lines real runs printed (torch 2.13, gloo on the CPU).
+
+``tests/_support/failures/<case>/nodeN.log`` are the nodes' ``output.log`` files of real runs on
+this machine (``clusterrun up`` on two local nodes of two processes each), as the agent wrote
+them; ``master-unreachable`` is torchrun's own output as node 1 with nothing listening at the
+master (``--rdzv-conf timeout=5``). CUDA and NCCL cannot run here: their lines are quoted from
+reports of real runs, as noted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from clusterrun.diagnose import NodeLog, find_root_cause
+from clusterrun.events import Explanation, JobResult, NodeResult, NodeState, RootCause
+from clusterrun.protocol import decode_status
+from clusterrun.signatures import SIGNATURES, explain
+
+CAPTURED = Path(__file__).parent / "_support" / "failures"
+HOSTS = {0: "local-a", 1: "local-b"}
+
+
+def diagnose(case: str, ended: Sequence[float], stopped: set[int], died: dict[int, float] | None = None) -> RootCause:
+    """The root cause of a captured run: each node's log fed as the controller feeds it, each node
+    exited 1 at ``ended[node]`` and its ranks died at ``died[rank]`` (the agents' record),
+    ``stopped`` the nodes that fail-fast stopped."""
+    logs, states = {}, {}
+    for node, when in enumerate(ended):
+        log = NodeLog()
+        path = CAPTURED / case / f"node{node}.log"
+        if path.exists():
+            log.feed(path.read_text().splitlines())
+        logs[node] = log
+        states[node] = decode_status(HOSTS[node], {"state": "exited", "exit_code": 1, "signal": None,
+                                                   "workers": [{"pid": 0, "rank": rank, "died": at}
+                                                               for rank, at in (died or {}).items()],
+                                                   "ended_at": when})
+    cause = find_root_cause(HOSTS, logs, states, stopped_by_us=stopped)
+    assert cause is not None
+    return cause
+
+
+def explained(cause: RootCause) -> Explanation:
+    assert cause.explanation is not None, cause
+    return cause.explanation
+
+
+def test_a_rank_killed_by_sigkill_points_at_the_oom_killer() -> None:
+    cause = diagnose("sigkill", ended=[10.0, 11.0], stopped={1}, died={1: 9.0, 0: 9.5})
+    assert (cause.node, cause.rank, cause.signal) == (0, 1, 9)
+    why = explained(cause)
+    assert why.signature == "killed"
+    assert why.cause.startswith("rank 1 on node 0 (local-a) was killed by SIGKILL: by the kernel's OOM killer")
+    assert "`dmesg` on local-a" in why.fix
+
+
+def test_a_module_missing_on_one_host_only_names_that_host() -> None:
+    cause = diagnose("module-one-host", ended=[11.0, 10.0], stopped={0})
+    assert cause.node == 1
+    why = explained(cause)
+    assert why.signature == "module-missing"
+    assert why.cause == ("Python module 'crsig_extra_mod' not found on local-b only (local-a did not report it): "
+                         "the hosts' Python environments differ")
+    assert why.fix.startswith("install it for the interpreter on local-b ")
+
+
+def test_a_module_missing_everywhere_is_not_called_a_difference() -> None:
+    lines = (CAPTURED / "module-one-host" / "node1.log").read_text().splitlines()
+    root = RootCause(1, "local-b", 3, 1, 1, None, ("ModuleNotFoundError: No module named 'crsig_extra_mod'",))
+    why = explain(root, HOSTS, {0: lines, 1: lines})
+    assert why is not None and why.cause == "Python module 'crsig_extra_mod' not found on every host"
+
+
+def test_a_gloo_timeout_names_the_ranks_that_did_not_time_out() -> None:
+    cause = diagnose("gloo-timeout", ended=[10.0, 11.0], stopped={1}, died={1: 9.0, 0: 9.5})
+    assert (cause.node, cause.rank) == (0, 1)
+    why = explained(cause)
+    assert why.signature == "collective-timeout"
+    assert why.cause.startswith("rank 1 on node 0 (local-a) timed out after 5000 ms in a collective (send)")
+    # rank 0 slept instead of joining the all-reduce: it is the only one without a time-out
+    assert why.cause.endswith("; ranks without a time-out of their own: rank 0 (node 0, local-a)")
+
+
+def test_the_master_port_in_use_names_the_port_and_the_host() -> None:
+    cause = diagnose("port-in-use", ended=[10.0, 11.0], stopped={1})
+    assert (cause.node, cause.rank) == (0, None)
+    why = explained(cause)
+    assert why.signature == "address-in-use"
+    assert why.cause == ("torchrun on node 0 (local-a) could not listen on the master port 29655: "
+                         "another process on local-a holds it")
+    assert "`master: port: auto`" in why.fix and "ss -ltnp 'sport = :29655'" in why.fix
+
+
+def test_a_node_that_cannot_reach_the_master_says_which_and_where() -> None:
+    logs, states = {1: NodeLog()}, {}
+    logs[1].feed((CAPTURED / "master-unreachable" / "node1.log").read_text().splitlines())
+    states[1] = decode_status("local-b", {"state": "exited", "exit_code": 1, "ended_at": 10.0})
+    cause = find_root_cause(HOSTS, logs, states, stopped_by_us=set())
+    assert cause is not None
+    why = explained(cause)
+    assert why.signature == "master-unreachable"
+    assert why.cause.startswith("node 1 (local-b) could not connect to the master 127.0.0.1:29677 ")
+    assert "127.0.0.1 is a loopback address" in why.cause
+    assert "local-b reaches 127.0.0.1:29677" in why.fix
+
+
+def _root(*lines: str, signal: int | None = None, rank: int | None = 0) -> RootCause:
+    return RootCause(0, "gpu-a", rank, 0, None if signal else 1, signal, tuple(lines))
+
+
+@pytest.mark.parametrize(("lines", "signature", "cause"), [
+    # torch.cuda's allocator, as reported from real runs (CUDA cannot run here)
+    (("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 324.00 MiB. GPU 0 has a total capacity of "
+      "7.63 GiB of which 91.25 MiB is free. Including non-PyTorch memory, this process has 7.52 GiB memory in use.",),
+     "cuda-out-of-memory", "rank 0 on node 0 (gpu-a) ran out of GPU memory (CUDA out of memory)"),
+    # ProcessGroupNCCL's watchdog, as reported from a real run
+    (("[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught collective operation "
+      "timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=131072000, NumelOut=131072000, Timeout(ms)=600000) "
+      "ran for 600081 milliseconds before timing out.",),
+     "collective-timeout", "rank 0 on node 0 (gpu-a) timed out after 600000 ms in a collective (BROADCAST)"),
+])
+def test_gpu_only_signatures(lines: tuple[str, ...], signature: str, cause: str) -> None:
+    why = explain(_root(*lines), {0: "gpu-a"}, {0: [f"[rank0]:{line}" for line in lines]})
+    assert why is not None and why.signature == signature
+    assert why.cause.startswith(cause)
+
+
+def test_a_job_that_printed_nothing_is_not_explained() -> None:
+    assert explain(_root("RuntimeError: boom"), {0: "gpu-a"}, {0: ["[rank0]:RuntimeError: boom"]}) is None
+
+
+def test_every_signature_is_tested() -> None:
+    tested = {"killed", "module-missing", "collective-timeout", "address-in-use", "master-unreachable",
+              "cuda-out-of-memory", "gloo-abort", "script-missing", "host-out-of-memory", "peer-refused"}
+    assert {s.name for s in SIGNATURES} == tested
+
+
+def test_the_summary_shows_the_cause_and_the_fix() -> None:
+    import io
+
+    from clusterrun.printer import Printer
+
+    cause = diagnose("sigkill", ended=[10.0, 11.0], stopped={1}, died={1: 9.0, 0: 9.5})
+    err = io.StringIO()
+    Printer(out=io.StringIO(), err=err, colour=False).summary(JobResult("j", (
+        NodeResult(0, "local-a", NodeState.FAILED, exit_code=1),
+        NodeResult(1, "local-b", NodeState.STOPPED, signal=15)), root_cause=cause))
+    lines = err.getvalue().splitlines()
+    at = lines.index("clusterrun: root cause: rank 1 on node 0 (local-a, local rank 1): killed by SIGKILL")
+    assert lines[at + 1] == f"clusterrun: cause: {explained(cause).cause}"
+    assert lines[at + 2] == f"clusterrun: fix: {explained(cause).fix}"
+
+
+def test_the_dashboard_and_the_record_show_the_cause_and_the_fix(tmp_path: Path) -> None:
+    from clusterrun.board import Board
+    from clusterrun.events import AttemptStarted, JobFinished, NodeExited
+    from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
+    from clusterrun.lifecycle import Recorder
+
+    cause = diagnose("module-one-host", ended=[11.0, 10.0], stopped={0})
+    why = explained(cause)
+    nodes = (NodeResult(0, "local-a", NodeState.STOPPED, exit_code=1),
+             NodeResult(1, "local-b", NodeState.FAILED, exit_code=1))
+    finished = JobFinished(None, result=JobResult("j-20261123-100000-abcd", nodes, root_cause=cause))
+    board = Board(ring=10)
+    board.apply(AttemptStarted(None, job_id="j", name="j", attempt=1, master_addr="127.0.0.1", master_port=1,
+                               world_size=4, nodes=(("local-a", 2, None), ("local-b", 2, None))))
+    for result in nodes:
+        board.apply(NodeExited(result.node, result=result))
+    board.apply(finished)
+    text = board.root_text().splitlines()
+    assert text[:3] == [f"root cause: {cause.describe()}", f"cause: {why.cause}", f"fix: {why.fix}"]
+    # the record keeps them for `ps JOB` (the monitor and later controllers)
+    store = JobStore(tmp_path)
+    store.create(JobRecord(
+        job_id="j-20261123-100000-abcd", name="j", created=0.0, hosts_file="h.yaml", hosts_text="", script="s.py",
+        script_args=[], env_overrides={}, local_cwd="/", grace=1.0, ssh_config=None, plan={}, state="running",
+        attempts=[AttemptRecord(1, started=0.0, master_port=1)],
+        nodes=[NodeRecord(0, "local-a", state="running"), NodeRecord(1, "local-b", state="running")]))
+    recorder = Recorder(store, "j-20261123-100000-abcd", 1)
+    recorder(finished)
+    attempt = store.load("j-20261123-100000-abcd").attempts[-1]
+    assert (attempt.cause, attempt.fix) == (why.cause, why.fix)
