@@ -6,7 +6,7 @@ signal; the first entry that matches explains the failure. Its ``cause`` and ``f
 ``str.format`` templates filled with the expressions' named groups and ``who``/``node``/``host``/
 ``rank`` of the root cause; an entry's ``refine`` may add fields from the other nodes' lines (which
 hosts show the same error) or decline the match. The formats were captured from torch 2.13 with
-gloo on the CPU (see ``tests/test_signatures.py``); NCCL's from torch's sources.
+gloo on the CPU (``tests/_support/failures/``); CUDA's and NCCL's are quoted from reports of real runs.
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ class Evidence:
         """The hosts whose nodes printed a line matching ``pattern``, and those whose did not."""
         showing = {node for node, lines in self.lines.items() if any(pattern.search(line) for line in lines)}
         showing.add(self.root.node)
-        return ([self.hosts[n] for n in sorted(self.hosts) if n in showing],
-                [self.hosts[n] for n in sorted(self.hosts) if n not in showing])
+        unique = len(set(self.hosts.values())) == len(self.hosts)  # else a host runs several nodes: name those
+        names = {n: host if unique else f"node{n} {host}" for n, host in self.hosts.items()}
+        return ([names[n] for n in sorted(names) if n in showing],
+                [names[n] for n in sorted(names) if n not in showing])
 
 
 @dataclass(frozen=True)
@@ -103,11 +105,14 @@ def _peers_not_timed_out(fields: Fields, evidence: Evidence) -> Fields:
     return fields
 
 
-def _loopback(fields: Fields, evidence: Evidence) -> Fields:
-    addr = fields.get("addr") or ""
-    fields["loopback"] = (f"; {addr} is a loopback address: a host's own name resolves to it (/etc/hosts)"
-                          if addr.startswith("127.") or addr in ("::1", "localhost") else "")
-    return fields
+def _loopback(why: str) -> Callable[[Fields, Evidence], Fields]:
+    """Adds ``loopback``: that the address is one (with ``why`` that matters), or nothing."""
+    def refine(fields: Fields, evidence: Evidence) -> Fields:
+        addr = fields.get("addr") or ""
+        is_loopback = addr.startswith("127.") or addr in ("::1", "localhost")
+        fields["loopback"] = f"; {addr} is a loopback address: {why}" if is_loopback else ""
+        return fields
+    return refine
 
 
 SIGNATURES: tuple[Signature, ...] = (
@@ -128,8 +133,8 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"port: (?P<port>\d+),.*(?:EADDRINUSE|address already in use)", r"EADDRINUSE",
          r"[Aa]ddress already in use"),
         "{who} could not listen on the master port{on_port}: another process on {host} holds it",
-        "set `master: port: auto` in the hosts file (a free port is chosen at each start), or free the port "
-        "on {host} (`ss -ltnp{ss_filter}` shows who holds it)",
+        "free the port on {host} (`ss -ltnp{ss_filter}` shows who holds it), or let clusterrun choose a free "
+        "one at each start (`master: port: auto`, the default, instead of a fixed port)",
         refine=lambda f, e: {**f, "on_port": f" {f['port']}" if f.get("port") else "",
                              "ss_filter": f" 'sport = :{f['port']}'" if f.get("port") else ""}),
     Signature(
@@ -147,7 +152,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "{loopback}",
         "check that node 0's torchrun is up and that {host} reaches {addr}:{port} (a firewall, or a wrong "
         "address: set `master.addr`, or node 0's `address:`, to one every node can reach)",
-        refine=_loopback),
+        refine=_loopback("it leads to node 0 from node 0 alone")),
     Signature(
         "peer-refused",
         (r"Connection refused, remote=\[(?P<addr>[^\]]+)\](?::(?P<port>\d+))?",
@@ -156,7 +161,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "the nodes must reach each other at the address gloo/NCCL advertise: set GLOO_SOCKET_IFNAME "
         "(NCCL_SOCKET_IFNAME for NCCL) in `env:` to the interface that reaches the other nodes, or make each "
         "host's name resolve to that interface's address",
-        refine=_loopback),
+        refine=_loopback("a host's own name resolves to it (/etc/hosts), so gloo advertised it")),
     Signature(
         "collective-timeout",
         (r"Timed out waiting (?P<ms>\d+)ms for (?P<op>send|recv) operation",

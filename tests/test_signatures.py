@@ -9,6 +9,12 @@ reports of real runs, as noted.
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +24,7 @@ from clusterrun.diagnose import NodeLog, find_root_cause
 from clusterrun.events import Explanation, JobResult, NodeResult, NodeState, RootCause
 from clusterrun.protocol import decode_status
 from clusterrun.signatures import SIGNATURES, explain
+from tests.conftest import ROOT, run_up, wait_for
 
 CAPTURED = Path(__file__).parent / "_support" / "failures"
 HOSTS = {0: "local-a", 1: "local-b"}
@@ -72,6 +79,14 @@ def test_a_module_missing_everywhere_is_not_called_a_difference() -> None:
     root = RootCause(1, "local-b", 3, 1, 1, None, ("ModuleNotFoundError: No module named 'crsig_extra_mod'",))
     why = explain(root, HOSTS, {0: lines, 1: lines})
     assert why is not None and why.cause == "Python module 'crsig_extra_mod' not found on every host"
+
+
+def test_two_nodes_on_one_host_are_named_by_node() -> None:
+    lines = (CAPTURED / "module-one-host" / "node1.log").read_text().splitlines()
+    root = RootCause(1, "h", 3, 1, 1, None, ("ModuleNotFoundError: No module named 'crsig_extra_mod'",))
+    why = explain(root, {0: "h", 1: "h"}, {0: [], 1: lines})
+    assert why is not None and why.cause.startswith(
+        "Python module 'crsig_extra_mod' not found on node1 h only (node0 h did not report it)")
 
 
 def test_a_gloo_timeout_names_the_ranks_that_did_not_time_out() -> None:
@@ -184,3 +199,87 @@ def test_the_dashboard_and_the_record_show_the_cause_and_the_fix(tmp_path: Path)
     recorder(finished)
     attempt = store.load("j-20261123-100000-abcd").attempts[-1]
     assert (attempt.cause, attempt.fix) == (why.cause, why.fix)
+
+
+# Real torchrun (gloo on the CPU) on local nodes: the failure happens for real, and `up`, the
+# monitor and `ps` print the cause line. Few and small: every run costs seconds of shared CPU.
+
+def _clusterrun(*args: str | os.PathLike[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "clusterrun", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def _hosts(path: Path, state_dir: Path, *hosts: str, extra: str = "") -> Path:
+    path.write_text(f"state_dir: {state_dir}\n{extra}defaults:\n  transport: local\n  nproc: 1\nhosts:\n"
+                    + "".join(hosts))
+    return path
+
+
+@pytest.mark.integration
+def test_real_a_module_missing_on_one_host_is_named_by_the_monitor_and_ps(tmp_path: Path, state_dir: Path,
+                                                                           controller_state: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "crtest_only_on_a.py").write_text("")
+    hosts = _hosts(tmp_path / "hosts.yaml", state_dir, f"  - host: local-a\n    env: {{PYTHONPATH: {site}}}\n",
+                   "  - host: local-b\n")
+    started = _clusterrun("up", "-d", hosts, "tests/_support/import_module.py", "crtest_only_on_a")
+    assert started.returncode == 0, started.stderr
+    job = started.stdout.strip()
+    assert _clusterrun("wait", job).returncode == 1
+    cause = ("cause: Python module 'crtest_only_on_a' not found on local-b only (local-a did not report it): "
+             "the hosts' Python environments differ")
+    shown = _clusterrun("ps", job)
+    assert shown.returncode == 0, shown.stderr
+    assert cause in shown.stdout.splitlines(), shown.stdout
+    assert "fix: install it for the interpreter on local-b " in shown.stdout
+    log = controller_state / "clusterrun" / "jobs" / job / "monitor.log"
+    monitor_log = wait_for(lambda: "FAILED" in (text := log.read_text()) and text, timeout=30,
+                           what="the monitor's summary")
+    assert f"clusterrun: {cause}" in monitor_log.splitlines(), monitor_log
+
+
+@pytest.mark.integration
+def test_real_a_rank_killed_by_sigkill(tmp_path: Path, state_dir: Path) -> None:
+    hosts = _hosts(tmp_path / "hosts.yaml", state_dir, "  - host: local-a\n    nproc: 2\n")
+    proc = run_up(hosts, "tests/_support/fail_rank.py", "1", "kill", "9")
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert "clusterrun: root cause: rank 1 on node 0 (local-a, local rank 1): killed by SIGKILL" in lines, proc.stderr
+    assert any(line.startswith("clusterrun: cause: rank 1 on node 0 (local-a) was killed by SIGKILL: by the "
+                               "kernel's OOM killer") for line in lines), proc.stderr
+
+
+@pytest.mark.integration
+def test_real_the_master_port_taken(tmp_path: Path, state_dir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        hosts = _hosts(tmp_path / "hosts.yaml", state_dir, "  - host: local-a\n",
+                       extra=f"master:\n  port: {port}\n")
+        proc = run_up("--no-retry-startup", hosts, "tests/_support/import_module.py", "os")
+    assert proc.returncode == 1, proc.stderr
+    assert (f"clusterrun: cause: torchrun on node 0 (local-a) could not listen on the master port {port}: another "
+            "process on local-a holds it") in proc.stderr.splitlines(), proc.stderr
+    assert f"`ss -ltnp 'sport = :{port}'`" in proc.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare(1)")
+def test_real_a_node_that_cannot_reach_the_master(tmp_path: Path, state_dir: Path) -> None:
+    """Node 1 runs in a network namespace of its own (its `python:` is a wrapper): 127.0.0.1 there
+    refuses, so its torchrun never reaches node 0's store; a short rendezvous timeout for node 1
+    (PET_RDZV_CONF is torchrun's --rdzv-conf) makes it give up in seconds."""
+    wrapper = tmp_path / "python-in-own-netns"
+    wrapper.write_text(f"#!/bin/sh\nexec unshare -n sh -c '{shutil.which('ip') or 'ip'} link set lo up && "
+                       f"exec \"$0\" \"$@\"' {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    hosts = _hosts(tmp_path / "hosts.yaml", state_dir, "  - host: local-a\n",
+                   f"  - host: local-b\n    python: {wrapper}\n    env: {{PET_RDZV_CONF: timeout=3}}\n")
+    proc = run_up(hosts, "tests/_support/import_module.py", "os")
+    assert proc.returncode == 1, proc.stderr
+    port = re.search(r"master 127\.0\.0\.1:(\d+)", proc.stderr)
+    assert port, proc.stderr
+    assert (f"clusterrun: cause: node 1 (local-b) could not connect to the master 127.0.0.1:{port.group(1)} "
+            "(torch's rendezvous store); 127.0.0.1 is a loopback address") in proc.stderr, proc.stderr
