@@ -70,7 +70,7 @@ def _where_module(fields: Fields, evidence: Evidence) -> Fields:
 
 def _where_file(fields: Fields, evidence: Evidence) -> Fields:
     missing, others = evidence.hosts_showing(re.compile(r"can't open file '" + re.escape(fields["path"]) + "'"))
-    fields["where"] = f"on {_names(missing)}" + (f" (present on {_names(others)})" if others else "")
+    fields["where"] = f"on {_names(missing)}" + (f" ({_names(others)} did not report it)" if others else "")
     fields["missing"] = _names(missing)
     return fields
 

@@ -3,7 +3,10 @@
 ``tests/_support/failures/<case>/nodeN.log`` are the nodes' ``output.log`` files of real runs on
 this machine (``clusterrun up`` on two local nodes of two processes each), as the agent wrote
 them; ``master-unreachable`` is torchrun's own output as node 1 with nothing listening at the
-master (``--rdzv-conf timeout=5``). CUDA and NCCL cannot run here: their lines are quoted from
+master (``--rdzv-conf timeout=5``); ``script-missing`` is torchrun's output and its rank's stderr
+file (``--redirects``) tagged as the agent tags it; ``peer-refused`` is ``up``'s prefixed output
+on two simulated hosts (``tests/simhosts.py``, ``GLOO_SOCKET_IFNAME=lo``) with its prefixes
+turned back into the agent's tags. CUDA and NCCL cannot run here: their lines are quoted from
 reports of real runs, as noted.
 """
 
@@ -120,6 +123,59 @@ def test_a_node_that_cannot_reach_the_master_says_which_and_where() -> None:
     assert why.cause.startswith("node 1 (local-b) could not connect to the master 127.0.0.1:29677 ")
     assert "127.0.0.1 is a loopback address" in why.cause
     assert "local-b reaches 127.0.0.1:29677" in why.fix
+
+
+def test_gloo_s_abort_at_exit_asks_for_destroy_process_group() -> None:
+    cause = diagnose("gloo-abort-at-exit", ended=[10.0, 11.0], stopped={1}, died={1: 9.0, 0: 9.5})
+    assert (cause.node, cause.rank, cause.signal) == (0, 1, 6)
+    why = explained(cause)
+    assert why.signature == "gloo-abort"
+    assert why.cause.startswith("gloo aborted rank 1 on node 0 (local-a) at exit while tearing down its connections")
+    assert why.fix.startswith("call torch.distributed.destroy_process_group() at the end of the script")
+    # the same abort before the rank printed anything of its own: the transient start-up failure
+    early = RootCause(0, "local-a", 1, 1, None, 6, ("terminate called without an active exception",))
+    at_start = explain(early, HOSTS, {0: ["[rank1]:terminate called without an active exception"]})
+    assert at_start is not None and " at start-up while setting up its connections " in at_start.cause
+    assert "`up` retries this once by itself" in at_start.fix
+
+
+def test_a_peer_refused_over_a_loopback_address_says_why() -> None:
+    """Two simulated hosts (own network namespaces) with GLOO_SOCKET_IFNAME=lo: each advertises
+    127.0.0.1, which leads to itself."""
+    logs, states = {0: NodeLog(), 1: NodeLog()}, {}
+    for node in (0, 1):
+        logs[node].feed((CAPTURED / "peer-refused" / f"node{node}.log").read_text().splitlines())
+        states[node] = decode_status("h", {"state": "exited", "exit_code": 1, "ended_at": 10.0 + node})
+    cause = find_root_cause({0: "sim1", 1: "sim2"}, logs, states, stopped_by_us={1})
+    assert cause is not None and (cause.node, cause.rank) == (0, 0)
+    why = explained(cause)
+    assert why.signature == "peer-refused"
+    assert why.cause == ("node 0 (sim1) could not connect to a peer at 127.0.0.1: connection refused; 127.0.0.1 is "
+                         "a loopback address: a host's own name resolves to it (/etc/hosts), so gloo advertised it")
+    assert "GLOO_SOCKET_IFNAME" in why.fix
+
+
+def test_a_failed_host_allocation_is_host_memory() -> None:
+    cause = diagnose("host-alloc", ended=[11.0, 10.0], stopped={0})
+    why = explained(cause)
+    assert why.signature == "host-out-of-memory"
+    assert why.cause == ("rank 2 on node 1 (local-b) could not allocate 100000000000000 bytes of host memory "
+                         "(not GPU memory)")
+
+
+def test_a_missing_script_names_the_hosts_without_it() -> None:
+    log = NodeLog()
+    log.feed((CAPTURED / "script-missing" / "node0.log").read_text().splitlines())
+    state = decode_status("local-a", {"state": "exited", "exit_code": 1, "ended_at": 10.0})
+    cause = find_root_cause({0: "local-a"}, {0: log}, {0: state}, stopped_by_us=set())
+    assert cause is not None
+    why = explained(cause)
+    assert why.signature == "script-missing"
+    assert why.cause == "the script /tmp/sigs/nosuch.py does not exist on local-a"
+    # with a second node that found it
+    why = explain(cause, {0: "local-a", 1: "local-b"}, {0: log.lines(), 1: ["[rank1]:step 1"]})
+    assert why is not None
+    assert why.cause == "the script /tmp/sigs/nosuch.py does not exist on local-a (local-b did not report it)"
 
 
 def _root(*lines: str, signal: int | None = None, rank: int | None = 0) -> RootCause:
