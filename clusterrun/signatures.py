@@ -228,5 +228,11 @@ def explain(root: RootCause, hosts: Mapping[int, str], lines: Mapping[int, Seque
             fields = signature.refine(fields, evidence)
             if fields is None:
                 continue
-        return Explanation(signature.name, signature.cause.format(**fields), signature.fix.format(**fields))
+        blank = _Blank(fields)  # a field no pattern filled reads empty rather than failing the diagnosis
+        return Explanation(signature.name, signature.cause.format_map(blank), signature.fix.format_map(blank))
     return None
+
+
+class _Blank(dict[str, str]):
+    def __missing__(self, key: str) -> str:
+        return ""

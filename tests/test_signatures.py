@@ -26,7 +26,7 @@ import pytest
 from clusterrun.diagnose import NodeLog, find_root_cause
 from clusterrun.events import Explanation, JobResult, NodeResult, NodeState, RootCause
 from clusterrun.protocol import decode_status
-from clusterrun.signatures import SIGNATURES, explain
+from clusterrun.signatures import SIGNATURES, Signature, explain
 from tests.conftest import ROOT, run_up, wait_for
 
 CAPTURED = Path(__file__).parent / "_support" / "failures"
@@ -197,6 +197,12 @@ def test_gpu_only_signatures(lines: tuple[str, ...], signature: str, cause: str)
     why = explain(_root(*lines), {0: "gpu-a"}, {0: [f"[rank0]:{line}" for line in lines]})
     assert why is not None and why.signature == signature
     assert why.cause.startswith(cause)
+
+
+def test_a_template_field_that_no_pattern_filled_reads_empty() -> None:
+    odd = Signature("odd", (r"boom",), "{who} failed{nothing}", "fix it{nothing}")
+    why = explain(_root("boom"), {0: "gpu-a"}, {}, signatures=[odd])
+    assert why == Explanation("odd", "rank 0 on node 0 (gpu-a) failed", "fix it")
 
 
 def test_a_job_that_printed_nothing_is_not_explained() -> None:
