@@ -231,8 +231,8 @@ class Board:
         """The root cause, its exception and last lines; empty while nothing failed."""
         cause = self.root_cause()
         if cause is not None and self.state in ("failed", "lost"):
-            lines = [f"root cause: {cause.describe()}"]
-            lines += [f"  {line}" for line in cause.last_lines[-8:]]
+            lines = [f"root cause: {cause.describe()}", *(cause.explanation.lines() if cause.explanation else ())]
+            lines += [f"  {line}" for line in cause.last_lines[-8 if cause.explanation is None else -6:]]
             return "\n".join(lines)
         if self.first_failure is not None:
             row = self.nodes[self.first_failure]

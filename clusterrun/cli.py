@@ -479,6 +479,8 @@ def ps(job: str | None, as_json: bool) -> None:
         _table(rows)
         if attempt is not None and attempt.root_cause:  # its last lines are the rank's output
             click.echo(f"root cause: {safe(attempt.root_cause, colour=False)}")
+            if attempt.cause and attempt.fix:
+                click.echo(f"cause: {safe(attempt.cause, colour=False)}\nfix: {safe(attempt.fix, colour=False)}")
         for rank, answer in sorted(statuses.items()):
             if answer.get("state", {}).get("state") == "absent":
                 continue

@@ -4,7 +4,8 @@ the node agent tags each worker line with ``[rankN]:`` (``agent.RankLogs``) and 
 worker fails, prints a report with ``rank : N (local_rank: M)`` and ``exitcode : X (pid: P)``
 for every failed worker, whether or not the script uses ``@record``. The agent records when each
 worker process ended. The root cause is the failed worker that ended first across the cluster;
-failures of nodes that clusterrun itself stopped only count when nothing else failed.
+failures of nodes that clusterrun itself stopped only count when nothing else failed. A known
+failure signature (``signatures.SIGNATURES``) adds its cause and fix to the root cause.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from clusterrun.events import RootCause
 from clusterrun.protocol import HostState, NodeStatus
+from clusterrun.signatures import explain
 
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
 _REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
@@ -64,6 +66,11 @@ class NodeLog:
                 self.failures[rank] = {"local_rank": local, "exit_code": int(found.group(1)),
                                        "pid": int(found.group(2))}
                 self._pending_rank = None
+
+    def lines(self) -> list[str]:
+        """The last lines kept: each rank's tagged ``[rankN]:`` again, then torchrun's."""
+        tagged = [f"[rank{rank}]:{line}" for rank, lines in sorted(self.rank_tails.items()) for line in lines]
+        return [*tagged, *self.node_tail]
 
 
 def exception_message(lines: Iterable[str]) -> str:
@@ -118,7 +125,8 @@ def find_root_cause(
     if not candidates:
         return None
     candidates.sort(key=lambda c: (c[0], c[1], c[2].node))
-    return candidates[0][2]
+    root = candidates[0][2]
+    return replace(root, explanation=explain(root, hosts, {node: log.lines() for node, log in logs.items()}))
 
 
 # Start-up failures that say nothing about the job: retried once by the owner (``--no-retry-startup``).

@@ -103,8 +103,23 @@ def signal_name(number: int) -> str:
 
 
 @dataclass(frozen=True)
+class Explanation:
+    """What a known failure signature says about a root cause (``signatures.SIGNATURES``): its
+    name, the cause in one line and the fix in one line."""
+
+    signature: str
+    cause: str
+    fix: str
+
+    def lines(self) -> list[str]:
+        """``["cause: ...", "fix: ..."]``, as the summary, ``ps JOB`` and the dashboard show them."""
+        return [f"cause: {self.cause}", f"fix: {self.fix}"]
+
+
+@dataclass(frozen=True)
 class RootCause:
-    """The first failure across the cluster: where, which rank, how, and its last lines."""
+    """The first failure across the cluster: where, which rank, how, its last lines, and what a
+    known failure signature says about it (``explanation``, None when none matched)."""
 
     node: int
     host: str
@@ -114,6 +129,7 @@ class RootCause:
     signal: int | None
     last_lines: tuple[str, ...] = ()
     message: str = ""
+    explanation: Explanation | None = None
 
     def describe(self) -> str:
         how = (f"killed by {signal_name(self.signal)}" if self.signal

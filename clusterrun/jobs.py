@@ -91,6 +91,8 @@ class AttemptRecord:
     state: JobState = JobState.STARTING
     ended: float | None = None
     root_cause: str | None = None
+    cause: str | None = None  # a known failure signature's cause and fix (``events.Explanation``)
+    fix: str | None = None
 
 
 @dataclass

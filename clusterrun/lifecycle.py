@@ -151,6 +151,8 @@ class Recorder:
             attempt.state, attempt.ended = record.state, time.time()
             failed = record.state in (JobState.FAILED, JobState.LOST)
             attempt.root_cause = result.root_cause.describe() if result.root_cause and failed else None
+            explained = result.root_cause.explanation if result.root_cause and failed else None
+            attempt.cause, attempt.fix = (explained.cause, explained.fix) if explained else (None, None)
 
         self._submit(change)
         self.flush()

@@ -186,6 +186,8 @@ class Printer:
             self.note(f"job {result.job_id} FAILED")
         if cause is not None and not result.stopped:
             self.note(f"root cause: {cause.describe()}")
+            for line in cause.explanation.lines() if cause.explanation else ():
+                self.note(line)
             if cause.last_lines:
                 who = f"rank {cause.rank}" if cause.rank is not None else f"node {cause.node}"
                 self.err.write(f"clusterrun: last lines of {who}:\n")

@@ -2,6 +2,7 @@
 
     fail_rank.py RANK exit CODE       rank RANK prints a line and exits with CODE
     fail_rank.py RANK raise MESSAGE   rank RANK raises RuntimeError(MESSAGE), no @record
+    fail_rank.py RANK kill SIGNAL     rank RANK sends itself SIGNAL (a number), as the OOM killer sends 9
 """
 
 import os
@@ -21,6 +22,8 @@ if rank == target:
     print(f"rank {rank} is about to fail", flush=True)
     if how == "exit":
         os._exit(int(what))
+    if how == "kill":
+        os.kill(os.getpid(), int(what))
     raise RuntimeError(what)
 tensor = torch.ones(1)
 dist.all_reduce(tensor)  # blocks: the failing rank never joins
