@@ -56,6 +56,10 @@ Requests (``op``) and answers
 ``status`` ``{job, node, attempt, state_dir}`` → ``{ok, state, alive, log_size, containment,
            fallbacks, degraded}`` (``lost`` as for ``follow``). For ``status`` and ``stop``, a node
            never started (no attempt directory) is ``{state: {state: "absent"}}``, not an error.
+``remove`` ``{job, node, state_dir}`` → ``{ok, removed, bytes}``: deletes the node's directory
+           (every attempt: state and logs; ``removed`` its path, null if there was none, ``bytes``
+           the size of its files) and the job's directory once empty; refused while a supervisor
+           or torchrun of any attempt runs.
 
 Errors are ``{ok: false, error: "..."}``; the exit code is 0 whenever an answer was written.
 
@@ -1346,6 +1350,33 @@ def op_status(req: dict[str, Any]) -> dict[str, Any]:
             "fallbacks": state.get("fallbacks") or [], "containment": "cgroup" if state.get("cgroup") else "sweep"}
 
 
+def op_remove(req: dict[str, Any]) -> dict[str, Any]:
+    """Delete one node's state and logs of a job (every attempt), and the job's directory once no
+    node is left in it. Refused while a supervisor or torchrun of any attempt still runs."""
+    import shutil
+
+    folder = os.path.dirname(_attempt_dir(dict(req, attempt=1)))
+    if not os.path.isdir(folder):
+        return {"ok": True, "removed": None, "bytes": 0}
+    size = 0
+    for name in sorted(os.listdir(folder)):
+        state = _read_json(os.path.join(folder, name, "state.json"))
+        if state is not None and _job_alive(state):
+            raise AgentFailure(f"{os.path.join(folder, name)} still runs; stop the job first (`clusterrun down`)")
+    for parent, _dirs, files in os.walk(folder):
+        for file in files:
+            try:
+                size += os.lstat(os.path.join(parent, file)).st_size
+            except OSError:
+                pass
+    shutil.rmtree(folder)
+    try:
+        os.rmdir(os.path.dirname(folder))  # the job's directory, once its last node is gone
+    except OSError:
+        pass
+    return {"ok": True, "removed": folder, "bytes": size}
+
+
 _last_emit = [0.0]
 
 
@@ -2057,6 +2088,8 @@ def answer(line: bytes) -> dict[str, Any] | None:
             return op_stop(req)
         if op == "status":
             return op_status(req)
+        if op == "remove":
+            return op_remove(req)
         return {"ok": False, "error": f"unknown op {op!r}"}
     except AgentFailure as exc:
         return {"ok": False, "error": str(exc)}

@@ -237,6 +237,12 @@ class JobStore:
             raise _ambiguous(ref, prefixed, f"{len(prefixed)} jobs")
         raise JobNotFound(f"no job matches {ref!r}", hint="`clusterrun ps` lists the jobs")
 
+    def remove(self, job_id: str) -> None:
+        """Delete the job's directory (its record, locks and monitor log). The caller has checked
+        that the job has ended and nobody owns it."""
+        with _state(self.dir(job_id), "remove"):
+            shutil.rmtree(self.dir(job_id))
+
     def named(self, name: str) -> list[JobRecord]:
         """The jobs called ``name`` (their ``--name``), oldest first."""
         return [r for r in self.all() if r.name == name]

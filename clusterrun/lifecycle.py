@@ -434,3 +434,9 @@ def start_attempt(store: JobStore, record: JobRecord, emit: Emit | None) -> JobR
         job.close()
     recorder.flush()  # the nodes' pids and states, before the record is read back
     return store.load(record.job_id)
+
+
+def remove_on_hosts(record: JobRecord) -> dict[int, dict[str, Any] | ClusterrunError]:
+    """Delete every node's state and logs of the job on its host (the agent's ``remove``, which
+    refuses while anything of the job runs there): each node's answer, or the error."""
+    return per_node(record, lambda t, rank: t.call(request(record, rank, "remove")))

@@ -433,6 +433,10 @@ class Job:
                 if report.ok and node.state is NodeState.UNREACHABLE:  # the stop got through after all
                     node.final, node.error = NodeStatus(HostState.EXITED, stop_requested=True), None
                     self._set_state(report.node, NodeState.STOPPED)
+                elif report.ok and not report.killed and node.state is NodeState.STOPPED:
+                    # It had ended on its own before the stop reached it (the stop killed nothing):
+                    # reported as stopped, it would be "nothing was running" and "stopped (exit code 1)".
+                    self._set_state(report.node, NodeState.FAILED, node.error or "")
         for thread in self._threads:
             thread.join(timeout=5)
         return self._result(stops, interrupted)
