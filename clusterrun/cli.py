@@ -412,7 +412,37 @@ def _dashboard(session: Session, ring: int) -> int:
 # ------------------------------------------------------------------------------- job commands
 
 
-def _open_job(ref: str) -> tuple[JobStore, JobRecord]:
+HOSTS_HELP = ("Also find the jobs on the hosts of HOSTS.yaml (their state dirs) and adopt those this machine has no "
+              "record of (jobs started from another machine or XDG_STATE_HOME).")
+
+
+def _adopt(hosts_file: str | None) -> None:
+    """With ``--hosts HOSTS.yaml``: make a record here for every job found on those hosts that this
+    controller does not know (``discover``); say which were adopted and what could not be."""
+    if hosts_file is None:
+        return
+    from clusterrun.discover import ask_hosts, records_from
+
+    try:
+        spec = load_cluster(hosts_file)
+        with open(hosts_file, encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    store = JobStore()
+    ssh_config = spec.ssh_config
+    known = {r.job_id for r in store.all()}
+    records, notes = records_from(spec, hosts_file, text, ask_hosts(spec, ssh_config), known=known,
+                                  local_cwd=os.getcwd(), ssh_config=ssh_config)
+    for note in notes:
+        _note(note)
+    for record in records:
+        store.create(record)
+        _note(f"adopted job {record.job_id} ({record.state}) from the hosts of {hosts_file}")
+
+
+def _open_job(ref: str, hosts_file: str | None = None) -> tuple[JobStore, JobRecord]:
+    _adopt(hosts_file)
     store = JobStore()
     try:
         record = store.load(store.resolve(ref))
@@ -466,7 +496,8 @@ def _not_recorded(record: JobRecord, error: StateError) -> None:
 @click.option("--state", "states", multiple=True, type=click.Choice(STATES), metavar="STATE",
               help=f"Only jobs in this state, of any age (repeatable; {', '.join(STATES)}).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema 1, see docs/json.md) instead of a table.")
-def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool) -> None:
+@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, hosts_file: str | None) -> None:
     """List jobs, or show one JOB's nodes (JOB: an id, a --name or a unique id prefix).
 
     Without JOB: the unfinished jobs and those that ended in the last 24 hours (-a: all; --state:
@@ -474,7 +505,7 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool) 
     from its hosts: a node whose processes are gone (the host rebooted, or they were killed)
     shows as lost, never as running."""
     if job is not None:
-        store, record = _open_job(job)
+        store, record = _open_job(job, hosts_file)
         record = _refresh(store, record)
         try:
             answers = node_statuses(record)
@@ -502,6 +533,7 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool) 
             if answer.get("degraded"):
                 click.echo(f"{where}degraded: {answer['degraded']}")
         return
+    _adopt(hosts_file)
     store = JobStore()
     now = time.time()
     records, hidden = shown([_refresh(store, r) for r in store.all()], now, show_all=show_all, states=states)
@@ -549,8 +581,9 @@ def _check_attempt(record: JobRecord, attempt: int | None) -> int:
 @click.option("--attempt", type=click.IntRange(min=1), metavar="K", help="An earlier attempt (default: the last).")
 @click.option("--prefix/--no-prefix", default=None,
               help="Prefix each line with its node (default: only when several nodes are shown).")
+@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
 def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attempt: int | None,
-         prefix: bool | None) -> None:
+         prefix: bool | None, hosts_file: str | None) -> None:
     """Print JOB's logs from its hosts' log files: every node's lines with a prefix, or one node's
     exactly as written with --node N. Works during and after the job, from any controller that
     has its record.
@@ -560,7 +593,7 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
     characters are shown escaped (`\x1b]52;...`). --node N without --prefix prints the node's file
     byte for byte, escape sequences included, as `cat` would: redirect it to a file, or pipe it to
     `cat -v`, to look at output you do not trust."""
-    store, record = _open_job(job)
+    store, record = _open_job(job, hosts_file)
     ranks = _select_ranks(record, node)
     attempt = _check_attempt(record, attempt)
     record = _refresh(store, record)
@@ -595,10 +628,11 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
 @click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
 @click.option("--ui-lines", type=click.IntRange(min=100), default=10_000, show_default=True, metavar="N",
               help="Lines of each node the dashboard keeps in memory (the whole log stays on the hosts).")
-def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int) -> None:
+@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: str | None) -> None:
     """Follow JOB live again: every node's log and state, from where you last left it (or --tail
     N), with no line lost or repeated. Ctrl-C detaches and leaves the job running."""
-    store, record = _open_job(job)
+    store, record = _open_job(job, hosts_file)
     record = _refresh(store, record)
     printer = Printer()
     offsets = {n.rank: n.seen for n in record.nodes} if tail is None else None
@@ -626,13 +660,14 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int) -> None:
 @click.argument("job")
 @click.option("--grace", type=click.FloatRange(min=0), help="Seconds torchrun gets to stop its workers "
               "(default: the job's --grace).")
-def down(job: str, grace: float | None) -> None:
+@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+def down(job: str, grace: float | None, hosts_file: str | None) -> None:
     """Stop JOB on every host (idempotent). Also `stop`.
 
     Each host's report says which guarantee held: verified by the attempt's cgroup (nothing of
     the job is left), or a sweep where the host has no cgroup for it (a process that left the
     job's tree, session and environment could not be seen)."""
-    store, record = _open_job(job)
+    store, record = _open_job(job, hosts_file)
     ended = record.state if record.finished else None
     if ended is None:
         _note(f"stopping job {record.job_id} (attempt {record.attempt}) on {len(record.nodes)} hosts")

@@ -264,11 +264,12 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
 
 def refresh(store: JobStore, record: JobRecord) -> JobRecord:
     """The record made current: if the job is unfinished and nobody owns it, reconcile it with
-    its hosts and start a monitor for it (fail-fast resumes)."""
+    its hosts and start a monitor for it (fail-fast resumes), unless it was adopted from its hosts
+    (``discover``): the controller that started it may still be watching it."""
     if record.finished or store.owned(record.job_id):
         return record
     record = reconcile(store, record)
-    if not record.finished:
+    if not record.finished and not record.adopted:
         store.spawn_monitor(record.job_id)
     return record
 

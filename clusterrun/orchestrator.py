@@ -54,7 +54,7 @@ from clusterrun.events import (
     NodeStopped,
     StopReport,
 )
-from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, build_plan
+from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, build_plan
 from clusterrun.protocol import (
     Beat,
     End,
@@ -291,12 +291,12 @@ class Job:
 
     def _start_node(self, rank: int) -> NodeStatus:
         node = self._nodes[rank]
-        launch = node.launch
-        if launch is None:
+        launch, plan = node.launch, self.plan
+        if launch is None or plan is None:
             raise RuntimeError("start() before prepare()")
         self._set_state(rank, NodeState.STARTING)
         request = self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env), cwd=launch.cwd,
-                                first_rank=launch.first_rank)
+                                first_rank=launch.first_rank, about=about_json(plan, self.env_overrides))
         if node.agent is None:
             answer = node.transport.call(request)
         else:
