@@ -717,8 +717,8 @@ def _confirm_hosts(records: Sequence[JobRecord], yes: bool) -> None:
         _fail(ConfigError(f"--hosts-too would delete {what}, and there is no terminal to confirm on; nothing was "
                           "removed", key="--hosts-too", hint="add -y/--yes to confirm"), EXIT_USAGE)
     for record in records:
-        click.echo(f"  {record.job_id} ({record.state}) on {', '.join(record.hosts)}")
-    if not click.confirm(f"Delete {what}, and their records here?", default=False):
+        click.echo(f"  {record.job_id} ({record.state}) on {', '.join(record.hosts)}", err=True)
+    if not click.confirm(f"Delete {what}, and their records here?", default=False, err=True):
         _note("nothing was removed")
         sys.exit(EXIT_FAILED)
 

@@ -105,3 +105,11 @@ def second_controller(cluster: SimCluster, tmp_path: Path, hosts: Path, job: str
     assert [marked_on(h, job) for h in cluster.hosts] == [[], []]
     assert wait_state(job, "stopped")["state"] == "stopped"  # the first controller sees the stop too
     assert ps_json(job)["nodes"][0]["state"] == "stopped"
+
+    where = tmp_path / "state" / "jobs" / job
+    assert all(h.run("test", "-d", str(where / f"node{k}")).returncode == 0 for k, h in enumerate(cluster.hosts))
+    removed = second("rm", "--hosts-too", "--yes", job)
+    assert removed.returncode == 0 and removed.stdout == f"{job}\n", removed.stderr
+    assert removed.stderr.count(f"{job}: node") == 2 and "removed " in removed.stderr, removed.stderr
+    assert [h.run("test", "-e", str(where)).returncode for h in cluster.hosts] == [1, 1]  # its logs, on every host
+    assert second("ps", "-a").stdout.splitlines()[1:] == []

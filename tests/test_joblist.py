@@ -283,3 +283,49 @@ def test_down_of_a_finished_job_says_there_was_nothing_to_stop(tmp_path: Path, s
     proc = clusterrun("down", "done")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == "clusterrun: job done-20261123-100000-abcd already finished (failed); nothing to stop\n"
+
+
+def on_a_terminal(args: list[str], answer: str) -> tuple[int, str]:
+    """Run clusterrun with a pseudo-terminal as stdin and stdout; type ``answer`` once it asks."""
+    import pty
+    import select
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", *args], stdin=follower, stdout=follower,
+                            stderr=follower, cwd=ROOT, close_fds=True)
+    os.close(follower)
+    seen = b""
+    deadline = time.monotonic() + 60
+    try:
+        while b"[y/N]" not in seen and time.monotonic() < deadline:
+            if select.select([leader], [], [], 1)[0]:
+                seen += os.read(leader, 4096)
+        os.write(leader, answer.encode() + b"\n")
+        code = proc.wait(timeout=60)
+        while select.select([leader], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal's other side has closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(leader)
+        if proc.poll() is None:
+            proc.kill()
+    return code, seen.decode(errors="replace")
+
+
+def test_rm_hosts_too_asks_on_a_terminal_and_no_removes_nothing(tmp_path: Path, store: JobStore) -> None:
+    state_dir = tmp_path / "state"
+    hosts = write_hosts(tmp_path, [1], state_dir)
+    job = "asked-20261123-100000-abcd"
+    store.create(make_record(job, "succeeded", 60.0, hosts=hosts))
+    attempt = host_state(state_dir, job, {"state": "exited", "exit_code": 0})
+    code, shown_text = on_a_terminal(["rm", "--hosts-too", job], "n")
+    assert code == 1 and "Delete the state and logs of 1 job(s) on local-a" in shown_text, shown_text
+    assert "nothing was removed" in shown_text and attempt.is_dir() and store.load(job)
+    code, shown_text = on_a_terminal(["rm", "--hosts-too", job], "y")
+    assert code == 0, shown_text
+    assert not attempt.exists() and store.all() == []
