@@ -300,7 +300,7 @@ class Bench:
 
     def job_state(self, job: str) -> str:
         done = self.clusterrun("ps", job, "--json")
-        return str(json.loads(done.stdout).get("state")) if done.returncode == 0 else "?"
+        return str(json.loads(done.stdout)["jobs"][0]["state"]) if done.returncode == 0 else "?"
 
     def wait_job(self, job: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -56,6 +56,15 @@ Requests (``op``) and answers
 ``status`` ``{job, node, attempt, state_dir}`` → ``{ok, state, alive, log_size, containment,
            fallbacks, degraded}`` (``lost`` as for ``follow``). For ``status`` and ``stop``, a node
            never started (no attempt directory) is ``{state: {state: "absent"}}``, not an error.
+``remove`` ``{job, node, state_dir}`` → ``{ok, removed, bytes}``: deletes the node's directory
+           (every attempt: state and logs; ``removed`` its path, null if there was none, ``bytes``
+           the size of its files) and the job's directory once empty; refused while a supervisor
+           or torchrun of any attempt runs.
+``jobs``   ``{state_dir}`` → ``{ok, root, jobs: [{job, node, attempt, state, started, argv, env,
+           cwd, first_rank, about}]}``: every node attempt under the state dir, its ``state`` as
+           ``status`` gives it, when it was started (epoch seconds) and what ``start`` was given
+           (``about``: the job's name, script, arguments and master, for a controller without
+           the job's record to adopt it).
 
 Errors are ``{ok: false, error: "..."}``; the exit code is 0 whenever an answer was written.
 
@@ -64,7 +73,7 @@ State on the host
 ``<state_dir>/jobs/<job>/node<node>/attempt<attempt>/`` (directories 0700, files 0600, created
 under umask 077 so they are never readable by others, not even briefly):
 
-``spec.json``       the request: argv, env, cwd (written once, before the supervisor starts)
+``spec.json``       the request: argv, env, cwd, first_rank, about (written once, before the supervisor starts)
 ``output.log``      torchrun's stdout and stderr, appended (O_APPEND) and never truncated, and
                     every worker's lines, whole and tagged ``[rankN]:`` (see ``RankLogs``)
 ``torchrun/``       torchrun's own ``--log-dir`` (per-rank files it truncates; read by ``RankLogs``)
@@ -1075,7 +1084,7 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
     else:
         cgroup, why = _make_cgroup(req["job"], req["node"], req["attempt"])
     spec = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "argv": argv, "env": env,
-            "first_rank": int(req.get("first_rank") or 0),
+            "first_rank": int(req.get("first_rank") or 0), "about": req.get("about"),
             "cwd": os.path.expanduser(cwd) if cwd else None, "cgroup": cgroup, "user_scope": scope is not None,
             "fallbacks": ([f"no cgroup: {why}"] if why else []) + static_fallbacks()}
     middle = 0
@@ -1344,6 +1353,71 @@ def op_status(req: dict[str, Any]) -> dict[str, Any]:
         size = 0
     return {"ok": True, "state": state, "alive": alive, "log_size": size, "degraded": state.get("degraded"),
             "fallbacks": state.get("fallbacks") or [], "containment": "cgroup" if state.get("cgroup") else "sweep"}
+
+
+def op_remove(req: dict[str, Any]) -> dict[str, Any]:
+    """Delete one node's state and logs of a job (every attempt), and the job's directory once no
+    node is left in it. Refused while a supervisor or torchrun of any attempt still runs."""
+    import shutil
+
+    folder = os.path.dirname(_attempt_dir(dict(req, attempt=1)))
+    if not os.path.isdir(folder):
+        return {"ok": True, "removed": None, "bytes": 0}
+    size = 0
+    for name in sorted(os.listdir(folder)):
+        state = _read_json(os.path.join(folder, name, "state.json"))
+        if state is not None and _job_alive(state):
+            raise AgentFailure(f"{os.path.join(folder, name)} still runs; stop the job first (`clusterrun down`)")
+    for parent, _dirs, files in os.walk(folder):
+        for file in files:
+            try:
+                size += os.lstat(os.path.join(parent, file)).st_size
+            except OSError:
+                pass
+    shutil.rmtree(folder)
+    try:
+        os.rmdir(os.path.dirname(folder))  # the job's directory, once its last node is gone
+    except OSError:
+        pass
+    return {"ok": True, "removed": folder, "bytes": size}
+
+
+def op_jobs(req: dict[str, Any]) -> dict[str, Any]:
+    """Every node attempt under the state root, as ``status`` sees it, with what ``start`` was
+    given (argv, env, cwd, first_rank, about): for a controller that has no record of the job."""
+    root = os.path.join(_state_root(req.get("state_dir")), "jobs")
+    found = []
+    try:
+        jobs = sorted(os.listdir(root))
+    except FileNotFoundError:
+        jobs = []
+    for job in jobs:
+        try:
+            nodes = sorted(os.listdir(os.path.join(root, job)))
+        except OSError:
+            continue
+        for node_dir in nodes:
+            if not node_dir.startswith("node") or not node_dir[4:].isdigit():
+                continue
+            for attempt_dir in sorted(os.listdir(os.path.join(root, job, node_dir))):
+                if not attempt_dir.startswith("attempt") or not attempt_dir[7:].isdigit():
+                    continue
+                query = {"job": job, "node": int(node_dir[4:]), "attempt": int(attempt_dir[7:]),
+                         "state_dir": req.get("state_dir")}
+                try:
+                    status = op_status(query)
+                except AgentFailure:
+                    status = {"state": {"state": "starting"}}  # no state.json yet (being started, or it never was)
+                folder = _attempt_dir(query)
+                spec = _read_json(os.path.join(folder, "spec.json")) or {}
+                try:
+                    started = os.stat(os.path.join(folder, "spec.json")).st_mtime
+                except OSError:
+                    started = None
+                found.append(dict(query, state=status.get("state"), started=started, argv=spec.get("argv"),
+                                  env=spec.get("env"), cwd=spec.get("cwd"), first_rank=spec.get("first_rank"),
+                                  about=spec.get("about")))
+    return {"ok": True, "root": root, "jobs": found}
 
 
 _last_emit = [0.0]
@@ -2057,6 +2131,10 @@ def answer(line: bytes) -> dict[str, Any] | None:
             return op_stop(req)
         if op == "status":
             return op_status(req)
+        if op == "remove":
+            return op_remove(req)
+        if op == "jobs":
+            return op_jobs(req)
         return {"ok": False, "error": f"unknown op {op!r}"}
     except AgentFailure as exc:
         return {"ok": False, "error": str(exc)}

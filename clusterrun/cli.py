@@ -34,6 +34,7 @@ from clusterrun import __version__
 from clusterrun.config import ClusterSpec, load_cluster
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import JobResult, JobState
+from clusterrun.joblist import STATES, jobs_json, plan_json, shown, shown_env
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import (
     daemonize,
@@ -42,6 +43,7 @@ from clusterrun.lifecycle import (
     node_statuses,
     read_logs,
     refresh,
+    remove_on_hosts,
     save_seen,
     spec_of,
 )
@@ -92,6 +94,7 @@ def main() -> None:
     clusterrun down JOB                    stop it on every host; says what was verified
     clusterrun restart JOB                 stop it and start it again as a new attempt
     clusterrun wait JOB                    block until it ends; exit 0 if it succeeded
+    clusterrun rm JOB... / prune           forget ended jobs (--hosts-too: their logs too)
     """
     # A log line may hold bytes that are not UTF-8: print them back as they were, never fail on them.
     for stream in (sys.stdout, sys.stderr):
@@ -171,8 +174,9 @@ def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]]) -> Non
                    f"ranks {node.first_rank}..{node.first_rank + node.nproc - 1}")
         click.echo(f"  cwd: {node.cwd or '(home directory)'}")
         click.echo("  env:")
-        for key in sorted(node.env):
-            click.echo(f"    {key}={shlex.quote(node.env[key])}")
+        env = shown_env(node.env)
+        for key in sorted(env):
+            click.echo(f"    {key}={shlex.quote(env[key])}")
         click.echo(f"  command: {shlex.join(node.argv)}")
         click.echo(_guarantee(fallbacks.get(node.rank) or ()))
 
@@ -223,6 +227,8 @@ def _follow_hint(job_id: str) -> str:
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable for every node (repeatable; wins over the hosts file).")
 @click.option("--dry-run", is_flag=True, help="Print each node's exact command and environment, start nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON (schema 1, see "
+              "docs/json.md).")
 @click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
 @click.option("--ui-lines", type=click.IntRange(min=100), default=10_000, show_default=True, metavar="N",
               help="Lines of each node the dashboard keeps in memory (the whole log stays on the hosts).")
@@ -245,7 +251,8 @@ def _follow_hint(job_id: str) -> str:
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool, name: str | None,
-       env: tuple[str, ...], dry_run: bool, no_tui: bool, ui_lines: int, leave_running: bool, ssh_config: str | None,
+       env: tuple[str, ...], dry_run: bool, as_json: bool, no_tui: bool, ui_lines: int, leave_running: bool,
+       ssh_config: str | None,
        accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None, no_retry_startup: bool) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
@@ -268,6 +275,9 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
             hosts_text = f.read()
         overrides = parse_env_overrides(env)
         _check_script(spec, script)
+        if as_json and not dry_run:
+            raise ConfigError("--json goes with --dry-run (a job's state as JSON: `clusterrun ps --json`)",
+                              key="--json", hint="add --dry-run to print the plan as JSON; nothing was started")
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
     jname = job_name(name, script)
@@ -289,6 +299,9 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         except KeyboardInterrupt:  # Ctrl-C while connecting: close every connection (finally), start nothing
             _note("interrupted while connecting to the hosts; nothing was started")
             sys.exit(EXIT_SIGNAL[signal.SIGINT])
+        if dry_run and as_json:
+            click.echo(json.dumps(plan_json(plan, job.host_fallbacks), indent=1))
+            return
         if dry_run:
             _print_plan(plan, job.host_fallbacks)
             return
@@ -399,7 +412,37 @@ def _dashboard(session: Session, ring: int) -> int:
 # ------------------------------------------------------------------------------- job commands
 
 
-def _open_job(ref: str) -> tuple[JobStore, JobRecord]:
+HOSTS_HELP = ("Also find the jobs on the hosts of HOSTS.yaml (their state dirs) and adopt those this machine has no "
+              "record of (jobs started from another machine or XDG_STATE_HOME).")
+
+
+def _adopt(hosts_file: str | None) -> None:
+    """With ``--hosts HOSTS.yaml``: make a record here for every job found on those hosts that this
+    controller does not know (``discover``); say which were adopted and what could not be."""
+    if hosts_file is None:
+        return
+    from clusterrun.discover import ask_hosts, records_from
+
+    try:
+        spec = load_cluster(hosts_file)
+        with open(hosts_file, encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    store = JobStore()
+    ssh_config = spec.ssh_config
+    known = {r.job_id for r in store.all()}
+    records, notes = records_from(spec, hosts_file, text, ask_hosts(spec, ssh_config), known=known,
+                                  local_cwd=os.getcwd(), ssh_config=ssh_config)
+    for note in notes:
+        _note(note)
+    for record in records:
+        store.create(record)
+        _note(f"adopted job {record.job_id} ({record.state}) from the hosts of {hosts_file}")
+
+
+def _open_job(ref: str, hosts_file: str | None = None) -> tuple[JobStore, JobRecord]:
+    _adopt(hosts_file)
     store = JobStore()
     try:
         record = store.load(store.resolve(ref))
@@ -449,14 +492,20 @@ def _not_recorded(record: JobRecord, error: StateError) -> None:
 
 @main.command()
 @click.argument("job", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def ps(job: str | None, as_json: bool) -> None:
+@click.option("-a", "--all", "show_all", is_flag=True, help="Every job, also those that ended more than a day ago.")
+@click.option("--state", "states", multiple=True, type=click.Choice(STATES), metavar="STATE",
+              help=f"Only jobs in this state, of any age (repeatable; {', '.join(STATES)}).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema 1, see docs/json.md) instead of a table.")
+@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, hosts_file: str | None) -> None:
     """List jobs, or show one JOB's nodes (JOB: an id, a --name or a unique id prefix).
 
-    A job nobody follows is first brought up to date from its hosts: a node whose processes are
-    gone (the host rebooted, or they were killed) shows as lost, never as running."""
+    Without JOB: the unfinished jobs and those that ended in the last 24 hours (-a: all; --state:
+    those in a state, of any age), oldest first. A job nobody follows is first brought up to date
+    from its hosts: a node whose processes are gone (the host rebooted, or they were killed)
+    shows as lost, never as running."""
     if job is not None:
-        store, record = _open_job(job)
+        store, record = _open_job(job, hosts_file)
         record = _refresh(store, record)
         try:
             answers = node_statuses(record)
@@ -464,10 +513,7 @@ def ps(job: str | None, as_json: bool) -> None:
             answers = {}
         statuses = {rank: a for rank, a in answers.items() if not isinstance(a, ClusterrunError)}
         if as_json:
-            data = record.to_json()
-            data["hosts"] = {str(rank): {key: a.get(key) for key in ("containment", "fallbacks", "degraded")}
-                             for rank, a in statuses.items()}
-            click.echo(json.dumps(data, indent=1, sort_keys=True))
+            click.echo(json.dumps(jobs_json([record], hosts=statuses), indent=1))
             return
         attempt = record.attempts[-1] if record.attempts else None
         click.echo(f"job {record.job_id} ({record.name}): {record.state}, attempt {record.attempt}, "
@@ -489,16 +535,20 @@ def ps(job: str | None, as_json: bool) -> None:
             if answer.get("degraded"):
                 click.echo(f"{where}degraded: {answer['degraded']}")
         return
+    _adopt(hosts_file)
     store = JobStore()
-    records = [_refresh(store, r) for r in store.all()]
+    now = time.time()
+    records, hidden = shown([_refresh(store, r) for r in store.all()], now, show_all=show_all, states=states)
     if as_json:
-        click.echo(json.dumps([r.to_json() for r in records], indent=1, sort_keys=True))
+        click.echo(json.dumps(jobs_json(records), indent=1))
         return
     rows = [("JOB", "NAME", "HOSTS", "STATE", "ATTEMPT", "AGE")]
-    now = time.time()
     for r in records:
         rows.append((r.job_id, r.name, _hosts_cell(r.hosts), r.state, str(r.attempt), _age(now - r.created)))
     _table(rows)
+    if hidden:
+        _note(f"{hidden} job(s) that ended more than a day ago not shown: `clusterrun ps -a` lists them, "
+              "`clusterrun prune` removes every ended job's record")
 
 
 def _table(rows: Sequence[Sequence[str]]) -> None:
@@ -533,8 +583,9 @@ def _check_attempt(record: JobRecord, attempt: int | None) -> int:
 @click.option("--attempt", type=click.IntRange(min=1), metavar="K", help="An earlier attempt (default: the last).")
 @click.option("--prefix/--no-prefix", default=None,
               help="Prefix each line with its node (default: only when several nodes are shown).")
+@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
 def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attempt: int | None,
-         prefix: bool | None) -> None:
+         prefix: bool | None, hosts_file: str | None) -> None:
     """Print JOB's logs from its hosts' log files: every node's lines with a prefix, or one node's
     exactly as written with --node N. Works during and after the job, from any controller that
     has its record.
@@ -544,7 +595,7 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
     characters are shown escaped (`\x1b]52;...`). --node N without --prefix prints the node's file
     byte for byte, escape sequences included, as `cat` would: redirect it to a file, or pipe it to
     `cat -v`, to look at output you do not trust."""
-    store, record = _open_job(job)
+    store, record = _open_job(job, hosts_file)
     ranks = _select_ranks(record, node)
     attempt = _check_attempt(record, attempt)
     record = _refresh(store, record)
@@ -579,10 +630,11 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
 @click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
 @click.option("--ui-lines", type=click.IntRange(min=100), default=10_000, show_default=True, metavar="N",
               help="Lines of each node the dashboard keeps in memory (the whole log stays on the hosts).")
-def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int) -> None:
+@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: str | None) -> None:
     """Follow JOB live again: every node's log and state, from where you last left it (or --tail
     N), with no line lost or repeated. Ctrl-C detaches and leaves the job running."""
-    store, record = _open_job(job)
+    store, record = _open_job(job, hosts_file)
     record = _refresh(store, record)
     printer = Printer()
     offsets = {n.rank: n.seen for n in record.nodes} if tail is None else None
@@ -610,15 +662,21 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int) -> None:
 @click.argument("job")
 @click.option("--grace", type=click.FloatRange(min=0), help="Seconds torchrun gets to stop its workers "
               "(default: the job's --grace).")
-def down(job: str, grace: float | None) -> None:
+@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+def down(job: str, grace: float | None, hosts_file: str | None) -> None:
     """Stop JOB on every host (idempotent). Also `stop`.
 
     Each host's report says which guarantee held: verified by the attempt's cgroup (nothing of
     the job is left), or a sweep where the host has no cgroup for it (a process that left the
     job's tree, session and environment could not be seen)."""
-    store, record = _open_job(job)
-    _note(f"stopping job {record.job_id} (attempt {record.attempt}) on {len(record.nodes)} hosts")
-    reports, unrecorded = stop_recorded(store, record, grace)
+    store, record = _open_job(job, hosts_file)
+    ended = record.state if record.finished else None
+    if ended is None:
+        _note(f"stopping job {record.job_id} (attempt {record.attempt}) on {len(record.nodes)} hosts")
+    reports, unrecorded = stop_recorded(store, record, grace)  # a finished job too: its hosts confirm it
+    if ended is not None and all(r.ok and not r.killed for r in reports.values()) and unrecorded is None:
+        _note(f"job {record.job_id} already finished ({ended}); nothing to stop")
+        return
     printer = Printer()
     for rank in sorted(reports):
         printer.report(reports[rank])
@@ -640,6 +698,111 @@ def down(job: str, grace: float | None) -> None:
 
 
 main.add_command(down, name="stop")
+
+
+def _removable(store: JobStore, record: JobRecord) -> str | None:
+    """Why the job's record may not be removed (it has not ended, or a process still owns it), or None."""
+    if not record.finished:
+        return f"job {record.job_id} is {record.state}: not removed; stop it first (`clusterrun down {record.job_id}`)"
+    if store.owned(record.job_id):
+        return f"job {record.job_id} is still owned by a clusterrun process (it is just ending): not removed; try again"
+    return None
+
+
+def _confirm_hosts(records: Sequence[JobRecord], yes: bool) -> None:
+    """Ask before deleting logs on the hosts; without a terminal to ask on, only -y/--yes will do."""
+    if yes:
+        return
+    hosts = sorted({h for r in records for h in r.hosts})
+    what = f"the state and logs of {len(records)} job(s) on {', '.join(hosts)}"
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        _fail(ConfigError(f"--hosts-too would delete {what}, and there is no terminal to confirm on; nothing was "
+                          "removed", key="--hosts-too", hint="add -y/--yes to confirm"), EXIT_USAGE)
+    for record in records:
+        click.echo(f"  {record.job_id} ({record.state}) on {', '.join(record.hosts)}", err=True)
+    if not click.confirm(f"Delete {what}, and their records here?", default=False, err=True):
+        _note("nothing was removed")
+        sys.exit(EXIT_FAILED)
+
+
+def _remove(store: JobStore, records: Sequence[JobRecord], hosts_too: bool) -> tuple[int, int]:
+    """Remove the records (and with ``hosts_too`` first the jobs' directories on their hosts): the
+    exit code and how many were removed."""
+    code, removed = EXIT_OK, 0
+    for record in records:
+        if hosts_too:
+            answers = remove_on_hosts(record)
+            failed = False
+            for rank, answer in sorted(answers.items()):
+                where = f"node{rank} {record.nodes[rank].host}"
+                if isinstance(answer, ClusterrunError):
+                    failed = True
+                    _note(f"{record.job_id}: {where}: not removed: {answer.render()}")
+                elif answer.get("removed"):
+                    _note(f"{record.job_id}: {where}: removed {answer['removed']} ({answer.get('bytes', 0)} bytes)")
+                else:
+                    _note(f"{record.job_id}: {where}: nothing of the job there")
+            if failed:
+                _note(f"job {record.job_id}: its record is kept (it names what is left on the hosts); "
+                      "`clusterrun rm --hosts-too` again once they can be reached")
+                code = EXIT_HOSTS
+                continue
+        store.remove(record.job_id)
+        removed += 1
+        click.echo(record.job_id)
+    return code, removed
+
+
+@main.command(name="rm")
+@click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
+@click.option("--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before deleting on the hosts (needed without a terminal).")
+def rm(jobs: tuple[str, ...], hosts_too: bool, yes: bool) -> None:
+    """Remove the records of ended jobs from this controller (their logs stay on the hosts unless
+    --hosts-too). A job that has not ended is refused: `clusterrun down` it first.
+
+    Prints each removed id. Exit codes: 0 all removed, 1 a job was refused (not ended), 2 no such
+    job, 3 a host could not be reached (that job's record is kept)."""
+    store = JobStore()
+    records: list[JobRecord] = []
+    for ref in dict.fromkeys(jobs):
+        try:
+            record = store.load(store.resolve(ref))
+        except JobNotFound as exc:
+            _fail(exc, EXIT_USAGE)
+        if record.job_id not in {r.job_id for r in records}:
+            records.append(record)
+    ready, refused = [], False
+    for record in records:
+        record = _refresh(store, record)
+        why = _removable(store, record)
+        if why is not None:
+            _note(f"error: {why}")
+            refused = True
+        else:
+            ready.append(record)
+    if hosts_too and ready:
+        _confirm_hosts(ready, yes)
+    code, _ = _remove(store, ready, hosts_too)
+    sys.exit(code if code != EXIT_OK else EXIT_FAILED if refused else EXIT_OK)
+
+
+@main.command()
+@click.option("--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before deleting on the hosts (needed without a terminal).")
+def prune(hosts_too: bool, yes: bool) -> None:
+    """Remove the records of every ended job (succeeded, failed, stopped, lost) from this
+    controller; unfinished jobs stay. Their logs stay on the hosts unless --hosts-too.
+
+    Prints each removed id. Exit codes: 0 done, 3 a host could not be reached (that job's record is kept)."""
+    store = JobStore()
+    ready = [r for r in store.all() if r.finished and _removable(store, r) is None]
+    if hosts_too and ready:
+        _confirm_hosts(ready, yes)
+    code, removed = _remove(store, ready, hosts_too)
+    _note(f"removed the records of {removed} ended job(s)"
+          + ("" if hosts_too else "; their logs stay on the hosts"))
+    sys.exit(code)
 
 
 @main.command()

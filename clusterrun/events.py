@@ -187,7 +187,8 @@ class StopReport:
         where = f"node{self.node} {self.host}"
         if self.error:
             return f"{where}: could not be stopped: {self.error}"
-        stopped = f"{where}: stopped {self.killed_text()}"
+        # Nothing killed: the node had ended before the stop came (it was not stopped by it).
+        stopped = f"{where}: stopped {self.killed_text()}" if self.killed else f"{where}: nothing was running"
         if self.left:
             left = ", ".join(f"{p.get('name')}[{p.get('pid')}] state {p.get('state')}" for p in self.left)
             return f"{stopped}; STILL RUNNING: {left}"

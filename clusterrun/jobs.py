@@ -115,6 +115,7 @@ class JobRecord:
     state: JobState = JobState.STARTING
     unreachable_timeout: float | None = None  # --unreachable-timeout: silence that counts as a loss
     retry_startup: bool = True  # retry a known transient start-up failure once (--no-retry-startup)
+    adopted: bool = False  # made from its hosts' state (`--hosts`): no monitor is started for it here
     attempts: list[AttemptRecord] = field(default_factory=list)
     nodes: list[NodeRecord] = field(default_factory=list)
 
@@ -238,6 +239,12 @@ class JobStore:
         if prefixed:
             raise _ambiguous(ref, prefixed, f"{len(prefixed)} jobs")
         raise JobNotFound(f"no job matches {ref!r}", hint="`clusterrun ps` lists the jobs")
+
+    def remove(self, job_id: str) -> None:
+        """Delete the job's directory (its record, locks and monitor log). The caller has checked
+        that the job has ended and nobody owns it."""
+        with _state(self.dir(job_id), "remove"):
+            shutil.rmtree(self.dir(job_id))
 
     def named(self, name: str) -> list[JobRecord]:
         """The jobs called ``name`` (their ``--name``), oldest first."""

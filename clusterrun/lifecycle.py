@@ -266,11 +266,12 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
 
 def refresh(store: JobStore, record: JobRecord) -> JobRecord:
     """The record made current: if the job is unfinished and nobody owns it, reconcile it with
-    its hosts and start a monitor for it (fail-fast resumes)."""
+    its hosts and start a monitor for it (fail-fast resumes), unless it was adopted from its hosts
+    (``discover``): the controller that started it may still be watching it."""
     if record.finished or store.owned(record.job_id):
         return record
     record = reconcile(store, record)
-    if not record.finished:
+    if not record.finished and not record.adopted:
         store.spawn_monitor(record.job_id)
     return record
 
@@ -436,3 +437,9 @@ def start_attempt(store: JobStore, record: JobRecord, emit: Emit | None) -> JobR
         job.close()
     recorder.flush()  # the nodes' pids and states, before the record is read back
     return store.load(record.job_id)
+
+
+def remove_on_hosts(record: JobRecord) -> dict[int, dict[str, Any] | ClusterrunError]:
+    """Delete every node's state and logs of the job on its host (the agent's ``remove``, which
+    refuses while anything of the job runs there): each node's answer, or the error."""
+    return per_node(record, lambda t, rank: t.call(request(record, rank, "remove")))

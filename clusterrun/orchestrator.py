@@ -54,7 +54,7 @@ from clusterrun.events import (
     NodeStopped,
     StopReport,
 )
-from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, build_plan
+from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, build_plan
 from clusterrun.protocol import (
     Beat,
     End,
@@ -291,12 +291,12 @@ class Job:
 
     def _start_node(self, rank: int) -> NodeStatus:
         node = self._nodes[rank]
-        launch = node.launch
-        if launch is None:
+        launch, plan = node.launch, self.plan
+        if launch is None or plan is None:
             raise RuntimeError("start() before prepare()")
         self._set_state(rank, NodeState.STARTING)
         request = self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env), cwd=launch.cwd,
-                                first_rank=launch.first_rank)
+                                first_rank=launch.first_rank, about=about_json(plan, self.env_overrides))
         if node.agent is None:
             answer = node.transport.call(request)
         else:
@@ -433,6 +433,10 @@ class Job:
                 if report.ok and node.state is NodeState.UNREACHABLE:  # the stop got through after all
                     node.final, node.error = NodeStatus(HostState.EXITED, stop_requested=True), None
                     self._set_state(report.node, NodeState.STOPPED)
+                elif report.ok and not report.killed and node.state is NodeState.STOPPED:
+                    # It had ended on its own before the stop reached it (the stop killed nothing):
+                    # reported as stopped, it would be "nothing was running" and "stopped (exit code 1)".
+                    self._set_state(report.node, NodeState.FAILED, node.error or "")
         for thread in self._threads:
             thread.join(timeout=5)
         return self._result(stops, interrupted)

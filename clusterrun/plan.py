@@ -190,6 +190,15 @@ def plan_to_json(plan: LaunchPlan) -> dict[str, Any]:
     }
 
 
+def about_json(plan: LaunchPlan, env_overrides: Mapping[str, str]) -> dict[str, Any]:
+    """What each host keeps of the job beside its own node's command (the agent's ``spec.json``),
+    so that a controller without the job's record can adopt it: the names of the ``--env``
+    overrides, not their values (those are in the node's environment)."""
+    return {"name": plan.name, "script": plan.script, "script_args": list(plan.script_args),
+            "master_addr": plan.master_addr, "master_port": plan.master_port, "grace": plan.grace,
+            "nnodes": plan.nnodes, "env_overrides": sorted(env_overrides)}
+
+
 def plan_from_json(data: Mapping[str, Any], spec: ClusterSpec) -> LaunchPlan:
     """The plan ``plan_to_json`` wrote, its nodes joined again with the hosts of ``spec``."""
     nodes = data["nodes"]

@@ -95,6 +95,30 @@ def test_a_failed_rank_stops_the_other_nodes_and_is_the_root_cause(fake: FakeClu
     assert [r.node for r in result.stops] == [0]
 
 
+def test_a_node_that_ended_before_the_stop_came_is_failed_not_stopped(fake: FakeCluster,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail-fast's stop finds node 0 already ended (its rank died in a collective just before):
+    the stop killed nothing, so the node is not reported both as "nothing was running" and as
+    stopped with its exit code."""
+    run = Running(fake)
+    n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    real_stop = fake._stop
+
+    def stop(host, request):  # type: ignore[no-untyped-def]
+        if request["node"] == 0:
+            n0.exit(1)
+        return real_stop(host, request)
+
+    monkeypatch.setattr(fake, "_stop", stop)
+    n1.write("[rank1]:ValueError: bad batch\n")
+    n1.exit(1)
+    result = run.finish()
+    assert result is not None and [r.node for r in result.stops] == [0]
+    assert result.stops[0].describe() == "node0 h0: nothing was running; no process of the job was found"
+    assert [(n.state, n.exit_code) for n in result.nodes] == [(NodeState.FAILED, 1), (NodeState.FAILED, 1)]
+    assert result.root_cause is not None and result.root_cause.node == 1
+
+
 class Clock:
     """``time.monotonic`` that can jump forward, as it does for a controller paused or asleep."""
 

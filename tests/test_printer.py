@@ -119,11 +119,11 @@ SWEPT = "swept 2 processes; processes that left the job's tree, session and envi
     ({"killed": [{"pid": 5, "name": "torchrun"}], "left": [], "containment": "cgroup", "verified": True},
      "node1 h: stopped torchrun[5]; verified: nothing of the job is left (its cgroup is empty)"),
     ({"killed": [], "left": [], "containment": "sweep", "verified": False, "detail": SWEPT},
-     f"node1 h: stopped nothing was running; swept: no process of the job that could be seen is left ({SWEPT})"),
+     f"node1 h: nothing was running; swept: no process of the job that could be seen is left ({SWEPT})"),
     ({"killed": [], "left": [{"pid": 7, "name": "python", "state": "D"}], "containment": "cgroup", "verified": False},
-     "node1 h: stopped nothing was running; STILL RUNNING: python[7] state D"),
+     "node1 h: nothing was running; STILL RUNNING: python[7] state D"),
     ({"killed": [], "left": []},  # an agent of before this report: it claims nothing
-     "node1 h: stopped nothing was running; no process of the job was found"),
+     "node1 h: nothing was running; no process of the job was found"),
 ])
 def test_a_stop_report_says_which_guarantee_held(answer: dict, line: str) -> None:
     from clusterrun.board import describe_stop

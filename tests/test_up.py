@@ -88,7 +88,7 @@ def test_a_transient_start_up_abort_is_retried_once_visibly(tmp_path: Path, stat
     job = job_id_of(proc.stderr)
     shown = subprocess.run([sys.executable, "-m", "clusterrun", "ps", "--json", job], capture_output=True, text=True,
                            cwd=ROOT, timeout=60)
-    attempts = json.loads(shown.stdout)["attempts"]
+    attempts = json.loads(shown.stdout)["jobs"][0]["attempts"]
     assert [a["state"] for a in attempts] == ["failed", "succeeded"], attempts
     assert "terminate called" in (attempts[0]["root_cause"] or "") or "SIGABRT" in (attempts[0]["root_cause"] or "")
     again = run_up("--no-retry-startup", hosts, SUPPORT / "abort_once.py", tmp_path / "aborted-2")

@@ -1,0 +1,118 @@
+"""What ``ps`` lists and what scripts read: which jobs are shown, and the versioned JSON documents.
+
+Pure: records and plans in, lists and JSON data out (the clock is passed in). ``docs/json.md``
+specifies the documents (``SCHEMA``); a change that removes or renames a field, or changes its
+meaning, raises ``SCHEMA``; adding a field does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from clusterrun.events import JobState
+from clusterrun.jobs import JobRecord
+from clusterrun.plan import LaunchPlan
+
+SCHEMA = 1
+RECENT = 24 * 3600  # `ps` shows ended jobs for a day after they ended (`ps -a`: all of them)
+
+
+def ended_at(record: JobRecord) -> float | None:
+    """When the job ended (its last attempt's end; its creation for a record that lacks it), or
+    None while it is unfinished."""
+    if not record.finished:
+        return None
+    last = record.attempts[-1] if record.attempts else None
+    return (last.ended if last is not None else None) or record.created
+
+
+def shown(records: Iterable[JobRecord], now: float, *, show_all: bool = False,
+          states: Sequence[str] = ()) -> tuple[list[JobRecord], int]:
+    """The jobs ``ps`` lists, and how many ended jobs it leaves out. By default: the unfinished
+    ones and those that ended in the last ``RECENT`` seconds; ``show_all``: every job; ``states``:
+    every job (of any age) in one of these states."""
+    kept, hidden = [], 0
+    for record in records:
+        if states:
+            if str(record.state) in states:
+                kept.append(record)
+            continue
+        end = ended_at(record)
+        if show_all or end is None or now - end <= RECENT:
+            kept.append(record)
+        else:
+            hidden += 1
+    return kept, hidden
+
+
+def iso(timestamp: float | None) -> str | None:
+    """``2026-11-23T16:04:05Z``: ISO 8601, UTC, whole seconds."""
+    if timestamp is None:
+        return None
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """One job of ``ps --json`` (schema ``SCHEMA``). The environment is left out on purpose (it may
+    hold secrets); so are the record's internals (the plan, viewers' offsets, the hosts file's text).
+    ``hosts``: what each node's host said of it (``ps JOB --json``), by rank."""
+    nodes = []
+    for n in record.nodes:
+        node: dict[str, Any] = {"rank": n.rank, "host": n.host, "state": str(n.state), "pid": n.pid,
+                                "exit_code": n.exit_code, "signal": n.signal, "error": n.error}
+        if hosts is not None and n.rank in hosts:
+            answer = hosts[n.rank]
+            node["containment"] = answer.get("containment")
+            node["fallbacks"] = list(answer.get("fallbacks") or [])
+            node["degraded"] = answer.get("degraded")
+        nodes.append(node)
+    return {
+        "id": record.job_id,
+        "name": record.name,
+        "state": str(record.state),
+        "attempt": record.attempt,
+        "created": iso(record.created),
+        "ended": iso(ended_at(record)),
+        "hosts_file": record.hosts_file,
+        "script": record.script,
+        "args": list(record.script_args),
+        "attempts": [{"attempt": a.attempt, "state": str(a.state), "started": iso(a.started),
+                      "ended": iso(a.ended), "master_port": a.master_port, "root_cause": a.root_cause}
+                     for a in record.attempts],
+        "nodes": nodes,
+    }
+
+
+def jobs_json(records: Iterable[JobRecord], hosts: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The ``ps --json`` document: ``{"schema": SCHEMA, "jobs": [...]}``."""
+    return {"schema": SCHEMA, "jobs": [job_json(r, hosts) for r in records]}
+
+
+def shown_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment as output may show it (``up --dry-run``, text and JSON): the one place
+    where values are hidden before they are printed."""
+    return dict(env)
+
+
+def plan_json(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]]) -> dict[str, Any]:
+    """The ``up --dry-run --json`` document (schema ``SCHEMA``): what each node would run."""
+    return {
+        "schema": SCHEMA,
+        "job": plan.job_id,
+        "name": plan.name,
+        "script": plan.script,
+        "args": list(plan.script_args),
+        "master": {"addr": plan.master_addr, "port": plan.master_port},
+        "world_size": plan.world_size,
+        "nodes": [{"rank": n.rank, "host": n.host.host, "transport": n.host.transport, "nproc": n.nproc,
+                   "ranks": [n.first_rank, n.first_rank + n.nproc - 1], "cwd": n.cwd, "env": shown_env(n.env),
+                   "argv": list(n.argv),
+                   "stop": "sweep" if any(f.startswith("no cgroup") for f in fallbacks.get(n.rank) or ())
+                   else "cgroup",
+                   "fallbacks": list(fallbacks.get(n.rank) or ())} for n in plan.nodes],
+    }
+
+
+STATES = [str(s) for s in JobState]
