@@ -57,6 +57,17 @@ Requests (``op``) and answers
            fallbacks, degraded}`` (``lost`` as for ``follow``). For ``status`` and ``stop``, a node
            never started (no attempt directory) is ``{state: {state: "absent"}}``, not an error.
 
+``sync_stat`` ``{root, paths}`` → ``{ok, root, exists, dev, ino, boot_id, entries: {path: [kind,
+           size, mtime_ns, mode, link target]}}`` of the paths below ``root`` (the workdir, ``~``
+           expanded) that exist; kind ``f``, ``d``, ``l`` or ``o``.
+``sync_hash`` ``{root, paths}`` → ``{ok, hashes: {path: sha256 hex}}``.
+``sync_put`` ``{root, root_mode, entries: [{path, kind, mode, size, mtime_ns, data, target}]}``
+           followed on stdin by the bytes of every entry with ``data`` (``size`` each, in order)
+           → ``{ok, written}``: directories, symlinks and files (written to a temporary name, then
+           renamed; mode and mtime set). The data is read to its end even after a failure, whose
+           answer names the path (``cannot write PATH: No space left on device``).
+           ``clusterrun/sync.py`` is the controller's side.
+
 Errors are ``{ok: false, error: "..."}``; the exit code is 0 whenever an answer was written.
 
 State on the host
@@ -2160,8 +2171,9 @@ def op_sync_put(req: dict[str, Any]) -> dict[str, Any]:
             except _SyncShort as exc:
                 raise AgentFailure(str(exc)) from None
             except OSError as exc:
-                named = exc.filename if isinstance(exc.filename, str) else path
-                failure = _sync_error(exc, path if named.endswith(".clusterrun-tmp") else named)
+                named = exc.filename if isinstance(exc.filename, str) else ""  # a symlink's is its target
+                inside = named.startswith(root + os.sep) and not named.endswith(".clusterrun-tmp")
+                failure = _sync_error(exc, named if inside else path)
             except AgentFailure as exc:
                 failure = exc
     finally:
