@@ -186,6 +186,7 @@ class Manifest:
     mode: int  # the directory's own
     dev: int
     ino: int
+    hashes: dict[tuple[str, int, int], str | None] = field(default_factory=dict, compare=False)  # sha256 cache
 
     @property
     def files(self) -> int:
@@ -412,7 +413,7 @@ class HostSync:
             for i in range(0, len(wanted), STAT_BATCH):
                 remote.update(decode_sync_hashes(self.host.host, self.session.call(
                     {"op": "sync_hash", "root": self.root, "paths": wanted[i:i + STAT_BATCH]})))
-            local = {p: h for p in wanted if (h := file_hash(os.path.join(self.manifest.root, p))) is not None}
+            local = {e.path: h for e in changes.compare if (h := self._local_hash(e)) is not None}
             changes = settle(changes, local, remote)
         return changes, False, root
 
@@ -441,6 +442,13 @@ class HostSync:
         self._tell("done", (len(files), len(files)), (total, total))
         return _with_seconds(report, time.monotonic() - started)
 
+    def _local_hash(self, entry: LocalEntry) -> str | None:
+        """The file's sha256, computed once for all hosts (the manifest's cache)."""
+        key = (entry.path, entry.size, entry.mtime_ns)
+        if key not in self.manifest.hashes:
+            self.manifest.hashes[key] = file_hash(os.path.join(self.manifest.root, entry.path))
+        return self.manifest.hashes[key]
+
     @staticmethod
     def _entry(e: LocalEntry, data: bool) -> dict[str, object]:
         item: dict[str, object] = {"path": e.path, "kind": e.kind, "mode": e.mode}
@@ -451,6 +459,22 @@ class HostSync:
         return item
 
     def _data(self, batch: Sequence[LocalEntry], done: list[int], files: int, total: int) -> Iterator[bytes]:
+        """``_file_data`` in pieces of at least ``CHUNK`` bytes: one send per small file would cost
+        a channel write (and an SSH packet) each."""
+        pending: list[bytes] = []
+        size = 0
+        for block in self._file_data(batch, done):
+            pending.append(block)
+            size += len(block)
+            if size >= CHUNK:
+                yield b"".join(pending)
+                pending, size = [], 0
+                self._tell("copy", (done[0], files), (done[1], total))
+        if pending:
+            yield b"".join(pending)
+        self._tell("copy", (done[0], files), (done[1], total))
+
+    def _file_data(self, batch: Sequence[LocalEntry], done: list[int]) -> Iterator[bytes]:
         """The bytes of ``batch``, exactly ``size`` per file: a file that shrank or vanished since
         the scan ends the session (the agent then discards the partial file) and fails the host."""
         for entry in batch:
@@ -465,7 +489,6 @@ class HostSync:
                         left -= len(block)
                         done[1] += len(block)
                         yield block
-                        self._tell("copy", (done[0], files), (done[1], total))
             except OSError as exc:
                 self.session.close()
                 raise _Aborted(f"cannot read {path}: {exc.strerror or exc}") from None
