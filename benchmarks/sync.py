@@ -96,6 +96,7 @@ def run_clusterrun(hosts: Path) -> tuple[float, float, float, str]:
 
 
 def run_rsync(folder: Path, cluster: SimCluster, source: Path) -> tuple[float, float, float, str]:
+    (folder / "rs").mkdir(exist_ok=True)  # rsync makes the last directory of the target only
     cpu0, machine0, began = cpu(resource.RUSAGE_CHILDREN), machine_cpu(), time.monotonic()
     procs = [subprocess.Popen(["rsync", "-a", "--stats", "--exclude=.git", "-e", f"ssh -F {cluster.ssh_config}",
                                f"{source}/", f"{h.name}:{folder / 'rs' / h.name}/"],
