@@ -134,7 +134,7 @@ def test_a_local_host_syncs_to_its_own_workdir_and_dry_run_copies_nothing(tmp_pa
                      f"hosts:\n  - host: here\n    workdir: {workdir}\n  - host: same\n    workdir: {source}\n")
     dry = run_up("--dry-run", "--sync", source, hosts, "train.py")
     assert dry.returncode == 0, dry.stderr
-    assert "sync node0 here: would copy 6 file(s)" in dry.stderr
+    assert "sync node0 here: would copy 7 file(s)" in dry.stderr
     assert f"sync node1 same: {source} is the synced directory itself: nothing to copy" in dry.stderr
     assert not workdir.exists()
     proc = run_up("--sync", source, hosts, "train.py")
