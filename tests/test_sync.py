@@ -13,8 +13,9 @@ import pytest
 from clusterrun import agent
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import ConfigError
+from clusterrun.excludes import Excludes
 from clusterrun.protocol import RemoteEntry
-from clusterrun.sync import Excludes, LocalEntry, diff, scan, settle, source_of
+from clusterrun.sync import LocalEntry, diff, scan, settle, source_of
 
 
 @pytest.mark.parametrize(("patterns", "path", "is_dir", "excluded"), [
