@@ -233,10 +233,11 @@ class SyncReport:
 
 
 def human(size: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
+    """Bytes in decimal units, as the progress bar (rich) shows them."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
+        size /= 1000
     return f"{size:.1f} GB"
 
 

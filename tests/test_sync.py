@@ -190,3 +190,26 @@ def test_sync_put_refuses_paths_outside_the_workdir(tmp_path: Path, monkeypatch:
         assert answer["ok"] is False and "invalid sync path" in str(answer["error"]), bad
         assert rest == b"NEXT\n"
     assert not (tmp_path / "escape").exists()
+
+
+def test_the_progress_shows_bytes_and_files_per_host_on_a_terminal_and_plain_lines_elsewhere() -> None:
+    from clusterrun.sync import SyncProgress, SyncReport
+    from clusterrun.syncview import SyncView
+
+    events = [SyncProgress(0, "gpu-a", "compare"), SyncProgress(0, "gpu-a", "copy", 1, 3, 2 * 2**20, 6 * 2**20),
+              SyncProgress(1, "gpu-b", "copy", 0, 0, 0, 0),
+              SyncProgress(0, "gpu-a", "done", 3, 3, 6 * 2**20, 6 * 2**20)]
+    plain = io.StringIO()
+    with SyncView(plain, live=False) as view:
+        for event in events:
+            view(event)
+    view.report({0: SyncReport(0, "gpu-a", "/src", "/w", copied=3, bytes=6 * 2**20, unchanged=2, seconds=1.5)})
+    assert plain.getvalue().splitlines() == [
+        "clusterrun: sync gpu-a: copying 3 file(s), 6.3 MB",  # gpu-b has nothing to copy: no line
+        "clusterrun: sync node0 gpu-a: 3 file(s) copied (6.3 MB), 2 unchanged, to /w in 1.5 s"]
+    terminal = io.StringIO()
+    with SyncView(terminal, live=True) as view:
+        for event in events[:2]:
+            view(event)
+    drawn = terminal.getvalue()
+    assert "sync gpu-a" in drawn and "2.1/6.3 MB" in drawn and "1/3 files" in drawn
