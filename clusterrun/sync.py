@@ -83,7 +83,8 @@ def scan(root: str, patterns: Sequence[str] = ()) -> Manifest:
         top = os.stat(root)
     except OSError as exc:
         raise ConfigError(f"the directory to sync, {root}, cannot be read: {exc.strerror}", key="sync",
-                          hint="`sync:` in the hosts file is relative to the hosts file's directory") from None
+                          hint="`sync:` is relative to the hosts file's directory, `--sync DIR` to the current "
+                          "one") from None
     if not stat.S_ISDIR(top.st_mode):
         raise ConfigError(f"the directory to sync, {root}, is not a directory", key="sync")
     entries: list[LocalEntry] = []
