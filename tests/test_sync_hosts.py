@@ -144,3 +144,27 @@ def test_a_local_host_syncs_to_its_own_workdir_and_dry_run_copies_nothing(tmp_pa
     assert re.search(rf"^node0 here +rank0 +\| synced {workdir} v1$", proc.stdout, re.M), proc.stdout
     assert re.search(rf"^node1 same +rank1 +\| synced {source} v1$", proc.stdout, re.M), proc.stdout
     same_content(source, workdir, left_out="")
+
+
+def test_restart_syncs_the_project_again_before_the_new_attempt(tmp_path: Path) -> None:
+    source = project(tmp_path / "proj")
+    workdir = tmp_path / "w"
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"state_dir: {tmp_path / 'state'}\ndefaults:\n  transport: local\n  python: {sys.executable}\n"
+                     f"  sync: proj\nhosts:\n  - host: here\n    workdir: {workdir}\n")
+    first = run_up(hosts, "train.py")
+    assert first.returncode == 0, first.stderr
+    job = re.search(r"clusterrun: job (\S+): \d+ nodes", first.stderr)
+    assert job is not None
+    (source / "pkg" / "data.txt").write_text("v2\n")
+
+    def clusterrun(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "clusterrun", *args], capture_output=True, text=True,
+                              cwd=ROOT, timeout=120)
+
+    restarted = clusterrun("restart", job.group(1))
+    assert restarted.returncode == 0, restarted.stderr
+    assert "sync node0 here: 1 file(s) copied (3 B)" in restarted.stderr + restarted.stdout
+    assert clusterrun("wait", job.group(1)).returncode == 0
+    logs = clusterrun("logs", job.group(1), "--node", "0")
+    assert f"synced {workdir} v2" in logs.stdout, logs.stdout + logs.stderr
