@@ -14,6 +14,7 @@ running, owned by a monitor).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import json
 import os
@@ -52,6 +53,8 @@ from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrid
 from clusterrun.printer import Printer
 from clusterrun.runner import NotStopped, Runner, restart_job, run_monitor, stop_recorded
 from clusterrun.session import Session
+from clusterrun.sync import source_of, sync_hosts
+from clusterrun.syncview import SyncView
 from clusterrun.terminal import safe
 from clusterrun.transports import transport_for
 
@@ -103,12 +106,14 @@ def main() -> None:
             reconfigure(errors="surrogateescape")
 
 
-def _check_script(spec: ClusterSpec, script: str) -> None:
-    """For local hosts the script must exist where torchrun will look for it."""
+def _check_script(spec: ClusterSpec, script: str, sync: str | None = None) -> None:
+    """For local hosts the script must exist where torchrun will look for it (in the directory
+    synced there, for a host with `sync`)."""
     for host in spec.hosts:
         if host.transport != "local":
             continue
         base = os.path.expanduser(host.workdir) if host.workdir else os.getcwd()
+        base = source_of(spec, host, sync) or base
         if not os.path.isfile(os.path.join(base, script)):
             raise ConfigError(f"{os.path.join(base, script)} does not exist (needed by local host {host.host!r})",
                               path=script, hint="give the script's path relative to the current directory "
@@ -247,13 +252,19 @@ def _follow_hint(job_id: str) -> str:
               help="Treat a host that cannot be reached for this long as failed (its node lost, fail-fast). "
               "Default: never; losing contact alone never stops a job. Counts the time spent retrying, "
               "not time this machine was paused or asleep.")
+@click.option("--sync", "sync_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Copy DIR to every host's workdir before the start (only what changed; .gitignore and "
+              "sync_exclude honoured, .git left out), over the connections already open. Wins over `sync:` "
+              "in the hosts file. With --dry-run: say what would be copied.")
+@click.option("--no-sync", is_flag=True, help="Do not copy anything, whatever `sync:` in the hosts file says.")
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool, name: str | None,
        env: tuple[str, ...], dry_run: bool, as_json: bool, no_tui: bool, ui_lines: int, leave_running: bool,
        ssh_config: str | None,
-       accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None, no_retry_startup: bool) -> None:
+       accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None, no_retry_startup: bool,
+       sync_dir: str | None = None, no_sync: bool = False) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
@@ -274,7 +285,9 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         with open(hosts_file, encoding="utf-8", errors="surrogateescape") as f:
             hosts_text = f.read()
         overrides = parse_env_overrides(env)
-        _check_script(spec, script)
+        if no_sync:
+            spec = _without_sync(spec)
+        _check_script(spec, script, sync_dir)
         if as_json and not dry_run:
             raise ConfigError("--json goes with --dry-run (a job's state as JSON: `clusterrun ps --json`)",
                               key="--json", hint="add --dry-run to print the plan as JSON; nothing was started")
@@ -302,6 +315,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         if dry_run and as_json:
             click.echo(json.dumps(plan_json(plan, job.host_fallbacks), indent=1))
             return
+        _sync(spec, job, sync_dir, dry_run)
         if dry_run:
             _print_plan(plan, job.host_fallbacks)
             return
@@ -351,6 +365,27 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     finally:
         job.close()
     sys.exit(_exit_code(result, got))
+
+
+def _without_sync(spec: ClusterSpec) -> ClusterSpec:
+    return dataclasses.replace(spec, hosts=tuple(dataclasses.replace(h, sync=None) for h in spec.hosts))
+
+
+def _sync(spec: ClusterSpec, job: Job, sync_dir: str | None, dry_run: bool) -> None:
+    """Copy the project to the hosts that want it, after the probe and before anything starts;
+    a failure on any host starts nothing anywhere (exit 3)."""
+    view = SyncView(live=None if not dry_run else False)
+    try:
+        with view:
+            reports = sync_hosts(spec, job.agents, view, override=sync_dir, dry_run=dry_run)
+    except HostsUnavailable as exc:
+        _fail(exc, EXIT_HOSTS)
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    except KeyboardInterrupt:
+        _note("interrupted while copying files to the hosts; nothing was started")
+        sys.exit(EXIT_SIGNAL[signal.SIGINT])
+    view.report(reports)
 
 
 def _check_name_free(store: JobStore, name: str, given: bool) -> None:

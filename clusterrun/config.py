@@ -49,6 +49,8 @@ class HostSpec:
     workdir: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     transport: Transport = "ssh"
+    sync: str | None = None  # a local directory copied to ``workdir`` before the start (see clusterrun.sync)
+    sync_exclude: tuple[str, ...] = ()  # .gitignore-style patterns, beside the directory's .gitignore files
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,8 @@ _TIMESTAMP, _MERGE = _TAG + "timestamp", _TAG + "merge"
 _ALLOWED_TAGS = {_STR, _INT, _FLOAT, _BOOL, _NULL, _TIMESTAMP, _MERGE, _TAG + "seq", _TAG + "map"}
 
 _TOP_KEYS = ("hosts", "defaults", "env", "master", "state_dir", "ssh_config")
-_SHARED_KEYS = ("port", "user", "identity_file", "gpus", "nproc", "python", "workdir", "env", "transport")
+_SHARED_KEYS = ("port", "user", "identity_file", "gpus", "nproc", "python", "workdir", "env", "transport",
+                "sync", "sync_exclude")
 _HOST_KEYS = ("host", "address", *_SHARED_KEYS)
 _MASTER_KEYS = ("addr", "port")
 
@@ -370,6 +373,12 @@ class _Parser:
                 raise self.expected("a string or number", vnode, nkey)
         return env
 
+    def patterns(self, node: Node, key: str) -> tuple[str, ...]:
+        """A list of .gitignore-style patterns (``sync_exclude``)."""
+        if not isinstance(node, SequenceNode):
+            raise self.expected("a list of patterns", node, key, "e.g. 'sync_exclude: [data/, \"*.ckpt\"]'")
+        return tuple(self.string(item, f"{key}[{i}]") for i, item in enumerate(node.value))
+
     def transport(self, node: Node, key: str) -> Transport:
         value = node.value if isinstance(node, ScalarNode) and node.tag == _STR else None
         if value == "ssh":
@@ -386,7 +395,7 @@ class _Parser:
             "identity_file": self.string, "python": self.string, "workdir": self.string, "gpus": self.gpus,
             "nproc": lambda node, key: self.integer(node, key, f"a number of processes from 1 to {MAX_PROCS}", 1,
                                                     MAX_PROCS),
-            "env": self.env, "transport": self.transport,
+            "env": self.env, "transport": self.transport, "sync": self.string, "sync_exclude": self.patterns,
         }
         result = _Settings()
         for name, vnode in entries.items():
@@ -480,4 +489,8 @@ class _Parser:
                              n_node or g_node or entry, key,
                              "one process runs per GPU: drop nproc, or make it equal the number of GPUs")
         nproc = len(gpus) if gpus is not None else nproc or 1
+        if merged.get("sync") is not None and merged.get("workdir") is None:
+            where = own.nodes.get("sync") or defaults.nodes.get("sync") or entry
+            raise self.error("sync needs a workdir: the directory on the host that the files are copied to",
+                             where, f"{key}.sync", "set `workdir:` for this host (or in defaults)")
         return HostSpec(host=host, line=_line(entry), address=address, nproc=nproc, **merged)

@@ -25,6 +25,7 @@ from clusterrun.errors import ClusterrunError, HostsUnavailable
 from clusterrun.events import (
     Event,
     JobFinished,
+    JobNote,
     JobResult,
     JobState,
     NodeExited,
@@ -37,6 +38,7 @@ from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
 from clusterrun.orchestrator import Emit, Job, Reconnect, node_state_of
 from clusterrun.plan import LaunchPlan, plan_from_json, plan_to_json
 from clusterrun.protocol import End, Eof, LogChunk, NodeStatus, decode_follow, decode_status
+from clusterrun.sync import sync_hosts
 from clusterrun.transports import Transport, transport_for
 
 
@@ -419,6 +421,9 @@ def start_attempt(store: JobStore, record: JobRecord, emit: Emit | None) -> JobR
               transport_factory=transport_factory(record))
     try:
         plan = job.prepare()
+        for rank, report in sorted(sync_hosts(spec, job.agents).items()):  # `sync:` of the hosts file, if any
+            if emit is not None:
+                emit(JobNote(None, text=f"sync node{rank} {report.host}: {report.describe()}"))
 
         def begin(rec: JobRecord) -> None:
             rec.attempt, rec.plan, rec.state = attempt, plan_to_json(plan), JobState.STARTING

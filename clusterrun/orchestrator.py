@@ -239,6 +239,12 @@ class Job:
         return answer
 
     @property
+    def agents(self) -> list[tuple[Transport, AgentSession | None]]:
+        """Each node's transport and the agent that probed it (once ``prepare()`` ran), by rank: for
+        work on the same connections before the start, such as ``clusterrun.sync``."""
+        return [(node.transport, node.agent) for node in self._nodes]
+
+    @property
     def host_fallbacks(self) -> dict[int, list[str]]:
         """What each probed host lacks, by node rank (no cgroup and why, no pidfd, ...): see the agent's probe."""
         return {rank: list(node.probe.fallbacks if node.probe is not None else ())

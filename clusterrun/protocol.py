@@ -248,3 +248,50 @@ def decode_follow(host: str, message: Any) -> FollowMessage:
     if kind == "eof":
         return Eof(next=r.need_integer("next"), status=decode_status(host, r.data.get("state")))
     raise r._fail("t", "log, state, beat, end or eof")
+
+
+# ------------------------------------------------------------------------------------------ sync
+
+
+@dataclass(frozen=True)
+class RemoteEntry:
+    """What ``sync_stat`` found at one path below the workdir."""
+
+    kind: str  # f file, d directory, l symlink, o anything else
+    size: int
+    mtime_ns: int
+    mode: int
+    target: str | None = None  # a symlink's
+
+
+@dataclass(frozen=True)
+class SyncStat:
+    """The answer to ``sync_stat``: the workdir as the host sees it, and what is at each path asked for."""
+
+    root: str
+    exists: bool
+    entries: Mapping[str, RemoteEntry]
+    dev: int | None = None
+    ino: int | None = None
+    boot_id: str | None = None
+
+
+def decode_sync_stat(host: str, answer: Any) -> SyncStat:
+    r = _Reader(host, "sync_stat answer", answer)
+    entries: dict[str, RemoteEntry] = {}
+    for path, item in r.mapping("entries").items():
+        if (not isinstance(item, list) or len(item) != 5 or item[0] not in ("f", "d", "l", "o")
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in item[1:4])
+                or not (item[4] is None or isinstance(item[4], str))):
+            raise r._fail("entries", "[kind, size, mtime_ns, mode, target] for each path")
+        entries[str(path)] = RemoteEntry(item[0], item[1], item[2], item[3], item[4])
+    return SyncStat(root=r.need_text("root"), exists=bool(r.data.get("exists")), entries=entries,
+                    dev=r.integer("dev"), ino=r.integer("ino"), boot_id=r.text("boot_id"))
+
+
+def decode_sync_hashes(host: str, answer: Any) -> dict[str, str]:
+    r = _Reader(host, "sync_hash answer", answer)
+    hashes = r.mapping("hashes")
+    if not all(isinstance(v, str) for v in hashes.values()):
+        raise r._fail("hashes", "an object of hex digests")
+    return {str(k): v for k, v in hashes.items()}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -115,6 +115,16 @@ class AgentSession:
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
         """Send a one-answer request; raise ``AgentError`` if the agent reports a failure."""
         self._ask(request)
+        return self._answer(request)
+
+    def call_with_data(self, request: dict[str, Any], data: Iterable[bytes]) -> dict[str, Any]:
+        """``call`` with raw bytes after the request line, as ``sync_put`` reads its files' contents."""
+        self._ask(request)
+        for chunk in data:
+            self._send(chunk)
+        return self._answer(request)
+
+    def _answer(self, request: dict[str, Any]) -> dict[str, Any]:
         for raw in self._lines:
             if raw.strip():
                 message = _parse(self.host, raw)

@@ -1,0 +1,70 @@
+"""The sync's progress on stderr: a bar per host (bytes and files) on a terminal, plain lines otherwise.
+
+Lifecycle: ``SyncView()`` → ``with view:`` (the bars are drawn while inside) → ``view(progress)``
+from any thread (``clusterrun.sync`` serialises the calls) → ``view.report(reports)`` after.
+rich (a dependency of Textual) is imported only for a terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, TextIO
+
+from clusterrun.sync import SyncProgress, SyncReport, human
+from clusterrun.terminal import safe
+
+
+class SyncView:
+    """Shows ``SyncProgress`` as it comes (see the module docstring)."""
+
+    def __init__(self, err: TextIO | None = None, live: bool | None = None) -> None:
+        self.err = err or sys.stderr
+        self.live = self.err.isatty() if live is None else live
+        self._progress: Any = None
+        self._tasks: dict[int, Any] = {}
+        self._announced: set[int] = set()
+
+    def __enter__(self) -> SyncView:
+        if self.live:
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+            self._progress = Progress(TextColumn("sync {task.description}"), BarColumn(), DownloadColumn(),
+                                      TextColumn("{task.fields[files]}"), TransferSpeedColumn(),
+                                      console=Console(file=self.err), transient=False)
+            self._progress.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def __call__(self, p: SyncProgress) -> None:
+        files = f"{p.files_done}/{p.files_total} files"
+        if self._progress is not None:
+            task = self._tasks.get(p.rank)
+            if task is None:
+                task = self._tasks[p.rank] = self._progress.add_task(safe(p.host, colour=False), total=None,
+                                                                     files="comparing")
+            if p.phase in ("copy", "done"):
+                self._progress.update(task, completed=p.bytes_done, total=p.bytes_total or 1,
+                                      files=files if p.phase == "copy" else f"{p.files_total} files copied")
+            return
+        if p.phase == "copy" and p.rank not in self._announced:
+            self._announced.add(p.rank)
+            if p.files_total:
+                self.err.write(f"clusterrun: sync {safe(p.host, colour=False)}: copying {p.files_total} file(s), "
+                               f"{human(p.bytes_total)}\n")
+                self.err.flush()
+
+    def report(self, reports: Mapping[int, SyncReport]) -> None:
+        """One line per host: what was copied."""
+        for rank in sorted(reports):
+            r = reports[rank]
+            self.err.write(f"clusterrun: sync node{rank} {safe(r.host, colour=False)}: "
+                           f"{safe(r.describe(), colour=False)}\n")
+        self.err.flush()
