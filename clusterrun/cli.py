@@ -32,6 +32,7 @@ import click
 
 from clusterrun import __version__
 from clusterrun.config import ClusterSpec, load_cluster
+from clusterrun.environment import mask_env, resolve
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import JobResult, JobState
 from clusterrun.jobs import JobRecord, JobStore
@@ -171,8 +172,13 @@ def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]]) -> Non
                    f"ranks {node.first_rank}..{node.first_rank + node.nproc - 1}")
         click.echo(f"  cwd: {node.cwd or '(home directory)'}")
         click.echo("  env:")
-        for key in sorted(node.env):
-            click.echo(f"    {key}={shlex.quote(node.env[key])}")
+        shown = mask_env(node.env, plan.secret_env)
+        for key in sorted(shown):
+            click.echo(f"    {key}={shlex.quote(shown[key])}")
+        if node.host.setup:
+            click.echo("  setup (bash, in cwd, before torchrun; what it exports reaches torchrun):")
+            for command in node.host.setup:
+                click.echo("\n".join(f"    {line}" for line in command.rstrip("\n").split("\n")))
         click.echo(f"  command: {shlex.join(node.argv)}")
         click.echo(_guarantee(fallbacks.get(node.rank) or ()))
 
@@ -267,9 +273,12 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         with open(hosts_file, encoding="utf-8", errors="surrogateescape") as f:
             hosts_text = f.read()
         overrides = parse_env_overrides(env)
+        spec, env_notes = resolve(spec, os.environ)
         _check_script(spec, script)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
+    for text in env_notes:
+        _note(f"warning: {text}")
     jname = job_name(name, script)
     store = JobStore()
     if not dry_run:
