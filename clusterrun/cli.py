@@ -292,7 +292,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
                                         accept_new_host_keys=accept_new_host_keys))
     try:
         try:
-            plan = job.prepare()
+            plan = job.prepare(run_setup=not dry_run)
         except HostsUnavailable as exc:
             _fail(exc, EXIT_HOSTS)
         except KeyboardInterrupt:  # Ctrl-C while connecting: close every connection (finally), start nothing
