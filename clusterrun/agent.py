@@ -32,7 +32,15 @@ Requests (``op``) and answers
            ``cgroup`` or ``sweep`` (what a stop here would rely on) and ``fallbacks`` what this
            host lacks, in words (no cgroup and why, no pidfd, no ctypes, a logind that would kill
            the job at logout).
-``start``  ``{job, node, attempt, state_dir, argv, env, cwd, first_rank}`` → ``{ok, dir, state}``:
+``setup``  ``{job, node, attempt, setup, env, cwd}`` → ``{ok}``: runs the ``setup`` commands (a list of
+           shell commands) in bash in ``cwd`` with ``env`` on top of the agent's environment, each
+           of which must succeed, and keeps the environment they leave, in memory, for this
+           agent's ``start`` of the same attempt (``{ok: false, error}`` with their last lines of
+           output otherwise). The controller asks every host before it starts any.
+``start``  ``{job, node, attempt, state_dir, argv, env, cwd, first_rank, secret_env, setup}`` →
+           ``{ok, dir, state}``: torchrun's environment is what ``setup`` left (run now if this
+           agent has not run it), else the agent's with ``env`` on top; the values of the names
+           in ``secret_env`` reach the supervisor in memory only and ``spec.json`` holds ``****``.
            creates the attempt directory and the attempt's cgroup, starts the detached supervisor
            and returns once it has started torchrun (or failed to: ``{ok: false, error}``; a state
            dir that cannot be written, or a logind that would kill the job at logout, starts
@@ -64,7 +72,8 @@ State on the host
 ``<state_dir>/jobs/<job>/node<node>/attempt<attempt>/`` (directories 0700, files 0600, created
 under umask 077 so they are never readable by others, not even briefly):
 
-``spec.json``       the request: argv, env, cwd (written once, before the supervisor starts)
+``spec.json``       the request: argv, env (secret values as ``****``), cwd, setup (written once,
+                    before the supervisor starts)
 ``output.log``      torchrun's stdout and stderr, appended (O_APPEND) and never truncated, and
                     every worker's lines, whole and tagged ``[rankN]:`` (see ``RankLogs``)
 ``torchrun/``       torchrun's own ``--log-dir`` (per-rank files it truncates; read by ``RankLogs``)

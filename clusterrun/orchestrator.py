@@ -288,8 +288,13 @@ class Job:
         try:
             node.agent.call(self._request(rank, "setup", setup=list(launch.host.setup), env=dict(launch.env),
                                           cwd=launch.cwd))
-        except AgentError as exc:  # its output may quote the job's environment
-            raise AgentError(exc.host, redact(exc.message, launch.env, self.spec.secret_env), hint=exc.hint) from None
+        except AgentError as exc:
+            raise self._redacted(exc, launch) from None
+
+    def _redacted(self, exc: AgentError, launch: NodeLaunch) -> AgentError:
+        """``exc`` without the job's secret values: a failing setup's output may quote them."""
+        message = redact(exc.message, launch.env, self.spec.secret_env)
+        return exc if message == exc.message else AgentError(exc.host, message, hint=exc.hint)
 
     def _setup_all(self) -> None:
         """Run ``setup`` on every host that has some, in parallel, in the agent that probed it
@@ -330,14 +335,17 @@ class Job:
         request = self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env), cwd=launch.cwd,
                                 first_rank=launch.first_rank,
                                 **self._env_extras(launch))
-        if node.agent is None:
-            answer = node.transport.call(request)
-        else:
-            try:
-                answer = node.agent.call(request)
-            except BaseException:
-                node.close_agent()
-                raise
+        try:
+            if node.agent is None:
+                answer = node.transport.call(request)
+            else:
+                try:
+                    answer = node.agent.call(request)
+                except BaseException:
+                    node.close_agent()
+                    raise
+        except AgentError as exc:  # a setup run by the start quotes its output
+            raise self._redacted(exc, launch) from None
         return decode_status(node.host, answer.get("state"), "start answer's state")
 
     def _env_extras(self, launch: NodeLaunch) -> dict[str, Any]:
