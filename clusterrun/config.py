@@ -418,6 +418,8 @@ class _Parser:
         return [(self.string_or_lines(item, f"{key}[{i}]"), item) for i, item in enumerate(node.value)]
 
     def string_or_lines(self, node: Node, key: str) -> str:
+        if isinstance(node, MappingNode):
+            raise self.expected("a string", node, key, "put it in quotes: YAML reads 'word: text' as a mapping")
         if not (isinstance(node, ScalarNode) and node.tag == _STR):
             raise self.expected("a string", node, key)
         if not str(node.value).strip():

@@ -134,6 +134,8 @@ def test_omp_num_threads_is_1_unless_env_sets_it() -> None:
     ("hosts:\n  - host: a\n    setup: []\n", "<string>:3: hosts[0].setup: expected a shell command or a list of "
      "them, got an empty list"),
     ("hosts: [a]\nsetup: x\n", "<string>:2: setup: unknown key 'setup'"),
+    ("hosts:\n  - host: a\n    setup: [echo a: b]\n", "<string>:3: hosts[0].setup[0]: expected a string, got a "
+     "mapping\n  hint: put it in quotes: YAML reads 'word: text' as a mapping"),
     ("hosts: [a]\nenv: {HF_TOKEN: abc}\n", "<string>:2: env.HF_TOKEN: HF_TOKEN looks secret"),
     ("hosts: [a]\nsecret_env: [MY_CRED]\ndefaults:\n  env: {MY_CRED: abc}\n",
      "<string>:4: defaults.env.MY_CRED: MY_CRED looks secret"),
