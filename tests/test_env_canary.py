@@ -148,7 +148,8 @@ def test_a_failing_setup_is_a_host_error_and_starts_nothing_anywhere(sim_cluster
     hosts.write_text("\n".join([
         f"state_dir: {state}", f"ssh_config: {cluster.ssh_config}", "defaults:", f"  python: {sys.executable}",
         f"  workdir: {ROOT}", "  setup: export FINE=1", "hosts:", "  - sim1", "  - host: sim2", "    setup:",
-        "      - export FINE=1", "      - \"echo 'conda: environment train not found' >&2; false\"", "      - echo never reached",
+        "      - export FINE=1", "      - \"echo 'conda: environment train not found' >&2; false\"",
+        "      - echo never reached",
     ]) + "\n")
     proc = run_up(hosts, "examples/allreduce.py")
     assert proc.returncode == 3, proc.stderr
