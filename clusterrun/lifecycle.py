@@ -435,11 +435,13 @@ def start_attempt(store: JobStore, record: JobRecord, emit: Emit | None) -> JobR
     arguments and environment (a new master port where ``auto`` and the old one is taken).
 
     ``env_file`` and ``forward_env`` are read again, here and now, and secret ``--env`` values
-    (masked in the record) are taken from this process's environment (``environment.unmask``).
+    (masked in the record) are taken from this process's environment (``environment.unmask``);
+    a secret of the last attempt that is no longer found is a ``ConfigError`` (nothing starts).
 
     The caller holds the owner lock and has verified that nothing of the last attempt runs."""
     spec, notes = resolve(spec_of(record), os.environ)
     overrides = unmask(record.env_overrides, os.environ, "--env")
+    plan_to_start(record)  # refuses to start without a secret the last attempt had
     for note in notes:
         if emit is not None:
             emit(JobNote(None, text=f"warning: {note}"))

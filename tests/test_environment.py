@@ -20,7 +20,7 @@ from clusterrun.config import load_cluster_text
 from clusterrun.environment import MASK, mask_env, parse_dotenv, redact, resolve, unmask
 from clusterrun.errors import ConfigError, HostsUnavailable
 from clusterrun.jobs import JobStore
-from clusterrun.lifecycle import new_record, plan_to_start
+from clusterrun.lifecycle import new_record, plan_to_start, start_attempt
 from clusterrun.orchestrator import Job
 from clusterrun.plan import HostFacts, build_plan, plan_to_json
 from clusterrun.transports.fake import FakeCluster
@@ -315,3 +315,17 @@ def test_supervise_passes_the_environment_after_the_source() -> None:
     proc = subprocess.run([sys.executable, "-S", "-c", agent.SUPERVISE, "folder"],
                           input=source + b"\0" + b'{"A_TOKEN": "v"}', capture_output=True, timeout=30, check=True)
     assert proc.stdout == b'__clusterrun_supervisor__ {"A_TOKEN": "v"}'
+
+
+def test_a_restart_without_a_secret_the_last_attempt_had_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = hosts_file(tmp_path, "forward_env: [HF_TOKEN]\nhosts: [a]\n")
+    spec, _ = resolve(load_cluster_text(path.read_text(), str(path)), {"HF_TOKEN": "v"})
+    record = new_record(plan_of(spec), hosts_file=str(path), hosts_text=path.read_text(), env_overrides={},
+                        local_cwd=str(tmp_path), ssh_config=None)
+    store = JobStore(tmp_path / "jobs")
+    store.create(record)
+    monkeypatch.setattr("os.environ", {})
+    with pytest.raises(ConfigError, match="HF_TOKEN: its value is secret"):
+        start_attempt(store, store.load(JOB), None)
+    assert store.load(JOB).attempt == 1  # nothing new was started or recorded
