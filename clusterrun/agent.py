@@ -32,7 +32,15 @@ Requests (``op``) and answers
            ``cgroup`` or ``sweep`` (what a stop here would rely on) and ``fallbacks`` what this
            host lacks, in words (no cgroup and why, no pidfd, no ctypes, a logind that would kill
            the job at logout).
-``start``  ``{job, node, attempt, state_dir, argv, env, cwd, first_rank}`` → ``{ok, dir, state}``:
+``setup``  ``{job, node, attempt, setup, env, cwd}`` → ``{ok}``: runs the ``setup`` commands (a list of
+           shell commands) in bash in ``cwd`` with ``env`` on top of the agent's environment, each
+           of which must succeed, and keeps the environment they leave, in memory, for this
+           agent's ``start`` of the same attempt (``{ok: false, error}`` with their last lines of
+           output otherwise). The controller asks every host before it starts any.
+``start``  ``{job, node, attempt, state_dir, argv, env, cwd, first_rank, secret_env, setup}`` →
+           ``{ok, dir, state}``: torchrun's environment is what ``setup`` left (run now if this
+           agent has not run it), else the agent's with ``env`` on top; the values of the names
+           in ``secret_env`` reach the supervisor in memory only and ``spec.json`` holds ``****``.
            creates the attempt directory and the attempt's cgroup, starts the detached supervisor
            and returns once it has started torchrun (or failed to: ``{ok: false, error}``; a state
            dir that cannot be written, or a logind that would kill the job at logout, starts
@@ -84,7 +92,8 @@ State on the host
 ``<state_dir>/jobs/<job>/node<node>/attempt<attempt>/`` (directories 0700, files 0600, created
 under umask 077 so they are never readable by others, not even briefly):
 
-``spec.json``       the request: argv, env, cwd, first_rank, about (written once, before the supervisor starts)
+``spec.json``       the request: argv, env (secret values as ``****``), cwd, setup, first_rank, about
+                    (written once, before the supervisor starts)
 ``output.log``      torchrun's stdout and stderr, appended (O_APPEND) and never truncated, and
                     every worker's lines, whole and tagged ``[rankN]:`` (see ``RankLogs``)
 ``torchrun/``       torchrun's own ``--log-dir`` (per-rank files it truncates; read by ``RankLogs``)
@@ -963,17 +972,20 @@ def _free_port() -> int:
 
 
 # What systemd-run runs in the user's scope: the agent's source arrives on stdin, as for BOOTSTRAP.
+# After the source, a NUL and the job's environment as JSON (it holds secrets: never on disk).
 SUPERVISE = (
-    "import os,sys;s=sys.stdin.buffer.read();n=os.open(os.devnull,os.O_RDONLY);os.dup2(n,0);os.close(n);"
-    'exec(compile(s,"clusterrun-agent","exec"),{"__name__":"__clusterrun_supervisor__"})'
+    'import os,sys;s,_,e=sys.stdin.buffer.read().partition(b"\\0");n=os.open(os.devnull,os.O_RDONLY);os.dup2(n,0);'
+    'os.close(n);exec(compile(s,"clusterrun-agent","exec"),{"__name__":"__clusterrun_supervisor__","__clusterrun_env__":e})'
 )
 
 
-def _spawn_supervisor(folder: str, scope: list[str] | None = None) -> tuple[int, int]:
+def _spawn_supervisor(folder: str, scope: list[str] | None = None,
+                      env: dict[str, str] | None = None) -> tuple[int, int]:
     """Fork the detached supervisor of ``folder`` (see the module docstring) and return at once
     with the read end of a pipe on which it writes its first state as one JSON line, and the pid
     of a child to reap once that is read (0 if none). With ``scope`` (``user_scope``), the
-    supervisor is a new interpreter that systemd-run starts in a scope of the user's manager."""
+    supervisor is a new interpreter that systemd-run starts in a scope of the user's manager.
+    ``env``: torchrun's whole environment (secrets included), handed over in memory or on the pipe."""
     sys.stdout.flush()
     sys.stderr.flush()
     ready_r, ready_w = os.pipe()
@@ -986,7 +998,7 @@ def _spawn_supervisor(folder: str, scope: list[str] | None = None) -> tuple[int,
             return ready_r, 0
         os.close(source_r)
         try:
-            view = memoryview(_own_source())
+            view = memoryview(_own_source() + b"\0" + json_dumps(env).encode())
             while view:
                 view = view[os.write(source_w, view):]
         except OSError:
@@ -1009,7 +1021,7 @@ def _spawn_supervisor(folder: str, scope: list[str] | None = None) -> tuple[int,
         _close_fds_from(4)  # the SSH channel's pipes among them: the connection may close
         if scope:
             os.execvp(scope[0], [*scope, sys.executable, "-S", "-c", SUPERVISE, folder])
-        code = Supervisor(folder, ready_fd=3).run()
+        code = Supervisor(folder, ready_fd=3, env=env).run()
     except BaseException:  # noqa: BLE001 - the supervisor's last word, in its log
         import traceback
 
@@ -1030,7 +1042,8 @@ def _supervise_in_scope(folder: str) -> None:
     os.set_inheritable(3, False)
     code = 1
     try:
-        code = Supervisor(folder, ready_fd=3).run()
+        env = json_loads(globals().get("__clusterrun_env__") or b"null")
+        code = Supervisor(folder, ready_fd=3, env=env).run()
     except BaseException:  # noqa: BLE001 - the supervisor's last word, in its log
         import traceback
 
@@ -1077,6 +1090,11 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
         raise AgentFailure("argv must be a non-empty list of strings")
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise AgentFailure("env must map strings to strings")
+    setup = _setup_commands(req)
+    if setup:  # run by the ``setup`` request of this agent already, or here (before anything exists)
+        run_env = _prepared.pop(_setup_key(req), None) or _run_setup(setup, env, cwd, req.get("setup_timeout"))
+    else:
+        run_env = {**os.environ, **env}
     try:
         os.makedirs(folder, mode=0o700)
     except FileExistsError:
@@ -1094,14 +1112,16 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
         cgroup, why = None, ""  # the supervisor makes it in its scope (delegated to the user)
     else:
         cgroup, why = _make_cgroup(req["job"], req["node"], req["attempt"])
-    spec = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "argv": argv, "env": env,
-            "first_rank": int(req.get("first_rank") or 0), "about": req.get("about"),
+    secret = set(req.get("secret_env") or ())  # their values reach torchrun in memory only, never this disk
+    shown = {name: "****" if name in secret else value for name, value in env.items()}
+    spec = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "argv": argv, "env": shown,
+            "setup": setup, "first_rank": int(req.get("first_rank") or 0), "about": req.get("about"),
             "cwd": os.path.expanduser(cwd) if cwd else None, "cgroup": cgroup, "user_scope": scope is not None,
             "fallbacks": ([f"no cgroup: {why}"] if why else []) + static_fallbacks()}
     middle = 0
     try:
         _write_json_atomic(os.path.join(folder, "spec.json"), spec)
-        ready, middle = _spawn_supervisor(folder, scope)
+        ready, middle = _spawn_supervisor(folder, scope, run_env)
     except OSError as exc:
         if cgroup:
             cg_remove(cgroup)
@@ -1136,6 +1156,103 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
             _discard(folder)  # nothing ran: the same attempt may be started again once there is room
         return {"ok": False, "error": state["error"], "dir": folder, "state": state}
     return {"ok": True, "dir": folder, "state": state}
+
+
+SETUP_TIMEOUT = 600.0
+# The environment a ``setup`` request made, by (job, node, attempt), for the ``start`` that follows
+# it in this agent: setup runs once, and only in memory (it may hold secrets).
+_prepared: dict[tuple[Any, Any, Any], dict[str, str]] = {}
+
+
+def _setup_key(req: dict[str, Any]) -> tuple[Any, Any, Any]:
+    return req.get("job"), req.get("node"), req.get("attempt")
+
+
+def _setup_commands(req: dict[str, Any]) -> list[str]:
+    setup = req.get("setup") or []
+    if not isinstance(setup, list) or not all(isinstance(c, str) for c in setup):
+        raise AgentFailure("setup must be a list of strings")
+    return setup
+
+
+def _sh_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def setup_script(commands: list[str], python: str) -> str:
+    """The bash script that runs ``commands`` in turn (each must succeed: the first that does not
+    ends the script with its status and says which it was), with their output on stderr, then
+    writes the resulting environment to stdout (``NAME=VALUE\\0`` each, by ``python``, which
+    ``-E`` keeps from what the commands did to PYTHON* variables)."""
+    lines = ["exec 3>&1 1>&2", "{"]
+    for i, command in enumerate(commands):
+        lines.append(command.rstrip("\n"))
+        lines.append(f'__clusterrun_rc=$?; if [ "$__clusterrun_rc" -ne 0 ]; then echo "clusterrun: setup[{i}] '
+                     f'exited with status $__clusterrun_rc" >&2; exit "$__clusterrun_rc"; fi')
+    lines.append("} 3>&-")
+    dump = "import os,sys;sys.stdout.buffer.write(b''.join(k+b'='+v+b'\\0' for k,v in os.environb.items()))"
+    lines.append(f"exec {_sh_quote(python)} -S -E -c {_sh_quote(dump)} >&3 3>&-")
+    return "\n".join(lines) + "\n"
+
+
+def _last_lines(data: bytes, count: int = 20) -> str:
+    lines = data.decode("utf-8", "replace").rstrip("\n").split("\n")
+    return "\n".join(("  | " + line) for line in lines[-count:]) if data.strip() else "  (it printed nothing)"
+
+
+def _run_setup(commands: list[str], env: dict[str, str], cwd: str | None, timeout: Any = None) -> dict[str, str]:
+    """Run the ``setup`` commands in bash, in ``cwd``, with the job's environment on top of this
+    agent's; the environment they leave (what they exported, changed or unset). ``AgentFailure``
+    with the last lines of their output if one fails: nothing was started then."""
+    import subprocess
+
+    limit = float(timeout) if timeout else SETUP_TIMEOUT
+    base = {**os.environ, **env}
+    bash = next((os.path.join(d, "bash") for d in (base.get("PATH") or "/usr/bin:/bin").split(os.pathsep)
+                 if d and os.access(os.path.join(d, "bash"), os.X_OK)), None)
+    if bash is None:
+        raise AgentFailure("setup needs bash, which is not on this host's PATH; nothing was started")
+    folder = os.path.expanduser(cwd) if cwd else None
+    try:
+        proc = subprocess.Popen([bash, "-c", setup_script(commands, sys.executable or "python3"), "clusterrun-setup"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=base,
+                                cwd=folder, start_new_session=True)
+    except OSError as exc:
+        where = folder if folder and not os.path.isdir(folder) else bash
+        raise AgentFailure(f"setup could not run: {where}: {exc.strerror or exc}; nothing was started") from None
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        out, err = proc.communicate()
+        raise AgentFailure(f"setup did not finish within {limit:g} s (killed); nothing was started; its last "
+                           f"lines:\n{_last_lines(err)}") from None
+    if proc.returncode != 0:
+        raise AgentFailure(f"setup failed with status {proc.returncode}; nothing was started; its last "
+                           f"lines:\n{_last_lines(err)}")
+    if not out:
+        raise AgentFailure("setup ended before its last command (does one call `exit`?); nothing was started; "
+                           f"its last lines:\n{_last_lines(err)}")
+    result: dict[str, str] = {}
+    for entry in out.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep and name:
+            result[os.fsdecode(name)] = os.fsdecode(value)
+    result.pop("_", None)  # bash's last argument
+    return result
+
+
+def op_setup(req: dict[str, Any]) -> dict[str, Any]:
+    """Run the node's ``setup`` commands now, before anything starts anywhere, and keep the
+    environment they make for this agent's ``start`` of the same attempt."""
+    env, cwd = req.get("env") or {}, req.get("cwd")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise AgentFailure("env must map strings to strings")
+    _prepared[_setup_key(req)] = _run_setup(_setup_commands(req), env, cwd, req.get("setup_timeout"))
+    return {"ok": True}
 
 
 def _discard(folder: str) -> None:
@@ -1835,8 +1952,9 @@ def _spawn_job(argv: list[str], env: dict[str, str], cwd: str | None, out_fd: in
 class Supervisor:
     """Runs one node's torchrun: create → run() → (torchrun exits) → sweep → final state."""
 
-    def __init__(self, folder: str, ready_fd: int = -1) -> None:
+    def __init__(self, folder: str, ready_fd: int = -1, env: dict[str, str] | None = None) -> None:
         self.folder = folder
+        self.env = env  # torchrun's environment (spec.json holds it with secret values masked)
         spec = _read_json(os.path.join(folder, "spec.json"))
         if spec is None:
             raise SystemExit(f"clusterrun supervisor: no spec.json in {folder}")
@@ -1929,8 +2047,7 @@ class Supervisor:
         if not _set_subreaper():
             self.state["fallbacks"].append("no subreaper (prctl through ctypes failed): orphans of the job go to "
                                            "init and are found by marker and session only")
-        env = dict(os.environ)
-        env.update(self.spec["env"])
+        env = dict(self.env) if self.env is not None else {**os.environ, **self.spec["env"]}
         key, _, value = _marker(self.spec["job"], self.spec["node"], self.spec["attempt"]).partition("=")
         env[key] = value
         # torchrun's --log-dir, inside this attempt's private directory (never the log we keep)
@@ -2344,6 +2461,8 @@ def answer(line: bytes) -> dict[str, Any] | None:
             return op_probe(req)
         if op == "start":
             return op_start(req)
+        if op == "setup":
+            return op_setup(req)
         if op == "follow":
             op_follow(req)
             return None

@@ -33,6 +33,7 @@ import click
 
 from clusterrun import __version__
 from clusterrun.config import ClusterSpec, load_cluster
+from clusterrun.environment import resolve
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import JobResult, JobState
 from clusterrun.joblist import STATES, jobs_json, plan_json, shown, shown_env
@@ -179,9 +180,13 @@ def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]]) -> Non
                    f"ranks {node.first_rank}..{node.first_rank + node.nproc - 1}")
         click.echo(f"  cwd: {node.cwd or '(home directory)'}")
         click.echo("  env:")
-        env = shown_env(node.env)
+        env = shown_env(node.env, plan.secret_env)
         for key in sorted(env):
             click.echo(f"    {key}={shlex.quote(env[key])}")
+        if node.host.setup:
+            click.echo("  setup (bash, in cwd, before torchrun; what it exports reaches torchrun):")
+            for command in node.host.setup:
+                click.echo("\n".join(f"    {line}" for line in command.rstrip("\n").split("\n")))
         click.echo(f"  command: {shlex.join(node.argv)}")
         click.echo(_guarantee(fallbacks.get(node.rank) or ()))
 
@@ -287,12 +292,15 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         overrides = parse_env_overrides(env)
         if no_sync:
             spec = _without_sync(spec)
+        spec, env_notes = resolve(spec, os.environ)
         _check_script(spec, script, sync_dir)
         if as_json and not dry_run:
             raise ConfigError("--json goes with --dry-run (a job's state as JSON: `clusterrun ps --json`)",
                               key="--json", hint="add --dry-run to print the plan as JSON; nothing was started")
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
+    for text in env_notes:
+        _note(f"warning: {text}")
     jname = job_name(name, script)
     store = JobStore()
     if not dry_run:
@@ -306,7 +314,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
                                         accept_new_host_keys=accept_new_host_keys))
     try:
         try:
-            plan = job.prepare()
+            plan = job.prepare(run_setup=not dry_run)
         except HostsUnavailable as exc:
             _fail(exc, EXIT_HOSTS)
         except KeyboardInterrupt:  # Ctrl-C while connecting: close every connection (finally), start nothing

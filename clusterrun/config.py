@@ -16,6 +16,8 @@ as written; booleans and nulls there are refused with a hint to quote them.
 from __future__ import annotations
 
 import difflib
+import fnmatch
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +29,28 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from clusterrun.errors import ConfigError
 
 Transport = Literal["ssh", "local"]
+
+# Variable names whose values are secret: masked wherever clusterrun shows or stores a value
+# (``environment.mask_env``), and refused in the hosts file's ``env:`` (whose text the job's record keeps).
+SECRET_PATTERNS = ("*_TOKEN", "*_KEY", "*SECRET*", "*PASSWORD*", "*PASSPHRASE*")
+
+
+def looks_secret(name: str, extra: Iterable[str] = ()) -> bool:
+    """Whether variable ``name`` holds a secret: it matches ``SECRET_PATTERNS`` (ignoring case) or
+    one of ``extra`` (``secret_env:`` names or glob patterns, matched exactly)."""
+    upper = name.upper()
+    return (any(fnmatch.fnmatchcase(upper, p) for p in SECRET_PATTERNS)
+            or any(fnmatch.fnmatchcase(name, p) for p in extra))
+
+
+@dataclass(frozen=True)
+class EnvFile:
+    """An ``env_file:`` entry: the file's path (relative ones made relative to the hosts file's
+    directory) and where the hosts file names it, for messages."""
+
+    path: str
+    line: int | None = None
+    key: str = "env_file"
 
 
 @dataclass(frozen=True)
@@ -51,6 +75,10 @@ class HostSpec:
     transport: Transport = "ssh"
     sync: str | None = None  # a local directory copied to ``workdir`` before the start (see clusterrun.sync)
     sync_exclude: tuple[str, ...] = ()  # .gitignore-style patterns, beside the directory's .gitignore files
+    # the top level's, then defaults', then the host's own (``environment.resolve`` reads them)
+    forward_env: tuple[str, ...] = ()
+    env_file: tuple[EnvFile, ...] = ()
+    setup: tuple[str, ...] = ()  # shell commands run on the host before torchrun (the host's own, else defaults')
 
 
 @dataclass(frozen=True)
@@ -67,6 +95,7 @@ class ClusterSpec:
     master_port: int | None = None
     state_dir: str | None = None
     ssh_config: str | None = None
+    secret_env: tuple[str, ...] = ()  # more names (or glob patterns) whose values are masked
 
 
 _TAG = "tag:yaml.org,2002:"
@@ -74,13 +103,15 @@ _STR, _INT, _FLOAT, _BOOL, _NULL = (_TAG + t for t in ("str", "int", "float", "b
 _TIMESTAMP, _MERGE = _TAG + "timestamp", _TAG + "merge"
 _ALLOWED_TAGS = {_STR, _INT, _FLOAT, _BOOL, _NULL, _TIMESTAMP, _MERGE, _TAG + "seq", _TAG + "map"}
 
-_TOP_KEYS = ("hosts", "defaults", "env", "master", "state_dir", "ssh_config")
+_TOP_KEYS = ("hosts", "defaults", "env", "master", "state_dir", "ssh_config", "forward_env", "env_file",
+             "secret_env")
 _SHARED_KEYS = ("port", "user", "identity_file", "gpus", "nproc", "python", "workdir", "env", "transport",
-                "sync", "sync_exclude")
+                "sync", "sync_exclude", "forward_env", "env_file", "setup")
 _HOST_KEYS = ("host", "address", *_SHARED_KEYS)
 _MASTER_KEYS = ("addr", "port")
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_ENV_PATTERN = re.compile(r"[A-Za-z0-9_*?]+\Z")  # a name, or a glob of one (forward_env, secret_env)
 _DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]*)\Z")
 # No commas: the ids end up joined into CUDA_VISIBLE_DEVICES.
 _GPU_ID = re.compile(r"([0-9]+|(GPU|MIG)-[A-Za-z0-9_./-]+)\Z")
@@ -201,6 +232,9 @@ class _Parser:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.secret_env: tuple[str, ...] = ()
+        self.top_forward: tuple[str, ...] = ()
+        self.top_files: tuple[EnvFile, ...] = ()
 
     def error(self, message: str, node: Node | None, key: str | None, hint: str | None = None) -> ConfigError:
         line = _line(node) if node is not None else None
@@ -361,6 +395,10 @@ class _Parser:
             if not _ENV_NAME.match(name):
                 raise self.error(f"invalid environment variable name {name!r}", knode, nkey,
                                  "use letters, digits and '_', not starting with a digit")
+            if looks_secret(name, self.secret_env):
+                raise self.error(f"{name} looks secret: its value would be kept in the job's record and shown",
+                                 knode, nkey, f"keep secrets out of the hosts file: put {name}=... in an env_file "
+                                 f"(not committed), or export it and add it to forward_env")
             if isinstance(vnode, ScalarNode) and vnode.tag in (_STR, _INT, _FLOAT, _TIMESTAMP):
                 # Numbers keep the text as written: str(int('010')) would be '8' under YAML 1.1.
                 env[name] = str(vnode.value)
@@ -373,11 +411,53 @@ class _Parser:
                 raise self.expected("a string or number", vnode, nkey)
         return env
 
-    def patterns(self, node: Node, key: str) -> tuple[str, ...]:
+    def exclude_patterns(self, node: Node, key: str) -> tuple[str, ...]:
         """A list of .gitignore-style patterns (``sync_exclude``)."""
         if not isinstance(node, SequenceNode):
             raise self.expected("a list of patterns", node, key, "e.g. 'sync_exclude: [data/, \"*.ckpt\"]'")
         return tuple(self.string(item, f"{key}[{i}]") for i, item in enumerate(node.value))
+
+    def strings(self, node: Node, key: str, what: str) -> list[tuple[str, Node]]:
+        """A string or a non-empty list of strings, each with its node."""
+        if isinstance(node, ScalarNode) and node.tag == _STR:
+            return [(self.string_or_lines(node, key), node)]
+        if not isinstance(node, SequenceNode) or not node.value:
+            raise self.expected(what, node, key)
+        return [(self.string_or_lines(item, f"{key}[{i}]"), item) for i, item in enumerate(node.value)]
+
+    def string_or_lines(self, node: Node, key: str) -> str:
+        if isinstance(node, MappingNode):
+            raise self.expected("a string", node, key, "put it in quotes: YAML reads 'word: text' as a mapping")
+        if not (isinstance(node, ScalarNode) and node.tag == _STR):
+            raise self.expected("a string", node, key)
+        if not str(node.value).strip():
+            raise self.error("must not be empty", node, key)
+        return str(node.value)
+
+    def patterns(self, node: Node, key: str) -> tuple[str, ...]:
+        """``forward_env`` / ``secret_env``: variable names or glob patterns of them (``NCCL_*``)."""
+        result: list[str] = []
+        for i, (text, item) in enumerate(self.strings(node, key, "a list of variable names or patterns")):
+            ikey = f"{key}[{i}]" if isinstance(node, SequenceNode) else key
+            if not _ENV_PATTERN.match(text):
+                raise self.error(f"expected a variable name or a glob pattern of one, got {text!r}", item, ikey,
+                                 "letters, digits, '_' and the wildcards '*' and '?', e.g. NCCL_* or HF_TOKEN")
+            if text not in result:
+                result.append(text)
+        return tuple(result)
+
+    def env_files(self, node: Node, key: str) -> tuple[EnvFile, ...]:
+        base = os.path.dirname(self.path) if not self.path.startswith("<") else ""
+        result = []
+        for i, (text, item) in enumerate(self.strings(node, key, "a file name or a list of them")):
+            ikey = f"{key}[{i}]" if isinstance(node, SequenceNode) else key
+            if "\n" in text or "\r" in text:
+                raise self.error("must be a single line of text", item, ikey)
+            result.append(EnvFile(os.path.join(base, os.path.expanduser(text)), _line(item), ikey))
+        return tuple(result)
+
+    def setup(self, node: Node, key: str) -> tuple[str, ...]:
+        return tuple(text for text, _ in self.strings(node, key, "a shell command or a list of them"))
 
     def transport(self, node: Node, key: str) -> Transport:
         value = node.value if isinstance(node, ScalarNode) and node.tag == _STR else None
@@ -395,7 +475,8 @@ class _Parser:
             "identity_file": self.string, "python": self.string, "workdir": self.string, "gpus": self.gpus,
             "nproc": lambda node, key: self.integer(node, key, f"a number of processes from 1 to {MAX_PROCS}", 1,
                                                     MAX_PROCS),
-            "env": self.env, "transport": self.transport, "sync": self.string, "sync_exclude": self.patterns,
+            "env": self.env, "transport": self.transport, "sync": self.string, "sync_exclude": self.exclude_patterns,
+            "forward_env": self.patterns, "env_file": self.env_files, "setup": self.setup,
         }
         result = _Settings()
         for name, vnode in entries.items():
@@ -411,6 +492,9 @@ class _Parser:
         top = self.fields(root, "", _TOP_KEYS, "a mapping")
         if "hosts" not in top:
             raise self.error("missing required key 'hosts'", None, None, "list the machines: 'hosts: [node1, node2]'")
+        self.secret_env = self.patterns(top["secret_env"], "secret_env") if "secret_env" in top else ()
+        self.top_forward = self.patterns(top["forward_env"], "forward_env") if "forward_env" in top else ()
+        self.top_files = self.env_files(top["env_file"], "env_file") if "env_file" in top else ()
         env = self.env(top["env"], "env") if "env" in top else {}
         defaults = _Settings()
         if "defaults" in top:
@@ -425,6 +509,7 @@ class _Parser:
             master_port=self.master_port(master["port"]) if "port" in master else None,
             state_dir=self.string(top["state_dir"], "state_dir") if "state_dir" in top else None,
             ssh_config=self.string(top["ssh_config"], "ssh_config") if "ssh_config" in top else None,
+            secret_env=self.secret_env,
         )
 
     def master_port(self, node: Node) -> int | None:
@@ -476,6 +561,9 @@ class _Parser:
         """Merge one entry over ``defaults`` (the entry's own value wins) and resolve ``nproc``."""
         merged = {**defaults.values, **own.values}
         merged["env"] = {**env, **defaults.values.get("env", {}), **own.values.get("env", {})}
+        forward = (*self.top_forward, *defaults.values.get("forward_env", ()), *own.values.get("forward_env", ()))
+        merged["forward_env"] = tuple(dict.fromkeys(forward))
+        merged["env_file"] = (*self.top_files, *defaults.values.get("env_file", ()), *own.values.get("env_file", ()))
         gpus, nproc = merged.get("gpus"), merged.pop("nproc", None)
         if gpus is not None and nproc is not None and nproc != len(gpus):
             def origin(name: str) -> tuple[str, Node | None]:

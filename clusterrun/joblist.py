@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from clusterrun.environment import mask_env
 from clusterrun.events import JobState
 from clusterrun.jobs import JobRecord
 from clusterrun.plan import LaunchPlan
@@ -90,10 +91,10 @@ def jobs_json(records: Iterable[JobRecord], hosts: Mapping[int, Mapping[str, Any
     return {"schema": SCHEMA, "jobs": [job_json(r, hosts) for r in records]}
 
 
-def shown_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment as output may show it (``up --dry-run``, text and JSON): the one place
-    where values are hidden before they are printed."""
-    return dict(env)
+def shown_env(env: Mapping[str, str], secret_env: Iterable[str] = ()) -> dict[str, str]:
+    """The environment as output may show it (``up --dry-run``, text and JSON): secret values
+    masked (``environment.mask_env``)."""
+    return mask_env(env, secret_env)
 
 
 def plan_json(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]]) -> dict[str, Any]:
@@ -107,8 +108,8 @@ def plan_json(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]]) -> dict[
         "master": {"addr": plan.master_addr, "port": plan.master_port},
         "world_size": plan.world_size,
         "nodes": [{"rank": n.rank, "host": n.host.host, "transport": n.host.transport, "nproc": n.nproc,
-                   "ranks": [n.first_rank, n.first_rank + n.nproc - 1], "cwd": n.cwd, "env": shown_env(n.env),
-                   "argv": list(n.argv),
+                   "ranks": [n.first_rank, n.first_rank + n.nproc - 1], "cwd": n.cwd,
+                   "env": shown_env(n.env, plan.secret_env), "argv": list(n.argv),
                    "stop": "sweep" if any(f.startswith("no cgroup") for f in fallbacks.get(n.rank) or ())
                    else "cgroup",
                    "fallbacks": list(fallbacks.get(n.rank) or ())} for n in plan.nodes],

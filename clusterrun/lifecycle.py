@@ -10,6 +10,7 @@ are in ``runner.py``, built from the pieces here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -21,7 +22,8 @@ from functools import partial
 from typing import Any
 
 from clusterrun.config import ClusterSpec, load_cluster_text
-from clusterrun.errors import ClusterrunError, HostsUnavailable
+from clusterrun.environment import MASK, mask_env, resolve, unmask
+from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
 from clusterrun.events import (
     Event,
     JobFinished,
@@ -36,7 +38,7 @@ from clusterrun.events import (
 )
 from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
 from clusterrun.orchestrator import Emit, Job, Reconnect, node_state_of
-from clusterrun.plan import LaunchPlan, plan_from_json, plan_to_json
+from clusterrun.plan import LaunchPlan, node_env, plan_from_json, plan_to_json
 from clusterrun.protocol import End, Eof, LogChunk, NodeStatus, decode_follow, decode_status
 from clusterrun.sync import sync_hosts
 from clusterrun.transports import Transport, transport_for
@@ -49,11 +51,34 @@ def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overri
     return JobRecord(
         job_id=plan.job_id, name=plan.name, created=time.time(), hosts_file=os.path.abspath(hosts_file),
         hosts_text=hosts_text, script=plan.script, script_args=list(plan.script_args),
-        env_overrides=dict(env_overrides), local_cwd=local_cwd, grace=plan.grace, ssh_config=ssh_config,
+        env_overrides=mask_env(env_overrides, plan.secret_env), local_cwd=local_cwd, grace=plan.grace,
+        ssh_config=ssh_config,
         plan=plan_to_json(plan), attempt=1, unreachable_timeout=unreachable_timeout, retry_startup=retry_startup,
         attempts=[AttemptRecord(1, started=time.time(), master_port=plan.master_port)],
         nodes=[NodeRecord(n.rank, n.host.host) for n in plan.nodes],
     )
+
+
+def plan_to_start(record: JobRecord) -> LaunchPlan:
+    """The recorded plan of the current attempt with its secret values again, for starting nodes
+    that were never started (the record holds them masked): read now, as ``start_attempt`` does.
+    Raises ``ConfigError`` for one that cannot be found."""
+    spec, _notes = resolve(spec_of(record), os.environ)
+    overrides = unmask(record.env_overrides, os.environ, "--env")
+    plan = plan_from_json(record.plan, spec)
+    nodes = []
+    for node in plan.nodes:
+        fresh = node_env(node.host, overrides)
+        env = dict(node.env)
+        for name, value in node.env.items():
+            if value == MASK:
+                if name not in fresh:
+                    raise ConfigError(f"{name}: its value is secret, so it was not kept on this machine, and it is "
+                                      "no longer found (forward_env, env_file)", key="env",
+                                      hint=f"export {name}=... (or restore the env_file) and run this again")
+                env[name] = fresh[name]
+        nodes.append(dataclasses.replace(node, env=env))
+    return dataclasses.replace(plan, nodes=tuple(nodes))
 
 
 def spec_of(record: JobRecord) -> ClusterSpec:
@@ -413,11 +438,20 @@ def start_attempt(store: JobStore, record: JobRecord, emit: Emit | None) -> JobR
     """Start the job again, as attempt ``record.attempt + 1``, with the same hosts file, script,
     arguments and environment (a new master port where ``auto`` and the old one is taken).
 
+    ``env_file`` and ``forward_env`` are read again, here and now, and secret ``--env`` values
+    (masked in the record) are taken from this process's environment (``environment.unmask``);
+    a secret of the last attempt that is no longer found is a ``ConfigError`` (nothing starts).
+
     The caller holds the owner lock and has verified that nothing of the last attempt runs."""
-    spec = spec_of(record)
+    spec, notes = resolve(spec_of(record), os.environ)
+    overrides = unmask(record.env_overrides, os.environ, "--env")
+    plan_to_start(record)  # refuses to start without a secret the last attempt had
+    for note in notes:
+        if emit is not None:
+            emit(JobNote(None, text=f"warning: {note}"))
     attempt = record.attempt + 1
     job = Job(spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
-              env_overrides=record.env_overrides, local_cwd=record.local_cwd, grace=record.grace, attempt=attempt,
+              env_overrides=overrides, local_cwd=record.local_cwd, grace=record.grace, attempt=attempt,
               transport_factory=transport_factory(record))
     try:
         plan = job.prepare()

@@ -39,6 +39,7 @@ from typing import Any
 
 from clusterrun.config import ClusterSpec
 from clusterrun.diagnose import NodeLog, find_root_cause
+from clusterrun.environment import redact, secret_names
 from clusterrun.errors import AgentError, ClusterrunError, HostsUnavailable, TransportError
 from clusterrun.events import (
     Event,
@@ -250,9 +251,10 @@ class Job:
         return {rank: list(node.probe.fallbacks if node.probe is not None else ())
                 for rank, node in enumerate(self._nodes)}
 
-    def prepare(self) -> LaunchPlan:
-        """Connect to and probe every host in parallel, then build the plan. Raises
-        ``HostsUnavailable`` listing every host that failed; then nothing has started."""
+    def prepare(self, *, run_setup: bool = True) -> LaunchPlan:
+        """Connect to and probe every host in parallel, then build the plan, then run the hosts'
+        ``setup`` commands where there are some (unless ``run_setup`` is false: ``--dry-run``).
+        Raises ``HostsUnavailable`` listing every host that failed; then nothing has started."""
         for rank in range(len(self._nodes)):
             self._set_state(rank, NodeState.CONNECTING)
         futures = [self._pool.submit(self._probe, rank) for rank in range(len(self._nodes))]
@@ -280,7 +282,42 @@ class Job:
                                local_cwd=self.local_cwd, grace=self.grace)
         for node, launch in zip(self._nodes, self.plan.nodes, strict=True):
             node.launch = launch
+        if run_setup:
+            self._setup_all()
         return self.plan
+
+    def _setup(self, rank: int) -> None:
+        node = self._nodes[rank]
+        launch = node.launch
+        if launch is None or node.agent is None:
+            raise RuntimeError("setup before the probe")
+        try:
+            node.agent.call(self._request(rank, "setup", setup=list(launch.host.setup), env=dict(launch.env),
+                                          cwd=launch.cwd))
+        except AgentError as exc:
+            raise self._redacted(exc, launch) from None
+
+    def _redacted(self, exc: AgentError, launch: NodeLaunch) -> AgentError:
+        """``exc`` without the job's secret values: a failing setup's output may quote them."""
+        message = redact(exc.message, launch.env, self.spec.secret_env)
+        return exc if message == exc.message else AgentError(exc.host, message, hint=exc.hint)
+
+    def _setup_all(self) -> None:
+        """Run ``setup`` on every host that has some, in parallel, in the agent that probed it
+        (which keeps the environment it made for the start). All or nothing, as the probe."""
+        ranks = [rank for rank, node in enumerate(self._nodes) if node.launch is not None and node.launch.host.setup]
+        errors: list[ClusterrunError] = []
+        for rank, future in [(rank, self._pool.submit(self._setup, rank)) for rank in ranks]:
+            try:
+                future.result()
+            except ClusterrunError as exc:
+                errors.append(exc)
+            except OSError as exc:
+                errors.append(TransportError(self._nodes[rank].host, str(exc)))
+        if errors:
+            for node in self._nodes:
+                node.close_agent()
+            raise HostsUnavailable(errors)
 
     def resume(self, plan: LaunchPlan) -> None:
         """Follow a job that was started earlier (by this or another controller) with ``plan``."""
@@ -302,16 +339,28 @@ class Job:
             raise RuntimeError("start() before prepare()")
         self._set_state(rank, NodeState.STARTING)
         request = self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env), cwd=launch.cwd,
-                                first_rank=launch.first_rank, about=about_json(plan, self.env_overrides))
-        if node.agent is None:
-            answer = node.transport.call(request)
-        else:
-            try:
-                answer = node.agent.call(request)
-            except BaseException:
-                node.close_agent()
-                raise
+                                first_rank=launch.first_rank, about=about_json(plan, self.env_overrides),
+                                **self._env_extras(launch))
+        try:
+            if node.agent is None:
+                answer = node.transport.call(request)
+            else:
+                try:
+                    answer = node.agent.call(request)
+                except BaseException:
+                    node.close_agent()
+                    raise
+        except AgentError as exc:  # a setup run by the start quotes its output
+            raise self._redacted(exc, launch) from None
         return decode_status(node.host, answer.get("state"), "start answer's state")
+
+    def _env_extras(self, launch: NodeLaunch) -> dict[str, Any]:
+        """What a start request says of its environment beyond ``env``: the names whose values the
+        agent must not write to disk, and the ``setup`` commands (only where there are some)."""
+        extras: dict[str, Any] = {"secret_env": secret_names(launch.env, self.spec.secret_env)}
+        if launch.host.setup:
+            extras["setup"] = list(launch.host.setup)
+        return extras
 
     def start(self, ranks: Sequence[int] | None = None) -> None:
         """Start every node (or those of ``ranks``) in parallel; if any fails, stop the ones that

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun.config import ClusterSpec, HostSpec, check_env_entry, check_env_total
+from clusterrun.environment import mask_env
 from clusterrun.errors import ConfigError
 
 TORCHRUN_MODULE = "torch.distributed.run"
@@ -63,6 +64,7 @@ class LaunchPlan:
     grace: float = 10.0
     script: str = ""
     script_args: tuple[str, ...] = field(default_factory=tuple)
+    secret_env: tuple[str, ...] = ()  # the hosts file's secret_env: more names whose values are masked
 
     @property
     def nnodes(self) -> int:
@@ -119,7 +121,9 @@ def master_addr(spec: ClusterSpec, node0_facts: HostFacts | None = None) -> str:
 
 
 def node_env(host: HostSpec, overrides: Mapping[str, str]) -> dict[str, str]:
-    """defaults < host < ``--env``, with clusterrun's own settings where the user set none."""
+    """clusterrun's defaults < the host's env (forward_env < env_file < env: see ``environment``)
+    < ``--env``; ``OMP_NUM_THREADS=1`` only where the user set none (torchrun would set it too,
+    with a warning, for more than one process per node)."""
     env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.update(host.env)
     env.update(overrides)
@@ -176,17 +180,20 @@ def build_plan(
                                 env=node_env(host, env_overrides or {}), cwd=cwd))
         first += host.nproc
     return LaunchPlan(job_id=job_id, name=name, master_addr=addr, master_port=master_port, nodes=tuple(nodes),
-                      state_dir=spec.state_dir, grace=grace, script=script, script_args=tuple(script_args))
+                      state_dir=spec.state_dir, grace=grace, script=script, script_args=tuple(script_args),
+                      secret_env=spec.secret_env)
 
 
 def plan_to_json(plan: LaunchPlan) -> dict[str, Any]:
-    """The plan as JSON data, for the job record; the hosts are kept by rank (see ``plan_from_json``)."""
+    """The plan as JSON data, for the job record; the hosts are kept by rank (see ``plan_from_json``).
+    Secret values are masked (``environment.MASK``): a record never holds one."""
     return {
         "job_id": plan.job_id, "name": plan.name, "master_addr": plan.master_addr,
         "master_port": plan.master_port, "state_dir": plan.state_dir, "grace": plan.grace,
-        "script": plan.script, "script_args": list(plan.script_args),
+        "script": plan.script, "script_args": list(plan.script_args), "secret_env": list(plan.secret_env),
         "nodes": [{"rank": n.rank, "host": n.host.host, "nproc": n.nproc, "first_rank": n.first_rank,
-                   "argv": list(n.argv), "env": dict(n.env), "cwd": n.cwd} for n in plan.nodes],
+                   "argv": list(n.argv), "env": mask_env(n.env, plan.secret_env), "cwd": n.cwd}
+                  for n in plan.nodes],
     }
 
 
@@ -209,6 +216,7 @@ def plan_from_json(data: Mapping[str, Any], spec: ClusterSpec) -> LaunchPlan:
         job_id=data["job_id"], name=data["name"], master_addr=data["master_addr"],
         master_port=int(data["master_port"]), state_dir=data.get("state_dir"), grace=float(data["grace"]),
         script=data["script"], script_args=tuple(data["script_args"]),
+        secret_env=tuple(data.get("secret_env") or ()),
         nodes=tuple(NodeLaunch(rank=int(n["rank"]), host=host, nproc=int(n["nproc"]),
                                first_rank=int(n["first_rank"]), argv=tuple(n["argv"]), env=dict(n["env"]),
                                cwd=n["cwd"]) for n, host in zip(nodes, spec.hosts, strict=True)),

@@ -25,7 +25,7 @@ import os
 import threading
 
 from clusterrun.diagnose import transient_start_failure
-from clusterrun.errors import ClusterrunError, HostsUnavailable, StateError
+from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError
 from clusterrun.events import Event, JobNote, JobResult, NodeStopped, StopReport
 from clusterrun.jobs import OWNER_FD_VAR, JobRecord, JobStore
 from clusterrun.lifecycle import (
@@ -34,6 +34,7 @@ from clusterrun.lifecycle import (
     mark_failed_start,
     mark_stopped,
     per_node,
+    plan_to_start,
     save_seen,
     start_attempt,
     status_of,
@@ -135,6 +136,10 @@ def _finish_start(record: JobRecord, job: Job) -> None:
     absent = [rank for rank, answer in answers.items()
               if isinstance(answer, NodeStatus) and answer.state is HostState.ABSENT]
     if absent:
+        try:
+            job.resume(plan_to_start(record))  # the record's plan holds secret values masked
+        except ConfigError as exc:
+            raise HostsUnavailable([exc]) from exc
         job.start(absent)
 
 

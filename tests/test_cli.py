@@ -91,7 +91,7 @@ def test_an_unreachable_host_means_nothing_starts_anywhere(tmp_path: Path) -> No
 @pytest.mark.integration
 def test_dry_run_prints_exact_commands_and_starts_nothing(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    hosts = write_hosts(tmp_path, [1, 3], state, extra="env:\n  SECRET_SPACE: 'a b'\n")
+    hosts = write_hosts(tmp_path, [1, 3], state, extra="env:\n  SPACED_VALUE: 'a b'\n")
     proc = clusterrun("up", "--dry-run", "--env", "X=$(id)", str(hosts), "examples/train.py", "--", "--epochs", "1")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -102,7 +102,7 @@ def test_dry_run_prints_exact_commands_and_starts_nothing(tmp_path: Path) -> Non
     assert argv1[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--node-rank=1" in argv1 and "--nproc-per-node=3" in argv1 and "--nnodes=2" in argv1
     assert argv1[-3:] == ["examples/train.py", "--epochs", "1"]
-    assert "    X='$(id)'" in out and "    SECRET_SPACE='a b'" in out
+    assert "    X='$(id)'" in out and "    SPACED_VALUE='a b'" in out
     assert not (state / "jobs").exists()
 
 

@@ -207,3 +207,16 @@ def test_answers_are_json_round_trips(harness: Harness) -> None:
     harness.release(0)
     for message in harness.follow(0, offset=0):
         assert json.loads(json.dumps(message)) == message
+
+
+def test_setup_answers_ok_or_fails_with_its_output(harness: Harness) -> None:
+    """``setup`` (the host's ``setup:`` commands, before any start): ``ok``, or an error with their
+    status and last lines (the fake is told what its broken setup says)."""
+    answer = harness.transport.call(harness.request("setup", 0, setup=["export A=1"], env={"B": "2"}, cwd=None))
+    assert answer == {"ok": True}
+    if harness.fake is not None:
+        harness.fake.host(harness.transport.name).setup_error = (
+            "setup failed with status 3; nothing was started; its last lines:\n  | broken")
+    with pytest.raises(AgentError, match=r"setup failed with status 3; nothing was started; its last lines:\n  \| "
+                                         r"broken"):
+        harness.transport.call(harness.request("setup", 0, setup=["echo broken >&2; exit 3"], env={}, cwd=None))

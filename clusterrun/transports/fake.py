@@ -4,7 +4,7 @@ Lifecycle: ``FakeCluster()`` → pass ``cluster.transport`` as the ``transport_f
 ``Job`` (or a job record's owner) → script what the hosts do while the job runs
 (``cluster.node(...).write()`` / ``.exit()``, ``cluster.host(name).drop()`` / ``.restore()`` /
 ``.reboot()``) → nothing to close. It speaks the protocol of ``agent.py``'s docstring (probe,
-start, follow, stop, status) over an ``AgentSession`` as the real transports do, and
+start, follow, stop, status, setup) over an ``AgentSession`` as the real transports do, and
 ``tests/test_transport_contract.py`` holds it to the local and SSH transports, so a policy tested
 against it is tested against what the real hosts say. No processes, no clock: a job's "processes"
 run until the test says they end.
@@ -77,6 +77,7 @@ class FakeHost:
     reachable: bool = True
     boot_id: str = "boot-1"
     start_error: str | None = None  # the next start fails with this
+    setup_error: str | None = None  # every ``setup`` request fails with this (a broken ``setup:``)
     python: str = "3.11.7"
     protocol: int = PROTOCOL
     torch: str | None = "2.13.0"
@@ -155,8 +156,8 @@ class FakeCluster:
         if op == "follow":
             yield from self._follow(host, request, epoch)
             return
-        handler = {"probe": self._probe, "start": self._start, "stop": self._stop, "status": self._status}.get(
-            str(op))
+        handler = {"probe": self._probe, "start": self._start, "stop": self._stop, "status": self._status,
+                   "setup": self._setup}.get(str(op))
         if handler is None:
             yield {"ok": False, "error": f"unknown op {op!r}"}
             return
@@ -171,6 +172,11 @@ class FakeCluster:
                 "torchrun_flags": ["--node-rank", "--master-addr", "--master-port", "--nproc-per-node"],
                 "boot_id": host.boot_id, "port": 29500 if request.get("free_port") else None,
                 "state_dir": request.get("state_dir") or "~/.local/state/clusterrun"}
+
+    def _setup(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        if host.setup_error is not None:
+            return {"ok": False, "error": host.setup_error}
+        return {"ok": True}
 
     @staticmethod
     def _key(request: dict[str, Any]) -> Key:
