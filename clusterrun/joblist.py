@@ -80,7 +80,8 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
         "script": record.script,
         "args": list(record.script_args),
         "attempts": [{"attempt": a.attempt, "state": str(a.state), "started": iso(a.started),
-                      "ended": iso(a.ended), "master_port": a.master_port, "root_cause": a.root_cause}
+                      "ended": iso(a.ended), "master_port": a.master_port, "root_cause": a.root_cause,
+                      "cause": a.cause, "fix": a.fix}
                      for a in record.attempts],
         "nodes": nodes,
     }

@@ -122,9 +122,9 @@ def test_a_full_or_read_only_workdir_fails_the_host_before_anything_starts(sim_c
                      "system$", proc.stderr, re.M), proc.stderr
     assert "Traceback" not in proc.stderr and not re.search("^sim1:", proc.stderr, re.M)  # sim1 was fine
     assert not (tmp_path / "state" / "jobs").exists()  # no node of the job was started, on any host
-    listed = subprocess.run([sys.executable, "-m", "clusterrun", "ps", "--json"], capture_output=True, text=True,
+    listed = subprocess.run([sys.executable, "-m", "clusterrun", "ps", "-a", "--json"], capture_output=True, text=True,
                             cwd=ROOT, timeout=60)
-    assert json.loads(listed.stdout) == []
+    assert json.loads(listed.stdout)["jobs"] == []
     assert not [p for w in workdirs for p in w.rglob("*clusterrun-tmp*")]  # no half-written file left behind
 
 
