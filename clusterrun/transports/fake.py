@@ -82,7 +82,8 @@ class FakeHost:
     torch: str | None = "2.13.0"
     connects: int = 0  # connection attempts, reachable or not
     close_error: Exception | None = None  # closing a session raises this (a transport's untranslated fault)
-    network: dict[str, Any] | None = None  # the answer to ``route`` (default: a machine of its own, eth0)
+    # the answer to ``route``, or a function of the master's address giving it (default: its own machine, eth0)
+    network: dict[str, Any] | Callable[[str], dict[str, Any]] | None = None
     _epoch: int = 0  # bumped by drop(): streams of an older epoch are cut
 
     def drop(self) -> None:
@@ -177,6 +178,8 @@ class FakeCluster:
     @staticmethod
     def _route(host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
         target = str((request.get("route_to") or {}).get("addr"))
+        if callable(host.network):
+            return {"ok": True, "network": host.network(target)}
         return {"ok": True, "network": host.network or {
             "netns": f"fake:{host.name}", "peer": None, "preset": {},
             "master": {"target": target, "resolved": target, "source": "192.0.2.1",
