@@ -4,11 +4,11 @@ Lifecycle: ``SimCluster.start(n)`` → ``ssh -F cluster.ssh_config sim1 …`` (`
 ``host.kill`` crashes it) → ``close()``; the ``sim_cluster`` fixture factory closes what it made, failed or not.
 Each host has its own network, PID, mount and UTS namespaces: a veth on a bridge ``10.77.<k>.0/24`` (``.1`` is the
 root namespace, hosts ``.11``…; no default route, no NAT), a private ``/run``, a shared ``/etc/hosts`` naming every
-host, and sshd as its PID namespace's first process, so killing that process kills all the host runs. Where
-namespaces are refused, one sshd per loopback address ``127.0.0.(10+i)`` on its own port stands in
-(``isolated=False``, ``fallback_reason`` says why), except under ``CI=true``, where that is an error. All that is
-made is named after the creating process (netns ``crsim-<pid>-…``, links with alias ``crsim-<pid>``, temp dirs
-``crsim-<pid>-…``): ``sweep_stale`` finds it.
+host (or one per host: ``etc_hosts``), optionally an ``eth1`` on a second bridge (``second_network``), and sshd
+as its PID namespace's first process, so killing that process kills all the host runs. Where namespaces are refused,
+one sshd per loopback address ``127.0.0.(10+i)`` on its own port stands in (``isolated=False``, ``fallback_reason``
+says why), except under ``CI=true``, where that is an error. All that is made is named after the creating process
+(netns ``crsim-<pid>-…``, links with alias ``crsim-<pid>``, temp dirs ``crsim-<pid>-…``): ``sweep_stale`` finds it.
 """
 
 from __future__ import annotations
@@ -45,12 +45,13 @@ WIPED_LOGS = ("/var/log/wtmp", "/var/log/lastlog", "/var/log/btmp")
 # First process of a new PID namespace, inside the host's network namespace; ends by exec'ing sshd.
 BOOTSTRAP = """\
 set -eu
-name=$1 cidr=$2 hosts=$3 config=$4 passwd=$5 sshd=$6 cgroup=$7
-shift 7
+name=$1 cidr=$2 hosts=$3 config=$4 passwd=$5 sshd=$6 cgroup=$7 cidr2=$8
+shift 8
 mount --make-rprivate /
 ip link set lo up
 ip addr replace "$cidr" dev eth0  # a rebooted host finds its address kept
 ip link set eth0 up
+if [ -n "$cidr2" ]; then ip addr replace "$cidr2" dev eth1 && ip link set eth1 up; fi
 hostname "$name"
 mount -t tmpfs -o mode=0755,size=8m crsim-run /run
 # `ip netns exec` remounted /sys without cgroups: the host's cgroup2 where most distributions have it
@@ -77,6 +78,7 @@ class SimHost:
     isolated: bool
     log: Path
     pid: int = 0
+    address2: str | None = None  # its address on the second network (eth1), if it has one
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def run(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -126,6 +128,10 @@ class SimCluster:
     known_hosts: Path = field(init=False)
     client_key: Path = field(init=False)
     _bridge: str | None = None
+    _bridge2: str | None = None
+    subnet2: int = 0
+    etc_hosts: Callable[[SimHost, Sequence[SimHost]], str] | None = None
+    second_network: tuple[str, ...] = ()
     _links: list[str] = field(default_factory=list)
     _netns: list[str] = field(default_factory=list)
     _closed: bool = False
@@ -142,7 +148,8 @@ class SimCluster:
     @classmethod
     def start(cls, n: int, *, login_shell: str | Mapping[str, str] | None = None,
               sshd_options: Mapping[str, str] | None = None, isolated: bool | None = None,
-              cgroup: bool = True) -> SimCluster:
+              cgroup: bool = True, etc_hosts: Callable[[SimHost, Sequence[SimHost]], str] | None = None,
+              second_network: Sequence[str] = ()) -> SimCluster:
         """Start hosts ``sim1``…``simN``; return once every sshd accepts connections.
 
         ``login_shell`` replaces root's shell on every host (a str) or on the named hosts (a mapping), through a
@@ -150,6 +157,9 @@ class SimCluster:
         ``isolated=None`` uses namespaces where permitted; False forces the loopback fallback; True refuses it.
         ``cgroup`` mounts cgroup2 at ``/sys/fs/cgroup`` in every host (the one hierarchy of this kernel, as a
         real host has it); False leaves the hosts without cgroups (the loopback fallback always sees this one's).
+        ``etc_hosts(host, hosts)`` gives each host an /etc/hosts of its own (default: one naming every host).
+        ``second_network`` names hosts that also get an ``eth1`` on a second bridge ``10.77.<subnet2>.0/24``
+        (``host.address2``): a network that the hosts not named cannot reach. Both need namespaces.
         """
         if not 1 <= n <= 200:
             raise ValueError(f"n must be between 1 and 200, not {n}")
@@ -161,10 +171,12 @@ class SimCluster:
             raise SimHostError(f"CI=true: the simulated hosts must have namespaces here, and cannot: {reason}")
         if reason:
             print(f"simhosts: not isolated, one sshd per loopback address instead: {reason}", file=sys.stderr)
-            if login_shell:
-                raise SimHostError("login_shell needs a mount namespace per host, which the fallback has not")
+            if login_shell or etc_hosts or second_network:
+                raise SimHostError("login_shell, etc_hosts and second_network need namespaces per host, which the "
+                                   "fallback has not")
         folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{os.getpid()}-"))
-        cluster = cls(dir=folder, isolated=not reason, fallback_reason=reason, cgroup=cgroup)
+        cluster = cls(dir=folder, isolated=not reason, fallback_reason=reason, cgroup=cgroup, etc_hosts=etc_hosts,
+                      second_network=tuple(second_network))
         _OPEN.append(cluster)
         try:
             cluster._start(n, login_shell, dict(sshd_options or {}))
@@ -185,7 +197,9 @@ class SimCluster:
             with contextlib.suppress(OSError):  # sshd's privilege-separation dir, normally made by its init script
                 Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         for i, (address, port) in enumerate(addresses, 1):
-            self.hosts.append(SimHost(f"sim{i}", address, port, self.isolated, self.dir / f"sim{i}" / "sshd.log"))
+            self.hosts.append(SimHost(f"sim{i}", address, port, self.isolated, self.dir / f"sim{i}" / "sshd.log",
+                                      address2=f"10.77.{self.subnet2}.{10 + i}" if f"sim{i}" in self.second_network
+                                      else None))
         self._write_files(login_shell, options)
         for i, host in enumerate(self.hosts):
             self._launch(host, self._netns[i] if self.isolated else None)
@@ -210,6 +224,20 @@ class SimCluster:
                           f"link set {veth} alias {PREFIX}-{pid}", f"link set {veth} master {bridge}",
                           f"link set {veth} up"]
             _ip_batch(lines)
+            if self.second_network:
+                self.subnet2 = _free_subnet()  # after the first bridge took its /24
+                self._bridge2 = bridge = f"cr{pid:x}b{self.subnet2:x}"
+                lines = [f"link add {bridge} type bridge", f"link set {bridge} alias {PREFIX}-{pid}",
+                         f"addr add 10.77.{self.subnet2}.1/24 dev {bridge}", f"link set {bridge} up"]
+                for i in range(1, n + 1):
+                    if f"sim{i}" not in self.second_network:
+                        continue
+                    veth = f"cr{pid:x}v{self.subnet2:x}h{i:x}"
+                    self._links.append(veth)
+                    lines += [f"link add {veth} type veth peer name eth1 netns {self._netns[i - 1]}",
+                              f"link set {veth} alias {PREFIX}-{pid}", f"link set {veth} master {bridge}",
+                              f"link set {veth} up"]
+                _ip_batch(lines)
         finally:
             os.close(lock)
 
@@ -230,6 +258,8 @@ class SimCluster:
                           f"    IdentitiesOnly yes\n    UserKnownHostsFile {self.known_hosts}\n"
                           "    StrictHostKeyChecking yes\n    BatchMode yes\n    ConnectTimeout 10\n\n")
             (self.dir / host.name / "sshd_config").write_text(self._sshd_config(host, options))
+            if self.etc_hosts is not None:
+                (self.dir / host.name / "hosts").write_text(self.etc_hosts(host, self.hosts))
             shell = login_shell if isinstance(login_shell, str) else (login_shell or {}).get(host.name)
             if self.isolated:
                 # Each machine has its own home: the user's shell start-up files (here ~/.bashrc runs
@@ -263,8 +293,9 @@ class SimCluster:
             passwd = folder / "passwd"
             argv = [IP, "netns", "exec", netns, "unshare", "--pid", "--fork", "--mount-proc", "--uts", "--mount",
                     "--propagation", "private", "--kill-child", "sh", str(self.dir / "bootstrap.sh"), host.name,
-                    f"{host.address}/24", str(self.dir / "hosts"), str(folder / "sshd_config"),
-                    str(passwd) if passwd.exists() else "", SSHD, "yes" if self.cgroup else "no",
+                    f"{host.address}/24", str(folder / "hosts" if self.etc_hosts else self.dir / "hosts"),
+                    str(folder / "sshd_config"), str(passwd) if passwd.exists() else "", SSHD,
+                    "yes" if self.cgroup else "no", f"{host.address2}/24" if host.address2 else "",
                     *filter(os.path.isfile, WIPED_LOGS)]
         else:
             argv = [SSHD, "-D", "-e", "-f", str(folder / "sshd_config")]
@@ -320,7 +351,7 @@ class SimCluster:
         self._closed = True
         for host in self.hosts:
             host.kill()
-        links = [*self._links, *([self._bridge] if self._bridge else [])]
+        links = [*self._links, *(bridge for bridge in (self._bridge, self._bridge2) if bridge)]
         if links or self._netns:
             _ip_batch([*(f"link del {x}" for x in links), *(f"netns del {x}" for x in self._netns)], force=True)
             deadline = time.monotonic() + TIMEOUT
