@@ -40,6 +40,7 @@ PREFIX = "crsim"
 TIMEOUT = 10.0
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 IP = shutil.which("ip") or "/usr/sbin/ip"
+SECOND_NET = "10.76"  # below the first network's 10.77: of two gloo peers, the higher address connects to the lower
 WIPED_LOGS = ("/var/log/wtmp", "/var/log/lastlog", "/var/log/btmp")
 
 # First process of a new PID namespace, inside the host's network namespace; ends by exec'ing sshd.
@@ -158,7 +159,7 @@ class SimCluster:
         ``cgroup`` mounts cgroup2 at ``/sys/fs/cgroup`` in every host (the one hierarchy of this kernel, as a
         real host has it); False leaves the hosts without cgroups (the loopback fallback always sees this one's).
         ``etc_hosts(host, hosts)`` gives each host an /etc/hosts of its own (default: one naming every host).
-        ``second_network`` names hosts that also get an ``eth1`` on a second bridge ``10.77.<subnet2>.0/24``
+        ``second_network`` names hosts that also get an ``eth1`` on a second bridge ``10.76.<subnet2>.0/24``
         (``host.address2``): a network that the hosts not named cannot reach. Both need namespaces.
         """
         if not 1 <= n <= 200:
@@ -198,8 +199,8 @@ class SimCluster:
                 Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         for i, (address, port) in enumerate(addresses, 1):
             self.hosts.append(SimHost(f"sim{i}", address, port, self.isolated, self.dir / f"sim{i}" / "sshd.log",
-                                      address2=f"10.77.{self.subnet2}.{10 + i}" if f"sim{i}" in self.second_network
-                                      else None))
+                                      address2=(f"{SECOND_NET}.{self.subnet2}.{10 + i}"
+                                                if f"sim{i}" in self.second_network else None)))
         self._write_files(login_shell, options)
         for i, host in enumerate(self.hosts):
             self._launch(host, self._netns[i] if self.isolated else None)
@@ -225,14 +226,14 @@ class SimCluster:
                           f"link set {veth} up"]
             _ip_batch(lines)
             if self.second_network:
-                self.subnet2 = _free_subnet()  # after the first bridge took its /24
-                self._bridge2 = bridge = f"cr{pid:x}b{self.subnet2:x}"
+                self.subnet2 = _free_subnet(SECOND_NET)
+                self._bridge2 = bridge = f"cr{pid:x}c{self.subnet2:x}"
                 lines = [f"link add {bridge} type bridge", f"link set {bridge} alias {PREFIX}-{pid}",
-                         f"addr add 10.77.{self.subnet2}.1/24 dev {bridge}", f"link set {bridge} up"]
+                         f"addr add {SECOND_NET}.{self.subnet2}.1/24 dev {bridge}", f"link set {bridge} up"]
                 for i in range(1, n + 1):
                     if f"sim{i}" not in self.second_network:
                         continue
-                    veth = f"cr{pid:x}v{self.subnet2:x}h{i:x}"
+                    veth = f"cr{pid:x}w{self.subnet2:x}h{i:x}"
                     self._links.append(veth)
                     lines += [f"link add {veth} type veth peer name eth1 netns {self._netns[i - 1]}",
                               f"link set {veth} alias {PREFIX}-{pid}", f"link set {veth} master {bridge}",
@@ -462,15 +463,15 @@ def _netns_names() -> set[str]:
     return {netns["name"] for netns in _ip_json("netns")}
 
 
-def _free_subnet() -> int:
-    """The first k whose 10.77.k.0/24 overlaps no address or route of the root namespace."""
+def _free_subnet(prefix: str = "10.77") -> int:
+    """The first k whose ``prefix``.k.0/24 overlaps no address or route of the root namespace."""
     used = [ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}").network
             for link in _ip_json("-4", "addr") for a in link.get("addr_info", [])]
     used += [ipaddress.ip_network(r["dst"], strict=False) for r in _ip_json("-4", "route") if r["dst"] != "default"]
     for k in range(1, 255):
-        if not any(ipaddress.ip_network(f"10.77.{k}.0/24").overlaps(net) for net in used):
+        if not any(ipaddress.ip_network(f"{prefix}.{k}.0/24").overlaps(net) for net in used):
             return k
-    raise SimHostError("no free /24 left in 10.77.0.0/16")
+    raise SimHostError(f"no free /24 left in {prefix}.0.0/16")
 
 
 def _children() -> dict[int, list[int]]:

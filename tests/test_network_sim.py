@@ -65,7 +65,8 @@ def test_hostnames_on_127_0_1_1_the_job_runs(sim_cluster: MakeCluster, tmp_path:
 
 def test_two_networks_the_job_runs_on_the_one_that_reaches_node_0(sim_cluster: MakeCluster, tmp_path: Path) -> None:
     """sim2 and sim3 also share a second network, which node 0 (sim1) is not on, and their names
-    resolve to their addresses there: gloo alone would advertise those."""
+    resolve to their addresses there: gloo alone advertises those, and sim1 (of two peers, gloo
+    has the higher address connect; the second network's are lower) finds no route to them."""
 
     def second_first(host: SimHost, hosts: Sequence[SimHost]) -> str:
         return "127.0.0.1 localhost\n" + "".join(f"{h.address2 or h.address} {h.name}\n" for h in hosts)
@@ -74,6 +75,10 @@ def test_two_networks_the_job_runs_on_the_one_that_reaches_node_0(sim_cluster: M
     sim1, sim2, sim3 = cluster.hosts
     assert sim2.address2 and sim2.run("getent", "hosts", "sim2").stdout.split()[0] == sim2.address2
     assert sim1.run("ip", "route", "get", sim2.address2).returncode != 0  # node 0 cannot reach that network
+    assert sim3.run("ip", "route", "get", sim2.address2).returncode == 0
+    dry = run_up("--dry-run", hosts_file(tmp_path, cluster, [1, 1, 1]), SCRIPT)
+    for host in (sim2, sim3):
+        assert f"  network: eth0 {host.address} (routes to the master {sim1.address}; " in dry.stdout, dry.stdout
     proc = run_up(hosts_file(tmp_path, cluster, [1, 1, 1]), SCRIPT)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert ranks_saw(proc.stdout) == {0: ("sim1", "eth0", "eth0"), 1: ("sim2", "eth0", "eth0"),
