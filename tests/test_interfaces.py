@@ -175,3 +175,27 @@ def test_prepare_replaces_a_derived_master_that_other_machines_reach_through_loo
     finally:
         job.close()
     assert "\nb: the master 127.0.0.1 is a loopback address" in caught.value.render()
+
+
+# ------------------------------------------------------------------------------ the agent's side
+
+def test_the_agent_finds_the_route_and_the_interface_of_its_source_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import subprocess
+
+    from clusterrun import agent
+
+    local = agent._route("127.0.0.1", 9)
+    assert (local["interface"], local["loopback"], local["error"]) == ("lo", True, None)
+    assert agent._route("no-such-host.invalid", 9)["error"].startswith("cannot resolve no-such-host.invalid: ")
+    listed = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    pairs = [(f[1], f[3].split("/")[0]) for f in map(str.split, listed.splitlines())]
+    with monkeypatch.context() as patched:  # the ioctls alone
+        patched.setattr(agent, "_capture", lambda argv, timeout=5.0: None)
+        assert pairs and all(agent._interface_of(address) == name for name, address in pairs)
+
+    def refused() -> list[tuple[int, str]]:
+        raise OSError("no if_nameindex")
+
+    monkeypatch.setattr(socket, "if_nameindex", refused)  # the `ip -o addr` fallback alone
+    assert all(agent._interface_of(address) == name for name, address in pairs)

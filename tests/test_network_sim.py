@@ -106,3 +106,10 @@ def test_a_master_name_that_another_host_resolves_to_loopback_is_refused_before_
             "to node 0's address on a network every node reaches, or fix /etc/hosts on sim2") in proc.stderr
     assert "Traceback" not in proc.stderr and "NET rank" not in proc.stdout
     assert not (tmp_path / "state" / "jobs").exists()
+    # a master address no host has a route to
+    proc = run_up(hosts_file(tmp_path, cluster, [1, 1], extra="master:\n  addr: 10.99.0.1\n"), SCRIPT)
+    assert proc.returncode == 3, proc.stderr
+    for host in cluster.hosts:
+        assert (f"\n{host.name}: cannot reach the master 10.99.0.1: no route to 10.99.0.1 (10.99.0.1): Network is "
+                "unreachable\n  hint: set `master: addr:`") in proc.stderr, proc.stderr
+    assert not (tmp_path / "state" / "jobs").exists()
