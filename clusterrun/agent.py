@@ -34,8 +34,9 @@ Requests (``op``) and answers
            the job at logout). With ``route_to`` (as for ``route``), also ``network``.
 ``route``  ``{route_to: {addr, port, peers, always_peers}}`` → ``{ok, network: {netns, master,
            peer, preset}}``: how this host reaches the master ``addr``. ``master`` and ``peer`` are
-           ``{target, resolved, source, interface, loopback, error}`` (the kernel's route lookup
-           through a connected UDP socket, which sends nothing; ``interface`` holds ``source``);
+           ``{target, resolved, source, interface, loopback, error, hosts_line}`` (the kernel's route lookup
+           through a connected UDP socket, which sends nothing; ``interface`` holds ``source``;
+           ``hosts_line`` the /etc/hosts line that maps a name to a loopback ``resolved``);
            ``peer`` is the first of ``peers`` reached through another interface than loopback,
            looked for when the master is reached through loopback or not at all (or always, with
            ``always_peers``); ``netns`` identifies this network namespace (boot id and inode);
@@ -1010,7 +1011,22 @@ def _route(addr: str, port: int) -> dict[str, Any]:
         found.update(resolved=resolved, source=source, interface=_interface_of(source), error=None,
                      loopback=_is_loopback(resolved) or _is_loopback(source))
         break
+    if found["loopback"] and found["resolved"] != addr:
+        found["hosts_line"] = _hosts_line(addr, found["resolved"])
     return found
+
+
+def _hosts_line(name: str, address: str) -> str | None:
+    """``/etc/hosts:3: 127.0.1.1 gpu-a`` if that file maps ``name`` to ``address``."""
+    try:
+        with open("/etc/hosts", encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                fields = line.split("#", 1)[0].split()
+                if fields[:1] == [address] and name.lower() in (n.lower() for n in fields[1:]):
+                    return "/etc/hosts:{}: {}".format(number, " ".join(fields))
+    except OSError:
+        pass
+    return None
 
 
 def _is_loopback(address: str) -> bool:

@@ -115,7 +115,10 @@ def _pick(master: str, host: str, host0: str, net: Network, one_machine: bool,
         if resolved != master:
             message = (f"the master {master} resolves to {resolved} on this host, its own loopback: "
                        f"its ranks would not reach node 0 ({host0})")
-            hint = f"/etc/hosts on {host} maps {master} to {resolved}; {_FIX_MASTER}, or fix /etc/hosts on {host}"
+            if m.hosts_line:
+                hint = f"{m.hosts_line} maps {master} to {resolved}; {_FIX_MASTER}, or fix /etc/hosts on {host}"
+            else:
+                hint = f"{_FIX_MASTER}, or make {master} resolve to node 0's address on {host} (DNS, /etc/hosts)"
         else:
             message = f"the master {master} is a loopback address: this host's ranks would not reach node 0 ({host0})"
             hint = _FIX_MASTER

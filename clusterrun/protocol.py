@@ -78,6 +78,7 @@ class Route:
     interface: str | None = None
     loopback: bool = False
     error: str | None = None
+    hosts_line: str | None = None  # "/etc/hosts:2: 127.0.1.1 gpu-a": what maps a name to a loopback ``resolved``
 
 
 @dataclass(frozen=True)
@@ -265,7 +266,8 @@ def _decode_route(host: str, what: str, data: Any) -> Route:
     if not isinstance(loopback, bool):
         raise r._fail("loopback", "true or false")
     return Route(target=r.need_text("target"), resolved=r.text("resolved"), source=r.text("source"),
-                 interface=r.text("interface"), loopback=loopback, error=r.text("error"))
+                 interface=r.text("interface"), loopback=loopback, error=r.text("error"),
+                 hosts_line=r.text("hosts_line"))
 
 
 def decode_network(host: str, data: Any, what: str = "network") -> Network:

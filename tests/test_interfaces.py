@@ -55,14 +55,21 @@ def test_loopback_on_one_machine_sets_nothing() -> None:
 
 
 def test_another_machine_reaching_the_master_through_loopback_is_refused_with_the_fix() -> None:
+    line = "/etc/hosts:2: 127.0.1.1 gpu-b node0"
+    b = Network("B", Route("node0", resolved="127.0.1.1", source="127.0.0.1", interface="lo", loopback=True,
+                           hosts_line=line))
     with pytest.raises(HostsUnavailable) as caught:
-        choose_interfaces("node0", ["node0", "gpu-b"], [
-            net("A"), net("B", resolved="127.0.1.1", **LOOP)], [{}, BOTH])  # type: ignore[arg-type]
+        choose_interfaces("node0", ["node0", "gpu-b"], [net("A"), b], [{}, BOTH])
     [error] = caught.value.errors
     text = error.render()
     assert text.startswith("gpu-b: the master node0 resolves to 127.0.1.1 on this host, its own loopback")
-    assert "hint: /etc/hosts on gpu-b maps node0 to 127.0.1.1; set `master: addr:`" in text
+    assert f"hint: {line} maps node0 to 127.0.1.1; set `master: addr:`" in text
     assert "or fix /etc/hosts on gpu-b" in text
+    # resolved so elsewhere (DNS): the hint does not blame /etc/hosts
+    with pytest.raises(HostsUnavailable) as caught:
+        choose_interfaces("node0", ["node0", "gpu-b"], [net("A"), net("B", resolved="127.0.1.1", **LOOP)],  # type: ignore[arg-type]
+                          [{}, {}])
+    assert "or make node0 resolve to node 0's address on gpu-b (DNS, /etc/hosts)" in caught.value.render()
     # setting the interface variables does not help: the master itself is out of reach
     with pytest.raises(HostsUnavailable, match="1 host"):
         choose_interfaces("127.0.0.1", ["a", "b"], [net("A", **LOOP), net("B", resolved="127.0.0.1", **LOOP)],  # type: ignore[arg-type]
@@ -187,6 +194,7 @@ def test_the_agent_finds_the_route_and_the_interface_of_its_source_address(monke
 
     local = agent._route("127.0.0.1", 9)
     assert (local["interface"], local["loopback"], local["error"]) == ("lo", True, None)
+    assert agent._route("localhost", 9)["hosts_line"].startswith("/etc/hosts:")  # a name mapped to loopback there
     assert agent._route("no-such-host.invalid", 9)["error"].startswith("cannot resolve no-such-host.invalid: ")
     listed = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True).stdout
     pairs = [(f[1], f[3].split("/")[0]) for f in map(str.split, listed.splitlines())]

@@ -102,8 +102,9 @@ def test_a_master_name_that_another_host_resolves_to_loopback_is_refused_before_
     assert proc.returncode == 3, proc.stderr
     assert ("clusterrun: error: 1 host(s) cannot run the job; nothing was started\n"
             "sim2: the master sim1 resolves to 127.0.1.1 on this host, its own loopback: its ranks would not reach "
-            "node 0 (sim1)\n  hint: /etc/hosts on sim2 maps sim1 to 127.0.1.1; set `master: addr:` in the hosts file "
-            "to node 0's address on a network every node reaches, or fix /etc/hosts on sim2") in proc.stderr
+            "node 0 (sim1)\n  hint: /etc/hosts:2: 127.0.1.1 sim2 sim1 maps sim1 to 127.0.1.1; set `master: addr:` "
+            "in the hosts file to node 0's address on a network every node reaches, or fix /etc/hosts on sim2"
+            ) in proc.stderr
     assert "Traceback" not in proc.stderr and "NET rank" not in proc.stdout
     assert not (tmp_path / "state" / "jobs").exists()
     # a master address no host has a route to
