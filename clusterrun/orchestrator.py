@@ -1,11 +1,12 @@
 """Run a job across its hosts and tell consumers what happens, as events.
 
 Lifecycle of a ``Job``: create → ``prepare()`` (connect and probe every host in parallel, build
-the plan; all or nothing) → ``start()`` (start every node; if one fails, stop those started) →
-``run()`` (follow every node until all have ended; fail-fast; returns the ``JobResult``) →
-``close()``. A job started earlier is followed again with ``resume(plan)`` instead of
-``prepare()`` and ``start()``. ``request_stop()`` may be called from any thread or a signal
-handler; the stop itself is carried out by ``run()``'s loop.
+the plan, choose each node's network interface: ``interfaces``; all or nothing) → ``start()``
+(start every node; if one fails, stop those started) → ``run()`` (follow every node until all
+have ended; fail-fast; returns the ``JobResult``) → ``close()``. A job started earlier is
+followed again with ``resume(plan)`` instead of ``prepare()`` and ``start()``.
+``request_stop()`` may be called from any thread or a signal handler; the stop itself is carried
+out by ``run()``'s loop.
 
 Who follows decides what is followed: the job's owner (``up``, the monitor) applies fail-fast;
 a viewer (``attach``, ``logs -f``) passes ``fail_fast=False`` and only watches, and the monitor
