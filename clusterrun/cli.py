@@ -36,6 +36,7 @@ from clusterrun.config import ClusterSpec, load_cluster
 from clusterrun.environment import resolve
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import JobResult, JobState
+from clusterrun.interfaces import Interface
 from clusterrun.joblist import STATES, jobs_json, plan_json, shown, shown_env
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import (
@@ -172,13 +173,16 @@ def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ..
                       "and its arguments; nothing was started", hint=hint)
 
 
-def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]]) -> None:
+def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]],
+                interfaces: Sequence[Interface] = ()) -> None:
     click.echo(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
                f"master {plan.master_addr}:{plan.master_port}")
     for node in plan.nodes:
         click.echo(f"\nnode{node.rank} {node.host.host} ({node.host.transport}), "
                    f"ranks {node.first_rank}..{node.first_rank + node.nproc - 1}")
         click.echo(f"  cwd: {node.cwd or '(home directory)'}")
+        if node.rank < len(interfaces):
+            click.echo(f"  network: {interfaces[node.rank].describe()}")
         click.echo("  env:")
         env = shown_env(node.env, plan.secret_env)
         for key in sorted(env):
@@ -189,6 +193,15 @@ def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]]) -> Non
                 click.echo("\n".join(f"    {line}" for line in command.rstrip("\n").split("\n")))
         click.echo(f"  command: {shlex.join(node.argv)}")
         click.echo(_guarantee(fallbacks.get(node.rank) or ()))
+
+
+def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | None:
+    """``network: node0 gpu-a eth1, node1 gpu-b eth1``: the interface each node's ranks use, when
+    clusterrun chose one (not on a job whose nodes all share this machine's loopback)."""
+    if not any(i.name for i in interfaces):
+        return None
+    return "network: " + ", ".join(f"node{n.rank} {n.host.host} {i.name or 'loopback'}"
+                                   for n, i in zip(plan.nodes, interfaces, strict=True))
 
 
 def _guarantee(fallbacks: Sequence[str], prefix: str = "  ") -> str:
@@ -325,7 +338,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
             return
         _sync(spec, job, sync_dir, dry_run)
         if dry_run:
-            _print_plan(plan, job.host_fallbacks)
+            _print_plan(plan, job.host_fallbacks, job.interfaces)
             return
         record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
                             local_cwd=os.getcwd(), ssh_config=ssh_config, unreachable_timeout=unreachable_timeout,
@@ -345,6 +358,8 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         printer.set_plan(plan)
         printer.note(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
                      f"master {plan.master_addr}:{plan.master_port}")
+        if (network := _network_note(plan, job.interfaces)) is not None:
+            printer.note(network)
 
         def stop(signum: int) -> None:
             runner.request_stop(signal.Signals(signum).name)

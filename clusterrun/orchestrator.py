@@ -1,11 +1,12 @@
 """Run a job across its hosts and tell consumers what happens, as events.
 
 Lifecycle of a ``Job``: create → ``prepare()`` (connect and probe every host in parallel, build
-the plan; all or nothing) → ``start()`` (start every node; if one fails, stop those started) →
-``run()`` (follow every node until all have ended; fail-fast; returns the ``JobResult``) →
-``close()``. A job started earlier is followed again with ``resume(plan)`` instead of
-``prepare()`` and ``start()``. ``request_stop()`` may be called from any thread or a signal
-handler; the stop itself is carried out by ``run()``'s loop.
+the plan, choose each node's network interface: ``interfaces``; all or nothing) → ``start()``
+(start every node; if one fails, stop those started) → ``run()`` (follow every node until all
+have ended; fail-fast; returns the ``JobResult``) → ``close()``. A job started earlier is
+followed again with ``resume(plan)`` instead of ``prepare()`` and ``start()``.
+``request_stop()`` may be called from any thread or a signal handler; the stop itself is carried
+out by ``run()``'s loop.
 
 Who follows decides what is followed: the job's owner (``up``, the monitor) applies fail-fast;
 a viewer (``attach``, ``logs -f``) passes ``fail_fast=False`` and only watches, and the monitor
@@ -55,6 +56,7 @@ from clusterrun.events import (
     NodeStopped,
     StopReport,
 )
+from clusterrun.interfaces import Interface, better_master, choose_interfaces
 from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, build_plan
 from clusterrun.protocol import (
     Beat,
@@ -62,10 +64,12 @@ from clusterrun.protocol import (
     FollowMessage,
     HostState,
     LogChunk,
+    Network,
     NodeStatus,
     Probe,
     StateUpdate,
     decode_follow,
+    decode_network,
     decode_probe,
     decode_status,
 )
@@ -189,6 +193,7 @@ class Job:
         self.reconnect = reconnect
         self.tail = tail
         self.plan: LaunchPlan | None = None
+        self.interfaces: list[Interface] = []  # per node, once prepared: the network interface its ranks use
         self._detach = threading.Event()
         self._wake = threading.Event()  # set by detach() and request_stop(): followers stop waiting to retry
         self._nodes = [_Node(None, transport_factory(h)) for h in spec.hosts]
@@ -277,9 +282,9 @@ class Job:
         facts = [HostFacts(python=n.transport.python, torchrun_flags=a.torchrun_flags,
                            address=n.transport.address)
                  for n, a in zip(self._nodes, answers, strict=True)]
-        self.plan = build_plan(self.spec, self.script, self.script_args, job_id=self.job_id, name=self.name,
-                               facts=facts, master_port=port, env_overrides=self.env_overrides,
-                               local_cwd=self.local_cwd, grace=self.grace)
+        self.plan = self._with_interfaces(lambda spec: build_plan(
+            spec, self.script, self.script_args, job_id=self.job_id, name=self.name, facts=facts, master_port=port,
+            env_overrides=self.env_overrides, local_cwd=self.local_cwd, grace=self.grace))
         for node, launch in zip(self._nodes, self.plan.nodes, strict=True):
             node.launch = launch
         if run_setup:
@@ -318,6 +323,61 @@ class Job:
             for node in self._nodes:
                 node.close_agent()
             raise HostsUnavailable(errors)
+
+    def _route(self, rank: int, master: str, port: int) -> Network:
+        """How node ``rank``'s host reaches ``master`` (the agent's ``route``), kept in its probe."""
+        node = self._nodes[rank]
+        if node.agent is None or node.probe is None:
+            raise RuntimeError("_route() before _probe()")
+        reached = [h.address or n.transport.address or (None if h.transport == "local" else h.host)
+                   for h, n in zip(self.spec.hosts, self._nodes, strict=True)]
+        peers = [address for i, address in enumerate(reached) if i != rank and address]
+        answer = node.agent.call({"op": "route", "route_to": {"addr": master, "port": port, "peers": peers,
+                                                              "always_peers": rank == 0}})
+        if answer.get("ok") is False:
+            raise AgentError(node.host, str(answer.get("error")))
+        network = decode_network(node.host, answer.get("network"), "route answer's network")
+        node.probe = dataclasses.replace(node.probe, network=network)
+        return network
+
+    def _route_all(self, master: str, port: int) -> list[Network]:
+        futures = [self._pool.submit(self._route, rank, master, port) for rank in range(len(self._nodes))]
+        networks: list[Network] = []
+        errors: list[ClusterrunError] = []
+        for future, node in zip(futures, self._nodes, strict=True):
+            try:
+                networks.append(future.result())
+            except ClusterrunError as exc:
+                errors.append(exc)
+            except OSError as exc:
+                errors.append(TransportError(node.host, str(exc)))
+        if errors:
+            raise HostsUnavailable(errors)
+        return networks
+
+    def _with_interfaces(self, build: Callable[[ClusterSpec], LaunchPlan]) -> LaunchPlan:
+        """The plan ``build`` makes, with ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` set per
+        node to the interface that reaches the master, where the user set neither (see
+        ``interfaces``). A master address clusterrun derived (not ``master.addr`` or node 0's
+        ``address:``) that another machine cannot use is replaced by node 0's address towards the
+        others. Raises ``HostsUnavailable`` (the agents closed) when a node cannot take part."""
+        plan = build(self.spec)
+        try:
+            networks = self._route_all(plan.master_addr, plan.master_port)
+            derived = self.spec.master_addr is None and self.spec.hosts[0].address is None
+            better = better_master(plan.master_addr, networks) if derived else None
+            if better is not None:
+                plan = build(dataclasses.replace(self.spec, master_addr=better))
+                networks = self._route_all(better, plan.master_port)
+            self.interfaces = choose_interfaces(plan.master_addr, [n.host for n in self._nodes], networks,
+                                                [launch.env for launch in plan.nodes])
+        except HostsUnavailable:
+            for node in self._nodes:
+                node.close_agent()
+            raise
+        nodes = tuple(dataclasses.replace(launch, env={**launch.env, **chosen.env})
+                      for launch, chosen in zip(plan.nodes, self.interfaces, strict=True))
+        return dataclasses.replace(plan, nodes=nodes)
 
     def resume(self, plan: LaunchPlan) -> None:
         """Follow a job that was started earlier (by this or another controller) with ``plan``."""

@@ -6,16 +6,16 @@ the wrong type is a ``ProtocolError`` naming the host, the message and the field
 ``KeyError`` deep inside a policy. ``PROTOCOL`` is the version this controller speaks; the agent
 states its own in every ``probe`` answer, and a mismatch is refused before anything starts.
 
-Decoded here: ``probe`` (``Probe``), a node's state file as ``start``, ``status`` and ``follow``
-report it (``NodeStatus``), and the messages of a ``follow`` stream (``LogChunk``,
-``StateUpdate``, ``Beat``, ``End``, ``Eof``). ``stop``'s answer becomes a ``StopReport``
-(``StopReport.from_answer``).
+Decoded here: ``probe`` (``Probe``), ``route`` (``Network``, also ``Probe.network``), a node's
+state file as ``start``, ``status`` and ``follow`` report it (``NodeStatus``), and the messages
+of a ``follow`` stream (``LogChunk``, ``StateUpdate``, ``Beat``, ``End``, ``Eof``). ``stop``'s
+answer becomes a ``StopReport`` (``StopReport.from_answer``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -68,6 +68,33 @@ class NodeStatus:
 
 
 @dataclass(frozen=True)
+class Route:
+    """How a host reaches ``target``: the address it resolves to there, the local source address
+    the kernel picks and its interface, or ``error`` (unresolvable, no route)."""
+
+    target: str
+    resolved: str | None = None
+    source: str | None = None
+    interface: str | None = None
+    loopback: bool = False
+    error: str | None = None
+    hosts_line: str | None = None  # "/etc/hosts:2: 127.0.1.1 gpu-a": what maps a name to a loopback ``resolved``
+
+
+@dataclass(frozen=True)
+class Network:
+    """How a host reaches the master (the agent's ``route``): ``peer`` is the first other node it
+    reaches through an interface other than loopback, looked for when the master is reached
+    through loopback or not at all; ``netns`` identifies its network namespace (equal on one
+    machine); ``preset`` the interface variables set in its own environment."""
+
+    netns: str
+    master: Route
+    peer: Route | None = None
+    preset: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Probe:
     """What ``probe`` says of a host."""
 
@@ -81,6 +108,7 @@ class Probe:
     protocol: int
     containment: str = "sweep"  # what a stop on this host relies on: "cgroup" or "sweep"
     fallbacks: tuple[str, ...] = ()  # what the host lacks, in words (no cgroup and why, no pidfd, ...)
+    network: Network | None = None  # how it reaches the master, once asked (``route_to``)
 
     @property
     def python_version(self) -> tuple[int, ...]:
@@ -228,7 +256,29 @@ def decode_probe(host: str, answer: Any) -> Probe:
     return Probe(hostname=r.need_text("hostname"), python=r.need_text("python"), torch=r.text("torch"),
                  torchrun_flags=tuple(flags), boot_id=r.need_text("boot_id"), port=r.integer("port"),
                  state_dir=r.need_text("state_dir"), protocol=protocol,
-                 containment=r.text("containment") or "sweep", fallbacks=tuple(fallbacks))
+                 containment=r.text("containment") or "sweep", fallbacks=tuple(fallbacks),
+                 network=None if r.data.get("network") is None else decode_network(host, r.data["network"]))
+
+
+def _decode_route(host: str, what: str, data: Any) -> Route:
+    r = _Reader(host, what, data)
+    loopback: object = r.data.get("loopback", False)
+    if not isinstance(loopback, bool):
+        raise r._fail("loopback", "true or false")
+    return Route(target=r.need_text("target"), resolved=r.text("resolved"), source=r.text("source"),
+                 interface=r.text("interface"), loopback=loopback, error=r.text("error"),
+                 hosts_line=r.text("hosts_line"))
+
+
+def decode_network(host: str, data: Any, what: str = "network") -> Network:
+    """The ``network`` of a ``route`` or ``probe`` answer."""
+    r = _Reader(host, what, data)
+    preset = r.mapping("preset")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in preset.items()):
+        raise r._fail("preset", "an object of strings")
+    peer = r.data.get("peer")
+    return Network(netns=r.need_text("netns"), master=_decode_route(host, f"{what}.master", r.data.get("master")),
+                   peer=None if peer is None else _decode_route(host, f"{what}.peer", peer), preset=dict(preset))
 
 
 def decode_follow(host: str, message: Any) -> FollowMessage:

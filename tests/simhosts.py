@@ -4,11 +4,11 @@ Lifecycle: ``SimCluster.start(n)`` → ``ssh -F cluster.ssh_config sim1 …`` (`
 ``host.kill`` crashes it) → ``close()``; the ``sim_cluster`` fixture factory closes what it made, failed or not.
 Each host has its own network, PID, mount and UTS namespaces: a veth on a bridge ``10.77.<k>.0/24`` (``.1`` is the
 root namespace, hosts ``.11``…; no default route, no NAT), a private ``/run``, a shared ``/etc/hosts`` naming every
-host, and sshd as its PID namespace's first process, so killing that process kills all the host runs. Where
-namespaces are refused, one sshd per loopback address ``127.0.0.(10+i)`` on its own port stands in
-(``isolated=False``, ``fallback_reason`` says why), except under ``CI=true``, where that is an error. All that is
-made is named after the creating process (netns ``crsim-<pid>-…``, links with alias ``crsim-<pid>``, temp dirs
-``crsim-<pid>-…``): ``sweep_stale`` finds it.
+host (or one per host: ``etc_hosts``), optionally an ``eth1`` on a second bridge (``second_network``), and sshd
+as its PID namespace's first process, so killing that process kills all the host runs. Where namespaces are refused,
+one sshd per loopback address ``127.0.0.(10+i)`` on its own port stands in (``isolated=False``, ``fallback_reason``
+says why), except under ``CI=true``, where that is an error. All that is made is named after the creating process
+(netns ``crsim-<pid>-…``, links with alias ``crsim-<pid>``, temp dirs ``crsim-<pid>-…``): ``sweep_stale`` finds it.
 """
 
 from __future__ import annotations
@@ -41,17 +41,19 @@ TIMEOUT = 10.0
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 IP = shutil.which("ip") or "/usr/sbin/ip"
 USER, USER_ID = "crtest", 64123  # the simulated hosts' unprivileged user (SimCluster.start(user=True))
+SECOND_NET = "10.76"  # below the first network's 10.77: of two gloo peers, the higher address connects to the lower
 WIPED_LOGS = ("/var/log/wtmp", "/var/log/lastlog", "/var/log/btmp")
 
 # First process of a new PID namespace, inside the host's network namespace; ends by exec'ing sshd.
 BOOTSTRAP = """\
 set -eu
-name=$1 cidr=$2 hosts=$3 config=$4 passwd=$5 sshd=$6 cgroup=$7 login=$8
-shift 8
+name=$1 cidr=$2 hosts=$3 config=$4 passwd=$5 sshd=$6 cgroup=$7 login=$8 cidr2=$9
+shift 9
 mount --make-rprivate /
 ip link set lo up
 ip addr replace "$cidr" dev eth0  # a rebooted host finds its address kept
 ip link set eth0 up
+if [ -n "$cidr2" ]; then ip addr replace "$cidr2" dev eth1 && ip link set eth1 up; fi
 hostname "$name"
 mount -t tmpfs -o mode=0755,size=8m crsim-run /run
 # `ip netns exec` remounted /sys without cgroups: the host's cgroup2 where most distributions have it
@@ -80,6 +82,7 @@ class SimHost:
     isolated: bool
     log: Path
     pid: int = 0
+    address2: str | None = None  # its address on the second network (eth1), if it has one
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def run(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -129,6 +132,10 @@ class SimCluster:
     known_hosts: Path = field(init=False)
     client_key: Path = field(init=False)
     _bridge: str | None = None
+    _bridge2: str | None = None
+    subnet2: int = 0
+    etc_hosts: Callable[[SimHost, Sequence[SimHost]], str] | None = None
+    second_network: tuple[str, ...] = ()
     _links: list[str] = field(default_factory=list)
     _netns: list[str] = field(default_factory=list)
     _closed: bool = False
@@ -147,7 +154,9 @@ class SimCluster:
     @classmethod
     def start(cls, n: int, *, login_shell: str | Mapping[str, str] | None = None,
               sshd_options: Mapping[str, str] | None = None, isolated: bool | None = None,
-              cgroup: bool = True, user: bool = False, login_cgroup: str = "") -> SimCluster:
+              cgroup: bool = True, user: bool = False, login_cgroup: str = "",
+              etc_hosts: Callable[[SimHost, Sequence[SimHost]], str] | None = None,
+              second_network: Sequence[str] = ()) -> SimCluster:
         """Start hosts ``sim1``…``simN``; return once every sshd accepts connections.
 
         ``login_shell`` replaces root's shell on every host (a str) or on the named hosts (a mapping), through a
@@ -158,6 +167,9 @@ class SimCluster:
         ``user`` adds the unprivileged user ``USER`` (uid ``USER_ID``, /bin/sh, a home of their own on each host)
         who logs in with the cluster's client key. ``login_cgroup`` (a path below the cgroup2 root, which the
         caller makes and removes) is where every login starts, as pam_systemd puts it in a session scope.
+        ``etc_hosts(host, hosts)`` gives each host an /etc/hosts of its own (default: one naming every host).
+        ``second_network`` names hosts that also get an ``eth1`` on a second bridge ``10.76.<subnet2>.0/24``
+        (``host.address2``): a network that the hosts not named cannot reach. Both need namespaces.
         """
         if not 1 <= n <= 200:
             raise ValueError(f"n must be between 1 and 200, not {n}")
@@ -169,12 +181,12 @@ class SimCluster:
             raise SimHostError(f"CI=true: the simulated hosts must have namespaces here, and cannot: {reason}")
         if reason:
             print(f"simhosts: not isolated, one sshd per loopback address instead: {reason}", file=sys.stderr)
-            if login_shell or user or login_cgroup:
-                raise SimHostError("login_shell, user and login_cgroup need a mount namespace per host, which the "
-                                   "fallback has not")
+            if login_shell or user or login_cgroup or etc_hosts or second_network:
+                raise SimHostError("login_shell, user, login_cgroup, etc_hosts and second_network need namespaces per "
+                                   "host, which the fallback has not")
         folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{os.getpid()}-"))
         cluster = cls(dir=folder, isolated=not reason, fallback_reason=reason, cgroup=cgroup, user=user,
-                      login_cgroup=login_cgroup.strip("/"))
+                      login_cgroup=login_cgroup.strip("/"), etc_hosts=etc_hosts, second_network=tuple(second_network))
         _OPEN.append(cluster)
         try:
             cluster._start(n, login_shell, dict(sshd_options or {}))
@@ -195,7 +207,9 @@ class SimCluster:
             with contextlib.suppress(OSError):  # sshd's privilege-separation dir, normally made by its init script
                 Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         for i, (address, port) in enumerate(addresses, 1):
-            self.hosts.append(SimHost(f"sim{i}", address, port, self.isolated, self.dir / f"sim{i}" / "sshd.log"))
+            self.hosts.append(SimHost(f"sim{i}", address, port, self.isolated, self.dir / f"sim{i}" / "sshd.log",
+                                      address2=(f"{SECOND_NET}.{self.subnet2}.{10 + i}"
+                                                if f"sim{i}" in self.second_network else None)))
         self._write_files(login_shell, options)
         for i, host in enumerate(self.hosts):
             self._launch(host, self._netns[i] if self.isolated else None)
@@ -220,6 +234,20 @@ class SimCluster:
                           f"link set {veth} alias {PREFIX}-{pid}", f"link set {veth} master {bridge}",
                           f"link set {veth} up"]
             _ip_batch(lines)
+            if self.second_network:
+                self.subnet2 = _free_subnet(SECOND_NET)
+                self._bridge2 = bridge = f"cr{pid:x}c{self.subnet2:x}"
+                lines = [f"link add {bridge} type bridge", f"link set {bridge} alias {PREFIX}-{pid}",
+                         f"addr add {SECOND_NET}.{self.subnet2}.1/24 dev {bridge}", f"link set {bridge} up"]
+                for i in range(1, n + 1):
+                    if f"sim{i}" not in self.second_network:
+                        continue
+                    veth = f"cr{pid:x}w{self.subnet2:x}h{i:x}"
+                    self._links.append(veth)
+                    lines += [f"link add {veth} type veth peer name eth1 netns {self._netns[i - 1]}",
+                              f"link set {veth} alias {PREFIX}-{pid}", f"link set {veth} master {bridge}",
+                              f"link set {veth} up"]
+                _ip_batch(lines)
         finally:
             os.close(lock)
 
@@ -240,6 +268,8 @@ class SimCluster:
                           f"    IdentitiesOnly yes\n    UserKnownHostsFile {self.known_hosts}\n"
                           "    StrictHostKeyChecking yes\n    BatchMode yes\n    ConnectTimeout 10\n\n")
             (self.dir / host.name / "sshd_config").write_text(self._sshd_config(host, options))
+            if self.etc_hosts is not None:
+                (self.dir / host.name / "hosts").write_text(self.etc_hosts(host, self.hosts))
             shell = login_shell if isinstance(login_shell, str) else (login_shell or {}).get(host.name)
             if self.isolated:
                 # Each machine has its own home: the user's shell start-up files (here ~/.bashrc runs
@@ -289,8 +319,9 @@ class SimCluster:
             passwd = folder / "passwd"
             argv = [IP, "netns", "exec", netns, "unshare", "--pid", "--fork", "--mount-proc", "--uts", "--mount",
                     "--propagation", "private", "--kill-child", "sh", str(self.dir / "bootstrap.sh"), host.name,
-                    f"{host.address}/24", str(self.dir / "hosts"), str(folder / "sshd_config"),
-                    str(passwd) if passwd.exists() else "", SSHD, "yes" if self.cgroup else "no", self.login_cgroup,
+                    f"{host.address}/24", str(folder / "hosts" if self.etc_hosts else self.dir / "hosts"),
+                    str(folder / "sshd_config"), str(passwd) if passwd.exists() else "", SSHD,
+                    "yes" if self.cgroup else "no", self.login_cgroup, f"{host.address2}/24" if host.address2 else "",
                     *filter(os.path.isfile, WIPED_LOGS)]
         else:
             argv = [SSHD, "-D", "-e", "-f", str(folder / "sshd_config")]
@@ -346,7 +377,7 @@ class SimCluster:
         self._closed = True
         for host in self.hosts:
             host.kill()
-        links = [*self._links, *([self._bridge] if self._bridge else [])]
+        links = [*self._links, *(bridge for bridge in (self._bridge, self._bridge2) if bridge)]
         if links or self._netns:
             _ip_batch([*(f"link del {x}" for x in links), *(f"netns del {x}" for x in self._netns)], force=True)
             deadline = time.monotonic() + TIMEOUT
@@ -457,15 +488,15 @@ def _netns_names() -> set[str]:
     return {netns["name"] for netns in _ip_json("netns")}
 
 
-def _free_subnet() -> int:
-    """The first k whose 10.77.k.0/24 overlaps no address or route of the root namespace."""
+def _free_subnet(prefix: str = "10.77") -> int:
+    """The first k whose ``prefix``.k.0/24 overlaps no address or route of the root namespace."""
     used = [ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}").network
             for link in _ip_json("-4", "addr") for a in link.get("addr_info", [])]
     used += [ipaddress.ip_network(r["dst"], strict=False) for r in _ip_json("-4", "route") if r["dst"] != "default"]
     for k in range(1, 255):
-        if not any(ipaddress.ip_network(f"10.77.{k}.0/24").overlaps(net) for net in used):
+        if not any(ipaddress.ip_network(f"{prefix}.{k}.0/24").overlaps(net) for net in used):
             return k
-    raise SimHostError("no free /24 left in 10.77.0.0/16")
+    raise SimHostError(f"no free /24 left in {prefix}.0.0/16")
 
 
 def _children() -> dict[int, list[int]]:

@@ -19,6 +19,7 @@ import pytest
 
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import AgentError
+from clusterrun.protocol import decode_network
 from clusterrun.transports import Transport, transport_for
 from clusterrun.transports.fake import FakeCluster
 from tests.conftest import wait_for
@@ -118,6 +119,15 @@ def test_probe_describes_the_host(harness: Harness) -> None:
     assert isinstance(answer["boot_id"], str) and answer["boot_id"]
     assert isinstance(answer["port"], int) and 1024 < answer["port"] < 65536
     assert isinstance(answer["torchrun_flags"], list) and isinstance(answer["hostname"], str)
+
+
+def test_route_says_how_the_host_reaches_an_address(harness: Harness) -> None:
+    answer = harness.transport.call({"op": "route", "route_to": {"addr": "127.0.0.1", "port": 29500, "peers": []}})
+    assert answer["ok"] is True
+    network = decode_network("h0", answer["network"])
+    assert network.netns and network.master.target == "127.0.0.1" and network.master.resolved == "127.0.0.1"
+    assert network.master.error is None and network.master.source and network.master.interface
+    assert set(network.preset) <= {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}
 
 
 def test_follow_streams_every_line_then_the_end_with_the_exit_code(harness: Harness) -> None:

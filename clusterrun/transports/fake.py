@@ -4,7 +4,7 @@ Lifecycle: ``FakeCluster()`` → pass ``cluster.transport`` as the ``transport_f
 ``Job`` (or a job record's owner) → script what the hosts do while the job runs
 (``cluster.node(...).write()`` / ``.exit()``, ``cluster.host(name).drop()`` / ``.restore()`` /
 ``.reboot()``) → nothing to close. It speaks the protocol of ``agent.py``'s docstring (probe,
-start, follow, stop, status, setup) over an ``AgentSession`` as the real transports do, and
+start, follow, stop, status, setup, route) over an ``AgentSession`` as the real transports do, and
 ``tests/test_transport_contract.py`` holds it to the local and SSH transports, so a policy tested
 against it is tested against what the real hosts say. No processes, no clock: a job's "processes"
 run until the test says they end.
@@ -83,6 +83,8 @@ class FakeHost:
     torch: str | None = "2.13.0"
     connects: int = 0  # connection attempts, reachable or not
     close_error: Exception | None = None  # closing a session raises this (a transport's untranslated fault)
+    # the answer to ``route``, or a function of the master's address giving it (default: its own machine, eth0)
+    network: dict[str, Any] | Callable[[str], dict[str, Any]] | None = None
     _epoch: int = 0  # bumped by drop(): streams of an older epoch are cut
 
     def drop(self) -> None:
@@ -157,7 +159,7 @@ class FakeCluster:
             yield from self._follow(host, request, epoch)
             return
         handler = {"probe": self._probe, "start": self._start, "stop": self._stop, "status": self._status,
-                   "setup": self._setup}.get(str(op))
+                   "setup": self._setup, "route": self._route}.get(str(op))
         if handler is None:
             yield {"ok": False, "error": f"unknown op {op!r}"}
             return
@@ -177,6 +179,16 @@ class FakeCluster:
         if host.setup_error is not None:
             return {"ok": False, "error": host.setup_error}
         return {"ok": True}
+
+    @staticmethod
+    def _route(host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        target = str((request.get("route_to") or {}).get("addr"))
+        if callable(host.network):
+            return {"ok": True, "network": host.network(target)}
+        return {"ok": True, "network": host.network or {
+            "netns": f"fake:{host.name}", "peer": None, "preset": {},
+            "master": {"target": target, "resolved": target, "source": "192.0.2.1",
+                       "interface": "eth0", "loopback": False, "error": None}}}
 
     @staticmethod
     def _key(request: dict[str, Any]) -> Key:
