@@ -5,7 +5,7 @@ Exit codes: 0 the job succeeded (``down``: stopped, nothing it could see is left
 (hosts file, options, an unknown or ambiguous job) or a bad environment on this machine: the
 controller's state directory cannot be read or written (read-only, full, no permission; ``up``:
 nothing was started; ``down``: the job was stopped but that could not be recorded) · 3 a host
-could not be used (``up``: nothing was started;
+could not be used, or ``up``'s preflight found a problem (``up``: nothing was started;
 ``down``: a host could not be reached) · 130 / 143 SIGINT / SIGTERM (``up``: the job was stopped
 on every node, or left running with ``--leave-running``) · 129 SIGHUP (``up``: the job was left
 running, owned by a monitor).
@@ -223,7 +223,8 @@ def _follow_hint(job_id: str) -> str:
               "while a job of that name is running.")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable for every node (repeatable; wins over the hosts file).")
-@click.option("--dry-run", is_flag=True, help="Print each node's exact command and environment, start nothing.")
+@click.option("--dry-run", is_flag=True, help="Check the hosts as up does (workdir and script included), print "
+              "each node's exact command and environment, start nothing.")
 @click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
 @click.option("--ui-lines", type=click.IntRange(min=100), default=10_000, show_default=True, metavar="N",
               help="Lines of each node the dashboard keeps in memory (the whole log stays on the hosts).")

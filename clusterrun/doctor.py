@@ -412,7 +412,7 @@ def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: Thread
             return False, exc.message
         return answer.reached, answer.error
 
-    able = [h for h in hosts if h.session is not None]
+    able = [h for h in hosts if h.session is not None and h.probe is not None]  # an agent that answers
     try:
         results = dict(zip([h.rank for h in able], pool.map(reach, able), strict=True))
     finally:
