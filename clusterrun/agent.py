@@ -2076,7 +2076,7 @@ except BaseException as exc:
     out = {"error": "%s: %s" % (type(exc).__name__, exc)}
 sys.stdout.write(json.dumps(out))
 """
-_LISTENERS: dict[int, Any] = {}  # port → the listening socket of a `listen` request, until `unlisten`
+_LISTENERS: dict[int, Any] = {}  # port → (socket, lock released once closed) of a `listen`, until `unlisten`
 
 
 def _path_kind(path: str) -> str:
@@ -2146,23 +2146,28 @@ def _assigned(source: str, name: str) -> str | None:
     return None
 
 
-def _listener_loop(sock: Any, port: int, token: bytes) -> None:
+def _listener_loop(sock: Any, port: int, token: bytes, done: Any) -> None:
     """Answer every connection with ``token``, then wait for the peer to close first (so that the
-    TIME_WAIT is the peer's and the port is free for torchrun at once)."""
-    while any(s is sock for s in _LISTENERS.values()):
-        try:
-            conn, _ = sock.accept()
-        except OSError:  # a timeout (to see `unlisten`), or the socket was closed
-            continue
-        try:
-            conn.settimeout(5.0)
-            conn.sendall(token + b"\n")
-            while conn.recv(64):
+    TIME_WAIT is the peer's and the port is free for torchrun at once). Closes the listener and
+    releases ``done`` once ``unlisten`` has taken it out of ``_LISTENERS``."""
+    try:
+        while any(entry[0] is sock for entry in _LISTENERS.values()):
+            try:
+                conn, _ = sock.accept()
+            except OSError:  # a timeout (to see `unlisten`), or its shutdown
+                continue
+            try:
+                conn.settimeout(5.0)
+                conn.sendall(token + b"\n")
+                while conn.recv(64):
+                    pass
+            except OSError:
                 pass
-        except OSError:
-            pass
-        finally:
-            conn.close()
+            finally:
+                conn.close()
+    finally:
+        sock.close()
+        done.release()
 
 
 def op_listen(req: dict[str, Any]) -> dict[str, Any]:
@@ -2185,16 +2190,26 @@ def op_listen(req: dict[str, Any]) -> dict[str, Any]:
                 return {"ok": True, "port": candidate, "listening": False, "error": os.strerror(exc.errno or 0)}
             continue
         sock.settimeout(0.2)
-        _LISTENERS[candidate] = sock
-        _thread.start_new_thread(_listener_loop, (sock, candidate, token))
+        done = _thread.allocate_lock()
+        done.acquire()
+        _LISTENERS[candidate] = (sock, done)
+        _thread.start_new_thread(_listener_loop, (sock, candidate, token, done))
         return {"ok": True, "port": candidate, "listening": True}
     raise AgentFailure("no free TCP port found between 20000 and 32000")
 
 
 def op_unlisten(req: dict[str, Any]) -> dict[str, Any]:
-    sock = _LISTENERS.pop(int(req.get("port") or 0), None)
-    if sock is not None:
-        sock.close()
+    """``unlisten``: close the listener; the port is free again when this answers."""
+    import socket
+
+    entry = _LISTENERS.pop(int(req.get("port") or 0), None)
+    if entry is not None:
+        sock, done = entry
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes its accept() at once (Linux)
+        except OSError:
+            pass
+        done.acquire(timeout=10.0)
     return {"ok": True}
 
 

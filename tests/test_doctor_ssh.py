@@ -1,4 +1,5 @@
-"""`clusterrun doctor` and `up`'s preflight on simulated SSH hosts (real sshd, real agents, real TCP)."""
+"""`clusterrun doctor` and `up`'s preflight on simulated SSH hosts (real sshd, real agents, real TCP),
+and on a local host with a fake `nvidia-smi`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_up
+from tests.conftest import ROOT, run_up, up_argv
 from tests.simhosts import SimCluster, SimHost
 from tests.test_ssh import job_processes, ssh_hosts
 
@@ -20,9 +21,9 @@ MakeCluster = Callable[..., SimCluster]
 SCRIPT = "examples/allreduce.py"
 
 
-def run_doctor(hosts: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def run_doctor(hosts: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "clusterrun", "doctor", str(hosts), *args], capture_output=True,
-                          text=True, timeout=180, cwd=ROOT)
+                          text=True, timeout=180, cwd=ROOT, env=env)
 
 
 def rows(stdout: str, host: str) -> dict[str, str]:
@@ -213,3 +214,43 @@ def test_a_host_with_another_torch_is_named_in_a_warning(sim_cluster: MakeCluste
     assert proc.returncode == 0, proc.stderr
     assert f"clusterrun: warning: sim2: same versions: torch 2.12.0 here, {torch.__version__} on sim1" in proc.stderr
     assert os.path.exists(python)
+
+
+FAKE_SMI = """#!/bin/sh
+case "$1" in
+  -L) printf 'GPU 0: NVIDIA Fake 80GB (UUID: GPU-aaaa)\\nGPU 1: NVIDIA Fake 80GB (UUID: GPU-bbbb)\\n' ;;
+  --query-compute-apps=*) printf 'GPU-bbbb, 4242, /usr/bin/python3\\n' ;;
+  *) exit 2 ;;
+esac
+"""
+
+
+def test_gpus_against_a_fake_nvidia_smi(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    hosts = tmp_path / "hosts.yaml"
+
+    def up(gpus: str) -> subprocess.CompletedProcess[str]:
+        hosts.write_text(f"state_dir: {tmp_path / 'state'}\nhosts:\n  - host: local-a\n    transport: local\n"
+                         f"    gpus: {gpus}\n")
+        return subprocess.run(up_argv("--dry-run", hosts, SCRIPT), capture_output=True, text=True, timeout=120,
+                              cwd=ROOT, env=env)
+
+    proc = up("[0, GPU-bbbb]")  # by index and by UUID; GPU 1 runs someone else's process
+    assert proc.returncode == 0, proc.stderr
+    assert ("clusterrun: warning: local-a: gpus: busy: GPU GPU-bbbb: pid 4242 python3 (fix: stop those processes "
+            "on local-a or choose other gpus:)") in proc.stderr
+    proc = up("[0, 3]")
+    assert proc.returncode == 3, proc.stderr
+    assert "local-a: gpus: GPU 3 asked for; nvidia-smi sees 0, 1\n  hint: fix gpus: for this host" in proc.stderr
+    assert not (tmp_path / "state" / "jobs").exists()
+    # the doctor imports torch: this one is a CPU build
+    up("[0]")
+    proc = run_doctor(hosts, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert rows(proc.stdout, "local-a")["gpus"] == (
+        "✗ torch sees 0 CUDA device(s), the hosts file asks for 1\n"
+        "fix: install a CUDA build of torch matching the driver")
