@@ -233,6 +233,8 @@ def test_the_doctors_inspect_listen_and_reach(harness: Harness) -> None:
         assert not again.listening and again.error == "Address already in use"
         reach = {"op": "reach", "addr": "127.0.0.1", "port": listening.port, "token": "t0k", "timeout": 5}
         assert decode_reach("h", harness.transport.call(reach)).reached
+        other = decode_reach("h", harness.transport.call(dict(reach, token="another")))  # not our listener
+        assert not other.reached and other.error is not None and "something else answers" in other.error
         session.call({"op": "unlisten", "port": listening.port})
         gone = decode_reach("h", harness.transport.call(reach))
         assert not gone.reached and gone.error == "Connection refused"

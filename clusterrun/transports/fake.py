@@ -223,7 +223,10 @@ class FakeCluster:
             return {"ok": True, "reached": False, "error": "Connection refused", "local": None}
         if listener[0].firewalled and listener[0] is not host:
             return {"ok": True, "reached": False, "error": "timed out", "local": None}
-        return {"ok": True, "reached": listener[1] == request.get("token"), "error": None, "local": host.name}
+        if listener[1] != request.get("token"):
+            return {"ok": True, "reached": False, "local": host.name,
+                    "error": "something else answers there (not clusterrun's listener on node 0)"}
+        return {"ok": True, "reached": True, "error": None, "local": host.name}
 
     @staticmethod
     def _key(request: dict[str, Any]) -> Key:
