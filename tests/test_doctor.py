@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from clusterrun import doctor
@@ -10,6 +14,7 @@ from clusterrun.doctor import Check, Verdict
 from clusterrun.orchestrator import Job
 from clusterrun.protocol import DeepTorch, Inspection
 from clusterrun.transports.fake import FakeCluster
+from tests.conftest import ROOT
 
 
 def spec_of(n: int = 2, extra: str = "", host_extra: str = "") -> ClusterSpec:
@@ -228,3 +233,25 @@ def test_gpus_by_index_or_uuid_and_busy_ones_warn() -> None:
     failed = doctor.gpu_check(host, inspection(nvidia_smi="/x", gpu_list=None))
     assert failed is not None and failed.verdict is Verdict.FAIL
     assert doctor.gpu_check(load_cluster_text("hosts:\n  - c\n").hosts[0], inspection()) is None
+
+
+def test_connection_errors_keep_the_transports_words_and_hint() -> None:
+    from clusterrun.errors import AuthError, HostKeyError
+    from clusterrun.transports.fake import FakeTransport
+
+    transport = FakeTransport(load_cluster_text("hosts:\n  - gpu-b\n").hosts[0], FakeCluster())
+    key = doctor.connection_check(transport, HostKeyError("gpu-b", "unknown host key for 10.0.0.12 (ssh-ed25519 "
+                                                           "SHA256:Qm9v)", hint="`ssh-keyscan 10.0.0.12 >> ...`"))
+    assert key == Check("connection", Verdict.FAIL, "host key: unknown host key for 10.0.0.12 (ssh-ed25519 "
+                        "SHA256:Qm9v)", "`ssh-keyscan 10.0.0.12 >> ...`")
+    auth = doctor.connection_check(transport, AuthError("gpu-b", "authentication failed"))
+    assert auth.detail == "authentication: authentication failed" and auth.fix is not None and "ssh-add" in auth.fix
+
+
+def test_doctor_on_a_bad_hosts_file_is_bad_input(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("hosts:\n  - host: a\n    gpus: four\n")
+    proc = subprocess.run([sys.executable, "-m", "clusterrun", "doctor", str(hosts)], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode == 2 and "hosts[0].gpus: expected a list of GPU ids or a count" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
