@@ -5,7 +5,7 @@ Exit codes: 0 the job succeeded (``down``: stopped, nothing it could see is left
 (hosts file, options, an unknown or ambiguous job) or a bad environment on this machine: the
 controller's state directory cannot be read or written (read-only, full, no permission; ``up``:
 nothing was started; ``down``: the job was stopped but that could not be recorded) · 3 a host
-could not be used (``up``: nothing was started;
+could not be used, or ``up``'s preflight found a problem (``up``: nothing was started;
 ``down``: a host could not be reached) · 130 / 143 SIGINT / SIGTERM (``up``: the job was stopped
 on every node, or left running with ``--leave-running``) · 129 SIGHUP (``up``: the job was left
 running, owned by a monitor).
@@ -31,7 +31,7 @@ from typing import NoReturn
 
 import click
 
-from clusterrun import __version__
+from clusterrun import __version__, doctor
 from clusterrun.config import ClusterSpec, load_cluster
 from clusterrun.environment import resolve
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound, StateError
@@ -100,6 +100,7 @@ def main() -> None:
     clusterrun restart JOB                 stop it and start it again as a new attempt
     clusterrun wait JOB                    block until it ends; exit 0 if it succeeded
     clusterrun rm JOB... / prune           forget ended jobs (--hosts-too: their logs too)
+    clusterrun doctor HOSTS.yaml [SCRIPT]  check every host before the first run
     """
     # A log line may hold bytes that are not UTF-8: print them back as they were, never fail on them.
     for stream in (sys.stdout, sys.stderr):
@@ -249,7 +250,8 @@ def _follow_hint(job_id: str) -> str:
               "while a job of that name is running.")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable for every node (repeatable; wins over the hosts file).")
-@click.option("--dry-run", is_flag=True, help="Print each node's exact command and environment, start nothing.")
+@click.option("--dry-run", is_flag=True, help="Check the hosts as up does (workdir and script included), print "
+              "each node's exact command and environment, start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON (schema 1, see "
               "docs/json.md).")
 @click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
@@ -266,6 +268,9 @@ def _follow_hint(job_id: str) -> str:
 @click.option("--no-retry-startup", is_flag=True, help="Do not retry a known transient start-up failure "
               "(gloo aborting a rank while connecting; the master port taken before torchrun bound it), which "
               "is otherwise retried once as attempt 2, visibly.")
+@click.option("--no-preflight", is_flag=True, help="Skip the costlier checks before the start (GPUs, the same "
+              "torch/CUDA/Python on every host, the master port reachable by TCP from every node); the workdir, "
+              "the script, disk, clock and logind are always checked.")
 @click.option("--unreachable-timeout", type=click.FloatRange(min=1), metavar="SECONDS",
               help="Treat a host that cannot be reached for this long as failed (its node lost, fail-fast). "
               "Default: never; losing contact alone never stops a job. Counts the time spent retrying, "
@@ -282,7 +287,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
        env: tuple[str, ...], dry_run: bool, as_json: bool, no_tui: bool, ui_lines: int, leave_running: bool,
        ssh_config: str | None,
        accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None, no_retry_startup: bool,
-       sync_dir: str | None = None, no_sync: bool = False) -> None:
+       no_preflight: bool, sync_dir: str | None = None, no_sync: bool = False) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
@@ -333,10 +338,12 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         except KeyboardInterrupt:  # Ctrl-C while connecting: close every connection (finally), start nothing
             _note("interrupted while connecting to the hosts; nothing was started")
             sys.exit(EXIT_SIGNAL[signal.SIGINT])
+        _sync(spec, job, sync_dir, dry_run)  # first: the preflight looks for the script it copies
+        copies = dry_run and (sync_dir is not None or any(h.sync for h in spec.hosts))
+        _preflight(job, plan, spec, None if copies else script, full=not no_preflight)
         if dry_run and as_json:
             click.echo(json.dumps(plan_json(plan, job.host_fallbacks), indent=1))
             return
-        _sync(spec, job, sync_dir, dry_run)
         if dry_run:
             _print_plan(plan, job.host_fallbacks, job.interfaces)
             return
@@ -409,6 +416,53 @@ def _sync(spec: ClusterSpec, job: Job, sync_dir: str | None, dry_run: bool) -> N
         _note("interrupted while copying files to the hosts; nothing was started")
         sys.exit(EXIT_SIGNAL[signal.SIGINT])
     view.report(reports)
+
+@main.command(name="doctor")
+@click.option("--ssh-config", type=click.Path(dir_okay=False), help="An ssh_config file to resolve hosts with "
+              "(default: the hosts file's `ssh_config`, else ~/.ssh/config).")
+@click.option("--accept-new-host-keys", is_flag=True, help="Record the keys of hosts not yet in known_hosts "
+              "(like StrictHostKeyChecking=accept-new); a changed key is still refused.")
+@click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
+@click.argument("script", required=False)
+def doctor_command(hosts_file: str, script: str | None, ssh_config: str | None, accept_new_host_keys: bool) -> None:
+    """Check that every host of HOSTS.yaml can run a job; start nothing.
+
+    \b
+    Per host, in parallel: the connection (reachable, host key, login), the interpreter and its
+    Python, torch with its CUDA and NCCL versions (the same on every host, else a warning naming
+    the odd ones), the GPUs asked for (nvidia-smi; busy ones warn), the workdir and SCRIPT
+    (relative to each host's workdir), free disk in the state dir, the master port free on node 0
+    and reachable by TCP from every node, the clock against this machine, and logind.
+
+    Prints one table: ✓ fine, ✗ a problem (with its fix), ! a warning (with its fix). Exit 0 when
+    nothing is ✗, 1 when something is, 2 for a bad hosts file. `up` runs the same checks before it
+    starts anything (the costlier ones not with --no-preflight).
+    """
+    try:
+        spec = load_cluster(hosts_file)
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    factory = partial(transport_for, ssh_config=ssh_config or spec.ssh_config,
+                      accept_new_host_keys=accept_new_host_keys)
+    try:
+        report = doctor.run_doctor(spec, script, factory, local_cwd=os.getcwd())
+    except KeyboardInterrupt:
+        _note("interrupted")
+        sys.exit(EXIT_SIGNAL[signal.SIGINT])
+    click.echo(safe(report.render(), colour=False))
+    sys.exit(EXIT_FAILED if report.failed else EXIT_OK)
+
+
+def _preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str | None, *, full: bool) -> None:
+    """``doctor``'s checks on the probed hosts before anything starts (see doctor.py): exit 3 on a
+    problem, with one line and a fix for each; warnings are printed and the job goes on."""
+    report = doctor.preflight([job.probed(rank) for rank in range(plan.nnodes)], spec, script,
+                              addr=plan.master_addr, port=plan.master_port, local_cwd=os.getcwd(), full=full)
+    refused = doctor.refusal(report)
+    if refused is not None:
+        _fail(refused, EXIT_HOSTS)
+    for warning in doctor.warnings(report):
+        _note(f"warning: {warning}")
 
 
 def _check_name_free(store: JobStore, name: str, given: bool) -> None:

@@ -244,6 +244,12 @@ class Job:
         node.probe = answer
         return answer
 
+    def probed(self, rank: int) -> tuple[Transport, AgentSession | None, Probe | None]:
+        """Node ``rank``'s transport, the agent that probed it (kept open to start the node) and
+        what it said: for ``up``'s preflight (doctor.py), between ``prepare()`` and ``start()``."""
+        node = self._nodes[rank]
+        return node.transport, node.agent, node.probe
+
     @property
     def agents(self) -> list[tuple[Transport, AgentSession | None]]:
         """Each node's transport and the agent that probed it (once ``prepare()`` ran), by rank: for

@@ -345,3 +345,83 @@ def decode_sync_hashes(host: str, answer: Any) -> dict[str, str]:
     if not all(isinstance(v, str) for v in hashes.values()):
         raise r._fail("hashes", "an object of hex digests")
     return {str(k): v for k, v in hashes.items()}
+
+# ------------------------------------------------------------------- doctor (inspect, listen, reach)
+
+
+@dataclass(frozen=True)
+class DeepTorch:
+    """What the host's interpreter says after importing torch (``inspect`` with ``deep``)."""
+
+    version: str | None = None
+    cuda: str | None = None
+    nccl: str | None = None
+    devices: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """What ``inspect`` says of a host (the doctor's checks beyond the probe)."""
+
+    cwd: str
+    paths: Mapping[str, str]  # path → file, dir, missing, other
+    time: float  # the host's clock when the request arrived
+    elapsed: float = 0.0  # how long the answer took on the host
+    disk_path: str = ""
+    disk_free: int | None = None
+    disk_error: str | None = None
+    torch_cuda: str | None = None
+    deep: DeepTorch | None = None
+    nvidia_smi: str | None = None  # its path, None where it is missing (or not asked)
+    gpu_list: str | None = None
+    gpu_apps: str | None = None
+    logind: str = ""
+    logind_scope: bool = False
+
+
+def decode_inspection(host: str, answer: Any) -> Inspection:
+    r = _Reader(host, "inspect answer", answer)
+    paths = r.mapping("paths")
+    if not all(isinstance(v, str) for v in paths.values()):
+        raise r._fail("paths", "an object of strings")
+    disk = _Reader(host, "inspect answer's disk", r.mapping("disk"))
+    deep = None
+    if r.data.get("deep") is not None:
+        d = _Reader(host, "inspect answer's deep", r.mapping("deep"))
+        deep = DeepTorch(version=d.text("version"), cuda=d.text("cuda"), nccl=d.text("nccl"),
+                         devices=d.integer("devices") or 0, error=d.text("error"))
+    return Inspection(cwd=r.need_text("cwd"), paths=dict(paths), time=r.number("time") or 0.0,
+                      elapsed=r.number("elapsed") or 0.0,
+                      disk_path=disk.text("path") or "", disk_free=disk.integer("free"), disk_error=disk.text("error"),
+                      torch_cuda=r.text("torch_cuda"), deep=deep, nvidia_smi=r.text("nvidia_smi"),
+                      gpu_list=r.text("gpu_list"), gpu_apps=r.text("gpu_apps"), logind=r.text("logind") or "",
+                      logind_scope=bool(r.data.get("logind_scope")))
+
+
+@dataclass(frozen=True)
+class Listening:
+    """``listen``'s answer: the port, and whether it could be bound (else ``error`` says why)."""
+
+    port: int
+    listening: bool
+    error: str | None = None
+
+
+def decode_listening(host: str, answer: Any) -> Listening:
+    r = _Reader(host, "listen answer", answer)
+    return Listening(port=r.need_integer("port"), listening=bool(r.data.get("listening")), error=r.text("error"))
+
+
+@dataclass(frozen=True)
+class Reach:
+    """``reach``'s answer: whether node 0's listener answered, else why not."""
+
+    reached: bool
+    error: str | None = None
+    local: str | None = None  # the address the connection went out from
+
+
+def decode_reach(host: str, answer: Any) -> Reach:
+    r = _Reader(host, "reach answer", answer)
+    return Reach(reached=bool(r.data.get("reached")), error=r.text("error"), local=r.text("local"))

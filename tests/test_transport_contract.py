@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,3 +231,34 @@ def test_setup_answers_ok_or_fails_with_its_output(harness: Harness) -> None:
     with pytest.raises(AgentError, match=r"setup failed with status 3; nothing was started; its last lines:\n  \| "
                                          r"broken"):
         harness.transport.call(harness.request("setup", 0, setup=["echo broken >&2; exit 3"], env={}, cwd=None))
+
+def test_the_doctors_inspect_listen_and_reach(harness: Harness) -> None:
+    """``clusterrun doctor``'s requests (doctor.py): paths relative to the workdir, the clock, a
+    listener on node 0 that a connection reaches with its token until ``unlisten``."""
+    from clusterrun.protocol import decode_inspection, decode_listening, decode_reach
+
+    (harness.folder / "train.py").write_text("")
+    if harness.fake is not None:
+        harness.fake.host(harness.transport.name).missing.add("nothere.py")
+    before = time.time()
+    answer = decode_inspection("h", harness.transport.call(
+        {"op": "inspect", "cwd": str(harness.folder), "paths": [".", "train.py", "nothere.py"],
+         "state_dir": harness.state_dir, "deep": False, "gpus": False}))
+    assert answer.paths == {".": "dir", "train.py": "file", "nothere.py": "missing"}
+    assert answer.disk_free is not None and answer.disk_free > 0
+    assert before - 5 < answer.time < time.time() + 5 and answer.logind == ""
+    session = harness.transport.session()  # the listener lives as long as its agent
+    try:
+        listening = decode_listening("h", session.call({"op": "listen", "port": None, "token": "t0k"}))
+        assert listening.listening and 1024 < listening.port < 65536
+        again = decode_listening("h", harness.transport.call({"op": "listen", "port": listening.port, "token": "x"}))
+        assert not again.listening and again.error == "Address already in use"
+        reach = {"op": "reach", "addr": "127.0.0.1", "port": listening.port, "token": "t0k", "timeout": 5}
+        assert decode_reach("h", harness.transport.call(reach)).reached
+        other = decode_reach("h", harness.transport.call(dict(reach, token="another")))  # not our listener
+        assert not other.reached and other.error is not None and "something else answers" in other.error
+        session.call({"op": "unlisten", "port": listening.port})
+        gone = decode_reach("h", harness.transport.call(reach))
+        assert not gone.reached and gone.error == "Connection refused"
+    finally:
+        session.close()

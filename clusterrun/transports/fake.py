@@ -4,7 +4,8 @@ Lifecycle: ``FakeCluster()`` → pass ``cluster.transport`` as the ``transport_f
 ``Job`` (or a job record's owner) → script what the hosts do while the job runs
 (``cluster.node(...).write()`` / ``.exit()``, ``cluster.host(name).drop()`` / ``.restore()`` /
 ``.reboot()``) → nothing to close. It speaks the protocol of ``agent.py``'s docstring (probe,
-start, follow, stop, status, setup, route) over an ``AgentSession`` as the real transports do, and
+start, follow, stop, status, setup, route; inspect, listen, reach for the doctor) over an
+``AgentSession`` as the real transports do, and
 ``tests/test_transport_contract.py`` holds it to the local and SSH transports, so a policy tested
 against it is tested against what the real hosts say. No processes, no clock: a job's "processes"
 run until the test says they end.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,6 +88,19 @@ class FakeHost:
     # the answer to ``route``, or a function of the master's address giving it (default: its own machine, eth0)
     network: dict[str, Any] | Callable[[str], dict[str, Any]] | None = None
     _epoch: int = 0  # bumped by drop(): streams of an older epoch are cut
+    # what `inspect`, `listen` and `reach` find (the doctor's checks; see doctor.py)
+    missing: set[str] = field(default_factory=set)  # paths (as asked, "." for the workdir) that are missing
+    clock_offset: float = 0.0  # its clock against the controller's
+    disk_free: int = 100 << 30
+    torch_cuda: str | None = None
+    nccl: str | None = None
+    torch_devices: int = 0
+    torch_error: str | None = None  # `import torch` fails with this
+    gpu_list: str | None = None  # nvidia-smi -L; None: no nvidia-smi
+    gpu_apps: str = ""
+    logind: str = ""
+    ports_taken: set[int] = field(default_factory=set)  # ports a listen cannot open
+    firewalled: bool = False  # other hosts' connections to its listeners time out
 
     def drop(self) -> None:
         """The network to this host fails: open streams break, new connections are refused."""
@@ -116,6 +131,7 @@ class FakeCluster:
         self.nodes: dict[Key, FakeNode] = {}
         self.requests: list[tuple[str, dict[str, Any]]] = []  # (host, request), every one received
         self._ticks = itertools.count(1)
+        self.listeners: dict[int, tuple[FakeHost, str]] = {}  # port → the host listening and its token
 
     def now(self) -> float:
         """A fake wall clock that only moves forward, one tick per event (orders failures)."""
@@ -159,7 +175,8 @@ class FakeCluster:
             yield from self._follow(host, request, epoch)
             return
         handler = {"probe": self._probe, "start": self._start, "stop": self._stop, "status": self._status,
-                   "setup": self._setup, "route": self._route}.get(str(op))
+                   "setup": self._setup, "route": self._route, "inspect": self._inspect, "listen": self._listen,
+                   "unlisten": self._unlisten, "reach": self._reach}.get(str(op))
         if handler is None:
             yield {"ok": False, "error": f"unknown op {op!r}"}
             return
@@ -189,6 +206,45 @@ class FakeCluster:
             "netns": f"fake:{host.name}", "peer": None, "preset": {},
             "master": {"target": target, "resolved": target, "source": "192.0.2.1",
                        "interface": "eth0", "loopback": False, "error": None}}}
+
+    def _inspect(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        cwd = request.get("cwd") or f"/home/{host.name}"
+        paths = {p: "missing" if p in host.missing else "dir" if p == "." else "file"
+                 for p in request.get("paths") or []}
+        answer: dict[str, Any] = {
+            "ok": True, "time": time.time() + host.clock_offset, "elapsed": 0.0, "cwd": cwd, "paths": paths,
+            "disk": {"path": request.get("state_dir") or "~/.local/state/clusterrun", "free": host.disk_free},
+            "torch_cuda": host.torch_cuda, "logind": host.logind, "logind_scope": False}
+        if request.get("deep"):
+            answer["deep"] = ({"error": host.torch_error} if host.torch_error else
+                              {"version": host.torch, "cuda": host.torch_cuda, "nccl": host.nccl,
+                               "devices": host.torch_devices})
+        if request.get("gpus"):
+            answer["nvidia_smi"] = "/usr/bin/nvidia-smi" if host.gpu_list is not None else None
+            answer["gpu_list"], answer["gpu_apps"] = host.gpu_list, host.gpu_apps
+        return answer
+
+    def _listen(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        port = int(request.get("port") or 29500)
+        if port in host.ports_taken or port in self.listeners:
+            return {"ok": True, "port": port, "listening": False, "error": "Address already in use"}
+        self.listeners[port] = (host, str(request.get("token")))
+        return {"ok": True, "port": port, "listening": True}
+
+    def _unlisten(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        self.listeners.pop(int(request.get("port") or 0), None)
+        return {"ok": True}
+
+    def _reach(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        listener = self.listeners.get(int(request["port"]))
+        if listener is None:
+            return {"ok": True, "reached": False, "error": "Connection refused", "local": None}
+        if listener[0].firewalled and listener[0] is not host:
+            return {"ok": True, "reached": False, "error": "timed out", "local": None}
+        if listener[1] != request.get("token"):
+            return {"ok": True, "reached": False, "local": host.name,
+                    "error": "something else answers there (not clusterrun's listener on node 0)"}
+        return {"ok": True, "reached": True, "error": None, "local": host.name}
 
     @staticmethod
     def _key(request: dict[str, Any]) -> Key:

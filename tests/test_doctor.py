@@ -1,0 +1,257 @@
+"""The doctor's verdicts (pure functions and the fake cluster) and ``up``'s preflight on it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clusterrun import doctor
+from clusterrun.config import ClusterSpec, load_cluster_text
+from clusterrun.doctor import Check, Verdict
+from clusterrun.orchestrator import Job
+from clusterrun.protocol import DeepTorch, Inspection
+from clusterrun.transports.fake import FakeCluster
+from tests.conftest import ROOT
+
+
+def spec_of(n: int = 2, extra: str = "", host_extra: str = "") -> ClusterSpec:
+    hosts = "\n".join(f"  - host: h{i}\n    workdir: /proj{host_extra}" for i in range(n))
+    return load_cluster_text(f"{extra}hosts:\n{hosts}\n", "hosts.yaml")
+
+
+def rows(report: doctor.Report, host: str) -> dict[str, Check]:
+    (found,) = [h for h in report.hosts if h.host == host]
+    return {c.name: c for c in found.checks}
+
+
+def verdicts(report: doctor.Report, host: str) -> dict[str, str]:
+    return {name: c.verdict.value for name, c in rows(report, host).items()}
+
+
+@pytest.fixture
+def fake() -> FakeCluster:
+    return FakeCluster()
+
+
+# ---------------------------------------------------------------------------- on the fake cluster
+
+
+def test_a_healthy_cluster_is_all_ticks(fake: FakeCluster) -> None:
+    report = doctor.run_doctor(spec_of(3), "train.py", fake.transport)
+    assert not report.failed
+    for host in ("h0", "h1", "h2"):
+        assert set(verdicts(report, host).values()) == {"✓"}, report.render()
+        assert {"connection", "python", "torch", "workdir", "script", "state disk", "clock", "logind",
+                "master port", "same versions"} <= set(verdicts(report, host))
+    assert fake.listeners == {}  # node 0's listener was closed again
+    assert "no problem found on 3 host(s)" in report.render()
+
+
+def test_a_missing_script_on_one_host_is_a_problem_there_only(fake: FakeCluster) -> None:
+    fake.host("h1").missing.add("train.py")
+    report = doctor.run_doctor(spec_of(3), "train.py", fake.transport)
+    assert report.failed
+    assert [h.host for h in report.hosts if h.failed] == ["h1"]
+    script = rows(report, "h1")["script"]
+    assert script.verdict is Verdict.FAIL and "relative to the host's workdir" in script.detail
+    assert script.fix is not None and "/proj" in script.fix and "h1" in script.fix
+    assert f"fix: {script.fix}" in report.render()
+
+
+def test_a_missing_workdir_is_a_problem_and_the_script_is_not_looked_for(fake: FakeCluster) -> None:
+    fake.host("h0").missing.add(".")
+    report = doctor.run_doctor(spec_of(2), "train.py", fake.transport)
+    assert verdicts(report, "h0")["workdir"] == "✗"
+    assert "script" not in verdicts(report, "h0")
+
+
+def test_an_odd_torch_is_a_warning_that_names_the_odd_host(fake: FakeCluster) -> None:
+    fake.host("h2").torch = "2.12.0"
+    report = doctor.run_doctor(spec_of(3), None, fake.transport)
+    assert not report.failed  # a warning, not a refusal
+    odd = rows(report, "h2")["same versions"]
+    assert odd.verdict is Verdict.WARN
+    assert odd.detail == "torch 2.12.0 here, 2.13.0 on h0, h1"
+    assert verdicts(report, "h0")["same versions"] == verdicts(report, "h1")["same versions"] == "✓"
+
+
+def test_nccl_and_cuda_come_from_the_import_and_are_compared(fake: FakeCluster) -> None:
+    for name in ("h0", "h1"):
+        fake.host(name).torch_cuda, fake.host(name).nccl = "12.4", "2.21.5"
+    fake.host("h1").nccl = "2.20.3"
+    report = doctor.run_doctor(spec_of(2), None, fake.transport)
+    assert rows(report, "h0")["torch"].detail == "2.13.0, CUDA 12.4, NCCL 2.21.5"
+    # two hosts, two values: node 0's is the reference
+    assert rows(report, "h1")["same versions"].detail == "NCCL 2.20.3 here, 2.21.5 on h0"
+
+
+def test_a_torch_that_does_not_import_is_a_problem(fake: FakeCluster) -> None:
+    fake.host("h1").torch_error = "ImportError: libcudart.so.12: cannot open shared object file"
+    report = doctor.run_doctor(spec_of(2), None, fake.transport)
+    assert verdicts(report, "h1")["torch"] == "✗"
+    assert "libcudart" in rows(report, "h1")["torch"].detail
+
+
+def test_an_unreachable_host_is_one_row_and_the_others_are_checked(fake: FakeCluster) -> None:
+    fake.host("h1").reachable = False
+    report = doctor.run_doctor(spec_of(2), None, fake.transport)
+    assert list(verdicts(report, "h1").items()) == [("connection", "✗")]
+    assert rows(report, "h1")["connection"].detail.startswith("unreachable: ")
+    assert verdicts(report, "h0")["master port"] == "✓"
+
+
+def test_a_master_port_firewalled_on_node0_fails_on_the_other_nodes_with_the_fix(fake: FakeCluster) -> None:
+    fake.host("h0").firewalled = True
+    report = doctor.run_doctor(spec_of(3), None, fake.transport)
+    assert verdicts(report, "h0")["master port"] == "✓"  # it reaches itself
+    for host in ("h1", "h2"):
+        check = rows(report, host)["master port"]
+        assert check.verdict is Verdict.FAIL and "not reached by TCP: timed out" in check.detail
+        assert check.fix is not None and "allow TCP to port 29500 on h0" in check.fix
+
+
+def test_a_fixed_master_port_in_use_on_node0_fails_there(fake: FakeCluster) -> None:
+    fake.host("h0").ports_taken.add(29400)
+    report = doctor.run_doctor(spec_of(2, "master:\n  port: 29400\n"), None, fake.transport)
+    check = rows(report, "h0")["master port"]
+    assert check.verdict is Verdict.FAIL and check.detail == "29400 cannot be opened on h0: Address already in use"
+    assert check.fix == "choose another master.port, or `port: auto`"
+    assert "master port" not in verdicts(report, "h1")
+
+
+def test_skew_disk_logind_and_gpus_on_the_fake(fake: FakeCluster) -> None:
+    h1 = fake.host("h1")
+    h1.clock_offset, h1.disk_free = 30.0, 10 << 20
+    h1.logind = "logind kills every process of this login session at logout. Fix: `loginctl enable-linger u`"
+    h1.gpu_list = "GPU 0: NVIDIA A100 (UUID: GPU-aaa)\n"
+    report = doctor.run_doctor(spec_of(2, host_extra="\n    gpus: [0, 1]"), None, fake.transport)
+    v = verdicts(report, "h1")
+    assert (v["clock"], v["state disk"], v["logind"], v["gpus"]) == ("!", "✗", "✗", "✗")
+    assert rows(report, "h1")["logind"].fix == "`loginctl enable-linger u`"
+    assert rows(report, "h1")["gpus"].detail == "GPU 1 asked for; nvidia-smi sees 0"
+    assert verdicts(report, "h0")["gpus"] == "!"  # no nvidia-smi: cannot check
+
+
+# ------------------------------------------------------------------------------- up's preflight
+
+
+def prepared(fake: FakeCluster, spec: ClusterSpec) -> Job:
+    job = Job(spec, "train.py", job_id="j-1", name="j", emit=None, transport_factory=fake.transport)
+    job.prepare()
+    return job
+
+
+def run_preflight(job: Job, spec: ClusterSpec, full: bool = True) -> doctor.Report:
+    assert job.plan is not None
+    return doctor.preflight([job.probed(r) for r in range(job.plan.nnodes)], spec, "train.py",
+                            addr=job.plan.master_addr, port=job.plan.master_port, local_cwd=None, full=full)
+
+
+def test_preflight_refuses_a_missing_script_on_any_host_before_anything_starts(fake: FakeCluster) -> None:
+    spec = spec_of(3)
+    fake.host("h2").missing.add("train.py")
+    job = prepared(fake, spec)
+    try:
+        refused = doctor.refusal(run_preflight(job, spec))
+    finally:
+        job.close()
+    assert refused is not None
+    assert refused.render().splitlines() == [
+        "1 host(s) cannot run the job (preflight); nothing was started",
+        "h2: script: train.py is missing in /proj (SCRIPT is relative to the host's workdir)",
+        "  hint: copy train.py to /proj on h2, or fix workdir: for this host"]
+    assert fake.ops("start") == []
+    # the preflight asked the agents that probed (one session per host, no new connection)
+    assert {h: fake.host(h).connects for h in ("h0", "h1", "h2")} == {"h0": 2, "h1": 2, "h2": 2}
+
+
+def test_no_preflight_skips_the_port_test_and_versions_but_not_the_script(fake: FakeCluster) -> None:
+    spec = spec_of(2)
+    fake.host("h0").firewalled = True
+    fake.host("h1").torch = "2.12.0"
+    job = prepared(fake, spec)
+    try:
+        cheap = run_preflight(job, spec, full=False)
+        assert fake.ops("listen") == [] and fake.ops("reach") == []
+        full = run_preflight(job, spec, full=True)
+    finally:
+        job.close()
+    assert doctor.refusal(cheap) is None
+    assert "master port" not in verdicts(cheap, "h1") and "same versions" not in verdicts(cheap, "h1")
+    assert {"workdir", "script"} <= set(verdicts(cheap, "h1"))
+    assert verdicts(full, "h1")["master port"] == "✗"
+    assert doctor.warnings(full) == ["h1: same versions: torch 2.12.0 here, 2.13.0 on h0 (fix: install the same "
+                                     "versions on every host (mismatches hang or crash collectives))"]
+
+
+# ------------------------------------------------------------------------------ the pure checks
+
+
+def inspection(**kw: object) -> Inspection:
+    base: dict[str, object] = {"cwd": "/proj", "paths": {".": "dir"}, "time": 100.0, "disk_path": "/s",
+                               "disk_free": 50 << 30}
+    base.update(kw)
+    return Inspection(**base)  # type: ignore[arg-type]
+
+
+def test_version_checks_take_the_majority_and_name_every_odd_host() -> None:
+    found = {0: ("a", {"torch": "2.12"}), 1: ("b", {"torch": "2.13"}), 2: ("c", {"torch": "2.13"}),
+             3: ("d", {"torch": "2.11"})}
+    checks = doctor.version_checks(found)
+    assert checks[0].detail == "torch 2.12 here, 2.13 on b, c"
+    assert checks[3].detail == "torch 2.11 here, 2.13 on b, c"
+    assert checks[1].verdict is checks[2].verdict is Verdict.OK
+    assert doctor.version_checks({0: ("a", {"torch": "2.12"})}) == {}
+
+
+def test_clock_skew_counts_only_beyond_the_round_trip() -> None:
+    assert doctor.clock_check(inspection(time=101.5), 99.0, 101.0).verdict is Verdict.OK  # within ±1 s + 1 s
+    skewed = doctor.clock_check(inspection(time=103.5), 99.9, 100.1)
+    assert skewed.verdict is Verdict.WARN and skewed.detail.startswith("+3.50 s")
+
+
+def test_disk_thresholds() -> None:
+    assert doctor.disk_check(inspection(disk_free=2 << 30)).verdict is Verdict.OK
+    assert doctor.disk_check(inspection(disk_free=500 << 20)).verdict is Verdict.WARN
+    assert doctor.disk_check(inspection(disk_free=1 << 20)).verdict is Verdict.FAIL
+    assert doctor.disk_check(inspection(disk_free=None, disk_error="Permission denied")).verdict is Verdict.FAIL
+
+
+def test_gpus_by_index_or_uuid_and_busy_ones_warn() -> None:
+    spec = load_cluster_text("hosts:\n  - host: g\n    gpus: [0, GPU-bbb]\n", "h.yaml")
+    smi = "GPU 0: NVIDIA A100 (UUID: GPU-aaa)\nGPU 1: NVIDIA A100 (UUID: GPU-bbb)\n"
+    host = spec.hosts[0]
+    assert doctor.gpu_check(host, inspection(nvidia_smi="/x", gpu_list=smi)).verdict is Verdict.OK  # type: ignore[union-attr]
+    busy = doctor.gpu_check(host, inspection(nvidia_smi="/x", gpu_list=smi,
+                                             gpu_apps="GPU-bbb, 4242, /usr/bin/python3\n"))
+    assert busy is not None and busy.verdict is Verdict.WARN and busy.detail == "busy: GPU GPU-bbb: pid 4242 python3"
+    cpu_torch = doctor.gpu_check(host, inspection(nvidia_smi="/x", gpu_list=smi, deep=DeepTorch("2.13.0+cpu")))
+    assert cpu_torch is not None and cpu_torch.verdict is Verdict.FAIL and "torch sees 0 CUDA" in cpu_torch.detail
+    failed = doctor.gpu_check(host, inspection(nvidia_smi="/x", gpu_list=None))
+    assert failed is not None and failed.verdict is Verdict.FAIL
+    assert doctor.gpu_check(load_cluster_text("hosts:\n  - c\n").hosts[0], inspection()) is None
+
+
+def test_connection_errors_keep_the_transports_words_and_hint() -> None:
+    from clusterrun.errors import AuthError, HostKeyError
+    from clusterrun.transports.fake import FakeTransport
+
+    transport = FakeTransport(load_cluster_text("hosts:\n  - gpu-b\n").hosts[0], FakeCluster())
+    key = doctor.connection_check(transport, HostKeyError("gpu-b", "unknown host key for 10.0.0.12 (ssh-ed25519 "
+                                                           "SHA256:Qm9v)", hint="`ssh-keyscan 10.0.0.12 >> ...`"))
+    assert key == Check("connection", Verdict.FAIL, "host key: unknown host key for 10.0.0.12 (ssh-ed25519 "
+                        "SHA256:Qm9v)", "`ssh-keyscan 10.0.0.12 >> ...`")
+    auth = doctor.connection_check(transport, AuthError("gpu-b", "authentication failed"))
+    assert auth.detail == "authentication: authentication failed" and auth.fix is not None and "ssh-add" in auth.fix
+
+
+def test_doctor_on_a_bad_hosts_file_is_bad_input(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("hosts:\n  - host: a\n    gpus: four\n")
+    proc = subprocess.run([sys.executable, "-m", "clusterrun", "doctor", str(hosts)], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode == 2 and "hosts[0].gpus: expected a list of GPU ids or a count" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,256 @@
+"""`clusterrun doctor` and `up`'s preflight on simulated SSH hosts (real sshd, real agents, real TCP),
+and on a local host with a fake `nvidia-smi`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_up, up_argv
+from tests.simhosts import SimCluster, SimHost
+from tests.test_ssh import job_processes, ssh_hosts
+
+pytestmark = pytest.mark.integration
+MakeCluster = Callable[..., SimCluster]
+SCRIPT = "examples/allreduce.py"
+
+
+def run_doctor(hosts: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "clusterrun", "doctor", str(hosts), *args], capture_output=True,
+                          text=True, timeout=180, cwd=ROOT, env=env)
+
+
+def rows(stdout: str, host: str) -> dict[str, str]:
+    """The doctor's rows of ``host``: check name → the verdict and what follows it (and its fix line)."""
+    found: dict[str, str] = {}
+    current = None
+    last = ""
+    for line in stdout.splitlines():
+        if line.startswith("node"):
+            current = line.split()[1]
+            line = line[len(line.split("  ")[0]):]
+        if current != host:
+            continue
+        text = line.strip()
+        if text.startswith("fix: ") and last:
+            found[last] += "\n" + text
+        elif text[:1] in ("✓", "✗", "!"):
+            verdict, rest = text[0], text[2:]
+            name, _, detail = rest.partition("  ")
+            last = name.strip()
+            found[last] = f"{verdict} {detail.strip()}"
+    return found
+
+
+def set_host(hosts: Path, name: str, *lines: str) -> None:
+    """Add ``lines`` (``key: value``) to host ``name`` in the hosts file."""
+    text = hosts.read_text()
+    entry = f"  - host: {name}\n"
+    hosts.write_text(text.replace(entry, entry + "".join(f"    {line}\n" for line in lines)))
+
+
+def assert_nothing_started(proc: subprocess.CompletedProcess[str], state: Path, cluster: SimCluster,
+                           xdg: Path) -> None:
+    assert proc.returncode == 3, proc.stderr
+    assert "nothing was started" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (state / "jobs").exists()  # no node started anywhere
+    assert not list(xdg.glob("clusterrun/jobs/*"))  # no record: `ps` shows nothing
+    for host in cluster.hosts:
+        assert job_processes(host) == []
+
+
+@contextmanager
+def listener_on(host: SimHost, port: int) -> Iterator[None]:
+    """Something else holding TCP ``port`` on ``host`` (inside its network namespace)."""
+    code = ("import socket, sys; s = socket.socket(); s.bind(('', int(sys.argv[1]))); s.listen(); "
+            "print('ready', flush=True); sys.stdin.read()")
+    enter = ["nsenter", f"--target={host.pid}", "--net"] if host.isolated else []
+    proc = subprocess.Popen([*enter, sys.executable, "-c", code, str(port)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        yield
+    finally:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.close()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+
+
+def test_doctor_passes_on_healthy_hosts_and_names_a_missing_script_and_python(
+        sim_cluster: MakeCluster, tmp_path: Path, controller_state: Path) -> None:
+    cluster = sim_cluster(3)
+    state = tmp_path / "state"
+    hosts = ssh_hosts(tmp_path, cluster, [1, 1, 1], state)
+    proc = run_doctor(hosts, SCRIPT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for host in ("sim1", "sim2", "sim3"):
+        found = rows(proc.stdout, host)
+        assert {name: v[0] for name, v in found.items()} == {
+            "connection": "✓", "python": "✓", "torch": "✓", "workdir": "✓", "script": "✓", "state disk": "✓",
+            "clock": "✓", "logind": "✓", "master port": "✓", "same versions": "✓"}, proc.stdout
+    assert rows(proc.stdout, "sim2")["master port"].startswith(f"✓ {cluster.hosts[0].address}:")
+
+    # sim2: the script is not under its workdir; sim3: no such interpreter
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    set_host(hosts, "sim2", f"workdir: {elsewhere}")
+    set_host(hosts, "sim3", "python: /opt/nowhere/python3")
+    proc = run_doctor(hosts, SCRIPT)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "✗" not in "".join(rows(proc.stdout, "sim1").values())
+    script = rows(proc.stdout, "sim2")["script"]
+    assert script == (f"✗ {SCRIPT} is missing in {elsewhere} (SCRIPT is relative to the host's workdir)\n"
+                      f"fix: copy {SCRIPT} to {elsewhere} on sim2, or fix workdir: for this host")
+    python = rows(proc.stdout, "sim3")
+    assert list(python) == ["connection", "python"]
+    assert python["python"].startswith("✗ cannot run /opt/nowhere/python3: ")
+    assert "/opt/nowhere/python3: No such file or directory" in python["python"]
+    assert python["python"].endswith("fix: install Python >= 3.8 there, or set `python:` for this host to an "
+                                     "interpreter that exists")
+    assert "2 problem(s) (✗) on sim2, sim3" in proc.stdout
+
+    # up refuses before anything starts anywhere, naming the host and the path
+    proc = run_up(hosts, SCRIPT)
+    assert_nothing_started(proc, state, cluster, controller_state)
+    proc = run_up("--dry-run", hosts, SCRIPT)
+    assert proc.returncode == 3 and "job " not in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_up_refuses_a_missing_script_or_workdir_on_one_host_and_leaves_no_record(
+        sim_cluster: MakeCluster, tmp_path: Path, controller_state: Path) -> None:
+    cluster = sim_cluster(2)
+    state = tmp_path / "state"
+    hosts = ssh_hosts(tmp_path, cluster, [1, 1], state)
+    text = hosts.read_text()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    set_host(hosts, "sim2", f"workdir: {elsewhere}")
+    proc = run_up(hosts, SCRIPT)
+    assert_nothing_started(proc, state, cluster, controller_state)
+    assert (f"sim2: script: {SCRIPT} is missing in {elsewhere} (SCRIPT is relative to the host's workdir)\n"
+            f"  hint: copy {SCRIPT} to {elsewhere} on sim2, or fix workdir: for this host") in proc.stderr
+    assert "sim1:" not in proc.stderr
+
+    hosts.write_text(text)
+    set_host(hosts, "sim2", "workdir: /root/no-such-project")
+    for args in ((), ("--no-preflight",), ("--dry-run",)):  # the cheap checks always run
+        proc = run_up(*args, hosts, SCRIPT)
+        assert_nothing_started(proc, state, cluster, controller_state)
+        assert "sim2: workdir: /root/no-such-project does not exist" in proc.stderr, proc.stderr
+
+
+def test_a_blocked_master_port_is_found_by_doctor_and_refused_by_up(
+        sim_cluster: MakeCluster, tmp_path: Path, controller_state: Path) -> None:
+    cluster = sim_cluster(2)
+    state = tmp_path / "state"
+    hosts = ssh_hosts(tmp_path, cluster, [1, 1], state)
+    text = hosts.read_text()
+    port = 29417
+
+    # taken on node 0 by another program
+    hosts.write_text(text + f"master:\n  port: {port}\n")
+    with listener_on(cluster.hosts[0], port):
+        proc = run_doctor(hosts)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert rows(proc.stdout, "sim1")["master port"] == (
+            f"✗ {port} cannot be opened on sim1: Address already in use\n"
+            "fix: choose another master.port, or `port: auto`")
+        proc = run_up(hosts, SCRIPT)
+        assert_nothing_started(proc, state, cluster, controller_state)
+        assert f"sim1: master port: {port} cannot be opened on sim1: Address already in use" in proc.stderr
+
+    # free on node 0, but not reachable from node 1 at the master address (a loopback address here)
+    hosts.write_text(text + f"master:\n  addr: 127.0.0.1\n  port: {port}\n")
+    proc = run_doctor(hosts)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert rows(proc.stdout, "sim1")["master port"].startswith(f"✓ 127.0.0.1:{port} on sim1 reached by TCP")
+    assert rows(proc.stdout, "sim2")["master port"] == (
+        f"✗ 127.0.0.1:{port} on sim1 not reached by TCP: Connection refused\n"
+        f"fix: allow TCP to port {port} on sim1 from sim2 (firewall), or set master.addr (or node 0's address:) to "
+        "an address every node reaches")
+    proc = run_up(hosts, SCRIPT)
+    assert_nothing_started(proc, state, cluster, controller_state)
+    assert f"sim2: master port: 127.0.0.1:{port} on sim1 not reached by TCP: Connection refused" in proc.stderr
+    # --dry-run runs the TCP test; --no-preflight skips it
+    proc = run_up("--dry-run", hosts, SCRIPT)
+    assert proc.returncode == 3 and "sim2: master port: " in proc.stderr, proc.stderr
+    proc = run_up("--dry-run", "--no-preflight", hosts, SCRIPT)
+    assert proc.returncode == 0 and f"master 127.0.0.1:{port}" in proc.stdout, proc.stderr
+
+
+def test_a_host_with_another_torch_is_named_in_a_warning(sim_cluster: MakeCluster, tmp_path: Path) -> None:
+    cluster = sim_cluster(2)
+    hosts = ssh_hosts(tmp_path, cluster, [1, 1], tmp_path / "state")
+    # sim2's interpreter finds a torch that says it is 2.12.0 first on its path
+    stub = tmp_path / "stub"
+    (stub / "torch").mkdir(parents=True)
+    (stub / "torch" / "version.py").write_text("__version__ = '2.12.0'\ncuda = None\n")
+    (stub / "torch" / "__init__.py").write_text(
+        "from torch import version\n__version__ = version.__version__\n"
+        "class cuda:\n    is_available = staticmethod(lambda: False)\n")
+    python = tmp_path / "python-old-torch"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={stub} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    set_host(hosts, "sim2", f"python: {python}")
+    proc = run_doctor(hosts, SCRIPT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # a warning, not a problem
+    import torch
+
+    assert rows(proc.stdout, "sim2")["torch"] == "✓ 2.12.0, CUDA none, NCCL none"
+    assert rows(proc.stdout, "sim2")["same versions"] == (
+        f"! torch 2.12.0 here, {torch.__version__} on sim1\n"
+        "fix: install the same versions on every host (mismatches hang or crash collectives)")
+    assert rows(proc.stdout, "sim1")["same versions"].startswith("✓")
+    # up warns with the same words (here with --dry-run: the stub could not train)
+    proc = run_up("--dry-run", hosts, SCRIPT)
+    assert proc.returncode == 0, proc.stderr
+    assert f"clusterrun: warning: sim2: same versions: torch 2.12.0 here, {torch.__version__} on sim1" in proc.stderr
+    assert os.path.exists(python)
+
+
+FAKE_SMI = """#!/bin/sh
+case "$1" in
+  -L) printf 'GPU 0: NVIDIA Fake 80GB (UUID: GPU-aaaa)\\nGPU 1: NVIDIA Fake 80GB (UUID: GPU-bbbb)\\n' ;;
+  --query-compute-apps=*) printf 'GPU-bbbb, 4242, /usr/bin/python3\\n' ;;
+  *) exit 2 ;;
+esac
+"""
+
+
+def test_gpus_against_a_fake_nvidia_smi(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    hosts = tmp_path / "hosts.yaml"
+
+    def up(gpus: str) -> subprocess.CompletedProcess[str]:
+        hosts.write_text(f"state_dir: {tmp_path / 'state'}\nhosts:\n  - host: local-a\n    transport: local\n"
+                         f"    gpus: {gpus}\n")
+        return subprocess.run(up_argv("--dry-run", hosts, SCRIPT), capture_output=True, text=True, timeout=120,
+                              cwd=ROOT, env=env)
+
+    proc = up("[0, GPU-bbbb]")  # by index and by UUID; GPU 1 runs someone else's process
+    assert proc.returncode == 0, proc.stderr
+    assert ("clusterrun: warning: local-a: gpus: busy: GPU GPU-bbbb: pid 4242 python3 (fix: stop those processes "
+            "on local-a or choose other gpus:)") in proc.stderr
+    proc = up("[0, 3]")
+    assert proc.returncode == 3, proc.stderr
+    assert "local-a: gpus: GPU 3 asked for; nvidia-smi sees 0, 1\n  hint: fix gpus: for this host" in proc.stderr
+    assert not (tmp_path / "state" / "jobs").exists()
+    # the doctor imports torch: this one is a CPU build
+    up("[0]")
+    proc = run_doctor(hosts, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert rows(proc.stdout, "local-a")["gpus"] == (
+        "✗ torch sees 0 CUDA device(s), the hosts file asks for 1\n"
+        "fix: install a CUDA build of torch matching the driver")
