@@ -166,14 +166,16 @@ def fan_out(*emits: Emit) -> Emit:
 
 def follower(record: JobRecord, emit: Emit | None, *, fail_fast: bool, follow_logs: bool, attempt: int | None = None,
              offsets: dict[int, int] | None = None, tail: int | None = None,
-             ranks: Sequence[int] | None = None, reconnect: Reconnect | None = None) -> Job:
-    """A ``Job`` that follows an attempt of the recorded job (the current one unless given)."""
+             ranks: Sequence[int] | None = None, reconnect: Reconnect | None = None, scrollback: int = 0) -> Job:
+    """A ``Job`` that follows an attempt of the recorded job (the current one unless given);
+    ``scrollback``: with ``offsets``, first the last lines before them (``LogLines(earlier=True)``)."""
     spec = spec_of(record)
     plan = plan_from_json(record.plan, spec)
     job = Job(spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
               grace=record.grace, attempt=attempt or record.attempt, transport_factory=transport_factory(record),
               fail_fast=fail_fast, follow_logs=follow_logs, offsets=offsets, tail=tail, ranks=ranks,
-              reconnect=reconnect or Reconnect(give_up_after=record.unreachable_timeout if fail_fast else None))
+              reconnect=reconnect or Reconnect(give_up_after=record.unreachable_timeout if fail_fast else None),
+              scrollback=scrollback)
     job.resume(plan)
     return job
 

@@ -32,15 +32,19 @@ from clusterrun.runner import Runner, restart_job
 KILLED = "stopped from the dashboard"
 
 
-def attempt_event(plan: LaunchPlan, attempt: int) -> AttemptStarted:
-    """What a consumer needs to know of an attempt's plan, as an event."""
+def attempt_event(plan: LaunchPlan, attempt: int, record: JobRecord | None = None) -> AttemptStarted:
+    """What a consumer needs to know of an attempt's plan, as an event (with when the attempt
+    started and ended, as ``record`` says)."""
+    times = next((a for a in record.attempts if a.attempt == attempt), None) if record is not None else None
     nodes = []
     for launch in plan.nodes:
         gpus = launch.env.get("CUDA_VISIBLE_DEVICES")
         nodes.append((launch.host.host, launch.nproc, gpus if gpus else None))
     return AttemptStarted(None, job_id=plan.job_id, name=plan.name, attempt=attempt,
                           master_addr=plan.master_addr, master_port=plan.master_port,
-                          world_size=plan.world_size, nodes=tuple(nodes))
+                          world_size=plan.world_size, nodes=tuple(nodes),
+                          started=times.started if times is not None else None,
+                          ended=times.ended if times is not None else None)
 
 
 class Session:
@@ -51,7 +55,7 @@ class Session:
     ``restart_job``'s: a session only runs them off the consumer's thread."""
 
     def __init__(self, store: JobStore, record: JobRecord, emit: Emit | None = None, *, runner: Runner | None = None,
-                 offsets: dict[int, int] | None = None, tail: int | None = None) -> None:
+                 offsets: dict[int, int] | None = None, tail: int | None = None, scrollback: int = 0) -> None:
         self.store = store
         self.record = record
         self._listeners: list[Emit] = [emit] if emit is not None else []
@@ -63,6 +67,7 @@ class Session:
         self._to_start = runner is not None
         self._offsets = offsets
         self._tail = tail
+        self._scrollback = scrollback  # lines shown before where the last viewer stopped (attach)
         self._viewer: Job | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -108,7 +113,7 @@ class Session:
         if runner is not None and self._to_start:
             self._to_start = False
             assert runner.job.plan is not None
-            self.emit(attempt_event(runner.job.plan, runner.job.attempt))
+            self.emit(attempt_event(runner.job.plan, runner.job.attempt, runner.record))
             try:
                 runner.start()
             except HostsUnavailable as exc:
@@ -124,7 +129,8 @@ class Session:
         """Follow the job's current attempt as a viewer (the monitor owns it); False if it cannot be."""
         try:
             record = self.store.load(self.job_id)
-            job = follower(record, self.emit, fail_fast=False, follow_logs=True, offsets=offsets, tail=tail)
+            job = follower(record, self.emit, fail_fast=False, follow_logs=True, offsets=offsets, tail=tail,
+                           scrollback=self._scrollback if offsets else 0)
         except ClusterrunError as exc:  # e.g. the record is gone or damaged: the UI shows it
             self.error = exc
             return False
@@ -135,7 +141,7 @@ class Session:
 
     def _announce(self, record: JobRecord, job: Job) -> None:
         assert job.plan is not None
-        self.emit(attempt_event(job.plan, record.attempt))
+        self.emit(attempt_event(job.plan, record.attempt, record))
         for launch in job.plan.nodes:  # as ``resume`` assumes until the hosts say otherwise
             self.emit(NodeStateChanged(launch.rank, host=launch.host.host, state=NodeState.RUNNING))
             known = record.nodes[launch.rank] if launch.rank < len(record.nodes) else None

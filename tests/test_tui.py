@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from textual.strip import Strip
 
-from clusterrun.events import LogLines, NodeState
+from clusterrun.events import Event, LogLines, NodeExited, NodeResult, NodeState
 from clusterrun.jobs import JobStore
 from clusterrun.session import Session
 from clusterrun.tui import Confirm, Dashboard, RingLog
 from tests.conftest import ROOT, SUPPORT, marked, wait_for, write_hosts
 from tests.test_lifecycle import counter_lines, ps_json, up_detached, wait_state
-from tests.test_tui_snapshots import Scripted, started
+from tests.test_tui_snapshots import T0, Scripted, started
 
 pytestmark = pytest.mark.integration
 
@@ -184,7 +184,7 @@ def test_scrolling_up_freezes_the_log_while_lines_pour_in_and_end_or_f_follows_a
         pour(450, 700)
         await until(pilot, lambda: app.board.nodes[0].log.count == 12 + 700, 5, "more lines")
         await pilot.press("N")  # type: ignore[attr-defined]
-        assert log.lines[app._matches[app._match]] == "line 440"  # the matches still point at their lines
+        assert log.lines[app._matches[app._match] - log.first] == "line 440"  # the matches still point at their lines
         await pilot.press("escape", "f")  # type: ignore[attr-defined]
         assert not log.frozen and log.lines[-1] == "line 699"
         await pilot.press("q")  # type: ignore[attr-defined]
@@ -338,3 +338,84 @@ def test_the_help_says_what_the_digit_keys_do() -> None:
     drive(app, script)
     assert "1–9      jump to node 0–8" in seen["help"], seen["help"]
     assert seen["title"].startswith("node 1 (gpu-b)"), seen["title"]
+
+
+def saved_lines(node: int) -> list[Event]:
+    """Node ``node`` saves three checkpoints among its lines."""
+    lines = tuple(f"[rank{2 * node}]:step {i}" + (" checkpoint saved" if i % 10 == 5 else "") for i in range(30))
+    return [LogLines(node, host="gpu-a", lines=lines, ts=T0 + 6)]
+
+
+def test_a_search_goes_on_working_after_switching_nodes_and_back() -> None:
+    """`/saved` finds 1/3; after showing another node and coming back the three matches are
+    still found (it said "no match" with three on screen, and n did nothing)."""
+    app = Dashboard(Scripted([*started(), *saved_lines(0)], running=True), ring=200)  # type: ignore[arg-type]
+
+    def title() -> str:
+        return str(app.query_one("#logtitle").render())
+
+    def current() -> str:
+        log = app.query_one("#log", RingLog)
+        return log.lines[app._matches[app._match] - log.first]
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: any("saved" in line for line in log_lines(app)), 5, "node 0's lines")
+        await pilot.press("slash", *"saved", "enter")  # type: ignore[attr-defined]
+        assert "/saved/ 1/3" in title() and current().endswith("step 5 checkpoint saved")
+        await pilot.press("2")  # type: ignore[attr-defined]
+        await pilot.pause()  # type: ignore[attr-defined]
+        assert "/saved/ no match" in title()  # node 1 saved nothing
+        await pilot.press("1")  # type: ignore[attr-defined]
+        await pilot.pause()  # type: ignore[attr-defined]
+        assert "/saved/ 3 matches" in title(), title()
+        app.emit(LogLines(0, host="gpu-a", lines=("[rank0]:step 30 checkpoint saved", "[rank0]:step 31")))
+        await until(pilot, lambda: "/saved/ 4 matches" in title(), 5, "the new line found while following")
+        await pilot.press("n")  # type: ignore[attr-defined]
+        assert "/saved/ 1/4" in title() and current().endswith("step 5 checkpoint saved")
+        await pilot.press("n", "n")  # type: ignore[attr-defined]
+        assert "/saved/ 3/4" in title() and current().endswith("step 25 checkpoint saved")
+        await pilot.press("n")  # type: ignore[attr-defined]
+        assert "/saved/ 4/4" in title() and current().endswith("step 30 checkpoint saved")
+        await pilot.press("N", "N")  # type: ignore[attr-defined]
+        assert "/saved/ 2/4" in title() and current().endswith("step 15 checkpoint saved")
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)
+
+
+def test_after_a_failure_the_root_cause_node_is_selected_and_its_log_shown(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached("--grace", "3", hosts, SUPPORT / "fail_rank.py", "1", "raise", "custom failure 42")
+    app = dashboard_on(job, tail=0)
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        assert app._view == 0
+        await until(pilot, lambda: app.board.finished, 90, "the job to fail")
+        await pilot.pause()  # type: ignore[attr-defined]
+        assert app.board.state == "failed" and app.board.root_rank() == 1
+        assert app._view == 1 and app.query_one("#nodes").cursor_row == 1  # type: ignore[attr-defined]
+        assert any("custom failure 42" in line for line in log_lines(app))
+        assert str(app.query_one("#logtitle").render()).startswith("node 1 (local-b)")  # type: ignore[attr-defined]
+        await pilot.press("1")  # type: ignore[attr-defined]  # the user looks elsewhere: it stays there
+        await pilot.pause(0.3)  # type: ignore[attr-defined]
+        assert app._view == 0
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)
+    assert app.return_value == 1
+
+
+def test_the_node_that_fails_first_is_selected_while_the_others_are_stopped() -> None:
+    app = Dashboard(Scripted(started(), running=True), ring=200)  # type: ignore[arg-type]
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: log_lines(app), 5, "the first lines")
+        assert app._view == 0
+        app.emit(LogLines(2, host="gpu-c", lines=("[rank5]:RuntimeError: boom",)))
+        app.emit(NodeExited(2, result=NodeResult(2, "gpu-c", NodeState.FAILED, exit_code=1)))
+        await until(pilot, lambda: app._view == 2, 5, "node 2 to be shown")
+        assert app.query_one("#nodes").cursor_row == 2  # type: ignore[attr-defined]
+        assert log_lines(app)[-1] == "[rank5]:RuntimeError: boom"
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)
