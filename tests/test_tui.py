@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import os
 import shutil
@@ -16,12 +17,13 @@ from pathlib import Path
 import pytest
 from textual.strip import Strip
 
-from clusterrun.events import Event, LogLines, NodeExited, NodeResult, NodeState
-from clusterrun.jobs import JobStore
+from clusterrun.board import RESUMED
+from clusterrun.events import AttemptStarted, Event, LogLines, NodeDegraded, NodeExited, NodeResult, NodeState
+from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.session import Session
 from clusterrun.tui import Confirm, Dashboard, RingLog
 from tests.conftest import ROOT, SUPPORT, marked, wait_for, write_hosts
-from tests.test_lifecycle import counter_lines, ps_json, up_detached, wait_state
+from tests.test_lifecycle import attempt_dir, counter_lines, ps_json, up_detached, wait_state
 from tests.test_tui_snapshots import T0, Scripted, started
 
 pytestmark = pytest.mark.integration
@@ -124,7 +126,9 @@ def test_restart_asks_then_starts_attempt_two(tmp_path: Path, state_dir: Path) -
         await until(pilot, lambda: app.board.attempt == 2 and table_states(app) == ["running", "running"], 90,
                     "attempt 2 running")
         assert not set(first) & set(marked(job))  # nothing of attempt 1 is left
-        assert "attempt 2" in str(app.query_one("#header").render())  # type: ignore[attr-defined]
+        header = str(app.query_one("#header").render())  # type: ignore[attr-defined]
+        assert "attempt 2 · " in header
+        assert header.splitlines()[-1] == "attempt 2 started"  # not "restarting: stopping attempt 1 ..." any more
         await pilot.press("d")  # type: ignore[attr-defined]
         await until(pilot, lambda: not app.is_running, 15, "the app to exit")
 
@@ -416,6 +420,89 @@ def test_the_node_that_fails_first_is_selected_while_the_others_are_stopped() ->
         await until(pilot, lambda: app._view == 2, 5, "node 2 to be shown")
         assert app.query_one("#nodes").cursor_row == 2  # type: ignore[attr-defined]
         assert log_lines(app)[-1] == "[rank5]:RuntimeError: boom"
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)
+
+
+def test_attach_shows_what_came_before_the_resume_point_the_real_elapsed_time_and_a_degraded_node(
+        tmp_path: Path, state_dir: Path) -> None:
+    """attach resumes where the last viewer stopped, with the 5 lines before that point above a
+    separator; the header counts from the attempt's start in its record (1000 s ago here), not from
+    the attach; a node whose supervisor left its `degraded` marker shows it while the job runs."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    log0 = attempt_dir(state_dir, job, 0) / "output.log"
+    wait_for(lambda: b"[rank0]:rank 0 line 25\n" in log0.read_bytes(), timeout=60, what="node 0's lines")
+    data = log0.read_bytes()
+    resume = data.index(b"[rank0]:rank 0 line 20\n")
+    store = JobStore()
+
+    def viewed_earlier(record: JobRecord) -> None:  # a viewer showed node 0 up to line 19; the job started long ago
+        record.nodes[0].seen = resume
+        record.attempts[-1].started -= 1000
+
+    record = store.update(job, viewed_earlier)
+    started = record.attempts[-1].started
+    app = dashboard_on(job, offsets={n.rank: n.seen for n in record.nodes}, scrollback=5)
+    reason = "the supervisor could not write its state (no space left on the file system of a test)"
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: RESUMED in log_lines(app) and log_lines(app)[-1] != RESUMED, 60, "the new lines")
+        shown = log_lines(app)
+        at = shown.index(RESUMED)
+        assert shown[:at] == data[:resume].decode().splitlines()[-5:] == [
+            f"[rank0]:rank 0 line {i}" for i in range(15, 20)]
+        assert shown[at + 1:at + 4] == [f"[rank0]:rank 0 line {i}" for i in range(20, 23)]  # nothing lost or repeated
+        header = str(app.query_one("#header").render())  # type: ignore[attr-defined]
+        assert time.time() - started + 1 >= app.board.elapsed() >= 1000  # the record's start, not the attach's
+        assert " · 16:" in header or " · 17:" in header, header
+        (attempt_dir(state_dir, job, 1) / "degraded").write_text(reason)  # as the supervisor leaves it
+        await until(pilot, lambda: app.board.nodes[1].degraded == reason, 30, "node 1 degraded")
+        await pilot.pause(0.2)  # type: ignore[attr-defined]
+        assert "degraded" in str(app.query_one("#nodes").get_row("1")[3])  # type: ignore[attr-defined]
+        assert f"node1 local-b: degraded: {reason}" in str(app.query_one("#report").render())  # type: ignore
+        assert "1 degraded" in str(app.query_one("#header").render())  # type: ignore[attr-defined]
+        await pilot.press("d")  # type: ignore[attr-defined]
+        await until(pilot, lambda: not app.is_running, 15, "the app to exit")
+
+    drive(app, script)
+    assert subprocess.run([sys.executable, "-m", "clusterrun", "down", job], cwd=ROOT).returncode == 0
+
+
+def test_the_elapsed_time_is_the_attempt_s_as_recorded_and_stops_at_its_recorded_end() -> None:
+    now = 50_000.0  # the wall clock; the board's own clock is the snapshots' T0 + 30
+
+    def attempt(**times: float) -> list[Event]:
+        first = started()[0]
+        assert isinstance(first, AttemptStarted)
+        return [dataclasses.replace(first, **times), *started()[1:]]
+
+    for times, shown in (({"started": now - 125}, "02:05"), ({"started": now - 4000, "ended": now - 400}, "1:00:00")):
+        app = Dashboard(Scripted(attempt(**times), running=True), clock=lambda: T0 + 30,  # type: ignore[arg-type]
+                        wall=lambda: now)
+
+        async def script(app: Dashboard, pilot: object, shown: str = shown) -> None:
+            await until(pilot, lambda: app.board.job_id, 5, "the attempt")
+            await pilot.pause()  # type: ignore[attr-defined]
+            assert f"attempt 1 · {shown}\n" in str(app.query_one("#header").render())  # type: ignore[attr-defined]
+            await pilot.press("q")  # type: ignore[attr-defined]
+
+        drive(app, script)
+
+
+def test_a_degraded_node_is_shown_in_the_table_below_it_and_in_the_header() -> None:
+    reason = "the supervisor could not write its state (read-only file system)"
+    app = Dashboard(Scripted([*started(), NodeDegraded(2, host="gpu-c", reason=reason)], running=True))  # type: ignore
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: app.board.nodes and app.board.nodes[-1].degraded, 5, "the events")
+        await pilot.pause()  # type: ignore[attr-defined]
+        assert "▶ running ⚠ degraded" in str(app.query_one("#nodes").get_row("2")[3])  # type: ignore[attr-defined]
+        assert "degraded" not in str(app.query_one("#nodes").get_row("1")[3])  # type: ignore[attr-defined]
+        assert str(app.query_one("#report").render()) == f"node2 gpu-c: degraded: {reason}"  # type: ignore
+        header = str(app.query_one("#header").render())  # type: ignore[attr-defined]
+        assert "3 nodes · 3 running · 1 degraded" in header and f"node2 gpu-c: degraded: {reason}" in header
         await pilot.press("q")  # type: ignore[attr-defined]
 
     drive(app, script)
