@@ -172,6 +172,7 @@ class Board:
             self.changed.add(rank)
 
     def _attempt(self, event: AttemptStarted) -> None:
+        again = event.attempt == self.attempt  # the same attempt, announced again (a restart's new follower)
         if self.attempt and event.attempt > self.attempt:  # replaces "restarting: ..." and the stop's notes
             self.note(f"attempt {event.attempt} started")
         self.job_id, self.name, self.attempt = event.job_id, event.name, event.attempt
@@ -192,7 +193,7 @@ class Board:
             if rank < len(keep):  # the old attempt's lines stay visible above the new ones
                 row.log = keep[rank]
         self.changed = set(range(len(self.nodes)))
-        if event.attempt > 1:
+        if event.attempt > 1 and not again:
             marker = f"---- attempt {event.attempt} ----"
             for row in self.nodes:
                 row.log.extend([marker])

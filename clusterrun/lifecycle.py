@@ -23,6 +23,7 @@ from typing import Any
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.errors import ClusterrunError, HostsUnavailable
 from clusterrun.events import (
+    AttemptStarted,
     Event,
     JobFinished,
     JobResult,
@@ -162,6 +163,21 @@ def fan_out(*emits: Emit) -> Emit:
             each(event)
 
     return emit
+
+
+def attempt_event(plan: LaunchPlan, attempt: int, record: JobRecord | None = None) -> AttemptStarted:
+    """What a consumer needs to know of an attempt's plan, as an event (with when the attempt
+    started and ended, as ``record`` says)."""
+    times = next((a for a in record.attempts if a.attempt == attempt), None) if record is not None else None
+    nodes = []
+    for launch in plan.nodes:
+        gpus = launch.env.get("CUDA_VISIBLE_DEVICES")
+        nodes.append((launch.host.host, launch.nproc, gpus if gpus else None))
+    return AttemptStarted(None, job_id=plan.job_id, name=plan.name, attempt=attempt,
+                          master_addr=plan.master_addr, master_port=plan.master_port,
+                          world_size=plan.world_size, nodes=tuple(nodes),
+                          started=times.started if times is not None else None,
+                          ended=times.ended if times is not None else None)
 
 
 def follower(record: JobRecord, emit: Emit | None, *, fail_fast: bool, follow_logs: bool, attempt: int | None = None,
@@ -425,6 +441,8 @@ def start_attempt(store: JobStore, record: JobRecord, emit: Emit | None) -> JobR
             rec.nodes = [NodeRecord(n.rank, n.host.host) for n in plan.nodes]
 
         record = store.update(record.job_id, begin)
+        if emit is not None:  # before its nodes' start: a dashboard shows them as the new attempt's
+            emit(attempt_event(plan, attempt, record))
         recorder = Recorder(store, record.job_id, attempt)
         job.subscribe(recorder)
         try:

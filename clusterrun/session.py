@@ -22,29 +22,13 @@ import threading
 from collections.abc import Callable
 
 from clusterrun.errors import ClusterrunError, HostsUnavailable
-from clusterrun.events import AttemptStarted, Event, JobResult, NodeStarted, NodeState, NodeStateChanged
+from clusterrun.events import Event, JobResult, NodeStarted, NodeState, NodeStateChanged
 from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.lifecycle import follower, mark_stopped, save_seen
+from clusterrun.lifecycle import attempt_event, follower, mark_stopped, save_seen
 from clusterrun.orchestrator import Emit, Job
-from clusterrun.plan import LaunchPlan
 from clusterrun.runner import Runner, restart_job
 
 KILLED = "stopped from the dashboard"
-
-
-def attempt_event(plan: LaunchPlan, attempt: int, record: JobRecord | None = None) -> AttemptStarted:
-    """What a consumer needs to know of an attempt's plan, as an event (with when the attempt
-    started and ended, as ``record`` says)."""
-    times = next((a for a in record.attempts if a.attempt == attempt), None) if record is not None else None
-    nodes = []
-    for launch in plan.nodes:
-        gpus = launch.env.get("CUDA_VISIBLE_DEVICES")
-        nodes.append((launch.host.host, launch.nproc, gpus if gpus else None))
-    return AttemptStarted(None, job_id=plan.job_id, name=plan.name, attempt=attempt,
-                          master_addr=plan.master_addr, master_port=plan.master_port,
-                          world_size=plan.world_size, nodes=tuple(nodes),
-                          started=times.started if times is not None else None,
-                          ended=times.ended if times is not None else None)
 
 
 class Session:

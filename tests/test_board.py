@@ -68,6 +68,9 @@ def test_a_new_attempt_keeps_the_old_lines_above_a_marker() -> None:
     board.apply(attempt(1, k=2))
     assert board.attempt == 2 and list(board.nodes[0].log.lines) == ["old", "---- attempt 2 ----"]
     assert board.state == "starting" and board.first_failure is None
+    board.apply(attempt(1, k=2))  # announced again by the follower of the new attempt: one marker
+    assert list(board.nodes[0].log.lines) == ["old", "---- attempt 2 ----"]
+    assert list(board.merged.lines) == ["node0 | old", "---- attempt 2 ----"]
 
 
 def test_a_session_that_cannot_build_its_follower_reports_it_instead_of_dying(tmp_path: Path) -> None:
