@@ -5,7 +5,8 @@ events every 50 ms). Per node it keeps the row of the node table and a ring of i
 log lines; a merged ring holds every node's lines in arrival order. Rings are bounded: the full
 logs stay on the hosts (``clusterrun logs``). The dashboard's log view reads the ring it shows by
 reference (its ``lines``, and ``count`` to see what is new), so nothing is written into views
-nobody looks at and switching views copies nothing.
+nobody looks at and switching views copies nothing. A viewer's scrollback (lines from before
+where it resumed, ``LogLines(earlier=True)``) is followed by the ``RESUMED`` separator line.
 """
 
 from __future__ import annotations

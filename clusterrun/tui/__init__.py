@@ -322,7 +322,8 @@ class Dashboard(App[int]):
             board.header_changed = False
             self._draw_header()
             report = self.query_one("#report", Static)
-            text = "\n".join([*board.degraded_text(), *([board.root_text()] if board.root_text() else [])])
+            root = board.root_text()
+            text = "\n".join([*board.degraded_text(), *([root] if root else [])])
             if board.stops and board.state in ("stopped", "stopping", "failed", "lost"):
                 text = "\n".join([*([text] if text else []), "stop report:",
                                   *(f"  {line}" for line in board.notes if line.startswith("node"))][-12:])
