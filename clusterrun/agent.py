@@ -60,7 +60,9 @@ Requests (``op``) and answers
            whenever the state file changes, ``{t: "beat"}`` after ``HEARTBEAT`` seconds without
            anything else, and finally ``{t: "end", state}`` after a last read that includes a
            partial last line. Resuming from ``next`` loses and repeats nothing. ``tail: N`` starts
-           at the last N complete lines instead of ``offset``; ``logs: false`` sends no log data
+           at the last N complete lines instead of ``offset``; ``before: N`` with ``offset`` starts
+           at the last N complete lines before ``offset`` (a viewer's scrollback: the ``offset``
+           of the first ``log`` message is then before the one asked for); ``logs: false`` sends no log data
            (states only); ``once: true`` ends with ``{t: "eof", next, state}`` at the end of what
            is written so far if the job still runs. ``state.state`` is ``lost`` when neither the
            supervisor nor torchrun runs any more (host rebooted, processes killed, pid reused).
@@ -1698,10 +1700,13 @@ def _emit(obj: dict[str, Any]) -> None:
     _last_emit[0] = time.monotonic()
 
 
-def tail_offset(path: str, lines: int) -> int:
-    """The byte offset where the last ``lines`` complete lines of the file at ``path`` begin."""
+def tail_offset(path: str, lines: int, end: int | None = None) -> int:
+    """The byte offset where the last ``lines`` complete lines of the file at ``path`` begin
+    (of those before byte ``end``, if given)."""
     with open(path, "rb") as f:
         pos, found = f.seek(0, os.SEEK_END), 0
+        if end is not None:
+            pos = min(pos, max(0, end))
         # A partial last line has no newline, so it is not counted among the ``lines``.
         while pos > 0:
             size = min(1 << 16, pos)
@@ -1723,6 +1728,8 @@ def op_follow(req: dict[str, Any]) -> None:
         offset = tail_offset(log_path, int(req["tail"]))
     else:
         offset = int(req.get("offset") or 0)
+        if req.get("before"):  # a viewer's scrollback: the lines just before where it resumes
+            offset = tail_offset(log_path, int(req["before"]), end=offset)
     want_logs = req.get("logs", True)
     once = bool(req.get("once"))
     state_path = os.path.join(folder, "state.json")

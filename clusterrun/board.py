@@ -5,7 +5,8 @@ events every 50 ms). Per node it keeps the row of the node table and a ring of i
 log lines; a merged ring holds every node's lines in arrival order. Rings are bounded: the full
 logs stay on the hosts (``clusterrun logs``). The dashboard's log view reads the ring it shows by
 reference (its ``lines``, and ``count`` to see what is new), so nothing is written into views
-nobody looks at and switching views copies nothing.
+nobody looks at and switching views copies nothing. A viewer's scrollback (lines from before
+where it resumed, ``LogLines(earlier=True)``) is followed by the ``RESUMED`` separator line.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from clusterrun.events import (
     JobResult,
     JobState,
     LogLines,
+    NodeDegraded,
     NodeExited,
     NodeLink,
     NodeStarted,
@@ -35,6 +37,7 @@ from clusterrun.events import (
 )
 
 RING = 10_000
+RESUMED = "---- resumed here: the lines above were shown before, new ones follow ----"
 
 
 class Ring:
@@ -70,6 +73,7 @@ class NodeRow:
     signal: int | None = None
     detail: str = ""
     reachable: bool = True
+    degraded: str | None = None  # why its supervisor cannot write its state on the host
     last_output: float | None = None
     log: Ring = field(default_factory=lambda: Ring(RING))
 
@@ -89,9 +93,11 @@ class NodeRow:
 class Board:
     """The state of one job as a dashboard shows it (see the module docstring)."""
 
-    def __init__(self, ring: int = RING, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ring: int = RING, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         self.ring = ring
         self.clock = clock
+        self.wall = wall  # the wall clock of the times in a job's record (``AttemptStarted.started``)
         self.job_id = ""
         self.name = ""
         self.attempt = 0
@@ -121,9 +127,11 @@ class Board:
         rank = event.node
         if isinstance(event, LogLines) and rank is not None:
             row = self.node(rank, event.host)
-            row.log.extend(event.lines)
-            row.last_output = event.ts
-            self.merged.extend([f"node{rank} | {line}" for line in event.lines])
+            lines = [*event.lines, RESUMED] if event.earlier else event.lines  # scrollback, then the separator
+            row.log.extend(lines)
+            if not event.earlier:
+                row.last_output = event.ts
+            self.merged.extend([f"node{rank} | {line}" for line in lines])
             return  # the row's line count and last output are redrawn by the clock, not per batch
         self.header_changed = True
         if isinstance(event, AttemptStarted):
@@ -136,6 +144,10 @@ class Board:
             row.state, row.detail = event.state, event.detail
             if event.state is NodeState.RUNNING:
                 row.reachable = True
+        elif isinstance(event, NodeDegraded) and rank is not None:
+            row = self.node(rank, event.host)
+            row.degraded = event.reason
+            self.note(f"node{rank} {event.host}: degraded: {event.reason}")
         elif isinstance(event, NodeLink) and rank is not None:
             row = self.node(rank, event.host)
             row.reachable = event.up
@@ -155,16 +167,24 @@ class Board:
             self.note(event.text)
         elif isinstance(event, JobFinished):
             self.result = event.result
-            self.ended = event.ts
+            if self.ended is None:  # else the record said when the attempt ended
+                self.ended = event.ts
         if rank is not None:
             self.changed.add(rank)
 
     def _attempt(self, event: AttemptStarted) -> None:
+        again = event.attempt == self.attempt  # the same attempt, announced again (a restart's new follower)
+        if self.attempt and event.attempt > self.attempt:  # replaces "restarting: ..." and the stop's notes
+            self.note(f"attempt {event.attempt} started")
         self.job_id, self.name, self.attempt = event.job_id, event.name, event.attempt
         self.master, self.world_size = f"{event.master_addr}:{event.master_port}", event.world_size
         self.result, self.ended, self.first_failure = None, None, None
         self.stops = {}
-        self.started = event.ts
+        # The attempt's own start (and end) as recorded, on this board's clock: a viewer that
+        # attaches later shows how long the attempt has really run.
+        self.started = event.ts if event.started is None else self._from_wall(event.started)
+        if event.ended is not None:
+            self.ended = self._from_wall(event.ended)
         keep = [row.log for row in self.nodes]
         self.nodes = []
         for rank, (host, nproc, gpus) in enumerate(event.nodes):
@@ -174,7 +194,7 @@ class Board:
             if rank < len(keep):  # the old attempt's lines stay visible above the new ones
                 row.log = keep[rank]
         self.changed = set(range(len(self.nodes)))
-        if event.attempt > 1:
+        if event.attempt > 1 and not again:
             marker = f"---- attempt {event.attempt} ----"
             for row in self.nodes:
                 row.log.extend([marker])
@@ -203,14 +223,25 @@ class Board:
         return self.result is not None
 
     def summary(self) -> str:
-        """``4 nodes · 3 running · 1 failed``."""
+        """``4 nodes · 3 running · 1 failed`` (and ``· 1 degraded``: see ``degraded_text``)."""
         counts: dict[str, int] = {}
         for row in self.nodes:
             key = "unreachable" if row.status == "unreachable" else row.state.value
             counts[key] = counts.get(key, 0) + 1
         parts = [f"{len(self.nodes)} node" + ("s" if len(self.nodes) != 1 else "")]
         parts += [f"{n} {state}" for state, n in counts.items()]
+        degraded = sum(1 for row in self.nodes if row.degraded)
+        if degraded:
+            parts.append(f"{degraded} degraded")
         return " · ".join(parts)
+
+    def _from_wall(self, when: float) -> float:
+        """A wall-clock time (``time.time()``) on the board's clock."""
+        return self.clock() - (self.wall() - when)
+
+    def degraded_text(self) -> list[str]:
+        """A line per node whose supervisor cannot write its state (``degraded: <reason>``)."""
+        return [f"node{row.rank} {row.host}: degraded: {row.degraded}" for row in self.nodes if row.degraded]
 
     def elapsed(self) -> float:
         return (self.ended if self.ended is not None else self.clock()) - self.started

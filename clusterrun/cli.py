@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -738,21 +739,24 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
 @main.command()
 @click.argument("job")
 @click.option("--tail", type=click.IntRange(min=0), metavar="N",
-              help="Start at the last N lines of each node (default: where the last viewer stopped).")
+              help="Also show the last N lines of each node before where the last viewer stopped, above a "
+              "separator (default: a screenful in the dashboard, none in the prefixed stream).")
 @click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
 @click.option("--ui-lines", type=click.IntRange(min=100), default=10_000, show_default=True, metavar="N",
               help="Lines of each node the dashboard keeps in memory (the whole log stays on the hosts).")
 @click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
 def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: str | None) -> None:
-    """Follow JOB live again: every node's log and state, from where you last left it (or --tail
-    N), with no line lost or repeated. Ctrl-C detaches and leaves the job running."""
+    """Follow JOB live again: every node's log and state, from where you last left it, with no
+    line lost or repeated; the lines just before that point are shown above a separator (--tail N).
+    Ctrl-C detaches and leaves the job running."""
     store, record = _open_job(job, hosts_file)
     record = _refresh(store, record)
     printer = Printer()
-    offsets = {n.rank: n.seen for n in record.nodes} if tail is None else None
+    offsets = {n.rank: n.seen for n in record.nodes}
     if _use_tui(no_tui):
-        sys.exit(_dashboard(Session(store, record, offsets=offsets, tail=tail), ui_lines))
-    viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, tail=tail)
+        scrollback = tail if tail is not None else shutil.get_terminal_size().lines  # a screenful
+        sys.exit(_dashboard(Session(store, record, offsets=offsets, scrollback=scrollback), ui_lines))
+    viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, scrollback=tail or 0)
     printer.set_plan(plan_from_json(record.plan, spec_of(record)))
     printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "
                  "Ctrl-C detaches, the job keeps running")

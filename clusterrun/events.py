@@ -269,7 +269,9 @@ class Event:
 @dataclass(frozen=True)
 class AttemptStarted(Event):
     """An attempt of the job is being started or followed: what a consumer shows of its plan.
-    ``nodes`` holds per node rank ``(host, nproc, CUDA_VISIBLE_DEVICES or None)``."""
+    ``nodes`` holds per node rank ``(host, nproc, CUDA_VISIBLE_DEVICES or None)``; ``started``
+    and ``ended`` are the wall-clock times (``time.time()``) the attempt started and ended as its
+    record says, where known (a viewer attaching later shows the attempt's real elapsed time)."""
 
     job_id: str
     name: str
@@ -278,6 +280,8 @@ class AttemptStarted(Event):
     master_port: int
     world_size: int
     nodes: tuple[tuple[str, int, str | None], ...]
+    started: float | None = None
+    ended: float | None = None
 
 
 @dataclass(frozen=True)
@@ -305,10 +309,21 @@ class NodeLink(Event):
 
 @dataclass(frozen=True)
 class LogLines(Event):
-    """Complete lines of one node's log, in order, without their newlines."""
+    """Complete lines of one node's log, in order, without their newlines. ``earlier``: lines
+    before the point a viewer resumed at, sent once as its scrollback (they were shown before)."""
 
     host: str
     lines: tuple[str, ...]
+    earlier: bool = False
+
+
+@dataclass(frozen=True)
+class NodeDegraded(Event):
+    """The node's supervisor could not write its state on the host (``reason``: a full or
+    read-only disk, a quota); it goes on supervising, with its state in memory."""
+
+    host: str
+    reason: str
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.environment import MASK, mask_env, resolve, unmask
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
 from clusterrun.events import (
+    AttemptStarted,
     Event,
     JobFinished,
     JobNote,
@@ -193,16 +194,33 @@ def fan_out(*emits: Emit) -> Emit:
     return emit
 
 
+def attempt_event(plan: LaunchPlan, attempt: int, record: JobRecord | None = None) -> AttemptStarted:
+    """What a consumer needs to know of an attempt's plan, as an event (with when the attempt
+    started and ended, as ``record`` says)."""
+    times = next((a for a in record.attempts if a.attempt == attempt), None) if record is not None else None
+    nodes = []
+    for launch in plan.nodes:
+        gpus = launch.env.get("CUDA_VISIBLE_DEVICES")
+        nodes.append((launch.host.host, launch.nproc, gpus if gpus else None))
+    return AttemptStarted(None, job_id=plan.job_id, name=plan.name, attempt=attempt,
+                          master_addr=plan.master_addr, master_port=plan.master_port,
+                          world_size=plan.world_size, nodes=tuple(nodes),
+                          started=times.started if times is not None else None,
+                          ended=times.ended if times is not None else None)
+
+
 def follower(record: JobRecord, emit: Emit | None, *, fail_fast: bool, follow_logs: bool, attempt: int | None = None,
              offsets: dict[int, int] | None = None, tail: int | None = None,
-             ranks: Sequence[int] | None = None, reconnect: Reconnect | None = None) -> Job:
-    """A ``Job`` that follows an attempt of the recorded job (the current one unless given)."""
+             ranks: Sequence[int] | None = None, reconnect: Reconnect | None = None, scrollback: int = 0) -> Job:
+    """A ``Job`` that follows an attempt of the recorded job (the current one unless given);
+    ``scrollback``: with ``offsets``, first the last lines before them (``LogLines(earlier=True)``)."""
     spec = spec_of(record)
     plan = plan_from_json(record.plan, spec)
     job = Job(spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
               grace=record.grace, attempt=attempt or record.attempt, transport_factory=transport_factory(record),
               fail_fast=fail_fast, follow_logs=follow_logs, offsets=offsets, tail=tail, ranks=ranks,
-              reconnect=reconnect or Reconnect(give_up_after=record.unreachable_timeout if fail_fast else None))
+              reconnect=reconnect or Reconnect(give_up_after=record.unreachable_timeout if fail_fast else None),
+              scrollback=scrollback)
     job.resume(plan)
     return job
 
@@ -465,6 +483,8 @@ def start_attempt(store: JobStore, record: JobRecord, emit: Emit | None) -> JobR
             rec.nodes = [NodeRecord(n.rank, n.host.host) for n in plan.nodes]
 
         record = store.update(record.job_id, begin)
+        if emit is not None:  # before its nodes' start: a dashboard shows them as the new attempt's
+            emit(attempt_event(plan, attempt, record))
         recorder = Recorder(store, record.job_id, attempt)
         job.subscribe(recorder)
         try:

@@ -47,6 +47,7 @@ from clusterrun.events import (
     JobFinished,
     JobResult,
     LogLines,
+    NodeDegraded,
     NodeExited,
     NodeLink,
     NodeResult,
@@ -142,6 +143,8 @@ class _Node:
     error: str | None = None  # why the node ended as it did, where its status does not say
     agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node
     probe: Probe | None = None  # what its agent said of the host
+    degraded: str | None = None  # the agent's word that the supervisor cannot write its state
+    earlier: list[str] = field(default_factory=list)  # scrollback lines read, before the resume point
 
     @property
     def host(self) -> str:
@@ -176,6 +179,7 @@ class Job:
         tail: int | None = None,
         ranks: Sequence[int] | None = None,
         reconnect: Reconnect = Reconnect(),  # noqa: B008 - frozen
+        scrollback: int = 0,
     ) -> None:
         self.spec = spec
         self.script = script
@@ -192,6 +196,10 @@ class Job:
         self.offsets: dict[int, int] = dict(offsets or {})  # per node: the log's bytes emitted so far
         self.reconnect = reconnect
         self.tail = tail
+        # A viewer resuming at ``offsets`` first gets up to ``scrollback`` lines before each
+        # node's resume point, emitted once as ``LogLines(earlier=True)``.
+        self._resume_at = {rank: at for rank, at in self.offsets.items() if at > 0} if scrollback else {}
+        self.scrollback = scrollback
         self.plan: LaunchPlan | None = None
         self.interfaces: list[Interface] = []  # per node, once prepared: the network interface its ranks use
         self._detach = threading.Event()
@@ -475,8 +483,11 @@ class Job:
         position = self.offsets.get(rank, 0)  # where the stream resumes: the end of what was queued
         failures = 0
         retrying = 0.0  # seconds spent failing to reach the host (see Reconnect)
+        before = self.scrollback if tail is None and rank in self._resume_at else 0
         while True:
             where: dict[str, Any] = {"offset": position} if tail is None else {"tail": tail}
+            if before:
+                where["before"], before = before, 0  # only the first request: the lines after are new
             request = self._request(rank, "follow", logs=self.follow_logs, **where)
             agent, node.agent = node.agent, None
             began = time.monotonic()
@@ -566,12 +577,18 @@ class Job:
         """Apply one message from a follower; True if the node has just failed."""
         node = self._nodes[rank]
         if isinstance(message, LogChunk):
-            lines = split_lines(message.data)
+            data = message.data
+            resume = self._resume_at.get(rank)
+            if resume is not None:
+                data = self._earlier(rank, message, resume)
+            lines = split_lines(data)
             if lines:
                 node.log.feed(lines)
                 self.emit(LogLines(rank, host=node.host, lines=lines))
             self.offsets[rank] = message.next  # shown: a viewer that leaves now resumes after it
             return False
+        if isinstance(message, (StateUpdate, End)):
+            self._note_degraded(rank, message.status)
         if isinstance(message, StateUpdate):
             new = node_state_of(message.status)
             if new in (NodeState.STARTING, NodeState.RUNNING) and node.state in (NodeState.STARTING,
@@ -604,6 +621,27 @@ class Job:
                                                          error=status.error)))
             return new in (NodeState.FAILED, NodeState.LOST)
         return False
+
+    def _earlier(self, rank: int, message: LogChunk, resume: int) -> str:
+        """Keep the part of ``message`` before the resume point (scrollback) and emit it once that
+        point is reached, as ``LogLines(earlier=True)``; return the part after it."""
+        node = self._nodes[rank]
+        raw = message.data.encode("utf-8", "surrogateescape")
+        cut = max(0, min(len(raw), resume - message.offset))
+        node.earlier.extend(split_lines(raw[:cut].decode("utf-8", "surrogateescape")))
+        if message.next >= resume:
+            del self._resume_at[rank]
+            earlier, node.earlier = tuple(node.earlier), []
+            if earlier:
+                node.log.feed(earlier)
+                self.emit(LogLines(rank, host=node.host, lines=earlier, earlier=True))
+        return raw[cut:].decode("utf-8", "surrogateescape")
+
+    def _note_degraded(self, rank: int, status: NodeStatus) -> None:
+        node = self._nodes[rank]
+        if status.degraded and status.degraded != node.degraded:
+            node.degraded = status.degraded
+            self.emit(NodeDegraded(rank, host=node.host, reason=status.degraded))
 
     def _stop_node(self, rank: int) -> StopReport | None:
         node = self._nodes[rank]

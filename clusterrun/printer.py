@@ -23,6 +23,7 @@ from clusterrun.events import (
     JobNote,
     JobResult,
     LogLines,
+    NodeDegraded,
     NodeLink,
     NodeStarted,
     NodeState,
@@ -140,6 +141,8 @@ class Printer:
             if event.lines:
                 self.write_log(event.node if event.node is not None else -1, event.host,
                                "\n".join(event.lines) + "\n")
+            if event.earlier:
+                self.note(f"node{event.node} {event.host}: resumed here; the lines above were shown before")
         elif self.quiet:
             return
         elif isinstance(event, NodeStarted):
@@ -156,6 +159,8 @@ class Printer:
                           "as far as anybody knows; reconnecting")
         elif isinstance(event, NodeStopped):
             self.report(event.report)
+        elif isinstance(event, NodeDegraded):
+            self.note(f"node{event.node} {event.host}: degraded: {event.reason}")
         elif isinstance(event, JobNote):
             self.note(event.text)
         elif isinstance(event, JobFinished):

@@ -61,6 +61,7 @@ class NodeStatus:
     torchrun_pid: int | None = None
     ended_at: float | None = None
     workers: tuple[Worker, ...] = ()
+    degraded: str | None = None  # why the supervisor could not write its state (a full or read-only disk)
 
     @property
     def ended(self) -> bool:
@@ -237,7 +238,7 @@ def decode_status(host: str, state: Any, what: str = "state") -> NodeStatus:
     return NodeStatus(state=kind, exit_code=r.integer("exit_code"), signal=r.integer("signal"),
                       error=r.text("error"), stop_requested=bool(r.data.get("stop_requested")),
                       torchrun_pid=torchrun.integer("pid"), ended_at=r.number("ended_at"),
-                      workers=tuple(workers))
+                      workers=tuple(workers), degraded=r.text("degraded") or None)
 
 
 def decode_probe(host: str, answer: Any) -> Probe:

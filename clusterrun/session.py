@@ -22,25 +22,13 @@ import threading
 from collections.abc import Callable
 
 from clusterrun.errors import ClusterrunError, HostsUnavailable
-from clusterrun.events import AttemptStarted, Event, JobResult, NodeStarted, NodeState, NodeStateChanged
+from clusterrun.events import Event, JobResult, NodeStarted, NodeState, NodeStateChanged
 from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.lifecycle import follower, mark_stopped, save_seen
+from clusterrun.lifecycle import attempt_event, follower, mark_stopped, save_seen
 from clusterrun.orchestrator import Emit, Job
-from clusterrun.plan import LaunchPlan
 from clusterrun.runner import Runner, restart_job
 
 KILLED = "stopped from the dashboard"
-
-
-def attempt_event(plan: LaunchPlan, attempt: int) -> AttemptStarted:
-    """What a consumer needs to know of an attempt's plan, as an event."""
-    nodes = []
-    for launch in plan.nodes:
-        gpus = launch.env.get("CUDA_VISIBLE_DEVICES")
-        nodes.append((launch.host.host, launch.nproc, gpus if gpus else None))
-    return AttemptStarted(None, job_id=plan.job_id, name=plan.name, attempt=attempt,
-                          master_addr=plan.master_addr, master_port=plan.master_port,
-                          world_size=plan.world_size, nodes=tuple(nodes))
 
 
 class Session:
@@ -51,7 +39,7 @@ class Session:
     ``restart_job``'s: a session only runs them off the consumer's thread."""
 
     def __init__(self, store: JobStore, record: JobRecord, emit: Emit | None = None, *, runner: Runner | None = None,
-                 offsets: dict[int, int] | None = None, tail: int | None = None) -> None:
+                 offsets: dict[int, int] | None = None, tail: int | None = None, scrollback: int = 0) -> None:
         self.store = store
         self.record = record
         self._listeners: list[Emit] = [emit] if emit is not None else []
@@ -63,6 +51,7 @@ class Session:
         self._to_start = runner is not None
         self._offsets = offsets
         self._tail = tail
+        self._scrollback = scrollback  # lines shown before where the last viewer stopped (attach)
         self._viewer: Job | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -108,7 +97,7 @@ class Session:
         if runner is not None and self._to_start:
             self._to_start = False
             assert runner.job.plan is not None
-            self.emit(attempt_event(runner.job.plan, runner.job.attempt))
+            self.emit(attempt_event(runner.job.plan, runner.job.attempt, runner.record))
             try:
                 runner.start()
             except HostsUnavailable as exc:
@@ -124,7 +113,8 @@ class Session:
         """Follow the job's current attempt as a viewer (the monitor owns it); False if it cannot be."""
         try:
             record = self.store.load(self.job_id)
-            job = follower(record, self.emit, fail_fast=False, follow_logs=True, offsets=offsets, tail=tail)
+            job = follower(record, self.emit, fail_fast=False, follow_logs=True, offsets=offsets, tail=tail,
+                           scrollback=self._scrollback if offsets else 0)
         except ClusterrunError as exc:  # e.g. the record is gone or damaged: the UI shows it
             self.error = exc
             return False
@@ -135,7 +125,7 @@ class Session:
 
     def _announce(self, record: JobRecord, job: Job) -> None:
         assert job.plan is not None
-        self.emit(attempt_event(job.plan, record.attempt))
+        self.emit(attempt_event(job.plan, record.attempt, record))
         for launch in job.plan.nodes:  # as ``resume`` assumes until the hosts say otherwise
             self.emit(NodeStateChanged(launch.rank, host=launch.host.host, state=NodeState.RUNNING))
             known = record.nodes[launch.rank] if launch.rank < len(record.nodes) else None

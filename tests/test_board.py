@@ -68,6 +68,9 @@ def test_a_new_attempt_keeps_the_old_lines_above_a_marker() -> None:
     board.apply(attempt(1, k=2))
     assert board.attempt == 2 and list(board.nodes[0].log.lines) == ["old", "---- attempt 2 ----"]
     assert board.state == "starting" and board.first_failure is None
+    board.apply(attempt(1, k=2))  # announced again by the follower of the new attempt: one marker
+    assert list(board.nodes[0].log.lines) == ["old", "---- attempt 2 ----"]
+    assert list(board.merged.lines) == ["node0 | old", "---- attempt 2 ----"]
 
 
 def test_a_session_that_cannot_build_its_follower_reports_it_instead_of_dying(tmp_path: Path) -> None:
@@ -83,3 +86,14 @@ def test_a_session_that_cannot_build_its_follower_reports_it_instead_of_dying(tm
     assert not session.running
     assert isinstance(session.error, JobNotFound) and "gone-1" in session.error.message
     assert events == []
+
+
+def test_a_new_attempt_replaces_the_notices_of_the_restart() -> None:
+    board = Board()
+    board.apply(attempt(2))
+    board.note("restarting: stopping attempt 1, then starting a new one")
+    board.apply(NodeStateChanged(0, host="h0", state=NodeState.STOPPED))
+    board.apply(attempt(2, 2))
+    assert board.notes[-1] == "attempt 2 started" and board.attempt == 2
+    board.apply(attempt(2, 2))  # followed again (attach): nothing new started
+    assert list(board.notes).count("attempt 2 started") == 1

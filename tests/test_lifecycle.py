@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from clusterrun.jobs import JobRecord, JobStore
 from tests.conftest import (
     ROOT,
     SUPPORT,
@@ -612,3 +613,24 @@ def test_the_monitor_names_the_root_cause_as_up_does(tmp_path: Path, state_dir: 
     down = clusterrun("down", job)  # it has ended: its hosts confirm that nothing runs, nothing is stopped
     assert down.returncode == 0, down.stderr
     assert down.stderr == f"clusterrun: job {job} already finished (failed); nothing to stop\n", down.stderr
+
+
+def test_attach_tail_shows_the_lines_before_where_the_last_viewer_stopped_then_the_rest(tmp_path: Path,
+                                                                                        state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1], state_dir)
+    job = up_detached(hosts, SUPPORT / "counter.py", "30", "0.01")
+    wait_state(job, "succeeded")
+    data = (attempt_dir(state_dir, job, 0) / "output.log").read_bytes()
+    resume = data.index(b"[rank0]:rank 0 line 20\n")
+
+    def viewed(record: JobRecord) -> None:  # a viewer showed the lines up to line 19
+        record.nodes[0].seen = resume
+
+    JobStore().update(job, viewed)
+    proc = clusterrun("attach", "--no-tui", "--tail", "3", job)
+    assert proc.returncode == 0, proc.stderr
+    assert rank_lines(proc.stdout.replace("node0 local-a rank0 | ", "[rank0]:"), 0) == \
+        counter_lines(0, 30)[17:]  # 3 lines before, then the rest once
+    assert "node0 local-a: resumed here; the lines above were shown before" in proc.stderr
+    proc = clusterrun("attach", "--no-tui", job)  # the stream resumes without scrollback by default
+    assert proc.returncode == 0 and "rank 0 line" not in proc.stdout and "resumed here" not in proc.stderr

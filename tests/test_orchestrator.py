@@ -15,7 +15,17 @@ import pytest
 
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import HostsUnavailable
-from clusterrun.events import Event, JobFinished, JobResult, LogLines, NodeExited, NodeLink, NodeState, NodeStopped
+from clusterrun.events import (
+    Event,
+    JobFinished,
+    JobResult,
+    LogLines,
+    NodeDegraded,
+    NodeExited,
+    NodeLink,
+    NodeState,
+    NodeStopped,
+)
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.transports.fake import FakeCluster
 
@@ -261,6 +271,47 @@ def test_offsets_count_only_what_was_emitted(fake: FakeCluster) -> None:
     assert viewer.run() is not None
     viewer.close()
     assert shown + viewer_seen.lines(0) == ["a", *(f"line {i}" for i in range(200))]
+
+
+def test_a_viewer_resuming_gets_the_lines_before_its_resume_point_once_as_scrollback(fake: FakeCluster) -> None:
+    """attach's scrollback: the last N lines before where the last viewer stopped come first, in one
+    LogLines(earlier=True); then every line after that point, once (multi-byte text cut by bytes)."""
+    starter = Job(spec_of(2), "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport)
+    starter.prepare()
+    starter.start()
+    starter.close()
+    lines = [f"ligne {i} é" for i in range(20)]
+    fake.wait_started(JOB, 0).write("".join(f"{line}\n" for line in lines))
+    fake.wait_started(JOB, 1).write("x\n")
+    resume = len("".join(f"{line}\n" for line in lines[:10]).encode())
+    seen = Seen()
+    viewer = Job(spec_of(2), "train.py", job_id=JOB, name="train", emit=seen, transport_factory=fake.transport,
+                 fail_fast=False, offsets={0: resume, 1: 0}, scrollback=3)
+    viewer.resume(starter.plan)  # type: ignore[arg-type]
+    fake.node(JOB, 0).exit(0)
+    fake.node(JOB, 1).exit(0)
+    assert viewer.run() is not None
+    viewer.close()
+    node0 = [e for e in seen.of(LogLines) if e.node == 0]  # type: ignore[attr-defined]
+    assert node0[0].earlier and list(node0[0].lines) == lines[7:10]  # type: ignore[attr-defined]
+    assert not any(e.earlier for e in node0[1:]) and seen.lines(0)[3:] == lines[10:]  # type: ignore[attr-defined]
+    assert seen.lines(1) == ["x"] and not any(e.earlier for e in seen.of(LogLines) if e.node == 1)  # type: ignore
+    assert fake.ops("follow", "h1")[-1].get("before") is None  # nothing before offset 0
+    assert viewer.offsets[0] == len(fake.node(JOB, 0).log)
+
+
+def test_a_degraded_supervisor_is_reported_once_while_the_job_runs(fake: FakeCluster) -> None:
+    run = Running(fake, fail_fast=False)
+    n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    n1.degrade("the supervisor could not write its state (no space left on the file system of /s)")
+    run.seen.wait(lambda ev: any(isinstance(e, NodeDegraded) for e in ev))
+    n1.write("more\n")
+    n0.exit(0)
+    n1.exit(0)
+    run.finish()
+    degraded = run.seen.of(NodeDegraded)
+    assert [(e.node, e.reason) for e in degraded] == [  # type: ignore[attr-defined]
+        (1, "the supervisor could not write its state (no space left on the file system of /s)")]
 
 
 def test_a_failed_start_stops_what_started(fake: FakeCluster) -> None:

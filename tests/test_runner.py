@@ -5,6 +5,7 @@ Fast (no processes): jobs run on a ``FakeCluster``; their records live in a temp
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from clusterrun import lifecycle
-from clusterrun.events import Event, JobNote, NodeState
+from clusterrun.board import Board
+from clusterrun.events import AttemptStarted, Event, JobNote, NodeStarted, NodeState
 from clusterrun.jobs import JobStore
 from clusterrun.lifecycle import new_record
 from clusterrun.orchestrator import Job, Reconnect
@@ -112,6 +114,16 @@ def test_a_transient_start_up_failure_is_retried_once_visibly(fake: FakeCluster,
     assert result is not None and result.failed  # type: ignore[attr-defined]
     notes = [e.text for e in events if isinstance(e, JobNote)]
     assert len(notes) == 1 and "retrying once as attempt 2" in notes[0] and "gloo" in notes[0]
+    # a dashboard learns of attempt 2 before its nodes start, and shows them as attempt 2's
+    second = next(i for i, e in enumerate(events) if isinstance(e, AttemptStarted))
+    assert events[second].attempt == 2  # type: ignore[attr-defined]
+    assert all(e.attempt == 1 for e in events[:second] if isinstance(e, NodeStarted))
+    assert sorted((e.node, e.attempt) for e in events[second:] if isinstance(e, NodeStarted)) == [(0, 2), (1, 2)]
+    board = Board()
+    board.apply(dataclasses.replace(events[second], attempt=1))  # what the dashboard of `up` was shown first
+    for event in events:
+        board.apply(event)
+    assert board.attempt == 2 and "attempt 2 started" in board.notes
     record = store.load(JOB)
     assert record.attempt == 2 and [a.state for a in record.attempts] == ["failed", "failed"]
     assert not b0.running  # fail-fast applied to attempt 2 as well

@@ -163,6 +163,19 @@ def test_tail_starts_at_the_last_complete_lines(harness: Harness) -> None:
     assert log_of(harness.follow(0, tail=0)) == ""
 
 
+def test_before_starts_at_the_last_complete_lines_ahead_of_the_offset(harness: Harness) -> None:
+    harness.start(0, 30)
+    harness.release(0)
+    harness.wait_ended(0)
+    text = expected(30)
+    resume = text.index("line 20\n")
+    messages = harness.follow(0, offset=resume, before=3)
+    assert next(m for m in messages if m["t"] == "log")["offset"] == text.index("line 17\n")
+    assert log_of(messages) == text[text.index("line 17\n"):]
+    assert log_of(harness.follow(0, offset=text.index("line 2\n"), before=5)) == text  # fewer lines than asked for
+    assert log_of(harness.follow(0, offset=resume, before=0)) == text[resume:]
+
+
 def test_once_ends_with_eof_while_the_job_runs(harness: Harness) -> None:
     harness.start(0, 10)
     harness.wait_printed(0, 10)

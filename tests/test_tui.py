@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import os
 import shutil
@@ -16,13 +17,14 @@ from pathlib import Path
 import pytest
 from textual.strip import Strip
 
-from clusterrun.events import LogLines, NodeState
-from clusterrun.jobs import JobStore
+from clusterrun.board import RESUMED
+from clusterrun.events import AttemptStarted, Event, LogLines, NodeDegraded, NodeExited, NodeResult, NodeState
+from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.session import Session
 from clusterrun.tui import Confirm, Dashboard, RingLog
 from tests.conftest import ROOT, SUPPORT, marked, wait_for, write_hosts
-from tests.test_lifecycle import counter_lines, ps_json, up_detached, wait_state
-from tests.test_tui_snapshots import Scripted, started
+from tests.test_lifecycle import attempt_dir, counter_lines, ps_json, up_detached, wait_state
+from tests.test_tui_snapshots import T0, Scripted, started
 
 pytestmark = pytest.mark.integration
 
@@ -124,7 +126,9 @@ def test_restart_asks_then_starts_attempt_two(tmp_path: Path, state_dir: Path) -
         await until(pilot, lambda: app.board.attempt == 2 and table_states(app) == ["running", "running"], 90,
                     "attempt 2 running")
         assert not set(first) & set(marked(job))  # nothing of attempt 1 is left
-        assert "attempt 2" in str(app.query_one("#header").render())  # type: ignore[attr-defined]
+        header = str(app.query_one("#header").render())  # type: ignore[attr-defined]
+        assert "attempt 2 · " in header
+        assert header.splitlines()[-1] == "attempt 2 started"  # not "restarting: stopping attempt 1 ..." any more
         await pilot.press("d")  # type: ignore[attr-defined]
         await until(pilot, lambda: not app.is_running, 15, "the app to exit")
 
@@ -184,7 +188,7 @@ def test_scrolling_up_freezes_the_log_while_lines_pour_in_and_end_or_f_follows_a
         pour(450, 700)
         await until(pilot, lambda: app.board.nodes[0].log.count == 12 + 700, 5, "more lines")
         await pilot.press("N")  # type: ignore[attr-defined]
-        assert log.lines[app._matches[app._match]] == "line 440"  # the matches still point at their lines
+        assert log.lines[app._matches[app._match] - log.first] == "line 440"  # the matches still point at their lines
         await pilot.press("escape", "f")  # type: ignore[attr-defined]
         assert not log.frozen and log.lines[-1] == "line 699"
         await pilot.press("q")  # type: ignore[attr-defined]
@@ -338,3 +342,167 @@ def test_the_help_says_what_the_digit_keys_do() -> None:
     drive(app, script)
     assert "1–9      jump to node 0–8" in seen["help"], seen["help"]
     assert seen["title"].startswith("node 1 (gpu-b)"), seen["title"]
+
+
+def saved_lines(node: int) -> list[Event]:
+    """Node ``node`` saves three checkpoints among its lines."""
+    lines = tuple(f"[rank{2 * node}]:step {i}" + (" checkpoint saved" if i % 10 == 5 else "") for i in range(30))
+    return [LogLines(node, host="gpu-a", lines=lines, ts=T0 + 6)]
+
+
+def test_a_search_goes_on_working_after_switching_nodes_and_back() -> None:
+    """`/saved` finds 1/3; after showing another node and coming back the three matches are
+    still found (it said "no match" with three on screen, and n did nothing)."""
+    app = Dashboard(Scripted([*started(), *saved_lines(0)], running=True), ring=200)  # type: ignore[arg-type]
+
+    def title() -> str:
+        return str(app.query_one("#logtitle").render())
+
+    def current() -> str:
+        log = app.query_one("#log", RingLog)
+        return log.lines[app._matches[app._match] - log.first]
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: any("saved" in line for line in log_lines(app)), 5, "node 0's lines")
+        await pilot.press("slash", *"saved", "enter")  # type: ignore[attr-defined]
+        assert "/saved/ 1/3" in title() and current().endswith("step 5 checkpoint saved")
+        await pilot.press("2")  # type: ignore[attr-defined]
+        await pilot.pause()  # type: ignore[attr-defined]
+        assert "/saved/ no match" in title()  # node 1 saved nothing
+        await pilot.press("1")  # type: ignore[attr-defined]
+        await pilot.pause()  # type: ignore[attr-defined]
+        assert "/saved/ 3 matches" in title(), title()
+        app.emit(LogLines(0, host="gpu-a", lines=("[rank0]:step 30 checkpoint saved", "[rank0]:step 31")))
+        await until(pilot, lambda: "/saved/ 4 matches" in title(), 5, "the new line found while following")
+        await pilot.press("n")  # type: ignore[attr-defined]
+        assert "/saved/ 1/4" in title() and current().endswith("step 5 checkpoint saved")
+        await pilot.press("n", "n")  # type: ignore[attr-defined]
+        assert "/saved/ 3/4" in title() and current().endswith("step 25 checkpoint saved")
+        await pilot.press("n")  # type: ignore[attr-defined]
+        assert "/saved/ 4/4" in title() and current().endswith("step 30 checkpoint saved")
+        await pilot.press("N", "N")  # type: ignore[attr-defined]
+        assert "/saved/ 2/4" in title() and current().endswith("step 15 checkpoint saved")
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)
+
+
+def test_after_a_failure_the_root_cause_node_is_selected_and_its_log_shown(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached("--grace", "3", hosts, SUPPORT / "fail_rank.py", "1", "raise", "custom failure 42")
+    app = dashboard_on(job, tail=0)
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        assert app._view == 0
+        await until(pilot, lambda: app.board.finished, 90, "the job to fail")
+        await pilot.pause()  # type: ignore[attr-defined]
+        assert app.board.state == "failed" and app.board.root_rank() == 1
+        assert app._view == 1 and app.query_one("#nodes").cursor_row == 1  # type: ignore[attr-defined]
+        assert any("custom failure 42" in line for line in log_lines(app))
+        assert str(app.query_one("#logtitle").render()).startswith("node 1 (local-b)")  # type: ignore[attr-defined]
+        await pilot.press("1")  # type: ignore[attr-defined]  # the user looks elsewhere: it stays there
+        await pilot.pause(0.3)  # type: ignore[attr-defined]
+        assert app._view == 0
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)
+    assert app.return_value == 1
+
+
+def test_the_node_that_fails_first_is_selected_while_the_others_are_stopped() -> None:
+    app = Dashboard(Scripted(started(), running=True), ring=200)  # type: ignore[arg-type]
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: log_lines(app), 5, "the first lines")
+        assert app._view == 0
+        app.emit(LogLines(2, host="gpu-c", lines=("[rank5]:RuntimeError: boom",)))
+        app.emit(NodeExited(2, result=NodeResult(2, "gpu-c", NodeState.FAILED, exit_code=1)))
+        await until(pilot, lambda: app._view == 2, 5, "node 2 to be shown")
+        assert app.query_one("#nodes").cursor_row == 2  # type: ignore[attr-defined]
+        assert log_lines(app)[-1] == "[rank5]:RuntimeError: boom"
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)
+
+
+def test_attach_shows_what_came_before_the_resume_point_the_real_elapsed_time_and_a_degraded_node(
+        tmp_path: Path, state_dir: Path) -> None:
+    """attach resumes where the last viewer stopped, with the 5 lines before that point above a
+    separator; the header counts from the attempt's start in its record (1000 s ago here), not from
+    the attach; a node whose supervisor left its `degraded` marker shows it while the job runs."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    log0 = attempt_dir(state_dir, job, 0) / "output.log"
+    wait_for(lambda: b"[rank0]:rank 0 line 25\n" in log0.read_bytes(), timeout=60, what="node 0's lines")
+    data = log0.read_bytes()
+    resume = data.index(b"[rank0]:rank 0 line 20\n")
+    store = JobStore()
+
+    def viewed_earlier(record: JobRecord) -> None:  # a viewer showed node 0 up to line 19; the job started long ago
+        record.nodes[0].seen = resume
+        record.attempts[-1].started -= 1000
+
+    record = store.update(job, viewed_earlier)
+    started = record.attempts[-1].started
+    app = dashboard_on(job, offsets={n.rank: n.seen for n in record.nodes}, scrollback=5)
+    reason = "the supervisor could not write its state (no space left on the file system of a test)"
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: RESUMED in log_lines(app) and log_lines(app)[-1] != RESUMED, 60, "the new lines")
+        shown = log_lines(app)
+        at = shown.index(RESUMED)
+        assert shown[:at] == data[:resume].decode().splitlines()[-5:] == [
+            f"[rank0]:rank 0 line {i}" for i in range(15, 20)]
+        assert shown[at + 1:at + 4] == [f"[rank0]:rank 0 line {i}" for i in range(20, 23)]  # nothing lost or repeated
+        header = str(app.query_one("#header").render())  # type: ignore[attr-defined]
+        assert time.time() - started + 1 >= app.board.elapsed() >= 1000  # the record's start, not the attach's
+        assert " · 16:" in header or " · 17:" in header, header
+        (attempt_dir(state_dir, job, 1) / "degraded").write_text(reason)  # as the supervisor leaves it
+        await until(pilot, lambda: app.board.nodes[1].degraded == reason, 30, "node 1 degraded")
+        await pilot.pause(0.2)  # type: ignore[attr-defined]
+        assert "degraded" in str(app.query_one("#nodes").get_row("1")[3])  # type: ignore[attr-defined]
+        assert f"node1 local-b: degraded: {reason}" in str(app.query_one("#report").render())  # type: ignore
+        assert "1 degraded" in str(app.query_one("#header").render())  # type: ignore[attr-defined]
+        await pilot.press("d")  # type: ignore[attr-defined]
+        await until(pilot, lambda: not app.is_running, 15, "the app to exit")
+
+    drive(app, script)
+    assert subprocess.run([sys.executable, "-m", "clusterrun", "down", job], cwd=ROOT).returncode == 0
+
+
+def test_the_elapsed_time_is_the_attempt_s_as_recorded_and_stops_at_its_recorded_end() -> None:
+    now = 50_000.0  # the wall clock; the board's own clock is the snapshots' T0 + 30
+
+    def attempt(**times: float) -> list[Event]:
+        first = started()[0]
+        assert isinstance(first, AttemptStarted)
+        return [dataclasses.replace(first, **times), *started()[1:]]
+
+    for times, shown in (({"started": now - 125}, "02:05"), ({"started": now - 4000, "ended": now - 400}, "1:00:00")):
+        app = Dashboard(Scripted(attempt(**times), running=True), clock=lambda: T0 + 30,  # type: ignore[arg-type]
+                        wall=lambda: now)
+
+        async def script(app: Dashboard, pilot: object, shown: str = shown) -> None:
+            await until(pilot, lambda: app.board.job_id, 5, "the attempt")
+            await pilot.pause()  # type: ignore[attr-defined]
+            assert f"attempt 1 · {shown}\n" in str(app.query_one("#header").render())  # type: ignore[attr-defined]
+            await pilot.press("q")  # type: ignore[attr-defined]
+
+        drive(app, script)
+
+
+def test_a_degraded_node_is_shown_in_the_table_below_it_and_in_the_header() -> None:
+    reason = "the supervisor could not write its state (read-only file system)"
+    app = Dashboard(Scripted([*started(), NodeDegraded(2, host="gpu-c", reason=reason)], running=True))  # type: ignore
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: app.board.nodes and app.board.nodes[-1].degraded, 5, "the events")
+        await pilot.pause()  # type: ignore[attr-defined]
+        assert "▶ running ⚠ degraded" in str(app.query_one("#nodes").get_row("2")[3])  # type: ignore[attr-defined]
+        assert "degraded" not in str(app.query_one("#nodes").get_row("1")[3])  # type: ignore[attr-defined]
+        assert str(app.query_one("#report").render()) == f"node2 gpu-c: degraded: {reason}"  # type: ignore
+        header = str(app.query_one("#header").render())  # type: ignore[attr-defined]
+        assert "3 nodes · 3 running · 1 degraded" in header and f"node2 gpu-c: degraded: {reason}" in header
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)

@@ -58,6 +58,12 @@ class FakeNode:
                               ended_at=self.host.cluster.now())
             self.host.cluster.changed.notify_all()
 
+    def degrade(self, reason: str) -> None:
+        """Its supervisor cannot write its state any more (a full disk): the agent says ``degraded``."""
+        with self.host.cluster.changed:
+            self.state = dict(self.state, degraded=reason)
+            self.host.cluster.changed.notify_all()
+
     def vanish(self) -> None:
         """Its supervisor and torchrun are killed without a word (the agent then says ``lost``)."""
         with self.host.cluster.changed:
@@ -309,6 +315,8 @@ class FakeCluster:
                 offset = _tail_offset(bytes(node.log), int(request["tail"]))
             else:
                 offset = int(request.get("offset") or 0)
+                if request.get("before"):
+                    offset = _tail_offset(bytes(node.log[:offset]), int(request["before"]))
             if not request.get("logs", True):
                 offset = len(node.log)
         last_state: dict[str, Any] | None = None

@@ -11,8 +11,10 @@ switching views and arriving lines cost the lines on screen, not the ring.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import gc
+import itertools
 import queue
 import re
 import threading
@@ -200,15 +202,19 @@ class Dashboard(App[int]):
     ]
 
     def __init__(self, session: Session, *, ring: int = 10_000, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.monotonic) -> None:
+                 wall: Callable[[], float] = time.time) -> None:
         super().__init__()
         self.session = session
-        self.board = Board(ring=ring, clock=clock)
+        self.board = Board(ring=ring, clock=clock, wall=wall)
         self.clock = clock
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._view: int | None = 0  # the node whose log is shown; None: all nodes
+        # The search: matching lines of the view, by their number in its ring (``Ring.first``
+        # counts from the ring's first line ever), the current one, and the ring's lines searched.
         self._matches: list[int] = []
         self._match = -1
+        self._searched = 0
+        self._cause: tuple[int, int] | None = None  # (attempt, node) of the root cause last selected
         self._highlighter = LogHighlighter()
         self.outcome = "running"  # how the app ended: "detached", "left", "stopped", "finished"
         self.quit_when_ended = False  # SIGTERM: exit once the job's stop has been shown
@@ -310,12 +316,14 @@ class Dashboard(App[int]):
                         table.update_cell(str(rank), name, value)
                 self._drawn[rank] = cells
         board.changed.clear()
+        self._go_to_cause()
         self._append_view()
         if board.header_changed:
             board.header_changed = False
             self._draw_header()
             report = self.query_one("#report", Static)
-            text = board.root_text()
+            root = board.root_text()
+            text = "\n".join([*board.degraded_text(), *([root] if root else [])])
             if board.stops and board.state in ("stopped", "stopping", "failed", "lost"):
                 text = "\n".join([*([text] if text else []), "stop report:",
                                   *(f"  {line}" for line in board.notes if line.startswith("node"))][-12:])
@@ -336,6 +344,8 @@ class Dashboard(App[int]):
         state = Text(f"{icon} {status}", style=style)
         if self.board.root_rank() == row.rank:
             state.append("  ◀ root cause", style="bold red")
+        if row.degraded:  # its reason is below the table
+            state.append(" ⚠ degraded", style="bold yellow")
         since = "-" if row.last_output is None else _duration(self.clock() - row.last_output) + " ago"
         return (Text(str(row.rank), style=COLOURS[row.rank % len(COLOURS)]), row.host, row.slots, state,
                 str(row.pid or "-"), str(row.log.count), since)
@@ -366,17 +376,65 @@ class Dashboard(App[int]):
         ring = self._ring()
         if log.ring is not ring:  # the first rows, or a new attempt with more nodes
             log.show(ring)
+            self._find(log)
         log.advance()
+        self._find_new(log)
         self._draw_log_title()
 
     def _show(self, view: int | None) -> None:
-        """Switch the log to a node (or all nodes, None): it shows that ring, following it."""
+        """Switch the log to a node (or all nodes, None): it shows that ring, following it, and
+        the search goes on in it."""
         if view is not None and not 0 <= view < len(self.board.nodes):
             return
         self._view = view
-        self._matches, self._match = [], -1
-        self.query_one("#log", RingLog).show(self._ring())
+        log = self.query_one("#log", RingLog)
+        log.show(self._ring())
+        self._find(log)
         self._draw_log_title()
+        self.refresh_bindings()
+
+    def _go_to_cause(self) -> None:
+        """Select the node that failed first (then the root cause the result names) and show its
+        log, once per attempt and node: the user may look elsewhere afterwards."""
+        rank = self.board.root_rank()
+        if rank is None or (self.board.attempt, rank) == self._cause or rank >= len(self.board.nodes):
+            return
+        self._cause = (self.board.attempt, rank)
+        self.query_one("#nodes", DataTable).move_cursor(row=rank)
+        self._show(rank)
+
+    # ------------------------------------------------------------------------------- search
+
+    def _find(self, log: RingLog) -> None:
+        """Search every line the view shows; no match is the current one."""
+        pattern = self._highlighter.pattern
+        first = log.first
+        self._matches = [first + i for i, line in enumerate(log.lines) if pattern.search(line)] if pattern else []
+        self._match = -1
+        self._searched = first + len(log.lines)
+
+    def _find_new(self, log: RingLog) -> None:
+        """While the view follows, search the lines that arrived since (only those), and forget
+        matches whose lines left the ring."""
+        pattern = self._highlighter.pattern
+        if pattern is None or log.frozen:
+            return
+        first, end = log.first, log.first + len(log.lines)
+        if self._searched < first:  # more arrived than the ring holds: search it all again
+            self._find(log)
+            return
+        if end > self._searched:
+            lines = log.lines
+            new = itertools.islice(lines, self._searched - first, None)
+            self._matches += [self._searched + i for i, line in enumerate(new) if pattern.search(line)]
+            self._searched = end
+        self._forget_before(first)
+
+    def _forget_before(self, first: int) -> None:
+        gone = bisect.bisect_left(self._matches, first)
+        if gone:
+            del self._matches[:gone]
+            self._match = max(-1, self._match - gone)
 
     def _draw_log_title(self) -> None:
         log = self.query_one("#log", RingLog)
@@ -391,7 +449,9 @@ class Dashboard(App[int]):
                 "paused — f or End to follow"
         search = ""
         if self._highlighter.pattern is not None:
-            where = f"{self._match + 1}/{len(self._matches)}" if self._matches else "no match"
+            count = len(self._matches)
+            where = f"{self._match + 1}/{count}" if self._match >= 0 and count else \
+                f"{count} match{'es' if count != 1 else ''}" if count else "no match"
             search = f" · /{self._highlighter.pattern.pattern}/ {where} (n/N, Esc clears)"
         title = f"{what} · {mode}{search}"
         if title != self._title:  # a layout pass on every tick would redraw the whole screen
@@ -465,9 +525,8 @@ class Dashboard(App[int]):
         self._highlighter.pattern = pattern
         log = self.query_one("#log", RingLog)
         was_frozen = log.frozen
-        log.freeze()  # the matches are numbers of the lines shown: they must stay put
-        self._matches = [i for i, line in enumerate(log.lines) if pattern.search(line)]
-        self._match = -1
+        log.freeze()  # the lines shown stay put while the user goes from match to match
+        self._find(log)
         log.restyle()
         if self._matches:
             self.action_match(1)
@@ -478,13 +537,20 @@ class Dashboard(App[int]):
         self.refresh_bindings()
 
     def action_match(self, step: int) -> None:
-        if not self._matches:
-            return
         log = self.query_one("#log", RingLog)
+        log.freeze()  # the lines shown stay put while the user goes from match to match
+        self._forget_before(log.first)  # lines the ring dropped since the last tick
+        shown = bisect.bisect_left(self._matches, log.first + len(log.lines))
+        if shown < len(self._matches):  # lines that arrived after the last tick are not shown
+            del self._matches[shown:]
+            self._match = min(self._match, shown - 1)
+            self._searched = log.first + len(log.lines)
+        if not self._matches:
+            self._draw_log_title()
+            return
         here = self._match
         self._match = (here + step) % len(self._matches) if here >= 0 else (0 if step > 0 else len(self._matches) - 1)
-        log.freeze()
-        log.scroll_to(y=max(0, self._matches[self._match] - log.size.height // 2), animate=False)
+        log.scroll_to(y=max(0, self._matches[self._match] - log.first - log.size.height // 2), animate=False)
         self._draw_log_title()
 
     def action_clear_search(self) -> None:
@@ -493,7 +559,7 @@ class Dashboard(App[int]):
             field.remove_class("shown")
             self.query_one("#nodes", DataTable).focus()
         self._highlighter.pattern = None
-        self._matches, self._match = [], -1
+        self._matches, self._match, self._searched = [], -1, 0
         self.query_one("#log", RingLog).restyle()
         self._draw_log_title()
         self.refresh_bindings()

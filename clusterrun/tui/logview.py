@@ -87,6 +87,11 @@ class RingLog(ScrollView, can_focus=True):
         return self._ring.lines if self._frozen is None else self._frozen
 
     @property
+    def first(self) -> int:
+        """The ring's number of the first line shown (``Ring.first`` counts from its first line ever)."""
+        return self._first
+
+    @property
     def ring(self) -> Ring:
         return self._ring
 
