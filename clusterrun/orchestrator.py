@@ -33,10 +33,10 @@ import dataclasses
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from clusterrun.config import ClusterSpec
 from clusterrun.diagnose import NodeLog, find_root_cause
@@ -79,6 +79,7 @@ from clusterrun.transports import AgentSession, Transport, transport_for
 Emit = Callable[[Event], None]
 MIN_PYTHON = (3, 8)
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -276,20 +277,7 @@ class Job:
         Raises ``HostsUnavailable`` listing every host that failed; then nothing has started."""
         for rank in range(len(self._nodes)):
             self._set_state(rank, NodeState.CONNECTING)
-        futures = [self._pool.submit(self._probe, rank) for rank in range(len(self._nodes))]
-        answers: list[Probe] = []
-        errors: list[ClusterrunError] = []
-        for future, node in zip(futures, self._nodes, strict=True):
-            try:
-                answers.append(future.result())
-            except ClusterrunError as exc:
-                errors.append(exc)
-            except OSError as exc:  # a transport that did not translate its error
-                errors.append(TransportError(node.host, str(exc)))
-        if errors:
-            for node in self._nodes:
-                node.close_agent()
-            raise HostsUnavailable(errors)
+        answers = self._all_or_none(self._probe, range(len(self._nodes)))
         port = self.spec.master_port or answers[0].port
         if port is None:
             raise HostsUnavailable([AgentError(self._nodes[0].host, "the agent found no free port for the master")])
@@ -324,19 +312,28 @@ class Job:
     def _setup_all(self) -> None:
         """Run ``setup`` on every host that has some, in parallel, in the agent that probed it
         (which keeps the environment it made for the start). All or nothing, as the probe."""
-        ranks = [rank for rank, node in enumerate(self._nodes) if node.launch is not None and node.launch.host.setup]
+        self._all_or_none(self._setup, [rank for rank, node in enumerate(self._nodes)
+                                        if node.launch is not None and node.launch.host.setup])
+
+    def _all_or_none(self, call: Callable[[int], T], ranks: Iterable[int]) -> list[T]:
+        """``call(rank)`` for each of ``ranks``, in parallel: their results in order, or, when any
+        failed, ``HostsUnavailable`` naming every host that did, with the agents closed (nothing
+        of the job starts: the probe, the route and setup are all or nothing)."""
+        futures = [(rank, self._pool.submit(call, rank)) for rank in ranks]
+        results: list[T] = []
         errors: list[ClusterrunError] = []
-        for rank, future in [(rank, self._pool.submit(self._setup, rank)) for rank in ranks]:
+        for rank, future in futures:
             try:
-                future.result()
+                results.append(future.result())
             except ClusterrunError as exc:
                 errors.append(exc)
-            except OSError as exc:
+            except OSError as exc:  # a transport that did not translate its error
                 errors.append(TransportError(self._nodes[rank].host, str(exc)))
         if errors:
             for node in self._nodes:
                 node.close_agent()
             raise HostsUnavailable(errors)
+        return results
 
     def _route(self, rank: int, master: str, port: int) -> Network:
         """How node ``rank``'s host reaches ``master`` (the agent's ``route``), kept in its probe."""
@@ -355,19 +352,7 @@ class Job:
         return network
 
     def _route_all(self, master: str, port: int) -> list[Network]:
-        futures = [self._pool.submit(self._route, rank, master, port) for rank in range(len(self._nodes))]
-        networks: list[Network] = []
-        errors: list[ClusterrunError] = []
-        for future, node in zip(futures, self._nodes, strict=True):
-            try:
-                networks.append(future.result())
-            except ClusterrunError as exc:
-                errors.append(exc)
-            except OSError as exc:
-                errors.append(TransportError(node.host, str(exc)))
-        if errors:
-            raise HostsUnavailable(errors)
-        return networks
+        return self._all_or_none(lambda rank: self._route(rank, master, port), range(len(self._nodes)))
 
     def _with_interfaces(self, build: Callable[[ClusterSpec], LaunchPlan]) -> LaunchPlan:
         """The plan ``build`` makes, with ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` set per
