@@ -86,18 +86,23 @@ class Place:
         return pid, int(stat.rsplit(")", 1)[1].split()[19])
 
 
-@pytest.fixture(scope="module")
-def clusters() -> Iterator[dict[bool, SimCluster]]:
+def with_and_without_cgroup(n: int) -> Iterator[dict[bool, SimCluster]]:
+    """Two clusters of ``n`` simulated hosts: with cgroup2 mounted (True) and without (False)."""
     if namespace_problem():
         pytest.skip(f"no simulated hosts here: {namespace_problem()}")
     made: dict[bool, SimCluster] = {}
     try:
-        made[True] = SimCluster.start(1, isolated=True)
-        made[False] = SimCluster.start(1, isolated=True, cgroup=False)
+        made[True] = SimCluster.start(n, isolated=True)
+        made[False] = SimCluster.start(n, isolated=True, cgroup=False)
         yield made
     finally:
         for cluster in made.values():
             cluster.close()
+
+
+@pytest.fixture(scope="module")
+def clusters() -> Iterator[dict[bool, SimCluster]]:
+    yield from with_and_without_cgroup(1)
 
 
 @pytest.fixture(params=["local-cgroup", "local-sweep", "ssh-cgroup", "ssh-sweep"])

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, SUPPORT, alive, job_id_of, start_time, up_argv, wait_for, write_hosts
-from tests.simhosts import SimCluster, SimHost, namespace_problem
-from tests.test_containment import CHECK
+from tests.simhosts import SimCluster, SimHost
+from tests.test_containment import CHECK, with_and_without_cgroup
 from tests.test_lifecycle import clusterrun, host_state, up_detached
 from tests.test_ssh import ssh_hosts
 from tests.test_tui import dashboard_on, drive, until
@@ -90,16 +90,7 @@ class Where:
 
 @pytest.fixture(scope="module")
 def clusters() -> Iterator[dict[bool, SimCluster]]:
-    if namespace_problem():
-        pytest.skip(f"no simulated hosts here: {namespace_problem()}")
-    made: dict[bool, SimCluster] = {}
-    try:
-        made[True] = SimCluster.start(2, isolated=True)
-        made[False] = SimCluster.start(2, isolated=True, cgroup=False)
-        yield made
-    finally:
-        for cluster in made.values():
-            cluster.close()
+    yield from with_and_without_cgroup(2)
 
 
 @pytest.fixture(params=["local-cgroup", "local-sweep", "ssh-cgroup", "ssh-sweep"])
