@@ -29,12 +29,15 @@ from enum import Enum
 
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import AgentError, AuthError, ClusterrunError, ConnectError, HostKeyError, HostsUnavailable
+from clusterrun.interfaces import decide_interfaces, reached_address, route_request
 from clusterrun.plan import HostFacts, master_addr
 from clusterrun.protocol import (
     Inspection,
+    Network,
     Probe,
     decode_inspection,
     decode_listening,
+    decode_network,
     decode_probe,
     decode_reach,
 )
@@ -162,12 +165,6 @@ def versions(probe: Probe, inspection: Inspection | None) -> tuple[str | None, s
     return probe.torch, inspection.torch_cuda if inspection is not None else None, None
 
 
-def interface_check(probe: Probe) -> Check | None:
-    """The network interface the node's ranks will use to reach node 0. The route lookup is the
-    probe's (issue 15, "the right interface"): until the probe reports one this row is left out."""
-    return None
-
-
 def path_checks(host: HostSpec, inspection: Inspection, script: str | None) -> list[Check]:
     where = inspection.cwd
     rows = []
@@ -273,7 +270,6 @@ def host_checks(host: HostSpec, python: str, probe: Probe, inspection: Inspectio
                 sent: float, answered: float, full: bool) -> list[Check]:
     """Every check of one host that its own probe and ``inspect`` answers decide."""
     rows = [torch_check(python, probe, inspection)] if full else []
-    rows += [r for r in (interface_check(probe),) if r is not None]
     rows += path_checks(host, inspection, script)
     rows.append(disk_check(inspection))
     if full and (gpus := gpu_check(host, inspection)) is not None:
@@ -425,6 +421,34 @@ def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: Thread
         h.checks.append(rows[h.rank])
 
 
+def _interfaces(hosts: Sequence[_Host], addr: str, port: int, pool: ThreadPoolExecutor) -> None:
+    """The network interface each node's ranks would use, as ``up`` chooses it (``interfaces``):
+    every host's agent asks its kernel how it reaches the master; a node that cannot (loopback
+    from another machine, no route) gets a ✗ with the fix."""
+    if any(h.session is None or h.probe is None for h in hosts):
+        return  # the choice needs every node's route; the rows above say which host failed
+    reached = [reached_address(h.transport.host, h.transport.address) for h in hosts]
+
+    def route(h: _Host) -> Network:
+        assert h.session is not None
+        answer = h.session.call(route_request(h.rank, addr, port, reached))
+        return decode_network(h.transport.name, answer.get("network"), "route answer's network")
+
+    try:
+        networks = list(pool.map(route, hosts))
+    except AgentError as exc:
+        next(h for h in hosts if h.transport.name == exc.host).checks.append(
+            Check("interface", Verdict.FAIL, exc.message, exc.hint))
+        return
+    names = [h.transport.name for h in hosts]
+    chosen, errors = decide_interfaces(addr, names, networks, [dict(h.transport.host.env) for h in hosts])
+    failed = {e.host: e for e in errors}
+    for h, interface in zip(hosts, chosen, strict=True):
+        error = failed.get(h.transport.name)
+        h.checks.append(Check("interface", Verdict.FAIL, error.message, error.hint) if error is not None
+                        else Check("interface", Verdict.OK, interface.describe()))
+
+
 def _versions(hosts: Sequence[_Host]) -> None:
     found: dict[int, tuple[str, dict[str, str | None]]] = {}
     for h in hosts:
@@ -472,6 +496,7 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
         node0 = hosts[0]
         if node0.session is not None and node0.probe is not None:
             addr = master_addr(spec, HostFacts(python=node0.transport.python, address=node0.transport.address))
+            _interfaces(hosts, addr, spec.master_port or 29500, pool)  # any port: the route is what counts
             _port_test(hosts, addr, spec.master_port, pool, fixed=spec.master_port is not None)
         _versions(hosts)
     finally:

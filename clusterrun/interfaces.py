@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from clusterrun.config import HostSpec
 from clusterrun.errors import ClusterrunError, HostError, HostsUnavailable
 from clusterrun.protocol import Network, Route
 
@@ -64,15 +65,39 @@ def better_master(master: str, networks: Sequence[Network]) -> str | None:
     return None
 
 
+def reached_address(host: HostSpec, transport_address: str | None) -> str | None:
+    """The address the other nodes may reach ``host`` by: its ``address:``, else the one the
+    controller reached it at, else its name (none for a local host: this machine)."""
+    return host.address or transport_address or (None if host.transport == "local" else host.host)
+
+
+def route_request(rank: int, master: str, port: int, reached: Sequence[str | None]) -> dict[str, object]:
+    """The agent's ``route`` request of node ``rank``: how it reaches ``master``, and which of the
+    other nodes (``reached``: each node's address, as the controller reached it) it reaches
+    through another interface than loopback (always asked of node 0, the master's machine)."""
+    peers = [address for i, address in enumerate(reached) if i != rank and address]
+    return {"op": "route", "route_to": {"addr": master, "port": port, "peers": peers, "always_peers": rank == 0}}
+
+
 def choose_interfaces(master: str, hosts: Sequence[str], networks: Sequence[Network],
                       user_env: Sequence[Mapping[str, str]]) -> list[Interface]:
     """One ``Interface`` per node (hosts in node order; ``user_env``: each node's environment as
     the plan sets it). Raises ``HostsUnavailable`` naming every host that cannot take part, the
     cause and the fix."""
+    chosen, errors = decide_interfaces(master, hosts, networks, user_env)
+    if errors:
+        raise HostsUnavailable(list[ClusterrunError](errors))
+    return chosen
+
+
+def decide_interfaces(master: str, hosts: Sequence[str], networks: Sequence[Network],
+                      user_env: Sequence[Mapping[str, str]]) -> tuple[list[Interface], list[HostError]]:
+    """``choose_interfaces``' decision for every node, and the errors of those that cannot take
+    part, instead of raising (``clusterrun doctor`` shows both)."""
     one_machine = len({n.netns for n in networks}) <= 1
     home = networks[0].netns if networks else ""
     chosen: list[Interface] = []
-    errors: list[ClusterrunError] = []
+    errors: list[HostError] = []
     for host, net, env in zip(hosts, networks, user_env, strict=True):
         user_set = {k: v for k, v in {**net.preset, **env}.items() if k in IFNAME_VARS}
         route, error = _pick(master, host, hosts[0], net, one_machine, on_master=net.netns == home)
@@ -91,9 +116,7 @@ def choose_interfaces(master: str, hosts: Sequence[str], networks: Sequence[Netw
         if not name:
             why += "; its interface was not found: nothing set"
         chosen.append(Interface(route.interface, route.source, why, env=env_set, user_set=user_set))
-    if errors:
-        raise HostsUnavailable(errors)
-    return chosen
+    return chosen, errors
 
 
 class _NoInterface(HostError):

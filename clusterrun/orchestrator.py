@@ -57,7 +57,7 @@ from clusterrun.events import (
     NodeStopped,
     StopReport,
 )
-from clusterrun.interfaces import Interface, better_master, choose_interfaces
+from clusterrun.interfaces import Interface, better_master, choose_interfaces, reached_address, route_request
 from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, build_plan
 from clusterrun.protocol import (
     Beat,
@@ -340,11 +340,8 @@ class Job:
         node = self._nodes[rank]
         if node.agent is None or node.probe is None:
             raise RuntimeError("_route() before _probe()")
-        reached = [h.address or n.transport.address or (None if h.transport == "local" else h.host)
-                   for h, n in zip(self.spec.hosts, self._nodes, strict=True)]
-        peers = [address for i, address in enumerate(reached) if i != rank and address]
-        answer = node.agent.call({"op": "route", "route_to": {"addr": master, "port": port, "peers": peers,
-                                                              "always_peers": rank == 0}})
+        reached = [reached_address(h, n.transport.address) for h, n in zip(self.spec.hosts, self._nodes, strict=True)]
+        answer = node.agent.call(route_request(rank, master, port, reached))
         if answer.get("ok") is False:
             raise AgentError(node.host, str(answer.get("error")))
         network = decode_network(node.host, answer.get("network"), "route answer's network")

@@ -44,10 +44,26 @@ def test_a_healthy_cluster_is_all_ticks(fake: FakeCluster) -> None:
     assert not report.failed
     for host in ("h0", "h1", "h2"):
         assert set(verdicts(report, host).values()) == {"✓"}, report.render()
-        assert {"connection", "python", "torch", "workdir", "script", "state disk", "clock", "logind",
+        assert {"connection", "python", "torch", "interface", "workdir", "script", "state disk", "clock", "logind",
                 "master port", "same versions"} <= set(verdicts(report, host))
     assert fake.listeners == {}  # node 0's listener was closed again
     assert "no problem found on 3 host(s)" in report.render()
+
+
+def test_the_interface_each_node_would_use_and_a_master_that_resolves_to_loopback(fake: FakeCluster) -> None:
+    report = doctor.run_doctor(spec_of(2), None, fake.transport)
+    assert rows(report, "h1")["interface"].detail.startswith("eth0 192.0.2.1 (routes to the master h0; "
+                                                            "GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME set)")
+    fake.host("h1").network = {  # Debian's /etc/hosts on h1 names h0 as 127.0.1.1
+        "netns": "fake:h1", "peer": None, "preset": {},
+        "master": {"target": "h0", "resolved": "127.0.1.1", "source": "127.0.0.1", "interface": "lo",
+                   "loopback": True, "error": None, "hosts_line": "/etc/hosts:2: 127.0.1.1 h0"}}
+    report = doctor.run_doctor(spec_of(2), None, fake.transport)
+    row = rows(report, "h1")["interface"]
+    assert row.verdict.value == "✗" and report.failed
+    assert "the master h0 resolves to 127.0.1.1 on this host, its own loopback" in row.detail
+    assert row.fix is not None and "/etc/hosts:2: 127.0.1.1 h0 maps h0 to 127.0.1.1" in row.fix
+    assert verdicts(report, "h0")["interface"] == "✓"
 
 
 def test_a_missing_script_on_one_host_is_a_problem_there_only(fake: FakeCluster) -> None:
