@@ -24,7 +24,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from types import FrameType
@@ -340,8 +340,8 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
             _note("interrupted while connecting to the hosts; nothing was started")
             sys.exit(EXIT_SIGNAL[signal.SIGINT])
         _sync(spec, job, sync_dir, dry_run)  # first: the preflight looks for the script it copies
-        copies = dry_run and (sync_dir is not None or any(h.sync for h in spec.hosts))
-        _preflight(job, plan, spec, None if copies else script, full=not no_preflight)
+        synced = {rank for rank, h in enumerate(spec.hosts) if sync_dir is not None or h.sync} if dry_run else set()
+        _preflight(job, plan, spec, script, full=not no_preflight, synced=synced)
         if dry_run and as_json:
             click.echo(json.dumps(plan_json(plan, job.host_fallbacks), indent=1))
             return
@@ -454,11 +454,13 @@ def doctor_command(hosts_file: str, script: str | None, ssh_config: str | None, 
     sys.exit(EXIT_FAILED if report.failed else EXIT_OK)
 
 
-def _preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str | None, *, full: bool) -> None:
+def _preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, full: bool,
+               synced: Collection[int] = ()) -> None:
     """``doctor``'s checks on the probed hosts before anything starts (see doctor.py): exit 3 on a
     problem, with one line and a fix for each; warnings are printed and the job goes on."""
     report = doctor.preflight([job.probed(rank) for rank in range(plan.nnodes)], spec, script,
-                              addr=plan.master_addr, port=plan.master_port, local_cwd=os.getcwd(), full=full)
+                              addr=plan.master_addr, port=plan.master_port, local_cwd=os.getcwd(), full=full,
+                              synced=synced)
     refused = doctor.refusal(report)
     if refused is not None:
         _fail(refused, EXIT_HOSTS)

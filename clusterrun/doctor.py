@@ -22,7 +22,7 @@ import re
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -45,7 +45,7 @@ from clusterrun.transports import AgentSession, Transport
 
 MIN_PYTHON = (3, 8)
 DISK_LOW = 1 << 30  # below this, a warning: logs of a long job fill it
-DISK_FULL = 64 << 20  # below this, an error: the supervisor could not even write its state
+DISK_FULL = 1 << 20  # below this, an error: the supervisor may not be able to write its state files
 SKEW_WARN = 1.0  # seconds: the root cause is the failure that ended first by the hosts' clocks
 REACH_TIMEOUT = 5.0
 
@@ -165,8 +165,12 @@ def versions(probe: Probe, inspection: Inspection | None) -> tuple[str | None, s
     return probe.torch, inspection.torch_cuda if inspection is not None else None, None
 
 
-def path_checks(host: HostSpec, inspection: Inspection, script: str | None) -> list[Check]:
+def path_checks(host: HostSpec, inspection: Inspection, script: str | None, synced: bool = False) -> list[Check]:
+    """The workdir and the script; ``synced``: a dry run of a sync that would make the one and copy
+    the other (the script is looked for in the local directory instead)."""
     where = inspection.cwd
+    if synced:
+        return [Check("workdir", Verdict.OK, f"{where} (the sync makes or updates it)")]
     rows = []
     kind = inspection.paths.get(".")
     if kind == "dir":
@@ -193,7 +197,7 @@ def disk_check(inspection: Inspection) -> Check:
         return Check("state disk", Verdict.FAIL, f"cannot read {inspection.disk_path}: {inspection.disk_error}",
                      "make the state dir's file system readable, or set `state_dir:`")
     free = _size(inspection.disk_free)
-    if inspection.disk_free < DISK_FULL:
+    if inspection.disk_free < DISK_FULL:  # full: not even the state files fit
         return Check("state disk", Verdict.FAIL, f"only {free} free in {inspection.disk_path}",
                      "free space there, or set `state_dir:` to a file system with room for the logs")
     if inspection.disk_free < DISK_LOW:
@@ -267,10 +271,10 @@ def gpu_check(host: HostSpec, inspection: Inspection) -> Check | None:
 
 
 def host_checks(host: HostSpec, python: str, probe: Probe, inspection: Inspection, *, script: str | None,
-                sent: float, answered: float, full: bool) -> list[Check]:
+                sent: float, answered: float, full: bool, synced: bool = False) -> list[Check]:
     """Every check of one host that its own probe and ``inspect`` answers decide."""
     rows = [torch_check(python, probe, inspection)] if full else []
-    rows += path_checks(host, inspection, script)
+    rows += path_checks(host, inspection, script, synced)
     rows.append(disk_check(inspection))
     if full and (gpus := gpu_check(host, inspection)) is not None:
         rows.append(gpus)
@@ -361,7 +365,7 @@ def _cwd(host: HostSpec, local_cwd: str | None) -> str | None:
 
 
 def _inspect(h: _Host, script: str | None, spec: ClusterSpec, local_cwd: str | None, *, deep: bool,
-             full: bool) -> None:
+             full: bool, synced: bool = False) -> None:
     """Ask the host's agent ``inspect`` and add the checks its answers decide."""
     if h.session is None or h.probe is None:
         return
@@ -378,7 +382,7 @@ def _inspect(h: _Host, script: str | None, spec: ClusterSpec, local_cwd: str | N
     answered = time.time()
     h.inspection = decode_inspection(h.transport.name, answer)
     h.checks += host_checks(host, h.transport.python, h.probe, h.inspection, script=script, sent=sent,
-                            answered=max(sent, answered - h.inspection.elapsed), full=full)
+                            answered=max(sent, answered - h.inspection.elapsed), full=full, synced=synced)
 
 
 def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: ThreadPoolExecutor, *, fixed: bool) -> None:
@@ -509,14 +513,16 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
 
 
 def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | None]], spec: ClusterSpec,
-              script: str | None, *, addr: str, port: int, local_cwd: str | None, full: bool) -> Report:
+              script: str, *, addr: str, port: int, local_cwd: str | None, full: bool,
+              synced: Collection[int] = ()) -> Report:
     """``up``'s checks on hosts its agents have probed already (``sessions``, by node rank): the
-    workdir, the script (unless None: a dry run of a sync that would copy it), disk, clock and
-    logind always; with ``full`` the GPUs, the versions and the master port's TCP test as well.
-    The sessions stay open (``up`` starts the nodes with them)."""
+    workdir and the script (not on the nodes in ``synced``: a dry run of a sync that would make and
+    copy them), disk, clock and logind always; with ``full`` the GPUs, the versions and the master
+    port's TCP test as well. The sessions stay open (``up`` starts the nodes with them)."""
     hosts = [_Host(rank, t, s, p) for rank, (t, s, p) in enumerate(sessions)]
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts))), thread_name_prefix="clusterrun-preflight") as pool:
-        list(pool.map(lambda h: _inspect(h, script, spec, local_cwd, deep=False, full=full), hosts))
+        list(pool.map(lambda h: _inspect(h, script, spec, local_cwd, deep=False, full=full,
+                                         synced=h.rank in synced), hosts))
         if full:
             _port_test(hosts, addr, port, pool, fixed=spec.master_port is not None)
             _versions(hosts)

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 
 from clusterrun.errors import ClusterrunError, HostsUnavailable
-from clusterrun.events import Event, JobResult, NodeStarted, NodeState, NodeStateChanged
+from clusterrun.events import Event, JobResult, NodeStarted, NodeState, NodeStateChanged, NodeStopped
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import attempt_event, follower, mark_stopped, save_seen
 from clusterrun.orchestrator import Emit, Job
@@ -177,7 +177,7 @@ class Session:
             self.result = None
             owner_fd = self.runner.owner_fd if self.runner is not None else None
             try:
-                record = restart_job(self.store, self.store.load(self.job_id), self.emit, owner_fd=owner_fd)
+                record = restart_job(self.store, self.store.load(self.job_id), self._confirmations, owner_fd=owner_fd)
             except ClusterrunError as exc:
                 self.error = exc
                 return
@@ -194,6 +194,14 @@ class Session:
         finally:
             self._busy = False
         self._follow()
+
+    def _confirmations(self, event: Event) -> None:
+        """The restart's own verified stop, after this view's: a node it found nothing of was shown
+        stopped already, so only what is news is shown (something killed, left or unreachable)."""
+        r = event.report if isinstance(event, NodeStopped) else None
+        if r is not None and not (r.killed or r.left or r.error or r.degraded or r.notes):
+            return
+        self.emit(event)
 
     def detach(self) -> None:
         """Stop following and leave the job running (owned by a background monitor from now on)."""

@@ -140,7 +140,7 @@ def test_a_fixed_master_port_in_use_on_node0_fails_there(fake: FakeCluster) -> N
 
 def test_skew_disk_logind_and_gpus_on_the_fake(fake: FakeCluster) -> None:
     h1 = fake.host("h1")
-    h1.clock_offset, h1.disk_free = 30.0, 10 << 20
+    h1.clock_offset, h1.disk_free = 30.0, 512 << 10
     h1.logind = "logind kills every process of this login session at logout. Fix: `loginctl enable-linger u`"
     h1.gpu_list = "GPU 0: NVIDIA A100 (UUID: GPU-aaa)\n"
     report = doctor.run_doctor(spec_of(2, host_extra="\n    gpus: [0, 1]"), None, fake.transport)
@@ -232,7 +232,8 @@ def test_clock_skew_counts_only_beyond_the_round_trip() -> None:
 def test_disk_thresholds() -> None:
     assert doctor.disk_check(inspection(disk_free=2 << 30)).verdict is Verdict.OK
     assert doctor.disk_check(inspection(disk_free=500 << 20)).verdict is Verdict.WARN
-    assert doctor.disk_check(inspection(disk_free=1 << 20)).verdict is Verdict.FAIL
+    assert doctor.disk_check(inspection(disk_free=512 << 10)).verdict is Verdict.FAIL
+    assert doctor.disk_check(inspection(disk_free=4 << 20)).verdict is Verdict.WARN  # a small job still fits
     assert doctor.disk_check(inspection(disk_free=None, disk_error="Permission denied")).verdict is Verdict.FAIL
 
 

@@ -320,7 +320,8 @@ def test_real_the_master_port_taken(tmp_path: Path, state_dir: Path) -> None:
         port = taken.getsockname()[1]
         hosts = _hosts(tmp_path / "hosts.yaml", state_dir, "  - host: local-a\n",
                        extra=f"master:\n  port: {port}\n")
-        proc = run_up("--no-retry-startup", hosts, "tests/_support/import_module.py", "os")
+        # --no-preflight: the preflight would find the port taken before the start (test_doctor)
+        proc = run_up("--no-retry-startup", "--no-preflight", hosts, "tests/_support/import_module.py", "os")
     assert proc.returncode == 1, proc.stderr
     assert (f"clusterrun: cause: torchrun on node 0 (local-a) could not listen on the master port {port}: another "
             "process on local-a holds it") in proc.stderr.splitlines(), proc.stderr
@@ -330,12 +331,14 @@ def test_real_the_master_port_taken(tmp_path: Path, state_dir: Path) -> None:
 @pytest.mark.integration
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare(1)")
 def test_real_a_node_that_cannot_reach_the_master(tmp_path: Path, state_dir: Path) -> None:
-    """Node 1 runs in a network namespace of its own (its `python:` is a wrapper): 127.0.0.1 there
-    refuses, so its torchrun never reaches node 0's store; a short rendezvous timeout for node 1
+    """Node 1's torchrun runs in a network namespace of its own (its `python:` is a wrapper; its
+    agent does not, so the route to the master looks fine, as behind a firewall): 127.0.0.1 there
+    refuses, so it never reaches node 0's store; a short rendezvous timeout for node 1
     (PET_RDZV_CONF is torchrun's --rdzv-conf) makes it give up in seconds."""
     wrapper = tmp_path / "python-in-own-netns"
-    wrapper.write_text(f"#!/bin/sh\nexec unshare -n sh -c '{shutil.which('ip') or 'ip'} link set lo up && "
-                       f"exec \"$0\" \"$@\"' {sys.executable} \"$@\"\n")
+    wrapper.write_text(f"#!/bin/sh\ncase \"$2\" in torch.distributed.run) exec unshare -n sh -c "
+                       f"'{shutil.which('ip') or 'ip'} link set lo up && exec \"$0\" \"$@\"' {sys.executable} \"$@\";; "
+                       f"esac\nexec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
     hosts = _hosts(tmp_path / "hosts.yaml", state_dir, "  - host: local-a\n",
                    f"  - host: local-b\n    python: {wrapper}\n    env: {{PET_RDZV_CONF: timeout=3}}\n")

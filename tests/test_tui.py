@@ -129,6 +129,8 @@ def test_restart_asks_then_starts_attempt_two(tmp_path: Path, state_dir: Path) -
         header = str(app.query_one("#header").render())  # type: ignore[attr-defined]
         assert "attempt 2 · " in header
         assert header.splitlines()[-1] == "attempt 2 started"  # not "restarting: stopping attempt 1 ..." any more
+        stops = [note for note in app.board.notes if note.startswith("node")]
+        assert len(stops) == 2 and not [n for n in stops if "nothing was running" in n], stops  # one stop each
         await pilot.press("d")  # type: ignore[attr-defined]
         await until(pilot, lambda: not app.is_running, 15, "the app to exit")
 
