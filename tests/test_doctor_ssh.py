@@ -95,8 +95,9 @@ def test_doctor_passes_on_healthy_hosts_and_names_a_missing_script_and_python(
         found = rows(proc.stdout, host)
         assert {name: v[0] for name, v in found.items()} == {
             "connection": "✓", "python": "✓", "torch": "✓", "workdir": "✓", "script": "✓", "state disk": "✓",
-            "clock": "✓", "logind": "✓", "master port": "✓", "same versions": "✓"}, proc.stdout
+            "clock": "✓", "logind": "✓", "interface": "✓", "master port": "✓", "same versions": "✓"}, proc.stdout
     assert rows(proc.stdout, "sim2")["master port"].startswith(f"✓ {cluster.hosts[0].address}:")
+    assert rows(proc.stdout, "sim2")["interface"].startswith(f"✓ eth0 {cluster.hosts[1].address} (routes to the master")
 
     # sim2: the script is not under its workdir; sim3: no such interpreter
     elsewhere = tmp_path / "elsewhere"
