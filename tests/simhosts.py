@@ -142,6 +142,7 @@ class SimCluster:
     cgroup: bool = True
     user: bool = False
     login_cgroup: str = ""
+    _cgroups_before: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.ssh_config, self.known_hosts = self.dir / "ssh_config", self.dir / "known_hosts"
@@ -187,6 +188,7 @@ class SimCluster:
         folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{os.getpid()}-"))
         cluster = cls(dir=folder, isolated=not reason, fallback_reason=reason, cgroup=cgroup, user=user,
                       login_cgroup=login_cgroup.strip("/"), etc_hosts=etc_hosts, second_network=tuple(second_network))
+        cluster._cgroups_before = _attempt_cgroups()
         _OPEN.append(cluster)
         try:
             cluster._start(n, login_shell, dict(sshd_options or {}))
@@ -377,6 +379,8 @@ class SimCluster:
         self._closed = True
         for host in self.hosts:
             host.kill()
+        for cgroup in _attempt_cgroups() - self._cgroups_before:  # a host killed with its jobs cannot remove them
+            _remove_empty_cgroup(cgroup)
         links = [*self._links, *(bridge for bridge in (self._bridge, self._bridge2) if bridge)]
         if links or self._netns:
             _ip_batch([*(f"link del {x}" for x in links), *(f"netns del {x}" for x in self._netns)], force=True)
@@ -443,6 +447,26 @@ def namespace_problem() -> str | None:
     finally:
         _ip_batch([f"link del {bridge}", f"netns del {netns}"], force=True)
     return None
+
+
+def _attempt_cgroups() -> set[str]:
+    """The attempts' cgroups at the top of this machine's cgroup2 hierarchy, which the simulated
+    hosts mount as their own (as root, the agent makes them there)."""
+    from clusterrun.agent import _cgroup2_mount
+
+    mount = _cgroup2_mount()
+    return set() if mount is None else {str(p) for p in Path(mount).glob("clusterrun-*-n*-a*") if p.is_dir()}
+
+
+def _remove_empty_cgroup(cgroup: str) -> None:
+    """Remove ``cgroup`` and its ``job`` child once the processes killed in them are gone; a cgroup
+    that stays populated (another test's job) is left alone."""
+    from clusterrun import agent
+
+    for path in (os.path.join(cgroup, "job"), cgroup):
+        if os.path.isdir(path) and agent.cg_wait_empty(path, time.monotonic() + 5):
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
 
 
 @functools.cache

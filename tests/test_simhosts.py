@@ -312,3 +312,19 @@ def test_paramiko_accepts_the_generated_files(sim_cluster: Make, mode: bool | No
         assert stdout.read().decode().split()[2:] == [cluster.hosts[0].address, str(cluster.hosts[0].port)]
     finally:
         client.close()
+
+
+def test_close_removes_the_attempt_cgroups_its_killed_hosts_could_not() -> None:
+    """A host killed with a job on it leaves the attempt's cgroup (on this machine's hierarchy,
+    which the hosts mount) without its supervisor to remove it: closing the cluster does."""
+    if namespace_problem():
+        pytest.skip(f"no simulated hosts here: {namespace_problem()}")
+    cluster = SimCluster.start(1, isolated=True)
+    try:
+        made = cluster.hosts[0].run("mkdir", "-p", f"/sys/fs/cgroup/clusterrun-crtest{os.getpid()}-n0-a1/job")
+        assert made.returncode == 0, made.stderr
+        left = simhosts._attempt_cgroups() - cluster._cgroups_before
+        assert [Path(p).name for p in left] == [f"clusterrun-crtest{os.getpid()}-n0-a1"]
+    finally:
+        cluster.close()
+    assert not left & simhosts._attempt_cgroups()
