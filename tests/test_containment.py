@@ -25,7 +25,7 @@ from clusterrun.transports import transport_for
 from clusterrun.transports.base import Transport
 from clusterrun.transports.local import LocalTransport
 from tests.conftest import SUPPORT, alive, start_time, wait_for
-from tests.simhosts import SimCluster, SimHost, namespace_problem
+from tests.simhosts import SimCluster, SimHost, namespace_problem, unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +89,7 @@ class Place:
 def with_and_without_cgroup(n: int) -> Iterator[dict[bool, SimCluster]]:
     """Two clusters of ``n`` simulated hosts: with cgroup2 mounted (True) and without (False)."""
     if namespace_problem():
-        pytest.skip(f"no simulated hosts here: {namespace_problem()}")
+        unavailable(f"no simulated hosts here: {namespace_problem()}")
     made: dict[bool, SimCluster] = {}
     try:
         made[True] = SimCluster.start(n, isolated=True)
@@ -233,7 +233,7 @@ def test_without_cgroup_kill_the_cgroup_is_frozen_and_killed(tmp_path: Path, mon
 
     parent, why = agent.cgroup_parent()
     if parent is None:
-        pytest.skip(f"no cgroup here: {why}")
+        unavailable(f"no cgroup here: {why}")
     cgroup = os.path.join(parent, f"clusterrun-test-{os.getpid()}")
     os.mkdir(cgroup)
     real_write = agent.cg_write
@@ -276,7 +276,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "crtest-small", str(folder)],
                           capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        unavailable(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
         yield folder
     finally:
@@ -368,7 +368,7 @@ def login_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[t
 
     parent, why = agent.cgroup_parent()
     if parent is None or os.geteuid() != 0:
-        pytest.skip(f"needs root and cgroup2 to make the session's cgroup: {why}")
+        unavailable(f"needs root and cgroup2 to make the session's cgroup: {why}")
     top = os.path.join(parent, f"crtest-{os.getpid()}")
     scope = os.path.join(top, "user.slice", "user-0.slice", "session-7.scope")
     os.makedirs(scope)
@@ -458,7 +458,7 @@ def delegated(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, Path]
 
     parent, why = agent.cgroup_parent()
     if parent is None or os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
-        pytest.skip(f"needs root, setpriv, {USER_PYTHON} and cgroup2: {why}")
+        unavailable(f"needs root, setpriv, {USER_PYTHON} and cgroup2: {why}")
     uid, gid = 65534, 65534
     top = os.path.join(parent, f"crtest-{os.getpid()}")
     cgroup = os.path.join(top, "user.slice", "user-65534.slice", "app.slice", "delegated.scope")
@@ -541,7 +541,7 @@ def user_session(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
 
     parent, why = agent.cgroup_parent()
     if parent is None or os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
-        pytest.skip(f"needs root, setpriv, {USER_PYTHON} and cgroup2: {why}")
+        unavailable(f"needs root, setpriv, {USER_PYTHON} and cgroup2: {why}")
     top = os.path.join(parent, f"crtest-{os.getpid()}")
     user = os.path.join(top, "user.slice", "user-65534.slice")
     session = os.path.join(user, "session-7.scope")
@@ -633,7 +633,7 @@ def test_the_cgroup_of_a_supervisor_killed_is_removed_once_empty(tmp_path: Path)
     answer = transport.call(req(state_dir, "start", argv=[sys.executable, "-c", code], env={}, cwd=str(tmp_path)))
     cgroup, sup, tr = answer["state"]["cgroup"], answer["state"]["supervisor"], answer["state"]["torchrun"]
     if cgroup is None:
-        pytest.skip("no cgroup here")
+        unavailable("no cgroup here")
     os.kill(sup["pid"], signal.SIGKILL)
     wait_for(lambda: not alive(sup["pid"], sup["start_time"]), 10, what="the supervisor to die")
     assert transport.call(req(state_dir, "status"))["state"]["state"] == "running"
@@ -694,7 +694,7 @@ def user_host(layout: list[str], delegate: list[str], files: tuple[str, ...] = (
 
     mount = agent._cgroup2_mount()
     if namespace_problem() or mount is None or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
-        pytest.skip(f"needs simulated hosts, cgroup2 and {USER_PYTHON}: {namespace_problem()}")
+        unavailable(f"needs simulated hosts, cgroup2 and {USER_PYTHON}: {namespace_problem()}")
     top = os.path.join(mount, f"crtest-ssh-{os.getpid()}")
     for path in layout:
         os.makedirs(os.path.join(top, path))

@@ -32,6 +32,7 @@ from tests.conftest import (
     wait_for,
     write_hosts,
 )
+from tests.simhosts import unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -478,7 +479,7 @@ def in_mount_namespace(setup: str, *args: str | os.PathLike[str], after: str = "
     """``clusterrun ARGS`` in a private mount namespace prepared by the shell commands ``setup``
     (mounts made there vanish with it); ``after`` runs there too, its output after a ``---`` line."""
     if subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True).returncode:
-        pytest.skip("no mount namespaces here (unshare -m)")
+        unavailable("no mount namespaces here (unshare -m)")
     script = f'set -e; {setup}; set +e; "$@"; rc=$?; echo ---; {after or "true"}; exit $rc'
     return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", sys.executable,
                            "-m", "clusterrun", *map(str, args)], capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -584,7 +585,7 @@ def test_down_on_a_full_state_dir_stops_everything_and_says_what_it_could_not_re
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "crtest-small", str(disk)],
                              capture_output=True, text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        unavailable(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     state_dir = disk / "state"
     try:
         job, pids = start_hostile(tmp_path, state_dir)

@@ -318,7 +318,7 @@ def test_close_removes_the_attempt_cgroups_its_killed_hosts_could_not() -> None:
     """A host killed with a job on it leaves the attempt's cgroup (on this machine's hierarchy,
     which the hosts mount) without its supervisor to remove it: closing the cluster does."""
     if namespace_problem():
-        pytest.skip(f"no simulated hosts here: {namespace_problem()}")
+        unavailable(f"no simulated hosts here: {namespace_problem()}")
     cluster = SimCluster.start(1, isolated=True)
     try:
         made = cluster.hosts[0].run("mkdir", "-p", f"/sys/fs/cgroup/clusterrun-crtest{os.getpid()}-n0-a1/job")
