@@ -207,7 +207,8 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations are never evaluated, and typing costs every start (docs/benchmarks.md)
-    from typing import Any
+    from collections.abc import Callable
+    from typing import Any, NoReturn
 
 # The agent starts once per node and command, so what it imports is paid on every host every
 # time. The modules json and signal import re and enum (docs/benchmarks.md): the agent uses their
@@ -1149,8 +1150,8 @@ def _spawn_supervisor(folder: str, scope: list[str] | None = None,
         finally:
             os.close(source_w)
         return ready_r, child
-    code = 1
-    try:
+
+    def supervise() -> int:
         os.setsid()
         if not scope and os.fork():
             os._exit(0)
@@ -1164,7 +1165,17 @@ def _spawn_supervisor(folder: str, scope: list[str] | None = None,
         _close_fds_from(4)  # the SSH channel's pipes among them: the connection may close
         if scope:
             os.execvp(scope[0], [*scope, sys.executable, "-S", "-c", SUPERVISE, folder])
-        code = Supervisor(folder, ready_fd=3, env=env).run()
+        return Supervisor(folder, ready_fd=3, env=env).run()
+
+    _exit_with(supervise)
+
+
+def _exit_with(run: Callable[[], int]) -> NoReturn:
+    """End this (forked) process with what ``run`` returns, 1 if it raised: its traceback, the
+    supervisor's last word, goes to its log (stderr)."""
+    code = 1
+    try:
+        code = run()
     except BaseException:  # noqa: BLE001 - the supervisor's last word, in its log
         import traceback
 
@@ -1183,20 +1194,8 @@ def _supervise_in_scope(folder: str) -> None:
     if os.fork():
         os._exit(0)
     os.set_inheritable(3, False)
-    code = 1
-    try:
-        env = json_loads(globals().get("__clusterrun_env__") or b"null")
-        code = Supervisor(folder, ready_fd=3, env=env).run()
-    except BaseException:  # noqa: BLE001 - the supervisor's last word, in its log
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    env = globals().get("__clusterrun_env__") or b"null"
+    _exit_with(lambda: Supervisor(folder, ready_fd=3, env=json_loads(env)).run())
 
 
 def _own_source() -> bytes:
