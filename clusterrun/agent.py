@@ -85,15 +85,17 @@ Requests (``op``) and answers
            (``about``: the job's name, script, arguments and master, for a controller without
            the job's record to adopt it).
 
-``sync_stat`` ``{root, paths}`` → ``{ok, root, exists, dev, ino, boot_id, entries: {path: [kind,
-           size, mtime_ns, mode, link target]}}`` of the paths below ``root`` (the workdir, ``~``
-           expanded) that exist; kind ``f``, ``d``, ``l`` or ``o``.
+``sync_stat`` ``{root, paths}`` → ``{ok, root, exists, dev, ino, boot_id, rsync, entries: {path:
+           [kind, size, mtime_ns, mode, link target]}}`` of the paths below ``root`` (the workdir, ``~``
+           expanded) that exist; kind ``f``, ``d``, ``l`` or ``o``; ``rsync``: its path on PATH.
 ``sync_hash`` ``{root, paths}`` → ``{ok, hashes: {path: sha256 hex}}``.
-``sync_put`` ``{root, root_mode, entries: [{path, kind, mode, size, mtime_ns, data, target}]}``
+``sync_put`` ``{root, root_mode, entries: [{path, kind, mode, size, mtime_ns, data, target, from}]}``
            followed on stdin by the bytes of every entry with ``data`` (``size`` each, in order)
            → ``{ok, written}``: directories, symlinks and files (written to a temporary name, then
-           renamed; mode and mtime set). The data is read to its end even after a failure, whose
-           answer names the path (``cannot write PATH: No space left on device``).
+           renamed; mode and mtime set); a file with ``from`` is that temporary file below
+           ``root`` (``*.clusterrun-tmp``, written over SFTP), renamed into place. The data is
+           read to its end even after a failure, whose answer names the path (``cannot write
+           PATH: No space left on device``).
            ``clusterrun/sync.py`` is the controller's side.
 
 ``inspect`` ``{cwd, paths, state_dir, deep, gpus}`` → ``{ok, cwd, paths, disk, torch_cuda, deep,
@@ -2421,7 +2423,7 @@ def op_sync_stat(req: dict[str, Any]) -> dict[str, Any]:
     try:
         st = os.stat(root)
     except FileNotFoundError:
-        return {"ok": True, "root": root, "exists": False, "entries": {}}
+        return {"ok": True, "root": root, "exists": False, "entries": {}, "rsync": _which("rsync")}
     import stat as _stat  # already loaded by os
 
     if not _stat.S_ISDIR(st.st_mode):
@@ -2439,7 +2441,7 @@ def op_sync_stat(req: dict[str, Any]) -> dict[str, Any]:
         entries[rel] = [kind, info.st_size, info.st_mtime_ns, _stat.S_IMODE(mode),
                         os.readlink(path) if kind == "l" else None]
     return {"ok": True, "root": root, "exists": True, "dev": st.st_dev, "ino": st.st_ino,
-            "boot_id": _boot_id(), "entries": entries}
+            "boot_id": _boot_id(), "rsync": _which("rsync"), "entries": entries}
 
 
 def op_sync_hash(req: dict[str, Any]) -> dict[str, Any]:
@@ -2501,6 +2503,10 @@ def op_sync_put(req: dict[str, Any]) -> dict[str, Any]:
                     pending -= size
                     _sync_file(stdin, path, size, mode, int(entry.get("mtime_ns") or 0))
                     written += 1
+                elif kind == "f" and entry.get("from"):
+                    _sync_install(_sync_path(root, entry.get("from")), path, mode, int(entry.get("mtime_ns") or 0),
+                                  size, str(entry.get("sha256") or ""))
+                    written += 1
                 elif kind == "f":
                     os.chmod(path, mode)
                     os.utime(path, ns=(int(entry["mtime_ns"]), int(entry["mtime_ns"])))
@@ -2555,6 +2561,36 @@ def _sync_link(path: str, target: str) -> None:
         os.rename(tmp, path)
     except BaseException:
         os.unlink(tmp)
+        raise
+
+
+def _sync_install(tmp: str, path: str, mode: int, mtime_ns: int, size: int, sha256: str) -> None:
+    """Rename the temporary file ``tmp`` (written over SFTP) to ``path``, with its mode and mtime,
+    once its size and sha256 are the source's: paramiko's pipelined SFTP writes can fail unseen."""
+    import hashlib
+
+    if not tmp.endswith(".clusterrun-tmp"):
+        raise AgentFailure(f"invalid sync temporary file {tmp!r}")
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise AgentFailure(f"cannot write {path}: a directory is in the way of a file; remove it on the host")
+        digest = hashlib.sha256()
+        got = 0
+        with open(tmp, "rb") as f:
+            while block := f.read(SYNC_CHUNK):
+                digest.update(block)
+                got += len(block)
+        if got != size or digest.hexdigest() != sha256:
+            lost = f"only {got} of {size} bytes arrived" if got < size else "its content arrived damaged"
+            raise AgentFailure(f"cannot write {path}: {lost} over SFTP (is the disk full, or a quota reached?)")
+        os.chmod(tmp, mode)
+        os.utime(tmp, ns=(mtime_ns, mtime_ns))
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
         raise
 
 

@@ -325,6 +325,7 @@ class SyncStat:
     dev: int | None = None
     ino: int | None = None
     boot_id: str | None = None
+    rsync: str | None = None  # the host's rsync, on the agent's PATH
 
 
 def decode_sync_stat(host: str, answer: Any) -> SyncStat:
@@ -337,7 +338,8 @@ def decode_sync_stat(host: str, answer: Any) -> SyncStat:
             raise r._fail("entries", "[kind, size, mtime_ns, mode, target] for each path")
         entries[str(path)] = RemoteEntry(item[0], item[1], item[2], item[3], item[4])
     return SyncStat(root=r.need_text("root"), exists=bool(r.data.get("exists")), entries=entries,
-                    dev=r.integer("dev"), ino=r.integer("ino"), boot_id=r.text("boot_id"))
+                    dev=r.integer("dev"), ino=r.integer("ino"), boot_id=r.text("boot_id"),
+                    rsync=r.text("rsync"))
 
 
 def decode_sync_hashes(host: str, answer: Any) -> dict[str, str]:

@@ -2,13 +2,17 @@
 
 Lifecycle of one run: ``scan()`` the local directory once (``.gitignore`` files and
 ``sync_exclude`` honoured, ``.git`` left out) → per host, in parallel, on the agent that probed it:
-``sync_stat`` of every path → ``diff()`` → ``sync_hash`` where only the mtime differs →
-``sync_put`` in batches, the files' bytes following each request on the agent's stdin (over SSH:
-the connection already open, one channel) → a ``SyncReport``. A second run copies only what
-changed: same size and mtime is taken as unchanged, a file whose size is the same but whose mtime
-differs is compared by sha256 (equal: only its mtime and mode are set). Files are written to a
-temporary name and renamed, with their permission bits and mtime; directories get their mode;
-symlinks are copied as symlinks. Nothing is ever deleted on the host.
+``sync_stat`` of every path → ``diff()`` → ``sync_hash`` where only the mtime differs → the
+changes → a ``SyncReport``. A second run copies only what changed: same size and mtime is taken
+as unchanged, a file whose size is the same but whose mtime differs is compared by sha256 (equal:
+only its mtime and mode are set). Nothing is ever deleted on the host.
+
+What to change is decided here, for every host alike; what carries the files' bytes is
+``carrier()``: this machine's **rsync** where both ends have it (to an SSH host through ``rsh.py``
+and a command channel on the connection already open, its paths inside rsync's protocol), else
+**SFTP** on that connection (paramiko), else the agent's ``sync_put`` (the bytes follow the request
+on its stdin). Directories, symlinks and mode/mtime-only changes always go through the agent.
+Files are written to a temporary name and renamed, with their permission bits and mtime.
 
 Any failure (no space, read-only, no permission, a directory where a file goes) is an error of
 that host naming the path, raised for all hosts together (``HostsUnavailable``) before anything
@@ -22,22 +26,41 @@ directory; they win); the syntax supported is in ``clusterrun.excludes``. Not re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
+import re
+import shlex
+import shutil
+import socket
 import stat
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from clusterrun import rsh
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import AgentError, ClusterrunError, ConfigError, HostsUnavailable, TransportError
 from clusterrun.excludes import Excludes
-from clusterrun.protocol import RemoteEntry, decode_sync_hashes, decode_sync_stat
+from clusterrun.protocol import RemoteEntry, SyncStat, decode_sync_hashes, decode_sync_stat
 from clusterrun.transports import AgentSession, Transport
 
 CHUNK = 1 << 20
+SAFE_WORD = re.compile(r"[A-Za-z0-9_.,:=/+-]+")  # a word that every login shell passes unchanged
+# rsync's exit codes that have a fix to name (its man page, EXIT VALUES)
+RSYNC_CODES = {
+    11: "the host's disk may be full or the workdir not writable: check `df` and the permissions there",
+    12: "the connection or the host's rsync ended early: see its message; `clusterrun doctor` checks the host",
+    23: "some files could not be written: see rsync's message",
+    24: "a file vanished while it was being copied: run again once the directory is still",
+}
 BATCH_BYTES = 32 << 20  # the data of one sync_put: the agent answers (and reports a failure) after each
 BATCH_FILES = 2000
 STAT_BATCH = 5000  # paths per sync_stat / sync_hash request
@@ -218,6 +241,8 @@ class SyncReport:
     same_dir: bool = False  # the workdir is the source directory itself (a local host): nothing to do
     seconds: float = 0.0
     dry_run: bool = False  # what would be copied; nothing was
+    via: str = ""  # what carried the files' data: ``rsync``, ``sftp`` or ``agent`` (see ``carrier``)
+    note: str = ""  # why ``via`` is not the first choice, where that was a surprise
 
     def describe(self) -> str:
         if self.same_dir:
@@ -225,7 +250,8 @@ class SyncReport:
         if self.dry_run:
             return (f"would copy {self.copied} file(s) ({human(self.bytes)}) and set mode/mtime of {self.touched}, "
                     f"make or change {self.other} directories/symlinks, {self.unchanged} unchanged, to {self.root}")
-        text = f"{self.copied} file(s) copied ({human(self.bytes)})"
+        how = f" by {self.via}" if self.copied and self.via else ""
+        text = f"{self.copied} file(s) copied ({human(self.bytes)}{how}{f'; {self.note}' if self.note else ''})"
         if self.touched:
             text += f", {self.touched} with only mode/mtime set"
         if self.other:
@@ -261,10 +287,13 @@ class HostSync:
     """One host's sync over one agent session: ``run()`` → ``SyncReport``."""
 
     def __init__(self, rank: int, host: HostSpec, session: AgentSession, manifest: Manifest,
-                 progress: Progress | None = None, *, dry_run: bool = False) -> None:
+                 progress: Progress | None = None, *, dry_run: bool = False, transport: Transport | None = None,
+                 rsync: str | None = None) -> None:
         self.rank = rank
         self.host = host
         self.session = session
+        self.transport = transport  # its ``files`` says what may carry the data besides ``session``
+        self.rsync = rsync  # this machine's
         self.manifest = manifest
         self.progress = progress or (lambda p: None)
         self.dry_run = dry_run
@@ -273,19 +302,19 @@ class HostSync:
     def _tell(self, phase: str, files: tuple[int, int] = (0, 0), size: tuple[int, int] = (0, 0)) -> None:
         self.progress(SyncProgress(self.rank, self.host.host, phase, files[0], files[1], size[0], size[1]))
 
-    def changes(self) -> tuple[Changes, bool, str]:
-        """What to send, whether the workdir is the source itself, and the workdir's absolute path."""
+    def changes(self) -> tuple[Changes, bool, SyncStat]:
+        """What to send, whether the workdir is the source itself, and what the host said of its
+        workdir (its absolute path, its rsync)."""
         self._tell("compare")
         paths = [e.path for e in self.manifest.entries]
         entries: dict[str, RemoteEntry] = {}
-        root = self.root
+        found = SyncStat(root=self.root, exists=False, entries={})
         for i in range(0, max(len(paths), 1), STAT_BATCH):
             found = decode_sync_stat(self.host.host, self.session.call(
                 {"op": "sync_stat", "root": self.root, "paths": paths[i:i + STAT_BATCH]}))
-            root = found.root
             if (found.exists and found.boot_id == _local_boot_id() and found.boot_id
                     and (found.dev, found.ino) == (self.manifest.dev, self.manifest.ino)):
-                return Changes(), True, root
+                return Changes(), True, found
             entries.update(found.entries)
         changes = diff(self.manifest.entries, entries)
         if changes.compare:
@@ -296,32 +325,167 @@ class HostSync:
                     {"op": "sync_hash", "root": self.root, "paths": wanted[i:i + STAT_BATCH]})))
             local = {e.path: h for e in changes.compare if (h := self._local_hash(e)) is not None}
             changes = settle(changes, local, remote)
-        return changes, False, root
+        return changes, False, found
 
     def run(self) -> SyncReport:
         started = time.monotonic()
-        changes, same, root = self.changes()
+        changes, same, found = self.changes()
         files = [e for e in changes.put if e.kind == "f"]
         others = [e for e in changes.put if e.kind != "f"]
         total = sum(e.size for e in files)
-        report = SyncReport(self.rank, self.host.host, self.manifest.root, root, copied=len(files), bytes=total,
+        via = carrier(self.transport.files if self.transport else None, self.rsync, found.rsync) if files else "agent"
+        report = SyncReport(self.rank, self.host.host, self.manifest.root, found.root, copied=len(files), bytes=total,
                             touched=len(changes.touch), other=len(others), unchanged=changes.unchanged,
-                            same_dir=same, dry_run=self.dry_run)
+                            same_dir=same, dry_run=self.dry_run, via="" if same else via)
         if self.dry_run or same:
             self._tell("done", (0, 0), (0, 0))
             return report
         done = [0, 0]  # files, bytes sent
         self._tell("copy", (0, len(files)), (0, total))
+        # Directories, symlinks and mode/mtime changes: the agent, always (one request, no data).
         first: list[dict[str, object]] = [self._entry(e, data=False) for e in others + changes.touch]
-        batches = list(_batches(files))
-        if not batches:
-            batches = [[]]
-        for i, batch in enumerate(batches):
-            request = {"op": "sync_put", "root": self.root, "root_mode": self.manifest.mode,
-                       "entries": (first if i == 0 else []) + [self._entry(e, data=True) for e in batch]}
-            self.session.call_with_data(request, self._data(batch, done, len(files), total))
+        if via != "agent" or not files:
+            self.session.call_with_data({"op": "sync_put", "root": self.root, "root_mode": self.manifest.mode,
+                                         "entries": first}, [])
+            first = []
+        if via == "rsync":
+            self._rsync(files, found, done, total)
+        elif via == "sftp" and not self._sftp(files, found.root, done, total):
+            via, report = "agent", replace(report, via="agent", note="the host's sshd offers no SFTP")
+        if via == "agent" and files:
+            for i, batch in enumerate(_batches(files)):
+                request = {"op": "sync_put", "root": self.root, "root_mode": self.manifest.mode,
+                           "entries": (first if i == 0 else []) + [self._entry(e, data=True) for e in batch]}
+                self.session.call_with_data(request, self._data(batch, done, len(files), total))
         self._tell("done", (len(files), len(files)), (total, total))
-        return _with_seconds(report, time.monotonic() - started)
+        return replace(report, seconds=time.monotonic() - started)
+
+    # ----------------------------------------------------------------------------- rsync
+
+    def _rsync(self, files: Sequence[LocalEntry], found: SyncStat, done: list[int], total: int) -> None:
+        """Copy ``files`` with this machine's rsync: to a local host's workdir directly, to an SSH
+        host through ``rsh.py`` and a command channel on the connection already open."""
+        assert self.rsync is not None and self.transport is not None
+        with tempfile.TemporaryDirectory(prefix="clusterrun-rsync-") as tmp:  # 0700: the socket is ours alone
+            listing = os.path.join(tmp, "files")
+            with open(listing, "wb") as f:
+                f.write(b"".join(os.fsencode(e.path) + b"\0" for e in files))
+            # --ignore-times: the files listed are those that differ (rsync's own check would skip
+            # one whose size and mtime second are the same); it still sends only their deltas.
+            argv = [self.rsync, "--perms", "--times", "--ignore-times", "--no-implied-dirs", f"--files-from={listing}",
+                    "--from0", "--out-format=%l %n", f"{self.manifest.root}/"]
+            remote: RemotePipe | None = None
+            if self.transport.files == "local":
+                argv.append(f"{found.root}/")
+            else:
+                assert found.rsync is not None
+                remote = RemotePipe(self.transport, os.path.join(tmp, "socket"), found.rsync)
+                argv[1:1] = ["--protect-args", f"--rsync-path={found.rsync}",
+                             f"--rsh={shlex.join([sys.executable, '-S', rsh.__file__, remote.path])}"]
+                argv.append(f"clusterrun:{found.root}/")  # the host part goes to rsh.py, which ignores it
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            except OSError as exc:
+                raise AgentError(self.host.host, f"cannot run {self.rsync}: {exc.strerror or exc}") from None
+            with proc:
+                errors: list[bytes] = []
+                reader = threading.Thread(target=lambda: errors.extend(proc.stderr or ()), daemon=True)
+                reader.start()
+                if remote is not None:
+                    remote.serve(proc)
+                for line in proc.stdout or ():
+                    size, _, _name = line.decode(errors="replace").partition(" ")
+                    if size.isdigit():
+                        done[0] += 1
+                        done[1] += int(size)
+                        self._tell("copy", (done[0], len(files)), (done[1], total))
+                code = proc.wait()
+                reader.join(timeout=10)
+            status, remote_err = remote.result() if remote is not None else (0, "")
+        if code != 0:
+            # The host's rsync says what went wrong on its stderr (a full disk: "rsync: [receiver]
+            # write failed on PATH: No space left on device (28)"); this one's mostly follows from it.
+            said = [line.strip() for line in remote_err.splitlines()] + [
+                line.decode(errors="replace").strip() for line in errors]
+            cause = next((line for line in said if line.startswith("rsync:")), None) or next(
+                (line for line in said if line), f"the remote command ended with {status}")
+            raise AgentError(self.host.host, f"by rsync (exit {code}): {cause}",
+                             hint=RSYNC_CODES.get(code, "see rsync's message above"))
+
+    # ------------------------------------------------------------------------------ SFTP
+
+    def _sftp(self, files: Sequence[LocalEntry], root: str, done: list[int], total: int) -> bool:
+        """Copy ``files`` over SFTP on the connection, each to a temporary name that the agent then
+        checks (size and sha256) and renames into place with its mode and mtime (SFTP sets whole
+        seconds only); False when the server has no SFTP."""
+        assert self.transport is not None
+        with self.transport.sftp() as sftp:
+            if sftp is None:
+                return False
+            installs: list[dict[str, object]] = []
+            for entry in files:
+                folder, _, name = entry.path.rpartition("/")
+                temporary = f"{folder}/" * bool(folder) + f".{name}.{os.urandom(6).hex()}.clusterrun-tmp"
+                self._sftp_file(sftp, entry, f"{root}/{temporary}", done)
+                installs.append({**self._entry(entry, data=False), "from": temporary,
+                                 "sha256": self._local_hash(entry)})  # the agent checks what arrived
+                self._tell("copy", (done[0], len(files)), (done[1], total))
+                if len(installs) >= BATCH_FILES:
+                    self._install(installs)
+            self._install(installs)
+        return True
+
+    def _install(self, installs: list[dict[str, object]]) -> None:
+        if installs:
+            self.session.call_with_data({"op": "sync_put", "root": self.root, "entries": installs}, [])
+            installs.clear()
+
+    def _sftp_file(self, sftp: Any, entry: LocalEntry, temporary: str, done: list[int]) -> None:
+        """Write ``entry``'s bytes to ``temporary`` on the host; a failure removes it again."""
+        path = os.path.join(self.manifest.root, entry.path)
+        target = f"{temporary.rsplit('/', 1)[0]}/{entry.path.rpartition('/')[2]}"
+
+        def failed(exc: OSError) -> AgentError:
+            return AgentError(self.host.host, f"cannot write {target} over SFTP: {_sftp_reason(exc)}")
+
+        try:
+            source = open(path, "rb")  # noqa: SIM115 - closed below, with the remote file
+        except OSError as exc:
+            raise _Aborted(f"cannot read {path}: {exc.strerror or exc}") from None
+        written = False
+        with source:
+            try:
+                remote = sftp.open(temporary, "wx")
+            except OSError as exc:
+                raise failed(exc) from None
+            try:
+                remote.set_pipelined(True)
+                left = entry.size
+                while left > 0:
+                    try:
+                        block = source.read(min(CHUNK, left))
+                    except OSError as exc:
+                        raise _Aborted(f"cannot read {path}: {exc.strerror or exc}") from None
+                    if not block:
+                        raise _Aborted(f"{path} changed while it was being copied", hint="run again once it is written")
+                    try:
+                        remote.write(block)
+                    except OSError as exc:
+                        raise failed(exc) from None
+                    left -= len(block)
+                    done[1] += len(block)
+                try:
+                    remote.close()  # waits for the answers to the pipelined writes
+                except OSError as exc:
+                    raise failed(exc) from None
+                written = True
+            finally:
+                if not written:
+                    with contextlib.suppress(OSError):
+                        remote.close()
+                    with contextlib.suppress(OSError):
+                        sftp.remove(temporary)
+        done[0] += 1
 
     def _local_hash(self, entry: LocalEntry) -> str | None:
         """The file's sha256, computed once for all hosts (the manifest's cache)."""
@@ -379,9 +543,87 @@ class HostSync:
             done[0] += 1
 
 
-def _with_seconds(report: SyncReport, seconds: float) -> SyncReport:
-    from dataclasses import replace
-    return replace(report, seconds=seconds)
+def carrier(files: str | None, local_rsync: str | None, remote_rsync: str | None) -> str:
+    """What carries the files' data to a host whose transport reaches its files ``files``
+    (``Transport.files``): ``rsync`` where both ends have it (a local host: this machine's rsync
+    alone), else ``sftp`` over SSH, else the agent's ``sync_put``. A host's rsync whose path a
+    login shell could misread (spaces, quotes) is not used."""
+    if files == "local":
+        return "rsync" if local_rsync else "agent"
+    if files == "ssh":
+        return "rsync" if local_rsync and remote_rsync and SAFE_WORD.fullmatch(remote_rsync) else "sftp"
+    return "agent"
+
+
+def local_rsync() -> str | None:
+    return shutil.which("rsync")
+
+
+class RemotePipe:
+    """The controller's end of ``rsh.py``: a Unix socket on which rsync's remote shell asks for
+    one command, the remote rsync's, which runs on the host over ``transport.pipe``."""
+
+    def __init__(self, transport: Transport, path: str, rsync: str) -> None:
+        self.transport = transport
+        self.path = path
+        self.rsync = rsync
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(1)
+        self.listener.settimeout(0.2)
+        self._result: tuple[int, str] = (-1, "rsync never started its remote shell")
+        self._thread: threading.Thread | None = None
+
+    def serve(self, proc: subprocess.Popen[bytes]) -> None:
+        """Answer rsync's one connection in a thread, until rsync (``proc``) ends."""
+        def run() -> None:
+            try:
+                while proc.poll() is None:
+                    try:
+                        conn, _ = self.listener.accept()
+                    except TimeoutError:
+                        continue
+                    with conn:
+                        conn.settimeout(None)
+                        self._result = self._one(conn)
+                    return
+            finally:
+                self.listener.close()
+
+        self._thread = threading.Thread(target=run, daemon=True, name=f"rsync-{self.transport.name}")
+        self._thread.start()
+
+    def _one(self, conn: socket.socket) -> tuple[int, str]:
+        line = b""
+        while not line.endswith(b"\n") and len(line) < 65536:
+            piece = conn.recv(1)  # byte by byte: what follows the line is rsync's protocol
+            if not piece:
+                return -1, "rsync's remote shell sent no command"
+            line += piece
+        try:
+            words = json.loads(line)
+        except ValueError:
+            words = None
+        # Only the remote rsync's server, its words safe in any login shell (fish, tcsh): with
+        # --protect-args the paths travel inside rsync's protocol, not on this command line.
+        if (not isinstance(words, list) or len(words) < 2 or words[:2] != [self.rsync, "--server"]
+                or not all(isinstance(w, str) and SAFE_WORD.fullmatch(w) for w in words)):
+            return -1, f"refused to run {str(words)[:200]} for rsync"
+        return self.transport.pipe(" ".join(words), conn)
+
+    def result(self) -> tuple[int, str]:
+        """The remote command's exit status (-1: none) and the end of its stderr."""
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        return self._result
+
+
+def _sftp_reason(exc: OSError) -> str:
+    """OpenSSH's sftp-server reports most errors (a full disk among them) as a bare ``Failure``."""
+    text = exc.strerror or str(exc)
+    if text.strip().lower() == "failure":
+        return "Failure (the SFTP server does not say why: a full disk, a quota or a read-only file system)"
+    return text
 
 
 def _batches(files: Sequence[LocalEntry]) -> Iterator[list[LocalEntry]]:
@@ -429,6 +671,7 @@ def sync_hosts(spec: ClusterSpec, agents: Sequence[tuple[Transport, AgentSession
         if key not in manifests:
             manifests[key] = scan(src, key[1])
     lock = threading.Lock()
+    rsync = local_rsync()
 
     def tell(p: SyncProgress) -> None:
         if progress is not None:
@@ -443,7 +686,8 @@ def sync_hosts(spec: ClusterSpec, agents: Sequence[tuple[Transport, AgentSession
             session = transport.session()
         try:
             manifest = manifests[(wanted[rank], spec.hosts[rank].sync_exclude)]
-            return HostSync(rank, spec.hosts[rank], session, manifest, tell, dry_run=dry_run).run()
+            return HostSync(rank, spec.hosts[rank], session, manifest, tell, dry_run=dry_run, transport=transport,
+                            rsync=rsync).run()
         finally:
             if own:
                 session.close()

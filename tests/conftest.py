@@ -110,8 +110,9 @@ def stop_all_jobs(path: Path) -> None:
 
 @pytest.fixture(scope="session")
 def _ssh_tools() -> None:
-    """The test setup installs OpenSSH (server and client) when missing; a no-op when present."""
-    subprocess.run(["sh", str(SUPPORT / "install_sshd.sh")], check=True, capture_output=True, timeout=900)
+    """The test setup installs OpenSSH (server and client) and rsync (sync's first choice) when
+    missing; a no-op when present."""
+    subprocess.run(["sh", str(SUPPORT / "install_sshd.sh"), "rsync"], check=True, capture_output=True, timeout=900)
 
 
 @pytest.fixture(autouse=True)

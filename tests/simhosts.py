@@ -136,6 +136,7 @@ class SimCluster:
     subnet2: int = 0
     etc_hosts: Callable[[SimHost, Sequence[SimHost]], str] | None = None
     second_network: tuple[str, ...] = ()
+    hide: tuple[str, ...] = ()
     _links: list[str] = field(default_factory=list)
     _netns: list[str] = field(default_factory=list)
     _closed: bool = False
@@ -157,7 +158,7 @@ class SimCluster:
               sshd_options: Mapping[str, str] | None = None, isolated: bool | None = None,
               cgroup: bool = True, user: bool = False, login_cgroup: str = "",
               etc_hosts: Callable[[SimHost, Sequence[SimHost]], str] | None = None,
-              second_network: Sequence[str] = ()) -> SimCluster:
+              second_network: Sequence[str] = (), hide: Sequence[str] = ()) -> SimCluster:
         """Start hosts ``sim1``…``simN``; return once every sshd accepts connections.
 
         ``login_shell`` replaces root's shell on every host (a str) or on the named hosts (a mapping), through a
@@ -170,7 +171,9 @@ class SimCluster:
         caller makes and removes) is where every login starts, as pam_systemd puts it in a session scope.
         ``etc_hosts(host, hosts)`` gives each host an /etc/hosts of its own (default: one naming every host).
         ``second_network`` names hosts that also get an ``eth1`` on a second bridge ``10.76.<subnet2>.0/24``
-        (``host.address2``): a network that the hosts not named cannot reach. Both need namespaces.
+        (``host.address2``): a network that the hosts not named cannot reach. ``hide`` lists files (programs)
+        that the hosts do not have: /dev/null is mounted over each, in the hosts' mount namespaces. All these
+        need namespaces.
         """
         if not 1 <= n <= 200:
             raise ValueError(f"n must be between 1 and 200, not {n}")
@@ -182,12 +185,13 @@ class SimCluster:
             raise SimHostError(f"CI=true: the simulated hosts must have namespaces here, and cannot: {reason}")
         if reason:
             print(f"simhosts: not isolated, one sshd per loopback address instead: {reason}", file=sys.stderr)
-            if login_shell or user or login_cgroup or etc_hosts or second_network:
-                raise SimHostError("login_shell, user, login_cgroup, etc_hosts and second_network need namespaces per "
-                                   "host, which the fallback has not")
+            if login_shell or user or login_cgroup or etc_hosts or second_network or hide:
+                raise SimHostError("login_shell, user, login_cgroup, etc_hosts, second_network and hide need "
+                                   "namespaces per host, which the fallback has not")
         folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{os.getpid()}-"))
         cluster = cls(dir=folder, isolated=not reason, fallback_reason=reason, cgroup=cgroup, user=user,
-                      login_cgroup=login_cgroup.strip("/"), etc_hosts=etc_hosts, second_network=tuple(second_network))
+                      login_cgroup=login_cgroup.strip("/"), etc_hosts=etc_hosts, second_network=tuple(second_network),
+                      hide=tuple(hide))
         cluster._cgroups_before = _attempt_cgroups()
         _OPEN.append(cluster)
         try:
@@ -324,7 +328,7 @@ class SimCluster:
                     f"{host.address}/24", str(folder / "hosts" if self.etc_hosts else self.dir / "hosts"),
                     str(folder / "sshd_config"), str(passwd) if passwd.exists() else "", SSHD,
                     "yes" if self.cgroup else "no", self.login_cgroup, f"{host.address2}/24" if host.address2 else "",
-                    *filter(os.path.isfile, WIPED_LOGS)]
+                    *filter(os.path.isfile, WIPED_LOGS), *self.hide]
         else:
             argv = [SSHD, "-D", "-e", "-f", str(folder / "sshd_config")]
         with open(host.log, "wb") as log:

@@ -3,8 +3,12 @@ manifest, and the agent's ``sync_put`` reading its data from a stream (in this p
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
+import shutil
+import socket
 import sys
 from pathlib import Path
 
@@ -15,7 +19,9 @@ from clusterrun.config import load_cluster_text
 from clusterrun.errors import ConfigError
 from clusterrun.excludes import Excludes
 from clusterrun.protocol import RemoteEntry
-from clusterrun.sync import LocalEntry, diff, scan, settle, source_of
+from clusterrun.sync import HostSync, LocalEntry, RemotePipe, carrier, diff, scan, settle, source_of
+from clusterrun.transports.local import LocalTransport
+from tests.simhosts import unavailable
 
 
 @pytest.mark.parametrize(("patterns", "path", "is_dir", "excluded"), [
@@ -190,6 +196,115 @@ def test_sync_put_refuses_paths_outside_the_workdir(tmp_path: Path, monkeypatch:
         assert answer["ok"] is False and "invalid sync path" in str(answer["error"]), bad
         assert rest == b"NEXT\n"
     assert not (tmp_path / "escape").exists()
+
+
+def test_an_sftp_copy_is_installed_only_when_its_size_and_hash_are_the_sources(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """paramiko's pipelined SFTP writes can fail unseen (a full disk): the agent checks what arrived."""
+    root = tmp_path / "w"
+    root.mkdir()
+    (root / "a").write_bytes(b"old")
+    data = b"new content"
+    digest = hashlib.sha256(data).hexdigest()
+    for name, arrived in (("short", data[:4]), ("damaged", b"NEW content")):
+        (root / f".a.{name}.clusterrun-tmp").write_bytes(arrived)
+        entry = {"path": "a", "kind": "f", "size": len(data), "mode": 0o640, "mtime_ns": 10**18,
+                 "from": f".a.{name}.clusterrun-tmp", "sha256": digest}
+        answer, _ = put(monkeypatch, {"root": str(root), "entries": [entry]}, b"")
+        assert answer["ok"] is False, answer
+        assert str(answer["error"]).startswith(f"cannot write {root / 'a'}: "), answer
+        assert ("only 4 of 11 bytes arrived" if name == "short" else "arrived damaged") in str(answer["error"])
+        assert (root / "a").read_bytes() == b"old"  # the file in place is untouched, the bad copy gone
+        assert not (root / f".a.{name}.clusterrun-tmp").exists()
+    (root / ".a.good.clusterrun-tmp").write_bytes(data)
+    entry = {"path": "a", "kind": "f", "size": len(data), "mode": 0o640, "mtime_ns": 10**18,
+             "from": ".a.good.clusterrun-tmp", "sha256": digest}
+    answer, _ = put(monkeypatch, {"root": str(root), "entries": [entry]}, b"")
+    assert answer == {"ok": True, "written": 1}
+    assert (root / "a").read_bytes() == data
+    assert (root / "a").stat().st_mode & 0o7777 == 0o640 and (root / "a").stat().st_mtime_ns == 10**18
+    for bad in ("../x.clusterrun-tmp", "b"):  # only a temporary file below the workdir
+        entry = {**entry, "from": bad}
+        answer, _ = put(monkeypatch, {"root": str(root), "entries": [entry]}, b"")
+        assert answer["ok"] is False and "invalid sync" in str(answer["error"]), bad
+
+
+@pytest.mark.parametrize(("files", "local", "remote", "expected"), [
+    ("ssh", "/usr/bin/rsync", "/usr/bin/rsync", "rsync"),
+    ("ssh", None, "/usr/bin/rsync", "sftp"),  # both ends need it
+    ("ssh", "/usr/bin/rsync", None, "sftp"),
+    ("ssh", "/usr/bin/rsync", "/opt/my tools/rsync", "sftp"),  # a path a login shell would split
+    ("local", "/usr/bin/rsync", None, "rsync"),  # one machine: this one's rsync is the host's
+    ("local", None, None, "agent"),
+    (None, "/usr/bin/rsync", "/usr/bin/rsync", "agent"),  # a transport that runs only the agent
+])
+def test_rsync_carries_the_data_where_both_ends_have_it_else_sftp_else_the_agent(
+        files: str | None, local: str | None, remote: str | None, expected: str) -> None:
+    assert carrier(files, local, remote) == expected
+
+
+class PipeRecorder:
+    name = "gpu-a"
+
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+
+    def pipe(self, command: str, peer: socket.socket) -> tuple[int, str]:
+        self.commands.append(command)
+        return 0, ""
+
+
+@pytest.mark.parametrize(("words", "runs"), [
+    (["/usr/bin/rsync", "--server", "-stpRe.LsfxCIvu", "."], True),
+    (["/usr/bin/rsync", "--server", "-e.LsfxCIvu", ".", "/w/my proj"], False),  # a space: a shell would split it
+    (["/usr/bin/rsync", "--server", "x;rm", "."], False),
+    (["/usr/bin/rsync", "--sender", "."], False),  # only the receiving server
+    (["sh", "-c", "id"], False),
+    ("/usr/bin/rsync --server", False),
+])
+def test_rsyncs_remote_shell_runs_only_the_hosts_rsync_server_with_shell_safe_words(
+        tmp_path: Path, words: object, runs: bool) -> None:
+    recorder = PipeRecorder()
+    pipe = RemotePipe(recorder, str(tmp_path / "s"), "/usr/bin/rsync")  # type: ignore[arg-type]
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(json.dumps(words).encode() + b"\nPROTOCOL")
+        status, said = pipe._one(ours)
+        assert ours.recv(8) == b"PROTOCOL"  # the command's bytes are left for the command
+    pipe.listener.close()
+    assert recorder.commands == ([" ".join(words)] if runs else [])  # type: ignore[arg-type]
+    assert (status, said) == ((0, "") if runs else (-1, f"refused to run {words} for rsync"))
+
+
+@pytest.mark.parametrize("use_rsync", [pytest.param(True, marks=pytest.mark.integration, id="rsync"),
+                                       pytest.param(False, id="no-rsync")])
+def test_a_local_host_is_synced_by_rsync_where_it_is_installed_else_by_the_agent(tmp_path: Path,
+                                                                                 use_rsync: bool) -> None:
+    rsync = shutil.which("rsync") if use_rsync else None  # the integration setup installs it
+    if use_rsync and rsync is None:
+        unavailable("rsync is not installed (tests/_support/install_sshd.sh rsync)")
+    make_tree(tmp_path / "src")
+    spec = load_cluster_text(f"defaults:\n  python: {sys.executable}\nhosts:\n  - host: here\n    transport: local\n"
+                             f"    workdir: {tmp_path / 'w'}\n", path=str(tmp_path / "hosts.yaml"))
+    transport = LocalTransport(spec.hosts[0])
+    manifest = scan(str(tmp_path / "src"), ["*.ckpt"])
+    session = transport.session()
+    try:
+        report = HostSync(0, spec.hosts[0], session, manifest, transport=transport, rsync=rsync).run()
+        (tmp_path / "src" / "train.py").write_text("print(2)\n")
+        again = HostSync(0, spec.hosts[0], session, scan(str(tmp_path / "src"), ["*.ckpt"]), transport=transport,
+                         rsync=rsync).run()
+    finally:
+        session.close()
+    assert (report.via, report.copied, again.via, again.copied, again.unchanged) == (
+        "rsync" if rsync else "agent", 5, "rsync" if rsync else "agent", 1, 7)
+    for entry in manifest.entries:
+        copy, source = tmp_path / "w" / entry.path, tmp_path / "src" / entry.path
+        assert copy.lstat().st_mode == source.lstat().st_mode, entry.path
+        if entry.kind == "f":
+            assert copy.read_bytes() == source.read_bytes() and copy.stat().st_mtime_ns == source.stat().st_mtime_ns
+        if entry.kind == "l":
+            assert os.readlink(copy) == os.readlink(source)
 
 
 def test_the_progress_shows_bytes_and_files_per_host_on_a_terminal_and_plain_lines_elsewhere() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -65,8 +66,35 @@ def same_content(source: Path, copy: Path, left_out: str = r"\.ckpt$") -> None:
     assert have == want
 
 
-def test_up_syncs_the_project_to_every_host_then_only_what_changed(sim_cluster: MakeCluster, tmp_path: Path) -> None:
-    cluster = sim_cluster(2)
+# What carries the data (sync.carrier), and the simulated hosts that make it so: rsync where the
+# hosts have it, SFTP where they have not, the agent where their sshd has no SFTP either.
+CARRIERS = ("rsync", "sftp", "agent")
+
+
+@pytest.fixture(params=CARRIERS)
+def carrier(request: pytest.FixtureRequest) -> str:
+    if shutil.which("rsync") is None:  # the integration tests' setup installs it
+        unavailable("rsync is not installed here (tests/_support/install_sshd.sh rsync)")
+    if request.param != "rsync" and (reason := namespace_problem()) is not None:
+        unavailable(f"hiding rsync needs the hosts' own mount namespaces: {reason}")
+    return str(request.param)
+
+
+def hosts_for(carrier: str) -> dict[str, object]:
+    """SimCluster.start's options for simulated hosts whose sync goes by ``carrier``."""
+    rsync = shutil.which("rsync")
+    return {"rsync": {}, "sftp": {"hide": [rsync]},
+            "agent": {"hide": [rsync], "sshd_options": {"Subsystem": "other /bin/false"}}}[carrier]
+
+
+def copied(node: int, host: str, files: int, via: str, size: str = r"[^);]*") -> str:
+    note = "; the host's sshd offers no SFTP" if via == "agent" else ""
+    return rf"sync node{node} {host}: {files} file\(s\) copied \({size} by {via}{note}\)"
+
+
+def test_up_syncs_the_project_to_every_host_then_only_what_changed(sim_cluster: MakeCluster, tmp_path: Path,
+                                                                   carrier: str) -> None:
+    cluster = sim_cluster(2, **hosts_for(carrier))
     source = project(tmp_path / "proj")
     workdirs = [tmp_path / "w1", tmp_path / "w2"]
     hosts = sim_hosts_file(tmp_path, cluster, workdirs)
@@ -76,7 +104,7 @@ def test_up_syncs_the_project_to_every_host_then_only_what_changed(sim_cluster: 
         synced = rf"^node{node} {host.name} +rank{node} +\| synced {workdir} v1$"
         assert re.search(synced, first.stdout, re.M), first.stdout
         same_content(source, workdir)
-        assert f"sync node{node} {host.name}: 6 file(s) copied" in first.stderr
+        assert re.search(copied(node, host.name, 6, carrier), first.stderr), first.stderr
     assert (workdirs[0] / "pkg" / "tool.sh").stat().st_mode & 0o777 == 0o750
     assert not (workdirs[0] / ".git").exists() and not (workdirs[0] / "pkg" / "data" / "big.ckpt").exists()
     assert (workdirs[0] / "secret.txt").exists() and not (workdirs[0] / "pkg" / "secret.txt").exists()
@@ -87,8 +115,8 @@ def test_up_syncs_the_project_to_every_host_then_only_what_changed(sim_cluster: 
     second = run_up(hosts, "train.py")
     assert second.returncode == 0, second.stderr
     for node, (host, workdir) in enumerate(zip(cluster.hosts, workdirs, strict=True)):
-        assert f"sync node{node} {host.name}: 1 file(s) copied (11 B), 1 with only mode/mtime set, 7 unchanged" \
-            in second.stderr
+        assert re.search(copied(node, host.name, 1, carrier, "11 B") + ", 1 with only mode/mtime set, 7 unchanged",
+                         second.stderr), second.stderr
         assert re.search(rf"^node{node} {host.name} +rank{node} +\| synced {workdir} v2, longer$", second.stdout, re.M)
         same_content(source, workdir)
     after = tree(workdirs[0])
@@ -97,11 +125,20 @@ def test_up_syncs_the_project_to_every_host_then_only_what_changed(sim_cluster: 
     assert after["pkg/tool.sh"][3] == 10**18 and before["pkg/tool.sh"][3] != 10**18
 
 
+FULL = {  # how each carrier says that sim2's disk is full
+    "rsync": r'by rsync \(exit 11\): rsync: \[receiver\] write failed on "{w}/\S+": No space left on device \(28\)$',
+    "sftp": r"cannot write {w}/\S+(: only \d+ of \d+ bytes arrived over SFTP \(is the disk full, or a quota "
+            r"reached\?\)| over SFTP: Failure \(the SFTP server does not say why: a full disk, a quota or a read-only "
+            r"file system\))$",
+    "agent": r"cannot write {w}/\S+: No space left on device$",
+}
+
+
 def test_a_full_or_read_only_workdir_fails_the_host_before_anything_starts(sim_cluster: MakeCluster,
-                                                                           tmp_path: Path) -> None:
+                                                                           tmp_path: Path, carrier: str) -> None:
     if (reason := namespace_problem()) is not None:
         unavailable(f"the workdirs are mounted inside the simulated hosts: {reason}")
-    cluster = sim_cluster(3)
+    cluster = sim_cluster(3, **hosts_for(carrier))
     assert cluster.isolated
     source = project(tmp_path / "proj")
     (source / "weights.bin").write_bytes(os.urandom(2 << 20))  # more than the 1 MB disk holds
@@ -115,9 +152,9 @@ def test_a_full_or_read_only_workdir_fails_the_host_before_anything_starts(sim_c
     hosts = sim_hosts_file(tmp_path, cluster, workdirs)
     proc = run_up(hosts, "train.py")
     assert proc.returncode == 3, proc.stderr
-    assert "2 host(s) cannot run the job; nothing was started" in proc.stderr
-    assert re.search(rf"^sim2: sync to {workdirs[1]} failed: cannot write {workdirs[1]}/\S+: No space left on "
-                     "device$", proc.stderr, re.M), proc.stderr
+    assert "2 host(s) cannot run the job; nothing was started" in proc.stderr, proc.stderr
+    assert re.search(rf"^sim2: sync to {workdirs[1]} failed: " + FULL[carrier].format(w=workdirs[1]), proc.stderr,
+                     re.M), proc.stderr
     assert re.search(rf"^sim3: sync to {workdirs[2]} failed: cannot write {workdirs[2]}\S*: Read-only file "
                      "system$", proc.stderr, re.M), proc.stderr
     assert "Traceback" not in proc.stderr and not re.search("^sim1:", proc.stderr, re.M)  # sim1 was fine
@@ -125,7 +162,9 @@ def test_a_full_or_read_only_workdir_fails_the_host_before_anything_starts(sim_c
     listed = subprocess.run([sys.executable, "-m", "clusterrun", "ps", "-a", "--json"], capture_output=True, text=True,
                             cwd=ROOT, timeout=60)
     assert json.loads(listed.stdout)["jobs"] == []
-    assert not [p for w in workdirs for p in w.rglob("*clusterrun-tmp*")]  # no half-written file left behind
+    for workdir in workdirs:  # no half-written file left behind (rsync's and ours have temporary names)
+        assert {str(p.relative_to(workdir)) for p in workdir.rglob("*")} <= {
+            str(p.relative_to(source)) for p in source.rglob("*")}
 
 
 def test_a_local_host_syncs_to_its_own_workdir_and_dry_run_copies_nothing(tmp_path: Path) -> None:
@@ -164,7 +203,7 @@ def test_restart_syncs_the_project_again_before_the_new_attempt(tmp_path: Path) 
 
     restarted = clusterrun("restart", job.group(1))
     assert restarted.returncode == 0, restarted.stderr
-    assert "sync node0 here: 1 file(s) copied (3 B)" in restarted.stderr + restarted.stdout
+    assert "sync node0 here: 1 file(s) copied (3 B by rsync)" in restarted.stderr  # the setup installs rsync
     assert clusterrun("wait", job.group(1)).returncode == 0
     logs = clusterrun("logs", job.group(1), "--node", "0")
     assert f"synced {workdir} v2" in logs.stdout, logs.stdout + logs.stderr

@@ -16,6 +16,7 @@ class LocalTransport(Transport):
     """Runs ``python -S -c BOOTSTRAP`` locally; requests go to its stdin, as over SSH."""
 
     _stderr_tail = b""
+    files = "local"
 
     def __init__(self, host: HostSpec) -> None:
         super().__init__(host)

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -503,6 +504,90 @@ class SSHTransport(Transport):
                             last_words=last_words)
 
     _stderr_tail = b""
+
+    # ------------------------------------------------------------------- commands and SFTP (sync)
+
+    files = "ssh"
+
+    def _channel(self) -> tuple[paramiko.Transport, paramiko.Channel]:
+        """A new channel on the connection, holding one of its ``MAX_SESSIONS`` until ``_done``."""
+        self.connect()
+        transport = self._client.get_transport() if self._client is not None else None
+        if transport is None:
+            raise ConnectError(self.name, "the connection closed")
+        self._sessions.acquire()
+        try:
+            channel = transport.open_session(window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET,
+                                             timeout=CONNECT_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001 - translated by map_error
+            self._sessions.release()
+            raise map_error(self.name, exc) from exc
+        return transport, channel
+
+    def _done(self, channel: paramiko.Channel) -> None:
+        try:
+            channel.close()
+        except (EOFError, OSError, paramiko.SSHException):
+            pass
+        finally:
+            self._sessions.release()
+
+    def pipe(self, command: str, peer: socket.socket) -> tuple[int, str]:
+        _, channel = self._channel()
+        stderr: list[bytes] = []
+
+        def upstream() -> None:  # the local side's bytes to the command's stdin, then its EOF
+            try:
+                while data := peer.recv(MAX_PACKET):
+                    channel.sendall(data)
+                channel.shutdown_write()
+            except (OSError, EOFError, paramiko.SSHException):
+                pass
+
+        def errors() -> None:
+            try:
+                while data := channel.recv_stderr(65536):
+                    stderr.append(data)
+            except (OSError, EOFError, paramiko.SSHException):
+                pass
+
+        try:
+            try:
+                channel.exec_command(command)
+            except Exception as exc:  # noqa: BLE001 - translated by map_error
+                raise map_error(self.name, exc) from exc
+            threads = [threading.Thread(target=upstream, daemon=True, name=f"pipe-in-{self.name}"),
+                       threading.Thread(target=errors, daemon=True, name=f"pipe-err-{self.name}")]
+            for thread in threads:
+                thread.start()
+            try:
+                while data := channel.recv(MAX_PACKET * 4):
+                    peer.sendall(data)
+                peer.shutdown(socket.SHUT_WR)
+            except (OSError, EOFError, paramiko.SSHException):
+                pass  # the local side is gone: its exit says why
+            status = channel.recv_exit_status()  # -1: the connection ended without one
+            threads[1].join(timeout=5)
+            return status, b"".join(stderr)[-4000:].decode(errors="replace")
+        finally:
+            self._done(channel)
+
+    @contextmanager
+    def sftp(self) -> Iterator[paramiko.SFTPClient | None]:
+        """paramiko's SFTP client on the connection; None when the server has no SFTP subsystem."""
+        transport, channel = self._channel()
+        try:
+            try:
+                channel.invoke_subsystem("sftp")
+            except Exception as exc:  # noqa: BLE001 - a refusal, or a dead connection (map_error)
+                if transport.is_active() and not isinstance(exc, socket.timeout | TimeoutError):
+                    yield None
+                    return
+                raise map_error(self.name, exc) from exc
+            client = paramiko.SFTPClient(channel)
+            yield client
+        finally:
+            self._done(channel)
 
     def _lines(self, channel: paramiko.Channel) -> Iterator[bytes]:
         # A log message is one line of up to a few MB: keep its pieces in a list and look for the
