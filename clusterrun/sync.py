@@ -247,10 +247,11 @@ class SyncReport:
     def describe(self) -> str:
         if self.same_dir:
             return f"{self.root} is the synced directory itself: nothing to copy"
-        if self.dry_run:
-            return (f"would copy {self.copied} file(s) ({human(self.bytes)}) and set mode/mtime of {self.touched}, "
-                    f"make or change {self.other} directories/symlinks, {self.unchanged} unchanged, to {self.root}")
         how = f" by {self.via}" if self.copied and self.via else ""
+        if self.dry_run:
+            return (f"would copy {self.copied} file(s) ({human(self.bytes)}{how}) and set mode/mtime of "
+                    f"{self.touched}, make or change {self.other} directories/symlinks, {self.unchanged} unchanged, "
+                    f"to {self.root}")
         text = f"{self.copied} file(s) copied ({human(self.bytes)}{how}{f'; {self.note}' if self.note else ''})"
         if self.touched:
             text += f", {self.touched} with only mode/mtime set"
@@ -344,7 +345,7 @@ class HostSync:
         self._tell("copy", (0, len(files)), (0, total))
         # Directories, symlinks and mode/mtime changes: the agent, always (one request, no data).
         first: list[dict[str, object]] = [self._entry(e, data=False) for e in others + changes.touch]
-        if via != "agent" or not files:
+        if (via != "agent" or not files) and (first or not found.exists):  # the workdir is made here too
             self.session.call_with_data({"op": "sync_put", "root": self.root, "root_mode": self.manifest.mode,
                                          "entries": first}, [])
             first = []
