@@ -9,7 +9,8 @@ big ones, it measures three cases, each for both tools, all hosts in parallel:
 - ``one``: one small file edited and one big file touched (same content, new mtime).
 
 clusterrun: in this process, from opening the SSH connections (as ``up`` does before its probe:
-connect, start the agent) to the end of ``sync_hosts``; rsync: ``rsync -a`` per host, all started
+connect, start the agent) to the end of ``sync_hosts``, once per carrier of the data (``--via``:
+rsync through the open connection, the choice where both ends have it; SFTP and the agent, forced); rsync: ``rsync -a`` per host, all started
 at once, from the first start to the last exit (its ssh connections included). Wall seconds, the
 controller's CPU seconds (this process's for clusterrun, rsync's and ssh's for rsync) and the whole
 machine's CPU seconds (hosts' sshd, agents and rsyncs included), median of ``--repeat`` runs.
@@ -30,11 +31,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from clusterrun import sync  # noqa: E402
 from clusterrun.config import load_cluster  # noqa: E402
 from clusterrun.sync import sync_hosts  # noqa: E402
 from clusterrun.transports import transport_for  # noqa: E402
@@ -65,20 +68,33 @@ def make_tree(root: Path, small: int, small_size: int, big: int, big_size: int) 
     return small * small_size + big * big_size
 
 
-def hosts_file(folder: Path, cluster: SimCluster, source: Path) -> Path:
+def hosts_file(folder: Path, cluster: SimCluster, source: Path, name: str) -> Path:
     lines = [f"ssh_config: {cluster.ssh_config}", "defaults:", f"  python: {sys.executable}",
              f"  sync: {source}", "hosts:"]
     for host in cluster.hosts:
-        lines += [f"  - host: {host.name}", f"    workdir: {folder / 'cr' / host.name}"]
-    path = folder / "hosts.yaml"
+        lines += [f"  - host: {host.name}", f"    workdir: {folder / name / host.name}"]
+    path = folder / f"{name}.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def run_clusterrun(hosts: Path) -> tuple[float, float, float, str]:
+def run_clusterrun(hosts: Path, via: str) -> tuple[float, float, float, str]:
+    """``sync_hosts`` with ``via`` carrying the data: ``rsync`` (the choice here), or ``sftp`` and
+    ``agent`` forced as if rsync (and SFTP) were missing."""
+    forced = {"rsync": None, "sftp": lambda files, here, there: "sftp", "agent": lambda files, here, there: "agent"}
+    original = sync.carrier
+    sync.carrier = forced[via] or original  # type: ignore[assignment]
+    try:
+        return _run_clusterrun(hosts, via)
+    finally:
+        sync.carrier = original  # type: ignore[assignment]
+
+
+def _run_clusterrun(hosts: Path, via: str) -> tuple[float, float, float, str]:
     spec = load_cluster(str(hosts))
     transports = [transport_for(h, ssh_config=spec.ssh_config) for h in spec.hosts]
-    cpu0, machine0, began = cpu(resource.RUSAGE_SELF), machine_cpu(), time.monotonic()
+    cpu0, children0 = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+    machine0, began = machine_cpu(), time.monotonic()
     sessions = []
     try:
         for t in transports:  # as `up` does before its probe (one connection per host, one agent each)
@@ -86,7 +102,11 @@ def run_clusterrun(hosts: Path) -> tuple[float, float, float, str]:
             sessions.append(t.session())
         reports = sync_hosts(spec, list(zip(transports, sessions, strict=True)))
         wall = time.monotonic() - began
-        return (wall, cpu(resource.RUSAGE_SELF) - cpu0, machine_cpu() - machine0,
+        if reports[0].copied and reports[0].via != via:
+            raise SystemExit(f"clusterrun's sync went by {reports[0].via}, not {via}")
+        # rsync's own CPU (a child of this process) is the controller's too
+        spent = cpu(resource.RUSAGE_SELF) - cpu0 + cpu(resource.RUSAGE_CHILDREN) - children0
+        return (wall, spent, machine_cpu() - machine0,
                 f"{reports[0].copied} files, {reports[0].bytes / 2**20:.1f} MB per host")
     finally:
         for s in sessions:
@@ -117,6 +137,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--small", type=int, default=2000, help="small files (default 2000 of 10 KB)")
     parser.add_argument("--big", type=int, default=3, help="big files (default 3 of 10 MB)")
+    parser.add_argument("--via", default="rsync,sftp,agent", help="what carries clusterrun's data (sync.carrier), "
+                        "each measured as a tool of its own (default: rsync,sftp,agent)")
     args = parser.parse_args()
     if shutil.which("rsync") is None:
         subprocess.run(["apt-get", "install", "-y", "-qq", "rsync"], check=True)
@@ -129,11 +151,10 @@ def main() -> None:
           f"to {args.hosts} hosts, median of {args.repeat}")
     cluster = SimCluster.start(args.hosts)
     try:
-        hosts = hosts_file(folder, cluster, source)
         tools: dict[str, Callable[[], tuple[float, float, float, str]]] = {
-            "clusterrun": lambda: run_clusterrun(hosts),
-            "rsync -a": lambda: run_rsync(folder, cluster, source),
-        }
+            f"cr {via}": partial(run_clusterrun, hosts_file(folder, cluster, source, f"cr-{via}"), via)
+            for via in args.via.split(",")}
+        tools["rsync -a"] = lambda: run_rsync(folder, cluster, source)
         edited = source / "src" / "pkg00" / "mod00000.py"
         touched = source / "weights" / "part0.bin"
 
@@ -147,8 +168,8 @@ def main() -> None:
             figures: dict[str, list[tuple[float, float, float, str]]] = {name: [] for name in tools}
             for _ in range(args.repeat):
                 if case == "full":
-                    shutil.rmtree(folder / "cr", ignore_errors=True)
-                    shutil.rmtree(folder / "rs", ignore_errors=True)
+                    for copies in [folder / "rs", *folder.glob("cr-*")]:
+                        shutil.rmtree(copies, ignore_errors=True)
                 elif case == "one":
                     edit()  # the same change for both tools, each copying it once
                 for name, run in tools.items():
@@ -158,7 +179,7 @@ def main() -> None:
                 print(f"{case:<6} {name:<11} {wall:7.2f} {ccpu:9.2f} {mcpu:13.2f}  {runs[-1][3]}", flush=True)
             if case == "full":  # both tools left the same tree
                 for h in cluster.hosts:
-                    for copy in (folder / "cr" / h.name, folder / "rs" / h.name):
+                    for copy in [folder / "rs" / h.name, *folder.glob(f"cr-*/{h.name}")]:
                         check = subprocess.run(["diff", "-r", str(source), str(copy)], capture_output=True, text=True)
                         if check.returncode != 0:
                             raise SystemExit(f"the copy {copy} differs: {check.stdout[:500]}")
