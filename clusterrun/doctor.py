@@ -410,6 +410,8 @@ def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: Thread
                 {"op": "reach", "addr": addr, "port": listening.port, "token": token, "timeout": REACH_TIMEOUT}))
         except AgentError as exc:
             return False, exc.message
+        except ClusterrunError as exc:  # the transport gave up waiting (its read timeout) or lost the host
+            return False, f"the test got no answer from this host ({exc.message})"
         return answer.reached, answer.error
 
     able = [h for h in hosts if h.session is not None and h.probe is not None]  # an agent that answers

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from clusterrun import doctor
+from clusterrun import agent, doctor
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.doctor import Check, Verdict
+from clusterrun.errors import ConnectError
 from clusterrun.orchestrator import Job
 from clusterrun.protocol import DeepTorch, Inspection
-from clusterrun.transports.fake import FakeCluster
+from clusterrun.transports.fake import FakeCluster, FakeHost
 from tests.conftest import ROOT
 
 
@@ -127,6 +130,45 @@ def test_a_master_port_firewalled_on_node0_fails_on_the_other_nodes_with_the_fix
         check = rows(report, host)["master port"]
         assert check.verdict is Verdict.FAIL and "not reached by TCP: timed out" in check.detail
         assert check.fix is not None and "allow TCP to port 29500 on h0" in check.fix
+
+
+def test_a_test_of_the_master_port_that_gets_no_answer_is_a_problem_there_not_a_crash(
+        fake: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should the agent's ``reach`` not answer at all, the transport's read timeout ends the call
+    (over SSH a ``ConnectError``: timed out): a ✗ on that host, with the fix; the others are checked."""
+    real = fake._reach
+
+    def reach(host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        if host.name == "h1":
+            raise ConnectError("h1", "timed out", hint="is the host up and reachable on its SSH port?")
+        return real(host, request)
+
+    monkeypatch.setattr(fake, "_reach", reach)
+    report = doctor.run_doctor(spec_of(3), None, fake.transport)
+    check = rows(report, "h1")["master port"]
+    assert check.verdict is Verdict.FAIL and check.detail == (
+        "h0:29500 on h0 not reached by TCP: the test got no answer from this host (timed out)")
+    assert check.fix is not None and check.fix.startswith("allow TCP to port 29500 on h0 from h1")
+    assert verdicts(report, "h2")["master port"] == "✓" and verdicts(report, "h0")["master port"] == "✓"
+    assert fake.listeners == {}  # node 0's listener was closed all the same
+
+
+def test_the_agents_tcp_test_is_bounded_when_packets_are_dropped_or_nothing_answers() -> None:
+    """``reach`` in this process, against listeners on loopback: one whose accept queue is full
+    (the kernel drops the SYN, as a firewall's DROP does) and one that accepts but never answers."""
+    with socket.socket() as full, socket.socket() as mute:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        port = full.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5):  # the one connection its queue holds
+            answer = agent.op_reach({"addr": "127.0.0.1", "port": port, "token": "t0k", "timeout": 0.2})
+        assert answer == {"ok": True, "reached": False, "local": None, "error": (
+            "timed out after 0.2 s: no answer at all (packets dropped on the way, as a firewall's DROP does)")}
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        answer = agent.op_reach({"addr": "127.0.0.1", "port": mute.getsockname()[1], "token": "t0k", "timeout": 0.2})
+        assert not answer["reached"] and answer["local"] == "127.0.0.1"
+        assert answer["error"] == "connected, but no answer within 0.2 s (not clusterrun's listener on node 0)"
 
 
 def test_a_fixed_master_port_in_use_on_node0_fails_there(fake: FakeCluster) -> None:
