@@ -30,7 +30,7 @@ from enum import Enum
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import AgentError, AuthError, ClusterrunError, ConnectError, HostKeyError, HostsUnavailable
 from clusterrun.interfaces import decide_interfaces, reached_address, route_request
-from clusterrun.plan import HostFacts, master_addr
+from clusterrun.plan import HostFacts, master_addr, node_env
 from clusterrun.protocol import (
     Inspection,
     Network,
@@ -447,7 +447,9 @@ def _interfaces(hosts: Sequence[_Host], addr: str, port: int, pool: ThreadPoolEx
             Check("interface", Verdict.FAIL, exc.message, exc.hint))
         return
     names = [h.transport.name for h in hosts]
-    chosen, errors = decide_interfaces(addr, names, networks, [dict(h.transport.host.env) for h in hosts])
+    # each node's environment as the plan sets it (``node_env``, on the hosts' env completed by
+    # ``environment.resolve``, which the caller did as ``up`` does): the variables the user set win
+    chosen, errors = decide_interfaces(addr, names, networks, [node_env(h.transport.host, {}) for h in hosts])
     failed = {e.host: e for e in errors}
     for h, interface in zip(hosts, chosen, strict=True):
         error = failed.get(h.transport.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -9,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-from clusterrun import agent, doctor
+from clusterrun import agent, cli, doctor
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.doctor import Check, Verdict
 from clusterrun.errors import ConnectError
@@ -67,6 +69,32 @@ def test_the_interface_each_node_would_use_and_a_master_that_resolves_to_loopbac
     assert "the master h0 resolves to 127.0.1.1 on this host, its own loopback" in row.detail
     assert row.fix is not None and "/etc/hosts:2: 127.0.1.1 h0 maps h0 to 127.0.1.1" in row.fix
     assert verdicts(report, "h0")["interface"] == "✓"
+
+
+def test_doctor_and_up_see_the_interface_variables_set_in_env_file_forward_env_and_defaults(
+        fake: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interface row of ``clusterrun doctor`` says what ``up --dry-run`` says, node by node,
+    whether the user set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME in ``defaults.env``, an
+    ``env_file`` or through ``forward_env`` (both commands, on the fake cluster)."""
+    (tmp_path / "net.env").write_text("NCCL_SOCKET_IFNAME=ib0\n")
+    hosts = tmp_path / "hosts.yaml"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")
+    monkeypatch.setattr(cli, "transport_for", fake.transport)
+
+    def both(defaults: str) -> tuple[list[str], list[str]]:
+        hosts.write_text(f"defaults:\n  workdir: /proj\n{defaults}hosts:\n  - host: h0\n  - host: h1\n")
+        checked = CliRunner().invoke(cli.main, ["doctor", str(hosts)])
+        planned = CliRunner().invoke(cli.main, ["up", "--dry-run", str(hosts), "train.py"])
+        assert checked.exit_code == 0 and planned.exit_code == 0, checked.output + planned.output
+        doctor_rows = re.findall(r"✓ interface +(.*)$", checked.output, re.M)
+        return doctor_rows, re.findall(r"^  network: (.*)$", planned.output, re.M)
+
+    for defaults in ("  env_file: net.env\n  forward_env: [GLOO_*]\n",
+                     "  env:\n    NCCL_SOCKET_IFNAME: ib0\n    GLOO_SOCKET_IFNAME: eth9\n"):
+        doctor_rows, up_rows = both(defaults)
+        assert doctor_rows == up_rows and len(up_rows) == 2, (doctor_rows, up_rows)
+        assert up_rows[1] == ("eth0 192.0.2.1 (routes to the master h0; GLOO_SOCKET_IFNAME=eth9 yours; "
+                              "NCCL_SOCKET_IFNAME=ib0 yours)")
 
 
 def test_a_missing_script_on_one_host_is_a_problem_there_only(fake: FakeCluster) -> None:
@@ -314,3 +342,9 @@ def test_doctor_on_a_bad_hosts_file_is_bad_input(tmp_path: Path) -> None:
                           cwd=ROOT)
     assert proc.returncode == 2 and "hosts[0].gpus: expected a list of GPU ids or a count" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+    # an env_file that cannot be read: as `up` reads it (the nodes' environment), named at its line
+    hosts.write_text("env_file: missing.env\nhosts:\n  - host: a\n")
+    proc = subprocess.run([sys.executable, "-m", "clusterrun", "doctor", str(hosts)], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode == 2 and f"hosts.yaml:1: env_file: cannot read {tmp_path / 'missing.env'}: No such file" \
+        in proc.stderr, proc.stderr
