@@ -6,6 +6,7 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,37 @@ def test_doctor_and_up_see_the_interface_variables_set_in_env_file_forward_env_a
         assert doctor_rows == up_rows and len(up_rows) == 2, (doctor_rows, up_rows)
         assert up_rows[1] == ("eth0 192.0.2.1 (routes to the master h0; GLOO_SOCKET_IFNAME=eth9 yours; "
                               "NCCL_SOCKET_IFNAME=ib0 yours)")
+
+
+def test_doctor_replaces_a_derived_master_that_another_machine_reaches_through_loopback_as_up_does(
+        fake: FakeCluster) -> None:
+    """Node 0 on this machine (master 127.0.0.1, derived) and a remote node: ``up`` uses node 0's
+    address towards it (``interfaces.settle_master``), and so do the doctor's interface rows and
+    its TCP test of the master port."""
+
+    def network(netns: str, source: str, node0: bool = False) -> Callable[[str], dict[str, Any]]:
+        def answer(target: str) -> dict[str, Any]:
+            loop = target == "127.0.0.1"
+            peer = ({"target": "b", "resolved": "10.0.0.2", "source": "10.0.0.1", "interface": "eth1",
+                     "loopback": False, "error": None} if node0 else None)
+            return {"netns": netns, "preset": {}, "peer": peer,
+                    "master": {"target": target, "resolved": target, "source": "127.0.0.1" if loop else source,
+                               "interface": "lo" if loop else "eth1", "loopback": loop, "error": None}}
+        return answer
+
+    fake.host("here").network = network("A", "10.0.0.1", node0=True)
+    fake.host("b").network = network("B", "10.0.0.2")
+    spec = load_cluster_text("hosts:\n  - host: here\n    transport: local\n  - host: b\n", "hosts.yaml")
+    report = doctor.run_doctor(spec, None, fake.transport)
+    assert not report.failed, report.render()
+    job = Job(spec, "train.py", job_id="t-20261123-120000-abcd", name="t", emit=None, transport_factory=fake.transport)
+    try:
+        plan = job.prepare()
+    finally:
+        job.close()
+    assert [rows(report, h)["interface"].detail for h in ("here", "b")] == [i.describe() for i in job.interfaces]
+    assert rows(report, "b")["interface"].detail.startswith("eth1 10.0.0.2 (routes to the master 10.0.0.1; ")
+    assert plan.master_addr == "10.0.0.1" and [r["addr"] for r in fake.ops("reach")] == ["10.0.0.1", "10.0.0.1"]
 
 
 def test_a_missing_script_on_one_host_is_a_problem_there_only(fake: FakeCluster) -> None:
