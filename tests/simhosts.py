@@ -98,7 +98,7 @@ class SimHost:
         own network namespace (never this machine's ruleset) applies ``verdict`` to incoming TCP to
         ``port`` on every interface but loopback. ``drop``: connections time out; ``reject``: refused
         (ICMP port unreachable); ``reject with icmpx type admin-prohibited``: firewalld's "No route to
-        host". The host itself still reaches the port; ``unblock_tcp`` (or the host's end) lifts it."""
+        host". The host itself still reaches the port; ``unblock_tcp`` (or the cluster's ``close``) lifts it."""
         if not self.isolated:
             raise SimHostError("a firewall rule needs a network namespace per host, which the fallback has not")
         if not os.path.exists(NFT):
