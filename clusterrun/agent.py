@@ -111,7 +111,8 @@ Requests (``op``) and answers
            address that answers ``token`` to each connection, until ``unlisten {port}`` or the
            agent's end (``listening`` false and the reason when the port is taken).
 ``reach``  ``{addr, port, token, timeout}`` → ``{ok, reached, error, local}``: a TCP connection
-           to a ``listen``er (on node 0); ``reached`` only if the token came back.
+           to a ``listen``er (on node 0); ``reached`` only if the token came back. ``timeout``
+           bounds the connection and each read: packets dropped on the way time out, never hang.
 
 Errors are ``{ok: false, error: "..."}``; the exit code is 0 whenever an answer was written.
 
@@ -2799,11 +2800,13 @@ def op_reach(req: dict[str, Any]) -> dict[str, Any]:
     import socket
 
     addr, port, token = str(req["addr"]), int(req["port"]), str(req.get("token") or "")
+    timeout = float(req.get("timeout") or 5.0)  # each step: a dropped SYN must not hang the doctor
     answer: dict[str, Any] = {"ok": True, "reached": False, "error": None, "local": None}
     try:
-        sock = socket.create_connection((addr, port), timeout=float(req.get("timeout") or 5.0))
+        sock = socket.create_connection((addr, port), timeout=timeout)
     except OSError as exc:
-        answer["error"] = "timed out" if isinstance(exc, socket.timeout) else (
+        answer["error"] = (f"timed out after {timeout:g} s: no answer at all (packets dropped on the way, "
+                           "as a firewall's DROP does)") if isinstance(exc, socket.timeout) else (
             os.strerror(exc.errno) if exc.errno else str(exc))
         return answer
     try:
@@ -2819,7 +2822,8 @@ def op_reach(req: dict[str, Any]) -> dict[str, Any]:
         else:
             answer["error"] = "something else answers there (not clusterrun's listener on node 0)"
     except OSError as exc:
-        answer["error"] = "timed out" if isinstance(exc, socket.timeout) else str(exc)
+        answer["error"] = (f"connected, but no answer within {timeout:g} s (not clusterrun's listener on node 0)"
+                           if isinstance(exc, socket.timeout) else str(exc))
     finally:
         sock.close()
     return answer

@@ -433,16 +433,22 @@ def doctor_command(hosts_file: str, script: str | None, ssh_config: str | None, 
     Python, torch with its CUDA and NCCL versions (the same on every host, else a warning naming
     the odd ones), the GPUs asked for (nvidia-smi; busy ones warn), the workdir and SCRIPT
     (relative to each host's workdir), free disk in the state dir, the master port free on node 0
-    and reachable by TCP from every node, the clock against this machine, and logind.
+    and reachable by TCP from every node (5 s each: a firewall that drops the packets times out), the
+    network interface each node would use (as up chooses it, from the same environment: env,
+    env_file, forward_env), the clock against this machine, and logind.
 
     Prints one table: ✓ fine, ✗ a problem (with its fix), ! a warning (with its fix). Exit 0 when
     nothing is ✗, 1 when something is, 2 for a bad hosts file. `up` runs the same checks before it
     starts anything (the costlier ones not with --no-preflight).
     """
     try:
-        spec = load_cluster(hosts_file)
+        # each host's environment as `up` completes it (forward_env, env_file): the interface row
+        # honours the GLOO/NCCL_SOCKET_IFNAME set there as `up` does
+        spec, env_notes = resolve(load_cluster(hosts_file), os.environ)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
+    for text in env_notes:
+        _note(f"warning: {text}")
     factory = partial(transport_for, ssh_config=ssh_config or spec.ssh_config,
                       accept_new_host_keys=accept_new_host_keys)
     try:

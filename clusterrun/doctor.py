@@ -29,8 +29,8 @@ from enum import Enum
 
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import AgentError, AuthError, ClusterrunError, ConnectError, HostKeyError, HostsUnavailable
-from clusterrun.interfaces import decide_interfaces, reached_address, route_request
-from clusterrun.plan import HostFacts, master_addr
+from clusterrun.interfaces import decide_interfaces, master_derived, reached_address, route_request, settle_master
+from clusterrun.plan import HostFacts, master_addr, node_env
 from clusterrun.protocol import (
     Inspection,
     Network,
@@ -410,6 +410,8 @@ def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: Thread
                 {"op": "reach", "addr": addr, "port": listening.port, "token": token, "timeout": REACH_TIMEOUT}))
         except AgentError as exc:
             return False, exc.message
+        except ClusterrunError as exc:  # the transport gave up waiting (its read timeout) or lost the host
+            return False, f"the test got no answer from this host ({exc.message})"
         return answer.reached, answer.error
 
     able = [h for h in hosts if h.session is not None and h.probe is not None]  # an agent that answers
@@ -425,32 +427,37 @@ def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: Thread
         h.checks.append(rows[h.rank])
 
 
-def _interfaces(hosts: Sequence[_Host], addr: str, port: int, pool: ThreadPoolExecutor) -> None:
+def _interfaces(hosts: Sequence[_Host], addr: str, port: int, pool: ThreadPoolExecutor, *, derived: bool) -> str:
     """The network interface each node's ranks would use, as ``up`` chooses it (``interfaces``):
     every host's agent asks its kernel how it reaches the master; a node that cannot (loopback
-    from another machine, no route) gets a ✗ with the fix."""
+    from another machine, no route) gets a ✗ with the fix. Returns the master address ``up``
+    would use: ``addr``, or node 0's address towards the others for a ``derived`` one that
+    another machine cannot use (``settle_master``)."""
     if any(h.session is None or h.probe is None for h in hosts):
-        return  # the choice needs every node's route; the rows above say which host failed
+        return addr  # the choice needs every node's route; the rows above say which host failed
     reached = [reached_address(h.transport.host, h.transport.address) for h in hosts]
 
-    def route(h: _Host) -> Network:
+    def route(h: _Host, master: str) -> Network:
         assert h.session is not None
-        answer = h.session.call(route_request(h.rank, addr, port, reached))
+        answer = h.session.call(route_request(h.rank, master, port, reached))
         return decode_network(h.transport.name, answer.get("network"), "route answer's network")
 
     try:
-        networks = list(pool.map(route, hosts))
+        addr, networks = settle_master(addr, derived, lambda master: list(pool.map(lambda h: route(h, master), hosts)))
     except AgentError as exc:
         next(h for h in hosts if h.transport.name == exc.host).checks.append(
             Check("interface", Verdict.FAIL, exc.message, exc.hint))
-        return
+        return addr
     names = [h.transport.name for h in hosts]
-    chosen, errors = decide_interfaces(addr, names, networks, [dict(h.transport.host.env) for h in hosts])
+    # each node's environment as the plan sets it (``node_env``, on the hosts' env completed by
+    # ``environment.resolve``, which the caller did as ``up`` does): the variables the user set win
+    chosen, errors = decide_interfaces(addr, names, networks, [node_env(h.transport.host, {}) for h in hosts])
     failed = {e.host: e for e in errors}
     for h, interface in zip(hosts, chosen, strict=True):
         error = failed.get(h.transport.name)
         h.checks.append(Check("interface", Verdict.FAIL, error.message, error.hint) if error is not None
                         else Check("interface", Verdict.OK, interface.describe()))
+    return addr
 
 
 def _versions(hosts: Sequence[_Host]) -> None:
@@ -500,7 +507,8 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
         node0 = hosts[0]
         if node0.session is not None and node0.probe is not None:
             addr = master_addr(spec, HostFacts(python=node0.transport.python, address=node0.transport.address))
-            _interfaces(hosts, addr, spec.master_port or 29500, pool)  # any port: the route is what counts
+            addr = _interfaces(hosts, addr, spec.master_port or 29500, pool,  # any port: the route is what counts
+                               derived=master_derived(spec))
             _port_test(hosts, addr, spec.master_port, pool, fixed=spec.master_port is not None)
         _versions(hosts)
     finally:

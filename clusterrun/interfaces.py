@@ -17,10 +17,10 @@ module decides, without I/O:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from clusterrun.config import HostSpec
+from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import ClusterrunError, HostError, HostsUnavailable
 from clusterrun.protocol import Network, Route
 
@@ -63,6 +63,25 @@ def better_master(master: str, networks: Sequence[Network]) -> str | None:
     if broken and peer is not None and peer.source and not peer.loopback and peer.source != master:
         return peer.source
     return None
+
+
+def master_derived(spec: ClusterSpec) -> bool:
+    """True when clusterrun chose the master address itself (``plan.master_addr``: no
+    ``master.addr``, no ``address:`` on node 0), which ``settle_master`` may then replace."""
+    return spec.master_addr is None and spec.hosts[0].address is None
+
+
+def settle_master(master: str, derived: bool,
+                  route_all: Callable[[str], Sequence[Network]]) -> tuple[str, Sequence[Network]]:
+    """The master address the job uses and how every node reaches it (``route_all(addr)``: each
+    node's route, in node order): ``master``, or, when clusterrun derived it (``derived``) and
+    another machine cannot use it, ``better_master``'s address, routed again. ``up``
+    (``Job.prepare``) and ``clusterrun doctor`` both decide here."""
+    networks = route_all(master)
+    better = better_master(master, networks) if derived else None
+    if better is None:
+        return master, networks
+    return better, route_all(better)
 
 
 def reached_address(host: HostSpec, transport_address: str | None) -> str | None:

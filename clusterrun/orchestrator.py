@@ -57,7 +57,14 @@ from clusterrun.events import (
     NodeStopped,
     StopReport,
 )
-from clusterrun.interfaces import Interface, better_master, choose_interfaces, reached_address, route_request
+from clusterrun.interfaces import (
+    Interface,
+    choose_interfaces,
+    master_derived,
+    reached_address,
+    route_request,
+    settle_master,
+)
 from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, build_plan
 from clusterrun.protocol import (
     Beat,
@@ -359,12 +366,10 @@ class Job:
         others. Raises ``HostsUnavailable`` (the agents closed) when a node cannot take part."""
         plan = build(self.spec)
         try:
-            networks = self._route_all(plan.master_addr, plan.master_port)
-            derived = self.spec.master_addr is None and self.spec.hosts[0].address is None
-            better = better_master(plan.master_addr, networks) if derived else None
-            if better is not None:
-                plan = build(dataclasses.replace(self.spec, master_addr=better))
-                networks = self._route_all(better, plan.master_port)
+            master, networks = settle_master(plan.master_addr, master_derived(self.spec),
+                                             lambda addr: self._route_all(addr, plan.master_port))
+            if master != plan.master_addr:
+                plan = build(dataclasses.replace(self.spec, master_addr=master))
             self.interfaces = choose_interfaces(plan.master_addr, [n.host for n in self._nodes], networks,
                                                 [launch.env for launch in plan.nodes])
         except HostsUnavailable:

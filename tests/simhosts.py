@@ -1,7 +1,8 @@
 """Simulated machines for integration tests: each "host" runs a real OpenSSH sshd in its own namespaces.
 
 Lifecycle: ``SimCluster.start(n)`` → ``ssh -F cluster.ssh_config sim1 …`` (``host.run`` looks inside a host,
-``host.kill`` crashes it) → ``close()``; the ``sim_cluster`` fixture factory closes what it made, failed or not.
+``host.kill`` crashes it, ``host.block_tcp`` firewalls a port) → ``close()``; the ``sim_cluster`` fixture
+factory closes what it made, failed or not.
 Each host has its own network, PID, mount and UTS namespaces: a veth on a bridge ``10.77.<k>.0/24`` (``.1`` is the
 root namespace, hosts ``.11``…; no default route, no NAT), a private ``/run``, a shared ``/etc/hosts`` naming every
 host (or one per host: ``etc_hosts``), optionally an ``eth1`` on a second bridge (``second_network``), and sshd
@@ -40,6 +41,8 @@ PREFIX = "crsim"
 TIMEOUT = 10.0
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 IP = shutil.which("ip") or "/usr/sbin/ip"
+NFT = shutil.which("nft") or "/usr/sbin/nft"  # nftables, for SimHost.block_tcp (package nftables)
+FIREWALL = "crsim-firewall"  # the nftables table block_tcp adds in a host's own network namespace
 USER, USER_ID = "crtest", 64123  # the simulated hosts' unprivileged user (SimCluster.start(user=True))
 SECOND_NET = "10.76"  # below the first network's 10.77: of two gloo peers, the higher address connects to the lower
 WIPED_LOGS = ("/var/log/wtmp", "/var/log/lastlog", "/var/log/btmp")
@@ -89,6 +92,29 @@ class SimHost:
         """Run ``argv`` inside this host's namespaces (directly in the loopback fallback), output captured."""
         enter = ["nsenter", f"--target={self.pid}", "--net", "--pid", "--mount", "--uts"] if self.isolated else []
         return subprocess.run([*enter, *argv], capture_output=True, text=True, timeout=timeout, check=False)
+
+    def block_tcp(self, port: int, verdict: str = "drop") -> None:
+        """Firewall TCP ``port`` of this host against the other machines: an nftables rule in the host's
+        own network namespace (never this machine's ruleset) applies ``verdict`` to incoming TCP to
+        ``port`` on every interface but loopback. ``drop``: connections time out; ``reject``: refused
+        (ICMP port unreachable); ``reject with icmpx type admin-prohibited``: firewalld's "No route to
+        host". The host itself still reaches the port; ``unblock_tcp`` (or the cluster's ``close``) lifts it."""
+        if not self.isolated:
+            raise SimHostError("a firewall rule needs a network namespace per host, which the fallback has not")
+        if not os.path.exists(NFT):
+            raise SimHostError(f"{NFT} not found: install nftables (tests/_support/install_sshd.sh nftables:nft)")
+        rules = (f"add table inet {FIREWALL}; "
+                 f"add chain inet {FIREWALL} input {{ type filter hook input priority 0; policy accept; }}; "
+                 f'add rule inet {FIREWALL} input iifname != "lo" tcp dport {int(port)} {verdict}')
+        done = self.run(NFT, rules)
+        if done.returncode != 0:
+            raise SimHostError(f"{self.name}: nft refused {rules!r}: {done.stderr.strip()}")
+
+    def unblock_tcp(self) -> None:
+        """Remove every rule ``block_tcp`` added on this host."""
+        done = self.run(NFT, f"delete table inet {FIREWALL}")
+        if done.returncode != 0:
+            raise SimHostError(f"{self.name}: nft could not delete table {FIREWALL}: {done.stderr.strip()}")
 
     @property
     def alive(self) -> bool:

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import re
+import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-from clusterrun import doctor
+from clusterrun import agent, cli, doctor
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.doctor import Check, Verdict
+from clusterrun.errors import ConnectError
 from clusterrun.orchestrator import Job
 from clusterrun.protocol import DeepTorch, Inspection
-from clusterrun.transports.fake import FakeCluster
+from clusterrun.transports.fake import FakeCluster, FakeHost
 from tests.conftest import ROOT
 
 
@@ -64,6 +70,63 @@ def test_the_interface_each_node_would_use_and_a_master_that_resolves_to_loopbac
     assert "the master h0 resolves to 127.0.1.1 on this host, its own loopback" in row.detail
     assert row.fix is not None and "/etc/hosts:2: 127.0.1.1 h0 maps h0 to 127.0.1.1" in row.fix
     assert verdicts(report, "h0")["interface"] == "✓"
+
+
+def test_doctor_and_up_see_the_interface_variables_set_in_env_file_forward_env_and_defaults(
+        fake: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interface row of ``clusterrun doctor`` says what ``up --dry-run`` says, node by node,
+    whether the user set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME in ``defaults.env``, an
+    ``env_file`` or through ``forward_env`` (both commands, on the fake cluster)."""
+    (tmp_path / "net.env").write_text("NCCL_SOCKET_IFNAME=ib0\n")
+    hosts = tmp_path / "hosts.yaml"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")
+    monkeypatch.setattr(cli, "transport_for", fake.transport)
+
+    def both(defaults: str) -> tuple[list[str], list[str]]:
+        hosts.write_text(f"defaults:\n  workdir: /proj\n{defaults}hosts:\n  - host: h0\n  - host: h1\n")
+        checked = CliRunner().invoke(cli.main, ["doctor", str(hosts)])
+        planned = CliRunner().invoke(cli.main, ["up", "--dry-run", str(hosts), "train.py"])
+        assert checked.exit_code == 0 and planned.exit_code == 0, checked.output + planned.output
+        doctor_rows = re.findall(r"✓ interface +(.*)$", checked.output, re.M)
+        return doctor_rows, re.findall(r"^  network: (.*)$", planned.output, re.M)
+
+    for defaults in ("  env_file: net.env\n  forward_env: [GLOO_*]\n",
+                     "  env:\n    NCCL_SOCKET_IFNAME: ib0\n    GLOO_SOCKET_IFNAME: eth9\n"):
+        doctor_rows, up_rows = both(defaults)
+        assert doctor_rows == up_rows and len(up_rows) == 2, (doctor_rows, up_rows)
+        assert up_rows[1] == ("eth0 192.0.2.1 (routes to the master h0; GLOO_SOCKET_IFNAME=eth9 yours; "
+                              "NCCL_SOCKET_IFNAME=ib0 yours)")
+
+
+def test_doctor_replaces_a_derived_master_that_another_machine_reaches_through_loopback_as_up_does(
+        fake: FakeCluster) -> None:
+    """Node 0 on this machine (master 127.0.0.1, derived) and a remote node: ``up`` uses node 0's
+    address towards it (``interfaces.settle_master``), and so do the doctor's interface rows and
+    its TCP test of the master port."""
+
+    def network(netns: str, source: str, node0: bool = False) -> Callable[[str], dict[str, Any]]:
+        def answer(target: str) -> dict[str, Any]:
+            loop = target == "127.0.0.1"
+            peer = ({"target": "b", "resolved": "10.0.0.2", "source": "10.0.0.1", "interface": "eth1",
+                     "loopback": False, "error": None} if node0 else None)
+            return {"netns": netns, "preset": {}, "peer": peer,
+                    "master": {"target": target, "resolved": target, "source": "127.0.0.1" if loop else source,
+                               "interface": "lo" if loop else "eth1", "loopback": loop, "error": None}}
+        return answer
+
+    fake.host("here").network = network("A", "10.0.0.1", node0=True)
+    fake.host("b").network = network("B", "10.0.0.2")
+    spec = load_cluster_text("hosts:\n  - host: here\n    transport: local\n  - host: b\n", "hosts.yaml")
+    report = doctor.run_doctor(spec, None, fake.transport)
+    assert not report.failed, report.render()
+    job = Job(spec, "train.py", job_id="t-20261123-120000-abcd", name="t", emit=None, transport_factory=fake.transport)
+    try:
+        plan = job.prepare()
+    finally:
+        job.close()
+    assert [rows(report, h)["interface"].detail for h in ("here", "b")] == [i.describe() for i in job.interfaces]
+    assert rows(report, "b")["interface"].detail.startswith("eth1 10.0.0.2 (routes to the master 10.0.0.1; ")
+    assert plan.master_addr == "10.0.0.1" and [r["addr"] for r in fake.ops("reach")] == ["10.0.0.1", "10.0.0.1"]
 
 
 def test_a_missing_script_on_one_host_is_a_problem_there_only(fake: FakeCluster) -> None:
@@ -127,6 +190,45 @@ def test_a_master_port_firewalled_on_node0_fails_on_the_other_nodes_with_the_fix
         check = rows(report, host)["master port"]
         assert check.verdict is Verdict.FAIL and "not reached by TCP: timed out" in check.detail
         assert check.fix is not None and "allow TCP to port 29500 on h0" in check.fix
+
+
+def test_a_test_of_the_master_port_that_gets_no_answer_is_a_problem_there_not_a_crash(
+        fake: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should the agent's ``reach`` not answer at all, the transport's read timeout ends the call
+    (over SSH a ``ConnectError``: timed out): a ✗ on that host, with the fix; the others are checked."""
+    real = fake._reach
+
+    def reach(host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        if host.name == "h1":
+            raise ConnectError("h1", "timed out", hint="is the host up and reachable on its SSH port?")
+        return real(host, request)
+
+    monkeypatch.setattr(fake, "_reach", reach)
+    report = doctor.run_doctor(spec_of(3), None, fake.transport)
+    check = rows(report, "h1")["master port"]
+    assert check.verdict is Verdict.FAIL and check.detail == (
+        "h0:29500 on h0 not reached by TCP: the test got no answer from this host (timed out)")
+    assert check.fix is not None and check.fix.startswith("allow TCP to port 29500 on h0 from h1")
+    assert verdicts(report, "h2")["master port"] == "✓" and verdicts(report, "h0")["master port"] == "✓"
+    assert fake.listeners == {}  # node 0's listener was closed all the same
+
+
+def test_the_agents_tcp_test_is_bounded_when_packets_are_dropped_or_nothing_answers() -> None:
+    """``reach`` in this process, against listeners on loopback: one whose accept queue is full
+    (the kernel drops the SYN, as a firewall's DROP does) and one that accepts but never answers."""
+    with socket.socket() as full, socket.socket() as mute:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        port = full.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5):  # the one connection its queue holds
+            answer = agent.op_reach({"addr": "127.0.0.1", "port": port, "token": "t0k", "timeout": 0.2})
+        assert answer == {"ok": True, "reached": False, "local": None, "error": (
+            "timed out after 0.2 s: no answer at all (packets dropped on the way, as a firewall's DROP does)")}
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        answer = agent.op_reach({"addr": "127.0.0.1", "port": mute.getsockname()[1], "token": "t0k", "timeout": 0.2})
+        assert not answer["reached"] and answer["local"] == "127.0.0.1"
+        assert answer["error"] == "connected, but no answer within 0.2 s (not clusterrun's listener on node 0)"
 
 
 def test_a_fixed_master_port_in_use_on_node0_fails_there(fake: FakeCluster) -> None:
@@ -272,3 +374,9 @@ def test_doctor_on_a_bad_hosts_file_is_bad_input(tmp_path: Path) -> None:
                           cwd=ROOT)
     assert proc.returncode == 2 and "hosts[0].gpus: expected a list of GPU ids or a count" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+    # an env_file that cannot be read: as `up` reads it (the nodes' environment), named at its line
+    hosts.write_text("env_file: missing.env\nhosts:\n  - host: a\n")
+    proc = subprocess.run([sys.executable, "-m", "clusterrun", "doctor", str(hosts)], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode == 2 and f"hosts.yaml:1: env_file: cannot read {tmp_path / 'missing.env'}: No such file" \
+        in proc.stderr, proc.stderr

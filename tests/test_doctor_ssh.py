@@ -3,6 +3,7 @@ and on a local host with a fake `nvidia-smi`."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_up, up_argv
-from tests.simhosts import SimCluster, SimHost
+from tests.conftest import ROOT, SUPPORT, run_up, up_argv
+from tests.simhosts import NFT, SimCluster, SimHost, namespace_problem, unavailable
 from tests.test_ssh import job_processes, ssh_hosts
 
 pytestmark = pytest.mark.integration
@@ -185,6 +186,57 @@ def test_a_blocked_master_port_is_found_by_doctor_and_refused_by_up(
         proc = run_up(*args, hosts, SCRIPT)
         assert_nothing_started(proc, state, cluster, controller_state)
         assert loopback in proc.stderr, proc.stderr
+
+
+def nft_ruleset() -> str:
+    """This machine's own nftables ruleset (the simulated hosts' firewalls must never show here)."""
+    return subprocess.run([NFT, "list", "ruleset"], capture_output=True, text=True, check=True).stdout
+
+
+def test_a_master_port_firewalled_on_node_0_is_found_by_doctor_and_refused_by_up(
+        sim_cluster: MakeCluster, tmp_path: Path, controller_state: Path) -> None:
+    """A real firewall rule (nftables in node 0's network namespace) against incoming TCP to the
+    master port from the other hosts: dropped (the doctor's test times out, and says so) or rejected."""
+    installed = subprocess.run(["sh", str(SUPPORT / "install_sshd.sh"), "nftables:nft"], capture_output=True,
+                               text=True, timeout=900, check=False)
+    if not os.path.exists(NFT):
+        unavailable(f"nft (package nftables) is not installed: {installed.stdout}{installed.stderr}".strip())
+    if namespace_problem():
+        unavailable(f"a firewall of its own per host needs namespaces: {namespace_problem()}")
+    cluster = sim_cluster(2)
+    sim1 = cluster.hosts[0]
+    state = tmp_path / "state"
+    hosts = ssh_hosts(tmp_path, cluster, [1, 1], state)
+    port = 29418
+    hosts.write_text(hosts.read_text() + f"master:\n  port: {port}\n")
+    ours = nft_ruleset()
+    where = f"{sim1.address}:{port} on sim1"
+    fix = (f"fix: allow TCP to port {port} on sim1 from sim2 (firewall), or set master.addr (or node 0's "
+           "address:) to an address every node reaches")
+    dropped = "timed out after 5 s: no answer at all (packets dropped on the way, as a firewall's DROP does)"
+    for verdict, error in (("drop", dropped), ("reject with icmpx type admin-prohibited", "No route to host"),
+                           ("reject", "Connection refused")):
+        sim1.block_tcp(port, verdict)
+        try:
+            assert nft_ruleset() == ours  # the rule is in sim1's namespace only
+            proc = run_doctor(hosts)
+            assert proc.returncode == 1, proc.stdout + proc.stderr
+            assert rows(proc.stdout, "sim1")["master port"] == f"✓ {where} reached by TCP (free there)"
+            assert rows(proc.stdout, "sim2")["master port"] == f"✗ {where} not reached by TCP: {error}\n{fix}"
+            assert rows(proc.stdout, "sim2")["interface"].startswith("✓ eth0 ")  # the route is fine: a firewall
+            assert "1 problem(s) (✗) on sim2, 0 warning(s) (!): the job cannot run" in proc.stdout
+            proc = run_up(hosts, SCRIPT)
+            assert_nothing_started(proc, state, cluster, controller_state)
+            assert (f"clusterrun: error: 1 host(s) cannot run the job (preflight); nothing was started\n"
+                    f"sim2: master port: {where} not reached by TCP: {error}\n  hint: {fix[5:]}") in proc.stderr
+            listed = subprocess.run([sys.executable, "-m", "clusterrun", "ps", "-a", "--json"], capture_output=True,
+                                    text=True, timeout=60, cwd=ROOT)
+            assert listed.returncode == 0 and json.loads(listed.stdout)["jobs"] == [], listed.stdout + listed.stderr
+        finally:
+            sim1.unblock_tcp()
+    proc = run_doctor(hosts)  # the rule was all that stood in the way
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert rows(proc.stdout, "sim2")["master port"] == f"✓ {where} reached by TCP"
 
 
 def test_a_host_with_another_torch_is_named_in_a_warning(sim_cluster: MakeCluster, tmp_path: Path) -> None:

@@ -246,7 +246,9 @@ class FakeCluster:
         if listener is None:
             return {"ok": True, "reached": False, "error": "Connection refused", "local": None}
         if listener[0].firewalled and listener[0] is not host:
-            return {"ok": True, "reached": False, "error": "timed out", "local": None}
+            return {"ok": True, "reached": False, "local": None,  # the agent's words for a dropped SYN
+                    "error": f"timed out after {float(request.get('timeout') or 5.0):g} s: no answer at all (packets "
+                             "dropped on the way, as a firewall's DROP does)"}
         if listener[1] != request.get("token"):
             return {"ok": True, "reached": False, "local": host.name,
                     "error": "something else answers there (not clusterrun's listener on node 0)"}

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Install what tests/simhosts.py needs (sshd, ssh, ssh-keygen, ip) with apt, only when something is missing.
 # Usage: install_sshd.sh [EXTRA...]: each extra package whose command of the same name is missing (tcsh, fish)
-# is installed too.
+# is installed too; PACKAGE:COMMAND where they differ (nftables:nft).
 #
 # Idempotent: a no-op when every tool is there. Installing openssh-server must not start a system-wide sshd, so
 # an existing /usr/sbin/policy-rc.d is kept as it is; when there is none, one that denies every service start is
@@ -14,7 +14,8 @@ command -v ssh >/dev/null 2>&1 && command -v ssh-keygen >/dev/null 2>&1 || missi
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing="$missing iproute2"
 command -v nsenter >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1 || missing="$missing util-linux"
 for extra in "$@"; do
-    command -v "$extra" >/dev/null 2>&1 || missing="$missing $extra"
+    command=${extra#*:}
+    command -v "$command" >/dev/null 2>&1 || [ -x "/usr/sbin/$command" ] || missing="$missing ${extra%%:*}"
 done
 
 if [ -z "$missing" ]; then
