@@ -11,8 +11,9 @@ big ones, it measures three cases, each for both tools, all hosts in parallel:
 clusterrun: in this process, from opening the SSH connections (as ``up`` does before its probe:
 connect, start the agent) to the end of ``sync_hosts``, once per carrier of the data (``--via``:
 rsync through the open connection, the choice where both ends have it; SFTP and the agent,
-forced); rsync: ``rsync -a`` per host, all started at once, from the first start to the last exit (its ssh connections included). Wall seconds, the
-controller's CPU seconds (this process's for clusterrun, rsync's and ssh's for rsync) and the whole
+forced); rsync: ``rsync -a`` per host, all started at once, from the first start to the last exit
+(its ssh connections included). Wall seconds, the controller's CPU seconds (this process's and
+its rsyncs' for clusterrun, rsync's and ssh's for rsync) and the whole
 machine's CPU seconds (hosts' sshd, agents and rsyncs included), median of ``--repeat`` runs.
 Needs root (namespaces); installs rsync with apt when missing.
 
