@@ -20,6 +20,7 @@ import pytest
 
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import AgentError
+from clusterrun.events import StopReport
 from clusterrun.protocol import decode_network
 from clusterrun.transports import Transport, transport_for
 from clusterrun.transports.fake import FakeCluster
@@ -27,8 +28,9 @@ from tests.conftest import wait_for
 from tests.simhosts import SimCluster
 
 JOB = "contract-20261123-120000-0001"
-# Prints `line I` for I < COUNT, waits for RELEASE to exist, exits with CODE.
-SCRIPT = ("import os,sys,time\ncount,release,code=int(sys.argv[1]),sys.argv[2],int(sys.argv[3])\n"
+# Prints `line I` for I < COUNT, waits for RELEASE to exist, exits with CODE; ignores SIGTERM with a 4th argument.
+SCRIPT = ("import os,signal,sys,time\ncount,release,code=int(sys.argv[1]),sys.argv[2],int(sys.argv[3])\n"
+          "if sys.argv[4:]:\n signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
           "for i in range(count):\n print('line %d' % i, flush=True)\n"
           "while not os.path.exists(release):\n time.sleep(0.02)\nsys.exit(code)\n")
 
@@ -49,15 +51,17 @@ class Harness:
     def request(self, op: str, node: int, **extra: Any) -> dict[str, Any]:
         return {"op": op, "job": JOB, "node": node, "attempt": 1, "state_dir": self.state_dir, **extra}
 
-    def argv(self, node: int, count: int, code: int = 0) -> list[str]:
-        return [sys.executable, "-c", SCRIPT, str(count), str(self.folder / f"release-{node}"), str(code)]
+    def argv(self, node: int, count: int, code: int = 0, ignore_term: bool = False) -> list[str]:
+        return [sys.executable, "-c", SCRIPT, str(count), str(self.folder / f"release-{node}"), str(code),
+                *(["ignore-term"] if ignore_term else [])]
 
-    def start(self, node: int, count: int, code: int = 0, **extra: Any) -> dict[str, Any]:
-        argv = self.argv(node, count, code)
+    def start(self, node: int, count: int, code: int = 0, ignore_term: bool = False, **extra: Any) -> dict[str, Any]:
+        argv = self.argv(node, count, code, ignore_term)
         answer = self.transport.call(self.request("start", node, **{"argv": argv, "env": {}, "cwd": None,
                                                                     "first_rank": 0, **extra}))
         if self.fake is not None:
             self.fake.node(JOB, node).write(expected(count))
+            self.fake.node(JOB, node).outlives_grace = ignore_term
         return answer
 
     def release(self, node: int, code: int = 0) -> None:
@@ -207,11 +211,28 @@ def test_stop_is_verified_and_idempotent(harness: Harness) -> None:
     assert first["ok"] is True and first["left"] == []
     assert first["killed"] and all(isinstance(p["pid"], int) and p["name"] for p in first["killed"])
     assert first["state"]["state"] == "exited" and first["state"]["stop_requested"] is True
+    torchrun = next(k for k in first["killed"] if k["pid"] == first["state"]["torchrun"]["pid"])
+    assert torchrun["signal"] == "SIGTERM" and first["grace"] == 2  # it ended within the grace
+    assert not StopReport.from_answer(0, "h", first).grace_ran_out
     again = harness.transport.call(harness.request("stop", 0, grace=2))
     assert again["ok"] is True and again["killed"] == [] and again["left"] == []
     assert harness.follow(0, offset=0)[-1]["t"] == "end"
     status = harness.transport.call(harness.request("status", 0))
     assert status["state"]["state"] == "exited" and status["log_size"] == len(expected(5))
+
+
+def test_a_stop_says_when_torchrun_outlived_the_grace(harness: Harness) -> None:
+    """A torchrun still running when the grace after SIGTERM is over is SIGKILLed, and the answer
+    says so (its ``killed`` entry); the stop report (one place for every stop path) tells."""
+    harness.start(0, 2, ignore_term=True)
+    harness.wait_printed(0, 2)
+    answer = harness.transport.call(harness.request("stop", 0, grace=1))
+    assert answer["ok"] is True and answer["left"] == [] and answer["grace"] == 1
+    torchrun = next(k for k in answer["killed"] if k["pid"] == answer["state"]["torchrun"]["pid"])
+    assert torchrun["signal"] == "SIGKILL"
+    report = StopReport.from_answer(0, "h0", answer)
+    assert report.grace_ran_out and report.grace == 1
+    assert "; torchrun outlived the 1 s grace after SIGTERM: SIGKILLed; " in report.describe()
 
 
 def test_a_node_never_started_is_absent_not_an_error(harness: Harness) -> None:

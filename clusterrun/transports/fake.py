@@ -44,6 +44,7 @@ class FakeNode:
     gone: bool = False  # its processes vanished without a word (SIGKILLed with the supervisor)
     stops: int = 0  # stop requests received
     leave_on_stop: list[dict[str, Any]] = field(default_factory=list)  # processes a stop cannot kill
+    outlives_grace: bool = False  # torchrun does not end on SIGTERM (a worker ignores it): SIGKILLed after the grace
     spec: dict[str, Any] = field(default_factory=dict)  # what its spec.json holds (for ``jobs`` and ``remove``)
 
     def write(self, data: bytes | str) -> None:
@@ -292,10 +293,12 @@ class FakeCluster:
         node.stops += 1
         killed = []
         if node.running:
-            killed = [{"pid": node.state["torchrun"]["pid"], "name": "torchrun", "signal": "SIGTERM"}]
-            node.state = dict(node.state, state="exited", exit_code=None, signal=15, stop_requested=True,
-                              ended_at=self.now())
-        return {"ok": True, "killed": killed, "left": list(node.leave_on_stop), "state": self._view(host, node)}
+            how = "SIGKILL" if node.outlives_grace else "SIGTERM"
+            killed = [{"pid": node.state["torchrun"]["pid"], "name": "torchrun", "signal": how}]
+            node.state = dict(node.state, state="exited", exit_code=None, signal=9 if node.outlives_grace else 15,
+                              stop_requested=True, ended_at=self.now())
+        return {"ok": True, "killed": killed, "left": list(node.leave_on_stop), "state": self._view(host, node),
+                "grace": float(request.get("grace", 10))}
 
     def _status(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
         absent = self._absent(request)
