@@ -67,8 +67,10 @@ Requests (``op``) and answers
            is written so far if the job still runs. ``state.state`` is ``lost`` when neither the
            supervisor nor torchrun runs any more (host rebooted, processes killed, pid reused).
 ``stop``   ``{job, node, attempt, state_dir, grace}`` → ``{ok, killed: [...], left: [...], state,
-           containment, verified, detail, fallbacks, degraded, notes}``: the stop described below,
-           of that attempt only; idempotent. ``containment`` is ``cgroup`` (``verified``: the
+           containment, verified, detail, fallbacks, degraded, notes, grace}``: the stop described below,
+           of that attempt only; idempotent. ``killed`` entries are ``{pid, name, state, signal}``
+           (the last signal sent: torchrun's is ``SIGKILL`` when it outlived the ``grace``, in seconds,
+           that the answer repeats). ``containment`` is ``cgroup`` (``verified``: the
            attempt's cgroup was empty, then removed), ``sweep`` (``verified`` false: ``left: []``
            means only that no process the sweep can see is left) or ``reboot``; ``notes`` say what
            could not be recorded on disk.
@@ -1909,7 +1911,7 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
         detail = f"swept {count} process{'es' if count != 1 else ''}; {UNSEEN}"
     return dict(base, killed=sorted(killed.values(), key=lambda e: e["pid"]), left=left, state=final,
                 containment="cgroup" if cgroup else "sweep", verified=bool(cgroup) and cgroup_empty and not left,
-                detail=detail, degraded=final.get("degraded") or state.get("degraded"))
+                detail=detail, degraded=final.get("degraded") or state.get("degraded"), grace=grace)
 
 
 # ----------------------------------------------------------------------------------- supervisor

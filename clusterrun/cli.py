@@ -881,12 +881,14 @@ def _remove(store: JobStore, records: Sequence[JobRecord], hosts_too: bool) -> t
 @click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
 @click.option("--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before deleting on the hosts (needed without a terminal).")
-def rm(jobs: tuple[str, ...], hosts_too: bool, yes: bool) -> None:
+@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+def rm(jobs: tuple[str, ...], hosts_too: bool, yes: bool, hosts_file: str | None) -> None:
     """Remove the records of ended jobs from this controller (their logs stay on the hosts unless
     --hosts-too). A job that has not ended is refused: `clusterrun down` it first.
 
     Prints each removed id. Exit codes: 0 all removed, 1 a job was refused (not ended), 2 no such
     job, 3 a host could not be reached (that job's record is kept)."""
+    _adopt(hosts_file)
     store = JobStore()
     records: list[JobRecord] = []
     for ref in dict.fromkeys(jobs):
@@ -933,10 +935,12 @@ def prune(hosts_too: bool, yes: bool) -> None:
 @click.argument("job")
 @click.option("--grace", type=click.FloatRange(min=0), help="Seconds torchrun gets to stop its workers "
               "(default: the job's --grace).")
-def restart(job: str, grace: float | None) -> None:
+@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+def restart(job: str, grace: float | None, hosts_file: str | None) -> None:
     """Stop JOB (verified) and start it again with the same hosts file, script, arguments and
-    environment, as a new attempt with logs of its own; returns once it runs (like up -d)."""
-    store, record = _open_job(job)
+    environment, as a new attempt with logs of its own; returns once it runs (like up -d).
+    This controller owns the new attempt (its monitor), an adopted job's too."""
+    store, record = _open_job(job, hosts_file)
     try:
         record = restart_job(store, record, Printer(), grace=grace)
     except NotStopped as exc:
@@ -954,11 +958,14 @@ def restart(job: str, grace: float | None) -> None:
 @click.argument("job")
 @click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
               help="Give up after this long (exit 124); the job runs on.")
-def wait_job(job: str, timeout: float | None) -> None:
+@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+def wait_job(job: str, timeout: float | None, hosts_file: str | None) -> None:
     """Block until JOB has ended, then exit with its outcome: 0 succeeded, 1 failed, stopped or
-    lost (for scripts and CI). Waits through a start-up retry (a new attempt) too. Nothing is
-    printed but one line on stderr at the end."""
-    store, record = _open_job(job)
+    lost (for scripts and CI). Waits through a start-up retry (a new attempt) too, except for a
+    job adopted with --hosts: its hosts are asked how its attempt ended, and a retry that its own
+    controller starts after that is not waited for. Nothing is printed but one line on stderr at
+    the end (and what --hosts adopted)."""
+    store, record = _open_job(job, hosts_file)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         try:
@@ -970,7 +977,9 @@ def wait_job(job: str, timeout: float | None) -> None:
         if deadline is not None and time.monotonic() >= deadline:
             _note(f"job {record.job_id} is still {record.state} after {timeout:g} s")
             sys.exit(EXIT_TIMEOUT)
-        time.sleep(0.5)  # the job's owner writes its record; this process only reads it
+        # the job's owner writes its record and this process only reads it; an adopted job's is
+        # brought up to date from its hosts by every refresh (a connection to each host)
+        time.sleep(2.0 if record.adopted else 0.5)
     _note(f"job {record.job_id} {record.state} (attempt {record.attempt})")
     sys.exit(EXIT_OK if record.state == JobState.SUCCEEDED else EXIT_FAILED)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from clusterrun.events import RootCause
 from clusterrun.protocol import HostState, NodeStatus
-from clusterrun.signatures import explain
+from clusterrun.signatures import explain, printed_its_own, transient_start
 
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
 _REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
@@ -129,27 +129,13 @@ def find_root_cause(
     return replace(root, explanation=explain(root, hosts, {node: log.lines() for node, log in logs.items()}))
 
 
-# Start-up failures that say nothing about the job: retried once by the owner (``--no-retry-startup``).
-TRANSIENT_START = (
-    ("terminate called without an active exception",
-     "gloo aborted a rank while setting up its connections (pytorch/pytorch#188266)"),
-    ("address already in use", "the master port was taken between the probe and torchrun's bind"),
-)
-# torch's own C++ log lines ("[W1123 12:00:00.000 ...]"), warnings and blank lines: not the job's output.
-_NOT_THE_JOBS = re.compile(r"^\s*$|^\[[WIE]\d{4} |Warning|^terminate called", re.IGNORECASE)
-
-
 def transient_start_failure(root: RootCause | None, logs: Mapping[int, NodeLog]) -> str | None:
-    """Why the job's failure was a known transient start-up failure, or None: the root cause
-    shows one of ``TRANSIENT_START``'s signatures and no rank had printed a line of its own."""
-    if root is None:
-        return None
-    text = "\n".join((*root.last_lines, root.message)).lower()
-    why = next((why for signature, why in TRANSIENT_START if signature in text), None)
+    """Why the job's failure was a known transient start-up failure, or None: the signature that
+    explains the root cause is one marked ``transient_start`` in ``signatures.SIGNATURES`` and no
+    rank had printed a line of its own."""
+    why = transient_start(root.explanation if root is not None else None)
     if why is None:
         return None
-    for log in logs.values():
-        for lines in log.rank_tails.values():
-            if any(not _NOT_THE_JOBS.search(line) for line in lines):
-                return None
+    if any(printed_its_own(lines) for log in logs.values() for lines in log.rank_tails.values()):
+        return None
     return why

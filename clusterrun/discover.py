@@ -1,12 +1,13 @@
-"""Jobs found again on their hosts: ``ps/logs/attach/down --hosts HOSTS.yaml`` on a controller that
-has no record of them (another machine, another ``XDG_STATE_HOME``, a record removed).
+"""Jobs found again on their hosts: ``ps/logs/attach/down/wait/restart/rm --hosts HOSTS.yaml`` on a
+controller that has no record of them (another machine, another ``XDG_STATE_HOME``, a record removed).
 
 Every host of the hosts file is asked for the jobs under its state dir (the agent's ``jobs``);
 a job is adopted when each node rank K of it is on host K of the file (the file that started it,
 or one listing the same hosts in the same order) and its hosts said what it runs (``about``,
 kept by ``start``). The record made from their answers is the one ``up`` would have written, with
 ``adopted`` set: this controller does not start a monitor for it (the controller that started it
-may still be watching it, and two owners could both start a retry).
+may still be watching it, and two owners could both start a retry) until it starts an attempt of
+it itself (``restart``).
 
 ``ask_hosts`` talks to the hosts; ``records_from`` is pure.
 """

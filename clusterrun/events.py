@@ -159,14 +159,22 @@ class StopReport:
     fallbacks: tuple[str, ...] = ()
     degraded: str | None = None
     notes: tuple[str, ...] = ()
+    grace: float | None = None  # the seconds torchrun was given after SIGTERM
+    grace_ran_out: bool = False  # torchrun still ran when they were over: it was SIGKILLed
 
     @classmethod
     def from_answer(cls, node: int, host: str, answer: dict[str, Any]) -> StopReport:
         """The report of the agent's answer to ``stop`` (the one place that reads it)."""
-        return cls(node, host, killed=tuple(answer.get("killed") or ()), left=tuple(answer.get("left") or ()),
+        killed = tuple(answer.get("killed") or ())
+        torchrun = ((answer.get("state") or {}).get("torchrun") or {}).get("pid")
+        grace = answer.get("grace")
+        return cls(node, host, killed=killed, left=tuple(answer.get("left") or ()),
                    containment=answer.get("containment"), verified=bool(answer.get("verified")),
                    detail=str(answer.get("detail") or ""), fallbacks=tuple(answer.get("fallbacks") or ()),
-                   degraded=answer.get("degraded") or None, notes=tuple(answer.get("notes") or ()))
+                   degraded=answer.get("degraded") or None, notes=tuple(answer.get("notes") or ()),
+                   grace=float(grace) if isinstance(grace, (int, float)) else None,
+                   grace_ran_out=torchrun is not None and any(
+                       k.get("pid") == torchrun and k.get("signal") == "SIGKILL" for k in killed))
 
     @property
     def ok(self) -> bool:
@@ -189,6 +197,9 @@ class StopReport:
             return f"{where}: could not be stopped: {self.error}"
         # Nothing killed: the node had ended before the stop came (it was not stopped by it).
         stopped = f"{where}: stopped {self.killed_text()}" if self.killed else f"{where}: nothing was running"
+        if self.grace_ran_out:
+            grace = f"the {self.grace:g} s grace" if self.grace is not None else "the grace"
+            stopped += f"; torchrun outlived {grace} after SIGTERM: SIGKILLed"
         if self.left:
             left = ", ".join(f"{p.get('name')}[{p.get('pid')}] state {p.get('state')}" for p in self.left)
             return f"{stopped}; STILL RUNNING: {left}"

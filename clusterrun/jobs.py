@@ -115,7 +115,7 @@ class JobRecord:
     state: JobState = JobState.STARTING
     unreachable_timeout: float | None = None  # --unreachable-timeout: silence that counts as a loss
     retry_startup: bool = True  # retry a known transient start-up failure once (--no-retry-startup)
-    adopted: bool = False  # made from its hosts' state (`--hosts`): no monitor is started for it here
+    adopted: bool = False  # made from its hosts' state (`--hosts`): no monitor for it here until a restart here
     attempts: list[AttemptRecord] = field(default_factory=list)
     nodes: list[NodeRecord] = field(default_factory=list)
 

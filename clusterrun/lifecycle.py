@@ -479,6 +479,7 @@ def start_attempt(store: JobStore, record: JobRecord, emit: Emit | None) -> JobR
 
         def begin(rec: JobRecord) -> None:
             rec.attempt, rec.plan, rec.state = attempt, plan_to_json(plan), JobState.STARTING
+            rec.adopted = False  # this controller starts the attempt: it owns it (and monitors it)
             rec.attempts.append(AttemptRecord(attempt, started=time.time(), master_port=plan.master_port))
             rec.nodes = [NodeRecord(n.rank, n.host.host) for n in plan.nodes]
 

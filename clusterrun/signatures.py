@@ -5,14 +5,17 @@ last lines, its message and the last lines of its node's torchrun (its failure r
 signal; the first entry that matches explains the failure. Its ``cause`` and ``fix`` are
 ``str.format`` templates filled with the expressions' named groups and ``who``/``node``/``host``/
 ``rank`` of the root cause; an entry's ``refine`` may add fields from the other nodes' lines (which
-hosts show the same error) or decline the match. The formats were captured from torch 2.13 with
-gloo on the CPU (``tests/_support/failures/``); CUDA's and NCCL's are quoted from reports of real runs.
+hosts show the same error) or decline the match. An entry's ``transient_start`` says why that
+failure, when it comes before any rank printed a line of its own, says nothing about the job: the
+job's owner then retries it once (``diagnose.transient_start_failure``). The formats were captured
+from torch 2.13 with gloo on the CPU (``tests/_support/failures/``); CUDA's and NCCL's are quoted
+from reports of real runs.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from clusterrun.events import Explanation, RootCause
@@ -49,6 +52,7 @@ class Signature:
     fix: str
     signal: int | None = None
     refine: Callable[[Fields, Evidence], Fields | None] | None = None
+    transient_start: str | None = None  # why it is transient before the job printed anything: retried once
 
 
 def _names(hosts: Sequence[str]) -> str:
@@ -79,9 +83,14 @@ def _where_file(fields: Fields, evidence: Evidence) -> Fields:
 _NOT_THE_JOBS = re.compile(r"^\s*$|^\[?[WIE]\d{4} |Warning|^terminate called", re.IGNORECASE)
 
 
+def printed_its_own(lines: Iterable[str]) -> bool:
+    """Whether a rank's ``lines`` hold output of the job's own (not torch's log lines or warnings)."""
+    return any(not _NOT_THE_JOBS.search(line) for line in lines)
+
+
 def _abort_when(fields: Fields, evidence: Evidence) -> Fields:
     """gloo's abort comes at start-up (the rank printed nothing of its own yet) or at exit."""
-    printed = any(not _NOT_THE_JOBS.search(line) for line in evidence.root.last_lines)
+    printed = printed_its_own(evidence.root.last_lines)
     fields["when"] = "at exit" if printed else "at start-up"
     fields["why"] = ("while tearing down its connections: the script most likely ends without "
                      "destroy_process_group()" if printed else "while setting up its connections")
@@ -136,13 +145,15 @@ SIGNATURES: tuple[Signature, ...] = (
         "free the port on {host} (`ss -ltnp{ss_filter}` shows who holds it), or let clusterrun choose a free "
         "one at each start (`master: port: auto`, the default, instead of a fixed port)",
         refine=lambda f, e: {**f, "on_port": f" {f['port']}" if f.get("port") else "",
-                             "ss_filter": f" 'sport = :{f['port']}'" if f.get("port") else ""}),
+                             "ss_filter": f" 'sport = :{f['port']}'" if f.get("port") else ""},
+        transient_start="the master port was taken between the probe and torchrun's bind"),
     Signature(
         "gloo-abort",
         (r"terminate called without an active exception",),
         "gloo aborted {who} {when} {why} (SIGABRT; pytorch/pytorch#188266, torch 2.13)",
         "{remedy}",
-        refine=_abort_when),
+        refine=_abort_when,
+        transient_start="gloo aborted a rank while setting up its connections (pytorch/pytorch#188266)"),
     Signature(
         "master-unreachable",
         (r"client socket has timed out after (?P<ms>\d+)ms while trying to connect to "
@@ -231,6 +242,14 @@ def explain(root: RootCause, hosts: Mapping[int, str], lines: Mapping[int, Seque
         blank = _Blank(fields)  # a field no pattern filled reads empty rather than failing the diagnosis
         return Explanation(signature.name, signature.cause.format_map(blank), signature.fix.format_map(blank))
     return None
+
+
+def transient_start(explanation: Explanation | None) -> str | None:
+    """Why the signature that explained a failure is transient at start-up (its ``transient_start``),
+    or None: the root cause's explanation decides whether the owner may retry."""
+    if explanation is None:
+        return None
+    return next((s.transient_start for s in SIGNATURES if s.name == explanation.signature), None)
 
 
 class _Blank(dict[str, str]):

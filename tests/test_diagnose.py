@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from clusterrun.diagnose import NodeLog, exception_message, find_root_cause, split_rank
+from pathlib import Path
+
+from clusterrun.diagnose import NodeLog, exception_message, find_root_cause, split_rank, transient_start_failure
+from clusterrun.events import RootCause
 from clusterrun.protocol import HostState, NodeStatus, decode_status
 
 REPORT = """\
@@ -88,3 +91,32 @@ def test_signals_and_node_level_failures() -> None:
                               {0: NodeStatus(HostState.EXITED, error="could not start python9")}, set())
     assert nothing is not None and nothing.rank is None and nothing.message == "could not start python9"
     assert find_root_cause({0: "h"}, {0: NodeLog()}, {0: _state(0, [], 1.0)}, set()) is None
+
+
+def _diagnosed(*lines: str) -> tuple[RootCause | None, dict[int, NodeLog]]:
+    """One node whose torchrun exited 1 after ``lines`` (the rank's tagged, then its report)."""
+    log = NodeLog()
+    log.feed(lines)
+    return find_root_cause({0: "h"}, {0: log}, {0: _state(1, [], 5.0)}, set()), {0: log}
+
+
+def test_a_transient_start_up_failure_is_known_by_the_signature_that_explains_it() -> None:
+    """The retry follows the signature table (``transient_start``): gloo's abort and the master
+    port taken, before any rank printed a line of its own; nothing else."""
+    report = ("  rank      : 1 (local_rank: 1)", "  exitcode  : -6 (pid: 7)")
+    abort = "[rank1]:terminate called without an active exception"
+    root, logs = _diagnosed("[rank0]:[W1123 12:00:00.000 ProcessGroupGloo.cpp:1] Warning: slow", abort, *report)
+    assert root is not None and root.explanation is not None and root.explanation.signature == "gloo-abort"
+    assert transient_start_failure(root, logs) == ("gloo aborted a rank while setting up its connections "
+                                                   "(pytorch/pytorch#188266)")
+    port = (Path(__file__).parent / "_support" / "failures" / "port-in-use" / "node0.log").read_text()
+    root, logs = _diagnosed(*port.splitlines())
+    assert root is not None and root.rank is None
+    assert transient_start_failure(root, logs) == "the master port was taken between the probe and torchrun's bind"
+    root, logs = _diagnosed("[rank0]:epoch 1 loss 0.5", abort, *report)  # the job had begun: not at start-up
+    assert transient_start_failure(root, logs) is None
+    root, logs = _diagnosed("[rank1]:ModuleNotFoundError: No module named 'x'", *report)  # another signature
+    assert root is not None and root.explanation is not None and transient_start_failure(root, logs) is None
+    root, logs = _diagnosed("[rank1]:ValueError: terminate", *report)  # no signature
+    assert root is not None and root.explanation is None and transient_start_failure(root, logs) is None
+    assert transient_start_failure(None, {}) is None

@@ -6,6 +6,7 @@ controllers (two XDG_STATE_HOME) on simulated SSH hosts.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -113,3 +114,56 @@ def second_controller(cluster: SimCluster, tmp_path: Path, hosts: Path, job: str
     assert removed.stderr.count(f"{job}: node") == 2 and "removed " in removed.stderr, removed.stderr
     assert [h.run("test", "-e", str(where)).returncode for h in cluster.hosts] == [1, 1]  # its logs, on every host
     assert second("ps", "-a").stdout.splitlines()[1:] == []
+
+
+def another_controller(home: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Runs clusterrun as a controller whose state is in ``home`` (no record of anything yet)."""
+    env = dict(os.environ, XDG_STATE_HOME=str(home))
+
+    def run(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "clusterrun", *map(str, args)], capture_output=True, text=True,
+                              timeout=120, cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
+    return run
+
+
+@pytest.mark.integration
+def test_wait_restart_and_rm_adopt_a_job_from_its_hosts_too(
+        sim_cluster: Callable[..., SimCluster], tmp_path: Path) -> None:
+    """``--hosts`` on ``wait``, ``restart`` and ``rm``, each run by a controller of its own that
+    has no record of the job: it adopts the job, then does what it does to a job of its own."""
+    cluster = sim_cluster(2)
+    hosts = ssh_hosts(tmp_path, cluster, [1, 1], tmp_path / "state")
+    job = up_detached("--name", "far", "--grace", "2", hosts, SUPPORT / "counter.py", "100000", "0.05")
+    second = another_controller(tmp_path / "second")
+    try:
+        wait_state(job, "running")
+        waited = another_controller(tmp_path / "waiter")("wait", "--hosts", hosts, "--timeout", "0", job)
+        assert waited.returncode == 124, waited.stderr
+        assert f"adopted job {job} (running) from the hosts of {hosts}" in waited.stderr
+        assert f"job {job} is still running after 0 s" in waited.stderr
+
+        restarted = second("restart", "--hosts", hosts, job)
+        assert restarted.returncode == 0, restarted.stderr
+        assert f"adopted job {job} (running)" in restarted.stderr
+        assert restarted.stderr.count("verified: nothing of the job is left") == 2, restarted.stderr
+        assert f"job {job} restarted as attempt 2" in restarted.stderr
+        shown = json.loads(second("ps", "--json", job).stdout)["jobs"][0]
+        assert shown["attempt"] == 2 and shown["state"] in ("starting", "running"), shown
+        assert list((tmp_path / "second").glob(f"clusterrun/jobs/{job}/monitor.pid"))  # it owns attempt 2
+        assert wait_state(job, "stopped")["attempt"] == 1  # the first controller saw its attempt stopped
+        wait_for(lambda: "rank 1 line 3" in second("logs", "--node", "1", job).stdout, timeout=60,
+                 what="attempt 2's log on node 1")
+        assert second("down", job).returncode == 0
+
+        ended = another_controller(tmp_path / "waiter-2")("wait", "--hosts", hosts, job)
+        assert ended.returncode == 1, ended.stderr
+        assert f"adopted job {job} (stopped)" in ended.stderr and f"job {job} stopped (attempt 2)" in ended.stderr
+
+        where = tmp_path / "state" / "jobs" / job
+        removed = another_controller(tmp_path / "remover")("rm", "--hosts", hosts, "--hosts-too", "--yes", job)
+        assert removed.returncode == 0 and removed.stdout == f"{job}\n", removed.stderr
+        assert f"adopted job {job} (stopped)" in removed.stderr and removed.stderr.count("removed ") == 2
+        assert [h.run("test", "-e", str(where)).returncode for h in cluster.hosts] == [1, 1]  # every attempt's logs
+    finally:
+        second("down", job)  # attempt 2, if the second controller started it
+        clusterrun("down", job)

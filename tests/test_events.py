@@ -32,3 +32,24 @@ def test_records_keep_the_states_as_json_strings() -> None:
     import json
 
     assert json.dumps({"state": JobState.RUNNING, "node": NodeState.LOST}) == '{"state": "running", "node": "lost"}'
+
+
+def test_a_stop_report_says_when_torchrun_outlived_the_grace() -> None:
+    """Only torchrun's own SIGKILL counts: the cgroup kill or the sweep SIGKILL what is left of the
+    job after torchrun ended within the grace (processes that ignore SIGTERM), which says nothing
+    of the grace."""
+    from clusterrun.events import StopReport
+
+    state = {"state": "exited", "torchrun": {"pid": 10, "start_time": 1}}
+    answer = {"ok": True, "state": state, "containment": "cgroup", "verified": True, "grace": 2.5, "left": [],
+              "killed": [{"pid": 10, "name": "python3", "signal": "SIGTERM"},
+                         {"pid": 12, "name": "python3", "signal": "SIGKILL"}]}
+    within = StopReport.from_answer(0, "gpu-a", answer)
+    assert not within.grace_ran_out and "grace" not in within.describe()
+    answer["killed"][0]["signal"] = "SIGKILL"  # type: ignore[index]
+    outlived = StopReport.from_answer(0, "gpu-a", answer)
+    assert outlived.grace_ran_out and outlived.describe() == (
+        "node0 gpu-a: stopped python3[10], python3[12]; torchrun outlived the 2.5 s grace after SIGTERM: "
+        "SIGKILLed; verified: nothing of the job is left (its cgroup is empty)")
+    assert "outlived the grace after" in StopReport.from_answer(0, "gpu-a", dict(answer, grace=None)).describe()
+    assert not StopReport.from_answer(0, "gpu-a", dict(answer, state={"state": "exited"})).grace_ran_out

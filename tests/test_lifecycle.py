@@ -157,14 +157,14 @@ def start_hostile(tmp_path: Path, state_dir: Path) -> tuple[str, dict[str, tuple
 def test_down_stops_everything_even_what_ignores_sigterm(tmp_path: Path, state_dir: Path) -> None:
     job, pids = start_hostile(tmp_path, state_dir)
     assert all(alive(pid, started) for pid, started in pids.values())
-    began = time.monotonic()
     down = clusterrun("down", job)
-    took = time.monotonic() - began
     assert down.returncode == 0, down.stderr
     assert [name for name, (pid, started) in pids.items() if alive(pid, started)] == []
     assert marked(job) == []
     assert down.stderr.count("verified: nothing of the job is left") == 2, down.stderr
-    assert took >= 2, "rank 0 ignores SIGTERM: it may only be killed once the grace period is over"
+    # rank 0 ignores SIGTERM, so node 0's torchrun waits for it: killed only once the grace is over
+    assert re.search(r"^clusterrun: node0 local-a: stopped [^;]+; torchrun outlived the 2 s grace after SIGTERM: "
+                     r"SIGKILLed; verified: ", down.stderr, re.M), down.stderr
     assert wait_state(job, "stopped")["nodes"][0]["state"] == "stopped"
     again = clusterrun("down", job)  # idempotent
     assert again.returncode == 0, again.stderr

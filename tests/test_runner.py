@@ -172,3 +172,32 @@ def test_hand_over_saves_what_was_shown_and_passes_the_lock(fake: FakeCluster, s
     assert record.nodes[0].seen == 8 and record.nodes[0].pid is not None
     assert [n.state for n in record.nodes] == [NodeState.RUNNING.value] * 2
     runner.close()
+
+
+def test_an_adopted_job_restarted_here_is_owned_here(fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    """A job another controller started, adopted from its hosts' ``jobs`` answers (``discover``,
+    ``--hosts``): a restart here stops it, starts attempt 2 as this controller's own (no longer
+    adopted: a monitor is started for it here again), and ``remove`` then clears its hosts."""
+    from clusterrun.config import load_cluster_text
+    from clusterrun.discover import records_from
+    from clusterrun.lifecycle import remove_on_hosts, stop_job
+
+    elsewhere = JobStore(tmp_path / "elsewhere")
+    runner = owned_job(fake, elsewhere, tmp_path, [])
+    a0, a1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    spec = load_cluster_text(HOSTS_TEXT, "hosts.yaml")
+    answers = {rank: fake.transport(host).call({"op": "jobs", "state_dir": spec.state_dir})
+               for rank, host in enumerate(spec.hosts)}
+    records, notes = records_from(spec, str(tmp_path / "hosts.yaml"), HOSTS_TEXT, answers, known=set(),
+                                  local_cwd=str(tmp_path), ssh_config=None)
+    assert notes == [] and [(r.job_id, r.attempt, r.adopted) for r in records] == [(JOB, 1, True)]
+    store.create(records[0])
+    record = restart_job(store, store.load(JOB), lambda event: None, owner_fd=store.try_own(JOB))
+    assert record.attempt == 2 and not record.adopted
+    assert not a0.running and not a1.running and fake.node(JOB, 0, 2).running and fake.node(JOB, 1, 2).running
+    assert fake.node(JOB, 1, 2).argv == a1.argv  # the same command as the first controller's
+    stop_job(record)
+    removed = remove_on_hosts(record)
+    assert all(isinstance(a, dict) and a["removed"] for a in removed.values()), removed
+    assert not [key for key in fake.nodes if key[0] == JOB]  # every attempt of every node
+    runner.close()

@@ -26,7 +26,7 @@ import pytest
 from clusterrun.diagnose import NodeLog, find_root_cause
 from clusterrun.events import Explanation, JobResult, NodeResult, NodeState, RootCause
 from clusterrun.protocol import decode_status
-from clusterrun.signatures import SIGNATURES, Signature, explain
+from clusterrun.signatures import SIGNATURES, Signature, explain, transient_start
 from tests.conftest import ROOT, run_up, wait_for
 
 CAPTURED = Path(__file__).parent / "_support" / "failures"
@@ -213,6 +213,14 @@ def test_every_signature_is_tested() -> None:
     tested = {"killed", "module-missing", "collective-timeout", "address-in-use", "master-unreachable",
               "cuda-out-of-memory", "gloo-abort", "script-missing", "host-out-of-memory", "peer-refused"}
     assert {s.name for s in SIGNATURES} == tested
+
+
+def test_the_transient_start_up_failures_are_marked_in_the_table() -> None:
+    """The one place that says which failures the owner retries at start-up (``diagnose``)."""
+    marked = {s.name: s.transient_start for s in SIGNATURES if s.transient_start}
+    assert set(marked) == {"gloo-abort", "address-in-use"}
+    assert transient_start(Explanation("gloo-abort", "c", "f")) == marked["gloo-abort"]
+    assert transient_start(Explanation("cuda-out-of-memory", "c", "f")) is None and transient_start(None) is None
 
 
 def test_the_summary_shows_the_cause_and_the_fix() -> None:

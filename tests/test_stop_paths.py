@@ -5,7 +5,8 @@ The agent's stop itself is tested kind by kind in test_containment.py; here each
 controller that stops a job — `down`, Ctrl-C, fail-fast, the dashboard's K, `restart` — must
 reach it for the right attempt and say which guarantee held: with a cgroup, nothing is left and
 the output says "verified"; without (forced off), nothing the sweep can see is left, and the
-output says what it could not see, never "verified" or "nothing of it is left". Each also after
+output says what it could not see, never "verified" or "nothing of it is left"; and that torchrun
+outlived the grace (the ranks ignore SIGTERM) and was SIGKILLed. Each also after
 node 0's supervisor was SIGKILLed (then a sweep may miss the escapee, and says so). An unrelated
 process with the escapee's command line survives every time.
 """
@@ -200,6 +201,8 @@ def test_every_stop_path_stops_every_hostile_process_and_says_which_guarantee_he
         assert set(where.alive(pids)) <= unseen, said
         # the node whose rank failed stopped by itself (its supervisor contained what torchrun left)
         stopped = 1 if path == "fail-fast" else 2
+        # the ranks ignore SIGTERM, so each torchrun waits for its rank until the grace is over
+        assert said.count("torchrun outlived the 1 s grace after SIGTERM: SIGKILLed") == stopped, said
         if where.cgroup:
             assert said.count(VERIFIED) == stopped, said
         else:

@@ -20,6 +20,7 @@ import pytest
 
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import AgentError
+from clusterrun.events import StopReport
 from clusterrun.protocol import decode_network
 from clusterrun.transports import Transport, transport_for
 from clusterrun.transports.fake import FakeCluster
@@ -27,8 +28,9 @@ from tests.conftest import wait_for
 from tests.simhosts import SimCluster
 
 JOB = "contract-20261123-120000-0001"
-# Prints `line I` for I < COUNT, waits for RELEASE to exist, exits with CODE.
-SCRIPT = ("import os,sys,time\ncount,release,code=int(sys.argv[1]),sys.argv[2],int(sys.argv[3])\n"
+# Prints `line I` for I < COUNT, waits for RELEASE to exist, exits with CODE; ignores SIGTERM with a 4th argument.
+SCRIPT = ("import os,signal,sys,time\ncount,release,code=int(sys.argv[1]),sys.argv[2],int(sys.argv[3])\n"
+          "if sys.argv[4:]:\n signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
           "for i in range(count):\n print('line %d' % i, flush=True)\n"
           "while not os.path.exists(release):\n time.sleep(0.02)\nsys.exit(code)\n")
 
@@ -49,12 +51,17 @@ class Harness:
     def request(self, op: str, node: int, **extra: Any) -> dict[str, Any]:
         return {"op": op, "job": JOB, "node": node, "attempt": 1, "state_dir": self.state_dir, **extra}
 
-    def start(self, node: int, count: int, code: int = 0) -> dict[str, Any]:
-        release = self.folder / f"release-{node}"
-        argv = [sys.executable, "-c", SCRIPT, str(count), str(release), str(code)]
-        answer = self.transport.call(self.request("start", node, argv=argv, env={}, cwd=None, first_rank=0))
+    def argv(self, node: int, count: int, code: int = 0, ignore_term: bool = False) -> list[str]:
+        return [sys.executable, "-c", SCRIPT, str(count), str(self.folder / f"release-{node}"), str(code),
+                *(["ignore-term"] if ignore_term else [])]
+
+    def start(self, node: int, count: int, code: int = 0, ignore_term: bool = False, **extra: Any) -> dict[str, Any]:
+        argv = self.argv(node, count, code, ignore_term)
+        answer = self.transport.call(self.request("start", node, **{"argv": argv, "env": {}, "cwd": None,
+                                                                    "first_rank": 0, **extra}))
         if self.fake is not None:
             self.fake.node(JOB, node).write(expected(count))
+            self.fake.node(JOB, node).outlives_grace = ignore_term
         return answer
 
     def release(self, node: int, code: int = 0) -> None:
@@ -66,6 +73,11 @@ class Harness:
     def wait_ended(self, node: int) -> None:
         wait_for(lambda: self.transport.call(self.request("status", node))["state"]["state"] == "exited",
                  timeout=30, what=f"node {node}'s job to end")
+
+    def wait_gone(self, node: int) -> None:
+        """Until nothing of the node's job runs (its supervisor may outlive torchrun's exit briefly)."""
+        wait_for(lambda: not any(self.transport.call(self.request("status", node))["alive"].values()),
+                 timeout=30, what=f"node {node}'s supervisor and torchrun to end")
 
     def wait_printed(self, node: int, count: int) -> None:
         wait_for(lambda: log_of(self.follow(node, offset=0, once=True)) == expected(count), timeout=30,
@@ -199,11 +211,28 @@ def test_stop_is_verified_and_idempotent(harness: Harness) -> None:
     assert first["ok"] is True and first["left"] == []
     assert first["killed"] and all(isinstance(p["pid"], int) and p["name"] for p in first["killed"])
     assert first["state"]["state"] == "exited" and first["state"]["stop_requested"] is True
+    torchrun = next(k for k in first["killed"] if k["pid"] == first["state"]["torchrun"]["pid"])
+    assert torchrun["signal"] == "SIGTERM" and first["grace"] == 2  # it ended within the grace
+    assert not StopReport.from_answer(0, "h", first).grace_ran_out
     again = harness.transport.call(harness.request("stop", 0, grace=2))
     assert again["ok"] is True and again["killed"] == [] and again["left"] == []
     assert harness.follow(0, offset=0)[-1]["t"] == "end"
     status = harness.transport.call(harness.request("status", 0))
     assert status["state"]["state"] == "exited" and status["log_size"] == len(expected(5))
+
+
+def test_a_stop_says_when_torchrun_outlived_the_grace(harness: Harness) -> None:
+    """A torchrun still running when the grace after SIGTERM is over is SIGKILLed, and the answer
+    says so (its ``killed`` entry); the stop report (one place for every stop path) tells."""
+    harness.start(0, 2, ignore_term=True)
+    harness.wait_printed(0, 2)
+    answer = harness.transport.call(harness.request("stop", 0, grace=1))
+    assert answer["ok"] is True and answer["left"] == [] and answer["grace"] == 1
+    torchrun = next(k for k in answer["killed"] if k["pid"] == answer["state"]["torchrun"]["pid"])
+    assert torchrun["signal"] == "SIGKILL"
+    report = StopReport.from_answer(0, "h0", answer)
+    assert report.grace_ran_out and report.grace == 1
+    assert "; torchrun outlived the 1 s grace after SIGTERM: SIGKILLed; " in report.describe()
 
 
 def test_a_node_never_started_is_absent_not_an_error(harness: Harness) -> None:
@@ -275,3 +304,62 @@ def test_the_doctors_inspect_listen_and_reach(harness: Harness) -> None:
         assert not gone.reached and gone.error == "Connection refused"
     finally:
         session.close()
+
+
+def test_jobs_lists_every_node_attempt_with_what_start_was_given(harness: Harness) -> None:
+    """``jobs`` (discover.py, for ``--hosts``): each node attempt under the state dir, its state as
+    ``status`` says, when it started, and its start request as ``spec.json`` keeps it (secrets masked)."""
+    empty = harness.transport.call({"op": "jobs", "state_dir": harness.state_dir})
+    assert empty == {"ok": True, "root": f"{harness.state_dir}/jobs", "jobs": []}
+    about = {"name": "contract", "script": "s.py", "script_args": ["a b"], "nnodes": 2, "master_port": 29501}
+    before = time.time()
+    harness.start(0, 2, about=about, env={"TOKEN": "s3cret", "OTHER": "o"}, secret_env=["TOKEN"],
+                  cwd=str(harness.folder), first_rank=0)
+    harness.start(1, 1, code=4, about=about, env={}, first_rank=2)
+    harness.release(1, code=4)
+    harness.wait_ended(1)
+    answer = harness.transport.call({"op": "jobs", "state_dir": harness.state_dir})
+    assert answer["ok"] is True and answer["root"] == f"{harness.state_dir}/jobs"
+    assert [(e["job"], e["node"], e["attempt"]) for e in answer["jobs"]] == [(JOB, 0, 1), (JOB, 1, 1)]
+    first, second = answer["jobs"]
+    assert first["state"]["state"] == "running" and first["state"]["torchrun"]["pid"] > 0
+    assert second["state"]["state"] == "exited" and second["state"]["exit_code"] == 4
+    assert first["argv"] == harness.argv(0, 2) and second["argv"] == harness.argv(1, 1, 4)
+    assert first["env"] == {"TOKEN": "****", "OTHER": "o"} and second["env"] == {}
+    assert (first["cwd"], second["cwd"]) == (str(harness.folder), None)
+    assert (first["first_rank"], second["first_rank"]) == (0, 2)
+    assert first["about"] == about == second["about"] and first["state_dir"] == harness.state_dir
+    assert before - 5 < first["started"] <= second["started"] < time.time() + 5
+    assert json.loads(json.dumps(answer)) == answer
+    other = harness.transport.call({"op": "jobs", "state_dir": f"{harness.state_dir}-other"})
+    assert other["jobs"] == []  # another state dir holds other jobs
+    harness.release(0)
+
+
+def test_remove_deletes_a_nodes_state_and_logs_once_nothing_of_it_runs(harness: Harness) -> None:
+    """``remove`` (``rm --hosts-too``): refused while the node's job runs; then every attempt of
+    that node is gone (``status`` absent, ``jobs`` does not list it), other nodes stay; idempotent."""
+    harness.start(0, 5)
+    harness.start(1, 3)
+    harness.wait_printed(0, 5)
+    with pytest.raises(AgentError, match=rf"/jobs/{JOB}/node0/attempt1 still runs; stop the job first "
+                                         r"\(`clusterrun down`\)"):
+        harness.transport.call(harness.request("remove", 0))
+    assert harness.transport.call(harness.request("status", 0))["state"]["state"] == "running"
+    harness.release(0)
+    harness.wait_ended(0)
+    harness.wait_gone(0)
+    removed = harness.transport.call(harness.request("remove", 0))
+    assert removed["ok"] is True and removed["removed"] == f"{harness.state_dir}/jobs/{JOB}/node0"
+    assert removed["bytes"] >= len(expected(5))
+    assert harness.transport.call(harness.request("status", 0))["state"] == {"state": "absent"}
+    listed = harness.transport.call({"op": "jobs", "state_dir": harness.state_dir})["jobs"]
+    assert [(e["node"], e["state"]["state"]) for e in listed] == [(1, "running")]
+    assert harness.transport.call(harness.request("remove", 0)) == {"ok": True, "removed": None, "bytes": 0}
+    with pytest.raises(AgentError, match="invalid job id"):
+        harness.transport.call(dict(harness.request("remove", 0), job="../etc"))
+    harness.release(1)
+    harness.wait_ended(1)
+    harness.wait_gone(1)
+    assert harness.transport.call(harness.request("remove", 1))["removed"] == f"{harness.state_dir}/jobs/{JOB}/node1"
+    assert harness.transport.call({"op": "jobs", "state_dir": harness.state_dir})["jobs"] == []

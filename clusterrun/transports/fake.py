@@ -4,7 +4,7 @@ Lifecycle: ``FakeCluster()`` → pass ``cluster.transport`` as the ``transport_f
 ``Job`` (or a job record's owner) → script what the hosts do while the job runs
 (``cluster.node(...).write()`` / ``.exit()``, ``cluster.host(name).drop()`` / ``.restore()`` /
 ``.reboot()``) → nothing to close. It speaks the protocol of ``agent.py``'s docstring (probe,
-start, follow, stop, status, setup, route; inspect, listen, reach for the doctor) over an
+start, follow, stop, status, setup, route, remove, jobs; inspect, listen, reach for the doctor) over an
 ``AgentSession`` as the real transports do, and
 ``tests/test_transport_contract.py`` holds it to the local and SSH transports, so a policy tested
 against it is tested against what the real hosts say. No processes, no clock: a job's "processes"
@@ -44,6 +44,8 @@ class FakeNode:
     gone: bool = False  # its processes vanished without a word (SIGKILLed with the supervisor)
     stops: int = 0  # stop requests received
     leave_on_stop: list[dict[str, Any]] = field(default_factory=list)  # processes a stop cannot kill
+    outlives_grace: bool = False  # torchrun does not end on SIGTERM (a worker ignores it): SIGKILLed after the grace
+    spec: dict[str, Any] = field(default_factory=dict)  # what its spec.json holds (for ``jobs`` and ``remove``)
 
     def write(self, data: bytes | str) -> None:
         """The job prints ``data``."""
@@ -182,7 +184,8 @@ class FakeCluster:
             return
         handler = {"probe": self._probe, "start": self._start, "stop": self._stop, "status": self._status,
                    "setup": self._setup, "route": self._route, "inspect": self._inspect, "listen": self._listen,
-                   "unlisten": self._unlisten, "reach": self._reach}.get(str(op))
+                   "unlisten": self._unlisten, "reach": self._reach, "remove": self._remove,
+                   "jobs": self._jobs}.get(str(op))
         if handler is None:
             yield {"ok": False, "error": f"unknown op {op!r}"}
             return
@@ -268,7 +271,7 @@ class FakeCluster:
         state = {"state": "running", "boot_id": host.boot_id, "supervisor": {"pid": next(_pids), "start_time": 1},
                  "torchrun": {"pid": next(_pids), "start_time": 1}}
         node = self.nodes[key] = FakeNode(key, host, list(request.get("argv") or ()), dict(request.get("env") or {}),
-                                          state=state)
+                                          state=state, spec=_spec(host, request))
         return {"ok": True, "dir": f"fake:{key}", "state": dict(node.state)}
 
     def _view(self, host: FakeHost, node: FakeNode) -> dict[str, Any]:
@@ -292,10 +295,12 @@ class FakeCluster:
         node.stops += 1
         killed = []
         if node.running:
-            killed = [{"pid": node.state["torchrun"]["pid"], "name": "torchrun", "signal": "SIGTERM"}]
-            node.state = dict(node.state, state="exited", exit_code=None, signal=15, stop_requested=True,
-                              ended_at=self.now())
-        return {"ok": True, "killed": killed, "left": list(node.leave_on_stop), "state": self._view(host, node)}
+            how = "SIGKILL" if node.outlives_grace else "SIGTERM"
+            killed = [{"pid": node.state["torchrun"]["pid"], "name": "torchrun", "signal": how}]
+            node.state = dict(node.state, state="exited", exit_code=None, signal=9 if node.outlives_grace else 15,
+                              stop_requested=True, ended_at=self.now())
+        return {"ok": True, "killed": killed, "left": list(node.leave_on_stop), "state": self._view(host, node),
+                "grace": float(request.get("grace", 10))}
 
     def _status(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
         absent = self._absent(request)
@@ -305,6 +310,47 @@ class FakeCluster:
         alive = node.running
         return {"ok": True, "state": self._view(host, node), "alive": {"supervisor": alive, "torchrun": alive},
                 "log_size": len(node.log)}
+
+    def _on(self, host: FakeHost, request: dict[str, Any]) -> list[FakeNode]:
+        """The node attempts under this host's state dir of the request, in the agent's order
+        (its directories' names sorted: ``node10`` before ``node2``)."""
+        root = _state_root(request.get("state_dir"))
+        mine = [n for n in self.nodes.values() if n.host is host and n.spec.get("root") == root]
+        return sorted(mine, key=lambda n: (n.key[0], f"node{n.key[1]}", f"attempt{n.key[2]}"))
+
+    def _remove(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        """As the agent's ``remove``: every attempt of one node, refused while one of them runs."""
+        job, node = request.get("job"), request.get("node")
+        if not isinstance(job, str) or not (0 < len(job) <= 128 and job[0].isascii() and job[0].isalnum()
+                                            and all(c.isascii() and (c.isalnum() or c in "._-") for c in job)):
+            return {"ok": False, "error": f"invalid job id {job!r}"}
+        if not isinstance(node, int) or node < 0:
+            return {"ok": False, "error": f"invalid node {node!r} or attempt 1"}
+        folder = f"{_state_root(request.get('state_dir'))}/jobs/{job}/node{node}"
+        attempts = [n for n in self._on(host, request) if n.key[:2] == (job, node)]
+        if not attempts:
+            return {"ok": True, "removed": None, "bytes": 0}
+        for attempt in attempts:
+            if attempt.running:
+                return {"ok": False, "error": f"{folder}/attempt{attempt.key[2]} still runs; stop the job first "
+                                              "(`clusterrun down`)"}
+        size = 0
+        for attempt in attempts:  # what the agent counts: the log, spec.json and state.json
+            size += len(attempt.log) + len(json.dumps(attempt.spec)) + len(json.dumps(attempt.state))
+            del self.nodes[attempt.key]
+        return {"ok": True, "removed": folder, "bytes": size}
+
+    def _jobs(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        """As the agent's ``jobs``: every node attempt under the state dir, with what ``start`` was given."""
+        found = []
+        for node in self._on(host, request):
+            job, rank, attempt = node.key
+            spec = node.spec
+            found.append({"job": job, "node": rank, "attempt": attempt, "state_dir": request.get("state_dir"),
+                          "state": self._view(host, node), "started": spec.get("started"), "argv": list(node.argv),
+                          "env": dict(spec.get("env") or {}), "cwd": spec.get("cwd"),
+                          "first_rank": spec.get("first_rank"), "about": spec.get("about")})
+        return {"ok": True, "root": f"{_state_root(request.get('state_dir'))}/jobs", "jobs": found}
 
     def _follow(self, host: FakeHost, request: dict[str, Any], epoch: int) -> Iterator[dict[str, Any]]:
         key = self._key(request)
@@ -358,6 +404,22 @@ class FakeCluster:
                 moved = self.changed.wait_for(moved_on, timeout=0.5)
             if not moved:
                 yield {"t": "beat"}
+
+
+def _state_root(state_dir: str | None) -> str:
+    """The state dir as the agent names it (its default left unexpanded: a fake host has no home)."""
+    return (state_dir or "~/.local/state/clusterrun").rstrip("/")
+
+
+def _spec(host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+    """What the agent's ``start`` writes to ``spec.json`` (secret values as ``****``), when, and where."""
+    secret = set(request.get("secret_env") or ())
+    cwd = request.get("cwd")
+    if isinstance(cwd, str) and (cwd == "~" or cwd.startswith("~/")):
+        cwd = f"/home/{host.name}{cwd[1:]}"
+    return {"root": _state_root(request.get("state_dir")), "started": time.time(),
+            "env": {k: "****" if k in secret else v for k, v in (request.get("env") or {}).items()},
+            "cwd": cwd or None, "first_rank": int(request.get("first_rank") or 0), "about": request.get("about")}
 
 
 def _tail_offset(data: bytes, lines: int) -> int:
