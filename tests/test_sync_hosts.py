@@ -100,6 +100,8 @@ def test_up_syncs_the_project_to_every_host_then_only_what_changed(sim_cluster: 
     hosts = sim_hosts_file(tmp_path, cluster, workdirs)
     first = run_up(hosts, "train.py")
     assert first.returncode == 0, first.stderr
+    # over the connection `up` opened anyway: one login per host (the sync opens none of its own)
+    assert [host.log.read_text().count("Accepted publickey") for host in cluster.hosts] == [1, 1]
     for node, (host, workdir) in enumerate(zip(cluster.hosts, workdirs, strict=True)):
         synced = rf"^node{node} {host.name} +rank{node} +\| synced {workdir} v1$"
         assert re.search(synced, first.stdout, re.M), first.stdout
