@@ -200,7 +200,9 @@ def test_a_host_unreachable_for_minutes_is_waited_for_not_stopped(sim_cluster: M
                                                                   controller_state: Path,
                                                                   request: pytest.FixtureRequest) -> None:
     """sim2's network cable is out for two minutes while the job runs: its node shows unreachable,
-    nothing is stopped anywhere, and when it is back the job goes on and succeeds, every line once."""
+    nothing is stopped anywhere, and when it is back the job goes on and succeeds, every line once,
+    with one notice that the node reconnected (the requests made on the dead connection meanwhile
+    left no channel for sshd to open when the link came back) and no word from paramiko."""
     cluster = sim_cluster(2)
     state = tmp_path / "state"
     hosts = ssh_hosts(tmp_path, cluster, [1, 1], state)
@@ -225,6 +227,8 @@ def test_a_host_unreachable_for_minutes_is_waited_for_not_stopped(sim_cluster: M
         printed = [f"[rank{m.group(2)}]:{m.group(3)}" for line in lines
                    if (m := re.match(r"^node(\d) sim\d +rank(\d) +\| (.*)$", line)) and m.group(1) == str(node)]
         assert printed == counter_lines(node, count)
+    assert sum("node1 sim2: reconnected" in e for e in errors) == 1, "".join(errors)
+    assert not [e for e in errors if not e.startswith(("clusterrun: ", "  "))], "".join(errors)  # nothing of paramiko's
     job = job_id_of_dir(state)
     assert not any((attempt_dir(state, job, node) / "stop").exists() for node in (0, 1))
 

@@ -168,6 +168,8 @@ def test_losing_contact_for_any_time_never_stops_the_job(fake: FakeCluster, monk
     assert result is not None and result.ok, result
     assert run.seen.lines(0) == ["line 1", "line 2", "line 3"]  # each exactly once
     assert not fake.ops("stop")
+    # one notice that it is unreachable and one that it is back, however many reconnections failed
+    assert [(e.node, e.up) for e in run.seen.events if isinstance(e, NodeLink)] == [(0, False), (0, True)]
 
 
 def test_an_unreachable_timeout_is_opt_in_and_then_counts_as_lost(fake: FakeCluster) -> None:

@@ -309,3 +309,43 @@ def test_an_agent_that_cannot_start_is_reported_with_its_stderr_even_after_its_c
     finally:
         transport.close()
     assert "ended without an answer" in caught.value.message and "/opt/nowhere/python3" in caught.value.message
+
+
+def test_channel_opens_that_timed_out_in_an_outage_leave_nothing_to_refuse_later_ones(
+        sim_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """sim1's cable is out while requests keep being made (a follower retrying): opening a channel
+    times out, again and again. paramiko forgets a channel whose opening timed out, but its request
+    waits in TCP; on a connection kept, the link back delivers them all and sshd opens each one for
+    nobody ("Success for unrequested channel!") until its MaxSessions (here 2, 10 by default)
+    refuses every later channel. The transport drops a connection whose channel did not open: once
+    the link is back, a request works, and no channel was opened for nobody."""
+    from clusterrun.config import HostSpec
+    from clusterrun.errors import ConnectError
+    from clusterrun.transports import ssh
+
+    cluster = sim_cluster(1, sshd_options={"MaxSessions": "2"})
+    host = cluster.hosts[0]
+    monkeypatch.setattr(ssh, "CONNECT_TIMEOUT", 1.0)  # timed-out opens in seconds, not in minutes
+    transport = ssh.SSHTransport(HostSpec(host="sim1", python=sys.executable),
+                                 ssh.SSHOptions(ssh_config=str(cluster.ssh_config)))
+    probe = {"op": "probe", "free_port": False, "state_dir": None}
+
+    def answers() -> bool:
+        try:
+            return bool(transport.call(probe)["ok"])
+        except ConnectError:
+            return False
+
+    try:
+        assert transport.call(probe)["ok"]
+        cluster.set_link(host, up=False)
+        try:
+            for _ in range(4):  # more than sshd's MaxSessions
+                with pytest.raises(ConnectError):
+                    transport.call(probe)
+        finally:
+            cluster.set_link(host, up=True)
+        wait_for(answers, timeout=60, interval=0.5, what="a request to sim1 to work again")
+    finally:
+        transport.close()
+    assert not [r for r in caplog.records if "unrequested" in r.getMessage()]

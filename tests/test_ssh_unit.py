@@ -164,3 +164,68 @@ def test_known_hosts_with_revoked_and_cert_authority_lines(tmp_path: Path) -> No
     with pytest.raises(HostKeyError) as unknown:  # negated by the pattern list: the usual unknown-key message
         policy.missing_host_key(client, "skip.example.com", other)
     assert "unknown host key for skip.example.com" in unknown.value.render()
+
+
+PARAMIKO_NOISE = """
+import logging
+import clusterrun.transports.ssh
+logging.getLogger("paramiko.transport").warning("Success for unrequested channel! [??]")
+logging.getLogger("paramiko.transport").error("Secsh channel 10 open FAILED: open failed: Connect failed")
+"""
+
+
+def test_paramiko_logs_nothing_on_the_terminal() -> None:
+    """paramiko logs what it does not expect (a late channel confirmation, a refused channel);
+    nobody configures logging in clusterrun, so without a handler of its own Python's last-resort
+    handler would print those records raw on stderr, between clusterrun's notices."""
+    done = subprocess.run([sys.executable, "-c", PARAMIKO_NOISE], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+class _Connection:
+    """A paramiko client whose connection opens no channel: it raises ``error`` instead."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.closed = False
+
+    def get_transport(self) -> _Connection:
+        return self
+
+    def is_active(self) -> bool:
+        return not self.closed
+
+    def open_session(self, **_: object) -> None:
+        raise self.error
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize(("error", "dropped"), [
+    (paramiko.SSHException("Timeout opening channel."), True),  # no answer: the peer is gone or cut off
+    (EOFError(), True),
+    (paramiko.ChannelException(1, "administratively prohibited"), False),  # sshd answered: the connection works
+])
+def test_a_connection_on_which_no_channel_opened_is_replaced(monkeypatch: pytest.MonkeyPatch, error: Exception,
+                                                             dropped: bool) -> None:
+    """A channel that did not open in time leaves its request queued on a connection paramiko
+    still calls active; the next session must not queue another one there (see test_ssh.py's
+    test of channel opens that timed out in an outage)."""
+    from clusterrun.config import HostSpec
+    from clusterrun.transports import ssh
+
+    opened: list[_Connection] = []
+
+    def open_connection(self: ssh.SSHTransport, target: ResolvedHost, depth: int = 0) -> _Connection:
+        opened.append(_Connection(error))
+        return opened[-1]
+
+    monkeypatch.setattr(ssh.SSHTransport, "_open", open_connection)
+    monkeypatch.setattr(ssh, "resolve", lambda host, options, alias=None: _resolved())
+    transport = ssh.SSHTransport(HostSpec(host="gpu-a"))
+    for _ in range(2):
+        with pytest.raises(ConnectError):
+            transport.session()
+    assert len(opened) == (2 if dropped else 1)
+    assert opened[0].closed is dropped

@@ -2,7 +2,10 @@
 
 Lifecycle: create → ``connect()`` (resolve the host through ssh_config, open one connection,
 check the host key, authenticate) → ``stream()`` / ``call()`` open one session channel each on
-that connection → ``close()``. A connection that died is opened again by the next ``stream()``.
+that connection → ``close()``. A connection that died is opened again by the next ``stream()``,
+and so is one on which a channel could not be opened (see ``SSHTransport.session``): paramiko
+cannot tell a connection whose peer vanished (its keepalives ask for no answer; TCP gives up
+after some 15 minutes), and requests made on it wait in TCP for the link to return.
 
 - The host is resolved with ``ssh -G`` where the OpenSSH client is installed (so ``Include``,
   ``Match`` and every default behave exactly as for ``ssh``), else with paramiko's parser.
@@ -16,7 +19,9 @@ that connection → ``close()``. A connection that died is opened again by the n
   line. Lines that cannot be read are skipped, as OpenSSH does.
 - ``ProxyJump`` (any number of hops, each over a ``direct-tcpip`` channel) and ``ProxyCommand``.
 - The remote command is constant (``python -c BOOTSTRAP``); the job travels on stdin. No pty.
-- Every paramiko and socket exception is translated here, in ``map_error``.
+- Every paramiko and socket exception is translated here, in ``map_error``; paramiko's log
+  records go nowhere (a ``NullHandler``): without one, Python's last-resort handler prints
+  their warnings raw on the user's terminal.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import base64
 import binascii
 import fnmatch
 import hashlib
+import logging
 import os
 import shlex
 import shutil
@@ -53,6 +59,7 @@ try:
 finally:
     if _hide_invoke:
         del sys.modules["invoke"]
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 CONNECT_TIMEOUT = 10.0
@@ -437,6 +444,16 @@ class SSHTransport(Transport):
             self._resolved = resolve(self.host, self.options)
             self._client = self._open(self._resolved)
 
+    def _drop(self, client: paramiko.SSHClient | None) -> None:
+        """Close ``client``'s connection, unless another one has replaced it already: no channel
+        opened on it in time, so its peer is gone or cut off. Kept, it would queue every later
+        request in TCP; paramiko forgets a channel whose opening timed out, and when the link
+        returns sshd would open each of them for nobody until its MaxSessions (10 by default)
+        refused all the others on that connection."""
+        with self._lock:
+            if client is not None and client is self._client:
+                self._close_clients()
+
     def _close_clients(self) -> None:
         for client in [self._client, *reversed(self._jumps)]:
             if client is not None:
@@ -459,6 +476,8 @@ class SSHTransport(Transport):
             channel.exec_command(shlex.join(agent_command(self.python)))  # constant: no job data
         except Exception as exc:  # noqa: BLE001 - translated by map_error
             self._sessions.release()
+            if not isinstance(exc, paramiko.ChannelException):  # sshd refused it: the connection works
+                self._drop(client)
             raise map_error(self.name, exc) from exc
         released = threading.Event()
 
