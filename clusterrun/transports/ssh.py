@@ -531,7 +531,8 @@ class SSHTransport(Transport):
     def _channel(self) -> tuple[paramiko.Transport, paramiko.Channel]:
         """A new channel on the connection, holding one of its ``MAX_SESSIONS`` until ``_done``."""
         self.connect()
-        transport = self._client.get_transport() if self._client is not None else None
+        client = self._client
+        transport = client.get_transport() if client is not None else None
         if transport is None:
             raise ConnectError(self.name, "the connection closed")
         self._sessions.acquire()
@@ -540,6 +541,8 @@ class SSHTransport(Transport):
                                              timeout=CONNECT_TIMEOUT)
         except Exception as exc:  # noqa: BLE001 - translated by map_error
             self._sessions.release()
+            if not isinstance(exc, paramiko.ChannelException):  # as in session(): see _drop
+                self._drop(client)
             raise map_error(self.name, exc) from exc
         return transport, channel
 
