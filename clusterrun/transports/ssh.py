@@ -464,21 +464,7 @@ class SSHTransport(Transport):
     # ------------------------------------------------------------------------------- running
 
     def session(self) -> AgentSession:
-        self.connect()
-        client = self._client
-        transport = client.get_transport() if client is not None else None
-        if transport is None:
-            raise ConnectError(self.name, "the connection closed")
-        self._sessions.acquire()
-        try:
-            channel = transport.open_session(window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET,
-                                             timeout=CONNECT_TIMEOUT)
-            channel.exec_command(shlex.join(agent_command(self.python)))  # constant: no job data
-        except Exception as exc:  # noqa: BLE001 - translated by map_error
-            self._sessions.release()
-            if not isinstance(exc, paramiko.ChannelException):  # sshd refused it: the connection works
-                self._drop(client)
-            raise map_error(self.name, exc) from exc
+        transport, channel = self._channel(shlex.join(agent_command(self.python)))  # constant: no job data
         released = threading.Event()
 
         def send(data: bytes) -> None:
@@ -528,8 +514,10 @@ class SSHTransport(Transport):
 
     files = "ssh"
 
-    def _channel(self) -> tuple[paramiko.Transport, paramiko.Channel]:
-        """A new channel on the connection, holding one of its ``MAX_SESSIONS`` until ``_done``."""
+    def _channel(self, command: str | None = None) -> tuple[paramiko.Transport, paramiko.Channel]:
+        """A new channel on the connection running ``command`` (if any), holding one of its
+        ``MAX_SESSIONS`` until ``_done``. A channel that cannot be opened drops the connection
+        (``_drop``), unless sshd refused it: then the connection works."""
         self.connect()
         client = self._client
         transport = client.get_transport() if client is not None else None
@@ -539,9 +527,11 @@ class SSHTransport(Transport):
         try:
             channel = transport.open_session(window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET,
                                              timeout=CONNECT_TIMEOUT)
+            if command is not None:
+                channel.exec_command(command)
         except Exception as exc:  # noqa: BLE001 - translated by map_error
             self._sessions.release()
-            if not isinstance(exc, paramiko.ChannelException):  # as in session(): see _drop
+            if not isinstance(exc, paramiko.ChannelException):
                 self._drop(client)
             raise map_error(self.name, exc) from exc
         return transport, channel
@@ -555,7 +545,7 @@ class SSHTransport(Transport):
             self._sessions.release()
 
     def pipe(self, command: str, peer: socket.socket) -> tuple[int, str]:
-        _, channel = self._channel()
+        _, channel = self._channel(command)
         stderr: list[bytes] = []
 
         def upstream() -> None:  # the local side's bytes to the command's stdin, then its EOF
@@ -574,10 +564,6 @@ class SSHTransport(Transport):
                 pass
 
         try:
-            try:
-                channel.exec_command(command)
-            except Exception as exc:  # noqa: BLE001 - translated by map_error
-                raise map_error(self.name, exc) from exc
             threads = [threading.Thread(target=upstream, daemon=True, name=f"pipe-in-{self.name}"),
                        threading.Thread(target=errors, daemon=True, name=f"pipe-err-{self.name}")]
             for thread in threads:
