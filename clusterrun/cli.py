@@ -278,8 +278,9 @@ def _follow_hint(job_id: str) -> str:
               "not time this machine was paused or asleep.")
 @click.option("--sync", "sync_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Copy DIR to every host's workdir before the start (only what changed; .gitignore and "
-              "sync_exclude honoured, .git left out), over the connections already open. Wins over `sync:` "
-              "in the hosts file. With --dry-run: say what would be copied.")
+              "sync_exclude honoured, .git left out), over the connections already open: by rsync where both "
+              "ends have it, else SFTP, else clusterrun's agent. Wins over `sync:` in the hosts file. With "
+              "--dry-run: say what would be copied.")
 @click.option("--no-sync", is_flag=True, help="Do not copy anything, whatever `sync:` in the hosts file says.")
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
 @click.argument("script")
