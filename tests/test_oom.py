@@ -148,17 +148,39 @@ def test_the_report_is_what_the_state_keeps(tmp_path: Path) -> None:
     assert decoded == KernelOom(kills=(OomKill(10283, "python3", line=KILLED),), kmsg="/nonexistent/kmsg",
                                 kmsg_error="/nonexistent/kmsg: No such file or directory",
                                 cgroup_events=f"{tmp_path}/memory.events", cgroup_oom_kills=1,
-                                pid_namespace=decoded.pid_namespace)
+                                pid_namespace=os.readlink("/proc/self/ns/pid") != "pid:[4026531836]")
     assert log.report(None)["cgroup_error"] == "no cgroup of its own for this attempt"
 
 
-def test_the_real_kernel_log_opens_at_its_end_as_root() -> None:
-    log = agent.KernelLog()
-    if log.error is not None:
-        unavailable(f"the kernel's log is not readable here: {log.error}")
+def _last_seq() -> int:
+    """The sequence number of the newest record in the kernel's log now."""
+    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    last = -1
     try:
-        log.drain()  # EAGAIN at once or after records written since it opened: no error either way
+        while True:
+            try:
+                last = int(os.read(fd, agent.KMSG_RECORD).split(b",", 2)[1])
+            except BlockingIOError:
+                return last
+            except BrokenPipeError:
+                continue
+    finally:
+        os.close(fd)
+
+
+def test_the_real_kernel_log_is_read_from_where_it_was_opened(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The OOM kills of the attempt only: no record older than the open is read (this kernel's
+    log holds many, OOM kills of earlier tests among them)."""
+    before = _last_seq() if os.access("/dev/kmsg", os.R_OK) else -1
+    log = agent.KernelLog()
+    if log.error is not None or before < 0:
+        unavailable(f"the kernel's log is not readable here, or empty: {log.error}")
+    read: list[int] = []
+    monkeypatch.setattr(log, "feed", lambda record: read.append(int(record.split(b",", 2)[1])))
+    try:
+        log.drain()  # EAGAIN at once, or after records written since it opened: no error either way
         assert log.error is None and log.fd >= 0
+        assert all(seq > before for seq in read), (before, read)
     finally:
         log.close()
 
