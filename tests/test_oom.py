@@ -199,6 +199,19 @@ def test_the_real_kernel_log_is_not_readable_by_nobody_under_dmesg_restrict() ->
                                    "root or CAP_SYSLOG)")
 
 
+def test_a_pid_namespace_of_its_own_is_noticed() -> None:
+    """In a PID namespace (a container, a simulated host) the kernel's PIDs are not the job's."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        unavailable("needs root and unshare(1) for a PID namespace")
+    code = "from clusterrun.agent import KernelLog; print(KernelLog('/nonexistent/kmsg').report(None)['pid_namespace'])"
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-S", "-c", code],
+                          capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, timeout=60,
+                          check=False)
+    assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr
+    assert agent.KernelLog("/nonexistent/kmsg").report(None)["pid_namespace"] is (
+        os.readlink("/proc/self/ns/pid") != "pid:[4026531836]")
+
+
 # ------------------------------------------------------------------ the controller: decoded and matched
 
 
