@@ -7,6 +7,9 @@ signal; the first entry that matches explains the failure. Its ``cause`` and ``f
 ``rank`` of the root cause; an entry's ``refine`` may add fields from the other nodes' lines (which
 hosts show the same error) or decline the match. The formats were captured from torch 2.13 with
 gloo on the CPU (``tests/_support/failures/``); CUDA's and NCCL's are quoted from reports of real runs.
+A root cause killed by SIGKILL carries what its host's kernel said of OOM kills (``RootCause.oom``):
+``oom-killed`` explains it only when the kernel's log names its PID (or the attempt's cgroup
+counts OOM kills); ``killed`` says what the log said instead, or why it could not be read.
 """
 
 from __future__ import annotations
@@ -150,7 +153,7 @@ def _log_state(oom: OomEvidence) -> str:
         return f"the kernel's log is not readable here: {oom.unreadable}"
     kills = ", ".join(oom.others)
     if oom.pid_namespace:
-        return ("the kernel's log names PIDs of the host, and the job's run in a PID namespace of their own (a "
+        return ("the kernel's log names the host's PIDs, and the job runs in a PID namespace of its own (a "
                 "container), so they cannot be matched" + (f" (it names OOM kills at the time: {kills})" * bool(kills)))
     others = f" (it names other OOM kills at the time: {kills})" if kills else ""
     if oom.pid is None:
