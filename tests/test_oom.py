@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -210,6 +211,47 @@ def test_a_pid_namespace_of_its_own_is_noticed() -> None:
     assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr
     assert agent.KernelLog("/nonexistent/kmsg").report(None)["pid_namespace"] is (
         os.readlink("/proc/self/ns/pid") != "pid:[4026531836]")
+
+
+USER_PYTHON = "/usr/bin/python3"  # an interpreter every user may run (this one may live in /root)
+
+
+@pytest.mark.integration
+def test_real_an_unprivileged_supervisor_says_the_kernels_log_is_not_readable() -> None:
+    """A node's job run as ``nobody`` (no cgroup of its own) kills itself with SIGKILL: its state
+    says why the kernel's log could not be read, and the root cause says so and keeps `dmesg`."""
+    from clusterrun.config import HostSpec
+    from clusterrun.transports.local import LocalTransport
+
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
+        unavailable(f"needs root, setpriv and {USER_PYTHON}")
+    if Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() != "1":
+        unavailable("kernel.dmesg_restrict is not 1 here: anybody may read the kernel's log")
+    folder = Path(tempfile.mkdtemp(prefix="crtest-oom-"))  # pytest's are private to root
+    folder.chmod(0o755)
+    os.chown(folder, 65534, 65534)
+    wrapper = folder / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups {USER_PYTHON} "$@"\n')
+    wrapper.chmod(0o755)
+    transport = LocalTransport(HostSpec(host="here", transport="local", python=str(wrapper)))
+    request = {"job": "crtest-oom", "node": 0, "attempt": 1, "state_dir": str(folder / "state")}
+    try:
+        transport.call({**request, "op": "start", "env": {}, "cwd": str(folder),
+                        "argv": [USER_PYTHON, "-c", "import os; os.kill(os.getpid(), 9)"]})
+        end = list(transport.stream({**request, "op": "follow", "logs": False}))[-1]
+    finally:
+        transport.call({**request, "op": "stop", "grace": 1})
+        shutil.rmtree(folder, ignore_errors=True)
+    status = decode_status("here", end["state"])
+    assert (status.signal, status.oom is not None) == (9, True), end
+    unreadable = "/dev/kmsg: Operation not permitted (kernel.dmesg_restrict = 1: reading it needs root or CAP_SYSLOG)"
+    assert status.oom is not None and status.oom.kmsg_error == unreadable
+    cause = find_root_cause({0: "here"}, {0: NodeLog()}, {0: status}, stopped_by_us=set())
+    assert cause is not None and cause.explanation is not None
+    assert cause.explanation.cause.startswith(f"torchrun on node 0 (here) was killed by SIGKILL; the kernel's log is "
+                                              f"not readable here: {unreadable}; "), cause.explanation
+    assert cause.explanation.fix.startswith(
+        f"check `dmesg` on here (as root) for 'Killed process {status.torchrun_pid}'"), cause.explanation
 
 
 # ------------------------------------------------------------------ the controller: decoded and matched
