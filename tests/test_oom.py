@@ -318,6 +318,35 @@ def test_torchrun_itself_killed_is_matched_by_its_own_pid() -> None:
         "the kernel's log says: Out of memory: Killed process 700 (torchrun) total-vm:9kB")
 
 
+def test_the_job_tells_the_kill_its_node_reported() -> None:
+    """Through the orchestrator on the fake cluster: the node's state carries the kernel's kill,
+    fail-fast stops the other node, and the job's root cause quotes the kernel's line."""
+    from clusterrun.config import load_cluster_text
+    from clusterrun.orchestrator import Job, Reconnect
+    from clusterrun.transports.fake import FakeCluster
+
+    fake = FakeCluster()
+    spec = load_cluster_text("hosts:\n  - host: h0\n    nproc: 1\n  - host: h1\n    nproc: 1\n", "hosts.yaml")
+    job = Job(spec, "train.py", job_id="train-20261123-120000-abcd", name="train", emit=lambda event: None,
+              transport_factory=fake.transport, reconnect=Reconnect(first=0.01, most=0.02))
+    job.prepare()
+    job.start()
+    node = fake.wait_started("train-20261123-120000-abcd", 1)
+    node.write("  rank      : 1 (local_rank: 0)\n  exitcode  : -9 (pid: 4321)\n")  # torchrun's failure report
+    line = "Out of memory: Killed process 4321 (python) total-vm:9kB"
+    node.exit(1, oom={"kills": [{"pid": 4320, "comm": "java"},
+                                {"pid": 4321, "comm": "python", "line": line, "constraint": "CONSTRAINT_NONE"}]})
+    try:
+        result = job.run()
+    finally:
+        job.close()
+    root = result.root_cause
+    assert root is not None and (root.node, root.rank, root.signal, root.pid) == (1, 1, 9, 4321)
+    assert root.explanation is not None and root.explanation.cause == (
+        f"rank 1 on node 1 (h1) was killed by the kernel's OOM killer when h1 ran out of memory (PID 4321); the "
+        f"kernel's log says: {line}")
+
+
 def test_a_pid_namespace_matches_no_pid() -> None:
     report = KernelOom(kills=(OomKill(18071, "python", line="Out of memory: Killed process 18071 (python)"),),
                        pid_namespace=True)
