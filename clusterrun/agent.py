@@ -185,7 +185,10 @@ cgroup, then the sweep below) before leaving and removing the attempt's cgroup a
 final state. It sleeps until something happens (inotify on torchrun's per-rank files, pidfds of
 the workers, SIGCHLD and SIGTERM through a wake-up pipe; see ``Waker``), as ``follow`` does
 (inotify on the attempt directory, pidfds of the supervisor and torchrun): a quiet job costs
-no CPU on the host. Where inotify is missing they poll.
+no CPU on the host. Where inotify is missing they poll. From just before torchrun starts it
+reads the kernel's log (/dev/kmsg from its end, at each scan: ``KernelLog``) for OOM kills; when
+torchrun exits non-zero, those and the attempt's cgroup's ``memory.events`` become the state's
+``oom`` (the controller matches them to the root cause's PID).
 
 The verified stop
 -----------------
