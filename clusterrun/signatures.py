@@ -173,9 +173,10 @@ def _killed(fields: Fields, evidence: Evidence) -> Fields:
         not_oom = (oom.recorded and not oom.unreadable and not oom.pid_namespace and not oom.overwritten
                    and oom.pid is not None and oom.cgroup_kills in (None, 0))
     if not_oom:
-        fields["kernel"] += (": not the OOM killer (it logs every kill), but another process (a `kill -9`, a "
-                             "scheduler's or a watchdog's limit)")
-        fields["remedy"] = f"find what sends SIGKILL to the job on {host} (a scheduler's limit, a watchdog, `kill -9`)"
+        fields["kernel"] += (": not the kernel's OOM killer (it logs every kill), but a process: a user-space OOM "
+                             "killer (systemd-oomd, earlyoom), a scheduler's or a watchdog's limit, a `kill -9`")
+        fields["remedy"] = (f"find what sends SIGKILL to the job on {host} (`journalctl` there shows systemd-oomd's "
+                            "and earlyoom's kills; a scheduler's limit, a watchdog, a `kill -9`)")
         return fields
     pid = f" {oom.pid}" if oom is not None and oom.pid is not None and not oom.pid_namespace else ""
     fields["kernel"] += "; the kernel's OOM killer sends SIGKILL when memory runs out, and so does a `kill -9`"

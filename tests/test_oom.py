@@ -300,9 +300,11 @@ def test_a_kill_of_another_pid_is_not_the_root_causes() -> None:
     assert cause.explanation is not None and cause.explanation.signature == "killed"
     assert cause.explanation.cause == (
         "rank 1 on node 0 (local-a) was killed by SIGKILL; the kernel's log names no OOM kill of PID 18071 during the "
-        "attempt (it names other OOM kills at the time: 18072 (python)): not the OOM killer (it logs every kill), but "
-        "another process (a `kill -9`, a scheduler's or a watchdog's limit)")
-    assert cause.explanation.fix == ("find what sends SIGKILL to the job on local-a (a scheduler's limit, a watchdog, "
+        "attempt (it names other OOM kills at the time: 18072 (python)): not the kernel's OOM killer (it logs every "
+        "kill), but a process: a user-space OOM killer (systemd-oomd, earlyoom), a scheduler's or a watchdog's limit, "
+        "a `kill -9`")
+    assert cause.explanation.fix == ("find what sends SIGKILL to the job on local-a (`journalctl` there shows "
+                                     "systemd-oomd's and earlyoom's kills; a scheduler's limit, a watchdog, a "
                                      "`kill -9`)")
 
 
@@ -388,10 +390,10 @@ def test_an_unreadable_log_is_said_so_and_keeps_the_dmesg_fix() -> None:
         "kernel's OOM killer sends SIGKILL when memory runs out, and so does a `kill -9`",
         "check `dmesg` on gpu-a (as root) for 'Killed process 4242'; if it is there, lower the job's host memory use "
         "(batch size, DataLoader workers, pinned memory, data held in RAM), or use a host with more memory")
-    # the other cases that prove nothing keep the dmesg fix too, but never claim "not the OOM killer"
+    # the other cases that prove nothing keep the dmesg fix too, but never claim "not the kernel's OOM killer"
     for case in ("overwritten", "pid namespace", "not recorded", "no pid"):
         _, cause, fix = _told(UNPROVEN[case])
-        assert "not the OOM killer" not in cause and fix.startswith("check `dmesg` on gpu-a (as root)"), case
+        assert "not the kernel's OOM killer" not in cause and fix.startswith("check `dmesg` on gpu-a (as root)"), case
     assert "for 'Killed process';" in _told(UNPROVEN["pid namespace"])[2]  # its PID is not the kernel's
 
 
