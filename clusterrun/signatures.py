@@ -151,7 +151,7 @@ def _log_state(oom: OomEvidence) -> str:
                 "killed too, or the host rebooted)")
     if oom.unreadable:
         return f"the kernel's log is not readable here: {oom.unreadable}"
-    kills = ", ".join(oom.others)
+    kills = ", ".join(oom.others[-4:]) + (f" and {len(oom.others) - 4} more" if len(oom.others) > 4 else "")
     if oom.pid_namespace:
         return ("the kernel's log names the host's PIDs, and the job runs in a PID namespace of its own (a "
                 "container), so they cannot be matched" + (f" (it names OOM kills at the time: {kills})" * bool(kills)))

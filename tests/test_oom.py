@@ -407,6 +407,12 @@ def test_the_attempts_cgroup_count_is_said_without_naming_a_pid() -> None:
         f"the kernel's log is not readable here: {UNREADABLE}")
 
 
+def test_many_other_kills_are_named_by_the_newest_four() -> None:
+    others = tuple(f"{pid} (java)" for pid in range(1, 8))
+    cause = _told(OomEvidence(pid=4242, others=others))[1]
+    assert "(it names other OOM kills at the time: 4 (java), 5 (java), 6 (java), 7 (java) and 3 more)" in cause
+
+
 def test_a_host_out_of_memory_is_told_from_a_cgroups_limit() -> None:
     line = "Out of memory: Killed process 4242 (python) total-vm:1kB"
     signature, cause, fix = _told(OomEvidence(pid=4242, line=line, constraint="CONSTRAINT_NONE"))
