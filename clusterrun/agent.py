@@ -2205,6 +2205,7 @@ class KernelLog:
         self.error: str | None = None
         self.overwritten = False
         self.kills: dict[int, dict[str, Any]] = {}  # pid → what the kernel's lines said of it, oldest first
+        self.keep: set[int] = set()  # the job's PIDs known so far: their kills are the last to be dropped
         try:
             self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
             os.lseek(self.fd, 0, os.SEEK_END)
@@ -2241,7 +2242,8 @@ class KernelLog:
         entry.update(found)
         self.kills[found["pid"]] = entry
         while len(self.kills) > OOM_KILLS_KEPT:
-            del self.kills[next(iter(self.kills))]
+            others = [pid for pid in self.kills if pid not in self.keep]
+            del self.kills[others[0] if others else next(iter(self.kills))]
 
     def report(self, cgroup: str | None) -> dict[str, Any]:
         """``state.json``'s ``oom``: the OOM kills since it was opened and the cgroup's count."""
@@ -2480,6 +2482,7 @@ class Supervisor:
             if status is None and now - last_scan >= scan_every:
                 last_scan = now
                 changed |= self._scan(torchrun.pid)
+                self.kernel.keep = {torchrun.pid, *(w["pid"] for w in self.state["workers"])}
                 self.kernel.drain()  # often enough that the kernel's ring buffer does not overwrite a kill
             if status is None and last_merge + MERGE_INTERVAL > now:  # woken again at once (a flood): batches
                 time.sleep(last_merge + MERGE_INTERVAL - now)

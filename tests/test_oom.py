@@ -88,11 +88,12 @@ def test_the_captured_records_make_one_kill_with_both_lines() -> None:
                                          "task_memcg": "/oomprobe-h-oom"}]
 
 
-def test_only_the_newest_kills_are_kept() -> None:
+def test_only_the_newest_kills_are_kept_and_the_jobs_last() -> None:
     log = agent.KernelLog(path="/nonexistent/kmsg")
+    log.keep = {2}  # a PID of the job
     for pid in range(1, agent.OOM_KILLS_KEPT + 6):
         log.feed(f"3,{pid},0,-;Out of memory: Killed process {pid} (p) total-vm:1kB".encode())
-    assert list(log.kills) == list(range(6, agent.OOM_KILLS_KEPT + 6))
+    assert list(log.kills) == [2, *range(7, agent.OOM_KILLS_KEPT + 6)]
 
 
 def test_a_drain_reads_record_by_record_through_an_overwrite_until_none_is_left(
