@@ -15,8 +15,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from clusterrun.events import RootCause
-from clusterrun.protocol import HostState, NodeStatus
+from clusterrun.events import OomEvidence, RootCause
+from clusterrun.protocol import HostState, KernelOom, NodeStatus
 from clusterrun.signatures import explain, printed_its_own, transient_start
 
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
@@ -110,7 +110,7 @@ def find_root_cause(
             candidates.append((secondary, when, RootCause(
                 node=node, host=hosts[node], rank=rank, local_rank=failure["local_rank"],
                 exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
-                last_lines=tail, message=exception_message(tail))))
+                last_lines=tail, message=exception_message(tail), pid=failure["pid"] or None)))
         if not log.failures:
             tail = tuple(log.node_tail)
             node_code = state.exit_code
@@ -121,12 +121,34 @@ def find_root_cause(
             when = state.ended_at or float("inf")
             candidates.append((secondary, when, RootCause(
                 node=node, host=hosts[node], rank=None, local_rank=None,
-                exit_code=None if sig else node_code, signal=sig, last_lines=tail, message=message)))
+                exit_code=None if sig else node_code, signal=sig, last_lines=tail, message=message,
+                pid=state.torchrun_pid)))
     if not candidates:
         return None
     candidates.sort(key=lambda c: (c[0], c[1], c[2].node))
     root = candidates[0][2]
+    if root.signal == SIGKILL:
+        root = replace(root, oom=oom_evidence(root.pid, states[root.node].oom))
     return replace(root, explanation=explain(root, hosts, {node: log.lines() for node, log in logs.items()}))
+
+
+SIGKILL = 9
+
+
+def oom_evidence(pid: int | None, report: KernelOom | None) -> OomEvidence:
+    """What a node's kernel said of the OOM kill of ``pid`` (the root cause's process): the
+    kernel's line naming it, or why there is none; the attempt's cgroup's count of OOM kills."""
+    if report is None:
+        return OomEvidence(pid=pid, recorded=False)
+    mine = None if report.pid_namespace or pid is None else next((k for k in report.kills if k.pid == pid), None)
+    counted = OomEvidence(
+        pid=pid, others=tuple(f"{k.pid} ({k.comm})" if k.comm else str(k.pid) for k in report.kills if k is not mine),
+        overwritten=report.overwritten, cgroup_kills=report.cgroup_oom_kills, cgroup_events=report.cgroup_events,
+        cgroup_error=report.cgroup_error)
+    if mine is None:
+        return replace(counted, unreadable=report.kmsg_error, pid_namespace=report.pid_namespace)
+    return replace(counted, line=mine.line or mine.summary, constraint=mine.constraint,
+                   memcg=mine.oom_memcg if mine.constraint == "CONSTRAINT_MEMCG" else None)
 
 
 def transient_start_failure(root: RootCause | None, logs: Mapping[int, NodeLog]) -> str | None:

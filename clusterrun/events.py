@@ -117,9 +117,37 @@ class Explanation:
 
 
 @dataclass(frozen=True)
+class OomEvidence:
+    """What the root cause's host said of OOM kills, for a root cause killed by SIGKILL.
+
+    ``line`` is the kernel's own line naming the root cause's ``pid`` (``... out of memory:
+    Killed process PID (COMM) ...``, or its ``oom-kill:...,pid=PID`` line), None when its log
+    was read and names no such kill, or could not be read: ``unreadable`` then says why.
+    ``memcg`` is the memory cgroup whose limit was reached (``CONSTRAINT_MEMCG``), ``constraint``
+    the kernel's; ``others`` are the other OOM kills of the attempt's time (``PID (COMM)``);
+    ``overwritten`` that records were lost before they were read; ``pid_namespace`` that the
+    job's PIDs are not the kernel's. ``cgroup_kills`` is ``oom_kill`` of the attempt's cgroup's
+    ``memory.events`` (``cgroup_events``), None where there is none (``cgroup_error``)."""
+
+    pid: int | None = None
+    line: str | None = None
+    constraint: str | None = None
+    memcg: str | None = None
+    unreadable: str | None = None
+    others: tuple[str, ...] = ()
+    overwritten: bool = False
+    pid_namespace: bool = False
+    cgroup_kills: int | None = None
+    cgroup_events: str | None = None
+    cgroup_error: str | None = None
+    recorded: bool = True  # False: the node's supervisor recorded nothing of it (it did not see torchrun end)
+
+
+@dataclass(frozen=True)
 class RootCause:
-    """The first failure across the cluster: where, which rank, how, its last lines, and what a
-    known failure signature says about it (``explanation``, None when none matched)."""
+    """The first failure across the cluster: where, which rank (and ``pid``), how, its last
+    lines, for a SIGKILL what the host's kernel said of OOM kills (``oom``), and what a known
+    failure signature says about it (``explanation``, None when none matched)."""
 
     node: int
     host: str
@@ -130,6 +158,8 @@ class RootCause:
     last_lines: tuple[str, ...] = ()
     message: str = ""
     explanation: Explanation | None = None
+    pid: int | None = None  # its process on its host, where torchrun's report or the agent names it
+    oom: OomEvidence | None = None  # for a SIGKILL: what the host's kernel said of OOM kills
 
     def describe(self) -> str:
         how = (f"killed by {signal_name(self.signal)}" if self.signal

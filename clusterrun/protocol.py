@@ -50,6 +50,38 @@ class Worker:
 
 
 @dataclass(frozen=True)
+class OomKill:
+    """One OOM kill as the host's kernel logged it (/dev/kmsg): its victim's PID (the kernel's:
+    of the host's initial PID namespace) and command, the ``Killed process`` line, and from its
+    ``oom-kill:`` line the constraint (``CONSTRAINT_MEMCG``: a cgroup's limit was reached) and
+    the memory cgroups, where those lines were read."""
+
+    pid: int
+    comm: str = ""
+    line: str | None = None  # "Out of memory: Killed process PID (COMM) ..."
+    summary: str | None = None  # "oom-kill:constraint=...,pid=PID,uid=U"
+    constraint: str | None = None
+    oom_memcg: str | None = None
+    task_memcg: str | None = None
+
+
+@dataclass(frozen=True)
+class KernelOom:
+    """What the host's kernel said of OOM kills during an attempt that failed (``oom`` in the
+    agent's state): the kills its log shows (of any process), or why the log could not be read;
+    ``oom_kill`` of the attempt's cgroup's ``memory.events``, or why there is none."""
+
+    kills: tuple[OomKill, ...] = ()
+    kmsg: str = "/dev/kmsg"
+    kmsg_error: str | None = None
+    overwritten: bool = False  # records were lost in the kernel's ring buffer before they were read
+    pid_namespace: bool = False  # the job's PIDs are not the kernel's (a container)
+    cgroup_events: str | None = None
+    cgroup_oom_kills: int | None = None
+    cgroup_error: str | None = None
+
+
+@dataclass(frozen=True)
 class NodeStatus:
     """A node's state file as the agent reports it."""
 
@@ -62,6 +94,7 @@ class NodeStatus:
     ended_at: float | None = None
     workers: tuple[Worker, ...] = ()
     degraded: str | None = None  # why the supervisor could not write its state (a full or read-only disk)
+    oom: KernelOom | None = None  # what the kernel said of OOM kills, once torchrun has exited non-zero
 
     @property
     def ended(self) -> bool:
@@ -238,7 +271,23 @@ def decode_status(host: str, state: Any, what: str = "state") -> NodeStatus:
     return NodeStatus(state=kind, exit_code=r.integer("exit_code"), signal=r.integer("signal"),
                       error=r.text("error"), stop_requested=bool(r.data.get("stop_requested")),
                       torchrun_pid=torchrun.integer("pid"), ended_at=r.number("ended_at"),
-                      workers=tuple(workers), degraded=r.text("degraded") or None)
+                      workers=tuple(workers), degraded=r.text("degraded") or None,
+                      oom=None if r.data.get("oom") is None else decode_oom(host, r.data["oom"], f"{what}.oom"))
+
+
+def decode_oom(host: str, data: Any, what: str = "state.oom") -> KernelOom:
+    """The ``oom`` of a node's state: what the kernel said of OOM kills during the attempt."""
+    r = _Reader(host, what, data)
+    kills = []
+    for i, entry in enumerate(r.items("kills")):
+        k = _Reader(host, f"{what}.kills[{i}]", entry)
+        kills.append(OomKill(pid=k.need_integer("pid"), comm=k.text("comm") or "", line=k.text("line"),
+                             summary=k.text("summary"), constraint=k.text("constraint"), oom_memcg=k.text("oom_memcg"),
+                             task_memcg=k.text("task_memcg")))
+    return KernelOom(kills=tuple(kills), kmsg=r.text("kmsg") or "/dev/kmsg", kmsg_error=r.text("kmsg_error"),
+                     overwritten=bool(r.data.get("overwritten")), pid_namespace=bool(r.data.get("pid_namespace")),
+                     cgroup_events=r.text("cgroup_events"), cgroup_oom_kills=r.integer("cgroup_oom_kills"),
+                     cgroup_error=r.text("cgroup_error"))
 
 
 def decode_probe(host: str, answer: Any) -> Probe:

@@ -9,7 +9,10 @@ hosts show the same error) or decline the match. An entry's ``transient_start`` 
 failure, when it comes before any rank printed a line of its own, says nothing about the job: the
 job's owner then retries it once (``diagnose.transient_start_failure``). The formats were captured
 from torch 2.13 with gloo on the CPU (``tests/_support/failures/``); CUDA's and NCCL's are quoted
-from reports of real runs.
+from reports of real runs. A root cause killed by SIGKILL carries what its host's kernel said of
+OOM kills (``RootCause.oom``): ``oom-killed`` explains it only when the kernel's log names its PID
+(or the attempt's cgroup counts OOM kills); ``killed`` says what the log said instead, or why it
+could not be read.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from clusterrun.events import Explanation, RootCause
+from clusterrun.events import Explanation, OomEvidence, RootCause
 
 Fields = dict[str, str]
 
@@ -124,6 +127,73 @@ def _loopback(why: str) -> Callable[[Fields, Evidence], Fields]:
     return refine
 
 
+_LESS_MEMORY = "lower the job's host memory use (batch size, DataLoader workers, pinned memory, data held in RAM)"
+
+
+def _oom_killed(fields: Fields, evidence: Evidence) -> Fields | None:
+    """The kernel's log names the root cause's PID as an OOM kill, or the attempt's cgroup counts
+    OOM kills (``memory.events``) where the log could not say: else declined."""
+    oom, host = evidence.root.oom, fields["host"]
+    if oom is None or not (oom.line or oom.cgroup_kills):
+        return None
+    if not oom.line:  # counted, not named: which of the attempt's processes is not known
+        fields["killed"] = (f"killed by SIGKILL, and the kernel's OOM killer killed {oom.cgroup_kills} process(es) "
+                            f"of this attempt on {host} ({oom.cgroup_events}: oom_kill {oom.cgroup_kills}); which ones "
+                            f"is not known: {_log_state(oom)}")
+        fields["remedy"] = f"{_LESS_MEMORY}, or use a host with more memory"
+        return fields
+    if oom.memcg:
+        where = f" when the memory cgroup {oom.memcg} reached its limit"
+        fields["remedy"] = (f"{_LESS_MEMORY}, or raise the memory limit of {oom.memcg} on {host} (memory.max; "
+                            "memory.limit_in_bytes in cgroup v1; a container's or a scheduler's limit)")
+    else:
+        where = f" when {host} ran out of memory" if oom.constraint == "CONSTRAINT_NONE" else ""
+        fields["remedy"] = f"{_LESS_MEMORY}, or use a host with more memory"
+    fields["killed"] = f"killed by the kernel's OOM killer{where} (PID {oom.pid}); the kernel's log says: {oom.line}"
+    return fields
+
+
+def _log_state(oom: OomEvidence) -> str:
+    """Why the kernel's log names no OOM kill of the root cause's PID, in words."""
+    if not oom.recorded:
+        return ("the node's supervisor recorded nothing of the kernel's log (it did not see torchrun end: it was "
+                "killed too, or the host rebooted)")
+    if oom.unreadable:
+        return f"the kernel's log is not readable here: {oom.unreadable}"
+    kills = ", ".join(oom.others[-4:]) + (f" and {len(oom.others) - 4} more" if len(oom.others) > 4 else "")
+    if oom.pid_namespace:
+        return ("the kernel's log names the host's PIDs, and the job runs in a PID namespace of its own (a "
+                "container), so they cannot be matched" + (f" (it names OOM kills at the time: {kills})" * bool(kills)))
+    others = f" (it names other OOM kills at the time: {kills})" if kills else ""
+    if oom.pid is None:
+        return f"the kernel's log was read, but no PID of this process is known{others}"
+    lost = ", but some of its records were overwritten before they were read" if oom.overwritten else ""
+    return f"the kernel's log names no OOM kill of PID {oom.pid} during the attempt{lost}{others}"
+
+
+def _killed(fields: Fields, evidence: Evidence) -> Fields:
+    """Only SIGKILL was seen: what the kernel's log said (or why it could not), never more."""
+    oom, host = evidence.root.oom, fields["host"]
+    if oom is None:  # a root cause made without its node's state
+        fields["kernel"] = "the kernel's log was not read for it"
+        not_oom = False
+    else:
+        fields["kernel"] = _log_state(oom)
+        not_oom = (oom.recorded and not oom.unreadable and not oom.pid_namespace and not oom.overwritten
+                   and oom.pid is not None and oom.cgroup_kills in (None, 0))
+    if not_oom:
+        fields["kernel"] += (": not the kernel's OOM killer (it logs every kill), but a process: a user-space OOM "
+                             "killer (systemd-oomd, earlyoom), a scheduler's or a watchdog's limit, a `kill -9`")
+        fields["remedy"] = (f"find what sends SIGKILL to the job on {host} (`journalctl` there shows systemd-oomd's "
+                            "and earlyoom's kills; a scheduler's limit, a watchdog, a `kill -9`)")
+        return fields
+    pid = f" {oom.pid}" if oom is not None and oom.pid is not None and not oom.pid_namespace else ""
+    fields["kernel"] += "; the kernel's OOM killer sends SIGKILL when memory runs out, and so does a `kill -9`"
+    fields["remedy"] = (f"check `dmesg` on {host} (as root) for 'Killed process{pid}'; if it is there, "
+                        f"{_LESS_MEMORY}, or use a host with more memory")
+    return fields
+
+
 SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "cuda-out-of-memory",
@@ -197,13 +267,19 @@ SIGNATURES: tuple[Signature, ...] = (
         "copy the code to {missing} (SCRIPT is taken relative to each host's `workdir:`), or fix the path",
         refine=_where_file),
     Signature(
+        "oom-killed",
+        (),
+        "{who} was {killed}",
+        "{remedy}",
+        signal=9,
+        refine=_oom_killed),
+    Signature(
         "killed",
         (),
-        "{who} was killed by SIGKILL: by the kernel's OOM killer when the host ran out of memory (most "
-        "often), or by a `kill -9`",
-        "check `dmesg` on {host} for 'Out of memory: Killed process'; then lower host memory use (DataLoader "
-        "workers, pinned memory, data held in RAM) or use a host with more memory",
-        signal=9),
+        "{who} was killed by SIGKILL; {kernel}",
+        "{remedy}",
+        signal=9,
+        refine=_killed),
 )
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterrun.agent import KernelLog
 from clusterrun.diagnose import NodeLog, find_root_cause
 from clusterrun.events import Explanation, JobResult, NodeResult, NodeState, RootCause
 from clusterrun.protocol import decode_status
@@ -58,13 +59,16 @@ def explained(cause: RootCause) -> Explanation:
     return cause.explanation
 
 
-def test_a_rank_killed_by_sigkill_points_at_the_oom_killer() -> None:
+def test_a_rank_killed_by_sigkill_without_the_kernels_word_is_not_called_an_oom_kill() -> None:
+    """Only SIGKILL seen (here no kernel's log recorded: the OOM kills' cases are in test_oom.py)."""
     cause = diagnose("sigkill", ended=[10.0, 11.0], stopped={1}, died={1: 9.0, 0: 9.5})
-    assert (cause.node, cause.rank, cause.signal) == (0, 1, 9)
+    assert (cause.node, cause.rank, cause.signal, cause.pid) == (0, 1, 9, 21225)
     why = explained(cause)
     assert why.signature == "killed"
-    assert why.cause.startswith("rank 1 on node 0 (local-a) was killed by SIGKILL: by the kernel's OOM killer")
-    assert "`dmesg` on local-a" in why.fix
+    assert why.cause.startswith("rank 1 on node 0 (local-a) was killed by SIGKILL; the node's supervisor recorded "
+                                "nothing of the kernel's log")
+    assert "killed by the kernel's OOM killer" not in why.cause
+    assert why.fix.startswith("check `dmesg` on local-a (as root) for 'Killed process 21225'")
 
 
 def test_a_module_missing_on_one_host_only_names_that_host() -> None:
@@ -210,7 +214,7 @@ def test_a_job_that_printed_nothing_is_not_explained() -> None:
 
 
 def test_every_signature_is_tested() -> None:
-    tested = {"killed", "module-missing", "collective-timeout", "address-in-use", "master-unreachable",
+    tested = {"killed", "oom-killed", "module-missing", "collective-timeout", "address-in-use", "master-unreachable",
               "cuda-out-of-memory", "gloo-abort", "script-missing", "host-out-of-memory", "peer-refused"}
     assert {s.name for s in SIGNATURES} == tested
 
@@ -316,8 +320,16 @@ def test_real_a_rank_killed_by_sigkill(tmp_path: Path, state_dir: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.splitlines()
     assert "clusterrun: root cause: rank 1 on node 0 (local-a, local rank 1): killed by SIGKILL" in lines, proc.stderr
-    assert any(line.startswith("clusterrun: cause: rank 1 on node 0 (local-a) was killed by SIGKILL: by the "
-                               "kernel's OOM killer") for line in lines), proc.stderr
+    pid = re.search(r"exitcode\s*: -9 \(pid: (\d+)\)", proc.stdout)
+    assert pid, proc.stdout
+    # a `kill -9`: the kernel's log, read where it can be, names no OOM kill of that process
+    log = KernelLog()
+    log.close()
+    kernel = (f"the kernel's log is not readable here: {log.error}; the kernel's OOM killer sends SIGKILL"
+              if log.error else f"the kernel's log names no OOM kill of PID {pid.group(1)} during the attempt")
+    cause = next(line for line in lines if line.startswith("clusterrun: cause: "))
+    assert cause.startswith(f"clusterrun: cause: rank 1 on node 0 (local-a) was killed by SIGKILL; {kernel}"), cause
+    assert "killed by the kernel's OOM killer" not in cause
 
 
 @pytest.mark.integration

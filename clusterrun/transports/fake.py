@@ -53,11 +53,12 @@ class FakeNode:
             self.log += data.encode() if isinstance(data, str) else data
             self.host.cluster.changed.notify_all()
 
-    def exit(self, code: int = 0, *, signal: int | None = None) -> None:
-        """torchrun ends with ``code`` (or was killed by ``signal``)."""
+    def exit(self, code: int = 0, *, signal: int | None = None, oom: dict[str, Any] | None = None) -> None:
+        """torchrun ends with ``code`` (or was killed by ``signal``); ``oom``: what the supervisor
+        read of the kernel's OOM kills (the state's ``oom``)."""
         with self.host.cluster.changed:
             self.state = dict(self.state, state="exited", exit_code=None if signal else code, signal=signal,
-                              ended_at=self.host.cluster.now())
+                              ended_at=self.host.cluster.now(), **({"oom": oom} if oom is not None else {}))
             self.host.cluster.changed.notify_all()
 
     def degrade(self, reason: str) -> None:
