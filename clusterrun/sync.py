@@ -56,6 +56,9 @@ CHUNK = 1 << 20
 SAFE_WORD = re.compile(r"[A-Za-z0-9_.,:=/+-]+")  # a word that every login shell passes unchanged
 # rsync's exit codes that have a fix to name (its man page, EXIT VALUES)
 RSYNC_CODES = {
+    2: "a protocol mismatch: the host's shell start-up files may print text, which rsync cannot pass "
+       "(`ssh HOST true` must print nothing)",
+    5: "the host's rsync could not start its side: see its message",
     11: "the host's disk may be full or the workdir not writable: check `df` and the permissions there",
     12: "the connection or the host's rsync ended early: see its message; `clusterrun doctor` checks the host",
     23: "some files could not be written: see rsync's message",
