@@ -56,9 +56,6 @@ CHUNK = 1 << 20
 SAFE_WORD = re.compile(r"[A-Za-z0-9_.,:=/+-]+")  # a word that every login shell passes unchanged
 # rsync's exit codes that have a fix to name (its man page, EXIT VALUES)
 RSYNC_CODES = {
-    2: "a protocol mismatch: the host's shell start-up files may print text, which rsync cannot pass "
-       "(`ssh HOST true` must print nothing)",
-    5: "the host's rsync could not start its side: see its message",
     11: "the host's disk may be full or the workdir not writable: check `df` and the permissions there",
     12: "the connection or the host's rsync ended early: see its message; `clusterrun doctor` checks the host",
     23: "some files could not be written: see rsync's message",
@@ -275,6 +272,11 @@ def human(size: float) -> str:
 Progress = Callable[[SyncProgress], None]
 
 
+class _RsyncUnusable(ClusterrunError):
+    """rsync could not start talking to the host's rsync (a protocol mismatch, such as a login
+    shell that prints text): nothing was copied by it, another carrier may still work."""
+
+
 class _Aborted(ClusterrunError):
     """The data of a local file could not be sent as announced (the session is closed)."""
 
@@ -353,7 +355,10 @@ class HostSync:
                                          "entries": first}, [])
             first = []
         if via == "rsync":
-            self._rsync(files, found, done, total)
+            try:
+                self._rsync(files, found, done, total)
+            except _RsyncUnusable as exc:  # e.g. a shell that prints: the agent copes with it
+                via, report = "agent", replace(report, via="agent", note=f"rsync could not start ({exc.message})")
         elif via == "sftp" and not self._sftp(files, found.root, done, total):
             via, report = "agent", replace(report, via="agent", note="the host's sshd offers no SFTP")
         if via == "agent" and files:
@@ -411,8 +416,11 @@ class HostSync:
             # write failed on PATH: No space left on device (28)"); this one's mostly follows from it.
             said = [line.strip() for line in remote_err.splitlines()] + [
                 line.decode(errors="replace").strip() for line in errors]
-            cause = next((line for line in said if line.startswith("rsync:")), None) or next(
+            cause = next((line for line in said if "is your shell clean" in line), None) or next(
+                (line for line in said if line.startswith("rsync:")), None) or next(
                 (line for line in said if line), f"the remote command ended with {status}")
+            if code in (2, 5) and done[0] == 0:
+                raise _RsyncUnusable(f"exit {code}: {cause}")
             raise AgentError(self.host.host, f"by rsync (exit {code}): {cause}",
                              hint=RSYNC_CODES.get(code, "see rsync's message above"))
 

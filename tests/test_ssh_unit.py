@@ -229,3 +229,28 @@ def test_a_connection_on_which_no_channel_opened_is_replaced(monkeypatch: pytest
             transport.session()
     assert len(opened) == (2 if dropped else 1)
     assert opened[0].closed is dropped
+
+
+FIRST, SECOND = b'{"ok": true, "n": 1}\n', b'{"ok": true, "n": 2}\n'
+
+
+@pytest.mark.parametrize("lines", [
+    [b"Welcome to the cluster!\n", b"\n", b"conda: base activated\n", FIRST, SECOND],
+    [b"Last login: Mon" + FIRST, SECOND],  # a greeting without a newline
+])
+def test_what_a_login_shell_prints_before_the_agent_is_not_taken_for_its_answer(lines: list[bytes]) -> None:
+    from clusterrun.transports.base import AgentSession
+
+    session = AgentSession("gpu-a", lambda data: None, iter(lines), lambda: None)
+    assert session.call({"op": "probe"})["n"] == 1
+    assert session.call({"op": "probe"})["n"] == 2
+
+
+def test_a_line_that_is_not_json_after_the_agent_spoke_is_still_an_error() -> None:
+    from clusterrun.errors import AgentError
+    from clusterrun.transports.base import AgentSession
+
+    session = AgentSession("gpu-a", lambda data: None, iter([b'{"ok": true}\n', b"garbage\n"]), lambda: None)
+    session.call({"op": "probe"})
+    with pytest.raises(AgentError, match="not JSON"):
+        session.call({"op": "probe"})

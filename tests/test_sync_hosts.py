@@ -127,6 +127,25 @@ def test_up_syncs_the_project_to_every_host_then_only_what_changed(sim_cluster: 
     assert after["pkg/tool.sh"][3] == 10**18 and before["pkg/tool.sh"][3] != 10**18
 
 
+def test_a_login_shell_that_prints_text_makes_rsync_give_way_to_the_agent(sim_cluster: MakeCluster,
+                                                                          tmp_path: Path) -> None:
+    """rsync cannot pass a shell's greeting (its protocol breaks); the agent skips it: the sync
+    still copies everything, and says why rsync did not."""
+    if shutil.which("rsync") is None:
+        unavailable("rsync is not installed here (tests/_support/install_sshd.sh rsync)")
+    noisy = tmp_path / "noisy-sh"
+    noisy.write_text('#!/bin/sh\necho "Welcome to the cluster!"\nexec /bin/sh "$@"\n')
+    noisy.chmod(0o755)
+    cluster = sim_cluster(1, login_shell=str(noisy))
+    source = project(tmp_path / "proj")
+    hosts = sim_hosts_file(tmp_path, cluster, [tmp_path / "w1"])
+    proc = run_up(hosts, "train.py")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"sync node0 sim1: 6 file\(s\) copied \([^)]* by agent; rsync could not start \(exit 2: "
+                     r"protocol version mismatch -- is your shell clean\?\)\)", proc.stderr), proc.stderr
+    same_content(source, tmp_path / "w1")
+
+
 FULL = {  # how each carrier says that sim2's disk is full
     "rsync": r'by rsync \(exit 11\): rsync: \[receiver\] write failed on "{w}/\S+": No space left on device \(28\)$',
     "sftp": r"cannot write {w}/\S+(: only \d+ of \d+ bytes arrived over SFTP \(is the disk full, or a quota "

@@ -85,6 +85,17 @@ class AgentStream:
             closer()
 
 
+def _past_greeting(lines: Iterator[bytes]) -> Iterator[bytes]:
+    """``lines`` from the agent's first message on: what a login shell's start-up files print
+    before the agent runs (a banner, conda's or a module system's notes) is not the agent's."""
+    for raw in lines:
+        start = raw.find(b'{"')
+        if start >= 0:
+            yield raw[start:]  # the agent's first line, after any greeting without a newline
+            break
+    yield from lines
+
+
 def _parse(host: str, raw: bytes) -> dict[str, Any]:
     try:
         message = json.loads(raw)
@@ -104,7 +115,7 @@ class AgentSession:
                  last_words: Callable[[], str] = lambda: "") -> None:
         self.host = host
         self._send = send
-        self._lines = lines
+        self._lines = _past_greeting(lines)
         self._closer: Callable[[], None] | None = closer
         self._set_timeout = set_timeout
         self._last_words = last_words
