@@ -360,7 +360,7 @@ class HostSync:
             except _RsyncUnusable as exc:  # e.g. a shell that prints: the agent copes with it
                 via, report = "agent", replace(report, via="agent", note=f"rsync could not start ({exc.message})")
         elif via == "sftp" and not self._sftp(files, found.root, done, total):
-            via, report = "agent", replace(report, via="agent", note="the host's sshd offers no SFTP")
+            via, report = "agent", replace(report, via="agent", note="the host has no SFTP that works")
         if via == "agent" and files:
             for i, batch in enumerate(_batches(files)):
                 request = {"op": "sync_put", "root": self.root, "root_mode": self.manifest.mode,

@@ -88,7 +88,7 @@ def hosts_for(carrier: str) -> dict[str, object]:
 
 
 def copied(node: int, host: str, files: int, via: str, size: str = r"[^);]*") -> str:
-    note = "; the host's sshd offers no SFTP" if via == "agent" else ""
+    note = "; the host has no SFTP that works" if via == "agent" else ""
     return rf"sync node{node} {host}: {files} file\(s\) copied \({size} by {via}{note}\)"
 
 
@@ -127,22 +127,32 @@ def test_up_syncs_the_project_to_every_host_then_only_what_changed(sim_cluster: 
     assert after["pkg/tool.sh"][3] == 10**18 and before["pkg/tool.sh"][3] != 10**18
 
 
-def test_a_login_shell_that_prints_text_makes_rsync_give_way_to_the_agent(sim_cluster: MakeCluster,
-                                                                          tmp_path: Path) -> None:
-    """rsync cannot pass a shell's greeting (its protocol breaks); the agent skips it: the sync
-    still copies everything, and says why rsync did not."""
-    if shutil.which("rsync") is None:
-        unavailable("rsync is not installed here (tests/_support/install_sshd.sh rsync)")
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # an sftp subsystem that sshd starts through the login shell
+NOISY = {  # how the sync says it gave way to the agent, for rsync and for SFTP
+    "rsync": r"rsync could not start \(exit 2: protocol version mismatch -- is your shell clean\?\)",
+    "sftp": r"the host has no SFTP that works",
+}
+
+
+@pytest.mark.parametrize("first", list(NOISY))
+def test_a_login_shell_that_prints_text_makes_rsync_or_sftp_give_way_to_the_agent(
+        sim_cluster: MakeCluster, tmp_path: Path, first: str) -> None:
+    """rsync and an sftp-server started by the shell cannot pass a shell's greeting (their
+    protocols break); the agent skips it: the sync still copies everything, and says why."""
+    if shutil.which("rsync") is None or not os.path.exists(SFTP_SERVER):
+        unavailable(f"rsync and {SFTP_SERVER} are needed (tests/_support/install_sshd.sh rsync)")
     noisy = tmp_path / "noisy-sh"
     noisy.write_text('#!/bin/sh\necho "Welcome to the cluster!"\nexec /bin/sh "$@"\n')
     noisy.chmod(0o755)
-    cluster = sim_cluster(1, login_shell=str(noisy))
+    hosts_options = {} if first == "rsync" else {"hide": [shutil.which("rsync")],
+                                                  "sshd_options": {"Subsystem": f"sftp {SFTP_SERVER}"}}
+    cluster = sim_cluster(1, login_shell=str(noisy), **hosts_options)
     source = project(tmp_path / "proj")
     hosts = sim_hosts_file(tmp_path, cluster, [tmp_path / "w1"])
     proc = run_up(hosts, "train.py")
     assert proc.returncode == 0, proc.stderr
-    assert re.search(r"sync node0 sim1: 6 file\(s\) copied \([^)]* by agent; rsync could not start \(exit 2: "
-                     r"protocol version mismatch -- is your shell clean\?\)\)", proc.stderr), proc.stderr
+    assert re.search(rf"sync node0 sim1: 6 file\(s\) copied \([^)]* by agent; {NOISY[first]}\)", proc.stderr), \
+        proc.stderr
     same_content(source, tmp_path / "w1")
 
 

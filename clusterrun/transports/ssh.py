@@ -582,7 +582,8 @@ class SSHTransport(Transport):
 
     @contextmanager
     def sftp(self) -> Iterator[paramiko.SFTPClient | None]:
-        """paramiko's SFTP client on the connection; None when the server has no SFTP subsystem."""
+        """paramiko's SFTP client on the connection; None when the server has no usable SFTP
+        subsystem. paramiko's own errors in the block are translated (``map_error``)."""
         transport, channel = self._channel()
         try:
             try:
@@ -592,8 +593,15 @@ class SSHTransport(Transport):
                     yield None
                     return
                 raise map_error(self.name, exc) from exc
-            client = paramiko.SFTPClient(channel)
-            yield client
+            try:
+                client = paramiko.SFTPClient(channel)
+            except (paramiko.SSHException, paramiko.SFTPError, EOFError, OSError):  # a login shell printing into it
+                yield None
+                return
+            try:
+                yield client
+            except (paramiko.SSHException, paramiko.SFTPError, EOFError) as exc:  # the connection died under it
+                raise map_error(self.name, exc) from exc
         finally:
             self._done(channel)
 
