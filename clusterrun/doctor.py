@@ -28,7 +28,15 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from clusterrun.config import ClusterSpec, HostSpec
-from clusterrun.errors import AgentError, AuthError, ClusterrunError, ConnectError, HostKeyError, HostsUnavailable
+from clusterrun.errors import (
+    AgentError,
+    AuthError,
+    ClusterrunError,
+    ConnectError,
+    HostError,
+    HostKeyError,
+    HostsUnavailable,
+)
 from clusterrun.interfaces import decide_interfaces, master_derived, reached_address, route_request, settle_master
 from clusterrun.plan import HostFacts, master_addr, node_env
 from clusterrun.protocol import (
@@ -376,7 +384,7 @@ def _inspect(h: _Host, script: str | None, spec: ClusterSpec, local_cwd: str | N
     sent = time.time()
     try:
         answer = h.session.call(request)
-    except AgentError as exc:
+    except HostError as exc:  # the agent failed, or the connection was lost on the way
         h.checks.append(Check("agent", Verdict.FAIL, exc.message, exc.hint))
         return
     answered = time.time()
@@ -395,7 +403,7 @@ def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: Thread
     try:
         listening = decode_listening(node0.transport.name,
                                      node0.session.call({"op": "listen", "port": port, "token": token}))
-    except AgentError as exc:
+    except HostError as exc:
         node0.checks.append(Check("master port", Verdict.FAIL, exc.message, exc.hint))
         return
     if not listening.listening:
@@ -420,8 +428,8 @@ def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: Thread
     finally:
         try:
             node0.session.call({"op": "unlisten", "port": listening.port})
-        except AgentError:
-            pass
+        except HostError:
+            pass  # the listener ends with the agent anyway
     rows = port_checks(names, addr, listening.port, None, results, fixed=fixed)
     for h in able:
         h.checks.append(rows[h.rank])
@@ -444,7 +452,7 @@ def _interfaces(hosts: Sequence[_Host], addr: str, port: int, pool: ThreadPoolEx
 
     try:
         addr, networks = settle_master(addr, derived, lambda master: list(pool.map(lambda h: route(h, master), hosts)))
-    except AgentError as exc:
+    except HostError as exc:
         next(h for h in hosts if h.transport.name == exc.host).checks.append(
             Check("interface", Verdict.FAIL, exc.message, exc.hint))
         return addr

@@ -213,6 +213,26 @@ def test_a_test_of_the_master_port_that_gets_no_answer_is_a_problem_there_not_a_
     assert fake.listeners == {}  # node 0's listener was closed all the same
 
 
+@pytest.mark.parametrize("op", ["inspect", "route"])
+def test_a_connection_lost_during_the_checks_is_a_problem_of_that_host_not_a_crash(
+        fake: FakeCluster, monkeypatch: pytest.MonkeyPatch, op: str) -> None:
+    """A host whose connection dies between the probe and a later check (the transport raises a
+    ``ConnectError``): a ✗ row on that host, no traceback; the other hosts are checked."""
+    real = getattr(fake, f"_{op}")
+
+    def lost(host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        if host.name == "h1":
+            raise ConnectError("h1", "SSH error: the connection closed")
+        return real(host, request)
+
+    monkeypatch.setattr(fake, f"_{op}", lost)
+    report = doctor.run_doctor(spec_of(3), None, fake.transport)
+    row = "agent" if op == "inspect" else "interface"
+    check = rows(report, "h1")[row]
+    assert check.verdict is Verdict.FAIL and check.detail == "SSH error: the connection closed"
+    assert verdicts(report, "h2")["master port"] == "✓"
+
+
 def test_the_agents_tcp_test_is_bounded_when_packets_are_dropped_or_nothing_answers() -> None:
     """``reach`` in this process, against listeners on loopback: one whose accept queue is full
     (the kernel drops the SYN, as a firewall's DROP does) and one that accepts but never answers."""
