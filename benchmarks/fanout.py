@@ -14,7 +14,7 @@ started slow down everything else, for both tools alike; ``--stub-torchrun`` rep
 ``sleep 2`` (through an interpreter shim, for both tools) to measure the fan-out alone. Needs root
 (namespaces) and installs pdsh and OpenSSH with apt when missing.
 
-    python benchmarks/fanout.py --sizes 1,8,32 --repeat 3 [--stub-torchrun]
+    python benchmarks/fanout.py --sizes 1,8,32 --repeat 3 [--stub-torchrun] [--preflight]
 """
 
 from __future__ import annotations
@@ -71,14 +71,15 @@ def hosts_file(folder: Path, cluster: SimCluster) -> Path:
     return path
 
 
-def run_clusterrun(folder: Path, cluster: SimCluster) -> tuple[float, float, float]:
+def run_clusterrun(folder: Path, cluster: SimCluster, *options: str) -> tuple[float, float, float]:
     """Seconds to every node started, controller CPU seconds (the whole run, per host), and the
-    machine's CPU seconds until every node started (per host)."""
+    machine's CPU seconds until every node started (per host); ``options`` go to `up`."""
     n = len(cluster.hosts)
     cpu0 = children_cpu()
     machine0 = machine_cpu()
     began = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", "--no-tui", str(hosts_file(folder, cluster)),
+    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", "--no-tui", *options,
+                             str(hosts_file(folder, cluster)),
                              str(SCRIPT), "0", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, XDG_STATE_HOME=str(folder / "xdg")))  # job records too
     assert proc.stderr is not None
@@ -144,6 +145,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,8,32")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--stub-torchrun", action="store_true", help="start `sleep 2` instead of torchrun")
+    parser.add_argument("--preflight", action="store_true",
+                        help="also run `up --no-preflight` in each repeat: what the preflight's checks cost")
     args = parser.parse_args()
     subprocess.run(["sh", str(ROOT / "tests" / "_support" / "install_sshd.sh"), "pdsh"], check=True,
                    capture_output=True)
@@ -156,14 +159,22 @@ def main() -> None:
             folder.mkdir()
             global PYTHON
             PYTHON = make_stub(folder) if args.stub_torchrun else sys.executable
-            ours, theirs = [], []
+            ours, theirs, bare = [], [], []
             for i in range(args.repeat):
                 ours.append(run_clusterrun(folder, cluster))
+                if args.preflight:
+                    bare.append(run_clusterrun(folder, cluster, "--no-preflight"))
                 theirs.append(run_pdsh(folder, cluster, 29000 + i))
-                print(f"N={n:3d} run {i + 1}: clusterrun {ours[-1][0]:.2f} s, pdsh {theirs[-1][0]:.2f} s",
+                print(f"N={n:3d} run {i + 1}: clusterrun {ours[-1][0]:.2f} s, pdsh {theirs[-1][0]:.2f} s"
+                      + (f", clusterrun --no-preflight {bare[-1][0]:.2f} s" if bare else ""),
                       file=sys.stderr, flush=True)
         finally:
             cluster.close()
+        if bare:
+            print(f"N={n}: clusterrun {statistics.median(r[0] for r in ours):.2f} s, with --no-preflight "
+                  f"{statistics.median(r[0] for r in bare):.2f} s; controller CPU/host "
+                  f"{statistics.median(r[1] for r in ours) * 1000:.0f} ms against "
+                  f"{statistics.median(r[1] for r in bare) * 1000:.0f} ms")
         rows.append((n, *(statistics.median(run[i] for run in ours) for i in range(3)),
                      *(statistics.median(run[i] for run in theirs) for i in range(3)), cluster.isolated))
     print(f"{os.cpu_count()} cores; median of {args.repeat} runs; hosts isolated in namespaces: "

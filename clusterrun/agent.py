@@ -382,6 +382,14 @@ def _boot_id() -> str:
         return ""
 
 
+def _unlink_quietly(path: str) -> None:
+    """Remove a temporary file a failed write leaves (gone already is fine)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def _write_atomic(path: str, data: bytes) -> None:
     """Write a temporary file (0600, a random name: hosts sharing a filesystem have the same pids), fsync, rename."""
     tmp = f"{path}.{os.urandom(6).hex()}.tmp"
@@ -396,10 +404,7 @@ def _write_atomic(path: str, data: bytes) -> None:
             os.close(fd)
         os.rename(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink_quietly(tmp)
         raise
 
 
@@ -2766,10 +2771,7 @@ def _sync_install(tmp: str, path: str, mode: int, mtime_ns: int, size: int, sha2
         os.utime(tmp, ns=(mtime_ns, mtime_ns))
         os.rename(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink_quietly(tmp)
         raise
 
 
@@ -2805,10 +2807,7 @@ def _sync_file(stdin: Any, path: str, size: int, mode: int, mtime_ns: int) -> No
         os.rename(tmp, path)
     except BaseException:
         _sync_skip(stdin, left)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink_quietly(tmp)
         raise
 
 # ---------------------------------------------------------------------------------- doctor

@@ -6,7 +6,6 @@ import re
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,18 +103,10 @@ def test_doctor_replaces_a_derived_master_that_another_machine_reaches_through_l
     address towards it (``interfaces.settle_master``), and so do the doctor's interface rows and
     its TCP test of the master port."""
 
-    def network(netns: str, source: str, node0: bool = False) -> Callable[[str], dict[str, Any]]:
-        def answer(target: str) -> dict[str, Any]:
-            loop = target == "127.0.0.1"
-            peer = ({"target": "b", "resolved": "10.0.0.2", "source": "10.0.0.1", "interface": "eth1",
-                     "loopback": False, "error": None} if node0 else None)
-            return {"netns": netns, "preset": {}, "peer": peer,
-                    "master": {"target": target, "resolved": target, "source": "127.0.0.1" if loop else source,
-                               "interface": "lo" if loop else "eth1", "loopback": loop, "error": None}}
-        return answer
+    from tests.test_interfaces import routes_of_two_machines
 
-    fake.host("here").network = network("A", "10.0.0.1", node0=True)
-    fake.host("b").network = network("B", "10.0.0.2")
+    fake.host("here").network = routes_of_two_machines("10.0.0.1", "A", node0=True)
+    fake.host("b").network = routes_of_two_machines("10.0.0.2", "B")
     spec = load_cluster_text("hosts:\n  - host: here\n    transport: local\n  - host: b\n", "hosts.yaml")
     report = doctor.run_doctor(spec, None, fake.transport)
     assert not report.failed, report.render()

@@ -6,6 +6,7 @@ tests/test_network_sim.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -150,23 +151,25 @@ def test_prepare_refuses_a_node_that_reaches_the_master_through_loopback_and_sta
     assert not any(r["op"] == "start" for _, r in fake.requests)
 
 
+def routes_of_two_machines(source: str, netns: str, node0: bool = False) -> Callable[[str], dict[str, Any]]:
+    """A fake host's ``route`` answers on one of two machines (node 0 ``here``, 10.0.0.1, and
+    ``b``, 10.0.0.2, on eth1): loopback to 127.0.0.1, eth1 to anything else."""
+    def answer(target: str) -> dict[str, Any]:
+        loop = target == "127.0.0.1"
+        peer = ({"target": "b", "resolved": "10.0.0.2", "source": "10.0.0.1", "interface": "eth1",
+                 "loopback": False, "error": None} if node0 else None)
+        return {"netns": netns, "preset": {}, "peer": peer,
+                "master": {"target": target, "resolved": target, "source": "127.0.0.1" if loop else source,
+                           "interface": "lo" if loop else "eth1", "loopback": loop, "error": None}}
+    return answer
+
+
 def test_prepare_replaces_a_derived_master_that_other_machines_reach_through_loopback() -> None:
     """Node 0 on this machine (``transport: local``, master 127.0.0.1) and a remote node: the
     master becomes node 0's address towards the remote one, and every node is routed to it."""
     fake = FakeCluster()
-
-    def route(source: str, netns: str, node0: bool = False) -> Any:
-        def answer(target: str) -> dict[str, Any]:
-            loop = target == "127.0.0.1"
-            peer = ({"target": "b", "resolved": "10.0.0.2", "source": "10.0.0.1", "interface": "eth1",
-                     "loopback": False, "error": None} if node0 else None)
-            return {"netns": netns, "preset": {}, "peer": peer,
-                    "master": {"target": target, "resolved": target, "source": "127.0.0.1" if loop else source,
-                               "interface": "lo" if loop else "eth1", "loopback": loop, "error": None}}
-        return answer
-
-    fake.host("here").network = route("10.0.0.1", "A", node0=True)
-    fake.host("b").network = route("10.0.0.2", "B")
+    fake.host("here").network = routes_of_two_machines("10.0.0.1", "A", node0=True)
+    fake.host("b").network = routes_of_two_machines("10.0.0.2", "B")
     job = job_on(fake, "hosts:\n  - host: here\n    transport: local\n  - host: b\n")
     try:
         plan = job.prepare()
