@@ -438,7 +438,7 @@ class HostSync:
             for entry in files:
                 folder, _, name = entry.path.rpartition("/")
                 temporary = f"{folder}/" * bool(folder) + f".{name}.{os.urandom(6).hex()}.clusterrun-tmp"
-                self._sftp_file(sftp, entry, f"{root}/{temporary}", done)
+                self._sftp_file(sftp, entry, f"{root}/{temporary}", f"{root}/{entry.path}", done)
                 installs.append({**self._entry(entry, data=False), "from": temporary,
                                  "sha256": self._local_hash(entry)})  # the agent checks what arrived
                 self._tell("copy", (done[0], len(files)), (done[1], total))
@@ -452,10 +452,10 @@ class HostSync:
             self.session.call_with_data({"op": "sync_put", "root": self.root, "entries": installs}, [])
             installs.clear()
 
-    def _sftp_file(self, sftp: Any, entry: LocalEntry, temporary: str, done: list[int]) -> None:
-        """Write ``entry``'s bytes to ``temporary`` on the host; a failure removes it again."""
+    def _sftp_file(self, sftp: Any, entry: LocalEntry, temporary: str, target: str, done: list[int]) -> None:
+        """Write ``entry``'s bytes to ``temporary`` on the host (beside ``target``, which errors
+        name); a failure removes it again."""
         path = os.path.join(self.manifest.root, entry.path)
-        target = f"{temporary.rsplit('/', 1)[0]}/{entry.path.rpartition('/')[2]}"
 
         def failed(exc: OSError) -> AgentError:
             return AgentError(self.host.host, f"cannot write {target} over SFTP: {_sftp_reason(exc)}")
