@@ -5,7 +5,7 @@ the interpreter, torch and its CUDA and NCCL versions (the same on every host, e
 naming the odd ones), the GPUs the hosts file asks for (``nvidia-smi``), the workdir and the
 script (SCRIPT is relative to each host's workdir), free disk in the state dir, the master port
 free on node 0 and reachable by TCP from every node (node 0's agent listens on it, every node's
-agent connects: ``listen`` / ``reach`` in agent.py), the host's clock against this one, and
+agent connects: ``listen`` / ``reach`` in agent/doctorops.py), the host's clock against this one, and
 logind. Each finding is a ``Check``: ✓, ✗ (the job cannot run: with a one-line fix) or !
 (it may run, badly: a warning with a fix).
 

@@ -1,6 +1,6 @@
 """The controller's side of the agent protocol: answers decoded once, into frozen dataclasses.
 
-The agent (``agent.py``, stdlib only; its docstring specifies the protocol) answers with JSON
+The agent (``clusterrun.agent``, stdlib only; its docstring specifies the protocol) answers with JSON
 lines. This module is the only place the controller reads them: a field that is missing or of
 the wrong type is a ``ProtocolError`` naming the host, the message and the field, never a
 ``KeyError`` deep inside a policy. ``PROTOCOL`` is the version this controller speaks; the agent

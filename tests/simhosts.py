@@ -482,7 +482,7 @@ def namespace_problem() -> str | None:
 def _attempt_cgroups() -> set[str]:
     """The attempts' cgroups at the top of this machine's cgroup2 hierarchy, which the simulated
     hosts mount as their own (as root, the agent makes them there)."""
-    from clusterrun.agent import _cgroup2_mount
+    from clusterrun.agent.cgroup import _cgroup2_mount
 
     mount = _cgroup2_mount()
     return set() if mount is None else {str(p) for p in Path(mount).glob("clusterrun-*-n*-a*") if p.is_dir()}
@@ -491,10 +491,10 @@ def _attempt_cgroups() -> set[str]:
 def _remove_empty_cgroup(cgroup: str) -> None:
     """Remove ``cgroup`` and its ``job`` child once the processes killed in them are gone; a cgroup
     that stays populated (another test's job) is left alone."""
-    from clusterrun import agent
+    from clusterrun.agent import cgroup as cg
 
     for path in (os.path.join(cgroup, "job"), cgroup):
-        if os.path.isdir(path) and agent.cg_wait_empty(path, time.monotonic() + 5):
+        if os.path.isdir(path) and cg.cg_wait_empty(path, time.monotonic() + 5):
             with contextlib.suppress(OSError):
                 os.rmdir(path)
 

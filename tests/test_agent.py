@@ -94,30 +94,6 @@ def test_state_is_private_whatever_the_umask(tmp_path: Path) -> None:
         assert stat.S_IMODE(p.stat().st_mode) == (0o700 if p.is_dir() else 0o600), p
 
 
-def test_compiled_agent_is_cached_privately_and_a_damaged_cache_is_replaced(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    probe = {"op": "probe", "free_port": False, "state_dir": str(tmp_path / "state")}
-    old_umask = os.umask(0o022)
-    try:
-        assert TRANSPORT.call(probe)["ok"]
-    finally:
-        os.umask(old_umask)
-    tag = subprocess.run([sys.executable, "-c", "import sys; print(sys.implementation.cache_tag)"],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    [cached] = (cache / "clusterrun").iterdir()
-    assert cached.name.endswith(f"-{tag}-{sys.hexversion:x}.bin")
-    assert stat.S_IMODE(cached.stat().st_mode) == 0o600
-    assert stat.S_IMODE(cached.parent.stat().st_mode) == 0o700
-    older = cache / "clusterrun" / f"agent-{'0' * 64}-{tag}-{sys.hexversion:x}.bin"
-    older.write_bytes(b"an older agent's code")
-    cached.write_bytes(b"\x00garbage")  # damaged: compiled again, and the answer is the same
-    assert TRANSPORT.call(probe)["ok"]
-    assert cached.read_bytes() != b"\x00garbage"
-    assert list((cache / "clusterrun").iterdir()) == [cached]  # the older version is gone
-
-
 STUBBORN = r"""
 import os, signal, subprocess, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -269,11 +245,11 @@ def _fake_torch(site_dir: Path, version: str) -> None:
 
 
 def _probe_with(python: Path, tmp_path: Path) -> dict:
-    from clusterrun.agent import json_loads
-    from clusterrun.transports.base import agent_command, agent_preamble, request_line
+    from clusterrun.agent.codec import json_loads
+    from clusterrun.transports.base import agent_bundle, agent_command, request_line
 
     probe = {"op": "probe", "free_port": False, "state_dir": str(tmp_path / "state")}
-    proc = subprocess.run(agent_command(str(python)), input=agent_preamble() + request_line(probe),
+    proc = subprocess.run(agent_command(str(python)), input=agent_bundle().stdin(request_line(probe)),
                           capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
     assert proc.returncode == 0, proc
     return json_loads(proc.stdout)
@@ -307,7 +283,7 @@ def test_probe_finds_a_torch_that_only_a_pth_file_knows(tmp_path: Path) -> None:
 
 
 def test_rank_logs_pass_on_whole_lines_only(tmp_path: Path) -> None:
-    from clusterrun.agent import RankLogs
+    from clusterrun.agent.ranklogs import RankLogs
 
     folder = tmp_path / "torchrun" / "run_x" / "attempt_0"
     (folder / "0").mkdir(parents=True)
@@ -337,16 +313,16 @@ def test_atomic_writes_from_hosts_with_the_same_pids_do_not_collide(tmp_path: Pa
     their temporary files must not share a name, or one host's rename fails."""
     import threading
 
-    from clusterrun import agent
+    from clusterrun.agent import records
 
-    monkeypatch.setattr(agent.os, "getpid", lambda: 18)  # every writer looks like pid 18 on its own host
+    monkeypatch.setattr(records.os, "getpid", lambda: 18)  # every writer looks like pid 18 on its own host
     target = tmp_path / "agent.py"
     errors: list[BaseException] = []
 
     def write(n: int) -> None:
         try:
             for _ in range(300):
-                agent._write_atomic(str(target), f"writer {n}\n".encode() * 1000)
+                records._write_atomic(str(target), f"writer {n}\n".encode() * 1000)
         except BaseException as exc:  # noqa: BLE001 - collected for the assertion
             errors.append(exc)
 
@@ -379,39 +355,39 @@ def _random_json(rng: random.Random, depth: int = 0) -> object:
 
 
 def test_agent_json_matches_the_json_module() -> None:
-    """The agent speaks JSON through json's C parts (see agent._codec): byte for byte what json
+    """The agent speaks JSON through json's C parts (see codec._codec): byte for byte what json
     would write, and reads whatever json reads; the fallback is the json module itself."""
     import json
 
-    from clusterrun import agent
+    from clusterrun.agent import codec
 
     rng = random.Random(5)
     for _ in range(3000):
         obj = {str(k): _random_json(rng) for k in range(rng.randrange(4))} if rng.random() < 0.5 else _random_json(rng)
         text = json.dumps(obj)
-        assert agent.json_dumps(obj) == text
+        assert codec.json_dumps(obj) == text
         try:
-            assert agent.json_dumps_sorted(obj) == json.dumps(obj, sort_keys=True)
+            assert codec.json_dumps_sorted(obj) == json.dumps(obj, sort_keys=True)
         except TypeError:  # keys of mixed types cannot be sorted: json refuses them alike
             with pytest.raises(TypeError):
                 json.dumps(obj, sort_keys=True)
-        assert agent.json_dumps(agent.json_loads(text)) == text
-        assert agent.json_dumps(agent.json_loads(f" \n{text}\t".encode())) == text
-    assert agent.json_loads('{"a": NaN}')["a"] != agent.json_loads('{"a": NaN}')["a"]
+        assert codec.json_dumps(codec.json_loads(text)) == text
+        assert codec.json_dumps(codec.json_loads(f" \n{text}\t".encode())) == text
+    assert codec.json_loads('{"a": NaN}')["a"] != codec.json_loads('{"a": NaN}')["a"]
     for bad in ["", "{", '{"a": 1} x', "[1,]", "{'a': 1}", '"\x01"', "nul"]:
         with pytest.raises(ValueError):
-            agent.json_loads(bad)
+            codec.json_loads(bad)
     with pytest.raises(TypeError, match="set is not JSON serializable"):
-        agent.json_dumps({"a": {1}})
+        codec.json_dumps({"a": {1}})
 
 
 def test_agent_json_falls_back_to_the_json_module(monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from clusterrun import agent
+    from clusterrun.agent import codec
 
     monkeypatch.setitem(sys.modules, "_json", None)  # a Python without json's C parts
-    dumps, dumps_sorted, loads = agent._codec()
+    dumps, dumps_sorted, loads = codec._codec()
     assert dumps is json.dumps and loads is json.loads
     assert dumps_sorted({"b": 1, "a": 2}) == '{"a": 2, "b": 1}'
 
@@ -434,7 +410,7 @@ def _own_imports(importtime: str) -> set[str]:
         subtree.add(name)
         if len(column) - len(column.lstrip()) > 1:  # nested: decided with its top-level import
             continue
-        spec = importlib.util.find_spec(name)
+        spec = None if name.split(".")[0] == "clusterrun_agent" else importlib.util.find_spec(name)  # its parts
         origin = getattr(spec, "origin", None) or ""
         in_stdlib = origin.startswith(stdlib) and not {"site-packages", "dist-packages"} & set(Path(origin).parts)
         if spec is None or origin in ("built-in", "frozen") or in_stdlib:
@@ -457,7 +433,7 @@ def test_own_imports_leave_out_what_a_pth_file_imported() -> None:
 def test_the_agent_and_its_supervisor_import_little(tmp_path: Path) -> None:
     """Every module the agent imports is paid for on every host at every command (the figures are
     in docs/benchmarks.md)."""
-    from clusterrun.transports.base import agent_command, agent_preamble, request_line
+    from clusterrun.transports.base import agent_bundle, agent_command, request_line
 
     heavy = {"re", "enum", "json", "subprocess", "socket", "typing", "glob", "random", "threading", "importlib.util"}
     argv = agent_command(sys.executable)
@@ -465,8 +441,12 @@ def test_the_agent_and_its_supervisor_import_little(tmp_path: Path) -> None:
     request = req(tmp_path / "state", "start", argv=[sys.executable, "-c", "print('ran')"], env={},
                   cwd=str(tmp_path))
     probe = {"op": "probe", "free_port": True, "state_dir": str(tmp_path / "state")}
-    proc = subprocess.run(argv, input=agent_preamble() + request_line(probe) + request_line(request),
-                          capture_output=True, timeout=60)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first = subprocess.run(argv, input=agent_bundle().stdin(request_line(probe)), capture_output=True, timeout=60,
+                           env=env)  # installs and compiles this version: once per version and interpreter
+    assert b'"ok": true' in first.stdout and "zipfile" in _own_imports(first.stderr.decode()), first
+    proc = subprocess.run(argv, input=agent_bundle().stdin(request_line(probe), request_line(request)),
+                          capture_output=True, timeout=60, env=env)
     answers = [line for line in proc.stdout.splitlines() if line.strip()]
     assert len(answers) == 2 and all(b'"ok": true' in a for a in answers), proc
     agent_modules = _own_imports(proc.stderr.decode())
@@ -513,7 +493,8 @@ def test_a_quiet_job_costs_its_supervisor_and_follower_no_cpu(tmp_path: Path) ->
     """Both sleep until inotify, a pidfd or a signal says that something happened."""
     import threading
 
-    from clusterrun.agent import BOOTSTRAP, BUSY
+    from clusterrun.agent import BOOTSTRAP
+    from clusterrun.agent.supervisor import BUSY
 
     state_dir = tmp_path / "state"
     flag = tmp_path / "go"
@@ -559,7 +540,8 @@ def woken(waker: object) -> bool:
 def test_rank_logs_are_watched_as_torchrun_makes_them(tmp_path: Path) -> None:
     """The supervisor's wait wakes when a per-rank file is made or written, however deep, and
     sleeps through its timeout when nothing happens."""
-    from clusterrun.agent import RankLogs, Waker
+    from clusterrun.agent.ranklogs import RankLogs
+    from clusterrun.agent.waker import Waker
 
     root = tmp_path / "torchrun"
     root.mkdir()
@@ -593,7 +575,8 @@ def test_rank_logs_are_watched_as_torchrun_makes_them(tmp_path: Path) -> None:
 def test_without_inotify_the_waits_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Python without ctypes: the supervisor is no subreaper (the marker and the recorded
     sessions still find the job's processes) and its waits poll."""
-    from clusterrun.agent import Waker, _set_subreaper
+    from clusterrun.agent.supervisor import _set_subreaper
+    from clusterrun.agent.waker import Waker
 
     monkeypatch.setitem(sys.modules, "ctypes", None)
     _set_subreaper()  # no ImportError
@@ -611,6 +594,6 @@ def test_without_inotify_the_waits_poll(monkeypatch: pytest.MonkeyPatch) -> None
     ("__version__ = '\n", "unknown"),
 ])
 def test_torch_version_is_read_from_its_version_file(source: str, version: str) -> None:
-    from clusterrun.agent import _version_of
+    from clusterrun.agent.probe import _version_of
 
     assert _version_of(source) == version

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,14 +230,14 @@ def test_a_stale_stop_of_attempt_1_leaves_attempt_2_untouched(place: Place, tmp_
 
 def test_without_cgroup_kill_the_cgroup_is_frozen_and_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Kernels before 5.14 have no cgroup.kill: freeze, SIGKILL every process listed, thaw."""
-    from clusterrun import agent
+    from clusterrun.agent import cgroup as cg
 
-    parent, why = agent.cgroup_parent()
+    parent, why = cg.cgroup_parent()
     if parent is None:
         unavailable(f"no cgroup here: {why}")
     cgroup = os.path.join(parent, f"clusterrun-test-{os.getpid()}")
     os.mkdir(cgroup)
-    real_write = agent.cg_write
+    real_write = cg.cg_write
     tried: list[str] = []
 
     def no_kill(path: str, data: bytes) -> None:
@@ -253,18 +254,18 @@ def test_without_cgroup_kill_the_cgroup_is_frozen_and_killed(tmp_path: Path, mon
     try:
         wait_for(lambda: (piddir / "ready").exists(), 30, what="the fork storm")
         pids = recorded(piddir)
-        monkeypatch.setattr(agent, "cg_write", no_kill)
+        monkeypatch.setattr(cg, "cg_write", no_kill)
         killed: dict[int, dict] = {}
-        assert agent.cg_kill(cgroup, killed) == "freeze + SIGKILL"
+        assert cg.cg_kill(cgroup, killed) == "freeze + SIGKILL"
         assert "cgroup.freeze" in tried
-        assert agent.cg_wait_empty(cgroup, agent.time.monotonic() + 10)
+        assert cg.cg_wait_empty(cgroup, time.monotonic() + 10)
         assert [name for name, (pid, st) in pids.items() if alive(pid, st)] == []
         assert set(pid for pid, _ in pids.values()) <= set(killed)
     finally:
         proc.kill()
         proc.wait()
         real_write(os.path.join(cgroup, "cgroup.kill"), b"1")
-        agent.cg_wait_empty(cgroup, agent.time.monotonic() + 10)
+        cg.cg_wait_empty(cgroup, time.monotonic() + 10)
         os.rmdir(cgroup)
 
 
@@ -320,7 +321,7 @@ def test_a_full_state_dir_refuses_the_start_cleanly(small_disk: Path, tmp_path: 
 def test_a_disk_that_fills_up_degrades_the_supervisor_but_the_stop_works(small_disk: Path, tmp_path: Path) -> None:
     """The supervisor cannot write its state any more: it keeps supervising, says so (degraded),
     and the stop still kills and verifies everything, saying what it could not record."""
-    from clusterrun import agent
+    from clusterrun.agent import cgroup as cg
 
     transport = LocalTransport(HostSpec(host="here", transport="local"))
     state_dir = small_disk / "state"
@@ -346,7 +347,7 @@ def test_a_disk_that_fills_up_degrades_the_supervisor_but_the_stop_works(small_d
         report = transport.call(req(state_dir, "stop", grace=1))
         assert [n for n, (pid, st) in pids.items() if alive(pid, st)] == []
         assert report["left"] == [] and report["degraded"], report
-        if agent.cgroup_parent()[0] is not None:
+        if cg.cgroup_parent()[0] is not None:
             assert report["verified"] and report["containment"] == "cgroup"
         assert any("could not record the end of the job in state.json: No space left on device" in n
                    for n in report["notes"]), report["notes"]
@@ -364,9 +365,9 @@ def test_a_disk_that_fills_up_degrades_the_supervisor_but_the_stop_works(small_d
 def login_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path, str]]:
     """A fake logind layout: a cgroup named like an SSH login's session scope, an interpreter that
     puts itself there before it runs the agent, and a `loginctl` whose answer the test writes."""
-    from clusterrun import agent
+    from clusterrun.agent import cgroup as cg
 
-    parent, why = agent.cgroup_parent()
+    parent, why = cg.cgroup_parent()
     if parent is None or os.geteuid() != 0:
         unavailable(f"needs root and cgroup2 to make the session's cgroup: {why}")
     top = os.path.join(parent, f"crtest-{os.getpid()}")
@@ -388,7 +389,7 @@ def login_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[t
     finally:
         with open(os.path.join(scope, "cgroup.kill"), "w") as f:  # "logout": what logind does to the scope
             f.write("1")
-        agent.cg_wait_empty(top, agent.time.monotonic() + 10)
+        cg.cg_wait_empty(top, time.monotonic() + 10)
         for folder in sorted((f for f, _, _ in os.walk(top)), key=len, reverse=True):
             os.rmdir(folder)
 
@@ -434,9 +435,9 @@ def test_as_root_the_job_leaves_the_login_session_and_outlives_it(login_session:
     try:
         with open(os.path.join(scope, "cgroup.kill"), "w") as f:
             f.write("1")
-        from clusterrun import agent
+        from clusterrun.agent import cgroup as cg
 
-        assert agent.cg_wait_empty(scope, agent.time.monotonic() + 10)
+        assert cg.cg_wait_empty(scope, time.monotonic() + 10)
         assert alive(sup["pid"], sup["start_time"]) and alive(tr["pid"], tr["start_time"])
     finally:
         report = transport.call(req(state_dir, "stop", grace=1))
@@ -454,9 +455,9 @@ def delegated(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, Path]
     import shutil
     import tempfile
 
-    from clusterrun import agent
+    from clusterrun.agent import cgroup as cg
 
-    parent, why = agent.cgroup_parent()
+    parent, why = cg.cgroup_parent()
     if parent is None or os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
         unavailable(f"needs root, setpriv, {USER_PYTHON} and cgroup2: {why}")
     uid, gid = 65534, 65534
@@ -473,6 +474,7 @@ def delegated(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, Path]
                        f"--clear-groups {USER_PYTHON} \"$@\"\n")
     wrapper.chmod(0o755)
     monkeypatch.setenv("HOME", str(folder))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(folder / "cache"))  # the agent's, which the user must own
     try:
         yield str(wrapper), cgroup, folder
     finally:
@@ -537,9 +539,9 @@ def user_session(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     import shutil
     import tempfile
 
-    from clusterrun import agent
+    from clusterrun.agent import cgroup as cg
 
-    parent, why = agent.cgroup_parent()
+    parent, why = cg.cgroup_parent()
     if parent is None or os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
         unavailable(f"needs root, setpriv, {USER_PYTHON} and cgroup2: {why}")
     top = os.path.join(parent, f"crtest-{os.getpid()}")
@@ -574,6 +576,7 @@ def user_session(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder / "run"))
     monkeypatch.setenv("HOME", str(folder))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(folder / "cache"))  # the agent's, which the user must own
     try:
         yield {"python": str(bin_dir / "python"), "session": session, "scope": scope, "folder": folder}
     finally:
@@ -603,9 +606,9 @@ def test_logind_with_linger_starts_the_job_in_a_user_scope_that_outlives_the_ses
             "torchrun": (tr["pid"], tr["start_time"])}
     with open(os.path.join(user_session["session"], "cgroup.kill"), "w") as f:  # the logout
         f.write("1")
-    from clusterrun import agent
+    from clusterrun.agent import cgroup as cg
 
-    assert agent.cg_wait_empty(user_session["session"], agent.time.monotonic() + 10)
+    assert cg.cg_wait_empty(user_session["session"], time.monotonic() + 10)
     assert [n for n, (pid, st) in pids.items() if not alive(pid, st)] == []  # all outlived the session
     report = transport.call(req(state_dir, "stop", grace=1))
     assert (report["containment"], report["verified"], report["left"]) == ("cgroup", True, []), report
@@ -646,11 +649,11 @@ def test_the_cgroup_of_a_supervisor_killed_is_removed_once_empty(tmp_path: Path)
 
 def remove_cgroup_tree(top: str) -> None:
     """Kill what runs in the cgroup tree at ``top`` and remove it, deepest first."""
-    from clusterrun import agent
+    from clusterrun.agent import cgroup as cg
 
     with open(os.path.join(top, "cgroup.kill"), "w") as f:
         f.write("1")
-    agent.cg_wait_empty(top, agent.time.monotonic() + 10)
+    cg.cg_wait_empty(top, time.monotonic() + 10)
     for sub in sorted((f for f, _, _ in os.walk(top)), key=len, reverse=True):
         os.rmdir(sub)
 
@@ -689,10 +692,10 @@ def user_host(layout: list[str], delegate: list[str], files: tuple[str, ...] = (
     host whose logins start in ``layout[0]``, and yield it; remove everything after."""
     import shutil
 
-    from clusterrun import agent
+    from clusterrun.agent import cgroup as cg
     from tests.simhosts import USER, USER_ID
 
-    mount = agent._cgroup2_mount()
+    mount = cg._cgroup2_mount()
     if namespace_problem() or mount is None or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
         unavailable(f"needs simulated hosts, cgroup2 and {USER_PYTHON}: {namespace_problem()}")
     top = os.path.join(mount, f"crtest-ssh-{os.getpid()}")

@@ -7,7 +7,6 @@ hosts) is in ``tests/test_env_canary.py``.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterrun.agent.records import AgentFailure
 from clusterrun.config import load_cluster_text
 from clusterrun.environment import MASK, mask_env, parse_dotenv, redact, resolve, unmask
 from clusterrun.errors import ConfigError, HostsUnavailable
@@ -25,7 +25,6 @@ from clusterrun.orchestrator import Job
 from clusterrun.plan import HostFacts, build_plan, plan_to_json
 from clusterrun.transports.fake import FakeCluster
 
-ROOT = Path(__file__).resolve().parent.parent
 JOB = "train-20261123-120000-abcd"
 
 
@@ -256,65 +255,68 @@ def test_dry_run_runs_no_setup_and_the_start_names_its_secrets() -> None:
     assert start["env"]["HF_TOKEN"] == "v"  # the value travels on the agent's stdin, as data
 
 
-def _agent():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("clusterrun_agent_for_test", ROOT / "clusterrun" / "agent.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_setup_exports_reach_the_environment_and_failures_say_why(tmp_path: Path) -> None:
-    agent = _agent()
-    env = agent._run_setup(["export FROM_SETUP='a b'; unset DROPPED", "cd /; export WHERE=$OLDPWD",
+    from clusterrun.agent import setup
+
+    env = setup._run_setup(["export FROM_SETUP='a b'; unset DROPPED", "cd /; export WHERE=$OLDPWD",
                             "if true; then\n  export MULTI=2\nfi\n"],
                            {"DROPPED": "x", "GIVEN": "y"}, str(tmp_path))
     assert env["FROM_SETUP"] == "a b" and env["GIVEN"] == "y" and env["MULTI"] == "2"
     assert env["WHERE"] == str(tmp_path)  # run in the node's working directory
     assert "DROPPED" not in env
-    with pytest.raises(agent.AgentFailure) as info:
-        agent._run_setup(["true", "echo loading >&2; source /nonexistent/conda.sh && conda activate x", "true"],
+    with pytest.raises(AgentFailure) as info:
+        setup._run_setup(["true", "echo loading >&2; source /nonexistent/conda.sh && conda activate x", "true"],
                          {}, None)
     message = str(info.value)
     assert message.startswith("setup failed with status 1; nothing was started; its last lines:")
     assert "/nonexistent/conda.sh: No such file or directory" in message
     assert "clusterrun: setup[1] exited with status 1" in message
-    with pytest.raises(agent.AgentFailure, match="does one call `exit`"):
-        agent._run_setup(["exit 0"], {}, None)
+    with pytest.raises(AgentFailure, match="does one call `exit`"):
+        setup._run_setup(["exit 0"], {}, None)
 
 
 def test_the_agent_writes_secret_values_masked_in_spec_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    agent = _agent()
+    from clusterrun.agent import records, start
+
     handed: dict[str, object] = {}
 
     def spawn(folder: str, scope: object = None, env: dict[str, str] | None = None) -> tuple[int, int]:
         handed.update(env or {})
         raise OSError(28, "No space left on device")  # stop here: the spec is written, nothing runs
 
-    monkeypatch.setattr(agent, "_spawn_supervisor", spawn)
-    monkeypatch.setattr(agent, "logind_problem", lambda: "")
-    monkeypatch.setattr(agent, "_make_cgroup", lambda *a: (None, "test"))
+    monkeypatch.setattr(start, "_spawn_supervisor", spawn)
+    monkeypatch.setattr(start, "logind_problem", lambda: "")
+    monkeypatch.setattr(start, "_make_cgroup", lambda *a: (None, "test"))
     written: dict[str, bytes] = {}
-    real_write = agent._write_atomic
-    monkeypatch.setattr(agent, "_write_atomic", lambda path, data: (written.__setitem__(path, data),
-                                                                     real_write(path, data)))
+    real_write = records._write_atomic
+    monkeypatch.setattr(records, "_write_atomic", lambda path, data: (written.__setitem__(path, data),
+                                                                       real_write(path, data)))
     req = {"op": "start", "job": JOB, "node": 0, "attempt": 1, "state_dir": str(tmp_path), "argv": ["true"],
            "env": {"HF_TOKEN": "canary-start", "A": "1"}, "secret_env": ["HF_TOKEN"], "cwd": None}
-    with pytest.raises(agent.AgentFailure):
-        agent.op_start(req)
+    with pytest.raises(AgentFailure):
+        start.op_start(req)
     spec_json = next(data for path, data in written.items() if path.endswith("spec.json"))
     assert json.loads(spec_json)["env"] == {"HF_TOKEN": MASK, "A": "1"}
     assert handed["HF_TOKEN"] == "canary-start"  # the supervisor gets it in memory
 
 
-def test_supervise_passes_the_environment_after_the_source() -> None:
-    """The supervisor started by systemd-run (``SUPERVISE``) reads the agent's source, then a NUL,
-    then the environment: secrets go through the pipe, never to disk."""
-    agent = _agent()
-    source = b"import sys\nsys.stdout.write(__name__ + ' ' + __clusterrun_env__.decode())\n"
-    proc = subprocess.run([sys.executable, "-S", "-c", agent.SUPERVISE, "folder"],
-                          input=source + b"\0" + b'{"A_TOKEN": "v"}', capture_output=True, timeout=30, check=True)
-    assert proc.stdout == b'__clusterrun_supervisor__ {"A_TOKEN": "v"}'
+def test_supervise_imports_the_agent_from_where_it_runs_and_reads_the_environment_from_stdin(
+        tmp_path: Path) -> None:
+    """The supervisor started by systemd-run (``SUPERVISE``) imports the package from the path the
+    agent runs from (on a host, its cached zip), never from source sent again, and gets the
+    environment through the pipe: secrets never reach the disk or a command line."""
+    import zipfile
+
+    from clusterrun.agent.supervisor import SUPERVISE
+
+    zipped = tmp_path / "agent.zip"
+    with zipfile.ZipFile(zipped, "w") as archive:  # a stand-in package: prints what it was given
+        archive.writestr("pkg/__init__.py", "")
+        archive.writestr("pkg/supervisor.py", "import sys\ndef supervise_in_scope(folder, env):\n"
+                                              "    sys.stdout.write(__file__ + ' ' + folder + ' ' + env.decode())\n")
+    proc = subprocess.run([sys.executable, "-S", "-c", SUPERVISE, "folder", str(zipped), "pkg"],
+                          input=b'{"A_TOKEN": "v"}', capture_output=True, timeout=30, check=True)
+    assert proc.stdout == f'{zipped}/pkg/supervisor.py folder {{"A_TOKEN": "v"}}'.encode()
 
 
 def test_a_restart_without_a_secret_the_last_attempt_had_is_refused(

@@ -193,20 +193,20 @@ def test_the_agent_finds_the_route_and_the_interface_of_its_source_address(monke
     import socket
     import subprocess
 
-    from clusterrun import agent
+    from clusterrun.agent import network
 
-    local = agent._route("127.0.0.1", 9)
+    local = network._route("127.0.0.1", 9)
     assert (local["interface"], local["loopback"], local["error"]) == ("lo", True, None)
-    assert agent._route("localhost", 9)["hosts_line"].startswith("/etc/hosts:")  # a name mapped to loopback there
-    assert agent._route("no-such-host.invalid", 9)["error"].startswith("cannot resolve no-such-host.invalid: ")
+    assert network._route("localhost", 9)["hosts_line"].startswith("/etc/hosts:")  # a name mapped to loopback there
+    assert network._route("no-such-host.invalid", 9)["error"].startswith("cannot resolve no-such-host.invalid: ")
     listed = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True).stdout
     pairs = [(f[1], f[3].split("/")[0]) for f in map(str.split, listed.splitlines())]
     with monkeypatch.context() as patched:  # the ioctls alone
-        patched.setattr(agent, "_capture", lambda argv, timeout=5.0: None)
-        assert pairs and all(agent._interface_of(address) == name for name, address in pairs)
+        patched.setattr(network, "_capture", lambda argv, timeout=5.0: None)
+        assert pairs and all(network._interface_of(address) == name for name, address in pairs)
 
     def refused() -> list[tuple[int, str]]:
         raise OSError("no if_nameindex")
 
     monkeypatch.setattr(socket, "if_nameindex", refused)  # the `ip -o addr` fallback alone
-    assert all(agent._interface_of(address) == name for name, address in pairs)
+    assert all(network._interface_of(address) == name for name, address in pairs)

@@ -1,6 +1,6 @@
 """A rank killed by the OOM killer, told by the kernel's own words (or why they could not be read).
 
-The agent's supervisor reads /dev/kmsg from the attempt's start (``agent.KernelLog``) and the
+The agent's supervisor reads /dev/kmsg from the attempt's start (``kmsg.KernelLog``) and the
 attempt's cgroup's ``memory.events``; the state's ``oom`` is decoded (``protocol.decode_oom``),
 matched to the root cause's PID (``diagnose.oom_evidence``) and told by the ``oom-killed`` or
 ``killed`` signature. ``tests/_support/failures/oom-killed/`` holds what a real run on this
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun import agent
+from clusterrun.agent import kmsg
 from clusterrun.diagnose import NodeLog, find_root_cause, oom_evidence
 from clusterrun.events import OomEvidence, RootCause
 from clusterrun.protocol import KernelOom, OomKill, ProtocolError, decode_oom, decode_status
@@ -43,28 +43,28 @@ SUMMARY = ("oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_a
 
 
 def test_a_record_is_read_only_when_the_kernel_wrote_it() -> None:
-    assert agent.kmsg_text(b"3,20503,20932441131,-;" + KILLED.encode() + b"\n") == KILLED
+    assert kmsg.kmsg_text(b"3,20503,20932441131,-;" + KILLED.encode() + b"\n") == KILLED
     # continuation lines (" SUBSYSTEM=...") are not part of the message
-    assert agent.kmsg_text(b"6,1,2,-;usb 1-1: new device\n SUBSYSTEM=usb\n DEVICE=c189:1\n") == "usb 1-1: new device"
+    assert kmsg.kmsg_text(b"6,1,2,-;usb 1-1: new device\n SUBSYSTEM=usb\n DEVICE=c189:1\n") == "usb 1-1: new device"
     # what a process writes to /dev/kmsg gets a facility of its own (LOG_USER: 8 + level): never the kernel's
-    assert agent.kmsg_text(b"11,20504,20932441200,-;" + KILLED.encode() + b"\n") is None
-    assert agent.kmsg_text(b"no record at all") is None
+    assert kmsg.kmsg_text(b"11,20504,20932441200,-;" + KILLED.encode() + b"\n") is None
+    assert kmsg.kmsg_text(b"no record at all") is None
 
 
 def test_the_kernels_oom_lines_name_the_victim() -> None:
-    assert agent.oom_kill_of(KILLED) == {"pid": 10283, "comm": "python3", "line": KILLED}
-    assert agent.oom_kill_of(SUMMARY) == {"pid": 10283, "comm": "python3", "summary": SUMMARY,
+    assert kmsg.oom_kill_of(KILLED) == {"pid": 10283, "comm": "python3", "line": KILLED}
+    assert kmsg.oom_kill_of(SUMMARY) == {"pid": 10283, "comm": "python3", "summary": SUMMARY,
                                           "constraint": "CONSTRAINT_MEMCG", "oom_memcg": "/oomprobe-h-oom",
                                           "task_memcg": "/oomprobe-h-oom"}
     host = "Out of memory: Killed process 7 (pt main thread) total-vm:1kB, anon-rss:1kB, UID:0 oom_score_adj:0"
-    assert agent.oom_kill_of(host) == {"pid": 7, "comm": "pt main thread", "line": host}
+    assert kmsg.oom_kill_of(host) == {"pid": 7, "comm": "pt main thread", "line": host}
     allocating = "Out of memory (oom_kill_allocating_task): Killed process 8 (a (b)) total-vm:1kB"
-    assert agent.oom_kill_of(allocating) == {"pid": 8, "comm": "a (b)", "line": allocating}
+    assert kmsg.oom_kill_of(allocating) == {"pid": 8, "comm": "a (b)", "line": allocating}
     old = "Killed process 9 (python) total-vm:1kB, anon-rss:1kB, file-rss:0kB"  # before Linux 5.1, its own line
-    assert agent.oom_kill_of(old) == {"pid": 9, "comm": "python", "line": old}
+    assert kmsg.oom_kill_of(old) == {"pid": 9, "comm": "python", "line": old}
     # nodes written with commas, a command with a comma: the fields are still found
     odd = "oom-kill:constraint=CONSTRAINT_NONE,nodemask=0-1,3,cpuset=/,mems_allowed=0-1,3,task=a,b,pid=12,uid=1000"
-    assert agent.oom_kill_of(odd) == {"pid": 12, "comm": "a,b", "summary": odd, "constraint": "CONSTRAINT_NONE"}
+    assert kmsg.oom_kill_of(odd) == {"pid": 12, "comm": "a,b", "summary": odd, "constraint": "CONSTRAINT_NONE"}
 
 
 @pytest.mark.parametrize("line", [
@@ -76,11 +76,11 @@ def test_the_kernels_oom_lines_name_the_victim() -> None:
     "oom-kill:constraint=CONSTRAINT_NONE,task=python,pid=,uid=0",
 ])
 def test_other_lines_name_no_oom_victim(line: str) -> None:
-    assert agent.oom_kill_of(line) is None
+    assert kmsg.oom_kill_of(line) is None
 
 
 def test_the_captured_records_make_one_kill_with_both_lines() -> None:
-    log = agent.KernelLog(path="/nonexistent/kmsg")
+    log = kmsg.KernelLog(path="/nonexistent/kmsg")
     for record in (CAPTURED / "kmsg.txt").read_bytes().splitlines(keepends=True):
         log.feed(record)
     assert list(log.kills.values()) == [{"pid": 10283, "comm": "python3", "summary": SUMMARY, "line": KILLED,
@@ -89,11 +89,11 @@ def test_the_captured_records_make_one_kill_with_both_lines() -> None:
 
 
 def test_only_the_newest_kills_are_kept_and_the_jobs_last() -> None:
-    log = agent.KernelLog(path="/nonexistent/kmsg")
+    log = kmsg.KernelLog(path="/nonexistent/kmsg")
     log.keep = {2}  # a PID of the job
-    for pid in range(1, agent.OOM_KILLS_KEPT + 6):
+    for pid in range(1, kmsg.OOM_KILLS_KEPT + 6):
         log.feed(f"3,{pid},0,-;Out of memory: Killed process {pid} (p) total-vm:1kB".encode())
-    assert list(log.kills) == [2, *range(7, agent.OOM_KILLS_KEPT + 6)]
+    assert list(log.kills) == [2, *range(7, kmsg.OOM_KILLS_KEPT + 6)]
 
 
 def test_a_drain_reads_record_by_record_through_an_overwrite_until_none_is_left(
@@ -105,18 +105,18 @@ def test_a_drain_reads_record_by_record_through_an_overwrite_until_none_is_left(
                                       b"3,9,0,-;Out of memory: Killed process 6 (b) total-vm:1kB\n",
                                       BlockingIOError(errno.EAGAIN, "again"),
                                       b"3,10,0,-;Out of memory: Killed process 7 (c) total-vm:1kB\n"]
-    log = agent.KernelLog(path="/nonexistent/kmsg")
+    log = kmsg.KernelLog(path="/nonexistent/kmsg")
     log.fd, log.error = 1000, None  # read through the fake below only
 
     def read(fd: int, size: int) -> bytes:
-        assert (fd, size) == (1000, agent.KMSG_RECORD)
+        assert (fd, size) == (1000, kmsg.KMSG_RECORD)
         reply = replies.pop(0)
         if isinstance(reply, OSError):
             raise reply
         return reply
 
     with monkeypatch.context() as patch:
-        patch.setattr(agent.os, "read", read)
+        patch.setattr(kmsg.os, "read", read)
         log.drain()
     assert (list(log.kills), log.overwritten, log.error) == ([5, 6], True, None)
     assert len(replies) == 1
@@ -124,18 +124,18 @@ def test_a_drain_reads_record_by_record_through_an_overwrite_until_none_is_left(
 
 
 def test_an_unreadable_log_says_why_and_what_reading_it_needs() -> None:
-    log = agent.KernelLog(path="/nonexistent/kmsg")
+    log = kmsg.KernelLog(path="/nonexistent/kmsg")
     assert (log.fd, log.error) == (-1, "/nonexistent/kmsg: No such file or directory")
     restrict = Path("/proc/sys/kernel/dmesg_restrict").read_text().strip()
-    assert agent.kmsg_problem("/dev/kmsg", PermissionError(errno.EPERM, "x")) == (
+    assert kmsg.kmsg_problem("/dev/kmsg", PermissionError(errno.EPERM, "x")) == (
         f"/dev/kmsg: Operation not permitted (kernel.dmesg_restrict = {restrict}: reading it needs root or CAP_SYSLOG)")
 
 
 def test_the_attempts_cgroup_counts_its_oom_kills(tmp_path: Path) -> None:
     (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n")
-    assert agent.cgroup_oom_kills(str(tmp_path)) == (1, None)
+    assert kmsg.cgroup_oom_kills(str(tmp_path)) == (1, None)
     (tmp_path / "memory.events").unlink()
-    count, why = agent.cgroup_oom_kills(str(tmp_path))
+    count, why = kmsg.cgroup_oom_kills(str(tmp_path))
     assert count is None and why == (f"{tmp_path}/memory.events does not exist: the memory controller is not enabled "
                                      "for that cgroup (it is not in cgroup.subtree_control above it, or is bound to "
                                      "a cgroup v1 hierarchy)")
@@ -143,7 +143,7 @@ def test_the_attempts_cgroup_counts_its_oom_kills(tmp_path: Path) -> None:
 
 def test_the_report_is_what_the_state_keeps(tmp_path: Path) -> None:
     (tmp_path / "memory.events").write_text("oom 1\noom_kill 1\n")
-    log = agent.KernelLog(path="/nonexistent/kmsg")
+    log = kmsg.KernelLog(path="/nonexistent/kmsg")
     log.feed(b"3,1,0,-;" + KILLED.encode())
     report = log.report(str(tmp_path))
     decoded = decode_oom("h", json.loads(json.dumps(report)))
@@ -161,7 +161,7 @@ def _last_seq() -> int:
     try:
         while True:
             try:
-                last = int(os.read(fd, agent.KMSG_RECORD).split(b",", 2)[1])
+                last = int(os.read(fd, kmsg.KMSG_RECORD).split(b",", 2)[1])
             except BlockingIOError:
                 return last
             except BrokenPipeError:
@@ -174,7 +174,7 @@ def test_the_real_kernel_log_is_read_from_where_it_was_opened(monkeypatch: pytes
     """The OOM kills of the attempt only: no record older than the open is read (this kernel's
     log holds many, OOM kills of earlier tests among them)."""
     before = _last_seq() if os.access("/dev/kmsg", os.R_OK) else -1
-    log = agent.KernelLog()
+    log = kmsg.KernelLog()
     if log.error is not None or before < 0:
         unavailable(f"the kernel's log is not readable here, or empty: {log.error}")
     read: list[int] = []
@@ -192,7 +192,7 @@ def test_the_real_kernel_log_is_not_readable_by_nobody_under_dmesg_restrict() ->
         unavailable("needs root and setpriv(1)")
     if Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() != "1":
         unavailable("kernel.dmesg_restrict is not 1 here: anybody may read the kernel's log")
-    code = "from clusterrun.agent import KernelLog; print(KernelLog().error)"
+    code = "from clusterrun.agent.kmsg import KernelLog; print(KernelLog().error)"
     done = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-S",
                            "-c", code], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)},
                           timeout=60, check=False)
@@ -205,12 +205,13 @@ def test_a_pid_namespace_of_its_own_is_noticed() -> None:
     """In a PID namespace (a container, a simulated host) the kernel's PIDs are not the job's."""
     if os.geteuid() != 0 or not shutil.which("unshare"):
         unavailable("needs root and unshare(1) for a PID namespace")
-    code = "from clusterrun.agent import KernelLog; print(KernelLog('/nonexistent/kmsg').report(None)['pid_namespace'])"
+    code = ("from clusterrun.agent.kmsg import KernelLog; "
+            "print(KernelLog('/nonexistent/kmsg').report(None)['pid_namespace'])")
     done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-S", "-c", code],
                           capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, timeout=60,
                           check=False)
     assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr
-    assert agent.KernelLog("/nonexistent/kmsg").report(None)["pid_namespace"] is (
+    assert kmsg.KernelLog("/nonexistent/kmsg").report(None)["pid_namespace"] is (
         os.readlink("/proc/self/ns/pid") != "pid:[4026531836]")
 
 
@@ -218,7 +219,7 @@ USER_PYTHON = "/usr/bin/python3"  # an interpreter every user may run (this one 
 
 
 @pytest.mark.integration
-def test_real_an_unprivileged_supervisor_says_the_kernels_log_is_not_readable() -> None:
+def test_real_an_unprivileged_supervisor_says_the_kernels_log_is_not_readable(monkeypatch: pytest.MonkeyPatch) -> None:
     """A node's job run as ``nobody`` (no cgroup of its own) kills itself with SIGKILL: its state
     says why the kernel's log could not be read, and the root cause says so and keeps `dmesg`."""
     from clusterrun.config import HostSpec
@@ -234,6 +235,7 @@ def test_real_an_unprivileged_supervisor_says_the_kernels_log_is_not_readable() 
     wrapper = folder / "python"
     wrapper.write_text(f'#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups {USER_PYTHON} "$@"\n')
     wrapper.chmod(0o755)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(folder / "cache"))  # the agent's cache: root's ~/.cache is refused
     transport = LocalTransport(HostSpec(host="here", transport="local", python=str(wrapper)))
     request = {"job": "crtest-oom", "node": 0, "attempt": 1, "state_dir": str(folder / "state")}
     try:
@@ -441,7 +443,7 @@ def memory_cgroup() -> Iterator[Path]:
     mount = _memory_v1_mount()
     if os.geteuid() != 0 or mount is None:
         unavailable("needs root and a cgroup v1 memory controller (in /proc/mounts) to make a small memory cgroup")
-    log = agent.KernelLog()
+    log = kmsg.KernelLog()
     log.close()
     if log.error is not None:
         unavailable(f"the kernel's log is not readable here: {log.error}")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.agent import KernelLog
+from clusterrun.agent.kmsg import KernelLog
 from clusterrun.diagnose import NodeLog, find_root_cause
 from clusterrun.events import Explanation, JobResult, NodeResult, NodeState, RootCause
 from clusterrun.protocol import decode_status

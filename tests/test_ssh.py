@@ -292,15 +292,16 @@ def test_an_agent_that_cannot_start_is_reported_with_its_stderr_even_after_its_c
     from clusterrun.config import HostSpec
     from clusterrun.errors import AgentError
     from clusterrun.transports import ssh
+    from clusterrun.transports.bundle import AgentBundle
 
     cluster = sim_cluster(1)
-    preamble = ssh.agent_preamble()
+    bundle = ssh.agent_bundle()
 
-    def late() -> bytes:
+    def late() -> AgentBundle:
         time.sleep(1.0)  # by now the shell has said "not found" and the channel is closed
-        return preamble
+        return bundle
 
-    monkeypatch.setattr(ssh, "agent_preamble", late)
+    monkeypatch.setattr(ssh, "agent_bundle", late)
     transport = ssh.SSHTransport(HostSpec(host="sim1", python="/opt/nowhere/python3"),
                                  ssh.SSHOptions(ssh_config=str(cluster.ssh_config)))
     try:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun import agent
+from clusterrun.agent import syncops
+from clusterrun.agent.records import AgentFailure
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import ConfigError
 from clusterrun.excludes import Excludes
@@ -154,8 +155,8 @@ def put(monkeypatch: pytest.MonkeyPatch, request: dict[str, object], data: bytes
     stream = io.BytesIO(data)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(stream)))  # type: ignore[arg-type]
     try:
-        answer = agent.op_sync_put(request)
-    except agent.AgentFailure as exc:
+        answer = syncops.op_sync_put(request)
+    except AgentFailure as exc:
         answer = {"ok": False, "error": str(exc)}
     return answer, sys.stdin.buffer.read()
 

@@ -1,7 +1,7 @@
 """One contract for every transport: the fake, local processes, and SSH to simulated machines.
 
 The same requests get answers of the same shape and meaning whichever way the agent is reached
-(``agent.py``'s protocol), so a policy tested against the fake transport (tests/test_orchestrator.py,
+(``clusterrun.agent``'s protocol), so a policy tested against the fake transport (tests/test_orchestrator.py,
 tests/test_runner.py) is tested against what real hosts say. The fake runs no processes: where a
 real job prints and exits, the harness makes the fake node do the same.
 """

@@ -3,42 +3,32 @@
 Lifecycle: create → ``connect()`` → any number of ``session()`` / ``call()`` / ``stream()`` →
 ``close()``. A session is one agent process (over SSH: one channel, one interpreter start) that
 answers requests in turn, so a node is probed, started and followed by the same agent. A
-transport only moves bytes: what the agent does is the agent's business (``agent.py``), and
-requests always travel on the agent's stdin, never on a command line.
+transport only moves bytes: what the agent does is the agent's business (``clusterrun.agent``),
+and requests always travel on the agent's stdin, never on a command line. A session of a real
+transport starts with the agent's loader and the sha256 of its zip (``bundle``); the zip itself
+is sent only when the host's cache lacks it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
-from clusterrun.agent import BOOTSTRAP, LOADER
+from clusterrun.agent import BOOTSTRAP
 from clusterrun.config import HostSpec
 from clusterrun.errors import AgentError
+from clusterrun.transports.bundle import AgentBundle, agent_bundle
 
-__all__ = ["AgentSession", "AgentStream", "Transport", "agent_command", "agent_preamble", "request_line",
-           "read_timeout"]
+__all__ = ["AgentBundle", "AgentSession", "AgentStream", "Transport", "agent_bundle", "agent_command",
+           "request_line", "read_timeout"]
 
 # How long a follow may stay silent before its connection is taken for dead even if TCP has not
 # noticed: the agent speaks at least every 5 s (agent.HEARTBEAT).
 FOLLOW_TIMEOUT = 20.0
-
-
-@lru_cache(maxsize=1)
-def agent_preamble() -> bytes:
-    """What ``BOOTSTRAP`` reads first: the loader and then the agent's source, each length-prefixed
-    (the agent's with its sha256, under which the host caches its compiled code; see agent.py)."""
-    source = (Path(__file__).resolve().parent.parent / "agent.py").read_bytes()
-    loader = LOADER.encode()
-    return (b"%d\n" % len(loader) + loader
-            + b"%s %d\n" % (hashlib.sha256(source).hexdigest().encode(), len(source)) + source)
 
 
 def request_line(request: dict[str, Any]) -> bytes:
@@ -46,7 +36,7 @@ def request_line(request: dict[str, Any]) -> bytes:
 
 
 def agent_command(python: str) -> list[str]:
-    """The constant argv that runs the agent: no job data in it (``-S``: see agent.py)."""
+    """The constant argv that runs the agent: no job data in it (``-S``: see ``clusterrun.agent``)."""
     return [python, "-S", "-c", BOOTSTRAP]
 
 
@@ -108,24 +98,52 @@ def _parse(host: str, raw: bytes) -> dict[str, Any]:
 
 class AgentSession:
     """One running agent: ``call()`` as often as needed, then ``close()`` — or hand it to one
-    ``stream()`` (a follow), which ends the session when the stream is closed."""
+    ``stream()`` (a follow), which ends the session when the stream is closed.
+
+    With ``bundle`` (the real transports), the session sends the loader and the zip's sha256 at
+    once, and before its first request reads whether the host has the zip, sending it if not.
+    ``sent`` counts the bytes written to the agent."""
 
     def __init__(self, host: str, send: Callable[[bytes], None], lines: Iterator[bytes], closer: Callable[[], None],
                  *, set_timeout: Callable[[float], None] | None = None,
-                 last_words: Callable[[], str] = lambda: "") -> None:
+                 last_words: Callable[[], str] = lambda: "", bundle: AgentBundle | None = None) -> None:
         self.host = host
-        self._send = send
+        self.sent = 0
+        self._write = send
         self._lines = _past_greeting(lines)
         self._closer: Callable[[], None] | None = closer
         self._set_timeout = set_timeout
         self._last_words = last_words
+        self._bundle = bundle
+        if bundle is not None:
+            self._send(bundle.preamble())
+
+    def _send(self, data: bytes) -> None:
+        self.sent += len(data)
+        self._write(data)
 
     def _ask(self, request: dict[str, Any]) -> None:
         if self._closer is None:
             raise RuntimeError("the agent session was closed")
         if self._set_timeout is not None:
             self._set_timeout(read_timeout(request))
+        if self._bundle is not None:
+            self._handshake(request)
         self._send(request_line(request))
+
+    def _handshake(self, request: dict[str, Any]) -> None:
+        """The loader's first word: ``have`` (the host's cache holds this zip) or ``need`` (send it)."""
+        bundle, self._bundle = self._bundle, None
+        for raw in self._lines:
+            if raw.strip():
+                word = _parse(self.host, raw).get("agent")
+                if word == "need" and bundle is not None:
+                    self._send(bundle.zip)
+                elif word != "have":
+                    raise AgentError(self.host, f"the agent's loader answered {raw[:200]!r}")
+                return
+        raise AgentError(self.host, f"the agent ended without an answer to {request.get('op')!r}"
+                         + self._last_words())
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
         """Send a one-answer request; raise ``AgentError`` if the agent reports a failure."""

@@ -3,7 +3,7 @@
 Lifecycle: ``FakeCluster()`` → pass ``cluster.transport`` as the ``transport_factory`` of a
 ``Job`` (or a job record's owner) → script what the hosts do while the job runs
 (``cluster.node(...).write()`` / ``.exit()``, ``cluster.host(name).drop()`` / ``.restore()`` /
-``.reboot()``) → nothing to close. It speaks the protocol of ``agent.py``'s docstring (probe,
+``.reboot()``) → nothing to close. It speaks the protocol of ``clusterrun.agent``'s docstring (probe,
 start, follow, stop, status, setup, route, remove, jobs; inspect, listen, reach for the doctor) over an
 ``AgentSession`` as the real transports do, and
 ``tests/test_transport_contract.py`` holds it to the local and SSH transports, so a policy tested

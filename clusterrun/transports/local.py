@@ -9,7 +9,7 @@ from typing import IO, cast
 
 from clusterrun.config import HostSpec
 from clusterrun.errors import AgentError
-from clusterrun.transports.base import AgentSession, Transport, agent_command, agent_preamble
+from clusterrun.transports.base import AgentSession, Transport, agent_bundle, agent_command
 
 
 class LocalTransport(Transport):
@@ -54,8 +54,6 @@ class LocalTransport(Transport):
             except (BrokenPipeError, ValueError):
                 pass  # the agent is gone: reading its answer says so, with its last words
 
-        send(agent_preamble())
-
         def close() -> None:
             try:
                 stdin.close()
@@ -73,7 +71,8 @@ class LocalTransport(Transport):
             text = self._stderr_tail.decode(errors="replace").strip()
             return f": {text.splitlines()[-1]}" if text else ""
 
-        return AgentSession(self.name, send, iter(stdout.readline, b""), close, last_words=last_words)
+        return AgentSession(self.name, send, iter(stdout.readline, b""), close, last_words=last_words,
+                            bundle=agent_bundle())
 
     def close(self) -> None:
         """End the agents still running: one that never reads its stdin (an interpreter that

@@ -18,7 +18,7 @@ after some 15 minutes), and requests made on it wait in TCP for the link to retu
   certificates) is not supported: a host it names with no key of its own is refused, naming the
   line. Lines that cannot be read are skipped, as OpenSSH does.
 - ``ProxyJump`` (any number of hops, each over a ``direct-tcpip`` channel) and ``ProxyCommand``.
-- The remote command is constant (``python -c BOOTSTRAP``); the job travels on stdin. No pty.
+- The remote command is constant (``python -S -c BOOTSTRAP``); the job travels on stdin. No pty.
 - Every paramiko and socket exception is translated here, in ``map_error``; paramiko's log
   records go nowhere (a ``NullHandler``): without one, Python's last-resort handler prints
   their warnings raw on the user's terminal.
@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 
 from clusterrun.config import HostSpec
 from clusterrun.errors import AuthError, ConnectError, HostKeyError, TransportError
-from clusterrun.transports.base import AgentSession, Transport, agent_command, agent_preamble
+from clusterrun.transports.base import AgentSession, Transport, agent_bundle, agent_command
 
 # paramiko imports invoke (and asyncio: docs/benchmarks.md) only to run `Match exec` in its own
 # ssh_config parser, which clusterrun uses only where OpenSSH's `ssh -G` is missing (then `Match
@@ -475,13 +475,6 @@ class SSHTransport(Transport):
                     return  # the command ended (e.g. no such python): reading says so, with its stderr
                 raise map_error(self.name, exc) from exc
 
-        try:
-            send(agent_preamble())
-        except BaseException:
-            self._sessions.release()
-            channel.close()
-            raise
-
         def drain_stderr() -> None:
             try:
                 while channel.recv_stderr_ready():
@@ -505,8 +498,13 @@ class SSHTransport(Transport):
             drain_stderr()
             return self._last_words()
 
-        return AgentSession(self.name, send, self._lines(channel), close, set_timeout=channel.settimeout,
-                            last_words=last_words)
+        try:  # sends the agent's loader and the sha256 of its zip at once
+            return AgentSession(self.name, send, self._lines(channel), close, set_timeout=channel.settimeout,
+                                last_words=last_words, bundle=agent_bundle())
+        except BaseException:
+            self._sessions.release()
+            channel.close()
+            raise
 
     _stderr_tail = b""
 

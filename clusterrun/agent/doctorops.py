@@ -1,0 +1,217 @@
+"""What ``clusterrun doctor`` (and ``up``'s preflight) asks of a host beyond the probe:
+``inspect``, ``listen``, ``unlisten`` and ``reach``; the controller's side is doctor.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from .codec import json_loads
+from .logind import logind_problem, user_scope
+from .probe import _find_torch
+from .records import AgentFailure, _state_root
+from .system import _capture, _which
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+# What `clusterrun doctor` (and `up`'s preflight) asks of a host; controller side: doctor.py.
+# torch's versions as the interpreter sees them when it imports torch (site on, as torchrun runs).
+DEEP_TORCH = r"""
+import json, sys
+out = {}
+try:
+    import torch
+    out["version"] = str(getattr(torch, "__version__", "unknown"))
+    out["cuda"] = getattr(getattr(torch, "version", None), "cuda", None)
+    try:
+        nccl = torch.cuda.nccl.version()
+        out["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    except Exception:
+        out["nccl"] = None
+    try:
+        out["devices"] = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:
+        out["devices"] = 0
+except BaseException as exc:
+    out = {"error": "%s: %s" % (type(exc).__name__, exc)}
+sys.stdout.write(json.dumps(out))
+"""
+
+
+_LISTENERS: dict[int, Any] = {}  # port → (socket, lock released once closed) of a `listen`, until `unlisten`
+
+
+def _path_kind(path: str) -> str:
+    if os.path.isdir(path):
+        return "dir"
+    if os.path.isfile(path):
+        return "file"
+    return "missing" if not os.path.lexists(path) else "other"
+
+
+def _disk(folder: str) -> dict[str, Any]:
+    """Free space of the file system that holds ``folder`` (or would: its nearest existing parent)."""
+    path = folder
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        st = os.statvfs(path)
+    except OSError as exc:
+        return {"path": path, "error": os.strerror(exc.errno or 0)}
+    return {"path": path, "free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize,
+            "writable": os.access(path, os.W_OK)}
+
+
+def op_inspect(req: dict[str, Any]) -> dict[str, Any]:
+    """``inspect``: what the doctor checks beyond the probe (see the module docstring)."""
+    began = time.monotonic()
+    cwd = os.path.expanduser(req["cwd"]) if req.get("cwd") else os.path.expanduser("~")
+    answer: dict[str, Any] = {"ok": True, "time": time.time(), "cwd": cwd, "paths": {},
+                              "disk": _disk(_state_root(req.get("state_dir")))}
+    for path in req.get("paths") or []:
+        answer["paths"][path] = _path_kind(os.path.join(cwd, os.path.expanduser(path)))
+    spec = _find_torch()
+    if spec is not None and spec.origin:
+        try:
+            with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
+                text = f.read()
+            answer["torch_cuda"] = _assigned(text, "cuda")
+        except OSError:
+            pass
+    if req.get("deep"):
+        out = _capture([sys.executable, "-c", DEEP_TORCH], timeout=float(req.get("timeout") or 120))
+        try:
+            answer["deep"] = json_loads(out) if out else {"error": f"{sys.executable} could not import torch"}
+        except ValueError:
+            answer["deep"] = {"error": f"unreadable output: {(out or '')[:200]!r}"}
+    if req.get("gpus"):
+        answer["nvidia_smi"] = _which("nvidia-smi")
+        if answer["nvidia_smi"]:
+            answer["gpu_list"] = _capture(["nvidia-smi", "-L"], timeout=30)
+            answer["gpu_apps"] = _capture(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name",
+                                           "--format=csv,noheader"], timeout=30)
+    problem = logind_problem()
+    answer["logind"] = problem
+    answer["logind_scope"] = bool(problem) and user_scope("probe", 0, 1) is not None
+    answer["elapsed"] = time.monotonic() - began  # the controller's bracket of ``time`` ends this much earlier
+    return answer
+
+
+def _assigned(source: str, name: str) -> str | None:
+    """The string assigned to ``name`` in a module's source (``cuda: Optional[str] = '12.4'``), or None."""
+    for line in source.splitlines():
+        key, equals, value = line.partition("=")
+        value = value.strip()
+        if equals and key.split(":")[0].strip() == name and value[:1] in ("'", '"'):
+            end = value.find(value[0], 1)
+            return value[1:end] if end > 1 else None
+    return None
+
+
+def _listener_loop(sock: Any, port: int, token: bytes, done: Any) -> None:
+    """Answer every connection with ``token``, then wait for the peer to close first (so that the
+    TIME_WAIT is the peer's and the port is free for torchrun at once). Closes the listener and
+    releases ``done`` once ``unlisten`` has taken it out of ``_LISTENERS``."""
+    try:
+        while any(entry[0] is sock for entry in _LISTENERS.values()):
+            try:
+                conn, _ = sock.accept()
+            except OSError:  # a timeout (to see `unlisten`), or its shutdown
+                continue
+            try:
+                conn.settimeout(5.0)
+                conn.sendall(token + b"\n")
+                while conn.recv(64):
+                    pass
+            except OSError:
+                pass
+            finally:
+                conn.close()
+    finally:
+        sock.close()
+        done.release()
+
+
+def op_listen(req: dict[str, Any]) -> dict[str, Any]:
+    """``listen``: open a TCP listener on ``port`` (all addresses; a free one if null) that answers
+    ``token`` to whoever connects, until ``unlisten`` or the end of this agent."""
+    import _thread
+    import socket
+
+    token = str(req.get("token") or "").encode()
+    port = req.get("port")
+    for _ in range(1 if port else 200):
+        candidate = int(port) if port else 20000 + int.from_bytes(os.urandom(2), "big") % 12001
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind(("", candidate))
+            sock.listen(64)
+        except OSError as exc:
+            sock.close()
+            if port:
+                return {"ok": True, "port": candidate, "listening": False, "error": os.strerror(exc.errno or 0)}
+            continue
+        sock.settimeout(0.2)
+        done = _thread.allocate_lock()
+        done.acquire()
+        _LISTENERS[candidate] = (sock, done)
+        _thread.start_new_thread(_listener_loop, (sock, candidate, token, done))
+        return {"ok": True, "port": candidate, "listening": True}
+    raise AgentFailure("no free TCP port found between 20000 and 32000")
+
+
+def op_unlisten(req: dict[str, Any]) -> dict[str, Any]:
+    """``unlisten``: close the listener; the port is free again when this answers."""
+    import socket
+
+    entry = _LISTENERS.pop(int(req.get("port") or 0), None)
+    if entry is not None:
+        sock, done = entry
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes its accept() at once (Linux)
+        except OSError:
+            pass
+        done.acquire(timeout=10.0)
+    return {"ok": True}
+
+
+def op_reach(req: dict[str, Any]) -> dict[str, Any]:
+    """``reach``: connect by TCP to ``addr:port`` and read the listener's ``token``; says whether
+    it came back, else why not, and the local address the connection went out from."""
+    import socket
+
+    addr, port, token = str(req["addr"]), int(req["port"]), str(req.get("token") or "")
+    timeout = float(req.get("timeout") or 5.0)  # each step: a dropped SYN must not hang the doctor
+    answer: dict[str, Any] = {"ok": True, "reached": False, "error": None, "local": None}
+    try:
+        sock = socket.create_connection((addr, port), timeout=timeout)
+    except OSError as exc:
+        answer["error"] = (f"timed out after {timeout:g} s: no answer at all (packets dropped on the way, "
+                           "as a firewall's DROP does)") if isinstance(exc, socket.timeout) else (
+            os.strerror(exc.errno) if exc.errno else str(exc))
+        return answer
+    try:
+        answer["local"] = sock.getsockname()[0]
+        got = b""
+        while not got.endswith(b"\n") and len(got) < 256:
+            chunk = sock.recv(256)
+            if not chunk:
+                break
+            got += chunk
+        if got.strip().decode("utf-8", "replace") == token:
+            answer["reached"] = True
+        else:
+            answer["error"] = "something else answers there (not clusterrun's listener on node 0)"
+    except OSError as exc:
+        answer["error"] = (f"connected, but no answer within {timeout:g} s (not clusterrun's listener on node 0)"
+                           if isinstance(exc, socket.timeout) else str(exc))
+    finally:
+        sock.close()
+    return answer
+
+
+DOCTOR_OPS = {"inspect": op_inspect, "listen": op_listen, "unlisten": op_unlisten, "reach": op_reach}

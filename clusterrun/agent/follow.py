@@ -1,0 +1,141 @@
+"""``follow``: a node's log and state as a stream, resumable by byte offset."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .codec import _emit, _last_emit
+from .procs import PidHandle, _job_alive, pin
+from .records import _load_state, _read_state
+from .waker import IDLE_CHECK, IN_MODIFY, IN_MOVED_TO, Waker
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+# How often at most ``follow`` reads new bytes of the node's log (the supervisor's MERGE_INTERVAL
+# is its counterpart): under a steady flow a line's latency from the worker to the controller is
+# about the sum of the two, plus the network (docs/benchmarks.md). Without inotify it is also the
+# polling interval; with it, the wait ends at an event or after IDLE_CHECK seconds.
+POLL_INTERVAL = 0.05
+# ``follow`` says something at least this often, so a reader can tell a dead connection from a
+# quiet job: no message for a few heartbeats means the link is gone.
+HEARTBEAT = 5.0
+
+
+def tail_offset(path: str, lines: int, end: int | None = None) -> int:
+    """The byte offset where the last ``lines`` complete lines of the file at ``path`` begin
+    (of those before byte ``end``, if given)."""
+    with open(path, "rb") as f:
+        pos, found = f.seek(0, os.SEEK_END), 0
+        if end is not None:
+            pos = min(pos, max(0, end))
+        # A partial last line has no newline, so it is not counted among the ``lines``.
+        while pos > 0:
+            size = min(1 << 16, pos)
+            pos -= size
+            f.seek(pos)
+            block = f.read(size)
+            at = len(block)
+            while (at := block.rfind(b"\n", 0, at)) >= 0:
+                found += 1  # the newline ending the found-th complete line from the end
+                if found > lines:
+                    return pos + at + 1
+        return 0
+
+
+def op_follow(req: dict[str, Any]) -> None:
+    folder, state = _load_state(req)
+    log_path = os.path.join(folder, "output.log")
+    if req.get("tail") is not None:
+        offset = tail_offset(log_path, int(req["tail"]))
+    else:
+        offset = int(req.get("offset") or 0)
+        if req.get("before"):  # a viewer's scrollback: the lines just before where it resumes
+            offset = tail_offset(log_path, int(req["before"]), end=offset)
+    want_logs = req.get("logs", True)
+    once = bool(req.get("once"))
+    state_path = os.path.join(folder, "state.json")
+    degraded_path = os.path.join(folder, "degraded")
+    last_seen = None
+    waker: Waker | None = None
+    pins: dict[tuple[int, int | None], PidHandle | None] = {}  # the supervisor and torchrun, by pidfd
+    with open(log_path, "rb") as log:
+        if not want_logs:
+            offset = log.seek(0, os.SEEK_END)
+        log.seek(offset)
+        pending = b""
+        while True:
+            last_read = time.monotonic()
+            chunk = log.read(1 << 20) if want_logs else b""
+            if chunk:
+                data = pending + chunk
+                cut = data.rfind(b"\n") + 1
+                if cut:
+                    _emit({"t": "log", "offset": offset, "next": offset + cut,
+                           "data": data[:cut].decode("utf-8", "surrogateescape")})
+                    offset += cut
+                pending = data[cut:]
+                if len(chunk) == 1 << 20:
+                    continue
+            try:
+                seen = os.stat(state_path)
+                # replaced by a rename; a ``degraded`` marker changes what is sent too
+                version = (seen.st_ino, seen.st_mtime_ns, seen.st_size, os.path.exists(degraded_path))
+            except OSError:
+                version = None
+            if version != last_seen:
+                last_seen = version
+                state = _read_state(folder) or state
+                _emit({"t": "state", "state": state})
+            ended = state.get("state") == "exited"
+            if not ended and not _job_alive(state):
+                # Read the state again: the supervisor may have written its last word and exited
+                # since the read above. Only if it still says nothing is the node lost.
+                state = _read_state(folder) or state
+                ended = True
+                if state.get("state") != "exited":
+                    state = dict(state, state="lost")
+            if ended:
+                rest = pending + log.read() if want_logs else b""
+                if rest:
+                    _emit({"t": "log", "offset": offset, "next": offset + len(rest),
+                           "data": rest.decode("utf-8", "surrogateescape")})
+                _emit({"t": "end", "state": state})
+                break
+            if once:
+                _emit({"t": "eof", "next": offset, "state": state})
+                break
+            if time.monotonic() - _last_emit[0] >= HEARTBEAT:
+                _emit({"t": "beat"})
+            if waker is None:
+                waker = Waker()
+                waker.watch(folder, IN_MODIFY | IN_MOVED_TO)  # output.log appended, state.json replaced
+            _pin_job(state, pins)
+            if waker.reliable:
+                timeout = min(IDLE_CHECK, HEARTBEAT - (time.monotonic() - _last_emit[0]))
+            else:
+                timeout = POLL_INTERVAL
+            ready = waker.wait(timeout, [h.fd for h in pins.values() if h is not None and h.fd >= 0])
+            for key, handle in pins.items():
+                if handle is not None and handle.fd in ready:  # it ended: do not wait on it again
+                    handle.close()
+                    pins[key] = None
+            left = last_read + POLL_INTERVAL - time.monotonic()
+            if left > 0:  # woken again at once (a flood): read in batches
+                time.sleep(left)
+    if waker is not None:
+        waker.close()
+    for handle in pins.values():
+        if handle is not None:
+            handle.close()
+
+
+def _pin_job(state: dict[str, Any], pins: dict[tuple[int, int | None], PidHandle | None]) -> None:
+    """Pidfds of the supervisor and torchrun that ``state`` names (once each), so that a wait
+    wakes when one of them ends even if it could not write its last state (SIGKILL)."""
+    for entry in (state.get("supervisor"), state.get("torchrun")):
+        if entry and entry.get("pid") and (entry["pid"], entry.get("start_time")) not in pins:
+            pins[(entry["pid"], entry.get("start_time"))] = pin(entry["pid"], entry.get("start_time"))

@@ -1,0 +1,140 @@
+"""The attempt's directory and records on the host: paths, ids, atomic writes, ``state.json``
+read back (with ``degraded``), and ``AgentFailure``, the error every operation reports."""
+
+from __future__ import annotations
+
+import os
+
+from .codec import json_dumps_sorted, json_loads
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+MARKER_VAR = "CLUSTERRUN_JOB"
+
+
+_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+
+
+_ID_CHARS = _ALNUM | frozenset("._-")
+
+
+class AgentFailure(Exception):
+    """A request that cannot be carried out; reported as ``{ok: false, error}``."""
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _unlink_quietly(path: str) -> None:
+    """Remove a temporary file a failed write leaves (gone already is fine)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """Write a temporary file (0600, a random name: hosts sharing a filesystem have the same pids), fsync, rename."""
+    tmp = f"{path}.{os.urandom(6).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def _write_json_atomic(path: str, obj: object) -> None:
+    _write_atomic(path, json_dumps_sorted(obj).encode())
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            value = json_loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _state_root(state_dir: str | None) -> str:
+    if state_dir:
+        return os.path.abspath(os.path.expanduser(state_dir))
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "clusterrun")
+
+
+def _attempt_dir(req: dict[str, Any]) -> str:
+    job, node, attempt = req.get("job"), req.get("node"), req.get("attempt")
+    if not isinstance(job, str) or not (0 < len(job) <= 128 and job[0] in _ALNUM and _ID_CHARS.issuperset(job)):
+        raise AgentFailure(f"invalid job id {job!r}")
+    if not isinstance(node, int) or not isinstance(attempt, int) or node < 0 or attempt < 1:
+        raise AgentFailure(f"invalid node {node!r} or attempt {attempt!r}")
+    root = _state_root(req.get("state_dir"))
+    return os.path.join(root, "jobs", job, f"node{node}", f"attempt{attempt}")
+
+
+def _marker(job: str, node: int, attempt: int) -> str:
+    """The variable every process of one attempt of one node carries: never another attempt's."""
+    return f"{MARKER_VAR}={job}.{node}.{attempt}"
+
+
+def _fs_problem(exc: OSError) -> str:
+    """A short reason for a failed write to the state dir (a full or read-only disk, a quota)."""
+    return f"{os.strerror(exc.errno) if exc.errno else exc}" + (f": {exc.filename}" if exc.filename else "")
+
+
+def _load_state(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    folder = _attempt_dir(req)
+    state = _read_state(folder)
+    if state is None:
+        raise AgentFailure("no job {} node {} attempt {} in {}".format(req.get("job"), req.get("node"),
+                                                                 req.get("attempt"), folder))
+    return folder, state
+
+
+def _read_state(folder: str) -> dict[str, Any] | None:
+    """state.json, with ``degraded`` set if the supervisor could not write everything since."""
+    state = _read_json(os.path.join(folder, "state.json"))
+    if state is not None and not state.get("degraded"):
+        reason = _degraded(folder)
+        if reason:
+            state = dict(state, degraded=reason)
+    return state
+
+
+def _degraded(folder: str) -> str | None:
+    """Why the supervisor could not write to its attempt directory (its ``degraded`` marker)."""
+    try:
+        with open(os.path.join(folder, "degraded"), "rb") as f:
+            reason = f.read().decode("utf-8", "replace").strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        reason = f"({exc.strerror})"
+    if reason and not reason.startswith("("):
+        return reason
+    try:
+        fs = os.statvfs(folder)
+        if fs.f_flag & os.ST_RDONLY:
+            reason = f"(the file system of {folder} is read-only)"
+        elif fs.f_bavail == 0:
+            reason = f"(no space left on the file system of {folder})"
+    except OSError:
+        pass
+    return f"the supervisor could not write its state {reason or '(a full disk or a quota?)'}"

@@ -1,0 +1,108 @@
+"""``start``: the attempt's directory, spec and cgroup, then the detached supervisor."""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+from .cgroup import _make_cgroup, cg_populated, cg_remove
+from .codec import json_loads
+from .logind import logind_problem, user_scope
+from .records import AgentFailure, _attempt_dir, _fs_problem, _write_json_atomic
+from .setup import _prepared, _run_setup, _setup_commands, _setup_key
+from .supervisor import _spawn_supervisor
+from .system import static_fallbacks
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def op_start(req: dict[str, Any]) -> dict[str, Any]:
+    folder = _attempt_dir(req)
+    argv, env, cwd = req.get("argv"), req.get("env") or {}, req.get("cwd")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise AgentFailure("argv must be a non-empty list of strings")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise AgentFailure("env must map strings to strings")
+    setup = _setup_commands(req)
+    if setup:  # run by the ``setup`` request of this agent already, or here (before anything exists)
+        run_env = _prepared.pop(_setup_key(req), None) or _run_setup(setup, env, cwd, req.get("setup_timeout"))
+    else:
+        run_env = {**os.environ, **env}
+    try:
+        os.makedirs(folder, mode=0o700)
+    except FileExistsError:
+        raise AgentFailure(f"{folder} already exists: this attempt was started before") from None
+    except OSError as exc:
+        raise AgentFailure(f"cannot create the state dir {folder}: {_fs_problem(exc)}; nothing was started "
+                           "(free space there or set `state_dir:` for this host)") from None
+    scope = None
+    session_problem = logind_problem()
+    if session_problem:
+        scope = user_scope(req["job"], req["node"], req["attempt"])
+        if scope is None:
+            os.rmdir(folder)
+            raise AgentFailure(session_problem)
+        cgroup, why = None, ""  # the supervisor makes it in its scope (delegated to the user)
+    else:
+        cgroup, why = _make_cgroup(req["job"], req["node"], req["attempt"])
+    secret = set(req.get("secret_env") or ())  # their values reach torchrun in memory only, never this disk
+    shown = {name: "****" if name in secret else value for name, value in env.items()}
+    spec = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "argv": argv, "env": shown,
+            "setup": setup, "first_rank": int(req.get("first_rank") or 0), "about": req.get("about"),
+            "cwd": os.path.expanduser(cwd) if cwd else None, "cgroup": cgroup, "user_scope": scope is not None,
+            "fallbacks": ([f"no cgroup: {why}"] if why else []) + static_fallbacks()}
+    middle = 0
+    try:
+        _write_json_atomic(os.path.join(folder, "spec.json"), spec)
+        ready, middle = _spawn_supervisor(folder, scope, run_env)
+    except OSError as exc:
+        if cgroup:
+            cg_remove(cgroup)
+        _discard(folder)
+        raise AgentFailure(f"cannot write to the state dir {folder}: {_fs_problem(exc)}; nothing was started "
+                           "(free space there or set `state_dir:` for this host)") from None
+    data = b""
+    deadline = time.monotonic() + 30
+    try:
+        while not data.endswith(b"\n") and select.select([ready], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(ready, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(ready)
+        if middle:
+            os.waitpid(middle, 0)  # systemd-run's interpreter, which forked the supervisor and exited
+    state = None
+    if data.endswith(b"\n"):
+        try:
+            state = json_loads(data)
+        except ValueError:
+            state = None
+    if state is None:
+        if cgroup and not cg_populated(cgroup):
+            cg_remove(cgroup)
+        why = "did not start within 30 s" if not data and time.monotonic() >= deadline else "ended at once"
+        raise AgentFailure(f"the supervisor {why}; see {folder}/supervisor.log")
+    if state.get("error"):
+        if state.get("unwritable"):
+            _discard(folder)  # nothing ran: the same attempt may be started again once there is room
+        return {"ok": False, "error": state["error"], "dir": folder, "state": state}
+    return {"ok": True, "dir": folder, "state": state}
+
+
+def _discard(folder: str) -> None:
+    """Remove an attempt directory whose start failed before anything ran."""
+    for folder_, _dirs, files in sorted(os.walk(folder), key=lambda entry: -len(entry[0])):
+        for name in files:
+            try:
+                os.unlink(os.path.join(folder_, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(folder_)
+        except OSError:
+            pass

@@ -1,0 +1,108 @@
+"""``status``, ``remove`` and ``jobs``: what the records and the processes say of attempts."""
+
+from __future__ import annotations
+
+import os
+
+from .cgroup import _forget_cgroup
+from .procs import _is_alive, _job_alive
+from .records import AgentFailure, _attempt_dir, _boot_id, _load_state, _read_json, _read_state, _state_root
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def _absent(req: dict[str, Any]) -> dict[str, Any] | None:
+    """The answer for a node that was never started (its controller died during ``start``)."""
+    if os.path.exists(_attempt_dir(req)):
+        return None
+    return {"ok": True, "state": {"state": "absent"}, "alive": {"supervisor": False, "torchrun": False},
+            "log_size": 0, "killed": [], "left": []}
+
+
+def op_status(req: dict[str, Any]) -> dict[str, Any]:
+    absent = _absent(req)
+    if absent is not None:
+        return absent
+    folder, state = _load_state(req)
+    same_boot = state.get("boot_id") == _boot_id()
+    alive = {"supervisor": same_boot and _is_alive(state.get("supervisor")),
+             "torchrun": same_boot and _is_alive(state.get("torchrun"))}
+    if state.get("state") != "exited" and not any(alive.values()):
+        state = _read_state(folder) or state  # it may have ended just now
+        if state.get("state") != "exited":
+            state = dict(state, state="lost")
+    if not alive["supervisor"]:
+        _forget_cgroup(state)
+    try:
+        size = os.path.getsize(os.path.join(folder, "output.log"))
+    except OSError:
+        size = 0
+    return {"ok": True, "state": state, "alive": alive, "log_size": size, "degraded": state.get("degraded"),
+            "fallbacks": state.get("fallbacks") or [], "containment": "cgroup" if state.get("cgroup") else "sweep"}
+
+
+def op_remove(req: dict[str, Any]) -> dict[str, Any]:
+    """Delete one node's state and logs of a job (every attempt), and the job's directory once no
+    node is left in it. Refused while a supervisor or torchrun of any attempt still runs."""
+    import shutil
+
+    folder = os.path.dirname(_attempt_dir(dict(req, attempt=1)))
+    if not os.path.isdir(folder):
+        return {"ok": True, "removed": None, "bytes": 0}
+    size = 0
+    for name in sorted(os.listdir(folder)):
+        state = _read_json(os.path.join(folder, name, "state.json"))
+        if state is not None and _job_alive(state):
+            raise AgentFailure(f"{os.path.join(folder, name)} still runs; stop the job first (`clusterrun down`)")
+    for parent, _dirs, files in os.walk(folder):
+        for file in files:
+            try:
+                size += os.lstat(os.path.join(parent, file)).st_size
+            except OSError:
+                pass
+    shutil.rmtree(folder)
+    try:
+        os.rmdir(os.path.dirname(folder))  # the job's directory, once its last node is gone
+    except OSError:
+        pass
+    return {"ok": True, "removed": folder, "bytes": size}
+
+
+def op_jobs(req: dict[str, Any]) -> dict[str, Any]:
+    """Every node attempt under the state root, as ``status`` sees it, with what ``start`` was
+    given (argv, env, cwd, first_rank, about): for a controller that has no record of the job."""
+    root = os.path.join(_state_root(req.get("state_dir")), "jobs")
+    found = []
+    try:
+        jobs = sorted(os.listdir(root))
+    except FileNotFoundError:
+        jobs = []
+    for job in jobs:
+        try:
+            nodes = sorted(os.listdir(os.path.join(root, job)))
+        except OSError:
+            continue
+        for node_dir in nodes:
+            if not node_dir.startswith("node") or not node_dir[4:].isdigit():
+                continue
+            for attempt_dir in sorted(os.listdir(os.path.join(root, job, node_dir))):
+                if not attempt_dir.startswith("attempt") or not attempt_dir[7:].isdigit():
+                    continue
+                query = {"job": job, "node": int(node_dir[4:]), "attempt": int(attempt_dir[7:]),
+                         "state_dir": req.get("state_dir")}
+                try:
+                    status = op_status(query)
+                except AgentFailure:
+                    status = {"state": {"state": "starting"}}  # no state.json yet (being started, or it never was)
+                folder = _attempt_dir(query)
+                spec = _read_json(os.path.join(folder, "spec.json")) or {}
+                try:
+                    started = os.stat(os.path.join(folder, "spec.json")).st_mtime
+                except OSError:
+                    started = None
+                found.append(dict(query, state=status.get("state"), started=started, argv=spec.get("argv"),
+                                  env=spec.get("env"), cwd=spec.get("cwd"), first_rank=spec.get("first_rank"),
+                                  about=spec.get("about")))
+    return {"ok": True, "root": root, "jobs": found}

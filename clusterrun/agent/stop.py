@@ -1,0 +1,109 @@
+"""``stop``: the verified stop of one attempt (see the package docstring)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .cgroup import _forget_cgroup, cg_kill, cg_pids, cg_populated, cg_remove, cg_wait_empty
+from .procs import JobScope, all_procs, pin, proc_info, signal
+from .records import _attempt_dir, _boot_id, _fs_problem, _read_json, _read_state, _write_json_atomic
+from .status import _absent
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+UNSEEN = "processes that left the job's tree, session and environment could not be seen"
+
+
+def op_stop(req: dict[str, Any]) -> dict[str, Any]:
+    absent = _absent(req)
+    if absent is not None:
+        return absent
+    folder = _attempt_dir(req)
+    spec = _read_json(os.path.join(folder, "spec.json")) or {}
+    state = _read_state(folder)
+    notes: list[str] = []
+    if state is None:  # the supervisor never wrote it (it died, or the disk was full): find what we can
+        state = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "state": "starting",
+                 "fallbacks": spec.get("fallbacks") or []}
+        notes.append("no state.json: the supervisor never recorded the job's pids")
+    grace = float(req.get("grace", 10))
+    deadline = time.monotonic() + grace + 15
+    killed: dict[int, dict[str, Any]] = {}
+    base = {"ok": True, "fallbacks": state.get("fallbacks") or [], "degraded": state.get("degraded"), "notes": notes}
+    if state.get("boot_id") and state.get("boot_id") != _boot_id():
+        _forget_cgroup(state)
+        return dict(base, killed=[], left=[], state=state, containment="reboot", verified=True,
+                    detail="the host rebooted since the job started: nothing of it can be running")
+    if state.get("state") != "exited":
+        try:
+            with open(os.path.join(folder, "stop"), "w"):
+                pass
+        except OSError as exc:
+            notes.append(f"could not record the stop request: {_fs_problem(exc)}")
+    # The cgroup counts once the supervisor joined it (it says so in its first state); else the sweep.
+    cgroup = state.get("cgroup") or None
+    if cgroup is None and spec.get("cgroup") and state.get("state") == "starting" and os.path.isdir(spec["cgroup"]):
+        cgroup = spec["cgroup"]  # the supervisor could not record it (a full disk): the cgroup is there
+    scope = JobScope(state, exclude={os.getpid()})
+    tr = state.get("torchrun") or {}
+    torchrun = pin(tr["pid"], tr.get("start_time")) if tr.get("pid") else None
+    if torchrun is not None:
+        info = proc_info(torchrun.pid)
+        entry = dict(info.as_dict() if info else {"pid": torchrun.pid})
+        if torchrun.signal(signal.SIGTERM):
+            killed[torchrun.pid] = dict(entry, signal="SIGTERM")
+        if not torchrun.wait(grace) and torchrun.signal(signal.SIGKILL):
+            killed[torchrun.pid] = dict(entry, signal="SIGKILL")
+            torchrun.wait(5)
+        torchrun.close()
+    method = ""
+    if cgroup:
+        job = os.path.join(cgroup, "job")
+        if os.path.isdir(job):
+            method = cg_kill(job, killed)
+            cg_wait_empty(job, deadline)
+    scope.sweep(term_wait=0.5 if cgroup else 2.0, deadline=deadline, killed=killed)
+    sup = state.get("supervisor") or {}
+    supervisor = pin(sup["pid"], sup.get("start_time")) if sup.get("pid") else None
+    if supervisor is not None:
+        if not supervisor.wait(10):  # it writes the final state once nothing of the job is left
+            supervisor.signal(signal.SIGKILL)
+            supervisor.wait(5)
+        supervisor.close()
+    cgroup_empty = False
+    if cgroup:
+        if os.path.isdir(cgroup):  # the supervisor was killed before it could remove it
+            used = cg_kill(cgroup, killed)
+            method = method or used
+            cg_wait_empty(cgroup, deadline)
+        cgroup_empty = not cg_populated(cgroup)
+        if cgroup_empty and not cg_remove(cgroup):
+            notes.append(f"could not remove the empty cgroup {cgroup}")
+    final = _read_state(folder) or state
+    if final.get("state") != "exited":
+        final = dict(final, state="exited", stop_requested=True,
+                     error=final.get("error") or "the supervisor ended without recording an exit")
+        try:
+            _write_json_atomic(os.path.join(folder, "state.json"), final)
+        except OSError as exc:
+            notes.append(f"could not record the end of the job in state.json: {_fs_problem(exc)}")
+    procs = all_procs()
+    left = [procs[pid].as_dict() for pid in sorted(scope.members(procs))]  # verify: nothing may be left
+    if cgroup:
+        seen = {e["pid"] for e in left}
+        left += [info.as_dict() for pid in cg_pids(cgroup) if pid not in seen and (info := proc_info(pid))]
+    count = len(killed)
+    if cgroup:
+        detail = (f"cgroup {cgroup} is empty and removed" if cgroup_empty and not left
+                  else f"cgroup {cgroup} is NOT empty")
+        if method and method != "gone":
+            detail += f" ({method})"
+    else:
+        detail = f"swept {count} process{'es' if count != 1 else ''}; {UNSEEN}"
+    return dict(base, killed=sorted(killed.values(), key=lambda e: e["pid"]), left=left, state=final,
+                containment="cgroup" if cgroup else "sweep", verified=bool(cgroup) and cgroup_empty and not left,
+                detail=detail, degraded=final.get("degraded") or state.get("degraded"), grace=grace)

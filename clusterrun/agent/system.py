@@ -1,0 +1,103 @@
+"""What the host offers, asked without subprocess: programs on PATH, a command's output, the
+user and their linger, what this Python lacks, closing inherited descriptors."""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+
+from .procs import signal
+
+
+def _user_name() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def _lingers() -> bool:
+    """Whether systemd keeps this user's manager after their last logout (``loginctl enable-linger``):
+    asked of logind, else its linger file."""
+    name = _user_name()
+    out = _capture(["loginctl", "show-user", name, "-p", "Linger"])
+    if out and "Linger=" in out:
+        return "Linger=yes" in out
+    return os.path.exists(f"/var/lib/systemd/linger/{name}")
+
+
+def _which(name: str) -> str | None:
+    for folder in (os.environ.get("PATH") or "/usr/bin:/bin").split(os.pathsep):
+        path = os.path.join(folder or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _close_fds_from(lowest: int) -> None:
+    """Close every descriptor from ``lowest`` up: those /proc lists (a range up to the limit can
+    be millions of calls on Pythons without close_range), else up to the limit."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        os.closerange(lowest, limit if 0 < limit < 1 << 16 else 1 << 16)
+        return
+    for fd in fds:
+        if fd >= lowest:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the descriptor of the listing itself, closed already
+
+
+def static_fallbacks() -> list[str]:
+    """What this host's Python lacks that the supervisor would use (the rest it finds itself)."""
+    if hasattr(os, "pidfd_open"):
+        return []
+    return ["no pidfd (Python {}.{}): processes are signalled by pid after a check of their start time"
+            .format(*sys.version_info[:2])]
+
+
+def _capture(argv: list[str], timeout: float = 5.0) -> str | None:
+    """The stdout of ``argv`` (found on PATH), or None if it cannot run or fails (no subprocess)."""
+    try:
+        out_r, out_w = os.pipe()
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:
+        try:
+            os.close(out_r)
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(out_w, 1)
+            os.dup2(null, 2)
+            os.execvp(argv[0], argv)
+        finally:
+            os._exit(127)
+    os.close(out_w)
+    data, deadline = b"", time.monotonic() + timeout
+    try:
+        while select.select([out_r], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(out_r, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(out_r)
+    done, status = os.waitpid(pid, os.WNOHANG)
+    while done == 0 and time.monotonic() < deadline:  # its output ended: its exit follows at once
+        time.sleep(0.002)
+        done, status = os.waitpid(pid, os.WNOHANG)
+    if done == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return None
+    return data.decode("utf-8", "replace") if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else None

@@ -1,0 +1,130 @@
+"""The agent shipped to a host as one zip named by its sha256, cached there (``clusterrun.agent``'s
+docstring): built deterministically, sent only when the host's cache lacks it or holds it damaged,
+compiled once per version, and a cache that another user could write is refused."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import stat
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from clusterrun.agent import cache
+from clusterrun.config import HostSpec
+from clusterrun.errors import AgentError
+from clusterrun.transports.base import request_line
+from clusterrun.transports.bundle import AGENT_DIR, agent_bundle, build_zip
+from clusterrun.transports.local import LocalTransport
+from tests.simhosts import unavailable
+
+TRANSPORT = LocalTransport(HostSpec(host="here", transport="local"))
+
+
+def probe(tmp_path: Path) -> dict[str, object]:
+    return {"op": "probe", "free_port": False, "state_dir": str(tmp_path / "state")}
+
+
+def sent_by_a_probe(tmp_path: Path) -> int:
+    """The bytes one session wrote to its agent for one probe (whose answer must be ok)."""
+    session = TRANSPORT.session()
+    try:
+        assert session.call(probe(tmp_path))["ok"]
+        return session.sent
+    finally:
+        session.close()
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The agent's cache on this host (a local agent inherits the environment)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "clusterrun"
+
+
+def versions(folder: Path) -> tuple[Path, Path]:
+    """The cached zip of this version and its compiled form, both verified by their names."""
+    bundle = agent_bundle()
+    source = folder / f"agent-{bundle.sha256}.zip"
+    [compiled] = folder.glob(f"agent-{bundle.sha256}-{sys.implementation.cache_tag}-*.zip")
+    assert hashlib.sha256(source.read_bytes()).hexdigest() == bundle.sha256
+    assert hashlib.sha256(compiled.read_bytes()).hexdigest() == compiled.name.rsplit("-", 1)[1][:-4]
+    return source, compiled
+
+
+def test_the_zip_is_deterministic_and_holds_the_package_sources_only(tmp_path: Path) -> None:
+    copy = tmp_path / "agent"
+    shutil.copytree(AGENT_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "__pycache__").mkdir()
+    (copy / "__pycache__" / "serve.cpython-311.pyc").write_bytes(b"bytecode")
+    for path in copy.iterdir():
+        os.utime(path, (1e9, 1e9))  # other timestamps: the same bytes
+    assert build_zip(copy) == build_zip(AGENT_DIR) == build_zip(AGENT_DIR)
+    names = zipfile.ZipFile(io.BytesIO(build_zip())).namelist()
+    assert names == sorted(names) and "clusterrun_agent/serve.py" in names
+    assert all(n.startswith("clusterrun_agent/") and n.endswith(".py") for n in names)
+
+
+@pytest.mark.integration
+def test_a_session_sends_the_zip_once_then_only_its_hash(tmp_path: Path, folder: Path) -> None:
+    bundle = agent_bundle()
+    asked = len(request_line(probe(tmp_path)))
+    assert sent_by_a_probe(tmp_path) == len(bundle.preamble()) + len(bundle.zip) + asked  # first contact
+    source, compiled = versions(folder)
+    assert sent_by_a_probe(tmp_path) == len(bundle.preamble()) + asked  # the loader and the hash only
+    assert sent_by_a_probe(tmp_path) < len(bundle.zip) / 5
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert {stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()} == {0o600}
+    assert sorted(folder.iterdir()) == sorted([source, compiled])  # no temporary file left
+
+
+@pytest.mark.integration
+def test_a_damaged_cached_zip_is_replaced(tmp_path: Path, folder: Path) -> None:
+    bundle = agent_bundle()
+    sent_by_a_probe(tmp_path)
+    source, compiled = versions(folder)
+    damaged = bytearray(compiled.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    compiled.write_bytes(bytes(damaged))  # compiled again from the intact source: nothing sent
+    assert sent_by_a_probe(tmp_path) < len(bundle.zip)
+    assert versions(folder)[1].read_bytes() != bytes(damaged)
+    for path in folder.glob(f"agent-{bundle.sha256}-*"):
+        path.unlink()
+    source.write_bytes(source.read_bytes()[:-1] + b"!")  # the source damaged, nothing compiled: sent again
+    assert sent_by_a_probe(tmp_path) > len(bundle.zip)
+    versions(folder)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("problem", ["writable by others", "owned by another user"])
+def test_a_cache_that_another_user_could_write_is_refused(tmp_path: Path, folder: Path, problem: str) -> None:
+    folder.mkdir(parents=True, mode=0o700)
+    if problem == "writable by others":
+        folder.chmod(0o777)
+        fix = f"chmod 700 {folder}"
+    else:
+        if os.geteuid() != 0:
+            unavailable("needs root to give the directory away")
+        os.chown(folder, 65534, 65534)
+        fix = "set XDG_CACHE_HOME to a directory of your own"
+    with pytest.raises(AgentError) as caught:
+        TRANSPORT.call(probe(tmp_path))
+    assert str(folder) in caught.value.message and fix in caught.value.message
+    assert list(folder.iterdir()) == []  # nothing was written there
+
+
+def test_versions_unused_for_long_are_pruned_and_the_current_one_kept(tmp_path: Path) -> None:
+    now = time.time()
+    for name, age in [("agent-old.zip", 8), ("agent-old-cpython-311-x.zip", 8), ("agent-recent.zip", 1),
+                      ("agent-current.zip", 30), ("agent-current-cpython-311-y.zip", 30), ("notes.txt", 30)]:
+        (tmp_path / name).write_bytes(b"")
+        os.utime(tmp_path / name, (now - age * 86400, now - age * 86400))
+    assert cache.prune(str(tmp_path), "current", now) == ["agent-old-cpython-311-x.zip", "agent-old.zip"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "agent-current-cpython-311-y.zip", "agent-current.zip", "agent-recent.zip", "notes.txt"]
