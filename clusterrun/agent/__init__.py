@@ -21,7 +21,7 @@ the zip's bytes, which the loader verifies (sha256), writes to a temporary name 
 place (never replaced in place). With ``push`` the zip follows at once, whatever the cache
 holds, and nothing is answered (a one-shot pipe, as in tests). A cached zip is verified at every
 use: a damaged one is replaced. The first run of a version compiles it, once per interpreter:
-``agent-<sha256>-<cache tag>-<its own sha256>.zip`` holds the bytecode (and the sources, for
+``agent-<sha256>-<cache tag>-<its CRC-32>.zip`` holds the bytecode (and the sources, for
 tracebacks), and later runs import from that (``zipimport``, first on ``sys.path``). Versions
 not used for ``cache.PRUNE_AFTER`` are removed when a new one is installed. Then come the
 requests::

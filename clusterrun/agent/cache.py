@@ -11,14 +11,14 @@ PRUNE_AFTER = 7 * 24 * 3600.0  # seconds since its last use after which a versio
 
 
 def compile_zip(folder: str, digest: str, source: str) -> str:
-    """Write ``agent-<digest>-<cache tag>-<sha256>.zip``: the sources of the zip at ``source``
-    with their bytecode beside them (stored: no zlib to import; unchecked hash-based .pyc: this
+    """Write ``agent-<digest>-<cache tag>-<crc32>.zip``: the sources of the zip at ``source``
+    with their bytecode beside them (stored: read without inflating; unchecked hash-based .pyc: this
     zip only ever holds the sources they were compiled from); its path. Run once per version and interpreter."""
-    import hashlib
     import importlib.util
     import io
     import marshal
     import zipfile
+    import zlib
 
     out = io.BytesIO()
     with zipfile.ZipFile(source) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
@@ -30,7 +30,7 @@ def compile_zip(folder: str, digest: str, source: str) -> str:
                 header = importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little") + importlib.util.source_hash(data)
                 dst.writestr(zipfile.ZipInfo(name + "c"), header + marshal.dumps(code))
     data = out.getvalue()
-    path = os.path.join(folder, f"agent-{digest}-{sys.implementation.cache_tag}-{hashlib.sha256(data).hexdigest()}.zip")
+    path = os.path.join(folder, f"agent-{digest}-{sys.implementation.cache_tag}-{zlib.crc32(data):08x}.zip")
     tmp = f"{path}.{os.urandom(6).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
