@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import select
 import time
 
 from .cgroup import _make_cgroup, cg_populated, cg_remove
@@ -12,7 +11,7 @@ from .logind import logind_problem, user_scope
 from .records import AgentFailure, _attempt_dir, _fs_problem, _write_json_atomic
 from .setup import _prepared, _run_setup, _setup_commands, _setup_key
 from .supervisor import _spawn_supervisor
-from .system import static_fallbacks
+from .system import read_until, static_fallbacks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -64,14 +63,9 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
         _discard(folder)
         raise AgentFailure(f"cannot write to the state dir {folder}: {_fs_problem(exc)}; nothing was started "
                            "(free space there or set `state_dir:` for this host)") from None
-    data = b""
     deadline = time.monotonic() + 30
     try:
-        while not data.endswith(b"\n") and select.select([ready], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            chunk = os.read(ready, 1 << 16)
-            if not chunk:
-                break
-            data += chunk
+        data = read_until(ready, deadline, line=True)
     finally:
         os.close(ready)
         if middle:

@@ -65,6 +65,17 @@ def static_fallbacks() -> list[str]:
             .format(*sys.version_info[:2])]
 
 
+def read_until(fd: int, deadline: float, line: bool = False) -> bytes:
+    """What ``fd`` gives until its end or ``deadline`` (monotonic), or with ``line`` a newline."""
+    data = b""
+    while not (line and data.endswith(b"\n")) and select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def _capture(argv: list[str], timeout: float = 5.0) -> str | None:
     """The stdout of ``argv`` (found on PATH), or None if it cannot run or fails (no subprocess)."""
     try:
@@ -83,13 +94,9 @@ def _capture(argv: list[str], timeout: float = 5.0) -> str | None:
         finally:
             os._exit(127)
     os.close(out_w)
-    data, deadline = b"", time.monotonic() + timeout
+    deadline = time.monotonic() + timeout
     try:
-        while select.select([out_r], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            chunk = os.read(out_r, 1 << 16)
-            if not chunk:
-                break
-            data += chunk
+        data = read_until(out_r, deadline)
     finally:
         os.close(out_r)
     done, status = os.waitpid(pid, os.WNOHANG)
