@@ -17,7 +17,7 @@ A running attempt is never started again: ``start`` is legal only from an end, s
 goes through ``stopping`` and a verified ``stopped`` first. Once ``stopping``, what the follower
 sees of the nodes (they fail or vanish as they are killed) does not decide the end: the stop
 does, and a ``stopped`` job stays stopped (the follower's late news is absorbed by every end).
-``hand-over`` (the owner changes: ``up`` gives the job to its monitor) leaves the state as it is.
+A hand-over (``up`` gives the job to its monitor) changes the job's owner, not its state.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ class Change(str, Enum):
     STOP = "stop"  # a verified stop was asked for (down, Ctrl-C, the dashboard's K, restart)
     STOP_VERIFIED = "stop-verified"  # the hosts confirmed nothing of the attempt is left
     STOP_UNVERIFIED = "stop-unverified"  # a host could not be reached, or something is left: it may run
-    HAND_OVER = "hand-over"  # another process owns the job now
 
 
 _ENDS = (S.SUCCEEDED, S.FAILED, S.STOPPED, S.LOST)
@@ -59,7 +58,6 @@ TABLE: dict[tuple[JobState, Change], JobState] = {
     (S.STOPPING, Change.ALL_RUNNING): S.STOPPING,  # a stop during the start
     (S.STOPPING, Change.START_FAILED): S.STOPPED,  # the start failed while stopping: nothing runs
     **{(S.STOPPING, c): S.STOPPING for c in _OUTCOME},  # nodes killed by the stop: the stop decides
-    **{(live, Change.HAND_OVER): live for live in (S.STARTING, S.RUNNING, S.STOPPING)},
     **{(end, Change.START): S.STARTING for end in _ENDS},
     # An attempt ends once: late news (the follower's, a second stop) leaves the end as it is.
     **{(end, c): end for end in _ENDS for c in (*_OUTCOME, Change.STOP, Change.STOP_VERIFIED,
