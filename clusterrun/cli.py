@@ -4,11 +4,12 @@ Exit codes: 0 the job succeeded (``down``: stopped, nothing it could see is left
 (a node exited non-zero, was lost or stopped; ``down``: something is still running) · 2 bad input
 (hosts file, options, an unknown or ambiguous job) or a bad environment on this machine: the
 controller's state directory cannot be read or written (read-only, full, no permission; ``up``:
-nothing was started; ``down``: the job was stopped but that could not be recorded) · 3 a host
-could not be used, or ``up``'s preflight found a problem (``up``: nothing was started;
-``down``: a host could not be reached) · 130 / 143 SIGINT / SIGTERM (``up``: the job was stopped
-on every node, or left running with ``--leave-running``) · 129 SIGHUP (``up``: the job was left
-running, owned by a monitor).
+nothing was started; ``down``: the job was stopped but that could not be recorded; ``restart``:
+a check refused the next attempt, e.g. a secret ``--env`` value missing here, and nothing was
+stopped) · 3 a host could not be used, or the preflight found a problem (``up``: nothing was
+started; ``restart``: nothing was stopped; ``down``: a host could not be reached) · 130 / 143
+SIGINT / SIGTERM (``up``: the job was stopped on every node, or left running with
+``--leave-running``) · 129 SIGHUP (``up``: the job was left running, owned by a monitor).
 """
 
 from __future__ import annotations
