@@ -260,18 +260,24 @@ class NotStopped(ClusterrunError):
         return any(r.error for r in self.reports.values())
 
 
+def begin_stop(store: JobStore, record: JobRecord) -> None:
+    """Record that a stop of the current attempt is under way (``stopping``), before it is carried
+    out: from now on the follower's view of the nodes as they die does not decide the end."""
+    def stopping(rec: JobRecord) -> None:
+        if rec.attempt == record.attempt:
+            _move(rec, Change.STOP)
+
+    store.update(record.job_id, stopping)
+
+
 def stop(store: JobStore, record: JobRecord, grace: float | None = None,
          spec: ClusterSpec | None = None) -> tuple[dict[int, StopReport], StateError | None]:
     """The one stop path: ``stopping`` recorded first (what the follower sees of the nodes as they
     are killed no longer decides the end), then the agents' verified stop of the current attempt
     on every node, then its outcome in the record. The stop on the hosts stands even when the
     record cannot be written: then the ``StateError`` comes back beside the reports."""
-    def stopping(rec: JobRecord) -> None:
-        if rec.attempt == record.attempt:
-            _move(rec, Change.STOP)
-
     try:
-        store.update(record.job_id, stopping)
+        begin_stop(store, record)
     except StateError:
         pass  # the stop matters more than its record: the error comes back after it (below)
     reports = stop_job(record, grace=grace, spec=spec)
@@ -488,5 +494,6 @@ def _start_next(store: JobStore, job: Job, aspec: AttemptSpec, emit: Emit) -> Jo
     return store.load(record.job_id)
 
 
-__all__ = ["AttemptSpec", "NextAttempt", "NotStopped", "Recorder", "check_script", "checked_attempt", "launch",
-           "new_record", "plan_to_start", "preflight", "reconcile", "record_stop", "refresh", "restart", "stop"]
+__all__ = ["AttemptSpec", "NextAttempt", "NotStopped", "Recorder", "begin_stop", "check_script", "checked_attempt",
+           "launch", "new_record", "plan_to_start", "preflight", "reconcile", "record_stop", "refresh", "restart",
+           "stop"]

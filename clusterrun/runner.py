@@ -25,7 +25,7 @@ import threading
 from clusterrun.attempt import Recorder, launch, mark_failed_start, plan_to_start, restart
 from clusterrun.diagnose import transient_start_failure
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
-from clusterrun.events import Event, JobNote, JobResult
+from clusterrun.events import Event, JobNote, JobResult, JobState
 from clusterrun.jobs import OWNER_FD_VAR, JobRecord, JobStore
 from clusterrun.lifecycle import follower, per_node, save_seen, status_of, stop_job
 from clusterrun.orchestrator import Emit, Job
@@ -45,6 +45,8 @@ def run_monitor(store: JobStore, job_id: str, emit: Emit) -> int:
     store.note_monitor(job_id)
     os.chdir(record.local_cwd)
     runner = Runner.adopt(store, record, fd, emit, follow_logs=False, retry_startup=record.retry_startup)
+    if record.state is JobState.STOPPING:  # a stop was asked for and its stopper died: carry it out
+        runner.request_stop("stopped by an earlier command")
     try:
         if record.state == "starting":
             _finish_start(record, runner.job)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from clusterrun.attempt import NextAttempt, record_stop
+from clusterrun.attempt import NextAttempt, begin_stop, record_stop
 from clusterrun.errors import ClusterrunError, HostsUnavailable
 from clusterrun.events import Event, JobResult, NodeStarted, NodeState, NodeStateChanged, NodeStopped
 from clusterrun.jobs import JobRecord, JobStore
@@ -158,6 +158,10 @@ class Session:
         if self.runner is not None:
             self.runner.request_stop(KILLED)
         elif self._viewer is not None:
+            try:  # the monitor that owns the job sees the nodes die: the record says why first
+                begin_stop(self.store, self.record)
+            except ClusterrunError as exc:  # e.g. a full state directory: the stop goes on, unrecorded
+                self.error = exc
             self._viewer.request_stop(KILLED)
 
     def restart(self) -> None:

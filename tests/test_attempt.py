@@ -6,16 +6,18 @@ Each test follows the job's recorded state (``jobstate``) through one path of it
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
 
-from clusterrun.attempt import Recorder, mark_failed_start, new_record, restart, stop
+from clusterrun.attempt import Recorder, begin_stop, mark_failed_start, new_record, restart, stop
 from clusterrun.errors import ConfigError, HostsUnavailable
 from clusterrun.events import Event, JobState, NodeState, NodeStateChanged
 from clusterrun.jobs import JobStore
 from clusterrun.orchestrator import Job, Reconnect
-from clusterrun.runner import Runner
+from clusterrun.runner import Runner, run_monitor
 from clusterrun.transports.fake import FakeCluster
 from tests import test_runner
 from tests.test_orchestrator import JOB, spec_of
@@ -116,6 +118,26 @@ def test_a_stop_during_the_start_is_not_undone_by_the_starts_news(fake: FakeClus
     assert states(store) == (JobState.STOPPED, [JobState.STOPPED])
     assert store.load(JOB).attempts[0].root_cause is None
     job.close()
+
+
+def test_a_stop_whose_stopper_died_is_carried_out_by_the_next_owner(fake: FakeCluster, store: JobStore,
+                                                                    tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``down`` recorded ``stopping`` and died before the agents' stop: the monitor that owns the job
+    next stops it, and the job ends stopped (not failed, as its killed nodes might say)."""
+    runner = running_job(fake, store, tmp_path)
+    begin_stop(store, store.load(JOB))
+    assert store.load(JOB).state is JobState.STOPPING
+    assert runner.owner_fd is not None
+    os.close(runner.owner_fd)  # the owner is gone
+    runner.close()
+    monkeypatch.chdir(tmp_path)  # the monitor moves to the job's directory
+    monitor = threading.Thread(target=run_monitor, args=(store, JOB, lambda event: None), daemon=True)
+    monitor.start()
+    monitor.join(timeout=30)
+    assert not monitor.is_alive(), "the monitor follows the job instead of stopping it"
+    assert fake.node(JOB, 0).stops == 1 and not fake.node(JOB, 0).running and not fake.node(JOB, 1).running
+    assert states(store) == (JobState.STOPPED, [JobState.STOPPED])
 
 
 def test_ctrl_c_of_the_owner_records_a_stop(fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
