@@ -29,6 +29,7 @@ from clusterrun.config import ClusterSpec
 from clusterrun.environment import MASK, mask_env, resolve, unmask
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError
 from clusterrun.events import (
+    AttemptStarted,
     Event,
     JobFinished,
     JobNote,
@@ -43,7 +44,7 @@ from clusterrun.events import (
 )
 from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
 from clusterrun.jobstate import Change, outcome, transition
-from clusterrun.lifecycle import attempt_event, per_node, spec_of, status_of, stop_job
+from clusterrun.lifecycle import per_node, spec_of, status_of, stop_job
 from clusterrun.orchestrator import Emit, Job, node_state_of
 from clusterrun.plan import LaunchPlan, node_env, plan_from_json, plan_to_json
 from clusterrun.sync import source_of, sync_hosts
@@ -78,6 +79,21 @@ def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overri
         attempts=[AttemptRecord(1, started=time.time(), master_port=plan.master_port)],
         nodes=[NodeRecord(n.rank, n.host.host) for n in plan.nodes],
     )
+
+
+def attempt_event(plan: LaunchPlan, attempt: int, record: JobRecord | None = None) -> AttemptStarted:
+    """What a consumer needs to know of an attempt's plan, as an event (with when the attempt
+    started and ended, as ``record`` says)."""
+    times = next((a for a in record.attempts if a.attempt == attempt), None) if record is not None else None
+    nodes = []
+    for launch in plan.nodes:
+        gpus = launch.env.get("CUDA_VISIBLE_DEVICES")
+        nodes.append((launch.host.host, launch.nproc, gpus if gpus else None))
+    return AttemptStarted(None, job_id=plan.job_id, name=plan.name, attempt=attempt,
+                          master_addr=plan.master_addr, master_port=plan.master_port,
+                          world_size=plan.world_size, nodes=tuple(nodes),
+                          started=times.started if times is not None else None,
+                          ended=times.ended if times is not None else None)
 
 
 class Recorder:
@@ -494,6 +510,6 @@ def _start_next(store: JobStore, job: Job, aspec: AttemptSpec, emit: Emit) -> Jo
     return store.load(record.job_id)
 
 
-__all__ = ["AttemptSpec", "NextAttempt", "NotStopped", "Recorder", "begin_stop", "check_script", "checked_attempt",
-           "launch", "new_record", "plan_to_start", "preflight", "reconcile", "record_stop", "refresh", "restart",
-           "stop"]
+__all__ = ["AttemptSpec", "NextAttempt", "NotStopped", "Recorder", "attempt_event", "begin_stop", "check_script",
+           "checked_attempt", "launch", "new_record", "plan_to_start", "preflight", "reconcile", "record_stop",
+           "refresh", "restart", "stop"]

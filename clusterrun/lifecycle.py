@@ -18,10 +18,10 @@ from typing import Any
 
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.errors import ClusterrunError
-from clusterrun.events import AttemptStarted, StopReport
+from clusterrun.events import StopReport
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.orchestrator import Emit, Job, Reconnect
-from clusterrun.plan import LaunchPlan, plan_from_json
+from clusterrun.plan import plan_from_json
 from clusterrun.protocol import End, Eof, LogChunk, NodeStatus, decode_follow, decode_status
 from clusterrun.transports import Transport, transport_for
 
@@ -33,21 +33,6 @@ def spec_of(record: JobRecord) -> ClusterSpec:
 
 def transport_factory(record: JobRecord) -> Callable[..., Transport]:
     return partial(transport_for, ssh_config=record.ssh_config)
-
-
-def attempt_event(plan: LaunchPlan, attempt: int, record: JobRecord | None = None) -> AttemptStarted:
-    """What a consumer needs to know of an attempt's plan, as an event (with when the attempt
-    started and ended, as ``record`` says)."""
-    times = next((a for a in record.attempts if a.attempt == attempt), None) if record is not None else None
-    nodes = []
-    for launch in plan.nodes:
-        gpus = launch.env.get("CUDA_VISIBLE_DEVICES")
-        nodes.append((launch.host.host, launch.nproc, gpus if gpus else None))
-    return AttemptStarted(None, job_id=plan.job_id, name=plan.name, attempt=attempt,
-                          master_addr=plan.master_addr, master_port=plan.master_port,
-                          world_size=plan.world_size, nodes=tuple(nodes),
-                          started=times.started if times is not None else None,
-                          ended=times.ended if times is not None else None)
 
 
 def follower(record: JobRecord, emit: Emit | None, *, fail_fast: bool, follow_logs: bool, attempt: int | None = None,

@@ -21,11 +21,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from clusterrun.attempt import NextAttempt, begin_stop, record_stop
+from clusterrun.attempt import NextAttempt, attempt_event, begin_stop, record_stop
 from clusterrun.errors import ClusterrunError, HostsUnavailable
 from clusterrun.events import Event, JobResult, NodeStarted, NodeState, NodeStateChanged, NodeStopped
 from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.lifecycle import attempt_event, follower, save_seen
+from clusterrun.lifecycle import follower, save_seen
 from clusterrun.orchestrator import Emit, Job
 from clusterrun.runner import Runner
 
