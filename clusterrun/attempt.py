@@ -1,7 +1,8 @@
 """The owner of an attempt's life: its checks, its start, its verified stop and its recorded state.
 
-Every attempt starts here: ``up``'s first (``check`` then ``launch``), ``restart``'s, the dashboard's
-R and the start-up retry (``restart``). The order is the guarantee: every check (the hosts file,
+Every attempt starts here: ``up``'s first (``check_script``, the probe, ``preflight``, then
+``launch`` through ``Runner.start``), and ``restart``'s, the dashboard's R's and the start-up
+retry's (``NextAttempt``, ``restart``). The order is the guarantee: every check (the hosts file,
 ``env_file`` and ``forward_env``, the secret ``--env`` values, the script, the probe, a dry run of
 the sync, the preflight) runs **before** anything of the running attempt is stopped, so a refused
 restart leaves it running; then the one stop path (``stop``: recorded ``stopping``, the agents'
