@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,24 @@ def test_a_restart_whose_script_is_gone_stops_nothing(tmp_path: Path, state_dir:
     assert_untouched(job, before, state_dir)
     assert clusterrun("down", job).returncode == 0
     assert marked(job) == []
+
+
+def test_down_after_node0s_supervisor_died_says_stopped_everywhere(tmp_path: Path, state_dir: Path) -> None:
+    """Node 0's supervisor is SIGKILLed, then `down`: `ps` and `wait` say stopped too, without a
+    root cause (the monitor that sees node 0 lost afterwards does not overwrite the stop)."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached(hosts, SUPPORT / "counter.py", "10000", "0.05")
+    wait_for(lambda: "line 3" in clusterrun("logs", "--node", "1", job).stdout, timeout=60, what="output")
+    supervisor = host_state(state_dir, job, 0)["supervisor"]
+    os.kill(supervisor["pid"], signal.SIGKILL)
+    wait_for(lambda: not alive(supervisor["pid"], supervisor["start_time"]), timeout=10, what="the supervisor's death")
+    down = clusterrun("down", job)
+    assert down.returncode == 0, down.stderr
+    assert marked(job) == []
+    waited = clusterrun("wait", "--timeout", "60", job)
+    assert waited.returncode == 1 and f"job {job} stopped" in waited.stderr, waited.stderr
+    record = ps_json(job)
+    assert record["state"] == "stopped" and record["attempts"][0]["state"] == "stopped", record
+    assert record["attempts"][0]["root_cause"] is None, record
+    shown = clusterrun("ps", job).stdout
+    assert "root cause" not in shown and "stopped" in shown, shown
