@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from clusterrun import lifecycle
 from clusterrun.attempt import Recorder, begin_stop, mark_failed_start, new_record, restart, stop
+from clusterrun.config import ClusterSpec
 from clusterrun.errors import ConfigError, HostsUnavailable
 from clusterrun.events import Event, JobState, NodeState, NodeStateChanged
 from clusterrun.jobs import JobStore
@@ -155,6 +157,24 @@ def test_a_restart_stops_then_starts_the_next_attempt(fake: FakeCluster, store: 
     assert record.attempt == 2
     assert states(store) == (JobState.RUNNING, [JobState.STOPPED, JobState.RUNNING])
     assert not fake.node(JOB, 0).running and fake.node(JOB, 0, 2).running
+    runner.close()
+
+
+def test_a_restart_reads_the_hosts_file_once(fake: FakeCluster, store: JobStore, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next attempt is read from the record once (``AttemptSpec``) and passed on: the checks,
+    the stop and the start do not parse the recorded hosts file again."""
+    runner = running_job(fake, store, tmp_path)
+    parsed: list[str] = []
+    parse = lifecycle.load_cluster_text
+
+    def counted(text: str, path: str) -> ClusterSpec:
+        parsed.append(path)
+        return parse(text, path)
+
+    monkeypatch.setattr(lifecycle, "load_cluster_text", counted)
+    assert restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd).attempt == 2
+    assert len(parsed) == 1
     runner.close()
 
 
