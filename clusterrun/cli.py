@@ -4,11 +4,12 @@ Exit codes: 0 the job succeeded (``down``: stopped, nothing it could see is left
 (a node exited non-zero, was lost or stopped; ``down``: something is still running) · 2 bad input
 (hosts file, options, an unknown or ambiguous job) or a bad environment on this machine: the
 controller's state directory cannot be read or written (read-only, full, no permission; ``up``:
-nothing was started; ``down``: the job was stopped but that could not be recorded) · 3 a host
-could not be used, or ``up``'s preflight found a problem (``up``: nothing was started;
-``down``: a host could not be reached) · 130 / 143 SIGINT / SIGTERM (``up``: the job was stopped
-on every node, or left running with ``--leave-running``) · 129 SIGHUP (``up``: the job was left
-running, owned by a monitor).
+nothing was started; ``down``: the job was stopped but that could not be recorded; ``restart``:
+a check refused the next attempt, e.g. a secret ``--env`` value missing here, and nothing was
+stopped) · 3 a host could not be used, or the preflight found a problem (``up``: nothing was
+started; ``restart``: nothing was stopped; ``down``: a host could not be reached) · 130 / 143
+SIGINT / SIGTERM (``up``: the job was stopped on every node, or left running with
+``--leave-running``) · 129 SIGHUP (``up``: the job was left running, owned by a monitor).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import NoReturn
 import click
 
 from clusterrun import __version__, doctor
+from clusterrun.attempt import NextAttempt, NotStopped, check_script, new_record, preflight, refresh, stop
 from clusterrun.config import ClusterSpec, load_cluster
 from clusterrun.environment import resolve
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound, StateError
@@ -40,23 +42,13 @@ from clusterrun.events import JobResult, JobState
 from clusterrun.interfaces import Interface
 from clusterrun.joblist import STATES, jobs_json, plan_json, shown, shown_env
 from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.lifecycle import (
-    daemonize,
-    follower,
-    new_record,
-    node_statuses,
-    read_logs,
-    refresh,
-    remove_on_hosts,
-    save_seen,
-    spec_of,
-)
+from clusterrun.lifecycle import daemonize, follower, node_statuses, read_logs, remove_on_hosts, save_seen, spec_of
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
 from clusterrun.printer import Printer
-from clusterrun.runner import NotStopped, Runner, restart_job, run_monitor, stop_recorded
+from clusterrun.runner import Runner, run_monitor
 from clusterrun.session import Session
-from clusterrun.sync import source_of, sync_hosts
+from clusterrun.sync import sync_hosts
 from clusterrun.syncview import SyncView
 from clusterrun.terminal import safe
 from clusterrun.transports import transport_for
@@ -108,20 +100,6 @@ def main() -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(errors="surrogateescape")
-
-
-def _check_script(spec: ClusterSpec, script: str, sync: str | None = None) -> None:
-    """For local hosts the script must exist where torchrun will look for it (in the directory
-    synced there, for a host with `sync`)."""
-    for host in spec.hosts:
-        if host.transport != "local":
-            continue
-        base = os.path.expanduser(host.workdir) if host.workdir else os.getcwd()
-        base = source_of(spec, host, sync) or base
-        if not os.path.isfile(os.path.join(base, script)):
-            raise ConfigError(f"{os.path.join(base, script)} does not exist (needed by local host {host.host!r})",
-                              path=script, hint="give the script's path relative to the current directory "
-                              "or the host's workdir")
 
 
 def _option_names(command: click.Command) -> dict[str, bool]:
@@ -313,7 +291,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         if no_sync:
             spec = _without_sync(spec)
         spec, env_notes = resolve(spec, os.environ)
-        _check_script(spec, script, sync_dir)
+        check_script(spec, script, os.getcwd(), sync_dir)
         if as_json and not dry_run:
             raise ConfigError("--json goes with --dry-run (a job's state as JSON: `clusterrun ps --json`)",
                               key="--json", hint="add --dry-run to print the plan as JSON; nothing was started")
@@ -465,13 +443,11 @@ def _preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, fu
                synced: Collection[int] = ()) -> None:
     """``doctor``'s checks on the probed hosts before anything starts (see doctor.py): exit 3 on a
     problem, with one line and a fix for each; warnings are printed and the job goes on."""
-    report = doctor.preflight([job.probed(rank) for rank in range(plan.nnodes)], spec, script,
-                              addr=plan.master_addr, port=plan.master_port, local_cwd=os.getcwd(), full=full,
-                              synced=synced)
-    refused = doctor.refusal(report)
-    if refused is not None:
-        _fail(refused, EXIT_HOSTS)
-    for warning in doctor.warnings(report):
+    try:
+        warnings = preflight(job, plan, spec, script, full=full, local_cwd=os.getcwd(), synced=synced)
+    except HostsUnavailable as exc:
+        _fail(exc, EXIT_HOSTS)
+    for warning in warnings:
         _note(f"warning: {warning}")
 
 
@@ -798,7 +774,7 @@ def down(job: str, grace: float | None, hosts_file: str | None) -> None:
     ended = record.state if record.finished else None
     if ended is None:
         _note(f"stopping job {record.job_id} (attempt {record.attempt}) on {len(record.nodes)} hosts")
-    reports, unrecorded = stop_recorded(store, record, grace)  # a finished job too: its hosts confirm it
+    reports, unrecorded = stop(store, record, grace)  # a finished job too: its hosts confirm it
     if ended is not None and all(r.ok and not r.killed for r in reports.values()) and unrecorded is None:
         _note(f"job {record.job_id} already finished ({ended}); nothing to stop")
         return
@@ -936,14 +912,28 @@ def prune(hosts_too: bool, yes: bool) -> None:
 @click.argument("job")
 @click.option("--grace", type=click.FloatRange(min=0), help="Seconds torchrun gets to stop its workers "
               "(default: the job's --grace).")
+@click.option("--no-preflight", is_flag=True, help="Skip the costlier checks before the stop (GPUs, the same "
+              "torch/CUDA/Python on every host, the master port reachable by TCP from every node), as up does.")
 @click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
-def restart(job: str, grace: float | None, hosts_file: str | None) -> None:
-    """Stop JOB (verified) and start it again with the same hosts file, script, arguments and
-    environment, as a new attempt with logs of its own; returns once it runs (like up -d).
+def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str | None) -> None:
+    """Check JOB's next attempt as up does, then stop JOB (verified) and start it again with the
+    same hosts file, script, arguments and environment, as a new attempt with logs of its own;
+    returns once it runs (like up -d). A check that fails (a secret --env value not in this
+    shell's environment, the script, the preflight) stops nothing: exit 2 or 3, the job runs on.
     This controller owns the new attempt (its monitor), an adopted job's too."""
     store, record = _open_job(job, hosts_file)
+    printer = Printer()
     try:
-        record = restart_job(store, record, Printer(), grace=grace)
+        attempt = NextAttempt(record, printer, full_preflight=not no_preflight)
+    except ConfigError as exc:
+        exc.message += f"; job {record.job_id} was not restarted, attempt {record.attempt} runs on untouched"
+        _fail(exc, EXIT_USAGE)
+    except HostsUnavailable as exc:
+        exc.message = (f"{exc.message.removesuffix('; nothing was started')}; job {record.job_id} was not "
+                       f"restarted, attempt {record.attempt} runs on untouched")
+        _fail(exc, EXIT_HOSTS)
+    try:
+        record = attempt.replace(store, grace=grace)
     except NotStopped as exc:
         _fail(exc, EXIT_HOSTS if exc.unreachable else EXIT_FAILED)
     except HostsUnavailable as exc:
@@ -952,6 +942,8 @@ def restart(job: str, grace: float | None, hosts_file: str | None) -> None:
         _fail(exc, EXIT_USAGE)
     except ClusterrunError as exc:
         _fail(exc, EXIT_FAILED)
+    finally:
+        attempt.close()
     _note(f"job {record.job_id} restarted as attempt {record.attempt}; {_follow_hint(record.job_id)}")
 
 

@@ -530,16 +530,17 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
 
 def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | None]], spec: ClusterSpec,
               script: str, *, addr: str, port: int, local_cwd: str | None, full: bool,
-              synced: Collection[int] = ()) -> Report:
+              synced: Collection[int] = (), test_port: bool = True) -> Report:
     """``up``'s checks on hosts its agents have probed already (``sessions``, by node rank): the
     workdir and the script (not on the nodes in ``synced``: a dry run of a sync that would make and
     copy them), disk, clock and logind always; with ``full`` the GPUs, the versions and the master
-    port's TCP test as well. The sessions stay open (``up`` starts the nodes with them)."""
+    port's TCP test as well (unless ``test_port`` is false: a restart's fixed port, held by the
+    attempt it replaces). The sessions stay open (``up`` starts the nodes with them)."""
     hosts = [_Host(rank, t, s, p) for rank, (t, s, p) in enumerate(sessions)]
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts))), thread_name_prefix="clusterrun-preflight") as pool:
         list(pool.map(lambda h: _inspect(h, script, spec, local_cwd, deep=False, full=full,
                                          synced=h.rank in synced), hosts))
-        if full:
+        if full and test_port:
             _port_test(hosts, addr, port, pool, fixed=spec.master_port is not None)
             _versions(hosts)
     return Report([HostReport(h.rank, h.transport.name, h.checks) for h in hosts])

@@ -12,7 +12,7 @@
     ├── HostsUnavailable(errors)      some hosts cannot run the job: one error per host; nothing started
     ├── JobNotFound                   no job, or more than one, matches the id, name or prefix given
     ├── StateError(path)              the controller's job records cannot be read or written there
-    └── NotStopped(reports)           a restart refused: a node could not be verified stopped (runner.py)
+    └── NotStopped(reports)           a restart refused: a node could not be verified stopped (attempt.py)
 
 Node failures during a run are data (``NodeResult.error``, a ``JobResult``); only the edge turns a
 failed ``JobResult`` into an outcome: ``cli.py`` into an exit code. This module imports nothing

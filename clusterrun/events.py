@@ -59,10 +59,12 @@ class NodeState(_Named):
 
 
 class JobState(_Named):
-    """A whole job's state, as its record keeps it: ``starting → running → one of the ends``."""
+    """A whole job's state, as its record keeps it: ``starting → running (→ stopping) → one of the
+    ends``; its transitions are ``jobstate.TABLE``, and only ``jobstate.transition`` moves it."""
 
     STARTING = "starting"
     RUNNING = "running"
+    STOPPING = "stopping"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
@@ -70,7 +72,7 @@ class JobState(_Named):
 
     @property
     def is_terminal(self) -> bool:
-        return self not in (JobState.STARTING, JobState.RUNNING)
+        return self not in (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
 
     @classmethod
     def of_nodes(cls, states: Iterable[NodeState | str]) -> JobState | None:

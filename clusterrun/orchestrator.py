@@ -316,9 +316,13 @@ class Job:
         message = redact(exc.message, launch.env, self.spec.secret_env)
         return exc if message == exc.message else AgentError(exc.host, message, hint=exc.hint)
 
-    def _setup_all(self) -> None:
+    def setup(self) -> None:
         """Run ``setup`` on every host that has some, in parallel, in the agent that probed it
-        (which keeps the environment it made for the start). All or nothing, as the probe."""
+        (which keeps the environment it made for the start). All or nothing, as the probe; for a
+        job prepared with ``run_setup=False`` (a restart runs it once the last attempt stopped)."""
+        self._setup_all()
+
+    def _setup_all(self) -> None:
         self._all_or_none(self._setup, [rank for rank, node in enumerate(self._nodes)
                                         if node.launch is not None and node.launch.host.setup])
 

@@ -1,19 +1,17 @@
-"""The owner of a job on this controller: the one place for what owning a job means.
+"""The owner's loop over a job on this controller: follow it, retry a start-up failure, hand it over.
 
 Exactly one process owns a running job at a time (``jobs.JobStore``'s owner lock): the foreground
 ``up`` (stream or dashboard) or the job's background monitor. The owner follows the job, applies
-fail-fast, keeps the record, retries a known transient start-up failure once, and either sees
-the job end or hands it over to a monitor. Every consumer goes through this module for these
-policies:
+fail-fast, keeps the record (``attempt.Recorder``), retries a known transient start-up failure
+once (``attempt.restart``: the checks, the verified stop, the start, as every attempt), and either
+sees the job end or hands it over to a monitor. The attempt's life itself (checks, start, stop,
+its recorded state) is ``attempt.py``'s; this module is the loop around it:
 
 - ``Runner``: start (or adopt) an attempt, ``follow()`` it to its end with the record kept and
   the start-up retry applied; ``request_stop()`` and ``request_hand_over()`` are safe from signal
   handlers and other threads, and ``hand_over()`` (in the owner's thread, after ``follow()``
   returned None) gives the lock to a monitor with what was shown saved.
-- ``restart_job()``: the verified stop of every node of the current attempt — whatever the caller
-  believes of them — then the next attempt; refused if any node could not be verified stopped,
-  so two attempts never run at once.
-- ``stop_recorded()``: the verified stop, written into the record (``down``, the dashboard's K).
+- ``run_monitor()``: the background owner (``clusterrun _monitor``).
 
 Lifecycle of a ``Runner``: ``Runner(store, record, job, owner_fd, emit)`` → ``start()`` (a new
 job) → ``follow()`` → ``hand_over()`` if it returned None → ``close()``.
@@ -24,84 +22,14 @@ from __future__ import annotations
 import os
 import threading
 
+from clusterrun.attempt import Recorder, launch, mark_failed_start, plan_to_start, restart
 from clusterrun.diagnose import transient_start_failure
-from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError
-from clusterrun.events import Event, JobNote, JobResult, NodeStopped, StopReport
+from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
+from clusterrun.events import Event, JobNote, JobResult, JobState
 from clusterrun.jobs import OWNER_FD_VAR, JobRecord, JobStore
-from clusterrun.lifecycle import (
-    Recorder,
-    follower,
-    mark_failed_start,
-    mark_stopped,
-    per_node,
-    plan_to_start,
-    save_seen,
-    start_attempt,
-    status_of,
-    stop_job,
-)
+from clusterrun.lifecycle import follower, per_node, save_seen, status_of, stop_job
 from clusterrun.orchestrator import Emit, Job
 from clusterrun.protocol import HostState, NodeStatus
-
-
-class NotStopped(ClusterrunError):
-    """A restart was refused: some node of the last attempt could not be verified stopped."""
-
-    def __init__(self, message: str, reports: dict[int, StopReport], *, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.reports = reports
-
-    @property
-    def unreachable(self) -> bool:
-        """A host could not be reached (rather than a process that would not die)."""
-        return any(r.error for r in self.reports.values())
-
-
-def stop_recorded(store: JobStore, record: JobRecord,
-                  grace: float | None = None) -> tuple[dict[int, StopReport], StateError | None]:
-    """The verified stop of the current attempt on every node, written into the record (a node
-    whose stop failed keeps its state: it may still run). The stop on the hosts stands even when
-    the record cannot be written: then the ``StateError`` comes back beside the reports."""
-    reports = stop_job(record, grace=grace)
-    try:
-        mark_stopped(store, record, reports)
-    except StateError as exc:
-        return reports, exc
-    return reports, None
-
-
-def restart_job(store: JobStore, record: JobRecord, emit: Emit, *, owner_fd: int | None = None,
-                grace: float | None = None) -> JobRecord:
-    """Stop the current attempt on every node (verified), then start the next one; returns its record.
-
-    ``owner_fd``: the caller owns the job and keeps owning it. Otherwise the owner lock is waited
-    for (the monitor of the stopped attempt exits) and given to a new monitor. Raises
-    ``NotStopped`` (nothing new started) when a node could not be verified stopped, and
-    ``HostsUnavailable`` when the new attempt could not start."""
-    reports, unrecorded = stop_recorded(store, record, grace)
-    for rank in sorted(reports):
-        emit(NodeStopped(rank, report=reports[rank]))
-    if unrecorded is not None:
-        raise StateError(unrecorded.path, f"not restarting job {record.job_id}: its record cannot be written "
-                         f"({unrecorded.message})", hint=unrecorded.hint)
-    if not all(r.ok for r in reports.values()):
-        bad = ", ".join(f"node {r.node} ({r.host})" for r in reports.values() if not r.ok)
-        raise NotStopped(f"not restarting job {record.job_id}: attempt {record.attempt} could not be verified "
-                         f"stopped on {bad}", reports,
-                         hint="see the stop report; `clusterrun down` again once the host is back, then restart")
-    owner = owner_fd if owner_fd is not None else store.wait_own(record.job_id, timeout=60)
-    if owner is None:
-        raise ClusterrunError(f"job {record.job_id} is still owned by another clusterrun process",
-                              hint="wait for it to finish, or stop it")
-    try:
-        new = start_attempt(store, store.load(record.job_id), emit)
-    except BaseException:
-        if owner_fd is None:
-            store.release(owner)
-        raise
-    if owner_fd is None:
-        store.spawn_monitor(record.job_id, owner)
-    return new
 
 
 def run_monitor(store: JobStore, job_id: str, emit: Emit) -> int:
@@ -117,6 +45,8 @@ def run_monitor(store: JobStore, job_id: str, emit: Emit) -> int:
     store.note_monitor(job_id)
     os.chdir(record.local_cwd)
     runner = Runner.adopt(store, record, fd, emit, follow_logs=False, retry_startup=record.retry_startup)
+    if record.state is JobState.STOPPING:  # a stop was asked for and its stopper died: carry it out
+        runner.request_stop("stopped by an earlier command")
     try:
         if record.state == "starting":
             _finish_start(record, runner.job)
@@ -185,12 +115,7 @@ class Runner:
     def start(self) -> None:
         """Start every node of the prepared job; on failure the record says so and the nodes that
         started were stopped again (``HostsUnavailable``)."""
-        try:
-            self.job.start()
-        except HostsUnavailable as exc:
-            self.recorder.flush()
-            mark_failed_start(self.store, self.job_id, self.job.attempt, exc)
-            raise
+        launch(self.store, self.job, self.recorder)
 
     def request_stop(self, reason: str) -> None:
         """Stop the job on every host (verified); ``follow()`` then returns its result."""
@@ -222,7 +147,8 @@ class Runner:
             self.emit(JobNote(None, text=f"attempt {self.job.attempt} failed at start-up: {why}; "
                               f"retrying once as attempt {self.job.attempt + 1} (--no-retry-startup turns this off)"))
             try:
-                record = restart_job(self.store, self.store.load(self.job_id), self.emit, owner_fd=self.owner_fd)
+                record = restart(self.store, self.store.load(self.job_id), self.emit, owner_fd=self.owner_fd,
+                                 full_preflight=False)  # the costlier checks passed at this job's start
             except ClusterrunError as exc:
                 self.emit(JobNote(None, text=f"could not retry: {exc.render()}"))
                 return result
@@ -255,4 +181,4 @@ class Runner:
         self.job.close()
 
 
-__all__ = ["NotStopped", "Runner", "restart_job", "run_monitor", "stop_recorded"]
+__all__ = ["Runner", "run_monitor"]

@@ -11,9 +11,9 @@ consumer queues them for its own thread. Two roles:
   following.
 
 ``kill()`` is the orchestrator's verified stop (torchrun first, then the sweep, per node, with
-``NodeStopped`` reports). ``restart()`` is ``runner.restart_job`` — the verified stop of every
-node, whatever this view believes of them, then the next attempt (``AttemptStarted``) — and
-follows the new attempt.
+``NodeStopped`` reports). ``restart()`` is ``attempt.restart`` — the next attempt checked, then
+the verified stop of every node, whatever this view believes of them, then the next attempt
+(``AttemptStarted``) — and follows the new attempt; a refused restart leaves the job running.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from clusterrun.attempt import NextAttempt, attempt_event, begin_stop, record_stop
 from clusterrun.errors import ClusterrunError, HostsUnavailable
 from clusterrun.events import Event, JobResult, NodeStarted, NodeState, NodeStateChanged, NodeStopped
 from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.lifecycle import attempt_event, follower, mark_stopped, save_seen
+from clusterrun.lifecycle import follower, save_seen
 from clusterrun.orchestrator import Emit, Job
-from clusterrun.runner import Runner, restart_job
+from clusterrun.runner import Runner
 
 KILLED = "stopped from the dashboard"
 
@@ -36,7 +37,7 @@ class Session:
 
     Create → ``subscribe(consumer)`` → ``begin()`` → ``kill()`` / ``restart()`` / ``detach()`` →
     ``wait()``. The policies (fail-fast, restart, hand-over, the record) are the ``Runner``'s and
-    ``restart_job``'s: a session only runs them off the consumer's thread."""
+    ``attempt.restart``'s: a session only runs them off the consumer's thread."""
 
     def __init__(self, store: JobStore, record: JobRecord, emit: Emit | None = None, *, runner: Runner | None = None,
                  offsets: dict[int, int] | None = None, tail: int | None = None, scrollback: int = 0) -> None:
@@ -146,7 +147,7 @@ class Session:
             job.close()
         if self.result is not None and self.result.interrupted == KILLED:
             try:
-                mark_stopped(self.store, self.store.load(self.job_id), {s.node: s for s in self.result.stops})
+                record_stop(self.store, self.store.load(self.job_id), {s.node: s for s in self.result.stops})
             except ClusterrunError as exc:  # e.g. a full state directory: the stop stands, unrecorded
                 self.error = exc
 
@@ -157,6 +158,10 @@ class Session:
         if self.runner is not None:
             self.runner.request_stop(KILLED)
         elif self._viewer is not None:
+            try:  # the monitor that owns the job sees the nodes die: the record says why first
+                begin_stop(self.store, self.record)
+            except ClusterrunError as exc:  # e.g. a full state directory: the stop goes on, unrecorded
+                self.error = exc
             self._viewer.request_stop(KILLED)
 
     def restart(self) -> None:
@@ -171,16 +176,25 @@ class Session:
 
     def _restart(self, previous: threading.Thread | None) -> None:
         try:
-            self.kill()
-            if previous is not None:
-                previous.join()
-            self.result = None
-            owner_fd = self.runner.owner_fd if self.runner is not None else None
-            try:
-                record = restart_job(self.store, self.store.load(self.job_id), self._confirmations, owner_fd=owner_fd)
+            try:  # every check first, while the job runs on: a refused restart leaves it running
+                attempt = NextAttempt(self.store.load(self.job_id), self._confirmations)
             except ClusterrunError as exc:
                 self.error = exc
+                self._thread = previous  # still following the running attempt
                 return
+            try:
+                self.kill()
+                if previous is not None:
+                    previous.join()
+                self.result = None
+                owner_fd = self.runner.owner_fd if self.runner is not None else None
+                try:
+                    record = attempt.replace(self.store, owner_fd=owner_fd)
+                except ClusterrunError as exc:
+                    self.error = exc
+                    return
+            finally:
+                attempt.close()
             self.record = record
             if self.runner is not None and owner_fd is not None:
                 old = self.runner

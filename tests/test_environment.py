@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from clusterrun.agent.records import AgentFailure
+from clusterrun.attempt import new_record, plan_to_start, restart
 from clusterrun.config import load_cluster_text
 from clusterrun.environment import MASK, mask_env, parse_dotenv, redact, resolve, unmask
 from clusterrun.errors import ConfigError, HostsUnavailable
 from clusterrun.jobs import JobStore
-from clusterrun.lifecycle import new_record, plan_to_start, start_attempt
 from clusterrun.orchestrator import Job
 from clusterrun.plan import HostFacts, build_plan, plan_to_json
 from clusterrun.transports.fake import FakeCluster
@@ -329,5 +329,5 @@ def test_a_restart_without_a_secret_the_last_attempt_had_is_refused(
     store.create(record)
     monkeypatch.setattr("os.environ", {})
     with pytest.raises(ConfigError, match="HF_TOKEN: its value is secret"):
-        start_attempt(store, store.load(JOB), None)
+        restart(store, store.load(JOB), lambda event: None)
     assert store.load(JOB).attempt == 1  # nothing new was started or recorded

@@ -291,10 +291,10 @@ def slow_record_writer(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("slow_record_writer")
 def test_a_new_attempt_is_read_back_with_its_nodes_started_even_when_the_record_is_slow(
         tmp_path: Path, state_dir: Path) -> None:
-    """start_attempt (restart, and the dashboard's R) returns the record after the start: the
+    """attempt.restart (restart, and the dashboard's R) returns the record after the start: the
     nodes' pids, written by the Recorder's thread, must be in it however slow that thread is."""
+    from clusterrun.attempt import restart
     from clusterrun.jobs import JobStore
-    from clusterrun.lifecycle import start_attempt
 
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
     job = up_detached(hosts, SUPPORT / "counter.py", "3", "0.01")
@@ -304,7 +304,7 @@ def test_a_new_attempt_is_read_back_with_its_nodes_started_even_when_the_record_
     owner = store.wait_own(job_id, timeout=30)
     assert owner is not None
     try:
-        record = start_attempt(store, store.load(job_id), lambda event: None)
+        record = restart(store, store.load(job_id), lambda event: None, owner_fd=owner)
         assert record.attempt == 2
         assert all(n.pid for n in record.nodes), record.nodes
     finally:
@@ -317,10 +317,10 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
     """`up` on a terminal, then the terminal closes (SIGHUP): the dashboard detaches its session and
     the process exits at once (os._exit). What the nodes reported must be in the record by then,
     however slow the Recorder's thread, or the monitor that takes over starts from a stale one."""
+    from clusterrun.attempt import new_record
     from clusterrun.config import load_cluster
     from clusterrun.events import NodeStarted
     from clusterrun.jobs import JobStore
-    from clusterrun.lifecycle import new_record
     from clusterrun.orchestrator import Job
     from clusterrun.runner import Runner
     from clusterrun.session import Session

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from clusterrun import lifecycle
+from clusterrun.attempt import NotStopped, new_record, restart
 from clusterrun.board import Board
-from clusterrun.events import AttemptStarted, Event, JobNote, NodeStarted, NodeState
+from clusterrun.errors import HostsUnavailable
+from clusterrun.events import AttemptStarted, Event, JobNote, JobState, NodeStarted, NodeState
 from clusterrun.jobs import JobStore
-from clusterrun.lifecycle import new_record
 from clusterrun.orchestrator import Job, Reconnect
-from clusterrun.runner import NotStopped, Runner, restart_job
+from clusterrun.runner import Runner
 from clusterrun.transports.fake import FakeCluster
 from tests.test_orchestrator import JOB, spec_of
 
@@ -67,7 +68,7 @@ def test_restart_stops_every_node_verified_before_the_next_attempt(fake: FakeClu
     restart stops each one on its host first: two attempts never run at once."""
     runner = owned_job(fake, store, tmp_path, [])
     a0, a1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
-    record = restart_job(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
     assert record.attempt == 2
     assert a0.stops == 1 and a1.stops == 1 and not a0.running and not a1.running
     b0, b1 = fake.node(JOB, 0, 2), fake.node(JOB, 1, 2)
@@ -79,18 +80,22 @@ def test_restart_stops_every_node_verified_before_the_next_attempt(fake: FakeClu
 
 def test_restart_is_refused_while_a_node_cannot_be_verified_stopped(fake: FakeCluster, store: JobStore,
                                                                     tmp_path: Path) -> None:
+    """A host that cannot be reached refuses the restart at its probe, before anything is stopped;
+    a process that would not die refuses it after the stop, before anything new starts."""
     runner = owned_job(fake, store, tmp_path, [])
-    _, a1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    a0, a1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
     fake.host("h1").drop()
-    with pytest.raises(NotStopped) as refused:
-        restart_job(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
-    assert refused.value.unreachable and "node 1 (h1)" in refused.value.render()
+    with pytest.raises(HostsUnavailable) as unreachable:
+        restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+    assert "h1" in unreachable.value.render()
+    assert a0.stops == 0 and a0.running and a1.running  # the running attempt was left alone
     assert (JOB, 0, 2) not in fake.nodes and (JOB, 1, 2) not in fake.nodes  # nothing new started
-    assert a1.running and store.load(JOB).attempt == 1
+    runner.recorder.flush()
+    assert store.load(JOB).attempt == 1 and store.load(JOB).state == JobState.RUNNING
     a1.leave_on_stop = [{"pid": 77, "name": "escapee"}]  # reachable again, but something would not die
     fake.host("h1").restore()
     with pytest.raises(NotStopped) as refused:
-        restart_job(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+        restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
     assert not refused.value.unreachable and (JOB, 0, 2) not in fake.nodes
     runner.close()
 
@@ -192,7 +197,7 @@ def test_an_adopted_job_restarted_here_is_owned_here(fake: FakeCluster, store: J
                                   local_cwd=str(tmp_path), ssh_config=None)
     assert notes == [] and [(r.job_id, r.attempt, r.adopted) for r in records] == [(JOB, 1, True)]
     store.create(records[0])
-    record = restart_job(store, store.load(JOB), lambda event: None, owner_fd=store.try_own(JOB))
+    record = restart(store, store.load(JOB), lambda event: None, owner_fd=store.try_own(JOB))
     assert record.attempt == 2 and not record.adopted
     assert not a0.running and not a1.running and fake.node(JOB, 0, 2).running and fake.node(JOB, 1, 2).running
     assert fake.node(JOB, 1, 2).argv == a1.argv  # the same command as the first controller's

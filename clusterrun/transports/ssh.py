@@ -100,11 +100,6 @@ class ResolvedHost:
     known_hosts: list[str] = field(default_factory=list)
     connect_timeout: float = CONNECT_TIMEOUT
 
-    @property
-    def key_name(self) -> str:
-        """How known_hosts names this host: ``host`` on port 22, ``[host]:port`` otherwise."""
-        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
-
 
 def _ssh_g(alias: str, config: str | None, port: int | None, user: str | None) -> dict[str, list[str]] | None:
     ssh = shutil.which("ssh")

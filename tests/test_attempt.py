@@ -1,0 +1,218 @@
+"""The attempt owner's every transition against the fake transport, faults included.
+
+Fast (no processes): jobs run on a ``FakeCluster``; their records live in a temporary ``JobStore``.
+Each test follows the job's recorded state (``jobstate``) through one path of its life.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from clusterrun import lifecycle
+from clusterrun.attempt import Recorder, begin_stop, mark_failed_start, new_record, restart, stop
+from clusterrun.config import ClusterSpec
+from clusterrun.errors import ConfigError, HostsUnavailable
+from clusterrun.events import Event, JobState, NodeState, NodeStateChanged
+from clusterrun.jobs import JobStore
+from clusterrun.orchestrator import Job, Reconnect
+from clusterrun.runner import Runner, run_monitor
+from clusterrun.transports.fake import FakeCluster
+from tests import test_runner
+from tests.test_orchestrator import JOB, spec_of
+from tests.test_runner import HOSTS_TEXT, owned_job
+
+fake, store = test_runner.fake, test_runner.store  # the fixtures: a FakeCluster, a JobStore in tmp_path
+
+SECRET = "HF_TOKEN"
+
+
+def states(store: JobStore) -> tuple[JobState, list[JobState]]:
+    record = store.load(JOB)
+    return record.state, [a.state for a in record.attempts]
+
+
+def running_job(fake: FakeCluster, store: JobStore, tmp_path: Path, events: list[Event] | None = None) -> Runner:
+    runner = owned_job(fake, store, tmp_path, events if events is not None else [])
+    fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    runner.recorder.flush()
+    return runner
+
+
+def test_an_attempt_starts_runs_and_succeeds(fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    runner = running_job(fake, store, tmp_path)
+    assert states(store) == (JobState.RUNNING, [JobState.RUNNING])
+    fake.node(JOB, 0).exit(0)
+    fake.node(JOB, 1).exit(0)
+    assert runner.follow() is not None
+    record = store.load(JOB)
+    assert record.state is JobState.SUCCEEDED and record.attempts[0].ended is not None
+    runner.close()
+
+
+def test_a_failed_node_fails_the_attempt_with_its_root_cause(fake: FakeCluster, store: JobStore,
+                                                             tmp_path: Path) -> None:
+    runner = running_job(fake, store, tmp_path)
+    fake.node(JOB, 1).write("Traceback (most recent call last):\nValueError: bad batch\n")
+    fake.node(JOB, 1).exit(1)
+    runner.follow()
+    record = store.load(JOB)
+    assert record.state is JobState.FAILED and record.attempts[0].state is JobState.FAILED
+    assert record.attempts[0].root_cause and "node 1" in record.attempts[0].root_cause
+    runner.close()
+
+
+def test_a_supervisor_that_died_loses_the_node_and_the_job(fake: FakeCluster, store: JobStore,
+                                                           tmp_path: Path) -> None:
+    runner = running_job(fake, store, tmp_path)
+    fake.node(JOB, 0).vanish()
+    runner.follow()
+    record = store.load(JOB)
+    assert record.state is JobState.LOST and record.nodes[0].state is NodeState.LOST
+    runner.close()
+
+
+def test_a_stop_after_a_supervisor_died_stays_stopped(fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    """``down`` after node 0's supervisor died: the job is stopped, and the follower that sees node 0
+    lost afterwards (the monitor) does not turn the record into lost/failed with a root cause."""
+    runner = running_job(fake, store, tmp_path)
+    fake.node(JOB, 0).vanish()
+    reports, unrecorded = stop(store, store.load(JOB))
+    assert unrecorded is None and all(r.ok for r in reports.values())
+    assert states(store) == (JobState.STOPPED, [JobState.STOPPED])
+    runner.follow()  # the monitor's late view: node 0 lost
+    record = store.load(JOB)
+    assert record.state is JobState.STOPPED and record.attempts[0].root_cause is None
+    runner.close()
+
+
+def test_a_stop_that_cannot_reach_a_host_leaves_the_job_running(fake: FakeCluster, store: JobStore,
+                                                                tmp_path: Path) -> None:
+    runner = running_job(fake, store, tmp_path)
+    fake.host("h1").drop()
+    reports, _ = stop(store, store.load(JOB))
+    assert reports[1].error and reports[0].ok
+    record = store.load(JOB)
+    assert record.state is JobState.RUNNING  # it may still run on h1: the next ps asks
+    assert record.nodes[0].state is NodeState.STOPPED and record.nodes[1].state is NodeState.RUNNING
+    fake.host("h1").restore()
+    runner.close()
+
+
+def test_a_stop_during_the_start_is_not_undone_by_the_starts_news(fake: FakeCluster, store: JobStore,
+                                                                  tmp_path: Path) -> None:
+    """The record is ``starting`` when a stop lands; the start's news (nodes running, or its failure)
+    comes after it and leaves the job stopped."""
+    job = Job(spec_of(2), "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport)
+    plan = job.prepare()
+    (tmp_path / "hosts.yaml").write_text(HOSTS_TEXT)
+    store.create(new_record(plan, hosts_file=str(tmp_path / "hosts.yaml"), hosts_text=HOSTS_TEXT, env_overrides={},
+                            local_cwd=str(tmp_path), ssh_config=None))
+    recorder = Recorder(store, JOB, 1)
+    stop(store, store.load(JOB))
+    for rank in (0, 1):
+        recorder(NodeStateChanged(rank, host=f"h{rank}", state=NodeState.RUNNING))
+    recorder.flush()
+    mark_failed_start(store, JOB, 1, HostsUnavailable([ConfigError("h1: start refused")]))
+    assert states(store) == (JobState.STOPPED, [JobState.STOPPED])
+    assert store.load(JOB).attempts[0].root_cause is None
+    job.close()
+
+
+def test_a_stop_whose_stopper_died_is_carried_out_by_the_next_owner(fake: FakeCluster, store: JobStore,
+                                                                    tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``down`` recorded ``stopping`` and died before the agents' stop: the monitor that owns the job
+    next stops it, and the job ends stopped (not failed, as its killed nodes might say)."""
+    runner = running_job(fake, store, tmp_path)
+    begin_stop(store, store.load(JOB))
+    assert store.load(JOB).state is JobState.STOPPING
+    assert runner.owner_fd is not None
+    os.close(runner.owner_fd)  # the owner is gone
+    runner.close()
+    monkeypatch.chdir(tmp_path)  # the monitor moves to the job's directory
+    monitor = threading.Thread(target=run_monitor, args=(store, JOB, lambda event: None), daemon=True)
+    monitor.start()
+    monitor.join(timeout=30)
+    assert not monitor.is_alive(), "the monitor follows the job instead of stopping it"
+    assert fake.node(JOB, 0).stops == 1 and not fake.node(JOB, 0).running and not fake.node(JOB, 1).running
+    assert states(store) == (JobState.STOPPED, [JobState.STOPPED])
+
+
+def test_ctrl_c_of_the_owner_records_a_stop(fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    runner = running_job(fake, store, tmp_path)
+    runner.request_stop("SIGINT")
+    result = runner.follow()
+    assert result is not None and result.interrupted == "SIGINT"
+    assert states(store) == (JobState.STOPPED, [JobState.STOPPED])
+    runner.close()
+
+
+def test_a_restart_stops_then_starts_the_next_attempt(fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    runner = running_job(fake, store, tmp_path)
+    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+    assert record.attempt == 2
+    assert states(store) == (JobState.RUNNING, [JobState.STOPPED, JobState.RUNNING])
+    assert not fake.node(JOB, 0).running and fake.node(JOB, 0, 2).running
+    runner.close()
+
+
+def test_a_restart_reads_the_hosts_file_once(fake: FakeCluster, store: JobStore, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next attempt is read from the record once (``AttemptSpec``) and passed on: the checks,
+    the stop and the start do not parse the recorded hosts file again."""
+    runner = running_job(fake, store, tmp_path)
+    parsed: list[str] = []
+    parse = lifecycle.load_cluster_text
+
+    def counted(text: str, path: str) -> ClusterSpec:
+        parsed.append(path)
+        return parse(text, path)
+
+    monkeypatch.setattr(lifecycle, "load_cluster_text", counted)
+    assert restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd).attempt == 2
+    assert len(parsed) == 1
+    runner.close()
+
+
+def test_a_restart_refused_by_the_preflight_stops_nothing(fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    """The script is gone from a host: the restart's preflight refuses, the running attempt runs on."""
+    runner = running_job(fake, store, tmp_path)
+    fake.host("h1").missing = {"train.py"}
+    with pytest.raises(HostsUnavailable) as refused:
+        restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+    assert "(preflight)" in refused.value.render() and "train.py" in refused.value.render()
+    assert fake.ops("stop") == [] and fake.node(JOB, 0).running and fake.node(JOB, 1).running
+    assert states(store) == (JobState.RUNNING, [JobState.RUNNING])
+    runner.close()
+
+
+def test_a_restart_without_a_secret_stops_nothing(fake: FakeCluster, store: JobStore, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job started with a secret ``--env`` value, restarted from a shell without it: refused before
+    anything stops (the value was never written to the record)."""
+    job = Job(spec_of(2), "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport,
+              env_overrides={SECRET: "hf_abc"}, local_cwd=str(tmp_path), reconnect=Reconnect(first=0.01, most=0.02))
+    plan = job.prepare()
+    (tmp_path / "hosts.yaml").write_text(HOSTS_TEXT)
+    record = new_record(plan, hosts_file=str(tmp_path / "hosts.yaml"), hosts_text=HOSTS_TEXT,
+                        env_overrides={SECRET: "hf_abc"}, local_cwd=str(tmp_path), ssh_config=None)
+    assert "hf_abc" not in str(record.to_json())
+    store.create(record)
+    owner = store.try_own(JOB)
+    assert owner is not None
+    runner = Runner(store, record, job, owner)
+    runner.start()
+    fake.wait_started(JOB, 1)
+    monkeypatch.delenv(SECRET, raising=False)
+    with pytest.raises(ConfigError, match=SECRET):
+        restart(store, store.load(JOB), lambda event: None, owner_fd=owner)
+    assert fake.ops("stop") == [] and fake.ops("probe") == fake.ops("probe")[:2]  # not even probed again
+    assert fake.node(JOB, 0).running and store.load(JOB).attempt == 1
+    monkeypatch.setenv(SECRET, "hf_abc")
+    assert restart(store, store.load(JOB), lambda event: None, owner_fd=owner).attempt == 2
+    assert fake.node(JOB, 0, 2).env[SECRET] == "hf_abc"
+    runner.close()
