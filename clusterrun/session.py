@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from clusterrun.attempt import NextAttempt, attempt_event, begin_stop, record_stop
 from clusterrun.errors import ClusterrunError, HostsUnavailable
-from clusterrun.events import Event, JobResult, NodeStarted, NodeState, NodeStateChanged, NodeStopped
+from clusterrun.events import Event, JobNote, JobResult, NodeStarted, NodeState, NodeStateChanged, NodeStopped
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import follower, save_seen
 from clusterrun.orchestrator import Emit, Job
@@ -179,6 +179,7 @@ class Session:
             try:  # every check first, while the job runs on: a refused restart leaves it running
                 attempt = NextAttempt(self.store.load(self.job_id), self._confirmations)
             except ClusterrunError as exc:
+                self.emit(JobNote(None, text="restart refused by its checks; nothing was stopped, the job runs on"))
                 self.error = exc
                 self._thread = previous  # still following the running attempt
                 return

@@ -16,10 +16,11 @@ from clusterrun import lifecycle
 from clusterrun.attempt import Recorder, begin_stop, mark_failed_start, new_record, restart, stop
 from clusterrun.config import ClusterSpec
 from clusterrun.errors import ConfigError, HostsUnavailable
-from clusterrun.events import Event, JobState, NodeState, NodeStateChanged
+from clusterrun.events import Event, JobNote, JobState, NodeState, NodeStateChanged
 from clusterrun.jobs import JobStore
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.runner import Runner, run_monitor
+from clusterrun.session import Session
 from clusterrun.transports.fake import FakeCluster
 from tests import test_runner
 from tests.test_orchestrator import JOB, spec_of
@@ -215,4 +216,29 @@ def test_a_restart_without_a_secret_stops_nothing(fake: FakeCluster, store: JobS
     monkeypatch.setenv(SECRET, "hf_abc")
     assert restart(store, store.load(JOB), lambda event: None, owner_fd=owner).attempt == 2
     assert fake.node(JOB, 0, 2).env[SECRET] == "hf_abc"
+    runner.close()
+
+
+def test_the_dashboards_refused_restart_stops_nothing_and_keeps_following(fake: FakeCluster, store: JobStore,
+                                                                          tmp_path: Path) -> None:
+    """R in a dashboard that views a job (its monitor owns it): refused by the preflight, nothing is
+    stopped, the view goes on following the running attempt and says why."""
+    runner = running_job(fake, store, tmp_path)
+    events: list[Event] = []
+    session = Session(store, store.load(JOB), events.append)
+    session.begin()
+    fake.host("h1").missing = {"train.py"}
+    following = session._thread
+    session.restart()
+    checks = session._thread
+    assert checks is not None and checks is not following
+    checks.join(timeout=30)
+    assert not checks.is_alive() and session._thread is following
+    assert session.error is not None and "(preflight)" in session.error.render()
+    assert any(isinstance(e, JobNote) and "nothing was stopped" in e.text for e in events)
+    assert fake.ops("stop") == [] and fake.node(JOB, 0).running and session.running
+    fake.node(JOB, 0).exit(0)
+    fake.node(JOB, 1).exit(0)
+    session.wait(timeout=30)
+    assert session.result is not None and session.result.ok  # it followed the attempt to its end
     runner.close()

@@ -579,7 +579,7 @@ class Dashboard(App[int]):
     def action_restart(self) -> None:
         def answered(yes: bool | None) -> None:
             if yes:
-                self.board.note(f"restarting: stopping attempt {self.board.attempt}, then starting a new one")
+                self.board.note(f"restarting: checking a new attempt, then stopping attempt {self.board.attempt}")
                 self.session.restart()
                 self.refresh_bindings()
 
