@@ -477,3 +477,11 @@ class Reach:
 def decode_reach(host: str, answer: Any) -> Reach:
     r = _Reader(host, "reach answer", answer)
     return Reach(reached=bool(r.data.get("reached")), error=r.text("error"), local=r.text("local"))
+
+
+# The answers decoded here, by op (a follow's stream: its messages); clusterrun.agent.wire.ANSWERS
+# has the others, and events.StopReport is stop's (tests/test_wire.py: every op has both types).
+ANSWERS: dict[str, tuple[type, ...]] = {
+    "probe": (Probe,), "route": (Network,), "status": (NodeStatus,), "follow": (LogChunk, StateUpdate, Beat, End, Eof),
+    "sync_stat": (SyncStat,), "inspect": (Inspection,), "listen": (Listening,), "reach": (Reach,),
+}
