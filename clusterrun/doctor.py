@@ -27,6 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 
+from clusterrun.agent.wire import (
+    InspectRequest,
+    ListenRequest,
+    ProbeRequest,
+    ReachRequest,
+    Unlistened,
+    UnlistenRequest,
+)
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import (
     AgentError,
@@ -43,6 +51,7 @@ from clusterrun.protocol import (
     Inspection,
     Network,
     Probe,
+    decode,
     decode_inspection,
     decode_listening,
     decode_network,
@@ -379,8 +388,8 @@ def _inspect(h: _Host, script: str | None, spec: ClusterSpec, local_cwd: str | N
         return
     host = h.transport.host
     paths = ["."] + ([script] if script is not None else [])
-    request = {"op": "inspect", "cwd": _cwd(host, local_cwd), "paths": paths, "state_dir": spec.state_dir,
-               "deep": deep, "gpus": full and host.gpus is not None}
+    request = InspectRequest(cwd=_cwd(host, local_cwd), paths=paths, state_dir=spec.state_dir, deep=deep,
+                             gpus=full and host.gpus is not None)
     sent = time.time()
     try:
         answer = h.session.call(request)
@@ -402,7 +411,7 @@ def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: Thread
     names = {h.rank: h.transport.name for h in hosts}
     try:
         listening = decode_listening(node0.transport.name,
-                                     node0.session.call({"op": "listen", "port": port, "token": token}))
+                                     node0.session.call(ListenRequest(port=port, token=token)))
     except HostError as exc:
         node0.checks.append(Check("master port", Verdict.FAIL, exc.message, exc.hint))
         return
@@ -415,7 +424,7 @@ def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: Thread
         assert h.session is not None
         try:
             answer = decode_reach(h.transport.name, h.session.call(
-                {"op": "reach", "addr": addr, "port": listening.port, "token": token, "timeout": REACH_TIMEOUT}))
+                ReachRequest(addr=addr, port=listening.port, token=token, timeout=REACH_TIMEOUT)))
         except AgentError as exc:
             return False, exc.message
         except ClusterrunError as exc:  # the transport gave up waiting (its read timeout) or lost the host
@@ -427,7 +436,8 @@ def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: Thread
         results = dict(zip([h.rank for h in able], pool.map(reach, able), strict=True))
     finally:
         try:
-            node0.session.call({"op": "unlisten", "port": listening.port})
+            decode(node0.transport.name, Unlistened, node0.session.call(UnlistenRequest(port=listening.port)),
+                   "unlisten answer")
         except HostError:
             pass  # the listener ends with the agent anyway
     rows = port_checks(names, addr, listening.port, None, results, fixed=fixed)
@@ -502,7 +512,7 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
             return
         try:
             h.session = h.transport.session()
-            h.probe = decode_probe(h.transport.name, h.session.call({"op": "probe", "state_dir": spec.state_dir}))
+            h.probe = decode_probe(h.transport.name, h.session.call(ProbeRequest(state_dir=spec.state_dir)))
         except ClusterrunError as exc:
             error = exc
         h.checks.append(python_check(h.transport.python, h.probe, error))

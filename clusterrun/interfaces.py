@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from clusterrun.agent.wire import RouteRequest, RouteTarget
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import ClusterrunError, HostError, HostsUnavailable
 from clusterrun.protocol import Network, Route
@@ -90,12 +91,12 @@ def reached_address(host: HostSpec, transport_address: str | None) -> str | None
     return host.address or transport_address or (None if host.transport == "local" else host.host)
 
 
-def route_request(rank: int, master: str, port: int, reached: Sequence[str | None]) -> dict[str, object]:
+def route_request(rank: int, master: str, port: int, reached: Sequence[str | None]) -> RouteRequest:
     """The agent's ``route`` request of node ``rank``: how it reaches ``master``, and which of the
     other nodes (``reached``: each node's address, as the controller reached it) it reaches
     through another interface than loopback (always asked of node 0, the master's machine)."""
     peers = [address for i, address in enumerate(reached) if i != rank and address]
-    return {"op": "route", "route_to": {"addr": master, "port": port, "peers": peers, "always_peers": rank == 0}}
+    return RouteRequest(route_to=RouteTarget(addr=master, port=port, peers=peers, always_peers=rank == 0))
 
 
 def choose_interfaces(master: str, hosts: Sequence[str], networks: Sequence[Network],

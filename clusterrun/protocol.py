@@ -6,10 +6,12 @@ the wrong type is a ``ProtocolError`` naming the host, the message and the field
 ``KeyError`` deep inside a policy. ``PROTOCOL`` is the version this controller speaks; the agent
 states its own in every ``probe`` answer, and a mismatch is refused before anything starts.
 
-Decoded here: ``probe`` (``Probe``), ``route`` (``Network``, also ``Probe.network``), a node's
-state file as ``start``, ``status`` and ``follow`` report it (``NodeStatus``), and the messages
-of a ``follow`` stream (``LogChunk``, ``StateUpdate``, ``Beat``, ``End``, ``Eof``). ``stop``'s
-answer becomes a ``StopReport`` (``StopReport.from_answer``).
+The requests, and the answers not decoded here, are typed in ``clusterrun.agent.wire`` (shared
+with the agent; ``decode`` reads those answers). Decoded here: ``probe`` (``Probe``), ``route``
+(``Network``, also ``Probe.network``), a node's state file as ``start``, ``status`` and
+``follow`` report it (``NodeStatus``), and the messages of a ``follow`` stream (``LogChunk``,
+``StateUpdate``, ``Beat``, ``End``, ``Eof``). ``stop``'s answer becomes a ``StopReport``
+(``StopReport.from_answer``).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
+from clusterrun.agent.wire import Message, SyncHashes
 from clusterrun.errors import AgentError
 
 PROTOCOL = 1  # agent.PROTOCOL: bumped by any change a controller of the previous version would misread
@@ -392,11 +395,19 @@ def decode_sync_stat(host: str, answer: Any) -> SyncStat:
 
 
 def decode_sync_hashes(host: str, answer: Any) -> dict[str, str]:
-    r = _Reader(host, "sync_hash answer", answer)
-    hashes = r.mapping("hashes")
-    if not all(isinstance(v, str) for v in hashes.values()):
-        raise r._fail("hashes", "an object of hex digests")
-    return {str(k): v for k, v in hashes.items()}
+    return dict(decode(host, SyncHashes, answer, "sync_hash answer").hashes)
+
+
+M = TypeVar("M", bound=Message)
+
+
+def decode(host: str, kind: type[M], answer: Any, what: str) -> M:
+    """An answer whose type ``clusterrun.agent.wire`` defines, or a ``ProtocolError`` naming the field."""
+    try:
+        return kind.from_json(answer, f"the agent's {what}")
+    except ValueError as exc:
+        raise ProtocolError(host, str(exc), hint="the agent and this controller differ: are both clusterrun of "
+                                                  "the same version?") from None
 
 # ------------------------------------------------------------------- doctor (inspect, listen, reach)
 
@@ -477,3 +488,11 @@ class Reach:
 def decode_reach(host: str, answer: Any) -> Reach:
     r = _Reader(host, "reach answer", answer)
     return Reach(reached=bool(r.data.get("reached")), error=r.text("error"), local=r.text("local"))
+
+
+# The answers decoded here, by op (a follow's stream: its messages); clusterrun.agent.wire.ANSWERS
+# has the others, and events.StopReport is stop's (tests/test_wire.py: every op has both types).
+ANSWERS: dict[str, tuple[type, ...]] = {
+    "probe": (Probe,), "route": (Network,), "status": (NodeStatus,), "follow": (LogChunk, StateUpdate, Beat, End, Eof),
+    "sync_stat": (SyncStat,), "inspect": (Inspection,), "listen": (Listening,), "reach": (Reach,),
+}

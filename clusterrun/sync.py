@@ -40,16 +40,17 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from clusterrun import rsh
+from clusterrun.agent.wire import SyncHashRequest, SyncPutRequest, SyncStatRequest, Written
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import AgentError, ClusterrunError, ConfigError, HostsUnavailable, TransportError
 from clusterrun.excludes import Excludes
-from clusterrun.protocol import RemoteEntry, SyncStat, decode_sync_hashes, decode_sync_stat
+from clusterrun.protocol import RemoteEntry, SyncStat, decode, decode_sync_hashes, decode_sync_stat
 from clusterrun.transports import AgentSession, Transport
 
 CHUNK = 1 << 20
@@ -317,7 +318,7 @@ class HostSync:
         found = SyncStat(root=self.root, exists=False, entries={})
         for i in range(0, max(len(paths), 1), STAT_BATCH):
             found = decode_sync_stat(self.host.host, self.session.call(
-                {"op": "sync_stat", "root": self.root, "paths": paths[i:i + STAT_BATCH]}))
+                SyncStatRequest(root=self.root, paths=paths[i:i + STAT_BATCH])))
             if (found.exists and found.boot_id == _local_boot_id() and found.boot_id
                     and (found.dev, found.ino) == (self.manifest.dev, self.manifest.ino)):
                 return Changes(), True, found
@@ -328,7 +329,7 @@ class HostSync:
             remote: dict[str, str] = {}
             for i in range(0, len(wanted), STAT_BATCH):
                 remote.update(decode_sync_hashes(self.host.host, self.session.call(
-                    {"op": "sync_hash", "root": self.root, "paths": wanted[i:i + STAT_BATCH]})))
+                    SyncHashRequest(root=self.root, paths=wanted[i:i + STAT_BATCH]))))
             local = {e.path: h for e in changes.compare if (h := self._local_hash(e)) is not None}
             changes = settle(changes, local, remote)
         return changes, False, found
@@ -351,8 +352,7 @@ class HostSync:
         # Directories, symlinks and mode/mtime changes: the agent, always (one request, no data).
         first: list[dict[str, object]] = [self._entry(e, data=False) for e in others + changes.touch]
         if (via != "agent" or not files) and (first or not found.exists):  # the workdir is made here too
-            self.session.call_with_data({"op": "sync_put", "root": self.root, "root_mode": self.manifest.mode,
-                                         "entries": first}, [])
+            self._put(SyncPutRequest(root=self.root, root_mode=self.manifest.mode, entries=first), [])
             first = []
         if via == "rsync":
             try:
@@ -363,9 +363,9 @@ class HostSync:
             via, report = "agent", replace(report, via="agent", note="the host has no SFTP that works")
         if via == "agent" and files:
             for i, batch in enumerate(_batches(files)):
-                request = {"op": "sync_put", "root": self.root, "root_mode": self.manifest.mode,
-                           "entries": (first if i == 0 else []) + [self._entry(e, data=True) for e in batch]}
-                self.session.call_with_data(request, self._data(batch, done, len(files), total))
+                request = SyncPutRequest(root=self.root, root_mode=self.manifest.mode,
+                                         entries=(first if i == 0 else []) + [self._entry(e, data=True) for e in batch])
+                self._put(request, self._data(batch, done, len(files), total))
         self._tell("done", (len(files), len(files)), (total, total))
         return replace(report, seconds=time.monotonic() - started)
 
@@ -449,8 +449,12 @@ class HostSync:
 
     def _install(self, installs: list[dict[str, object]]) -> None:
         if installs:
-            self.session.call_with_data({"op": "sync_put", "root": self.root, "entries": installs}, [])
+            self._put(SyncPutRequest(root=self.root, entries=installs), [])
             installs.clear()
+
+    def _put(self, request: SyncPutRequest, data: Iterable[bytes]) -> int:
+        """Send a ``sync_put`` (its files' bytes after it); how many files the agent wrote."""
+        return decode(self.host.host, Written, self.session.call_with_data(request, data), "sync_put answer").written
 
     def _sftp_file(self, sftp: Any, entry: LocalEntry, temporary: str, target: str, done: list[int]) -> None:
         """Write ``entry``'s bytes to ``temporary`` on the host (beside ``target``, which errors

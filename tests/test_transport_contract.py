@@ -244,6 +244,8 @@ def test_a_node_never_started_is_absent_not_an_error(harness: Harness) -> None:
 def test_errors_are_answers(harness: Harness) -> None:
     with pytest.raises(AgentError, match="unknown op"):
         harness.transport.call({"op": "bogus"})
+    with pytest.raises(AgentError, match="^bad request: ValueError: stop request: node must be int, not str$"):
+        harness.transport.call(dict(harness.request("stop", 0), node="0"))  # wire's types, on both sides
     stream = harness.transport.stream(harness.request("follow", 2, offset=0))
     first = next(iter(stream))  # the agent then waits for another request: the caller closes
     stream.close()

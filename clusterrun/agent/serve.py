@@ -16,6 +16,7 @@ from .start import op_start
 from .status import op_jobs, op_remove, op_status
 from .stop import op_stop
 from .syncops import op_sync_hash, op_sync_put, op_sync_stat
+from .wire import REQUESTS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 # Every operation: its request's ``op`` → the function that answers it (``follow`` streams its
 # own answer and returns None; ``sync_put`` reads its files' bytes from stdin after the request).
+# wire.REQUESTS has a request type for each (tests/test_wire.py).
 OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
     "probe": op_probe, "route": op_route, "setup": op_setup, "start": op_start, "follow": op_follow,
     "stop": op_stop, "status": op_status, "remove": op_remove, "jobs": op_jobs,
@@ -36,10 +38,12 @@ def answer(line: bytes) -> dict[str, Any] | None:
     """The answer to one request line, or None for ``follow`` (which streams its own)."""
     try:
         req = json_loads(line)
-        op = req.get("op")
+        op = req.get("op") if isinstance(req, dict) else None
         if op not in OPS:
             return {"ok": False, "error": f"unknown op {op!r}"}
-        return OPS[op](req)
+        # Decoded into its wire type: a missing or mistyped field is a bad request that names it,
+        # and the operation reads the fields the type defines, its defaults filled in.
+        return OPS[op](REQUESTS[op].from_json(req, f"{op} request").to_json())
     except AgentFailure as exc:
         return {"ok": False, "error": str(exc)}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

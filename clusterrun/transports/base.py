@@ -19,11 +19,12 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from clusterrun.agent import BOOTSTRAP
+from clusterrun.agent.wire import Request
 from clusterrun.config import HostSpec
 from clusterrun.errors import AgentError
 from clusterrun.transports.bundle import AgentBundle, agent_bundle
 
-__all__ = ["AgentBundle", "AgentSession", "AgentStream", "Transport", "agent_bundle", "agent_command",
+__all__ = ["AgentBundle", "AnyRequest", "AgentSession", "AgentStream", "Transport", "agent_bundle", "agent_command",
            "request_line", "read_timeout"]
 
 # How long a follow may stay silent before its connection is taken for dead even if TCP has not
@@ -31,8 +32,17 @@ __all__ = ["AgentBundle", "AgentSession", "AgentStream", "Transport", "agent_bun
 FOLLOW_TIMEOUT = 20.0
 
 
-def request_line(request: dict[str, Any]) -> bytes:
-    return json.dumps(request).encode() + b"\n"
+# A request: one of clusterrun.agent.wire's types, or a dict where that has not been done yet.
+AnyRequest = dict[str, Any] | Request
+
+
+def request_line(request: AnyRequest) -> bytes:
+    return json.dumps(as_json(request)).encode() + b"\n"
+
+
+def as_json(request: AnyRequest) -> dict[str, Any]:
+    """A request as the agent reads it."""
+    return request.to_json() if isinstance(request, Request) else request
 
 
 def agent_command(python: str) -> list[str]:
@@ -122,14 +132,16 @@ class AgentSession:
         self.sent += len(data)
         self._write(data)
 
-    def _ask(self, request: dict[str, Any]) -> None:
+    def _ask(self, request: AnyRequest) -> dict[str, Any]:
+        data = as_json(request)
         if self._closer is None:
             raise RuntimeError("the agent session was closed")
         if self._set_timeout is not None:
-            self._set_timeout(read_timeout(request))
+            self._set_timeout(read_timeout(data))
         if self._bundle is not None:
-            self._handshake(request)
-        self._send(request_line(request))
+            self._handshake(data)
+        self._send(request_line(data))
+        return data
 
     def _handshake(self, request: dict[str, Any]) -> None:
         """The loader's first word: ``have`` (the host's cache holds this zip) or ``need`` (send it)."""
@@ -145,17 +157,16 @@ class AgentSession:
         raise AgentError(self.host, f"the agent ended without an answer to {request.get('op')!r}"
                          + self._last_words())
 
-    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+    def call(self, request: AnyRequest) -> dict[str, Any]:
         """Send a one-answer request; raise ``AgentError`` if the agent reports a failure."""
-        self._ask(request)
-        return self._answer(request)
+        return self._answer(self._ask(request))
 
-    def call_with_data(self, request: dict[str, Any], data: Iterable[bytes]) -> dict[str, Any]:
+    def call_with_data(self, request: AnyRequest, data: Iterable[bytes]) -> dict[str, Any]:
         """``call`` with raw bytes after the request line, as ``sync_put`` reads its files' contents."""
-        self._ask(request)
+        sent = self._ask(request)
         for chunk in data:
             self._send(chunk)
-        return self._answer(request)
+        return self._answer(sent)
 
     def _answer(self, request: dict[str, Any]) -> dict[str, Any]:
         for raw in self._lines:
@@ -167,7 +178,7 @@ class AgentSession:
         raise AgentError(self.host, f"the agent ended without an answer to {request.get('op')!r}"
                          + self._last_words())
 
-    def stream(self, request: dict[str, Any]) -> AgentStream:
+    def stream(self, request: AnyRequest) -> AgentStream:
         """Send a streaming request (``follow``); the session belongs to the stream from now on."""
         self._ask(request)
         closer, self._closer = self._closer, None
@@ -208,7 +219,7 @@ class Transport(ABC):
     def session(self) -> AgentSession:
         """Start an agent on the host, ready for requests."""
 
-    def stream(self, request: dict[str, Any]) -> AgentStream:
+    def stream(self, request: AnyRequest) -> AgentStream:
         """Start an agent with a streaming request; its answer lines arrive on the returned stream."""
         session = self.session()
         try:
@@ -217,7 +228,7 @@ class Transport(ABC):
             session.close()
             raise
 
-    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+    def call(self, request: AnyRequest) -> dict[str, Any]:
         """Run a one-answer request in an agent of its own; raise ``AgentError`` on failure."""
         session = self.session()
         try:

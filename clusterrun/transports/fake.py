@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from clusterrun.agent.wire import REQUESTS
 from clusterrun.config import HostSpec
 from clusterrun.errors import ConnectError
 from clusterrun.protocol import PROTOCOL
@@ -180,6 +181,13 @@ class FakeCluster:
             self.requests.append((host.name, request))
             self.changed.notify_all()
         op = request.get("op")
+        kind = REQUESTS.get(str(op))
+        if kind is not None:
+            try:  # held to the real agent: a request it would refuse as malformed is refused here too
+                kind.from_json(request, f"{op} request")
+            except ValueError as exc:
+                yield {"ok": False, "error": f"bad request: ValueError: {exc}"}
+                return
         if op == "follow":
             yield from self._follow(host, request, epoch)
             return

@@ -1,0 +1,370 @@
+"""Every operation's request, and the answers ``protocol.py`` does not decode, as frozen dataclasses
+shared by both sides: the controller builds requests with them (``to_json``), the agent decodes
+each request line into its type (``REQUESTS[op].from_json``: a missing or mistyped field is a bad
+request naming it). Stdlib only and shipped in the zip; the package docstring says what each
+field means. The answers of probe, route, status, follow, stop, sync_stat, inspect, listen and
+reach are decoded by ``protocol.py`` (and ``events.StopReport``) on the controller.
+
+At the agent's start ``dataclasses`` would import ``inspect`` and ``re`` (docs/benchmarks.md): at run
+time ``dataclass`` is ``_frozen`` below, which makes the same ``__init__``, ``__eq__`` and
+``__repr__`` of a frozen dataclass from the class's annotations; type checkers see the real one.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+    from typing import Any, ClassVar, TypeVar
+
+    T = TypeVar("T", bound="Message")
+else:
+    def dataclass(frozen: bool = True) -> Any:
+        return _frozen
+
+_MISSING = object()
+
+
+def _frozen(cls: type) -> type:
+    """A frozen dataclass made without ``dataclasses`` (see the module docstring)."""
+    names = tuple(n for n, a in cls.__dict__.get("__annotations__", {}).items() if not a.startswith("ClassVar"))
+    inherited = tuple(n for base in reversed(cls.__mro__[1:]) for n in getattr(base, "FIELDS", ()))
+    names = inherited + tuple(n for n in names if n not in inherited)
+    defaults = {n: k.__dict__[n] for n in names for k in reversed(cls.__mro__) if n in k.__dict__}
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if len(args) > len(names):
+            raise TypeError(f"{cls.__name__} takes {len(names)} fields")
+        values = dict(zip(names, args, strict=False))
+        for name, value in kwargs.items():
+            if name not in names or name in values:
+                raise TypeError(f"{cls.__name__}: unexpected or repeated field {name!r}")
+            values[name] = value
+        for name in names:
+            value = values.get(name, defaults.get(name, _MISSING))
+            if value is _MISSING:
+                raise TypeError(f"{cls.__name__} needs {name!r}")
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self: Any, name: str, value: Any) -> None:
+        raise AttributeError(f"{cls.__name__} is frozen")
+
+    def __eq__(self: Any, other: Any) -> bool:
+        return type(other) is type(self) and all(getattr(self, n) == getattr(other, n) for n in names)
+
+    def __repr__(self: Any) -> str:
+        return "{}({})".format(cls.__name__, ", ".join(f"{n}={getattr(self, n)!r}" for n in names))
+
+    for name, value in (("__init__", __init__), ("__setattr__", __setattr__), ("__eq__", __eq__),
+                        ("__repr__", __repr__), ("__hash__", None), ("FIELDS", names)):
+        setattr(cls, name, value)
+    return cls
+
+
+def _fits(value: Any, annotation: str) -> bool:
+    """Whether a JSON value fits the annotation (the few forms used here)."""
+    if " | " in annotation:
+        return any(_fits(value, part) for part in annotation.split(" | "))
+    if annotation in ("Any", "object"):
+        return True
+    if annotation == "None":
+        return value is None
+    if annotation == "bool":
+        return isinstance(value, bool)
+    if annotation == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation == "str":
+        return isinstance(value, str)
+    if annotation.startswith("list[") and annotation.endswith("]"):
+        return isinstance(value, list) and all(_fits(v, annotation[5:-1]) for v in value)
+    if annotation.startswith("dict[str, ") and annotation.endswith("]"):
+        return isinstance(value, dict) and all(isinstance(k, str) and _fits(v, annotation[10:-1])
+                                               for k, v in value.items())
+    nested = _NESTED.get(annotation)
+    return nested is not None and isinstance(value, dict)
+
+
+class Message:
+    """What every request and answer has: its fields (``FIELDS``) and their JSON form."""
+
+    FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: _plain(getattr(self, name)) for name in self.FIELDS}
+
+    @classmethod
+    def from_json(cls: type[T], data: Any, what: str = "") -> T:
+        """The message ``data`` holds; ``ValueError`` naming the field that is missing or mistyped."""
+        what = what or cls.__name__
+        if not isinstance(data, dict):
+            raise ValueError(f"{what} is not an object")
+        annotations: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            annotations.update(klass.__dict__.get("__annotations__", {}))
+        values = {}
+        for name in cls.FIELDS:
+            annotation = annotations[name]
+            if name not in data or data[name] is None and "None" not in annotation:
+                if getattr(cls, name, _MISSING) is _MISSING:
+                    raise ValueError(f"{what}: {name} is missing")
+                continue  # its default
+            value = data[name]
+            if not _fits(value, annotation):
+                raise ValueError(f"{what}: {name} must be {annotation}, not {type(value).__name__}")
+            kind = annotation.split(" | ")[0]
+            nested = _NESTED.get(kind[5:-1] if kind.startswith("list[") else kind)
+            if nested is not None and isinstance(value, dict):
+                value = nested.from_json(value, f"{what}.{name}")
+            elif nested is not None and isinstance(value, list):
+                value = [nested.from_json(v, f"{what}.{name}[{i}]") for i, v in enumerate(value)]
+            values[name] = value
+        return cls(**values)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Message):
+        return value.to_json()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+class Request(Message):
+    """A request: its ``op`` travels with its fields."""
+
+    op: ClassVar[str] = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, **super().to_json()}
+
+
+# ------------------------------------------------------------------------------------ requests
+
+
+@dataclass(frozen=True)
+class RouteTarget(Message):
+    addr: str
+    port: int = 9
+    peers: list[str] | None = None
+    always_peers: bool = False
+
+
+@dataclass(frozen=True)
+class ProbeRequest(Request):
+    op: ClassVar[str] = "probe"
+    state_dir: str | None = None
+    free_port: bool = False
+    route_to: RouteTarget | None = None
+
+
+@dataclass(frozen=True)
+class RouteRequest(Request):
+    op: ClassVar[str] = "route"
+    route_to: RouteTarget | None = None
+
+
+@dataclass(frozen=True)
+class NodeRequest(Request):
+    """What names one node's attempt (``remove`` ignores ``attempt``: every attempt of the node)."""
+
+    job: str
+    node: int
+    attempt: int = 1
+    state_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class SetupRequest(NodeRequest):
+    op: ClassVar[str] = "setup"
+    setup: list[str] | None = None
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    setup_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class StartRequest(NodeRequest):
+    op: ClassVar[str] = "start"
+    argv: list[str] | None = None
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    first_rank: int = 0
+    secret_env: list[str] | None = None
+    setup: list[str] | None = None
+    setup_timeout: float | None = None
+    about: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class FollowRequest(NodeRequest):
+    op: ClassVar[str] = "follow"
+    offset: int = 0
+    tail: int | None = None
+    before: int | None = None
+    logs: bool = True
+    once: bool = False
+
+
+@dataclass(frozen=True)
+class StopRequest(NodeRequest):
+    op: ClassVar[str] = "stop"
+    grace: float = 10.0
+
+
+@dataclass(frozen=True)
+class StatusRequest(NodeRequest):
+    op: ClassVar[str] = "status"
+
+
+@dataclass(frozen=True)
+class RemoveRequest(NodeRequest):
+    op: ClassVar[str] = "remove"
+
+
+@dataclass(frozen=True)
+class JobsRequest(Request):
+    op: ClassVar[str] = "jobs"
+    state_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class SyncStatRequest(Request):
+    op: ClassVar[str] = "sync_stat"
+    root: str
+    paths: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class SyncHashRequest(Request):
+    op: ClassVar[str] = "sync_hash"
+    root: str
+    paths: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class SyncPutRequest(Request):
+    """Its entries' data follows the request line on stdin (see ``sync_put``)."""
+
+    op: ClassVar[str] = "sync_put"
+    root: str
+    entries: list[dict[str, Any]] | None = None
+    root_mode: int | None = None
+
+
+@dataclass(frozen=True)
+class InspectRequest(Request):
+    op: ClassVar[str] = "inspect"
+    cwd: str | None = None
+    paths: list[str] | None = None
+    state_dir: str | None = None
+    deep: bool = False
+    gpus: bool = False
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class ListenRequest(Request):
+    op: ClassVar[str] = "listen"
+    port: int | None = None
+    token: str = ""
+
+
+@dataclass(frozen=True)
+class UnlistenRequest(Request):
+    op: ClassVar[str] = "unlisten"
+    port: int
+
+
+@dataclass(frozen=True)
+class ReachRequest(Request):
+    op: ClassVar[str] = "reach"
+    addr: str
+    port: int
+    token: str = ""
+    timeout: float = 5.0
+
+
+# --------------------------------------------------- answers protocol.py does not decode
+
+
+@dataclass(frozen=True)
+class SetupAnswer(Message):
+    """``setup`` ran every command (a failure is ``{ok: false, error}``, an ``AgentError``)."""
+
+    ok: bool
+
+
+@dataclass(frozen=True)
+class Started(Message):
+    """``start``'s answer: the attempt's directory and its first state (``protocol.decode_status``)."""
+
+    ok: bool
+    dir: str
+    state: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Removed(Message):
+    ok: bool
+    removed: str | None
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class JobEntry(Message):
+    """One node attempt found under a state dir, with what ``start`` was given."""
+
+    job: str
+    node: int
+    attempt: int
+    state: dict[str, Any] | None = None
+    state_dir: str | None = None
+    started: float | None = None
+    argv: list[str] | None = None
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    first_rank: int | None = None
+    about: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class JobsAnswer(Message):
+    ok: bool
+    root: str
+    jobs: list[JobEntry]
+
+
+@dataclass(frozen=True)
+class SyncHashes(Message):
+    ok: bool
+    hashes: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Written(Message):
+    """``sync_put``'s answer: how many files it wrote."""
+
+    ok: bool
+    written: int
+
+
+@dataclass(frozen=True)
+class Unlistened(Message):
+    ok: bool
+
+
+_NESTED: dict[str, type[Message]] = {"RouteTarget": RouteTarget, "JobEntry": JobEntry}
+
+# Every operation's request type, by ``op``; serve.OPS must have the same keys (tests/test_wire.py).
+REQUESTS: dict[str, type[Request]] = {
+    r.op: r for r in (ProbeRequest, RouteRequest, SetupRequest, StartRequest, FollowRequest, StopRequest,
+                      StatusRequest, RemoveRequest, JobsRequest, SyncStatRequest, SyncHashRequest, SyncPutRequest,
+                      InspectRequest, ListenRequest, UnlistenRequest, ReachRequest)
+}
+# The answer types defined here; protocol.ANSWERS names the others.
+ANSWERS: dict[str, type[Message]] = {
+    "setup": SetupAnswer, "start": Started, "remove": Removed, "jobs": JobsAnswer, "sync_hash": SyncHashes,
+    "sync_put": Written, "unlisten": Unlistened,
+}

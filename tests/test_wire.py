@@ -1,0 +1,49 @@
+"""``clusterrun.agent.wire``: every operation's request and answer typed, shared by both sides."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clusterrun import protocol
+from clusterrun.agent import serve, wire
+from clusterrun.events import StopReport
+
+
+def test_every_operation_has_a_request_type_and_an_answer_type() -> None:
+    ops = set(serve.OPS)
+    assert set(wire.REQUESTS) == ops
+    answered = {**wire.ANSWERS, **protocol.ANSWERS, "stop": StopReport}
+    assert set(answered) == ops, sorted(ops ^ set(answered))
+    assert not set(wire.ANSWERS) & set(protocol.ANSWERS)  # one place decodes each
+
+
+def test_a_request_survives_json_both_ways_with_its_defaults() -> None:
+    request = wire.ProbeRequest(state_dir="/s", route_to=wire.RouteTarget(addr="10.0.0.1", peers=["a"]))
+    data = json.loads(json.dumps(request.to_json()))
+    assert data["op"] == "probe" and data["route_to"]["port"] == 9
+    assert wire.ProbeRequest.from_json(data) == request
+    assert wire.StopRequest.from_json({"op": "stop", "job": "j", "node": 0}).grace == 10.0
+    with pytest.raises(AttributeError):
+        request.state_dir = "/other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("line", "error"), [
+    ({"op": "stop", "node": 0}, "bad request: ValueError: stop request: job is missing"),
+    ({"op": "stop", "job": "j", "node": "0"}, "bad request: ValueError: stop request: node must be int, not str"),
+    ({"op": "follow", "job": "j", "node": 0, "offset": 1.5}, "follow request: offset must be int, not float"),
+    ({"op": "reach", "addr": "h", "port": 1, "timeout": "soon"}, "reach request: timeout must be float, not str"),
+    ({"op": "nope"}, "unknown op 'nope'"),
+    ([1, 2], "unknown op None"),
+])
+def test_the_agent_names_the_field_of_a_bad_request(line: object, error: str) -> None:
+    answer = serve.answer(json.dumps(line).encode())
+    assert answer is not None and answer["ok"] is False and error in answer["error"]
+
+
+def test_answers_decode_with_their_nested_types() -> None:
+    answer = wire.JobsAnswer.from_json({"ok": True, "root": "/r", "jobs": [{"job": "a", "node": 0, "attempt": 2}]})
+    assert answer.jobs == [wire.JobEntry(job="a", node=0, attempt=2)]
+    with pytest.raises(ValueError, match=r"jobs\[0\]: node is missing"):
+        wire.JobsAnswer.from_json({"ok": True, "root": "/r", "jobs": [{"job": "a", "attempt": 2}]}, "jobs answer")
