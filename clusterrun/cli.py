@@ -24,7 +24,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from types import FrameType
@@ -35,7 +35,7 @@ import click
 from clusterrun import __version__, doctor
 from clusterrun.config import ClusterSpec, load_cluster
 from clusterrun.environment import resolve
-from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound, StateError
+from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import JobResult, JobState
 from clusterrun.interfaces import Interface
 from clusterrun.joblist import STATES, jobs_json, plan_json, shown, shown_env
@@ -76,12 +76,15 @@ def _note(text: str) -> None:
 
 
 class _Commands(click.Group):
-    """The commands, with the one error every command can meet made an exit code here: the
-    controller's own state directory cannot be read or written (``StateError``)."""
+    """The commands, with the errors every command can meet made exit codes here: a job's record
+    is damaged (``DamagedRecord``: exit 1, as for a job that cannot be used), or the controller's
+    own state directory cannot be read or written (``StateError``: exit 2)."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
+        except DamagedRecord as exc:
+            _fail(exc, EXIT_FAILED)
         except StateError as exc:
             _fail(exc, EXIT_USAGE)
 
@@ -553,7 +556,8 @@ def _adopt(hosts_file: str | None) -> None:
         _fail(exc, EXIT_USAGE)
     store = JobStore()
     ssh_config = spec.ssh_config
-    known = {r.job_id for r in store.all()}
+    good, damaged = store.scan()
+    known = {r.job_id for r in good} | {d.job_id for d in damaged}  # a damaged record's job is not adopted over it
     records, notes = records_from(spec, hosts_file, text, ask_hosts(spec, ssh_config), known=known,
                                   local_cwd=os.getcwd(), ssh_config=ssh_config)
     for note in notes:
@@ -601,6 +605,8 @@ def _refresh(store: JobStore, record: JobRecord) -> JobRecord:
         return refresh(store, record)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
+    except DamagedRecord:
+        raise
     except StateError as exc:  # the record could not be brought up to date: show it as it is
         _note(f"warning: job {record.job_id} shows its last recorded state: {exc.render()}")
         return record
@@ -660,14 +666,19 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
     _adopt(hosts_file)
     store = JobStore()
     now = time.time()
-    records, hidden = shown([_refresh(store, r) for r in store.all()], now, show_all=show_all, states=states)
+    good, damaged = store.scan()
+    records, hidden = shown([_refresh(store, r) for r in good], now, show_all=show_all, states=states)
     if as_json:
-        click.echo(json.dumps(jobs_json(records), indent=1))
+        click.echo(json.dumps(jobs_json(records, damaged=damaged), indent=1))
         return
     rows = [("JOB", "NAME", "HOSTS", "STATE", "ATTEMPT", "AGE")]
     for r in records:
         rows.append((r.job_id, r.name, _hosts_cell(r.hosts), r.state, str(r.attempt), _age(now - r.created)))
+    for d in damaged if not states else ():
+        rows.append((d.job_id, "?", "?", "damaged", "?", "?"))
     _table(rows)
+    for d in damaged:
+        _note(f"error: {d.render()}")
     if hidden:
         _note(f"{hidden} job(s) that ended more than a day ago not shown: `clusterrun ps -a` lists them, "
               "`clusterrun prune` removes every ended job's record")
@@ -878,6 +889,24 @@ def _remove(store: JobStore, records: Sequence[JobRecord], hosts_too: bool) -> t
     return code, removed
 
 
+def _remove_damaged(store: JobStore, damaged: Iterable[DamagedRecord], hosts_too: bool) -> bool:
+    """Remove the directories of jobs whose record is damaged (what ``rm`` is for them: the fix
+    their error names), unless a live process owns the job. True if one was refused."""
+    refused = False
+    for exc in damaged:
+        if store.owned(exc.job_id):
+            _note(f"error: job {exc.job_id} is owned by a running clusterrun process (its monitor.pid says which): "
+                  "its damaged record is not removed; try again once that process has exited")
+            refused = True
+            continue
+        store.remove(exc.job_id)
+        click.echo(exc.job_id)
+        _note(f"removed the damaged record of job {exc.job_id}" + (
+            "; its hosts cannot be read from it, so nothing was deleted on them (`clusterrun rm --hosts HOSTS.yaml "
+            f"--hosts-too {exc.job_id}` adopts it from its hosts and deletes it there)" if hosts_too else ""))
+    return refused
+
+
 @main.command(name="rm")
 @click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
 @click.option("--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")
@@ -892,14 +921,18 @@ def rm(jobs: tuple[str, ...], hosts_too: bool, yes: bool, hosts_file: str | None
     _adopt(hosts_file)
     store = JobStore()
     records: list[JobRecord] = []
+    damaged: dict[str, DamagedRecord] = {}
     for ref in dict.fromkeys(jobs):
         try:
             record = store.load(store.resolve(ref))
+        except DamagedRecord as exc:
+            damaged[exc.job_id] = exc
+            continue
         except JobNotFound as exc:
             _fail(exc, EXIT_USAGE)
         if record.job_id not in {r.job_id for r in records}:
             records.append(record)
-    ready, refused = [], False
+    ready, refused = [], _remove_damaged(store, damaged.values(), hosts_too)
     for record in records:
         record = _refresh(store, record)
         why = _removable(store, record)
@@ -923,12 +956,15 @@ def prune(hosts_too: bool, yes: bool) -> None:
 
     Prints each removed id. Exit codes: 0 done, 3 a host could not be reached (that job's record is kept)."""
     store = JobStore()
-    ready = [r for r in store.all() if r.finished and _removable(store, r) is None]
+    good, damaged = store.scan()
+    ready = [r for r in good if r.finished and _removable(store, r) is None]
     if hosts_too and ready:
         _confirm_hosts(ready, yes)
     code, removed = _remove(store, ready, hosts_too)
     _note(f"removed the records of {removed} ended job(s)"
           + ("" if hosts_too else "; their logs stay on the hosts"))
+    for d in damaged:  # whether its job has ended cannot be read: only `rm ID` removes it
+        _note(f"kept the damaged record of job {d.job_id}: {d.render()}")
     sys.exit(code)
 
 
@@ -971,6 +1007,8 @@ def wait_job(job: str, timeout: float | None, hosts_file: str | None) -> None:
     while True:
         try:
             record = _refresh(store, store.load(record.job_id))  # a job nobody owns gets a monitor again
+        except DamagedRecord as exc:  # its outcome can no longer be known here
+            _fail(exc, EXIT_FAILED)
         except ClusterrunError as exc:  # the record went away (removed) or cannot be read
             _fail(exc, EXIT_USAGE)
         if record.finished:
@@ -994,4 +1032,9 @@ def monitor(job_id: str) -> None:
     store = JobStore()
     printer = Printer(colour=False)
     printer.note(f"monitor {os.getpid()} for job {job_id} started")
-    sys.exit(run_monitor(store, job_id, printer))
+    try:
+        sys.exit(run_monitor(store, job_id, printer))
+    except ClusterrunError as exc:  # e.g. its record damaged: the job runs on, unowned, until a command names it
+        printer.note(f"error: {exc.render()}")
+        printer.note(f"monitor {os.getpid()} for job {job_id} exits: nothing applies fail-fast to the job now")
+        sys.exit(EXIT_FAILED)

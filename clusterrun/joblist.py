@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from clusterrun.environment import mask_env
+from clusterrun.errors import DamagedRecord
 from clusterrun.events import JobState
 from clusterrun.jobs import JobRecord
 from clusterrun.plan import LaunchPlan
@@ -87,9 +88,12 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
     }
 
 
-def jobs_json(records: Iterable[JobRecord], hosts: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """The ``ps --json`` document: ``{"schema": SCHEMA, "jobs": [...]}``."""
-    return {"schema": SCHEMA, "jobs": [job_json(r, hosts) for r in records]}
+def jobs_json(records: Iterable[JobRecord], hosts: Mapping[int, Mapping[str, Any]] | None = None,
+              damaged: Iterable[DamagedRecord] = ()) -> dict[str, Any]:
+    """The ``ps --json`` document: ``{"schema": SCHEMA, "jobs": [...], "damaged": [...]}``, the
+    damaged records with their path, what is wrong and the fix."""
+    return {"schema": SCHEMA, "jobs": [job_json(r, hosts) for r in records],
+            "damaged": [{"id": d.job_id, "path": d.path, "reason": d.reason, "fix": d.hint} for d in damaged]}
 
 
 def shown_env(env: Mapping[str, str], secret_env: Iterable[str] = ()) -> dict[str, str]:
