@@ -38,7 +38,7 @@ from clusterrun.environment import resolve
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import JobResult, JobState
 from clusterrun.interfaces import Interface
-from clusterrun.joblist import STATES, jobs_json, plan_json, shown, shown_env
+from clusterrun.joblist import STATES, job_state_text, jobs_json, node_state_text, plan_json, shown, shown_env
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import (
     daemonize,
@@ -46,6 +46,7 @@ from clusterrun.lifecycle import (
     new_record,
     node_statuses,
     read_logs,
+    record_reachability,
     refresh,
     remove_on_hosts,
     save_seen,
@@ -639,17 +640,21 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
             answers = node_statuses(record)
         except ClusterrunError:  # the recorded hosts file cannot be read: the record alone is shown
             answers = {}
+        record = record_reachability(store, record, answers)  # a host that did not answer: since when
         statuses = {rank: a for rank, a in answers.items() if not isinstance(a, ClusterrunError)}
         if as_json:
             click.echo(json.dumps(jobs_json([record], hosts=statuses), indent=1))
             return
         attempt = record.attempts[-1] if record.attempts else None
-        click.echo(f"job {record.job_id} ({record.name}): {record.state}, attempt {record.attempt}, "
+        now = time.time()
+        click.echo(f"job {record.job_id} ({record.name}): {job_state_text(record, now)}, attempt {record.attempt}, "
                    f"{record.script} {shlex.join(record.script_args)}".rstrip())
         rows = [("NODE", "HOST", "STATE", "PID", "EXIT", "ERROR")]
         for n in record.nodes:
-            rows.append((str(n.rank), n.host, n.state, str(n.pid or "-"),
-                         "-" if n.exit_code is None else str(n.exit_code), safe(n.error or "", colour=False)))
+            failure = answers.get(n.rank)
+            error = n.error or (failure.render() if isinstance(failure, ClusterrunError) else "")
+            rows.append((str(n.rank), n.host, node_state_text(n, now), str(n.pid or "-"),
+                         "-" if n.exit_code is None else str(n.exit_code), safe(error, colour=False)))
         _table(rows)
         if attempt is not None and attempt.root_cause:  # its last lines are the rank's output
             click.echo(f"root cause: {safe(attempt.root_cause, colour=False)}")
@@ -673,7 +678,8 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         return
     rows = [("JOB", "NAME", "HOSTS", "STATE", "ATTEMPT", "AGE")]
     for r in records:
-        rows.append((r.job_id, r.name, _hosts_cell(r.hosts), r.state, str(r.attempt), _age(now - r.created)))
+        rows.append((r.job_id, r.name, _hosts_cell(r.hosts), job_state_text(r, now), str(r.attempt),
+                     _age(now - r.created)))
     for d in damaged if not states else ():
         rows.append((d.job_id, "?", "?", "damaged", "?", "?"))
     _table(rows)
@@ -1014,7 +1020,7 @@ def wait_job(job: str, timeout: float | None, hosts_file: str | None) -> None:
         if record.finished:
             break
         if deadline is not None and time.monotonic() >= deadline:
-            _note(f"job {record.job_id} is still {record.state} after {timeout:g} s")
+            _note(f"job {record.job_id} is still {job_state_text(record, time.time())} after {timeout:g} s")
             sys.exit(EXIT_TIMEOUT)
         # the job's owner writes its record and this process only reads it; an adopted job's is
         # brought up to date from its hosts by every refresh (a connection to each host)

@@ -8,13 +8,13 @@ meaning, raises ``SCHEMA``; adding a field does not.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
 from typing import Any
 
+from clusterrun import events
 from clusterrun.environment import mask_env
 from clusterrun.errors import DamagedRecord
-from clusterrun.events import JobState
-from clusterrun.jobs import JobRecord
+from clusterrun.events import JobState, NodeState
+from clusterrun.jobs import JobRecord, NodeRecord
 from clusterrun.plan import LaunchPlan
 
 SCHEMA = 1
@@ -50,10 +50,35 @@ def shown(records: Iterable[JobRecord], now: float, *, show_all: bool = False,
 
 
 def iso(timestamp: float | None) -> str | None:
-    """``2026-11-23T16:04:05Z``: ISO 8601, UTC, whole seconds."""
-    if timestamp is None:
-        return None
-    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """``2026-11-23T16:04:05Z`` (``events.iso``), or None."""
+    return None if timestamp is None else events.iso(timestamp)
+
+
+def node_state(node: NodeRecord) -> str:
+    """The node's state as ``ps`` and ``ps --json`` give it: ``unreachable`` while its host could
+    not be reached when last asked and it had not ended (whatever it was doing then is not known
+    now), else its state in the record."""
+    if node.unreachable_since is not None and not NodeState(node.state).is_terminal:
+        return str(NodeState.UNREACHABLE)
+    return str(node.state)
+
+
+def node_state_text(node: NodeRecord, now: float) -> str:
+    """``node_state`` in words: ``unreachable since 16:04:05Z`` (``events.unreachable_text``)."""
+    shown = node_state(node)
+    return events.unreachable_text(node.unreachable_since, now) if shown == NodeState.UNREACHABLE else shown
+
+
+def job_state_text(record: JobRecord, now: float) -> str:
+    """The job's state as ``ps`` and ``wait`` word it: ``running``, or, while nodes of an unfinished
+    job are unreachable, ``running; node 1 unreachable since 16:04:05Z`` (``nodes 1, 3 ...``:
+    since the first of them)."""
+    lost = [] if record.finished else [n for n in record.nodes if node_state(n) == NodeState.UNREACHABLE]
+    if not lost:
+        return str(record.state)
+    since = min(n.unreachable_since for n in lost if n.unreachable_since is not None)
+    which = f"node {lost[0].rank}" if len(lost) == 1 else f"nodes {', '.join(str(n.rank) for n in lost)}"
+    return f"{record.state}; {which} {events.unreachable_text(since, now)}"
 
 
 def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
@@ -62,8 +87,9 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
     ``hosts``: what each node's host said of it (``ps JOB --json``), by rank."""
     nodes = []
     for n in record.nodes:
-        node: dict[str, Any] = {"rank": n.rank, "host": n.host, "state": str(n.state), "pid": n.pid,
-                                "exit_code": n.exit_code, "signal": n.signal, "error": n.error}
+        node: dict[str, Any] = {"rank": n.rank, "host": n.host, "state": node_state(n), "pid": n.pid,
+                                "exit_code": n.exit_code, "signal": n.signal, "error": n.error,
+                                "unreachable_since": iso(n.unreachable_since), "last_state": str(n.state)}
         if hosts is not None and n.rank in hosts:
             answer = hosts[n.rank]
             node["containment"] = answer.get("containment")

@@ -23,7 +23,7 @@ from typing import Any
 
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.environment import MASK, mask_env, resolve, unmask
-from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
+from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError, TransportError
 from clusterrun.events import (
     AttemptStarted,
     Event,
@@ -32,6 +32,7 @@ from clusterrun.events import (
     JobResult,
     JobState,
     NodeExited,
+    NodeLink,
     NodeStarted,
     NodeState,
     NodeStateChanged,
@@ -157,6 +158,14 @@ class Recorder:
 
         self._submit(change)
 
+    def _link(self, rank: int, *, up: bool, since: float) -> None:
+        def change(record: JobRecord) -> None:
+            if record.attempt == self.attempt:
+                node = record.nodes[rank]
+                node.unreachable_since = None if up else node.unreachable_since or since
+
+        self._submit(change)
+
     def __call__(self, event: Event) -> None:
         if event.node is not None and isinstance(event, NodeStarted):
             self._node(event.node, pid=event.pid)
@@ -165,6 +174,9 @@ class Recorder:
         elif event.node is not None and isinstance(event, NodeExited):
             r = event.result
             self._node(event.node, state=r.state, exit_code=r.exit_code, signal=r.signal, error=r.error)
+            self._link(event.node, up=r.state is not NodeState.UNREACHABLE, since=time.time())
+        elif event.node is not None and isinstance(event, NodeLink):
+            self._link(event.node, up=event.up, since=event.since or time.time())
         elif isinstance(event, JobFinished):
             self.finish(event.result)
 
@@ -281,16 +293,19 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
     """Ask every host how the current attempt is doing and write that into the record.
 
     Only for a job that has no owner (the owner keeps the record itself). A host that cannot be
-    reached leaves its node as it was, with the error noted."""
+    reached leaves its node as it was, with the error noted (and since when: ``note_reachable``)."""
     answers = per_node(record, lambda t, rank: status_of(t, record, rank))
+    now = time.time()
 
     def change(rec: JobRecord) -> None:
         if rec.attempt != record.attempt:
             return
         for rank, answer in answers.items():
             node = rec.nodes[rank]
+            note_reachable(node, answer, now)
             if isinstance(answer, ClusterrunError):
-                node.error = f"unreachable: {answer.render()}"
+                why = "unreachable" if isinstance(answer, TransportError) else "no answer"
+                node.error = f"{why}: {answer.render()}"
                 continue
             node.state = node_state_of(answer)
             node.pid = answer.torchrun_pid or node.pid
@@ -307,6 +322,38 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
         rec.attempts[-1].ended = rec.attempts[-1].ended or time.time()
 
     return store.update(record.job_id, change)
+
+
+def note_reachable(node: NodeRecord, answer: object, now: float) -> None:
+    """Keep in ``node`` since when its host could not be reached (``answer``: a status answer, or
+    the error that kept it away; only a ``TransportError`` says the host is unreachable), from the
+    first failure on, until the host answers."""
+    if isinstance(answer, TransportError):
+        node.unreachable_since = node.unreachable_since or now
+    elif not isinstance(answer, ClusterrunError):
+        node.unreachable_since = None
+
+
+def record_reachability(store: JobStore, record: JobRecord, answers: dict[int, Any]) -> JobRecord:
+    """What every node's status call (``node_statuses``) said of reaching its host, into the
+    record (written only when that changes it); a record that cannot be written is changed in
+    memory only, for what is shown now."""
+    now = time.time()
+
+    def change(rec: JobRecord) -> None:
+        if rec.attempt == record.attempt:
+            for rank, answer in answers.items():
+                if rank < len(rec.nodes):
+                    note_reachable(rec.nodes[rank], answer, now)
+
+    preview = JobRecord.from_json(record.to_json())
+    change(preview)
+    if [n.unreachable_since for n in preview.nodes] == [n.unreachable_since for n in record.nodes]:
+        return record
+    try:
+        return store.update(record.job_id, change)
+    except StateError:
+        return preview
 
 
 def refresh(store: JobStore, record: JobRecord) -> JobRecord:

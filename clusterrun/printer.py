@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import TextIO
 
 from clusterrun.diagnose import split_rank
@@ -31,6 +32,7 @@ from clusterrun.events import (
     NodeStopped,
     StopReport,
     signal_name,
+    unreachable_text,
 )
 from clusterrun.plan import LaunchPlan
 from clusterrun.terminal import safe, wants_colour
@@ -155,7 +157,9 @@ class Printer:
             if event.up:
                 self.note(f"node{event.node} {event.host}: reconnected; the log continues where it stopped")
             else:
-                self.note(f"node{event.node} {event.host}: unreachable ({event.detail}); the job runs on there "
+                now = time.time()
+                since = unreachable_text(event.since if event.since is not None else now, now)
+                self.note(f"node{event.node} {event.host}: {since} ({event.detail}); the job runs on there "
                           "as far as anybody knows; reconnecting")
         elif isinstance(event, NodeStopped):
             self.report(event.report)

@@ -36,16 +36,25 @@ def test_every_ring_of_a_board_holds_the_lines_it_was_sized_for() -> None:
     assert list(board.merged.lines) == ["node1 | line 2", "node1 | line 3", "node1 | line 4"]
 
 
-def test_a_node_whose_host_cannot_be_reached_shows_unreachable_until_it_is_back() -> None:
-    board = Board(ring=10)
+NOON = 1_795_608_000.0  # 2026-11-25T12:00:00Z
+
+
+def test_a_node_whose_host_cannot_be_reached_shows_unreachable_since_its_first_failure_until_it_is_back() -> None:
+    now = [NOON + 60]
+    board = Board(ring=10, clock=lambda: now[0] - NOON, wall=lambda: now[0])
     board.apply(attempt(2))
     board.apply(NodeStateChanged(1, host="h1", state=NodeState.RUNNING))
-    board.apply(NodeLink(1, host="h1", up=False, detail="timed out"))
-    assert board.nodes[1].status == "unreachable"
+    board.apply(NodeLink(1, host="h1", up=False, detail="timed out", ts=30.0))  # its own time: 12:00:30
+    assert board.nodes[1].status(now[0]) == "unreachable since 12:00:30Z"
     assert "1 unreachable" in board.summary()
-    assert board.notes[-1] == "node1 h1: unreachable (timed out)"
+    assert board.notes[-1] == "node1 h1: unreachable since 12:00:30Z (timed out)"
+    board.apply(NodeLink(1, host="h1", up=False, detail="again", ts=50.0))  # still the first failure
+    assert board.nodes[1].status(now[0]) == "unreachable since 12:00:30Z"
+    assert board.nodes[1].status(now[0] + 86400) == "unreachable since 2026-11-25T12:00:30Z"  # not today
     board.apply(NodeLink(1, host="h1", up=True))
-    assert board.nodes[1].status == "running"
+    assert board.nodes[1].status(now[0]) == "running" and board.nodes[1].unreachable_since is None
+    board.apply(NodeLink(0, host="h0", up=False, since=NOON - 3600))  # a viewer's: the record knew it earlier
+    assert board.nodes[0].status(now[0]) == "unreachable since 11:00:00Z"
 
 
 def test_the_first_failure_is_the_root_cause_with_its_last_lines() -> None:
@@ -55,7 +64,7 @@ def test_the_first_failure_is_the_root_cause_with_its_last_lines() -> None:
     board.apply(NodeExited(1, result=NodeResult(1, "h1", NodeState.FAILED, exit_code=3)))
     board.apply(NodeExited(0, result=NodeResult(0, "h0", NodeState.FAILED, exit_code=1)))
     assert board.root_rank() == 1
-    assert board.nodes[1].status == "failed (exit 3)"
+    assert board.nodes[1].status(0) == "failed (exit 3)"
     text = board.root_text().splitlines()
     assert text[0] == "first failure: node 1 (h1): failed (exit 3)"
     assert text[1:] == [f"  [rank3]:line {i}" for i in range(12, 20)]  # the ring kept the last 10
