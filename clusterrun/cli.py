@@ -38,7 +38,16 @@ from clusterrun.environment import resolve
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import JobResult, JobState
 from clusterrun.interfaces import Interface
-from clusterrun.joblist import STATES, job_state_text, jobs_json, node_state_text, plan_json, shown, shown_env
+from clusterrun.joblist import (
+    STATES,
+    job_state_text,
+    jobs_json,
+    node_state_text,
+    outcome_text,
+    plan_json,
+    shown,
+    shown_env,
+)
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import (
     daemonize,
@@ -1025,7 +1034,7 @@ def wait_job(job: str, timeout: float | None, hosts_file: str | None) -> None:
         # the job's owner writes its record and this process only reads it; an adopted job's is
         # brought up to date from its hosts by every refresh (a connection to each host)
         time.sleep(2.0 if record.adopted else 0.5)
-    _note(f"job {record.job_id} {record.state} (attempt {record.attempt})")
+    _note(outcome_text(record))
     sys.exit(EXIT_OK if record.state == JobState.SUCCEEDED else EXIT_FAILED)
 
 

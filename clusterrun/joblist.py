@@ -69,6 +69,15 @@ def node_state_text(node: NodeRecord, now: float) -> str:
     return events.unreachable_text(node.unreachable_since, now) if shown == NodeState.UNREACHABLE else shown
 
 
+def outcome_text(record: JobRecord) -> str:
+    """How an ended job ended, as ``wait`` says it in its one line: ``job ID failed (attempt 1);
+    root cause: <the first line of what ps JOB shows as the root cause>``."""
+    last = record.attempts[-1] if record.attempts else None
+    cause = last.root_cause.split("\n", 1)[0] if last is not None and last.root_cause else None
+    text = f"job {record.job_id} {record.state} (attempt {record.attempt})"
+    return text + (f"; root cause: {cause}" if cause else "")
+
+
 def job_state_text(record: JobRecord, now: float) -> str:
     """The job's state as ``ps`` and ``wait`` word it: ``running``, or, while nodes of an unfinished
     job are unreachable, ``running; node 1 unreachable since 16:04:05Z`` (``nodes 1, 3 ...``:

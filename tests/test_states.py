@@ -148,3 +148,51 @@ def test_a_job_nobody_owns_is_unreachable_since_the_first_ps_that_could_not_reac
     fake.host("h0").restore()
     assert node_rows(run("ps", JOB).output) == {"0": "running", "1": "running"}
     assert store.load(JOB).nodes[0].unreachable_since is None
+
+
+@pytest.mark.parametrize("fault", ["processes vanished", "down"])
+def test_after_a_fault_ps_json_wait_down_and_the_dashboard_say_the_same(fake: FakeCluster, store: JobStore,
+                                                                       tmp_path: Path, fault: str) -> None:
+    """Node 1's supervisor and torchrun vanish (killed without a word: the host says lost), or the
+    job is stopped with `down`: every consumer names the same end, node by node, and the same root
+    cause; a `down` afterwards finds nothing to stop."""
+    events: list[Event] = []
+    runner = started(fake, store, tmp_path, events)
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(runner.follow()), daemon=True)
+    thread.start()
+    fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    wait_for(lambda: all(n.state == NodeState.RUNNING for n in store.load(JOB).nodes), 10, what="both running")
+    if fault == "down":
+        stopped = run("down", JOB)
+        assert stopped.exit_code == 0, stopped.output
+        end, nodes = "stopped", ["stopped", "stopped"]
+    else:
+        fake.node(JOB, 1).vanish()
+        end, nodes = "lost", ["stopped", "lost"]  # fail-fast stops node 0
+    thread.join(10)
+    runner.close()
+    assert out and out[0] is not None
+    store_record = store.load(JOB)
+    cause = store_record.attempts[-1].root_cause
+    assert (cause is None) == (fault == "down"), cause
+
+    shown = run("ps", JOB)
+    assert f"job {JOB} (train): {end}, attempt 1" in shown.output
+    assert list(node_rows(shown.output).values()) == nodes, shown.output
+    data = json.loads(run("ps", JOB, "--json").stdout)["jobs"][0]
+    assert data["state"] == end and [n["state"] for n in data["nodes"]] == nodes
+    assert data["attempts"][-1]["root_cause"] == cause
+    waited = run("wait", JOB)
+    assert waited.exit_code == 1
+    assert waited.output.strip() == f"clusterrun: job {JOB} {end} (attempt 1)" + (f"; root cause: {cause}" if cause
+                                                                                   else "")
+    board = Board()
+    for event in list(events):
+        board.apply(event)
+    assert board.state == end and [row.status(0) for row in board.nodes] == nodes
+    if cause is not None:
+        assert shown.output.count(f"root cause: {cause}") == 1
+        assert board.root_text().splitlines()[0] == f"root cause: {cause}"
+    again = run("down", JOB)
+    assert again.exit_code == 0 and f"job {JOB} already finished ({end}); nothing to stop" in again.output
