@@ -1,7 +1,8 @@
 """The ``clusterrun`` command. The only place that turns exceptions into messages and exit codes.
 
 Exit codes: 0 the job succeeded (``down``: stopped, nothing it could see is left) · 1 the job failed
-(a node exited non-zero, was lost or stopped; ``down``: something is still running) · 2 bad input
+(a node exited non-zero, was lost or stopped; ``down``: something is still running), or its record
+is damaged (``DamagedRecord``: the message names the file and the fix) · 2 bad input
 (hosts file, options, an unknown or ambiguous job) or a bad environment on this machine: the
 controller's state directory cannot be read or written (read-only, full, no permission; ``up``:
 nothing was started; ``down``: the job was stopped but that could not be recorded) · 3 a host
@@ -1049,7 +1050,7 @@ def monitor(job_id: str) -> None:
     printer.note(f"monitor {os.getpid()} for job {job_id} started")
     try:
         sys.exit(run_monitor(store, job_id, printer))
-    except ClusterrunError as exc:  # e.g. its record damaged: the job runs on, unowned, until a command names it
+    except ClusterrunError as exc:  # e.g. its record damaged: what still runs of the job runs on, unowned
         printer.note(f"error: {exc.render()}")
-        printer.note(f"monitor {os.getpid()} for job {job_id} exits: nothing applies fail-fast to the job now")
+        printer.note(f"monitor {os.getpid()} for job {job_id} exits")
         sys.exit(EXIT_FAILED)
