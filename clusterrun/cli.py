@@ -835,7 +835,9 @@ def down(job: str, grace: float | None, hosts_file: str | None) -> None:
     if unrecorded is not None:
         _not_recorded(record, unrecorded)
     if any(r.error for r in reports.values()):
-        _note(f"job {record.job_id} is NOT marked stopped: a host could not be reached, it may still run there")
+        failed = ", ".join(f"node {r.node} ({r.host})" for r in reports.values() if r.error)
+        _note(f"job {record.job_id} is NOT marked stopped: {failed} could not be stopped (see above); "
+              "it may still run there")
         sys.exit(EXIT_HOSTS)
     if any(r.left for r in reports.values()):
         sys.exit(EXIT_FAILED)

@@ -144,10 +144,14 @@ def test_a_job_nobody_owns_is_unreachable_since_the_first_ps_that_could_not_reac
     assert store.load(JOB).nodes[0].unreachable_since == since
     waited = run("wait", "--timeout", "0", JOB)
     assert waited.exit_code == 124 and f"node 0 {rows['0']}" in waited.output
+    downed = run("down", JOB)  # node 1 stops; node 0 cannot be reached, so it may still run
+    assert downed.exit_code == 3 and "node 0 (h0) could not be stopped" in downed.output, downed.output
+    assert node_rows(run("ps", JOB).output) == {"0": rows["0"], "1": "stopped"}
 
     fake.host("h0").restore()
-    assert node_rows(run("ps", JOB).output) == {"0": "running", "1": "running"}
+    assert node_rows(run("ps", JOB).output) == {"0": "running", "1": "stopped"}
     assert store.load(JOB).nodes[0].unreachable_since is None
+    assert run("down", JOB).exit_code == 0 and store.load(JOB).state == "stopped"
 
 
 @pytest.mark.parametrize("fault", ["processes vanished", "down"])
