@@ -41,7 +41,7 @@ from clusterrun.events import (
 from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
 from clusterrun.orchestrator import Emit, Job, Reconnect, node_state_of
 from clusterrun.plan import LaunchPlan, node_env, plan_from_json, plan_to_json
-from clusterrun.protocol import End, Eof, LogChunk, NodeStatus, decode_follow, decode_status
+from clusterrun.protocol import End, Eof, HostState, LogChunk, NodeStatus, decode_follow, decode_status
 from clusterrun.sync import sync_hosts
 from clusterrun.transports import Transport, transport_for
 
@@ -289,11 +289,17 @@ def node_statuses(record: JobRecord) -> dict[int, Any]:
     return per_node(record, lambda t, rank: t.call(request(record, rank, "status")))
 
 
+NOT_STARTED = (NodeState.PENDING, NodeState.CONNECTING, NodeState.STARTING)
+GONE = ("its host has no state of it any more (the state directory was deleted?): whether it still runs is not "
+        "known; `clusterrun down` looks for its processes")
+
+
 def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
     """Ask every host how the current attempt is doing and write that into the record.
 
     Only for a job that has no owner (the owner keeps the record itself). A host that cannot be
-    reached leaves its node as it was, with the error noted (and since when: ``note_reachable``)."""
+    reached leaves its node as it was, with the error noted (and since when: ``note_reachable``);
+    so does a host that has no state of a node that was started (``GONE``)."""
     answers = per_node(record, lambda t, rank: status_of(t, record, rank))
     now = time.time()
 
@@ -306,6 +312,9 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
             if isinstance(answer, ClusterrunError):
                 why = "unreachable" if isinstance(answer, TransportError) else "no answer"
                 node.error = f"{why}: {answer.render()}"
+                continue
+            if answer.state is HostState.ABSENT and (node.pid is not None or node.state not in NOT_STARTED):
+                node.error = GONE  # it was started: never shown pending again, nor ended, on this word alone
                 continue
             node.state = node_state_of(answer)
             node.pid = answer.torchrun_pid or node.pid

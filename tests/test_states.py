@@ -200,3 +200,26 @@ def test_after_a_fault_ps_json_wait_down_and_the_dashboard_say_the_same(fake: Fa
         assert board.root_text().splitlines()[0] == f"root cause: {cause}"
     again = run("down", JOB)
     assert again.exit_code == 0 and f"job {JOB} already finished ({end}); nothing to stop" in again.output
+
+
+def test_a_started_node_whose_state_on_its_host_is_gone_is_never_shown_pending_or_ended(
+        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    """The hosts' state directory of a running job is deleted: the host answers "absent" for a
+    node it started. `ps` keeps what was known of the node (running) and says its state on the
+    host is gone, never `pending` (which would make the monitor start it again) nor an end."""
+    runner = started(fake, store, tmp_path, [])
+    fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    wait_for(lambda: all(n.state == NodeState.RUNNING for n in store.load(JOB).nodes), 10, what="both running")
+    runner.recorder.flush()
+    runner.close()
+    store.release(runner.owner_fd)  # type: ignore[arg-type]
+    store.update(JOB, lambda r: setattr(r, "adopted", True))  # reconciled by each command, never a monitor here
+    del fake.nodes[(JOB, 1, 1)]  # its attempt directory is gone: the fake's agent answers absent
+
+    shown = run("ps", JOB)
+    assert node_rows(shown.output) == {"0": "running", "1": "running"}, shown.output
+    assert "its host has no state of it any more" in shown.output and f"job {JOB} (train): running" in shown.output
+    record = store.load(JOB)
+    assert record.state == "running" and record.nodes[1].state == NodeState.RUNNING
+    waited = run("wait", "--timeout", "0", JOB)
+    assert waited.exit_code == 124, waited.output
