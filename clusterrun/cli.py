@@ -616,7 +616,7 @@ def _refresh(store: JobStore, record: JobRecord) -> JobRecord:
         return refresh(store, record)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
-    except DamagedRecord:
+    except DamagedRecord:  # not a record to show: exit 1 (``_Commands``)
         raise
     except StateError as exc:  # the record could not be brought up to date: show it as it is
         _note(f"warning: job {record.job_id} shows its last recorded state: {exc.render()}")

@@ -8,7 +8,7 @@ from pathlib import Path
 from clusterrun.board import Board, Ring
 from clusterrun.errors import JobNotFound
 from clusterrun.events import AttemptStarted, LogLines, NodeExited, NodeLink, NodeResult, NodeState, NodeStateChanged
-from clusterrun.jobs import JobRecord, JobStore
+from clusterrun.jobs import JobRecord, JobStore, NodeRecord
 from clusterrun.session import Session
 
 
@@ -106,3 +106,23 @@ def test_a_new_attempt_replaces_the_notices_of_the_restart() -> None:
     assert board.notes[-1] == "attempt 2 started" and board.attempt == 2
     board.apply(attempt(2, 2))  # followed again (attach): nothing new started
     assert list(board.notes).count("attempt 2 started") == 1
+
+
+def test_a_viewer_shows_an_unreachable_node_since_the_first_failure_its_record_knew(tmp_path: Path) -> None:
+    """attach while the owner already sees h1 unreachable: the viewer's dashboard says since when
+    the record says (as ps does), not since its own first failure; once it has reached h1, a
+    new failure is its own."""
+    record = JobRecord(job_id="j-1", name="j", created=0.0, hosts_file="hosts.yaml", hosts_text="",
+                       script="train.py", script_args=[], env_overrides={}, local_cwd=str(tmp_path), grace=1.0,
+                       ssh_config=None, plan={},
+                       nodes=[NodeRecord(0, "h0"), NodeRecord(1, "h1", unreachable_since=NOON)])
+    board = Board(wall=lambda: NOON + 60)
+    session = Session(JobStore(tmp_path / "jobs"), record, board.apply)
+    board.apply(attempt(2))
+    session.emit(NodeLink(1, host="h1", up=False, detail="timed out", since=NOON + 30))
+    assert board.nodes[1].status(NOON + 60) == "unreachable since 12:00:00Z"
+    session.emit(NodeLink(1, host="h1", up=True))
+    session.emit(NodeLink(1, host="h1", up=False, detail="again", since=NOON + 50))
+    assert board.nodes[1].status(NOON + 60) == "unreachable since 12:00:50Z"
+    session.emit(NodeLink(0, host="h0", up=False, detail="timed out", since=NOON + 40))  # the record knew nothing
+    assert board.nodes[0].status(NOON + 60) == "unreachable since 12:00:40Z"
