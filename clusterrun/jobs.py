@@ -188,6 +188,8 @@ class JobStore:
         try:
             data = path.read_bytes()
         except FileNotFoundError:
+            if (self.dir(job_id) / "owner.lock").exists():  # made after the record: the record was deleted
+                raise DamagedRecord(job_id, str(path), "missing: the job's directory has no job.json") from None
             raise JobNotFound(f"no job {job_id!r}", hint="`clusterrun ps` lists the jobs") from None
         except PermissionError as exc:
             raise DamagedRecord(job_id, str(path), f"unreadable: {exc.strerror}",
@@ -225,7 +227,7 @@ class JobStore:
         with _state(self.root, "list"):
             entries = list(self.root.iterdir()) if self.root.is_dir() else []
         for entry in entries:
-            if (entry / "job.json").is_file():
+            if (entry / "job.json").is_file() or (entry / "owner.lock").exists():
                 try:
                     records.append(self.load(entry.name))
                 except DamagedRecord as exc:
@@ -262,6 +264,8 @@ class JobStore:
         """Delete the job's directory (its record, locks and monitor log). The caller has checked
         that the job has ended and nobody owns it."""
         with _state(self.dir(job_id), "remove"):
+            with contextlib.suppress(FileNotFoundError):  # first: no `ps` meanwhile takes the rest for damaged
+                os.unlink(self.dir(job_id) / "owner.lock")
             shutil.rmtree(self.dir(job_id))
 
     def named(self, name: str) -> list[JobRecord]:

@@ -49,8 +49,12 @@ def damage(store: JobStore, how: str) -> Path:
     damaged = {"truncated": data[:100], "empty": b"", "not utf-8": data[:10] + b"\xff" + data[10:],
                "a list": b"[1, 2]", "newer": json.dumps({**json.loads(data), "version": 99}).encode(),
                "another job's": json.dumps({**json.loads(data), "job_id": GOOD}).encode(),
-               "unknown field": json.dumps({**json.loads(data), "colour": "red"}).encode()}[how]
+               "unknown field": json.dumps({**json.loads(data), "colour": "red"}).encode(),
+               "deleted": b""}[how]
     path.write_bytes(damaged)
+    if how == "deleted":  # by a cleanup, after its owner took the job's lock
+        store.release(store.try_own(BAD))  # type: ignore[arg-type]
+        path.unlink()
     return path
 
 
@@ -60,6 +64,7 @@ def damage(store: JobStore, how: str) -> Path:
     ("newer", "record version 99, written by a newer clusterrun; this one reads version 1"),
     ("another job's", f"not this job's record: it names job '{GOOD}'"),
     ("unknown field", "not a job record: JobRecord.__init__() got an unexpected keyword argument 'colour'"),
+    ("deleted", "missing: the job's directory has no job.json"),
 ])
 def test_a_damaged_record_says_where_and_what_and_is_still_found_by_its_id(tmp_path: Path, how: str,
                                                                            reason: str) -> None:
@@ -108,3 +113,16 @@ def test_a_record_without_a_version_is_version_1_and_a_written_one_has_it(tmp_pa
     del old["version"]
     path.write_text(json.dumps(old))
     assert store.load(GOOD).version == 1
+
+
+def test_a_job_directory_being_made_is_no_job_yet_and_a_removed_job_is_gone(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs")
+    store.dir(GOOD).mkdir(parents=True)  # `create` between its mkdir and the record's write
+    assert store.scan() == ([], [])
+    with pytest.raises(JobNotFound):
+        store.load(GOOD)
+    store.dir(GOOD).rmdir()
+    store.create(record(GOOD, "good", 1.0))
+    assert store.owned(GOOD) is False  # took and let go of its lock: owner.lock exists now
+    store.remove(GOOD)
+    assert store.scan() == ([], []) and not store.dir(GOOD).exists()
