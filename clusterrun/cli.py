@@ -48,6 +48,7 @@ from clusterrun.joblist import (
     plan_json,
     shown,
     shown_env,
+    unreachable_ranks,
 )
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import (
@@ -1019,9 +1020,11 @@ def wait_job(job: str, timeout: float | None, hosts_file: str | None) -> None:
     lost (for scripts and CI). Waits through a start-up retry (a new attempt) too, except for a
     job adopted with --hosts: its hosts are asked how its attempt ended, and a retry that its own
     controller starts after that is not waited for. Nothing is printed but one line on stderr at
-    the end (and what --hosts adopted)."""
+    the end (and what --hosts adopted), and one whenever the nodes whose host cannot be reached
+    change (`running; node 1 unreachable since 16:04:05Z`, as ps says it)."""
     store, record = _open_job(job, hosts_file)
     deadline = None if timeout is None else time.monotonic() + timeout
+    unreachable: list[int] = []
     while True:
         try:
             record = _refresh(store, store.load(record.job_id))  # a job nobody owns gets a monitor again
@@ -1034,6 +1037,10 @@ def wait_job(job: str, timeout: float | None, hosts_file: str | None) -> None:
         if deadline is not None and time.monotonic() >= deadline:
             _note(f"job {record.job_id} is still {job_state_text(record, time.time())} after {timeout:g} s")
             sys.exit(EXIT_TIMEOUT)
+        if unreachable_ranks(record) != unreachable:
+            unreachable = unreachable_ranks(record)
+            _note(f"job {record.job_id} is {job_state_text(record, time.time())}"
+                  + ("" if unreachable else ": every host can be reached again"))
         # the job's owner writes its record and this process only reads it; an adopted job's is
         # brought up to date from its hosts by every refresh (a connection to each host)
         time.sleep(2.0 if record.adopted else 0.5)

@@ -78,11 +78,16 @@ def outcome_text(record: JobRecord) -> str:
     return text + (f"; root cause: {cause}" if cause else "")
 
 
+def unreachable_ranks(record: JobRecord) -> list[int]:
+    """The nodes of an unfinished job that are shown unreachable (``node_state``), by rank."""
+    return [] if record.finished else [n.rank for n in record.nodes if node_state(n) == NodeState.UNREACHABLE]
+
+
 def job_state_text(record: JobRecord, now: float) -> str:
     """The job's state as ``ps`` and ``wait`` word it: ``running``, or, while nodes of an unfinished
     job are unreachable, ``running; node 1 unreachable since 16:04:05Z`` (``nodes 1, 3 ...``:
     since the first of them)."""
-    lost = [] if record.finished else [n for n in record.nodes if node_state(n) == NodeState.UNREACHABLE]
+    lost = [record.nodes[rank] for rank in unreachable_ranks(record)]
     if not lost:
         return str(record.state)
     since = min(n.unreachable_since for n in lost if n.unreachable_since is not None)

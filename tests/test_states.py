@@ -142,8 +142,10 @@ def test_a_job_nobody_owns_is_unreachable_since_the_first_ps_that_could_not_reac
     since = store.load(JOB).nodes[0].unreachable_since
     assert since is not None and run("ps", JOB).output == first.output  # kept from the first failure
     assert store.load(JOB).nodes[0].unreachable_since == since
-    waited = run("wait", "--timeout", "0", JOB)
-    assert waited.exit_code == 124 and f"node 0 {rows['0']}" in waited.output
+    waited = run("wait", "--timeout", "1", JOB)  # says so while it waits, then when it gives up
+    assert waited.exit_code == 124 and waited.output.splitlines() == [
+        f"clusterrun: job {JOB} is running; node 0 {rows['0']}",
+        f"clusterrun: job {JOB} is still running; node 0 {rows['0']} after 1 s"], waited.output
     downed = run("down", JOB)  # node 1 stops; node 0 cannot be reached, so it may still run
     assert downed.exit_code == 3 and "node 0 (h0) could not be stopped" in downed.output, downed.output
     assert node_rows(run("ps", JOB).output) == {"0": rows["0"], "1": "stopped"}
