@@ -37,7 +37,7 @@ from clusterrun import __version__, doctor
 from clusterrun.config import ClusterSpec, load_cluster
 from clusterrun.environment import resolve
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, JobNotFound, StateError
-from clusterrun.events import JobResult, JobState
+from clusterrun.events import JobResult, JobState, not_stopped_text
 from clusterrun.interfaces import Interface
 from clusterrun.joblist import (
     STATES,
@@ -836,9 +836,7 @@ def down(job: str, grace: float | None, hosts_file: str | None) -> None:
     if unrecorded is not None:
         _not_recorded(record, unrecorded)
     if any(r.error for r in reports.values()):
-        failed = ", ".join(f"node {r.node} ({r.host})" for r in reports.values() if r.error)
-        _note(f"job {record.job_id} is NOT marked stopped: {failed} could not be stopped (see above); "
-              "it may still run there")
+        _note(not_stopped_text(record.job_id, [(r.node, r.host) for r in reports.values() if r.error]))
         sys.exit(EXIT_HOSTS)
     if any(r.left for r in reports.values()):
         sys.exit(EXIT_FAILED)

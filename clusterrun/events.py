@@ -110,6 +110,13 @@ def unreachable_text(since: float | None, now: float) -> str:
     return "unreachable since " + (text[11:] if text[:10] == iso(now)[:10] else text)
 
 
+def not_stopped_text(job_id: str, nodes: Iterable[tuple[int, str]]) -> str:
+    """What ``down`` and the printer's summary say of a stop that could not reach some nodes'
+    hosts (``(rank, host)``): the job is not known to have stopped there."""
+    which = ", ".join(f"node {rank} ({host})" for rank, host in nodes)
+    return f"job {job_id} is NOT marked stopped: {which} could not be stopped (see above); it may still run there"
+
+
 def signal_name(number: int) -> str:
     """``SIGKILL`` for 9, or ``signal 64`` for numbers without a name."""
     import signal

@@ -31,6 +31,7 @@ from clusterrun.events import (
     NodeStateChanged,
     NodeStopped,
     StopReport,
+    not_stopped_text,
     signal_name,
     unreachable_text,
 )
@@ -189,7 +190,10 @@ class Printer:
         if result.ok:
             self.note(f"job {result.job_id} succeeded")
             return
-        if result.stopped:
+        unreached = [(n.node, n.host) for n in result.nodes if n.state is NodeState.UNREACHABLE]
+        if result.stopped and unreached:  # as `down` says it
+            self.note(not_stopped_text(result.job_id, unreached))
+        elif result.stopped:
             self.note(f"job {result.job_id} stopped" + (f" ({result.interrupted})" if result.interrupted else ""))
         else:
             self.note(f"job {result.job_id} FAILED")
