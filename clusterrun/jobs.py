@@ -32,6 +32,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -46,7 +47,7 @@ from clusterrun.errors import DamagedRecord, JobNotFound, StateError
 from clusterrun.events import JobState, NodeState
 
 OWNER_FD_VAR = "CLUSTERRUN_OWNER_FD"
-RECORD_VERSION = 1  # of job.json; raised when a field is removed or changes meaning (a record without one is 1)
+RECORD_VERSION = 1  # of job.json, raised when its fields change: a newer one is refused, not misread (none: 1)
 
 
 def state_error(path: Path | str, exc: OSError, doing: str) -> StateError:
@@ -380,6 +381,10 @@ def parse_record(job_id: str, path: Path, data: bytes) -> JobRecord:
     try:
         return JobRecord.from_json(fields)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        if unknown:
+            raise damaged(f"unknown field {unknown.group(1)!r} (written by a newer clusterrun?)",
+                          hint="use the clusterrun that wrote it (or upgrade this one)") from None
         raise damaged(f"not a job record: {exc}") from None
 
 

@@ -63,7 +63,7 @@ def damage(store: JobStore, how: str) -> Path:
     ("not utf-8", "not UTF-8 at byte 10 of "), ("a list", "not a job record: a JSON list, not an object"),
     ("newer", "record version 99, written by a newer clusterrun; this one reads version 1"),
     ("another job's", f"not this job's record: it names job '{GOOD}'"),
-    ("unknown field", "not a job record: JobRecord.__init__() got an unexpected keyword argument 'colour'"),
+    ("unknown field", "unknown field 'colour' (written by a newer clusterrun?)"),
     ("deleted", "missing: the job's directory has no job.json"),
 ])
 def test_a_damaged_record_says_where_and_what_and_is_still_found_by_its_id(tmp_path: Path, how: str,
