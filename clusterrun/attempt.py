@@ -28,7 +28,7 @@ from typing import Any
 from clusterrun import doctor, lifecycle
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import MASK, mask_env, resolve, unmask
-from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError
+from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError, TransportError
 from clusterrun.events import (
     AttemptStarted,
     Event,
@@ -37,6 +37,7 @@ from clusterrun.events import (
     JobResult,
     JobState,
     NodeExited,
+    NodeLink,
     NodeStarted,
     NodeState,
     NodeStateChanged,
@@ -48,6 +49,7 @@ from clusterrun.jobstate import Change, outcome, transition
 from clusterrun.lifecycle import per_node, spec_of, status_of, stop_job
 from clusterrun.orchestrator import Emit, Job, node_state_of
 from clusterrun.plan import LaunchPlan, node_env, plan_from_json, plan_to_json
+from clusterrun.protocol import HostState
 from clusterrun.sync import source_of, sync_hosts
 
 # ------------------------------------------------------------------------------ the state
@@ -159,6 +161,14 @@ class Recorder:
 
         self._submit(change)
 
+    def _link(self, rank: int, *, up: bool, since: float) -> None:
+        def change(record: JobRecord) -> None:
+            if record.attempt == self.attempt:
+                node = record.nodes[rank]
+                node.unreachable_since = None if up else node.unreachable_since or since
+
+        self._submit(change)
+
     def __call__(self, event: Event) -> None:
         if event.node is not None and isinstance(event, NodeStarted):
             self._node(event.node, pid=event.pid)
@@ -167,6 +177,9 @@ class Recorder:
         elif event.node is not None and isinstance(event, NodeExited):
             r = event.result
             self._node(event.node, state=r.state, exit_code=r.exit_code, signal=r.signal, error=r.error)
+            self._link(event.node, up=r.state is not NodeState.UNREACHABLE, since=time.time())
+        elif event.node is not None and isinstance(event, NodeLink):
+            self._link(event.node, up=event.up, since=event.since or time.time())
         elif isinstance(event, JobFinished):
             self.finish(event.result)
 
@@ -194,21 +207,33 @@ class Recorder:
         self.flush()
 
 
+NOT_STARTED = (NodeState.PENDING, NodeState.CONNECTING, NodeState.STARTING)
+GONE = ("its host has no state of it any more (the state directory was deleted?): whether it still runs is not "
+        "known; `clusterrun down` looks for its processes")
+
+
 def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
     """Ask every host how the current attempt is doing and write that into the record.
 
     Only for a job that has no owner (the owner keeps the record itself). A host that cannot be
-    reached leaves its node as it was, with the error noted. A job left ``stopping`` (its stopper
-    died) whose nodes have all ended is ``stopped``."""
+    reached leaves its node as it was, with the error noted (and since when: ``note_reachable``);
+    so does a host that has no state of a node that was started (``GONE``). A job left
+    ``stopping`` (its stopper died) whose nodes have all ended is ``stopped``."""
     answers = per_node(record, lambda t, rank: status_of(t, record, rank))
+    now = time.time()
 
     def change(rec: JobRecord) -> None:
         if rec.attempt != record.attempt:
             return
         for rank, answer in answers.items():
             node = rec.nodes[rank]
+            note_reachable(node, answer, now)
             if isinstance(answer, ClusterrunError):
-                node.error = f"unreachable: {answer.render()}"
+                why = "unreachable" if isinstance(answer, TransportError) else "no answer"
+                node.error = f"{why}: {answer.render()}"
+                continue
+            if answer.state is HostState.ABSENT and (node.pid is not None or node.state not in NOT_STARTED):
+                node.error = GONE  # it was started: never shown pending again, nor ended, on this word alone
                 continue
             node.state = node_state_of(answer)
             node.pid = answer.torchrun_pid or node.pid
@@ -223,6 +248,38 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
             _move(rec, Change.STOP_VERIFIED if rec.state is JobState.STOPPING else outcome(new))
 
     return store.update(record.job_id, change)
+
+
+def note_reachable(node: NodeRecord, answer: object, now: float) -> None:
+    """Keep in ``node`` since when its host could not be reached (``answer``: a status answer, or
+    the error that kept it away; only a ``TransportError`` says the host is unreachable), from the
+    first failure on, until the host answers."""
+    if isinstance(answer, TransportError):
+        node.unreachable_since = node.unreachable_since or now
+    elif not isinstance(answer, ClusterrunError):
+        node.unreachable_since = None
+
+
+def record_reachability(store: JobStore, record: JobRecord, answers: dict[int, Any]) -> JobRecord:
+    """What every node's status call (``lifecycle.node_statuses``) said of reaching its host, into
+    the record (written only when that changes it); a record that cannot be written is changed in
+    memory only, for what is shown now."""
+    now = time.time()
+
+    def change(rec: JobRecord) -> None:
+        if rec.attempt == record.attempt:
+            for rank, answer in answers.items():
+                if rank < len(rec.nodes):
+                    note_reachable(rec.nodes[rank], answer, now)
+
+    preview = JobRecord.from_json(record.to_json())
+    change(preview)
+    if [n.unreachable_since for n in preview.nodes] == [n.unreachable_since for n in record.nodes]:
+        return record
+    try:
+        return store.update(record.job_id, change)
+    except StateError:
+        return preview
 
 
 def refresh(store: JobStore, record: JobRecord) -> JobRecord:

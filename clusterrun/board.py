@@ -34,6 +34,7 @@ from clusterrun.events import (
     RootCause,
     StopReport,
     signal_name,
+    unreachable_text,
 )
 
 RING = 10_000
@@ -73,15 +74,21 @@ class NodeRow:
     signal: int | None = None
     detail: str = ""
     reachable: bool = True
+    unreachable_since: float | None = None  # wall clock: when its host was first found unreachable
     degraded: str | None = None  # why its supervisor cannot write its state on the host
     last_output: float | None = None
     log: Ring = field(default_factory=lambda: Ring(RING))
 
     @property
-    def status(self) -> str:
-        """The state as the table shows it: unreachable, failed with its exit code, ..."""
-        if not self.reachable and not self.state.is_terminal:
-            return "unreachable"
+    def unreachable(self) -> bool:
+        """Its host cannot be reached and it had not ended: what it does is not known."""
+        return not self.reachable and not self.state.is_terminal
+
+    def status(self, now: float) -> str:
+        """The state as the table shows it at wall-clock time ``now``: ``unreachable since
+        16:04:05Z`` (``events.unreachable_text``), failed with its exit code, ..."""
+        if self.unreachable:
+            return unreachable_text(self.unreachable_since, now)
         if self.state is NodeState.FAILED:
             if self.signal:
                 return f"failed ({signal_name(self.signal)})"
@@ -143,15 +150,23 @@ class Board:
             row = self.node(rank, event.host)
             row.state, row.detail = event.state, event.detail
             if event.state is NodeState.RUNNING:
-                row.reachable = True
+                row.reachable, row.unreachable_since = True, None
         elif isinstance(event, NodeDegraded) and rank is not None:
             row = self.node(rank, event.host)
             row.degraded = event.reason
             self.note(f"node{rank} {event.host}: degraded: {event.reason}")
         elif isinstance(event, NodeLink) and rank is not None:
             row = self.node(rank, event.host)
+            since = event.since if event.since is not None else self._to_wall(event.ts)
+            if event.up:
+                row.unreachable_since = None
+            elif row.reachable or row.unreachable_since is None:
+                row.unreachable_since = since
+            else:  # still unreachable: since the first failure seen (a viewer's record may know an earlier one)
+                row.unreachable_since = min(row.unreachable_since, since)
             row.reachable = event.up
-            self.note(f"node{rank} {event.host}: " + ("reconnected" if event.up else f"unreachable ({event.detail})"))
+            self.note(f"node{rank} {event.host}: " + ("reconnected" if event.up else
+                      f"{unreachable_text(row.unreachable_since, self.wall())} ({event.detail})"))
         elif isinstance(event, NodeExited) and rank is not None:
             result = event.result
             row = self.node(rank, result.host)
@@ -226,7 +241,7 @@ class Board:
         """``4 nodes · 3 running · 1 failed`` (and ``· 1 degraded``: see ``degraded_text``)."""
         counts: dict[str, int] = {}
         for row in self.nodes:
-            key = "unreachable" if row.status == "unreachable" else row.state.value
+            key = "unreachable" if row.unreachable else row.state.value
             counts[key] = counts.get(key, 0) + 1
         parts = [f"{len(self.nodes)} node" + ("s" if len(self.nodes) != 1 else "")]
         parts += [f"{n} {state}" for state, n in counts.items()]
@@ -238,6 +253,10 @@ class Board:
     def _from_wall(self, when: float) -> float:
         """A wall-clock time (``time.time()``) on the board's clock."""
         return self.clock() - (self.wall() - when)
+
+    def _to_wall(self, ts: float) -> float:
+        """A time on the board's clock (an event's ``ts``) as a wall-clock time."""
+        return self.wall() - (self.clock() - ts)
 
     def degraded_text(self) -> list[str]:
         """A line per node whose supervisor cannot write its state (``degraded: <reason>``)."""
@@ -268,7 +287,7 @@ class Board:
         if self.first_failure is not None:
             row = self.nodes[self.first_failure]
             last = list(row.log.lines)[-8:]
-            return "\n".join([f"first failure: node {row.rank} ({row.host}): {row.status}"
+            return "\n".join([f"first failure: node {row.rank} ({row.host}): {row.status(self.wall())}"
                               + (f": {row.detail}" if row.detail else ""), *(f"  {line}" for line in last)])
         return ""
 

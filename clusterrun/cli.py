@@ -1,7 +1,8 @@
 """The ``clusterrun`` command. The only place that turns exceptions into messages and exit codes.
 
 Exit codes: 0 the job succeeded (``down``: stopped, nothing it could see is left) · 1 the job failed
-(a node exited non-zero, was lost or stopped; ``down``: something is still running) · 2 bad input
+(a node exited non-zero, was lost or stopped; ``down``: something is still running), or its record
+is damaged (``DamagedRecord``: the message names the file and the fix) · 2 bad input
 (hosts file, options, an unknown or ambiguous job) or a bad environment on this machine: the
 controller's state directory cannot be read or written (read-only, full, no permission; ``up``:
 nothing was started; ``down``: the job was stopped but that could not be recorded; ``restart``:
@@ -25,7 +26,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from types import FrameType
@@ -34,13 +35,32 @@ from typing import NoReturn
 import click
 
 from clusterrun import __version__, doctor
-from clusterrun.attempt import NextAttempt, NotStopped, check_script, new_record, preflight, refresh, stop
+from clusterrun.attempt import (
+    NextAttempt,
+    NotStopped,
+    check_script,
+    new_record,
+    preflight,
+    record_reachability,
+    refresh,
+    stop,
+)
 from clusterrun.config import ClusterSpec, load_cluster
 from clusterrun.environment import resolve
-from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound, StateError
-from clusterrun.events import JobResult, JobState
+from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, JobNotFound, StateError
+from clusterrun.events import JobResult, JobState, not_stopped_text
 from clusterrun.interfaces import Interface
-from clusterrun.joblist import STATES, jobs_json, plan_json, shown, shown_env
+from clusterrun.joblist import (
+    STATES,
+    job_state_text,
+    jobs_json,
+    node_state_text,
+    outcome_text,
+    plan_json,
+    shown,
+    shown_env,
+    unreachable_ranks,
+)
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import daemonize, follower, node_statuses, read_logs, remove_on_hosts, save_seen, spec_of
 from clusterrun.orchestrator import Job, Reconnect
@@ -68,12 +88,15 @@ def _note(text: str) -> None:
 
 
 class _Commands(click.Group):
-    """The commands, with the one error every command can meet made an exit code here: the
-    controller's own state directory cannot be read or written (``StateError``)."""
+    """The commands, with the errors every command can meet made exit codes here: a job's record
+    is damaged (``DamagedRecord``: exit 1, as for a job that cannot be used), or the controller's
+    own state directory cannot be read or written (``StateError``: exit 2)."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
+        except DamagedRecord as exc:
+            _fail(exc, EXIT_FAILED)
         except StateError as exc:
             _fail(exc, EXIT_USAGE)
 
@@ -529,7 +552,8 @@ def _adopt(hosts_file: str | None) -> None:
         _fail(exc, EXIT_USAGE)
     store = JobStore()
     ssh_config = spec.ssh_config
-    known = {r.job_id for r in store.all()}
+    good, damaged = store.scan()
+    known = {r.job_id for r in good} | {d.job_id for d in damaged}  # a damaged record's job is not adopted over it
     records, notes = records_from(spec, hosts_file, text, ask_hosts(spec, ssh_config), known=known,
                                   local_cwd=os.getcwd(), ssh_config=ssh_config)
     for note in notes:
@@ -577,6 +601,8 @@ def _refresh(store: JobStore, record: JobRecord) -> JobRecord:
         return refresh(store, record)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
+    except DamagedRecord:  # not a record to show: exit 1 (``_Commands``)
+        raise
     except StateError as exc:  # the record could not be brought up to date: show it as it is
         _note(f"warning: job {record.job_id} shows its last recorded state: {exc.render()}")
         return record
@@ -609,17 +635,21 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
             answers = node_statuses(record)
         except ClusterrunError:  # the recorded hosts file cannot be read: the record alone is shown
             answers = {}
+        record = record_reachability(store, record, answers)  # a host that did not answer: since when
         statuses = {rank: a for rank, a in answers.items() if not isinstance(a, ClusterrunError)}
         if as_json:
             click.echo(json.dumps(jobs_json([record], hosts=statuses), indent=1))
             return
         attempt = record.attempts[-1] if record.attempts else None
-        click.echo(f"job {record.job_id} ({record.name}): {record.state}, attempt {record.attempt}, "
+        now = time.time()
+        click.echo(f"job {record.job_id} ({record.name}): {job_state_text(record, now)}, attempt {record.attempt}, "
                    f"{record.script} {shlex.join(record.script_args)}".rstrip())
         rows = [("NODE", "HOST", "STATE", "PID", "EXIT", "ERROR")]
         for n in record.nodes:
-            rows.append((str(n.rank), n.host, n.state, str(n.pid or "-"),
-                         "-" if n.exit_code is None else str(n.exit_code), safe(n.error or "", colour=False)))
+            failure = answers.get(n.rank)
+            error = n.error or (failure.render() if isinstance(failure, ClusterrunError) else "")
+            rows.append((str(n.rank), n.host, node_state_text(n, now), str(n.pid or "-"),
+                         "-" if n.exit_code is None else str(n.exit_code), safe(error, colour=False)))
         _table(rows)
         if attempt is not None and attempt.root_cause:  # its last lines are the rank's output
             click.echo(f"root cause: {safe(attempt.root_cause, colour=False)}")
@@ -636,14 +666,20 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
     _adopt(hosts_file)
     store = JobStore()
     now = time.time()
-    records, hidden = shown([_refresh(store, r) for r in store.all()], now, show_all=show_all, states=states)
+    good, damaged = store.scan()
+    records, hidden = shown([_refresh(store, r) for r in good], now, show_all=show_all, states=states)
     if as_json:
-        click.echo(json.dumps(jobs_json(records), indent=1))
+        click.echo(json.dumps(jobs_json(records, damaged=damaged), indent=1))
         return
     rows = [("JOB", "NAME", "HOSTS", "STATE", "ATTEMPT", "AGE")]
     for r in records:
-        rows.append((r.job_id, r.name, _hosts_cell(r.hosts), r.state, str(r.attempt), _age(now - r.created)))
+        rows.append((r.job_id, r.name, _hosts_cell(r.hosts), job_state_text(r, now), str(r.attempt),
+                     _age(now - r.created)))
+    for d in damaged if not states else ():
+        rows.append((d.job_id, "?", "?", "damaged", "?", "?"))
     _table(rows)
+    for d in damaged:
+        _note(f"error: {d.render()}")
     if hidden:
         _note(f"{hidden} job(s) that ended more than a day ago not shown: `clusterrun ps -a` lists them, "
               "`clusterrun prune` removes every ended job's record")
@@ -784,7 +820,7 @@ def down(job: str, grace: float | None, hosts_file: str | None) -> None:
     if unrecorded is not None:
         _not_recorded(record, unrecorded)
     if any(r.error for r in reports.values()):
-        _note(f"job {record.job_id} is NOT marked stopped: a host could not be reached, it may still run there")
+        _note(not_stopped_text(record.job_id, [(r.node, r.host) for r in reports.values() if r.error]))
         sys.exit(EXIT_HOSTS)
     if any(r.left for r in reports.values()):
         sys.exit(EXIT_FAILED)
@@ -854,6 +890,24 @@ def _remove(store: JobStore, records: Sequence[JobRecord], hosts_too: bool) -> t
     return code, removed
 
 
+def _remove_damaged(store: JobStore, damaged: Iterable[DamagedRecord], hosts_too: bool) -> bool:
+    """Remove the directories of jobs whose record is damaged (what ``rm`` is for them: the fix
+    their error names), unless a live process owns the job. True if one was refused."""
+    refused = False
+    for exc in damaged:
+        if store.owned(exc.job_id):
+            _note(f"error: job {exc.job_id} is owned by a running clusterrun process (its monitor.pid says which): "
+                  "its damaged record is not removed; try again once that process has exited")
+            refused = True
+            continue
+        store.remove(exc.job_id)
+        click.echo(exc.job_id)
+        _note(f"removed the damaged record of job {exc.job_id}" + (
+            "; its hosts cannot be read from it, so nothing was deleted on them (`clusterrun rm --hosts HOSTS.yaml "
+            f"--hosts-too {exc.job_id}` adopts it from its hosts and deletes it there)" if hosts_too else ""))
+    return refused
+
+
 @main.command(name="rm")
 @click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
 @click.option("--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")
@@ -868,14 +922,18 @@ def rm(jobs: tuple[str, ...], hosts_too: bool, yes: bool, hosts_file: str | None
     _adopt(hosts_file)
     store = JobStore()
     records: list[JobRecord] = []
+    damaged: dict[str, DamagedRecord] = {}
     for ref in dict.fromkeys(jobs):
         try:
             record = store.load(store.resolve(ref))
+        except DamagedRecord as exc:
+            damaged[exc.job_id] = exc
+            continue
         except JobNotFound as exc:
             _fail(exc, EXIT_USAGE)
         if record.job_id not in {r.job_id for r in records}:
             records.append(record)
-    ready, refused = [], False
+    ready, refused = [], _remove_damaged(store, damaged.values(), hosts_too)
     for record in records:
         record = _refresh(store, record)
         why = _removable(store, record)
@@ -899,12 +957,15 @@ def prune(hosts_too: bool, yes: bool) -> None:
 
     Prints each removed id. Exit codes: 0 done, 3 a host could not be reached (that job's record is kept)."""
     store = JobStore()
-    ready = [r for r in store.all() if r.finished and _removable(store, r) is None]
+    good, damaged = store.scan()
+    ready = [r for r in good if r.finished and _removable(store, r) is None]
     if hosts_too and ready:
         _confirm_hosts(ready, yes)
     code, removed = _remove(store, ready, hosts_too)
     _note(f"removed the records of {removed} ended job(s)"
           + ("" if hosts_too else "; their logs stay on the hosts"))
+    for d in damaged:  # whether its job has ended cannot be read: only `rm ID` removes it
+        _note(f"kept the damaged record of job {d.job_id}: {d.render()}")
     sys.exit(code)
 
 
@@ -957,23 +1018,31 @@ def wait_job(job: str, timeout: float | None, hosts_file: str | None) -> None:
     lost (for scripts and CI). Waits through a start-up retry (a new attempt) too, except for a
     job adopted with --hosts: its hosts are asked how its attempt ended, and a retry that its own
     controller starts after that is not waited for. Nothing is printed but one line on stderr at
-    the end (and what --hosts adopted)."""
+    the end (and what --hosts adopted), and one whenever the nodes whose host cannot be reached
+    change (`running; node 1 unreachable since 16:04:05Z`, as ps says it)."""
     store, record = _open_job(job, hosts_file)
     deadline = None if timeout is None else time.monotonic() + timeout
+    unreachable: list[int] = []
     while True:
         try:
             record = _refresh(store, store.load(record.job_id))  # a job nobody owns gets a monitor again
+        except DamagedRecord as exc:  # its outcome can no longer be known here
+            _fail(exc, EXIT_FAILED)
         except ClusterrunError as exc:  # the record went away (removed) or cannot be read
             _fail(exc, EXIT_USAGE)
         if record.finished:
             break
         if deadline is not None and time.monotonic() >= deadline:
-            _note(f"job {record.job_id} is still {record.state} after {timeout:g} s")
+            _note(f"job {record.job_id} is still {job_state_text(record, time.time())} after {timeout:g} s")
             sys.exit(EXIT_TIMEOUT)
+        if unreachable_ranks(record) != unreachable:
+            unreachable = unreachable_ranks(record)
+            _note(f"job {record.job_id} is {job_state_text(record, time.time())}"
+                  + ("" if unreachable else ": every host can be reached again"))
         # the job's owner writes its record and this process only reads it; an adopted job's is
         # brought up to date from its hosts by every refresh (a connection to each host)
         time.sleep(2.0 if record.adopted else 0.5)
-    _note(f"job {record.job_id} {record.state} (attempt {record.attempt})")
+    _note(outcome_text(record))
     sys.exit(EXIT_OK if record.state == JobState.SUCCEEDED else EXIT_FAILED)
 
 
@@ -986,4 +1055,9 @@ def monitor(job_id: str) -> None:
     store = JobStore()
     printer = Printer(colour=False)
     printer.note(f"monitor {os.getpid()} for job {job_id} started")
-    sys.exit(run_monitor(store, job_id, printer))
+    try:
+        sys.exit(run_monitor(store, job_id, printer))
+    except ClusterrunError as exc:  # e.g. its record damaged: what still runs of the job runs on, unowned
+        printer.note(f"error: {exc.render()}")
+        printer.note(f"monitor {os.getpid()} for job {job_id} exits")
+        sys.exit(EXIT_FAILED)

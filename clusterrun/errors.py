@@ -12,6 +12,7 @@
     ├── HostsUnavailable(errors)      some hosts cannot run the job: one error per host; nothing started
     ├── JobNotFound                   no job, or more than one, matches the id, name or prefix given
     ├── StateError(path)              the controller's job records cannot be read or written there
+    │   └── DamagedRecord(job_id)     ... or one job's record is not one this controller can read
     └── NotStopped(reports)           a restart refused: a node could not be verified stopped (attempt.py)
 
 Node failures during a run are data (``NodeResult.error``, a ``JobResult``); only the edge turns a
@@ -116,6 +117,19 @@ class StateError(ClusterrunError):
     def __init__(self, path: str, message: str, *, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.path = path
+
+
+class DamagedRecord(StateError):
+    """Job ``job_id``'s record at ``path`` exists but cannot be used: ``reason`` says why (empty,
+    not JSON at byte N, written by a newer clusterrun, unreadable). The job is still listed, by its
+    id, so that ``clusterrun rm`` can remove it; the hint says how."""
+
+    def __init__(self, job_id: str, path: str, reason: str, *, hint: str | None = None) -> None:
+        rm = f"remove it with `clusterrun rm {job_id}` (processes of the job that still run are not touched; " \
+             "`clusterrun ps --hosts HOSTS.yaml` adopts them again)"
+        super().__init__(path, f"damaged record: {path} ({reason})", hint=f"{hint}, or {rm}" if hint else rm)
+        self.job_id = job_id
+        self.reason = reason
 
 
 class HostsUnavailable(ClusterrunError):

@@ -11,6 +11,7 @@ import dataclasses
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
@@ -37,9 +38,11 @@ class NodeState(_Named):
                                    └→ failed       └→ lost        (the host says the job's processes are gone)
 
     ``unreachable`` is not a state of the job but of the controller's view: a node whose host
-    cannot be reached keeps its state (it runs on, for all anybody knows) and is shown
-    unreachable (``NodeLink``). A node ends ``unreachable`` only in a result: the controller
-    stopped following it (a stop was asked for) without reaching its host, so it may still run.
+    cannot be reached keeps its state (it runs on, for all anybody knows) in the record, with
+    when the controller first failed to reach it, and is shown ``unreachable since <time>``
+    (``unreachable_text``), never as running: we do not know. A node ends ``unreachable`` only
+    in a result: the controller stopped following it (a stop was asked for) without reaching its
+    host, so it may still run.
     """
 
     PENDING = "pending"
@@ -92,6 +95,28 @@ class JobState(_Named):
         if seen <= {NodeState.RUNNING, NodeState.SUCCEEDED}:
             return cls.RUNNING
         return None
+
+
+def iso(timestamp: float) -> str:
+    """``2026-11-23T16:04:05Z``: ISO 8601, UTC, whole seconds."""
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def unreachable_text(since: float | None, now: float) -> str:
+    """How every consumer (``ps``, ``wait``, the printer, the dashboard) words a node whose host
+    cannot be reached: ``unreachable since 16:04:05Z`` (a wall-clock time, UTC; with its date,
+    ``2026-11-22T16:04:05Z``, when that is not today's)."""
+    if since is None:
+        return "unreachable"
+    text = iso(since)
+    return "unreachable since " + (text[11:] if text[:10] == iso(now)[:10] else text)
+
+
+def not_stopped_text(job_id: str, nodes: Iterable[tuple[int, str]]) -> str:
+    """What ``down`` and the printer's summary say of a stop that could not reach some nodes'
+    hosts (``(rank, host)``): the job is not known to have stopped there."""
+    which = ", ".join(f"node {rank} ({host})" for rank, host in nodes)
+    return f"job {job_id} is NOT marked stopped: {which} could not be stopped (see above); it may still run there"
 
 
 def signal_name(number: int) -> str:
@@ -343,11 +368,14 @@ class NodeStateChanged(Event):
 
 @dataclass(frozen=True)
 class NodeLink(Event):
-    """The connection to a node's host was lost (``up`` False; being retried) or is back."""
+    """The connection to a node's host was lost (``up`` False; being retried) or is back.
+    ``since`` (when lost): the wall-clock time of the failure, or of an earlier one the job's
+    record kept (a viewer's ``Session``); None: the event's own time."""
 
     host: str
     up: bool
     detail: str = ""
+    since: float | None = None
 
 
 @dataclass(frozen=True)

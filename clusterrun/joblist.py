@@ -8,12 +8,13 @@ meaning, raises ``SCHEMA``; adding a field does not.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
 from typing import Any
 
+from clusterrun import events
 from clusterrun.environment import mask_env
-from clusterrun.events import JobState
-from clusterrun.jobs import JobRecord
+from clusterrun.errors import DamagedRecord
+from clusterrun.events import JobState, NodeState
+from clusterrun.jobs import JobRecord, NodeRecord
 from clusterrun.plan import LaunchPlan
 
 SCHEMA = 1
@@ -49,10 +50,49 @@ def shown(records: Iterable[JobRecord], now: float, *, show_all: bool = False,
 
 
 def iso(timestamp: float | None) -> str | None:
-    """``2026-11-23T16:04:05Z``: ISO 8601, UTC, whole seconds."""
-    if timestamp is None:
-        return None
-    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """``2026-11-23T16:04:05Z`` (``events.iso``), or None."""
+    return None if timestamp is None else events.iso(timestamp)
+
+
+def node_state(node: NodeRecord) -> str:
+    """The node's state as ``ps`` and ``ps --json`` give it: ``unreachable`` while its host could
+    not be reached when last asked and it had not ended (whatever it was doing then is not known
+    now), else its state in the record."""
+    if node.unreachable_since is not None and not NodeState(node.state).is_terminal:
+        return str(NodeState.UNREACHABLE)
+    return str(node.state)
+
+
+def node_state_text(node: NodeRecord, now: float) -> str:
+    """``node_state`` in words: ``unreachable since 16:04:05Z`` (``events.unreachable_text``)."""
+    shown = node_state(node)
+    return events.unreachable_text(node.unreachable_since, now) if shown == NodeState.UNREACHABLE else shown
+
+
+def outcome_text(record: JobRecord) -> str:
+    """How an ended job ended, as ``wait`` says it in its one line: ``job ID failed (attempt 1);
+    root cause: <the first line of what ps JOB shows as the root cause>``."""
+    last = record.attempts[-1] if record.attempts else None
+    cause = last.root_cause.split("\n", 1)[0] if last is not None and last.root_cause else None
+    text = f"job {record.job_id} {record.state} (attempt {record.attempt})"
+    return text + (f"; root cause: {cause}" if cause else "")
+
+
+def unreachable_ranks(record: JobRecord) -> list[int]:
+    """The nodes of an unfinished job that are shown unreachable (``node_state``), by rank."""
+    return [] if record.finished else [n.rank for n in record.nodes if node_state(n) == NodeState.UNREACHABLE]
+
+
+def job_state_text(record: JobRecord, now: float) -> str:
+    """The job's state as ``ps`` and ``wait`` word it: ``running``, or, while nodes of an unfinished
+    job are unreachable, ``running; node 1 unreachable since 16:04:05Z`` (``nodes 1, 3 ...``:
+    since the first of them)."""
+    lost = [record.nodes[rank] for rank in unreachable_ranks(record)]
+    if not lost:
+        return str(record.state)
+    since = min(n.unreachable_since for n in lost if n.unreachable_since is not None)
+    which = f"node {lost[0].rank}" if len(lost) == 1 else f"nodes {', '.join(str(n.rank) for n in lost)}"
+    return f"{record.state}; {which} {events.unreachable_text(since, now)}"
 
 
 def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
@@ -61,8 +101,9 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
     ``hosts``: what each node's host said of it (``ps JOB --json``), by rank."""
     nodes = []
     for n in record.nodes:
-        node: dict[str, Any] = {"rank": n.rank, "host": n.host, "state": str(n.state), "pid": n.pid,
-                                "exit_code": n.exit_code, "signal": n.signal, "error": n.error}
+        node: dict[str, Any] = {"rank": n.rank, "host": n.host, "state": node_state(n), "pid": n.pid,
+                                "exit_code": n.exit_code, "signal": n.signal, "error": n.error,
+                                "unreachable_since": iso(n.unreachable_since), "last_state": str(n.state)}
         if hosts is not None and n.rank in hosts:
             answer = hosts[n.rank]
             node["containment"] = answer.get("containment")
@@ -87,9 +128,12 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
     }
 
 
-def jobs_json(records: Iterable[JobRecord], hosts: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """The ``ps --json`` document: ``{"schema": SCHEMA, "jobs": [...]}``."""
-    return {"schema": SCHEMA, "jobs": [job_json(r, hosts) for r in records]}
+def jobs_json(records: Iterable[JobRecord], hosts: Mapping[int, Mapping[str, Any]] | None = None,
+              damaged: Iterable[DamagedRecord] = ()) -> dict[str, Any]:
+    """The ``ps --json`` document: ``{"schema": SCHEMA, "jobs": [...], "damaged": [...]}``, the
+    damaged records with their path, what is wrong and the fix."""
+    return {"schema": SCHEMA, "jobs": [job_json(r, hosts) for r in records],
+            "damaged": [{"id": d.job_id, "path": d.path, "reason": d.reason, "fix": d.hint} for d in damaged]}
 
 
 def shown_env(env: Mapping[str, str], secret_env: Iterable[str] = ()) -> dict[str, str]:

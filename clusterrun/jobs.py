@@ -18,7 +18,10 @@ A lock taken by ``up`` is handed to the monitor it starts by inheritance, so no 
 without an owner.
 
 Every ``OSError`` met reading or writing here becomes a ``StateError`` naming the path and the
-fix (``state_error``); a job directory whose record could not be written is removed again.
+fix (``state_error``); a job directory whose record could not be written is removed again. A
+record that exists but cannot be used (empty, truncated, not JSON, of a newer ``RECORD_VERSION``,
+unreadable) is a ``DamagedRecord``: ``scan`` lists it beside the good ones and ``resolve`` finds
+it by its id, so that every command can name it and ``rm`` can remove it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -39,10 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clusterrun.errors import JobNotFound, StateError
+from clusterrun.errors import DamagedRecord, JobNotFound, StateError
 from clusterrun.events import JobState, NodeState
 
 OWNER_FD_VAR = "CLUSTERRUN_OWNER_FD"
+RECORD_VERSION = 1  # of job.json, raised when its fields change: a newer one is refused, not misread (none: 1)
 
 
 def state_error(path: Path | str, exc: OSError, doing: str) -> StateError:
@@ -81,6 +86,8 @@ class NodeRecord:
     signal: int | None = None
     error: str | None = None
     seen: int = 0  # bytes of the node's log a viewer (up, attach) has shown; attach resumes here
+    # when this controller first failed to reach the node's host (wall clock), None once it answers
+    unreachable_since: float | None = None
 
 
 @dataclass
@@ -118,6 +125,7 @@ class JobRecord:
     adopted: bool = False  # made from its hosts' state (`--hosts`): no monitor for it here until a restart here
     attempts: list[AttemptRecord] = field(default_factory=list)
     nodes: list[NodeRecord] = field(default_factory=list)
+    version: int = RECORD_VERSION
 
     @property
     def finished(self) -> bool:
@@ -175,15 +183,21 @@ class JobStore:
             raise
 
     def load(self, job_id: str) -> JobRecord:
+        """The job's record. Raises ``JobNotFound`` if it has none, ``DamagedRecord`` if it cannot
+        be used, ``StateError`` if it cannot be read for another reason."""
         path = self.dir(job_id) / "job.json"
         try:
-            return JobRecord.from_json(json.loads(path.read_bytes()))
+            data = path.read_bytes()
         except FileNotFoundError:
+            if (self.dir(job_id) / "owner.lock").exists():  # made after the record: the record was deleted
+                raise DamagedRecord(job_id, str(path), "missing: the job's directory has no job.json") from None
             raise JobNotFound(f"no job {job_id!r}", hint="`clusterrun ps` lists the jobs") from None
-        except (ValueError, TypeError) as exc:
-            raise JobNotFound(f"the record of job {job_id!r} is damaged ({exc})", hint=f"see {path}") from None
+        except PermissionError as exc:
+            raise DamagedRecord(job_id, str(path), f"unreadable: {exc.strerror}",
+                                hint=f"make it yours and readable (`chown $USER {path}; chmod 600 {path}`)") from None
         except OSError as exc:
             raise state_error(path, exc, "read") from exc
+        return parse_record(job_id, path, data)
 
     def _write(self, record: JobRecord) -> None:
         # No indent: json's C encoder handles only compact output, and it is many times faster.
@@ -208,42 +222,51 @@ class JobStore:
             self._write(record)
             return record
 
-    def all(self) -> list[JobRecord]:
-        """Every job with a readable record, oldest first."""
-        records = []
+    def scan(self) -> tuple[list[JobRecord], list[DamagedRecord]]:
+        """Every job with a record: the readable ones oldest first, and the damaged ones by id."""
+        records, damaged = [], []
         with _state(self.root, "list"):
             entries = list(self.root.iterdir()) if self.root.is_dir() else []
         for entry in entries:
-            if (entry / "job.json").is_file():
+            if (entry / "job.json").is_file() or (entry / "owner.lock").exists():
                 try:
                     records.append(self.load(entry.name))
-                except JobNotFound:
+                except DamagedRecord as exc:
+                    damaged.append(exc)
+                except JobNotFound:  # removed meanwhile
                     continue
-        return sorted(records, key=lambda r: (r.created, r.job_id))
+        return sorted(records, key=lambda r: (r.created, r.job_id)), sorted(damaged, key=lambda d: d.job_id)
+
+    def all(self) -> list[JobRecord]:
+        """Every job with a readable record, oldest first (``scan`` also gives the damaged ones)."""
+        return self.scan()[0]
 
     def resolve(self, ref: str) -> str:
         """A job id from an id, a ``--name`` or a unique id prefix. A name or prefix that matches
-        several jobs is refused with their ids, as docker does."""
-        records = self.all()
-        for record in records:
-            if record.job_id == ref:
-                return record.job_id
+        several jobs is refused with their ids, as docker does. A damaged record is found by its
+        id or a prefix of it (its name cannot be read)."""
+        records, damaged = self.scan()
+        if any(r.job_id == ref for r in records) or any(d.job_id == ref for d in damaged):
+            return ref
         named = [r for r in records if r.name == ref]
         if len(named) == 1:
             return named[0].job_id
         if named:
             raise _ambiguous(ref, named, f"{len(named)} jobs named {ref!r}")
-        prefixed = [r for r in records if r.job_id.startswith(ref)]
+        prefixed = {r.job_id: f"{r.job_id} ({r.state})" for r in records if r.job_id.startswith(ref)}
+        prefixed |= {d.job_id: f"{d.job_id} (damaged)" for d in damaged if d.job_id.startswith(ref)}
         if len(prefixed) == 1:
-            return prefixed[0].job_id
+            return next(iter(prefixed))
         if prefixed:
-            raise _ambiguous(ref, prefixed, f"{len(prefixed)} jobs")
+            raise _ambiguous_ids(ref, list(prefixed.values()), f"{len(prefixed)} jobs")
         raise JobNotFound(f"no job matches {ref!r}", hint="`clusterrun ps` lists the jobs")
 
     def remove(self, job_id: str) -> None:
         """Delete the job's directory (its record, locks and monitor log). The caller has checked
         that the job has ended and nobody owns it."""
         with _state(self.dir(job_id), "remove"):
+            with contextlib.suppress(FileNotFoundError):  # first: no `ps` meanwhile takes the rest for damaged
+                os.unlink(self.dir(job_id) / "owner.lock")
             shutil.rmtree(self.dir(job_id))
 
     def named(self, name: str) -> list[JobRecord]:
@@ -319,10 +342,50 @@ class JobStore:
 
 
 def _ambiguous(ref: str, records: list[JobRecord], what: str) -> JobNotFound:
-    shown = [f"{r.job_id} ({r.state})" for r in reversed(records[-10:])]  # newest first
-    more = f", and {len(records) - 10} older" if len(records) > 10 else ""
+    return _ambiguous_ids(ref, [f"{r.job_id} ({r.state})" for r in records], what)
+
+
+def _ambiguous_ids(ref: str, jobs: list[str], what: str) -> JobNotFound:
+    shown = list(reversed(jobs[-10:]))  # newest first
+    more = f", and {len(jobs) - 10} older" if len(jobs) > 10 else ""
     return JobNotFound(f"{ref!r} is ambiguous: it matches {what}: {', '.join(shown)}{more}",
                        hint="name the job by its id, or a prefix of the id that only it has")
+
+
+def parse_record(job_id: str, path: Path, data: bytes) -> JobRecord:
+    """Job ``job_id``'s record from the bytes of its ``job.json``; ``DamagedRecord`` saying what is
+    wrong with them (and where) when they are not a record this clusterrun can use."""
+    def damaged(reason: str, hint: str | None = None) -> DamagedRecord:
+        return DamagedRecord(job_id, str(path), reason, hint=hint)
+
+    if not data.strip():
+        raise damaged(f"empty: {len(data)} bytes")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise damaged(f"not UTF-8 at byte {exc.start} of {len(data)}") from None
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as exc:  # its pos counts characters; the message says bytes
+        raise damaged(f"not JSON at byte {len(text[:exc.pos].encode())} of {len(data)}: {exc.msg}") from None
+    if not isinstance(fields, dict):
+        raise damaged(f"not a job record: a JSON {type(fields).__name__}, not an object")
+    version = fields.get("version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise damaged(f"not a job record: version {version!r}")
+    if version > RECORD_VERSION:
+        raise damaged(f"record version {version}, written by a newer clusterrun; this one reads version "
+                      f"{RECORD_VERSION}", hint="use the clusterrun that wrote it (or upgrade this one)")
+    if fields.get("job_id") != job_id:
+        raise damaged(f"not this job's record: it names job {fields.get('job_id')!r}")
+    try:
+        return JobRecord.from_json(fields)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        if unknown:
+            raise damaged(f"unknown field {unknown.group(1)!r} (written by a newer clusterrun?)",
+                          hint="use the clusterrun that wrote it (or upgrade this one)") from None
+        raise damaged(f"not a job record: {exc}") from None
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

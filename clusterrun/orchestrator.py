@@ -597,7 +597,8 @@ class Job:
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.LOST, error=message.error)))
             return True
         if isinstance(message, _Link):
-            self.emit(NodeLink(rank, host=node.host, up=message.up, detail=message.error))
+            self.emit(NodeLink(rank, host=node.host, up=message.up, detail=message.error,
+                               since=None if message.up else time.time()))
             return False
         if isinstance(message, End):
             status = message.status

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import TextIO
 
 from clusterrun.diagnose import split_rank
@@ -30,7 +31,9 @@ from clusterrun.events import (
     NodeStateChanged,
     NodeStopped,
     StopReport,
+    not_stopped_text,
     signal_name,
+    unreachable_text,
 )
 from clusterrun.plan import LaunchPlan
 from clusterrun.terminal import safe, wants_colour
@@ -155,7 +158,9 @@ class Printer:
             if event.up:
                 self.note(f"node{event.node} {event.host}: reconnected; the log continues where it stopped")
             else:
-                self.note(f"node{event.node} {event.host}: unreachable ({event.detail}); the job runs on there "
+                now = time.time()
+                since = unreachable_text(event.since if event.since is not None else now, now)
+                self.note(f"node{event.node} {event.host}: {since} ({event.detail}); the job runs on there "
                           "as far as anybody knows; reconnecting")
         elif isinstance(event, NodeStopped):
             self.report(event.report)
@@ -185,7 +190,10 @@ class Printer:
         if result.ok:
             self.note(f"job {result.job_id} succeeded")
             return
-        if result.stopped:
+        unreached = [(n.node, n.host) for n in result.nodes if n.state is NodeState.UNREACHABLE]
+        if result.stopped and unreached:  # as `down` says it
+            self.note(not_stopped_text(result.job_id, unreached))
+        elif result.stopped:
             self.note(f"job {result.job_id} stopped" + (f" ({result.interrupted})" if result.interrupted else ""))
         else:
             self.note(f"job {result.job_id} FAILED")

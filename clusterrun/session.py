@@ -18,12 +18,22 @@ the verified stop of every node, whatever this view believes of them, then the n
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 
 from clusterrun.attempt import NextAttempt, attempt_event, begin_stop, record_stop
 from clusterrun.errors import ClusterrunError, HostsUnavailable
-from clusterrun.events import Event, JobNote, JobResult, NodeStarted, NodeState, NodeStateChanged, NodeStopped
+from clusterrun.events import (
+    Event,
+    JobNote,
+    JobResult,
+    NodeLink,
+    NodeStarted,
+    NodeState,
+    NodeStateChanged,
+    NodeStopped,
+)
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import follower, save_seen
 from clusterrun.orchestrator import Emit, Job
@@ -57,6 +67,7 @@ class Session:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._busy = False  # a kill or restart is under way
+        self._reached: set[int] = set()  # nodes this view has reached after a failure: the record's since is old
         if runner is not None:
             runner.subscribe(self.emit)
 
@@ -82,8 +93,22 @@ class Session:
         self._listeners.append(listener)
 
     def emit(self, event: Event) -> None:
+        if isinstance(event, NodeLink) and event.node is not None:
+            if event.up:
+                self._reached.add(event.node)
+            elif event.node not in self._reached:
+                event = self._since_recorded(event)
         for listener in list(self._listeners):
             listener(event)
+
+    def _since_recorded(self, event: NodeLink) -> NodeLink:
+        """A viewer's news of an unreachable host, with since when the job's record knew it so
+        (the owner's first failure, as ``ps`` says), if earlier than this view's own."""
+        nodes = self.record.nodes
+        known = nodes[event.node].unreachable_since if event.node is not None and event.node < len(nodes) else None
+        if known is None or (event.since is not None and event.since <= known):
+            return event
+        return dataclasses.replace(event, since=known)
 
     def begin(self) -> None:
         """Start (``up``) or follow (``attach``) the job in the background."""

@@ -8,7 +8,7 @@ from pathlib import Path
 from clusterrun.board import Board, Ring
 from clusterrun.errors import JobNotFound
 from clusterrun.events import AttemptStarted, LogLines, NodeExited, NodeLink, NodeResult, NodeState, NodeStateChanged
-from clusterrun.jobs import JobRecord, JobStore
+from clusterrun.jobs import JobRecord, JobStore, NodeRecord
 from clusterrun.session import Session
 
 
@@ -36,16 +36,25 @@ def test_every_ring_of_a_board_holds_the_lines_it_was_sized_for() -> None:
     assert list(board.merged.lines) == ["node1 | line 2", "node1 | line 3", "node1 | line 4"]
 
 
-def test_a_node_whose_host_cannot_be_reached_shows_unreachable_until_it_is_back() -> None:
-    board = Board(ring=10)
+NOON = 1_795_608_000.0  # 2026-11-25T12:00:00Z
+
+
+def test_a_node_whose_host_cannot_be_reached_shows_unreachable_since_its_first_failure_until_it_is_back() -> None:
+    now = [NOON + 60]
+    board = Board(ring=10, clock=lambda: now[0] - NOON, wall=lambda: now[0])
     board.apply(attempt(2))
     board.apply(NodeStateChanged(1, host="h1", state=NodeState.RUNNING))
-    board.apply(NodeLink(1, host="h1", up=False, detail="timed out"))
-    assert board.nodes[1].status == "unreachable"
+    board.apply(NodeLink(1, host="h1", up=False, detail="timed out", ts=30.0))  # its own time: 12:00:30
+    assert board.nodes[1].status(now[0]) == "unreachable since 12:00:30Z"
     assert "1 unreachable" in board.summary()
-    assert board.notes[-1] == "node1 h1: unreachable (timed out)"
+    assert board.notes[-1] == "node1 h1: unreachable since 12:00:30Z (timed out)"
+    board.apply(NodeLink(1, host="h1", up=False, detail="again", ts=50.0))  # still the first failure
+    assert board.nodes[1].status(now[0]) == "unreachable since 12:00:30Z"
+    assert board.nodes[1].status(now[0] + 86400) == "unreachable since 2026-11-25T12:00:30Z"  # not today
     board.apply(NodeLink(1, host="h1", up=True))
-    assert board.nodes[1].status == "running"
+    assert board.nodes[1].status(now[0]) == "running" and board.nodes[1].unreachable_since is None
+    board.apply(NodeLink(0, host="h0", up=False, since=NOON - 3600))  # a viewer's: the record knew it earlier
+    assert board.nodes[0].status(now[0]) == "unreachable since 11:00:00Z"
 
 
 def test_the_first_failure_is_the_root_cause_with_its_last_lines() -> None:
@@ -55,7 +64,7 @@ def test_the_first_failure_is_the_root_cause_with_its_last_lines() -> None:
     board.apply(NodeExited(1, result=NodeResult(1, "h1", NodeState.FAILED, exit_code=3)))
     board.apply(NodeExited(0, result=NodeResult(0, "h0", NodeState.FAILED, exit_code=1)))
     assert board.root_rank() == 1
-    assert board.nodes[1].status == "failed (exit 3)"
+    assert board.nodes[1].status(0) == "failed (exit 3)"
     text = board.root_text().splitlines()
     assert text[0] == "first failure: node 1 (h1): failed (exit 3)"
     assert text[1:] == [f"  [rank3]:line {i}" for i in range(12, 20)]  # the ring kept the last 10
@@ -97,3 +106,23 @@ def test_a_new_attempt_replaces_the_notices_of_the_restart() -> None:
     assert board.notes[-1] == "attempt 2 started" and board.attempt == 2
     board.apply(attempt(2, 2))  # followed again (attach): nothing new started
     assert list(board.notes).count("attempt 2 started") == 1
+
+
+def test_a_viewer_shows_an_unreachable_node_since_the_first_failure_its_record_knew(tmp_path: Path) -> None:
+    """attach while the owner already sees h1 unreachable: the viewer's dashboard says since when
+    the record says (as ps does), not since its own first failure; once it has reached h1, a
+    new failure is its own."""
+    record = JobRecord(job_id="j-1", name="j", created=0.0, hosts_file="hosts.yaml", hosts_text="",
+                       script="train.py", script_args=[], env_overrides={}, local_cwd=str(tmp_path), grace=1.0,
+                       ssh_config=None, plan={},
+                       nodes=[NodeRecord(0, "h0"), NodeRecord(1, "h1", unreachable_since=NOON)])
+    board = Board(wall=lambda: NOON + 60)
+    session = Session(JobStore(tmp_path / "jobs"), record, board.apply)
+    board.apply(attempt(2))
+    session.emit(NodeLink(1, host="h1", up=False, detail="timed out", since=NOON + 30))
+    assert board.nodes[1].status(NOON + 60) == "unreachable since 12:00:00Z"
+    session.emit(NodeLink(1, host="h1", up=True))
+    session.emit(NodeLink(1, host="h1", up=False, detail="again", since=NOON + 50))
+    assert board.nodes[1].status(NOON + 60) == "unreachable since 12:00:50Z"
+    session.emit(NodeLink(0, host="h0", up=False, detail="timed out", since=NOON + 40))  # the record knew nothing
+    assert board.nodes[0].status(NOON + 60) == "unreachable since 12:00:40Z"

@@ -329,3 +329,41 @@ def test_rm_hosts_too_asks_on_a_terminal_and_no_removes_nothing(tmp_path: Path, 
     code, shown_text = on_a_terminal(["rm", "--hosts-too", job], "y")
     assert code == 0, shown_text
     assert not attempt.exists() and store.all() == []
+
+
+def test_a_damaged_record_is_listed_with_its_path_and_fix_and_rm_removes_it(jobs: dict[str, str],
+                                                                            store: JobStore) -> None:
+    """A truncated job.json: `ps` lists the job as damaged with the path and the fix, `ps --json`
+    in `damaged`; every command naming it says the same and exits 1 (no traceback), its monitor
+    exits with the message in its log; `rm` removes it; `prune` keeps it."""
+    bad = "bad-20261123-100000-9999"
+    store.create(make_record(bad, "running", None))
+    path = store.dir(bad) / "job.json"
+    at = path.read_bytes().index(b'"train.py"')
+    path.write_bytes(path.read_bytes()[:at + 4])  # cut short in the middle of the script's name
+    message = f"damaged record: {path} (not JSON at byte {at} of {at + 4}: Unterminated string"
+    fix = f"remove it with `clusterrun rm {bad}`"
+
+    listing = clusterrun("ps")
+    assert listing.returncode == 0, listing.stderr
+    assert re.search(rf"^{bad}\s+\?\s+\?\s+damaged", listing.stdout, re.M), listing.stdout
+    assert jobs["running"] in listing.stdout and message in listing.stderr and fix in listing.stderr, listing.stderr
+    data = json.loads(clusterrun("ps", "--json").stdout)
+    assert violations(data, documented_schema("ps")) == []
+    assert data["damaged"] == [{"id": bad, "path": str(path), "reason": f"not JSON at byte {at} of {at + 4}: "
+                                "Unterminated string starting at", "fix": data["damaged"][0]["fix"]}]
+    assert fix in data["damaged"][0]["fix"] and bad not in {j["id"] for j in data["jobs"]}
+
+    for command in (["ps", bad], ["ps", "bad-2026"], ["logs", bad], ["attach", "--no-tui", bad], ["down", bad],
+                    ["restart", bad], ["wait", bad]):
+        named = clusterrun(*command)
+        assert named.returncode == 1 and message in named.stderr and fix in named.stderr, (command, named.stderr)
+        assert "Traceback" not in named.stderr, named.stderr
+    monitor = clusterrun("_monitor", bad)  # its output is its log; the daemon's end closes the pipe
+    assert message in monitor.stdout + monitor.stderr and "Traceback" not in monitor.stdout + monitor.stderr
+
+    pruned = clusterrun("prune")
+    assert pruned.returncode == 0 and f"kept the damaged record of job {bad}" in pruned.stderr and path.exists()
+    removed = clusterrun("rm", bad)
+    assert removed.returncode == 0 and removed.stdout == f"{bad}\n", removed.stderr
+    assert not store.dir(bad).exists() and "damaged" not in clusterrun("ps").stdout

@@ -1,13 +1,16 @@
-"""The controller's job records: naming jobs, and a state directory that cannot be written."""
+"""The controller's job records: naming jobs, a state directory that cannot be written, damaged records."""
 
 from __future__ import annotations
 
+import errno
+import json
+import os
 from pathlib import Path
 
 import pytest
 
-from clusterrun.errors import JobNotFound
-from clusterrun.jobs import JobRecord, JobStore
+from clusterrun.errors import DamagedRecord, JobNotFound
+from clusterrun.jobs import RECORD_VERSION, JobRecord, JobStore
 
 
 def record(job_id: str, name: str, created: float, state: str = "running") -> JobRecord:
@@ -32,3 +35,94 @@ def test_a_name_of_several_jobs_is_ambiguous_and_lists_their_ids(tmp_path: Path)
     assert store.resolve("solo") == "solo-20261123-110000-cccc"
     with pytest.raises(JobNotFound, match="matches 2 jobs: "):
         store.resolve("dup-2026")
+
+
+GOOD = "good-20261123-100000-aaaa"
+BAD = "bad-20261123-100000-bbbb"
+
+
+def damage(store: JobStore, how: str) -> Path:
+    """Job BAD's record, damaged as ``how`` says."""
+    store.create(record(BAD, "bad", 2.0))
+    path = store.dir(BAD) / "job.json"
+    data = path.read_bytes()
+    damaged = {"truncated": data[:100], "empty": b"", "not utf-8": data[:10] + b"\xff" + data[10:],
+               "a list": b"[1, 2]", "newer": json.dumps({**json.loads(data), "version": 99}).encode(),
+               "another job's": json.dumps({**json.loads(data), "job_id": GOOD}).encode(),
+               "unknown field": json.dumps({**json.loads(data), "colour": "red"}).encode(),
+               "deleted": b""}[how]
+    path.write_bytes(damaged)
+    if how == "deleted":  # by a cleanup, after its owner took the job's lock
+        store.release(store.try_own(BAD))  # type: ignore[arg-type]
+        path.unlink()
+    return path
+
+
+@pytest.mark.parametrize(("how", "reason"), [
+    ("truncated", "not JSON at byte 100 of 100: "), ("empty", "empty: 0 bytes"),
+    ("not utf-8", "not UTF-8 at byte 10 of "), ("a list", "not a job record: a JSON list, not an object"),
+    ("newer", "record version 99, written by a newer clusterrun; this one reads version 1"),
+    ("another job's", f"not this job's record: it names job '{GOOD}'"),
+    ("unknown field", "unknown field 'colour' (written by a newer clusterrun?)"),
+    ("deleted", "missing: the job's directory has no job.json"),
+])
+def test_a_damaged_record_says_where_and_what_and_is_still_found_by_its_id(tmp_path: Path, how: str,
+                                                                           reason: str) -> None:
+    store = JobStore(tmp_path / "jobs")
+    store.create(record(GOOD, "good", 1.0))
+    path = damage(store, how)
+    with pytest.raises(DamagedRecord) as caught:
+        store.load(BAD)
+    assert caught.value.reason.startswith(reason), caught.value.reason
+    text = caught.value.render()
+    assert text.startswith(f"damaged record: {path} ({reason}") and f"`clusterrun rm {BAD}`" in text
+    good, damaged = store.scan()
+    assert [r.job_id for r in good] == [GOOD] and [d.job_id for d in damaged] == [BAD]
+    assert [r.job_id for r in store.all()] == [GOOD]
+    assert store.resolve(BAD) == BAD and store.resolve("bad-2026") == BAD  # by its id or a prefix, not its name
+    with pytest.raises(JobNotFound, match="matches 2 jobs: bad-20261123-100000-bbbb \\(damaged\\), "
+                                          "good-20261123-100000-aaaa \\(running\\)"):
+        store.resolve("")
+
+
+def test_an_unreadable_record_is_damaged_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = JobStore(tmp_path / "jobs")
+    store.create(record(BAD, "bad", 1.0))
+    path = store.dir(BAD) / "job.json"
+    real = Path.read_bytes
+
+    def read_bytes(self: Path) -> bytes:  # root reads any file: the EACCES a user meets is made here
+        if self == path:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    with pytest.raises(DamagedRecord) as caught:
+        store.load(BAD)
+    assert caught.value.reason == "unreadable: Permission denied"
+    assert f"chmod 600 {path}" in caught.value.render() and f"clusterrun rm {BAD}" in caught.value.render()
+    assert [d.job_id for d in store.scan()[1]] == [BAD]
+
+
+def test_a_record_without_a_version_is_version_1_and_a_written_one_has_it(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs")
+    store.create(record(GOOD, "good", 1.0))
+    path = store.dir(GOOD) / "job.json"
+    assert json.loads(path.read_bytes())["version"] == RECORD_VERSION
+    old = json.loads(path.read_bytes())
+    del old["version"]
+    path.write_text(json.dumps(old))
+    assert store.load(GOOD).version == 1
+
+
+def test_a_job_directory_being_made_is_no_job_yet_and_a_removed_job_is_gone(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs")
+    store.dir(GOOD).mkdir(parents=True)  # `create` between its mkdir and the record's write
+    assert store.scan() == ([], [])
+    with pytest.raises(JobNotFound):
+        store.load(GOOD)
+    store.dir(GOOD).rmdir()
+    store.create(record(GOOD, "good", 1.0))
+    assert store.owned(GOOD) is False  # took and let go of its lock: owner.lock exists now
+    store.remove(GOOD)
+    assert store.scan() == ([], []) and not store.dir(GOOD).exists()

@@ -116,6 +116,34 @@ def test_a_rebooted_host_shows_its_node_lost(sim_cluster: MakeCluster, tmp_path:
     assert marked_on(cluster.hosts[0], job) == []
 
 
+def test_ps_shows_a_host_whose_cable_is_out_unreachable_since_then_never_running(sim_cluster: MakeCluster,
+                                                                                  tmp_path: Path,
+                                                                                  controller_state: Path) -> None:
+    """sim2's network cable is pulled while the job runs (its monitor still follows it): `ps JOB`
+    cannot reach it and shows its node `unreachable since <time>`, kept from that first failure;
+    `ps --json` says unreachable with the time; once the cable is back, running again."""
+    cluster = sim_cluster(2)
+    hosts = ssh_hosts(tmp_path, cluster, [1, 1], tmp_path / "state")
+    job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    wait_state(job, "running")
+    cluster.set_link(cluster.hosts[1], up=False)
+    try:
+        shown = clusterrun("ps", job)
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+        found = re.search(r"^1 +sim2 +(unreachable since \d\d:\d\d:\d\dZ) ", shown.stdout, re.M)
+        assert found and re.search(r"^0 +sim1 +running ", shown.stdout, re.M), shown.stdout
+        node = ps_json(job)["nodes"][1]
+        assert node["state"] == "unreachable" and node["last_state"] == "running"
+        assert node["unreachable_since"].endswith(found.group(1).split()[-1])  # the first failure's time, kept
+    finally:
+        cluster.set_link(cluster.hosts[1], up=True)
+    wait_for(lambda: [n["state"] for n in ps_json(job)["nodes"]] == ["running", "running"], timeout=120,
+             interval=1, what="sim2 to be reached again")
+    assert clusterrun("down", job).returncode == 0
+    # the monitor's stream to sim2, opened before the cable came back, times out first (20 s)
+    wait_for(lambda: not monitors_of(controller_state), timeout=90, interval=1, what="the monitor to see the stop")
+
+
 def test_dashboard_shows_a_dropped_connection_and_resumes_from_its_offset(sim_cluster: MakeCluster, tmp_path: Path,
                                                                           controller_state: Path) -> None:
     """The dashboard (Pilot) over SSH: its connection and the monitor's are killed twice mid-run

@@ -149,3 +149,16 @@ def test_a_stop_report_names_what_the_host_could_not_do() -> None:
     assert report.remarks() == ["node0 h: degraded: cannot write state.json: No space left on device",
                                 "node0 h: could not record the end of the job in state.json: No space left on device",
                                 "node0 h: no cgroup: no cgroup2 file system is mounted"]
+
+
+def test_a_stop_that_could_not_reach_a_host_is_not_called_a_stop() -> None:
+    """Ctrl-C while a host cannot be reached: the summary says what `down` says, never "stopped"."""
+    from clusterrun.events import JobResult, NodeResult, NodeState
+
+    unreachable = NodeResult(1, "h1", NodeState.UNREACHABLE, error="unreachable, may still run: h1: gone")
+    result = JobResult("j-1", (NodeResult(0, "h0", NodeState.STOPPED), unreachable), interrupted="SIGINT")
+    err = io.StringIO()
+    Printer(err=err).summary(result)
+    assert err.getvalue().splitlines()[-1] == ("clusterrun: job j-1 is NOT marked stopped: node 1 (h1) could not be "
+                                               "stopped (see above); it may still run there")
+    assert "job j-1 stopped" not in err.getvalue()

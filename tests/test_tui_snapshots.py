@@ -20,6 +20,7 @@ from clusterrun.events import (
     JobResult,
     LogLines,
     NodeExited,
+    NodeLink,
     NodeResult,
     NodeStarted,
     NodeState,
@@ -29,6 +30,7 @@ from clusterrun.events import (
 from clusterrun.tui import Dashboard
 
 T0 = 1000.0
+WALL = 1_795_608_000.0  # the wall clock at T0: 2026-11-25T12:00:00Z
 HOSTS = ("gpu-a", "gpu-b", "gpu-c")
 
 
@@ -119,14 +121,20 @@ def escapes() -> list[Event]:
     return [*started(), LogLines(0, host=HOSTS[0], ts=T0 + 9, lines=ESCAPES)]
 
 
+def unreachable() -> list[Event]:
+    """gpu-c's connection lost at 12:00:12Z: its node is unreachable since then, not running."""
+    return [*started(), NodeLink(2, host="gpu-c", up=False, detail="gpu-c: connection lost: timed out", ts=T0 + 12)]
+
+
 def app_for(session: Scripted) -> Dashboard:
-    return Dashboard(session, clock=lambda: T0 + 30)  # type: ignore[arg-type]
+    return Dashboard(session, clock=lambda: T0 + 30, wall=lambda: WALL + 30)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("state", ["running", "one failed", "all done", "escapes"])
+@pytest.mark.parametrize("state", ["running", "one failed", "all done", "escapes", "unreachable"])
 def test_main_screen(snap_compare: Any, state: str) -> None:
-    if state in ("running", "escapes"):
-        session = Scripted(started() if state == "running" else escapes(), running=True)
+    if state in ("running", "escapes", "unreachable"):
+        script = {"running": started, "escapes": escapes, "unreachable": unreachable}[state]
+        session = Scripted(script(), running=True)
     else:
         events, result = failed() if state == "one failed" else done()
         session = Scripted(events, running=False, result=result)

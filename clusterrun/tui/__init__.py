@@ -338,8 +338,8 @@ class Dashboard(App[int]):
 
     def _cells(self, row: NodeRow) -> tuple[Any, ...]:
         icon, style = ICONS.get(row.state, ("?", ""))
-        status = row.status
-        if status == "unreachable":
+        status = row.status(self.board.wall())
+        if row.unreachable:
             icon, style = "⚡", "bold yellow"
         state = Text(f"{icon} {status}", style=style)
         if self.board.root_rank() == row.rank:
