@@ -55,12 +55,16 @@ from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
 from clusterrun.printer import Printer
 from clusterrun.runner import NotStopped, Runner, restart_job, run_monitor, stop_recorded
+from clusterrun.selection import load_hosts
 from clusterrun.session import Session
 from clusterrun.sync import source_of, sync_hosts
 from clusterrun.syncview import SyncView
 from clusterrun.terminal import safe
 from clusterrun.transports import transport_for
 
+NODES_HELP = ("Only these hosts of the file, a node set: gpu[01-04],gpu07; HOST:GPU only that GPU of a host "
+              "(see docs/hosts-file.md).")
+EXCLUDE_HELP = "Leave out these hosts of the file, a node set; HOST:GPU leaves out one GPU of a host."
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HOSTS = 0, 1, 2, 3
 EXIT_TIMEOUT = 124  # `wait --timeout` ran out, as timeout(1) says
 EXIT_SIGNAL = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
@@ -282,6 +286,8 @@ def _follow_hint(job_id: str) -> str:
               "ends have it, else SFTP, else clusterrun's agent. Wins over `sync:` in the hosts file. With "
               "--dry-run: say what would be copied.")
 @click.option("--no-sync", is_flag=True, help="Do not copy anything, whatever `sync:` in the hosts file says.")
+@click.option("-w", "--nodes", metavar="NODESET", help=NODES_HELP)
+@click.option("-x", "--exclude", metavar="NODESET", help=EXCLUDE_HELP)
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
@@ -289,7 +295,8 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
        env: tuple[str, ...], dry_run: bool, as_json: bool, no_tui: bool, ui_lines: int, leave_running: bool,
        ssh_config: str | None,
        accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None, no_retry_startup: bool,
-       no_preflight: bool, sync_dir: str | None = None, no_sync: bool = False) -> None:
+       no_preflight: bool, sync_dir: str | None = None, no_sync: bool = False, nodes: str | None = None,
+       exclude: str | None = None) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
@@ -306,9 +313,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
             script, script_args = script_args[0], script_args[1:]
         else:
             _check_up_arguments(hosts_file, script, script_args)
-        spec = load_cluster(hosts_file)
-        with open(hosts_file, encoding="utf-8", errors="surrogateescape") as f:
-            hosts_text = f.read()
+        spec, hosts_text = load_hosts(hosts_file, nodes, exclude)  # a hostfile too; the record keeps the YAML
         overrides = parse_env_overrides(env)
         if no_sync:
             spec = _without_sync(spec)
