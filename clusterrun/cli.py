@@ -23,6 +23,7 @@ import shlex
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -33,7 +34,7 @@ from typing import NoReturn
 import click
 
 from clusterrun import __version__, doctor
-from clusterrun.config import ClusterSpec, load_cluster
+from clusterrun.config import ClusterSpec, load_cluster, read_hosts_text
 from clusterrun.environment import resolve
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import JobResult, JobState
@@ -1000,3 +1001,69 @@ def monitor(job_id: str) -> None:
     printer = Printer(colour=False)
     printer.note(f"monitor {os.getpid()} for job {job_id} started")
     sys.exit(run_monitor(store, job_id, printer))
+
+
+@main.command(name="exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-w", "--nodes", metavar="NODESET", help=NODES_HELP)
+@click.option("-x", "--exclude", metavar="NODESET", help=EXCLUDE_HELP)
+@click.option("--ssh-config", type=click.Path(dir_okay=False), help="An ssh_config file to resolve hosts with "
+              "(default: the hosts file's `ssh_config`, else ~/.ssh/config).")
+@click.option("--accept-new-host-keys", is_flag=True, help="Record the keys of hosts not yet in known_hosts "
+              "(like StrictHostKeyChecking=accept-new); a changed key is still refused.")
+@click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND...")
+def exec_command(hosts_file: str, command: tuple[str, ...], nodes: str | None, exclude: str | None,
+                 ssh_config: str | None, accept_new_host_keys: bool) -> None:
+    """Run COMMAND on every host of HOSTS.yaml at once, each output line prefixed by its host.
+
+    COMMAND is a list of words, run by sh in the login directory on each host (`sh -c '...'` for
+    pipes and variables). Then a summary names the hosts where it failed. Exit 0 when it succeeded
+    everywhere, 1 when it failed somewhere, 3 when a host could not be reached.
+    """
+    from clusterrun.execute import exec_on_hosts, summary
+
+    argv = command[1:] if command[:1] == ("--",) else command
+    try:
+        if not argv:
+            raise ConfigError("no command given", hint="clusterrun exec HOSTS.yaml -- nvidia-smi")
+        spec, _ = load_hosts(hosts_file, nodes, exclude)
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    lock = threading.Lock()
+
+    def line(host: str, text: str) -> None:
+        with lock:
+            click.echo(f"{safe(host, colour=False)}: {safe(text, colour=colour)}")
+
+    factory = partial(transport_for, ssh_config=ssh_config or spec.ssh_config,
+                      accept_new_host_keys=accept_new_host_keys)
+    try:
+        outcomes = exec_on_hosts(spec, argv, factory, line)
+    except KeyboardInterrupt:
+        _note("interrupted")
+        sys.exit(EXIT_SIGNAL[signal.SIGINT])
+    for text in summary(outcomes):
+        _note(f"exec: {text}")
+    sys.exit(EXIT_HOSTS if any(o.unreachable for o in outcomes) else
+             EXIT_OK if all(o.ok for o in outcomes) else EXIT_FAILED)
+
+
+@main.group(name="hosts")
+def hosts_group() -> None:
+    """Hosts files: convert another tool's hostfile."""
+
+
+@hosts_group.command(name="convert")
+@click.argument("hosts_file", metavar="FILE", type=click.Path(dir_okay=False))
+def hosts_convert(hosts_file: str) -> None:
+    """Print the clusterrun hosts file (YAML) equivalent to FILE, a DeepSpeed or MPI hostfile
+    (`worker-1 slots=4`; slots are GPUs). A YAML hosts file is printed with each host spelled out."""
+    from clusterrun.hostfiles import load_any, spec_yaml
+
+    try:
+        spec, text = load_any(hosts_file)
+        yaml_text = read_hosts_text(hosts_file)
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    click.echo(text if text != yaml_text else spec_yaml(spec, f"{hosts_file} with each host spelled out"), nl=False)

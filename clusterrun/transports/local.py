@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import subprocess
 import sys
 import threading
@@ -74,6 +76,18 @@ class LocalTransport(Transport):
             return f": {text.splitlines()[-1]}" if text else ""
 
         return AgentSession(self.name, send, iter(stdout.readline, b""), close, last_words=last_words)
+
+    def pipe(self, command: str, peer: socket.socket) -> tuple[int, str]:
+        """``command`` run by ``sh`` here, as a login shell would run it on a host."""
+        try:
+            proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=peer.fileno(), stdout=peer.fileno(),
+                                    stderr=subprocess.PIPE, close_fds=True)
+        except OSError as exc:
+            raise AgentError(self.name, f"cannot run /bin/sh: {exc.strerror or exc}") from None
+        _, stderr = proc.communicate()
+        with contextlib.suppress(OSError):
+            peer.shutdown(socket.SHUT_WR)  # the end of the output, also for a child left in the background
+        return proc.returncode, stderr[-4000:].decode(errors="replace")
 
     def close(self) -> None:
         """End the agents still running: one that never reads its stdin (an interpreter that
