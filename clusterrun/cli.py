@@ -34,6 +34,7 @@ from typing import NoReturn
 import click
 
 from clusterrun import __version__, doctor
+from clusterrun.completion import SHELLS, complete_jobs, script
 from clusterrun.config import ClusterSpec, load_cluster, read_hosts_text
 from clusterrun.environment import resolve
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, JobNotFound, StateError
@@ -619,7 +620,7 @@ def _not_recorded(record: JobRecord, error: StateError) -> None:
 
 
 @main.command()
-@click.argument("job", required=False)
+@click.argument("job", required=False, shell_complete=complete_jobs)
 @click.option("-a", "--all", "show_all", is_flag=True, help="Every job, also those that ended more than a day ago.")
 @click.option("--state", "states", multiple=True, type=click.Choice(STATES), metavar="STATE",
               help=f"Only jobs in this state, of any age (repeatable; {', '.join(STATES)}).")
@@ -704,7 +705,7 @@ def _check_attempt(record: JobRecord, attempt: int | None) -> int:
 
 
 @main.command()
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("-n", "--node", type=int, multiple=True, metavar="N", help="Only node N (repeatable).")
 @click.option("-f", "--follow", is_flag=True, help="Keep following until the job ends.")
 @click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Start at the last N lines of each node.")
@@ -752,7 +753,7 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
 
 
 @main.command()
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("--tail", type=click.IntRange(min=0), metavar="N",
               help="Also show the last N lines of each node before where the last viewer stopped, above a "
               "separator (default: a screenful in the dashboard, none in the prefixed stream).")
@@ -790,7 +791,7 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
 
 
 @main.command()
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("--grace", type=click.FloatRange(min=0), help="Seconds torchrun gets to stop its workers "
               "(default: the job's --grace).")
 @click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
@@ -885,7 +886,7 @@ def _remove(store: JobStore, records: Sequence[JobRecord], hosts_too: bool) -> t
 
 
 @main.command(name="rm")
-@click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
+@click.argument("jobs", nargs=-1, required=True, metavar="JOB...", shell_complete=complete_jobs)
 @click.option("--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before deleting on the hosts (needed without a terminal).")
 @click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
@@ -939,7 +940,7 @@ def prune(hosts_too: bool, yes: bool) -> None:
 
 
 @main.command()
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("--grace", type=click.FloatRange(min=0), help="Seconds torchrun gets to stop its workers "
               "(default: the job's --grace).")
 @click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
@@ -962,7 +963,7 @@ def restart(job: str, grace: float | None, hosts_file: str | None) -> None:
 
 
 @main.command(name="wait")
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
               help="Give up after this long (exit 124); the job runs on.")
 @click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
@@ -1067,3 +1068,16 @@ def hosts_convert(hosts_file: str) -> None:
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
     click.echo(text if text != yaml_text else spec_yaml(spec, f"{hosts_file} with each host spelled out"), nl=False)
+
+
+@main.command(name="completion")
+@click.argument("shell", type=click.Choice(SHELLS))
+def completion_command(shell: str) -> None:
+    """Print the completion script for SHELL: commands, options, hosts files and job ids and names.
+
+    \b
+    bash:  source <(clusterrun completion bash)        (in ~/.bashrc)
+    zsh:   source <(clusterrun completion zsh)         (in ~/.zshrc, after compinit)
+    fish:  clusterrun completion fish > ~/.config/fish/completions/clusterrun.fish
+    """
+    click.echo(script(main, shell))
