@@ -452,7 +452,7 @@ def doctor_command(hosts_file: str, script: str | None, ssh_config: str | None, 
     try:
         # each host's environment as `up` completes it (forward_env, env_file): the interface row
         # honours the GLOO/NCCL_SOCKET_IFNAME set there as `up` does
-        spec, env_notes = resolve(load_cluster(hosts_file), os.environ)
+        spec, env_notes = resolve(load_hosts(hosts_file)[0], os.environ)  # a hostfile too
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
     for text in env_notes:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from clusterrun.config import load_cluster, load_cluster_text
 from clusterrun.errors import ConfigError
 from clusterrun.hostfiles import is_hostfile, load_any, spec_yaml
 from clusterrun.plan import HostFacts, build_plan, plan_to_json
+from tests.conftest import ROOT
 
 FACTS = HostFacts(python="/usr/bin/python3", torchrun_flags=())
 
@@ -117,3 +120,18 @@ def test_spec_yaml_round_trips_every_setting(tmp_path: Path) -> None:
     assert [f.path for f in again.hosts[0].env_file] == [str(tmp_path / "x.env")]
     assert (again.master_addr, again.master_port, again.state_dir, again.secret_env) == (
         "10.0.0.1", 29500, "/var/tmp/cr", ("MY_*",))
+
+
+def test_hosts_convert_prints_the_yaml(tmp_path: Path) -> None:
+    def convert(path: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "clusterrun", "hosts", "convert", path], capture_output=True,
+                              text=True, timeout=60, cwd=ROOT)
+
+    done = convert(write(tmp_path, DEEPSPEED))
+    assert done.returncode == 0, done.stderr
+    assert plan_of(load_cluster_text(done.stdout)) == plan_of(load_cluster(write(tmp_path, EQUIVALENT, "eq.yaml")))
+    done = convert(write(tmp_path, "defaults: {gpus: 2}\nhosts: ['n[1-2]']\n", "hosts.yaml"))
+    assert done.stdout.endswith("hosts:\n- host: n1\n  gpus: 2\n- host: n2\n  gpus: 2\n"), done.stdout
+    done = convert(write(tmp_path, "a slots=x\n"))
+    assert (done.returncode, done.stderr) == (2, f"clusterrun: error: {tmp_path / 'hostfile'}:1: slots must be a "
+                                                 "count from 1 to 9999, got 'x'\n")
