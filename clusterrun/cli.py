@@ -108,6 +108,9 @@ def main() -> None:
     clusterrun wait JOB                    block until it ends; exit 0 if it succeeded
     clusterrun rm JOB... / prune           forget ended jobs (--hosts-too: their logs too)
     clusterrun doctor HOSTS.yaml [SCRIPT]  check every host before the first run
+    clusterrun exec HOSTS.yaml -- CMD...   a command on every host, output by host
+    clusterrun hosts convert HOSTFILE      a DeepSpeed/MPI hostfile as a hosts file
+    clusterrun completion bash|zsh|fish    the shell completion script
     """
     # A log line may hold bytes that are not UTF-8: print them back as they were, never fail on them.
     for stream in (sys.stdout, sys.stderr):

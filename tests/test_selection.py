@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ from clusterrun.jobs import JobStore
 from clusterrun.lifecycle import spec_of
 from clusterrun.selection import load_hosts, select
 from tests.conftest import ROOT, job_id_of, run_up, write_hosts
+from tests.simhosts import SimCluster
+from tests.test_ssh import check_ranks
 
 HOSTS = """\
 hosts:
@@ -99,3 +102,15 @@ def test_up_runs_on_the_hosts_left_and_its_record_keeps_them(tmp_path: Path) -> 
     assert [n["host"] for n in json.loads(shown.stdout)["jobs"][0]["nodes"]] == ["local-a", "local-c"]
     store = JobStore()
     assert [h.host for h in spec_of(store.load(job)).hosts] == ["local-a", "local-c"]  # what a restart runs on
+
+
+@pytest.mark.integration
+def test_up_with_a_node_set_and_exclude_on_simulated_hosts(sim_cluster: Callable[..., SimCluster],
+                                                          tmp_path: Path) -> None:
+    cluster = sim_cluster(3)
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"state_dir: {tmp_path / 'state'}\nssh_config: {cluster.ssh_config}\n"
+                     f"defaults: {{python: {sys.executable}, workdir: {ROOT}}}\nhosts: ['sim[1-3]']\n")
+    done = run_up("-x", "sim2", hosts, "examples/allreduce.py", timeout=300)
+    assert done.returncode == 0, done.stderr
+    check_ranks(done.stdout, [("sim1", 1), ("sim3", 1)])  # sim3 is node 1 now
