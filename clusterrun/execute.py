@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from clusterrun.config import ClusterSpec, HostSpec
-from clusterrun.errors import ClusterrunError, TransportError
+from clusterrun.errors import ClusterrunError, HostError, TransportError
 from clusterrun.nodesets import fold
 from clusterrun.transports import Transport
 
@@ -74,7 +74,7 @@ def _run(transport: Transport, command: str, line: Callable[[str, str], None]) -
             line(transport.name, raw.rstrip(b"\n").decode("utf-8", "surrogateescape"))
     worker.join()
     if failed:
-        return HostOutcome(transport.name, error=failed[0].render(), unreachable=isinstance(failed[0], TransportError))
+        return HostOutcome(transport.name, error=_text(failed[0]), unreachable=isinstance(failed[0], TransportError))
     status, tail = got[0]
     if status < 0:
         return HostOutcome(transport.name, error="the connection ended before the command's exit status came"
@@ -82,18 +82,23 @@ def _run(transport: Transport, command: str, line: Callable[[str, str], None]) -
     return HostOutcome(transport.name, status)
 
 
-def _one(host: HostSpec, factory: Callable[[HostSpec], Transport], command: str,
-         line: Callable[[str, str], None]) -> HostOutcome:
-    transport = factory(host)
+def _text(error: ClusterrunError) -> str:
+    """The error without the host's name in front (the summary puts it there), with its hint."""
+    if isinstance(error, HostError):
+        return error.message + (f" ({error.hint})" if error.hint else "")
+    return error.render()
+
+
+def _one(transport: Transport, command: str, line: Callable[[str, str], None]) -> HostOutcome:
     try:
         transport.connect()
         return _run(transport, command, line)
     except TransportError as exc:
-        return HostOutcome(host.host, error=exc.render(), unreachable=True)
+        return HostOutcome(transport.name, error=_text(exc), unreachable=True)
     except ClusterrunError as exc:
-        return HostOutcome(host.host, error=exc.render())
+        return HostOutcome(transport.name, error=_text(exc))
     except NotImplementedError:
-        return HostOutcome(host.host, error=f"{host.host}: this host's transport cannot run commands")
+        return HostOutcome(transport.name, error="this host's transport cannot run commands")
     finally:
         transport.close()
 
@@ -102,11 +107,19 @@ def exec_on_hosts(spec: ClusterSpec, argv: Sequence[str], factory: Callable[[Hos
                   line: Callable[[str, str], None]) -> list[HostOutcome]:
     """Run ``argv`` on every host of ``spec`` in parallel; ``line(host, text)`` gets each output
     line as it comes (from several threads: it must be safe to call concurrently). The outcomes
-    in the file's order."""
+    in the file's order. Interrupted (Ctrl-C), it closes every connection before it lets go."""
     command = remote_command(argv)
-    with ThreadPoolExecutor(max_workers=min(len(spec.hosts), MAX_PARALLEL)) as pool:
-        futures = [pool.submit(_one, host, factory, command, line) for host in spec.hosts]
+    transports = [factory(host) for host in spec.hosts]
+    pool = ThreadPoolExecutor(max_workers=min(len(transports), MAX_PARALLEL))
+    try:
+        futures = [pool.submit(_one, transport, command, line) for transport in transports]
         return [f.result() for f in futures]
+    except BaseException:
+        for transport in transports:  # ends the commands' channels: their threads return
+            transport.close()
+        raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def summary(outcomes: Sequence[HostOutcome]) -> list[str]:

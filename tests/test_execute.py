@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -68,10 +69,10 @@ def test_outcomes_in_file_order_and_the_summary_names_the_failed_hosts() -> None
     outcomes = exec_on_hosts(spec_of("n1", "n2", "n3", "n4"), ["echo", "x y"], factory,
                              lambda host, text: seen.append((host, text)))
     assert outcomes == [HostOutcome("n1", 0), HostOutcome("n2", 3), HostOutcome("n3", 0),
-                        HostOutcome("n4", error="n4: connection refused", unreachable=True)]
+                        HostOutcome("n4", error="connection refused", unreachable=True)]
     assert sorted(seen) == [("n1", "one"), ("n1", "two"), ("n2", "bad")]
     assert {t.commands[0] for t in made.values() if t.commands} == {remote_command(["echo", "x y"])}
-    assert summary(outcomes) == ["n2: exit 3", "n4: n4: connection refused", "2 of 4 hosts failed: n[2,4]"]
+    assert summary(outcomes) == ["n2: exit 3", "n4: connection refused", "2 of 4 hosts failed: n[2,4]"]
     assert summary(outcomes[:1]) == ["the command succeeded on all 1 hosts"]
 
 
@@ -128,3 +129,38 @@ def test_exec_on_four_simulated_hosts_one_failing(sim_cluster: Callable[..., Sim
     done = clusterrun("exec", "-x", "sim4", str(hosts), "--", sys.executable, "-c", printer, *HOSTILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.splitlines()) == [f"sim{i}: {json.dumps(HOSTILE)}" for i in (1, 2, 3)]
+
+
+def test_ctrl_c_ends_the_commands_on_local_hosts(tmp_path: Path) -> None:
+    (tmp_path / "hosts.yaml").write_text("defaults: {transport: local}\nhosts: ['local-[1-2]']\n")
+    token = f"exec-interrupted-{tmp_path.name}"
+    main = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "  # as on a terminal
+            "from clusterrun.cli import main; sys.argv[0] = 'clusterrun'; main()")
+    sleeper = "import sys, time; print('started', flush=True); time.sleep(300)"
+    proc = subprocess.Popen([sys.executable, "-c", main, "exec", "hosts.yaml", "--", sys.executable, "-c", sleeper,
+                             token], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    commands: list[Path] = []
+    try:
+        assert proc.stdout is not None
+        assert sorted(proc.stdout.readline().strip() for _ in range(2)) == ["local-1: started", "local-2: started"]
+        commands = [p for p in Path("/proc").glob("[0-9]*")
+                    if token.encode() in _cmdline(p) and p.name != str(proc.pid)]
+        assert len(commands) == 2  # the two commands, running
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+        left = [p for p in commands if token.encode() in _cmdline(p)]
+        for path in left:  # a failed test leaves nothing behind either
+            os.kill(int(path.name), signal.SIGKILL)
+    assert (proc.returncode, err) == (130, "clusterrun: interrupted\n")
+    assert left == []
+
+
+def _cmdline(path: Path) -> bytes:
+    try:
+        return (path / "cmdline").read_bytes()
+    except OSError:
+        return b""

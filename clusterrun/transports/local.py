@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +25,7 @@ class LocalTransport(Transport):
     def __init__(self, host: HostSpec) -> None:
         super().__init__(host)
         self._live: set[subprocess.Popen[bytes]] = set()  # agents running, for close()
+        self._groups: set[int] = set()  # process groups of pipe() commands running, for close()
 
     @property
     def python(self) -> str:
@@ -81,10 +84,14 @@ class LocalTransport(Transport):
         """``command`` run by ``sh`` here, as a login shell would run it on a host."""
         try:
             proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=peer.fileno(), stdout=peer.fileno(),
-                                    stderr=subprocess.PIPE, close_fds=True)
+                                    stderr=subprocess.PIPE, close_fds=True, start_new_session=True)
         except OSError as exc:
             raise AgentError(self.name, f"cannot run /bin/sh: {exc.strerror or exc}") from None
-        _, stderr = proc.communicate()
+        self._groups.add(proc.pid)  # close() ends the command and its children
+        try:
+            _, stderr = proc.communicate()
+        finally:
+            self._groups.discard(proc.pid)
         with contextlib.suppress(OSError):
             peer.shutdown(socket.SHUT_WR)  # the end of the output, also for a child left in the background
         return proc.returncode, stderr[-4000:].decode(errors="replace")
@@ -95,3 +102,6 @@ class LocalTransport(Transport):
         for proc in list(self._live):
             if proc.poll() is None:
                 proc.kill()
+        for group in list(self._groups):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
