@@ -164,3 +164,34 @@ def _cmdline(path: Path) -> bytes:
         return (path / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+@pytest.mark.integration
+def test_ctrl_c_over_ssh_returns_and_leaves_the_commands(sim_cluster: Callable[..., SimCluster],
+                                                         tmp_path: Path) -> None:
+    """Ctrl-C closes the connections and exits 130; a command without a terminal is not hung up by
+    sshd, so it goes on (as with pdsh): the README says so."""
+    cluster = sim_cluster(2)
+    (tmp_path / "hosts.yaml").write_text(f"ssh_config: {cluster.ssh_config}\nhosts: ['sim[1-2]']\n")
+    token = f"exec-ssh-{tmp_path.name}"
+    main = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from clusterrun.cli import main; sys.argv[0] = 'clusterrun'; main()")
+    sleeper = "import sys, time; print('started', flush=True); time.sleep(300)"
+    proc = subprocess.Popen([sys.executable, "-c", main, "exec", "hosts.yaml", "--", sys.executable, "-c", sleeper,
+                             token], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout is not None
+        assert sorted(proc.stdout.readline().strip() for _ in range(2)) == ["sim1: started", "sim2: started"]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+        left = [[line.split()[0] for line in host.run("ps", "-ewwo", "pid=,args=").stdout.splitlines()
+                 if token in line] for host in cluster.hosts]
+        for host, pids in zip(cluster.hosts, left, strict=True):
+            if pids:
+                host.run("kill", "-KILL", *pids)
+    assert (proc.returncode, err) == (130, "clusterrun: interrupted\n")
+    assert [len(pids) for pids in left] == [1, 1]
