@@ -61,7 +61,7 @@ from clusterrun.selection import load_hosts
 from clusterrun.session import Session
 from clusterrun.sync import source_of, sync_hosts
 from clusterrun.syncview import SyncView
-from clusterrun.terminal import safe
+from clusterrun.terminal import safe, wants_colour
 from clusterrun.transports import transport_for
 
 NODES_HELP = ("Only these hosts of the file, a node set: gpu[01-04],gpu07; HOST:GPU only that GPU of a host "
@@ -1033,7 +1033,7 @@ def exec_command(hosts_file: str, command: tuple[str, ...], nodes: str | None, e
         spec, _ = load_hosts(hosts_file, nodes, exclude)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
-    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    colour = wants_colour(sys.stdout)
     lock = threading.Lock()
 
     def line(host: str, text: str) -> None:
