@@ -1,10 +1,11 @@
 """DeepSpeed and MPI hostfiles read as hosts files, and any ``ClusterSpec`` written back as YAML.
 
 A hostfile has one host a line, ``NAME [slots=N] [max_slots=M]``, with ``#`` comments (DeepSpeed's
-format, OpenMPI's ``max_slots=`` and ``user@host`` too). ``slots`` are GPUs, as DeepSpeed reads
-them: ``worker-1 slots=4`` becomes ``{host: worker-1, gpus: 4}``; ``max_slots`` only bounds
-``slots`` (one process per slot never oversubscribes). A file is a hostfile by its content: no
-line holds a ``:`` (every YAML hosts file has ``hosts:``), whatever its name.
+format; OpenMPI's ``max_slots=`` and ``user@host`` too, and MPICH's ``NAME:N`` for ``NAME slots=N``).
+``slots`` are GPUs, as DeepSpeed reads them: ``worker-1 slots=4`` becomes ``{host: worker-1, gpus: 4}``;
+``max_slots`` only bounds ``slots`` (one process per slot never oversubscribes). A file is a
+hostfile by its content, whatever its name: no line holds a ``:`` (every YAML hosts file has
+``hosts:``) but in ``NAME:N``.
 
 ``hostfile_yaml`` turns a hostfile into YAML with one entry a line, so that the YAML parser's
 checks (names, node sets, duplicates) apply unchanged and its line numbers map back to the
@@ -29,6 +30,7 @@ __all__ = ["is_hostfile", "hostfile_yaml", "load_any", "spec_yaml"]
 
 _KEY_VALUE = re.compile(r"([A-Za-z_]+)=(.*)\Z")
 _COUNT = re.compile(r"[1-9][0-9]{0,3}\Z")
+_MPICH = re.compile(r"([^\s:]+):([0-9]+)\Z")
 
 
 def _content(line: str) -> str:
@@ -37,9 +39,11 @@ def _content(line: str) -> str:
 
 
 def is_hostfile(text: str) -> bool:
-    """Whether ``text`` reads as a hostfile: some host lines, none with ``:`` or starting as YAML does."""
+    """Whether ``text`` reads as a hostfile: some host lines, none starting as YAML does, none with
+    ``:`` but MPICH's ``host:N``."""
     lines = [c for c in map(_content, text.splitlines()) if c]
-    return bool(lines) and not any(":" in c or c.startswith(("-", "[", "{", "%")) for c in lines)
+    return bool(lines) and not any(c.startswith(("-", "[", "{", "%")) or (":" in c and not _MPICH.match(c))
+                                   for c in lines)
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class _Entry:
 
 
 def _entry(text: str, line: int, path: str) -> _Entry:
+    if (mpich := _MPICH.match(text)) is not None:  # MPICH's and Intel MPI's host:N
+        text = f"{mpich[1]} slots={mpich[2]}"
     words = text.split()
     name, user = words[0], None
     if "@" in name:

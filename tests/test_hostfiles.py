@@ -66,6 +66,13 @@ def test_yaml_files_are_not_hostfiles() -> None:
     assert not is_hostfile("---\n")
     assert is_hostfile("node1\nnode2\n")  # a plain machine list (MPI's machinefile)
     assert is_hostfile("gpu[01-04] slots=8\n")
+    assert is_hostfile("node1:4\nnode2\n")  # MPICH's
+    assert not is_hostfile("hosts:\n  - node1:4\n")
+
+
+def test_mpich_host_colon_count(tmp_path: Path) -> None:
+    spec, _ = load_any(write(tmp_path, "worker-1:4\nworker-2:4  # MPICH, Intel MPI\ntrainer@worker-3:2\n"))
+    assert plan_of(spec) == plan_of(load_cluster(write(tmp_path, EQUIVALENT, "equivalent.yaml")))
 
 
 def test_a_hostfile_may_hold_node_sets(tmp_path: Path) -> None:
