@@ -9,7 +9,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -131,27 +132,46 @@ def test_exec_on_four_simulated_hosts_one_failing(sim_cluster: Callable[..., Sim
     assert sorted(done.stdout.splitlines()) == [f"sim{i}: {json.dumps(HOSTILE)}" for i in (1, 2, 3)]
 
 
-def test_ctrl_c_ends_the_commands_on_local_hosts(tmp_path: Path) -> None:
-    (tmp_path / "hosts.yaml").write_text("defaults: {transport: local}\nhosts: ['local-[1-2]']\n")
-    token = f"exec-interrupted-{tmp_path.name}"
-    main = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "  # as on a terminal
+@contextmanager
+def exec_interrupted(folder: Path, token: str) -> Iterator[subprocess.Popen[str]]:
+    """``exec`` of a command that prints ``started`` and sleeps, on ``folder``'s hosts.yaml, with
+    Python's SIGINT handler as on a terminal; the caller reads the lines and sends SIGINT."""
+    main = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
             "from clusterrun.cli import main; sys.argv[0] = 'clusterrun'; main()")
     sleeper = "import sys, time; print('started', flush=True); time.sleep(300)"
     proc = subprocess.Popen([sys.executable, "-c", main, "exec", "hosts.yaml", "--", sys.executable, "-c", sleeper,
-                             token], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             token], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
-    commands: list[Path] = []
     try:
-        assert proc.stdout is not None
-        assert sorted(proc.stdout.readline().strip() for _ in range(2)) == ["local-1: started", "local-2: started"]
-        commands = [p for p in Path("/proc").glob("[0-9]*")
-                    if token.encode() in _cmdline(p) and p.name != str(proc.pid)]
-        assert len(commands) == 2  # the two commands, running
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        yield proc
     finally:
         proc.kill()
         proc.wait()
+
+
+def interrupt(proc: subprocess.Popen[str], started: list[str], before: Callable[[], None] = lambda: None) -> str:
+    """Wait for each host's ``started``, run ``before``, send SIGINT; exec's stderr."""
+    assert proc.stdout is not None
+    assert sorted(proc.stdout.readline().strip() for _ in started) == started
+    before()
+    proc.send_signal(signal.SIGINT)
+    return proc.communicate(timeout=60)[1]
+
+
+def test_ctrl_c_ends_the_commands_on_local_hosts(tmp_path: Path) -> None:
+    (tmp_path / "hosts.yaml").write_text("defaults: {transport: local}\nhosts: ['local-[1-2]']\n")
+    token = f"exec-interrupted-{tmp_path.name}"
+    commands: list[Path] = []
+
+    def running() -> None:
+        commands.extend(p for p in Path("/proc").glob("[0-9]*")
+                        if token.encode() in _cmdline(p) and b"clusterrun.cli" not in _cmdline(p))
+        assert len(commands) == 2  # the two commands
+
+    try:
+        with exec_interrupted(tmp_path, token) as proc:
+            err = interrupt(proc, ["local-1: started", "local-2: started"], running)
+    finally:
         left = [p for p in commands if token.encode() in _cmdline(p)]
         for path in left:  # a failed test leaves nothing behind either
             os.kill(int(path.name), signal.SIGKILL)
@@ -174,20 +194,10 @@ def test_ctrl_c_over_ssh_returns_and_leaves_the_commands(sim_cluster: Callable[.
     cluster = sim_cluster(2)
     (tmp_path / "hosts.yaml").write_text(f"ssh_config: {cluster.ssh_config}\nhosts: ['sim[1-2]']\n")
     token = f"exec-ssh-{tmp_path.name}"
-    main = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "from clusterrun.cli import main; sys.argv[0] = 'clusterrun'; main()")
-    sleeper = "import sys, time; print('started', flush=True); time.sleep(300)"
-    proc = subprocess.Popen([sys.executable, "-c", main, "exec", "hosts.yaml", "--", sys.executable, "-c", sleeper,
-                             token], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        assert proc.stdout is not None
-        assert sorted(proc.stdout.readline().strip() for _ in range(2)) == ["sim1: started", "sim2: started"]
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        with exec_interrupted(tmp_path, token) as proc:
+            err = interrupt(proc, ["sim1: started", "sim2: started"])
     finally:
-        proc.kill()
-        proc.wait()
         left = [[line.split()[0] for line in host.run("ps", "-ewwo", "pid=,args=").stdout.splitlines()
                  if token in line] for host in cluster.hosts]
         for host, pids in zip(cluster.hosts, left, strict=True):
