@@ -1020,9 +1020,10 @@ def exec_command(hosts_file: str, command: tuple[str, ...], nodes: str | None, e
                  ssh_config: str | None, accept_new_host_keys: bool) -> None:
     """Run COMMAND on every host of HOSTS.yaml at once, each output line prefixed by its host.
 
-    COMMAND is a list of words, run by sh in the login directory on each host (`sh -c '...'` for
-    pipes and variables). Then a summary names the hosts where it failed. Exit 0 when it succeeded
-    everywhere, 1 when it failed somewhere, 3 when a host could not be reached.
+    COMMAND is a list of words, run by sh in the login directory on each host (in this directory
+    on a local host; `sh -c '...'` for pipes and variables). Then a summary names the hosts where
+    it failed. Exit 0 when it succeeded everywhere, 1 when it failed somewhere, 3 when a host could
+    not be reached.
     """
     from clusterrun.execute import exec_on_hosts, summary
 
