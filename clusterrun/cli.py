@@ -25,6 +25,7 @@ import shlex
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -45,7 +46,8 @@ from clusterrun.attempt import (
     refresh,
     stop,
 )
-from clusterrun.config import ClusterSpec, load_cluster
+from clusterrun.completion import SHELLS, complete_jobs, script
+from clusterrun.config import ClusterSpec, load_cluster, read_hosts_text
 from clusterrun.environment import resolve
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import JobResult, JobState, not_stopped_text
@@ -67,12 +69,16 @@ from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
 from clusterrun.printer import Printer
 from clusterrun.runner import Runner, run_monitor
+from clusterrun.selection import load_hosts
 from clusterrun.session import Session
 from clusterrun.sync import sync_hosts
 from clusterrun.syncview import SyncView
-from clusterrun.terminal import safe
+from clusterrun.terminal import safe, wants_colour
 from clusterrun.transports import transport_for
 
+NODES_HELP = ("Only these hosts of the file, a node set: gpu[01-04],gpu07; HOST:GPU only that GPU of a host "
+              "(see docs/hosts-file.md).")
+EXCLUDE_HELP = "Leave out these hosts of the file, a node set; HOST:GPU leaves out one GPU of a host."
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HOSTS = 0, 1, 2, 3
 EXIT_TIMEOUT = 124  # `wait --timeout` ran out, as timeout(1) says
 EXIT_SIGNAL = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
@@ -117,6 +123,9 @@ def main() -> None:
     clusterrun wait JOB                    block until it ends; exit 0 if it succeeded
     clusterrun rm JOB... / prune           forget ended jobs (--hosts-too: their logs too)
     clusterrun doctor HOSTS.yaml [SCRIPT]  check every host before the first run
+    clusterrun exec HOSTS.yaml -- CMD...   a command on every host, output by host
+    clusterrun hosts convert HOSTFILE      a DeepSpeed/MPI hostfile as a hosts file
+    clusterrun completion bash|zsh|fish    the shell completion script
     """
     # A log line may hold bytes that are not UTF-8: print them back as they were, never fail on them.
     for stream in (sys.stdout, sys.stderr):
@@ -283,6 +292,8 @@ def _follow_hint(job_id: str) -> str:
               "ends have it, else SFTP, else clusterrun's agent. Wins over `sync:` in the hosts file. With "
               "--dry-run: say what would be copied.")
 @click.option("--no-sync", is_flag=True, help="Do not copy anything, whatever `sync:` in the hosts file says.")
+@click.option("-w", "--nodes", metavar="NODESET", help=NODES_HELP)
+@click.option("-x", "--exclude", metavar="NODESET", help=EXCLUDE_HELP)
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
@@ -290,7 +301,8 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
        env: tuple[str, ...], dry_run: bool, as_json: bool, no_tui: bool, ui_lines: int, leave_running: bool,
        ssh_config: str | None,
        accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None, no_retry_startup: bool,
-       no_preflight: bool, sync_dir: str | None = None, no_sync: bool = False) -> None:
+       no_preflight: bool, sync_dir: str | None = None, no_sync: bool = False, nodes: str | None = None,
+       exclude: str | None = None) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
@@ -307,9 +319,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
             script, script_args = script_args[0], script_args[1:]
         else:
             _check_up_arguments(hosts_file, script, script_args)
-        spec = load_cluster(hosts_file)
-        with open(hosts_file, encoding="utf-8", errors="surrogateescape") as f:
-            hosts_text = f.read()
+        spec, hosts_text = load_hosts(hosts_file, nodes, exclude)  # a hostfile too; the record keeps the YAML
         overrides = parse_env_overrides(env)
         if no_sync:
             spec = _without_sync(spec)
@@ -446,7 +456,7 @@ def doctor_command(hosts_file: str, script: str | None, ssh_config: str | None, 
     try:
         # each host's environment as `up` completes it (forward_env, env_file): the interface row
         # honours the GLOO/NCCL_SOCKET_IFNAME set there as `up` does
-        spec, env_notes = resolve(load_cluster(hosts_file), os.environ)
+        spec, env_notes = resolve(load_hosts(hosts_file)[0], os.environ)  # a hostfile too
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
     for text in env_notes:
@@ -615,7 +625,7 @@ def _not_recorded(record: JobRecord, error: StateError) -> None:
 
 
 @main.command()
-@click.argument("job", required=False)
+@click.argument("job", required=False, shell_complete=complete_jobs)
 @click.option("-a", "--all", "show_all", is_flag=True, help="Every job, also those that ended more than a day ago.")
 @click.option("--state", "states", multiple=True, type=click.Choice(STATES), metavar="STATE",
               help=f"Only jobs in this state, of any age (repeatable; {', '.join(STATES)}).")
@@ -710,7 +720,7 @@ def _check_attempt(record: JobRecord, attempt: int | None) -> int:
 
 
 @main.command()
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("-n", "--node", type=int, multiple=True, metavar="N", help="Only node N (repeatable).")
 @click.option("-f", "--follow", is_flag=True, help="Keep following until the job ends.")
 @click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Start at the last N lines of each node.")
@@ -758,7 +768,7 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
 
 
 @main.command()
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("--tail", type=click.IntRange(min=0), metavar="N",
               help="Also show the last N lines of each node before where the last viewer stopped, above a "
               "separator (default: a screenful in the dashboard, none in the prefixed stream).")
@@ -796,7 +806,7 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
 
 
 @main.command()
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("--grace", type=click.FloatRange(min=0), help="Seconds torchrun gets to stop its workers "
               "(default: the job's --grace).")
 @click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
@@ -909,7 +919,7 @@ def _remove_damaged(store: JobStore, damaged: Iterable[DamagedRecord], hosts_too
 
 
 @main.command(name="rm")
-@click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
+@click.argument("jobs", nargs=-1, required=True, metavar="JOB...", shell_complete=complete_jobs)
 @click.option("--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before deleting on the hosts (needed without a terminal).")
 @click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
@@ -970,7 +980,7 @@ def prune(hosts_too: bool, yes: bool) -> None:
 
 
 @main.command()
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("--grace", type=click.FloatRange(min=0), help="Seconds torchrun gets to stop its workers "
               "(default: the job's --grace).")
 @click.option("--no-preflight", is_flag=True, help="Skip the costlier checks before the stop (GPUs, the same "
@@ -1009,7 +1019,7 @@ def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str |
 
 
 @main.command(name="wait")
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
               help="Give up after this long (exit 124); the job runs on.")
 @click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
@@ -1061,3 +1071,83 @@ def monitor(job_id: str) -> None:
         printer.note(f"error: {exc.render()}")
         printer.note(f"monitor {os.getpid()} for job {job_id} exits")
         sys.exit(EXIT_FAILED)
+
+
+@main.command(name="exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-w", "--nodes", metavar="NODESET", help=NODES_HELP)
+@click.option("-x", "--exclude", metavar="NODESET", help=EXCLUDE_HELP)
+@click.option("--ssh-config", type=click.Path(dir_okay=False), help="An ssh_config file to resolve hosts with "
+              "(default: the hosts file's `ssh_config`, else ~/.ssh/config).")
+@click.option("--accept-new-host-keys", is_flag=True, help="Record the keys of hosts not yet in known_hosts "
+              "(like StrictHostKeyChecking=accept-new); a changed key is still refused.")
+@click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND...")
+def exec_command(hosts_file: str, command: tuple[str, ...], nodes: str | None, exclude: str | None,
+                 ssh_config: str | None, accept_new_host_keys: bool) -> None:
+    """Run COMMAND on every host of HOSTS.yaml at once, each output line prefixed by its host.
+
+    COMMAND is a list of words, run by sh in the login directory on each host (in this directory
+    on a local host; `sh -c '...'` for pipes and variables). Then a summary names the hosts where
+    it failed. Exit 0 when it succeeded everywhere, 1 when it failed somewhere, 3 when a host could
+    not be reached.
+    """
+    from clusterrun.execute import exec_on_hosts, summary
+
+    argv = command[1:] if command[:1] == ("--",) else command
+    try:
+        if not argv:
+            raise ConfigError("no command given", hint="clusterrun exec HOSTS.yaml -- nvidia-smi")
+        spec, _ = load_hosts(hosts_file, nodes, exclude)
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    colour = wants_colour(sys.stdout)
+    lock = threading.Lock()
+
+    def line(host: str, text: str) -> None:
+        with lock:
+            click.echo(f"{safe(host, colour=False)}: {safe(text, colour=colour)}")
+
+    factory = partial(transport_for, ssh_config=ssh_config or spec.ssh_config,
+                      accept_new_host_keys=accept_new_host_keys)
+    try:
+        outcomes = exec_on_hosts(spec, argv, factory, line)
+    except KeyboardInterrupt:
+        _note("interrupted")
+        sys.exit(EXIT_SIGNAL[signal.SIGINT])
+    for text in summary(outcomes):
+        _note(f"exec: {text}")
+    sys.exit(EXIT_HOSTS if any(o.unreachable for o in outcomes) else
+             EXIT_OK if all(o.ok for o in outcomes) else EXIT_FAILED)
+
+
+@main.group(name="hosts")
+def hosts_group() -> None:
+    """Hosts files: convert another tool's hostfile."""
+
+
+@hosts_group.command(name="convert")
+@click.argument("hosts_file", metavar="FILE", type=click.Path(dir_okay=False))
+def hosts_convert(hosts_file: str) -> None:
+    """Print the clusterrun hosts file (YAML) equivalent to FILE, a DeepSpeed or MPI hostfile
+    (`worker-1 slots=4`; slots are GPUs). A YAML hosts file is printed with each host spelled out."""
+    from clusterrun.hostfiles import load_any, spec_yaml
+
+    try:
+        spec, text = load_any(hosts_file)
+        yaml_text = read_hosts_text(hosts_file)
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    click.echo(text if text != yaml_text else spec_yaml(spec, f"{hosts_file} with each host spelled out"), nl=False)
+
+
+@main.command(name="completion")
+@click.argument("shell", type=click.Choice(SHELLS))
+def completion_command(shell: str) -> None:
+    """Print the completion script for SHELL: commands, options, hosts files and job ids and names.
+
+    \b
+    bash:  source <(clusterrun completion bash)        (in ~/.bashrc)
+    zsh:   source <(clusterrun completion zsh)         (in ~/.zshrc, after compinit)
+    fish:  clusterrun completion fish > ~/.config/fish/completions/clusterrun.fish
+    """
+    click.echo(script(main, shell))

@@ -27,6 +27,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from clusterrun.errors import ConfigError
+from clusterrun.nodesets import NodeSetError, expand, is_nodeset
 
 Transport = Literal["ssh", "local"]
 
@@ -143,6 +144,11 @@ def check_env_total(env: Mapping[str, str]) -> str | None:
 
 def load_cluster(path: str) -> ClusterSpec:
     """Read, parse and validate the hosts file at ``path``; raise ``ConfigError`` on any mistake."""
+    return load_cluster_text(read_hosts_text(path), path)
+
+
+def read_hosts_text(path: str) -> str:
+    """The text of the hosts file at ``path``; ``ConfigError`` when it cannot be read or is not UTF-8."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -158,7 +164,7 @@ def load_cluster(path: str) -> ClusterSpec:
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise ConfigError("the file is not UTF-8 text", path=path, line=line) from exc
-    return load_cluster_text(text, path)
+    return text
 
 
 def load_cluster_text(text: str, path: str = "<string>") -> ClusterSpec:
@@ -540,21 +546,37 @@ class _Parser:
                 own = self.settings(entries, key)
             elif not (isinstance(entry, ScalarNode) and entry.tag == _STR):
                 raise self.expected("a host name or a mapping with 'host'", entry, key)
-            host = self.string(name_node, f"{key}.host", name_like=True)
-            spec = self.host_spec(host, address, entry, own, defaults, env, key)
-            other = seen.setdefault((host.lower(), spec.port), name_node)
-            if other is not name_node:
-                on_port = f" on port {spec.port}" if spec.port is not None else ""
-                as_ = f", as '{other.value}'" if isinstance(other, ScalarNode) and other.value != host else ""
-                raise self.error(f"host '{host}'{on_port} is listed twice (also at line {_line(other)}{as_})",
-                                 name_node, f"{key}.host",
-                                 "list each machine once (host names ignore case); use gpus or nproc for more "
-                                 "processes")
-            if (problem := check_env_total(spec.env)) is not None:
-                raise self.error(f"{problem}: env, defaults.env and the host's own env together", entry, key,
-                                 "pass large data in a file on the hosts")
-            specs.append(spec)
+            for host in self.host_names(name_node, key, address):
+                spec = self.host_spec(host, address, entry, own, defaults, env, key)
+                other = seen.setdefault((host.lower(), spec.port), name_node)
+                if other is not name_node:
+                    on_port = f" on port {spec.port}" if spec.port is not None else ""
+                    as_ = f", as '{other.value}'" if isinstance(other, ScalarNode) and other.value != host else ""
+                    raise self.error(f"host '{host}'{on_port} is listed twice (also at line {_line(other)}{as_})",
+                                     name_node, f"{key}.host",
+                                     "list each machine once (host names ignore case); use gpus or nproc for more "
+                                     "processes")
+                if (problem := check_env_total(spec.env)) is not None:
+                    raise self.error(f"{problem}: env, defaults.env and the host's own env together", entry, key,
+                                     "pass large data in a file on the hosts")
+                specs.append(spec)
         return tuple(specs)
+
+    def host_names(self, node: Node, key: str, address: str | None) -> list[str]:
+        """The entry's host, or the hosts of its node set (``gpu[01-04]``) in order."""
+        host = self.string(node, f"{key}.host", name_like=True)
+        if not is_nodeset(host):
+            return [host]
+        try:
+            names = expand(host)
+        except NodeSetError as exc:
+            raise self.error(f"invalid node set: {exc.reason} at position {exc.column} of {host!r}", node,
+                             f"{key}.host", "node sets look like gpu[01-08], gpu[01-04,07] or rack[1-2]-n[1-4]"
+                             ) from None
+        if address is not None and len(names) > 1:
+            raise self.error(f"'address' names one machine, but {host!r} is {len(names)} hosts", node,
+                             f"{key}.address", "give each host with its own address its own entry")
+        return names
 
     def host_spec(self, host: str, address: str | None, entry: Node, own: _Settings, defaults: _Settings,
                   env: dict[str, str], key: str) -> HostSpec:

@@ -9,6 +9,7 @@ real job prints and exits, the harness makes the fake node do the same.
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -365,3 +366,19 @@ def test_remove_deletes_a_nodes_state_and_logs_once_nothing_of_it_runs(harness: 
     harness.wait_gone(1)
     assert harness.transport.call(harness.request("remove", 1))["removed"] == f"{harness.state_dir}/jobs/{JOB}/node1"
     assert harness.transport.call({"op": "jobs", "state_dir": harness.state_dir})["jobs"] == []
+
+
+def test_pipe_runs_a_command_on_the_socket_until_it_ends(harness: Harness) -> None:
+    """``pipe`` (a sync's rsync, ``exec``): the socket is the command's stdin and stdout; its exit
+    status and the end of its stderr come back. The fake runs only the agent."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        if harness.fake is not None:
+            with pytest.raises(NotImplementedError):
+                harness.transport.pipe("true", theirs)
+            return
+        ours.sendall(b"hello\n")
+        ours.shutdown(socket.SHUT_WR)
+        status, stderr = harness.transport.pipe("cat; echo done; echo oops >&2; exit 3", theirs)
+        assert (status, stderr.strip()) == (3, "oops")
+        assert b"".join(iter(lambda: ours.recv(65536), b"")) == b"hello\ndone\n"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +25,7 @@ class LocalTransport(Transport):
     def __init__(self, host: HostSpec) -> None:
         super().__init__(host)
         self._live: set[subprocess.Popen[bytes]] = set()  # agents running, for close()
+        self._groups: set[int] = set()  # process groups of pipe() commands running, for close()
 
     @property
     def python(self) -> str:
@@ -74,9 +79,28 @@ class LocalTransport(Transport):
         return AgentSession(self.name, send, iter(stdout.readline, b""), close, last_words=last_words,
                             bundle=agent_bundle())
 
+    def pipe(self, command: str, peer: socket.socket) -> tuple[int, str]:
+        """``command`` run by ``sh`` here, as a login shell would run it on a host."""
+        try:
+            proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=peer.fileno(), stdout=peer.fileno(),
+                                    stderr=subprocess.PIPE, close_fds=True, start_new_session=True)
+        except OSError as exc:
+            raise AgentError(self.name, f"cannot run /bin/sh: {exc.strerror or exc}") from None
+        self._groups.add(proc.pid)  # close() ends the command and its children
+        try:
+            _, stderr = proc.communicate()
+        finally:
+            self._groups.discard(proc.pid)
+        with contextlib.suppress(OSError):
+            peer.shutdown(socket.SHUT_WR)  # the end of the output, also for a child left in the background
+        return proc.returncode, stderr[-4000:].decode(errors="replace")
+
     def close(self) -> None:
         """End the agents still running: one that never reads its stdin (an interpreter that
         hangs) would otherwise keep the thread sending it the agent blocked for ever."""
         for proc in list(self._live):
             if proc.poll() is None:
                 proc.kill()
+        for group in list(self._groups):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)

@@ -1,0 +1,96 @@
+"""Node sets (``gpu[01-08]``, ``gpu[01-04,07]``, ``rack[1-2]-n[1-4]``) expanded with ClusterShell.
+
+ClusterShell's ``NodeSet`` does the expansion (zero padding kept); this module adds what it does
+not: the order the user wrote (``b,a`` stays ``b, a``: node ranks follow it), no operators or
+groups (``!``, ``&``, ``^``, ``@``: pdsh's ``-x`` is the way to drop nodes here), and errors that
+name the position in the expression (``NodeSetError.column``, from 1).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
+
+__all__ = ["NodeSetError", "expand", "fold", "is_nodeset"]
+
+# What ClusterShell would read as an operator, a group or a separator of its own.
+_OPERATORS = re.compile(r"[!&^@\s]")
+_QUOTED = re.compile(r'"([^"]*)"')
+
+
+class NodeSetError(ValueError):
+    """A node set that cannot be expanded: ``reason`` at ``column`` (from 1) of ``expression``."""
+
+    def __init__(self, expression: str, column: int, reason: str) -> None:
+        super().__init__(f"{reason} at position {column} of {expression!r}")
+        self.expression = expression
+        self.column = column
+        self.reason = reason
+
+    @property
+    def pointer(self) -> str:
+        """The expression with a caret under the position, two lines."""
+        return f"{self.expression}\n{' ' * (self.column - 1)}^"
+
+
+def is_nodeset(text: str) -> bool:
+    """Whether ``text`` is more than one plain name: it has a range (``[``) or a list (``,``)."""
+    return "[" in text or "]" in text or "," in text
+
+
+def _parts(expression: str) -> Iterator[tuple[int, str]]:
+    """The comma-separated parts outside brackets, each with its offset (an unclosed bracket runs
+    to the end, where ClusterShell reports it)."""
+    depth, start = 0, 0
+    for i, char in enumerate(expression):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth = max(depth - 1, 0)
+        elif char == "," and depth == 0:
+            yield start, expression[start:i]
+            start = i + 1
+    yield start, expression[start:]
+
+
+def expand(expression: str) -> list[str]:
+    """The names of ``expression`` in the order written, each once; raise ``NodeSetError``."""
+    if (bad := _OPERATORS.search(expression)) is not None:
+        what = "a space" if bad.group().isspace() else f"{bad.group()!r}"
+        raise NodeSetError(expression, bad.start() + 1, f"{what} is not allowed in a node set")
+    names: dict[str, None] = {}
+    for offset, part in _parts(expression):
+        if not part:
+            raise NodeSetError(expression, offset + 1, "an empty name")
+        try:
+            names.update(dict.fromkeys(NodeSet(part, resolver=RESOLVER_NOGROUP)))
+        except NodeSetParseError as exc:
+            raise NodeSetError(expression, offset + _column(part, exc), _reason(exc)) from None
+    return list(names)
+
+
+def _column(part: str, exc: NodeSetParseError) -> int:
+    """Where in ``part`` ClusterShell's complaint points, from 1 (its start when unclear)."""
+    text = str(exc)
+    if text.startswith("missing bracket"):
+        return part.rfind("[") + 1 or 1
+    if text.startswith("illegal closing bracket"):
+        return part.rfind("]") + 1 or 1
+    for piece in _QUOTED.findall(str(exc.part)) or ["[]"]:  # a range error quotes the range
+        if piece and (at := part.find(piece)) >= 0:
+            return at + 1
+    return 1
+
+
+def _reason(exc: NodeSetParseError) -> str:
+    """ClusterShell's complaint, short: ``missing bracket``, ``bad range "3-1"``."""
+    kind = str(exc).split(":", 1)[0]
+    quoted = _QUOTED.findall(str(exc.part))
+    return f'{kind} "{quoted[-1]}"' if quoted else kind
+
+
+def fold(names: list[str]) -> str:
+    """The shortest node set of ``names`` (for messages): ``gpu[01-03,07]``."""
+    return str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP))

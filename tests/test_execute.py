@@ -1,0 +1,207 @@
+"""clusterrun exec: the command on every host at once, output by host, a summary of the failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from clusterrun.config import ClusterSpec, HostSpec
+from clusterrun.errors import ConnectError
+from clusterrun.execute import HostOutcome, exec_on_hosts, remote_command, summary
+from clusterrun.transports.base import AgentSession, Transport
+from tests.conftest import ROOT
+from tests.simhosts import SimCluster
+
+SUPPORT = ROOT / "tests" / "_support"
+HOSTILE = ["'; touch /tmp/clusterrun-pwned #", "$(id)", "`id`", "a\nb", "x y", '"q"', "!!", "%h", "back\\slash", "é"]
+
+
+class ScriptedTransport(Transport):
+    """A host whose command prints ``lines`` and exits ``status``; ``unreachable`` refuses to connect."""
+
+    def __init__(self, host: HostSpec, lines: list[bytes], status: int, unreachable: bool = False) -> None:
+        super().__init__(host)
+        self.lines, self.status, self.unreachable = lines, status, unreachable
+        self.commands: list[str] = []
+
+    @property
+    def python(self) -> str:
+        return "python3"
+
+    def connect(self) -> None:
+        if self.unreachable:
+            raise ConnectError(self.name, "connection refused")
+
+    def session(self) -> AgentSession:
+        raise NotImplementedError
+
+    def pipe(self, command: str, peer: socket.socket) -> tuple[int, str]:
+        self.commands.append(command)
+        assert peer.recv(1) == b""  # the command's stdin is at its end
+        for line in self.lines:
+            peer.sendall(line)
+        return self.status, ""
+
+
+def spec_of(*names: str) -> ClusterSpec:
+    return ClusterSpec(path="hosts.yaml", hosts=tuple(HostSpec(host=n) for n in names))
+
+
+def test_outcomes_in_file_order_and_the_summary_names_the_failed_hosts() -> None:
+    behaviour = {"n1": ([b"one\n", b"two"], 0, False), "n2": ([b"bad\n"], 3, False), "n3": ([], 0, False),
+                 "n4": ([], 0, True)}
+    made: dict[str, ScriptedTransport] = {}
+
+    def factory(host: HostSpec) -> Transport:
+        made[host.host] = ScriptedTransport(host, *behaviour[host.host])
+        return made[host.host]
+
+    seen: list[tuple[str, str]] = []
+    outcomes = exec_on_hosts(spec_of("n1", "n2", "n3", "n4"), ["echo", "x y"], factory,
+                             lambda host, text: seen.append((host, text)))
+    assert outcomes == [HostOutcome("n1", 0), HostOutcome("n2", 3), HostOutcome("n3", 0),
+                        HostOutcome("n4", error="connection refused", unreachable=True)]
+    assert sorted(seen) == [("n1", "one"), ("n1", "two"), ("n2", "bad")]
+    assert {t.commands[0] for t in made.values() if t.commands} == {remote_command(["echo", "x y"])}
+    assert summary(outcomes) == ["n2: exit 3", "n4: connection refused", "2 of 4 hosts failed: n[2,4]"]
+    assert summary(outcomes[:1]) == ["the command succeeded on all 1 hosts"]
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_the_remote_command_gives_sh_the_words_as_they_were(shell: str) -> None:
+    """What a login shell gets: the argv comes out whole, the shell interprets nothing of it."""
+    if shutil.which(shell) is None:
+        pytest.skip(f"no {shell}")
+    line = remote_command([sys.executable, "-c", "import sys, json; print(json.dumps(sys.argv[1:]))", *HOSTILE])
+    done = subprocess.run([shell, "-c", line], capture_output=True, text=True, timeout=30)
+    assert done.stdout.strip() == json.dumps(HOSTILE)
+    assert not Path("/tmp/clusterrun-pwned").exists()
+
+
+def clusterrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "clusterrun", *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_exec_on_local_hosts(tmp_path: Path) -> None:
+    (tmp_path / "hosts.yaml").write_text("defaults: {transport: local}\nhosts: [local-1, 'local-[2-3]']\n")
+    done = clusterrun("exec", "hosts.yaml", "--", "sh", "-c", "printf '%s\\033[2J\\n' \"$0\"; echo err >&2; exit 0",
+                      "x y", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == sorted(f"local-{h}: {t}" for h in "123" for t in ("x y\\x1b[2J", "err"))
+    assert done.stderr == "clusterrun: exec: the command succeeded on all 3 hosts\n"
+    done = clusterrun("exec", "-x", "local-1", "hosts.yaml", "--", "sh", "-c", "exit 5", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == ["clusterrun: exec: local-2: exit 5", "clusterrun: exec: local-3: exit 5",
+                                        "clusterrun: exec: 2 of 2 hosts failed: local-[2-3]"]
+
+
+@pytest.fixture(scope="module")
+def fish_and_tcsh() -> dict[str, str]:
+    subprocess.run(["sh", str(SUPPORT / "install_sshd.sh"), "tcsh", "fish"], check=True, capture_output=True)
+    found = {name: shutil.which(name) for name in ("tcsh", "fish")}
+    assert all(found.values()), f"could not install {found}"
+    return {name: str(path) for name, path in found.items()}
+
+
+@pytest.mark.integration
+def test_exec_on_four_simulated_hosts_one_failing(sim_cluster: Callable[..., SimCluster], tmp_path: Path,
+                                                 fish_and_tcsh: dict[str, str]) -> None:
+    cluster = sim_cluster(4, login_shell={"sim2": fish_and_tcsh["fish"], "sim3": fish_and_tcsh["tcsh"]})
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"ssh_config: {cluster.ssh_config}\nhosts: ['sim[1-4]']\n")
+    script = 'echo "$(hostname) $1"; [ "$(hostname)" != sim3 ] || exit 7'
+    done = clusterrun("exec", str(hosts), "--", "sh", "-c", script, "-", "it's $(id)", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert sorted(done.stdout.splitlines()) == [f"sim{i}: sim{i} it's $(id)" for i in range(1, 5)]
+    assert done.stderr.splitlines() == ["clusterrun: exec: sim3: exit 7", "clusterrun: exec: 1 of 4 hosts failed: sim3"]
+    # -x, and words that bash, fish (sim2) and tcsh (sim3) would each read differently if they read them
+    printer = "import sys, json; print(json.dumps(sys.argv[1:]))"
+    done = clusterrun("exec", "-x", "sim4", str(hosts), "--", sys.executable, "-c", printer, *HOSTILE, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == [f"sim{i}: {json.dumps(HOSTILE)}" for i in (1, 2, 3)]
+
+
+@contextmanager
+def exec_interrupted(folder: Path, token: str) -> Iterator[subprocess.Popen[str]]:
+    """``exec`` of a command that prints ``started`` and sleeps, on ``folder``'s hosts.yaml, with
+    Python's SIGINT handler as on a terminal; the caller reads the lines and sends SIGINT."""
+    main = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from clusterrun.cli import main; sys.argv[0] = 'clusterrun'; main()")
+    sleeper = "import sys, time; print('started', flush=True); time.sleep(300)"
+    proc = subprocess.Popen([sys.executable, "-c", main, "exec", "hosts.yaml", "--", sys.executable, "-c", sleeper,
+                             token], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def interrupt(proc: subprocess.Popen[str], started: list[str], before: Callable[[], None] = lambda: None) -> str:
+    """Wait for each host's ``started``, run ``before``, send SIGINT; exec's stderr."""
+    assert proc.stdout is not None
+    assert sorted(proc.stdout.readline().strip() for _ in started) == started
+    before()
+    proc.send_signal(signal.SIGINT)
+    return proc.communicate(timeout=60)[1]
+
+
+def test_ctrl_c_ends_the_commands_on_local_hosts(tmp_path: Path) -> None:
+    (tmp_path / "hosts.yaml").write_text("defaults: {transport: local}\nhosts: ['local-[1-2]']\n")
+    token = f"exec-interrupted-{tmp_path.name}"
+    commands: list[Path] = []
+
+    def running() -> None:
+        commands.extend(p for p in Path("/proc").glob("[0-9]*")
+                        if token.encode() in _cmdline(p) and b"clusterrun.cli" not in _cmdline(p))
+        assert len(commands) == 2  # the two commands
+
+    try:
+        with exec_interrupted(tmp_path, token) as proc:
+            err = interrupt(proc, ["local-1: started", "local-2: started"], running)
+    finally:
+        left = [p for p in commands if token.encode() in _cmdline(p)]
+        for path in left:  # a failed test leaves nothing behind either
+            os.kill(int(path.name), signal.SIGKILL)
+    assert (proc.returncode, err) == (130, "clusterrun: interrupted\n")
+    assert left == []
+
+
+def _cmdline(path: Path) -> bytes:
+    try:
+        return (path / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.integration
+def test_ctrl_c_over_ssh_returns_and_leaves_the_commands(sim_cluster: Callable[..., SimCluster],
+                                                         tmp_path: Path) -> None:
+    """Ctrl-C closes the connections and exits 130; a command without a terminal is not hung up by
+    sshd, so it goes on (as with pdsh): the README says so."""
+    cluster = sim_cluster(2)
+    (tmp_path / "hosts.yaml").write_text(f"ssh_config: {cluster.ssh_config}\nhosts: ['sim[1-2]']\n")
+    token = f"exec-ssh-{tmp_path.name}"
+    try:
+        with exec_interrupted(tmp_path, token) as proc:
+            err = interrupt(proc, ["sim1: started", "sim2: started"])
+    finally:
+        left = [[line.split()[0] for line in host.run("ps", "-ewwo", "pid=,args=").stdout.splitlines()
+                 if token in line] for host in cluster.hosts]
+        for host, pids in zip(cluster.hosts, left, strict=True):
+            if pids:
+                host.run("kill", "-KILL", *pids)
+    assert (proc.returncode, err) == (130, "clusterrun: interrupted\n")
+    assert [len(pids) for pids in left] == [1, 1]
