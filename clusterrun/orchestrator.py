@@ -22,9 +22,9 @@ capped, so a paused or suspended controller does not count its own pause.
 
 One follower thread per node (``follower.Follower``) reads the agent's ``follow`` stream and
 puts messages on a bounded queue (back-pressure: a slow consumer slows the readers, never
-memory); ``run()`` is the only place that changes job state and calls ``emit``. ``offsets`` advance only once ``emit`` has
-returned for a log message, so a viewer that detaches saves what it has shown, not what was
-merely queued: the next viewer resumes there and loses nothing.
+memory); ``run()`` is the only place that changes job state and calls ``emit``. ``offsets``
+advance only once ``emit`` has returned for a log message, so a viewer that detaches saves what
+it has shown, not what was merely queued: the next viewer resumes there and loses nothing.
 """
 
 from __future__ import annotations
