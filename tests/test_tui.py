@@ -21,7 +21,8 @@ from clusterrun.board import RESUMED
 from clusterrun.events import AttemptStarted, Event, LogLines, NodeDegraded, NodeExited, NodeResult, NodeState
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.session import Session
-from clusterrun.tui import Confirm, Dashboard, RingLog
+from clusterrun.tui import Dashboard, RingLog
+from clusterrun.tui.screens import Confirm
 from tests.conftest import ROOT, SUPPORT, marked, wait_for, write_hosts
 from tests.test_lifecycle import attempt_dir, counter_lines, ps_json, up_detached, wait_state
 from tests.test_tui_snapshots import T0, Scripted, started

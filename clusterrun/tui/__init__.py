@@ -1,5 +1,5 @@
 """The live dashboard: a Textual app over a ``Session`` (this package is the only one that imports
-Textual; the log view is in ``logview``).
+Textual; the log view is in ``logview``, the modal screens in ``screens``).
 
 Threads never touch widgets: the session's thread puts events into a queue, and a 50 ms timer in
 the app's thread drains it into the ``Board`` (clusterrun/board.py) and redraws what changed —
@@ -26,15 +26,14 @@ from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Footer, Input, Label, Static
+from textual.widgets import DataTable, Footer, Input, Static
 
 from clusterrun.board import Board, NodeRow
 from clusterrun.events import Event, NodeState
 from clusterrun.session import Session
 from clusterrun.terminal import safe
 from clusterrun.tui.logview import COLOURS, LogHighlighter, RingLog
+from clusterrun.tui.screens import Confirm, Help, QuitQuestion
 
 __all__ = ["Dashboard", "LogHighlighter", "RingLog"]
 
@@ -60,53 +59,6 @@ def _same(a: object, b: object) -> bool:
     if isinstance(a, Text) and isinstance(b, Text):
         return a.plain == b.plain and a.style == b.style and a.spans == b.spans
     return a == b
-
-
-class Confirm(ModalScreen[bool]):
-    """A yes/no question."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [("y", "answer(True)", "Yes"), ("n,escape", "answer(False)", "No")]
-
-    def __init__(self, question: str) -> None:
-        super().__init__()
-        self.question = question
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="dialog"):
-            yield Label(self.question, id="question")
-            with Horizontal(id="buttons"):
-                yield Button("Yes (y)", variant="error", id="yes")
-                yield Button("No (n)", variant="primary", id="no")
-
-    def action_answer(self, answer: bool) -> None:
-        self.dismiss(answer)
-
-    @on(Button.Pressed)
-    def _pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "yes")
-
-
-class QuitQuestion(ModalScreen[str]):
-    """Quit while the job runs: leave it running, stop it, or stay."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [("l", "answer('leave')", "Leave running"),
-                                             ("s", "answer('stop')", "Stop the job"),
-                                             ("escape,c", "answer('cancel')", "Cancel")]
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="dialog"):
-            yield Label("The job is still running. Leave it running, or stop it on every host?", id="question")
-            with Horizontal(id="buttons"):
-                yield Button("Leave running (l)", variant="primary", id="leave")
-                yield Button("Stop the job (s)", variant="error", id="stop")
-                yield Button("Cancel (esc)", id="cancel")
-
-    def action_answer(self, answer: str) -> None:
-        self.dismiss(answer)
-
-    @on(Button.Pressed)
-    def _pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(str(event.button.id))
 
 
 # DataTable's render caches are private: sized only on the Textual versions checked to have them
@@ -138,31 +90,6 @@ class NodeTable(DataTable[Any]):
         for cache in (self._row_render_cache, self._row_renderable_cache, self._line_cache):
             cache.maxsize = lines
         self._cell_render_cache.maxsize = lines * max(1, len(self.columns))
-
-
-HELP = """\
-[b]Keys[/b]
-  ↑/↓ or j/k    select a node           1–9      jump to node 0–8
-  Enter or l    log of the selected node  a        all nodes, merged
-  f or End      follow the log again     /        search (text or regex); n/N next/previous; Esc clears
-  K             kill the job (asks)      R        restart: kill, then a new attempt (asks)
-  d             detach: leave the job running and exit
-  q             quit (asks whether to stop a running job)
-  ?             this help
-
-Scrolling the log up pauses following; f or End resumes it. The log keeps the last lines of each
-node (--ui-lines); the whole log is on the hosts: `clusterrun logs JOB`."""
-
-
-class Help(ModalScreen[None]):
-    BINDINGS: ClassVar[list[BindingType]] = [("escape,q,question_mark", "close", "Close")]
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="dialog"):
-            yield Static(HELP)
-
-    def action_close(self) -> None:
-        self.dismiss(None)
 
 
 class Dashboard(App[int]):
