@@ -1,4 +1,4 @@
-r""".gitignore-style exclude patterns for the sync (``clusterrun.sync``): pure, no I/O.
+r""".gitignore-style exclude patterns for the sync (``clusterrun.synctree``): pure, no I/O.
 
 Supported: ``#`` comments and blank lines; ``!`` to re-include (the last matching pattern decides);
 a trailing ``/`` for directories only; a ``/`` at the start or in the middle anchors the pattern to

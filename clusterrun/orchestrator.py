@@ -20,11 +20,11 @@ ranks failing in their collectives. ``Reconnect.give_up_after`` (``--unreachable
 opts into treating long silence as a loss; it counts the time spent retrying, each retry's share
 capped, so a paused or suspended controller does not count its own pause.
 
-One follower thread per node reads the agent's ``follow`` stream and puts messages on a bounded
-queue (back-pressure: a slow consumer slows the readers, never memory); ``run()`` is the only
-place that changes job state and calls ``emit``. ``offsets`` advance only once ``emit`` has
-returned for a log message, so a viewer that detaches saves what it has shown, not what was
-merely queued: the next viewer resumes there and loses nothing.
+One follower thread per node (``follower.Follower``) reads the agent's ``follow`` stream and
+puts messages on a bounded queue (back-pressure: a slow consumer slows the readers, never
+memory); ``run()`` is the only place that changes job state and calls ``emit``. ``offsets``
+advance only once ``emit`` has returned for a log message, so a viewer that detaches saves what
+it has shown, not what was merely queued: the next viewer resumes there and loses nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from clusterrun.config import ClusterSpec
@@ -57,6 +56,7 @@ from clusterrun.events import (
     NodeStopped,
     StopReport,
 )
+from clusterrun.follower import Follower, Link, Node, Reconnect, node_state_of, split_lines
 from clusterrun.interfaces import (
     Interface,
     choose_interfaces,
@@ -67,7 +67,6 @@ from clusterrun.interfaces import (
 )
 from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, build_plan
 from clusterrun.protocol import (
-    Beat,
     End,
     FollowMessage,
     HostState,
@@ -87,81 +86,6 @@ Emit = Callable[[Event], None]
 MIN_PYTHON = (3, 8)
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Reconnect:
-    """How a follower retries a host it cannot reach: after ``first`` × failures seconds, at
-    most ``most``; forever, unless ``give_up_after`` seconds of retrying have failed (then the
-    node is lost). Each retry adds at most ``most`` + ``try_cap`` seconds to that count, so time
-    the controller itself spent paused or asleep in one retry hardly counts."""
-
-    first: float = 0.2
-    most: float = 2.0
-    give_up_after: float | None = None
-    try_cap: float = 20.0  # a connection attempt over SSH times out after 10 s
-
-    def delay(self, failures: int) -> float:
-        return min(self.most, self.first * failures)
-
-
-def split_lines(data: str) -> tuple[str, ...]:
-    """The lines of a ``log`` message's data, without their newlines."""
-    lines = data.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return tuple(lines)
-
-
-def node_state_of(status: NodeStatus, stop_sent: bool = False) -> NodeState:
-    """A node's state from what its agent reports of its state file."""
-    if status.state is HostState.LOST:
-        return NodeState.LOST
-    if status.state is HostState.ABSENT:
-        return NodeState.PENDING
-    if status.state is not HostState.EXITED:
-        return NodeState.STARTING if status.state is HostState.STARTING else NodeState.RUNNING
-    if status.exit_code == 0 and not status.error:
-        return NodeState.SUCCEEDED
-    if stop_sent or status.stop_requested:
-        return NodeState.STOPPED
-    return NodeState.FAILED
-
-
-@dataclass(frozen=True)
-class _Link:
-    """A follower's own news, beside the agent's messages: the host is unreachable (``up`` False)
-    or back; ``gave_up``: a stop was asked for and the host could not be reached; ``lost``: the
-    --unreachable-timeout ran out."""
-
-    up: bool
-    error: str = ""
-    gave_up: bool = False
-    lost: bool = False
-
-
-@dataclass
-class _Node:
-    launch: NodeLaunch | None
-    transport: Transport
-    state: NodeState = NodeState.PENDING
-    final: NodeStatus | None = None  # how the node ended, once the follower has ended
-    log: NodeLog = field(default_factory=NodeLog)
-    stop_sent: bool = False
-    error: str | None = None  # why the node ended as it did, where its status does not say
-    agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node
-    probe: Probe | None = None  # what its agent said of the host
-    degraded: str | None = None  # the agent's word that the supervisor cannot write its state
-    earlier: list[str] = field(default_factory=list)  # scrollback lines read, before the resume point
-
-    @property
-    def host(self) -> str:
-        return self.transport.name
-
-    def close_agent(self) -> None:
-        agent, self.agent = self.agent, None
-        if agent is not None:
-            agent.close()
 
 
 class Job:
@@ -212,9 +136,9 @@ class Job:
         self.interfaces: list[Interface] = []  # per node, once prepared: the network interface its ranks use
         self._detach = threading.Event()
         self._wake = threading.Event()  # set by detach() and request_stop(): followers stop waiting to retry
-        self._nodes = [_Node(None, transport_factory(h)) for h in spec.hosts]
+        self._nodes = [Node(None, transport_factory(h)) for h in spec.hosts]
         self.ranks = list(range(len(self._nodes))) if ranks is None else sorted(ranks)  # the nodes run() follows
-        self._inbox: queue.Queue[tuple[int, FollowMessage | _Link]] = queue.Queue(maxsize=256)
+        self._inbox: queue.Queue[tuple[int, FollowMessage | Link]] = queue.Queue(maxsize=256)
         self._stop_reason: str | None = None
         self._stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -468,65 +392,20 @@ class Job:
     def detached(self) -> bool:
         return self._detach.is_set()
 
-    def _follow(self, rank: int) -> None:
-        node = self._nodes[rank]
-        tail = self.tail
-        position = self.offsets.get(rank, 0)  # where the stream resumes: the end of what was queued
-        failures = 0
-        retrying = 0.0  # seconds spent failing to reach the host (see Reconnect)
-        before = self.scrollback if tail is None and rank in self._resume_at else 0
-        while True:
-            where: dict[str, Any] = {"offset": position} if tail is None else {"tail": tail}
-            if before:
-                where["before"], before = before, 0  # only the first request: the lines after are new
-            request = self._request(rank, "follow", logs=self.follow_logs, **where)
-            agent, node.agent = node.agent, None
-            began = time.monotonic()
-            try:
-                stream = agent.stream(request) if agent is not None else node.transport.stream(request)
-                try:
-                    for raw in stream:
-                        message = decode_follow(node.host, raw)
-                        if failures:
-                            self._inbox.put((rank, _Link(up=True)))
-                            failures, retrying = 0, 0.0
-                        if isinstance(message, Beat):
-                            continue
-                        if isinstance(message, LogChunk):
-                            position, tail = message.next, None
-                        self._inbox.put((rank, message))
-                        if isinstance(message, End):
-                            return
-                finally:
-                    stream.close()
-            except ClusterrunError as exc:
-                error = exc.render()
-            except Exception as exc:  # noqa: BLE001 - a transport's untranslated error must not end the follower
-                error = f"{node.host}: {type(exc).__name__}: {exc}"
-            else:
-                error = "the log stream ended early"
-            if self._detach.is_set():
-                return
-            failures += 1
-            delay = self.reconnect.delay(failures)
-            retrying += min(time.monotonic() - began, self.reconnect.try_cap) + delay
-            if failures == 1 and not self._stop_event.is_set():
-                self._inbox.put((rank, _Link(up=False, error=error)))
-            if self._stop_event.is_set() and failures > 1:
-                self._inbox.put((rank, _Link(up=False, error=error, gave_up=True)))  # a stop cannot wait for the host
-                return
-            limit = self.reconnect.give_up_after
-            if limit is not None and retrying >= limit:
-                self._inbox.put((rank, _Link(up=False, lost=True,
-                                             error=f"unreachable for {limit:g} s (--unreachable-timeout): {error}")))
-                return
-            self._wake.wait(delay)
+    def _follower(self, rank: int) -> Follower:
+        def request(where: dict[str, Any]) -> dict[str, Any]:
+            return self._request(rank, "follow", logs=self.follow_logs, **where)
+
+        return Follower(rank, self._nodes[rank], request, inbox=self._inbox, reconnect=self.reconnect, tail=self.tail,
+                        offset=self.offsets.get(rank, 0),
+                        before=self.scrollback if rank in self._resume_at else 0,
+                        detach=self._detach, stopping=self._stop_event, wake=self._wake)
 
     def run(self) -> JobResult | None:
         """Follow the nodes until all have ended; stop the rest when one fails (``fail_fast``).
         Blocks; returns None if ``detach()`` was called first."""
         for rank in self.ranks:
-            thread = threading.Thread(target=self._follow, args=(rank,), daemon=True, name=f"follow-node{rank}")
+            thread = threading.Thread(target=self._follower(rank).run, daemon=True, name=f"follow-node{rank}")
             thread.start()
             self._threads.append(thread)
         stopping = False
@@ -564,7 +443,7 @@ class Job:
             thread.join(timeout=5)
         return self._result(stops, interrupted)
 
-    def _handle(self, rank: int, message: FollowMessage | _Link) -> bool:
+    def _handle(self, rank: int, message: FollowMessage | Link) -> bool:
         """Apply one message from a follower; True if the node has just failed."""
         node = self._nodes[rank]
         if isinstance(message, LogChunk):
@@ -586,17 +465,17 @@ class Job:
                                                                                 NodeState.RUNNING):
                 self._set_state(rank, new)
             return False
-        if isinstance(message, _Link) and message.gave_up:
+        if isinstance(message, Link) and message.gave_up:
             node.final, node.error = NodeStatus(HostState.RUNNING), f"unreachable, may still run: {message.error}"
             node.state = NodeState.UNREACHABLE
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.UNREACHABLE, error=node.error)))
             return False
-        if isinstance(message, _Link) and message.lost:
+        if isinstance(message, Link) and message.lost:
             node.final = NodeStatus(HostState.LOST, error=message.error)
             self._set_state(rank, NodeState.LOST, message.error)
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.LOST, error=message.error)))
             return True
-        if isinstance(message, _Link):
+        if isinstance(message, Link):
             self.emit(NodeLink(rank, host=node.host, up=message.up, detail=message.error,
                                since=None if message.up else time.time()))
             return False
@@ -705,3 +584,6 @@ class Job:
         for node in self._nodes:
             node.close_agent()
             node.transport.close()
+
+
+__all__ = ["Emit", "Job", "Reconnect", "node_state_of"]  # the last two re-exported: widely imported from here

@@ -7,12 +7,13 @@ changes → a ``SyncReport``. A second run copies only what changed: same size a
 as unchanged, a file whose size is the same but whose mtime differs is compared by sha256 (equal:
 only its mtime and mode are set). Nothing is ever deleted on the host.
 
-What to change is decided here, for every host alike; what carries the files' bytes is
-``carrier()``: this machine's **rsync** where both ends have it (to an SSH host through ``rsh.py``
-and a command channel on the connection already open, its paths inside rsync's protocol), else
-**SFTP** on that connection (paramiko), else the agent's ``sync_put`` (the bytes follow the request
-on its stdin). Directories, symlinks and mode/mtime-only changes always go through the agent.
-Files are written to a temporary name and renamed, with their permission bits and mtime.
+What to change is decided in ``synctree``, for every host alike; what carries the files' bytes is
+``synccarriers.carrier()``: this machine's **rsync** where both ends have it (to an SSH host through
+``rsh.py`` and a command channel on the connection already open, its paths inside rsync's protocol),
+else **SFTP** on that connection (paramiko), else the agent's ``sync_put`` (the bytes follow the
+request on its stdin); this module drives them per host (``HostSync``) and reports. Directories,
+symlinks and mode/mtime-only changes always go through the agent. Files are written to a
+temporary name and renamed, with their permission bits and mtime.
 
 Any failure (no space, read-only, no permission, a directory where a file goes) is an error of
 that host naming the path, raised for all hosts together (``HostsUnavailable``) before anything
@@ -27,187 +28,30 @@ directory; they win); the syntax supported is in ``clusterrun.excludes``. Not re
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
-import re
 import shlex
-import shutil
-import socket
-import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from clusterrun import rsh
 from clusterrun.agent.wire import SyncHashRequest, SyncPutRequest, SyncStatRequest, Written
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import AgentError, ClusterrunError, ConfigError, HostsUnavailable, TransportError
-from clusterrun.excludes import Excludes
 from clusterrun.protocol import RemoteEntry, SyncStat, decode, decode_sync_hashes, decode_sync_stat
+from clusterrun.synccarriers import RSYNC_CODES, RemotePipe, carrier, local_rsync
+from clusterrun.synctree import CHUNK, Changes, LocalEntry, Manifest, diff, file_hash, scan, settle
 from clusterrun.transports import AgentSession, Transport
 
-CHUNK = 1 << 20
-SAFE_WORD = re.compile(r"[A-Za-z0-9_.,:=/+-]+")  # a word that every login shell passes unchanged
-# rsync's exit codes that have a fix to name (its man page, EXIT VALUES)
-RSYNC_CODES = {
-    11: "the host's disk may be full or the workdir not writable: check `df` and the permissions there",
-    12: "the connection or the host's rsync ended early: see its message; `clusterrun doctor` checks the host",
-    23: "some files could not be written: see rsync's message",
-    24: "a file vanished while it was being copied: run again once the directory is still",
-}
 BATCH_BYTES = 32 << 20  # the data of one sync_put: the agent answers (and reports a failure) after each
 BATCH_FILES = 2000
 STAT_BATCH = 5000  # paths per sync_stat / sync_hash request
-
-
-# ---------------------------------------------------------------------------------- manifest
-
-
-@dataclass(frozen=True)
-class LocalEntry:
-    """A path to copy: ``f`` file, ``d`` directory or ``l`` symlink (``target``)."""
-
-    path: str
-    kind: str
-    size: int = 0
-    mtime_ns: int = 0
-    mode: int = 0o644
-    target: str | None = None
-
-
-@dataclass(frozen=True)
-class Manifest:
-    root: str
-    entries: tuple[LocalEntry, ...]
-    mode: int  # the directory's own
-    dev: int
-    ino: int
-    hashes: dict[tuple[str, int, int], str | None] = field(default_factory=dict, compare=False)  # sha256 cache
-
-    @property
-    def files(self) -> int:
-        return sum(1 for e in self.entries if e.kind == "f")
-
-    @property
-    def bytes(self) -> int:
-        return sum(e.size for e in self.entries if e.kind == "f")
-
-
-def scan(root: str, patterns: Sequence[str] = ()) -> Manifest:
-    """Every directory, file and symlink below ``root`` that is not excluded, sorted by path.
-    Raises ``ConfigError`` if ``root`` is not a readable directory."""
-    try:
-        top = os.stat(root)
-    except OSError as exc:
-        raise ConfigError(f"the directory to sync, {root}, cannot be read: {exc.strerror}", key="sync",
-                          hint="`sync:` is relative to the hosts file's directory, `--sync DIR` to the current "
-                          "one") from None
-    if not stat.S_ISDIR(top.st_mode):
-        raise ConfigError(f"the directory to sync, {root}, is not a directory", key="sync")
-    entries: list[LocalEntry] = []
-
-    def walk(folder: str, rel: str, rules: Excludes) -> None:
-        try:
-            with open(os.path.join(folder, ".gitignore"), encoding="utf-8", errors="replace") as f:
-                rules = rules.below(rel, f.read())
-        except OSError:
-            pass
-        try:
-            items = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError as exc:
-            raise ConfigError(f"cannot read {folder}: {exc.strerror}", key="sync") from None
-        for item in items:
-            path = f"{rel}/{item.name}" if rel else item.name
-            try:
-                info = item.stat(follow_symlinks=False)
-            except OSError:
-                continue  # gone since the listing
-            is_dir = stat.S_ISDIR(info.st_mode)
-            if rules.excluded(path, is_dir):
-                continue
-            mode = stat.S_IMODE(info.st_mode)
-            if is_dir:
-                entries.append(LocalEntry(path, "d", mode=mode))
-                walk(item.path, path, rules)
-            elif stat.S_ISREG(info.st_mode):
-                entries.append(LocalEntry(path, "f", info.st_size, info.st_mtime_ns, mode))
-            elif stat.S_ISLNK(info.st_mode):
-                entries.append(LocalEntry(path, "l", mode=mode, target=os.readlink(item.path)))
-            # sockets, fifos and devices are not copied
-
-    walk(root, "", Excludes.of(patterns))
-    return Manifest(root, tuple(entries), stat.S_IMODE(top.st_mode), top.st_dev, top.st_ino)
-
-
-# -------------------------------------------------------------------------------------- diff
-
-
-@dataclass
-class Changes:
-    """What one host needs: ``put`` (dirs, links and files with their data), ``touch`` (files whose
-    content is the same: mode and mtime only) and ``compare`` (same size, other mtime: hash them)."""
-
-    put: list[LocalEntry] = field(default_factory=list)
-    touch: list[LocalEntry] = field(default_factory=list)
-    compare: list[LocalEntry] = field(default_factory=list)
-    unchanged: int = 0
-
-
-def diff(local: Sequence[LocalEntry], remote: Mapping[str, RemoteEntry]) -> Changes:
-    """Compare the local entries with what the host has at their paths."""
-    changes = Changes()
-    for entry in local:
-        there = remote.get(entry.path)
-        if there is None or there.kind != entry.kind:
-            changes.put.append(entry)
-        elif entry.kind == "d":
-            if there.mode != entry.mode:
-                changes.put.append(entry)  # chmod only
-            else:
-                changes.unchanged += 1
-        elif entry.kind == "l":
-            if there.target != entry.target:
-                changes.put.append(entry)
-            else:
-                changes.unchanged += 1
-        elif there.size != entry.size:
-            changes.put.append(entry)
-        elif there.mtime_ns != entry.mtime_ns:
-            changes.compare.append(entry)
-        elif there.mode != entry.mode:
-            changes.touch.append(entry)
-        else:
-            changes.unchanged += 1
-    return changes
-
-
-def settle(changes: Changes, local_hashes: Mapping[str, str], remote_hashes: Mapping[str, str]) -> Changes:
-    """``changes`` with its ``compare`` list decided: equal hashes → ``touch``, else ``put``."""
-    put, touch = list(changes.put), list(changes.touch)
-    for entry in changes.compare:
-        if local_hashes.get(entry.path) is not None and local_hashes.get(entry.path) == remote_hashes.get(entry.path):
-            touch.append(entry)
-        else:
-            put.append(entry)
-    return Changes(put=sorted(put, key=lambda e: e.path), touch=touch, compare=[], unchanged=changes.unchanged)
-
-
-def file_hash(path: str) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            while block := f.read(CHUNK):
-                digest.update(block)
-    except OSError:
-        return None
-    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------------------ per host
@@ -559,81 +403,6 @@ class HostSync:
             done[0] += 1
 
 
-def carrier(files: str | None, local_rsync: str | None, remote_rsync: str | None) -> str:
-    """What carries the files' data to a host whose transport reaches its files ``files``
-    (``Transport.files``): ``rsync`` where both ends have it (a local host: this machine's rsync
-    alone), else ``sftp`` over SSH, else the agent's ``sync_put``. A host's rsync whose path a
-    login shell could misread (spaces, quotes) is not used."""
-    if files == "local":
-        return "rsync" if local_rsync else "agent"
-    if files == "ssh":
-        return "rsync" if local_rsync and remote_rsync and SAFE_WORD.fullmatch(remote_rsync) else "sftp"
-    return "agent"
-
-
-def local_rsync() -> str | None:
-    return shutil.which("rsync")
-
-
-class RemotePipe:
-    """The controller's end of ``rsh.py``: a Unix socket on which rsync's remote shell asks for
-    one command, the remote rsync's, which runs on the host over ``transport.pipe``."""
-
-    def __init__(self, transport: Transport, path: str, rsync: str) -> None:
-        self.transport = transport
-        self.path = path
-        self.rsync = rsync
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(path)
-        self.listener.listen(1)
-        self.listener.settimeout(0.2)
-        self._result: tuple[int, str] = (-1, "rsync never started its remote shell")
-        self._thread: threading.Thread | None = None
-
-    def serve(self, proc: subprocess.Popen[bytes]) -> None:
-        """Answer rsync's one connection in a thread, until rsync (``proc``) ends."""
-        def run() -> None:
-            try:
-                while proc.poll() is None:
-                    try:
-                        conn, _ = self.listener.accept()
-                    except TimeoutError:
-                        continue
-                    with conn:
-                        conn.settimeout(None)
-                        self._result = self._one(conn)
-                    return
-            finally:
-                self.listener.close()
-
-        self._thread = threading.Thread(target=run, daemon=True, name=f"rsync-{self.transport.name}")
-        self._thread.start()
-
-    def _one(self, conn: socket.socket) -> tuple[int, str]:
-        line = b""
-        while not line.endswith(b"\n") and len(line) < 65536:
-            piece = conn.recv(1)  # byte by byte: what follows the line is rsync's protocol
-            if not piece:
-                return -1, "rsync's remote shell sent no command"
-            line += piece
-        try:
-            words = json.loads(line)
-        except ValueError:
-            words = None
-        # Only the remote rsync's server, its words safe in any login shell (fish, tcsh): with
-        # --protect-args the paths travel inside rsync's protocol, not on this command line.
-        if (not isinstance(words, list) or len(words) < 2 or words[:2] != [self.rsync, "--server"]
-                or not all(isinstance(w, str) and SAFE_WORD.fullmatch(w) for w in words)):
-            return -1, f"refused to run {str(words)[:200]} for rsync"
-        return self.transport.pipe(" ".join(words), conn)
-
-    def result(self) -> tuple[int, str]:
-        """The remote command's exit status (-1: none) and the end of its stderr."""
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        return self._result
-
-
 def _sftp_reason(exc: OSError) -> str:
     """OpenSSH's sftp-server reports most errors (a full disk among them) as a bare ``Failure``."""
     text = exc.strerror or str(exc)
@@ -733,5 +502,4 @@ def sync_hosts(spec: ClusterSpec, agents: Sequence[tuple[Transport, AgentSession
     return reports
 
 
-__all__ = ["Changes", "Excludes", "HostSync", "LocalEntry", "Manifest", "SyncProgress", "SyncReport", "diff",
-           "scan", "settle", "source_of", "sync_hosts"]
+__all__ = ["HostSync", "SyncProgress", "SyncReport", "human", "source_of", "sync_hosts"]

@@ -117,6 +117,8 @@ def test_the_core_never_imports_textual() -> None:
     core = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
                   for p in (ROOT / "clusterrun").rglob("*.py") if "tui" not in p.parts and p.stem != "__main__")
     assert "clusterrun.orchestrator" in core and "clusterrun.transports.ssh" in core
+    assert {"clusterrun.sync", "clusterrun.synctree", "clusterrun.synccarriers", "clusterrun.transports.sshhosts",
+            "clusterrun.transports.sshlib", "clusterrun.follower"} <= set(core)
     code = (f"import sys, importlib\nfor name in {core!r}:\n    importlib.import_module(name)\n"
             "print(sorted(n for n in sys.modules if n.split('.')[0] == 'textual'))\n"
             "import clusterrun.tui\nprint('textual' in sys.modules)\n")

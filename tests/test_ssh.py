@@ -291,7 +291,7 @@ def test_an_agent_that_cannot_start_is_reported_with_its_stderr_even_after_its_c
     link, busy controller) must not turn into a connection error: the answer quotes the shell."""
     from clusterrun.config import HostSpec
     from clusterrun.errors import AgentError
-    from clusterrun.transports import ssh
+    from clusterrun.transports import ssh, sshhosts
     from clusterrun.transports.bundle import AgentBundle
 
     cluster = sim_cluster(1)
@@ -303,7 +303,7 @@ def test_an_agent_that_cannot_start_is_reported_with_its_stderr_even_after_its_c
 
     monkeypatch.setattr(ssh, "agent_bundle", late)
     transport = ssh.SSHTransport(HostSpec(host="sim1", python="/opt/nowhere/python3"),
-                                 ssh.SSHOptions(ssh_config=str(cluster.ssh_config)))
+                                 sshhosts.SSHOptions(ssh_config=str(cluster.ssh_config)))
     try:
         with pytest.raises(AgentError) as caught:
             transport.call({"op": "probe", "free_port": False, "state_dir": None})
@@ -322,13 +322,13 @@ def test_channel_opens_that_timed_out_in_an_outage_leave_nothing_to_refuse_later
     the link is back, a request works, and no channel was opened for nobody."""
     from clusterrun.config import HostSpec
     from clusterrun.errors import ConnectError
-    from clusterrun.transports import ssh
+    from clusterrun.transports import ssh, sshhosts
 
     cluster = sim_cluster(1, sshd_options={"MaxSessions": "2"})
     host = cluster.hosts[0]
     monkeypatch.setattr(ssh, "CONNECT_TIMEOUT", 1.0)  # timed-out opens in seconds, not in minutes
     transport = ssh.SSHTransport(HostSpec(host="sim1", python=sys.executable),
-                                 ssh.SSHOptions(ssh_config=str(cluster.ssh_config)))
+                                 sshhosts.SSHOptions(ssh_config=str(cluster.ssh_config)))
     probe = {"op": "probe", "free_port": False, "state_dir": None}
 
     def answers() -> bool:

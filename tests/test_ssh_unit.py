@@ -12,15 +12,9 @@ import paramiko
 import pytest
 
 from clusterrun.errors import AuthError, ConnectError, HostKeyError, TransportError
-from clusterrun.transports.ssh import (
-    KnownHosts,
-    ResolvedHost,
-    _HostKeyPolicy,
-    _jump_alias,
-    _jump_user_port,
-    fingerprint,
-    map_error,
-)
+from clusterrun.transports.ssh import _jump_alias, _jump_user_port
+from clusterrun.transports.sshhosts import HostKeyPolicy, KnownHosts, ResolvedHost
+from clusterrun.transports.sshlib import fingerprint, map_error
 
 
 def _key() -> paramiko.PKey:
@@ -103,7 +97,8 @@ def test_no_permissive_host_key_policy_anywhere() -> None:
 
 MATCH_EXEC = """
 import shutil, sys
-import clusterrun.transports.ssh as ssh
+import clusterrun.transports.ssh
+from clusterrun.transports import sshhosts as ssh
 from clusterrun.config import HostSpec
 from clusterrun.errors import ConnectError
 assert "invoke" not in sys.modules
@@ -152,11 +147,11 @@ def test_known_hosts_with_revoked_and_cert_authority_lines(tmp_path: Path) -> No
     known.install(client.get_host_keys())
     assert client.get_host_keys().check("10.0.0.5", good)
     assert not client.get_host_keys().check("[10.0.0.5]:2222", bad)  # revoked: never a known key
-    policy = _HostKeyPolicy(_resolved(2222), accept_new=True, known=known)
+    policy = HostKeyPolicy(_resolved(2222), accept_new=True, known=known)
     with pytest.raises(HostKeyError) as revoked:
         policy.missing_host_key(client, "[10.0.0.5]:2222", bad)
     assert f"REVOKED ({path}:3: @revoked)" in revoked.value.render()
-    policy = _HostKeyPolicy(_resolved(), accept_new=False, known=known)
+    policy = HostKeyPolicy(_resolved(), accept_new=False, known=known)
     with pytest.raises(HostKeyError) as authority:
         policy.missing_host_key(client, "gpu.example.com", other)
     text = authority.value.render()

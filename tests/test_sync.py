@@ -20,7 +20,9 @@ from clusterrun.config import load_cluster_text
 from clusterrun.errors import ConfigError
 from clusterrun.excludes import Excludes
 from clusterrun.protocol import RemoteEntry
-from clusterrun.sync import HostSync, LocalEntry, RemotePipe, carrier, diff, scan, settle, source_of
+from clusterrun.sync import HostSync, source_of
+from clusterrun.synccarriers import RemotePipe, carrier
+from clusterrun.synctree import LocalEntry, diff, scan, settle
 from clusterrun.transports.local import LocalTransport
 from tests.simhosts import unavailable
 

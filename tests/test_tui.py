@@ -21,7 +21,8 @@ from clusterrun.board import RESUMED
 from clusterrun.events import AttemptStarted, Event, LogLines, NodeDegraded, NodeExited, NodeResult, NodeState
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.session import Session
-from clusterrun.tui import Confirm, Dashboard, RingLog
+from clusterrun.tui import Dashboard, RingLog
+from clusterrun.tui.screens import Confirm
 from tests.conftest import ROOT, SUPPORT, marked, wait_for, write_hosts
 from tests.test_lifecycle import attempt_dir, counter_lines, ps_json, up_detached, wait_state
 from tests.test_tui_snapshots import T0, Scripted, started
@@ -80,7 +81,7 @@ def test_the_table_follows_the_nodes_and_the_log_shows_the_selected_one(tmp_path
         assert [line.removeprefix("node0 | ") for line in merged if line.startswith("node0 | [rank")] == \
             counter_lines(0, 40)
         await pilot.press("slash", *"line 3[0-9]", "enter")  # type: ignore[attr-defined]
-        assert len(app._matches) == 20  # lines 30..39 of both ranks
+        assert len(app._matches.lines) == 20  # lines 30..39 of both ranks
         assert not app.check_action("kill", ())  # the job is over: nothing to kill
         await pilot.press("q")  # type: ignore[attr-defined]
 
@@ -186,11 +187,12 @@ def test_scrolling_up_freezes_the_log_while_lines_pour_in_and_end_or_f_follows_a
         assert len(log.lines) == 200 and "following" in str(app.query_one("#logtitle").render())  # type: ignore
         app.query_one("#nodes").focus()
         await pilot.press("slash", *"line 4[0-4]0", "enter")  # type: ignore[attr-defined]
-        assert log.frozen and len(app._matches) == 5
+        assert log.frozen and len(app._matches.lines) == 5
         pour(450, 700)
         await until(pilot, lambda: app.board.nodes[0].log.count == 12 + 700, 5, "more lines")
         await pilot.press("N")  # type: ignore[attr-defined]
-        assert log.lines[app._matches[app._match] - log.first] == "line 440"  # the matches still point at their lines
+        current = app._matches.lines[app._matches.current]
+        assert log.lines[current - log.first] == "line 440"  # the matches still point at their lines
         await pilot.press("escape", "f")  # type: ignore[attr-defined]
         assert not log.frozen and log.lines[-1] == "line 699"
         await pilot.press("q")  # type: ignore[attr-defined]
@@ -362,7 +364,7 @@ def test_a_search_goes_on_working_after_switching_nodes_and_back() -> None:
 
     def current() -> str:
         log = app.query_one("#log", RingLog)
-        return log.lines[app._matches[app._match] - log.first]
+        return log.lines[app._matches.lines[app._matches.current] - log.first]
 
     async def script(app: Dashboard, pilot: object) -> None:
         await until(pilot, lambda: any("saved" in line for line in log_lines(app)), 5, "node 0's lines")

@@ -12,7 +12,8 @@ def transport_for(host: HostSpec, *, ssh_config: str | None = None, accept_new_h
         from clusterrun.transports.local import LocalTransport
 
         return LocalTransport(host)
-    from clusterrun.transports.ssh import SSHOptions, SSHTransport
+    from clusterrun.transports.ssh import SSHTransport
+    from clusterrun.transports.sshhosts import SSHOptions
 
     return SSHTransport(host, SSHOptions(ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys))
 

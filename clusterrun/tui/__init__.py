@@ -1,5 +1,6 @@
 """The live dashboard: a Textual app over a ``Session`` (this package is the only one that imports
-Textual; the log view is in ``logview``).
+Textual; the log view is in ``logview``, the modal screens in ``screens``, the search's matches
+in ``search``).
 
 Threads never touch widgets: the session's thread puts events into a queue, and a 50 ms timer in
 the app's thread drains it into the ``Board`` (clusterrun/board.py) and redraws what changed —
@@ -11,10 +12,8 @@ switching views and arriving lines cost the lines on screen, not the ring.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import gc
-import itertools
 import queue
 import re
 import threading
@@ -26,15 +25,15 @@ from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Footer, Input, Label, Static
+from textual.widgets import DataTable, Footer, Input, Static
 
 from clusterrun.board import Board, NodeRow
 from clusterrun.events import Event, NodeState
 from clusterrun.session import Session
 from clusterrun.terminal import safe
 from clusterrun.tui.logview import COLOURS, LogHighlighter, RingLog
+from clusterrun.tui.screens import Confirm, Help, QuitQuestion
+from clusterrun.tui.search import Matches
 
 __all__ = ["Dashboard", "LogHighlighter", "RingLog"]
 
@@ -60,53 +59,6 @@ def _same(a: object, b: object) -> bool:
     if isinstance(a, Text) and isinstance(b, Text):
         return a.plain == b.plain and a.style == b.style and a.spans == b.spans
     return a == b
-
-
-class Confirm(ModalScreen[bool]):
-    """A yes/no question."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [("y", "answer(True)", "Yes"), ("n,escape", "answer(False)", "No")]
-
-    def __init__(self, question: str) -> None:
-        super().__init__()
-        self.question = question
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="dialog"):
-            yield Label(self.question, id="question")
-            with Horizontal(id="buttons"):
-                yield Button("Yes (y)", variant="error", id="yes")
-                yield Button("No (n)", variant="primary", id="no")
-
-    def action_answer(self, answer: bool) -> None:
-        self.dismiss(answer)
-
-    @on(Button.Pressed)
-    def _pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "yes")
-
-
-class QuitQuestion(ModalScreen[str]):
-    """Quit while the job runs: leave it running, stop it, or stay."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [("l", "answer('leave')", "Leave running"),
-                                             ("s", "answer('stop')", "Stop the job"),
-                                             ("escape,c", "answer('cancel')", "Cancel")]
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="dialog"):
-            yield Label("The job is still running. Leave it running, or stop it on every host?", id="question")
-            with Horizontal(id="buttons"):
-                yield Button("Leave running (l)", variant="primary", id="leave")
-                yield Button("Stop the job (s)", variant="error", id="stop")
-                yield Button("Cancel (esc)", id="cancel")
-
-    def action_answer(self, answer: str) -> None:
-        self.dismiss(answer)
-
-    @on(Button.Pressed)
-    def _pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(str(event.button.id))
 
 
 # DataTable's render caches are private: sized only on the Textual versions checked to have them
@@ -138,31 +90,6 @@ class NodeTable(DataTable[Any]):
         for cache in (self._row_render_cache, self._row_renderable_cache, self._line_cache):
             cache.maxsize = lines
         self._cell_render_cache.maxsize = lines * max(1, len(self.columns))
-
-
-HELP = """\
-[b]Keys[/b]
-  ↑/↓ or j/k    select a node           1–9      jump to node 0–8
-  Enter or l    log of the selected node  a        all nodes, merged
-  f or End      follow the log again     /        search (text or regex); n/N next/previous; Esc clears
-  K             kill the job (asks)      R        restart: kill, then a new attempt (asks)
-  d             detach: leave the job running and exit
-  q             quit (asks whether to stop a running job)
-  ?             this help
-
-Scrolling the log up pauses following; f or End resumes it. The log keeps the last lines of each
-node (--ui-lines); the whole log is on the hosts: `clusterrun logs JOB`."""
-
-
-class Help(ModalScreen[None]):
-    BINDINGS: ClassVar[list[BindingType]] = [("escape,q,question_mark", "close", "Close")]
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="dialog"):
-            yield Static(HELP)
-
-    def action_close(self) -> None:
-        self.dismiss(None)
 
 
 class Dashboard(App[int]):
@@ -211,9 +138,7 @@ class Dashboard(App[int]):
         self._view: int | None = 0  # the node whose log is shown; None: all nodes
         # The search: matching lines of the view, by their number in its ring (``Ring.first``
         # counts from the ring's first line ever), the current one, and the ring's lines searched.
-        self._matches: list[int] = []
-        self._match = -1
-        self._searched = 0
+        self._matches = Matches()
         self._cause: tuple[int, int] | None = None  # (attempt, node) of the root cause last selected
         self._highlighter = LogHighlighter()
         self.outcome = "running"  # how the app ended: "detached", "left", "stopped", "finished"
@@ -407,34 +332,14 @@ class Dashboard(App[int]):
 
     def _find(self, log: RingLog) -> None:
         """Search every line the view shows; no match is the current one."""
-        pattern = self._highlighter.pattern
-        first = log.first
-        self._matches = [first + i for i, line in enumerate(log.lines) if pattern.search(line)] if pattern else []
-        self._match = -1
-        self._searched = first + len(log.lines)
+        self._matches.find(self._highlighter.pattern, log.lines, log.first)
 
     def _find_new(self, log: RingLog) -> None:
         """While the view follows, search the lines that arrived since (only those), and forget
         matches whose lines left the ring."""
         pattern = self._highlighter.pattern
-        if pattern is None or log.frozen:
-            return
-        first, end = log.first, log.first + len(log.lines)
-        if self._searched < first:  # more arrived than the ring holds: search it all again
-            self._find(log)
-            return
-        if end > self._searched:
-            lines = log.lines
-            new = itertools.islice(lines, self._searched - first, None)
-            self._matches += [self._searched + i for i, line in enumerate(new) if pattern.search(line)]
-            self._searched = end
-        self._forget_before(first)
-
-    def _forget_before(self, first: int) -> None:
-        gone = bisect.bisect_left(self._matches, first)
-        if gone:
-            del self._matches[:gone]
-            self._match = max(-1, self._match - gone)
+        if pattern is not None and not log.frozen:
+            self._matches.find_new(pattern, log.lines, log.first)
 
     def _draw_log_title(self) -> None:
         log = self.query_one("#log", RingLog)
@@ -449,10 +354,7 @@ class Dashboard(App[int]):
                 "paused — f or End to follow"
         search = ""
         if self._highlighter.pattern is not None:
-            count = len(self._matches)
-            where = f"{self._match + 1}/{count}" if self._match >= 0 and count else \
-                f"{count} match{'es' if count != 1 else ''}" if count else "no match"
-            search = f" · /{self._highlighter.pattern.pattern}/ {where} (n/N, Esc clears)"
+            search = f" · /{self._highlighter.pattern.pattern}/ {self._matches.describe()} (n/N, Esc clears)"
         title = f"{what} · {mode}{search}"
         if title != self._title:  # a layout pass on every tick would redraw the whole screen
             self._title = title
@@ -469,7 +371,7 @@ class Dashboard(App[int]):
         if action == "detach":
             return running
         if action in ("match",):
-            return bool(self._matches)
+            return bool(self._matches.lines)
         return True
 
     @on(RingLog.Paused)
@@ -528,7 +430,7 @@ class Dashboard(App[int]):
         log.freeze()  # the lines shown stay put while the user goes from match to match
         self._find(log)
         log.restyle()
-        if self._matches:
+        if self._matches.lines:
             self.action_match(1)
         else:
             if not was_frozen:
@@ -539,18 +441,11 @@ class Dashboard(App[int]):
     def action_match(self, step: int) -> None:
         log = self.query_one("#log", RingLog)
         log.freeze()  # the lines shown stay put while the user goes from match to match
-        self._forget_before(log.first)  # lines the ring dropped since the last tick
-        shown = bisect.bisect_left(self._matches, log.first + len(log.lines))
-        if shown < len(self._matches):  # lines that arrived after the last tick are not shown
-            del self._matches[shown:]
-            self._match = min(self._match, shown - 1)
-            self._searched = log.first + len(log.lines)
-        if not self._matches:
-            self._draw_log_title()
-            return
-        here = self._match
-        self._match = (here + step) % len(self._matches) if here >= 0 else (0 if step > 0 else len(self._matches) - 1)
-        log.scroll_to(y=max(0, self._matches[self._match] - log.first - log.size.height // 2), animate=False)
+        self._matches.forget_before(log.first)  # lines the ring dropped since the last tick
+        self._matches.forget_from(log.first + len(log.lines))  # lines that arrived after the last tick
+        line = self._matches.step(step)
+        if line is not None:
+            log.scroll_to(y=max(0, line - log.first - log.size.height // 2), animate=False)
         self._draw_log_title()
 
     def action_clear_search(self) -> None:
@@ -559,7 +454,7 @@ class Dashboard(App[int]):
             field.remove_class("shown")
             self.query_one("#nodes", DataTable).focus()
         self._highlighter.pattern = None
-        self._matches, self._match, self._searched = [], -1, 0
+        self._matches.clear()
         self.query_one("#log", RingLog).restyle()
         self._draw_log_title()
         self.refresh_bindings()

@@ -1,0 +1,175 @@
+"""One node of a job as the controller sees it (``Node``), and its follower thread (``Follower``).
+
+A follower reads its agent's ``follow`` stream and puts each message, with its own news of the
+link (``Link``), on the job's bounded inbox; it reconnects after ``Reconnect``'s delays from the
+byte offset reached. Only ``Job.run()`` reads the inbox and changes the node's state.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterrun.diagnose import NodeLog
+from clusterrun.errors import ClusterrunError
+from clusterrun.events import NodeState
+from clusterrun.plan import NodeLaunch
+from clusterrun.protocol import Beat, End, FollowMessage, HostState, LogChunk, NodeStatus, Probe, decode_follow
+from clusterrun.transports import AgentSession, Transport
+
+
+@dataclass(frozen=True)
+class Reconnect:
+    """How a follower retries a host it cannot reach: after ``first`` × failures seconds, at
+    most ``most``; forever, unless ``give_up_after`` seconds of retrying have failed (then the
+    node is lost). Each retry adds at most ``most`` + ``try_cap`` seconds to that count, so time
+    the controller itself spent paused or asleep in one retry hardly counts."""
+
+    first: float = 0.2
+    most: float = 2.0
+    give_up_after: float | None = None
+    try_cap: float = 20.0  # a connection attempt over SSH times out after 10 s
+
+    def delay(self, failures: int) -> float:
+        return min(self.most, self.first * failures)
+
+
+def split_lines(data: str) -> tuple[str, ...]:
+    """The lines of a ``log`` message's data, without their newlines."""
+    lines = data.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return tuple(lines)
+
+
+def node_state_of(status: NodeStatus, stop_sent: bool = False) -> NodeState:
+    """A node's state from what its agent reports of its state file."""
+    if status.state is HostState.LOST:
+        return NodeState.LOST
+    if status.state is HostState.ABSENT:
+        return NodeState.PENDING
+    if status.state is not HostState.EXITED:
+        return NodeState.STARTING if status.state is HostState.STARTING else NodeState.RUNNING
+    if status.exit_code == 0 and not status.error:
+        return NodeState.SUCCEEDED
+    if stop_sent or status.stop_requested:
+        return NodeState.STOPPED
+    return NodeState.FAILED
+
+
+@dataclass(frozen=True)
+class Link:
+    """A follower's own news, beside the agent's messages: the host is unreachable (``up`` False)
+    or back; ``gave_up``: a stop was asked for and the host could not be reached; ``lost``: the
+    --unreachable-timeout ran out."""
+
+    up: bool
+    error: str = ""
+    gave_up: bool = False
+    lost: bool = False
+
+
+@dataclass
+class Node:
+    launch: NodeLaunch | None
+    transport: Transport
+    state: NodeState = NodeState.PENDING
+    final: NodeStatus | None = None  # how the node ended, once the follower has ended
+    log: NodeLog = field(default_factory=NodeLog)
+    stop_sent: bool = False
+    error: str | None = None  # why the node ended as it did, where its status does not say
+    agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node
+    probe: Probe | None = None  # what its agent said of the host
+    degraded: str | None = None  # the agent's word that the supervisor cannot write its state
+    earlier: list[str] = field(default_factory=list)  # scrollback lines read, before the resume point
+
+    @property
+    def host(self) -> str:
+        return self.transport.name
+
+    def close_agent(self) -> None:
+        agent, self.agent = self.agent, None
+        if agent is not None:
+            agent.close()
+
+
+class Follower:
+    """One node's follower: ``run()`` in its own thread until the stream ends, the job detaches,
+    a stop cannot reach the host, or ``Reconnect.give_up_after`` runs out."""
+
+    def __init__(self, rank: int, node: Node, request: Callable[[dict[str, Any]], dict[str, Any]], *,
+                 inbox: queue.Queue[tuple[int, FollowMessage | Link]], reconnect: Reconnect, tail: int | None,
+                 offset: int, before: int, detach: threading.Event, stopping: threading.Event,
+                 wake: threading.Event) -> None:
+        self.rank = rank
+        self.node = node
+        self.request = request  # the ``follow`` request for a position (``offset``/``tail``, ``before``)
+        self.inbox = inbox
+        self.reconnect = reconnect
+        self.tail = tail
+        self.offset = offset  # where the stream resumes: the end of what was queued
+        self.before = before  # scrollback lines wanted before ``offset``, on the first request only
+        self.detach = detach
+        self.stopping = stopping
+        self.wake = wake
+
+    def run(self) -> None:
+        node, rank = self.node, self.rank
+        tail = self.tail
+        position = self.offset  # where the stream resumes: the end of what was queued
+        failures = 0
+        retrying = 0.0  # seconds spent failing to reach the host (see Reconnect)
+        before = self.before if tail is None else 0
+        while True:
+            where: dict[str, Any] = {"offset": position} if tail is None else {"tail": tail}
+            if before:
+                where["before"], before = before, 0  # only the first request: the lines after are new
+            request = self.request(where)
+            agent, node.agent = node.agent, None
+            began = time.monotonic()
+            try:
+                stream = agent.stream(request) if agent is not None else node.transport.stream(request)
+                try:
+                    for raw in stream:
+                        message = decode_follow(node.host, raw)
+                        if failures:
+                            self.inbox.put((rank, Link(up=True)))
+                            failures, retrying = 0, 0.0
+                        if isinstance(message, Beat):
+                            continue
+                        if isinstance(message, LogChunk):
+                            position, tail = message.next, None
+                        self.inbox.put((rank, message))
+                        if isinstance(message, End):
+                            return
+                finally:
+                    stream.close()
+            except ClusterrunError as exc:
+                error = exc.render()
+            except Exception as exc:  # noqa: BLE001 - a transport's untranslated error must not end the follower
+                error = f"{node.host}: {type(exc).__name__}: {exc}"
+            else:
+                error = "the log stream ended early"
+            if self.detach.is_set():
+                return
+            failures += 1
+            delay = self.reconnect.delay(failures)
+            retrying += min(time.monotonic() - began, self.reconnect.try_cap) + delay
+            if failures == 1 and not self.stopping.is_set():
+                self.inbox.put((rank, Link(up=False, error=error)))
+            if self.stopping.is_set() and failures > 1:
+                self.inbox.put((rank, Link(up=False, error=error, gave_up=True)))  # a stop cannot wait for the host
+                return
+            limit = self.reconnect.give_up_after
+            if limit is not None and retrying >= limit:
+                self.inbox.put((rank, Link(up=False, lost=True,
+                                             error=f"unreachable for {limit:g} s (--unreachable-timeout): {error}")))
+                return
+            self.wake.wait(delay)
+
+
+__all__ = ["Follower", "Link", "Node", "Reconnect", "node_state_of", "split_lines"]

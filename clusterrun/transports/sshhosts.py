@@ -1,0 +1,242 @@
+"""An SSH host resolved the way OpenSSH does (``ssh -G``, else paramiko's parser) and its host key
+checked against the known_hosts files (``KnownHosts``, ``HostKeyPolicy``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import fnmatch
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from clusterrun.config import HostSpec
+from clusterrun.errors import ConnectError, HostKeyError
+from clusterrun.transports.sshlib import fingerprint, paramiko
+
+CONNECT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class SSHOptions:
+    """Settings for every SSH host of a run (from the hosts file and the command line)."""
+
+    ssh_config: str | None = None
+    accept_new_host_keys: bool = False
+
+
+@dataclass
+class ResolvedHost:
+    """What ``ssh -G`` says about a host, with the hosts file's values applied."""
+
+    alias: str
+    hostname: str
+    port: int = 22
+    user: str | None = None
+    identity_files: list[str] = field(default_factory=list)
+    identities_only: bool = False
+    proxy_jump: str | None = None
+    proxy_command: str | None = None
+    known_hosts: list[str] = field(default_factory=list)
+    connect_timeout: float = CONNECT_TIMEOUT
+
+
+def _ssh_g(alias: str, config: str | None, port: int | None, user: str | None) -> dict[str, list[str]] | None:
+    ssh = shutil.which("ssh")
+    if ssh is None:
+        return None
+    argv = [ssh, "-G"]
+    if config:
+        argv += ["-F", os.path.expanduser(config)]
+    if port:
+        argv += ["-p", str(port)]
+    if user:
+        argv += ["-l", user]
+    argv += ["--", alias]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        raise ConnectError(alias, f"ssh -G could not read the ssh configuration: {proc.stderr.strip()}",
+                           hint="check the ssh_config file named in the hosts file or by --ssh-config")
+    values: dict[str, list[str]] = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        values.setdefault(key.lower(), []).append(value)
+    return values
+
+
+def _paramiko_lookup(alias: str, config: str | None) -> dict[str, list[str]]:
+    path = os.path.expanduser(config or "~/.ssh/config")
+    values: dict[str, list[str]] = {}
+    if os.path.exists(path):
+        try:
+            found = paramiko.SSHConfig.from_path(path).lookup(alias)
+        except (OSError, paramiko.ssh_exception.ConfigParseError) as exc:
+            raise ConnectError(alias, f"cannot read {path}: {exc}") from None
+        except ImportError:  # `Match exec`: see the import of paramiko above
+            raise ConnectError(alias, f"{path} uses `Match exec`, which clusterrun evaluates with OpenSSH's "
+                               "`ssh -G`, and no `ssh` command was found",
+                               hint="install the OpenSSH client (Debian: openssh-client)") from None
+        for key, value in found.items():
+            values[key] = list(value) if isinstance(value, list) else [str(value)]
+    return values
+
+
+def resolve(host: HostSpec, options: SSHOptions, alias: str | None = None) -> ResolvedHost:
+    """Resolve ``host`` (or a jump host ``alias``) the way OpenSSH would."""
+    name = alias or host.host
+    port = host.port if alias is None else None
+    user = host.user if alias is None else None
+    values = _ssh_g(name, options.ssh_config, port, user)
+    if values is None:
+        values = _paramiko_lookup(name, options.ssh_config)
+
+    def first(key: str) -> str | None:
+        found = values.get(key)
+        return found[0] if found else None
+
+    identity = [os.path.expanduser(p) for p in values.get("identityfile", [])]
+    if alias is None and host.identity_file:
+        identity.insert(0, os.path.expanduser(host.identity_file))
+    known = []
+    for key in ("userknownhostsfile", "globalknownhostsfile"):
+        for item in values.get(key, []):
+            known += [os.path.expanduser(p) for p in item.split()]
+    if not known:
+        known = [os.path.expanduser("~/.ssh/known_hosts"), "/etc/ssh/ssh_known_hosts"]
+    jump = first("proxyjump")
+    command = first("proxycommand")
+    timeout = first("connecttimeout")
+    return ResolvedHost(
+        alias=name,
+        hostname=first("hostname") or name,
+        port=port or int(first("port") or 22),
+        user=user or first("user") or None,
+        identity_files=identity,
+        identities_only=(first("identitiesonly") or "no").lower() == "yes",
+        proxy_jump=None if jump in (None, "none") else jump,
+        proxy_command=None if command in (None, "none") else command,
+        known_hosts=known,
+        connect_timeout=float(timeout) if timeout and timeout.isdigit() else CONNECT_TIMEOUT,
+    )
+
+
+class _Marked(NamedTuple):
+    """A ``@revoked`` or ``@cert-authority`` line of a known_hosts file."""
+
+    where: str  # path:line
+    patterns: str
+    blob: bytes  # the key's wire format
+
+
+@dataclass
+class KnownHosts:
+    """What the known_hosts files say: plain entries, revoked keys, CA lines. ``read`` each file,
+    then ``install`` the entries whose key is not revoked into a client's host keys."""
+
+    entries: list[paramiko.hostkeys.HostKeyEntry] = field(default_factory=list)
+    revoked: list[_Marked] = field(default_factory=list)
+    authorities: list[_Marked] = field(default_factory=list)
+
+    def read(self, path: str) -> None:
+        """Keep the entries and marked lines of ``path``. Unreadable lines are skipped (as OpenSSH
+        does); paramiko would refuse the whole file for one of them."""
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+        for number, line in enumerate(lines, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("@"):
+                fields = line.split()
+                if len(fields) >= 4 and fields[0] in ("@revoked", "@cert-authority"):
+                    try:
+                        blob = base64.b64decode(fields[3], validate=True)
+                    except binascii.Error:
+                        continue
+                    mark = _Marked(f"{path}:{number}", fields[1], blob)
+                    (self.revoked if fields[0] == "@revoked" else self.authorities).append(mark)
+                continue
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(line, number)
+            except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, ValueError):
+                continue
+            if entry is not None and entry.key is not None:
+                self.entries.append(entry)
+
+    def install(self, keys: paramiko.HostKeys) -> None:
+        """Add every entry to ``keys`` but revoked keys: a host with only those has no known key,
+        and the policy refuses it."""
+        blobs = {m.blob for m in self.revoked}
+        for entry in self.entries:
+            if entry.key.asbytes() not in blobs:
+                for name in entry.hostnames:
+                    keys.add(name, entry.key.get_name(), entry.key)
+
+    def revocation(self, key: paramiko.PKey) -> _Marked | None:
+        blob = key.asbytes()
+        return next((m for m in self.revoked if m.blob == blob), None)
+
+    def authority_for(self, hostname: str) -> _Marked | None:
+        """A ``@cert-authority`` line whose host patterns match ``hostname`` (``[host]:port`` too)."""
+        for mark in self.authorities:
+            allowed = False
+            for pattern in mark.patterns.split(","):
+                negated = pattern.startswith("!")
+                if fnmatch.fnmatchcase(hostname.lower(), pattern.lstrip("!").lower()):
+                    if negated:
+                        allowed = False
+                        break
+                    allowed = True
+            if allowed:
+                return mark
+        return None
+
+
+class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown keys (saying how to fix it), or record them when the user opted in; never
+    accept a revoked key."""
+
+    def __init__(self, target: ResolvedHost, accept_new: bool, known: KnownHosts | None = None) -> None:
+        self.target = target
+        self.accept_new = accept_new
+        self.known = known or KnownHosts()
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        t = self.target
+        revoked = self.known.revocation(key)
+        if revoked is not None:
+            raise HostKeyError(
+                t.alias, f"the host key of {hostname} ({key.get_name()} {fingerprint(key)}) is REVOKED "
+                f"({revoked.where}: @revoked); nothing was started",
+                hint="the key must never be accepted: ask the host's administrator for its new key")
+        authority = self.known.authority_for(hostname)
+        if authority is not None and not self.accept_new:
+            raise HostKeyError(
+                t.alias, f"no key of {hostname} is known, and host certificates ({authority.where}: "
+                f"@cert-authority) are not supported by clusterrun; nothing was started",
+                hint=f"check the fingerprint ({key.get_name()} {fingerprint(key)}), then add the host's own key: "
+                     f"`{_keyscan(t)} >> ~/.ssh/known_hosts`")
+        if not self.accept_new:
+            raise HostKeyError(
+                t.alias, f"unknown host key for {hostname} ({key.get_name()} {fingerprint(key)}); nothing was started",
+                hint=f"check the fingerprint, then `{_keyscan(t)} >> ~/.ssh/known_hosts`, "
+                     "or run again with --accept-new-host-keys to record it")
+        path = t.known_hosts[0]
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def _keyscan(t: ResolvedHost) -> str:
+    return f"ssh-keyscan -p {t.port} {t.hostname}" if t.port != 22 else f"ssh-keyscan {t.hostname}"
+
+
+__all__ = ["CONNECT_TIMEOUT", "HostKeyPolicy", "KnownHosts", "ResolvedHost", "SSHOptions", "resolve"]
