@@ -117,6 +117,7 @@ def test_the_core_never_imports_textual() -> None:
     core = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
                   for p in (ROOT / "clusterrun").rglob("*.py") if "tui" not in p.parts and p.stem != "__main__")
     assert "clusterrun.orchestrator" in core and "clusterrun.transports.ssh" in core
+    assert {f"clusterrun.cli.{m}" for m in ("follow", "records", "up", "jobs", "manage", "tools")} <= set(core)
     code = (f"import sys, importlib\nfor name in {core!r}:\n    importlib.import_module(name)\n"
             "print(sorted(n for n in sys.modules if n.split('.')[0] == 'textual'))\n"
             "import clusterrun.tui\nprint('textual' in sys.modules)\n")
@@ -126,7 +127,7 @@ def test_the_core_never_imports_textual() -> None:
 
 
 def test_the_job_list_shortens_long_host_lists() -> None:
-    from clusterrun.cli import _hosts_cell
+    from clusterrun.cli.jobs import _hosts_cell
 
     assert _hosts_cell(["local-a", "local-b"]) == "local-a,local-b"
     many = [f"sim{i}" for i in range(1, 33)]
