@@ -11,6 +11,10 @@ stopped) · 3 a host could not be used, or the preflight found a problem (``up``
 started; ``restart``: nothing was stopped; ``down``: a host could not be reached) · 130 / 143
 SIGINT / SIGTERM (``up``: the job was stopped on every node, or left running with
 ``--leave-running``) · 129 SIGHUP (``up``: the job was left running, owned by a monitor).
+
+The commands are in the modules of this package, which register them on ``main`` when imported:
+``up``; ``jobs`` (ps, logs, attach, wait); ``manage`` (down/stop, rm, prune, restart, _monitor);
+``tools`` (doctor, exec, hosts convert, completion); ``follow`` and ``records`` hold what they share.
 """
 
 from __future__ import annotations
