@@ -36,6 +36,18 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HOSTS = 0, 1, 2, 3
 EXIT_TIMEOUT = 124  # `wait --timeout` ran out, as timeout(1) says
 EXIT_SIGNAL = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
 
+# Options of several commands, written once so that their help cannot drift apart.
+ssh_config_option = click.option(
+    "--ssh-config", type=click.Path(dir_okay=False),
+    help="An ssh_config file to resolve hosts with (default: the hosts file's `ssh_config`, else ~/.ssh/config).")
+accept_new_host_keys_option = click.option(
+    "--accept-new-host-keys", is_flag=True, help="Record the keys of hosts not yet in known_hosts "
+    "(like StrictHostKeyChecking=accept-new); a changed key is still refused.")
+no_tui_option = click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
+ui_lines_option = click.option(
+    "--ui-lines", type=click.IntRange(min=100), default=10_000, show_default=True, metavar="N",
+    help="Lines of each node the dashboard keeps in memory (the whole log stays on the hosts).")
+
 
 def _fail(error: ClusterrunError, code: int) -> NoReturn:
     click.echo(f"clusterrun: error: {safe(error.render(), colour=False)}", err=True)  # may quote a host

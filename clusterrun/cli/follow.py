@@ -9,13 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import FrameType
 
-from clusterrun.cli import (
-    EXIT_FAILED,
-    EXIT_HOSTS,
-    EXIT_OK,
-    EXIT_SIGNAL,
-    _fail,
-)
+from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_SIGNAL, _fail
 from clusterrun.events import JobResult
 from clusterrun.printer import Printer
 from clusterrun.session import Session

@@ -13,9 +13,7 @@ from collections.abc import Sequence
 
 import click
 
-from clusterrun.attempt import (
-    record_reachability,
-)
+from clusterrun.attempt import record_reachability
 from clusterrun.cli import (
     EXIT_FAILED,
     EXIT_HOSTS,
@@ -26,9 +24,11 @@ from clusterrun.cli import (
     _fail,
     _note,
     main,
+    no_tui_option,
+    ui_lines_option,
 )
 from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
-from clusterrun.cli.records import HOSTS_HELP, _adopt, _guarantee, _open_job, _refresh
+from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, hosts_option
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord
 from clusterrun.events import JobState
@@ -76,7 +76,7 @@ def _age(seconds: float) -> str:
 @click.option("--state", "states", multiple=True, type=click.Choice(STATES), metavar="STATE",
               help=f"Only jobs in this state, of any age (repeatable; {', '.join(STATES)}).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema 1, see docs/json.md) instead of a table.")
-@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+@hosts_option
 def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, hosts_file: str | None) -> None:
     """List jobs, or show one JOB's nodes (JOB: an id, a --name or a unique id prefix).
 
@@ -173,7 +173,7 @@ def _check_attempt(record: JobRecord, attempt: int | None) -> int:
 @click.option("--attempt", type=click.IntRange(min=1), metavar="K", help="An earlier attempt (default: the last).")
 @click.option("--prefix/--no-prefix", default=None,
               help="Prefix each line with its node (default: only when several nodes are shown).")
-@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+@hosts_option
 def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attempt: int | None,
          prefix: bool | None, hosts_file: str | None) -> None:
     """Print JOB's logs from its hosts' log files: every node's lines with a prefix, or one node's
@@ -218,10 +218,9 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
 @click.option("--tail", type=click.IntRange(min=0), metavar="N",
               help="Also show the last N lines of each node before where the last viewer stopped, above a "
               "separator (default: a screenful in the dashboard, none in the prefixed stream).")
-@click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
-@click.option("--ui-lines", type=click.IntRange(min=100), default=10_000, show_default=True, metavar="N",
-              help="Lines of each node the dashboard keeps in memory (the whole log stays on the hosts).")
-@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+@no_tui_option
+@ui_lines_option
+@hosts_option
 def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: str | None) -> None:
     """Follow JOB live again: every node's log and state, from where you last left it, with no
     line lost or repeated; the lines just before that point are shown above a separator (--tail N).
@@ -255,7 +254,7 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
 @click.argument("job", shell_complete=complete_jobs)
 @click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
               help="Give up after this long (exit 124); the job runs on.")
-@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+@hosts_option
 def wait_job(job: str, timeout: float | None, hosts_file: str | None) -> None:
     """Block until JOB has ended, then exit with its outcome: 0 succeeded, 1 failed, stopped or
     lost (for scripts and CI). Waits through a start-up retry (a new attempt) too, except for a

@@ -10,22 +10,10 @@ from collections.abc import Iterable, Sequence
 
 import click
 
-from clusterrun.attempt import (
-    NextAttempt,
-    NotStopped,
-    stop,
-)
-from clusterrun.cli import (
-    EXIT_FAILED,
-    EXIT_HOSTS,
-    EXIT_OK,
-    EXIT_USAGE,
-    _fail,
-    _note,
-    main,
-)
+from clusterrun.attempt import NextAttempt, NotStopped, stop
+from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, _fail, _note, main
 from clusterrun.cli.follow import _follow_hint
-from clusterrun.cli.records import HOSTS_HELP, _adopt, _open_job, _refresh
+from clusterrun.cli.records import _adopt, _open_job, _refresh, hosts_option
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import not_stopped_text
@@ -33,6 +21,14 @@ from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import daemonize, remove_on_hosts
 from clusterrun.printer import Printer
 from clusterrun.runner import run_monitor
+
+hosts_too_option = click.option(
+    "--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")
+yes_option = click.option(
+    "-y", "--yes", is_flag=True, help="Do not ask before deleting on the hosts (needed without a terminal).")
+stop_grace_option = click.option(
+    "--grace", type=click.FloatRange(min=0),
+    help="Seconds torchrun gets to stop its workers (default: the job's --grace).")
 
 
 def _not_recorded(record: JobRecord, error: StateError) -> None:
@@ -43,9 +39,8 @@ def _not_recorded(record: JobRecord, error: StateError) -> None:
 
 @main.command()
 @click.argument("job", shell_complete=complete_jobs)
-@click.option("--grace", type=click.FloatRange(min=0), help="Seconds torchrun gets to stop its workers "
-              "(default: the job's --grace).")
-@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+@stop_grace_option
+@hosts_option
 def down(job: str, grace: float | None, hosts_file: str | None) -> None:
     """Stop JOB on every host (idempotent). Also `stop`.
 
@@ -156,9 +151,9 @@ def _remove_damaged(store: JobStore, damaged: Iterable[DamagedRecord], hosts_too
 
 @main.command(name="rm")
 @click.argument("jobs", nargs=-1, required=True, metavar="JOB...", shell_complete=complete_jobs)
-@click.option("--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")
-@click.option("-y", "--yes", is_flag=True, help="Do not ask before deleting on the hosts (needed without a terminal).")
-@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+@hosts_too_option
+@yes_option
+@hosts_option
 def rm(jobs: tuple[str, ...], hosts_too: bool, yes: bool, hosts_file: str | None) -> None:
     """Remove the records of ended jobs from this controller (their logs stay on the hosts unless
     --hosts-too). A job that has not ended is refused: `clusterrun down` it first.
@@ -195,8 +190,8 @@ def rm(jobs: tuple[str, ...], hosts_too: bool, yes: bool, hosts_file: str | None
 
 
 @main.command()
-@click.option("--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")
-@click.option("-y", "--yes", is_flag=True, help="Do not ask before deleting on the hosts (needed without a terminal).")
+@hosts_too_option
+@yes_option
 def prune(hosts_too: bool, yes: bool) -> None:
     """Remove the records of every ended job (succeeded, failed, stopped, lost) from this
     controller; unfinished jobs stay. Their logs stay on the hosts unless --hosts-too.
@@ -217,11 +212,10 @@ def prune(hosts_too: bool, yes: bool) -> None:
 
 @main.command()
 @click.argument("job", shell_complete=complete_jobs)
-@click.option("--grace", type=click.FloatRange(min=0), help="Seconds torchrun gets to stop its workers "
-              "(default: the job's --grace).")
+@stop_grace_option
 @click.option("--no-preflight", is_flag=True, help="Skip the costlier checks before the stop (GPUs, the same "
               "torch/CUDA/Python on every host, the master port reachable by TCP from every node), as up does.")
-@click.option("--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+@hosts_option
 def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str | None) -> None:
     """Check JOB's next attempt as up does, then stop JOB (verified) and start it again with the
     same hosts file, script, arguments and environment, as a new attempt with logs of its own;

@@ -6,14 +6,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from clusterrun.attempt import (
-    refresh,
-)
-from clusterrun.cli import (
-    EXIT_USAGE,
-    _fail,
-    _note,
-)
+import click
+
+from clusterrun.attempt import refresh
+from clusterrun.cli import EXIT_USAGE, _fail, _note
 from clusterrun.config import load_cluster
 from clusterrun.errors import ConfigError, DamagedRecord, JobNotFound, StateError
 from clusterrun.jobs import JobRecord, JobStore
@@ -31,6 +27,8 @@ def _guarantee(fallbacks: Sequence[str], prefix: str = "  ") -> str:
 
 HOSTS_HELP = ("Also find the jobs on the hosts of HOSTS.yaml (their state dirs) and adopt those this machine has no "
               "record of (jobs started from another machine or XDG_STATE_HOME).")
+hosts_option = click.option(
+    "--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
 
 
 def _adopt(hosts_file: str | None) -> None:

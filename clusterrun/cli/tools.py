@@ -21,7 +21,9 @@ from clusterrun.cli import (
     NODES_HELP,
     _fail,
     _note,
+    accept_new_host_keys_option,
     main,
+    ssh_config_option,
 )
 from clusterrun.completion import SHELLS, script
 from clusterrun.config import read_hosts_text
@@ -33,10 +35,8 @@ from clusterrun.transports import transport_for
 
 
 @main.command(name="doctor")
-@click.option("--ssh-config", type=click.Path(dir_okay=False), help="An ssh_config file to resolve hosts with "
-              "(default: the hosts file's `ssh_config`, else ~/.ssh/config).")
-@click.option("--accept-new-host-keys", is_flag=True, help="Record the keys of hosts not yet in known_hosts "
-              "(like StrictHostKeyChecking=accept-new); a changed key is still refused.")
+@ssh_config_option
+@accept_new_host_keys_option
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
 @click.argument("script", required=False)
 def doctor_command(hosts_file: str, script: str | None, ssh_config: str | None, accept_new_host_keys: bool) -> None:
@@ -77,10 +77,8 @@ def doctor_command(hosts_file: str, script: str | None, ssh_config: str | None, 
 @main.command(name="exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-w", "--nodes", metavar="NODESET", help=NODES_HELP)
 @click.option("-x", "--exclude", metavar="NODESET", help=EXCLUDE_HELP)
-@click.option("--ssh-config", type=click.Path(dir_okay=False), help="An ssh_config file to resolve hosts with "
-              "(default: the hosts file's `ssh_config`, else ~/.ssh/config).")
-@click.option("--accept-new-host-keys", is_flag=True, help="Record the keys of hosts not yet in known_hosts "
-              "(like StrictHostKeyChecking=accept-new); a changed key is still refused.")
+@ssh_config_option
+@accept_new_host_keys_option
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND...")
 def exec_command(hosts_file: str, command: tuple[str, ...], nodes: str | None, exclude: str | None,

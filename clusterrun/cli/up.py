@@ -17,11 +17,7 @@ from functools import partial
 
 import click
 
-from clusterrun.attempt import (
-    check_script,
-    new_record,
-    preflight,
-)
+from clusterrun.attempt import check_script, new_record, preflight
 from clusterrun.cli import (
     EXCLUDE_HELP,
     EXIT_FAILED,
@@ -31,7 +27,11 @@ from clusterrun.cli import (
     NODES_HELP,
     _fail,
     _note,
+    accept_new_host_keys_option,
     main,
+    no_tui_option,
+    ssh_config_option,
+    ui_lines_option,
 )
 from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
 from clusterrun.cli.records import _guarantee, _refresh
@@ -39,10 +39,7 @@ from clusterrun.config import ClusterSpec
 from clusterrun.environment import resolve
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError
 from clusterrun.interfaces import Interface
-from clusterrun.joblist import (
-    plan_json,
-    shown_env,
-)
+from clusterrun.joblist import plan_json, shown_env
 from clusterrun.jobs import JobStore
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides
@@ -148,15 +145,12 @@ def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | No
               "each node's exact command and environment, start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON (schema 1, see "
               "docs/json.md).")
-@click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
-@click.option("--ui-lines", type=click.IntRange(min=100), default=10_000, show_default=True, metavar="N",
-              help="Lines of each node the dashboard keeps in memory (the whole log stays on the hosts).")
+@no_tui_option
+@ui_lines_option
 @click.option("--leave-running", is_flag=True, help="Ctrl-C (SIGINT) stops following but leaves the job "
               "running, owned by a background monitor (default: Ctrl-C stops the job).")
-@click.option("--ssh-config", type=click.Path(dir_okay=False), help="An ssh_config file to resolve hosts with "
-              "(default: the hosts file's `ssh_config`, else ~/.ssh/config).")
-@click.option("--accept-new-host-keys", is_flag=True, help="Record the keys of hosts not yet in known_hosts "
-              "(like StrictHostKeyChecking=accept-new); a changed key is still refused.")
+@ssh_config_option
+@accept_new_host_keys_option
 @click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds torchrun gets to stop its workers before they are killed.")
 @click.option("--no-retry-startup", is_flag=True, help="Do not retry a known transient start-up failure "
