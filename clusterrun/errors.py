@@ -16,7 +16,7 @@
     └── NotStopped(reports)           a restart refused: a node could not be verified stopped (attempt.py)
 
 Node failures during a run are data (``NodeResult.error``, a ``JobResult``); only the edge turns a
-failed ``JobResult`` into an outcome: ``cli.py`` into an exit code. This module imports nothing
+failed ``JobResult`` into an outcome: ``cli`` into an exit code. This module imports nothing
 of the package.
 """
 

@@ -119,6 +119,7 @@ def test_the_core_never_imports_textual() -> None:
     assert "clusterrun.orchestrator" in core and "clusterrun.transports.ssh" in core
     assert {"clusterrun.sync", "clusterrun.synctree", "clusterrun.synccarriers", "clusterrun.transports.sshhosts",
             "clusterrun.transports.sshlib", "clusterrun.follower"} <= set(core)
+    assert {f"clusterrun.cli.{m}" for m in ("follow", "records", "up", "jobs", "manage", "tools")} <= set(core)
     code = (f"import sys, importlib\nfor name in {core!r}:\n    importlib.import_module(name)\n"
             "print(sorted(n for n in sys.modules if n.split('.')[0] == 'textual'))\n"
             "import clusterrun.tui\nprint('textual' in sys.modules)\n")
@@ -128,7 +129,7 @@ def test_the_core_never_imports_textual() -> None:
 
 
 def test_the_job_list_shortens_long_host_lists() -> None:
-    from clusterrun.cli import _hosts_cell
+    from clusterrun.cli.jobs import _hosts_cell
 
     assert _hosts_cell(["local-a", "local-b"]) == "local-a,local-b"
     many = [f"sim{i}" for i in range(1, 33)]

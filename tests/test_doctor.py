@@ -80,7 +80,8 @@ def test_doctor_and_up_see_the_interface_variables_set_in_env_file_forward_env_a
     (tmp_path / "net.env").write_text("NCCL_SOCKET_IFNAME=ib0\n")
     hosts = tmp_path / "hosts.yaml"
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")
-    monkeypatch.setattr(cli, "transport_for", fake.transport)
+    monkeypatch.setattr(cli.tools, "transport_for", fake.transport)  # doctor
+    monkeypatch.setattr(cli.up, "transport_for", fake.transport)  # up --dry-run
 
     def both(defaults: str) -> tuple[list[str], list[str]]:
         hosts.write_text(f"defaults:\n  workdir: /proj\n{defaults}hosts:\n  - host: h0\n  - host: h1\n")

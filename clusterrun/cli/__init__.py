@@ -1,0 +1,103 @@
+"""The ``clusterrun`` command. The only place that turns exceptions into messages and exit codes.
+
+Exit codes: 0 the job succeeded (``down``: stopped, nothing it could see is left) · 1 the job failed
+(a node exited non-zero, was lost or stopped; ``down``: something is still running), or its record
+is damaged (``DamagedRecord``: the message names the file and the fix) · 2 bad input
+(hosts file, options, an unknown or ambiguous job) or a bad environment on this machine: the
+controller's state directory cannot be read or written (read-only, full, no permission; ``up``:
+nothing was started; ``down``: the job was stopped but that could not be recorded; ``restart``:
+a check refused the next attempt, e.g. a secret ``--env`` value missing here, and nothing was
+stopped) · 3 a host could not be used, or the preflight found a problem (``up``: nothing was
+started; ``restart``: nothing was stopped; ``down``: a host could not be reached) · 130 / 143
+SIGINT / SIGTERM (``up``: the job was stopped on every node, or left running with
+``--leave-running``) · 129 SIGHUP (``up``: the job was left running, owned by a monitor).
+
+The commands are in the modules of this package, which register them on ``main`` when imported:
+``up``; ``jobs`` (ps, logs, attach, wait); ``manage`` (down/stop, rm, prune, restart, _monitor);
+``tools`` (doctor, exec, hosts convert, completion); ``follow`` and ``records`` hold what they share.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import NoReturn
+
+import click
+
+from clusterrun import __version__
+from clusterrun.errors import ClusterrunError, DamagedRecord, StateError
+from clusterrun.terminal import safe
+
+NODES_HELP = ("Only these hosts of the file, a node set: gpu[01-04],gpu07; HOST:GPU only that GPU of a host "
+              "(see docs/hosts-file.md).")
+EXCLUDE_HELP = "Leave out these hosts of the file, a node set; HOST:GPU leaves out one GPU of a host."
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HOSTS = 0, 1, 2, 3
+EXIT_TIMEOUT = 124  # `wait --timeout` ran out, as timeout(1) says
+EXIT_SIGNAL = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
+
+# Options of several commands, written once so that their help cannot drift apart.
+ssh_config_option = click.option(
+    "--ssh-config", type=click.Path(dir_okay=False),
+    help="An ssh_config file to resolve hosts with (default: the hosts file's `ssh_config`, else ~/.ssh/config).")
+accept_new_host_keys_option = click.option(
+    "--accept-new-host-keys", is_flag=True, help="Record the keys of hosts not yet in known_hosts "
+    "(like StrictHostKeyChecking=accept-new); a changed key is still refused.")
+no_tui_option = click.option("--no-tui", is_flag=True, help="Print prefixed log lines instead of the dashboard.")
+ui_lines_option = click.option(
+    "--ui-lines", type=click.IntRange(min=100), default=10_000, show_default=True, metavar="N",
+    help="Lines of each node the dashboard keeps in memory (the whole log stays on the hosts).")
+
+
+def _fail(error: ClusterrunError, code: int) -> NoReturn:
+    click.echo(f"clusterrun: error: {safe(error.render(), colour=False)}", err=True)  # may quote a host
+    sys.exit(code)
+
+
+def _note(text: str) -> None:
+    click.echo(f"clusterrun: {safe(text, colour=False)}", err=True)
+
+
+class _Commands(click.Group):
+    """The commands, with the errors every command can meet made exit codes here: a job's record
+    is damaged (``DamagedRecord``: exit 1, as for a job that cannot be used), or the controller's
+    own state directory cannot be read or written (``StateError``: exit 2)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except DamagedRecord as exc:
+            _fail(exc, EXIT_FAILED)
+        except StateError as exc:
+            _fail(exc, EXIT_USAGE)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="clusterrun")
+def main() -> None:
+    """Launch PyTorch distributed training on several machines over SSH and watch it.
+
+    \b
+    clusterrun up HOSTS.yaml train.py      start a job and follow it
+    clusterrun up -d HOSTS.yaml train.py   start it in the background
+    clusterrun ps [JOB]                    jobs, or one job's nodes
+    clusterrun logs [-f] JOB               a job's logs
+    clusterrun attach JOB                  follow a running job again
+    clusterrun down JOB                    stop it on every host; says what was verified
+    clusterrun restart JOB                 stop it and start it again as a new attempt
+    clusterrun wait JOB                    block until it ends; exit 0 if it succeeded
+    clusterrun rm JOB... / prune           forget ended jobs (--hosts-too: their logs too)
+    clusterrun doctor HOSTS.yaml [SCRIPT]  check every host before the first run
+    clusterrun exec HOSTS.yaml -- CMD...   a command on every host, output by host
+    clusterrun hosts convert HOSTFILE      a DeepSpeed/MPI hostfile as a hosts file
+    clusterrun completion bash|zsh|fish    the shell completion script
+    """
+    # A log line may hold bytes that are not UTF-8: print them back as they were, never fail on them.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="surrogateescape")
+
+
+# The commands register themselves on `main` when imported (their order in --help is click's: by name).
+from clusterrun.cli import jobs, manage, tools, up  # noqa: E402, F401

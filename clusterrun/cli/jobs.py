@@ -1,0 +1,288 @@
+"""The commands that look at a job: ``ps``, ``logs``, ``attach``, ``wait``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+import click
+
+from clusterrun.attempt import record_reachability
+from clusterrun.cli import (
+    EXIT_FAILED,
+    EXIT_HOSTS,
+    EXIT_OK,
+    EXIT_SIGNAL,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    _fail,
+    _note,
+    main,
+    no_tui_option,
+    ui_lines_option,
+)
+from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
+from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, hosts_option
+from clusterrun.completion import complete_jobs
+from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord
+from clusterrun.events import JobState
+from clusterrun.joblist import (
+    STATES,
+    job_state_text,
+    jobs_json,
+    node_state_text,
+    outcome_text,
+    shown,
+    unreachable_ranks,
+)
+from clusterrun.jobs import JobRecord, JobStore
+from clusterrun.lifecycle import follower, node_statuses, read_logs, save_seen, spec_of
+from clusterrun.plan import plan_from_json
+from clusterrun.printer import Printer
+from clusterrun.session import Session
+from clusterrun.terminal import safe
+
+
+def _hosts_cell(hosts: Sequence[str], width: int = 40) -> str:
+    """The hosts of a job for the job list: all of them if they fit in ``width`` characters, else
+    the first ones and how many more (``ps JOB`` lists every node)."""
+    text = ",".join(hosts)
+    if len(text) <= width or len(hosts) == 1:
+        return text
+    shown = [hosts[0]]
+    for host in hosts[1:]:
+        if len(",".join([*shown, host])) > width - 8:
+            break
+        shown.append(host)
+    return ",".join(shown) + f",… +{len(hosts) - len(shown)}"
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+@main.command()
+@click.argument("job", required=False, shell_complete=complete_jobs)
+@click.option("-a", "--all", "show_all", is_flag=True, help="Every job, also those that ended more than a day ago.")
+@click.option("--state", "states", multiple=True, type=click.Choice(STATES), metavar="STATE",
+              help=f"Only jobs in this state, of any age (repeatable; {', '.join(STATES)}).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema 1, see docs/json.md) instead of a table.")
+@hosts_option
+def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, hosts_file: str | None) -> None:
+    """List jobs, or show one JOB's nodes (JOB: an id, a --name or a unique id prefix).
+
+    Without JOB: the unfinished jobs and those that ended in the last 24 hours (-a: all; --state:
+    those in a state, of any age), oldest first. A job nobody follows is first brought up to date
+    from its hosts: a node whose processes are gone (the host rebooted, or they were killed)
+    shows as lost, never as running."""
+    if job is not None:
+        store, record = _open_job(job, hosts_file)
+        record = _refresh(store, record)
+        try:
+            answers = node_statuses(record)
+        except ClusterrunError:  # the recorded hosts file cannot be read: the record alone is shown
+            answers = {}
+        record = record_reachability(store, record, answers)  # a host that did not answer: since when
+        statuses = {rank: a for rank, a in answers.items() if not isinstance(a, ClusterrunError)}
+        if as_json:
+            click.echo(json.dumps(jobs_json([record], hosts=statuses), indent=1))
+            return
+        attempt = record.attempts[-1] if record.attempts else None
+        now = time.time()
+        click.echo(f"job {record.job_id} ({record.name}): {job_state_text(record, now)}, attempt {record.attempt}, "
+                   f"{record.script} {shlex.join(record.script_args)}".rstrip())
+        rows = [("NODE", "HOST", "STATE", "PID", "EXIT", "ERROR")]
+        for n in record.nodes:
+            failure = answers.get(n.rank)
+            error = n.error or (failure.render() if isinstance(failure, ClusterrunError) else "")
+            rows.append((str(n.rank), n.host, node_state_text(n, now), str(n.pid or "-"),
+                         "-" if n.exit_code is None else str(n.exit_code), safe(error, colour=False)))
+        _table(rows)
+        if attempt is not None and attempt.root_cause:  # its last lines are the rank's output
+            click.echo(f"root cause: {safe(attempt.root_cause, colour=False)}")
+            if attempt.cause and attempt.fix:
+                click.echo(f"cause: {safe(attempt.cause, colour=False)}\nfix: {safe(attempt.fix, colour=False)}")
+        for rank, answer in sorted(statuses.items()):
+            if answer.get("state", {}).get("state") == "absent":
+                continue
+            where = f"node{rank} {record.nodes[rank].host}: "
+            click.echo(_guarantee(answer.get("fallbacks") or (), prefix=where))
+            if answer.get("degraded"):
+                click.echo(f"{where}degraded: {answer['degraded']}")
+        return
+    _adopt(hosts_file)
+    store = JobStore()
+    now = time.time()
+    good, damaged = store.scan()
+    records, hidden = shown([_refresh(store, r) for r in good], now, show_all=show_all, states=states)
+    if as_json:
+        click.echo(json.dumps(jobs_json(records, damaged=damaged), indent=1))
+        return
+    rows = [("JOB", "NAME", "HOSTS", "STATE", "ATTEMPT", "AGE")]
+    for r in records:
+        rows.append((r.job_id, r.name, _hosts_cell(r.hosts), job_state_text(r, now), str(r.attempt),
+                     _age(now - r.created)))
+    for d in damaged if not states else ():
+        rows.append((d.job_id, "?", "?", "damaged", "?", "?"))
+    _table(rows)
+    for d in damaged:
+        _note(f"error: {d.render()}")
+    if hidden:
+        _note(f"{hidden} job(s) that ended more than a day ago not shown: `clusterrun ps -a` lists them, "
+              "`clusterrun prune` removes every ended job's record")
+
+
+def _table(rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _select_ranks(record: JobRecord, node: tuple[int, ...]) -> list[int]:
+    ranks = list(node) or list(range(len(record.nodes)))
+    bad = [r for r in ranks if not 0 <= r < len(record.nodes)]
+    if bad:
+        _fail(ConfigError(f"job {record.job_id} has nodes 0..{len(record.nodes) - 1}, not {bad[0]}", key="--node"),
+              EXIT_USAGE)
+    return ranks
+
+
+def _check_attempt(record: JobRecord, attempt: int | None) -> int:
+    if attempt is None:
+        return record.attempt
+    if not 1 <= attempt <= record.attempt:
+        _fail(ConfigError(f"job {record.job_id} has attempts 1..{record.attempt}, not {attempt}", key="--attempt"),
+              EXIT_USAGE)
+    return attempt
+
+
+@main.command()
+@click.argument("job", shell_complete=complete_jobs)
+@click.option("-n", "--node", type=int, multiple=True, metavar="N", help="Only node N (repeatable).")
+@click.option("-f", "--follow", is_flag=True, help="Keep following until the job ends.")
+@click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Start at the last N lines of each node.")
+@click.option("--attempt", type=click.IntRange(min=1), metavar="K", help="An earlier attempt (default: the last).")
+@click.option("--prefix/--no-prefix", default=None,
+              help="Prefix each line with its node (default: only when several nodes are shown).")
+@hosts_option
+def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attempt: int | None,
+         prefix: bool | None, hosts_file: str | None) -> None:
+    """Print JOB's logs from its hosts' log files: every node's lines with a prefix, or one node's
+    exactly as written with --node N. Works during and after the job, from any controller that
+    has its record.
+
+    Lines shown with a prefix (or of a one-node job) are made safe for a terminal: colours pass
+    (dropped with NO_COLOR, TERM=dumb or when not a terminal), other escape sequences and control
+    characters are shown escaped (`\x1b]52;...`). --node N without --prefix prints the node's file
+    byte for byte, escape sequences included, as `cat` would: redirect it to a file, or pipe it to
+    `cat -v`, to look at output you do not trust."""
+    store, record = _open_job(job, hosts_file)
+    ranks = _select_ranks(record, node)
+    attempt = _check_attempt(record, attempt)
+    record = _refresh(store, record)
+    raw = len(ranks) == 1 and bool(node) and not prefix
+    printer = Printer(prefix=len(ranks) > 1 if prefix is None else prefix, quiet=True, raw=raw)
+    spec = spec_of(record)
+    printer.set_plan(plan_from_json(record.plan, spec))
+    if not follow:
+        failed = False
+        for rank, item in read_logs(record, ranks, attempt, tail):
+            if isinstance(item, ClusterrunError):
+                failed = True
+                _note(f"node{rank} {record.nodes[rank].host}: {item.render()}")
+            else:
+                printer.write_log(rank, record.nodes[rank].host, item)
+        sys.exit(EXIT_HOSTS if failed else EXIT_OK)
+    follower_job = follower(record, printer, fail_fast=False, follow_logs=True, attempt=attempt, tail=tail,
+                            ranks=ranks)
+    with _on_signals({signal.SIGINT: lambda s: follower_job.detach(),
+                      signal.SIGTERM: lambda s: follower_job.detach()}) as got:
+        try:
+            follower_job.run()
+        finally:
+            follower_job.close()
+    sys.exit(EXIT_SIGNAL[got["signal"]] if got.get("signal") else EXIT_OK)
+
+
+@main.command()
+@click.argument("job", shell_complete=complete_jobs)
+@click.option("--tail", type=click.IntRange(min=0), metavar="N",
+              help="Also show the last N lines of each node before where the last viewer stopped, above a "
+              "separator (default: a screenful in the dashboard, none in the prefixed stream).")
+@no_tui_option
+@ui_lines_option
+@hosts_option
+def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: str | None) -> None:
+    """Follow JOB live again: every node's log and state, from where you last left it, with no
+    line lost or repeated; the lines just before that point are shown above a separator (--tail N).
+    Ctrl-C detaches and leaves the job running."""
+    store, record = _open_job(job, hosts_file)
+    record = _refresh(store, record)
+    printer = Printer()
+    offsets = {n.rank: n.seen for n in record.nodes}
+    if _use_tui(no_tui):
+        scrollback = tail if tail is not None else shutil.get_terminal_size().lines  # a screenful
+        sys.exit(_dashboard(Session(store, record, offsets=offsets, scrollback=scrollback), ui_lines))
+    viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, scrollback=tail or 0)
+    printer.set_plan(plan_from_json(record.plan, spec_of(record)))
+    printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "
+                 "Ctrl-C detaches, the job keeps running")
+    with _on_signals({signal.SIGINT: lambda s: viewer.detach(), signal.SIGTERM: lambda s: viewer.detach(),
+                      signal.SIGHUP: lambda s: viewer.detach()}) as got:
+        try:
+            result = viewer.run()
+        finally:
+            save_seen(store, record.job_id, record.attempt, viewer.offsets)
+            viewer.close()
+    if result is None:
+        with contextlib.suppress(OSError):
+            printer.note(f"detached; job {record.job_id} keeps running. {_follow_hint(record.job_id)}")
+        sys.exit(EXIT_SIGNAL.get(got.get("signal", 0), EXIT_OK))
+    sys.exit(_exit_code(result, {}))
+
+
+@main.command(name="wait")
+@click.argument("job", shell_complete=complete_jobs)
+@click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Give up after this long (exit 124); the job runs on.")
+@hosts_option
+def wait_job(job: str, timeout: float | None, hosts_file: str | None) -> None:
+    """Block until JOB has ended, then exit with its outcome: 0 succeeded, 1 failed, stopped or
+    lost (for scripts and CI). Waits through a start-up retry (a new attempt) too, except for a
+    job adopted with --hosts: its hosts are asked how its attempt ended, and a retry that its own
+    controller starts after that is not waited for. Nothing is printed but one line on stderr at
+    the end (and what --hosts adopted), and one whenever the nodes whose host cannot be reached
+    change (`running; node 1 unreachable since 16:04:05Z`, as ps says it)."""
+    store, record = _open_job(job, hosts_file)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    unreachable: list[int] = []
+    while True:
+        try:
+            record = _refresh(store, store.load(record.job_id))  # a job nobody owns gets a monitor again
+        except DamagedRecord as exc:  # its outcome can no longer be known here
+            _fail(exc, EXIT_FAILED)
+        except ClusterrunError as exc:  # the record went away (removed) or cannot be read
+            _fail(exc, EXIT_USAGE)
+        if record.finished:
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            _note(f"job {record.job_id} is still {job_state_text(record, time.time())} after {timeout:g} s")
+            sys.exit(EXIT_TIMEOUT)
+        if unreachable_ranks(record) != unreachable:
+            unreachable = unreachable_ranks(record)
+            _note(f"job {record.job_id} is {job_state_text(record, time.time())}"
+                  + ("" if unreachable else ": every host can be reached again"))
+        # the job's owner writes its record and this process only reads it; an adopted job's is
+        # brought up to date from its hosts by every refresh (a connection to each host)
+        time.sleep(2.0 if record.adopted else 0.5)
+    _note(outcome_text(record))
+    sys.exit(EXIT_OK if record.state == JobState.SUCCEEDED else EXIT_FAILED)

@@ -1,0 +1,265 @@
+"""The commands that change a job: ``down``/``stop``, ``rm``, ``prune``, ``restart``, and the
+hidden ``_monitor`` that owns a job in the background."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterable, Sequence
+
+import click
+
+from clusterrun.attempt import NextAttempt, NotStopped, stop
+from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, _fail, _note, main
+from clusterrun.cli.follow import _follow_hint
+from clusterrun.cli.records import _adopt, _open_job, _refresh, hosts_option
+from clusterrun.completion import complete_jobs
+from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, JobNotFound, StateError
+from clusterrun.events import not_stopped_text
+from clusterrun.jobs import JobRecord, JobStore
+from clusterrun.lifecycle import daemonize, remove_on_hosts
+from clusterrun.printer import Printer
+from clusterrun.runner import run_monitor
+
+hosts_too_option = click.option(
+    "--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")
+yes_option = click.option(
+    "-y", "--yes", is_flag=True, help="Do not ask before deleting on the hosts (needed without a terminal).")
+stop_grace_option = click.option(
+    "--grace", type=click.FloatRange(min=0),
+    help="Seconds torchrun gets to stop its workers (default: the job's --grace).")
+
+
+def _not_recorded(record: JobRecord, error: StateError) -> None:
+    _note(f"error: {error.render()}")
+    _note(f"the stop of job {record.job_id} above was NOT recorded: its record may show it as it was "
+          "before; run `clusterrun down` again once the directory can be written")
+
+
+@main.command()
+@click.argument("job", shell_complete=complete_jobs)
+@stop_grace_option
+@hosts_option
+def down(job: str, grace: float | None, hosts_file: str | None) -> None:
+    """Stop JOB on every host (idempotent). Also `stop`.
+
+    Each host's report says which guarantee held: verified by the attempt's cgroup (nothing of
+    the job is left), or a sweep where the host has no cgroup for it (a process that left the
+    job's tree, session and environment could not be seen)."""
+    store, record = _open_job(job, hosts_file)
+    ended = record.state if record.finished else None
+    if ended is None:
+        _note(f"stopping job {record.job_id} (attempt {record.attempt}) on {len(record.nodes)} hosts")
+    reports, unrecorded = stop(store, record, grace)  # a finished job too: its hosts confirm it
+    if ended is not None and all(r.ok and not r.killed for r in reports.values()) and unrecorded is None:
+        _note(f"job {record.job_id} already finished ({ended}); nothing to stop")
+        return
+    printer = Printer()
+    for rank in sorted(reports):
+        printer.report(reports[rank])
+    if unrecorded is not None:
+        _not_recorded(record, unrecorded)
+    if any(r.error for r in reports.values()):
+        _note(not_stopped_text(record.job_id, [(r.node, r.host) for r in reports.values() if r.error]))
+        sys.exit(EXIT_HOSTS)
+    if any(r.left for r in reports.values()):
+        sys.exit(EXIT_FAILED)
+    swept = [r.host for r in reports.values() if not r.complete]
+    if swept:
+        _note(f"job {record.job_id} stopped; swept without a cgroup on {', '.join(swept)}: processes that left "
+              "the job's tree, session and environment could not be seen there")
+    else:
+        _note(f"job {record.job_id} stopped; nothing of it is left on any host (verified by cgroup)")
+    if unrecorded is not None:
+        sys.exit(EXIT_USAGE)
+
+
+main.add_command(down, name="stop")
+
+
+def _removable(store: JobStore, record: JobRecord) -> str | None:
+    """Why the job's record may not be removed (it has not ended, or a process still owns it), or None."""
+    if not record.finished:
+        return f"job {record.job_id} is {record.state}: not removed; stop it first (`clusterrun down {record.job_id}`)"
+    if store.owned(record.job_id):
+        return f"job {record.job_id} is still owned by a clusterrun process (it is just ending): not removed; try again"
+    return None
+
+
+def _confirm_hosts(records: Sequence[JobRecord], yes: bool) -> None:
+    """Ask before deleting logs on the hosts; without a terminal to ask on, only -y/--yes will do."""
+    if yes:
+        return
+    hosts = sorted({h for r in records for h in r.hosts})
+    what = f"the state and logs of {len(records)} job(s) on {', '.join(hosts)}"
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        _fail(ConfigError(f"--hosts-too would delete {what}, and there is no terminal to confirm on; nothing was "
+                          "removed", key="--hosts-too", hint="add -y/--yes to confirm"), EXIT_USAGE)
+    for record in records:
+        click.echo(f"  {record.job_id} ({record.state}) on {', '.join(record.hosts)}", err=True)
+    if not click.confirm(f"Delete {what}, and their records here?", default=False, err=True):
+        _note("nothing was removed")
+        sys.exit(EXIT_FAILED)
+
+
+def _remove(store: JobStore, records: Sequence[JobRecord], hosts_too: bool) -> tuple[int, int]:
+    """Remove the records (and with ``hosts_too`` first the jobs' directories on their hosts): the
+    exit code and how many were removed."""
+    code, removed = EXIT_OK, 0
+    for record in records:
+        if hosts_too:
+            answers = remove_on_hosts(record)
+            failed = False
+            for rank, answer in sorted(answers.items()):
+                where = f"node{rank} {record.nodes[rank].host}"
+                if isinstance(answer, ClusterrunError):
+                    failed = True
+                    _note(f"{record.job_id}: {where}: not removed: {answer.render()}")
+                elif answer.get("removed"):
+                    _note(f"{record.job_id}: {where}: removed {answer['removed']} ({answer.get('bytes', 0)} bytes)")
+                else:
+                    _note(f"{record.job_id}: {where}: nothing of the job there")
+            if failed:
+                _note(f"job {record.job_id}: its record is kept (it names what is left on the hosts); "
+                      "`clusterrun rm --hosts-too` again once they can be reached")
+                code = EXIT_HOSTS
+                continue
+        store.remove(record.job_id)
+        removed += 1
+        click.echo(record.job_id)
+    return code, removed
+
+
+def _remove_damaged(store: JobStore, damaged: Iterable[DamagedRecord], hosts_too: bool) -> bool:
+    """Remove the directories of jobs whose record is damaged (what ``rm`` is for them: the fix
+    their error names), unless a live process owns the job. True if one was refused."""
+    refused = False
+    for exc in damaged:
+        if store.owned(exc.job_id):
+            _note(f"error: job {exc.job_id} is owned by a running clusterrun process (its monitor.pid says which): "
+                  "its damaged record is not removed; try again once that process has exited")
+            refused = True
+            continue
+        store.remove(exc.job_id)
+        click.echo(exc.job_id)
+        _note(f"removed the damaged record of job {exc.job_id}" + (
+            "; its hosts cannot be read from it, so nothing was deleted on them (`clusterrun rm --hosts HOSTS.yaml "
+            f"--hosts-too {exc.job_id}` adopts it from its hosts and deletes it there)" if hosts_too else ""))
+    return refused
+
+
+@main.command(name="rm")
+@click.argument("jobs", nargs=-1, required=True, metavar="JOB...", shell_complete=complete_jobs)
+@hosts_too_option
+@yes_option
+@hosts_option
+def rm(jobs: tuple[str, ...], hosts_too: bool, yes: bool, hosts_file: str | None) -> None:
+    """Remove the records of ended jobs from this controller (their logs stay on the hosts unless
+    --hosts-too). A job that has not ended is refused: `clusterrun down` it first.
+
+    Prints each removed id. Exit codes: 0 all removed, 1 a job was refused (not ended), 2 no such
+    job, 3 a host could not be reached (that job's record is kept)."""
+    _adopt(hosts_file)
+    store = JobStore()
+    records: list[JobRecord] = []
+    damaged: dict[str, DamagedRecord] = {}
+    for ref in dict.fromkeys(jobs):
+        try:
+            record = store.load(store.resolve(ref))
+        except DamagedRecord as exc:
+            damaged[exc.job_id] = exc
+            continue
+        except JobNotFound as exc:
+            _fail(exc, EXIT_USAGE)
+        if record.job_id not in {r.job_id for r in records}:
+            records.append(record)
+    ready, refused = [], _remove_damaged(store, damaged.values(), hosts_too)
+    for record in records:
+        record = _refresh(store, record)
+        why = _removable(store, record)
+        if why is not None:
+            _note(f"error: {why}")
+            refused = True
+        else:
+            ready.append(record)
+    if hosts_too and ready:
+        _confirm_hosts(ready, yes)
+    code, _ = _remove(store, ready, hosts_too)
+    sys.exit(code if code != EXIT_OK else EXIT_FAILED if refused else EXIT_OK)
+
+
+@main.command()
+@hosts_too_option
+@yes_option
+def prune(hosts_too: bool, yes: bool) -> None:
+    """Remove the records of every ended job (succeeded, failed, stopped, lost) from this
+    controller; unfinished jobs stay. Their logs stay on the hosts unless --hosts-too.
+
+    Prints each removed id. Exit codes: 0 done, 3 a host could not be reached (that job's record is kept)."""
+    store = JobStore()
+    good, damaged = store.scan()
+    ready = [r for r in good if r.finished and _removable(store, r) is None]
+    if hosts_too and ready:
+        _confirm_hosts(ready, yes)
+    code, removed = _remove(store, ready, hosts_too)
+    _note(f"removed the records of {removed} ended job(s)"
+          + ("" if hosts_too else "; their logs stay on the hosts"))
+    for d in damaged:  # whether its job has ended cannot be read: only `rm ID` removes it
+        _note(f"kept the damaged record of job {d.job_id}: {d.render()}")
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("job", shell_complete=complete_jobs)
+@stop_grace_option
+@click.option("--no-preflight", is_flag=True, help="Skip the costlier checks before the stop (GPUs, the same "
+              "torch/CUDA/Python on every host, the master port reachable by TCP from every node), as up does.")
+@hosts_option
+def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str | None) -> None:
+    """Check JOB's next attempt as up does, then stop JOB (verified) and start it again with the
+    same hosts file, script, arguments and environment, as a new attempt with logs of its own;
+    returns once it runs (like up -d). A check that fails (a secret --env value not in this
+    shell's environment, the script, the preflight) stops nothing: exit 2 or 3, the job runs on.
+    This controller owns the new attempt (its monitor), an adopted job's too."""
+    store, record = _open_job(job, hosts_file)
+    printer = Printer()
+    try:
+        attempt = NextAttempt(record, printer, full_preflight=not no_preflight)
+    except ConfigError as exc:
+        exc.message += f"; job {record.job_id} was not restarted, attempt {record.attempt} runs on untouched"
+        _fail(exc, EXIT_USAGE)
+    except HostsUnavailable as exc:
+        exc.message = (f"{exc.message.removesuffix('; nothing was started')}; job {record.job_id} was not "
+                       f"restarted, attempt {record.attempt} runs on untouched")
+        _fail(exc, EXIT_HOSTS)
+    try:
+        record = attempt.replace(store, grace=grace)
+    except NotStopped as exc:
+        _fail(exc, EXIT_HOSTS if exc.unreachable else EXIT_FAILED)
+    except HostsUnavailable as exc:
+        _fail(exc, EXIT_HOSTS)
+    except StateError as exc:
+        _fail(exc, EXIT_USAGE)
+    except ClusterrunError as exc:
+        _fail(exc, EXIT_FAILED)
+    finally:
+        attempt.close()
+    _note(f"job {record.job_id} restarted as attempt {record.attempt}; {_follow_hint(record.job_id)}")
+
+
+@main.command(name="_monitor", hidden=True)
+@click.argument("job_id")
+def monitor(job_id: str) -> None:
+    """Own JOB_ID in the background until it ends (started by `up -d` and friends)."""
+    daemonize()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    store = JobStore()
+    printer = Printer(colour=False)
+    printer.note(f"monitor {os.getpid()} for job {job_id} started")
+    try:
+        sys.exit(run_monitor(store, job_id, printer))
+    except ClusterrunError as exc:  # e.g. its record damaged: what still runs of the job runs on, unowned
+        printer.note(f"error: {exc.render()}")
+        printer.note(f"monitor {os.getpid()} for job {job_id} exits")
+        sys.exit(EXIT_FAILED)

@@ -1,0 +1,81 @@
+"""A job's record for the commands that name one: found by reference (adopted from its hosts
+with ``--hosts``), brought up to date from its hosts; the text of a host's stop guarantee."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import click
+
+from clusterrun.attempt import refresh
+from clusterrun.cli import EXIT_USAGE, _fail, _note
+from clusterrun.config import load_cluster
+from clusterrun.errors import ConfigError, DamagedRecord, JobNotFound, StateError
+from clusterrun.jobs import JobRecord, JobStore
+
+
+def _guarantee(fallbacks: Sequence[str], prefix: str = "  ") -> str:
+    """How a stop will be verified on a host, and what else it lacks (from its probe or status)."""
+    if any(f.startswith("no cgroup") for f in fallbacks):
+        text = (f"{prefix}stop: a sweep (no cgroup: processes that leave the job's tree, session and "
+                "environment cannot be seen)")
+    else:
+        text = f"{prefix}stop: verified by the attempt's cgroup"
+    return text + "".join(f"\n{prefix}fallback: {f}" for f in fallbacks)
+
+
+HOSTS_HELP = ("Also find the jobs on the hosts of HOSTS.yaml (their state dirs) and adopt those this machine has no "
+              "record of (jobs started from another machine or XDG_STATE_HOME).")
+hosts_option = click.option(
+    "--hosts", "hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False), help=HOSTS_HELP)
+
+
+def _adopt(hosts_file: str | None) -> None:
+    """With ``--hosts HOSTS.yaml``: make a record here for every job found on those hosts that this
+    controller does not know (``discover``); say which were adopted and what could not be."""
+    if hosts_file is None:
+        return
+    from clusterrun.discover import ask_hosts, records_from
+
+    try:
+        spec = load_cluster(hosts_file)
+        with open(hosts_file, encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    store = JobStore()
+    ssh_config = spec.ssh_config
+    good, damaged = store.scan()
+    known = {r.job_id for r in good} | {d.job_id for d in damaged}  # a damaged record's job is not adopted over it
+    records, notes = records_from(spec, hosts_file, text, ask_hosts(spec, ssh_config), known=known,
+                                  local_cwd=os.getcwd(), ssh_config=ssh_config)
+    for note in notes:
+        _note(note)
+    for record in records:
+        store.create(record)
+        _note(f"adopted job {record.job_id} ({record.state}) from the hosts of {hosts_file}")
+
+
+def _open_job(ref: str, hosts_file: str | None = None) -> tuple[JobStore, JobRecord]:
+    _adopt(hosts_file)
+    store = JobStore()
+    try:
+        record = store.load(store.resolve(ref))
+    except JobNotFound as exc:
+        _fail(exc, EXIT_USAGE)
+    if os.path.isdir(record.local_cwd):
+        os.chdir(record.local_cwd)  # relative paths in the job's hosts file are relative to it
+    return store, record
+
+
+def _refresh(store: JobStore, record: JobRecord) -> JobRecord:
+    try:
+        return refresh(store, record)
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    except DamagedRecord:  # not a record to show: exit 1 (``_Commands``)
+        raise
+    except StateError as exc:  # the record could not be brought up to date: show it as it is
+        _note(f"warning: job {record.job_id} shows its last recorded state: {exc.render()}")
+        return record

@@ -1,0 +1,334 @@
+"""``clusterrun up``: its argument checks, the plan it prints, the sync and preflight before a start."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import json
+import os
+import secrets
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Collection, Mapping, Sequence
+from functools import partial
+
+import click
+
+from clusterrun.attempt import check_script, new_record, preflight
+from clusterrun.cli import (
+    EXCLUDE_HELP,
+    EXIT_FAILED,
+    EXIT_HOSTS,
+    EXIT_SIGNAL,
+    EXIT_USAGE,
+    NODES_HELP,
+    _fail,
+    _note,
+    accept_new_host_keys_option,
+    main,
+    no_tui_option,
+    ssh_config_option,
+    ui_lines_option,
+)
+from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
+from clusterrun.cli.records import _guarantee, _refresh
+from clusterrun.config import ClusterSpec
+from clusterrun.environment import resolve
+from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError
+from clusterrun.interfaces import Interface
+from clusterrun.joblist import plan_json, shown_env
+from clusterrun.jobs import JobStore
+from clusterrun.orchestrator import Job, Reconnect
+from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides
+from clusterrun.printer import Printer
+from clusterrun.runner import Runner
+from clusterrun.selection import load_hosts
+from clusterrun.session import Session
+from clusterrun.sync import sync_hosts
+from clusterrun.syncview import SyncView
+from clusterrun.transports import transport_for
+
+
+def _option_names(command: click.Command) -> dict[str, bool]:
+    """Every option name of ``command`` (``--name``, ``-d``), and whether it takes a value."""
+    names: dict[str, bool] = {}
+    for param in command.params:
+        if isinstance(param, click.Option):
+            for name in (*param.opts, *param.secondary_opts):
+                names[name] = not param.is_flag
+    return names
+
+
+def _unknown_option(command: click.Command, token: str) -> ConfigError:
+    names = _option_names(command)
+    close = difflib.get_close_matches(token.partition("=")[0], names, n=1)
+    hint = f"did you mean {close[0]}?" if close else f"`clusterrun {command.name} --help` lists the options"
+    return ConfigError(f"no such option: {token}", hint=hint)
+
+
+def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ...]) -> None:
+    """Refuse what would start the wrong job: an unknown option (click takes it for HOSTS.yaml,
+    as up passes unknown options on to the script), or options of up written after HOSTS.yaml,
+    which click would take for SCRIPT and its arguments."""
+    if hosts_file.startswith("-") and hosts_file != "-":
+        raise _unknown_option(up, hosts_file)
+    if not script.startswith("-"):
+        return
+    names = _option_names(up)
+    tokens = [script, *script_args]
+    moved: list[str] = []
+    while tokens and tokens[0].startswith("-") and tokens[0] != "--":
+        name = tokens[0].partition("=")[0]
+        if name not in names:
+            if moved:
+                break
+            raise ConfigError(f"SCRIPT must not start with '-', got {script!r}",
+                              hint="options go before HOSTS.yaml; a script named so: write ./" + script)
+        takes_value = names[name] and "=" not in tokens[0]
+        moved += tokens[:2] if takes_value else tokens[:1]
+        tokens = tokens[2:] if takes_value else tokens[1:]
+    if tokens[:1] == ["--"]:
+        tokens = tokens[1:]
+    hint = None
+    argv = sys.argv[1:]
+    for i in range(len(argv) - 1):  # the command as typed, with the options moved before HOSTS.yaml
+        if argv[i] == hosts_file and argv[i + 1] == script and "up" in argv[:i]:
+            command = ["clusterrun", *argv[:i], *moved, hosts_file, *tokens]
+            hint = f"did you mean: {shlex.join(command)}"
+            break
+    raise ConfigError(f"options go before HOSTS.yaml: {shlex.join(moved)} after {hosts_file} would be the script "
+                      "and its arguments; nothing was started", hint=hint)
+
+
+def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]],
+                interfaces: Sequence[Interface] = ()) -> None:
+    click.echo(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
+               f"master {plan.master_addr}:{plan.master_port}")
+    for node in plan.nodes:
+        click.echo(f"\nnode{node.rank} {node.host.host} ({node.host.transport}), "
+                   f"ranks {node.first_rank}..{node.first_rank + node.nproc - 1}")
+        click.echo(f"  cwd: {node.cwd or '(home directory)'}")
+        if node.rank < len(interfaces):
+            click.echo(f"  network: {interfaces[node.rank].describe()}")
+        click.echo("  env:")
+        env = shown_env(node.env, plan.secret_env)
+        for key in sorted(env):
+            click.echo(f"    {key}={shlex.quote(env[key])}")
+        if node.host.setup:
+            click.echo("  setup (bash, in cwd, before torchrun; what it exports reaches torchrun):")
+            for command in node.host.setup:
+                click.echo("\n".join(f"    {line}" for line in command.rstrip("\n").split("\n")))
+        click.echo(f"  command: {shlex.join(node.argv)}")
+        click.echo(_guarantee(fallbacks.get(node.rank) or ()))
+
+
+def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | None:
+    """``network: node0 gpu-a eth1, node1 gpu-b eth1``: the interface each node's ranks use, when
+    clusterrun chose one (not on a job whose nodes all share this machine's loopback)."""
+    if not any(i.name for i in interfaces):
+        return None
+    return "network: " + ", ".join(f"node{n.rank} {n.host.host} {i.name or 'loopback'}"
+                                   for n, i in zip(plan.nodes, interfaces, strict=True))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-d", "--detach", is_flag=True, help="Start the job, print its id and return; a background "
+              "monitor applies fail-fast until it ends.")
+@click.option("--name", help="A name for the job (default: the script's name); part of the job id. Refused "
+              "while a job of that name is running.")
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+              help="Set an environment variable for every node (repeatable; wins over the hosts file).")
+@click.option("--dry-run", is_flag=True, help="Check the hosts as up does (workdir and script included), print "
+              "each node's exact command and environment, start nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON (schema 1, see "
+              "docs/json.md).")
+@no_tui_option
+@ui_lines_option
+@click.option("--leave-running", is_flag=True, help="Ctrl-C (SIGINT) stops following but leaves the job "
+              "running, owned by a background monitor (default: Ctrl-C stops the job).")
+@ssh_config_option
+@accept_new_host_keys_option
+@click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Seconds torchrun gets to stop its workers before they are killed.")
+@click.option("--no-retry-startup", is_flag=True, help="Do not retry a known transient start-up failure "
+              "(gloo aborting a rank while connecting; the master port taken before torchrun bound it), which "
+              "is otherwise retried once as attempt 2, visibly.")
+@click.option("--no-preflight", is_flag=True, help="Skip the costlier checks before the start (GPUs, the same "
+              "torch/CUDA/Python on every host, the master port reachable by TCP from every node); the workdir, "
+              "the script, disk, clock and logind are always checked.")
+@click.option("--unreachable-timeout", type=click.FloatRange(min=1), metavar="SECONDS",
+              help="Treat a host that cannot be reached for this long as failed (its node lost, fail-fast). "
+              "Default: never; losing contact alone never stops a job. Counts the time spent retrying, "
+              "not time this machine was paused or asleep.")
+@click.option("--sync", "sync_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Copy DIR to every host's workdir before the start (only what changed; .gitignore and "
+              "sync_exclude honoured, .git left out), over the connections already open: by rsync where both "
+              "ends have it, else SFTP, else clusterrun's agent. Wins over `sync:` in the hosts file. With "
+              "--dry-run: say what would be copied.")
+@click.option("--no-sync", is_flag=True, help="Do not copy anything, whatever `sync:` in the hosts file says.")
+@click.option("-w", "--nodes", metavar="NODESET", help=NODES_HELP)
+@click.option("-x", "--exclude", metavar="NODESET", help=EXCLUDE_HELP)
+@click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
+def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool, name: str | None,
+       env: tuple[str, ...], dry_run: bool, as_json: bool, no_tui: bool, ui_lines: int, leave_running: bool,
+       ssh_config: str | None,
+       accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None, no_retry_startup: bool,
+       no_preflight: bool, sync_dir: str | None = None, no_sync: bool = False, nodes: str | None = None,
+       exclude: str | None = None) -> None:
+    """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
+
+    Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
+    the script verbatim. An option of up written after HOSTS.yaml, or a SCRIPT starting with
+    `-`, is refused before anything starts. The job runs detached on its hosts: closing the terminal (SIGHUP) or
+    losing the connection never stops it, and a background monitor takes over. Ctrl-C (or
+    SIGTERM) stops the job on every host and checks that nothing is left; with --leave-running
+    Ctrl-C only stops following.
+    """
+    if script_args[:1] == ("--",):  # click passes the separator on once SCRIPT has been read
+        script_args = script_args[1:]
+    try:
+        if script == "--" and script_args:  # `up HOSTS.yaml -- SCRIPT ...`: the script may start with '-'
+            script, script_args = script_args[0], script_args[1:]
+        else:
+            _check_up_arguments(hosts_file, script, script_args)
+        spec, hosts_text = load_hosts(hosts_file, nodes, exclude)  # a hostfile too; the record keeps the YAML
+        overrides = parse_env_overrides(env)
+        if no_sync:
+            spec = _without_sync(spec)
+        spec, env_notes = resolve(spec, os.environ)
+        check_script(spec, script, os.getcwd(), sync_dir)
+        if as_json and not dry_run:
+            raise ConfigError("--json goes with --dry-run (a job's state as JSON: `clusterrun ps --json`)",
+                              key="--json", hint="add --dry-run to print the plan as JSON; nothing was started")
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    for text in env_notes:
+        _note(f"warning: {text}")
+    jname = job_name(name, script)
+    store = JobStore()
+    if not dry_run:
+        _check_name_free(store, jname, given=name is not None)
+    job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
+    printer = Printer()
+    ssh_config = ssh_config or spec.ssh_config
+    job = Job(spec, script, script_args, job_id=job_id, name=jname, emit=None, env_overrides=overrides,
+              local_cwd=os.getcwd(), grace=grace, reconnect=Reconnect(give_up_after=unreachable_timeout),
+              transport_factory=partial(transport_for, ssh_config=ssh_config,
+                                        accept_new_host_keys=accept_new_host_keys))
+    try:
+        try:
+            plan = job.prepare(run_setup=not dry_run)
+        except HostsUnavailable as exc:
+            _fail(exc, EXIT_HOSTS)
+        except KeyboardInterrupt:  # Ctrl-C while connecting: close every connection (finally), start nothing
+            _note("interrupted while connecting to the hosts; nothing was started")
+            sys.exit(EXIT_SIGNAL[signal.SIGINT])
+        _sync(spec, job, sync_dir, dry_run)  # first: the preflight looks for the script it copies
+        synced = {rank for rank, h in enumerate(spec.hosts) if sync_dir is not None or h.sync} if dry_run else set()
+        _preflight(job, plan, spec, script, full=not no_preflight, synced=synced)
+        if dry_run and as_json:
+            click.echo(json.dumps(plan_json(plan, job.host_fallbacks), indent=1))
+            return
+        if dry_run:
+            _print_plan(plan, job.host_fallbacks, job.interfaces)
+            return
+        record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
+                            local_cwd=os.getcwd(), ssh_config=ssh_config, unreachable_timeout=unreachable_timeout,
+                            retry_startup=not no_retry_startup)
+        try:
+            store.create(record)  # before anything starts: a job nobody could find again must not run
+        except StateError as exc:
+            exc.message += "; nothing was started"
+            _fail(exc, EXIT_USAGE)
+        owner = store.try_own(job_id)
+        if owner is None:  # cannot happen to a job created just now, unless its directory is shared
+            _fail(ClusterrunError(f"job {job_id} is owned by another process already"), EXIT_FAILED)
+        tui = not detach and _use_tui(no_tui)
+        runner = Runner(store, record, job, owner, None if tui else printer, retry_startup=not no_retry_startup)
+        if tui:
+            sys.exit(_dashboard(Session(store, record, runner=runner), ui_lines))
+        printer.set_plan(plan)
+        printer.note(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
+                     f"master {plan.master_addr}:{plan.master_port}")
+        if (network := _network_note(plan, job.interfaces)) is not None:
+            printer.note(network)
+
+        def stop(signum: int) -> None:
+            runner.request_stop(signal.Signals(signum).name)
+
+        handlers = {signal.SIGINT: (lambda s: runner.request_hand_over()) if leave_running else stop,
+                    signal.SIGTERM: stop, signal.SIGHUP: lambda s: runner.request_hand_over()}
+        with _on_signals(handlers) as got:
+            try:
+                runner.start()
+            except HostsUnavailable as exc:
+                _fail(exc, EXIT_HOSTS)
+            if detach:
+                runner.hand_over()
+                click.echo(job_id)
+                _note(f"job {job_id} started; {_follow_hint(job_id)}")
+                return
+            result = runner.follow()
+            if result is None:  # SIGHUP, or Ctrl-C with --leave-running: a monitor owns the job now
+                runner.hand_over()
+                with contextlib.suppress(OSError):  # the terminal may be gone
+                    if got.get("signal") != signal.SIGHUP:
+                        printer.note(f"job {job_id} left running; {_follow_hint(job_id)}")
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(EXIT_SIGNAL.get(got.get("signal", 0), 1))  # its followers may still wait on the hosts
+    finally:
+        job.close()
+    sys.exit(_exit_code(result, got))
+
+
+def _without_sync(spec: ClusterSpec) -> ClusterSpec:
+    return dataclasses.replace(spec, hosts=tuple(dataclasses.replace(h, sync=None) for h in spec.hosts))
+
+
+def _sync(spec: ClusterSpec, job: Job, sync_dir: str | None, dry_run: bool) -> None:
+    """Copy the project to the hosts that want it, after the probe and before anything starts;
+    a failure on any host starts nothing anywhere (exit 3)."""
+    view = SyncView(live=None if not dry_run else False)
+    try:
+        with view:
+            reports = sync_hosts(spec, job.agents, view, override=sync_dir, dry_run=dry_run)
+    except HostsUnavailable as exc:
+        _fail(exc, EXIT_HOSTS)
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    except KeyboardInterrupt:
+        _note("interrupted while copying files to the hosts; nothing was started")
+        sys.exit(EXIT_SIGNAL[signal.SIGINT])
+    view.report(reports)
+
+
+def _preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, full: bool,
+               synced: Collection[int] = ()) -> None:
+    """``doctor``'s checks on the probed hosts before anything starts (see doctor.py): exit 3 on a
+    problem, with one line and a fix for each; warnings are printed and the job goes on."""
+    try:
+        warnings = preflight(job, plan, spec, script, full=full, local_cwd=os.getcwd(), synced=synced)
+    except HostsUnavailable as exc:
+        _fail(exc, EXIT_HOSTS)
+    for warning in warnings:
+        _note(f"warning: {warning}")
+
+
+def _check_name_free(store: JobStore, name: str, given: bool) -> None:
+    """Refuse a name that an unfinished job has (its record brought up to date from its hosts
+    first), so that every job can still be named: two running jobs of one name would make the
+    name ambiguous for `ps`, `logs`, `down`..."""
+    for record in store.named(name):
+        if not record.finished:
+            record = _refresh(store, record)
+        if not record.finished:
+            how = "named" if given else "named after the script,"
+            _fail(ConfigError(f"job {record.job_id}, {how} {name!r}, is {record.state}; nothing was started",
+                              key="--name", hint=f"stop it first (`clusterrun down {record.job_id}`), or name this "
+                              "job otherwise with --name NAME"), EXIT_USAGE)
