@@ -16,7 +16,6 @@ as written; booleans and nulls there are refused with a hint to quote them.
 from __future__ import annotations
 
 import difflib
-import fnmatch
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -26,23 +25,11 @@ from typing import Any, Literal, NoReturn
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from clusterrun.envrules import check_env_entry, check_env_total, looks_secret
 from clusterrun.errors import ConfigError
 from clusterrun.nodesets import NodeSetError, expand, is_nodeset
 
 Transport = Literal["ssh", "local"]
-
-# Variable names whose values are secret: masked wherever clusterrun shows or stores a value
-# (``environment.mask_env``), and refused in the hosts file's ``env:`` (whose text the job's record keeps).
-SECRET_PATTERNS = ("*_TOKEN", "*_KEY", "*SECRET*", "*PASSWORD*", "*PASSPHRASE*")
-
-
-def looks_secret(name: str, extra: Iterable[str] = ()) -> bool:
-    """Whether variable ``name`` holds a secret: it matches ``SECRET_PATTERNS`` (ignoring case) or
-    one of ``extra`` (``secret_env:`` names or glob patterns, matched exactly)."""
-    upper = name.upper()
-    return (any(fnmatch.fnmatchcase(upper, p) for p in SECRET_PATTERNS)
-            or any(fnmatch.fnmatchcase(name, p) for p in extra))
-
 
 @dataclass(frozen=True)
 class EnvFile:
@@ -118,28 +105,7 @@ _DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]*)\Z")
 _GPU_ID = re.compile(r"([0-9]+|(GPU|MIG)-[A-Za-z0-9_./-]+)\Z")
 _BAD_CHARS = re.compile(r"[\s\x00-\x1f\x7f]")
 MAX_PROCS = 1024  # processes (GPUs) per host
-# One NAME=VALUE of the environment, in bytes: Linux refuses a longer string to exec (MAX_ARG_STRLEN,
-# 128 KiB with its NUL), so torchrun would never start on the hosts.
-MAX_ENV_ENTRY = 128 * 1024 - 1
-MAX_ENV_TOTAL = 1024 * 1024  # all of a node's variables from the hosts file or --env: half of ARG_MAX
 _MAX_DIGITS = 20  # a longer number is not a count or a port (and int() refuses > 4,300 digits)
-
-
-def check_env_entry(name: str, value: str) -> str | None:
-    """Why ``NAME=VALUE`` cannot reach a process's environment, or None."""
-    size = len(name.encode()) + 1 + len(value.encode("utf-8", "surrogateescape"))
-    if size > MAX_ENV_ENTRY:
-        return (f"the value is too long ({size:,} bytes with its name; at most {MAX_ENV_ENTRY:,}: "
-                "Linux refuses a longer environment string to a new process)")
-    return None
-
-
-def check_env_total(env: Mapping[str, str]) -> str | None:
-    """Why ``env`` is too large for a process's environment, or None."""
-    size = sum(len(k.encode()) + len(v.encode("utf-8", "surrogateescape")) + 2 for k, v in env.items())
-    if size > MAX_ENV_TOTAL:
-        return f"the environment is too large ({size:,} bytes; at most {MAX_ENV_TOTAL:,})"
-    return None
 
 
 def load_cluster(path: str) -> ClusterSpec:

@@ -11,7 +11,7 @@ Precedence, weakest first (``plan.node_env`` adds the outer levels):
 
 Both are read by the controller that starts an attempt (``up``, ``restart``, a monitor's
 start-up retry), every time: a secret's value is never kept on this machine. Values of variables
-that look secret (``config.looks_secret``: ``*_TOKEN``, ``*_KEY``, ``*SECRET*``,
+that look secret (``envrules.looks_secret``: ``*_TOKEN``, ``*_KEY``, ``*SECRET*``,
 ``*PASSWORD*``, and ``secret_env:``) are shown and stored as ``MASK``; ``redact`` takes them out
 of text that came from a host (an error message).
 """
@@ -23,14 +23,8 @@ import fnmatch
 import re
 from collections.abc import Iterable, Mapping
 
-from clusterrun.config import (
-    ClusterSpec,
-    EnvFile,
-    HostSpec,
-    check_env_entry,
-    check_env_total,
-    looks_secret,
-)
+from clusterrun.config import ClusterSpec, EnvFile, HostSpec
+from clusterrun.envrules import check_env_entry, check_env_total, looks_secret
 from clusterrun.errors import ConfigError
 
 MASK = "****"

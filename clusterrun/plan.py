@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusterrun.config import ClusterSpec, HostSpec, check_env_entry, check_env_total
+from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.environment import mask_env
+from clusterrun.envrules import check_env_entry, check_env_total
 from clusterrun.errors import ConfigError
 
 TORCHRUN_MODULE = "torch.distributed.run"
