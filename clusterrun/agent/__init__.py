@@ -3,7 +3,8 @@
 How it is run
 -------------
 This package is stdlib only and written in parts (``codec``, ``records``, ``procs``, ``cgroup``,
-``supervisor``, ``stop``, ``follow``, ... and ``serve``, the dispatch table). The controller
+``supervisor``, ``stop``, ``follow``, ... and ``serve``, the dispatch table; ``wire`` types every
+request, shared with the controller). The controller
 ships it to a host as one zip, named by its sha256 (``clusterrun/transports/bundle.py``: fixed
 timestamps, sorted entries, the package as ``clusterrun_agent``). It never builds a shell
 command from job data: it runs the constant command ``PYTHON -S -c BOOTSTRAP`` and writes to
@@ -130,7 +131,8 @@ Requests (``op``) and answers
            to a ``listen``er (on node 0); ``reached`` only if the token came back. ``timeout``
            bounds the connection and each read: packets dropped on the way time out, never hang.
 
-Errors are ``{ok: false, error: "..."}``; the exit code is 0 whenever an answer was written.
+Errors are ``{ok: false, error: "..."}``; the exit code is 0 whenever an answer was written. A
+request whose field is missing or of the wrong type (``wire``) is ``bad request: ...`` naming it.
 
 State on the host
 -----------------
