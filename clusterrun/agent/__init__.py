@@ -15,8 +15,9 @@ its stdin::
     <sha256 of the zip, hex> <its length in bytes>[ push]\n
 
 ``BOOTSTRAP`` runs the loader, which looks for the zip in the user's cache (``$XDG_CACHE_HOME``
-or ``~/.cache``, then ``clusterrun/``: a directory 0700 that must belong to the user and be
-writable by no one else, or the loader refuses to run with the path and the fix) and answers
+or ``~/.cache``, then ``clusterrun/``; ``$TMPDIR/clusterrun-<uid>`` where that cannot be made: a
+directory 0700 that must belong to the user and be writable by no one else, or the loader
+refuses to run with the path and the fix) and answers
 ``{"agent": "have"}`` or ``{"agent": "need"}``; only after ``need`` does the controller send
 the zip's bytes, which the loader verifies (sha256), writes to a temporary name and renames into
 place (never replaced in place). With ``push`` the zip follows at once, whatever the cache
