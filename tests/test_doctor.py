@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from clusterrun import cli, doctor
 from clusterrun.agent import doctorops
+from clusterrun.agent.wire import ReachRequest
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.doctor import Check, Verdict
 from clusterrun.errors import ConnectError
@@ -234,13 +235,13 @@ def test_the_agents_tcp_test_is_bounded_when_packets_are_dropped_or_nothing_answ
         full.listen(0)
         port = full.getsockname()[1]
         with socket.create_connection(("127.0.0.1", port), timeout=5):  # the one connection its queue holds
-            answer = doctorops.op_reach({"addr": "127.0.0.1", "port": port, "token": "t0k", "timeout": 0.2})
+            answer = doctorops.op_reach(ReachRequest(addr="127.0.0.1", port=port, token="t0k", timeout=0.2))
         assert answer == {"ok": True, "reached": False, "local": None, "error": (
             "timed out after 0.2 s: no answer at all (packets dropped on the way, as a firewall's DROP does)")}
         mute.bind(("127.0.0.1", 0))
         mute.listen(8)
-        answer = doctorops.op_reach({"addr": "127.0.0.1", "port": mute.getsockname()[1], "token": "t0k",
-                                     "timeout": 0.2})
+        answer = doctorops.op_reach(ReachRequest(addr="127.0.0.1", port=mute.getsockname()[1], token="t0k",
+                                                 timeout=0.2))
         assert not answer["reached"] and answer["local"] == "127.0.0.1"
         assert answer["error"] == "connected, but no answer within 0.2 s (not clusterrun's listener on node 0)"
 

@@ -129,3 +129,16 @@ def test_versions_unused_for_long_are_pruned_and_the_current_one_kept(tmp_path: 
     assert cache.prune(str(tmp_path), "current", now) == ["agent-old-cpython-311-x.zip", "agent-old.zip"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "agent-current-cpython-311-y.zip", "agent-current.zip", "agent-recent.zip", "notes.txt"]
+
+
+@pytest.mark.integration
+def test_without_a_cache_it_can_make_the_agent_is_cached_in_a_temporary_directory_of_the_user(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", "/proc/no-cache-here")  # no home, or a read-only one
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    assert sent_by_a_probe(tmp_path) > len(agent_bundle().zip)
+    assert sent_by_a_probe(tmp_path) < len(agent_bundle().zip)  # kept there
+    folder = tmp_path / "tmp" / f"clusterrun-{os.getuid()}"
+    versions(folder)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700

@@ -16,6 +16,7 @@ import pytest
 
 from clusterrun.agent import syncops
 from clusterrun.agent.records import AgentFailure
+from clusterrun.agent.wire import SyncPutRequest
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import ConfigError
 from clusterrun.excludes import Excludes
@@ -157,7 +158,7 @@ def put(monkeypatch: pytest.MonkeyPatch, request: dict[str, object], data: bytes
     stream = io.BytesIO(data)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(stream)))  # type: ignore[arg-type]
     try:
-        answer = syncops.op_sync_put(request)
+        answer = syncops.op_sync_put(SyncPutRequest.from_json(request))
     except AgentFailure as exc:
         answer = {"ok": False, "error": str(exc)}
     return answer, sys.stdin.buffer.read()

@@ -3,7 +3,8 @@
 How it is run
 -------------
 This package is stdlib only and written in parts (``codec``, ``records``, ``procs``, ``cgroup``,
-``supervisor``, ``stop``, ``follow``, ... and ``serve``, the dispatch table). The controller
+``supervisor``, ``stop``, ``follow``, ... and ``serve``, the dispatch table; ``wire`` types every
+request, shared with the controller). The controller
 ships it to a host as one zip, named by its sha256 (``clusterrun/transports/bundle.py``: fixed
 timestamps, sorted entries, the package as ``clusterrun_agent``). It never builds a shell
 command from job data: it runs the constant command ``PYTHON -S -c BOOTSTRAP`` and writes to
@@ -14,8 +15,9 @@ its stdin::
     <sha256 of the zip, hex> <its length in bytes>[ push]\n
 
 ``BOOTSTRAP`` runs the loader, which looks for the zip in the user's cache (``$XDG_CACHE_HOME``
-or ``~/.cache``, then ``clusterrun/``: a directory 0700 that must belong to the user and be
-writable by no one else, or the loader refuses to run with the path and the fix) and answers
+or ``~/.cache``, then ``clusterrun/``; ``$TMPDIR/clusterrun-<uid>`` where that cannot be made: a
+directory 0700 that must belong to the user and be writable by no one else, or the loader
+refuses to run with the path and the fix) and answers
 ``{"agent": "have"}`` or ``{"agent": "need"}``; only after ``need`` does the controller send
 the zip's bytes, which the loader verifies (sha256), writes to a temporary name and renames into
 place (never replaced in place). With ``push`` the zip follows at once, whatever the cache
@@ -130,7 +132,8 @@ Requests (``op``) and answers
            to a ``listen``er (on node 0); ``reached`` only if the token came back. ``timeout``
            bounds the connection and each read: packets dropped on the way time out, never hang.
 
-Errors are ``{ok: false, error: "..."}``; the exit code is 0 whenever an answer was written.
+Errors are ``{ok: false, error: "..."}``; the exit code is 0 whenever an answer was written. A
+request whose field is missing or of the wrong type (``wire``) is ``bad request: ...`` naming it.
 
 State on the host
 -----------------

@@ -12,9 +12,11 @@ from .logind import logind_problem, user_scope
 from .probe import _find_torch
 from .records import AgentFailure, _state_root
 from .system import _capture, _which
+from .wire import InspectRequest, ListenRequest, ReachRequest, UnlistenRequest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
@@ -66,13 +68,13 @@ def _disk(folder: str) -> dict[str, Any]:
             "writable": os.access(path, os.W_OK)}
 
 
-def op_inspect(req: dict[str, Any]) -> dict[str, Any]:
+def op_inspect(req: InspectRequest) -> dict[str, Any]:
     """``inspect``: what the doctor checks beyond the probe (see the module docstring)."""
     began = time.monotonic()
-    cwd = os.path.expanduser(req["cwd"]) if req.get("cwd") else os.path.expanduser("~")
+    cwd = os.path.expanduser(req.cwd or "~")
     answer: dict[str, Any] = {"ok": True, "time": time.time(), "cwd": cwd, "paths": {},
-                              "disk": _disk(_state_root(req.get("state_dir")))}
-    for path in req.get("paths") or []:
+                              "disk": _disk(_state_root(req.state_dir))}
+    for path in req.paths or []:
         answer["paths"][path] = _path_kind(os.path.join(cwd, os.path.expanduser(path)))
     spec = _find_torch()
     if spec is not None and spec.origin:
@@ -82,13 +84,13 @@ def op_inspect(req: dict[str, Any]) -> dict[str, Any]:
             answer["torch_cuda"] = _assigned(text, "cuda")
         except OSError:
             pass
-    if req.get("deep"):
-        out = _capture([sys.executable, "-c", DEEP_TORCH], timeout=float(req.get("timeout") or 120))
+    if req.deep:
+        out = _capture([sys.executable, "-c", DEEP_TORCH], timeout=float(req.timeout or 120))
         try:
             answer["deep"] = json_loads(out) if out else {"error": f"{sys.executable} could not import torch"}
         except ValueError:
             answer["deep"] = {"error": f"unreadable output: {(out or '')[:200]!r}"}
-    if req.get("gpus"):
+    if req.gpus:
         answer["nvidia_smi"] = _which("nvidia-smi")
         if answer["nvidia_smi"]:
             answer["gpu_list"] = _capture(["nvidia-smi", "-L"], timeout=30)
@@ -136,14 +138,14 @@ def _listener_loop(sock: Any, port: int, token: bytes, done: Any) -> None:
         done.release()
 
 
-def op_listen(req: dict[str, Any]) -> dict[str, Any]:
+def op_listen(req: ListenRequest) -> dict[str, Any]:
     """``listen``: open a TCP listener on ``port`` (all addresses; a free one if null) that answers
     ``token`` to whoever connects, until ``unlisten`` or the end of this agent."""
     import _thread
     import socket
 
-    token = str(req.get("token") or "").encode()
-    port = req.get("port")
+    token = req.token.encode()
+    port = req.port
     for _ in range(1 if port else 200):
         candidate = int(port) if port else 20000 + int.from_bytes(os.urandom(2), "big") % 12001
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -164,11 +166,11 @@ def op_listen(req: dict[str, Any]) -> dict[str, Any]:
     raise AgentFailure("no free TCP port found between 20000 and 32000")
 
 
-def op_unlisten(req: dict[str, Any]) -> dict[str, Any]:
+def op_unlisten(req: UnlistenRequest) -> dict[str, Any]:
     """``unlisten``: close the listener; the port is free again when this answers."""
     import socket
 
-    entry = _LISTENERS.pop(int(req.get("port") or 0), None)
+    entry = _LISTENERS.pop(req.port, None)
     if entry is not None:
         sock, done = entry
         try:
@@ -179,13 +181,13 @@ def op_unlisten(req: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True}
 
 
-def op_reach(req: dict[str, Any]) -> dict[str, Any]:
+def op_reach(req: ReachRequest) -> dict[str, Any]:
     """``reach``: connect by TCP to ``addr:port`` and read the listener's ``token``; says whether
     it came back, else why not, and the local address the connection went out from."""
     import socket
 
-    addr, port, token = str(req["addr"]), int(req["port"]), str(req.get("token") or "")
-    timeout = float(req.get("timeout") or 5.0)  # each step: a dropped SYN must not hang the doctor
+    addr, port, token = req.addr, req.port, req.token
+    timeout = float(req.timeout or 5.0)  # each step: a dropped SYN must not hang the doctor
     answer: dict[str, Any] = {"ok": True, "reached": False, "error": None, "local": None}
     try:
         sock = socket.create_connection((addr, port), timeout=timeout)
@@ -214,4 +216,6 @@ def op_reach(req: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
-DOCTOR_OPS = {"inspect": op_inspect, "listen": op_listen, "unlisten": op_unlisten, "reach": op_reach}
+DOCTOR_OPS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "inspect": op_inspect, "listen": op_listen, "unlisten": op_unlisten, "reach": op_reach,
+}

@@ -20,7 +20,13 @@ else:
 
 
 def cache_dir() -> str:
+    """The user's cache, or where none can be made (no home, a read-only one) a directory of this
+    user's in the temporary directory (checked as strictly: /tmp is everybody's)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    try:
+        os.makedirs(os.path.join(base, "clusterrun"), mode=0o700, exist_ok=True)
+    except OSError:
+        return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"clusterrun-{os.getuid()}")
     return os.path.join(base, "clusterrun")
 
 

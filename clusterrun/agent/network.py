@@ -6,6 +6,7 @@ import os
 
 from .records import _boot_id
 from .system import _capture
+from .wire import RouteRequest, RouteTarget
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -18,21 +19,21 @@ IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 SIOCGIFADDR = 0x8915
 
 
-def op_route(req: dict[str, Any]) -> dict[str, Any]:
-    return {"ok": True, "network": network_route(req.get("route_to") or {})}
+def op_route(req: RouteRequest) -> dict[str, Any]:
+    return {"ok": True, "network": network_route(req.route_to or RouteTarget(addr=""))}
 
 
-def network_route(target: dict[str, Any]) -> dict[str, Any]:
-    """How this host reaches the master ``target["addr"]`` (see ``route``): the kernel's route
+def network_route(target: RouteTarget) -> dict[str, Any]:
+    """How this host reaches the master ``target.addr`` (see ``route``): the kernel's route
     lookup, the interface of the source address it picks, this network namespace's identity, and
     the interface variables already set in this environment. When the master is reached through
     loopback (or not at all), the first of ``peers`` reached otherwise says which interface the
     other nodes can reach this host by."""
-    addr, port = str(target.get("addr") or ""), int(target.get("port") or 9)
+    addr, port = target.addr, target.port or 9
     master = _route(addr, port)
     peer = None
-    if master["loopback"] or master["error"] or target.get("always_peers"):
-        for other in target.get("peers") or []:
+    if master["loopback"] or master["error"] or target.always_peers:
+        for other in target.peers or []:
             found = _route(str(other), port)
             if not found["error"] and not found["loopback"]:
                 peer = found

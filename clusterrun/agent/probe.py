@@ -11,6 +11,7 @@ from .logind import logind_problem, user_scope
 from .network import network_route
 from .records import AgentFailure, _boot_id, _state_root
 from .system import static_fallbacks
+from .wire import ProbeRequest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def _find_torch() -> Any:
     return spec
 
 
-def op_probe(req: dict[str, Any]) -> dict[str, Any]:
+def op_probe(req: ProbeRequest) -> dict[str, Any]:
     answer: dict[str, Any] = {
         "ok": True,
         "protocol": PROTOCOL,
@@ -70,7 +71,7 @@ def op_probe(req: dict[str, Any]) -> dict[str, Any]:
         "boot_id": _boot_id(),
         "torch": None,
         "torchrun_flags": [],
-        "state_dir": _state_root(req.get("state_dir")),
+        "state_dir": _state_root(req.state_dir),
         "port": None,
     }
     spec = _find_torch()
@@ -84,7 +85,7 @@ def op_probe(req: dict[str, Any]) -> dict[str, Any]:
             answer["torchrun_flags"] = [flag for flag in OPTIONAL_TORCHRUN_FLAGS if flag in run_py]
         except OSError:
             answer["torch"] = answer["torch"] or "unknown"
-    if req.get("free_port"):
+    if req.free_port:
         answer["port"] = _free_port()
     parent, why = cgroup_parent()
     answer["containment"] = "cgroup" if parent else "sweep"
@@ -99,8 +100,8 @@ def op_probe(req: dict[str, Any]) -> dict[str, Any]:
                    "in a scope of your systemd user manager instead (it lingers)")
     if problem:
         answer["fallbacks"].append(problem)
-    if req.get("route_to"):
-        answer["network"] = network_route(req["route_to"])
+    if req.route_to is not None:
+        answer["network"] = network_route(req.route_to)
     return answer
 
 

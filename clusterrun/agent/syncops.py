@@ -7,6 +7,7 @@ import sys
 
 from .records import AgentFailure, _boot_id, _unlink_quietly
 from .system import _which
+from .wire import SyncHashRequest, SyncPutRequest, SyncStatRequest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,8 +17,7 @@ if TYPE_CHECKING:
 SYNC_CHUNK = 1 << 20
 
 
-def _sync_root(req: dict[str, Any]) -> str:
-    root = req.get("root")
+def _sync_root(root: object) -> str:
     if not isinstance(root, str) or not root:
         raise AgentFailure(f"invalid sync root {root!r}")
     return os.path.abspath(os.path.expanduser(root))
@@ -37,10 +37,10 @@ def _sync_error(exc: OSError, path: str) -> AgentFailure:
     return AgentFailure(f"cannot write {path}: {os.strerror(exc.errno) if exc.errno else exc}")
 
 
-def op_sync_stat(req: dict[str, Any]) -> dict[str, Any]:
+def op_sync_stat(req: SyncStatRequest) -> dict[str, Any]:
     """What is at each of ``paths`` below ``root``: ``[kind, size, mtime_ns, mode, link target]``
     (kind ``f`` file, ``d`` directory, ``l`` symlink, ``o`` anything else); missing paths are left out."""
-    root = _sync_root(req)
+    root = _sync_root(req.root)
     try:
         st = os.stat(root)
     except FileNotFoundError:
@@ -50,7 +50,7 @@ def op_sync_stat(req: dict[str, Any]) -> dict[str, Any]:
     if not _stat.S_ISDIR(st.st_mode):
         raise AgentFailure(f"{root} (workdir) is not a directory")
     entries: dict[str, list[Any]] = {}
-    for rel in req.get("paths") or ():
+    for rel in req.paths or ():
         path = _sync_path(root, rel)
         try:
             info = os.lstat(path)
@@ -65,13 +65,13 @@ def op_sync_stat(req: dict[str, Any]) -> dict[str, Any]:
             "boot_id": _boot_id(), "rsync": _which("rsync"), "entries": entries}
 
 
-def op_sync_hash(req: dict[str, Any]) -> dict[str, Any]:
+def op_sync_hash(req: SyncHashRequest) -> dict[str, Any]:
     """The sha256 of each regular file of ``paths`` below ``root`` (missing ones left out)."""
     import hashlib
 
-    root = _sync_root(req)
+    root = _sync_root(req.root)
     hashes: dict[str, str] = {}
-    for rel in req.get("paths") or ():
+    for rel in req.paths or ():
         digest = hashlib.sha256()
         try:
             with open(_sync_path(root, rel), "rb") as f:
@@ -85,7 +85,7 @@ def op_sync_hash(req: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "hashes": hashes}
 
 
-def op_sync_put(req: dict[str, Any]) -> dict[str, Any]:
+def op_sync_put(req: SyncPutRequest) -> dict[str, Any]:
     """Write ``entries`` below ``root``; the contents of the files with ``data`` follow the request
     line on stdin, in order, ``size`` bytes each. Each file goes to a temporary name beside its
     target, then is renamed over it (a reader never sees half a file), with ``mode`` and
@@ -93,17 +93,17 @@ def op_sync_put(req: dict[str, Any]) -> dict[str, Any]:
     sets mode and mtime. The data is always read to its end, so that the next request is read
     from the right place, also after a failure (then the first one is the answer)."""
     stdin = sys.stdin.buffer
-    entries = req.get("entries") or []
+    entries = req.entries or []
     pending = sum(int(e.get("size") or 0) for e in entries if e.get("kind") == "f" and e.get("data"))
     failure: AgentFailure | None = None
     written = 0
     try:
-        root = _sync_root(req)
+        root = _sync_root(req.root)
         try:
             if not os.path.isdir(root):  # a workdir made here gets the source's mode; one that exists keeps its own
                 os.makedirs(root)
-                if isinstance(req.get("root_mode"), int):
-                    os.chmod(root, req["root_mode"])
+                if req.root_mode is not None:
+                    os.chmod(root, req.root_mode)
         except OSError as exc:
             raise _sync_error(exc, root) from None
         for entry in entries:

@@ -35,7 +35,7 @@ def _frozen(cls: type) -> type:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if len(args) > len(names):
             raise TypeError(f"{cls.__name__} takes {len(names)} fields")
-        values = dict(zip(names, args, strict=False))
+        values = dict(zip(names, args))  # noqa: B905 - hosts may run Python 3.8 (no strict=)
         for name, value in kwargs.items():
             if name not in names or name in values:
                 raise TypeError(f"{cls.__name__}: unexpected or repeated field {name!r}")
