@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from .cgroup import _forget_cgroup
+from .monitor import ensure_monitor
 from .procs import _is_alive, _job_alive
 from .records import AgentFailure, _attempt_dir, _boot_id, _load_state, _read_json, _read_state, _state_root
 
@@ -27,13 +28,14 @@ def op_status(req: dict[str, Any]) -> dict[str, Any]:
         return absent
     folder, state = _load_state(req)
     same_boot = state.get("boot_id") == _boot_id()
-    alive = {"supervisor": same_boot and _is_alive(state.get("supervisor")),
-             "torchrun": same_boot and _is_alive(state.get("torchrun"))}
+    if same_boot:
+        state = ensure_monitor(folder, state)
+    alive = {key: same_boot and _is_alive(state.get(key)) for key in ("survivor", "supervisor", "torchrun")}
     if state.get("state") != "exited" and not any(alive.values()):
         state = _read_state(folder) or state  # it may have ended just now
         if state.get("state") != "exited":
             state = dict(state, state="lost")
-    if not alive["supervisor"]:
+    if not alive["supervisor"] and not alive["survivor"]:
         _forget_cgroup(state)
     try:
         size = os.path.getsize(os.path.join(folder, "output.log"))
