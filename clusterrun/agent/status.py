@@ -6,6 +6,7 @@ import os
 
 from .cgroup import _forget_cgroup
 from .monitor import ensure_monitor
+from .orphans import census, status_unrecorded
 from .procs import _is_alive, _job_alive
 from .records import AgentFailure, _attempt_dir, _boot_id, _load_state, _read_json, _read_state, _state_root
 
@@ -24,8 +25,9 @@ def _absent(req: dict[str, Any]) -> dict[str, Any] | None:
 
 def op_status(req: dict[str, Any]) -> dict[str, Any]:
     absent = _absent(req)
-    if absent is not None:
-        return absent
+    if absent is not None:  # never started, or its records were deleted while it runs
+        found = census(req)
+        return status_unrecorded(req, found) if found["populated"] or found["marked"] else absent
     folder, state = _load_state(req)
     same_boot = state.get("boot_id") == _boot_id()
     if same_boot:

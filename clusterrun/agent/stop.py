@@ -7,6 +7,7 @@ import time
 
 from .cgroup import _forget_cgroup, cg_kill, cg_pids, cg_populated, cg_remove, cg_wait_empty
 from .monitor import EXIT_WAIT, ensure_monitor
+from .orphans import census, stop_unrecorded
 from .procs import JobScope, all_procs, pin, proc_info, signal
 from .records import _attempt_dir, _boot_id, _fs_problem, _read_json, _read_state, _write_json_atomic
 from .status import _absent
@@ -21,8 +22,11 @@ UNSEEN = "processes that left the job's tree, session and environment could not 
 
 def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     absent = _absent(req)
-    if absent is not None:
-        return absent
+    if absent is not None:  # never started, or its records were deleted: look for its processes all the same
+        found = census(req)
+        if found["cgroups"] or found["marked"]:
+            return stop_unrecorded(req, found)
+        return dict(absent, records_gone=True, found_by=[], looked=found["looked"])
     folder = _attempt_dir(req)
     spec = _read_json(os.path.join(folder, "spec.json")) or {}
     state = _read_state(folder)
