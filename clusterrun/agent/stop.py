@@ -24,9 +24,10 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     absent = _absent(req)
     if absent is not None:  # never started, or its records were deleted: look for its processes all the same
         found = census(req)
-        if found["cgroups"] or found["marked"]:
+        if found["populated"] or found["marked"]:
             return stop_unrecorded(req, found)
-        return dict(absent, records_gone=True, found_by=[], looked=found["looked"])
+        notes = [f"removed its empty cgroup {cg}" for cg in found["cgroups"] if cg_remove(cg)]
+        return dict(absent, records_gone=True, found_by=[], looked=found["looked"], notes=notes)
     folder = _attempt_dir(req)
     spec = _read_json(os.path.join(folder, "spec.json")) or {}
     state = _read_state(folder)
