@@ -102,3 +102,31 @@ def test_the_exit_file_holds_a_code_or_a_signal_and_nothing_else_counts(tmp_path
     assert read_exit(str(tmp_path)) is None
     (tmp_path / EXIT_FILE).write_text('{"exit_code": null}')
     assert read_exit(str(tmp_path)) is None
+
+
+def test_an_unknown_exit_status_is_a_lost_node_and_never_a_root_cause() -> None:
+    from clusterrun.diagnose import NodeLog, find_root_cause
+    from clusterrun.events import NodeState
+    from clusterrun.orchestrator import node_state_of
+    from clusterrun.protocol import decode_status
+
+    unknown = decode_status("h", {"state": "exited", "exit_code": None, "exit_status": "unknown",
+                                  "error": "torchrun's exit status is unknown: the survivor ... ended first"})
+    assert unknown.exit_unknown and node_state_of(unknown) is NodeState.LOST
+    known = decode_status("h", {"state": "exited", "exit_code": 0})
+    assert node_state_of(known) is NodeState.SUCCEEDED
+    assert find_root_cause({0: "a", 1: "b"}, {0: NodeLog(), 1: NodeLog()}, {0: unknown, 1: known}, set()) is None
+
+
+def test_a_stop_without_records_says_what_found_the_processes_or_where_it_looked() -> None:
+    from clusterrun.events import StopReport
+
+    found = StopReport.from_answer(0, "gpu-a", {
+        "killed": [{"pid": 7, "name": "torchrun", "signal": "SIGTERM"}], "left": [], "containment": "cgroup",
+        "verified": True, "records_gone": True, "found_by": ["cgroup /sys/fs/cgroup/clusterrun-j-n0-a1 found by name"]})
+    text = found.describe()
+    assert "records on the host were gone" in text and "found by name" in text and "verified" in text
+    nothing = StopReport.from_answer(0, "gpu-a", {"killed": [], "left": [], "records_gone": True, "found_by": [],
+                                                  "looked": ["cgroups named x", "processes carrying M"]})
+    assert "nothing was running" not in nothing.describe()
+    assert "looked for cgroups named x and processes carrying M" in nothing.describe()
