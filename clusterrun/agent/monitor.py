@@ -111,6 +111,17 @@ def _spawn_monitor(folder: str, cgroup: str | None) -> int:
     _exit_with(monitor)
 
 
+def save_state(folder: str, state: dict[str, Any]) -> bool:
+    """Write state.json; on a full or read-only disk keep it in memory and go on supervising
+    (stopping needs no disk), and leave a ``degraded`` marker for the agent where one fits."""
+    try:
+        _write_json_atomic(os.path.join(folder, "state.json"), state)
+        return True
+    except OSError as exc:
+        _degrade(folder, state, f"cannot write state.json: {_fs_problem(exc)}")
+        return False
+
+
 def _degrade(folder: str, state: dict[str, Any], reason: str) -> None:
     """Record why the state or log could not be written: in ``state`` and, where it fits, in a
     ``degraded`` marker file for the agent."""
@@ -148,14 +159,7 @@ class Monitor:
         self.state: dict[str, Any] = {}
 
     def save(self) -> bool:
-        """Write the state; on a full or read-only disk keep it in memory and go on supervising
-        (stopping needs no disk), and leave a ``degraded`` marker for the agent where one fits."""
-        try:
-            _write_json_atomic(os.path.join(self.folder, "state.json"), self.state)
-            return True
-        except OSError as exc:
-            _degrade(self.folder, self.state, f"cannot write state.json: {_fs_problem(exc)}")
-            return False
+        return save_state(self.folder, self.state)
 
     def _on_term(self, signum: int, frame: object) -> None:
         self.term_requested = True

@@ -26,8 +26,8 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
         found = census(req)
         if found["populated"] or found["marked"]:
             return stop_unrecorded(req, found)
-        notes = [f"removed its empty cgroup {cg}" for cg in found["cgroups"] if cg_remove(cg)]
-        return dict(absent, records_gone=True, found_by=[], looked=found["looked"], notes=notes)
+        removed = [f"removed its empty cgroup {cg}" for cg in found["cgroups"] if cg_remove(cg)]
+        return dict(absent, records_gone=True, found_by=[], looked=found["looked"], notes=removed)
     folder = _attempt_dir(req)
     spec = _read_json(os.path.join(folder, "spec.json")) or {}
     state = _read_state(folder)

@@ -11,7 +11,7 @@ import time
 from .cgroup import _cgroup_path, _make_cgroup, _own_cgroup, cg_remove, cg_write
 from .codec import json_dumps
 from .kmsg import KernelLog
-from .monitor import EXIT_FILE, RESPAWNS, Monitor, _degrade, _entry
+from .monitor import EXIT_FILE, RESPAWNS, Monitor, _entry, save_state
 from .procs import signal
 from .records import _boot_id, _fs_problem, _marker, _read_json, _write_atomic, _write_json_atomic
 from .system import _exit_with
@@ -59,12 +59,7 @@ class Survivor:
         self.term_requested = False
 
     def save(self) -> bool:
-        try:
-            _write_json_atomic(os.path.join(self.folder, "state.json"), self.state)
-            return True
-        except OSError as exc:
-            _degrade(self.folder, self.state, f"cannot write state.json: {_fs_problem(exc)}")
-            return False
+        return save_state(self.folder, self.state)
 
     def _ready(self) -> None:
         """Tell the agent that started us how the start went (once), whether or not it is on disk."""
