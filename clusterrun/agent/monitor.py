@@ -9,7 +9,7 @@ import select
 import sys
 import time
 
-from .cgroup import cg_kill, cg_wait_empty, cg_write
+from .cgroup import cg_kill, cg_remove, cg_wait_empty, cg_write
 from .kmsg import KernelLog
 from .procs import JobScope, PidHandle, _is_alive, all_procs, descendants, pin, proc_env, proc_info, signal
 from .ranklogs import RankLogs
@@ -109,6 +109,17 @@ def _spawn_monitor(folder: str, cgroup: str | None) -> int:
         return Monitor(folder).run()
 
     _exit_with(monitor)
+
+
+def leave_cgroup(cgroup: str, pids: list[int]) -> bool:
+    """Move ``pids`` (the survivor, a monitor) to the parent of the attempt's cgroup, now that
+    nothing of the job is left in it, and remove it; True if it is gone."""
+    for pid in pids:
+        try:
+            cg_write(os.path.join(os.path.dirname(cgroup), "cgroup.procs"), str(pid).encode())
+        except OSError:
+            pass  # gone already; or not allowed: the next status or stop removes it once empty
+    return cg_remove(cgroup)
 
 
 def save_state(folder: str, state: dict[str, Any]) -> bool:
@@ -250,6 +261,9 @@ class Monitor:
             self.state["oom"] = self.kernel.report(self.cgroup)
         if self.kernel is not None:
             self.kernel.close()
+        if self.cgroup and os.path.isdir(self.cgroup):  # nothing of the job is left in it: the survivor and us
+            self.state["cgroup_removed"] = leave_cgroup(self.cgroup, [sv["pid"], os.getpid()] if sv.get("pid")
+                                                        else [os.getpid()])
         self.state.update(state="exited", ended_at=time.time())
         self.save()
 

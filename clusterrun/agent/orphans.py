@@ -9,8 +9,8 @@ import os
 import time
 
 from .cgroup import _cgroup2_mount, cg_kill, cg_pids, cg_populated, cg_remove, cg_wait_empty, cgroup_parent
-from .procs import PidHandle, all_procs, has_marker, proc_info, signal
-from .records import _marker
+from .procs import PidHandle, all_procs, has_marker, proc_env, proc_info, signal
+from .records import _attempt_dir, _marker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,11 +42,20 @@ def _is_hex(text: str) -> bool:
     return all(c in "0123456789abcdef" for c in text)
 
 
-def marked(marker: str) -> list[int]:
-    """The live processes whose environment carries ``marker`` (``CLUSTERRUN_JOB=<job>.<node>.<attempt>``)."""
+def marked(marker: str, log_dir: str | None = None) -> list[int]:
+    """The live processes whose environment carries ``marker`` (``CLUSTERRUN_JOB=<job>.<node>.<attempt>``),
+    but none that names another state dir's attempt (``PET_LOG_DIR``, which the survivor sets
+    beside the marker: the same job id under two state dirs is not the same job)."""
     me = os.getpid()
     return sorted(pid for pid, info in all_procs().items()
-                  if pid != me and info.state != "Z" and has_marker(pid, marker))
+                  if pid != me and info.state != "Z" and has_marker(pid, marker) and _ours(pid, log_dir))
+
+
+def _ours(pid: int, log_dir: str | None) -> bool:
+    if log_dir is None:
+        return True
+    seen = proc_env(pid).get("PET_LOG_DIR")
+    return seen is None or seen == log_dir
 
 
 def census(req: dict[str, Any]) -> dict[str, Any]:
@@ -54,13 +63,16 @@ def census(req: dict[str, Any]) -> dict[str, Any]:
     ``looked`` (where, in words: for a report that never claims more than was checked)."""
     job, node, attempt = req["job"], req["node"], req["attempt"]
     marker = _marker(job, node, attempt)
+    log_dir = os.path.join(_attempt_dir(req), "torchrun")
     cgroups, places = named_cgroups(job, node, attempt)
+    cgroups = [cg for cg in cgroups if all(_ours(pid, log_dir) for pid in cg_pids(cg))]
     populated = [cg for cg in cgroups if cg_populated(cg)]
-    pids = marked(marker)
+    pids = marked(marker, log_dir)
     where = " or ".join(places) if places else "no cgroup2 mount"
     looked = [f"cgroups named clusterrun-{job}-n{node}-a{attempt} under {where}",
               f"processes carrying {marker} (a scan of /proc)"]
-    return {"cgroups": cgroups, "populated": populated, "marked": pids, "looked": looked, "marker": marker}
+    return {"cgroups": cgroups, "populated": populated, "marked": pids, "looked": looked, "marker": marker,
+            "log_dir": log_dir}
 
 
 def found_by(found: dict[str, Any]) -> list[str]:
@@ -110,7 +122,7 @@ def stop_unrecorded(req: dict[str, Any], found: dict[str, Any]) -> dict[str, Any
                 method = cg_kill(part, killed) if cg_populated(part) else method
                 cg_wait_empty(part, deadline)
     while True:  # what carries the marker outside any cgroup of the attempt
-        left_pids = marked(marker)
+        left_pids = marked(marker, found["log_dir"])
         if not left_pids or time.monotonic() >= deadline:
             break
         for pid in left_pids:
@@ -122,7 +134,7 @@ def stop_unrecorded(req: dict[str, Any], found: dict[str, Any]) -> dict[str, Any
         time.sleep(0.05)
     _wait_parents(parents, time.monotonic() + PARENTS_WAIT)
     removed = [cg for cg in found["cgroups"] if not cg_populated(cg) and cg_remove(cg)]
-    left = [info.as_dict() for pid in marked(marker) if (info := proc_info(pid))]
+    left = [info.as_dict() for pid in marked(marker, found["log_dir"]) if (info := proc_info(pid))]
     seen = {entry["pid"] for entry in left}
     for cgroup in found["cgroups"]:
         left += [info.as_dict() for pid in cg_pids(cgroup) if pid not in seen and (info := proc_info(pid))]

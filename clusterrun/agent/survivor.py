@@ -11,7 +11,7 @@ import time
 from .cgroup import _cgroup_path, _make_cgroup, _own_cgroup, cg_remove, cg_write
 from .codec import json_dumps
 from .kmsg import KernelLog
-from .monitor import EXIT_FILE, RESPAWNS, Monitor, _entry, save_state
+from .monitor import EXIT_FILE, RESPAWNS, Monitor, _entry, leave_cgroup, save_state
 from .procs import signal
 from .records import _boot_id, _fs_problem, _marker, _read_json, _write_atomic, _write_json_atomic
 from .system import _exit_with
@@ -91,14 +91,10 @@ class Survivor:
         self.state["cgroup"] = self.cgroup
 
     def _leave_cgroup(self) -> None:
-        """Once nothing of the job is left: move out of the attempt's cgroup and remove it."""
-        if not self.cgroup:
-            return
-        try:
-            cg_write(os.path.join(os.path.dirname(self.cgroup), "cgroup.procs"), str(os.getpid()).encode())
-        except OSError:
-            return  # the stop removes it once the survivor has exited
-        cg_remove(self.cgroup)
+        """Once nothing of the job is left: out of the attempt's cgroup, which is removed (the
+        monitor did it already unless it could not)."""
+        if self.cgroup and os.path.isdir(self.cgroup):
+            leave_cgroup(self.cgroup, [os.getpid()])
 
     def run(self) -> int:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
