@@ -104,10 +104,13 @@ class RankLogs:
         data = b"".join(out)
         if not batch:
             return found
-        try:
-            if self.journal is not None:
+        if self.journal is not None:
+            try:
                 size = os.fstat(self.out_fd).st_size
                 _write_quick(self.journal, json_dumps({"done": self.done, "batch": batch, "log_start": size}).encode())
+            except OSError:  # a full disk: the lines still go out; a monitor resumed later may repeat this batch
+                pass
+        try:
             while data:
                 data = data[os.write(self.out_fd, data):]
         except OSError as exc:  # a full disk: the lines are lost, the job goes on
