@@ -30,9 +30,9 @@ def op_status(req: dict[str, Any]) -> dict[str, Any]:
         return status_unrecorded(req, found) if found["populated"] or found["marked"] else absent
     folder, state = _load_state(req)
     same_boot = state.get("boot_id") == _boot_id()
-    if same_boot:
-        state = ensure_monitor(folder, state)
     alive = {key: same_boot and _is_alive(state.get(key)) for key in ("survivor", "supervisor", "torchrun")}
+    if same_boot:  # a new monitor copies what is left; with nothing of the job alive the node is lost all the same
+        ensure_monitor(folder, state)
     if state.get("state") != "exited" and not any(alive.values()):
         state = _read_state(folder) or state  # it may have ended just now
         if state.get("state") != "exited":
