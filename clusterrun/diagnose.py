@@ -100,6 +100,8 @@ def find_root_cause(
         if state.exit_code in (0, None) and not state.error and state.state is not HostState.LOST:
             continue
         log = logs.get(node) or NodeLog()
+        if state.exit_unknown and not log.failures:
+            continue  # torchrun's exit status is not known: nothing says that it failed
         died = {w.pid: w.died for w in state.workers}
         died_by_rank = {w.rank: w.died for w in state.workers}
         secondary = 1 if node in stopped_by_us else 0

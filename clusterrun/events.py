@@ -218,6 +218,9 @@ class StopReport:
     notes: tuple[str, ...] = ()
     grace: float | None = None  # the seconds torchrun was given after SIGTERM
     grace_ran_out: bool = False  # torchrun still ran when they were over: it was SIGKILLed
+    records_gone: bool = False  # the host had no records of the attempt: its processes were looked for
+    found_by: tuple[str, ...] = ()  # then: what found them (the cgroup by name, the marker scan)
+    looked: tuple[str, ...] = ()  # and where it looked
 
     @classmethod
     def from_answer(cls, node: int, host: str, answer: dict[str, Any]) -> StopReport:
@@ -230,6 +233,8 @@ class StopReport:
                    detail=str(answer.get("detail") or ""), fallbacks=tuple(answer.get("fallbacks") or ()),
                    degraded=answer.get("degraded") or None, notes=tuple(answer.get("notes") or ()),
                    grace=float(grace) if isinstance(grace, (int, float)) else None,
+                   records_gone=bool(answer.get("records_gone")), found_by=tuple(answer.get("found_by") or ()),
+                   looked=tuple(answer.get("looked") or ()),
                    grace_ran_out=torchrun is not None and any(
                        k.get("pid") == torchrun and k.get("signal") == "SIGKILL" for k in killed))
 
@@ -254,6 +259,11 @@ class StopReport:
             return f"{where}: could not be stopped: {self.error}"
         # Nothing killed: the node had ended before the stop came (it was not stopped by it).
         stopped = f"{where}: stopped {self.killed_text()}" if self.killed else f"{where}: nothing was running"
+        if self.records_gone:  # never "nothing was running" without saying where it looked
+            if not self.killed and not self.left and not self.found_by:
+                return (f"{where}: no records of the attempt on the host (never started, or deleted) and nothing "
+                        f"of it runs: looked for {' and '.join(self.looked) or 'its cgroup and its marker'}")
+            stopped += f" (its records on the host were gone; found by: {'; '.join(self.found_by)})"
         if self.grace_ran_out:
             grace = f"the {self.grace:g} s grace" if self.grace is not None else "the grace"
             stopped += f"; torchrun outlived {grace} after SIGTERM: SIGKILLed"

@@ -48,7 +48,7 @@ def split_lines(data: str) -> tuple[str, ...]:
 
 def node_state_of(status: NodeStatus, stop_sent: bool = False) -> NodeState:
     """A node's state from what its agent reports of its state file."""
-    if status.state is HostState.LOST:
+    if status.state is HostState.LOST or status.exit_unknown:  # not a failure of torchrun: nobody knows
         return NodeState.LOST
     if status.state is HostState.ABSENT:
         return NodeState.PENDING

@@ -98,6 +98,7 @@ class NodeStatus:
     workers: tuple[Worker, ...] = ()
     degraded: str | None = None  # why the supervisor could not write its state (a full or read-only disk)
     oom: KernelOom | None = None  # what the kernel said of OOM kills, once torchrun has exited non-zero
+    exit_unknown: bool = False  # torchrun ended after its survivor: nobody reaped it, its status is not known
 
     @property
     def ended(self) -> bool:
@@ -275,6 +276,7 @@ def decode_status(host: str, state: Any, what: str = "state") -> NodeStatus:
                       error=r.text("error"), stop_requested=bool(r.data.get("stop_requested")),
                       torchrun_pid=torchrun.integer("pid"), ended_at=r.number("ended_at"),
                       workers=tuple(workers), degraded=r.text("degraded") or None,
+                      exit_unknown=r.data.get("exit_status") == "unknown",
                       oom=None if r.data.get("oom") is None else decode_oom(host, r.data["oom"], f"{what}.oom"))
 
 

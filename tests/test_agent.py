@@ -109,7 +109,7 @@ time.sleep(600)
 
 
 def _job_tree(root_pid: int) -> set[int]:
-    """Live pids whose ancestry reaches ``root_pid`` (the supervisor): computed independently."""
+    """Live pids whose ancestry reaches ``root_pid`` (the survivor): computed independently."""
     parents = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -133,10 +133,11 @@ def _job_tree(root_pid: int) -> set[int]:
 def test_stop_kills_the_whole_job_and_verifies(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     answer = start(state_dir, STUBBORN)
-    sup = answer["state"]["supervisor"]["pid"]
+    sup = answer["state"]["survivor"]["pid"]  # torchrun's parent and the subreaper of what it leaves
     log = Path(answer["dir"]) / "output.log"
     wait_for(lambda: b"ready" in log.read_bytes(), timeout=20, what="ready")
-    members = wait_for(lambda: t if len(t := _job_tree(sup)) == 4 else None, timeout=10, what="children")
+    monitor = answer["state"]["supervisor"]["pid"]  # not the job's: it is the survivor's child, in its session
+    members = wait_for(lambda: t if len(t := _job_tree(sup) - {monitor}) == 4 else None, timeout=10, what="children")
     pinned = {pid: start_time(pid) for pid in members}
     report = TRANSPORT.call(req(state_dir, "stop", grace=1))
     assert report["left"] == []

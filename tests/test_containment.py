@@ -1,10 +1,11 @@
 """The agent's stop against hostile jobs, with and without a cgroup, on this machine and on a
 simulated SSH host (cgroup2 mounted at /sys/fs/cgroup there, or no cgroup at all).
 
-With a cgroup nothing may be left, every time, also after the supervisor was SIGKILLed; without
-one, the stop must say that it only swept (and what it cannot see: a process that escaped the
-job's tree, sessions and environment after the supervisor died survives, and is not reported as
-"verified"). An unrelated process with the same command line always survives.
+With a cgroup nothing may be left, every time, also after the survivor (torchrun's parent and
+the subreaper of what it leaves) was SIGKILLed; without one, the stop must say that it only swept
+(and what it cannot see: a process that escaped the job's tree, sessions and environment after
+the survivor died survives, and is not reported as "verified"). An unrelated process with the
+same command line always survives.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def recorded(piddir: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
-@pytest.mark.parametrize("supervisor_killed", [False, True], ids=["", "supervisor-killed"])
+@pytest.mark.parametrize("supervisor_killed", [False, True], ids=["", "survivor-killed"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_hostile_jobs_are_stopped_or_reported(place: Place, kind: str, supervisor_killed: bool,
                                               tmp_path: Path) -> None:
@@ -149,10 +150,10 @@ def test_hostile_jobs_are_stopped_or_reported(place: Place, kind: str, superviso
     bystander = place.sleeper()
     try:
         if supervisor_killed:
-            sup = answer["state"]["supervisor"]
+            sup = answer["state"]["survivor"]
             place.kill([sup["pid"]])
             wait_for(lambda: not place.alive({"supervisor": (sup["pid"], sup["start_time"])}), 10,
-                     what="the supervisor to die")
+                     what="the survivor to die")
             (piddir / "go").touch()
         wait_for(lambda: (piddir / "ready").exists(), 60, what=f"the hostile processes: {os.listdir(piddir)}")
         pids = recorded(piddir)
@@ -165,7 +166,7 @@ def test_hostile_jobs_are_stopped_or_reported(place: Place, kind: str, superviso
         else:
             assert (report["containment"], report["verified"]) == ("sweep", False), report
             assert "could not be seen" in report["detail"]
-            # what the sweep cannot see: out of the tree (no supervisor to reap it), sessions and environment
+            # what the sweep cannot see: out of the tree (no survivor to reap it), sessions and environment
             expected = [n for n in pids if n.startswith("escape-")] if kind == "escape" and supervisor_killed else []
             assert survivors == expected, report
         assert place.alive({"bystander": bystander}) == ["bystander"]
@@ -334,7 +335,7 @@ def test_a_disk_that_fills_up_degrades_the_supervisor_but_the_stop_works(small_d
     answer = transport.call(req(state_dir, "start", argv=[sys.executable, "-c", code,
                                 str(SUPPORT / "hostile_child.py"), str(piddir), str(flag)], env={}, cwd=str(tmp_path)))
     folder = Path(answer["dir"])
-    sup = answer["state"]["supervisor"]
+    sup = answer["state"]["survivor"]
     filler = fill(small_disk)
     flag.touch()
     wait_for(lambda: (piddir / "ready").exists(), 30, what="the job's new processes")
@@ -431,7 +432,7 @@ def test_as_root_the_job_leaves_the_login_session_and_outlives_it(login_session:
     state_dir = tmp_path / "state"
     started = transport.call(req(state_dir, "start", argv=[sys.executable, "-c", "import time; time.sleep(600)"],
                                  env={}, cwd=str(tmp_path)))
-    sup, tr = started["state"]["supervisor"], started["state"]["torchrun"]
+    sup, tr = started["state"]["survivor"], started["state"]["torchrun"]
     try:
         with open(os.path.join(scope, "cgroup.kill"), "w") as f:
             f.write("1")
@@ -496,7 +497,7 @@ def test_an_unprivileged_user_with_a_delegated_cgroup_gets_a_verified_stop(
     answer = transport.call(req(state_dir, "start", argv=argv, env={}, cwd=str(folder)))
     attempt = answer["state"]["cgroup"]
     assert os.path.dirname(attempt) == cgroup, answer  # below the user's own cgroup
-    sup = answer["state"]["supervisor"]
+    sup = answer["state"]["survivor"]
     os.kill(sup["pid"], signal.SIGKILL)
     wait_for(lambda: not alive(sup["pid"], sup["start_time"]), 10, what="the supervisor to die")
     (piddir / "go").touch()
@@ -600,7 +601,7 @@ def test_logind_with_linger_starts_the_job_in_a_user_scope_that_outlives_the_ses
     assert args.startswith("--user --scope --quiet --collect -p Delegate=yes --unit=clusterrun-hostile-1-n0-a1-")
     cgroup = answer["state"]["cgroup"]
     assert os.path.dirname(cgroup) == user_session["scope"], answer  # its own cgroup, in the user's scope
-    sup, tr = answer["state"]["supervisor"], answer["state"]["torchrun"]
+    sup, tr = answer["state"]["survivor"], answer["state"]["torchrun"]
     wait_for(lambda: (piddir / "ready").exists(), 60, what="the hostile processes")
     pids = {**recorded(piddir), "supervisor": (sup["pid"], sup["start_time"]),
             "torchrun": (tr["pid"], tr["start_time"])}
@@ -627,23 +628,25 @@ def test_logind_without_linger_refuses_the_start_and_names_enable_linger(user_se
     assert not (folder / "systemd-run.args").exists()
 
 
-def test_the_cgroup_of_a_supervisor_killed_is_removed_once_empty(tmp_path: Path) -> None:
-    """The supervisor removes its cgroup at the end; killed, it cannot: the next status or stop
-    does, once nothing is left in it (a reboot removes it anyway)."""
+def test_the_cgroup_of_a_survivor_killed_is_removed_once_empty(tmp_path: Path) -> None:
+    """The monitor removes the cgroup at the end, also when the survivor was killed (torchrun's
+    exit status is then unknown); the next status or stop would, once nothing is left in it."""
     transport = LocalTransport(HostSpec(host="here", transport="local"))
     state_dir, flag = tmp_path / "state", tmp_path / "go"
     code = f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.02)\n"
     answer = transport.call(req(state_dir, "start", argv=[sys.executable, "-c", code], env={}, cwd=str(tmp_path)))
-    cgroup, sup, tr = answer["state"]["cgroup"], answer["state"]["supervisor"], answer["state"]["torchrun"]
+    cgroup, sup, tr = answer["state"]["cgroup"], answer["state"]["survivor"], answer["state"]["torchrun"]
     if cgroup is None:
         unavailable("no cgroup here")
     os.kill(sup["pid"], signal.SIGKILL)
-    wait_for(lambda: not alive(sup["pid"], sup["start_time"]), 10, what="the supervisor to die")
+    wait_for(lambda: not alive(sup["pid"], sup["start_time"]), 10, what="the survivor to die")
     assert transport.call(req(state_dir, "status"))["state"]["state"] == "running"
     assert os.path.isdir(cgroup)  # torchrun still runs in it
     flag.touch()
     wait_for(lambda: not alive(tr["pid"], tr["start_time"]), 10, what="the job to end")
-    assert transport.call(req(state_dir, "status"))["state"]["state"] == "lost"
+    final = wait_for(lambda: (s := transport.call(req(state_dir, "status")))["state"]["state"] == "exited" and s,
+                     30, what="the monitor's final state")
+    assert (final["state"]["exit_status"], final["state"]["exit_code"]) == ("unknown", None)
     assert not os.path.exists(cgroup)
 
 
@@ -754,7 +757,7 @@ def test_an_unprivileged_user_over_ssh_with_a_delegated_cgroup_gets_a_verified_s
     answer = where.transport.call(req(state_dir, "start", argv=argv, env={}, cwd=str(where.home)))
     attempt = answer["state"]["cgroup"]
     assert os.path.dirname(attempt) == where.login, answer  # below the user's own (delegated) cgroup
-    sup = answer["state"]["supervisor"]
+    sup = answer["state"]["survivor"]
     where.host.run("kill", "-9", str(sup["pid"]))
     wait_for(lambda: not where.alive({"supervisor": (sup["pid"], sup["start_time"])}), 10, what="the supervisor to die")
     (piddir / "go").touch()
@@ -820,7 +823,7 @@ def test_logind_over_ssh_with_linger_starts_the_job_in_a_user_scope_that_outlive
     assert args.startswith("--user --scope --quiet --collect -p Delegate=yes --unit=clusterrun-hostile-1-n0-a1-")
     cgroup = answer["state"]["cgroup"]
     assert os.path.dirname(cgroup) == scope, answer  # its own cgroup, in the user manager's scope
-    sup, tr = answer["state"]["supervisor"], answer["state"]["torchrun"]
+    sup, tr = answer["state"]["survivor"], answer["state"]["torchrun"]
     wait_for(lambda: (piddir / "ready").exists(), 60, what="the hostile processes")
     pids = {**recorded(piddir), "supervisor": (sup["pid"], sup["start_time"]),
             "torchrun": (tr["pid"], tr["start_time"])}

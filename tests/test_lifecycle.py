@@ -232,11 +232,12 @@ def test_a_reused_pid_or_a_reboot_means_lost_and_down_kills_no_stranger(
     job = up_detached(hosts, SUPPORT / "counter.py", "10000", "0.05")
     wait_state(job, "running")
     kill_monitors(controller_state)
-    # Take the job away behind clusterrun's back, as a crash would: supervisors first, then the rest.
+    # Take the job away behind clusterrun's back, as a crash would: survivors and monitors first, then the rest.
     for node in (0, 1):
-        sup = host_state(state_dir, job, node)["supervisor"]
-        if alive(sup["pid"], sup["start_time"]):
-            os.kill(sup["pid"], signal.SIGKILL)
+        for key in ("survivor", "supervisor"):
+            sup = host_state(state_dir, job, node)[key]
+            if alive(sup["pid"], sup["start_time"]):
+                os.kill(sup["pid"], signal.SIGKILL)
     for pid in marked(job):
         os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not marked(job), timeout=10, what="the job's processes to die")

@@ -124,7 +124,7 @@ def recorded(piddir: Path, attempt: int) -> dict[str, tuple[int, int]]:
 
 
 def kill_node0_supervisor(where: Where, state_dir: Path, job: str) -> None:
-    sup = host_state(state_dir, job, 0)["supervisor"]
+    sup = host_state(state_dir, job, 0)["survivor"]  # torchrun's parent, the subreaper: the harder fault
     supervisor = {"a1-rank0-supervisor": (sup["pid"], sup["start_time"])}
     where.kill(supervisor)
     wait_for(lambda: not where.alive(supervisor), 10, what="node 0's supervisor to die")

@@ -3,8 +3,9 @@
 How it is run
 -------------
 This package is stdlib only and written in parts (``codec``, ``records``, ``procs``, ``cgroup``,
-``supervisor``, ``stop``, ``follow``, ... and ``serve``, the dispatch table; ``wire`` types every
-request, shared with the controller). The controller
+``survivor``, ``monitor``, ``supervisor`` (starts the survivor), ``stop``, ``orphans``,
+``follow``, ... and ``serve``, the dispatch table; ``wire`` types every request, shared with the
+controller). The controller
 ships it to a host as one zip, named by its sha256 (``clusterrun/transports/bundle.py``: fixed
 timestamps, sorted entries, the package as ``clusterrun_agent``). It never builds a shell
 command from job data: it runs the constant command ``PYTHON -S -c BOOTSTRAP`` and writes to
@@ -81,7 +82,9 @@ Requests (``op``) and answers
            of the first ``log`` message is then before the one asked for); ``logs: false`` sends no log data
            (states only); ``once: true`` ends with ``{t: "eof", next, state}`` at the end of what
            is written so far if the job still runs. ``state.state`` is ``lost`` when neither the
-           supervisor nor torchrun runs any more (host rebooted, processes killed, pid reused).
+           survivor, the monitor nor torchrun runs any more (host rebooted, processes killed, pid
+           reused). ``follow``, ``status`` and ``stop`` start a monitor for an unfinished attempt
+           that has none (``ensure_monitor``): it copies the lines left and writes the final state.
 ``stop``   ``{job, node, attempt, state_dir, grace}`` → ``{ok, killed: [...], left: [...], state,
            containment, verified, detail, fallbacks, degraded, notes, grace}``: the stop described below,
            of that attempt only; idempotent. ``killed`` entries are ``{pid, name, state, signal}``
@@ -89,10 +92,16 @@ Requests (``op``) and answers
            that the answer repeats). ``containment`` is ``cgroup`` (``verified``: the
            attempt's cgroup was empty, then removed), ``sweep`` (``verified`` false: ``left: []``
            means only that no process the sweep can see is left) or ``reboot``; ``notes`` say what
-           could not be recorded on disk.
+           could not be recorded on disk. Without the attempt's directory (never started, or
+           deleted) the stop looks all the same (``orphans``): ``records_gone: true``, ``looked``
+           (where, in words) and ``found_by`` (the cgroups named after the attempt, the marker
+           scan); what they found is stopped, torchrun first, and verified by the cgroup if any.
 ``status`` ``{job, node, attempt, state_dir}`` → ``{ok, state, alive, log_size, containment,
-           fallbacks, degraded}`` (``lost`` as for ``follow``). For ``status`` and ``stop``, a node
-           never started (no attempt directory) is ``{state: {state: "absent"}}``, not an error.
+           fallbacks, degraded}`` (``lost`` as for ``follow``; ``alive``: ``survivor``, ``supervisor``
+           (the monitor), ``torchrun``). For ``status`` and ``stop``, a node never started (no
+           attempt directory, and nothing of it found) is ``{state: {state: "absent"}}``, not an
+           error; without its directory while its processes run, ``status`` says ``lost`` with
+           ``records_gone``, ``found_by`` and an ``error`` naming the fix.
 ``remove`` ``{job, node, state_dir}`` → ``{ok, removed, bytes}``: deletes the node's directory
            (every attempt: state and logs; ``removed`` its path, null if there was none, ``bytes``
            the size of its files) and the job's directory once empty; refused while a supervisor
@@ -145,11 +154,14 @@ under umask 077 so they are never readable by others, not even briefly):
 ``output.log``      torchrun's stdout and stderr, appended (O_APPEND) and never truncated, and
                     every worker's lines, whole and tagged ``[rankN]:`` (see ``RankLogs``)
 ``torchrun/``       torchrun's own ``--log-dir`` (per-rank files it truncates; read by ``RankLogs``)
-``state.json``      written by the supervisor, atomically (temp file, fsync, rename), and by a
-                    stop that outlived it: ``state`` (starting → running → exited),
+``state.json``      written by the survivor until the monitor starts, then by the monitor only,
+                    atomically (temp file, fsync, rename), and by a stop that outlived them:
+                    ``state`` (starting → running → exited), ``survivor`` ``{pid, start_time,
+                    sid}``, ``exit_status`` (``unknown``: torchrun ended after its survivor,
+                    which alone could reap it; ``exit_code`` is then null and ``error`` says so),
                     ``cgroup`` (the attempt's cgroup once the supervisor is in it, else null),
                     ``fallbacks`` (what the host lacked, in words), ``degraded`` (why the
-                    supervisor could not write something), ``supervisor`` and ``torchrun``
+                    supervisor could not write something), ``supervisor`` (the monitor) and ``torchrun``
                     ``{pid, start_time}`` (start time in clock ticks since boot), ``boot_id``,
                     ``exit_code`` / ``signal`` of torchrun, ``error`` (could not start),
                     ``stop_requested``, ``workers`` ``[{rank, local_rank, pid, died}]`` (``died``:
@@ -165,11 +177,17 @@ under umask 077 so they are never readable by others, not even briefly):
                     ``memory.events``), ``cgroup_events`` and ``cgroup_error``
 ``spec.json`` also holds ``cgroup`` (made for the attempt), ``user_scope`` and ``fallbacks``
 ``stop``            present once a stop was requested
+``exit``            written by the survivor once it reaped torchrun, atomically (temp + rename),
+                    before anything else: ``{exit_code, signal, pid}`` (see ``read_exit``)
+``ranklogs.json``   the monitor's journal of ``RankLogs``: each per-rank file's offset passed
+                    on, the last batch's ranges and the log's size before it (see
+                    ``resume_offsets``), rewritten (rename, no fsync) before each batch
+``monitor.lock``    flock'ed by the one monitor at work; another waits on it, then takes over
 ``degraded``        present once the supervisor could not write its state or log (a full or
                     read-only disk, a quota): the reason, if even that could be written. The
                     supervisor goes on supervising with its state in memory and writes it again
                     when it can; ``status``, ``follow`` and ``stop`` report ``degraded``.
-``supervisor.log``  the supervisor's own diagnostics
+``supervisor.log``  the survivor's and the monitors' own diagnostics
 
 The cgroup
 ----------
@@ -194,39 +212,52 @@ a new interpreter that imports this package from its cached zip and reads the jo
 from stdin) when their user manager runs and lingers, and makes the attempt's cgroup in that
 scope; otherwise the start is refused.
 
-The supervisor
---------------
-Forked by ``start`` from the agent (twice, so that it is nobody's child but init's or a
-subreaper's; no second interpreter start), in its own session with stdin from /dev/null, stdout
-and stderr to ``supervisor.log``, every other descriptor closed (the SSH channel included), no
-terminal and SIGHUP ignored, so it survives the controller and the SSH connection.
-It makes itself a child subreaper (orphaned descendants are re-parented to it, not to init),
-sets ``CLUSTERRUN_JOB=<job>.<node>.<attempt>`` in the job's environment and runs torchrun with
-its output appended to ``output.log``. It records the worker processes and when each one ended,
-reaps everything, and when torchrun has exited kills what is left of the job (its ``job``
-cgroup, then the sweep below) before leaving and removing the attempt's cgroup and writing the
-final state. It sleeps until something happens (inotify on torchrun's per-rank files, pidfds of
-the workers, SIGCHLD and SIGTERM through a wake-up pipe; see ``Waker``), as ``follow`` does
-(inotify on the attempt directory, pidfds of the supervisor and torchrun): a quiet job costs
-no CPU on the host. Where inotify is missing they poll. From just before torchrun starts it
-reads the kernel's log (/dev/kmsg from its end, at each scan: ``KernelLog``) for OOM kills; when
-torchrun exits non-zero, those and the attempt's cgroup's ``memory.events`` become the state's
-``oom`` (the controller matches them to the root cause's PID).
+The survivor and the monitor
+----------------------------
+Podman's conmon is the model: the part that must outlive everything is small and only waits.
+The **survivor** (``survivor.Survivor``) is forked by ``start`` from the agent (twice, so that
+it is nobody's child but init's or a subreaper's; no second interpreter start), in its own
+session with stdin from /dev/null, stdout and stderr to ``supervisor.log``, every other
+descriptor closed (the SSH channel included), no terminal and SIGHUP ignored, so it survives the
+controller and the SSH connection. It makes itself a child subreaper (orphaned descendants are
+re-parented to it, not to init), sets ``CLUSTERRUN_JOB=<job>.<node>.<attempt>`` in the job's
+environment, runs torchrun with its output appended to ``output.log`` and forks the monitor;
+then it only waits (SIGCHLD and SIGTERM through a wake-up pipe) and reaps: torchrun's status
+goes to the ``exit`` file at once; a monitor that died is forked again (``RESPAWNS`` at most);
+once torchrun has exited and a monitor has finished, it leaves and removes the attempt's cgroup.
+
+The **monitor** (``monitor.Monitor``; state.json's ``supervisor``) does the rest, in the
+survivor's session: it merges the rank logs (``RankLogs``, resuming from its journal), records
+the worker processes and when each one ended, and the sessions; once torchrun has ended (its
+pidfd) it reads the exit file (waiting while the survivor lives), kills what is left of the job
+(its ``job`` cgroup, then the sweep below), copies the last lines and writes the final state.
+It may be SIGKILLed at any moment: the survivor, or the next agent's ``status``, ``follow`` or
+``stop``, starts another, which takes the lock and resumes: no line lost, none written twice,
+and the final state is torchrun's real exit. If the survivor is killed, the monitor goes on;
+torchrun's status is then unknown (``exit_status``), which the controller reports as such.
+Both sleep until something happens (inotify on torchrun's per-rank files, pidfds of the workers
+and torchrun; see ``Waker``), as ``follow`` does (inotify on the attempt directory, pidfds of
+the survivor, the monitor and torchrun): a quiet job costs no CPU on the host. Where inotify is
+missing they poll. From just before torchrun starts the survivor holds the kernel's log open
+(/dev/kmsg from its end; the monitor reads it at each scan: ``KernelLog``; a monitor started by
+an agent opens it anew) for OOM kills; when torchrun exits non-zero, those and the attempt's
+cgroup's ``memory.events`` become the state's ``oom`` (the controller matches them to the root
+cause's PID).
 
 The verified stop
 -----------------
 A stop names one attempt and touches nothing of another. SIGTERM to torchrun first (it stops its
 workers; killing workers first makes it restart them), up to ``grace`` seconds for it to exit;
 then, with a cgroup, ``cgroup.kill`` of its ``job`` cgroup (Linux >= 5.14; else freeze it and
-SIGKILL every process in ``cgroup.procs``), the supervisor's exit (it removes the cgroup), and
+SIGKILL every process in ``cgroup.procs``), the monitor's and the survivor's exit (it removes the cgroup), and
 the same for the whole attempt cgroup if it is still there; verified: ``cgroup.events`` says
 ``populated 0``, or the cgroup is gone (a cgroup can only be removed once empty). With or
-without a cgroup, a sweep of everything left of this attempt: the supervisor's descendants ∪
+without a cgroup, a sweep of everything left of this attempt: the survivor's descendants ∪
 processes carrying the attempt's marker ∪ processes in the attempt's recorded sessions. Every
 process is identified again *after* a pidfd was opened for it and is signalled through that
 pidfd, so a reused pid is never signalled. SIGTERM, a short wait, SIGKILL, re-scan until nothing
 is left. The sweep cannot see a process that left the job's tree (no subreaper, or the
-supervisor was killed), its sessions and its environment (``setsid`` + ``env -i``): only the
+survivor was killed), its sessions and its environment (``setsid`` + ``env -i``): only the
 cgroup verifies. The answer lists what was killed and what could not be (e.g. a process in
 uninterruptible sleep). Nothing is ever matched by command line.
 """

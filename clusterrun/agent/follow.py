@@ -6,6 +6,7 @@ import os
 import time
 
 from .codec import _emit, _last_emit
+from .monitor import ensure_monitor
 from .procs import PidHandle, _job_alive, pin
 from .records import _load_state, _read_state
 from .waker import IDLE_CHECK, IN_MODIFY, IN_MOVED_TO, Waker
@@ -91,6 +92,8 @@ def op_follow(req: dict[str, Any]) -> None:
                 state = _read_state(folder) or state
                 _emit({"t": "state", "state": state})
             ended = state.get("state") == "exited"
+            if not ended:
+                state = ensure_monitor(folder, state)
             if not ended and not _job_alive(state):
                 # Read the state again: the supervisor may have written its last word and exited
                 # since the read above. Only if it still says nothing is the node lost.
@@ -136,6 +139,6 @@ def op_follow(req: dict[str, Any]) -> None:
 def _pin_job(state: dict[str, Any], pins: dict[tuple[int, int | None], PidHandle | None]) -> None:
     """Pidfds of the supervisor and torchrun that ``state`` names (once each), so that a wait
     wakes when one of them ends even if it could not write its last state (SIGKILL)."""
-    for entry in (state.get("supervisor"), state.get("torchrun")):
+    for entry in (state.get("survivor"), state.get("supervisor"), state.get("torchrun")):
         if entry and entry.get("pid") and (entry["pid"], entry.get("start_time")) not in pins:
             pins[(entry["pid"], entry.get("start_time"))] = pin(entry["pid"], entry.get("start_time"))

@@ -161,12 +161,16 @@ def pin(pid: int, start_time: int | None) -> PidHandle | None:
 
 
 class JobScope:
-    """Which processes belong to one node's job: the supervisor's tree ∪ marker ∪ sessions."""
+    """Which processes belong to one node's job: the survivor's tree ∪ marker ∪ sessions. The
+    survivor and its monitors are not the job's: they are in the survivor's session (torchrun and
+    what it starts are in sessions of their own, and no process can join another's session)."""
 
     def __init__(self, state: dict[str, Any], exclude: set[int]) -> None:
-        sup = state.get("supervisor") or {}
+        sup = state.get("survivor") or state.get("supervisor") or {}  # an older agent's supervisor
         self.sup_pid = sup.get("pid")
         self.sup_start = sup.get("start_time")
+        monitor = (state.get("supervisor") or {}).get("pid")
+        self.own_sid = sup.get("sid")  # the survivor's session: itself and its monitors
         self.marker = _marker(state["job"], state["node"], state["attempt"])
         self.sessions = set(state.get("sessions") or [])
         # When each session was first seen: the start time of its leader (None: already gone).
@@ -176,9 +180,7 @@ class JobScope:
             self.sessions.add(tr["pid"])  # torchrun leads its own session
             self.leaders[tr["pid"]] = tr.get("start_time")
         self.min_start = self.sup_start or 0
-        self.exclude = set(exclude)
-        if self.sup_pid:
-            self.exclude.add(self.sup_pid)
+        self.exclude = set(exclude) | {pid for pid in (self.sup_pid, monitor) if pid}
 
     def _supervisor_alive(self, procs: dict[int, ProcInfo]) -> bool:
         info = procs.get(self.sup_pid) if self.sup_pid else None
@@ -202,7 +204,7 @@ class JobScope:
         tree = descendants(self.sup_pid, procs) if self.sup_pid and self._supervisor_alive(procs) else set()
         found = set()
         for pid, info in procs.items():
-            if pid in self.exclude or info.state == "Z":
+            if pid in self.exclude or info.state == "Z" or info.sid == self.own_sid:
                 continue
             if pid in tree or self._in_session(info, procs) or has_marker(pid, self.marker):
                 found.add(pid)
@@ -211,7 +213,7 @@ class JobScope:
     def belongs(self, pid: int) -> bool:
         """Check one process again (after it was pinned): is it still part of the job?"""
         info = proc_info(pid)
-        if info is None or info.state == "Z":
+        if info is None or info.state == "Z" or info.sid == self.own_sid:
             return False
         if self._in_session(info, {}):
             return True
@@ -272,7 +274,7 @@ def _is_alive(entry: dict[str, Any] | None) -> bool:
 
 
 def _job_alive(state: dict[str, Any]) -> bool:
-    """Whether the supervisor or torchrun recorded in ``state`` still runs (a reboot ends both)."""
+    """Whether the survivor, the monitor or torchrun recorded in ``state`` still runs (a reboot ends all)."""
     if state.get("boot_id") != _boot_id():
         return False
-    return _is_alive(state.get("supervisor")) or _is_alive(state.get("torchrun"))
+    return any(_is_alive(state.get(key)) for key in ("survivor", "supervisor", "torchrun"))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from .records import _fs_problem
+from .codec import json_dumps
+from .records import _fs_problem, _read_json
 from .waker import Waker
 
 TYPE_CHECKING = False
@@ -31,6 +32,13 @@ def _files_at(root: str, prefixes: tuple[str, ...], before_listing: Any = None) 
     return sorted(found)
 
 
+def _tagged(prefix: bytes, data: bytes, final: bool) -> bytes:
+    """The complete lines of ``data``, each tagged with ``prefix`` (and, when ``final``, a partial
+    last line too, ended): what ``RankLogs`` appends to output.log for one per-rank file."""
+    cut = len(data) if final else data.rfind(b"\n") + 1
+    return b"".join(prefix + line + b"\n" for line in data[:cut].splitlines())
+
+
 class RankLogs:
     """Merge torchrun's per-rank files into ``output.log``: whole lines, each tagged ``[rankN]:``.
 
@@ -40,25 +48,39 @@ class RankLogs:
     it was written (Python writes a printed text and its newline separately), which splits lines
     and mixes ranks. Here a line is only passed on once complete, and every batch goes to the
     O_APPEND log in one write, so no line is ever split or interleaved.
+
+    With a ``journal`` (``ranklogs.json``) a monitor killed at any moment is resumed by the next
+    one without losing or repeating a line: before each batch is appended, the journal records
+    every file's offset so far, the batch's ranges and the log's size; on resume the batch is
+    rebuilt from those ranges and counts as written if output.log holds it past that size.
     """
 
-    def __init__(self, root: str, out_fd: int, first_rank: int, waker: Waker | None = None) -> None:
+    def __init__(self, root: str, out_fd: int, first_rank: int, waker: Waker | None = None,
+                 journal: str | None = None) -> None:
         self.root, self.out_fd, self.first_rank = root, out_fd, first_rank
         self.files: dict[str, list[Any]] = {}  # path → [file, pending bytes, prefix]
+        self.done: dict[str, int] = {}  # path relative to ``root`` → bytes of it passed on
         self.error: str | None = None
         self.waker = waker  # told to watch every directory of the tree
+        self.journal = journal
+        if journal is not None:
+            self.done = resume_offsets(journal, root, out_fd, first_rank)
+
+    def _prefix(self, path: str) -> bytes | None:
+        local = os.path.basename(os.path.dirname(path))
+        return b"[rank%d]:" % (self.first_rank + int(local)) if local.isdigit() and path.endswith(".log") else None
 
     def _discover(self) -> bool:
         found = False
         watch = self.waker.watch if self.waker is not None else None
         for path in _files_at(self.root, ("", "attempt_", "", "std"), before_listing=watch):
-            local = os.path.basename(os.path.dirname(path))
-            if path not in self.files and local.isdigit() and path.endswith(".log"):
+            prefix = self._prefix(path)
+            if path not in self.files and prefix is not None:
                 try:
                     handle = open(path, "rb")  # noqa: SIM115 - kept open while the job runs
+                    handle.seek(self.done.get(os.path.relpath(path, self.root), 0))
                 except OSError:
                     continue
-                prefix = b"[rank%d]:" % (self.first_rank + int(local))
                 self.files[path] = [handle, b"", prefix]
                 found = True
         return found
@@ -67,26 +89,78 @@ class RankLogs:
         """Pass on every complete line written so far (and, when ``final``, the rest too); True if
         torchrun made new per-rank files (it is starting workers)."""
         found = self._discover()
-        out = []
-        for entry in self.files.values():
+        out: list[bytes] = []
+        batch: list[tuple[str, int, int, bool]] = []  # per file: the range of it in this batch
+        for path, entry in self.files.items():
             handle, pending, prefix = entry
             pending += handle.read()
-            cut = pending.rfind(b"\n") + 1
-            for line in pending[:cut].splitlines():
-                out.append(prefix + line + b"\n")
-            pending = pending[cut:]
-            if final and pending:
-                out.append(prefix + pending + b"\n")
-                pending = b""
-            entry[1] = pending
+            cut = len(pending) if final else pending.rfind(b"\n") + 1
+            if cut:
+                rel = os.path.relpath(path, self.root)
+                start = self.done.get(rel, 0)
+                out.append(_tagged(prefix, pending[:cut], final))
+                batch.append((rel, start, start + cut, final))
+            entry[1] = pending[cut:]
         data = b"".join(out)
+        if not batch:
+            return found
+        if self.journal is not None:
+            try:
+                size = os.fstat(self.out_fd).st_size
+                _write_quick(self.journal, json_dumps({"done": self.done, "batch": batch, "log_start": size}).encode())
+            except OSError:  # a full disk: the lines still go out; a monitor resumed later may repeat this batch
+                pass
         try:
             while data:
                 data = data[os.write(self.out_fd, data):]
         except OSError as exc:  # a full disk: the lines are lost, the job goes on
             self.error = f"lines of the workers were lost: cannot write output.log: {_fs_problem(exc)}"
+        for rel, _, end, _ in batch:
+            self.done[rel] = end
         return found
 
     def close(self) -> None:
         for handle, _, _ in self.files.values():
             handle.close()
+
+
+def _write_quick(path: str, data: bytes) -> None:
+    """Replace ``path`` by a rename (atomic against the writer's death; no fsync: a host's crash
+    ends the job anyway, and this is written for every batch of log lines)."""
+    tmp = f"{path}.tmp"  # one writer at a time: the monitor's lock
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.rename(tmp, path)
+
+
+def resume_offsets(journal: str, root: str, log_fd: int, first_rank: int) -> dict[str, int]:
+    """The offsets in torchrun's per-rank files (relative to ``root``) up to which their lines are
+    in the log ``log_fd``, from ``RankLogs``'s journal: the offsets before the last batch, moved
+    past it if the log holds that batch after the size it had then (torchrun appends its own
+    lines too, so the batch need not start there)."""
+    record = _read_json(journal)
+    if record is None:
+        return {}
+    done = {str(k): int(v) for k, v in (record.get("done") or {}).items()}
+    batch = record.get("batch") or []
+    expected = []
+    try:
+        for rel, start, end, final in batch:
+            path = os.path.join(root, rel)
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read(end - start)
+            local = os.path.basename(os.path.dirname(path))
+            expected.append(_tagged(b"[rank%d]:" % (first_rank + int(local)), data, bool(final)))
+        written = b"".join(expected)
+        size = os.fstat(log_fd).st_size
+        start_at = int(record.get("log_start") or 0)
+        found = False
+        if written and size - start_at >= len(written):
+            found = written in os.pread(log_fd, size - start_at, start_at)
+    except (OSError, ValueError, TypeError):
+        return done
+    if found:
+        for rel, _, end, _ in batch:
+            done[rel] = end
+    return done

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 from .cgroup import _forget_cgroup
+from .monitor import ensure_monitor
+from .orphans import census, status_unrecorded
 from .procs import _is_alive, _job_alive
 from .records import AgentFailure, _attempt_dir, _boot_id, _load_state, _read_json, _read_state, _state_root
 
@@ -23,17 +25,19 @@ def _absent(req: dict[str, Any]) -> dict[str, Any] | None:
 
 def op_status(req: dict[str, Any]) -> dict[str, Any]:
     absent = _absent(req)
-    if absent is not None:
-        return absent
+    if absent is not None:  # never started, or its records were deleted while it runs
+        found = census(req)
+        return status_unrecorded(req, found) if found["populated"] or found["marked"] else absent
     folder, state = _load_state(req)
     same_boot = state.get("boot_id") == _boot_id()
-    alive = {"supervisor": same_boot and _is_alive(state.get("supervisor")),
-             "torchrun": same_boot and _is_alive(state.get("torchrun"))}
+    alive = {key: same_boot and _is_alive(state.get(key)) for key in ("survivor", "supervisor", "torchrun")}
+    if same_boot:  # a new monitor copies what is left; with nothing of the job alive the node is lost all the same
+        ensure_monitor(folder, state)
     if state.get("state") != "exited" and not any(alive.values()):
         state = _read_state(folder) or state  # it may have ended just now
         if state.get("state") != "exited":
             state = dict(state, state="lost")
-    if not alive["supervisor"]:
+    if not alive["supervisor"] and not alive["survivor"]:
         _forget_cgroup(state)
     try:
         size = os.path.getsize(os.path.join(folder, "output.log"))

@@ -6,6 +6,8 @@ import os
 import time
 
 from .cgroup import _forget_cgroup, cg_kill, cg_pids, cg_populated, cg_remove, cg_wait_empty
+from .monitor import EXIT_WAIT, ensure_monitor
+from .orphans import census, stop_unrecorded
 from .procs import JobScope, all_procs, pin, proc_info, signal
 from .records import _attempt_dir, _boot_id, _fs_problem, _read_json, _read_state, _write_json_atomic
 from .status import _absent
@@ -20,11 +22,17 @@ UNSEEN = "processes that left the job's tree, session and environment could not 
 
 def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     absent = _absent(req)
-    if absent is not None:
-        return absent
+    if absent is not None:  # never started, or its records were deleted: look for its processes all the same
+        found = census(req)
+        if found["populated"] or found["marked"]:
+            return stop_unrecorded(req, found)
+        removed = [f"removed its empty cgroup {cg}" for cg in found["cgroups"] if cg_remove(cg)]
+        return dict(absent, records_gone=True, found_by=[], looked=found["looked"], notes=removed)
     folder = _attempt_dir(req)
     spec = _read_json(os.path.join(folder, "spec.json")) or {}
     state = _read_state(folder)
+    if state is not None:
+        state = ensure_monitor(folder, state)  # it copies the last lines and writes the final state
     notes: list[str] = []
     if state is None:  # the supervisor never wrote it (it died, or the disk was full): find what we can
         state = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "state": "starting",
@@ -67,13 +75,15 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
             method = cg_kill(job, killed)
             cg_wait_empty(job, deadline)
     scope.sweep(term_wait=0.5 if cgroup else 2.0, deadline=deadline, killed=killed)
-    sup = state.get("supervisor") or {}
-    supervisor = pin(sup["pid"], sup.get("start_time")) if sup.get("pid") else None
-    if supervisor is not None:
-        if not supervisor.wait(10):  # it writes the final state once nothing of the job is left
-            supervisor.signal(signal.SIGKILL)
-            supervisor.wait(5)
-        supervisor.close()
+    current = _read_state(folder) or state  # a monitor started since names itself there
+    for key in ("supervisor", "survivor"):  # the monitor writes the final state, then the survivor leaves
+        entry = current.get(key) or state.get(key) or {}
+        handle = pin(entry["pid"], entry.get("start_time")) if entry.get("pid") else None
+        if handle is not None:
+            if not handle.wait(EXIT_WAIT + 10):
+                handle.signal(signal.SIGKILL)
+                handle.wait(5)
+            handle.close()
     cgroup_empty = False
     if cgroup:
         if os.path.isdir(cgroup):  # the supervisor was killed before it could remove it

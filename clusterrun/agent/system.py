@@ -10,6 +10,11 @@ import time
 
 from .procs import signal
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import NoReturn
+
 
 def _user_name() -> str:
     import pwd
@@ -108,3 +113,21 @@ def _capture(argv: list[str], timeout: float = 5.0) -> str | None:
         os.waitpid(pid, 0)
         return None
     return data.decode("utf-8", "replace") if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else None
+
+
+def _exit_with(run: Callable[[], int]) -> NoReturn:
+    """End this (forked) process with what ``run`` returns, 1 if it raised: its traceback, the
+    supervisor's last word, goes to its log (stderr)."""
+    code = 1
+    try:
+        code = run()
+    except BaseException:  # noqa: BLE001 - the supervisor's last word, in its log
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)

@@ -115,6 +115,9 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
             if answer.get("state", {}).get("state") == "absent":
                 continue
             where = f"node{rank} {record.nodes[rank].host}: "
+            if answer.get("records_gone"):  # its directory on the host was deleted while its processes run
+                click.echo(f"{where}{safe(str(answer['state'].get('error')), colour=False)}")
+                continue
             click.echo(_guarantee(answer.get("fallbacks") or (), prefix=where))
             if answer.get("degraded"):
                 click.echo(f"{where}degraded: {answer['degraded']}")

@@ -1,0 +1,349 @@
+"""The monitor of one attempt (see the package docstring): everything but waiting for torchrun.
+It merges the rank logs, records workers and sessions, and writes the final state; it may die at
+any moment and is started again, by the survivor or by the next agent to look, and resumes."""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+
+from .cgroup import cg_kill, cg_remove, cg_wait_empty, cg_write
+from .kmsg import KernelLog
+from .procs import JobScope, PidHandle, _is_alive, all_procs, descendants, pin, proc_env, proc_info, signal
+from .ranklogs import RankLogs
+from .records import _boot_id, _fs_problem, _read_json, _write_json_atomic
+from .system import _close_fds_from, _exit_with
+from .waker import IDLE_CHECK, Waker, _drain
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+# How often at most the supervisor reads new bytes of torchrun's per-rank files to merge them into
+# the node's log (``follow.POLL_INTERVAL`` is its counterpart; docs/benchmarks.md); without inotify
+# also its polling interval. It looks for new worker processes every SCAN_INTERVAL seconds for
+# BUSY seconds after torchrun started or made new per-rank files (it is starting workers), else
+# every IDLE_SCAN_INTERVAL seconds.
+MERGE_INTERVAL = 0.02
+SCAN_INTERVAL = 0.25
+IDLE_SCAN_INTERVAL = 2.0
+BUSY = 10.0
+POLL_INTERVAL = 0.05  # how often a monitor looks for the exit file while the survivor lives
+EXIT_FILE = "exit"  # the survivor's record of torchrun's end: {"exit_code", "signal", "pid"}
+RANK_JOURNAL = "ranklogs.json"  # RankLogs's offsets, for a monitor that resumes
+MONITOR_LOCK = "monitor.lock"  # flock'ed by the one monitor at work
+EXIT_WAIT = 10.0  # seconds a monitor waits for a living survivor to write the exit file
+RESPAWNS = 5  # monitors the survivor restarts at most in a row without progress (a monitor's bug)
+
+
+def read_exit(folder: str) -> dict[str, Any] | None:
+    """The exit file: ``{exit_code, signal}`` of torchrun as the survivor reaped it, or None."""
+    record = _read_json(os.path.join(folder, EXIT_FILE))
+    if record is None or not isinstance(record.get("exit_code"), int):
+        return None
+    return {"exit_code": record["exit_code"], "signal": record.get("signal")}
+
+
+def _entry(pid: int) -> dict[str, Any]:
+    info = proc_info(pid)
+    return {"pid": pid, "start_time": info.start_time if info else None}
+
+
+def ensure_monitor(folder: str, state: dict[str, Any]) -> dict[str, Any]:
+    """Start a monitor for an unfinished attempt that has none (it was killed, and its survivor
+    too, or the survivor gave up restarting it): it resumes the log copy from its journal and
+    writes the final state. Returns ``state`` with the new monitor as ``supervisor``."""
+    if (state.get("state") == "exited" or state.get("boot_id") != _boot_id()
+            or _is_alive(state.get("supervisor")) or _is_alive(state.get("survivor"))):
+        return state
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(folder, MONITOR_LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
+    except OSError:
+        return state  # the attempt's directory is gone or unwritable: nothing to resume into
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        return state  # a monitor is at work (started by another agent just now)
+    finally:
+        os.close(fd)
+    pid = _spawn_monitor(folder, state.get("cgroup"))
+    return dict(state, supervisor=_entry(pid)) if pid else state
+
+
+def _spawn_monitor(folder: str, cgroup: str | None) -> int:
+    """Fork a detached monitor of ``folder`` (in its own session, in the attempt's cgroup if it is
+    still there, nobody's child); its pid, 0 if it could not be started."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    found_r, found_w = os.pipe()
+    child = os.fork()
+    if child:
+        os.close(found_w)
+        os.waitpid(child, 0)
+        data = os.read(found_r, 64)
+        os.close(found_r)
+        return int(data) if data.strip().isdigit() else 0
+
+    def monitor() -> int:
+        os.setsid()
+        if os.fork():
+            return 0
+        os.write(found_w, str(os.getpid()).encode())
+        os.chdir(folder)
+        log_fd = os.open(os.path.join(folder, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        _close_fds_from(3)  # the SSH channel's pipes among them: the connection may close
+        if cgroup and os.path.isdir(cgroup):
+            try:
+                cg_write(os.path.join(cgroup, "cgroup.procs"), str(os.getpid()).encode())
+            except OSError:
+                pass  # outside it, the monitor still works: the stop sweeps what the cgroup would show
+        print(f"clusterrun monitor {os.getpid()}: started by an agent (no monitor or survivor was running)", flush=True)
+        return Monitor(folder).run()
+
+    _exit_with(monitor)
+
+
+def leave_cgroup(cgroup: str, pids: list[int]) -> bool:
+    """Move ``pids`` (the survivor, a monitor) to the parent of the attempt's cgroup, now that
+    nothing of the job is left in it, and remove it; True if it is gone."""
+    for pid in pids:
+        try:
+            cg_write(os.path.join(os.path.dirname(cgroup), "cgroup.procs"), str(pid).encode())
+        except OSError:
+            pass  # gone already; or not allowed: the next status or stop removes it once empty
+    return cg_remove(cgroup)
+
+
+def save_state(folder: str, state: dict[str, Any]) -> bool:
+    """Write state.json; on a full or read-only disk keep it in memory and go on supervising
+    (stopping needs no disk), and leave a ``degraded`` marker for the agent where one fits."""
+    try:
+        _write_json_atomic(os.path.join(folder, "state.json"), state)
+        return True
+    except OSError as exc:
+        _degrade(folder, state, f"cannot write state.json: {_fs_problem(exc)}")
+        return False
+
+
+def _degrade(folder: str, state: dict[str, Any], reason: str) -> None:
+    """Record why the state or log could not be written: in ``state`` and, where it fits, in a
+    ``degraded`` marker file for the agent."""
+    if state.get("degraded"):
+        return
+    state["degraded"] = reason
+    try:
+        print(f"clusterrun supervisor: degraded: {reason}", flush=True)
+    except OSError:
+        pass  # supervisor.log is on the same disk
+    try:  # an empty file needs an inode, not a block: it often fits where the state did not
+        fd = os.open(os.path.join(folder, "degraded"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, reason.encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+class Monitor:
+    """Everything of a node's attempt but waiting for torchrun: merges the rank logs, records
+    workers, sessions and the kernel's OOM kills, and at the end sweeps and writes the final state.
+
+    create → run(): take the lock → resume (state.json, RankLogs's journal) → watch until torchrun
+    ended → its exit from the exit file (unknown if the survivor died first) → sweep → final
+    state. It may be killed at any moment: the survivor, or the next agent to look, starts another."""
+
+    def __init__(self, folder: str, state: dict[str, Any] | None = None, kernel: KernelLog | None = None) -> None:
+        self.folder = folder
+        self.given = state  # the survivor's state, when it forked us at the start
+        self.kernel = kernel
+        self.term_requested = False
+        self.workers: dict[int, PidHandle] = {}
+        self.state: dict[str, Any] = {}
+
+    def save(self) -> bool:
+        return save_state(self.folder, self.state)
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        self.term_requested = True
+
+    def run(self) -> int:
+        import fcntl
+
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        lock = os.open(os.path.join(self.folder, MONITOR_LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another monitor at work: take over when it ends
+        state = self.given or _read_json(os.path.join(self.folder, "state.json"))
+        if state is None or state.get("state") == "exited":
+            return 0
+        self.state = state
+        self.state["supervisor"] = _entry(os.getpid())
+        self.save()
+        signal.signal(signal.SIGTERM, self._on_term)
+        self.wakeup, wakeup_w = os.pipe()
+        os.set_blocking(self.wakeup, False)
+        os.set_blocking(wakeup_w, False)
+        signal.set_wakeup_fd(wakeup_w)
+        self.waker = Waker()
+        if self.kernel is None:
+            self.kernel = KernelLog()  # a monitor started by an agent: kills before now are not seen
+        self.cgroup = state.get("cgroup")
+        self.job_cgroup = (os.path.join(self.cgroup, "job") if self.cgroup and not state.get("job_cgroup_missed")
+                           else None)
+        log_fd = os.open(os.path.join(self.folder, "output.log"), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        self.rank_logs = RankLogs(os.path.join(self.folder, "torchrun"), log_fd,
+                                  int(state.get("first_rank") or self._first_rank()), self.waker,
+                                  journal=os.path.join(self.folder, RANK_JOURNAL))
+        tr = state.get("torchrun") or {}
+        torchrun = pin(tr["pid"], tr.get("start_time")) if tr.get("pid") else None
+        if torchrun is not None:
+            self._watch(torchrun)
+            torchrun.close()
+        self._finish(log_fd)
+        os.close(lock)
+        return 0
+
+    def _first_rank(self) -> int:
+        spec = _read_json(os.path.join(self.folder, "spec.json")) or {}
+        return int(spec.get("first_rank") or 0)
+
+    def _exit_status(self) -> dict[str, Any] | None:
+        """torchrun's exit as the survivor wrote it; waits while a living survivor may still."""
+        sv = self.state.get("survivor") or {}
+        survivor = pin(sv["pid"], sv.get("start_time")) if sv.get("pid") else None
+        deadline = time.monotonic() + EXIT_WAIT
+        try:
+            while True:
+                found = read_exit(self.folder)
+                if found is not None or survivor is None or not survivor.alive() or time.monotonic() > deadline:
+                    return found
+                select.select([survivor.fd] if survivor.fd >= 0 else [], [], [], POLL_INTERVAL)
+        finally:
+            if survivor is not None:
+                survivor.close()
+
+    def _finish(self, log_fd: int) -> None:
+        """torchrun has ended: its exit status, what it left killed, the last lines, the final state."""
+        for w in self.state["workers"]:
+            if w["died"] is None:
+                w["died"] = time.time()
+        found = self._exit_status()
+        if found is None:
+            self.state.update(exit_code=None, signal=None, exit_status="unknown",
+                              error="torchrun's exit status is unknown: the survivor that waited for it ended "
+                                    "first (killed?)")
+        else:
+            self.state.update(found)
+        self.state["stop_requested"] = (self.term_requested or bool(self.state.get("stop_requested"))
+                                        or os.path.exists(os.path.join(self.folder, "stop")))
+        self.save()
+        if self.job_cgroup and os.path.isdir(self.job_cgroup):  # what torchrun left behind, all of it, at once
+            cg_kill(self.job_cgroup, {})
+            cg_wait_empty(self.job_cgroup, time.monotonic() + 10)
+        sv = self.state.get("survivor") or {}
+        scope = JobScope(self.state, exclude={os.getpid(), *([sv["pid"]] if sv.get("pid") else [])})
+        scope.sweep(term_wait=2.0, deadline=time.monotonic() + 20, killed={})
+        self.rank_logs.poll(final=True)  # nothing of the job is left to write: the rest, partial lines too
+        self.rank_logs.close()
+        if self.rank_logs.error:
+            _degrade(self.folder, self.state, self.rank_logs.error)
+        os.close(log_fd)
+        if self.state["exit_code"] != 0 and self.kernel is not None:  # an OOM kill? what the kernel said
+            self.state["oom"] = self.kernel.report(self.cgroup)
+        if self.kernel is not None:
+            self.kernel.close()
+        if self.cgroup and os.path.isdir(self.cgroup):  # nothing of the job is left in it: the survivor and us
+            self.state["cgroup_removed"] = leave_cgroup(self.cgroup, [sv["pid"], os.getpid()] if sv.get("pid")
+                                                        else [os.getpid()])
+        self.state.update(state="exited", ended_at=time.time())
+        self.save()
+
+    def _watch(self, torchrun: PidHandle) -> None:
+        """Until torchrun exits: merge the rank logs and record workers and sessions. Sleeps until
+        something happens (see ``Waker``): a rank file written or created, a worker's or
+        torchrun's pidfd, or SIGTERM (through the signal wake-up pipe)."""
+        waker = self.waker
+        kernel = self.kernel
+        last_scan = last_merge = 0.0
+        busy_until = time.monotonic() + BUSY  # torchrun is about to start its workers
+        forwarded = unsaved = False
+        while True:
+            now = time.monotonic()
+            polling = (not waker.reliable or torchrun.fd < 0 or any(h.fd < 0 for h in self.workers.values()))
+            scan_every = SCAN_INTERVAL if polling or now < busy_until else IDLE_SCAN_INTERVAL
+            timeout = MERGE_INTERVAL if polling else min(last_scan + scan_every - now, IDLE_CHECK)
+            fds = [h.fd for h in self.workers.values() if h.fd >= 0] + [self.wakeup]
+            ready = waker.wait(timeout, fds + ([torchrun.fd] if torchrun.fd >= 0 else []))
+            if self.wakeup in ready:
+                _drain(self.wakeup)
+            changed = False
+            for pid, handle in list(self.workers.items()):
+                if handle.fd in ready or (handle.fd < 0 and not handle.alive()):
+                    for w in self.state["workers"]:
+                        if w["pid"] == pid and w["died"] is None:
+                            w["died"] = time.time()
+                            changed = True
+                    handle.close()
+                    del self.workers[pid]
+            ended = not torchrun.alive()
+            if self.term_requested and not forwarded:
+                forwarded = True
+                torchrun.signal(signal.SIGTERM)
+            now = time.monotonic()
+            if not ended and now - last_scan >= scan_every:
+                last_scan = now
+                changed |= self._scan(torchrun.pid)
+                if kernel is not None:
+                    kernel.keep = {torchrun.pid, *(w["pid"] for w in self.state["workers"])}
+                    kernel.drain()  # often enough that the kernel's ring buffer does not overwrite a kill
+            if not ended and last_merge + MERGE_INTERVAL > now:  # woken again at once (a flood): batches
+                time.sleep(last_merge + MERGE_INTERVAL - now)
+            last_merge = time.monotonic()
+            if self.rank_logs.poll():
+                busy_until = last_merge + BUSY
+            if self.rank_logs.error:
+                _degrade(self.folder, self.state, self.rank_logs.error)
+            if changed or (unsaved and now - last_scan < 0.1):  # after a failed write: at each scan
+                unsaved = not self.save()
+            if ended:
+                return
+
+    def _scan(self, torchrun_pid: int) -> bool:
+        procs = all_procs()
+        changed = False
+        known = {w["pid"] for w in self.state["workers"]}
+        for pid, info in procs.items():
+            if info.ppid == torchrun_pid and pid not in known and info.state != "Z":
+                env = proc_env(pid)
+                if "RANK" not in env:
+                    continue
+                try:
+                    handle = PidHandle(pid)
+                except ProcessLookupError:
+                    continue
+                self.workers[pid] = handle
+                self.state["workers"].append({"pid": pid, "rank": int(env.get("RANK", -1)),
+                                              "local_rank": int(env.get("LOCAL_RANK", -1)), "died": None})
+                changed = True
+        sessions = set(self.state["sessions"])
+        leaders = self.state.setdefault("session_leaders", {})
+        sv = self.state.get("survivor") or {}
+        for pid in descendants(sv.get("pid") or os.getpid(), procs):
+            sid = procs[pid].sid
+            if sid not in sessions and sid != sv.get("sid"):  # the survivor's own session holds its monitors
+                sessions.add(sid)
+                leader = procs.get(sid)
+                leaders[str(sid)] = leader.start_time if leader is not None else None
+        if sessions != set(self.state["sessions"]):
+            self.state["sessions"] = sorted(sessions)
+            changed = True
+        return changed

@@ -1,0 +1,132 @@
+"""The monitor's resume (RankLogs's journal: offsets and the last batch found again in the log)
+and the survivor's exit file, as pure file operations: no process is started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from clusterrun.agent.monitor import EXIT_FILE, read_exit
+from clusterrun.agent.ranklogs import RankLogs, resume_offsets
+from clusterrun.agent.survivor import exit_record
+
+
+def rank_file(root: Path, local: int, name: str = "stdout.log") -> Path:
+    path = root / "run" / "attempt_0" / str(local) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    return path
+
+
+def append(path: Path, data: bytes) -> None:
+    with path.open("ab") as f:
+        f.write(data)
+
+
+def open_log(path: Path) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+
+
+def test_a_monitor_killed_between_batches_resumes_where_it_stopped(tmp_path: Path) -> None:
+    root, log, journal = tmp_path / "torchrun", tmp_path / "output.log", str(tmp_path / "ranklogs.json")
+    r0, r1 = rank_file(root, 0), rank_file(root, 1, "stderr.log")
+    fd = open_log(log)
+    logs = RankLogs(str(root), fd, first_rank=2, journal=journal)
+    append(r0, b"a0\na1\npart")
+    append(r1, b"b0\n")
+    logs.poll()
+    logs.close()  # killed here: the partial line was read but not passed on
+    append(r0, b"ial\n")
+    append(r1, b"b1\n")
+    os.write(fd, b"torchrun's own line\n")
+    resumed = RankLogs(str(root), fd, first_rank=2, journal=journal)
+    resumed.poll(final=True)
+    resumed.close()
+    os.close(fd)
+    assert log.read_bytes() == (b"[rank2]:a0\n[rank2]:a1\n[rank3]:b0\ntorchrun's own line\n"
+                                b"[rank2]:partial\n[rank3]:b1\n")
+
+
+def test_a_batch_written_but_not_recorded_is_not_written_again(tmp_path: Path) -> None:
+    root, log, journal = tmp_path / "torchrun", tmp_path / "output.log", str(tmp_path / "ranklogs.json")
+    r0 = rank_file(root, 0)
+    fd = open_log(log)
+    logs = RankLogs(str(root), fd, first_rank=0, journal=journal)
+    append(r0, b"one\n")
+    logs.poll()
+    append(r0, b"two\nthree\n")
+    logs.poll()  # the journal names this batch before it is written; the offsets after it are not recorded
+    logs.close()
+    os.write(fd, b"torchrun, meanwhile\n")  # the batch need not be the log's last bytes
+    assert resume_offsets(journal, str(root), fd, 0) == {"run/attempt_0/0/stdout.log": len(b"one\ntwo\nthree\n")}
+    os.close(fd)
+
+
+def test_a_batch_recorded_but_never_written_is_written_once(tmp_path: Path) -> None:
+    root, log, journal = tmp_path / "torchrun", tmp_path / "output.log", str(tmp_path / "ranklogs.json")
+    r0 = rank_file(root, 0)
+    fd = open_log(log)
+    logs = RankLogs(str(root), fd, first_rank=0, journal=journal)
+    append(r0, b"one\n")
+    logs.poll()
+    logs.close()
+    append(r0, b"two\n")
+    record = json.loads(Path(journal).read_text())  # killed after the journal, before the write:
+    record.update(done={"run/attempt_0/0/stdout.log": 4}, batch=[["run/attempt_0/0/stdout.log", 4, 8, False]],
+                  log_start=os.fstat(fd).st_size)
+    Path(journal).write_text(json.dumps(record))
+    resumed = RankLogs(str(root), fd, first_rank=0, journal=journal)
+    resumed.poll()
+    resumed.close()
+    os.close(fd)
+    assert log.read_bytes() == b"[rank0]:one\n[rank0]:two\n"
+
+
+def test_no_journal_or_a_damaged_one_starts_from_the_beginning(tmp_path: Path) -> None:
+    fd = open_log(tmp_path / "output.log")
+    assert resume_offsets(str(tmp_path / "missing.json"), str(tmp_path), fd, 0) == {}
+    (tmp_path / "bad.json").write_text('{"done": {"a": 1}, "batch": [["a"')
+    assert resume_offsets(str(tmp_path / "bad.json"), str(tmp_path), fd, 0) == {}
+    os.close(fd)
+
+
+def test_the_exit_file_holds_a_code_or_a_signal_and_nothing_else_counts(tmp_path: Path) -> None:
+    assert read_exit(str(tmp_path)) is None
+    (tmp_path / EXIT_FILE).write_text(json.dumps(exit_record(3 << 8, 42)))
+    assert read_exit(str(tmp_path)) == {"exit_code": 3, "signal": None}
+    (tmp_path / EXIT_FILE).write_text(json.dumps(exit_record(signal.SIGKILL, 42)))
+    assert read_exit(str(tmp_path)) == {"exit_code": -9, "signal": 9}
+    (tmp_path / EXIT_FILE).write_text('{"exit_code": nul')
+    assert read_exit(str(tmp_path)) is None
+    (tmp_path / EXIT_FILE).write_text('{"exit_code": null}')
+    assert read_exit(str(tmp_path)) is None
+
+
+def test_an_unknown_exit_status_is_a_lost_node_and_never_a_root_cause() -> None:
+    from clusterrun.diagnose import NodeLog, find_root_cause
+    from clusterrun.events import NodeState
+    from clusterrun.orchestrator import node_state_of
+    from clusterrun.protocol import decode_status
+
+    unknown = decode_status("h", {"state": "exited", "exit_code": None, "exit_status": "unknown",
+                                  "error": "torchrun's exit status is unknown: the survivor ... ended first"})
+    assert unknown.exit_unknown and node_state_of(unknown) is NodeState.LOST
+    known = decode_status("h", {"state": "exited", "exit_code": 0})
+    assert node_state_of(known) is NodeState.SUCCEEDED
+    assert find_root_cause({0: "a", 1: "b"}, {0: NodeLog(), 1: NodeLog()}, {0: unknown, 1: known}, set()) is None
+
+
+def test_a_stop_without_records_says_what_found_the_processes_or_where_it_looked() -> None:
+    from clusterrun.events import StopReport
+
+    found = StopReport.from_answer(0, "gpu-a", {
+        "killed": [{"pid": 7, "name": "torchrun", "signal": "SIGTERM"}], "left": [], "containment": "cgroup",
+        "verified": True, "records_gone": True, "found_by": ["cgroup /sys/fs/cgroup/clusterrun-j-n0-a1 found by name"]})
+    text = found.describe()
+    assert "records on the host were gone" in text and "found by name" in text and "verified" in text
+    nothing = StopReport.from_answer(0, "gpu-a", {"killed": [], "left": [], "records_gone": True, "found_by": [],
+                                                  "looked": ["cgroups named x", "processes carrying M"]})
+    assert "nothing was running" not in nothing.describe()
+    assert "looked for cgroups named x and processes carrying M" in nothing.describe()
