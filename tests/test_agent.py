@@ -156,13 +156,17 @@ def test_supervisor_is_detached_and_holds_nothing_of_the_agent(tmp_path: Path) -
     state_dir = tmp_path / "state"
     answer = start(state_dir, "import time; time.sleep(30)")
     sup = answer["state"]["supervisor"]["pid"]
-    try:
+    def settled() -> dict[int, str] | None:
+        """Its descriptors once it has read the survivor's go-ahead (EOF on a pipe it then closes)."""
         fds = {int(fd): os.readlink(f"/proc/{sup}/fd/{fd}") for fd in os.listdir(f"/proc/{sup}/fd")}
+        pipes = [t for t in fds.values() if t.startswith("pipe:")]
+        return fds if all(pipes.count(p) == 2 for p in pipes) else None  # only its own wake-up pipe, both ends
+
+    try:
+        fds = wait_for(settled, timeout=10, what="the monitor's descriptors: only its own wake-up pipe")
         assert fds[0] == "/dev/null", fds
         assert fds[1] == fds[2] == str(Path(answer["dir"]) / "supervisor.log"), fds
         assert not [t for t in fds.values() if t.startswith("socket:")], fds
-        pipes = [t for t in fds.values() if t.startswith("pipe:")]
-        assert all(pipes.count(p) == 2 for p in pipes), fds  # only its own wake-up pipe, both ends
         stat_fields = Path(f"/proc/{sup}/stat").read_text().rsplit(")", 1)[1].split()
         parent, session, tty = int(stat_fields[1]), int(stat_fields[3]), int(stat_fields[4])
         assert session != os.getsid(0) and tty == 0  # a session of its own (not leading it), no terminal
