@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -140,6 +142,21 @@ def controller_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
             if alive(pid, started):
                 os.kill(pid, signal.SIGKILL)
             raise
+
+
+@pytest.fixture(scope="session")
+def readable_code() -> Iterator[Path]:
+    """A world-readable copy of ``clusterrun/`` and ``tests/_support/`` (same layout), for what the tests run
+    as an unprivileged user (``nobody``, the simulated hosts' ``crtest``): the checkout may sit in a 0700
+    directory (root's home, CI's temp dir) that such a user cannot enter."""
+    folder = Path(tempfile.mkdtemp(prefix="crtest-code-"))
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "clusterrun", folder / "clusterrun", ignore=ignore)
+    shutil.copytree(SUPPORT, folder / "tests" / "_support", ignore=ignore)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def monitors(home: Path) -> list[int]:
