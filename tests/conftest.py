@@ -21,9 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = ROOT / "tests" / "_support"
 
 
-def write_hosts(folder: Path, nprocs: Sequence[int], state_dir: Path, extra: str = "") -> Path:
-    """A hosts file with one local node per entry of ``nprocs``."""
-    lines = [f"state_dir: {state_dir}", "defaults:", "  transport: local", "hosts:"]
+def write_hosts(folder: Path, nprocs: Sequence[int], state_dir: Path, extra: str = "",
+                python: Path | None = None) -> Path:
+    """A hosts file with one local node per entry of ``nprocs`` (their interpreter ``python``, if given)."""
+    lines = [f"state_dir: {state_dir}", "defaults:", "  transport: local",
+             *([f"  python: {python}"] if python else []), "hosts:"]
     for i, n in enumerate(nprocs):
         lines += [f"  - host: local-{chr(ord('a') + i)}", f"    nproc: {n}"]
     path = folder / "hosts.yaml"
@@ -142,6 +144,17 @@ def controller_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
             if alive(pid, started):
                 os.kill(pid, signal.SIGKILL)
             raise
+
+
+@pytest.fixture(scope="session")
+def fake_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An interpreter for a host's ``python:`` that runs torchrun as ``tests/_support/fake_torchrun.py``
+    (the same process tree and files, without importing torch) and is this one for everything else."""
+    path = tmp_path_factory.mktemp("fake-python") / "python"
+    path.write_text(f'#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = torch.distributed.run ]; then\n    shift 2\n'
+                    f'    exec {sys.executable} {SUPPORT / "fake_torchrun.py"} "$@"\nfi\nexec {sys.executable} "$@"\n')
+    path.chmod(0o755)
+    return path
 
 
 @pytest.fixture(scope="session")
