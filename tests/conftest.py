@@ -21,9 +21,15 @@ ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = ROOT / "tests" / "_support"
 
 
+# The interpreter write_hosts gives the hosts when the test does not name one: None (this one), or
+# the fake_python fixture's in a test marked fake_torchrun.
+HOSTS_PYTHON: list[Path | None] = [None]
+
+
 def write_hosts(folder: Path, nprocs: Sequence[int], state_dir: Path, extra: str = "",
                 python: Path | None = None) -> Path:
     """A hosts file with one local node per entry of ``nprocs`` (their interpreter ``python``, if given)."""
+    python = python or HOSTS_PYTHON[-1]
     lines = [f"state_dir: {state_dir}", "defaults:", "  transport: local",
              *([f"  python: {python}"] if python else []), "hosts:"]
     for i, n in enumerate(nprocs):
@@ -155,6 +161,20 @@ def fake_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     f'    exec {sys.executable} {SUPPORT / "fake_torchrun.py"} "$@"\nfi\nexec {sys.executable} "$@"\n')
     path.chmod(0o755)
     return path
+
+
+@pytest.fixture(autouse=True)
+def _fake_torchrun_if_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """``@pytest.mark.fake_torchrun``: the hosts of ``write_hosts`` run torchrun as the stdlib fake
+    (``fake_python``), for tests whose scripts need its process tree but not torch."""
+    if not request.node.get_closest_marker("fake_torchrun"):
+        yield
+        return
+    HOSTS_PYTHON.append(request.getfixturevalue("fake_python"))
+    try:
+        yield
+    finally:
+        HOSTS_PYTHON.pop()
 
 
 @pytest.fixture(scope="session")

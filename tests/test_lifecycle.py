@@ -34,7 +34,7 @@ from tests.conftest import (
 )
 from tests.simhosts import unavailable
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.fake_torchrun]
 
 
 def clusterrun(*args: str | os.PathLike[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
