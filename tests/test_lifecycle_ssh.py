@@ -29,7 +29,7 @@ from tests.test_lifecycle import (
 )
 from tests.test_ssh import ssh_hosts
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.fake_torchrun]
 MakeCluster = Callable[..., SimCluster]
 
 
