@@ -21,15 +21,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = ROOT / "tests" / "_support"
 
 
-# The interpreter write_hosts gives the hosts when the test does not name one: None (this one), or
-# the fake_python fixture's in a test marked fake_torchrun.
-HOSTS_PYTHON: list[Path | None] = [None]
+# The interpreter write_hosts and test_ssh.ssh_hosts give the hosts when the test names none: the
+# fake_python fixture's in a test marked fake_torchrun (set in the environment: pytest imports this
+# file as `conftest` and the tests as `tests.conftest`, two modules), else this one.
+HOSTS_PYTHON = "CRTEST_HOSTS_PYTHON"
+
+
+def hosts_python() -> str:
+    return os.environ.get(HOSTS_PYTHON) or sys.executable
 
 
 def write_hosts(folder: Path, nprocs: Sequence[int], state_dir: Path, extra: str = "",
-                python: Path | None = None) -> Path:
+                python: Path | str | None = None) -> Path:
     """A hosts file with one local node per entry of ``nprocs`` (their interpreter ``python``, if given)."""
-    python = python or HOSTS_PYTHON[-1]
+    python = python or os.environ.get(HOSTS_PYTHON)
     lines = [f"state_dir: {state_dir}", "defaults:", "  transport: local",
              *([f"  python: {python}"] if python else []), "hosts:"]
     for i, n in enumerate(nprocs):
@@ -164,17 +169,11 @@ def fake_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _fake_torchrun_if_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+def _fake_torchrun_if_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """``@pytest.mark.fake_torchrun``: the hosts of ``write_hosts`` run torchrun as the stdlib fake
     (``fake_python``), for tests whose scripts need its process tree but not torch."""
-    if not request.node.get_closest_marker("fake_torchrun"):
-        yield
-        return
-    HOSTS_PYTHON.append(request.getfixturevalue("fake_python"))
-    try:
-        yield
-    finally:
-        HOSTS_PYTHON.pop()
+    if request.node.get_closest_marker("fake_torchrun"):
+        monkeypatch.setenv(HOSTS_PYTHON, str(request.getfixturevalue("fake_python")))
 
 
 @pytest.fixture(scope="session")

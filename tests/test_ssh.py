@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import HOSTS_PYTHON, ROOT, SUPPORT, job_id_of, run_up, up_argv, wait_for
+from tests.conftest import ROOT, SUPPORT, hosts_python, job_id_of, run_up, up_argv, wait_for
 from tests.simhosts import SimCluster, SimHost
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,7 @@ def ssh_hosts(folder: Path, cluster: SimCluster, nprocs: Sequence[int], state_di
               names: Sequence[str] | None = None, ssh_config: Path | None = None) -> Path:
     """A hosts file naming the simulated hosts by their ssh_config aliases."""
     lines = [f"state_dir: {state_dir}", f"ssh_config: {ssh_config or cluster.ssh_config}", "defaults:",
-             f"  python: {HOSTS_PYTHON[-1] or sys.executable}", f"  workdir: {ROOT}", "hosts:"]
+             f"  python: {hosts_python()}", f"  workdir: {ROOT}", "hosts:"]
     for name, n in zip(names or [h.name for h in cluster.hosts], nprocs, strict=True):
         lines += [f"  - host: {name}", f"    nproc: {n}"]
     path = folder / "hosts.yaml"

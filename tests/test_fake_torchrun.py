@@ -1,0 +1,29 @@
+"""The stdlib fake torchrun (tests/_support/fake_torchrun.py) that the tests marked ``fake_torchrun`` run:
+held to what clusterrun reads of the real one (ranks, per-rank logs, the failure report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_up, write_hosts
+
+pytestmark = [pytest.mark.integration, pytest.mark.fake_torchrun]
+
+
+def test_the_fake_gives_torchruns_ranks_logs_and_failure_report(tmp_path: Path, state_dir: Path,
+                                                                fake_python: Path) -> None:
+    hosts = write_hosts(tmp_path, [2, 1], state_dir)
+    assert f"python: {fake_python}" in hosts.read_text()
+    script = tmp_path / "ranks.py"
+    script.write_text("import os, sys\nrank = int(os.environ['RANK'])\n"
+                      "print(f\"rank {rank} of {os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']}\")\n"
+                      "sys.exit(3 if rank == 1 else 0)\n")
+    proc = run_up("--grace", "2", hosts, script)
+    assert proc.returncode == 1, proc.stderr
+    for node, rank, local in ((0, 0, 0), (0, 1, 1), (1, 2, 0)):
+        host = "local-a" if node == 0 else "local-b"
+        assert f"node{node} {host} rank{rank} | rank {rank} of 3 local {local}" in proc.stdout, proc.stdout
+    assert "fake_torchrun: ChildFailedError" in proc.stdout
+    assert "root cause: rank 1 on node 0 (local-a, local rank 1): exit code 3" in proc.stderr, proc.stderr
