@@ -428,12 +428,11 @@ class SimCluster:
         if self._closed:
             return
         self._closed = True
-        # A host killed with its jobs cannot remove their attempts' cgroups: those made since the start that
-        # hold this cluster's processes, or none; one populated by another test's job is not waited for.
+        # A host killed with its jobs cannot remove their attempts' cgroups: those that hold this cluster's
+        # processes. Never another test's (running, or just made and still empty: parallel workers).
         held = self._cgroups_held()
         left = [cgroup for cgroup in _attempt_cgroups() - self._cgroups_before
-                if held is None or any(path == cgroup or path.startswith(cgroup + "/") for path in held)
-                or not _populated(cgroup)]
+                if held is None or any(path == cgroup or path.startswith(cgroup + "/") for path in held)]
         for host in self.hosts:
             host.kill()
         for cgroup in left:
@@ -513,12 +512,6 @@ def _attempt_cgroups() -> set[str]:
 
     mount = _cgroup2_mount()
     return set() if mount is None else {str(p) for p in Path(mount).glob("clusterrun-*-n*-a*") if p.is_dir()}
-
-
-def _populated(cgroup: str) -> bool:
-    from clusterrun import agent
-
-    return agent.cg_populated(cgroup)
 
 
 def _remove_empty_cgroup(cgroup: str) -> None:

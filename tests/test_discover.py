@@ -67,7 +67,6 @@ def test_a_job_is_adopted_only_when_its_nodes_are_on_the_hosts_in_the_files_orde
 
 
 @pytest.mark.integration
-@pytest.mark.fake_torchrun
 def test_a_second_controller_finds_adopts_and_stops_a_job_from_its_hosts(
         sim_cluster: Callable[..., SimCluster], tmp_path: Path) -> None:
     cluster = sim_cluster(2)

@@ -59,7 +59,6 @@ def log_lines(app: Dashboard) -> list[str]:
     return list(app.query_one("#log").lines)  # type: ignore[attr-defined]
 
 
-@pytest.mark.fake_torchrun
 def test_the_table_follows_the_nodes_and_the_log_shows_the_selected_one(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
     job = up_detached(hosts, SUPPORT / "counter.py", "40", "0.05")
