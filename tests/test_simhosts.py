@@ -329,6 +329,8 @@ def test_close_removes_the_attempt_cgroups_its_killed_hosts_could_not() -> None:
         left = {p for p in simhosts._attempt_cgroups() - cluster._cgroups_before
                 if Path(p).name == f"clusterrun-crtest{os.getpid()}-n0-a1"}
         assert len(left) == 1
+        cgroup = Path(next(iter(left)))
+        wait_for(lambda: "populated 1" in (cgroup / "cgroup.events").read_text(), 10, what="the job in its cgroup")
     finally:
         cluster.close()
     assert not left & simhosts._attempt_cgroups()
