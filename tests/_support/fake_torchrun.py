@@ -38,30 +38,28 @@ def parse(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     sys.exit("fake_torchrun: no script given")
 
 
-def rendezvous(addr: str, port: int, nnodes: int, node_rank: int, nproc: int) -> list[int]:
-    """Every node's nproc, by node rank: node 0 collects them on ``port``, the others ask it."""
-    if nnodes == 1:
-        return [nproc]
+def rendezvous(addr: str, port: int, nnodes: int, node_rank: int, nproc: int) -> tuple[list[int], object]:
+    """Every node's nproc, by node rank: node 0 collects them on ``port``, the others ask it. Node 0 keeps
+    the port (returned) for the job's life, as torchrun's TCPStore does: no other job is handed it meanwhile."""
     if node_rank == 0:
-        nprocs = {0: nproc}
-        with socket.create_server(("", port)) as server:
-            peers = []
-            while len(nprocs) < nnodes:
-                peer, _ = server.accept()
-                rank, n = map(int, peer.makefile().readline().split())
-                nprocs[rank] = n
-                peers.append(peer)
-            answer = (" ".join(str(nprocs[r]) for r in range(nnodes)) + "\n").encode()
-            for peer in peers:
-                with peer:
-                    peer.sendall(answer)
-        return [nprocs[r] for r in range(nnodes)]
+        server = socket.create_server(("", port))
+        nprocs, peers = {0: nproc}, []
+        while len(nprocs) < nnodes:
+            peer, _ = server.accept()
+            rank, n = map(int, peer.makefile().readline().split())
+            nprocs[rank] = n
+            peers.append(peer)
+        answer = (" ".join(str(nprocs[r]) for r in range(nnodes)) + "\n").encode()
+        for peer in peers:
+            with peer:
+                peer.sendall(answer)
+        return [nprocs[r] for r in range(nnodes)], server
     while True:  # node 0 may not listen yet, as torchrun's TCPStore client retries
         try:
             with socket.create_connection((addr, port), timeout=5) as conn:
                 conn.settimeout(None)
                 conn.sendall(f"{node_rank} {nproc}\n".encode())
-                return [int(n) for n in conn.makefile().readline().split()]
+                return [int(n) for n in conn.makefile().readline().split()], None
         except (TimeoutError, ConnectionRefusedError, ValueError):
             time.sleep(0.1)
 
@@ -92,7 +90,7 @@ def main() -> int:
     for sig in HANDLED:
         signal.signal(sig, on_signal)
     signal.signal(signal.SIGALRM, lambda *_: kill_all(signal.SIGKILL))
-    nprocs = rendezvous(addr, port, nnodes, node_rank, nproc)
+    nprocs, _store = rendezvous(addr, port, nnodes, node_rank, nproc)
     first, world = sum(nprocs[:node_rank]), sum(nprocs)
     log_root = os.environ.get("PET_LOG_DIR") or tempfile.mkdtemp(prefix="torchelastic_")
     run_dir = tempfile.mkdtemp(prefix="none_", dir=log_root)
