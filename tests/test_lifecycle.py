@@ -614,7 +614,6 @@ def test_down_on_a_full_state_dir_stops_everything_and_says_what_it_could_not_re
         subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
-@pytest.mark.fake_torchrun
 def test_the_monitor_names_the_root_cause_as_up_does(tmp_path: Path, state_dir: Path) -> None:
     """`up -d`: the monitor follows the nodes' states, not their logs, yet `ps JOB` names the
     failed rank, its exit code and its exception as the foreground `up` does."""
