@@ -17,10 +17,15 @@ def test_the_fake_gives_torchruns_ranks_logs_and_failure_report(tmp_path: Path, 
     hosts = write_hosts(tmp_path, [2, 1], state_dir)
     assert f"python: {fake_python}" in hosts.read_text()
     script = tmp_path / "ranks.py"
-    script.write_text("import os, sys\nrank = int(os.environ['RANK'])\n"
-                      "print(f\"rank {rank} of {os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']}\")\n"
+    # rank 1 fails once the others have printed (the fake, as torchrun, stops them when one fails)
+    script.write_text("import os, sys, time\nrank = int(os.environ['RANK'])\n"
+                      "print(f\"rank {rank} of {os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']}\",\n"
+                      "      flush=True)\n"
+                      "open(os.path.join(sys.argv[1], str(rank)), 'w').close()\n"
+                      "while rank == 1 and not all(os.path.exists(os.path.join(sys.argv[1], r)) for r in '02'):\n"
+                      "    time.sleep(0.01)\n"
                       "sys.exit(3 if rank == 1 else 0)\n")
-    proc = run_up("--grace", "2", hosts, script)
+    proc = run_up("--grace", "2", hosts, script, tmp_path)
     assert proc.returncode == 1, proc.stderr
     for node, rank, local in ((0, 0, 0), (0, 1, 1), (1, 2, 0)):
         host = "local-a" if node == 0 else "local-b"
