@@ -18,11 +18,12 @@ def test_the_fake_gives_torchruns_ranks_logs_and_failure_report(tmp_path: Path, 
     assert f"python: {fake_python}" in hosts.read_text()
     script = tmp_path / "ranks.py"
     # rank 1 fails once the others have printed (the fake, as torchrun, stops them when one fails)
-    script.write_text("import os, sys, time\nrank = int(os.environ['RANK'])\n"
+    script.write_text("import os, sys, time\nrank, end = int(os.environ['RANK']), time.monotonic() + 30\n"
                       "print(f\"rank {rank} of {os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']}\",\n"
                       "      flush=True)\n"
                       "open(os.path.join(sys.argv[1], str(rank)), 'w').close()\n"
-                      "while rank == 1 and not all(os.path.exists(os.path.join(sys.argv[1], r)) for r in '02'):\n"
+                      "while rank == 1 and time.monotonic() < end and not all(\n"
+                      "        os.path.exists(os.path.join(sys.argv[1], r)) for r in '02'):\n"
                       "    time.sleep(0.01)\n"
                       "sys.exit(3 if rank == 1 else 0)\n")
     proc = run_up("--grace", "2", hosts, script, tmp_path)
