@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -19,9 +21,22 @@ ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = ROOT / "tests" / "_support"
 
 
-def write_hosts(folder: Path, nprocs: Sequence[int], state_dir: Path, extra: str = "") -> Path:
-    """A hosts file with one local node per entry of ``nprocs``."""
-    lines = [f"state_dir: {state_dir}", "defaults:", "  transport: local", "hosts:"]
+# The interpreter write_hosts and test_ssh.ssh_hosts give the hosts when the test names none: the
+# fake_python fixture's in a test marked fake_torchrun (set in the environment: pytest imports this
+# file as `conftest` and the tests as `tests.conftest`, two modules), else this one.
+HOSTS_PYTHON = "CRTEST_HOSTS_PYTHON"
+
+
+def hosts_python() -> str:
+    return os.environ.get(HOSTS_PYTHON) or sys.executable
+
+
+def write_hosts(folder: Path, nprocs: Sequence[int], state_dir: Path, extra: str = "",
+                python: Path | str | None = None) -> Path:
+    """A hosts file with one local node per entry of ``nprocs`` (their interpreter ``python``, if given)."""
+    python = python or os.environ.get(HOSTS_PYTHON)
+    lines = [f"state_dir: {state_dir}", "defaults:", "  transport: local",
+             *([f"  python: {python}"] if python else []), "hosts:"]
     for i, n in enumerate(nprocs):
         lines += [f"  - host: local-{chr(ord('a') + i)}", f"    nproc: {n}"]
     path = folder / "hosts.yaml"
@@ -140,6 +155,40 @@ def controller_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
             if alive(pid, started):
                 os.kill(pid, signal.SIGKILL)
             raise
+
+
+@pytest.fixture(scope="session")
+def fake_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An interpreter for a host's ``python:`` that runs torchrun as ``tests/_support/fake_torchrun.py``
+    (the same process tree and files, without importing torch) and is this one for everything else."""
+    path = tmp_path_factory.mktemp("fake-python") / "python"
+    path.write_text(f'#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = torch.distributed.run ]; then\n    shift 2\n'
+                    f'    exec {sys.executable} {SUPPORT / "fake_torchrun.py"} "$@"\nfi\nexec {sys.executable} "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _fake_torchrun_if_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``@pytest.mark.fake_torchrun``: the hosts of ``write_hosts`` run torchrun as the stdlib fake
+    (``fake_python``), for tests whose scripts need its process tree but not torch."""
+    if request.node.get_closest_marker("fake_torchrun"):
+        monkeypatch.setenv(HOSTS_PYTHON, str(request.getfixturevalue("fake_python")))
+
+
+@pytest.fixture(scope="session")
+def readable_code() -> Iterator[Path]:
+    """A world-readable copy of ``clusterrun/`` and ``tests/_support/`` (same layout), for what the tests run
+    as an unprivileged user (``nobody``, the simulated hosts' ``crtest``): the checkout may sit in a 0700
+    directory (root's home, CI's temp dir) that such a user cannot enter."""
+    folder = Path(tempfile.mkdtemp(prefix="crtest-code-"))
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "clusterrun", folder / "clusterrun", ignore=ignore)
+    shutil.copytree(SUPPORT, folder / "tests" / "_support", ignore=ignore)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def monitors(home: Path) -> list[int]:

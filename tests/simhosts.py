@@ -402,14 +402,40 @@ class SimCluster:
                     raise SimHostError(f"{host.name}: expected one first process, found {found}")
                 host.pid = found[0]
 
+    def _cgroups_held(self) -> set[str] | None:
+        """The cgroups (this machine's paths) of the processes in this cluster's PID namespaces; None when
+        the hosts have none of their own (the loopback fallback), where any process may be theirs."""
+        from clusterrun import agent
+
+        mount = agent._cgroup2_mount()
+        if not self.isolated or mount is None:
+            return None
+        namespaces = set()
+        for host in self.hosts:
+            with contextlib.suppress(OSError):
+                namespaces.add(os.readlink(f"/proc/{host.pid}/ns/pid"))
+        held = set()
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/ns/pid") in namespaces:
+                    for line in Path(f"/proc/{entry}/cgroup").read_text().splitlines():
+                        if line.startswith("0::/"):
+                            held.add(mount + line[3:].rstrip("/"))
+        return held
+
     def close(self) -> None:
         """Kill every host, delete the namespaces, links and bridge made for them, wait until gone, remove files."""
         if self._closed:
             return
         self._closed = True
+        # A host killed with its jobs cannot remove their attempts' cgroups: those that hold this cluster's
+        # processes. Never another test's (running, or just made and still empty: parallel workers).
+        held = self._cgroups_held()
+        left = [cgroup for cgroup in _attempt_cgroups() - self._cgroups_before
+                if held is None or any(path == cgroup or path.startswith(cgroup + "/") for path in held)]
         for host in self.hosts:
             host.kill()
-        for cgroup in _attempt_cgroups() - self._cgroups_before:  # a host killed with its jobs cannot remove them
+        for cgroup in left:
             _remove_empty_cgroup(cgroup)
         links = [*self._links, *(bridge for bridge in (self._bridge, self._bridge2) if bridge)]
         if links or self._netns:

@@ -485,7 +485,7 @@ def delegated(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, Path]
 
 @pytest.mark.parametrize("kind", ["escape", "storm"])
 def test_an_unprivileged_user_with_a_delegated_cgroup_gets_a_verified_stop(
-        delegated: tuple[str, str, Path], kind: str) -> None:
+        delegated: tuple[str, str, Path], kind: str, readable_code: Path) -> None:
     python, cgroup, folder = delegated
     transport = LocalTransport(HostSpec(host="here", transport="local", python=python))
     state_dir, piddir = folder / "state", folder / "pids"
@@ -493,7 +493,7 @@ def test_an_unprivileged_user_with_a_delegated_cgroup_gets_a_verified_stop(
     assert probe["containment"] == "cgroup", probe
     os.mkdir(piddir)
     os.chown(piddir, 65534, 65534)
-    argv = [USER_PYTHON, str(SUPPORT / "hostile_child.py"), kind, str(piddir), "wait"]
+    argv = [USER_PYTHON, str(readable_code / "tests" / "_support" / "hostile_child.py"), kind, str(piddir), "wait"]
     answer = transport.call(req(state_dir, "start", argv=argv, env={}, cwd=str(folder)))
     attempt = answer["state"]["cgroup"]
     assert os.path.dirname(attempt) == cgroup, answer  # below the user's own cgroup
@@ -586,7 +586,7 @@ def user_session(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
 
 
 def test_logind_with_linger_starts_the_job_in_a_user_scope_that_outlives_the_session(
-        user_session: dict[str, Any]) -> None:
+        user_session: dict[str, Any], readable_code: Path) -> None:
     folder: Path = user_session["folder"]
     (folder / "linger").write_text("Linger=yes\n")
     transport = LocalTransport(HostSpec(host="here", transport="local", python=user_session["python"]))
@@ -595,7 +595,7 @@ def test_logind_with_linger_starts_the_job_in_a_user_scope_that_outlives_the_ses
     assert any("jobs start in a scope of your systemd user manager" in f for f in probe["fallbacks"]), probe
     os.mkdir(piddir)
     os.chown(piddir, 65534, 65534)
-    argv = [USER_PYTHON, str(SUPPORT / "hostile_child.py"), "escape", str(piddir)]
+    argv = [USER_PYTHON, str(readable_code / "tests" / "_support" / "hostile_child.py"), "escape", str(piddir)]
     answer = transport.call(req(state_dir, "start", argv=argv, env={}, cwd=str(folder)))
     args = (folder / "systemd-run.args").read_text()
     assert args.startswith("--user --scope --quiet --collect -p Delegate=yes --unit=clusterrun-hostile-1-n0-a1-")
@@ -746,14 +746,14 @@ def ssh_undelegated() -> Iterator[UserHost]:
 
 @pytest.mark.parametrize("kind", ["escape", "storm"])
 def test_an_unprivileged_user_over_ssh_with_a_delegated_cgroup_gets_a_verified_stop(
-        ssh_delegated: UserHost, kind: str) -> None:
+        ssh_delegated: UserHost, kind: str, readable_code: Path) -> None:
     where = ssh_delegated
     state_dir, piddir = where.home / "state", where.home / "pids"
     probe = where.transport.call({"op": "probe", "state_dir": str(state_dir)})
     assert probe["containment"] == "cgroup", probe
     piddir.mkdir()
     os.chown(piddir, 64123, 64123)
-    argv = [USER_PYTHON, str(SUPPORT / "hostile_child.py"), kind, str(piddir), "wait"]
+    argv = [USER_PYTHON, str(readable_code / "tests" / "_support" / "hostile_child.py"), kind, str(piddir), "wait"]
     answer = where.transport.call(req(state_dir, "start", argv=argv, env={}, cwd=str(where.home)))
     attempt = answer["state"]["cgroup"]
     assert os.path.dirname(attempt) == where.login, answer  # below the user's own (delegated) cgroup
@@ -809,7 +809,7 @@ def logout(where: UserHost) -> None:
 
 
 def test_logind_over_ssh_with_linger_starts_the_job_in_a_user_scope_that_outlives_the_logout(
-        ssh_logind: tuple[UserHost, str]) -> None:
+        ssh_logind: tuple[UserHost, str], readable_code: Path) -> None:
     where, scope = ssh_logind
     (where.home / "linger").write_text("Linger=yes\n")
     state_dir, piddir = where.home / "state", where.home / "pids"
@@ -817,7 +817,7 @@ def test_logind_over_ssh_with_linger_starts_the_job_in_a_user_scope_that_outlive
     assert any("jobs start in a scope of your systemd user manager" in f for f in probe["fallbacks"]), probe
     piddir.mkdir()
     os.chown(piddir, 64123, 64123)
-    argv = [USER_PYTHON, str(SUPPORT / "hostile_child.py"), "escape", str(piddir)]
+    argv = [USER_PYTHON, str(readable_code / "tests" / "_support" / "hostile_child.py"), "escape", str(piddir)]
     answer = where.transport.call(req(state_dir, "start", argv=argv, env={}, cwd=str(where.home)))
     args = (where.home / "systemd-run.args").read_text()
     assert args.startswith("--user --scope --quiet --collect -p Delegate=yes --unit=clusterrun-hostile-1-n0-a1-")

@@ -127,6 +127,7 @@ def another_controller(home: Path) -> Callable[..., subprocess.CompletedProcess[
 
 
 @pytest.mark.integration
+@pytest.mark.fake_torchrun
 def test_wait_restart_and_rm_adopt_a_job_from_its_hosts_too(
         sim_cluster: Callable[..., SimCluster], tmp_path: Path) -> None:
     """``--hosts`` on ``wait``, ``restart`` and ``rm``, each run by a controller of its own that

@@ -113,6 +113,7 @@ def test_detached_job_outlives_every_controller_process(tmp_path: Path, state_di
     assert "node1 local-b rank1 | rank 1 line 79" in logs.stdout.replace("  ", " ")
 
 
+@pytest.mark.fake_torchrun
 def test_controller_sigkilled_at_random_moments(tmp_path: Path, state_dir: Path, controller_state: Path) -> None:
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -154,6 +155,7 @@ def start_hostile(tmp_path: Path, state_dir: Path) -> tuple[str, dict[str, tuple
     return job, {name: tuple(map(int, (piddir / name).read_text().split())) for name in expected}  # type: ignore[misc]
 
 
+@pytest.mark.fake_torchrun
 def test_down_stops_everything_even_what_ignores_sigterm(tmp_path: Path, state_dir: Path) -> None:
     job, pids = start_hostile(tmp_path, state_dir)
     assert all(alive(pid, started) for pid, started in pids.values())
@@ -199,6 +201,7 @@ def _attempt_of(pid: int) -> str | None:
     return None
 
 
+@pytest.mark.fake_torchrun
 def test_restart_twice_keeps_attempts_apart(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
     job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
@@ -226,6 +229,7 @@ def test_restart_twice_keeps_attempts_apart(tmp_path: Path, state_dir: Path) -> 
     assert marked(job) == []
 
 
+@pytest.mark.fake_torchrun
 def test_a_reused_pid_or_a_reboot_means_lost_and_down_kills_no_stranger(
         tmp_path: Path, state_dir: Path, controller_state: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
@@ -290,6 +294,7 @@ def slow_record_writer(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("slow_record_writer")
+@pytest.mark.fake_torchrun
 def test_a_new_attempt_is_read_back_with_its_nodes_started_even_when_the_record_is_slow(
         tmp_path: Path, state_dir: Path) -> None:
     """attempt.restart (restart, and the dashboard's R) returns the record after the start: the
@@ -314,6 +319,7 @@ def test_a_new_attempt_is_read_back_with_its_nodes_started_even_when_the_record_
 
 
 @pytest.mark.usefixtures("slow_record_writer")
+@pytest.mark.fake_torchrun
 def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_dir: Path) -> None:
     """`up` on a terminal, then the terminal closes (SIGHUP): the dashboard detaches its session and
     the process exits at once (os._exit). What the nodes reported must be in the record by then,
@@ -379,6 +385,7 @@ def lines_by_node(outputs: list[bytes]) -> dict[int, list[str]]:
 FLOOD = 40_000
 
 
+@pytest.mark.fake_torchrun
 def test_interrupted_attaches_under_a_flood_show_every_line_exactly_once(tmp_path: Path, state_dir: Path) -> None:
     """Ctrl-C on `attach` again and again while the ranks print as fast as they can and the reader
     is slow: across all the attaches every line is shown exactly once (the offset saved is that of
@@ -399,6 +406,7 @@ def test_interrupted_attaches_under_a_flood_show_every_line_exactly_once(tmp_pat
         assert found[node] == counter_lines(node, FLOOD)
 
 
+@pytest.mark.fake_torchrun
 def test_a_hand_over_by_sighup_then_attach_shows_every_line_exactly_once(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
     up = subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", str(FLOOD), "0"), cwd=ROOT,
@@ -426,6 +434,7 @@ ESCAPES_PREFIXED = (
 )
 
 
+@pytest.mark.fake_torchrun
 def test_escape_sequences_are_shown_escaped_and_the_node_file_stays_byte_exact(tmp_path: Path,
                                                                                 state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
@@ -450,6 +459,7 @@ def test_escape_sequences_are_shown_escaped_and_the_node_file_stays_byte_exact(t
     assert exact.stdout.endswith(b"partial \x1b]0;t\x07")
 
 
+@pytest.mark.fake_torchrun
 def test_a_running_jobs_name_is_refused_and_a_shared_name_is_ambiguous_everywhere(tmp_path: Path,
                                                                                    state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1], state_dir)
@@ -514,6 +524,7 @@ def test_a_full_state_home_starts_nothing_and_leaves_no_job_directory(tmp_path: 
     assert not (state_dir / "jobs").exists()
 
 
+@pytest.mark.fake_torchrun
 def test_down_with_a_read_only_state_home_stops_the_job_and_says_what_it_could_not_record(
         tmp_path: Path, state_dir: Path, controller_state: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
@@ -547,6 +558,7 @@ def test_wait_blocks_until_the_job_ends_and_exits_with_its_outcome(tmp_path: Pat
 
 
 @pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "sweep"])
+@pytest.mark.fake_torchrun
 def test_dry_run_ps_and_down_say_which_guarantee_holds(tmp_path: Path, state_dir: Path,
                                                        monkeypatch: pytest.MonkeyPatch, cgroup: bool) -> None:
     """With a cgroup per attempt the stop is verified; without one (forced off here) every place
@@ -577,6 +589,7 @@ def test_dry_run_ps_and_down_say_which_guarantee_holds(tmp_path: Path, state_dir
         assert f"job {job} stopped; swept without a cgroup on local-a, local-b" in down.stderr
 
 
+@pytest.mark.fake_torchrun
 def test_down_on_a_full_state_dir_stops_everything_and_says_what_it_could_not_record(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.test_containment import fill
@@ -617,6 +630,7 @@ def test_the_monitor_names_the_root_cause_as_up_does(tmp_path: Path, state_dir: 
     assert down.stderr == f"clusterrun: job {job} already finished (failed); nothing to stop\n", down.stderr
 
 
+@pytest.mark.fake_torchrun
 def test_attach_tail_shows_the_lines_before_where_the_last_viewer_stopped_then_the_rest(tmp_path: Path,
                                                                                         state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1], state_dir)

@@ -46,6 +46,7 @@ def marked_on(host: SimHost, job: str) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
+@pytest.mark.fake_torchrun
 def test_attach_loses_and_repeats_nothing_when_connections_drop(sim_cluster: MakeCluster, tmp_path: Path,
                                                                 controller_state: Path) -> None:
     cluster = sim_cluster(2)
@@ -98,6 +99,7 @@ def test_down_of_one_of_two_jobs_leaves_nothing_of_it_on_any_host(sim_cluster: M
     assert [marked_on(h, b) for h in cluster.hosts] == [[], []]
 
 
+@pytest.mark.fake_torchrun
 def test_a_rebooted_host_shows_its_node_lost(sim_cluster: MakeCluster, tmp_path: Path,
                                               controller_state: Path) -> None:
     cluster = sim_cluster(2)
@@ -144,6 +146,7 @@ def test_ps_shows_a_host_whose_cable_is_out_unreachable_since_then_never_running
     wait_for(lambda: not monitors_of(controller_state), timeout=90, interval=1, what="the monitor to see the stop")
 
 
+@pytest.mark.fake_torchrun
 def test_dashboard_shows_a_dropped_connection_and_resumes_from_its_offset(sim_cluster: MakeCluster, tmp_path: Path,
                                                                           controller_state: Path) -> None:
     """The dashboard (Pilot) over SSH: its connection and the monitor's are killed twice mid-run
@@ -180,6 +183,7 @@ def test_dashboard_shows_a_dropped_connection_and_resumes_from_its_offset(sim_cl
 PAUSE = 45.0  # longer than anything the controller ever allowed for silence (30 s, before)
 
 
+@pytest.mark.fake_torchrun
 def test_a_paused_controller_never_stops_a_healthy_job(sim_cluster: MakeCluster, tmp_path: Path,
                                                        controller_state: Path, request: pytest.FixtureRequest) -> None:
     """A laptop closed for a while: `up` (foreground) and the monitor of an `up -d` job are stopped
@@ -224,6 +228,7 @@ def test_a_paused_controller_never_stops_a_healthy_job(sim_cluster: MakeCluster,
 OUTAGE = 120.0
 
 
+@pytest.mark.fake_torchrun
 def test_a_host_unreachable_for_minutes_is_waited_for_not_stopped(sim_cluster: MakeCluster, tmp_path: Path,
                                                                   controller_state: Path,
                                                                   request: pytest.FixtureRequest) -> None:

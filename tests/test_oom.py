@@ -187,15 +187,15 @@ def test_the_real_kernel_log_is_read_from_where_it_was_opened(monkeypatch: pytes
         log.close()
 
 
-def test_the_real_kernel_log_is_not_readable_by_nobody_under_dmesg_restrict() -> None:
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        unavailable("needs root and setpriv(1)")
+def test_the_real_kernel_log_is_not_readable_by_nobody_under_dmesg_restrict(readable_code: Path) -> None:
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
+        unavailable(f"needs root, setpriv(1) and {USER_PYTHON}")
     if Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() != "1":
         unavailable("kernel.dmesg_restrict is not 1 here: anybody may read the kernel's log")
     code = "from clusterrun.agent.kmsg import KernelLog; print(KernelLog().error)"
-    done = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-S",
-                           "-c", code], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)},
-                          timeout=60, check=False)
+    done = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", USER_PYTHON, "-S",
+                           "-c", code], capture_output=True, text=True, cwd=readable_code,
+                          env={"PYTHONPATH": str(readable_code)}, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ("/dev/kmsg: Operation not permitted (kernel.dmesg_restrict = 1: reading it needs "
                                    "root or CAP_SYSLOG)")

@@ -321,10 +321,16 @@ def test_close_removes_the_attempt_cgroups_its_killed_hosts_could_not() -> None:
         unavailable(f"no simulated hosts here: {namespace_problem()}")
     cluster = SimCluster.start(1, isolated=True)
     try:
-        made = cluster.hosts[0].run("mkdir", "-p", f"/sys/fs/cgroup/clusterrun-crtest{os.getpid()}-n0-a1/job")
+        job = f"/sys/fs/cgroup/clusterrun-crtest{os.getpid()}-n0-a1/job"
+        made = cluster.hosts[0].run("sh", "-c", f"mkdir -p {job} && setsid sh -c 'echo $$ > {job}/cgroup.procs && "
+                                    "exec sleep 600' </dev/null >/dev/null 2>&1 &")
         assert made.returncode == 0, made.stderr
-        left = simhosts._attempt_cgroups() - cluster._cgroups_before
-        assert [Path(p).name for p in left] == [f"clusterrun-crtest{os.getpid()}-n0-a1"]
+        # (other test runs on this machine may make attempt cgroups meanwhile: only this one is checked)
+        left = {p for p in simhosts._attempt_cgroups() - cluster._cgroups_before
+                if Path(p).name == f"clusterrun-crtest{os.getpid()}-n0-a1"}
+        assert len(left) == 1
+        cgroup = Path(next(iter(left)))
+        wait_for(lambda: "populated 1" in (cgroup / "cgroup.events").read_text(), 10, what="the job in its cgroup")
     finally:
         cluster.close()
     assert not left & simhosts._attempt_cgroups()

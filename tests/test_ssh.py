@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SUPPORT, job_id_of, run_up, up_argv, wait_for
+from tests.conftest import ROOT, SUPPORT, hosts_python, job_id_of, run_up, up_argv, wait_for
 from tests.simhosts import SimCluster, SimHost
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,7 @@ def ssh_hosts(folder: Path, cluster: SimCluster, nprocs: Sequence[int], state_di
               names: Sequence[str] | None = None, ssh_config: Path | None = None) -> Path:
     """A hosts file naming the simulated hosts by their ssh_config aliases."""
     lines = [f"state_dir: {state_dir}", f"ssh_config: {ssh_config or cluster.ssh_config}", "defaults:",
-             f"  python: {sys.executable}", f"  workdir: {ROOT}", "hosts:"]
+             f"  python: {hosts_python()}", f"  workdir: {ROOT}", "hosts:"]
     for name, n in zip(names or [h.name for h in cluster.hosts], nprocs, strict=True):
         lines += [f"  - host: {name}", f"    nproc: {n}"]
     path = folder / "hosts.yaml"
@@ -112,21 +112,23 @@ def _keys_without(cluster: SimCluster, address: str) -> str:
     return "".join(kept)
 
 
+@pytest.mark.fake_torchrun
 def test_unknown_host_key_is_refused_then_accepted_when_asked(sim_cluster: MakeCluster, tmp_path: Path) -> None:
     cluster = sim_cluster(2)
     sim2 = cluster.hosts[1]
     cluster.known_hosts.write_text(_keys_without(cluster, sim2.address))
     hosts = ssh_hosts(tmp_path, cluster, [1, 1], tmp_path / "state")
-    proc = run_up(hosts, "examples/allreduce.py")
+    job = (SUPPORT / "counter.py", "3", "0")  # the host keys are the point: the fake torchrun, no torch import
+    proc = run_up(hosts, *job)
     assert proc.returncode == 3, proc.stderr
     assert "sim2: unknown host key for" in proc.stderr and "SHA256:" in proc.stderr
     assert "ssh-keyscan" in proc.stderr and "--accept-new-host-keys" in proc.stderr
     assert "sim1:" not in proc.stderr  # one line for the failing host only
     assert not (tmp_path / "state" / "jobs").exists()  # nothing started anywhere
-    proc = run_up("--accept-new-host-keys", hosts, "examples/allreduce.py")
+    proc = run_up("--accept-new-host-keys", hosts, *job)
     assert proc.returncode == 0, proc.stderr
     assert sim2.address in cluster.known_hosts.read_text()
-    proc = run_up(hosts, "examples/allreduce.py")  # recorded: no opt-in needed any more
+    proc = run_up(hosts, *job)  # recorded: no opt-in needed any more
     assert proc.returncode == 0, proc.stderr
 
 
@@ -159,12 +161,13 @@ def test_a_revoked_host_key_is_refused_naming_the_line(sim_cluster: MakeCluster,
     assert not (tmp_path / "state" / "jobs").exists()
 
 
+@pytest.mark.fake_torchrun
 def test_hashed_known_hosts_entries_are_honoured(sim_cluster: MakeCluster, tmp_path: Path) -> None:
     cluster = sim_cluster(1)
     hashed = subprocess.run(["ssh-keygen", "-H", "-f", str(cluster.known_hosts)], capture_output=True, text=True)
     assert hashed.returncode == 0, hashed.stderr
     assert all(line.startswith("|1|") for line in cluster.known_hosts.read_text().splitlines() if line)
-    proc = run_up(ssh_hosts(tmp_path, cluster, [1], tmp_path / "state"), "examples/allreduce.py")
+    proc = run_up(ssh_hosts(tmp_path, cluster, [1], tmp_path / "state"), SUPPORT / "counter.py", "3", "0")
     assert proc.returncode == 0, proc.stderr
 
 
@@ -222,6 +225,7 @@ def test_a_host_dying_mid_run_fails_fast_and_is_named(sim_cluster: MakeCluster, 
     assert job_processes(cluster.hosts[0]) == []
 
 
+@pytest.mark.fake_torchrun
 def test_sixteen_hosts_in_parallel(sim_cluster: MakeCluster, tmp_path: Path) -> None:
     cluster = sim_cluster(16)
     hosts = ssh_hosts(tmp_path, cluster, [1] * 16, tmp_path / "state")
@@ -251,6 +255,7 @@ HOSTILE = ["'; touch /tmp/clusterrun-pwned #", "$(id)", "`id`", "a\nb", "x y", '
 
 
 @pytest.mark.parametrize("shell", ["tcsh", "fish"])
+@pytest.mark.fake_torchrun
 def test_fish_and_tcsh_login_shells_change_nothing(sim_cluster: MakeCluster, tmp_path: Path, shell: str,
                                                    login_shells: dict[str, str]) -> None:
     cluster = sim_cluster(1, login_shell=login_shells[shell])

@@ -30,7 +30,7 @@ from tests.test_lifecycle import clusterrun, host_state, up_detached
 from tests.test_ssh import ssh_hosts
 from tests.test_tui import dashboard_on, drive, until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.fake_torchrun]
 
 PATHS = ["down", "ctrl-c", "fail-fast", "dashboard-K", "restart"]
 VERIFIED = "verified: nothing of the job is left (its cgroup is empty)"

@@ -89,6 +89,7 @@ def test_the_table_follows_the_nodes_and_the_log_shows_the_selected_one(tmp_path
     assert app.return_value == 0
 
 
+@pytest.mark.fake_torchrun
 def test_kill_asks_then_stops_the_job_and_nothing_is_left(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [2, 1], state_dir)
     job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
@@ -115,6 +116,7 @@ def test_kill_asks_then_stops_the_job_and_nothing_is_left(tmp_path: Path, state_
     assert app.return_value == 130
 
 
+@pytest.mark.fake_torchrun
 def test_restart_asks_then_starts_attempt_two(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
     job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
@@ -143,6 +145,7 @@ def test_restart_asks_then_starts_attempt_two(tmp_path: Path, state_dir: Path) -
     assert subprocess.run([sys.executable, "-m", "clusterrun", "down", job], cwd=ROOT).returncode == 0
 
 
+@pytest.mark.fake_torchrun
 def test_detach_leaves_the_job_running(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
     job = up_detached(hosts, SUPPORT / "counter.py", "60", "0.05")
@@ -266,6 +269,7 @@ def screen(tmux: list[str], session: str) -> str:
     return subprocess.run([*tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
 
 
+@pytest.mark.fake_torchrun
 def test_up_in_a_real_terminal_shows_the_dashboard_and_kill_leaves_nothing(terminal: tuple[list[str], str],
                                                                            state_dir: Path) -> None:
     tmux, session = terminal
@@ -286,6 +290,7 @@ def test_up_in_a_real_terminal_shows_the_dashboard_and_kill_leaves_nothing(termi
     assert NodeState.STOPPED.value in ps_json(job)["nodes"][0]["state"]
 
 
+@pytest.mark.fake_torchrun
 def test_sigterm_to_up_in_a_terminal_stops_the_job_and_exits_143(terminal: tuple[list[str], str],
                                                                   state_dir: Path) -> None:
     tmux, session = terminal
@@ -429,6 +434,7 @@ def test_the_node_that_fails_first_is_selected_while_the_others_are_stopped() ->
     drive(app, script)
 
 
+@pytest.mark.fake_torchrun
 def test_attach_shows_what_came_before_the_resume_point_the_real_elapsed_time_and_a_degraded_node(
         tmp_path: Path, state_dir: Path) -> None:
     """attach resumes where the last viewer stopped, with the 5 lines before that point above a

@@ -121,6 +121,7 @@ def _attempt_dirs(state_dir: Path, job: str) -> list[Path]:
     return sorted((state_dir / "jobs" / job).glob("node*/attempt1"))
 
 
+@pytest.mark.fake_torchrun
 def test_job_survives_sigkill_of_up(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
     with subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", "40", "0.1"), cwd=ROOT,
@@ -150,6 +151,7 @@ def _final_state(attempt: Path) -> dict | None:
     return state if state.get("state") == "exited" else None
 
 
+@pytest.mark.fake_torchrun
 def test_sigint_stops_everything(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [2, 2], state_dir)
     proc = subprocess.Popen(up_argv("--grace", "3", hosts, SUPPORT / "counter.py", "1000", "0.1"), cwd=ROOT,
@@ -167,6 +169,7 @@ def test_sigint_stops_everything(tmp_path: Path, state_dir: Path) -> None:
         assert state["state"] == "exited" and state["stop_requested"]
 
 
+@pytest.mark.fake_torchrun
 def test_hostile_children_are_all_stopped(tmp_path: Path, state_dir: Path) -> None:
     piddir = tmp_path / "pids"
     piddir.mkdir()
@@ -187,6 +190,7 @@ def test_hostile_children_are_all_stopped(tmp_path: Path, state_dir: Path) -> No
     assert "STILL RUNNING" not in err
 
 
+@pytest.mark.fake_torchrun
 def test_two_jobs_stopping_one_leaves_the_other(tmp_path: Path, state_dir: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -235,6 +239,7 @@ def test_arguments_and_env_arrive_verbatim(tmp_path: Path, state_dir: Path) -> N
     assert not os.path.exists("x; touch")
 
 
+@pytest.mark.fake_torchrun
 def test_lines_are_never_split_or_mixed_under_a_flood(tmp_path: Path, state_dir: Path) -> None:
     """Workers print as fast as they can; every line arrives whole, in order, once, with its rank."""
     hosts = write_hosts(tmp_path, [2, 2], state_dir)
@@ -252,6 +257,7 @@ def test_lines_are_never_split_or_mixed_under_a_flood(tmp_path: Path, state_dir:
     assert not re.search(r"\[rank\d\]:.*\[rank\d\]:", proc.stdout)
 
 
+@pytest.mark.fake_torchrun
 def test_ctrl_c_while_connecting_exits_130_and_starts_nothing(tmp_path: Path, state_dir: Path,
                                                               controller_state: Path) -> None:
     """A host that never answers the probe (its `python` sleeps): Ctrl-C ends `up` with 130 at

@@ -23,6 +23,12 @@ if [ -z "$missing" ]; then
     exit 0
 fi
 
+# One install at a time (parallel test workers may all find the same packages missing): the script runs
+# again holding the lock, and finds what another one installed meanwhile.
+if command -v flock >/dev/null 2>&1 && [ -z "${INSTALL_SSHD_LOCKED:-}" ]; then
+    INSTALL_SSHD_LOCKED=1 exec flock /tmp/clusterrun-install_sshd.lock sh "$0" "$@"
+fi
+
 policy=/usr/sbin/policy-rc.d
 created_policy=no
 if [ ! -e "$policy" ]; then

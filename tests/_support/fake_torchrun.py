@@ -1,0 +1,131 @@
+"""A stdlib stand-in for torchrun (``python -m torch.distributed.run``), for the tests that need its process
+tree but not torch: the same processes, files and exit status, without its 2 s of importing torch per node.
+
+What clusterrun relies on, as torchrun does it (torch/distributed/elastic): the static rendezvous (node 0
+listens on the master port, every node tells it its ``--nproc-per-node``, each learns its first global rank);
+``--nproc-per-node`` workers, each in a session of its own, with RANK, LOCAL_RANK, WORLD_SIZE, ... and its
+stdout and stderr in ``$PET_LOG_DIR/<run id>/attempt_0/<local rank>/std{out,err}.log`` (``--redirects=3``);
+SIGTERM, SIGINT and SIGQUIT sent on to every worker's process group, SIGKILL after ``--shutdown-timeout``;
+the first worker to fail stops the others, and its failure report (``rank : N (local_rank: M)``,
+``exitcode : X (pid: P)``) goes to stderr. Exit status 0 when every worker succeeded, else 1.
+
+Used through ``fake_python`` (``tests/conftest.py``): an interpreter that runs this for ``-m
+torch.distributed.run`` and is the real one for everything else (the agent, the scripts).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+
+
+def parse(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """torchrun's ``--name=value`` options, and the script with its arguments (one ``--`` after it dropped)."""
+    options: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--"):
+            script_args = argv[i + 1:]
+            return options, [arg, *(script_args[1:] if script_args[:1] == ["--"] else script_args)]
+        name, _, value = arg[2:].partition("=")
+        options[name.replace("_", "-")] = value
+    sys.exit("fake_torchrun: no script given")
+
+
+def rendezvous(addr: str, port: int, nnodes: int, node_rank: int, nproc: int) -> tuple[list[int], object]:
+    """Every node's nproc, by node rank: node 0 collects them on ``port``, the others ask it. Node 0 keeps
+    the port (returned) for the job's life, as torchrun's TCPStore does: no other job is handed it meanwhile."""
+    if node_rank == 0:
+        server = socket.create_server(("", port))
+        nprocs, peers = {0: nproc}, []
+        while len(nprocs) < nnodes:
+            peer, _ = server.accept()
+            rank, n = map(int, peer.makefile().readline().split())
+            nprocs[rank] = n
+            peers.append(peer)
+        answer = (" ".join(str(nprocs[r]) for r in range(nnodes)) + "\n").encode()
+        for peer in peers:
+            with peer:
+                peer.sendall(answer)
+        return [nprocs[r] for r in range(nnodes)], server
+    while True:  # node 0 may not listen yet, as torchrun's TCPStore client retries
+        try:
+            with socket.create_connection((addr, port), timeout=5) as conn:
+                conn.settimeout(None)
+                conn.sendall(f"{node_rank} {nproc}\n".encode())
+                return [int(n) for n in conn.makefile().readline().split()], None
+        except (TimeoutError, ConnectionRefusedError, ValueError):
+            time.sleep(0.1)
+
+
+def main() -> int:
+    options, (script, *script_args) = parse(sys.argv[1:])
+    nnodes, nproc = int(options.get("nnodes", "1")), int(options.get("nproc-per-node", "1"))
+    node_rank, grace = int(options.get("node-rank", "0")), int(options.get("shutdown-timeout", "30"))
+    addr, port = options.get("master-addr", "127.0.0.1"), int(options.get("master-port", "29500"))
+    workers: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}  # pid → local rank, process
+    signalled: list[int] = []  # stopped by a signal: torchrun raises SignalException, no failure report
+
+    def kill_all(sig: int) -> None:
+        for _, proc in workers.values():
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def on_signal(signum: int, frame: object) -> None:
+        if not workers:
+            sys.exit(1)  # still in the rendezvous: nothing started
+        print(f"fake_torchrun: received {signal.Signals(signum).name}, stopping the workers", file=sys.stderr)
+        signalled.append(signum)
+        kill_all(signum)
+        signal.alarm(grace)
+
+    for sig in HANDLED:
+        signal.signal(sig, on_signal)
+    signal.signal(signal.SIGALRM, lambda *_: kill_all(signal.SIGKILL))
+    nprocs, _store = rendezvous(addr, port, nnodes, node_rank, nproc)
+    first, world = sum(nprocs[:node_rank]), sum(nprocs)
+    log_root = os.environ.get("PET_LOG_DIR") or tempfile.mkdtemp(prefix="torchelastic_")
+    run_dir = tempfile.mkdtemp(prefix="none_", dir=log_root)
+    for local in range(nproc):
+        folder = os.path.join(run_dir, "attempt_0", str(local))
+        os.makedirs(folder)
+        env = {**os.environ, "RANK": str(first + local), "LOCAL_RANK": str(local), "GROUP_RANK": str(node_rank),
+               "ROLE_RANK": str(first + local), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(nproc),
+               "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": addr, "MASTER_PORT": str(port),
+               "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
+        out, err = (open(os.path.join(folder, f"{name}.log"), "wb") for name in ("stdout", "stderr"))
+        with out, err:
+            proc = subprocess.Popen([sys.executable, "-u", script, *script_args], env=env, stdout=out, stderr=err,
+                                    start_new_session=True)
+        workers[proc.pid] = (local, proc)
+    failed: tuple[int, int, int] | None = None  # local rank, exit code, pid of the first worker to fail
+    left = set(workers)
+    while left:
+        pid, status = os.waitpid(-1, 0)
+        if pid not in left:
+            continue
+        left.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        workers[pid][1].returncode = code
+        if code != 0 and failed is None and not signalled:
+            failed = (workers[pid][0], code, pid)
+            kill_all(signal.SIGTERM)
+            signal.alarm(grace)
+    if failed is not None:
+        local, code, pid = failed
+        print(f"fake_torchrun: ChildFailedError:\n{script} FAILED\nRoot Cause (first observed failure):\n[0]:\n"
+              f"  host      : {socket.gethostname()}\n  rank      : {first + local} (local_rank: {local})\n"
+              f"  exitcode  : {code} (pid: {pid})", file=sys.stderr, flush=True)
+    return 1 if failed is not None or signalled or any(p.returncode for _, p in workers.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
