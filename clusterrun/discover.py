@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from clusterrun.agent.wire import JobsRequest
 from clusterrun.config import ClusterSpec
 from clusterrun.errors import ClusterrunError
 from clusterrun.events import JobState, NodeState
@@ -36,7 +37,7 @@ def ask_hosts(spec: ClusterSpec, ssh_config: str | None) -> dict[int, Answer]:
         transport = transport_for(spec.hosts[rank], ssh_config=ssh_config)
         try:
             transport.connect()
-            return transport.call({"op": "jobs", "state_dir": spec.state_dir})
+            return transport.call(JobsRequest(state_dir=spec.state_dir))
         except ClusterrunError as exc:
             return exc
         except OSError as exc:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from clusterrun.agent.wire import NodeRequest
 from clusterrun.diagnose import NodeLog
 from clusterrun.errors import ClusterrunError
 from clusterrun.events import NodeState
@@ -101,7 +102,7 @@ class Follower:
     """One node's follower: ``run()`` in its own thread until the stream ends, the job detaches,
     a stop cannot reach the host, or ``Reconnect.give_up_after`` runs out."""
 
-    def __init__(self, rank: int, node: Node, request: Callable[[dict[str, Any]], dict[str, Any]], *,
+    def __init__(self, rank: int, node: Node, request: Callable[[dict[str, Any]], NodeRequest], *,
                  inbox: queue.Queue[tuple[int, FollowMessage | Link]], reconnect: Reconnect, tail: int | None,
                  offset: int, before: int, detach: threading.Event, stopping: threading.Event,
                  wake: threading.Event) -> None:

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
+from clusterrun.agent.wire import NodeRequest, node_request
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.errors import ClusterrunError
 from clusterrun.events import StopReport
@@ -88,9 +89,10 @@ def per_node(record: JobRecord, call: Callable[[Transport, int], Any], ranks: Se
         return dict(zip(ranks, pool.map(one, ranks), strict=True))
 
 
-def request(record: JobRecord, rank: int, op: str, attempt: int | None = None, **extra: Any) -> dict[str, Any]:
-    return {"op": op, "job": record.job_id, "node": rank, "attempt": attempt or record.attempt,
-            "state_dir": record.plan.get("state_dir"), **extra}
+def request(record: JobRecord, rank: int, op: str, attempt: int | None = None, **extra: Any) -> NodeRequest:
+    """The ``op`` request (``wire``) for node ``rank``'s current attempt (or ``attempt``) of the recorded job."""
+    return node_request(op, job=record.job_id, node=rank, attempt=attempt or record.attempt,
+                        state_dir=record.plan.get("state_dir"), **extra)
 
 
 def status_of(transport: Transport, record: JobRecord, rank: int) -> NodeStatus:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from clusterrun.agent.wire import NodeRequest, ProbeRequest, node_request
 from clusterrun.config import ClusterSpec
 from clusterrun.diagnose import NodeLog, find_root_cause
 from clusterrun.environment import redact, secret_names
@@ -173,8 +174,8 @@ class Job:
         node = self._nodes[rank]
         node.transport.connect()
         node.agent = node.transport.session()
-        answer = decode_probe(node.host, node.agent.call({"op": "probe", "state_dir": self.spec.state_dir,
-                                                          "free_port": rank == 0 and self.spec.master_port is None}))
+        answer = decode_probe(node.host, node.agent.call(ProbeRequest(
+            state_dir=self.spec.state_dir, free_port=rank == 0 and self.spec.master_port is None)))
         if answer.python_version < MIN_PYTHON:
             raise AgentError(node.host, f"{node.transport.python} is Python {answer.python}; "
                              "the agent needs 3.8 or newer", hint="set `python:` for this host")
@@ -317,9 +318,9 @@ class Job:
 
     # -------------------------------------------------------------------------------- start
 
-    def _request(self, rank: int, op: str, **extra: Any) -> dict[str, Any]:
-        return {"op": op, "job": self.job_id, "node": rank, "attempt": self.attempt,
-                "state_dir": self.spec.state_dir, **extra}
+    def _request(self, rank: int, op: str, **extra: Any) -> NodeRequest:
+        return node_request(op, job=self.job_id, node=rank, attempt=self.attempt, state_dir=self.spec.state_dir,
+                            **extra)
 
     def _start_node(self, rank: int) -> NodeStatus:
         node = self._nodes[rank]
@@ -393,7 +394,7 @@ class Job:
         return self._detach.is_set()
 
     def _follower(self, rank: int) -> Follower:
-        def request(where: dict[str, Any]) -> dict[str, Any]:
+        def request(where: dict[str, Any]) -> NodeRequest:
             return self._request(rank, "follow", logs=self.follow_logs, **where)
 
         return Follower(rank, self._nodes[rank], request, inbox=self._inbox, reconnect=self.reconnect, tail=self.tail,

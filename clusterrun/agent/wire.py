@@ -223,6 +223,15 @@ class RemoveRequest(NodeRequest):
     op: ClassVar[str] = "remove"
 
 
+NODE_REQUESTS: dict[str, type[NodeRequest]] = {
+    c.op: c for c in (SetupRequest, StartRequest, FollowRequest, StopRequest, StatusRequest, RemoveRequest)}
+
+
+def node_request(op: str, **fields: Any) -> NodeRequest:
+    """The request ``op`` for one node's attempt, from its fields (a field it does not have is a TypeError)."""
+    return NODE_REQUESTS[op](**fields)
+
+
 @dataclass(frozen=True)
 class JobsRequest(Request):
     op: ClassVar[str] = "jobs"
