@@ -405,9 +405,9 @@ class SimCluster:
     def _cgroups_held(self) -> set[str] | None:
         """The cgroups (this machine's paths) of the processes in this cluster's PID namespaces; None when
         the hosts have none of their own (the loopback fallback), where any process may be theirs."""
-        from clusterrun import agent
+        from clusterrun.agent.cgroup import _cgroup2_mount
 
-        mount = agent._cgroup2_mount()
+        mount = _cgroup2_mount()
         if not self.isolated or mount is None:
             return None
         namespaces = set()
