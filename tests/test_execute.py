@@ -20,7 +20,7 @@ from clusterrun.errors import ConnectError
 from clusterrun.execute import HostOutcome, exec_on_hosts, remote_command, summary
 from clusterrun.transports.base import AgentSession, Transport
 from tests.conftest import ROOT
-from tests.simhosts import SimCluster
+from tests.simhosts import SimCluster, unavailable
 
 SUPPORT = ROOT / "tests" / "_support"
 HOSTILE = ["'; touch /tmp/clusterrun-pwned #", "$(id)", "`id`", "a\nb", "x y", '"q"', "!!", "%h", "back\\slash", "é"]
@@ -81,7 +81,7 @@ def test_outcomes_in_file_order_and_the_summary_names_the_failed_hosts() -> None
 def test_the_remote_command_gives_sh_the_words_as_they_were(shell: str) -> None:
     """What a login shell gets: the argv comes out whole, the shell interprets nothing of it."""
     if shutil.which(shell) is None:
-        pytest.skip(f"no {shell}")
+        unavailable(f"no {shell} here")
     line = remote_command([sys.executable, "-c", "import sys, json; print(json.dumps(sys.argv[1:]))", *HOSTILE])
     done = subprocess.run([shell, "-c", line], capture_output=True, text=True, timeout=30)
     assert done.stdout.strip() == json.dumps(HOSTILE)
