@@ -17,6 +17,7 @@ owns), the stop, a failed start and the start of the next attempt.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import sys
 import threading
@@ -417,9 +418,21 @@ def check_script(spec: ClusterSpec, script: str, local_cwd: str, sync: str | Non
         base = source_of(spec, host, sync) or base
         path = os.path.join(base, script)
         if not os.path.isfile(path):
-            raise ConfigError(f"{path} does not exist (needed by local host {host.host!r})",
-                              path=script, hint="give the script's path relative to the current directory "
-                              "or the host's workdir")
+            close = _close_script(path)
+            hint = (f"did you mean {os.path.join(os.path.dirname(script), close)}?" if close else
+                    "give the script's path relative to the current directory or the host's workdir "
+                    "(or `sync: .` in the hosts file to copy the project there)")
+            raise ConfigError(f"{path} does not exist (needed by local host {host.host!r})", path=script, hint=hint)
+
+
+def _close_script(path: str) -> str | None:
+    """The file beside ``path`` whose name is closest to its name (``trian.py`` -> ``train.py``)."""
+    try:
+        names = [e.name for e in os.scandir(os.path.dirname(path) or ".") if e.is_file()]
+    except OSError:
+        return None
+    close = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, full: bool, local_cwd: str,

@@ -195,7 +195,8 @@ def path_checks(host: HostSpec, inspection: Inspection, script: str | None, sync
     else:
         what = "does not exist" if kind == "missing" else "is no directory"
         rows.append(Check("workdir", Verdict.FAIL, f"{where} {what}",
-                          f"create it on {host.host} (and put your code there), or fix workdir: for this host"))
+                          f"create it on {host.host} (and put your code there), add `sync: .` to the hosts file to "
+                          "copy the project there before each start, or fix workdir: for this host"))
         return rows
     if script is not None:
         kind = inspection.paths.get(script)
@@ -205,7 +206,8 @@ def path_checks(host: HostSpec, inspection: Inspection, script: str | None, sync
             what = "is missing" if kind == "missing" else "is no file"
             rows.append(Check("script", Verdict.FAIL,
                               f"{script} {what} in {where} (SCRIPT is relative to the host's workdir)",
-                              f"copy {script} to {where} on {host.host}, or fix workdir: for this host"))
+                              f"copy {script} to {where} on {host.host} (`sync: .` in the hosts file copies the "
+                              "project before each start), or fix workdir: for this host"))
     return rows
 
 

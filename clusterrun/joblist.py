@@ -8,7 +8,7 @@ meaning, raises ``SCHEMA``; adding a field does not.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clusterrun import events
 from clusterrun.environment import mask_env
@@ -16,6 +16,10 @@ from clusterrun.errors import DamagedRecord
 from clusterrun.events import JobState, NodeState
 from clusterrun.jobs import JobRecord, NodeRecord
 from clusterrun.plan import LaunchPlan
+
+if TYPE_CHECKING:
+    from clusterrun.interfaces import Interface
+    from clusterrun.sync import SyncReport
 
 SCHEMA = 1
 RECENT = 24 * 3600  # `ps` shows ended jobs for a day after they ended (`ps -a`: all of them)
@@ -142,8 +146,24 @@ def shown_env(env: Mapping[str, str], secret_env: Iterable[str] = ()) -> dict[st
     return mask_env(env, secret_env)
 
 
-def plan_json(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]]) -> dict[str, Any]:
-    """The ``up --dry-run --json`` document (schema ``SCHEMA``): what each node would run."""
+def _sync_json(report: SyncReport | None) -> dict[str, Any] | None:
+    if report is None:
+        return None
+    return {"source": report.source, "to": report.root, "files": report.copied, "bytes": report.bytes,
+            "touched": report.touched, "other": report.other, "unchanged": report.unchanged, "via": report.via or None}
+
+
+def plan_json(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]], interfaces: Sequence[Interface] = (),
+              syncs: Mapping[int, SyncReport] | None = None) -> dict[str, Any]:
+    """The ``up --dry-run --json`` document (schema ``SCHEMA``): what each node would run, with what
+    the text form shows besides: its setup, its network interface and what a sync would copy."""
+    def network(rank: int) -> dict[str, Any] | None:
+        if rank >= len(interfaces):
+            return None
+        i = interfaces[rank]
+        return {"interface": i.name, "address": i.address, "why": i.why, "sets": sorted(i.env),
+                "yours": sorted(i.user_set)}
+
     return {
         "schema": SCHEMA,
         "job": plan.job_id,
@@ -157,7 +177,8 @@ def plan_json(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]]) -> dict[
                    "env": shown_env(n.env, plan.secret_env), "argv": list(n.argv),
                    "stop": "sweep" if any(f.startswith("no cgroup") for f in fallbacks.get(n.rank) or ())
                    else "cgroup",
-                   "fallbacks": list(fallbacks.get(n.rank) or ())} for n in plan.nodes],
+                   "fallbacks": list(fallbacks.get(n.rank) or ()), "setup": list(n.host.setup),
+                   "network": network(n.rank), "sync": _sync_json((syncs or {}).get(n.rank))} for n in plan.nodes],
     }
 
 

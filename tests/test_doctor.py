@@ -295,7 +295,8 @@ def test_preflight_refuses_a_missing_script_on_any_host_before_anything_starts(f
     assert refused.render().splitlines() == [
         "1 host(s) cannot run the job (preflight); nothing was started",
         "h2: script: train.py is missing in /proj (SCRIPT is relative to the host's workdir)",
-        "  hint: copy train.py to /proj on h2, or fix workdir: for this host"]
+        "  hint: copy train.py to /proj on h2 (`sync: .` in the hosts file copies the project before each start), "
+        "or fix workdir: for this host"]
     assert fake.ops("start") == []
     # the preflight asked the agents that probed (one session per host, no new connection)
     assert {h: fake.host(h).connects for h in ("h0", "h1", "h2")} == {"h0": 2, "h1": 2, "h2": 2}

@@ -110,7 +110,8 @@ def test_doctor_passes_on_healthy_hosts_and_names_a_missing_script_and_python(
     assert "✗" not in "".join(rows(proc.stdout, "sim1").values())
     script = rows(proc.stdout, "sim2")["script"]
     assert script == (f"✗ {SCRIPT} is missing in {elsewhere} (SCRIPT is relative to the host's workdir)\n"
-                      f"fix: copy {SCRIPT} to {elsewhere} on sim2, or fix workdir: for this host")
+                      f"fix: copy {SCRIPT} to {elsewhere} on sim2 (`sync: .` in the hosts file copies the project "
+                      "before each start), or fix workdir: for this host")
     python = rows(proc.stdout, "sim3")
     assert list(python) == ["connection", "python"]
     assert python["python"].startswith("✗ cannot run /opt/nowhere/python3: ")
@@ -138,7 +139,8 @@ def test_up_refuses_a_missing_script_or_workdir_on_one_host_and_leaves_no_record
     proc = run_up(hosts, SCRIPT)
     assert_nothing_started(proc, state, cluster, controller_state)
     assert (f"sim2: script: {SCRIPT} is missing in {elsewhere} (SCRIPT is relative to the host's workdir)\n"
-            f"  hint: copy {SCRIPT} to {elsewhere} on sim2, or fix workdir: for this host") in proc.stderr
+            f"  hint: copy {SCRIPT} to {elsewhere} on sim2 (`sync: .` in the hosts file copies the project before "
+            "each start), or fix workdir: for this host") in proc.stderr
     assert "sim1:" not in proc.stderr
 
     hosts.write_text(text)

@@ -367,3 +367,25 @@ def test_a_damaged_record_is_listed_with_its_path_and_fix_and_rm_removes_it(jobs
     removed = clusterrun("rm", bad)
     assert removed.returncode == 0 and removed.stdout == f"{bad}\n", removed.stderr
     assert not store.dir(bad).exists() and "damaged" not in clusterrun("ps").stdout
+
+
+def test_dry_run_json_has_the_setup_network_and_sync_of_the_text_form(tmp_path: Path) -> None:
+    """What `up --dry-run` prints as text is in its JSON too: each node's setup lines, its network
+    interface and what a sync would copy."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("raise SystemExit('must not run')\n")
+    workdir = tmp_path / "work"
+    hosts = write_hosts(tmp_path, [1, 1], tmp_path / "state")
+    hosts.write_text(hosts.read_text().replace("  transport: local\n", f"  transport: local\n  workdir: {workdir}\n"
+                                               f"  sync: {project}\n  setup: export X=1\n"))
+    proc = clusterrun("up", "--dry-run", "--json", hosts, "train.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert violations(data, documented_schema("dry-run")) == []
+    for node in data["nodes"]:
+        assert node["setup"] == ["export X=1"]
+        assert node["sync"]["source"] == str(project) and node["sync"]["to"] == str(workdir)
+        assert node["sync"]["files"] == 1 and node["sync"]["bytes"] == len("raise SystemExit('must not run')\n")
+        assert node["network"] is not None and node["network"]["why"]
+    assert not workdir.exists()  # a dry run copies nothing

@@ -26,6 +26,7 @@ from typing import NoReturn
 import click
 
 from clusterrun import __version__
+from clusterrun.durations import parse_duration
 from clusterrun.errors import ClusterrunError, DamagedRecord, StateError
 from clusterrun.terminal import safe
 
@@ -35,6 +36,24 @@ EXCLUDE_HELP = "Leave out these hosts of the file, a node set; HOST:GPU leaves o
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HOSTS = 0, 1, 2, 3
 EXIT_TIMEOUT = 124  # `wait --timeout` ran out, as timeout(1) says
 EXIT_SIGNAL = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
+
+class Seconds(click.ParamType):  # type: ignore[type-arg,unused-ignore]  # generic from click 8.2 on
+    """A duration option: seconds (``10``, ``2.5``) or ``30s``/``10m``/``6h``/``2d``; finite (``nan`` and
+    ``inf`` are usage errors, exit 2), at least ``minimum``."""
+
+    name = "seconds"
+
+    def __init__(self, minimum: float = 0.0) -> None:
+        self.minimum = minimum
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration(str(value), minimum=self.minimum)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
 
 # Options of several commands, written once so that their help cannot drift apart.
 ssh_config_option = click.option(
@@ -70,6 +89,9 @@ class _Commands(click.Group):
             _fail(exc, EXIT_FAILED)
         except StateError as exc:
             _fail(exc, EXIT_USAGE)
+        except KeyboardInterrupt:  # one the command did not handle itself: click would say "Aborted!", exit 1
+            _note("interrupted")
+            sys.exit(EXIT_SIGNAL[signal.SIGINT])
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})

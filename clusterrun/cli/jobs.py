@@ -21,6 +21,7 @@ from clusterrun.cli import (
     EXIT_SIGNAL,
     EXIT_TIMEOUT,
     EXIT_USAGE,
+    Seconds,
     _fail,
     _note,
     main,
@@ -255,7 +256,7 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
 
 @main.command(name="wait")
 @click.argument("job", shell_complete=complete_jobs)
-@click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+@click.option("--timeout", type=Seconds(), metavar="SECONDS",
               help="Give up after this long (exit 124); the job runs on.")
 @hosts_option
 def wait_job(job: str, timeout: float | None, hosts_file: str | None) -> None:

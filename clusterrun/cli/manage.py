@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 import click
 
 from clusterrun.attempt import NextAttempt, NotStopped, stop
-from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, _fail, _note, main
+from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, Seconds, _fail, _note, main
 from clusterrun.cli.follow import _follow_hint
 from clusterrun.cli.records import _adopt, _open_job, _refresh, hosts_option
 from clusterrun.completion import complete_jobs
@@ -27,7 +27,7 @@ hosts_too_option = click.option(
 yes_option = click.option(
     "-y", "--yes", is_flag=True, help="Do not ask before deleting on the hosts (needed without a terminal).")
 stop_grace_option = click.option(
-    "--grace", type=click.FloatRange(min=0),
+    "--grace", type=Seconds(),
     help="Seconds torchrun gets to stop its workers (default: the job's --grace).")
 
 

@@ -25,6 +25,7 @@ from clusterrun.cli import (
     EXIT_SIGNAL,
     EXIT_USAGE,
     NODES_HELP,
+    Seconds,
     _fail,
     _note,
     accept_new_host_keys_option,
@@ -47,7 +48,7 @@ from clusterrun.printer import Printer
 from clusterrun.runner import Runner
 from clusterrun.selection import load_hosts
 from clusterrun.session import Session
-from clusterrun.sync import sync_hosts
+from clusterrun.sync import SyncReport, sync_hosts
 from clusterrun.syncview import SyncView
 from clusterrun.transports import transport_for
 
@@ -151,7 +152,7 @@ def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | No
               "running, owned by a background monitor (default: Ctrl-C stops the job).")
 @ssh_config_option
 @accept_new_host_keys_option
-@click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
+@click.option("--grace", type=Seconds(), default=10.0, show_default=True,
               help="Seconds torchrun gets to stop its workers before they are killed.")
 @click.option("--no-retry-startup", is_flag=True, help="Do not retry a known transient start-up failure "
               "(gloo aborting a rank while connecting; the master port taken before torchrun bound it), which "
@@ -159,7 +160,7 @@ def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | No
 @click.option("--no-preflight", is_flag=True, help="Skip the costlier checks before the start (GPUs, the same "
               "torch/CUDA/Python on every host, the master port reachable by TCP from every node); the workdir, "
               "the script, disk, clock and logind are always checked.")
-@click.option("--unreachable-timeout", type=click.FloatRange(min=1), metavar="SECONDS",
+@click.option("--unreachable-timeout", type=Seconds(minimum=1), metavar="SECONDS",
               help="Treat a host that cannot be reached for this long as failed (its node lost, fail-fast). "
               "Default: never; losing contact alone never stops a job. Counts the time spent retrying, "
               "not time this machine was paused or asleep.")
@@ -228,11 +229,11 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         except KeyboardInterrupt:  # Ctrl-C while connecting: close every connection (finally), start nothing
             _note("interrupted while connecting to the hosts; nothing was started")
             sys.exit(EXIT_SIGNAL[signal.SIGINT])
-        _sync(spec, job, sync_dir, dry_run)  # first: the preflight looks for the script it copies
+        syncs = _sync(spec, job, sync_dir, dry_run)  # first: the preflight looks for the script it copies
         synced = {rank for rank, h in enumerate(spec.hosts) if sync_dir is not None or h.sync} if dry_run else set()
         _preflight(job, plan, spec, script, full=not no_preflight, synced=synced)
         if dry_run and as_json:
-            click.echo(json.dumps(plan_json(plan, job.host_fallbacks), indent=1))
+            click.echo(json.dumps(plan_json(plan, job.host_fallbacks, job.interfaces, syncs), indent=1))
             return
         if dry_run:
             _print_plan(plan, job.host_fallbacks, job.interfaces)
@@ -291,7 +292,7 @@ def _without_sync(spec: ClusterSpec) -> ClusterSpec:
     return dataclasses.replace(spec, hosts=tuple(dataclasses.replace(h, sync=None) for h in spec.hosts))
 
 
-def _sync(spec: ClusterSpec, job: Job, sync_dir: str | None, dry_run: bool) -> None:
+def _sync(spec: ClusterSpec, job: Job, sync_dir: str | None, dry_run: bool) -> Mapping[int, SyncReport]:
     """Copy the project to the hosts that want it, after the probe and before anything starts;
     a failure on any host starts nothing anywhere (exit 3)."""
     view = SyncView(live=None if not dry_run else False)
@@ -306,6 +307,7 @@ def _sync(spec: ClusterSpec, job: Job, sync_dir: str | None, dry_run: bool) -> N
         _note("interrupted while copying files to the hosts; nothing was started")
         sys.exit(EXIT_SIGNAL[signal.SIGINT])
     view.report(reports)
+    return reports
 
 
 def _preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, full: bool,

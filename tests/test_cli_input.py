@@ -1,0 +1,83 @@
+"""What users type: durations on the command line (and in the hosts file), Ctrl-C at any moment, script names."""
+
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from clusterrun.cli import main
+from clusterrun.durations import parse_duration, show_duration
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("1.5", 1.5), ("30s", 30), ("10m", 600), ("6h", 21600),
+                                               ("2d", 172800), (" 10 M ", 600), (".5", 0.5), (7, 7.0)])
+def test_durations_parse(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-1", "10x", "", "1e400", "m", True])
+def test_bad_durations_are_refused(text: object) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)  # type: ignore[arg-type]
+    assert not math.isnan(parse_duration("0"))
+
+
+def test_minimum() -> None:
+    with pytest.raises(ValueError, match="at least 1 s"):
+        parse_duration("0.5", minimum=1)
+
+
+def test_show() -> None:
+    assert [show_duration(s) for s in (45, 600, 21600, 90)] == ["45 s", "10 min", "6 h", "90 s"]
+
+
+@pytest.mark.parametrize("argv", [["up", "--grace", "nan", "h.yaml", "t.py"],
+                                  ["up", "--grace", "inf", "h.yaml", "t.py"],
+                                  ["up", "--unreachable-timeout", "nan", "h.yaml", "t.py"],
+                                  ["wait", "--timeout", "inf", "job"], ["down", "--grace", "nan", "job"]])
+def test_every_duration_option_refuses_nan_and_inf_as_usage(argv: list[str]) -> None:
+    """Exit 2 before anything is looked at (today nan reached the stop as a 'bad request')."""
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2 and "Invalid value" in result.output and "Traceback" not in result.output
+
+
+def test_ctrl_c_while_the_command_is_imported_exits_130_without_a_traceback(monkeypatch: pytest.MonkeyPatch,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import clusterrun.__main__ as entry
+    import clusterrun.cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(clusterrun.cli, "main", interrupted)
+    with pytest.raises(SystemExit) as caught:
+        entry.run()
+    assert caught.value.code == 130 and capsys.readouterr().err == "clusterrun: interrupted\n"
+
+
+def test_ctrl_c_in_the_first_moments_of_up_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before any connection (reading the hosts file): click alone would print "Aborted!" and exit 1."""
+    import clusterrun.cli.up as up
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(up, "load_hosts", interrupted)
+    result = CliRunner().invoke(main, ["up", "--no-tui", "hosts.yaml", "train.py"])
+    assert (result.exit_code, result.output) == (130, "clusterrun: interrupted\n")
+
+
+def test_a_misspelt_script_is_refused_with_the_close_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  - host: a\n    transport: local\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["up", "--dry-run", "hosts.yaml", "trian.py"])
+    assert result.exit_code == 2 and "hint: did you mean train.py?" in result.output
+
+
+def test_a_missing_script_without_a_close_name_mentions_sync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  - host: a\n    transport: local\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["up", "--dry-run", "hosts.yaml", "model.py"])
+    assert result.exit_code == 2 and "`sync: .`" in result.output
