@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import html
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -44,12 +46,30 @@ def dashboard_on(job: str, ring: int = 10_000, **session: object) -> Dashboard:
     return Dashboard(Session(store, record, lambda event: None, **session), ring=ring)  # type: ignore[arg-type]
 
 
-def drive(app: Dashboard, script: Callable[[Dashboard, object], Awaitable[None]]) -> None:
+def drive(app: Dashboard, script: Callable[[Dashboard, object], Awaitable[None]],
+          size: tuple[int, int] = (140, 40)) -> None:
     async def main() -> None:
-        async with app.run_test(size=(140, 40)) as pilot:
+        async with app.run_test(size=size) as pilot:
             await script(app, pilot)
 
     asyncio.run(main())
+
+
+def _screen_text(app: Dashboard) -> str:
+    """The screen as text, line by line: from Textual's SVG screenshot (its public export), each
+    piece of text put at its column (Rich draws a cell 12.2 px wide)."""
+    rows: dict[int, dict[int, str]] = {}
+    svg = app.export_screenshot()
+    for x, line, text in re.findall(r'<text [^>]*?x="([\d.]+)"[^>]*?clip-path="url\(#[\w-]+-line-(\d+)\)"[^>]*>'
+                                    r'([^<]*)</text>', svg):
+        rows.setdefault(int(line), {})[round(float(x) / 12.2)] = html.unescape(text).replace("\xa0", " ")
+    out = []
+    for line in sorted(rows):
+        text = ""
+        for column in sorted(rows[line]):
+            text = text.ljust(column) + rows[line][column]
+        out.append(text.rstrip())
+    return "\n".join(out)
 
 
 def table_states(app: Dashboard) -> list[str]:
@@ -337,20 +357,43 @@ def test_a_detach_that_ends_after_the_app_does_not_touch_it() -> None:
 
 
 def test_the_help_says_what_the_digit_keys_do() -> None:
-    """Key 2 shows node 1: the help says 1–9 jump to nodes 0–8 (it said 1–9)."""
+    """Key 1 shows node 1, the node of that number (it showed node 0), and the help says so."""
     app = Dashboard(Scripted(started(), running=True), ring=100)  # type: ignore[arg-type]
     seen: dict[str, str] = {}
 
     async def script(app: Dashboard, pilot: object) -> None:
         await pilot.press("question_mark")  # type: ignore[attr-defined]
         seen["help"] = str(app.screen.query_one("Static").render())
-        await pilot.press("escape", "2")  # type: ignore[attr-defined]
+        await pilot.press("escape", "1")  # type: ignore[attr-defined]
         await pilot.pause()  # type: ignore[attr-defined]
         seen["title"] = str(app.query_one("#logtitle").render())
 
     drive(app, script)
-    assert "1–9      jump to node 0–8" in seen["help"], seen["help"]
+    assert "0–9        select the node of that number" in seen["help"], seen["help"]
     assert seen["title"].startswith("node 1 (gpu-b)"), seen["title"]
+
+
+def test_at_80_by_24_the_footer_shows_every_key_whole() -> None:
+    """The footer at 80 columns: every shown key with its whole name (it ended "d Deta", cut by the
+    command palette's entry), quit as q; and the help's entries each on one line."""
+    app = Dashboard(Scripted(started(), running=True), ring=100)  # type: ignore[arg-type]
+    seen: dict[str, str] = {}
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await pilot.pause()  # type: ignore[attr-defined]
+        seen["footer"] = [line for line in _screen_text(app).splitlines() if line.strip()][-1]
+        await pilot.press("question_mark")  # type: ignore[attr-defined]
+        await pilot.pause()  # type: ignore[attr-defined]
+        seen["help"] = _screen_text(app)
+
+    drive(app, script, size=(80, 24))
+    for key, name in (("a", "All"), ("f", "Follow"), ("/", "Search"), ("K", "Kill"), ("R", "Restart"),
+                      ("d", "Detach"), ("?", "Help"), ("q", "Quit")):
+        assert f"{key} {name}" in seen["footer"], seen["footer"]
+    assert "palette" not in seen["footer"]
+    for line in ("0–9        select the node of that number", "d          detach: leave the job running and exit",
+                 "/          search, text or regex; n/N next/previous; Esc clears"):
+        assert line in seen["help"], seen["help"]
 
 
 def saved_lines(node: int) -> list[Event]:
@@ -375,10 +418,10 @@ def test_a_search_goes_on_working_after_switching_nodes_and_back() -> None:
         await until(pilot, lambda: any("saved" in line for line in log_lines(app)), 5, "node 0's lines")
         await pilot.press("slash", *"saved", "enter")  # type: ignore[attr-defined]
         assert "/saved/ 1/3" in title() and current().endswith("step 5 checkpoint saved")
-        await pilot.press("2")  # type: ignore[attr-defined]
+        await pilot.press("1")  # type: ignore[attr-defined]
         await pilot.pause()  # type: ignore[attr-defined]
         assert "/saved/ no match" in title()  # node 1 saved nothing
-        await pilot.press("1")  # type: ignore[attr-defined]
+        await pilot.press("0")  # type: ignore[attr-defined]
         await pilot.pause()  # type: ignore[attr-defined]
         assert "/saved/ 3 matches" in title(), title()
         app.emit(LogLines(0, host="gpu-a", lines=("[rank0]:step 30 checkpoint saved", "[rank0]:step 31")))
@@ -409,7 +452,7 @@ def test_after_a_failure_the_root_cause_node_is_selected_and_its_log_shown(tmp_p
         assert app._view == 1 and app.query_one("#nodes").cursor_row == 1  # type: ignore[attr-defined]
         assert any("custom failure 42" in line for line in log_lines(app))
         assert str(app.query_one("#logtitle").render()).startswith("node 1 (local-b)")  # type: ignore[attr-defined]
-        await pilot.press("1")  # type: ignore[attr-defined]  # the user looks elsewhere: it stays there
+        await pilot.press("0")  # type: ignore[attr-defined]  # the user looks elsewhere: it stays there
         await pilot.pause(0.3)  # type: ignore[attr-defined]
         assert app._view == 0
         await pilot.press("q")  # type: ignore[attr-defined]

@@ -96,6 +96,7 @@ class Dashboard(App[int]):
     """Every node's state and log; kill, restart, detach. Returns the exit code from ``run()``."""
 
     TITLE = "clusterrun"
+    ENABLE_COMMAND_PALETTE = False  # its footer entry cut the keys' at 80 columns; nothing is in it
     CSS = """
     #header { height: 3; padding: 0 1; background: $boost; }
     #nodes { height: auto; max-height: 40%; }
@@ -105,7 +106,7 @@ class Dashboard(App[int]):
     #log { height: 1fr; }
     #search { dock: bottom; display: none; }
     #search.shown { display: block; }
-    #dialog { width: 80; height: auto; border: thick $primary; background: $surface; padding: 1 2; }
+    #dialog { width: 80; max-width: 100%; height: auto; border: thick $primary; background: $surface; padding: 1 2; }
     Confirm, QuitQuestion, Help { align: center middle; }
     #buttons { height: auto; margin-top: 1; }
     #buttons Button { margin-right: 2; }
@@ -114,7 +115,7 @@ class Dashboard(App[int]):
         Binding("j", "move(1)", "Down", show=False),
         Binding("k", "move(-1)", "Up", show=False),
         Binding("l", "node_log", "Node log", show=False),
-        Binding("a", "all_nodes", "All nodes"),
+        Binding("a", "all_nodes", "All"),
         Binding("f,end", "follow", "Follow"),
         Binding("slash", "search", "Search"),
         Binding("n", "match(1)", "Next", show=False),
@@ -123,9 +124,9 @@ class Dashboard(App[int]):
         Binding("K", "kill", "Kill"),
         Binding("R", "restart", "Restart"),
         Binding("d", "detach", "Detach"),
-        Binding("q,ctrl+c", "quit_job", "Quit", priority=True),
         Binding("question_mark", "help", "Help"),
-        *(Binding(str(i), f"jump({i - 1})", f"Node {i - 1}", show=False) for i in range(1, 10)),
+        Binding("q,ctrl+c", "quit_job", "Quit", priority=True, key_display="q"),
+        *(Binding(str(i), f"jump({i})", f"Node {i}", show=False) for i in range(10)),
     ]
 
     def __init__(self, session: Session, *, ring: int = 10_000, clock: Callable[[], float] = time.monotonic,

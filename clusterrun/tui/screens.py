@@ -59,18 +59,23 @@ class QuitQuestion(ModalScreen[str]):
         self.dismiss(str(event.button.id))
 
 
-HELP = """\
-[b]Keys[/b]
-  ↑/↓ or j/k    select a node           1–9      jump to node 0–8
-  Enter or l    log of the selected node  a        all nodes, merged
-  f or End      follow the log again     /        search (text or regex); n/N next/previous; Esc clears
-  K             kill the job (asks)      R        restart: kill, then a new attempt (asks)
-  d             detach: leave the job running and exit
-  q             quit (asks whether to stop a running job)
-  ?             this help
-
-Scrolling the log up pauses following; f or End resumes it. The log keeps the last lines of each
-node (--ui-lines); the whole log is on the hosts: `clusterrun logs JOB`."""
+# One entry a line, each short enough for an 80-column terminal, so that nothing wraps mid-entry.
+KEYS = (
+    ("↑/↓, j/k", "select a node"),
+    ("0–9", "select the node of that number"),
+    ("Enter, l", "the selected node's log"),
+    ("a", "all nodes, merged"),
+    ("f, End", "follow the log again (scrolling up pauses it)"),
+    ("/", "search, text or regex; n/N next/previous; Esc clears"),
+    ("K", "kill the job on every host (asks first)"),
+    ("R", "restart: the checks, the stop, a new attempt (asks)"),
+    ("d", "detach: leave the job running and exit"),
+    ("q", "quit (asks whether to stop a running job)"),
+    ("?", "this help; Esc closes it"),
+)
+HELP = "\n".join(["[b]Keys[/b]", *(f"  {keys:<10} {what}" for keys, what in KEYS), "",
+                   "The log keeps the last lines of each node (--ui-lines);",
+                   "the whole log is on the hosts: `clusterrun logs JOB`."])
 
 
 class Help(ModalScreen[None]):
