@@ -81,3 +81,28 @@ def test_a_missing_script_without_a_close_name_mentions_sync(tmp_path: Path, mon
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, ["up", "--dry-run", "hosts.yaml", "model.py"])
     assert result.exit_code == 2 and "`sync: .`" in result.output
+
+
+@pytest.mark.integration  # the doctor on local hosts imports torch on each: seconds
+def test_doctor_checks_only_the_hosts_of_w_and_not_those_of_x(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("defaults:\n  transport: local\nhosts:\n  - host: a[1-3]\n")
+    rows = {}
+    for option in (["-w", "a[1,3]"], ["-x", "a2"]):
+        result = CliRunner().invoke(main, ["doctor", *option, str(hosts)])
+        rows[option[0]] = [line.split()[:2] for line in result.output.splitlines() if line.startswith("node")]
+    assert rows == {"-w": [["node0", "a1"], ["node1", "a3"]], "-x": [["node0", "a1"], ["node1", "a3"]]}
+
+
+def test_hosts_adopts_from_a_deepspeed_hostfile_as_from_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ps --hosts HOSTFILE` reads a DeepSpeed/MPI hostfile as `up` does (it was a YAML error)."""
+    import clusterrun.discover
+
+    asked = []
+    monkeypatch.setattr(clusterrun.discover, "ask_hosts", lambda spec, ssh_config: asked.append(spec) or {})
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# two workers\nworker-1 slots=4\nworker-2 slots=2\n")
+    result = CliRunner().invoke(main, ["ps", "--hosts", str(hostfile)])
+    assert result.exit_code == 0, result.output
+    assert [(h.host, len(h.gpus or ())) for h in asked[0].hosts] == [("worker-1", 4), ("worker-2", 2)]

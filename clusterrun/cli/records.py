@@ -10,9 +10,9 @@ import click
 
 from clusterrun.attempt import refresh
 from clusterrun.cli import EXIT_USAGE, _fail, _note
-from clusterrun.config import load_cluster
 from clusterrun.errors import ConfigError, DamagedRecord, JobNotFound, StateError
 from clusterrun.jobs import JobRecord, JobStore
+from clusterrun.selection import load_hosts
 
 
 def _guarantee(fallbacks: Sequence[str], prefix: str = "  ") -> str:
@@ -39,9 +39,7 @@ def _adopt(hosts_file: str | None) -> None:
     from clusterrun.discover import ask_hosts, records_from
 
     try:
-        spec = load_cluster(hosts_file)
-        with open(hosts_file, encoding="utf-8", errors="surrogateescape") as f:
-            text = f.read()
+        spec, text = load_hosts(hosts_file)  # a DeepSpeed/MPI hostfile too: its text as YAML
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
     store = JobStore()

@@ -37,9 +37,12 @@ from clusterrun.transports import transport_for
 @main.command(name="doctor")
 @ssh_config_option
 @accept_new_host_keys_option
+@click.option("-w", "--nodes", metavar="NODESET", help=NODES_HELP)
+@click.option("-x", "--exclude", metavar="NODESET", help=EXCLUDE_HELP)
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
 @click.argument("script", required=False)
-def doctor_command(hosts_file: str, script: str | None, ssh_config: str | None, accept_new_host_keys: bool) -> None:
+def doctor_command(hosts_file: str, script: str | None, ssh_config: str | None, accept_new_host_keys: bool,
+                   nodes: str | None = None, exclude: str | None = None) -> None:
     """Check that every host of HOSTS.yaml can run a job; start nothing.
 
     \b
@@ -51,14 +54,15 @@ def doctor_command(hosts_file: str, script: str | None, ssh_config: str | None, 
     network interface each node would use (as up chooses it, from the same environment: env,
     env_file, forward_env), the clock against this machine, and logind.
 
-    Prints one table: ✓ fine, ✗ a problem (with its fix), ! a warning (with its fix). Exit 0 when
-    nothing is ✗, 1 when something is, 2 for a bad hosts file. `up` runs the same checks before it
-    starts anything (the costlier ones not with --no-preflight).
+    -w/-x check some of the file's hosts, as `up -w/-x` runs on them. Prints one table: ✓ fine,
+    ✗ a problem (with its fix), ! a warning (with its fix). Exit 0 when nothing is ✗, 1 when
+    something is, 2 for a bad hosts file. `up` runs the same checks before it starts anything
+    (the costlier ones not with --no-preflight).
     """
     try:
         # each host's environment as `up` completes it (forward_env, env_file): the interface row
         # honours the GLOO/NCCL_SOCKET_IFNAME set there as `up` does
-        spec, env_notes = resolve(load_hosts(hosts_file)[0], os.environ)  # a hostfile too
+        spec, env_notes = resolve(load_hosts(hosts_file, nodes, exclude)[0], os.environ)  # a hostfile too
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
     for text in env_notes:
