@@ -1,0 +1,200 @@
+"""``stack``: the Python stacks of an attempt's live ranks on this host, by ``py-spy dump``.
+
+The ranks are the workers the monitor recorded (state.json's ``workers``: pid and ``RANK``),
+each checked again by the attempt's marker in its environment before it is looked at, so a
+reused pid is never dumped. py-spy runs once per rank, all at once, each bounded by the
+request's ``timeout``. Where py-spy is missing the answer names the command that installs it
+for the job's interpreter; where the kernel refuses ptrace, why (owner, Yama, capabilities) and
+the fix. The controller's side is ``clusterrun/stacks.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from .codec import json_loads
+from .procs import _job_alive, has_marker, proc_env, proc_info
+from .records import _load_state, _marker, _read_json
+from .wire import Frame, RankStack, StackAnswer, StackRequest, ThreadStack
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+PY_SPY = "py-spy"
+CAP_SYS_PTRACE = 19  # capability(7)'s bit
+
+
+def op_stack(req: StackRequest) -> dict[str, Any]:
+    folder, state = _load_state(req.to_json())
+    kind = str(state.get("state"))
+    if kind != "exited" and not _job_alive(state):
+        kind = "lost"
+    if kind not in ("starting", "running"):
+        return StackAnswer(ok=True, state=kind, ranks=[]).to_json()
+    marker = _marker(req.job, req.node, req.attempt)
+    wanted = None if req.ranks is None else set(req.ranks)
+    workers = [w for w in state.get("workers") or [] if w.get("died") is None and isinstance(w.get("pid"), int)
+               and (wanted is None or w.get("rank") in wanted)]
+    spec = _read_json(os.path.join(folder, "spec.json")) or {}
+    python = (spec.get("argv") or [None])[0]
+    tool = find_py_spy(python, workers, marker)
+    if tool is None:
+        return StackAnswer(ok=True, state=kind, ranks=[], error=f"py-spy is not installed on this host "
+                           f"(looked beside {python or 'the job interpreter'}, on the job's PATH and the agent's)",
+                           fix=install_hint(python)).to_json()
+    stacks: list[RankStack | None] = [None] * len(workers)
+
+    def one(i: int, worker: dict[str, Any]) -> None:
+        stacks[i] = dump_rank(tool, worker, marker, req.native, req.timeout)
+
+    threads = [threading.Thread(target=one, args=(i, w), daemon=True) for i, w in enumerate(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    found = [s for s in stacks if s is not None]
+    return StackAnswer(ok=True, state=kind, ranks=sorted(found, key=lambda s: s.rank), tool=tool).to_json()
+
+
+def find_py_spy(python: str | None, workers: list[dict[str, Any]], marker: str) -> str | None:
+    """py-spy beside the job's interpreter (a venv's bin), on a rank's PATH (what its setup left,
+    a conda env), on the agent's PATH, or in ~/.local/bin (``pip install --user``)."""
+    folders = [os.path.dirname(python)] if python and os.sep in python else []
+    for worker in workers[:1]:
+        if has_marker(worker["pid"], marker):
+            folders += (proc_env(worker["pid"]).get("PATH") or "").split(os.pathsep)
+    folders += (os.environ.get("PATH") or "/usr/bin:/bin").split(os.pathsep)
+    folders.append(os.path.expanduser("~/.local/bin"))
+    for folder in folders:
+        path = os.path.join(folder, PY_SPY)
+        if folder and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def install_hint(python: str | None) -> str:
+    return (f"{python or 'python3'} -m pip install py-spy   (on this host, into the job's interpreter; "
+            "or put py-spy on the PATH of the job's setup)")
+
+
+def dump_rank(tool: str, worker: dict[str, Any], marker: str, native: bool, timeout: float) -> RankStack:
+    """One rank's stacks by ``py-spy dump --json``, or why not."""
+    import subprocess
+
+    pid, rank = int(worker["pid"]), int(worker.get("rank", -1))
+    local = worker.get("local_rank")
+
+    def made(threads: list[ThreadStack] | None = None, error: str | None = None, fix: str | None = None) -> RankStack:
+        return RankStack(rank=rank, pid=pid, local_rank=local if isinstance(local, int) else None,
+                         threads=threads or [], error=error, fix=fix)
+
+    info = proc_info(pid)
+    if info is None or info.state == "Z":
+        return made(error="its process has ended")
+    if not has_marker(pid, marker) and _environ_readable(pid):
+        return made(error="its process has ended (the pid is another process's now)")
+    argv = [tool, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return made(error=f"py-spy did not answer within {timeout:g} s",
+                         fix=f"is the process stuck in the kernel (state {_state_of(pid)})? try again, or with "
+                             "--timeout")
+    except OSError as exc:
+        return made(error=f"cannot run {tool}: {exc.strerror or exc}")
+    if done.returncode == 0:
+        try:
+            return made(threads=parse_dump(json_loads(done.stdout)))
+        except (ValueError, KeyError, TypeError) as exc:
+            return made(error=f"py-spy answered something unexpected: {exc}")
+    said = done.stderr.decode("utf-8", "replace").strip()
+    first = next((line for line in said.splitlines() if line.strip()), f"exit status {done.returncode}")
+    if "Permission Denied" in said or "Operation not permitted" in said or "EPERM" in said:
+        error, fix = ptrace_refused(pid)
+        return made(error=error, fix=fix)
+    if proc_info(pid) is None:
+        return made(error="its process has ended")
+    return made(error=f"py-spy: {first}")
+
+
+def parse_dump(data: Any) -> list[ThreadStack]:
+    """py-spy's JSON (0.3.x and 0.4.x: a list of threads, each with its frames innermost first)."""
+    threads = []
+    for thread in data:
+        frames = [Frame(name=str(f.get("name")), file=str(f.get("short_filename") or f.get("filename")),
+                        line=f.get("line") if isinstance(f.get("line"), int) else None)
+                  for f in thread.get("frames") or []]
+        threads.append(ThreadStack(name=thread.get("thread_name"), frames=frames, active=bool(thread.get("active"))))
+    return threads
+
+
+def _environ_readable(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb"):
+            return True
+    except OSError:
+        return False
+
+
+def _state_of(pid: int) -> str:
+    info = proc_info(pid)
+    return info.state if info is not None else "gone"
+
+
+def _status_field(pid: str | int, key: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def _has_cap(mask: str | None, bit: int) -> bool:
+    return mask is not None and bool(int(mask, 16) >> bit & 1)
+
+
+def ptrace_refused(pid: int) -> tuple[str, str]:
+    """Why the kernel refused py-spy's ptrace of ``pid``, in words, and the fix on this host."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            scope: int | None = int(f.read().strip())
+    except (OSError, ValueError):
+        scope = None
+    owner = (_status_field(pid, "Uid") or "").split()[:1]
+    me = os.getuid()
+    privileged = _has_cap(_status_field("self", "CapEff"), CAP_SYS_PTRACE)
+    bounded = _has_cap(_status_field("self", "CapBnd"), CAP_SYS_PTRACE)
+    container = os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv")
+    what = f"ptrace of pid {pid} refused by the kernel"
+    if owner and int(owner[0]) != me and not privileged:
+        import pwd
+
+        def name(uid: int) -> str:
+            try:
+                return pwd.getpwuid(uid).pw_name
+            except KeyError:
+                return str(uid)
+
+        return (f"{what}: the process belongs to {name(int(owner[0]))}, the agent runs as {name(me)}",
+                "run clusterrun as the job's user (the hosts file's `user:`), or as root")
+    if not bounded:
+        return (f"{what}: this host lacks CAP_SYS_PTRACE (a container started without SYS_PTRACE)",
+                "start the container with --cap-add SYS_PTRACE (docker, podman), or add SYS_PTRACE to the pod's "
+                "securityContext.capabilities (Kubernetes)")
+    if scope == 3:
+        return (f"{what}: kernel.yama.ptrace_scope is 3 (no ptrace at all until a reboot)",
+                "set kernel.yama.ptrace_scope = 1 in /etc/sysctl.d/ and reboot")
+    if scope in (1, 2) and not privileged:
+        return (f"{what}: kernel.yama.ptrace_scope is {scope} (only {'parents' if scope == 1 else 'root'} "
+                "may trace)", "sudo sysctl -w kernel.yama.ptrace_scope=0 (until the next reboot), or let py-spy "
+                "trace: sudo setcap cap_sys_ptrace+ep $(which py-spy)")
+    if container:
+        return (f"{what}: inside a container (its seccomp profile may block ptrace)",
+                "start the container with --cap-add SYS_PTRACE, or --security-opt seccomp=unconfined")
+    return (f"{what}: the process is not dumpable (it changed user, or called prctl(PR_SET_DUMPABLE, 0))",
+            "run clusterrun as root on this host to look at it")
