@@ -76,7 +76,8 @@ def test_what_could_not_be_looked_at_is_grouped_with_its_fix_and_is_not_ok() -> 
     assert not view.ok and not view.unreachable
     text = "\n".join(render(view))
     assert "ranks 1-2 (nodes 0-1): ptrace of pid 5 refused by the kernel" in text
-    assert "node 2 gpu03: py-spy is not installed on this host\n  fix: /opt/venv/bin/python -m pip install py-spy" in text
+    assert ("node 2 gpu03: py-spy is not installed on this host\n"
+            "  fix: /opt/venv/bin/python -m pip install py-spy") in text
     assert "node 3 gpu04: not running (exited)" in text
 
 

@@ -74,7 +74,9 @@ def find_py_spy(python: str | None, workers: list[dict[str, Any]], marker: str) 
     return None
 
 
-def install_hint(python: str | None) -> str:
+def install_hint(python: str | None, upgrade: bool = False) -> str:
+    if upgrade:
+        return "pip install -U 'py-spy>=0.4' with the pip of the interpreter that installed it"
     return (f"{python or 'python3'} -m pip install py-spy   (on this host, into the job's interpreter; "
             "or put py-spy on the PATH of the job's setup)")
 
@@ -114,6 +116,8 @@ def dump_rank(tool: str, worker: dict[str, Any], marker: str, native: bool, time
     if "Permission Denied" in said or "Operation not permitted" in said or "EPERM" in said:
         error, fix = ptrace_refused(pid)
         return made(error=error, fix=fix)
+    if "--json" in said:  # an older py-spy without ``dump --json``
+        return made(error=f"{tool} is too old to answer in JSON ({first})", fix=install_hint(None, upgrade=True))
     if proc_info(pid) is None:
         return made(error="its process has ended")
     return made(error=f"py-spy: {first}")
