@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from typing import Any
 
 import pytest
 
@@ -10,6 +12,9 @@ from clusterrun.agent import stackops
 from clusterrun.agent.wire import Frame, RankStack, StackAnswer, ThreadStack
 from clusterrun.errors import ConnectError
 from clusterrun.stacks import fold_ranks, group, parse_ranks, render
+from clusterrun.tui import Dashboard
+from clusterrun.tui.screens import Stacks
+from tests.test_tui_snapshots import Scripted, started
 
 BARRIER = [Frame("barrier", "torch/distributed/distributed_c10d.py", 5356), Frame("wait_for_peers", "train.py", 42)]
 LOADER = [Frame("__next__", "dataset.py", 88), Frame("main", "train.py", 30)]
@@ -136,3 +141,52 @@ def test_a_refused_ptrace_names_the_cause_and_its_fix(monkeypatch: pytest.Monkey
     fields["CapBnd"] = "000001ffffffffff"
     error, fix = stackops.ptrace_refused(5)
     assert "not dumpable" in error
+
+
+class WithStacks(Scripted):
+    """The dashboard's session stand-in, whose ``stacks()`` counts its calls."""
+
+    def __init__(self, running: bool) -> None:
+        super().__init__(started(), running=running)
+        self.taken = 0
+
+    def stacks(self) -> list[str]:
+        self.taken += 1
+        view = group({0: node(rank(0, BARRIER), rank(1, BARRIER)), 1: node(rank(2, LOADER), rank(3, BARRIER))}, HOSTS)
+        return [f"take {self.taken}", *render(view)]
+
+
+def test_the_dashboard_s_key_shows_the_grouped_stacks_and_r_takes_them_again() -> None:
+    session = WithStacks(running=True)
+    app = Dashboard(session, ring=100)  # type: ignore[arg-type]
+    seen: list[str] = []
+
+    async def shown(pilot: Any, text: str) -> str:
+        for _ in range(100):
+            await pilot.pause(0.02)
+            if isinstance(app.screen, Stacks) and text in (now := str(app.screen.query_one("#stacks-text").render())):
+                return now
+        raise AssertionError(f"{text!r} not shown")
+
+    async def script(pilot: Any) -> None:
+        await pilot.press("s")
+        seen.append(await shown(pilot, "take 1"))
+        await pilot.press("r")
+        seen.append(await shown(pilot, "take 2"))
+        await pilot.press("escape")
+        await pilot.pause()
+        seen.append(type(app.screen).__name__)
+
+    async def main() -> None:
+        async with app.run_test(size=(140, 40)) as pilot:
+            await script(pilot)
+
+    asyncio.run(main())
+    assert "ranks 0-1,3: barrier at torch/distributed/distributed_c10d.py:5356 · rank 2: __next__ at dataset.py:88" \
+        in seen[0]
+    assert "take 2" in seen[1] and seen[2] != "Stacks" and session.taken == 2
+
+
+def test_the_s_key_is_off_once_the_job_has_ended() -> None:
+    app = Dashboard(WithStacks(running=False), ring=100)  # type: ignore[arg-type]
+    assert app.check_action("stack", ()) is False

@@ -8,23 +8,9 @@ from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, _fail, 
 from clusterrun.cli.records import _open_job, _refresh, hosts_option
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError
-from clusterrun.jobs import JobRecord
-from clusterrun.lifecycle import spec_of, stacks_of
-from clusterrun.plan import plan_from_json
-from clusterrun.stacks import StackView, group, parse_ranks, render
+from clusterrun.lifecycle import stacks_view
+from clusterrun.stacks import parse_ranks, render
 from clusterrun.terminal import safe
-
-
-def take(record: JobRecord, nodes: list[int] | None = None, ranks: list[int] | None = None, *,
-         native: bool = False, timeout: float = 10.0) -> StackView:
-    """The grouped stacks of the job's current attempt: of ``nodes`` (default all), only ``ranks``
-    (default all: a node that holds none of them is not asked)."""
-    if ranks is not None:
-        plan = plan_from_json(record.plan, spec_of(record))
-        holding = [n.rank for n in plan.nodes if set(n.ranks) & set(ranks)]
-        nodes = [n for n in (nodes if nodes is not None else holding) if n in holding]
-    answers = stacks_of(record, nodes, ranks, native=native, timeout=timeout) if nodes != [] else {}
-    return group(answers, {n.rank: n.host for n in record.nodes})
 
 
 @main.command(name="stack")
@@ -66,7 +52,7 @@ def stack_command(job: str, node: tuple[int, ...], rank_text: str | None, native
         _fail(ClusterrunError(f"job {record.job_id} is {record.state}: it runs no rank to look at",
                               hint=f"clusterrun logs {record.job_id} shows how it ended"), EXIT_FAILED)
     try:
-        view = take(record, nodes, ranks, native=native, timeout=timeout)
+        view = stacks_view(record, nodes, ranks, native=native, timeout=timeout)
     except ClusterrunError as exc:  # the recorded hosts file cannot be read
         _fail(exc, EXIT_USAGE)
     if not view.groups and not view.problems and not view.idle:
