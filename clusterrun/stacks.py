@@ -2,8 +2,8 @@
 
 Pure: from the nodes' ``stack`` answers (``agent.wire.StackAnswer``, or the error that kept a
 host away) to ``StackView``, its groups and what could not be looked at, and its text
-(``render``: a summary line as ``ranks 0-6,8-15: all_reduce at train.py:42 · rank 7: __next__
-at dataset.py:88``, then each group's frames). ``clusterrun stack`` and the dashboard's ``s``
+(``render``: a summary line as ``ranks 0-6,8-15: all_reduce in step at train.py:42 · rank 7:
+__next__ at dataset.py:88``, then each group's frames). ``clusterrun stack`` and the dashboard's ``s``
 show the same text; ``lifecycle.stacks_of`` asks the hosts.
 """
 
@@ -65,11 +65,14 @@ class StackGroup:
 
     @property
     def headline(self) -> str:
-        """The innermost frame of the main thread (else the first thread): ``barrier at train.py:42``."""
+        """Where the main thread (else the first) is: its innermost frame, ``load at data.py:88``,
+        or inside a library the call and the job's frame that made it, ``barrier in step at train.py:42``."""
         thread = next((t for t in self.threads if t.name == "MainThread"), self.threads[0] if self.threads else None)
         if thread is None or not thread.frames:
             return "no Python frames"
-        return _where(thread.frames[0])
+        inner = thread.frames[0]
+        caller = next((f for f in thread.frames if not f.lib), None) if inner.lib else None
+        return f"{inner.name} in {_where(caller)}" if caller is not None else _where(inner)
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,8 @@ def blocked(job: str, *args: str) -> subprocess.CompletedProcess[str]:
 def check_barrier(proc: subprocess.CompletedProcess[str], hosts: tuple[str, str]) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("ranks 0-2: barrier at torch/distributed/distributed_c10d.py:")
-    assert lines[0].endswith(" · rank 3: linger at barrier_rank.py:12"), lines[0]
+    assert lines[0] == ("ranks 0-2: barrier in wait_for_peers at barrier_rank.py:16 · "
+                        "rank 3: linger at barrier_rank.py:12")
     assert "ranks 0-2 (nodes 0-1):" in lines and f"rank 3 (node 1 {hosts[1]}):" in lines
     group = lines[lines.index("ranks 0-2 (nodes 0-1):") + 1:lines.index(f"rank 3 (node 1 {hosts[1]}):")]
     assert group[0] == "  Thread MainThread" and group[1].startswith("    barrier (torch/distributed/")
@@ -66,7 +66,8 @@ def test_stack_groups_the_ranks_blocked_in_a_barrier(tmp_path: Path, state_dir: 
         assert only.stdout.splitlines()[0] == "rank 3: linger at barrier_rank.py:12"
         assert "ranks 0-2" not in only.stdout
         node0 = stack(job, "--node", "0")
-        assert node0.returncode == 0 and node0.stdout.startswith("ranks 0-1: barrier at "), node0.stdout
+        assert node0.returncode == 0, node0.stderr
+        assert node0.stdout.startswith("ranks 0-1: barrier in wait_for_peers at "), node0.stdout
         bad = stack(job, "--rank", "two")
         assert bad.returncode == 2 and "'two' is not a rank or a range of ranks" in bad.stderr
     finally:

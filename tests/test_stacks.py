@@ -16,7 +16,8 @@ from clusterrun.tui import Dashboard
 from clusterrun.tui.screens import Stacks
 from tests.test_tui_snapshots import Scripted, started
 
-BARRIER = [Frame("barrier", "torch/distributed/distributed_c10d.py", 5356), Frame("wait_for_peers", "train.py", 42)]
+BARRIER = [Frame("barrier", "torch/distributed/distributed_c10d.py", 5356, lib=True),
+           Frame("wrapper", "torch/distributed/c10d_logger.py", 83, lib=True), Frame("wait_for_peers", "train.py", 42)]
 LOADER = [Frame("__next__", "dataset.py", 88), Frame("main", "train.py", 30)]
 
 
@@ -52,7 +53,7 @@ def test_identical_stacks_are_one_group_with_their_ranks_across_nodes() -> None:
     view = group(answers, HOSTS)
     assert [g.ranks for g in view.groups] == [(0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15), (7,)]
     assert view.groups[0].nodes == (0, 1, 2, 3) and view.groups[1].nodes == (1,)
-    assert view.summary() == ("ranks 0-6,8-15: barrier at torch/distributed/distributed_c10d.py:5356 · "
+    assert view.summary() == ("ranks 0-6,8-15: barrier in wait_for_peers at train.py:42 · "
                               "rank 7: __next__ at dataset.py:88")
     assert view.ok and not view.unreachable
     lines = render(view)
@@ -62,7 +63,7 @@ def test_identical_stacks_are_one_group_with_their_ranks_across_nodes() -> None:
 
 
 def test_a_different_line_is_a_different_stack() -> None:
-    other = [Frame("barrier", "torch/distributed/distributed_c10d.py", 5356), Frame("wait_for_peers", "train.py", 43)]
+    other = [*BARRIER[:2], Frame("wait_for_peers", "train.py", 43)]
     view = group({0: node(rank(0, BARRIER), rank(1, other))}, HOSTS)
     assert [g.ranks for g in view.groups] == [(0,), (1,)]
 
@@ -104,12 +105,15 @@ def test_the_wire_answer_round_trips_with_nested_stacks() -> None:
 def test_py_spy_json_is_read_innermost_first() -> None:
     dumped = [{"pid": 1, "thread_id": 2, "thread_name": "MainThread", "os_thread_id": 1, "active": False,
                "owns_gil": False, "frames": [
+                   {"name": "sleep", "filename": "/usr/lib/python3.11/asyncio/tasks.py", "module": None,
+                    "short_filename": "asyncio/tasks.py", "line": 649, "locals": None, "is_entry": False},
                    {"name": "inner", "filename": "/w/train.py", "module": None, "short_filename": "train.py",
                     "line": 2, "locals": None, "is_entry": False},
                    {"name": "<module>", "filename": "/w/train.py", "module": None, "short_filename": "train.py",
                     "line": 3, "locals": None, "is_entry": True}]}]
     assert stackops.parse_dump(dumped) == [ThreadStack(name="MainThread", active=False, frames=[
-        Frame("inner", "train.py", 2), Frame("<module>", "train.py", 3)])]
+        Frame("sleep", "asyncio/tasks.py", 649, lib=True), Frame("inner", "train.py", 2),
+        Frame("<module>", "train.py", 3)])]
 
 
 def test_a_refused_ptrace_names_the_cause_and_its_fix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,8 +186,7 @@ def test_the_dashboard_s_key_shows_the_grouped_stacks_and_r_takes_them_again() -
             await script(pilot)
 
     asyncio.run(main())
-    assert "ranks 0-1,3: barrier at torch/distributed/distributed_c10d.py:5356 · rank 2: __next__ at dataset.py:88" \
-        in seen[0]
+    assert "ranks 0-1,3: barrier in wait_for_peers at train.py:42 · rank 2: __next__ at dataset.py:88" in seen[0]
     assert "take 2" in seen[1] and seen[2] != "Stacks" and session.taken == 2
 
 

@@ -103,10 +103,11 @@ Requests (``op``) and answers
            error; without its directory while its processes run, ``status`` says ``lost`` with
            ``records_gone``, ``found_by`` and an ``error`` naming the fix.
 ``stack``  ``{job, node, attempt, state_dir, ranks, native, timeout}`` → ``{ok, state, tool, error, fix,
-           ranks: [{rank, local_rank, pid, threads: [{name, active, frames: [{name, file, line}]}],
+           ranks: [{rank, local_rank, pid, threads: [{name, active, frames: [{name, file, line, lib}]}],
            error, fix}]}`` (``stackops``): ``py-spy dump --json`` (``--native`` with ``native``) of
            each live worker of the attempt (``ranks``: only these global ranks), all at once, each
-           within ``timeout`` seconds; frames innermost first. A worker is looked at only while it
+           within ``timeout`` seconds; frames innermost first (``lib``: the file is the standard
+           library's or an installed package's). A worker is looked at only while it
            carries the attempt's marker. ``state`` is the node's (no ranks unless ``starting`` or
            ``running``); ``error``/``fix`` without ranks: py-spy is not on this host (looked for
            beside the job's interpreter, on a rank's PATH, the agent's, ``~/.local/bin``) and the

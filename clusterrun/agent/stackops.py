@@ -11,7 +11,6 @@ the fix. The controller's side is ``clusterrun/stacks.py``.
 from __future__ import annotations
 
 import os
-import threading
 
 from .codec import json_loads
 from .procs import _job_alive, has_marker, proc_env, proc_info
@@ -27,6 +26,8 @@ CAP_SYS_PTRACE = 19  # capability(7)'s bit
 
 
 def op_stack(req: StackRequest) -> dict[str, Any]:
+    import threading  # here, not at the agent's start
+
     folder, state = _load_state(req.to_json())
     kind = str(state.get("state"))
     if kind != "exited" and not _job_alive(state):
@@ -128,10 +129,17 @@ def parse_dump(data: Any) -> list[ThreadStack]:
     threads = []
     for thread in data:
         frames = [Frame(name=str(f.get("name")), file=str(f.get("short_filename") or f.get("filename")),
-                        line=f.get("line") if isinstance(f.get("line"), int) else None)
+                        line=f.get("line") if isinstance(f.get("line"), int) else None,
+                        lib=_is_library(str(f.get("filename"))))
                   for f in thread.get("frames") or []]
         threads.append(ThreadStack(name=thread.get("thread_name"), frames=frames, active=bool(thread.get("active"))))
     return threads
+
+
+def _is_library(path: str) -> bool:
+    """Whether a frame's file is the standard library's or an installed package's (not the job's code)."""
+    return any(part in path for part in ("/lib/python3", "/site-packages/", "/dist-packages/")) or \
+        path.startswith("<frozen")
 
 
 def _environ_readable(pid: int) -> bool:

@@ -377,11 +377,13 @@ class Unlistened(Message):
 
 @dataclass(frozen=True)
 class Frame(Message):
-    """One frame of a stack, innermost first: the function, its file (as py-spy shortens it), its line."""
+    """One frame of a stack, innermost first: the function, its file (as py-spy shortens it), its
+    line, and whether the file is a library's (the standard library, site- or dist-packages)."""
 
     name: str
     file: str
     line: int | None = None
+    lib: bool = False
 
 
 @dataclass(frozen=True)
