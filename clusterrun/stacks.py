@@ -4,13 +4,15 @@ Pure: from the nodes' ``stack`` answers (``agent.wire.StackAnswer``, or the erro
 host away) to ``StackView``, its groups and what could not be looked at, and its text
 (``render``: a summary line as ``ranks 0-6,8-15: all_reduce in step at train.py:42 · rank 7:
 __next__ at dataset.py:88``, then each group's frames). ``clusterrun stack`` and the dashboard's ``s``
-show the same text; ``lifecycle.stacks_of`` asks the hosts.
+show the same text (``stack --json``: ``view_json``, docs/json.md); ``lifecycle.stacks_view``
+asks the hosts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from clusterrun.agent.wire import Frame, RankStack, StackAnswer, ThreadStack
 from clusterrun.errors import ClusterrunError
@@ -172,3 +174,15 @@ def render(view: StackView) -> list[str]:
     for node, state in view.idle:
         lines.append(f"{_nodes_text(view, [node])}: not running ({state}): no stacks to take")
     return lines
+
+
+def view_json(view: StackView, job: str, attempt: int) -> dict[str, Any]:
+    """``stack --json`` (schema 1, docs/json.md)."""
+    return {
+        "schema": 1, "job": job, "attempt": attempt, "summary": view.summary(),
+        "groups": [{"ranks": list(g.ranks), "nodes": list(g.nodes), "where": g.headline,
+                    "threads": [t.to_json() for t in g.threads]} for g in view.groups],
+        "problems": [{"ranks": list(p.ranks), "nodes": list(p.nodes), "error": p.error, "fix": p.fix}
+                     for p in view.problems],
+        "idle": [{"node": node, "state": state} for node, state in view.idle],
+    }

@@ -68,6 +68,11 @@ def test_stack_groups_the_ranks_blocked_in_a_barrier(tmp_path: Path, state_dir: 
         node0 = stack(job, "--node", "0")
         assert node0.returncode == 0, node0.stderr
         assert node0.stdout.startswith("ranks 0-1: barrier in wait_for_peers at "), node0.stdout
+        as_json = stack(job, "--json")
+        assert as_json.returncode == 0, as_json.stderr
+        data = json.loads(as_json.stdout)
+        assert [(g["ranks"], g["nodes"]) for g in data["groups"]] == [([0, 1, 2], [0, 1]), ([3], [1])]
+        assert data["groups"][1]["where"] == "linger at barrier_rank.py:12" and not data["problems"]
         bad = stack(job, "--rank", "two")
         assert bad.returncode == 2 and "'two' is not a rank or a range of ranks" in bad.stderr
     finally:

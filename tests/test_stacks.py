@@ -11,9 +11,10 @@ import pytest
 from clusterrun.agent import stackops
 from clusterrun.agent.wire import Frame, RankStack, StackAnswer, ThreadStack
 from clusterrun.errors import ConnectError
-from clusterrun.stacks import fold_ranks, group, parse_ranks, render
+from clusterrun.stacks import fold_ranks, group, parse_ranks, render, view_json
 from clusterrun.tui import Dashboard
 from clusterrun.tui.screens import Stacks
+from tests.test_joblist import documented_schema, violations
 from tests.test_tui_snapshots import Scripted, started
 
 BARRIER = [Frame("barrier", "torch/distributed/distributed_c10d.py", 5356, lib=True),
@@ -85,6 +86,21 @@ def test_what_could_not_be_looked_at_is_grouped_with_its_fix_and_is_not_ok() -> 
     assert ("node 2 gpu03: py-spy is not installed on this host\n"
             "  fix: /opt/venv/bin/python -m pip install py-spy") in text
     assert "node 3 gpu04: not running (exited)" in text
+
+
+def test_the_json_is_the_documented_schema_and_holds_the_groups() -> None:
+    answers: dict[int, StackAnswer | ConnectError] = {
+        0: node(rank(0, BARRIER), rank(1, LOADER)), 1: node(error="py-spy is not installed", fix="pip"),
+        2: node(state="exited"), 3: ConnectError("gpu04", "connection refused")}
+    data = json.loads(json.dumps(view_json(group(answers, HOSTS), "bert-1", 2)))
+    assert violations(data, documented_schema("stack")) == []
+    assert [(g["ranks"], g["where"]) for g in data["groups"]] == [([0], "barrier in wait_for_peers at train.py:42"),
+                                                                  ([1], "__next__ at dataset.py:88")]
+    assert data["groups"][0]["threads"][0]["frames"][0] == {
+        "name": "barrier", "file": "torch/distributed/distributed_c10d.py", "line": 5356, "lib": True}
+    assert [(p["nodes"], p["fix"]) for p in data["problems"]] == [([1], "pip"), ([3], None)]
+    assert data["idle"] == [{"node": 2, "state": "exited"}]
+    assert violations(dict(data, extra=1), documented_schema("stack"))
 
 
 def test_an_unreachable_host_is_named() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, _fail, main
@@ -9,7 +11,7 @@ from clusterrun.cli.records import _open_job, _refresh, hosts_option
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError
 from clusterrun.lifecycle import stacks_view
-from clusterrun.stacks import parse_ranks, render
+from clusterrun.stacks import parse_ranks, render, view_json
 from clusterrun.terminal import safe
 
 
@@ -20,16 +22,18 @@ from clusterrun.terminal import safe
 @click.option("--native", is_flag=True, help="Also the native frames (C, C++, CUDA calls): py-spy's --native.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=10.0, show_default=True, metavar="SECONDS",
               help="How long py-spy may take for each rank.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema 1, see docs/json.md) instead of text.")
 @hosts_option
 def stack_command(job: str, node: tuple[int, ...], rank_text: str | None, native: bool, timeout: float,
-                  hosts_file: str | None) -> None:
+                  as_json: bool, hosts_file: str | None) -> None:
     """Print the Python stack of every rank of JOB, taken on every host at once by py-spy;
     identical stacks are shown once with their ranks:
 
     \b
-      ranks 0-6,8-15: barrier at train.py:42 · rank 7: __next__ at dataset.py:88
+      ranks 0-6,8-15: all_reduce in step at train.py:42 · rank 7: __next__ at dataset.py:88
 
-    then each group's frames, innermost first. A rank blocked in a collective shows where; the
+    (where a rank waits inside a library: the call, and the job's own frame that made it), then
+    each group's frames, innermost first. A rank blocked in a collective shows where; the
     odd one out is usually the one the others wait for. py-spy must be on the host (beside the
     job's Python, on its PATH, or in ~/.local/bin): where it is not, the command that installs it
     there is shown. Where the kernel refuses to let py-spy look (another user's process,
@@ -58,6 +62,9 @@ def stack_command(job: str, node: tuple[int, ...], rank_text: str | None, native
     if not view.groups and not view.problems and not view.idle:
         _fail(ConfigError(f"job {record.job_id} has no rank {rank_text} on the nodes asked", key="--rank"),
               EXIT_USAGE)
-    for line in render(view):
-        click.echo(safe(line, colour=False))
+    if as_json:
+        click.echo(json.dumps(view_json(view, record.job_id, record.attempt), indent=1))
+    else:
+        for line in render(view):
+            click.echo(safe(line, colour=False))
     raise SystemExit(EXIT_HOSTS if view.unreachable else EXIT_OK if view.ok else EXIT_FAILED)
