@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun.agent.wire import Frame, RankStack, StackAnswer, ThreadStack
-from clusterrun.errors import ClusterrunError
+from clusterrun.errors import ClusterrunError, TransportError
 
 # A rank's stacks as compared: per thread its name and its frames (function, file, line).
 Signature = tuple[tuple[str | None, tuple[tuple[str, str, int | None], ...]], ...]
@@ -92,7 +92,7 @@ class StackView:
     groups: tuple[StackGroup, ...]
     problems: tuple[Problem, ...] = ()
     idle: tuple[tuple[int, str], ...] = ()  # nodes that run no attempt here: (node, its state)
-    unreachable: bool = False
+    unreachable: bool = False  # a host could not be reached (not: its agent answered an error)
     hosts: Mapping[int, str] = field(default_factory=dict)
 
     @property
@@ -120,7 +120,7 @@ def group(answers: Mapping[int, StackAnswer | ClusterrunError], hosts: Mapping[i
     unreachable = False
     for node, answer in sorted(answers.items()):
         if isinstance(answer, ClusterrunError):
-            unreachable = True
+            unreachable |= isinstance(answer, TransportError)
             by_problem.setdefault((answer.render(), None), []).append((node, None))
             continue
         if answer.error:

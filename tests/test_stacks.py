@@ -10,7 +10,7 @@ import pytest
 
 from clusterrun.agent import stackops
 from clusterrun.agent.wire import Frame, RankStack, StackAnswer, ThreadStack
-from clusterrun.errors import ConnectError
+from clusterrun.errors import AgentError, ConnectError
 from clusterrun.stacks import fold_ranks, group, parse_ranks, render, view_json
 from clusterrun.tui import Dashboard
 from clusterrun.tui.screens import Stacks
@@ -107,6 +107,8 @@ def test_an_unreachable_host_is_named() -> None:
     view = group({0: node(rank(0, BARRIER)), 1: ConnectError("gpu02", "connection refused")}, HOSTS)
     assert view.unreachable and not view.ok
     assert any("connection refused" in line for line in render(view))
+    failed = group({0: node(rank(0, BARRIER)), 1: AgentError("gpu02", "bad request: ranks must be ...")}, HOSTS)
+    assert not failed.unreachable and not failed.ok  # the host answered: exit 1, not 3
 
 
 def test_the_wire_answer_round_trips_with_nested_stacks() -> None:

@@ -14,7 +14,7 @@ import os
 
 from .codec import json_loads
 from .procs import _job_alive, has_marker, proc_env, proc_info
-from .records import _load_state, _marker, _read_json
+from .records import _attempt_dir, _load_state, _marker, _read_json
 from .wire import Frame, RankStack, StackAnswer, StackRequest, ThreadStack
 
 TYPE_CHECKING = False
@@ -28,6 +28,8 @@ CAP_SYS_PTRACE = 19  # capability(7)'s bit
 def op_stack(req: StackRequest) -> dict[str, Any]:
     import threading  # here, not at the agent's start
 
+    if not os.path.isdir(_attempt_dir(req.to_json())):  # never started on this host
+        return StackAnswer(ok=True, state="absent", ranks=[]).to_json()
     folder, state = _load_state(req.to_json())
     kind = str(state.get("state"))
     if kind != "exited" and not _job_alive(state):
