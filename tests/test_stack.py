@@ -12,15 +12,19 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from clusterrun.agent.records import _boot_id
 from clusterrun.agent.wire import StackAnswer, StackRequest
+from clusterrun.tui import Dashboard
+from clusterrun.tui.screens import Stacks
 from tests.conftest import ROOT, SUPPORT, start_time, wait_for, write_hosts
 from tests.simhosts import SimCluster
 from tests.test_lifecycle import clusterrun, up_detached
 from tests.test_ssh import ssh_hosts
+from tests.test_tui import dashboard_on, drive, until
 
 pytestmark = pytest.mark.integration
 PY_SPY = shutil.which("py-spy")
@@ -55,6 +59,22 @@ def check_barrier(proc: subprocess.CompletedProcess[str], hosts: tuple[str, str]
     assert "    wait_for_peers (barrier_rank.py:16)" in group
 
 
+def dashboard_stacks(job: str) -> str:
+    """What the dashboard's ``s`` shows of the job (its Stacks screen, once taken)."""
+    app = dashboard_on(job, tail=0)
+    seen: list[str] = []
+
+    async def script(app: Dashboard, pilot: Any) -> None:
+        await until(pilot, lambda: app.check_action("stack", ()), 30, "the job's state")
+        await pilot.press("s")
+        await until(pilot, lambda: isinstance(app.screen, Stacks) and "ranks 0-2" in (seen.append(
+            str(app.screen.query_one("#stacks-text").render())) or seen[-1]), 60, "the stacks")
+        await pilot.press("escape", "d")
+
+    drive(app, script)
+    return seen[-1]
+
+
 @needs_py_spy
 def test_stack_groups_the_ranks_blocked_in_a_barrier(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [2, 2], state_dir)
@@ -73,6 +93,7 @@ def test_stack_groups_the_ranks_blocked_in_a_barrier(tmp_path: Path, state_dir: 
         data = json.loads(as_json.stdout)
         assert [(g["ranks"], g["nodes"]) for g in data["groups"]] == [([0, 1, 2], [0, 1]), ([3], [1])]
         assert data["groups"][1]["where"] == "linger at barrier_rank.py:12" and not data["problems"]
+        assert dashboard_stacks(job).startswith(data["summary"])  # the dashboard's `s` shows the same
         bad = stack(job, "--rank", "two")
         assert bad.returncode == 2 and "'two' is not a rank or a range of ranks" in bad.stderr
     finally:
