@@ -60,7 +60,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    py_spy = shutil.which("py-spy")
+    beside = Path(sys.executable).with_name("py-spy")  # a venv's, whose bin need not be on PATH
+    py_spy = str(beside) if beside.exists() else shutil.which("py-spy")
     if py_spy is None:
         raise SystemExit("py-spy is not installed: pip install py-spy")
     folder = Path(tempfile.mkdtemp(prefix="crbench-stack-"))

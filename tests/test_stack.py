@@ -27,7 +27,8 @@ from tests.test_ssh import ssh_hosts
 from tests.test_tui import dashboard_on, drive, until
 
 pytestmark = pytest.mark.integration
-PY_SPY = shutil.which("py-spy")
+# Beside this interpreter (a venv's bin, as CI's, need not be on PATH), else on PATH.
+PY_SPY = next((str(p) for p in [Path(sys.executable).with_name("py-spy")] if p.exists()), shutil.which("py-spy"))
 # Skipped without py-spy here, but not under CI, which must test what it claims (the test extra has it).
 needs_py_spy = pytest.mark.skipif(PY_SPY is None and not in_ci(),
                                   reason="py-spy is not installed (pip install -e '.[test]')")
