@@ -6,7 +6,8 @@ The ranks are real Python processes started by the stdlib stand-in for torchrun
 but rank 7, which sleeps in ``load()``. Each figure is the wall time of the whole command (its
 Python start-up included), median of ``--repeat`` (min–max); clusterrun's must show the two groups.
 ``clusterrun ps JOB`` beside them asks every host's agent for its status over the same
-connections: what ``stack`` costs before py-spy runs.
+connections: what ``stack`` costs before py-spy runs; ``clusterrun --help``, the controller's
+start alone.
 
     python benchmarks/stack.py --hosts 8 --ranks 4 --repeat 5
 """
@@ -93,7 +94,7 @@ def main() -> None:
             if time.monotonic() > deadline:
                 raise SystemExit(f"the ranks were not all found:\n{first.stdout}{first.stderr}")
             time.sleep(0.5)
-        ours, theirs, status = [], [], []
+        ours, theirs, status, start = [], [], [], []
         pattern = shlex.quote(f"^{sys.executable} -u {script}")
         remote = f"for p in $(pgrep -f {pattern}); do {folder / 'py-spy'} dump --pid $p; done"
         for _ in range(args.repeat):
@@ -103,6 +104,8 @@ def main() -> None:
             seconds, out = timed(lambda: clusterrun(env, "ps", job))
             assert out.returncode == 0, out.stderr  # type: ignore[attr-defined]
             status.append(seconds)
+            seconds, out = timed(lambda: clusterrun(env, "--help"))
+            start.append(seconds)
 
             def ssh_all() -> list[str]:
                 procs = [subprocess.Popen(cluster.ssh_argv(h.name, remote), stdout=subprocess.PIPE, text=True)
@@ -113,8 +116,10 @@ def main() -> None:
             dumped = sum(text.count("Thread ") for text in outs)  # type: ignore[attr-defined]
             assert dumped == world, f"ssh + py-spy dumped {dumped} of {world} ranks"
             theirs.append(seconds)
-        print("| hosts × ranks | clusterrun stack (s) | ssh + py-spy per rank (s) | clusterrun ps JOB (s) |")
-        print(f"| {args.hosts} × {args.ranks} | {_spread(ours)} | {_spread(theirs)} | {_spread(status)} |")
+        print("| hosts × ranks | clusterrun stack (s) | ssh + py-spy per rank (s) | clusterrun ps JOB (s) | "
+              "clusterrun --help (s) |")
+        print(f"| {args.hosts} × {args.ranks} | {_spread(ours)} | {_spread(theirs)} | {_spread(status)} | "
+              f"{_spread(start)} |")
     finally:
         if job is not None:
             clusterrun(env, "down", job)
