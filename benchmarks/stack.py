@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shlex
 import shutil
 import statistics
@@ -45,10 +46,18 @@ def clusterrun(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[s
                           env=env, timeout=300)
 
 
-def timed(run: object) -> tuple[float, object]:
+CPU: dict[str, list[float]] = {}  # the command's own CPU seconds (user + system, its children's), by label
+
+
+def timed(run: object, label: str = "") -> tuple[float, object]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.monotonic()
     out = run()  # type: ignore[operator]
-    return time.monotonic() - began, out
+    seconds = time.monotonic() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if label:
+        CPU.setdefault(label, []).append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return seconds, out
 
 
 def _spread(seconds: list[float]) -> str:
@@ -98,13 +107,13 @@ def main() -> None:
         pattern = shlex.quote(f"^{sys.executable} -u {script}")
         remote = f"for p in $(pgrep -f {pattern}); do {folder / 'py-spy'} dump --pid $p; done"
         for _ in range(args.repeat):
-            seconds, out = timed(lambda: clusterrun(env, "stack", job))
+            seconds, out = timed(lambda: clusterrun(env, "stack", job), "stack")
             assert out.stdout.startswith(expected), out.stdout  # type: ignore[attr-defined]
             ours.append(seconds)
-            seconds, out = timed(lambda: clusterrun(env, "ps", job))
+            seconds, out = timed(lambda: clusterrun(env, "ps", job), "ps")
             assert out.returncode == 0, out.stderr  # type: ignore[attr-defined]
             status.append(seconds)
-            seconds, out = timed(lambda: clusterrun(env, "--help"))
+            seconds, out = timed(lambda: clusterrun(env, "--help"), "help")
             start.append(seconds)
 
             def ssh_all() -> list[str]:
@@ -120,6 +129,8 @@ def main() -> None:
               "clusterrun --help (s) |")
         print(f"| {args.hosts} × {args.ranks} | {_spread(ours)} | {_spread(theirs)} | {_spread(status)} | "
               f"{_spread(start)} |")
+        print("controller CPU, median (ms): " + ", ".join(f"{label} {statistics.median(v) * 1000:.0f}"
+                                                           for label, v in CPU.items()))
     finally:
         if job is not None:
             clusterrun(env, "down", job)
