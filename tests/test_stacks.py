@@ -151,8 +151,9 @@ def test_a_refused_ptrace_names_the_cause_and_its_fix(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr("builtins.open", fake_open)
     monkeypatch.setattr(stackops.os.path, "exists", lambda path: False)
-    error, fix = stackops.ptrace_refused(5)
-    assert "kernel.yama.ptrace_scope is 1" in error and "ptrace_scope=0" in fix and "setcap" in fix
+    error, fix = stackops.ptrace_refused(5, "/opt/venv/bin/py-spy")
+    assert "kernel.yama.ptrace_scope is 1" in error and "ptrace_scope=0" in fix
+    assert "sudo setcap cap_sys_ptrace+ep /opt/venv/bin/py-spy" in fix
     scope["value"] = "3\n"
     error, fix = stackops.ptrace_refused(5)
     assert "ptrace_scope is 3" in error and "reboot" in fix

@@ -104,9 +104,9 @@ def dump_rank(tool: str, worker: dict[str, Any], marker: str, native: bool, time
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        return made(error=f"py-spy did not answer within {timeout:g} s",
-                         fix=f"is the process stuck in the kernel (state {_state_of(pid)})? try again, or with "
-                             "--timeout")
+        return made(error=f"py-spy did not answer within {timeout:g} s (the process is in state {_state_of(pid)}; "
+                    "D: waiting in the kernel, e.g. on a device or a network file system)",
+                    fix="try again, or give py-spy longer: clusterrun stack --timeout 60")
     except OSError as exc:
         return made(error=f"cannot run {tool}: {exc.strerror or exc}")
     if done.returncode == 0:
@@ -117,7 +117,7 @@ def dump_rank(tool: str, worker: dict[str, Any], marker: str, native: bool, time
     said = done.stderr.decode("utf-8", "replace").strip()
     first = next((line for line in said.splitlines() if line.strip()), f"exit status {done.returncode}")
     if "Permission Denied" in said or "Operation not permitted" in said or "EPERM" in said:
-        error, fix = ptrace_refused(pid)
+        error, fix = ptrace_refused(pid, tool)
         return made(error=error, fix=fix)
     if "--json" in said:  # an older py-spy without ``dump --json``
         return made(error=f"{tool} is too old to answer in JSON ({first})", fix=install_hint(None, upgrade=True))
@@ -127,7 +127,7 @@ def dump_rank(tool: str, worker: dict[str, Any], marker: str, native: bool, time
 
 
 def parse_dump(data: Any) -> list[ThreadStack]:
-    """py-spy's JSON (0.3.x and 0.4.x: a list of threads, each with its frames innermost first)."""
+    """py-spy's JSON (0.4: a list of threads, each with its frames innermost first)."""
     threads = []
     for thread in data:
         frames = [Frame(name=str(f.get("name")), file=str(f.get("short_filename") or f.get("filename")),
@@ -172,7 +172,7 @@ def _has_cap(mask: str | None, bit: int) -> bool:
     return mask is not None and bool(int(mask, 16) >> bit & 1)
 
 
-def ptrace_refused(pid: int) -> tuple[str, str]:
+def ptrace_refused(pid: int, tool: str = PY_SPY) -> tuple[str, str]:
     """Why the kernel refused py-spy's ptrace of ``pid``, in words, and the fix on this host."""
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope") as f:
@@ -206,7 +206,7 @@ def ptrace_refused(pid: int) -> tuple[str, str]:
     if scope in (1, 2) and not privileged:
         return (f"{what}: kernel.yama.ptrace_scope is {scope} (only {'parents' if scope == 1 else 'root'} "
                 "may trace)", "sudo sysctl -w kernel.yama.ptrace_scope=0 (until the next reboot), or let py-spy "
-                "trace: sudo setcap cap_sys_ptrace+ep $(which py-spy)")
+                f"trace: sudo setcap cap_sys_ptrace+ep {tool}")
     if container:
         return (f"{what}: inside a container (its seccomp profile may block ptrace)",
                 "start the container with --cap-add SYS_PTRACE, or --security-opt seccomp=unconfined")
