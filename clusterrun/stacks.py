@@ -109,7 +109,9 @@ def _where(frame: Frame) -> str:
 
 
 def signature(stack: RankStack) -> Signature:
-    return tuple((t.name, tuple((f.name, f.file, f.line) for f in t.frames)) for t in stack.threads)
+    """What two ranks must share to be one group: their threads (in any order) and every frame."""
+    threads = ((t.name, tuple((f.name, f.file, f.line) for f in t.frames)) for t in stack.threads)
+    return tuple(sorted(threads, key=repr))
 
 
 def group(answers: Mapping[int, StackAnswer | ClusterrunError], hosts: Mapping[int, str]) -> StackView:

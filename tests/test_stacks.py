@@ -63,6 +63,14 @@ def test_identical_stacks_are_one_group_with_their_ranks_across_nodes() -> None:
     assert "    __next__ (dataset.py:88)" in lines and "    wait_for_peers (train.py:42)" in lines
 
 
+def test_the_same_threads_in_another_order_are_the_same_stack() -> None:
+    main, loader = ThreadStack(name="MainThread", frames=BARRIER), ThreadStack(name="pin_memory", frames=LOADER)
+    view = group({0: node(RankStack(rank=0, pid=1, threads=[main, loader]),
+                          RankStack(rank=1, pid=2, threads=[loader, main]))}, HOSTS)
+    assert [g.ranks for g in view.groups] == [(0, 1)]
+    assert view.groups[0].headline == "barrier in wait_for_peers at train.py:42"  # the main thread's
+
+
 def test_a_different_line_is_a_different_stack() -> None:
     other = [*BARRIER[:2], Frame("wait_for_peers", "train.py", 43)]
     view = group({0: node(rank(0, BARRIER), rank(1, other))}, HOSTS)
