@@ -53,7 +53,7 @@ def stack_command(job: str, node: tuple[int, ...], rank_text: str | None, native
         _fail(ConfigError(str(exc), key="--rank"), EXIT_USAGE)
     record = _refresh(store, record)
     if record.finished:
-        _fail(ClusterrunError(f"job {record.job_id} is {record.state}: it runs no rank to look at",
+        _fail(ClusterrunError(f"job {record.job_id} has ended ({record.state}): it runs no rank to look at",
                               hint=f"clusterrun logs {record.job_id} shows how it ended"), EXIT_FAILED)
     try:
         view = stacks_view(record, nodes, ranks, native=native, timeout=timeout)
