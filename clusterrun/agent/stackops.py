@@ -123,6 +123,8 @@ def dump_rank(tool: str, worker: dict[str, Any], marker: str, native: bool, time
         return made(error=f"{tool} is too old to answer in JSON ({first})", fix=install_hint(None, upgrade=True))
     if proc_info(pid) is None:
         return made(error="its process has ended")
+    if "Failed to find python version" in said:  # an interpreter that has not finished starting
+        return made(error=f"py-spy: {first} (is the rank still starting?)", fix="try again in a moment")
     return made(error=f"py-spy: {first}")
 
 
