@@ -180,3 +180,19 @@ def test_stack_over_ssh_on_simulated_hosts(sim_cluster: Callable[..., SimCluster
         check_barrier(blocked(job), (cluster.hosts[0].name, cluster.hosts[1].name))
     finally:
         clusterrun("down", job)
+
+
+@pytest.mark.fake_torchrun
+def test_over_ssh_a_host_without_py_spy_is_told_how_to_install_it(sim_cluster: Callable[..., SimCluster],
+                                                                   tmp_path: Path, fake_python: Path) -> None:
+    """The simulated hosts' login PATH has no py-spy, nor has the fake interpreter's directory."""
+    cluster = sim_cluster(2)
+    hosts = ssh_hosts(tmp_path, cluster, [2, 1], tmp_path / "state")
+    job = up_detached(hosts, SUPPORT / "counter.py", "2000", "0.1")
+    try:
+        out = stack(job, "--rank", "1-2")
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert f"nodes 0-1: py-spy is not installed on this host (looked beside {fake_python}" in out.stdout
+        assert f"  fix: {fake_python} -m pip install py-spy" in out.stdout
+    finally:
+        clusterrun("down", job)
