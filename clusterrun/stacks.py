@@ -132,8 +132,8 @@ def group(answers: Mapping[int, StackAnswer | ClusterrunError], hosts: Mapping[i
             idle.append((node, answer.state))
             continue
         if not answer.ranks:
-            by_problem.setdefault(("no rank runs yet (torchrun has not started its workers)", None),
-                                  []).append((node, None))
+            by_problem.setdefault(("no rank of it runs now: torchrun is starting (or restarting) its workers",
+                                   "try again in a moment"), []).append((node, None))
         for stack in answer.ranks:
             if stack.error:
                 by_problem.setdefault((stack.error, stack.fix), []).append((node, stack.rank))

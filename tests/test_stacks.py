@@ -84,16 +84,18 @@ def test_what_could_not_be_looked_at_is_grouped_with_its_fix_and_is_not_ok() -> 
         1: node(rank(2, [], **refused), rank(3, BARRIER)),
         2: node(error="py-spy is not installed on this host", fix="/opt/venv/bin/python -m pip install py-spy"),
         3: node(state="exited"),
+        4: node(state="starting"),
     }
-    view = group(answers, HOSTS)
+    view = group(answers, {**HOSTS, 4: "gpu05"})
     assert [g.ranks for g in view.groups] == [(0, 3)]
-    assert [(p.ranks, p.nodes) for p in view.problems] == [((), (2,)), ((1, 2), (0, 1))]
+    assert [(p.ranks, p.nodes) for p in view.problems] == [((), (2,)), ((), (4,)), ((1, 2), (0, 1))]
     assert not view.ok and not view.unreachable
     text = "\n".join(render(view))
     assert "ranks 1-2 (nodes 0-1): ptrace of pid 5 refused by the kernel" in text
     assert ("node 2 gpu03: py-spy is not installed on this host\n"
             "  fix: /opt/venv/bin/python -m pip install py-spy") in text
     assert "node 3 gpu04: not running (exited)" in text
+    assert "node 4 gpu05: no rank of it runs now: torchrun is starting (or restarting) its workers" in text
 
 
 def test_the_json_is_the_documented_schema_and_holds_the_groups() -> None:
