@@ -1,7 +1,8 @@
 """The ``clusterrun`` command. The only place that turns exceptions into messages and exit codes.
 
-Exit codes: 0 the job succeeded (``down``: stopped, nothing it could see is left) · 1 the job failed
-(a node exited non-zero, was lost or stopped; ``down``: something is still running), or its record
+Exit codes: 0 the job succeeded (``down``: stopped, nothing it could see is left; ``stack``: every
+rank's stack taken) · 1 the job failed (a node exited non-zero, was lost or stopped; ``down``:
+something is still running; ``stack``: a rank could not be looked at, or the job has ended), or its record
 is damaged (``DamagedRecord``: the message names the file and the fix) · 2 bad input
 (hosts file, options, an unknown or ambiguous job) or a bad environment on this machine: the
 controller's state directory cannot be read or written (read-only, full, no permission; ``up``:
