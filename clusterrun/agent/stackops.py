@@ -26,8 +26,6 @@ CAP_SYS_PTRACE = 19  # capability(7)'s bit
 
 
 def op_stack(req: StackRequest) -> dict[str, Any]:
-    import threading  # here, not at the agent's start
-
     if not os.path.isdir(_attempt_dir(req.to_json())):  # never started on this host
         return StackAnswer(ok=True, state="absent", ranks=[]).to_json()
     folder, state = _load_state(req.to_json())
@@ -36,21 +34,30 @@ def op_stack(req: StackRequest) -> dict[str, Any]:
         kind = "lost"
     if kind not in ("starting", "running"):
         return StackAnswer(ok=True, state=kind, ranks=[]).to_json()
-    marker = _marker(req.job, req.node, req.attempt)
-    wanted = None if req.ranks is None else set(req.ranks)
+    return take_stacks(folder, state, req.ranks, native=req.native, timeout=req.timeout).to_json()
+
+
+def take_stacks(folder: str, state: dict[str, Any], ranks: list[int] | None = None, *, native: bool = False,
+                timeout: float = 10.0) -> StackAnswer:
+    """The stacks of the live workers of the attempt in ``folder`` (its ``state``), all at once; also
+    for a part that watches the attempt on the host (e.g. to save them beside its logs)."""
+    import threading  # here, not at the agent's start
+
+    marker = _marker(state["job"], state["node"], state["attempt"])
     workers = [w for w in state.get("workers") or [] if w.get("died") is None and isinstance(w.get("pid"), int)
-               and (wanted is None or w.get("rank") in wanted)]
+               and (ranks is None or w.get("rank") in ranks)]
     spec = _read_json(os.path.join(folder, "spec.json")) or {}
     python = (spec.get("argv") or [None])[0]
+    kind = str(state.get("state"))
     tool = find_py_spy(python, workers, marker)
     if tool is None:
         return StackAnswer(ok=True, state=kind, ranks=[], error=f"py-spy is not installed on this host "
                            f"(looked beside {python or 'the job interpreter'}, on the job's PATH and the agent's)",
-                           fix=install_hint(python)).to_json()
+                           fix=install_hint(python))
     stacks: list[RankStack | None] = [None] * len(workers)
 
     def one(i: int, worker: dict[str, Any]) -> None:
-        stacks[i] = dump_rank(tool, worker, marker, req.native, req.timeout)
+        stacks[i] = dump_rank(tool, worker, marker, native, timeout)
 
     threads = [threading.Thread(target=one, args=(i, w), daemon=True) for i, w in enumerate(workers)]
     for thread in threads:
@@ -58,7 +65,7 @@ def op_stack(req: StackRequest) -> dict[str, Any]:
     for thread in threads:
         thread.join()
     found = [s for s in stacks if s is not None]
-    return StackAnswer(ok=True, state=kind, ranks=sorted(found, key=lambda s: s.rank), tool=tool).to_json()
+    return StackAnswer(ok=True, state=kind, ranks=sorted(found, key=lambda s: s.rank), tool=tool)
 
 
 def find_py_spy(python: str | None, workers: list[dict[str, Any]], marker: str) -> str | None:
