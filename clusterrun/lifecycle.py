@@ -16,14 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from clusterrun.agent.wire import NodeRequest, node_request
+from clusterrun.agent.wire import NodeRequest, StackAnswer, node_request
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.errors import ClusterrunError
 from clusterrun.events import StopReport
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.orchestrator import Emit, Job, Reconnect
 from clusterrun.plan import plan_from_json
-from clusterrun.protocol import End, Eof, LogChunk, NodeStatus, decode_follow, decode_status
+from clusterrun.protocol import End, Eof, LogChunk, NodeStatus, decode, decode_follow, decode_status
+from clusterrun.stacks import StackView, group
 from clusterrun.transports import Transport, transport_for
 
 
@@ -104,6 +105,31 @@ def status_of(transport: Transport, record: JobRecord, rank: int) -> NodeStatus:
 def node_statuses(record: JobRecord) -> dict[int, Any]:
     """Every node's ``status`` answer for the current attempt, or the error that kept it away."""
     return per_node(record, lambda t, rank: t.call(request(record, rank, "status")))
+
+
+def stacks_of(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequence[int] | None = None, *,
+              native: bool = False, timeout: float = 10.0) -> dict[int, StackAnswer | ClusterrunError]:
+    """Every node's ``stack`` answer for the current attempt (``ranks``: only these global ranks),
+    in parallel, or the error that kept it away."""
+    wanted = None if ranks is None else list(ranks)
+
+    def one(transport: Transport, rank: int) -> StackAnswer:
+        answer = transport.call(request(record, rank, "stack", ranks=wanted, native=native, timeout=timeout))
+        return decode(transport.name, StackAnswer, answer, "stack answer")
+
+    return per_node(record, one, ranks=nodes)
+
+
+def stacks_view(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequence[int] | None = None, *,
+                native: bool = False, timeout: float = 10.0) -> StackView:
+    """The grouped stacks of the current attempt: of ``nodes`` (default all), only ``ranks``
+    (default all: a node that holds none of them is not asked)."""
+    if ranks is not None:
+        plan = plan_from_json(record.plan, spec_of(record))
+        holding = [n.rank for n in plan.nodes if set(n.ranks) & set(ranks)]
+        nodes = [n for n in (nodes if nodes is not None else holding) if n in holding]
+    answers = stacks_of(record, nodes, ranks, native=native, timeout=timeout) if nodes != [] else {}
+    return group(answers, {n.rank: n.host for n in record.nodes})
 
 
 def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None) -> Iterator[str]:

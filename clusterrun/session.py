@@ -35,9 +35,10 @@ from clusterrun.events import (
     NodeStopped,
 )
 from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.lifecycle import follower, save_seen
+from clusterrun.lifecycle import follower, save_seen, stacks_view
 from clusterrun.orchestrator import Emit, Job
 from clusterrun.runner import Runner
+from clusterrun.stacks import render
 
 KILLED = "stopped from the dashboard"
 
@@ -45,8 +46,8 @@ KILLED = "stopped from the dashboard"
 class Session:
     """One job followed in the background, with the controls of a dashboard.
 
-    Create → ``subscribe(consumer)`` → ``begin()`` → ``kill()`` / ``restart()`` / ``detach()`` →
-    ``wait()``. The policies (fail-fast, restart, hand-over, the record) are the ``Runner``'s and
+    Create → ``subscribe(consumer)`` → ``begin()`` → ``kill()`` / ``restart()`` / ``detach()`` /
+    ``stacks()`` → ``wait()``. The policies (fail-fast, restart, hand-over, the record) are the ``Runner``'s and
     ``attempt.restart``'s: a session only runs them off the consumer's thread."""
 
     def __init__(self, store: JobStore, record: JobRecord, emit: Emit | None = None, *, runner: Runner | None = None,
@@ -254,6 +255,14 @@ class Session:
             self._thread.join(timeout=10)
         if self.runner is not None and self.result is None and not self.failed_start:
             self.runner.hand_over()
+
+    def stacks(self) -> list[str]:
+        """Every rank's Python stack, grouped, as ``clusterrun stack`` prints it (blocks on the
+        hosts: call it off the consumer's thread)."""
+        try:
+            return render(stacks_view(self.record))
+        except ClusterrunError as exc:
+            return [exc.render()]
 
     def wait(self, timeout: float | None = None) -> None:
         if self._thread is not None:

@@ -4,7 +4,7 @@ How it is run
 -------------
 This package is stdlib only and written in parts (``codec``, ``records``, ``procs``, ``cgroup``,
 ``survivor``, ``monitor``, ``supervisor`` (starts the survivor), ``stop``, ``orphans``,
-``follow``, ... and ``serve``, the dispatch table; ``wire`` types every request, shared with the
+``follow``, ``stackops``, ... and ``serve``, the dispatch table; ``wire`` types every request, shared with the
 controller). The controller
 ships it to a host as one zip, named by its sha256 (``clusterrun/transports/bundle.py``: fixed
 timestamps, sorted entries, the package as ``clusterrun_agent``). It never builds a shell
@@ -102,6 +102,18 @@ Requests (``op``) and answers
            attempt directory, and nothing of it found) is ``{state: {state: "absent"}}``, not an
            error; without its directory while its processes run, ``status`` says ``lost`` with
            ``records_gone``, ``found_by`` and an ``error`` naming the fix.
+``stack``  ``{job, node, attempt, state_dir, ranks, native, timeout}`` → ``{ok, state, tool, error, fix,
+           ranks: [{rank, local_rank, pid, threads: [{name, active, frames: [{name, file, line, lib}]}],
+           error, fix}]}`` (``stackops``): ``py-spy dump --json`` (``--native`` with ``native``) of
+           each live worker of the attempt (``ranks``: only these global ranks), all at once, each
+           within ``timeout`` seconds; frames innermost first (``lib``: the file is the standard
+           library's or an installed package's). A worker is looked at only while it
+           carries the attempt's marker. ``state`` is the node's (no ranks unless ``starting`` or
+           ``running``); ``error``/``fix`` without ranks: py-spy is not on this host (looked for
+           beside the job's interpreter, on a rank's PATH, the agent's, ``~/.local/bin``) and the
+           command that installs it; a rank's ``error``/``fix``: why it could not be looked at (a
+           ptrace the kernel refused: the process's owner, ``kernel.yama.ptrace_scope``, no
+           ``CAP_SYS_PTRACE``; py-spy's timeout; the process gone).
 ``remove`` ``{job, node, state_dir}`` → ``{ok, removed, bytes}``: deletes the node's directory
            (every attempt: state and logs; ``removed`` its path, null if there was none, ``bytes``
            the size of its files) and the job's directory once empty; refused while a supervisor

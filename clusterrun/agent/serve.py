@@ -12,6 +12,7 @@ from .network import op_route
 from .probe import op_probe
 from .records import AgentFailure
 from .setup import op_setup
+from .stackops import op_stack
 from .start import op_start
 from .status import op_jobs, op_remove, op_status
 from .stop import op_stop
@@ -34,7 +35,7 @@ def _fields(handler: Callable[[dict[str, Any]], dict[str, Any] | None]) -> Calla
 # wire.REQUESTS has a request type for each (tests/test_wire.py).
 OPS: dict[str, Callable[[Any], dict[str, Any] | None]] = {
     "probe": op_probe, "route": op_route, "sync_stat": op_sync_stat, "sync_hash": op_sync_hash,
-    "sync_put": op_sync_put, **DOCTOR_OPS,
+    "sync_put": op_sync_put, "stack": op_stack, **DOCTOR_OPS,
     # These still read a dict of their request's fields (the supervisor's and the stop's parts
     # are reworked next; then they take their wire type too).
     **{op: _fields(handler) for op, handler in (("setup", op_setup), ("start", op_start), ("follow", op_follow),

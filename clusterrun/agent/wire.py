@@ -223,8 +223,19 @@ class RemoveRequest(NodeRequest):
     op: ClassVar[str] = "remove"
 
 
+@dataclass(frozen=True)
+class StackRequest(NodeRequest):
+    """The Python stacks of the attempt's live ranks (``ranks``: only these global ranks)."""
+
+    op: ClassVar[str] = "stack"
+    ranks: list[int] | None = None
+    native: bool = False
+    timeout: float = 10.0
+
+
 NODE_REQUESTS: dict[str, type[NodeRequest]] = {
-    c.op: c for c in (SetupRequest, StartRequest, FollowRequest, StopRequest, StatusRequest, RemoveRequest)}
+    c.op: c for c in (SetupRequest, StartRequest, FollowRequest, StopRequest, StatusRequest, RemoveRequest,
+                      StackRequest)}
 
 
 def node_request(op: str, **fields: Any) -> NodeRequest:
@@ -364,16 +375,60 @@ class Unlistened(Message):
     ok: bool
 
 
-_NESTED: dict[str, type[Message]] = {"RouteTarget": RouteTarget, "JobEntry": JobEntry}
+@dataclass(frozen=True)
+class Frame(Message):
+    """One frame of a stack, innermost first: the function, its file (as py-spy shortens it), its
+    line, and whether the file is a library's (the standard library, site- or dist-packages)."""
+
+    name: str
+    file: str
+    line: int | None = None
+    lib: bool = False
+
+
+@dataclass(frozen=True)
+class ThreadStack(Message):
+    name: str | None
+    frames: list[Frame]
+    active: bool = False
+
+
+@dataclass(frozen=True)
+class RankStack(Message):
+    """One rank's stacks, or why they could not be taken (``error``, and ``fix`` where there is one)."""
+
+    rank: int
+    pid: int
+    threads: list[ThreadStack]
+    local_rank: int | None = None
+    error: str | None = None
+    fix: str | None = None
+
+
+@dataclass(frozen=True)
+class StackAnswer(Message):
+    """``stack``'s answer: the node's state, then its ranks' stacks; ``error``/``fix`` when the node
+    could not be looked at (py-spy missing: the install command for this host)."""
+
+    ok: bool
+    state: str
+    ranks: list[RankStack]
+    tool: str | None = None
+    error: str | None = None
+    fix: str | None = None
+
+
+_NESTED: dict[str, type[Message]] = {"RouteTarget": RouteTarget, "JobEntry": JobEntry, "Frame": Frame,
+                                     "ThreadStack": ThreadStack, "RankStack": RankStack}
 
 # Every operation's request type, by ``op``; serve.OPS must have the same keys (tests/test_wire.py).
 REQUESTS: dict[str, type[Request]] = {
     r.op: r for r in (ProbeRequest, RouteRequest, SetupRequest, StartRequest, FollowRequest, StopRequest,
-                      StatusRequest, RemoveRequest, JobsRequest, SyncStatRequest, SyncHashRequest, SyncPutRequest,
-                      InspectRequest, ListenRequest, UnlistenRequest, ReachRequest)
+                      StatusRequest, RemoveRequest, StackRequest, JobsRequest, SyncStatRequest, SyncHashRequest,
+                      SyncPutRequest, InspectRequest, ListenRequest, UnlistenRequest, ReachRequest)
 }
 # The answer types defined here; protocol.ANSWERS names the others.
 ANSWERS: dict[str, type[Message]] = {
     "setup": SetupAnswer, "start": Started, "remove": Removed, "jobs": JobsAnswer, "sync_hash": SyncHashes,
-    "sync_put": Written, "unlisten": Unlistened,
+    "sync_put": Written, "unlisten": Unlistened, "stack": StackAnswer,
 }

@@ -1,7 +1,8 @@
 """The ``clusterrun`` command. The only place that turns exceptions into messages and exit codes.
 
-Exit codes: 0 the job succeeded (``down``: stopped, nothing it could see is left) · 1 the job failed
-(a node exited non-zero, was lost or stopped; ``down``: something is still running), or its record
+Exit codes: 0 the job succeeded (``down``: stopped, nothing it could see is left; ``stack``: every
+rank's stack taken) · 1 the job failed (a node exited non-zero, was lost or stopped; ``down``:
+something is still running; ``stack``: a rank could not be looked at, or the job has ended), or its record
 is damaged (``DamagedRecord``: the message names the file and the fix) · 2 bad input
 (hosts file, options, an unknown or ambiguous job) or a bad environment on this machine: the
 controller's state directory cannot be read or written (read-only, full, no permission; ``up``:
@@ -14,7 +15,7 @@ SIGINT / SIGTERM (``up``: the job was stopped on every node, or left running wit
 
 The commands are in the modules of this package, which register them on ``main`` when imported:
 ``up``; ``jobs`` (ps, logs, attach, wait); ``manage`` (down/stop, rm, prune, restart, _monitor);
-``tools`` (doctor, exec, hosts convert, completion); ``follow`` and ``records`` hold what they share.
+``stack``; ``tools`` (doctor, exec, hosts convert, completion); ``follow`` and ``records`` hold what they share.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ def main() -> None:
     clusterrun down JOB                    stop it on every host; says what was verified
     clusterrun restart JOB                 stop it and start it again as a new attempt
     clusterrun wait JOB                    block until it ends; exit 0 if it succeeded
+    clusterrun stack JOB                   every rank's Python stack, grouped (py-spy)
     clusterrun rm JOB... / prune           forget ended jobs (--hosts-too: their logs too)
     clusterrun doctor HOSTS.yaml [SCRIPT]  check every host before the first run
     clusterrun exec HOSTS.yaml -- CMD...   a command on every host, output by host
@@ -122,4 +124,4 @@ def main() -> None:
 
 
 # The commands register themselves on `main` when imported (their order in --help is click's: by name).
-from clusterrun.cli import jobs, manage, tools, up  # noqa: E402, F401
+from clusterrun.cli import jobs, manage, stack, tools, up  # noqa: E402, F401

@@ -56,6 +56,8 @@ def read_timeout(request: dict[str, Any]) -> float:
         return FOLLOW_TIMEOUT
     if request.get("op") in ("setup", "start") and request.get("setup"):
         return float(request.get("setup_timeout") or 600) + 60  # the host's setup commands first (agent.SETUP_TIMEOUT)
+    if request.get("op") == "stack":
+        return float(request.get("timeout") or 0) + 60  # py-spy's timeout per rank (all ranks at once)
     if request.get("op") == "stop":
         return float(request.get("grace") or 0) + 60  # torchrun's grace, then the sweep
     return 60.0

@@ -32,7 +32,7 @@ from clusterrun.events import Event, NodeState
 from clusterrun.session import Session
 from clusterrun.terminal import safe
 from clusterrun.tui.logview import COLOURS, LogHighlighter, RingLog
-from clusterrun.tui.screens import Confirm, Help, QuitQuestion
+from clusterrun.tui.screens import Confirm, Help, QuitQuestion, Stacks
 from clusterrun.tui.search import Matches
 
 __all__ = ["Dashboard", "LogHighlighter", "RingLog"]
@@ -107,7 +107,8 @@ class Dashboard(App[int]):
     #search { dock: bottom; display: none; }
     #search.shown { display: block; }
     #dialog { width: 80; max-width: 100%; height: auto; border: thick $primary; background: $surface; padding: 1 2; }
-    Confirm, QuitQuestion, Help { align: center middle; }
+    Confirm, QuitQuestion, Help, Stacks { align: center middle; }
+    #stacks { width: 95%; height: 90%; border: thick $primary; background: $surface; padding: 0 1; }
     #buttons { height: auto; margin-top: 1; }
     #buttons Button { margin-right: 2; }
     """
@@ -123,6 +124,7 @@ class Dashboard(App[int]):
         Binding("escape", "clear_search", "Clear search", show=False),
         Binding("K", "kill", "Kill"),
         Binding("R", "restart", "Restart"),
+        Binding("s", "stack", "Stacks", show=False),  # in the help (?): the footer is full
         Binding("d", "detach", "Detach"),
         Binding("question_mark", "help", "Help"),
         Binding("q,ctrl+c", "quit_job", "Quit", priority=True, key_display="q"),
@@ -369,7 +371,7 @@ class Dashboard(App[int]):
             return running and self.board.state != "stopping" and not self.session.busy
         if action == "restart":
             return not self.session.busy and self.board.attempt > 0
-        if action == "detach":
+        if action in ("detach", "stack"):
             return running
         if action in ("match",):
             return bool(self._matches.lines)
@@ -480,6 +482,9 @@ class Dashboard(App[int]):
                 self.refresh_bindings()
 
         self.push_screen(Confirm(f"Restart job {self.board.job_id}: stop it and start a new attempt?"), answered)
+
+    def action_stack(self) -> None:
+        self.push_screen(Stacks(self.session.stacks))
 
     def action_detach(self) -> None:
         self._leave("detached")

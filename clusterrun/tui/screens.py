@@ -1,13 +1,17 @@
-"""The dashboard's modal screens: a yes/no question, the quit question and the help."""
+"""The dashboard's modal screens: a yes/no question, the quit question, the ranks' stacks and the help."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import ClassVar
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
@@ -59,6 +63,48 @@ class QuitQuestion(ModalScreen[str]):
         self.dismiss(str(event.button.id))
 
 
+class Stacks(ModalScreen[None]):
+    """Every rank's Python stack, grouped (``clusterrun stack``'s text): taken in a thread of its
+    own when shown and again on ``r``; the thread only posts the lines (``Taken``)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [("escape,q,s", "close", "Close"), ("r", "take", "Again")]
+
+    class Taken(Message):
+        def __init__(self, lines: list[str]) -> None:
+            super().__init__()
+            self.lines = lines
+
+    def __init__(self, take: Callable[[], list[str]]) -> None:
+        super().__init__()
+        self._take = take
+        self._taking = False
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="stacks"):
+            yield Label("Stacks of every rank (r: again, Esc: close)", id="stacks-title")
+            with VerticalScroll():
+                yield Static(id="stacks-text")
+
+    def on_mount(self) -> None:
+        self.action_take()
+
+    def action_take(self) -> None:
+        if self._taking:
+            return
+        self._taking = True
+        self.query_one("#stacks-text", Static).update("taking the stacks of every rank with py-spy…")
+        threading.Thread(target=lambda: self.post_message(self.Taken(self._take())), daemon=True,
+                         name="stacks").start()
+
+    @on(Taken)
+    def _taken(self, message: Taken) -> None:
+        self._taking = False
+        self.query_one("#stacks-text", Static).update(Text("\n".join(message.lines) or "no ranks to look at"))
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
 # One entry a line, each short enough for an 80-column terminal, so that nothing wraps mid-entry.
 KEYS = (
     ("↑/↓, j/k", "select a node"),
@@ -69,6 +115,7 @@ KEYS = (
     ("/", "search, text or regex; n/N next/previous; Esc clears"),
     ("K", "kill the job on every host (asks first)"),
     ("R", "restart: the checks, the stop, a new attempt (asks)"),
+    ("s", "every rank's Python stack, identical ones once"),
     ("d", "detach: leave the job running and exit"),
     ("q", "quit (asks whether to stop a running job)"),
     ("?", "this help; Esc closes it"),
@@ -89,4 +136,4 @@ class Help(ModalScreen[None]):
         self.dismiss(None)
 
 
-__all__ = ["HELP", "Confirm", "Help", "QuitQuestion"]
+__all__ = ["HELP", "Confirm", "Help", "QuitQuestion", "Stacks"]
