@@ -8,6 +8,7 @@ import sys
 from .codec import _emit, json_loads
 from .doctorops import DOCTOR_OPS
 from .follow import op_follow
+from .gpus import op_gpus
 from .network import op_route
 from .probe import op_probe
 from .records import AgentFailure
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 OPS: dict[str, Callable[[Any], dict[str, Any] | None]] = {
     "probe": op_probe, "route": op_route, "setup": op_setup, "start": op_start, "follow": op_follow,
     "stop": op_stop, "status": op_status, "remove": op_remove, "jobs": op_jobs,
-    "sync_stat": op_sync_stat, "sync_hash": op_sync_hash, "sync_put": op_sync_put, **DOCTOR_OPS,
+    "sync_stat": op_sync_stat, "sync_hash": op_sync_hash, "sync_put": op_sync_put, "gpus": op_gpus, **DOCTOR_OPS,
 }
 
 
