@@ -27,6 +27,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Input, Static
 
+from clusterrun import gpus
 from clusterrun.board import Board, NodeRow
 from clusterrun.events import Event, NodeState
 from clusterrun.session import Session
@@ -47,6 +48,8 @@ COLUMNS = ("node", "host", "gpus/procs", "state", "pid", "lines", "last output")
 # Fixed widths (host: from the hosts): measuring columns again on every update costs more than
 # drawing the table. None: sized from the content when the rows are added.
 WIDTHS = (4, None, None, 34, 8, 9, 11)
+# Added once a node's host has nvidia-smi (clusterrun.gpus): mean utilisation, memory used/total.
+GPU_COLUMN, GPU_WIDTH = "gpu use", 16
 
 
 def _duration(seconds: float) -> str:
@@ -97,8 +100,10 @@ class Dashboard(App[int]):
 
     TITLE = "clusterrun"
     CSS = """
-    #header { height: 3; padding: 0 1; background: $boost; }
+    #header { height: 3; padding: 0 1; background: $boost; text-wrap: nowrap; text-overflow: ellipsis; }
     #nodes { height: auto; max-height: 40%; }
+    #gpus { height: auto; max-height: 2; padding: 0 1; display: none; }
+    #gpus.shown { display: block; }
     #report { height: auto; max-height: 12; padding: 0 1; color: $error; display: none; }
     #report.shown { display: block; }
     #logtitle { height: 1; padding: 0 1; background: $boost; }
@@ -143,7 +148,8 @@ class Dashboard(App[int]):
         self._highlighter = LogHighlighter()
         self.outcome = "running"  # how the app ended: "detached", "left", "stopped", "finished"
         self.quit_when_ended = False  # SIGTERM: exit once the job's stop has been shown
-        self._rows_ready = 0
+        self._rows_ready: tuple[int, bool] = (0, False)  # the rows and whether the GPU column is in the table
+        self._gpu_line = ""
         self._drawn: dict[int, tuple[Any, ...]] = {}  # the cells in the table, per rank
         self._report = ""
         self._actions: tuple[bool | None, ...] = ()
@@ -163,6 +169,7 @@ class Dashboard(App[int]):
     def compose(self) -> ComposeResult:
         yield Static(id="header")
         yield NodeTable(id="nodes", cursor_type="row", zebra_stripes=True)
+        yield Static(id="gpus")
         yield Static(id="report")
         yield Static(id="logtitle")
         yield RingLog(self._highlighter, id="log")
@@ -220,9 +227,11 @@ class Dashboard(App[int]):
     def _redraw(self) -> None:
         board = self.board
         table = self.query_one("#nodes", NodeTable)
-        if len(board.nodes) != self._rows_ready:
+        columns = self._columns()
+        if (len(board.nodes), board.gpus_shown) != self._rows_ready:
+            cursor = table.cursor_row
             table.clear(columns=True)
-            for name, width in zip(COLUMNS, WIDTHS, strict=True):
+            for name, width in columns:
                 if width is None:
                     width = max([len(name), *(len(str(self._cells(r)[COLUMNS.index(name)])) for r in board.nodes)])
                 table.add_column(name, key=name, width=width)
@@ -231,15 +240,20 @@ class Dashboard(App[int]):
                 self._drawn[row.rank] = cells = self._cells(row)
                 table.add_row(*cells, key=str(row.rank))
             table.fit_caches()
-            self._rows_ready = len(board.nodes)
+            if 0 < cursor < table.row_count:
+                table.move_cursor(row=cursor)
+            self._rows_ready = (len(board.nodes), board.gpus_shown)
             board.changed.clear()
+            self._draw_gpus()
         for rank in sorted(board.changed):
             if rank < len(board.nodes):
                 cells, drawn = self._cells(board.nodes[rank]), self._drawn.get(rank, ())
-                for i, (name, value) in enumerate(zip(COLUMNS, cells, strict=True)):
+                for i, ((name, _width), value) in enumerate(zip(columns, cells, strict=True)):
                     if i >= len(drawn) or not _same(value, drawn[i]):  # each update repaints the table
                         table.update_cell(str(rank), name, value)
                 self._drawn[rank] = cells
+                if rank == table.cursor_row:
+                    self._draw_gpus()
         board.changed.clear()
         self._go_to_cause()
         self._append_view()
@@ -272,8 +286,27 @@ class Dashboard(App[int]):
         if row.degraded:  # its reason is below the table
             state.append(" ⚠ degraded", style="bold yellow")
         since = "-" if row.last_output is None else _duration(self.clock() - row.last_output) + " ago"
-        return (Text(str(row.rank), style=COLOURS[row.rank % len(COLOURS)]), row.host, row.slots, state,
-                str(row.pid or "-"), str(row.log.count), since)
+        cells = (Text(str(row.rank), style=COLOURS[row.rank % len(COLOURS)]), row.host, row.slots, state,
+                 str(row.pid or "-"), str(row.log.count), since)
+        if not self.board.gpus_shown:
+            return cells
+        use = gpus.cell(row.gpus)
+        return (*cells, Text(use, style="bold yellow") if use == gpus.BROKEN else use)
+
+    def _columns(self) -> list[tuple[str, int | None]]:
+        """The node table's columns and widths: the GPU column once a host has nvidia-smi."""
+        return [*zip(COLUMNS, WIDTHS, strict=True), *([(GPU_COLUMN, GPU_WIDTH)] if self.board.gpus_shown else [])]
+
+    def _draw_gpus(self) -> None:
+        """The selected node's GPUs, one entry each, under the table (once a host has nvidia-smi)."""
+        rank = self.query_one("#nodes", NodeTable).cursor_row
+        row = self.board.nodes[rank] if self.board.gpus_shown and 0 <= rank < len(self.board.nodes) else None
+        text = f"node {row.rank} GPUs: " + " · ".join(gpus.per_gpu(row.gpus)) if row and row.gpus else ""
+        if text != self._gpu_line:
+            self._gpu_line = text
+            line = self.query_one("#gpus", Static)
+            line.update(Text(text))
+            line.set_class(bool(text), "shown")
 
     def _draw_header(self) -> None:
         board = self.board
@@ -284,7 +317,8 @@ class Dashboard(App[int]):
         colour = {"SUCCEEDED": "green", "FAILED": "red", "LOST": "red", "RUNNING": "green"}.get(state, "yellow")
         header = Text.assemble(("clusterrun ", "bold"), f"{board.name} ({board.job_id}) · ", (state, f"bold {colour}"),
                                f" · attempt {board.attempt} · {_duration(board.elapsed())}")
-        header.append(f"\n{shape} = world size {board.world_size} · master {board.master} · {board.summary()}")
+        # What the nodes do first: on a narrow terminal a line is cut at its end (CSS), never wrapped.
+        header.append(f"\n{shape}: {board.summary()} · world size {board.world_size} · master {board.master}")
         header.append("\n" + (safe(board.notes[-1], colour=False) if board.notes else ""), style="italic")
         self.query_one("#header", Static).update(header, layout=False)  # its height is fixed
 
@@ -381,6 +415,7 @@ class Dashboard(App[int]):
     @on(DataTable.RowHighlighted, "#nodes")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
         rank = int(event.row_key.value) if event.row_key.value is not None else 0
+        self._draw_gpus()
         if self._view is not None and rank != self._view:
             self._show(rank)
 
