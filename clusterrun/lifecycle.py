@@ -19,7 +19,9 @@ from typing import Any
 from clusterrun.agent.wire import NodeRequest, node_request
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.errors import ClusterrunError
-from clusterrun.events import StopReport
+from clusterrun.events import NodeGpus, StopReport
+from clusterrun.gpus import ask as ask_gpus
+from clusterrun.gpus import unasked
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.orchestrator import Emit, Job, Reconnect
 from clusterrun.plan import plan_from_json
@@ -101,9 +103,25 @@ def status_of(transport: Transport, record: JobRecord, rank: int) -> NodeStatus:
     return decode_status(transport.name, answer.get("state"), "status answer's state")
 
 
-def node_statuses(record: JobRecord) -> dict[int, Any]:
-    """Every node's ``status`` answer for the current attempt, or the error that kept it away."""
-    return per_node(record, lambda t, rank: t.call(request(record, rank, "status")))
+def node_statuses(record: JobRecord, gpus: dict[int, NodeGpus] | None = None) -> dict[int, Any]:
+    """Every node's ``status`` answer for the current attempt, or the error that kept it away.
+    ``gpus``: filled with each reached host's GPUs, read by the same agent after the status."""
+
+    def look(transport: Transport, rank: int) -> Any:
+        if gpus is None:
+            return transport.call(request(record, rank, "status"))
+        session = transport.session()
+        try:
+            answer = session.call(request(record, rank, "status"))
+            try:
+                gpus[rank] = ask_gpus(session, rank)
+            except (ClusterrunError, ValueError) as exc:  # the status stands; the GPUs get a mark
+                gpus[rank] = unasked(rank, transport.name, exc)
+            return answer
+        finally:
+            session.close()
+
+    return per_node(record, look)
 
 
 def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None) -> Iterator[str]:
