@@ -1,0 +1,55 @@
+"""The GPU view on simulated SSH hosts: each host's own fake ``nvidia-smi`` first on its PATH (a
+good one, one that exits 9, none), read by the dashboard's poller over SSH, and by ``ps JOB``."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from clusterrun.config import load_cluster
+from clusterrun.events import NodeGpus
+from clusterrun.gpus import BROKEN, MISSING, GpuPoller, cell
+from clusterrun.transports import transport_for
+from tests.simhosts import SimCluster, namespace_problem, unavailable
+from tests.test_ssh import ssh_hosts
+
+pytestmark = pytest.mark.integration
+NVIDIA = Path(__file__).parent / "_support" / "nvidia"
+PATH_DIR = "/usr/local/sbin"  # first on root's PATH on the hosts, and empty here
+
+
+def with_nvidia_smis(sim_cluster: Callable[..., SimCluster]) -> SimCluster:
+    """Three hosts: sim1's nvidia-smi reads two GPUs, sim2's exits 9, sim3 has none."""
+    if (reason := namespace_problem()) is not None:
+        unavailable(reason)
+    cluster = sim_cluster(3)
+    assert cluster.isolated
+    for host, kind in zip(cluster.hosts, ("good", "broken"), strict=False):
+        done = host.run("mount", "--bind", str(NVIDIA / kind), PATH_DIR)  # in the host's mount namespace only
+        assert done.returncode == 0, done.stderr
+    return cluster
+
+
+def test_the_poller_reads_each_hosts_own_nvidia_smi_over_ssh(sim_cluster: Callable[..., SimCluster],
+                                                            tmp_path: Path) -> None:
+    cluster = with_nvidia_smis(sim_cluster)
+    spec = load_cluster(str(ssh_hosts(tmp_path, cluster, [1, 1, 1], tmp_path / "state")))
+    transports = [transport_for(host, ssh_config=spec.ssh_config) for host in spec.hosts]
+    got: queue.SimpleQueue[NodeGpus] = queue.SimpleQueue()
+    poller = GpuPoller(lambda: transports, got.put, interval=0.2)
+    poller.start()
+    try:
+        seen: dict[int, list[NodeGpus]] = {0: [], 1: [], 2: []}
+        while len(seen[0]) < 2 or len(seen[1]) < 2 or not seen[2]:  # sim1 and sim2 read again, sim3 once
+            event = got.get(timeout=60)
+            seen[event.node].append(event)
+    finally:
+        poller.stop()
+        for transport in transports:
+            transport.close()
+    assert [cell(seen[rank][-1]) for rank in range(3)] == ["2× 86% 59/160G", BROKEN, MISSING]
+    assert seen[1][-1].problem.startswith("nvidia-smi exited with status 9: NVIDIA-SMI has failed")
+    assert len(seen[2]) == 1  # no nvidia-smi: asked once
