@@ -3,7 +3,10 @@ good one, one that exits 9, none), read by the dashboard's poller over SSH, and 
 
 from __future__ import annotations
 
+import os
 import queue
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +16,9 @@ from clusterrun.config import load_cluster
 from clusterrun.events import NodeGpus
 from clusterrun.gpus import BROKEN, MISSING, GpuPoller, cell
 from clusterrun.transports import transport_for
+from tests.conftest import ROOT, SUPPORT, write_hosts
 from tests.simhosts import SimCluster, namespace_problem, unavailable
+from tests.test_lifecycle import up_detached, wait_state
 from tests.test_ssh import ssh_hosts
 
 pytestmark = pytest.mark.integration
@@ -53,3 +58,21 @@ def test_the_poller_reads_each_hosts_own_nvidia_smi_over_ssh(sim_cluster: Callab
     assert [cell(seen[rank][-1]) for rank in range(3)] == ["2× 86% 59/160G", BROKEN, MISSING]
     assert seen[1][-1].problem.startswith("nvidia-smi exited with status 9: NVIDIA-SMI has failed")
     assert len(seen[2]) == 1  # no nvidia-smi: asked once
+
+
+@pytest.mark.fake_torchrun
+def test_ps_shows_each_nodes_gpus(tmp_path: Path, state_dir: Path) -> None:
+    """`ps JOB` asks each host's agent for its GPUs after the status: a column, and each GPU below."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached(hosts, SUPPORT / "counter.py", "3", "0.01")
+    wait_state(job, "succeeded")
+    env = dict(os.environ, PATH=f"{NVIDIA / 'good'}:{os.environ['PATH']}")  # the local hosts' agents see it
+    shown = subprocess.run([sys.executable, "-m", "clusterrun", "ps", job], capture_output=True, text=True,
+                           timeout=60, cwd=ROOT, env=env)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[1].split()[-1] == "GPUS" and lines[2].endswith("2× 86% 59/160G"), shown.stdout
+    assert "node1 local-b: GPUs: gpu0 87% 29/80G · gpu1 85% 29/80G" in lines, shown.stdout
+    plain = subprocess.run([sys.executable, "-m", "clusterrun", "ps", job], capture_output=True, text=True,
+                           timeout=60, cwd=ROOT, env=dict(os.environ, PATH="/usr/bin:/bin"))
+    assert "GPUS" not in plain.stdout and "GPUs:" not in plain.stdout, plain.stdout  # no nvidia-smi: no column
