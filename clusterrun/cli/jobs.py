@@ -85,7 +85,8 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
     Without JOB: the unfinished jobs and those that ended in the last 24 hours (-a: all; --state:
     those in a state, of any age), oldest first. A job nobody follows is first brought up to date
     from its hosts: a node whose processes are gone (the host rebooted, or they were killed)
-    shows as lost, never as running."""
+    shows as lost, never as running. JOB's nodes are shown with their hosts' GPUs (where
+    nvidia-smi is); past 16 nodes, consecutive nodes alike share a row."""
     if job is not None:
         store, record = _open_job(job, hosts_file)
         record = _refresh(store, record)
