@@ -7,6 +7,7 @@ meaning, raises ``SCHEMA``; adding a field does not.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -140,10 +141,11 @@ def merged(readings: Sequence[NodeGpus]) -> NodeGpus:
                     problem=next((r.problem for r in readings if r.problem), ""))
 
 
-def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None,
+             gpus: Mapping[int, NodeGpus] | None = None) -> dict[str, Any]:
     """One job of ``ps --json`` (schema ``SCHEMA``). The environment is left out on purpose (it may
     hold secrets); so are the record's internals (the plan, viewers' offsets, the hosts file's text).
-    ``hosts``: what each node's host said of it (``ps JOB --json``), by rank."""
+    ``hosts``: what each node's host said of it (``ps JOB --json``), by rank; ``gpus``: its GPUs."""
     nodes = []
     for n in record.nodes:
         node: dict[str, Any] = {"rank": n.rank, "host": n.host, "state": node_state(n), "pid": n.pid,
@@ -154,6 +156,10 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
             node["containment"] = answer.get("containment")
             node["fallbacks"] = list(answer.get("fallbacks") or [])
             node["degraded"] = answer.get("degraded")
+        if gpus is not None and n.rank in gpus:
+            reading = gpus[n.rank]
+            node["gpus"] = {"found": not reading.missing, "problem": reading.problem,
+                            "gpus": [dataclasses.asdict(g) for g in reading.gpus]}
         nodes.append(node)
     return {
         "id": record.job_id,
@@ -174,10 +180,10 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
 
 
 def jobs_json(records: Iterable[JobRecord], hosts: Mapping[int, Mapping[str, Any]] | None = None,
-              damaged: Iterable[DamagedRecord] = ()) -> dict[str, Any]:
+              damaged: Iterable[DamagedRecord] = (), gpus: Mapping[int, NodeGpus] | None = None) -> dict[str, Any]:
     """The ``ps --json`` document: ``{"schema": SCHEMA, "jobs": [...], "damaged": [...]}``, the
     damaged records with their path, what is wrong and the fix."""
-    return {"schema": SCHEMA, "jobs": [job_json(r, hosts) for r in records],
+    return {"schema": SCHEMA, "jobs": [job_json(r, hosts, gpus) for r in records],
             "damaged": [{"id": d.job_id, "path": d.path, "reason": d.reason, "fix": d.hint} for d in damaged]}
 
 

@@ -3,6 +3,7 @@ good one, one that exits 9, none), read by the dashboard's poller over SSH, and 
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import subprocess
@@ -18,6 +19,7 @@ from clusterrun.gpus import BROKEN, MISSING, GpuPoller, cell
 from clusterrun.transports import transport_for
 from tests.conftest import ROOT, SUPPORT, write_hosts
 from tests.simhosts import SimCluster, namespace_problem, unavailable
+from tests.test_joblist import documented_schema, violations
 from tests.test_lifecycle import up_detached, wait_state
 from tests.test_ssh import ssh_hosts
 
@@ -73,6 +75,12 @@ def test_ps_shows_each_nodes_gpus(tmp_path: Path, state_dir: Path) -> None:
     lines = shown.stdout.splitlines()
     assert lines[1].split()[-1] == "GPUS" and lines[2].endswith("2× 86% 59/160G"), shown.stdout
     assert "node1 local-b: GPUs: gpu0 87% 29/80G · gpu1 85% 29/80G" in lines, shown.stdout
+    document = subprocess.run([sys.executable, "-m", "clusterrun", "ps", "--json", job], capture_output=True,
+                              text=True, timeout=60, cwd=ROOT, env=env)
+    assert violations(json.loads(document.stdout), documented_schema("ps")) == []
+    assert json.loads(document.stdout)["jobs"][0]["nodes"][0]["gpus"] == {
+        "found": True, "problem": "", "gpus": [{"index": 0, "util": 87, "mem_used": 30123, "mem_total": 81920},
+                                             {"index": 1, "util": 85, "mem_used": 29876, "mem_total": 81920}]}
     plain = subprocess.run([sys.executable, "-m", "clusterrun", "ps", job], capture_output=True, text=True,
                            timeout=60, cwd=ROOT, env=dict(os.environ, PATH="/usr/bin:/bin"))
     assert "GPUS" not in plain.stdout and "GPUs:" not in plain.stdout, plain.stdout  # no nvidia-smi: no column

@@ -98,7 +98,7 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         record = record_reachability(store, record, answers)  # a host that did not answer: since when
         statuses = {rank: a for rank, a in answers.items() if not isinstance(a, ClusterrunError)}
         if as_json:
-            click.echo(json.dumps(jobs_json([record], hosts=statuses), indent=1))
+            click.echo(json.dumps(jobs_json([record], hosts=statuses, gpus=gpus), indent=1))
             return
         attempt = record.attempts[-1] if record.attempts else None
         now = time.time()
