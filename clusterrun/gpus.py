@@ -129,7 +129,7 @@ def per_gpu(reading: NodeGpus | None) -> list[str]:
     if reading.missing:
         return ["no nvidia-smi on this host"]
     if reading.problem or not reading.gpus:
-        return [f"nvidia-smi: {reading.problem or 'no GPU listed'}"]
+        return [reading.problem or "nvidia-smi lists no GPU"]  # the agent's words name nvidia-smi
     return [f"gpu{g.index} {_percent(g.util)} {_gib(g.mem_used)}/{_gib(g.mem_total)}G" for g in reading.gpus]
 
 

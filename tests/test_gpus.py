@@ -63,7 +63,7 @@ def test_the_cell_and_the_per_gpu_words() -> None:
     assert cell(small) == "1× ? 0.5/8.0G"
     assert cell(NodeGpus(0, host="h", missing=True)) == MISSING
     broken = NodeGpus(0, host="h", problem="nvidia-smi exited with status 9")
-    assert cell(broken) == BROKEN and per_gpu(broken) == ["nvidia-smi: nvidia-smi exited with status 9"]
+    assert cell(broken) == BROKEN and per_gpu(broken) == ["nvidia-smi exited with status 9"]
     assert cell(None) == "" and per_gpu(None) == []
 
 

@@ -199,3 +199,43 @@ def test_node_table_caches_are_sized_only_on_textual_versions_checked() -> None:
 
     maxsize = asyncio.run(main())
     assert maxsize == (2 * (len(HOSTS) + 1) * len(COLUMNS) if textual_version() >= CACHES_CHECKED[0] else 10000)
+
+
+def test_the_gpu_line_follows_the_selected_node_and_keys_answer_at_64_nodes() -> None:
+    import asyncio
+
+    from textual.widgets import Static
+
+    from clusterrun.tui import NodeTable
+
+    async def gpus_line() -> list[str]:
+        app = app_for(Scripted(with_gpus(), running=True))
+        seen = []
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause()
+            for key in ("", "j", "j"):
+                if key:
+                    await pilot.press(key)
+                await pilot.pause()
+                seen.append(str(app.query_one("#gpus", Static).render()))
+        return seen
+
+    assert asyncio.run(gpus_line()) == ["node 0 GPUs: gpu0 87% 29/80G · gpu1 85% 29/80G",
+                                        "node 1 GPUs: nvidia-smi exited with status 9: NVIDIA-SMI has failed",
+                                        "node 2 GPUs: no nvidia-smi on this host"]
+
+    async def cursor() -> list[int]:
+        app = app_for(Scripted(many(), running=True))
+        rows = []
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            table = app.query_one("#nodes", NodeTable)
+            rows.append(table.cursor_row)  # the first failed node, selected and in view
+            await pilot.press("k", "k")
+            rows.append(table.cursor_row)
+            await pilot.press("1")
+            rows.append(table.cursor_row)
+            assert table.row_count == 64
+        return rows
+
+    assert asyncio.run(cursor()) == [62, 60, 0]
