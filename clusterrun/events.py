@@ -442,8 +442,8 @@ class GpuReading:
 @dataclass(frozen=True)
 class NodeGpus(Event):
     """What the node's host said of its GPUs just now: ``gpus``; or ``missing``, it has no
-    ``nvidia-smi``; or ``problem``, why there are no readings (nvidia-smi failed, or the host
-    could not be asked)."""
+    ``nvidia-smi``; or ``problem``, why there are no readings although it has (it failed, hung
+    or printed something else)."""
 
     host: str
     gpus: tuple[GpuReading, ...] = ()

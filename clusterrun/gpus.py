@@ -3,7 +3,8 @@
 ``ask`` reads them once (``ps JOB``); a ``GpuPoller`` reads them every few seconds for the
 dashboard, one agent session per node's host kept open on the connection the job already has,
 and emits ``NodeGpus``. A host without nvidia-smi, or whose nvidia-smi is
-broken or cannot be asked, gives that node a mark (``cell``), never an error for the others.
+broken, gives that node a mark (``cell``), never an error for the others; one that cannot be
+reached keeps its last reading (its node's state says it is unreachable).
 ``cell`` and ``per_gpu`` are the words both show.
 """
 
@@ -36,18 +37,14 @@ def ask(session: AgentSession, rank: int) -> NodeGpus:
     return decode(rank, session.host, session.call(GpusRequest(timeout=TIMEOUT)))
 
 
-def unasked(rank: int, host: str, exc: Exception) -> NodeGpus:
-    """The reading of a host that could not be asked: why, as its ``problem``."""
-    return NodeGpus(rank, host=host, problem=exc.render() if isinstance(exc, ClusterrunError) else f"{host}: {exc}")
-
-
 class GpuPoller:
     """Reads every node's host's GPUs every ``interval`` seconds and emits ``NodeGpus``.
 
     Create (with a function giving the nodes' transports by rank: the job's, which a start-up
     retry replaces) → ``start()`` → ``stop()``. One thread and one agent session per node (a
     host holds one node of a job); a session that fails is closed and opened again at the next
-    reading (the node shows the problem meanwhile). A host without nvidia-smi is asked once."""
+    reading, and the node keeps its last reading meanwhile (an unreachable host is the follower's
+    news, not a GPU problem). A host without nvidia-smi is asked once."""
 
     def __init__(self, transports: Callable[[], Sequence[Transport]], emit: Callable[[NodeGpus], None],
                  interval: float = INTERVAL) -> None:
@@ -83,11 +80,12 @@ class GpuPoller:
                     if session is None:
                         held, session = transport, transport.session()
                     reading = ask(session, rank)
-                except (ClusterrunError, OSError, ValueError) as exc:
-                    reading = unasked(rank, transport.name, exc)
+                except (ClusterrunError, OSError, ValueError):
                     if session is not None:
                         session.close()  # the agent may be gone with its connection: a new one next time
                         session = None
+                    self._stopped.wait(self._interval)
+                    continue
                 self._emit(reading)
                 if reading.missing:
                     return  # no nvidia-smi there: it will not appear during the job
@@ -133,4 +131,4 @@ def per_gpu(reading: NodeGpus | None) -> list[str]:
     return [f"gpu{g.index} {_percent(g.util)} {_gib(g.mem_used)}/{_gib(g.mem_total)}G" for g in reading.gpus]
 
 
-__all__ = ["BROKEN", "INTERVAL", "MISSING", "GpuPoller", "ask", "cell", "decode", "per_gpu", "unasked"]
+__all__ = ["BROKEN", "INTERVAL", "MISSING", "GpuPoller", "ask", "cell", "decode", "per_gpu"]

@@ -8,6 +8,7 @@ job's recorded state: the attempt's life (checks, start, stop, its state) is own
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import deque
@@ -21,7 +22,6 @@ from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.errors import ClusterrunError
 from clusterrun.events import NodeGpus, StopReport
 from clusterrun.gpus import ask as ask_gpus
-from clusterrun.gpus import unasked
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.orchestrator import Emit, Job, Reconnect
 from clusterrun.plan import plan_from_json
@@ -113,10 +113,8 @@ def node_statuses(record: JobRecord, gpus: dict[int, NodeGpus] | None = None) ->
         session = transport.session()
         try:
             answer = session.call(request(record, rank, "status"))
-            try:
+            with contextlib.suppress(ClusterrunError, ValueError):  # the status stands; no GPU reading
                 gpus[rank] = ask_gpus(session, rank)
-            except (ClusterrunError, ValueError) as exc:  # the status stands; the GPUs get a mark
-                gpus[rank] = unasked(rank, transport.name, exc)
             return answer
         finally:
             session.close()

@@ -73,16 +73,23 @@ def test_the_poller_reads_each_host_and_marks_only_the_broken_ones() -> None:
     fake.host("b").gpu_query, fake.host("b").gpu_problem = REAL, "nvidia-smi exited with status 9"
     fake.host("c")  # no nvidia-smi
     fake.host("d").gpu_query = "garbage\n"
-    spec = load_cluster_text("hosts: [a, b, c, d]\n")
+    fake.host("e").gpu_query = REAL
+    fake.host("e").drop()  # unreachable: its node's state says so; no GPU reading, not a GPU problem
+    spec = load_cluster_text("hosts: [a, b, c, d, e]\n")
     got: queue.SimpleQueue[NodeGpus] = queue.SimpleQueue()
     transports = [fake.transport(h) for h in spec.hosts]
-    poller = GpuPoller(lambda: transports, got.put, interval=3600)
+    poller = GpuPoller(lambda: transports, got.put, interval=0.05)
     poller.start()
     seen = {}
     while len(seen) < 4:
         event = got.get(timeout=10)
         seen[event.node] = event
-    poller.stop()
-    assert [cell(seen[rank]) for rank in range(4)] == ["2× 86% 59/160G", BROKEN, MISSING, BROKEN]
     assert seen[3].problem.startswith("nvidia-smi printed 'garbage'")
+    fake.host("d").gpu_query = REAL  # mended: the poller goes on reading past a broken nvidia-smi
+    while cell(seen[3]) == BROKEN:
+        event = got.get(timeout=10)
+        seen[event.node] = event
+    poller.stop()
+    assert 4 not in seen and fake.host("e").connects >= 1
+    assert [cell(seen[rank]) for rank in range(4)] == ["2× 86% 59/160G", BROKEN, MISSING, "2× 86% 59/160G"]
     assert [seen[rank].host for rank in range(4)] == ["a", "b", "c", "d"]
