@@ -50,6 +50,9 @@ COLUMNS = ("node", "host", "gpus/procs", "state", "pid", "lines", "last output")
 WIDTHS = (4, None, None, 34, 8, 9, 11)
 # Added once a node's host has nvidia-smi (clusterrun.gpus): mean utilisation, memory used/total.
 GPU_COLUMN, GPU_WIDTH = "gpu use", 16
+# A terminal narrower than this (80x24) gets the table without these: the state and the last
+# output fit beside the host.
+NARROW, NARROW_DROPS = 100, ("pid", "lines")
 
 
 def _duration(seconds: float) -> str:
@@ -148,7 +151,8 @@ class Dashboard(App[int]):
         self._highlighter = LogHighlighter()
         self.outcome = "running"  # how the app ended: "detached", "left", "stopped", "finished"
         self.quit_when_ended = False  # SIGTERM: exit once the job's stop has been shown
-        self._rows_ready: tuple[int, bool] = (0, False)  # the rows and whether the GPU column is in the table
+        self._rows_ready: tuple[int, tuple[str, ...]] = (0, ())  # the rows and the columns in the table
+        self._columns: list[tuple[str, int | None]] = []  # the table's columns (name, width) now
         self._gpu_line = ""
         self._drawn: dict[int, tuple[Any, ...]] = {}  # the cells in the table, per rank
         self._report = ""
@@ -227,13 +231,14 @@ class Dashboard(App[int]):
     def _redraw(self) -> None:
         board = self.board
         table = self.query_one("#nodes", NodeTable)
-        columns = self._columns()
-        if (len(board.nodes), board.gpus_shown) != self._rows_ready:
+        self._columns = columns = self._layout()
+        names = tuple(name for name, _width in columns)
+        if (len(board.nodes), names) != self._rows_ready:
             cursor = table.cursor_row
             table.clear(columns=True)
             for name, width in columns:
                 if width is None:
-                    width = max([len(name), *(len(str(self._cells(r)[COLUMNS.index(name)])) for r in board.nodes)])
+                    width = max([len(name), *(len(str(self._cells(r)[names.index(name)])) for r in board.nodes)])
                 table.add_column(name, key=name, width=width)
             self._drawn = {}
             for row in board.nodes:
@@ -242,7 +247,7 @@ class Dashboard(App[int]):
             table.fit_caches()
             if 0 < cursor < table.row_count:
                 table.move_cursor(row=cursor)
-            self._rows_ready = (len(board.nodes), board.gpus_shown)
+            self._rows_ready = (len(board.nodes), names)
             board.changed.clear()
             self._draw_gpus()
         for rank in sorted(board.changed):
@@ -286,16 +291,22 @@ class Dashboard(App[int]):
         if row.degraded:  # its reason is below the table
             state.append(" ⚠ degraded", style="bold yellow")
         since = "-" if row.last_output is None else _duration(self.clock() - row.last_output) + " ago"
-        cells = (Text(str(row.rank), style=COLOURS[row.rank % len(COLOURS)]), row.host, row.slots, state,
-                 str(row.pid or "-"), str(row.log.count), since)
-        if not self.board.gpus_shown:
-            return cells
-        use = gpus.cell(row.gpus)
-        return (*cells, Text(use, style="bold yellow") if use == gpus.BROKEN else use)
+        use = gpus.cell(row.gpus) if self.board.gpus_shown else ""
+        cells = {"node": Text(str(row.rank), style=COLOURS[row.rank % len(COLOURS)]), "host": row.host,
+                 "gpus/procs": row.slots, "state": state, "pid": str(row.pid or "-"), "lines": str(row.log.count),
+                 "last output": since, GPU_COLUMN: Text(use, style="bold yellow") if use == gpus.BROKEN else use}
+        return tuple(cells[name] for name, _width in self._columns)
 
-    def _columns(self) -> list[tuple[str, int | None]]:
-        """The node table's columns and widths: the GPU column once a host has nvidia-smi."""
-        return [*zip(COLUMNS, WIDTHS, strict=True), *([(GPU_COLUMN, GPU_WIDTH)] if self.board.gpus_shown else [])]
+    def _layout(self) -> list[tuple[str, int | None]]:
+        """The node table's columns and widths: the GPU column once a host has nvidia-smi; on a
+        narrow terminal without pid and lines."""
+        drop = NARROW_DROPS if self.size.width < NARROW else ()
+        return [*((name, width) for name, width in zip(COLUMNS, WIDTHS, strict=True) if name not in drop),
+                *([(GPU_COLUMN, GPU_WIDTH)] if self.board.gpus_shown else [])]
+
+    def on_resize(self) -> None:
+        if self.board.nodes:  # mounted, with rows: the columns for the new width
+            self._redraw()
 
     def _draw_gpus(self) -> None:
         """The selected node's GPUs, one entry each, under the table (once a host has nvidia-smi)."""
