@@ -2,9 +2,9 @@
 
 ``ask`` reads them once (``ps JOB``); a ``GpuPoller`` reads them every few seconds for the
 dashboard, one agent session per node's host kept open on the connection the job already has,
-and emits ``NodeGpus``. A host without nvidia-smi, or whose nvidia-smi is
-broken, gives that node a mark (``cell``), never an error for the others; one that cannot be
-reached keeps its last reading (its node's state says it is unreachable).
+and emits ``NodeGpus``. A host without nvidia-smi, or whose nvidia-smi is broken, gives that
+node a mark (``cell``), never an error for the others; one that cannot be reached keeps its
+last reading (its node's state says it is unreachable).
 ``cell`` and ``per_gpu`` are the words both show.
 """
 
@@ -21,7 +21,7 @@ from clusterrun.transports import AgentSession, Transport
 INTERVAL = 3.0  # seconds between two readings of a host
 TIMEOUT = 5.0  # nvidia-smi is killed after this long (a hung driver)
 MISSING = "-"  # the cell of a node whose host has no nvidia-smi
-BROKEN = "⚠ nvidia-smi"  # ... whose nvidia-smi failed or could not be asked
+BROKEN = "⚠ nvidia-smi"  # ... whose nvidia-smi failed, hung or printed something else
 
 
 def decode(rank: int, host: str, answer: dict[str, object]) -> NodeGpus:
