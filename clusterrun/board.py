@@ -38,6 +38,7 @@ from clusterrun.events import (
     signal_name,
     unreachable_text,
 )
+from clusterrun.gpus import only
 from clusterrun.nodesets import fold_ranks
 
 RING = 10_000
@@ -80,7 +81,8 @@ class NodeRow:
     unreachable_since: float | None = None  # wall clock: when its host was first found unreachable
     degraded: str | None = None  # why its supervisor cannot write its state on the host
     last_output: float | None = None
-    gpus: NodeGpus | None = None  # its host's GPUs as last read (None: not yet)
+    gpus: NodeGpus | None = None  # its GPUs as last read (None: not yet)
+    visible: tuple[str, ...] = ()  # its CUDA_VISIBLE_DEVICES: the host's GPUs that are the node's
     log: Ring = field(default_factory=lambda: Ring(RING))
 
     @property
@@ -146,7 +148,8 @@ class Board:
             self.merged.extend([f"node{rank} | {line}" for line in lines])
             return  # the row's line count and last output are redrawn by the clock, not per batch
         if isinstance(event, NodeGpus) and rank is not None:
-            row, reading = self.node(rank, event.host), dataclasses.replace(event, ts=0.0)  # equal readings are equal
+            row = self.node(rank, event.host)
+            reading = only(dataclasses.replace(event, ts=0.0), row.visible)  # equal readings are equal
             if row.gpus != reading:
                 self.gpus_shown = self.gpus_shown or not reading.missing
                 row.gpus = reading
@@ -217,6 +220,7 @@ class Board:
         for rank, (host, nproc, gpus) in enumerate(event.nodes):
             row = self.node(rank, host)
             row.slots = f"gpus {gpus}" if gpus else f"{nproc} proc" + ("s" if nproc != 1 else "")
+            row.visible = tuple(gpus.split(",")) if gpus else ()
             row.nproc = nproc
             if rank < len(keep):  # the old attempt's lines stay visible above the new ones
                 row.log = keep[rank]

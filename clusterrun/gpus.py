@@ -10,6 +10,7 @@ last reading (its node's state says it is unreachable).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 
@@ -35,6 +36,15 @@ def ask(session: AgentSession, rank: int) -> NodeGpus:
     """Node ``rank``'s GPUs through an open agent ``session`` (a broken nvidia-smi is the
     reading's ``problem``); ``ClusterrunError`` or ``ValueError`` when the agent cannot be asked."""
     return decode(rank, session.host, session.call(GpusRequest(timeout=TIMEOUT)))
+
+
+def only(reading: NodeGpus, visible: Sequence[str] | None) -> NodeGpus:
+    """``reading`` with only the node's own GPUs (its ``gpus:``, CUDA_VISIBLE_DEVICES) where they
+    are indices; all of the host's where they are not given or are UUIDs."""
+    if not visible or not all(v.strip().isdigit() for v in visible):
+        return reading
+    wanted = {int(v) for v in visible}
+    return dataclasses.replace(reading, gpus=tuple(g for g in reading.gpus if g.index in wanted))
 
 
 class GpuPoller:
@@ -131,4 +141,4 @@ def per_gpu(reading: NodeGpus | None) -> list[str]:
     return [f"gpu{g.index} {_percent(g.util)} {_gib(g.mem_used)}/{_gib(g.mem_total)}G" for g in reading.gpus]
 
 
-__all__ = ["BROKEN", "INTERVAL", "MISSING", "GpuPoller", "ask", "cell", "decode", "per_gpu"]
+__all__ = ["BROKEN", "INTERVAL", "MISSING", "GpuPoller", "ask", "cell", "decode", "only", "per_gpu"]

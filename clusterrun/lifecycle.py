@@ -22,6 +22,7 @@ from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.errors import ClusterrunError
 from clusterrun.events import NodeGpus, StopReport
 from clusterrun.gpus import ask as ask_gpus
+from clusterrun.gpus import only
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.orchestrator import Emit, Job, Reconnect
 from clusterrun.plan import plan_from_json
@@ -105,7 +106,9 @@ def status_of(transport: Transport, record: JobRecord, rank: int) -> NodeStatus:
 
 def node_statuses(record: JobRecord, gpus: dict[int, NodeGpus] | None = None) -> dict[int, Any]:
     """Every node's ``status`` answer for the current attempt, or the error that kept it away.
-    ``gpus``: filled with each reached host's GPUs, read by the same agent after the status."""
+    ``gpus``: filled with each reached node's GPUs (those its ``gpus:`` names), read by the same
+    agent after the status."""
+    spec = spec_of(record)
 
     def look(transport: Transport, rank: int) -> Any:
         if gpus is None:
@@ -114,12 +117,12 @@ def node_statuses(record: JobRecord, gpus: dict[int, NodeGpus] | None = None) ->
         try:
             answer = session.call(request(record, rank, "status"))
             with contextlib.suppress(ClusterrunError, ValueError):  # the status stands; no GPU reading
-                gpus[rank] = ask_gpus(session, rank)
+                gpus[rank] = only(ask_gpus(session, rank), spec.hosts[rank].gpus)
             return answer
         finally:
             session.close()
 
-    return per_node(record, look)
+    return per_node(record, look, spec=spec)
 
 
 def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None) -> Iterator[str]:

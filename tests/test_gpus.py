@@ -93,3 +93,18 @@ def test_the_poller_reads_each_host_and_marks_only_the_broken_ones() -> None:
     assert 4 not in seen and fake.host("e").connects >= 1
     assert [cell(seen[rank]) for rank in range(4)] == ["2× 86% 59/160G", BROKEN, MISSING, "2× 86% 59/160G"]
     assert [seen[rank].host for rank in range(4)] == ["a", "b", "c", "d"]
+
+
+def test_a_node_shows_only_its_own_gpus_where_they_are_indices() -> None:
+    from clusterrun.board import Board
+    from clusterrun.events import AttemptStarted
+    from clusterrun.gpus import only
+
+    four = NodeGpus(0, host="h", gpus=tuple(GpuReading(i, 10 * i, 1024, 8192) for i in range(4)))
+    assert [g.index for g in only(four, ("2", "3")).gpus] == [2, 3]
+    assert only(four, None) == four and only(four, ("GPU-aaaa",)) == four  # UUIDs: every GPU of the host
+    board = Board(ring=10)
+    board.apply(AttemptStarted(None, job_id="j", name="j", attempt=1, master_addr="a", master_port=1, world_size=2,
+                               nodes=(("h", 2, "2,3"),)))
+    board.apply(four)
+    assert cell(board.nodes[0].gpus) == "2× 25% 2.0/16G"  # GPUs 2 and 3, not the host's other two
