@@ -11,6 +11,7 @@ where it resumed, ``LogLines(earlier=True)``) is followed by the ``RESUMED`` sep
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from clusterrun.events import (
     LogLines,
     NodeDegraded,
     NodeExited,
+    NodeGpus,
     NodeLink,
     NodeStarted,
     NodeState,
@@ -36,6 +38,8 @@ from clusterrun.events import (
     signal_name,
     unreachable_text,
 )
+from clusterrun.gpus import only
+from clusterrun.nodesets import fold_ranks
 
 RING = 10_000
 RESUMED = "---- resumed here: the lines above were shown before, new ones follow ----"
@@ -77,6 +81,8 @@ class NodeRow:
     unreachable_since: float | None = None  # wall clock: when its host was first found unreachable
     degraded: str | None = None  # why its supervisor cannot write its state on the host
     last_output: float | None = None
+    gpus: NodeGpus | None = None  # its GPUs as last read (None: not yet)
+    visible: tuple[str, ...] = ()  # its CUDA_VISIBLE_DEVICES: the host's GPUs that are the node's
     log: Ring = field(default_factory=lambda: Ring(RING))
 
     @property
@@ -119,6 +125,7 @@ class Board:
         self.stops: dict[int, StopReport] = {}
         self.notes: deque[str] = deque(maxlen=200)
         self.changed: set[int] = set()  # rows whose state changed: redraw them now
+        self.gpus_shown = False  # some node's host has nvidia-smi: the table has a GPU column
         self.header_changed = True
 
     def node(self, rank: int, host: str = "") -> NodeRow:
@@ -140,6 +147,14 @@ class Board:
                 row.last_output = event.ts
             self.merged.extend([f"node{rank} | {line}" for line in lines])
             return  # the row's line count and last output are redrawn by the clock, not per batch
+        if isinstance(event, NodeGpus) and rank is not None:
+            row = self.node(rank, event.host)
+            reading = only(dataclasses.replace(event, ts=0.0), row.visible)  # equal readings are equal
+            if row.gpus != reading:
+                self.gpus_shown = self.gpus_shown or not reading.missing
+                row.gpus = reading
+                self.changed.add(rank)
+            return
         self.header_changed = True
         if isinstance(event, AttemptStarted):
             self._attempt(event)
@@ -205,6 +220,7 @@ class Board:
         for rank, (host, nproc, gpus) in enumerate(event.nodes):
             row = self.node(rank, host)
             row.slots = f"gpus {gpus}" if gpus else f"{nproc} proc" + ("s" if nproc != 1 else "")
+            row.visible = tuple(gpus.split(",")) if gpus else ()
             row.nproc = nproc
             if rank < len(keep):  # the old attempt's lines stay visible above the new ones
                 row.log = keep[rank]
@@ -227,8 +243,8 @@ class Board:
         states = {row.state for row in self.nodes}
         if NodeState.STOPPING in states:
             return "stopping"
-        if states and states <= {NodeState.RUNNING, NodeState.SUCCEEDED} and NodeState.RUNNING in states:
-            return "running"
+        if NodeState.RUNNING in states and all(s is NodeState.RUNNING or s.is_terminal for s in states):
+            return "running"  # (a failed node among running ones: a viewer's job, not stopped by fail-fast)
         if states and all(s.is_terminal for s in states):
             return "ending"
         return "starting"
@@ -238,13 +254,13 @@ class Board:
         return self.result is not None
 
     def summary(self) -> str:
-        """``4 nodes · 3 running · 1 failed`` (and ``· 1 degraded``: see ``degraded_text``)."""
-        counts: dict[str, int] = {}
+        """``61 running · 2 failed: nodes 62-63 · 1 unreachable: node 5``: the state most nodes
+        are in counted, the others named (and ``· 1 degraded``: see ``degraded_text``)."""
+        ranks: dict[str, list[int]] = {}
         for row in self.nodes:
-            key = "unreachable" if row.unreachable else row.state.value
-            counts[key] = counts.get(key, 0) + 1
-        parts = [f"{len(self.nodes)} node" + ("s" if len(self.nodes) != 1 else "")]
-        parts += [f"{n} {state}" for state, n in counts.items()]
+            ranks.setdefault("unreachable" if row.unreachable else row.state.value, []).append(row.rank)
+        most = max(ranks, key=lambda state: len(ranks[state])) if ranks else ""
+        parts = [f"{len(r)} {state}" + ("" if state == most else f": {fold_ranks(r)}") for state, r in ranks.items()]
         degraded = sum(1 for row in self.nodes if row.degraded)
         if degraded:
             parts.append(f"{degraded} degraded")

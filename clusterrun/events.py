@@ -427,3 +427,25 @@ class JobNote(Event):
     """Something the owner did that every consumer should show (a start-up retry, ...)."""
 
     text: str
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU of a node's host: utilisation in percent, memory in MiB (None: nvidia-smi says N/A)."""
+
+    index: int
+    util: int | None = None
+    mem_used: int | None = None
+    mem_total: int | None = None
+
+
+@dataclass(frozen=True)
+class NodeGpus(Event):
+    """What the node's host said of its GPUs just now: ``gpus``; or ``missing``, it has no
+    ``nvidia-smi``; or ``problem``, why there are no readings although it has (it failed, hung
+    or printed something else)."""
+
+    host: str
+    gpus: tuple[GpuReading, ...] = ()
+    missing: bool = False
+    problem: str = ""

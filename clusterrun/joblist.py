@@ -7,15 +7,20 @@ meaning, raises ``SCHEMA``; adding a field does not.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from clusterrun import events
 from clusterrun.environment import mask_env
 from clusterrun.errors import DamagedRecord
-from clusterrun.events import JobState, NodeState
+from clusterrun.events import JobState, NodeGpus, NodeState
+from clusterrun.gpus import BROKEN, MISSING
+from clusterrun.gpus import cell as gpu_cell
 from clusterrun.jobs import JobRecord, NodeRecord
+from clusterrun.nodesets import fold, fold_ranks
 from clusterrun.plan import LaunchPlan
+from clusterrun.terminal import safe
 
 if TYPE_CHECKING:
     from clusterrun.interfaces import Interface
@@ -99,10 +104,52 @@ def job_state_text(record: JobRecord, now: float) -> str:
     return f"{record.state}; {which} {events.unreachable_text(since, now)}"
 
 
-def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+COMPACT = 16  # `ps JOB` of more nodes than this shows each run of nodes alike as one row
+
+
+def node_rows(record: JobRecord, now: float, errors: Mapping[int, str],
+              gpus: Mapping[int, NodeGpus] | None = None) -> list[tuple[str, ...]]:
+    """``ps JOB``'s node table, its header first: a row per node, or, past ``COMPACT`` nodes, a
+    row per run of consecutive nodes alike (state, exit, error; a GPU mark) with their ranks and
+    hosts as node sets (``0-61``, ``sim[01-62]``). The GPUS column is there once a host has nvidia-smi."""
+    gpus = gpus or {}
+    with_gpus = any(not g.missing for g in gpus.values())
+    rows = [("NODE", "HOST", "STATE", "PID", "EXIT", "ERROR", *(("GPUS",) if with_gpus else ()))]
+    runs: list[tuple[tuple[str, ...], list[NodeRecord]]] = []
+    for n in record.nodes:
+        use = gpu_cell(gpus.get(n.rank))
+        kind = use if use in ("", MISSING, BROKEN) else "read"
+        alike = (node_state_text(n, now), "-" if n.exit_code is None else str(n.exit_code),
+                 n.error or errors.get(n.rank, ""), kind)
+        if runs and len(record.nodes) > COMPACT and runs[-1][0] == alike:
+            runs[-1][1].append(n)
+        else:
+            runs.append((alike, [n]))
+    for (state, exit_code, error, _kind), nodes in runs:
+        first = nodes[0]
+        ranks = [n.rank for n in nodes]
+        readings = [gpus[r] for r in ranks if r in gpus]
+        use = gpu_cell(readings[0]) if len(readings) == 1 else gpu_cell(merged(readings)) if readings else ""
+        one = len(nodes) == 1
+        rows.append((fold_ranks(ranks).split(" ", 1)[1], first.host if one else fold([n.host for n in nodes]),
+                     state, str(first.pid or "-") if one else "-", exit_code, safe(error, colour=False),
+                     *((use,) if with_gpus else ())))
+    return rows
+
+
+def merged(readings: Sequence[NodeGpus]) -> NodeGpus:
+    """The readings of several nodes as one (``ps``'s row of a run of nodes): every GPU; a mark if one has one."""
+    first = readings[0]
+    return NodeGpus(first.node, host=first.host, gpus=tuple(g for r in readings for g in r.gpus),
+                    missing=any(r.missing for r in readings),
+                    problem=next((r.problem for r in readings if r.problem), ""))
+
+
+def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None,
+             gpus: Mapping[int, NodeGpus] | None = None) -> dict[str, Any]:
     """One job of ``ps --json`` (schema ``SCHEMA``). The environment is left out on purpose (it may
     hold secrets); so are the record's internals (the plan, viewers' offsets, the hosts file's text).
-    ``hosts``: what each node's host said of it (``ps JOB --json``), by rank."""
+    ``hosts``: what each node's host said of it (``ps JOB --json``), by rank; ``gpus``: its GPUs."""
     nodes = []
     for n in record.nodes:
         node: dict[str, Any] = {"rank": n.rank, "host": n.host, "state": node_state(n), "pid": n.pid,
@@ -113,6 +160,10 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
             node["containment"] = answer.get("containment")
             node["fallbacks"] = list(answer.get("fallbacks") or [])
             node["degraded"] = answer.get("degraded")
+        if gpus is not None and n.rank in gpus:
+            reading = gpus[n.rank]
+            node["gpus"] = {"found": not reading.missing, "problem": reading.problem,
+                            "gpus": [dataclasses.asdict(g) for g in reading.gpus]}
         nodes.append(node)
     return {
         "id": record.job_id,
@@ -133,10 +184,10 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
 
 
 def jobs_json(records: Iterable[JobRecord], hosts: Mapping[int, Mapping[str, Any]] | None = None,
-              damaged: Iterable[DamagedRecord] = ()) -> dict[str, Any]:
+              damaged: Iterable[DamagedRecord] = (), gpus: Mapping[int, NodeGpus] | None = None) -> dict[str, Any]:
     """The ``ps --json`` document: ``{"schema": SCHEMA, "jobs": [...], "damaged": [...]}``, the
     damaged records with their path, what is wrong and the fix."""
-    return {"schema": SCHEMA, "jobs": [job_json(r, hosts) for r in records],
+    return {"schema": SCHEMA, "jobs": [job_json(r, hosts, gpus) for r in records],
             "damaged": [{"id": d.job_id, "path": d.path, "reason": d.reason, "fix": d.hint} for d in damaged]}
 
 

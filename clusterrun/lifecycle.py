@@ -8,6 +8,7 @@ job's recorded state: the attempt's life (checks, start, stop, its state) is own
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import deque
@@ -19,7 +20,9 @@ from typing import Any
 from clusterrun.agent.wire import NodeRequest, StackAnswer, node_request
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.errors import ClusterrunError
-from clusterrun.events import StopReport
+from clusterrun.events import NodeGpus, StopReport
+from clusterrun.gpus import ask as ask_gpus
+from clusterrun.gpus import only
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.orchestrator import Emit, Job, Reconnect
 from clusterrun.plan import plan_from_json
@@ -102,9 +105,25 @@ def status_of(transport: Transport, record: JobRecord, rank: int) -> NodeStatus:
     return decode_status(transport.name, answer.get("state"), "status answer's state")
 
 
-def node_statuses(record: JobRecord) -> dict[int, Any]:
-    """Every node's ``status`` answer for the current attempt, or the error that kept it away."""
-    return per_node(record, lambda t, rank: t.call(request(record, rank, "status")))
+def node_statuses(record: JobRecord, gpus: dict[int, NodeGpus] | None = None) -> dict[int, Any]:
+    """Every node's ``status`` answer for the current attempt, or the error that kept it away.
+    ``gpus``: filled with each reached node's GPUs (those its ``gpus:`` names), read by the same
+    agent after the status."""
+    spec = spec_of(record)
+
+    def look(transport: Transport, rank: int) -> Any:
+        if gpus is None:
+            return transport.call(request(record, rank, "status"))
+        session = transport.session()
+        try:
+            answer = session.call(request(record, rank, "status"))
+            with contextlib.suppress(ClusterrunError, ValueError):  # the status stands; no GPU reading
+                gpus[rank] = only(ask_gpus(session, rank), spec.hosts[rank].gpus)
+            return answer
+        finally:
+            session.close()
+
+    return per_node(record, look, spec=spec)
 
 
 def stacks_of(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequence[int] | None = None, *,

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
 
-__all__ = ["NodeSetError", "expand", "fold", "is_nodeset"]
+__all__ = ["NodeSetError", "expand", "fold", "fold_ranks", "is_nodeset"]
 
 # What ClusterShell would read as an operator, a group or a separator of its own.
 _OPERATORS = re.compile(r"[!&^@\s]")
@@ -94,3 +94,15 @@ def _reason(exc: NodeSetParseError) -> str:
 def fold(names: list[str]) -> str:
     """The shortest node set of ``names`` (for messages): ``gpu[01-03,07]``."""
     return str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP))
+
+
+def fold_ranks(ranks: list[int]) -> str:
+    """Node ranks as a node set in words: ``node 3``, ``nodes 0-61``, ``nodes 0-2,5,7-9``."""
+    runs: list[list[int]] = []
+    for rank in sorted(set(ranks)):
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return ("node " if len(ranks) == 1 else "nodes ") + text

@@ -10,6 +10,9 @@ consumer queues them for its own thread. Two roles:
   hosts all the same (the monitor sees the job end and exits), and ``detach()`` just stops
   following.
 
+While it follows an attempt, a ``GpuPoller`` reads each host's GPUs every few seconds over the
+job's connections (``NodeGpus`` events; ``gpu_interval=None`` turns it off).
+
 ``kill()`` is the orchestrator's verified stop (torchrun first, then the sweep, per node, with
 ``NodeStopped`` reports). ``restart()`` is ``attempt.restart`` — the next attempt checked, then
 the verified stop of every node, whatever this view believes of them, then the next attempt
@@ -34,11 +37,13 @@ from clusterrun.events import (
     NodeStateChanged,
     NodeStopped,
 )
+from clusterrun.gpus import INTERVAL, GpuPoller
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import follower, save_seen, stacks_view
 from clusterrun.orchestrator import Emit, Job
 from clusterrun.runner import Runner
 from clusterrun.stacks import render
+from clusterrun.transports import Transport
 
 KILLED = "stopped from the dashboard"
 
@@ -51,7 +56,8 @@ class Session:
     ``attempt.restart``'s: a session only runs them off the consumer's thread."""
 
     def __init__(self, store: JobStore, record: JobRecord, emit: Emit | None = None, *, runner: Runner | None = None,
-                 offsets: dict[int, int] | None = None, tail: int | None = None, scrollback: int = 0) -> None:
+                 offsets: dict[int, int] | None = None, tail: int | None = None, scrollback: int = 0,
+                 gpu_interval: float | None = INTERVAL) -> None:
         self.store = store
         self.record = record
         self._listeners: list[Emit] = [emit] if emit is not None else []
@@ -69,6 +75,7 @@ class Session:
         self._lock = threading.Lock()
         self._busy = False  # a kill or restart is under way
         self._reached: set[int] = set()  # nodes this view has reached after a failure: the record's since is old
+        self._gpu_interval = gpu_interval
         if runner is not None:
             runner.subscribe(self.emit)
 
@@ -160,12 +167,28 @@ class Session:
                 self.emit(NodeStarted(launch.rank, host=launch.host.host, attempt=record.attempt, pid=known.pid))
 
     def _follow(self) -> None:
+        job = self.runner.job if self.runner is not None else self._viewer
+        assert job is not None
+        poller = None
+        if self._gpu_interval is not None:
+            poller = GpuPoller(self._transports, self.emit, self._gpu_interval)
+            poller.start()
+        try:
+            self._follow_job(job)
+        finally:
+            if poller is not None:
+                poller.stop()
+
+    def _transports(self) -> list[Transport]:
+        """The transports of the nodes of the job followed now (the runner's start-up retry replaces it)."""
+        job = self.runner.job if self.runner is not None else self._viewer
+        return [transport for transport, _agent in job.agents] if job is not None else []
+
+    def _follow_job(self, job: Job) -> None:
         if self.runner is not None:
             self.result = self.runner.follow()
             self.record = self.runner.record
             return
-        job = self._viewer
-        assert job is not None
         try:
             self.result = job.run()
         finally:

@@ -7,7 +7,17 @@ from pathlib import Path
 
 from clusterrun.board import Board, Ring
 from clusterrun.errors import JobNotFound
-from clusterrun.events import AttemptStarted, LogLines, NodeExited, NodeLink, NodeResult, NodeState, NodeStateChanged
+from clusterrun.events import (
+    AttemptStarted,
+    GpuReading,
+    LogLines,
+    NodeExited,
+    NodeGpus,
+    NodeLink,
+    NodeResult,
+    NodeState,
+    NodeStateChanged,
+)
 from clusterrun.jobs import JobRecord, JobStore, NodeRecord
 from clusterrun.session import Session
 
@@ -126,3 +136,31 @@ def test_a_viewer_shows_an_unreachable_node_since_the_first_failure_its_record_k
     assert board.nodes[1].status(NOON + 60) == "unreachable since 12:00:50Z"
     session.emit(NodeLink(0, host="h0", up=False, detail="timed out", since=NOON + 40))  # the record knew nothing
     assert board.nodes[0].status(NOON + 60) == "unreachable since 12:00:40Z"
+
+
+def test_the_summary_counts_the_state_most_nodes_are_in_and_names_the_others_as_node_sets() -> None:
+    board = Board(ring=10)
+    board.apply(attempt(64))
+    for rank in range(64):
+        board.apply(NodeStateChanged(rank, host=f"h{rank}", state=NodeState.RUNNING))
+    assert board.summary() == "64 running" and board.state == "running"
+    for rank in (62, 63, 7):
+        board.apply(NodeExited(rank, result=NodeResult(rank, f"h{rank}", NodeState.FAILED, exit_code=1)))
+    board.apply(NodeLink(5, host="h5", up=False, detail="timed out"))
+    assert board.summary() == "60 running · 1 unreachable: node 5 · 3 failed: nodes 7,62-63"  # by first node
+    assert board.state == "running"  # a viewer's job: fail-fast did not stop the others
+
+
+def test_gpu_readings_mark_a_row_only_when_they_change_and_a_host_with_nvidia_smi_adds_the_column() -> None:
+    board = Board(ring=10)
+    board.apply(attempt(2))
+    board.changed.clear()
+    board.apply(NodeGpus(0, host="h0", missing=True))
+    assert board.changed == {0} and not board.gpus_shown  # no host has nvidia-smi: no column
+    reading = (GpuReading(0, 50, 1024, 8192),)
+    board.apply(NodeGpus(1, host="h1", gpus=reading, ts=1.0))
+    assert board.gpus_shown and board.nodes[1].gpus is not None and board.nodes[1].gpus.gpus == reading
+    board.changed.clear()
+    board.header_changed = False
+    board.apply(NodeGpus(1, host="h1", gpus=reading, ts=2.0))  # the same reading, later
+    assert not board.changed and not board.header_changed

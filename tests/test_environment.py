@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from clusterrun.agent.records import AgentFailure
+from clusterrun.agent.wire import StartRequest
 from clusterrun.attempt import new_record, plan_to_start, restart
 from clusterrun.config import load_cluster_text
 from clusterrun.environment import MASK, mask_env, parse_dotenv, redact, resolve, unmask
@@ -291,8 +292,8 @@ def test_the_agent_writes_secret_values_masked_in_spec_json(tmp_path: Path, monk
     real_write = records._write_atomic
     monkeypatch.setattr(records, "_write_atomic", lambda path, data: (written.__setitem__(path, data),
                                                                        real_write(path, data)))
-    req = {"op": "start", "job": JOB, "node": 0, "attempt": 1, "state_dir": str(tmp_path), "argv": ["true"],
-           "env": {"HF_TOKEN": "canary-start", "A": "1"}, "secret_env": ["HF_TOKEN"], "cwd": None}
+    req = StartRequest(job=JOB, node=0, attempt=1, state_dir=str(tmp_path), argv=["true"],
+                       env={"HF_TOKEN": "canary-start", "A": "1"}, secret_env=["HF_TOKEN"])
     with pytest.raises(AgentFailure):
         start.op_start(req)
     spec_json = next(data for path, data in written.items() if path.endswith("spec.json"))

@@ -389,3 +389,23 @@ def test_dry_run_json_has_the_setup_network_and_sync_of_the_text_form(tmp_path: 
         assert node["sync"]["files"] == 1 and node["sync"]["bytes"] == len("raise SystemExit('must not run')\n")
         assert node["network"] is not None and node["network"]["why"]
     assert not workdir.exists()  # a dry run copies nothing
+
+
+def test_ps_of_a_64_node_job_shows_runs_of_nodes_alike_once_with_node_sets() -> None:
+    from clusterrun.events import GpuReading, NodeGpus
+    from clusterrun.joblist import node_rows
+
+    record = make_record("big-1", "running", None)
+    record.nodes = [NodeRecord(r, f"sim{r + 1:02d}", NodeState.FAILED if r >= 62 else NodeState.RUNNING,
+                               pid=4000 + r, exit_code=1 if r >= 62 else None) for r in range(64)]
+    gpus = {r: NodeGpus(r, host=f"sim{r + 1:02d}", gpus=(GpuReading(0, 50, 1024, 8192),)) for r in range(64)}
+    gpus[10] = NodeGpus(10, host="sim11", problem="nvidia-smi exited with status 9")
+    rows = node_rows(record, time.time(), {}, gpus)
+    assert rows == [("NODE", "HOST", "STATE", "PID", "EXIT", "ERROR", "GPUS"),
+                    ("0-9", "sim[01-10]", "running", "-", "-", "", "10× 50% 10/80G"),
+                    ("10", "sim11", "running", "4010", "-", "", "⚠ nvidia-smi"),
+                    ("11-61", "sim[12-62]", "running", "-", "-", "", "51× 50% 51/408G"),
+                    ("62-63", "sim[63-64]", "failed", "-", "1", "", "2× 50% 2.0/16G")]
+    small = make_record("small-1", "running", None)  # a row per node; no GPU column without nvidia-smi
+    assert node_rows(small, time.time(), {0: "a: unreachable"}, {0: NodeGpus(0, host="a", missing=True)}) == [
+        ("NODE", "HOST", "STATE", "PID", "EXIT", "ERROR"), ("0", "a", "running", "4321", "-", "a: unreachable")]

@@ -9,7 +9,7 @@ import pytest
 
 from clusterrun.config import load_cluster
 from clusterrun.errors import ConfigError
-from clusterrun.nodesets import NodeSetError, expand, fold
+from clusterrun.nodesets import NodeSetError, expand, fold, fold_ranks
 
 
 @pytest.mark.parametrize(("expression", "names"), [
@@ -82,3 +82,9 @@ def test_node_set_mistakes_name_file_and_line(tmp_path: Path, text: str, line: i
     with pytest.raises(ConfigError) as info:
         load_cluster(path)
     assert (info.value.path, info.value.line, info.value.key, info.value.message) == (path, line, key, message)
+
+
+def test_ranks_fold_into_runs_in_words() -> None:
+    assert fold_ranks([3]) == "node 3"
+    assert fold_ranks(list(range(62))) == "nodes 0-61"
+    assert fold_ranks([9, 0, 1, 2, 5, 7, 8]) == "nodes 0-2,5,7-9"

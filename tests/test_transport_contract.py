@@ -9,6 +9,8 @@ real job prints and exits, the harness makes the fake node do the same.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
 import sys
 import time
@@ -382,3 +384,18 @@ def test_pipe_runs_a_command_on_the_socket_until_it_ends(harness: Harness) -> No
         status, stderr = harness.transport.pipe("cat; echo done; echo oops >&2; exit 3", theirs)
         assert (status, stderr.strip()) == (3, "oops")
         assert b"".join(iter(lambda: ours.recv(65536), b"")) == b"hello\ndone\n"
+
+
+def test_gpus_reads_the_first_nvidia_smi_on_path_or_says_there_is_none(harness: Harness,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterrun.gpus import cell, decode
+    from tests.test_gpus import NVIDIA, REAL
+
+    monkeypatch.setenv("PATH", f"{NVIDIA / 'good'}:{os.environ['PATH']}")  # a local agent inherits it
+    if harness.fake is not None:
+        harness.fake.host("h0").gpu_query = REAL
+    reading = decode(0, "h0", harness.transport.call({"op": "gpus", "timeout": 5}))
+    if harness.transport.files == "ssh":  # a simulated host's own PATH: no nvidia-smi on these machines
+        assert reading.missing or shutil.which("nvidia-smi") is not None
+    else:
+        assert cell(reading) == "2× 86% 59/160G" and not reading.problem

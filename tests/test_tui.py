@@ -555,7 +555,7 @@ def test_a_degraded_node_is_shown_in_the_table_below_it_and_in_the_header() -> N
         assert "degraded" not in str(app.query_one("#nodes").get_row("1")[3])  # type: ignore[attr-defined]
         assert str(app.query_one("#report").render()) == f"node2 gpu-c: degraded: {reason}"  # type: ignore
         header = str(app.query_one("#header").render())  # type: ignore[attr-defined]
-        assert "3 nodes · 3 running · 1 degraded" in header and f"node2 gpu-c: degraded: {reason}" in header
+        assert "3 nodes × 2: 3 running · 1 degraded" in header and f"node2 gpu-c: degraded: {reason}" in header
         await pilot.press("q")  # type: ignore[attr-defined]
 
     drive(app, script)

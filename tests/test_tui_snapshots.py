@@ -16,10 +16,12 @@ import pytest
 from clusterrun.events import (
     AttemptStarted,
     Event,
+    GpuReading,
     JobFinished,
     JobResult,
     LogLines,
     NodeExited,
+    NodeGpus,
     NodeLink,
     NodeResult,
     NodeStarted,
@@ -126,6 +128,30 @@ def unreachable() -> list[Event]:
     return [*started(), NodeLink(2, host="gpu-c", up=False, detail="gpu-c: connection lost: timed out", ts=T0 + 12)]
 
 
+def with_gpus() -> list[Event]:
+    """gpu-a's nvidia-smi reads two GPUs, gpu-b's is broken (exit 9), gpu-c has none."""
+    two = (GpuReading(0, 87, 30123, 81920), GpuReading(1, 85, 29876, 81920))
+    return [*started(), NodeGpus(0, host="gpu-a", gpus=two, ts=T0 + 12),
+            NodeGpus(1, host="gpu-b", problem="nvidia-smi exited with status 9: NVIDIA-SMI has failed", ts=T0 + 12),
+            NodeGpus(2, host="gpu-c", missing=True, ts=T0 + 12)]
+
+
+def many(count: int = 64, failed: tuple[int, ...] = (62, 63)) -> list[Event]:
+    """A job of ``count`` nodes, all running but ``failed``, which failed (the first is the root cause)."""
+    hosts = [f"sim{i:02d}" for i in range(1, count + 1)]
+    events: list[Event] = [AttemptStarted(None, job_id=Scripted.job_id, name="train", attempt=1,
+                                          master_addr="10.0.0.11", master_port=29500, world_size=count,
+                                          nodes=tuple((h, 1, None) for h in hosts), ts=T0)]
+    for rank, host in enumerate(hosts):
+        events.append(NodeStarted(rank, host=host, attempt=1, pid=4100 + rank, ts=T0))
+        events.append(NodeStateChanged(rank, host=host, state=NodeState.RUNNING, ts=T0))
+        events.append(LogLines(rank, host=host, ts=T0 + 5, lines=(f"[rank{rank}]:step 1 loss 0.9",)))
+    for rank in failed:
+        events.append(NodeExited(rank, result=NodeResult(rank, hosts[rank], NodeState.FAILED, exit_code=1), ts=T0 + 9))
+        events.append(NodeStateChanged(rank, host=hosts[rank], state=NodeState.FAILED, ts=T0 + 9))
+    return events
+
+
 def app_for(session: Scripted) -> Dashboard:
     return Dashboard(session, clock=lambda: T0 + 30, wall=lambda: WALL + 30)  # type: ignore[arg-type]
 
@@ -140,6 +166,19 @@ def test_main_screen(snap_compare: Any, state: str) -> None:
         session = Scripted(events, running=False, result=result)
     keys = ["a"] if state == "all done" else []  # the merged view, with its coloured prefixes
     assert snap_compare(app_for(session), terminal_size=(120, 36), press=keys)
+
+
+def test_gpu_column_and_the_selected_nodes_gpus(snap_compare: Any) -> None:
+    """A GPU column once a host has nvidia-smi: a mark on the broken and the missing one; the
+    selected node's GPUs one by one under the table."""
+    assert snap_compare(app_for(Scripted(with_gpus(), running=True)), terminal_size=(120, 36))
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)])
+def test_64_nodes_scroll_to_the_failed_one_with_a_node_set_summary(snap_compare: Any, size: tuple[int, int]) -> None:
+    """64 nodes: the table scrolls to the first failed node and the header counts the 62 running
+    and names the failed ones (nodes 62-63)."""
+    assert snap_compare(app_for(Scripted(many(), running=True)), terminal_size=size)
 
 
 def test_node_table_caches_are_sized_only_on_textual_versions_checked() -> None:
@@ -160,3 +199,43 @@ def test_node_table_caches_are_sized_only_on_textual_versions_checked() -> None:
 
     maxsize = asyncio.run(main())
     assert maxsize == (2 * (len(HOSTS) + 1) * len(COLUMNS) if textual_version() >= CACHES_CHECKED[0] else 10000)
+
+
+def test_the_gpu_line_follows_the_selected_node_and_keys_answer_at_64_nodes() -> None:
+    import asyncio
+
+    from textual.widgets import Static
+
+    from clusterrun.tui import NodeTable
+
+    async def gpus_line() -> list[str]:
+        app = app_for(Scripted(with_gpus(), running=True))
+        seen = []
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause()
+            for key in ("", "j", "j"):
+                if key:
+                    await pilot.press(key)
+                await pilot.pause()
+                seen.append(str(app.query_one("#gpus", Static).render()))
+        return seen
+
+    assert asyncio.run(gpus_line()) == ["node 0 GPUs: gpu0 87% 29/80G · gpu1 85% 29/80G",
+                                        "node 1 GPUs: nvidia-smi exited with status 9: NVIDIA-SMI has failed",
+                                        "node 2 GPUs: no nvidia-smi on this host"]
+
+    async def cursor() -> list[int]:
+        app = app_for(Scripted(many(), running=True))
+        rows = []
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            table = app.query_one("#nodes", NodeTable)
+            rows.append(table.cursor_row)  # the first failed node, selected and in view
+            await pilot.press("k", "k")
+            rows.append(table.cursor_row)
+            await pilot.press("1")
+            rows.append(table.cursor_row)
+            assert table.row_count == 64
+        return rows
+
+    assert asyncio.run(cursor()) == [62, 60, 1]  # key 1 selects node 1

@@ -152,6 +152,11 @@ Requests (``op``) and answers
 ``reach``  ``{addr, port, token, timeout}`` → ``{ok, reached, error, local}``: a TCP connection
            to a ``listen``er (on node 0); ``reached`` only if the token came back. ``timeout``
            bounds the connection and each read: packets dropped on the way time out, never hang.
+``gpus``   ``{timeout}`` → ``{ok, found, gpus: [{index, util, mem_used, mem_total}], problem}``:
+           ``nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total`` (percent,
+           MiB; null for ``[N/A]``), killed after ``timeout`` s. ``found`` false: no nvidia-smi on
+           PATH; ``problem``: why there are no readings though it is there (its status, or what it
+           printed instead): an answer, not an error. Polled by the dashboard, asked by ``ps JOB``.
 
 Errors are ``{ok: false, error: "..."}``; the exit code is 0 whenever an answer was written. A
 request whose field is missing or of the wrong type (``wire``) is ``bad request: ...`` naming it.

@@ -15,6 +15,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .wire import FollowRequest
+
 
 # How often at most ``follow`` reads new bytes of the node's log (the supervisor's MERGE_INTERVAL
 # is its counterpart): under a steady flow a line's latency from the worker to the controller is
@@ -47,17 +49,16 @@ def tail_offset(path: str, lines: int, end: int | None = None) -> int:
         return 0
 
 
-def op_follow(req: dict[str, Any]) -> None:
+def op_follow(req: FollowRequest) -> None:
     folder, state = _load_state(req)
     log_path = os.path.join(folder, "output.log")
-    if req.get("tail") is not None:
-        offset = tail_offset(log_path, int(req["tail"]))
+    if req.tail is not None:
+        offset = tail_offset(log_path, req.tail)
     else:
-        offset = int(req.get("offset") or 0)
-        if req.get("before"):  # a viewer's scrollback: the lines just before where it resumes
-            offset = tail_offset(log_path, int(req["before"]), end=offset)
-    want_logs = req.get("logs", True)
-    once = bool(req.get("once"))
+        offset = req.offset
+        if req.before:  # a viewer's scrollback: the lines just before where it resumes
+            offset = tail_offset(log_path, req.before, end=offset)
+    want_logs, once = req.logs, req.once
     state_path = os.path.join(folder, "state.json")
     degraded_path = os.path.join(folder, "degraded")
     last_seen = None

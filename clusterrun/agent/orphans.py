@@ -16,6 +16,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .wire import NodeRequest, StopRequest
+
 PARENTS_WAIT = 20.0  # seconds for the survivor and monitor to leave once torchrun is gone
 
 
@@ -58,10 +60,10 @@ def _ours(pid: int, log_dir: str | None) -> bool:
     return seen is None or seen == log_dir
 
 
-def census(req: dict[str, Any]) -> dict[str, Any]:
+def census(req: NodeRequest) -> dict[str, Any]:
     """What runs of an attempt without records: ``cgroups`` (by name), ``marked`` (pids) and
     ``looked`` (where, in words: for a report that never claims more than was checked)."""
-    job, node, attempt = req["job"], req["node"], req["attempt"]
+    job, node, attempt = req.job, req.node, req.attempt
     marker = _marker(job, node, attempt)
     log_dir = os.path.join(_attempt_dir(req), "torchrun")
     cgroups, places = named_cgroups(job, node, attempt)
@@ -84,7 +86,7 @@ def found_by(found: dict[str, Any]) -> list[str]:
     return said
 
 
-def status_unrecorded(req: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
+def status_unrecorded(found: dict[str, Any]) -> dict[str, Any]:
     """``status`` of an attempt whose directory is gone while something of it runs."""
     error = ("the attempt's records on this host are gone (its directory was deleted) while its processes run: "
              + "; ".join(found_by(found)) + "; `clusterrun down` stops them")
@@ -94,11 +96,11 @@ def status_unrecorded(req: dict[str, Any], found: dict[str, Any]) -> dict[str, A
             "containment": "cgroup" if found["cgroups"] else "sweep", "fallbacks": []}
 
 
-def stop_unrecorded(req: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
+def stop_unrecorded(req: StopRequest, found: dict[str, Any]) -> dict[str, Any]:
     """Stop what ``census`` found: SIGTERM to the roots of the marked tree (torchrun; its
     workers are below it) and ``grace`` seconds, then the cgroups (``job`` first) and SIGKILL to
     whatever still carries the marker, each through a pidfd after it was identified again."""
-    grace = float(req.get("grace", 10))
+    grace = float(req.grace)
     deadline = time.monotonic() + grace + 15
     marker = found["marker"]
     killed: dict[int, dict[str, Any]] = {}
@@ -147,7 +149,7 @@ def stop_unrecorded(req: dict[str, Any], found: dict[str, Any]) -> dict[str, Any
     else:
         detail = (f"no cgroup of the attempt: the marker scan finds no process carrying {marker} any more; "
                   "a process that dropped its environment (env -i) cannot be seen")
-    state = {"state": "exited", "job": req["job"], "node": req["node"], "attempt": req["attempt"],
+    state = {"state": "exited", "job": req.job, "node": req.node, "attempt": req.attempt,
              "stop_requested": True, "records_gone": True,
              "error": "the attempt's records on this host were gone (its directory was deleted)"}
     return {"ok": True, "killed": sorted(killed.values(), key=lambda e: e["pid"]), "left": left, "state": state,

@@ -11,6 +11,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .wire import NodeRequest
+
 
 MARKER_VAR = "CLUSTERRUN_JOB"
 
@@ -79,13 +81,14 @@ def _state_root(state_dir: str | None) -> str:
     return os.path.join(base, "clusterrun")
 
 
-def _attempt_dir(req: dict[str, Any]) -> str:
-    job, node, attempt = req.get("job"), req.get("node"), req.get("attempt")
+def _attempt_dir(req: NodeRequest, attempt: int | None = None) -> str:
+    """The directory of the request's attempt (or of ``attempt`` of the same node)."""
+    job, node, attempt = req.job, req.node, req.attempt if attempt is None else attempt
     if not isinstance(job, str) or not (0 < len(job) <= 128 and job[0] in _ALNUM and _ID_CHARS.issuperset(job)):
         raise AgentFailure(f"invalid job id {job!r}")
     if not isinstance(node, int) or not isinstance(attempt, int) or node < 0 or attempt < 1:
         raise AgentFailure(f"invalid node {node!r} or attempt {attempt!r}")
-    root = _state_root(req.get("state_dir"))
+    root = _state_root(req.state_dir)
     return os.path.join(root, "jobs", job, f"node{node}", f"attempt{attempt}")
 
 
@@ -99,12 +102,11 @@ def _fs_problem(exc: OSError) -> str:
     return f"{os.strerror(exc.errno) if exc.errno else exc}" + (f": {exc.filename}" if exc.filename else "")
 
 
-def _load_state(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def _load_state(req: NodeRequest) -> tuple[str, dict[str, Any]]:
     folder = _attempt_dir(req)
     state = _read_state(folder)
     if state is None:
-        raise AgentFailure("no job {} node {} attempt {} in {}".format(req.get("job"), req.get("node"),
-                                                                 req.get("attempt"), folder))
+        raise AgentFailure(f"no job {req.job} node {req.node} attempt {req.attempt} in {folder}")
     return folder, state
 
 

@@ -8,6 +8,7 @@ import sys
 from .codec import _emit, json_loads
 from .doctorops import DOCTOR_OPS
 from .follow import op_follow
+from .gpus import op_gpus
 from .network import op_route
 from .probe import op_probe
 from .records import AgentFailure
@@ -17,7 +18,7 @@ from .start import op_start
 from .status import op_jobs, op_remove, op_status
 from .stop import op_stop
 from .syncops import op_sync_hash, op_sync_put, op_sync_stat
-from .wire import REQUESTS, Request
+from .wire import REQUESTS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,22 +26,16 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-def _fields(handler: Callable[[dict[str, Any]], dict[str, Any] | None]) -> Callable[[Request], dict[str, Any] | None]:
-    """A handler of a request's fields as a dict (with the defaults of its wire type filled in)."""
-    return lambda request: handler(request.to_json())
-
-
-# Every operation: its request's ``op`` → the function that answers it (``follow`` streams its
-# own answer and returns None; ``sync_put`` reads its files' bytes from stdin after the request).
-# wire.REQUESTS has a request type for each (tests/test_wire.py).
+# Every operation: its request's ``op`` → the function that answers it. ``answer`` decodes the
+# request line once into ``wire.REQUESTS[op]`` and hands the handler that object, never a dict
+# (a new op: its Request type in wire.py, its handler here taking it; tests/test_wire.py checks
+# both). ``follow`` streams its own answer and returns None; ``sync_put`` reads its files' bytes
+# from stdin after the request.
 OPS: dict[str, Callable[[Any], dict[str, Any] | None]] = {
-    "probe": op_probe, "route": op_route, "sync_stat": op_sync_stat, "sync_hash": op_sync_hash,
-    "sync_put": op_sync_put, "stack": op_stack, **DOCTOR_OPS,
-    # These still read a dict of their request's fields (the supervisor's and the stop's parts
-    # are reworked next; then they take their wire type too).
-    **{op: _fields(handler) for op, handler in (("setup", op_setup), ("start", op_start), ("follow", op_follow),
-                                                ("stop", op_stop), ("status", op_status), ("remove", op_remove),
-                                                ("jobs", op_jobs))},
+    "probe": op_probe, "route": op_route, "setup": op_setup, "start": op_start, "follow": op_follow,
+    "stop": op_stop, "status": op_status, "remove": op_remove, "jobs": op_jobs,
+    "sync_stat": op_sync_stat, "sync_hash": op_sync_hash, "sync_put": op_sync_put, "gpus": op_gpus, "stack": op_stack,
+    **DOCTOR_OPS,
 }
 
 

@@ -12,24 +12,19 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .wire import SetupRequest, StartRequest
+
 
 SETUP_TIMEOUT = 600.0
 
 
 # The environment a ``setup`` request made, by (job, node, attempt), for the ``start`` that follows
 # it in this agent: setup runs once, and only in memory (it may hold secrets).
-_prepared: dict[tuple[Any, Any, Any], dict[str, str]] = {}
+_prepared: dict[tuple[str, int, int], dict[str, str]] = {}
 
 
-def _setup_key(req: dict[str, Any]) -> tuple[Any, Any, Any]:
-    return req.get("job"), req.get("node"), req.get("attempt")
-
-
-def _setup_commands(req: dict[str, Any]) -> list[str]:
-    setup = req.get("setup") or []
-    if not isinstance(setup, list) or not all(isinstance(c, str) for c in setup):
-        raise AgentFailure("setup must be a list of strings")
-    return setup
+def _setup_key(req: SetupRequest | StartRequest) -> tuple[str, int, int]:
+    return req.job, req.node, req.attempt
 
 
 def _sh_quote(text: str) -> str:
@@ -57,13 +52,14 @@ def _last_lines(data: bytes, count: int = 20) -> str:
     return "\n".join(("  | " + line) for line in lines[-count:]) if data.strip() else "  (it printed nothing)"
 
 
-def _run_setup(commands: list[str], env: dict[str, str], cwd: str | None, timeout: Any = None) -> dict[str, str]:
+def _run_setup(commands: list[str], env: dict[str, str], cwd: str | None,
+               timeout: float | None = None) -> dict[str, str]:
     """Run the ``setup`` commands in bash, in ``cwd``, with the job's environment on top of this
     agent's; the environment they leave (what they exported, changed or unset). ``AgentFailure``
     with the last lines of their output if one fails: nothing was started then."""
     import subprocess
 
-    limit = float(timeout) if timeout else SETUP_TIMEOUT
+    limit = timeout or SETUP_TIMEOUT
     base = {**os.environ, **env}
     bash = next((os.path.join(d, "bash") for d in (base.get("PATH") or "/usr/bin:/bin").split(os.pathsep)
                  if d and os.access(os.path.join(d, "bash"), os.X_OK)), None)
@@ -102,11 +98,8 @@ def _run_setup(commands: list[str], env: dict[str, str], cwd: str | None, timeou
     return result
 
 
-def op_setup(req: dict[str, Any]) -> dict[str, Any]:
+def op_setup(req: SetupRequest) -> dict[str, Any]:
     """Run the node's ``setup`` commands now, before anything starts anywhere, and keep the
     environment they make for this agent's ``start`` of the same attempt."""
-    env, cwd = req.get("env") or {}, req.get("cwd")
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise AgentFailure("env must map strings to strings")
-    _prepared[_setup_key(req)] = _run_setup(_setup_commands(req), env, cwd, req.get("setup_timeout"))
+    _prepared[_setup_key(req)] = _run_setup(req.setup or [], req.env or {}, req.cwd, req.setup_timeout)
     return {"ok": True}

@@ -26,9 +26,9 @@ CAP_SYS_PTRACE = 19  # capability(7)'s bit
 
 
 def op_stack(req: StackRequest) -> dict[str, Any]:
-    if not os.path.isdir(_attempt_dir(req.to_json())):  # never started on this host
+    if not os.path.isdir(_attempt_dir(req)):  # never started on this host
         return StackAnswer(ok=True, state="absent", ranks=[]).to_json()
-    folder, state = _load_state(req.to_json())
+    folder, state = _load_state(req)
     kind = str(state.get("state"))
     if kind != "exited" and not _job_alive(state):
         kind = "lost"

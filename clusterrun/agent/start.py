@@ -9,7 +9,7 @@ from .cgroup import _make_cgroup, cg_populated, cg_remove
 from .codec import json_loads
 from .logind import logind_problem, user_scope
 from .records import AgentFailure, _attempt_dir, _fs_problem, _write_json_atomic
-from .setup import _prepared, _run_setup, _setup_commands, _setup_key
+from .setup import _prepared, _run_setup, _setup_key
 from .supervisor import _spawn_supervisor
 from .system import read_until, static_fallbacks
 
@@ -17,17 +17,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .wire import StartRequest
 
-def op_start(req: dict[str, Any]) -> dict[str, Any]:
+
+def op_start(req: StartRequest) -> dict[str, Any]:
     folder = _attempt_dir(req)
-    argv, env, cwd = req.get("argv"), req.get("env") or {}, req.get("cwd")
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+    argv, env, cwd, setup = req.argv, req.env or {}, req.cwd, req.setup or []
+    if not argv:
         raise AgentFailure("argv must be a non-empty list of strings")
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise AgentFailure("env must map strings to strings")
-    setup = _setup_commands(req)
     if setup:  # run by the ``setup`` request of this agent already, or here (before anything exists)
-        run_env = _prepared.pop(_setup_key(req), None) or _run_setup(setup, env, cwd, req.get("setup_timeout"))
+        run_env = _prepared.pop(_setup_key(req), None) or _run_setup(setup, env, cwd, req.setup_timeout)
     else:
         run_env = {**os.environ, **env}
     try:
@@ -40,17 +39,17 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
     scope = None
     session_problem = logind_problem()
     if session_problem:
-        scope = user_scope(req["job"], req["node"], req["attempt"])
+        scope = user_scope(req.job, req.node, req.attempt)
         if scope is None:
             os.rmdir(folder)
             raise AgentFailure(session_problem)
         cgroup, why = None, ""  # the supervisor makes it in its scope (delegated to the user)
     else:
-        cgroup, why = _make_cgroup(req["job"], req["node"], req["attempt"])
-    secret = set(req.get("secret_env") or ())  # their values reach torchrun in memory only, never this disk
+        cgroup, why = _make_cgroup(req.job, req.node, req.attempt)
+    secret = set(req.secret_env or ())  # their values reach torchrun in memory only, never this disk
     shown = {name: "****" if name in secret else value for name, value in env.items()}
-    spec = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "argv": argv, "env": shown,
-            "setup": setup, "first_rank": int(req.get("first_rank") or 0), "about": req.get("about"),
+    spec = {"job": req.job, "node": req.node, "attempt": req.attempt, "argv": argv, "env": shown,
+            "setup": setup, "first_rank": req.first_rank, "about": req.about,
             "cwd": os.path.expanduser(cwd) if cwd else None, "cgroup": cgroup, "user_scope": scope is not None,
             "fallbacks": ([f"no cgroup: {why}"] if why else []) + static_fallbacks()}
     middle = 0

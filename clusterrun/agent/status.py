@@ -9,13 +9,16 @@ from .monitor import ensure_monitor
 from .orphans import census, status_unrecorded
 from .procs import _is_alive, _job_alive
 from .records import AgentFailure, _attempt_dir, _boot_id, _load_state, _read_json, _read_state, _state_root
+from .wire import StatusRequest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .wire import JobsRequest, NodeRequest, RemoveRequest
 
-def _absent(req: dict[str, Any]) -> dict[str, Any] | None:
+
+def _absent(req: NodeRequest) -> dict[str, Any] | None:
     """The answer for a node that was never started (its controller died during ``start``)."""
     if os.path.exists(_attempt_dir(req)):
         return None
@@ -23,11 +26,11 @@ def _absent(req: dict[str, Any]) -> dict[str, Any] | None:
             "log_size": 0, "killed": [], "left": []}
 
 
-def op_status(req: dict[str, Any]) -> dict[str, Any]:
+def op_status(req: StatusRequest) -> dict[str, Any]:
     absent = _absent(req)
     if absent is not None:  # never started, or its records were deleted while it runs
         found = census(req)
-        return status_unrecorded(req, found) if found["populated"] or found["marked"] else absent
+        return status_unrecorded(found) if found["populated"] or found["marked"] else absent
     folder, state = _load_state(req)
     same_boot = state.get("boot_id") == _boot_id()
     alive = {key: same_boot and _is_alive(state.get(key)) for key in ("survivor", "supervisor", "torchrun")}
@@ -47,12 +50,12 @@ def op_status(req: dict[str, Any]) -> dict[str, Any]:
             "fallbacks": state.get("fallbacks") or [], "containment": "cgroup" if state.get("cgroup") else "sweep"}
 
 
-def op_remove(req: dict[str, Any]) -> dict[str, Any]:
+def op_remove(req: RemoveRequest) -> dict[str, Any]:
     """Delete one node's state and logs of a job (every attempt), and the job's directory once no
     node is left in it. Refused while a supervisor or torchrun of any attempt still runs."""
     import shutil
 
-    folder = os.path.dirname(_attempt_dir(dict(req, attempt=1)))
+    folder = os.path.dirname(_attempt_dir(req, attempt=1))
     if not os.path.isdir(folder):
         return {"ok": True, "removed": None, "bytes": 0}
     size = 0
@@ -74,10 +77,10 @@ def op_remove(req: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "removed": folder, "bytes": size}
 
 
-def op_jobs(req: dict[str, Any]) -> dict[str, Any]:
+def op_jobs(req: JobsRequest) -> dict[str, Any]:
     """Every node attempt under the state root, as ``status`` sees it, with what ``start`` was
     given (argv, env, cwd, first_rank, about): for a controller that has no record of the job."""
-    root = os.path.join(_state_root(req.get("state_dir")), "jobs")
+    root = os.path.join(_state_root(req.state_dir), "jobs")
     found = []
     try:
         jobs = sorted(os.listdir(root))
@@ -94,8 +97,8 @@ def op_jobs(req: dict[str, Any]) -> dict[str, Any]:
             for attempt_dir in sorted(os.listdir(os.path.join(root, job, node_dir))):
                 if not attempt_dir.startswith("attempt") or not attempt_dir[7:].isdigit():
                     continue
-                query = {"job": job, "node": int(node_dir[4:]), "attempt": int(attempt_dir[7:]),
-                         "state_dir": req.get("state_dir")}
+                query = StatusRequest(job=job, node=int(node_dir[4:]), attempt=int(attempt_dir[7:]),
+                                      state_dir=req.state_dir)
                 try:
                     status = op_status(query)
                 except AgentFailure:
@@ -106,7 +109,8 @@ def op_jobs(req: dict[str, Any]) -> dict[str, Any]:
                     started = os.stat(os.path.join(folder, "spec.json")).st_mtime
                 except OSError:
                     started = None
-                found.append(dict(query, state=status.get("state"), started=started, argv=spec.get("argv"),
+                found.append(dict(job=job, node=query.node, attempt=query.attempt, state_dir=req.state_dir,
+                                  state=status.get("state"), started=started, argv=spec.get("argv"),
                                   env=spec.get("env"), cwd=spec.get("cwd"), first_rank=spec.get("first_rank"),
                                   about=spec.get("about")))
     return {"ok": True, "root": root, "jobs": found}

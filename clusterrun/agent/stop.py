@@ -16,11 +16,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .wire import StopRequest
+
 
 UNSEEN = "processes that left the job's tree, session and environment could not be seen"
 
 
-def op_stop(req: dict[str, Any]) -> dict[str, Any]:
+def op_stop(req: StopRequest) -> dict[str, Any]:
     absent = _absent(req)
     if absent is not None:  # never started, or its records were deleted: look for its processes all the same
         found = census(req)
@@ -35,10 +37,10 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
         state = ensure_monitor(folder, state)  # it copies the last lines and writes the final state
     notes: list[str] = []
     if state is None:  # the supervisor never wrote it (it died, or the disk was full): find what we can
-        state = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "state": "starting",
+        state = {"job": req.job, "node": req.node, "attempt": req.attempt, "state": "starting",
                  "fallbacks": spec.get("fallbacks") or []}
         notes.append("no state.json: the supervisor never recorded the job's pids")
-    grace = float(req.get("grace", 10))
+    grace = float(req.grace)
     deadline = time.monotonic() + grace + 15
     killed: dict[int, dict[str, Any]] = {}
     base = {"ok": True, "fallbacks": state.get("fallbacks") or [], "degraded": state.get("degraded"), "notes": notes}

@@ -306,6 +306,14 @@ class ReachRequest(Request):
     timeout: float = 5.0
 
 
+@dataclass(frozen=True)
+class GpusRequest(Request):
+    """Each GPU's use now, from ``nvidia-smi`` (killed after ``timeout`` seconds)."""
+
+    op: ClassVar[str] = "gpus"
+    timeout: float = 5.0
+
+
 # --------------------------------------------------- answers protocol.py does not decode
 
 
@@ -418,17 +426,39 @@ class StackAnswer(Message):
     fix: str | None = None
 
 
-_NESTED: dict[str, type[Message]] = {"RouteTarget": RouteTarget, "JobEntry": JobEntry, "Frame": Frame,
-                                     "ThreadStack": ThreadStack, "RankStack": RankStack}
+@dataclass(frozen=True)
+class GpuUse(Message):
+    """One GPU as ``nvidia-smi`` sees it: utilisation in percent, memory in MiB (None: ``[N/A]``)."""
+
+    index: int
+    util: int | None = None
+    mem_used: int | None = None
+    mem_total: int | None = None
+
+
+@dataclass(frozen=True)
+class GpusAnswer(Message):
+    """``gpus``'s answer. ``found``: nvidia-smi is on the host's PATH; ``problem``: why there are no
+    readings although it is (it failed, timed out or printed something else): data, not a failure."""
+
+    ok: bool
+    found: bool
+    gpus: list[GpuUse]
+    problem: str = ""
+
+
+_NESTED: dict[str, type[Message]] = {"RouteTarget": RouteTarget, "JobEntry": JobEntry, "GpuUse": GpuUse,
+                                     "Frame": Frame, "ThreadStack": ThreadStack, "RankStack": RankStack}
 
 # Every operation's request type, by ``op``; serve.OPS must have the same keys (tests/test_wire.py).
 REQUESTS: dict[str, type[Request]] = {
     r.op: r for r in (ProbeRequest, RouteRequest, SetupRequest, StartRequest, FollowRequest, StopRequest,
-                      StatusRequest, RemoveRequest, StackRequest, JobsRequest, SyncStatRequest, SyncHashRequest,
-                      SyncPutRequest, InspectRequest, ListenRequest, UnlistenRequest, ReachRequest)
+                      StatusRequest, RemoveRequest, JobsRequest, SyncStatRequest, SyncHashRequest, SyncPutRequest,
+                      InspectRequest, ListenRequest, UnlistenRequest, ReachRequest, GpusRequest,
+                      StackRequest)
 }
 # The answer types defined here; protocol.ANSWERS names the others.
 ANSWERS: dict[str, type[Message]] = {
     "setup": SetupAnswer, "start": Started, "remove": Removed, "jobs": JobsAnswer, "sync_hash": SyncHashes,
-    "sync_put": Written, "unlisten": Unlistened, "stack": StackAnswer,
+    "sync_put": Written, "unlisten": Unlistened, "stack": StackAnswer, "gpus": GpusAnswer,
 }

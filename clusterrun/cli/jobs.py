@@ -32,12 +32,14 @@ from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_sign
 from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, hosts_option
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord
-from clusterrun.events import JobState
+from clusterrun.events import JobState, NodeGpus
+from clusterrun.gpus import per_gpu
 from clusterrun.joblist import (
+    COMPACT,
     STATES,
     job_state_text,
     jobs_json,
-    node_state_text,
+    node_rows,
     outcome_text,
     shown,
     unreachable_ranks,
@@ -84,30 +86,27 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
     Without JOB: the unfinished jobs and those that ended in the last 24 hours (-a: all; --state:
     those in a state, of any age), oldest first. A job nobody follows is first brought up to date
     from its hosts: a node whose processes are gone (the host rebooted, or they were killed)
-    shows as lost, never as running."""
+    shows as lost, never as running. JOB's nodes are shown with their hosts' GPUs (where
+    nvidia-smi is); past 16 nodes, consecutive nodes alike share a row."""
     if job is not None:
         store, record = _open_job(job, hosts_file)
         record = _refresh(store, record)
+        gpus: dict[int, NodeGpus] = {}
         try:
-            answers = node_statuses(record)
+            answers = node_statuses(record, gpus)
         except ClusterrunError:  # the recorded hosts file cannot be read: the record alone is shown
             answers = {}
         record = record_reachability(store, record, answers)  # a host that did not answer: since when
         statuses = {rank: a for rank, a in answers.items() if not isinstance(a, ClusterrunError)}
         if as_json:
-            click.echo(json.dumps(jobs_json([record], hosts=statuses), indent=1))
+            click.echo(json.dumps(jobs_json([record], hosts=statuses, gpus=gpus), indent=1))
             return
         attempt = record.attempts[-1] if record.attempts else None
         now = time.time()
         click.echo(f"job {record.job_id} ({record.name}): {job_state_text(record, now)}, attempt {record.attempt}, "
                    f"{record.script} {shlex.join(record.script_args)}".rstrip())
-        rows = [("NODE", "HOST", "STATE", "PID", "EXIT", "ERROR")]
-        for n in record.nodes:
-            failure = answers.get(n.rank)
-            error = n.error or (failure.render() if isinstance(failure, ClusterrunError) else "")
-            rows.append((str(n.rank), n.host, node_state_text(n, now), str(n.pid or "-"),
-                         "-" if n.exit_code is None else str(n.exit_code), safe(error, colour=False)))
-        _table(rows)
+        errors = {rank: a.render() for rank, a in answers.items() if isinstance(a, ClusterrunError)}
+        _table(node_rows(record, now, errors, gpus))
         if attempt is not None and attempt.root_cause:  # its last lines are the rank's output
             click.echo(f"root cause: {safe(attempt.root_cause, colour=False)}")
             if attempt.cause and attempt.fix:
@@ -122,6 +121,9 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
             click.echo(_guarantee(answer.get("fallbacks") or (), prefix=where))
             if answer.get("degraded"):
                 click.echo(f"{where}degraded: {answer['degraded']}")
+            reading = gpus.get(rank)
+            if reading is not None and not reading.missing and len(record.nodes) <= COMPACT:
+                click.echo(f"{where}GPUs: {safe(' · '.join(per_gpu(reading)), colour=False)}")
         return
     _adopt(hosts_file)
     store = JobStore()

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from clusterrun.agent.gpus import parse_gpus
 from clusterrun.agent.wire import REQUESTS
 from clusterrun.config import HostSpec
 from clusterrun.errors import ConnectError
@@ -108,6 +109,8 @@ class FakeHost:
     torch_error: str | None = None  # `import torch` fails with this
     gpu_list: str | None = None  # nvidia-smi -L; None: no nvidia-smi
     gpu_apps: str = ""
+    gpu_query: str | None = None  # what nvidia-smi --query-gpu prints (``gpus``); None: no nvidia-smi
+    gpu_problem: str = ""  # its nvidia-smi fails so (``gpus`` answers this problem)
     logind: str = ""
     ports_taken: set[int] = field(default_factory=set)  # ports a listen cannot open
     firewalled: bool = False  # other hosts' connections to its listeners time out
@@ -194,7 +197,7 @@ class FakeCluster:
         handler = {"probe": self._probe, "start": self._start, "stop": self._stop, "status": self._status,
                    "setup": self._setup, "route": self._route, "inspect": self._inspect, "listen": self._listen,
                    "unlisten": self._unlisten, "reach": self._reach, "remove": self._remove,
-                   "jobs": self._jobs}.get(str(op))
+                   "jobs": self._jobs, "gpus": self._gpus}.get(str(op))
         if handler is None:
             yield {"ok": False, "error": f"unknown op {op!r}"}
             return
@@ -241,6 +244,16 @@ class FakeCluster:
             answer["nvidia_smi"] = "/usr/bin/nvidia-smi" if host.gpu_list is not None else None
             answer["gpu_list"], answer["gpu_apps"] = host.gpu_list, host.gpu_apps
         return answer
+
+    @staticmethod
+    def _gpus(host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        if host.gpu_query is None:
+            return {"ok": True, "found": False, "gpus": [], "problem": ""}
+        try:  # read as the agent reads it
+            gpus = [] if host.gpu_problem else parse_gpus(host.gpu_query)
+        except ValueError as exc:
+            return {"ok": True, "found": True, "gpus": [], "problem": str(exc)}
+        return {"ok": True, "found": True, "gpus": gpus, "problem": host.gpu_problem}
 
     def _listen(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
         port = int(request.get("port") or 29500)

@@ -27,6 +27,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Input, Static
 
+from clusterrun import gpus
 from clusterrun.board import Board, NodeRow
 from clusterrun.events import Event, NodeState
 from clusterrun.session import Session
@@ -47,6 +48,11 @@ COLUMNS = ("node", "host", "gpus/procs", "state", "pid", "lines", "last output")
 # Fixed widths (host: from the hosts): measuring columns again on every update costs more than
 # drawing the table. None: sized from the content when the rows are added.
 WIDTHS = (4, None, None, 34, 8, 9, 11)
+# Added once a node's host has nvidia-smi (clusterrun.gpus): mean utilisation, memory used/total.
+GPU_COLUMN, GPU_WIDTH = "gpu use", 16
+# A terminal narrower than this (80x24) gets the table without these: the state and the last
+# output fit beside the host.
+NARROW, NARROW_DROPS = 100, ("pid", "lines")
 
 
 def _duration(seconds: float) -> str:
@@ -98,8 +104,10 @@ class Dashboard(App[int]):
     TITLE = "clusterrun"
     ENABLE_COMMAND_PALETTE = False  # its footer entry cut the keys' at 80 columns; nothing is in it
     CSS = """
-    #header { height: 3; padding: 0 1; background: $boost; }
+    #header { height: 3; padding: 0 1; background: $boost; text-wrap: nowrap; text-overflow: ellipsis; }
     #nodes { height: auto; max-height: 40%; }
+    #gpus { height: auto; max-height: 2; padding: 0 1; display: none; }
+    #gpus.shown { display: block; }
     #report { height: auto; max-height: 12; padding: 0 1; color: $error; display: none; }
     #report.shown { display: block; }
     #logtitle { height: 1; padding: 0 1; background: $boost; }
@@ -146,7 +154,9 @@ class Dashboard(App[int]):
         self._highlighter = LogHighlighter()
         self.outcome = "running"  # how the app ended: "detached", "left", "stopped", "finished"
         self.quit_when_ended = False  # SIGTERM: exit once the job's stop has been shown
-        self._rows_ready = 0
+        self._rows_ready: tuple[int, tuple[str, ...]] = (0, ())  # the rows and the columns in the table
+        self._columns: list[tuple[str, int | None]] = []  # the table's columns (name, width) now
+        self._gpu_line = ""
         self._drawn: dict[int, tuple[Any, ...]] = {}  # the cells in the table, per rank
         self._report = ""
         self._actions: tuple[bool | None, ...] = ()
@@ -166,6 +176,7 @@ class Dashboard(App[int]):
     def compose(self) -> ComposeResult:
         yield Static(id="header")
         yield NodeTable(id="nodes", cursor_type="row", zebra_stripes=True)
+        yield Static(id="gpus")
         yield Static(id="report")
         yield Static(id="logtitle")
         yield RingLog(self._highlighter, id="log")
@@ -223,26 +234,34 @@ class Dashboard(App[int]):
     def _redraw(self) -> None:
         board = self.board
         table = self.query_one("#nodes", NodeTable)
-        if len(board.nodes) != self._rows_ready:
+        self._columns = columns = self._layout()
+        names = tuple(name for name, _width in columns)
+        if (len(board.nodes), names) != self._rows_ready:
+            cursor = table.cursor_row
             table.clear(columns=True)
-            for name, width in zip(COLUMNS, WIDTHS, strict=True):
+            for name, width in columns:
                 if width is None:
-                    width = max([len(name), *(len(str(self._cells(r)[COLUMNS.index(name)])) for r in board.nodes)])
+                    width = max([len(name), *(len(str(self._cells(r)[names.index(name)])) for r in board.nodes)])
                 table.add_column(name, key=name, width=width)
             self._drawn = {}
             for row in board.nodes:
                 self._drawn[row.rank] = cells = self._cells(row)
                 table.add_row(*cells, key=str(row.rank))
             table.fit_caches()
-            self._rows_ready = len(board.nodes)
+            if 0 < cursor < table.row_count:
+                table.move_cursor(row=cursor)
+            self._rows_ready = (len(board.nodes), names)
             board.changed.clear()
+            self._draw_gpus()
         for rank in sorted(board.changed):
             if rank < len(board.nodes):
                 cells, drawn = self._cells(board.nodes[rank]), self._drawn.get(rank, ())
-                for i, (name, value) in enumerate(zip(COLUMNS, cells, strict=True)):
+                for i, ((name, _width), value) in enumerate(zip(columns, cells, strict=True)):
                     if i >= len(drawn) or not _same(value, drawn[i]):  # each update repaints the table
                         table.update_cell(str(rank), name, value)
                 self._drawn[rank] = cells
+                if rank == table.cursor_row:
+                    self._draw_gpus()
         board.changed.clear()
         self._go_to_cause()
         self._append_view()
@@ -275,8 +294,33 @@ class Dashboard(App[int]):
         if row.degraded:  # its reason is below the table
             state.append(" ⚠ degraded", style="bold yellow")
         since = "-" if row.last_output is None else _duration(self.clock() - row.last_output) + " ago"
-        return (Text(str(row.rank), style=COLOURS[row.rank % len(COLOURS)]), row.host, row.slots, state,
-                str(row.pid or "-"), str(row.log.count), since)
+        use = gpus.cell(row.gpus) if self.board.gpus_shown else ""
+        cells = {"node": Text(str(row.rank), style=COLOURS[row.rank % len(COLOURS)]), "host": row.host,
+                 "gpus/procs": row.slots, "state": state, "pid": str(row.pid or "-"), "lines": str(row.log.count),
+                 "last output": since, GPU_COLUMN: Text(use, style="bold yellow") if use == gpus.BROKEN else use}
+        return tuple(cells[name] for name, _width in self._columns)
+
+    def _layout(self) -> list[tuple[str, int | None]]:
+        """The node table's columns and widths: the GPU column once a host has nvidia-smi; on a
+        narrow terminal without pid and lines."""
+        drop = NARROW_DROPS if self.size.width < NARROW else ()
+        return [*((name, width) for name, width in zip(COLUMNS, WIDTHS, strict=True) if name not in drop),
+                *([(GPU_COLUMN, GPU_WIDTH)] if self.board.gpus_shown else [])]
+
+    def on_resize(self) -> None:
+        if self.board.nodes:  # mounted, with rows: the columns for the new width
+            self._redraw()
+
+    def _draw_gpus(self) -> None:
+        """The selected node's GPUs, one entry each, under the table (once a host has nvidia-smi)."""
+        rank = self.query_one("#nodes", NodeTable).cursor_row
+        row = self.board.nodes[rank] if self.board.gpus_shown and 0 <= rank < len(self.board.nodes) else None
+        text = f"node {row.rank} GPUs: " + " · ".join(gpus.per_gpu(row.gpus)) if row and row.gpus else ""
+        if text != self._gpu_line:
+            self._gpu_line = text
+            line = self.query_one("#gpus", Static)
+            line.update(Text(text))
+            line.set_class(bool(text), "shown")
 
     def _draw_header(self) -> None:
         board = self.board
@@ -287,7 +331,8 @@ class Dashboard(App[int]):
         colour = {"SUCCEEDED": "green", "FAILED": "red", "LOST": "red", "RUNNING": "green"}.get(state, "yellow")
         header = Text.assemble(("clusterrun ", "bold"), f"{board.name} ({board.job_id}) · ", (state, f"bold {colour}"),
                                f" · attempt {board.attempt} · {_duration(board.elapsed())}")
-        header.append(f"\n{shape} = world size {board.world_size} · master {board.master} · {board.summary()}")
+        # What the nodes do first: on a narrow terminal a line is cut at its end (CSS), never wrapped.
+        header.append(f"\n{shape}: {board.summary()} · world size {board.world_size} · master {board.master}")
         header.append("\n" + (safe(board.notes[-1], colour=False) if board.notes else ""), style="italic")
         self.query_one("#header", Static).update(header, layout=False)  # its height is fixed
 
@@ -384,6 +429,7 @@ class Dashboard(App[int]):
     @on(DataTable.RowHighlighted, "#nodes")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
         rank = int(event.row_key.value) if event.row_key.value is not None else 0
+        self._draw_gpus()
         if self._view is not None and rank != self._view:
             self._show(rank)
 
