@@ -9,31 +9,29 @@ restart leaves it running; then the one stop path (``stop``: recorded ``stopping
 verified stop, then ``stopped``); then the start. What the next attempt is made of is read from
 the record once, into an ``AttemptSpec``, and passed on.
 
-The job's recorded state changes only through ``jobstate.transition`` (``_move``), here: the
-``Recorder`` (what the owner's follower sees), ``reconcile`` (the hosts' word for a job nobody
-owns), the stop, a failed start and the start of the next attempt.
+The checks themselves are ``checks.py``'s. The job's recorded state changes only through
+``jobstate.transition`` (``_move``), here: the ``Recorder`` (what the owner's follower sees),
+``reconcile`` (the hosts' word for a job nobody owns), the stop, a failed start, the start of the
+next attempt and the restart policy's decision (``Recorder.retry``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from clusterrun import doctor, lifecycle
+from clusterrun.checks import AttemptSpec, checked_attempt, note
 from clusterrun.config import ClusterSpec
-from clusterrun.environment import MASK, mask_env, resolve, unmask
-from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError, TransportError
+from clusterrun.environment import mask_env
+from clusterrun.errors import ClusterrunError, HostsUnavailable, StateError, TransportError
 from clusterrun.events import (
     AttemptStarted,
     Event,
     JobFinished,
-    JobNote,
     JobResult,
     JobState,
     NodeExited,
@@ -46,11 +44,11 @@ from clusterrun.events import (
 )
 from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
 from clusterrun.jobstate import Change, outcome, transition
-from clusterrun.lifecycle import per_node, spec_of, status_of, stop_job
+from clusterrun.lifecycle import per_node, status_of, stop_job
 from clusterrun.orchestrator import Emit, Job, node_state_of
-from clusterrun.plan import LaunchPlan, node_env, plan_from_json, plan_to_json
+from clusterrun.plan import LaunchPlan, plan_to_json
 from clusterrun.protocol import HostState
-from clusterrun.sync import source_of, sync_hosts
+from clusterrun.sync import sync_hosts
 
 # ------------------------------------------------------------------------------ the state
 
@@ -362,108 +360,6 @@ def stop(store: JobStore, record: JobRecord, grace: float | None = None,
     return reports, None
 
 
-# ------------------------------------------------------------------------------ the checks
-
-
-@dataclass(frozen=True)
-class AttemptSpec:
-    """What the next attempt of a recorded job is made of, read once: the hosts file as recorded
-    with ``env_file`` and ``forward_env`` read now (``spec``), the ``--env`` values with their
-    secrets taken from this environment (``overrides``), and the current attempt's plan."""
-
-    spec: ClusterSpec
-    plan: LaunchPlan
-    overrides: Mapping[str, str]
-    notes: tuple[str, ...] = ()
-
-    @classmethod
-    def of(cls, record: JobRecord, environ: Mapping[str, str]) -> AttemptSpec:
-        """Raises ``ConfigError`` for a file that cannot be read or a secret no longer found: a
-        secret value is kept masked in the record, so only this environment can give it again."""
-        spec, notes = resolve(spec_of(record), environ)
-        overrides = unmask(record.env_overrides, environ, "--env")
-        return cls(spec, plan_from_json(record.plan, spec), overrides, tuple(notes))
-
-    def plan_to_start(self) -> LaunchPlan:
-        """The current attempt's plan with its secret values again (for starting nodes that were
-        never started); ``ConfigError`` for one no longer found."""
-        nodes = []
-        for node in self.plan.nodes:
-            fresh = node_env(node.host, self.overrides)
-            env = dict(node.env)
-            for name, value in node.env.items():
-                if value == MASK:
-                    if name not in fresh:
-                        raise ConfigError(f"{name}: its value is secret, so it was not kept on this machine, and it "
-                                          "is no longer found (forward_env, env_file)", key="env",
-                                          hint=f"export {name}=... (or restore the env_file) and run this again")
-                    env[name] = fresh[name]
-            nodes.append(dataclasses.replace(node, env=env))
-        return dataclasses.replace(self.plan, nodes=tuple(nodes))
-
-
-def plan_to_start(record: JobRecord) -> LaunchPlan:
-    """The recorded plan of the current attempt with its secret values, read from this environment."""
-    return AttemptSpec.of(record, os.environ).plan_to_start()
-
-
-def check_script(spec: ClusterSpec, script: str, local_cwd: str, sync: str | None = None) -> None:
-    """For local hosts the script must exist where torchrun will look for it (in the directory
-    synced there, for a host with `sync`)."""
-    for host in spec.hosts:
-        if host.transport != "local":
-            continue
-        base = os.path.expanduser(host.workdir) if host.workdir else local_cwd
-        base = source_of(spec, host, sync) or base
-        path = os.path.join(base, script)
-        if not os.path.isfile(path):
-            raise ConfigError(f"{path} does not exist (needed by local host {host.host!r})",
-                              path=script, hint="give the script's path relative to the current directory "
-                              "or the host's workdir")
-
-
-def preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, full: bool, local_cwd: str,
-              synced: Collection[int] = (), test_port: bool = True) -> list[str]:
-    """``doctor``'s checks on the probed hosts before anything starts (or stops): raises the
-    refusal (``HostsUnavailable``, one line and a fix per problem); else the warnings."""
-    report = doctor.preflight([job.probed(rank) for rank in range(plan.nnodes)], spec, script,
-                              addr=plan.master_addr, port=plan.master_port, local_cwd=local_cwd, full=full,
-                              synced=synced, test_port=test_port)
-    refused = doctor.refusal(report)
-    if refused is not None:
-        raise refused
-    return doctor.warnings(report)
-
-
-def _note(emit: Emit | None, text: str) -> None:
-    if emit is not None:
-        emit(JobNote(None, text=text))
-
-
-def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *, full: bool) -> Job:
-    """The next attempt probed and checked, nothing started nor stopped: the script, the probe, a
-    dry run of the sync, the preflight (a fixed master port held by the running attempt is not
-    tested). Raises ``ConfigError`` or ``HostsUnavailable``; the caller closes the ``Job``."""
-    for note in aspec.notes:
-        _note(emit, f"warning: {note}")
-    check_script(aspec.spec, record.script, record.local_cwd)
-    job = Job(aspec.spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
-              env_overrides=dict(aspec.overrides), local_cwd=record.local_cwd, grace=record.grace,
-              attempt=record.attempt + 1, transport_factory=lifecycle.transport_factory(record))
-    try:
-        plan = job.prepare(run_setup=False)
-        sync_hosts(aspec.spec, job.agents, dry_run=True)
-        synced = {rank for rank, host in enumerate(aspec.spec.hosts) if host.sync}
-        held = aspec.spec.master_port is not None and not record.finished
-        for warning in preflight(job, plan, aspec.spec, record.script, full=full, local_cwd=record.local_cwd,
-                                 synced=synced, test_port=not held):
-            _note(emit, f"warning: {warning}")
-    except BaseException:
-        job.close()
-        raise
-    return job
-
-
 # ------------------------------------------------------------------------------ the start
 
 
@@ -548,7 +444,7 @@ def _start_next(store: JobStore, job: Job, aspec: AttemptSpec, emit: Emit) -> Jo
     if plan is None:
         raise RuntimeError("_start_next() before checked_attempt()")
     for rank, report in sorted(sync_hosts(aspec.spec, job.agents).items()):  # `sync:` of the hosts file, if any
-        _note(emit, f"sync node{rank} {report.host}: {report.describe()}")
+        note(emit, f"sync node{rank} {report.host}: {report.describe()}")
     job.setup()
 
     def begin(rec: JobRecord) -> None:
@@ -568,6 +464,5 @@ def _start_next(store: JobStore, job: Job, aspec: AttemptSpec, emit: Emit) -> Jo
     return store.load(record.job_id)
 
 
-__all__ = ["AttemptSpec", "NextAttempt", "NotStopped", "Recorder", "attempt_event", "begin_stop", "check_script",
-           "checked_attempt", "launch", "new_record", "plan_to_start", "preflight", "reconcile", "record_stop",
-           "refresh", "restart", "stop"]
+__all__ = ["NextAttempt", "NotStopped", "Recorder", "attempt_event", "begin_stop", "launch", "new_record",
+           "reconcile", "record_stop", "refresh", "restart", "stop"]

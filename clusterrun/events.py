@@ -68,6 +68,7 @@ class JobState(_Named):
     STARTING = "starting"
     RUNNING = "running"
     STOPPING = "stopping"
+    RESTARTING = "restarting"  # an attempt failed; the next starts after a backoff (``restart:``)
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
@@ -75,7 +76,7 @@ class JobState(_Named):
 
     @property
     def is_terminal(self) -> bool:
-        return self not in (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
+        return self not in (JobState.STARTING, JobState.RUNNING, JobState.STOPPING, JobState.RESTARTING)
 
     @classmethod
     def of_nodes(cls, states: Iterable[NodeState | str]) -> JobState | None:
@@ -360,6 +361,28 @@ class AttemptStarted(Event):
     nodes: tuple[tuple[str, int, str | None], ...]
     started: float | None = None
     ended: float | None = None
+
+
+@dataclass(frozen=True)
+class AttemptRestarting(Event):
+    """Attempt ``failed`` ended badly and the owner restarts the whole job as attempt ``attempt``
+    after a backoff: emitted when the wait begins and as it counts down (``remaining`` seconds,
+    until the wall-clock time ``at``). ``restart`` of ``most`` counts this job's restarts by its
+    policy (``most`` None: a start-up retry, outside the policy); ``reason`` is the failure."""
+
+    job_id: str
+    attempt: int
+    failed: int
+    at: float
+    remaining: float
+    restart: int
+    most: int | None
+    reason: str
+
+    def describe(self) -> str:
+        budget = f"restart {self.restart} of {self.most}" if self.most is not None else "start-up retry"
+        return (f"attempt {self.failed} failed ({self.reason}); attempt {self.attempt} starts in "
+                f"{self.remaining:.0f} s ({budget}; `clusterrun down` cancels)")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 import threading
 
-from clusterrun.attempt import Recorder, launch, mark_failed_start, plan_to_start, restart
+from clusterrun.attempt import Recorder, launch, mark_failed_start, restart
+from clusterrun.checks import plan_to_start
 from clusterrun.diagnose import transient_start_failure
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
 from clusterrun.events import Event, JobNote, JobResult, JobState

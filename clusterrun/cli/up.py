@@ -17,7 +17,8 @@ from functools import partial
 
 import click
 
-from clusterrun.attempt import check_script, new_record, preflight
+from clusterrun.attempt import new_record
+from clusterrun.checks import check_script, preflight
 from clusterrun.cli import (
     EXCLUDE_HELP,
     EXIT_FAILED,
