@@ -21,7 +21,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from clusterrun.checks import AttemptSpec, checked_attempt, note
@@ -61,15 +62,15 @@ def _move(record: JobRecord, change: Change) -> bool:
         return False
     record.state = new
     if record.attempts:
-        record.attempts[-1].state = new
-        if new.is_terminal:
+        record.attempts[-1].state = new if new is not JobState.RESTARTING else JobState.FAILED
+        if new.is_terminal or new is JobState.RESTARTING:
             record.attempts[-1].ended = record.attempts[-1].ended or time.time()
     return True
 
 
 def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overrides: dict[str, str],
                local_cwd: str, ssh_config: str | None, unreachable_timeout: float | None = None,
-               retry_startup: bool = True) -> JobRecord:
+               retry_startup: bool = True, max_restarts: int | None = None) -> JobRecord:
     """The record of a job about to start its first attempt (``starting``)."""
     return JobRecord(
         job_id=plan.job_id, name=plan.name, created=time.time(), hosts_file=os.path.abspath(hosts_file),
@@ -77,6 +78,7 @@ def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overri
         env_overrides=mask_env(env_overrides, plan.secret_env), local_cwd=local_cwd, grace=plan.grace,
         ssh_config=ssh_config,
         plan=plan_to_json(plan), attempt=1, unreachable_timeout=unreachable_timeout, retry_startup=retry_startup,
+        max_restarts=max_restarts,
         attempts=[AttemptRecord(1, started=time.time(), master_port=plan.master_port)],
         nodes=[NodeRecord(n.rank, n.host.host) for n in plan.nodes],
     )
@@ -97,15 +99,30 @@ def attempt_event(plan: LaunchPlan, attempt: int, record: JobRecord | None = Non
                           ended=times.ended if times is not None else None)
 
 
+@dataclass(frozen=True)
+class Retry:
+    """The owner's decision to restart a failed attempt: ``kind`` "policy" (``restart:``) or
+    "start-up" (the start-up retry), at the wall-clock time ``at``, for ``reason``."""
+
+    kind: str
+    at: float
+    reason: str
+
+
+Decide = Callable[[JobRecord, JobResult], "Retry | None"]
+
+
 class Recorder:
     """An ``emit`` consumer that keeps the job's record up to date with what its owner's follower
     sees (and nothing else). Lifecycle: ``Recorder(store, job_id, attempt)`` → ``job.subscribe(it)``
-    → ``flush()``."""
+    → ``flush()``. ``retry``: the owner's restart decision for a failed attempt, taken in the same
+    write that ends it (``restarting`` instead of ``failed``: nobody sees an end that is not one)."""
 
-    def __init__(self, store: JobStore, job_id: str, attempt: int) -> None:
+    def __init__(self, store: JobStore, job_id: str, attempt: int, retry: Decide | None = None) -> None:
         self.store = store
         self.job_id = job_id
         self.attempt = attempt
+        self.retry = retry
         self._pending: list[Callable[[JobRecord], None]] = []
         self._idle = threading.Condition()
         self._writer: threading.Thread | None = None
@@ -193,8 +210,15 @@ class Recorder:
         def change(record: JobRecord) -> None:
             if record.attempt != self.attempt:
                 return
-            moved = [_move(record, c) for c in changes]
-            if any(moved) and record.state in (JobState.FAILED, JobState.LOST):
+            retry = None
+            if end in (JobState.FAILED, JobState.LOST) and changes and record.state in (JobState.STARTING,
+                                                                                         JobState.RUNNING):
+                retry = self.retry(record, result) if self.retry is not None else None
+            moved = [_move(record, c) for c in ([Change.RETRY] if retry is not None else changes)]
+            if retry is not None and end is not None and record.attempts:
+                record.attempts[-1].state, record.attempts[-1].restart = end, retry.kind
+                record.restart_at = retry.at
+            if any(moved) and record.state in (JobState.FAILED, JobState.LOST, JobState.RESTARTING):
                 attempt = record.attempts[-1]
                 cause = result.root_cause
                 attempt.root_cause = cause.describe() if cause else None
@@ -292,6 +316,17 @@ def refresh(store: JobStore, record: JobRecord) -> JobRecord:
     return record
 
 
+def give_up(store: JobStore, job_id: str, attempt: int, why: str) -> None:
+    """A restart the owner decided could not be carried out: the job is ``failed`` with ``why``
+    (unless a stop came first: then it stays stopped)."""
+    def change(rec: JobRecord) -> None:
+        if rec.attempt == attempt and rec.state is JobState.RESTARTING and _move(rec, Change.GIVE_UP):
+            rec.attempts[-1].root_cause = f"{rec.attempts[-1].root_cause or 'failed'}; not restarted: {why}"
+            rec.restart_at = None
+
+    store.update(job_id, change)
+
+
 def mark_failed_start(store: JobStore, job_id: str, attempt: int, error: ClusterrunError) -> None:
     """The attempt could not start on every host (those that started were stopped again)."""
     def change(rec: JobRecord) -> None:
@@ -382,24 +417,33 @@ class NextAttempt:
     ``close()``. A consumer with a follower of its own (the dashboard) stops following between
     the two."""
 
-    def __init__(self, record: JobRecord, emit: Emit, *, full_preflight: bool = True) -> None:
+    def __init__(self, record: JobRecord, emit: Emit, *, full_preflight: bool = True,
+                 script_args: Sequence[str] | None = None) -> None:
         self.record = record
         self.emit = emit
         self.aspec = AttemptSpec.of(record, os.environ)
         self.aspec.plan_to_start()  # a secret of the running attempt that is no longer found refuses here
-        self.job = checked_attempt(record, self.aspec, emit, full=full_preflight)
+        self.job = checked_attempt(record, self.aspec, emit, full=full_preflight, script_args=script_args)
 
-    def replace(self, store: JobStore, *, owner_fd: int | None = None, grace: float | None = None) -> JobRecord:
+    def replace(self, store: JobStore, *, owner_fd: int | None = None, grace: float | None = None,
+                automatic: bool = False) -> JobRecord:
         """Stop the current attempt on every node (verified), then start this one; its record.
         ``NotStopped`` (nothing new started) when a node could not be verified stopped.
 
         ``owner_fd``: the caller owns the job and keeps owning it. Otherwise the owner lock is
-        waited for (the monitor of the stopped attempt exits) and given to a new monitor."""
+        waited for (the monitor of the stopped attempt exits) and given to a new monitor.
+        ``automatic``: the owner's restart of a failed attempt (``restarting``): its stop is not
+        the user's (the record stays ``restarting``), and ``Cancelled`` if a stop came first."""
         record = store.load(self.record.job_id)
         if record.attempt != self.record.attempt:
             raise ClusterrunError(f"not restarting job {record.job_id}: it was restarted meanwhile "
                                   f"(attempt {record.attempt})", hint=f"`clusterrun ps {record.job_id}`")
-        reports, unrecorded = stop(store, record, grace, spec=self.aspec.spec)
+        if automatic and record.state is not JobState.RESTARTING:
+            raise Cancelled(f"not restarting job {record.job_id}: it is {record.state}")
+        if automatic:
+            reports, unrecorded = stop_job(record, grace=grace, spec=self.aspec.spec), None
+        else:
+            reports, unrecorded = stop(store, record, grace, spec=self.aspec.spec)
         for rank in sorted(reports):
             self.emit(NodeStopped(rank, report=reports[rank]))
         if unrecorded is not None:
@@ -415,7 +459,7 @@ class NextAttempt:
             raise ClusterrunError(f"job {record.job_id} is still owned by another clusterrun process",
                                   hint="wait for it to finish, or stop it")
         try:
-            new = _start_next(store, self.job, self.aspec, self.emit)
+            new = _start_next(store, self.job, self.aspec, self.emit, automatic=automatic)
         except BaseException:
             if owner_fd is None:
                 store.release(owner)
@@ -429,17 +473,24 @@ class NextAttempt:
 
 
 def restart(store: JobStore, record: JobRecord, emit: Emit, *, owner_fd: int | None = None,
-            grace: float | None = None, full_preflight: bool = True) -> JobRecord:
+            grace: float | None = None, full_preflight: bool = True, automatic: bool = False,
+            script_args: Sequence[str] | None = None) -> JobRecord:
     """Check the next attempt, stop the current one (verified), start the next: ``NextAttempt``."""
-    attempt = NextAttempt(record, emit, full_preflight=full_preflight)
+    attempt = NextAttempt(record, emit, full_preflight=full_preflight, script_args=script_args)
     try:
-        return attempt.replace(store, owner_fd=owner_fd, grace=grace)
+        return attempt.replace(store, owner_fd=owner_fd, grace=grace, automatic=automatic)
     finally:
         attempt.close()
 
 
-def _start_next(store: JobStore, job: Job, aspec: AttemptSpec, emit: Emit) -> JobRecord:
-    """Sync, set up and start the checked attempt ``job`` (the last one is verified stopped)."""
+class Cancelled(ClusterrunError):
+    """An automatic restart found the job stopped (``down`` during the backoff): nothing started."""
+
+
+def _start_next(store: JobStore, job: Job, aspec: AttemptSpec, emit: Emit, *,
+                automatic: bool = False) -> JobRecord:
+    """Sync, set up and start the checked attempt ``job`` (the last one is verified stopped); an
+    ``automatic`` restart only from ``restarting`` (``Cancelled`` after a stop, nothing written)."""
     plan = job.plan
     if plan is None:
         raise RuntimeError("_start_next() before checked_attempt()")
@@ -448,10 +499,13 @@ def _start_next(store: JobStore, job: Job, aspec: AttemptSpec, emit: Emit) -> Jo
     job.setup()
 
     def begin(rec: JobRecord) -> None:
+        if automatic and rec.state is not JobState.RESTARTING:
+            raise Cancelled(f"not restarting job {rec.job_id}: it is {rec.state}")
         transition(rec.state, Change.START)  # only from an end (raises, nothing written): never two attempts
         rec.attempts.append(AttemptRecord(job.attempt, started=time.time(), master_port=plan.master_port))
         _move(rec, Change.START)
-        rec.attempt, rec.plan = job.attempt, plan_to_json(plan)
+        rec.attempt, rec.plan, rec.restart_at = job.attempt, plan_to_json(plan), None
+        rec.script_args = list(job.script_args)  # `restart JOB -- ARGS` replaces them from now on
         rec.adopted = False  # this controller starts the attempt: it owns it (and monitors it)
         rec.nodes = [NodeRecord(n.rank, n.host.host) for n in plan.nodes]
 
@@ -464,5 +518,5 @@ def _start_next(store: JobStore, job: Job, aspec: AttemptSpec, emit: Emit) -> Jo
     return store.load(record.job_id)
 
 
-__all__ = ["NextAttempt", "NotStopped", "Recorder", "attempt_event", "begin_stop", "launch", "new_record",
-           "reconcile", "record_stop", "refresh", "restart", "stop"]
+__all__ = ["Cancelled", "NextAttempt", "NotStopped", "Recorder", "Retry", "attempt_event", "begin_stop", "give_up",
+           "launch", "new_record", "reconcile", "record_stop", "refresh", "restart", "stop"]

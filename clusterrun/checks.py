@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from clusterrun import doctor, lifecycle
@@ -99,14 +99,17 @@ def note(emit: Emit | None, text: str) -> None:
         emit(JobNote(None, text=text))
 
 
-def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *, full: bool) -> Job:
+def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *, full: bool,
+                    script_args: Sequence[str] | None = None) -> Job:
     """The next attempt probed and checked, nothing started nor stopped: the script, the probe, a
     dry run of the sync, the preflight (a fixed master port held by the running attempt is not
-    tested). Raises ``ConfigError`` or ``HostsUnavailable``; the caller closes the ``Job``."""
+    tested). ``script_args``: new arguments for the script (default: the record's). Raises
+    ``ConfigError`` or ``HostsUnavailable``; the caller closes the ``Job``."""
     for text in aspec.notes:
         note(emit, f"warning: {text}")
     check_script(aspec.spec, record.script, record.local_cwd)
-    job = Job(aspec.spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
+    args = record.script_args if script_args is None else script_args
+    job = Job(aspec.spec, record.script, args, job_id=record.job_id, name=record.name, emit=emit,
               env_overrides=dict(aspec.overrides), local_cwd=record.local_cwd, grace=record.grace,
               attempt=record.attempt + 1, transport_factory=lifecycle.transport_factory(record))
     try:

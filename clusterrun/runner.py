@@ -1,14 +1,16 @@
-"""The owner's loop over a job on this controller: follow it, retry a start-up failure, hand it over.
+"""The owner's loop over a job on this controller: follow it, restart it by policy, hand it over.
 
 Exactly one process owns a running job at a time (``jobs.JobStore``'s owner lock): the foreground
 ``up`` (stream or dashboard) or the job's background monitor. The owner follows the job, applies
-fail-fast, keeps the record (``attempt.Recorder``), retries a known transient start-up failure
-once (``attempt.restart``: the checks, the verified stop, the start, as every attempt), and either
-sees the job end or hands it over to a monitor. The attempt's life itself (checks, start, stop,
-its recorded state) is ``attempt.py``'s; this module is the loop around it:
+fail-fast, keeps the record (``attempt.Recorder``), restarts a failed attempt (a known transient
+start-up failure once; any failure as the job's ``restart:`` policy allows, after a backoff) through
+``attempt.restart`` (the checks, the verified stop, the start, as every attempt), and either sees
+the job end or hands it over to a monitor (which resumes a backoff where it was). The attempt's
+life itself (checks, start, stop, its recorded state) is ``attempt.py``'s; this module is the loop
+around it:
 
 - ``Runner``: start (or adopt) an attempt, ``follow()`` it to its end with the record kept and
-  the start-up retry applied; ``request_stop()`` and ``request_hand_over()`` are safe from signal
+  the restarts applied; ``request_stop()`` and ``request_hand_over()`` are safe from signal
   handlers and other threads, and ``hand_over()`` (in the owner's thread, after ``follow()``
   returned None) gives the lock to a monitor with what was shown saved.
 - ``run_monitor()``: the background owner (``clusterrun _monitor``).
@@ -19,18 +21,36 @@ job) → ``follow()`` → ``hand_over()`` if it returned None → ``close()``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import random
 import threading
+import time
+from collections.abc import Callable
 
-from clusterrun.attempt import Recorder, launch, mark_failed_start, restart
+from clusterrun.attempt import Cancelled, Recorder, Retry, give_up, launch, mark_failed_start, restart, stop
 from clusterrun.checks import plan_to_start
 from clusterrun.diagnose import transient_start_failure
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
-from clusterrun.events import Event, JobNote, JobResult, JobState
+from clusterrun.events import AttemptRestarting, Event, JobNote, JobResult, JobState
 from clusterrun.jobs import OWNER_FD_VAR, JobRecord, JobStore
-from clusterrun.lifecycle import follower, per_node, save_seen, status_of, stop_job
+from clusterrun.lifecycle import follower, per_node, save_seen, spec_of, status_of, stop_job
 from clusterrun.orchestrator import Emit, Job
 from clusterrun.protocol import HostState, NodeStatus
+from clusterrun.restarts import RestartPolicy
+
+
+@dataclasses.dataclass(frozen=True)
+class Clock:
+    """The owner's time during a backoff (tests pass a fake one): ``now()`` is wall-clock seconds,
+    ``wait(event, seconds)`` waits at most that long for ``event``; ``poll`` is how often the
+    record is read for a ``down`` from elsewhere, ``show`` how often the countdown is shown."""
+
+    now: Callable[[], float] = time.time
+    wait: Callable[[threading.Event, float], object] = lambda event, seconds: event.wait(seconds)
+    poll: float = 1.0
+    show: float = 10.0
+    rng: random.Random = dataclasses.field(default_factory=random.Random)
 
 
 def run_monitor(store: JobStore, job_id: str, emit: Emit) -> int:
@@ -78,18 +98,23 @@ class Runner:
     """The owner's loop over one job (see the module docstring)."""
 
     def __init__(self, store: JobStore, record: JobRecord, job: Job, owner_fd: int, emit: Emit | None = None, *,
-                 retry_startup: bool = True) -> None:
+                 retry_startup: bool = True, policy: RestartPolicy | None = None, clock: Clock | None = None) -> None:
         self.store = store
         self.record = record
         self.job = job
         self.owner_fd: int | None = owner_fd
         self.retry_startup = retry_startup
+        self.policy = policy if policy is not None else spec_of(record).restart.with_max(record.max_restarts)
+        self.clock = clock or Clock()
         self._listeners: list[Emit] = [emit] if emit is not None else []
-        self.recorder = Recorder(store, record.job_id, job.attempt)
+        self.recorder = Recorder(store, record.job_id, job.attempt, self._decide)
         job.subscribe(self.emit)
         job.subscribe(self.recorder)
         self._hand_over = threading.Event()
+        self._wake = threading.Event()  # a stop or a hand-over asked for during a backoff
         self._stop_reason: str | None = None
+        self._refused: str | None = None  # why the last failure was not restarted by the policy
+        self._startup_failure: str | None = None
 
     @property
     def job_id(self) -> str:
@@ -97,10 +122,11 @@ class Runner:
 
     @classmethod
     def adopt(cls, store: JobStore, record: JobRecord, owner_fd: int, emit: Emit | None = None, *,
-              follow_logs: bool = True, offsets: dict[int, int] | None = None, retry_startup: bool = True) -> Runner:
+              follow_logs: bool = True, offsets: dict[int, int] | None = None, retry_startup: bool = True,
+              clock: Clock | None = None) -> Runner:
         """The owner of a job started earlier (a monitor, or after a restart), following its current attempt."""
         job = follower(record, None, fail_fast=True, follow_logs=follow_logs, offsets=offsets)
-        return cls(store, record, job, owner_fd, emit, retry_startup=retry_startup)
+        return cls(store, record, job, owner_fd, emit, retry_startup=retry_startup, clock=clock)
 
     def subscribe(self, listener: Emit) -> None:
         """Hand every event of the job, of this attempt and the next ones, to ``listener`` too."""
@@ -121,16 +147,19 @@ class Runner:
     def request_stop(self, reason: str) -> None:
         """Stop the job on every host (verified); ``follow()`` then returns its result."""
         self._stop_reason = reason
+        self._wake.set()
         self.job.request_stop(reason)
 
     def request_hand_over(self) -> None:
         """Make ``follow()`` return None soon, so that ``hand_over()`` can give the job to a monitor."""
         self._hand_over.set()
+        self._wake.set()
         self.job.detach()
 
     def follow(self) -> JobResult | None:
         """Follow the job until it ends (then its result) or a hand-over was requested (None).
-        A known transient start-up failure of the first attempt is retried once, visibly."""
+        A failed attempt that the owner decided to restart (``_decide``: recorded ``restarting``)
+        is restarted after its backoff, visibly, and followed in turn."""
         while True:
             try:
                 result = self.job.run()
@@ -142,32 +171,83 @@ class Runner:
                 save_seen(self.store, self.job_id, self.job.attempt, self.job.offsets)
             if result is None:
                 return None
-            why = self._retryable(result)
-            if why is None:
+            record = self.store.load(self.job_id)
+            if record.attempt != self.job.attempt or record.state is not JobState.RESTARTING:
+                if self._refused is not None and self.policy.max > 0 and result.interrupted is None:
+                    self.emit(JobNote(None, text=f"not restarting: {self._refused}"))
                 return result
-            self.emit(JobNote(None, text=f"attempt {self.job.attempt} failed at start-up: {why}; "
-                              f"retrying once as attempt {self.job.attempt + 1} (--no-retry-startup turns this off)"))
+            if record.attempts[-1].restart == "start-up":
+                why = self._startup_failure or record.attempts[-1].root_cause
+                self.emit(JobNote(None, text=f"attempt 1 failed at start-up: {why}; retrying once as attempt 2 "
+                                  "(--no-retry-startup turns this off)"))
+            if not self._backoff(record):
+                if self._hand_over.is_set() and self._stop_reason is None:
+                    return None  # the monitor resumes the wait
+                return dataclasses.replace(result, interrupted=self._stop_reason or "stopped during the backoff")
             try:
                 record = restart(self.store, self.store.load(self.job_id), self.emit, owner_fd=self.owner_fd,
-                                 full_preflight=False)  # the costlier checks passed at this job's start
+                                 full_preflight=record.attempts[-1].restart != "start-up", automatic=True)
+            except Cancelled:
+                return dataclasses.replace(result, interrupted="stopped during the backoff")
             except ClusterrunError as exc:
-                self.emit(JobNote(None, text=f"could not retry: {exc.render()}"))
+                self.emit(JobNote(None, text=f"could not restart: {exc.render()}"))
+                give_up(self.store, self.job_id, record.attempt, exc.render())
                 return result
             self.job.close()
             self.record = record
             self.job = follower(record, self.emit, fail_fast=True, follow_logs=self.job.follow_logs,
                                 reconnect=self.job.reconnect)
-            self.recorder = Recorder(self.store, record.job_id, record.attempt)
+            self.recorder = Recorder(self.store, record.job_id, record.attempt, self._decide)
             self.job.subscribe(self.recorder)
             if self._stop_reason is not None:
                 self.job.request_stop(self._stop_reason)
             if self._hand_over.is_set():
                 self.job.detach()
 
-    def _retryable(self, result: JobResult) -> str | None:
-        if not self.retry_startup or self.job.attempt != 1 or result.interrupted is not None or result.ok:
+    def _decide(self, record: JobRecord, result: JobResult) -> Retry | None:
+        """Whether the failed current attempt of ``record`` is restarted (in the record's write
+        that ends it): a known transient start-up failure of the first attempt once, at once;
+        else as the restart policy allows, after its backoff. Never after the user's stop."""
+        self._refused = None
+        if result.interrupted is not None or self._stop_reason is not None:
             return None
-        return transient_start_failure(result.root_cause, self.job.logs)
+        if self.retry_startup and record.attempt == 1:
+            why = transient_start_failure(result.root_cause, self.job.logs)
+            if why is not None:
+                self._startup_failure = why
+                return Retry("start-up", self.clock.now(), f"failed at start-up: {why}")
+        made = [a.ended or a.started for a in record.attempts[:-1] if a.restart == "policy"]
+        code = result.root_cause.exit_code if result.root_cause is not None else None
+        self._refused = self.policy.refusal(made, code, self.clock.now())
+        if self._refused is not None:
+            return None
+        cause = result.root_cause.describe() if result.root_cause is not None else "a node failed"
+        return Retry("policy", self.clock.now() + self.policy.delay(len(made) + 1, self.clock.rng), cause)
+
+    def _backoff(self, record: JobRecord) -> bool:
+        """Wait until the next attempt of the ``restarting`` job is due (True), counting down. The
+        wait ends early (False) for a stop asked of this owner (carried out and recorded, the one
+        stop path), a ``down`` from elsewhere (the record is no longer ``restarting``) or a hand-over."""
+        failed = record.attempts[-1]
+        by_policy = failed.restart == "policy"
+        at = record.restart_at if record.restart_at is not None else self.clock.now()
+        shown: float | None = None
+        while True:
+            now = self.clock.now()
+            if by_policy and (shown is None or now - shown >= self.clock.show):
+                shown = now
+                made = sum(1 for a in record.attempts if a.restart == "policy")
+                self.emit(AttemptRestarting(None, job_id=self.job_id, attempt=record.attempt + 1,
+                                            failed=record.attempt, at=at, remaining=max(0.0, at - now),
+                                            restart=made, most=self.policy.max, reason=failed.root_cause or "failed"))
+            if self._stop_reason is not None:
+                stop(self.store, record)
+                return False
+            if self._hand_over.is_set() or self.store.load(self.job_id).state is not JobState.RESTARTING:
+                return False
+            if now >= at:
+                return True
+            self.clock.wait(self._wake, min(at - now, self.clock.poll))
 
     def hand_over(self) -> None:
         """Give the job to a background monitor: what the nodes reported and what was shown are in
