@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from clusterrun.events import (
+    AttemptRestarting,
     AttemptStarted,
     Event,
     JobFinished,
@@ -180,6 +181,8 @@ class Board:
             self.note(describe_stop(report))
         elif isinstance(event, JobNote):
             self.note(event.text)
+        elif isinstance(event, AttemptRestarting):
+            self.note(event.describe())  # the countdown: one note per AttemptRestarting the owner emits
         elif isinstance(event, JobFinished):
             self.result = event.result
             if self.ended is None:  # else the record said when the attempt ended

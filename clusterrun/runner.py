@@ -94,6 +94,17 @@ def _finish_start(record: JobRecord, job: Job) -> None:
         job.start(absent)
 
 
+def history(record: JobRecord) -> str:
+    """The job's attempts in one line, for the summary: ``attempts: 1 failed after 12 s (torchrun on
+    node 1 (h1): exit code 1), restarted · 2 succeeded after 40 s``."""
+    parts = []
+    for a in record.attempts:
+        took = f" after {a.ended - a.started:.0f} s" if a.ended is not None else ""
+        cause = f" ({a.root_cause.splitlines()[0]})" if a.root_cause and a.state is not JobState.SUCCEEDED else ""
+        parts.append(f"{a.attempt} {a.state}{took}{cause}" + (", restarted" if a.restart else ""))
+    return "attempts: " + " · ".join(parts)
+
+
 class Runner:
     """The owner's loop over one job (see the module docstring)."""
 
@@ -175,6 +186,8 @@ class Runner:
             if record.attempt != self.job.attempt or record.state is not JobState.RESTARTING:
                 if self._refused is not None and self.policy.max > 0 and result.interrupted is None:
                     self.emit(JobNote(None, text=f"not restarting: {self._refused}"))
+                if len(record.attempts) > 1:
+                    self.emit(JobNote(None, text=history(record)))
                 return result
             if record.attempts[-1].restart == "start-up":
                 why = self._startup_failure or record.attempts[-1].root_cause

@@ -174,7 +174,9 @@ def test_a_budget_used_up_fails_the_job_with_its_history(fake: FakeCluster, stor
     assert record.state is JobState.FAILED and [a.state for a in record.attempts] == ["failed", "failed"]
     assert [a.restart for a in record.attempts] == ["policy", None] and (JOB, 0, 3) not in fake.nodes
     notes = [e.text for e in events if isinstance(e, JobNote)]
-    assert notes == ["not restarting: the restart budget is used up (1 of 1)"]
+    assert notes == ["not restarting: the restart budget is used up (1 of 1)",
+                     "attempts: 1 failed after 0 s (torchrun on node 1 (h1): exit code 1), restarted · "
+                     "2 failed after 0 s (torchrun on node 1 (h1): exit code 1)"]
     runner.close()
 
 

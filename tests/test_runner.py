@@ -118,7 +118,8 @@ def test_a_transient_start_up_failure_is_retried_once_visibly(fake: FakeCluster,
     result = out[0]
     assert result is not None and result.failed  # type: ignore[attr-defined]
     notes = [e.text for e in events if isinstance(e, JobNote)]
-    assert len(notes) == 1 and "retrying once as attempt 2" in notes[0] and "gloo" in notes[0]
+    assert len(notes) == 2 and "retrying once as attempt 2" in notes[0] and "gloo" in notes[0]
+    assert notes[1].startswith("attempts: 1 failed after") and ", restarted · 2 failed after" in notes[1]
     # a dashboard learns of attempt 2 before its nodes start, and shows them as attempt 2's
     second = next(i for i, e in enumerate(events) if isinstance(e, AttemptStarted))
     assert events[second].attempt == 2  # type: ignore[attr-defined]

@@ -34,6 +34,7 @@ from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord
 from clusterrun.events import JobState
 from clusterrun.joblist import (
     STATES,
+    history_rows,
     job_state_text,
     jobs_json,
     node_state_text,
@@ -107,6 +108,9 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
             rows.append((str(n.rank), n.host, node_state_text(n, now), str(n.pid or "-"),
                          "-" if n.exit_code is None else str(n.exit_code), safe(error, colour=False)))
         _table(rows)
+        if len(record.attempts) > 1:
+            click.echo("")
+            _table([tuple(safe(c, colour=False) for c in row) for row in history_rows(record, now)])
         if attempt is not None and attempt.root_cause:  # its last lines are the rank's output
             click.echo(f"root cause: {safe(attempt.root_cause, colour=False)}")
             if attempt.cause and attempt.fix:
