@@ -53,9 +53,10 @@ class Clock:
     rng: random.Random = dataclasses.field(default_factory=random.Random)
 
 
-def run_monitor(store: JobStore, job_id: str, emit: Emit) -> int:
+def run_monitor(store: JobStore, job_id: str, emit: Emit, clock: Clock | None = None) -> int:
     """Own the job until it ends, in the background: follow its nodes' states (not their logs),
-    apply fail-fast and the start-up retry, keep the record. Started by ``JobStore.spawn_monitor``."""
+    apply fail-fast and the restarts (a backoff under way resumes), keep the record. Started by
+    ``JobStore.spawn_monitor``."""
     fd_text = os.environ.pop(OWNER_FD_VAR, "")
     fd = int(fd_text) if fd_text.isdigit() else store.try_own(job_id)
     if fd is None:
@@ -65,7 +66,7 @@ def run_monitor(store: JobStore, job_id: str, emit: Emit) -> int:
         return 0
     store.note_monitor(job_id)
     os.chdir(record.local_cwd)
-    runner = Runner.adopt(store, record, fd, emit, follow_logs=False, retry_startup=record.retry_startup)
+    runner = Runner.adopt(store, record, fd, emit, follow_logs=False, retry_startup=record.retry_startup, clock=clock)
     if record.state is JobState.STOPPING:  # a stop was asked for and its stopper died: carry it out
         runner.request_stop("stopped by an earlier command")
     try:

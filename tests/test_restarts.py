@@ -17,10 +17,10 @@ from clusterrun.attempt import Cancelled, new_record, restart, stop
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import ConfigError
 from clusterrun.events import AttemptRestarting, AttemptStarted, Event, JobNote, JobResult, JobState
-from clusterrun.jobs import JobStore
+from clusterrun.jobs import OWNER_FD_VAR, JobStore
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.restarts import RestartPolicy, parse_backoff, parse_duration
-from clusterrun.runner import Clock, Runner
+from clusterrun.runner import Clock, Runner, run_monitor
 from clusterrun.transports.fake import FakeCluster
 from tests import test_runner
 from tests.test_orchestrator import JOB, spec_of
@@ -251,4 +251,43 @@ def test_an_automatic_restart_of_a_stopped_job_starts_nothing(fake: FakeCluster,
     with pytest.raises(Cancelled):
         restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd, automatic=True)
     assert store.load(JOB).state is JobState.STOPPED and (JOB, 0, 2) not in fake.nodes
+    runner.close()
+
+
+def test_a_monitor_given_the_job_during_the_backoff_restarts_it(fake: FakeCluster, store: JobStore, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`up` closed (SIGHUP) while it counts down: the monitor resumes the wait where it was, then restarts."""
+    spawned: list[int | None] = []
+    monkeypatch.setattr(JobStore, "spawn_monitor", lambda self, job_id, fd=None: spawned.append(fd))
+    holder: list[Runner] = []
+    clock = FakeClock(on_wait=lambda: holder[0].request_hand_over())
+    runner = owned(fake, store, tmp_path, RestartPolicy(max=1, backoff_first=600, backoff_most=600), [], clock)
+    holder.append(runner)
+    assert run(runner, lambda: fail(fake, 1)) is None
+    runner.hand_over()
+    assert store.load(JOB).state is JobState.RESTARTING and (JOB, 0, 2) not in fake.nodes
+    monkeypatch.setenv(OWNER_FD_VAR, str(spawned[0]))
+    monkeypatch.chdir(tmp_path)  # the monitor works in the job's directory; the test's is given back
+    later = FakeClock()
+    later.t = clock.t + 300  # half the backoff went by before the monitor took over
+    events: list[Event] = []
+    thread = threading.Thread(target=lambda: run_monitor(store, JOB, events.append, clock=later.clock()), daemon=True)
+    thread.start()
+    fake.wait_started(JOB, 0, 2).exit(0)
+    fake.wait_started(JOB, 1, 2).exit(0)
+    thread.join(30)
+    record = store.load(JOB)
+    assert record.state is JobState.SUCCEEDED and record.attempt == 2
+    assert 0 < sum(later.waits) <= 300  # only what was left of the wait
+    runner.close()
+
+
+def test_restart_with_new_arguments_records_them(fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    runner = owned(fake, store, tmp_path, RestartPolicy(), [], FakeClock())
+    fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd,
+                     script_args=["--lr", "0.1"])
+    assert record.attempt == 2 and record.script_args == ["--lr", "0.1"]
+    assert fake.wait_started(JOB, 0, 2).argv[-2:] == ["--lr", "0.1"]
+    assert fake.node(JOB, 0, 1).argv[-1] == "train.py"  # attempt 1 ran with none
     runner.close()

@@ -157,6 +157,10 @@ def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | No
 @click.option("--no-retry-startup", is_flag=True, help="Do not retry a known transient start-up failure "
               "(gloo aborting a rank while connecting; the master port taken before torchrun bound it), which "
               "is otherwise retried once as attempt 2, visibly.")
+@click.option("--max-restarts", type=click.IntRange(min=0), metavar="N",
+              help="Restart the whole job as a new attempt after a failure, at most N times (default: the hosts "
+              "file's restart.max, else 0), after a backoff (restart.backoff, default 30s..10m); never after a stop. "
+              "The owner (this up, or the job's monitor) restarts it.")
 @click.option("--no-preflight", is_flag=True, help="Skip the costlier checks before the start (GPUs, the same "
               "torch/CUDA/Python on every host, the master port reachable by TCP from every node); the workdir, "
               "the script, disk, clock and logind are always checked.")
@@ -180,7 +184,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
        ssh_config: str | None,
        accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None, no_retry_startup: bool,
        no_preflight: bool, sync_dir: str | None = None, no_sync: bool = False, nodes: str | None = None,
-       exclude: str | None = None) -> None:
+       exclude: str | None = None, max_restarts: int | None = None) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
@@ -240,7 +244,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
             return
         record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
                             local_cwd=os.getcwd(), ssh_config=ssh_config, unreachable_timeout=unreachable_timeout,
-                            retry_startup=not no_retry_startup)
+                            retry_startup=not no_retry_startup, max_restarts=max_restarts)
         try:
             store.create(record)  # before anything starts: a job nobody could find again must not run
         except StateError as exc:
