@@ -157,6 +157,16 @@ class Recorder:
                 text = exc.render() if isinstance(exc, ClusterrunError) else str(exc)
                 print(f"clusterrun: cannot update the record of job {self.job_id}: {text}", file=sys.stderr)
 
+    def begin(self, change: Callable[[JobRecord], None]) -> JobRecord:
+        """Record the start of this attempt (``change``) now, in the caller's thread: what it
+        raises (``Cancelled``, ``IllegalTransition``, ``StateError``) stops the start."""
+        return self.store.update(self.job_id, change)
+
+    def start_failed(self, error: ClusterrunError) -> None:
+        """This attempt could not start on every host (those that started were stopped again)."""
+        self.flush()
+        self.store.update(self.job_id, _failed_start(self.attempt, error))
+
     def flush(self) -> None:
         """Return once every change submitted so far is in the record."""
         with self._idle:
@@ -327,13 +337,19 @@ def give_up(store: JobStore, job_id: str, attempt: int, why: str) -> None:
     store.update(job_id, change)
 
 
-def mark_failed_start(store: JobStore, job_id: str, attempt: int, error: ClusterrunError) -> None:
-    """The attempt could not start on every host (those that started were stopped again)."""
+def _failed_start(attempt: int, error: ClusterrunError) -> Callable[[JobRecord], None]:
+    """The change that records that ``attempt`` could not start on every host (those that started
+    were stopped again)."""
     def change(rec: JobRecord) -> None:
         if rec.attempt == attempt and _move(rec, Change.START_FAILED) and rec.state is JobState.FAILED:
             rec.attempts[-1].root_cause = f"could not start: {error.render()}"
 
-    store.update(job_id, change)
+    return change
+
+
+def mark_failed_start(store: JobStore, job_id: str, attempt: int, error: ClusterrunError) -> None:
+    """The attempt could not start on every host (those that started were stopped again)."""
+    Recorder(store, job_id, attempt).start_failed(error)
 
 
 def record_stop(store: JobStore, record: JobRecord, reports: Mapping[int, StopReport]) -> JobRecord:
@@ -398,17 +414,6 @@ def stop(store: JobStore, record: JobRecord, grace: float | None = None,
 # ------------------------------------------------------------------------------ the start
 
 
-def launch(store: JobStore, job: Job, recorder: Recorder) -> None:
-    """Start every node of the prepared attempt; on failure the record says so and the nodes that
-    started were stopped again (``HostsUnavailable``)."""
-    try:
-        job.start()
-    except HostsUnavailable as exc:
-        recorder.flush()
-        mark_failed_start(store, job.job_id, job.attempt, exc)
-        raise
-
-
 class NextAttempt:
     """The next attempt of a recorded job, checked while the current one runs on.
 
@@ -459,7 +464,13 @@ class NextAttempt:
             raise ClusterrunError(f"job {record.job_id} is still owned by another clusterrun process",
                                   hint="wait for it to finish, or stop it")
         try:
-            new = _start_next(store, self.job, self.aspec, self.emit, automatic=automatic)
+            for rank, report in sorted(sync_hosts(self.aspec.spec, self.job.agents).items()):  # `sync:`, if any
+                note(self.emit, f"sync node{rank} {report.host}: {report.describe()}")
+            recorder = Recorder(store, record.job_id, self.job.attempt)
+            self.job.subscribe(recorder)
+            start(self.job, self.emit, recorder, automatic=automatic)
+            recorder.flush()  # the nodes' pids and states, before the record is read back
+            new = store.load(record.job_id)
         except BaseException:
             if owner_fd is None:
                 store.release(owner)
@@ -487,36 +498,44 @@ class Cancelled(ClusterrunError):
     """An automatic restart found the job stopped (``down`` during the backoff): nothing started."""
 
 
-def _start_next(store: JobStore, job: Job, aspec: AttemptSpec, emit: Emit, *,
-                automatic: bool = False) -> JobRecord:
-    """Sync, set up and start the checked attempt ``job`` (the last one is verified stopped); an
-    ``automatic`` restart only from ``restarting`` (``Cancelled`` after a stop, nothing written)."""
+def start(job: Job, emit: Emit, recorder: Recorder, *, first: bool = False, automatic: bool = False) -> None:
+    """The one start of an attempt, checked (``checks``) and with the last one verified stopped:
+    ``up``'s ``first`` (its record just created, its setup run by ``checks.check_new``), and the
+    next attempt of ``restart``, the start-up retry and the restart policy (the hosts' setup, then
+    the attempt's start in the record: only from an end, or, ``automatic``, from ``restarting``,
+    else ``Cancelled`` with nothing written). Then every node starts; on a failure the record
+    says so and the nodes that started were stopped again (``HostsUnavailable``). ``recorder``,
+    subscribed to ``job`` by the caller, writes the attempt's record, its start's too."""
     plan = job.plan
     if plan is None:
-        raise RuntimeError("_start_next() before checked_attempt()")
-    for rank, report in sorted(sync_hosts(aspec.spec, job.agents).items()):  # `sync:` of the hosts file, if any
-        note(emit, f"sync node{rank} {report.host}: {report.describe()}")
-    job.setup()
+        raise RuntimeError("start() before the checks")
+    event, begin = attempt_event(plan, job.attempt), _begun(plan, job.attempt, job.script_args, automatic)
+    if not first:
+        job.setup()
+        recorder.begin(begin)
+        emit(event)  # before the nodes' start: shown as the new attempt's
+    try:
+        job.start()
+    except HostsUnavailable as exc:
+        recorder.start_failed(exc)
+        raise
 
+
+def _begun(plan: LaunchPlan, attempt: int, script_args: Sequence[str], automatic: bool) -> Callable[[JobRecord], None]:
+    """The change that records the start of the next attempt ``attempt`` of ``plan``."""
     def begin(rec: JobRecord) -> None:
         if automatic and rec.state is not JobState.RESTARTING:
             raise Cancelled(f"not restarting job {rec.job_id}: it is {rec.state}")
         transition(rec.state, Change.START)  # only from an end (raises, nothing written): never two attempts
-        rec.attempts.append(AttemptRecord(job.attempt, started=time.time(), master_port=plan.master_port))
+        rec.attempts.append(AttemptRecord(attempt, started=time.time(), master_port=plan.master_port))
         _move(rec, Change.START)
-        rec.attempt, rec.plan, rec.restart_at = job.attempt, plan_to_json(plan), None
-        rec.script_args = list(job.script_args)  # `restart JOB -- ARGS` replaces them from now on
+        rec.attempt, rec.plan, rec.restart_at = attempt, plan_to_json(plan), None
+        rec.script_args = list(script_args)  # `restart JOB -- ARGS` replaces them from now on
         rec.adopted = False  # this controller starts the attempt: it owns it (and monitors it)
         rec.nodes = [NodeRecord(n.rank, n.host.host) for n in plan.nodes]
 
-    record = store.update(job.job_id, begin)
-    emit(attempt_event(plan, job.attempt, record))  # before the nodes' start: shown as the new attempt's
-    recorder = Recorder(store, record.job_id, job.attempt)
-    job.subscribe(recorder)
-    launch(store, job, recorder)
-    recorder.flush()  # the nodes' pids and states, before the record is read back
-    return store.load(record.job_id)
+    return begin
 
 
 __all__ = ["Cancelled", "NextAttempt", "NotStopped", "Recorder", "Retry", "attempt_event", "begin_stop", "give_up",
-           "launch", "new_record", "reconcile", "record_stop", "refresh", "restart", "stop"]
+           "new_record", "reconcile", "record_stop", "refresh", "restart", "start", "stop"]

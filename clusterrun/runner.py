@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from clusterrun.attempt import Cancelled, Recorder, Retry, give_up, launch, mark_failed_start, restart, stop
+from clusterrun.attempt import Cancelled, Recorder, Retry, give_up, mark_failed_start, restart, start, stop
 from clusterrun.checks import plan_to_start
 from clusterrun.diagnose import transient_start_failure
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
@@ -154,7 +154,7 @@ class Runner:
     def start(self) -> None:
         """Start every node of the prepared job; on failure the record says so and the nodes that
         started were stopped again (``HostsUnavailable``)."""
-        launch(self.store, self.job, self.recorder)
+        start(self.job, self.emit, self.recorder, first=True)
 
     def request_stop(self, reason: str) -> None:
         """Stop the job on every host (verified); ``follow()`` then returns its result."""
