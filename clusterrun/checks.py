@@ -1,7 +1,9 @@
 """The checks of an attempt before anything starts or stops: what it is made of (``AttemptSpec``,
-read from the job's record once), the script, the probe, a dry run of the sync and the preflight.
+read from the job's record once), the script, the probe, the sync (a dry run for a next attempt,
+while the current one runs on), the hosts' setup (a new job's), the preflight.
 
-``attempt.py`` runs them for every attempt; nothing here starts or stops a process.
+``check_new`` checks ``up``'s first attempt, ``checked_attempt`` every next one; nothing here
+starts or stops a process (``attempt.start`` does).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from clusterrun.jobs import JobRecord
 from clusterrun.lifecycle import spec_of
 from clusterrun.orchestrator import Emit, Job
 from clusterrun.plan import LaunchPlan, node_env, plan_from_json
-from clusterrun.sync import source_of, sync_hosts
+from clusterrun.sync import Progress, SyncReport, source_of, sync_hosts
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,32 @@ def preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, ful
     return doctor.warnings(report)
 
 
+def check_new(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *, full: bool, dry_run: bool,
+              sync_dir: str | None = None, progress: Progress | None = None,
+              ) -> tuple[LaunchPlan, dict[int, SyncReport], list[str]]:
+    """The first attempt of a new job (``up``) probed and checked, nothing started: the probe, the
+    sync (``sync_dir`` or the hosts' ``sync:``; for a ``dry_run`` only what it would copy), the
+    hosts' ``setup`` (not for a dry run: it sees the synced files), then the preflight (which
+    looks for the synced script). Raises ``HostsUnavailable`` or ``ConfigError``; the plan, the
+    sync's reports and the preflight's warnings."""
+    return _probe_and_check(job, spec, script, local_cwd, full=full, dry_run=dry_run, sync_dir=sync_dir,
+                            progress=progress, setup=not dry_run)
+
+
+def _probe_and_check(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *, full: bool, dry_run: bool,
+                     sync_dir: str | None = None, progress: Progress | None = None, setup: bool = False,
+                     test_port: bool = True) -> tuple[LaunchPlan, dict[int, SyncReport], list[str]]:
+    """The checks every attempt goes through, in order: probe, sync (or its dry run), setup if
+    asked, preflight."""
+    plan = job.prepare(run_setup=False)
+    reports = sync_hosts(spec, job.agents, progress, override=sync_dir, dry_run=dry_run)
+    if setup:
+        job.setup()
+    synced = {rank for rank, host in enumerate(spec.hosts) if source_of(spec, host, sync_dir)} if dry_run else ()
+    warnings = preflight(job, plan, spec, script, full=full, local_cwd=local_cwd, synced=synced, test_port=test_port)
+    return plan, reports, warnings
+
+
 def note(emit: Emit | None, text: str) -> None:
     """Tell every consumer ``text`` (a ``JobNote``), if anybody listens."""
     if emit is not None:
@@ -113,12 +141,10 @@ def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *,
               env_overrides=dict(aspec.overrides), local_cwd=record.local_cwd, grace=record.grace,
               attempt=record.attempt + 1, transport_factory=lifecycle.transport_factory(record))
     try:
-        plan = job.prepare(run_setup=False)
-        sync_hosts(aspec.spec, job.agents, dry_run=True)
-        synced = {rank for rank, host in enumerate(aspec.spec.hosts) if host.sync}
         held = aspec.spec.master_port is not None and not record.finished
-        for warning in preflight(job, plan, aspec.spec, record.script, full=full, local_cwd=record.local_cwd,
-                                 synced=synced, test_port=not held):
+        _, _, warnings = _probe_and_check(job, aspec.spec, record.script, record.local_cwd, full=full, dry_run=True,
+                                          test_port=not held)
+        for warning in warnings:
             note(emit, f"warning: {warning}")
     except BaseException:
         job.close()

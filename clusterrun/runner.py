@@ -128,6 +128,17 @@ class Runner:
         self._refused: str | None = None  # why the last failure was not restarted by the policy
         self._startup_failure: str | None = None
 
+    @classmethod
+    def create(cls, store: JobStore, record: JobRecord, job: Job, emit: Emit | None = None, *,
+               retry_startup: bool = True) -> Runner:
+        """The owner of a new job, checked and not yet started (``checks.check_new``): its record is
+        created first (a job nobody could find again must not run: ``StateError``) and owned here."""
+        store.create(record)
+        owner = store.try_own(record.job_id)
+        if owner is None:  # cannot happen to a job created just now, unless its directory is shared
+            raise ClusterrunError(f"job {record.job_id} is owned by another process already")
+        return cls(store, record, job, owner, emit, retry_startup=retry_startup)
+
     @property
     def job_id(self) -> str:
         return self.record.job_id

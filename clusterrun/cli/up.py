@@ -1,4 +1,5 @@
-"""``clusterrun up``: its argument checks, the plan it prints, the sync and preflight before a start."""
+"""``clusterrun up``: its arguments, what it prints and its exit codes; the checks are ``checks.check_new``,
+the start ``Runner`` (``attempt.start``)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 
 import click
 
 from clusterrun.attempt import new_record
-from clusterrun.checks import check_script, preflight
+from clusterrun.checks import check_new, check_script
 from clusterrun.cli import (
     EXCLUDE_HELP,
     EXIT_FAILED,
@@ -48,7 +49,6 @@ from clusterrun.printer import Printer
 from clusterrun.runner import Runner
 from clusterrun.selection import load_hosts
 from clusterrun.session import Session
-from clusterrun.sync import sync_hosts
 from clusterrun.syncview import SyncView
 from clusterrun.transports import transport_for
 
@@ -226,16 +226,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
               transport_factory=partial(transport_for, ssh_config=ssh_config,
                                         accept_new_host_keys=accept_new_host_keys))
     try:
-        try:
-            plan = job.prepare(run_setup=not dry_run)
-        except HostsUnavailable as exc:
-            _fail(exc, EXIT_HOSTS)
-        except KeyboardInterrupt:  # Ctrl-C while connecting: close every connection (finally), start nothing
-            _note("interrupted while connecting to the hosts; nothing was started")
-            sys.exit(EXIT_SIGNAL[signal.SIGINT])
-        _sync(spec, job, sync_dir, dry_run)  # first: the preflight looks for the script it copies
-        synced = {rank for rank, h in enumerate(spec.hosts) if sync_dir is not None or h.sync} if dry_run else set()
-        _preflight(job, plan, spec, script, full=not no_preflight, synced=synced)
+        plan = _checked(job, spec, script, sync_dir, full=not no_preflight, dry_run=dry_run)
         if dry_run and as_json:
             click.echo(json.dumps(plan_json(plan, job.host_fallbacks), indent=1))
             return
@@ -245,16 +236,14 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
                             local_cwd=os.getcwd(), ssh_config=ssh_config, unreachable_timeout=unreachable_timeout,
                             retry_startup=not no_retry_startup, max_restarts=max_restarts)
+        tui = not detach and _use_tui(no_tui)
         try:
-            store.create(record)  # before anything starts: a job nobody could find again must not run
+            runner = Runner.create(store, record, job, None if tui else printer, retry_startup=not no_retry_startup)
         except StateError as exc:
             exc.message += "; nothing was started"
             _fail(exc, EXIT_USAGE)
-        owner = store.try_own(job_id)
-        if owner is None:  # cannot happen to a job created just now, unless its directory is shared
-            _fail(ClusterrunError(f"job {job_id} is owned by another process already"), EXIT_FAILED)
-        tui = not detach and _use_tui(no_tui)
-        runner = Runner(store, record, job, owner, None if tui else printer, retry_startup=not no_retry_startup)
+        except ClusterrunError as exc:
+            _fail(exc, EXIT_FAILED)
         if tui:
             sys.exit(_dashboard(Session(store, record, runner=runner), ui_lines))
         printer.set_plan(plan)
@@ -296,33 +285,27 @@ def _without_sync(spec: ClusterSpec) -> ClusterSpec:
     return dataclasses.replace(spec, hosts=tuple(dataclasses.replace(h, sync=None) for h in spec.hosts))
 
 
-def _sync(spec: ClusterSpec, job: Job, sync_dir: str | None, dry_run: bool) -> None:
-    """Copy the project to the hosts that want it, after the probe and before anything starts;
-    a failure on any host starts nothing anywhere (exit 3)."""
+def _checked(job: Job, spec: ClusterSpec, script: str, sync_dir: str | None, *, full: bool,
+             dry_run: bool) -> LaunchPlan:
+    """``checks.check_new``, shown: the probe, the sync (its progress and report), the hosts'
+    setup, the preflight (see doctor.py); a problem on any host starts nothing anywhere: exit 3
+    (2 for a bad ``--sync``), with one line and a fix for each; warnings are printed."""
     view = SyncView(live=None if not dry_run else False)
     try:
         with view:
-            reports = sync_hosts(spec, job.agents, view, override=sync_dir, dry_run=dry_run)
+            plan, reports, warnings = check_new(job, spec, script, os.getcwd(), full=full, dry_run=dry_run,
+                                                sync_dir=sync_dir, progress=view)
     except HostsUnavailable as exc:
         _fail(exc, EXIT_HOSTS)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
-    except KeyboardInterrupt:
-        _note("interrupted while copying files to the hosts; nothing was started")
+    except KeyboardInterrupt:  # close every connection (the caller's finally), start nothing
+        _note("interrupted while connecting to the hosts, copying files or checking them; nothing was started")
         sys.exit(EXIT_SIGNAL[signal.SIGINT])
     view.report(reports)
-
-
-def _preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, full: bool,
-               synced: Collection[int] = ()) -> None:
-    """``doctor``'s checks on the probed hosts before anything starts (see doctor.py): exit 3 on a
-    problem, with one line and a fix for each; warnings are printed and the job goes on."""
-    try:
-        warnings = preflight(job, plan, spec, script, full=full, local_cwd=os.getcwd(), synced=synced)
-    except HostsUnavailable as exc:
-        _fail(exc, EXIT_HOSTS)
     for warning in warnings:
         _note(f"warning: {warning}")
+    return plan
 
 
 def _check_name_free(store: JobStore, name: str, given: bool) -> None:
