@@ -101,8 +101,9 @@ def attempt_event(plan: LaunchPlan, attempt: int, record: JobRecord | None = Non
 
 @dataclass(frozen=True)
 class Retry:
-    """The owner's decision to restart a failed attempt: ``kind`` "policy" (``restart:``) or
-    "start-up" (the start-up retry), at the wall-clock time ``at``, for ``reason``."""
+    """The owner's decision to restart a failed attempt: ``kind`` "policy" (``restart:``),
+    "start-up" (the start-up retry) or "requested" (``Runner.request_restart``: the owner stopped
+    it to restart it), at the wall-clock time ``at``, for ``reason``."""
 
     kind: str
     at: float
@@ -221,17 +222,17 @@ class Recorder:
             if record.attempt != self.attempt:
                 return
             retry = None
-            if end in (JobState.FAILED, JobState.LOST) and changes and record.state in (JobState.STARTING,
-                                                                                         JobState.RUNNING):
-                retry = self.retry(record, result) if self.retry is not None else None
+            ended_badly = end in (JobState.FAILED, JobState.LOST) or result.interrupted is not None
+            if ended_badly and changes and record.state in (JobState.STARTING, JobState.RUNNING):
+                retry = self.retry(record, result) if self.retry is not None else None  # stopped to restart?
             moved = [_move(record, c) for c in ([Change.RETRY] if retry is not None else changes)]
-            if retry is not None and end is not None and record.attempts:
-                record.attempts[-1].state, record.attempts[-1].restart = end, retry.kind
+            if retry is not None and record.attempts:
+                record.attempts[-1].state, record.attempts[-1].restart = end or JobState.STOPPED, retry.kind
                 record.restart_at = retry.at
             if any(moved) and record.state in (JobState.FAILED, JobState.LOST, JobState.RESTARTING):
                 attempt = record.attempts[-1]
                 cause = result.root_cause
-                attempt.root_cause = cause.describe() if cause else None
+                attempt.root_cause = cause.describe() if cause else (retry.reason if retry else None)
                 explained = cause.explanation if cause else None
                 attempt.cause, attempt.fix = (explained.cause, explained.fix) if explained else (None, None)
 

@@ -365,24 +365,30 @@ class AttemptStarted(Event):
 
 @dataclass(frozen=True)
 class AttemptRestarting(Event):
-    """Attempt ``failed`` ended badly and the owner restarts the whole job as attempt ``attempt``
-    after a backoff: emitted when the wait begins and as it counts down (``remaining`` seconds,
-    until the wall-clock time ``at``). ``restart`` of ``most`` counts this job's restarts by its
-    policy (``most`` None: a start-up retry, outside the policy); ``reason`` is the failure."""
+    """Attempt ``failed`` ended and its owner restarts the whole job as attempt ``attempt``:
+    emitted when the wait begins and, for the restart policy's backoff, as it counts down
+    (``remaining`` seconds, until the wall-clock time ``at``). ``kind``: "policy" (``restart:``;
+    ``restart`` of ``most`` counts the job's restarts by it), "start-up" (the start-up retry) or
+    "requested" (``on_hang: restart`` and the like); ``reason``: why the attempt ended."""
 
     job_id: str
     attempt: int
     failed: int
     at: float
     remaining: float
+    kind: str
     restart: int
     most: int | None
     reason: str
 
     def describe(self) -> str:
-        budget = f"restart {self.restart} of {self.most}" if self.most is not None else "start-up retry"
+        if self.kind == "start-up":
+            return (f"attempt {self.failed} failed at start-up: {self.reason}; retrying once as attempt "
+                    f"{self.attempt} (--no-retry-startup turns this off)")
+        if self.kind != "policy":
+            return f"attempt {self.failed} stopped ({self.reason}); restarting the job as attempt {self.attempt}"
         return (f"attempt {self.failed} failed ({self.reason}); attempt {self.attempt} starts in "
-                f"{self.remaining:.0f} s ({budget}; `clusterrun down` cancels)")
+                f"{self.remaining:.0f} s (restart {self.restart} of {self.most}; `clusterrun down` cancels)")
 
 
 @dataclass(frozen=True)

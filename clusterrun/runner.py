@@ -127,6 +127,7 @@ class Runner:
         self._stop_reason: str | None = None
         self._refused: str | None = None  # why the last failure was not restarted by the policy
         self._startup_failure: str | None = None
+        self._restart_reason: str | None = None  # request_restart's: the stop that is a restart
 
     @classmethod
     def create(cls, store: JobStore, record: JobRecord, job: Job, emit: Emit | None = None, *,
@@ -173,6 +174,13 @@ class Runner:
         self._wake.set()
         self.job.request_stop(reason)
 
+    def request_restart(self, reason: str) -> None:
+        """Stop the current attempt (verified) and restart the whole job at once as the next
+        attempt, outside the restart policy's budget (``on_hang: restart``; the reason is the
+        attempt's root cause). Safe from other threads; a stop asked for meanwhile wins."""
+        self._restart_reason = reason
+        self.job.request_stop(reason)
+
     def request_hand_over(self) -> None:
         """Make ``follow()`` return None soon, so that ``hand_over()`` can give the job to a monitor."""
         self._hand_over.set()
@@ -201,17 +209,13 @@ class Runner:
                 if len(record.attempts) > 1:
                     self.emit(JobNote(None, text=history(record)))
                 return result
-            if record.attempts[-1].restart == "start-up":
-                why = self._startup_failure or record.attempts[-1].root_cause
-                self.emit(JobNote(None, text=f"attempt 1 failed at start-up: {why}; retrying once as attempt 2 "
-                                  "(--no-retry-startup turns this off)"))
             if not self._backoff(record):
                 if self._hand_over.is_set() and self._stop_reason is None:
                     return None  # the monitor resumes the wait
                 return dataclasses.replace(result, interrupted=self._stop_reason or "stopped during the backoff")
             try:
                 record = restart(self.store, self.store.load(self.job_id), self.emit, owner_fd=self.owner_fd,
-                                 full_preflight=record.attempts[-1].restart != "start-up", automatic=True)
+                                 full_preflight=record.attempts[-1].restart == "policy", automatic=True)
             except Cancelled:
                 return dataclasses.replace(result, interrupted="stopped during the backoff")
             except ClusterrunError as exc:
@@ -224,6 +228,7 @@ class Runner:
                                 reconnect=self.job.reconnect)
             self.recorder = Recorder(self.store, record.job_id, record.attempt, self._decide)
             self.job.subscribe(self.recorder)
+            self._restart_reason = None
             if self._stop_reason is not None:
                 self.job.request_stop(self._stop_reason)
             if self._hand_over.is_set():
@@ -234,8 +239,11 @@ class Runner:
         that ends it): a known transient start-up failure of the first attempt once, at once;
         else as the restart policy allows, after its backoff. Never after the user's stop."""
         self._refused = None
-        if result.interrupted is not None or self._stop_reason is not None:
-            return None
+        if self._stop_reason is not None:
+            return None  # the user's stop is never restarted
+        if result.interrupted is not None:
+            asked = self._restart_reason is not None and result.interrupted == self._restart_reason
+            return Retry("requested", self.clock.now(), result.interrupted) if asked else None
         if self.retry_startup and record.attempt == 1:
             why = transient_start_failure(result.root_cause, self.job.logs)
             if why is not None:
@@ -254,17 +262,19 @@ class Runner:
         wait ends early (False) for a stop asked of this owner (carried out and recorded, the one
         stop path), a ``down`` from elsewhere (the record is no longer ``restarting``) or a hand-over."""
         failed = record.attempts[-1]
-        by_policy = failed.restart == "policy"
+        kind = failed.restart or "policy"
+        reason = (self._startup_failure if kind == "start-up" else None) or failed.root_cause or "failed"
         at = record.restart_at if record.restart_at is not None else self.clock.now()
+        made = sum(1 for a in record.attempts if a.restart == "policy")
         shown: float | None = None
         while True:
             now = self.clock.now()
-            if by_policy and (shown is None or now - shown >= self.clock.show):
+            if shown is None or (kind == "policy" and now - shown >= self.clock.show):
                 shown = now
-                made = sum(1 for a in record.attempts if a.restart == "policy")
                 self.emit(AttemptRestarting(None, job_id=self.job_id, attempt=record.attempt + 1,
-                                            failed=record.attempt, at=at, remaining=max(0.0, at - now),
-                                            restart=made, most=self.policy.max, reason=failed.root_cause or "failed"))
+                                            failed=record.attempt, at=at, remaining=max(0.0, at - now), kind=kind,
+                                            restart=made, most=self.policy.max if kind == "policy" else None,
+                                            reason=reason))
             if self._stop_reason is not None:
                 stop(self.store, record)
                 return False

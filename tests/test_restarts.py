@@ -291,3 +291,28 @@ def test_restart_with_new_arguments_records_them(fake: FakeCluster, store: JobSt
     assert fake.wait_started(JOB, 0, 2).argv[-2:] == ["--lr", "0.1"]
     assert fake.node(JOB, 0, 1).argv[-1] == "train.py"  # attempt 1 ran with none
     runner.close()
+
+
+def test_a_requested_restart_stops_the_attempt_and_starts_the_next_at_once(fake: FakeCluster, store: JobStore,
+                                                                          tmp_path: Path) -> None:
+    """``Runner.request_restart`` (``on_hang: restart``): outside the policy's budget, no backoff."""
+    events: list[Event] = []
+    runner = owned(fake, store, tmp_path, RestartPolicy(), events, FakeClock())
+
+    def drive() -> None:
+        a0, a1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+        runner.request_restart("hung: no output nor CPU for 10m")
+        b0, b1 = fake.wait_started(JOB, 0, 2), fake.wait_started(JOB, 1, 2)
+        assert not a0.running and not a1.running and a0.stops >= 1
+        b0.exit(0)
+        b1.exit(0)
+
+    result = run(runner, drive)
+    assert result is not None and result.ok
+    record = store.load(JOB)
+    assert [(a.state, a.restart, a.root_cause) for a in record.attempts] == [
+        ("stopped", "requested", "hung: no output nor CPU for 10m"), ("succeeded", None, None)]
+    said = [e for e in events if isinstance(e, AttemptRestarting)]
+    assert [(e.kind, e.attempt) for e in said] == [("requested", 2)]
+    assert said[0].describe() == "attempt 1 stopped (hung: no output nor CPU for 10m); restarting the job as attempt 2"
+    runner.close()
