@@ -316,3 +316,20 @@ def test_a_requested_restart_stops_the_attempt_and_starts_the_next_at_once(fake:
     assert [(e.kind, e.attempt) for e in said] == [("requested", 2)]
     assert said[0].describe() == "attempt 1 stopped (hung: no output nor CPU for 10m); restarting the job as attempt 2"
     runner.close()
+
+
+def test_a_restart_its_checks_refuse_fails_the_job_with_why(fake: FakeCluster, store: JobStore,
+                                                             tmp_path: Path) -> None:
+    """The restart runs up's preflight: a host that lost the script meanwhile refuses it; the job ends failed."""
+    events: list[Event] = []
+    runner = owned(fake, store, tmp_path, RestartPolicy(max=2, backoff_first=0, backoff_most=0), events, FakeClock())
+
+    fake.host("h1").missing = {"train.py"}  # after the start: attempt 1 runs
+    result = run(runner, lambda: fail(fake, 1))
+    assert result is not None and result.failed and (JOB, 0, 2) not in fake.nodes
+    record = store.load(JOB)
+    assert record.state is JobState.FAILED and record.restart_at is None
+    why = record.attempts[-1].root_cause or ""
+    assert "; not restarted: " in why and "train.py is missing" in why
+    assert any(isinstance(e, JobNote) and e.text.startswith("could not restart: ") for e in events)
+    runner.close()
