@@ -36,3 +36,7 @@ def test_a_job_failing_twice_is_restarted_and_succeeds(tmp_path: Path, state_dir
     history = subprocess.run([sys.executable, "-m", "clusterrun", "ps", job], capture_output=True, text=True,
                              cwd=ROOT, timeout=60)
     assert "ATTEMPT" in history.stdout and "RESTARTED" in history.stdout, history.stdout
+    for attempt in (1, 3):  # each attempt keeps its own logs
+        logs = subprocess.run([sys.executable, "-m", "clusterrun", "logs", "--attempt", str(attempt), job],
+                              capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert f"run {attempt}" in logs.stdout and logs.stdout.count("run ") == 1, logs.stdout
