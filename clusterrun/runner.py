@@ -131,14 +131,14 @@ class Runner:
 
     @classmethod
     def create(cls, store: JobStore, record: JobRecord, job: Job, emit: Emit | None = None, *,
-               retry_startup: bool = True) -> Runner:
+               retry_startup: bool = True, policy: RestartPolicy | None = None) -> Runner:
         """The owner of a new job, checked and not yet started (``checks.check_new``): its record is
         created first (a job nobody could find again must not run: ``StateError``) and owned here."""
         store.create(record)
         owner = store.try_own(record.job_id)
         if owner is None:  # cannot happen to a job created just now, unless its directory is shared
             raise ClusterrunError(f"job {record.job_id} is owned by another process already")
-        return cls(store, record, job, owner, emit, retry_startup=retry_startup)
+        return cls(store, record, job, owner, emit, retry_startup=retry_startup, policy=policy)
 
     @property
     def job_id(self) -> str:

@@ -238,7 +238,8 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
                             retry_startup=not no_retry_startup, max_restarts=max_restarts)
         tui = not detach and _use_tui(no_tui)
         try:
-            runner = Runner.create(store, record, job, None if tui else printer, retry_startup=not no_retry_startup)
+            runner = Runner.create(store, record, job, None if tui else printer, retry_startup=not no_retry_startup,
+                                   policy=spec.restart.with_max(max_restarts))
         except StateError as exc:
             exc.message += "; nothing was started"
             _fail(exc, EXIT_USAGE)
