@@ -1,18 +1,20 @@
-"""The owner of an attempt's life: its checks, its start, its verified stop and its recorded state.
+"""The owner of an attempt's life: its start, its verified stop and its recorded state.
 
-Every attempt starts here: ``up``'s first (``check_script``, the probe, ``preflight``, then
-``launch`` through ``Runner.start``), and ``restart``'s, the dashboard's R's and the start-up
-retry's (``NextAttempt``, ``restart``). The order is the guarantee: every check (the hosts file,
-``env_file`` and ``forward_env``, the secret ``--env`` values, the script, the probe, a dry run of
-the sync, the preflight) runs **before** anything of the running attempt is stopped, so a refused
-restart leaves it running; then the one stop path (``stop``: recorded ``stopping``, the agents'
-verified stop, then ``stopped``); then the start. What the next attempt is made of is read from
-the record once, into an ``AttemptSpec``, and passed on.
+Every attempt starts through ``start``: ``up``'s first (checked by ``checks.check_new``, started
+by ``Runner.start``), and the next one of ``restart``, the dashboard's R, the start-up retry, the
+restart policy and ``Runner.request_restart`` (``NextAttempt``, ``restart``). The order is the
+guarantee: every check (``checks``: the hosts file, ``env_file`` and ``forward_env``, the secret
+``--env`` values, the script, the probe, a dry run of the sync, the preflight) runs **before**
+anything of the running attempt is stopped, so a refused restart leaves it running; then the one
+stop path (``stop``: recorded ``stopping``, the agents' verified stop, then ``stopped``; for an
+automatic restart of a failed attempt, the agents' verified stop alone); then the sync, the
+hosts' setup and ``start``. What the next attempt is made of is read from the record once, into
+an ``AttemptSpec``, and passed on.
 
-The checks themselves are ``checks.py``'s. The job's recorded state changes only through
-``jobstate.transition`` (``_move``), here: the ``Recorder`` (what the owner's follower sees),
-``reconcile`` (the hosts' word for a job nobody owns), the stop, a failed start, the start of the
-next attempt and the restart policy's decision (``Recorder.retry``).
+The job's recorded state changes only through ``jobstate.transition`` (``_move``), here: the
+``Recorder`` (what the owner's follower sees, the attempt's start, a failed start and the owner's
+restart decision, ``Recorder.retry``), ``reconcile`` (the hosts' word for a job nobody owns), the
+stop and ``give_up``.
 """
 
 from __future__ import annotations
