@@ -6,6 +6,7 @@ that only moves when the owner waits.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 from collections.abc import Callable
@@ -13,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.attempt import Cancelled, new_record, restart, stop
+from clusterrun.attempt import Cancelled, attempt_event, new_record, restart, stop
+from clusterrun.board import Board
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import ConfigError
 from clusterrun.events import AttemptRestarting, AttemptStarted, Event, JobNote, JobResult, JobState
@@ -332,4 +334,30 @@ def test_a_restart_its_checks_refuse_fails_the_job_with_why(fake: FakeCluster, s
     why = record.attempts[-1].root_cause or ""
     assert "; not restarted: " in why and "train.py is missing" in why
     assert any(isinstance(e, JobNote) and e.text.startswith("could not restart: ") for e in events)
+    runner.close()
+
+
+def test_the_dashboard_shows_the_countdown_then_the_new_attempt(fake: FakeCluster, store: JobStore,
+                                                                tmp_path: Path) -> None:
+    board = Board()
+    events: list[Event] = []
+    runner = owned(fake, store, tmp_path, RestartPolicy(max=1, backoff_first=30, backoff_most=30), events, FakeClock())
+    states: list[str] = []
+
+    def show(event: Event) -> None:
+        board.apply(event)
+        if isinstance(event, (AttemptRestarting, AttemptStarted)):
+            states.append(board.state)
+
+    board.apply(dataclasses.replace(attempt_event(runner.job.plan, 1), attempt=1))  # what `up` shows first
+    runner.subscribe(show)
+
+    def drive() -> None:
+        fail(fake, 1)
+        fake.wait_started(JOB, 0, 2).exit(0)
+        fake.wait_started(JOB, 1, 2).exit(0)
+
+    assert run(runner, drive) is not None
+    assert states[0] == "restarting" and states[-1] == "starting" and board.attempt == 2
+    assert any("attempt 2 starts in" in note and "restart 1 of 1" in note for note in board.notes)
     runner.close()
