@@ -1,40 +1,40 @@
-"""The owner of an attempt's life: its checks, its start, its verified stop and its recorded state.
+"""The owner of an attempt's life: its start, its verified stop and its recorded state.
 
-Every attempt starts here: ``up``'s first (``check_script``, the probe, ``preflight``, then
-``launch`` through ``Runner.start``), and ``restart``'s, the dashboard's R's and the start-up
-retry's (``NextAttempt``, ``restart``). The order is the guarantee: every check (the hosts file,
-``env_file`` and ``forward_env``, the secret ``--env`` values, the script, the probe, a dry run of
-the sync, the preflight) runs **before** anything of the running attempt is stopped, so a refused
-restart leaves it running; then the one stop path (``stop``: recorded ``stopping``, the agents'
-verified stop, then ``stopped``); then the start. What the next attempt is made of is read from
-the record once, into an ``AttemptSpec``, and passed on.
+Every attempt starts through ``start``: ``up``'s first (checked by ``checks.check_new``, started
+by ``Runner.start``), and the next one of ``restart``, the dashboard's R, the start-up retry, the
+restart policy and ``Runner.request_restart`` (``NextAttempt``, ``restart``). The order is the
+guarantee: every check (``checks``: the hosts file, ``env_file`` and ``forward_env``, the secret
+``--env`` values, the script, the probe, a dry run of the sync, the preflight) runs **before**
+anything of the running attempt is stopped, so a refused restart leaves it running; then the one
+stop path (``stop``: recorded ``stopping``, the agents' verified stop, then ``stopped``; for an
+automatic restart of a failed attempt, the agents' verified stop alone); then the sync, the
+hosts' setup and ``start``. What the next attempt is made of is read from the record once, into
+an ``AttemptSpec``, and passed on.
 
 The job's recorded state changes only through ``jobstate.transition`` (``_move``), here: the
-``Recorder`` (what the owner's follower sees), ``reconcile`` (the hosts' word for a job nobody
-owns), the stop, a failed start and the start of the next attempt.
+``Recorder`` (what the owner's follower sees, the attempt's start, a failed start and the owner's
+restart decision, ``Recorder.retry``), ``reconcile`` (the hosts' word for a job nobody owns), the
+stop and ``give_up``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clusterrun import doctor, lifecycle
+from clusterrun.checks import AttemptSpec, checked_attempt, note
 from clusterrun.config import ClusterSpec
-from clusterrun.environment import MASK, mask_env, resolve, unmask
-from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError, TransportError
+from clusterrun.environment import mask_env
+from clusterrun.errors import ClusterrunError, HostsUnavailable, StateError, TransportError
 from clusterrun.events import (
     AttemptStarted,
     Event,
     JobFinished,
-    JobNote,
     JobResult,
     JobState,
     NodeExited,
@@ -47,11 +47,11 @@ from clusterrun.events import (
 )
 from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
 from clusterrun.jobstate import Change, outcome, transition
-from clusterrun.lifecycle import per_node, spec_of, status_of, stop_job
+from clusterrun.lifecycle import per_node, status_of, stop_job
 from clusterrun.orchestrator import Emit, Job, node_state_of
-from clusterrun.plan import LaunchPlan, node_env, plan_from_json, plan_to_json
+from clusterrun.plan import LaunchPlan, plan_to_json
 from clusterrun.protocol import HostState
-from clusterrun.sync import source_of, sync_hosts
+from clusterrun.sync import sync_hosts
 
 # ------------------------------------------------------------------------------ the state
 
@@ -64,15 +64,15 @@ def _move(record: JobRecord, change: Change) -> bool:
         return False
     record.state = new
     if record.attempts:
-        record.attempts[-1].state = new
-        if new.is_terminal:
+        record.attempts[-1].state = new if new is not JobState.RESTARTING else JobState.FAILED
+        if new.is_terminal or new is JobState.RESTARTING:
             record.attempts[-1].ended = record.attempts[-1].ended or time.time()
     return True
 
 
 def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overrides: dict[str, str],
                local_cwd: str, ssh_config: str | None, unreachable_timeout: float | None = None,
-               retry_startup: bool = True) -> JobRecord:
+               retry_startup: bool = True, max_restarts: int | None = None) -> JobRecord:
     """The record of a job about to start its first attempt (``starting``)."""
     return JobRecord(
         job_id=plan.job_id, name=plan.name, created=time.time(), hosts_file=os.path.abspath(hosts_file),
@@ -80,6 +80,7 @@ def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overri
         env_overrides=mask_env(env_overrides, plan.secret_env), local_cwd=local_cwd, grace=plan.grace,
         ssh_config=ssh_config,
         plan=plan_to_json(plan), attempt=1, unreachable_timeout=unreachable_timeout, retry_startup=retry_startup,
+        max_restarts=max_restarts,
         attempts=[AttemptRecord(1, started=time.time(), master_port=plan.master_port)],
         nodes=[NodeRecord(n.rank, n.host.host) for n in plan.nodes],
     )
@@ -100,15 +101,31 @@ def attempt_event(plan: LaunchPlan, attempt: int, record: JobRecord | None = Non
                           ended=times.ended if times is not None else None)
 
 
+@dataclass(frozen=True)
+class Retry:
+    """The owner's decision to restart a failed attempt: ``kind`` "policy" (``restart:``),
+    "start-up" (the start-up retry) or "requested" (``Runner.request_restart``: the owner stopped
+    it to restart it), at the wall-clock time ``at``, for ``reason``."""
+
+    kind: str
+    at: float
+    reason: str
+
+
+Decide = Callable[[JobRecord, JobResult], "Retry | None"]
+
+
 class Recorder:
     """An ``emit`` consumer that keeps the job's record up to date with what its owner's follower
     sees (and nothing else). Lifecycle: ``Recorder(store, job_id, attempt)`` → ``job.subscribe(it)``
-    → ``flush()``."""
+    → ``flush()``. ``retry``: the owner's restart decision for a failed attempt, taken in the same
+    write that ends it (``restarting`` instead of ``failed``: nobody sees an end that is not one)."""
 
-    def __init__(self, store: JobStore, job_id: str, attempt: int) -> None:
+    def __init__(self, store: JobStore, job_id: str, attempt: int, retry: Decide | None = None) -> None:
         self.store = store
         self.job_id = job_id
         self.attempt = attempt
+        self.retry = retry
         self._pending: list[Callable[[JobRecord], None]] = []
         self._idle = threading.Condition()
         self._writer: threading.Thread | None = None
@@ -142,6 +159,16 @@ class Recorder:
             except (OSError, ClusterrunError) as exc:  # the record is gone or damaged: say so, go on
                 text = exc.render() if isinstance(exc, ClusterrunError) else str(exc)
                 print(f"clusterrun: cannot update the record of job {self.job_id}: {text}", file=sys.stderr)
+
+    def begin(self, change: Callable[[JobRecord], None]) -> JobRecord:
+        """Record the start of this attempt (``change``) now, in the caller's thread: what it
+        raises (``Cancelled``, ``IllegalTransition``, ``StateError``) stops the start."""
+        return self.store.update(self.job_id, change)
+
+    def start_failed(self, error: ClusterrunError) -> None:
+        """This attempt could not start on every host (those that started were stopped again)."""
+        self.flush()
+        self.store.update(self.job_id, _failed_start(self.attempt, error))
 
     def flush(self) -> None:
         """Return once every change submitted so far is in the record."""
@@ -196,11 +223,18 @@ class Recorder:
         def change(record: JobRecord) -> None:
             if record.attempt != self.attempt:
                 return
-            moved = [_move(record, c) for c in changes]
-            if any(moved) and record.state in (JobState.FAILED, JobState.LOST):
+            retry = None
+            ended_badly = end in (JobState.FAILED, JobState.LOST) or result.interrupted is not None
+            if ended_badly and changes and record.state in (JobState.STARTING, JobState.RUNNING):
+                retry = self.retry(record, result) if self.retry is not None else None  # stopped to restart?
+            moved = [_move(record, c) for c in ([Change.RETRY] if retry is not None else changes)]
+            if retry is not None and record.attempts:
+                record.attempts[-1].state, record.attempts[-1].restart = end or JobState.STOPPED, retry.kind
+                record.restart_at = retry.at
+            if any(moved) and record.state in (JobState.FAILED, JobState.LOST, JobState.RESTARTING):
                 attempt = record.attempts[-1]
                 cause = result.root_cause
-                attempt.root_cause = cause.describe() if cause else None
+                attempt.root_cause = cause.describe() if cause else (retry.reason if retry else None)
                 explained = cause.explanation if cause else None
                 attempt.cause, attempt.fix = (explained.cause, explained.fix) if explained else (None, None)
 
@@ -295,13 +329,30 @@ def refresh(store: JobStore, record: JobRecord) -> JobRecord:
     return record
 
 
-def mark_failed_start(store: JobStore, job_id: str, attempt: int, error: ClusterrunError) -> None:
-    """The attempt could not start on every host (those that started were stopped again)."""
+def give_up(store: JobStore, job_id: str, attempt: int, why: str) -> None:
+    """A restart the owner decided could not be carried out: the job is ``failed`` with ``why``
+    (unless a stop came first: then it stays stopped)."""
+    def change(rec: JobRecord) -> None:
+        if rec.attempt == attempt and rec.state is JobState.RESTARTING and _move(rec, Change.GIVE_UP):
+            rec.attempts[-1].root_cause = f"{rec.attempts[-1].root_cause or 'failed'}; not restarted: {why}"
+            rec.restart_at = None
+
+    store.update(job_id, change)
+
+
+def _failed_start(attempt: int, error: ClusterrunError) -> Callable[[JobRecord], None]:
+    """The change that records that ``attempt`` could not start on every host (those that started
+    were stopped again)."""
     def change(rec: JobRecord) -> None:
         if rec.attempt == attempt and _move(rec, Change.START_FAILED) and rec.state is JobState.FAILED:
             rec.attempts[-1].root_cause = f"could not start: {error.render()}"
 
-    store.update(job_id, change)
+    return change
+
+
+def mark_failed_start(store: JobStore, job_id: str, attempt: int, error: ClusterrunError) -> None:
+    """The attempt could not start on every host (those that started were stopped again)."""
+    Recorder(store, job_id, attempt).start_failed(error)
 
 
 def record_stop(store: JobStore, record: JobRecord, reports: Mapping[int, StopReport]) -> JobRecord:
@@ -363,132 +414,7 @@ def stop(store: JobStore, record: JobRecord, grace: float | None = None,
     return reports, None
 
 
-# ------------------------------------------------------------------------------ the checks
-
-
-@dataclass(frozen=True)
-class AttemptSpec:
-    """What the next attempt of a recorded job is made of, read once: the hosts file as recorded
-    with ``env_file`` and ``forward_env`` read now (``spec``), the ``--env`` values with their
-    secrets taken from this environment (``overrides``), and the current attempt's plan."""
-
-    spec: ClusterSpec
-    plan: LaunchPlan
-    overrides: Mapping[str, str]
-    notes: tuple[str, ...] = ()
-
-    @classmethod
-    def of(cls, record: JobRecord, environ: Mapping[str, str]) -> AttemptSpec:
-        """Raises ``ConfigError`` for a file that cannot be read or a secret no longer found: a
-        secret value is kept masked in the record, so only this environment can give it again."""
-        spec, notes = resolve(spec_of(record), environ)
-        overrides = unmask(record.env_overrides, environ, "--env")
-        return cls(spec, plan_from_json(record.plan, spec), overrides, tuple(notes))
-
-    def plan_to_start(self) -> LaunchPlan:
-        """The current attempt's plan with its secret values again (for starting nodes that were
-        never started); ``ConfigError`` for one no longer found."""
-        nodes = []
-        for node in self.plan.nodes:
-            fresh = node_env(node.host, self.overrides)
-            env = dict(node.env)
-            for name, value in node.env.items():
-                if value == MASK:
-                    if name not in fresh:
-                        raise ConfigError(f"{name}: its value is secret, so it was not kept on this machine, and it "
-                                          "is no longer found (forward_env, env_file)", key="env",
-                                          hint=f"export {name}=... (or restore the env_file) and run this again")
-                    env[name] = fresh[name]
-            nodes.append(dataclasses.replace(node, env=env))
-        return dataclasses.replace(self.plan, nodes=tuple(nodes))
-
-
-def plan_to_start(record: JobRecord) -> LaunchPlan:
-    """The recorded plan of the current attempt with its secret values, read from this environment."""
-    return AttemptSpec.of(record, os.environ).plan_to_start()
-
-
-def check_script(spec: ClusterSpec, script: str, local_cwd: str, sync: str | None = None) -> None:
-    """For local hosts the script must exist where torchrun will look for it (in the directory
-    synced there, for a host with `sync`)."""
-    for host in spec.hosts:
-        if host.transport != "local":
-            continue
-        base = os.path.expanduser(host.workdir) if host.workdir else local_cwd
-        base = source_of(spec, host, sync) or base
-        path = os.path.join(base, script)
-        if not os.path.isfile(path):
-            close = _close_script(path)
-            hint = (f"did you mean {os.path.join(os.path.dirname(script), close)}?" if close else
-                    "give the script's path relative to the current directory or the host's workdir "
-                    "(or `sync: .` in the hosts file to copy the project there)")
-            raise ConfigError(f"{path} does not exist (needed by local host {host.host!r})", path=script, hint=hint)
-
-
-def _close_script(path: str) -> str | None:
-    """The file beside ``path`` whose name is closest to its name (``trian.py`` -> ``train.py``)."""
-    try:
-        names = [e.name for e in os.scandir(os.path.dirname(path) or ".") if e.is_file()]
-    except OSError:
-        return None
-    close = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.75)
-    return close[0] if close else None
-
-
-def preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, full: bool, local_cwd: str,
-              synced: Collection[int] = (), test_port: bool = True) -> list[str]:
-    """``doctor``'s checks on the probed hosts before anything starts (or stops): raises the
-    refusal (``HostsUnavailable``, one line and a fix per problem); else the warnings."""
-    report = doctor.preflight([job.probed(rank) for rank in range(plan.nnodes)], spec, script,
-                              addr=plan.master_addr, port=plan.master_port, local_cwd=local_cwd, full=full,
-                              synced=synced, test_port=test_port)
-    refused = doctor.refusal(report)
-    if refused is not None:
-        raise refused
-    return doctor.warnings(report)
-
-
-def _note(emit: Emit | None, text: str) -> None:
-    if emit is not None:
-        emit(JobNote(None, text=text))
-
-
-def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *, full: bool) -> Job:
-    """The next attempt probed and checked, nothing started nor stopped: the script, the probe, a
-    dry run of the sync, the preflight (a fixed master port held by the running attempt is not
-    tested). Raises ``ConfigError`` or ``HostsUnavailable``; the caller closes the ``Job``."""
-    for note in aspec.notes:
-        _note(emit, f"warning: {note}")
-    check_script(aspec.spec, record.script, record.local_cwd)
-    job = Job(aspec.spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
-              env_overrides=dict(aspec.overrides), local_cwd=record.local_cwd, grace=record.grace,
-              attempt=record.attempt + 1, transport_factory=lifecycle.transport_factory(record))
-    try:
-        plan = job.prepare(run_setup=False)
-        sync_hosts(aspec.spec, job.agents, dry_run=True)
-        synced = {rank for rank, host in enumerate(aspec.spec.hosts) if host.sync}
-        held = aspec.spec.master_port is not None and not record.finished
-        for warning in preflight(job, plan, aspec.spec, record.script, full=full, local_cwd=record.local_cwd,
-                                 synced=synced, test_port=not held):
-            _note(emit, f"warning: {warning}")
-    except BaseException:
-        job.close()
-        raise
-    return job
-
-
 # ------------------------------------------------------------------------------ the start
-
-
-def launch(store: JobStore, job: Job, recorder: Recorder) -> None:
-    """Start every node of the prepared attempt; on failure the record says so and the nodes that
-    started were stopped again (``HostsUnavailable``)."""
-    try:
-        job.start()
-    except HostsUnavailable as exc:
-        recorder.flush()
-        mark_failed_start(store, job.job_id, job.attempt, exc)
-        raise
 
 
 class NextAttempt:
@@ -499,24 +425,33 @@ class NextAttempt:
     ``close()``. A consumer with a follower of its own (the dashboard) stops following between
     the two."""
 
-    def __init__(self, record: JobRecord, emit: Emit, *, full_preflight: bool = True) -> None:
+    def __init__(self, record: JobRecord, emit: Emit, *, full_preflight: bool = True,
+                 script_args: Sequence[str] | None = None) -> None:
         self.record = record
         self.emit = emit
         self.aspec = AttemptSpec.of(record, os.environ)
         self.aspec.plan_to_start()  # a secret of the running attempt that is no longer found refuses here
-        self.job = checked_attempt(record, self.aspec, emit, full=full_preflight)
+        self.job = checked_attempt(record, self.aspec, emit, full=full_preflight, script_args=script_args)
 
-    def replace(self, store: JobStore, *, owner_fd: int | None = None, grace: float | None = None) -> JobRecord:
+    def replace(self, store: JobStore, *, owner_fd: int | None = None, grace: float | None = None,
+                automatic: bool = False) -> JobRecord:
         """Stop the current attempt on every node (verified), then start this one; its record.
         ``NotStopped`` (nothing new started) when a node could not be verified stopped.
 
         ``owner_fd``: the caller owns the job and keeps owning it. Otherwise the owner lock is
-        waited for (the monitor of the stopped attempt exits) and given to a new monitor."""
+        waited for (the monitor of the stopped attempt exits) and given to a new monitor.
+        ``automatic``: the owner's restart of a failed attempt (``restarting``): its stop is not
+        the user's (the record stays ``restarting``), and ``Cancelled`` if a stop came first."""
         record = store.load(self.record.job_id)
         if record.attempt != self.record.attempt:
             raise ClusterrunError(f"not restarting job {record.job_id}: it was restarted meanwhile "
                                   f"(attempt {record.attempt})", hint=f"`clusterrun ps {record.job_id}`")
-        reports, unrecorded = stop(store, record, grace, spec=self.aspec.spec)
+        if automatic and record.state is not JobState.RESTARTING:
+            raise Cancelled(f"not restarting job {record.job_id}: it is {record.state}")
+        if automatic:
+            reports, unrecorded = stop_job(record, grace=grace, spec=self.aspec.spec), None
+        else:
+            reports, unrecorded = stop(store, record, grace, spec=self.aspec.spec)
         for rank in sorted(reports):
             self.emit(NodeStopped(rank, report=reports[rank]))
         if unrecorded is not None:
@@ -532,7 +467,13 @@ class NextAttempt:
             raise ClusterrunError(f"job {record.job_id} is still owned by another clusterrun process",
                                   hint="wait for it to finish, or stop it")
         try:
-            new = _start_next(store, self.job, self.aspec, self.emit)
+            for rank, report in sorted(sync_hosts(self.aspec.spec, self.job.agents).items()):  # `sync:`, if any
+                note(self.emit, f"sync node{rank} {report.host}: {report.describe()}")
+            recorder = Recorder(store, record.job_id, self.job.attempt)
+            self.job.subscribe(recorder)
+            start(self.job, self.emit, recorder, automatic=automatic)
+            recorder.flush()  # the nodes' pids and states, before the record is read back
+            new = store.load(record.job_id)
         except BaseException:
             if owner_fd is None:
                 store.release(owner)
@@ -546,41 +487,58 @@ class NextAttempt:
 
 
 def restart(store: JobStore, record: JobRecord, emit: Emit, *, owner_fd: int | None = None,
-            grace: float | None = None, full_preflight: bool = True) -> JobRecord:
+            grace: float | None = None, full_preflight: bool = True, automatic: bool = False,
+            script_args: Sequence[str] | None = None) -> JobRecord:
     """Check the next attempt, stop the current one (verified), start the next: ``NextAttempt``."""
-    attempt = NextAttempt(record, emit, full_preflight=full_preflight)
+    attempt = NextAttempt(record, emit, full_preflight=full_preflight, script_args=script_args)
     try:
-        return attempt.replace(store, owner_fd=owner_fd, grace=grace)
+        return attempt.replace(store, owner_fd=owner_fd, grace=grace, automatic=automatic)
     finally:
         attempt.close()
 
 
-def _start_next(store: JobStore, job: Job, aspec: AttemptSpec, emit: Emit) -> JobRecord:
-    """Sync, set up and start the checked attempt ``job`` (the last one is verified stopped)."""
+class Cancelled(ClusterrunError):
+    """An automatic restart found the job stopped (``down`` during the backoff): nothing started."""
+
+
+def start(job: Job, emit: Emit, recorder: Recorder, *, first: bool = False, automatic: bool = False) -> None:
+    """The one start of an attempt, checked (``checks``) and with the last one verified stopped:
+    ``up``'s ``first`` (its record just created, its setup run by ``checks.check_new``), and the
+    next attempt of ``restart``, the start-up retry and the restart policy (the hosts' setup, then
+    the attempt's start in the record: only from an end, or, ``automatic``, from ``restarting``,
+    else ``Cancelled`` with nothing written). Then every node starts; on a failure the record
+    says so and the nodes that started were stopped again (``HostsUnavailable``). ``recorder``,
+    subscribed to ``job`` by the caller, writes the attempt's record, its start's too."""
     plan = job.plan
     if plan is None:
-        raise RuntimeError("_start_next() before checked_attempt()")
-    for rank, report in sorted(sync_hosts(aspec.spec, job.agents).items()):  # `sync:` of the hosts file, if any
-        _note(emit, f"sync node{rank} {report.host}: {report.describe()}")
-    job.setup()
+        raise RuntimeError("start() before the checks")
+    event, begin = attempt_event(plan, job.attempt), _begun(plan, job.attempt, job.script_args, automatic)
+    if not first:
+        job.setup()
+        recorder.begin(begin)
+        emit(event)  # before the nodes' start: shown as the new attempt's
+    try:
+        job.start()
+    except HostsUnavailable as exc:
+        recorder.start_failed(exc)
+        raise
 
+
+def _begun(plan: LaunchPlan, attempt: int, script_args: Sequence[str], automatic: bool) -> Callable[[JobRecord], None]:
+    """The change that records the start of the next attempt ``attempt`` of ``plan``."""
     def begin(rec: JobRecord) -> None:
+        if automatic and rec.state is not JobState.RESTARTING:
+            raise Cancelled(f"not restarting job {rec.job_id}: it is {rec.state}")
         transition(rec.state, Change.START)  # only from an end (raises, nothing written): never two attempts
-        rec.attempts.append(AttemptRecord(job.attempt, started=time.time(), master_port=plan.master_port))
+        rec.attempts.append(AttemptRecord(attempt, started=time.time(), master_port=plan.master_port))
         _move(rec, Change.START)
-        rec.attempt, rec.plan = job.attempt, plan_to_json(plan)
+        rec.attempt, rec.plan, rec.restart_at = attempt, plan_to_json(plan), None
+        rec.script_args = list(script_args)  # `restart JOB -- ARGS` replaces them from now on
         rec.adopted = False  # this controller starts the attempt: it owns it (and monitors it)
         rec.nodes = [NodeRecord(n.rank, n.host.host) for n in plan.nodes]
 
-    record = store.update(job.job_id, begin)
-    emit(attempt_event(plan, job.attempt, record))  # before the nodes' start: shown as the new attempt's
-    recorder = Recorder(store, record.job_id, job.attempt)
-    job.subscribe(recorder)
-    launch(store, job, recorder)
-    recorder.flush()  # the nodes' pids and states, before the record is read back
-    return store.load(record.job_id)
+    return begin
 
 
-__all__ = ["AttemptSpec", "NextAttempt", "NotStopped", "Recorder", "attempt_event", "begin_stop", "check_script",
-           "checked_attempt", "launch", "new_record", "plan_to_start", "preflight", "reconcile", "record_stop",
-           "refresh", "restart", "stop"]
+__all__ = ["Cancelled", "NextAttempt", "NotStopped", "Recorder", "Retry", "attempt_event", "begin_stop", "give_up",
+           "new_record", "reconcile", "record_stop", "refresh", "restart", "start", "stop"]

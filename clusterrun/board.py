@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from clusterrun.events import (
+    AttemptRestarting,
     AttemptStarted,
     Event,
     JobFinished,
@@ -124,6 +125,7 @@ class Board:
         self.first_failure: int | None = None  # the node that failed first, while the job runs
         self.stops: dict[int, StopReport] = {}
         self.notes: deque[str] = deque(maxlen=200)
+        self.restarting: AttemptRestarting | None = None  # the owner restarts the job: the countdown's latest
         self.changed: set[int] = set()  # rows whose state changed: redraw them now
         self.gpus_shown = False  # some node's host has nvidia-smi: the table has a GPU column
         self.header_changed = True
@@ -195,6 +197,9 @@ class Board:
             self.note(describe_stop(report))
         elif isinstance(event, JobNote):
             self.note(event.text)
+        elif isinstance(event, AttemptRestarting):
+            self.restarting = event
+            self.note(event.describe())  # the countdown: one note per AttemptRestarting the owner emits
         elif isinstance(event, JobFinished):
             self.result = event.result
             if self.ended is None:  # else the record said when the attempt ended
@@ -207,6 +212,7 @@ class Board:
         if self.attempt and event.attempt > self.attempt:  # replaces "restarting: ..." and the stop's notes
             self.note(f"attempt {event.attempt} started")
         self.job_id, self.name, self.attempt = event.job_id, event.name, event.attempt
+        self.restarting = None
         self.master, self.world_size = f"{event.master_addr}:{event.master_port}", event.world_size
         self.result, self.ended, self.first_failure = None, None, None
         self.stops = {}
@@ -235,8 +241,11 @@ class Board:
 
     @property
     def state(self) -> str:
-        """The job's state: starting, running, stopping, succeeded, failed, stopped, lost, or
-        unreachable (a stop that could not reach a host: the job may still run there)."""
+        """The job's state: starting, running, stopping, succeeded, failed, stopped, lost,
+        restarting (the owner restarts it: ``restarting``), or unreachable (a stop that could not
+        reach a host: the job may still run there)."""
+        if self.restarting is not None and self.restarting.failed == self.attempt:
+            return "restarting"
         if self.result is not None:
             ended = JobState.of_nodes(n.state for n in self.result.nodes)
             return ended.value if ended is not None else "unreachable"  # stopped, but a host was not reached

@@ -28,6 +28,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from clusterrun.envrules import check_env_entry, check_env_total, looks_secret
 from clusterrun.errors import ConfigError
 from clusterrun.nodesets import NodeSetError, expand, is_nodeset
+from clusterrun.restarts import RestartPolicy, parse_backoff, parse_duration
 
 Transport = Literal["ssh", "local"]
 
@@ -84,6 +85,7 @@ class ClusterSpec:
     state_dir: str | None = None
     ssh_config: str | None = None
     secret_env: tuple[str, ...] = ()  # more names (or glob patterns) whose values are masked
+    restart: RestartPolicy = RestartPolicy()  # restarts of the whole job after a failure (none by default)
 
 
 _TAG = "tag:yaml.org,2002:"
@@ -92,11 +94,12 @@ _TIMESTAMP, _MERGE = _TAG + "timestamp", _TAG + "merge"
 _ALLOWED_TAGS = {_STR, _INT, _FLOAT, _BOOL, _NULL, _TIMESTAMP, _MERGE, _TAG + "seq", _TAG + "map"}
 
 _TOP_KEYS = ("hosts", "defaults", "env", "master", "state_dir", "ssh_config", "forward_env", "env_file",
-             "secret_env")
+             "secret_env", "restart")
 _SHARED_KEYS = ("port", "user", "identity_file", "gpus", "nproc", "python", "workdir", "env", "transport",
                 "sync", "sync_exclude", "forward_env", "env_file", "setup")
 _HOST_KEYS = ("host", "address", *_SHARED_KEYS)
 _MASTER_KEYS = ("addr", "port")
+_RESTART_KEYS = ("max", "backoff", "on_exit_codes", "window")
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ENV_PATTERN = re.compile(r"[A-Za-z0-9_*?]+\Z")  # a name, or a glob of one (forward_env, secret_env)
@@ -482,7 +485,31 @@ class _Parser:
             state_dir=self.string(top["state_dir"], "state_dir") if "state_dir" in top else None,
             ssh_config=self.string(top["ssh_config"], "ssh_config") if "ssh_config" in top else None,
             secret_env=self.secret_env,
+            restart=self.restart(top["restart"]) if "restart" in top else RestartPolicy(),
         )
+
+    def restart(self, node: Node) -> RestartPolicy:
+        """``restart: {max: 3, backoff: 30s..10m, on_exit_codes: [1], window: 6h}`` (see clusterrun.restarts)."""
+        entries = self.fields(node, "restart", _RESTART_KEYS, "a mapping such as {max: 3, backoff: 30s..10m}")
+        most = self.integer(entries["max"], "restart.max", "a count from 0 to 1000", 0, 1000) if "max" in entries else 0
+        timing: dict[str, Any] = {}
+        for key, parse in (("backoff", parse_backoff), ("window", parse_duration)):
+            if key in entries:
+                vnode = entries[key]
+                if not (isinstance(vnode, ScalarNode) and vnode.tag in (_STR, _INT, _FLOAT)):
+                    raise self.expected("a duration such as 30s, 10m or 6h", vnode, f"restart.{key}")
+                try:
+                    timing[key] = parse(str(vnode.value))
+                except ValueError as exc:
+                    raise self.error(str(exc), vnode, f"restart.{key}", "e.g. backoff: 30s..10m, window: 6h") from None
+        codes, items = None, entries.get("on_exit_codes")
+        if items is not None:
+            if not (isinstance(items, SequenceNode) and items.value):
+                raise self.expected("a non-empty list of exit codes", items, "restart.on_exit_codes")
+            codes = tuple(self.integer(item, f"restart.on_exit_codes[{i}]", "an exit code from 0 to 255", 0, 255)
+                          for i, item in enumerate(items.value))
+        first, longest = timing.get("backoff", (30.0, 600.0))
+        return RestartPolicy(most, first, longest, codes, timing.get("window"))
 
     def master_port(self, node: Node) -> int | None:
         if isinstance(node, ScalarNode) and node.tag == _STR and node.value == "auto":

@@ -68,6 +68,7 @@ class JobState(_Named):
     STARTING = "starting"
     RUNNING = "running"
     STOPPING = "stopping"
+    RESTARTING = "restarting"  # an attempt failed; the next starts after a backoff (``restart:``)
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
@@ -75,7 +76,7 @@ class JobState(_Named):
 
     @property
     def is_terminal(self) -> bool:
-        return self not in (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
+        return self not in (JobState.STARTING, JobState.RUNNING, JobState.STOPPING, JobState.RESTARTING)
 
     @classmethod
     def of_nodes(cls, states: Iterable[NodeState | str]) -> JobState | None:
@@ -360,6 +361,34 @@ class AttemptStarted(Event):
     nodes: tuple[tuple[str, int, str | None], ...]
     started: float | None = None
     ended: float | None = None
+
+
+@dataclass(frozen=True)
+class AttemptRestarting(Event):
+    """Attempt ``failed`` ended and its owner restarts the whole job as attempt ``attempt``:
+    emitted when the wait begins and, for the restart policy's backoff, as it counts down
+    (``remaining`` seconds, until the wall-clock time ``at``). ``kind``: "policy" (``restart:``;
+    ``restart`` of ``most`` counts the job's restarts by it), "start-up" (the start-up retry) or
+    "requested" (``on_hang: restart`` and the like); ``reason``: why the attempt ended."""
+
+    job_id: str
+    attempt: int
+    failed: int
+    at: float
+    remaining: float
+    kind: str
+    restart: int
+    most: int | None
+    reason: str
+
+    def describe(self) -> str:
+        if self.kind == "start-up":
+            return (f"attempt {self.failed} failed at start-up: {self.reason}; retrying once as attempt "
+                    f"{self.attempt} (--no-retry-startup turns this off)")
+        if self.kind != "policy":
+            return f"attempt {self.failed} stopped ({self.reason}); restarting the job as attempt {self.attempt}"
+        return (f"attempt {self.failed} failed ({self.reason}); attempt {self.attempt} starts in "
+                f"{self.remaining:.0f} s (restart {self.restart} of {self.most}; `clusterrun down` cancels)")
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,8 @@ def job_state_text(record: JobRecord, now: float) -> str:
     job are unreachable, ``running; node 1 unreachable since 16:04:05Z`` (``nodes 1, 3 ...``:
     since the first of them)."""
     lost = [record.nodes[rank] for rank in unreachable_ranks(record)]
+    if record.state is JobState.RESTARTING and record.restart_at is not None:
+        return f"restarting: attempt {record.attempt + 1} starts in {max(0, record.restart_at - now):.0f} s"
     if not lost:
         return str(record.state)
     since = min(n.unreachable_since for n in lost if n.unreachable_since is not None)
@@ -175,12 +177,26 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
         "hosts_file": record.hosts_file,
         "script": record.script,
         "args": list(record.script_args),
+        "restart_at": iso(record.restart_at) if record.state is JobState.RESTARTING else None,
         "attempts": [{"attempt": a.attempt, "state": str(a.state), "started": iso(a.started),
                       "ended": iso(a.ended), "master_port": a.master_port, "root_cause": a.root_cause,
-                      "cause": a.cause, "fix": a.fix}
+                      "cause": a.cause, "fix": a.fix, "restarted": a.restart,
+                      "duration": round(a.ended - a.started, 3) if a.ended is not None else None}
                      for a in record.attempts],
         "nodes": nodes,
     }
+
+
+def history_rows(record: JobRecord, now: float) -> list[tuple[str, ...]]:
+    """``ps JOB``'s table of the job's attempts: when each started, for how long it ran, how it
+    ended, whether it was restarted (by the policy, or the start-up retry) and its root cause."""
+    rows: list[tuple[str, ...]] = [("ATTEMPT", "STARTED", "DURATION", "STATE", "RESTARTED", "ROOT CAUSE")]
+    for a in record.attempts:
+        duration = (a.ended if a.ended is not None else now) - a.started
+        cause = (a.root_cause or "").split("\n", 1)[0]
+        rows.append((str(a.attempt), iso(a.started) or "-", f"{duration:.0f} s", str(a.state), a.restart or "-",
+                     cause or "-"))
+    return rows
 
 
 def jobs_json(records: Iterable[JobRecord], hosts: Mapping[int, Mapping[str, Any]] | None = None,

@@ -100,6 +100,7 @@ class AttemptRecord:
     root_cause: str | None = None
     cause: str | None = None  # a known failure signature's cause and fix (``events.Explanation``)
     fix: str | None = None
+    restart: str | None = None  # "policy" or "start-up": this attempt's failure was restarted so
 
 
 @dataclass
@@ -123,6 +124,8 @@ class JobRecord:
     unreachable_timeout: float | None = None  # --unreachable-timeout: silence that counts as a loss
     retry_startup: bool = True  # retry a known transient start-up failure once (--no-retry-startup)
     adopted: bool = False  # made from its hosts' state (`--hosts`): no monitor for it here until a restart here
+    max_restarts: int | None = None  # up --max-restarts (None: the hosts file's restart.max)
+    restart_at: float | None = None  # while ``restarting``: when the next attempt starts (time.time())
     attempts: list[AttemptRecord] = field(default_factory=list)
     nodes: list[NodeRecord] = field(default_factory=list)
     version: int = RECORD_VERSION

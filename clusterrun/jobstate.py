@@ -12,12 +12,19 @@ with the attempt it belongs to (``JobRecord.attempt``): news of an older attempt
                      └────────────stop────────────────┴──→ stopping ─stop-verified─→ stopped
                                                                     └stop-unverified→ running
     an end (succeeded, failed, stopped, lost) ──start──→ starting   (the next attempt)
+    starting / running ──retry──→ restarting ──start──→ starting   (a failure restarted by policy)
+                                      ├──stop──→ stopping ──stop-verified──→ stopped
+                                      └──give-up──→ failed   (the restart could not be carried out)
 
 A running attempt is never started again: ``start`` is legal only from an end, so a restart
 goes through ``stopping`` and a verified ``stopped`` first. Once ``stopping``, what the follower
 sees of the nodes (they fail or vanish as they are killed) does not decide the end: the stop
 does, and a ``stopped`` job stays stopped (the follower's late news is absorbed by every end).
 A hand-over (``up`` gives the job to its monitor) changes the job's owner, not its state.
+A failure the restart policy (or the start-up retry) restarts is recorded ``restarting``, not
+``failed``, in the same change: ``wait`` never sees an end that is not one; a ``down`` during the
+backoff moves it to ``stopped``, from which no automatic restart starts (``start`` after a retry
+is taken only from ``restarting``: ``attempt.NextAttempt.replace(automatic=True)``).
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ class Change(str, Enum):
     STOP = "stop"  # a verified stop was asked for (down, Ctrl-C, the dashboard's K, restart)
     STOP_VERIFIED = "stop-verified"  # the hosts confirmed nothing of the attempt is left
     STOP_UNVERIFIED = "stop-unverified"  # a host could not be reached, or something is left: it may run
+    RETRY = "retry"  # every node ended, one badly, and the owner restarts the job (restart policy, start-up retry)
+    GIVE_UP = "give-up"  # a restart could not be carried out (its checks refused, the failed attempt not stopped)
 
 
 _ENDS = (S.SUCCEEDED, S.FAILED, S.STOPPED, S.LOST)
@@ -59,9 +68,19 @@ TABLE: dict[tuple[JobState, Change], JobState] = {
     (S.STOPPING, Change.START_FAILED): S.STOPPED,  # the start failed while stopping: nothing runs
     **{(S.STOPPING, c): S.STOPPING for c in _OUTCOME},  # nodes killed by the stop: the stop decides
     **{(end, Change.START): S.STARTING for end in _ENDS},
+    **{(live, Change.RETRY): S.RESTARTING for live in (S.STARTING, S.RUNNING)},
+    (S.STOPPING, Change.RETRY): S.STOPPING,  # a stop was asked for: it decides, nothing restarts
+    (S.RESTARTING, Change.START): S.STARTING,
+    (S.RESTARTING, Change.STOP): S.STOPPING,  # `down` during the backoff: no attempt starts
+    (S.RESTARTING, Change.STOP_VERIFIED): S.STOPPED,
+    (S.RESTARTING, Change.GIVE_UP): S.FAILED,
+    # the failed attempt's late news (a reconcile of its ended nodes) leaves the backoff as it is
+    **{(S.RESTARTING, c): S.RESTARTING for c in (*_OUTCOME, Change.STOP_UNVERIFIED, Change.ALL_RUNNING,
+                                                 Change.START_FAILED, Change.RETRY)},
     # An attempt ends once: late news (the follower's, a second stop) leaves the end as it is.
     **{(end, c): end for end in _ENDS for c in (*_OUTCOME, Change.STOP, Change.STOP_VERIFIED,
-                                                  Change.STOP_UNVERIFIED, Change.ALL_RUNNING, Change.START_FAILED)},
+                                                  Change.STOP_UNVERIFIED, Change.ALL_RUNNING, Change.START_FAILED,
+                                                  Change.RETRY, Change.GIVE_UP)},
 }
 
 

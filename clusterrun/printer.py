@@ -19,6 +19,7 @@ from typing import TextIO
 
 from clusterrun.diagnose import split_rank
 from clusterrun.events import (
+    AttemptRestarting,
     Event,
     JobFinished,
     JobNote,
@@ -168,6 +169,8 @@ class Printer:
             self.note(f"node{event.node} {event.host}: degraded: {event.reason}")
         elif isinstance(event, JobNote):
             self.note(event.text)
+        elif isinstance(event, AttemptRestarting):
+            self.note(event.describe())
         elif isinstance(event, JobFinished):
             self.summary(event.result)
 

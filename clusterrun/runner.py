@@ -1,14 +1,16 @@
-"""The owner's loop over a job on this controller: follow it, retry a start-up failure, hand it over.
+"""The owner's loop over a job on this controller: follow it, restart it by policy, hand it over.
 
 Exactly one process owns a running job at a time (``jobs.JobStore``'s owner lock): the foreground
 ``up`` (stream or dashboard) or the job's background monitor. The owner follows the job, applies
-fail-fast, keeps the record (``attempt.Recorder``), retries a known transient start-up failure
-once (``attempt.restart``: the checks, the verified stop, the start, as every attempt), and either
-sees the job end or hands it over to a monitor. The attempt's life itself (checks, start, stop,
-its recorded state) is ``attempt.py``'s; this module is the loop around it:
+fail-fast, keeps the record (``attempt.Recorder``), restarts a failed attempt (a known transient
+start-up failure once; any failure as the job's ``restart:`` policy allows, after a backoff) through
+``attempt.restart`` (the checks, the verified stop, the start, as every attempt), and either sees
+the job end or hands it over to a monitor (which resumes a backoff where it was). The attempt's
+life itself (checks, start, stop, its recorded state) is ``attempt.py``'s; this module is the loop
+around it:
 
 - ``Runner``: start (or adopt) an attempt, ``follow()`` it to its end with the record kept and
-  the start-up retry applied; ``request_stop()`` and ``request_hand_over()`` are safe from signal
+  the restarts applied; ``request_stop()`` and ``request_hand_over()`` are safe from signal
   handlers and other threads, and ``hand_over()`` (in the owner's thread, after ``follow()``
   returned None) gives the lock to a monitor with what was shown saved.
 - ``run_monitor()``: the background owner (``clusterrun _monitor``).
@@ -19,22 +21,42 @@ job) → ``follow()`` → ``hand_over()`` if it returned None → ``close()``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import random
 import threading
+import time
+from collections.abc import Callable
 
-from clusterrun.attempt import Recorder, launch, mark_failed_start, plan_to_start, restart
+from clusterrun.attempt import Cancelled, Recorder, Retry, give_up, mark_failed_start, restart, start, stop
+from clusterrun.checks import plan_to_start
 from clusterrun.diagnose import transient_start_failure
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
-from clusterrun.events import Event, JobNote, JobResult, JobState
+from clusterrun.events import AttemptRestarting, Event, JobNote, JobResult, JobState
 from clusterrun.jobs import OWNER_FD_VAR, JobRecord, JobStore
-from clusterrun.lifecycle import follower, per_node, save_seen, status_of, stop_job
+from clusterrun.lifecycle import follower, per_node, save_seen, spec_of, status_of, stop_job
 from clusterrun.orchestrator import Emit, Job
 from clusterrun.protocol import HostState, NodeStatus
+from clusterrun.restarts import RestartPolicy
 
 
-def run_monitor(store: JobStore, job_id: str, emit: Emit) -> int:
+@dataclasses.dataclass(frozen=True)
+class Clock:
+    """The owner's time during a backoff (tests pass a fake one): ``now()`` is wall-clock seconds,
+    ``wait(event, seconds)`` waits at most that long for ``event``; ``poll`` is how often the
+    record is read for a ``down`` from elsewhere, ``show`` how often the countdown is shown."""
+
+    now: Callable[[], float] = time.time
+    wait: Callable[[threading.Event, float], object] = lambda event, seconds: event.wait(seconds)
+    poll: float = 1.0
+    show: float = 10.0
+    rng: random.Random = dataclasses.field(default_factory=random.Random)
+
+
+def run_monitor(store: JobStore, job_id: str, emit: Emit, clock: Clock | None = None) -> int:
     """Own the job until it ends, in the background: follow its nodes' states (not their logs),
-    apply fail-fast and the start-up retry, keep the record. Started by ``JobStore.spawn_monitor``."""
+    apply fail-fast and the restarts (a backoff under way resumes), keep the record. Started by
+    ``JobStore.spawn_monitor``."""
     fd_text = os.environ.pop(OWNER_FD_VAR, "")
     fd = int(fd_text) if fd_text.isdigit() else store.try_own(job_id)
     if fd is None:
@@ -44,7 +66,7 @@ def run_monitor(store: JobStore, job_id: str, emit: Emit) -> int:
         return 0
     store.note_monitor(job_id)
     os.chdir(record.local_cwd)
-    runner = Runner.adopt(store, record, fd, emit, follow_logs=False, retry_startup=record.retry_startup)
+    runner = Runner.adopt(store, record, fd, emit, follow_logs=False, retry_startup=record.retry_startup, clock=clock)
     if record.state is JobState.STOPPING:  # a stop was asked for and its stopper died: carry it out
         runner.request_stop("stopped by an earlier command")
     try:
@@ -73,22 +95,50 @@ def _finish_start(record: JobRecord, job: Job) -> None:
         job.start(absent)
 
 
+def history(record: JobRecord) -> str:
+    """The job's attempts in one line, for the summary: ``attempts: 1 failed after 12 s (torchrun on
+    node 1 (h1): exit code 1), restarted · 2 succeeded after 40 s``."""
+    parts = []
+    for a in record.attempts:
+        took = f" after {a.ended - a.started:.0f} s" if a.ended is not None else ""
+        cause = f" ({a.root_cause.splitlines()[0]})" if a.root_cause and a.state is not JobState.SUCCEEDED else ""
+        parts.append(f"{a.attempt} {a.state}{took}{cause}" + (", restarted" if a.restart else ""))
+    return "attempts: " + " · ".join(parts)
+
+
 class Runner:
     """The owner's loop over one job (see the module docstring)."""
 
     def __init__(self, store: JobStore, record: JobRecord, job: Job, owner_fd: int, emit: Emit | None = None, *,
-                 retry_startup: bool = True) -> None:
+                 retry_startup: bool = True, policy: RestartPolicy | None = None, clock: Clock | None = None) -> None:
         self.store = store
         self.record = record
         self.job = job
         self.owner_fd: int | None = owner_fd
         self.retry_startup = retry_startup
+        self.policy = policy if policy is not None else spec_of(record).restart.with_max(record.max_restarts)
+        self.clock = clock or Clock()
         self._listeners: list[Emit] = [emit] if emit is not None else []
-        self.recorder = Recorder(store, record.job_id, job.attempt)
+        self.recorder = Recorder(store, record.job_id, job.attempt, self._decide)
         job.subscribe(self.emit)
         job.subscribe(self.recorder)
         self._hand_over = threading.Event()
+        self._wake = threading.Event()  # a stop or a hand-over asked for during a backoff
         self._stop_reason: str | None = None
+        self._refused: str | None = None  # why the last failure was not restarted by the policy
+        self._startup_failure: str | None = None
+        self._restart_reason: str | None = None  # request_restart's: the stop that is a restart
+
+    @classmethod
+    def create(cls, store: JobStore, record: JobRecord, job: Job, emit: Emit | None = None, *,
+               retry_startup: bool = True, policy: RestartPolicy | None = None) -> Runner:
+        """The owner of a new job, checked and not yet started (``checks.check_new``): its record is
+        created first (a job nobody could find again must not run: ``StateError``) and owned here."""
+        store.create(record)
+        owner = store.try_own(record.job_id)
+        if owner is None:  # cannot happen to a job created just now, unless its directory is shared
+            raise ClusterrunError(f"job {record.job_id} is owned by another process already")
+        return cls(store, record, job, owner, emit, retry_startup=retry_startup, policy=policy)
 
     @property
     def job_id(self) -> str:
@@ -96,10 +146,11 @@ class Runner:
 
     @classmethod
     def adopt(cls, store: JobStore, record: JobRecord, owner_fd: int, emit: Emit | None = None, *,
-              follow_logs: bool = True, offsets: dict[int, int] | None = None, retry_startup: bool = True) -> Runner:
+              follow_logs: bool = True, offsets: dict[int, int] | None = None, retry_startup: bool = True,
+              clock: Clock | None = None) -> Runner:
         """The owner of a job started earlier (a monitor, or after a restart), following its current attempt."""
         job = follower(record, None, fail_fast=True, follow_logs=follow_logs, offsets=offsets)
-        return cls(store, record, job, owner_fd, emit, retry_startup=retry_startup)
+        return cls(store, record, job, owner_fd, emit, retry_startup=retry_startup, clock=clock)
 
     def subscribe(self, listener: Emit) -> None:
         """Hand every event of the job, of this attempt and the next ones, to ``listener`` too."""
@@ -115,21 +166,31 @@ class Runner:
     def start(self) -> None:
         """Start every node of the prepared job; on failure the record says so and the nodes that
         started were stopped again (``HostsUnavailable``)."""
-        launch(self.store, self.job, self.recorder)
+        start(self.job, self.emit, self.recorder, first=True)
 
     def request_stop(self, reason: str) -> None:
         """Stop the job on every host (verified); ``follow()`` then returns its result."""
         self._stop_reason = reason
+        self._wake.set()
+        self.job.request_stop(reason)
+
+    def request_restart(self, reason: str) -> None:
+        """Stop the current attempt (verified) and restart the whole job at once as the next
+        attempt, outside the restart policy's budget (``on_hang: restart``; the reason is the
+        attempt's root cause). Safe from other threads; a stop asked for meanwhile wins."""
+        self._restart_reason = reason
         self.job.request_stop(reason)
 
     def request_hand_over(self) -> None:
         """Make ``follow()`` return None soon, so that ``hand_over()`` can give the job to a monitor."""
         self._hand_over.set()
+        self._wake.set()
         self.job.detach()
 
     def follow(self) -> JobResult | None:
         """Follow the job until it ends (then its result) or a hand-over was requested (None).
-        A known transient start-up failure of the first attempt is retried once, visibly."""
+        A failed attempt that the owner decided to restart (``_decide``: recorded ``restarting``)
+        is restarted after its backoff, visibly, and followed in turn."""
         while True:
             try:
                 result = self.job.run()
@@ -141,32 +202,87 @@ class Runner:
                 save_seen(self.store, self.job_id, self.job.attempt, self.job.offsets)
             if result is None:
                 return None
-            why = self._retryable(result)
-            if why is None:
+            record = self.store.load(self.job_id)
+            if record.attempt != self.job.attempt or record.state is not JobState.RESTARTING:
+                if self._refused is not None and self.policy.max > 0 and result.interrupted is None:
+                    self.emit(JobNote(None, text=f"not restarting: {self._refused}"))
+                if len(record.attempts) > 1:
+                    self.emit(JobNote(None, text=history(record)))
                 return result
-            self.emit(JobNote(None, text=f"attempt {self.job.attempt} failed at start-up: {why}; "
-                              f"retrying once as attempt {self.job.attempt + 1} (--no-retry-startup turns this off)"))
+            if not self._backoff(record):
+                if self._hand_over.is_set() and self._stop_reason is None:
+                    return None  # the monitor resumes the wait
+                return dataclasses.replace(result, interrupted=self._stop_reason or "stopped during the backoff")
             try:
                 record = restart(self.store, self.store.load(self.job_id), self.emit, owner_fd=self.owner_fd,
-                                 full_preflight=False)  # the costlier checks passed at this job's start
+                                 full_preflight=record.attempts[-1].restart == "policy", automatic=True)
+            except Cancelled:
+                return dataclasses.replace(result, interrupted="stopped during the backoff")
             except ClusterrunError as exc:
-                self.emit(JobNote(None, text=f"could not retry: {exc.render()}"))
+                self.emit(JobNote(None, text=f"could not restart: {exc.render()}"))
+                give_up(self.store, self.job_id, record.attempt, exc.render())
                 return result
             self.job.close()
             self.record = record
             self.job = follower(record, self.emit, fail_fast=True, follow_logs=self.job.follow_logs,
                                 reconnect=self.job.reconnect)
-            self.recorder = Recorder(self.store, record.job_id, record.attempt)
+            self.recorder = Recorder(self.store, record.job_id, record.attempt, self._decide)
             self.job.subscribe(self.recorder)
+            self._restart_reason = None
             if self._stop_reason is not None:
                 self.job.request_stop(self._stop_reason)
             if self._hand_over.is_set():
                 self.job.detach()
 
-    def _retryable(self, result: JobResult) -> str | None:
-        if not self.retry_startup or self.job.attempt != 1 or result.interrupted is not None or result.ok:
+    def _decide(self, record: JobRecord, result: JobResult) -> Retry | None:
+        """Whether the failed current attempt of ``record`` is restarted (in the record's write
+        that ends it): a known transient start-up failure of the first attempt once, at once;
+        else as the restart policy allows, after its backoff. Never after the user's stop."""
+        self._refused = None
+        if self._stop_reason is not None:
+            return None  # the user's stop is never restarted
+        if result.interrupted is not None:
+            asked = self._restart_reason is not None and result.interrupted == self._restart_reason
+            return Retry("requested", self.clock.now(), result.interrupted) if asked else None
+        if self.retry_startup and record.attempt == 1:
+            why = transient_start_failure(result.root_cause, self.job.logs)
+            if why is not None:
+                self._startup_failure = why
+                return Retry("start-up", self.clock.now(), f"failed at start-up: {why}")
+        made = [a.ended or a.started for a in record.attempts[:-1] if a.restart == "policy"]
+        code = result.root_cause.exit_code if result.root_cause is not None else None
+        self._refused = self.policy.refusal(made, code, self.clock.now())
+        if self._refused is not None:
             return None
-        return transient_start_failure(result.root_cause, self.job.logs)
+        cause = result.root_cause.describe() if result.root_cause is not None else "a node failed"
+        return Retry("policy", self.clock.now() + self.policy.delay(len(made) + 1, self.clock.rng), cause)
+
+    def _backoff(self, record: JobRecord) -> bool:
+        """Wait until the next attempt of the ``restarting`` job is due (True), counting down. The
+        wait ends early (False) for a stop asked of this owner (carried out and recorded, the one
+        stop path), a ``down`` from elsewhere (the record is no longer ``restarting``) or a hand-over."""
+        failed = record.attempts[-1]
+        kind = failed.restart or "policy"
+        reason = (self._startup_failure if kind == "start-up" else None) or failed.root_cause or "failed"
+        at = record.restart_at if record.restart_at is not None else self.clock.now()
+        made = sum(1 for a in record.attempts if a.restart == "policy")
+        shown: float | None = None
+        while True:
+            now = self.clock.now()
+            if shown is None or (kind == "policy" and now - shown >= self.clock.show):
+                shown = now
+                self.emit(AttemptRestarting(None, job_id=self.job_id, attempt=record.attempt + 1,
+                                            failed=record.attempt, at=at, remaining=max(0.0, at - now), kind=kind,
+                                            restart=made, most=self.policy.max if kind == "policy" else None,
+                                            reason=reason))
+            if self._stop_reason is not None:
+                stop(self.store, record)
+                return False
+            if self._hand_over.is_set() or self.store.load(self.job_id).state is not JobState.RESTARTING:
+                return False
+            if now >= at:
+                return True
+            self.clock.wait(self._wake, min(at - now, self.clock.poll))
 
     def hand_over(self) -> None:
         """Give the job to a background monitor: what the nodes reported and what was shown are in

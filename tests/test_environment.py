@@ -17,7 +17,8 @@ import pytest
 
 from clusterrun.agent.records import AgentFailure
 from clusterrun.agent.wire import StartRequest
-from clusterrun.attempt import new_record, plan_to_start, restart
+from clusterrun.attempt import new_record, restart
+from clusterrun.checks import plan_to_start
 from clusterrun.config import load_cluster_text
 from clusterrun.environment import MASK, mask_env, parse_dotenv, redact, resolve, unmask
 from clusterrun.errors import ConfigError, HostsUnavailable

@@ -112,7 +112,8 @@ def documented_schema(which: str) -> dict[str, Any]:
     return json.loads(found.group(1))  # type: ignore[no-any-return]
 
 
-TYPES = {"object": dict, "array": list, "string": str, "integer": int, "null": type(None), "boolean": bool}
+TYPES = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float), "null": type(None),
+         "boolean": bool}
 DATE_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)\Z")
 
 

@@ -7,16 +7,17 @@ import pytest
 from clusterrun.jobstate import TABLE, Change, IllegalTransition, JobState, outcome, transition
 
 CHANGES = ["start", "all-running", "start-failed", "succeeded", "failed", "lost", "stop", "stop-verified",
-           "stop-unverified"]
+           "stop-unverified", "retry", "give-up"]
 # One row per state, one column per change of CHANGES; "-": illegal.
 MATRIX = """
-starting   -        running   failed    succeeded failed  lost    stopping stopped  -
-running    -        -         -         succeeded failed  lost    stopping stopped  -
-stopping   -        stopping  stopped   stopping  stopping stopping stopping stopped running
-succeeded  starting succeeded succeeded succeeded succeeded succeeded succeeded succeeded succeeded
-failed     starting failed    failed    failed    failed  failed  failed  failed   failed
-stopped    starting stopped   stopped   stopped   stopped stopped stopped stopped  stopped
-lost       starting lost      lost      lost      lost    lost    lost    lost     lost
+starting   -        running   failed    succeeded failed  lost    stopping stopped  -       restarting -
+running    -        -         -         succeeded failed  lost    stopping stopped  -       restarting -
+stopping   -        stopping  stopped   stopping  stopping stopping stopping stopped running stopping -
+restarting starting restarting restarting restarting restarting restarting stopping stopped restarting restarting failed
+succeeded  starting succeeded succeeded succeeded succeeded succeeded succeeded succeeded succeeded succeeded succeeded
+failed     starting failed    failed    failed    failed  failed  failed  failed   failed  failed  failed
+stopped    starting stopped   stopped   stopped   stopped stopped stopped stopped  stopped stopped stopped
+lost       starting lost      lost      lost      lost    lost    lost    lost     lost    lost    lost
 """
 
 
@@ -53,9 +54,11 @@ def test_the_table_lists_only_legal_moves() -> None:
 
 
 def test_no_attempt_starts_while_one_may_run() -> None:
-    """``start`` is legal exactly from the ends: a restart goes through a verified stop first."""
+    """``start`` is legal exactly from the ends and from ``restarting`` (whose attempt ended): a
+    restart goes through a verified stop first, and a stop during the backoff leaves no way back."""
     for state in JobState:
-        assert ((state, Change.START) in TABLE) == state.is_terminal
+        assert ((state, Change.START) in TABLE) == (state.is_terminal or state is JobState.RESTARTING)
+    assert transition(transition(JobState.RESTARTING, Change.STOP), Change.STOP_VERIFIED) is JobState.STOPPED
 
 
 def test_an_end_is_never_overwritten() -> None:

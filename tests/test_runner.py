@@ -16,7 +16,7 @@ from clusterrun import lifecycle
 from clusterrun.attempt import NotStopped, new_record, restart
 from clusterrun.board import Board
 from clusterrun.errors import HostsUnavailable
-from clusterrun.events import AttemptStarted, Event, JobNote, JobState, NodeStarted, NodeState
+from clusterrun.events import AttemptRestarting, AttemptStarted, Event, JobNote, JobState, NodeStarted, NodeState
 from clusterrun.jobs import JobStore
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.runner import Runner
@@ -117,8 +117,10 @@ def test_a_transient_start_up_failure_is_retried_once_visibly(fake: FakeCluster,
     thread.join(10)
     result = out[0]
     assert result is not None and result.failed  # type: ignore[attr-defined]
+    said = [e.describe() for e in events if isinstance(e, AttemptRestarting)]
+    assert len(said) == 1 and "retrying once as attempt 2" in said[0] and "gloo" in said[0]
     notes = [e.text for e in events if isinstance(e, JobNote)]
-    assert len(notes) == 1 and "retrying once as attempt 2" in notes[0] and "gloo" in notes[0]
+    assert len(notes) == 1 and notes[0].startswith("attempts: 1 failed after") and ", restarted · 2 failed" in notes[0]
     # a dashboard learns of attempt 2 before its nodes start, and shows them as attempt 2's
     second = next(i for i, e in enumerate(events) if isinstance(e, AttemptStarted))
     assert events[second].attempt == 2  # type: ignore[attr-defined]

@@ -277,7 +277,22 @@ def test_ctrl_c_while_connecting_exits_130_and_starts_nothing(tmp_path: Path, st
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, err
-    assert "interrupted while connecting to the hosts; nothing was started" in err and "Traceback" not in err
+    assert "interrupted while connecting to the hosts, copying files or checking them; nothing was started" in err
+    assert "Traceback" not in err
     wait_for(lambda: not os.path.exists(f"/proc/{silent}") or "Z" in open(f"/proc/{silent}/stat").read().split()[2],
              timeout=10, what="the silent interpreter to be gone")
     assert not (state_dir / "jobs").exists() and not (controller_state / "clusterrun" / "jobs").exists()
+
+
+def test_setup_runs_after_the_sync_and_sees_its_files(tmp_path: Path, state_dir: Path) -> None:
+    """Issue 25: the hosts' `setup:` runs once the project is copied (it may install what was synced)."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("import os\nprint('env', os.environ.get('FROM_SETUP'))\n")
+    (project / "requirements.txt").write_text("nothing\n")
+    workdir = tmp_path / "work"
+    hosts = write_hosts(tmp_path, [1], state_dir, extra=f"    workdir: {workdir}\n    sync: {project}\n"
+                        "    setup: test -f requirements.txt && export FROM_SETUP=after-sync\n")
+    proc = run_up(hosts, "train.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "env after-sync" in proc.stdout, proc.stdout

@@ -107,7 +107,7 @@ def main() -> None:
     clusterrun logs [-f] JOB               a job's logs
     clusterrun attach JOB                  follow a running job again
     clusterrun down JOB                    stop it on every host; says what was verified
-    clusterrun restart JOB                 stop it and start it again as a new attempt
+    clusterrun restart JOB [-- ARGS]       stop it and start it again as a new attempt
     clusterrun wait JOB                    block until it ends; exit 0 if it succeeded
     clusterrun stack JOB                   every rank's Python stack, grouped (py-spy)
     clusterrun rm JOB... / prune           forget ended jobs (--hosts-too: their logs too)

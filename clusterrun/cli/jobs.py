@@ -37,6 +37,7 @@ from clusterrun.gpus import per_gpu
 from clusterrun.joblist import (
     COMPACT,
     STATES,
+    history_rows,
     job_state_text,
     jobs_json,
     node_rows,
@@ -107,6 +108,9 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
                    f"{record.script} {shlex.join(record.script_args)}".rstrip())
         errors = {rank: a.render() for rank, a in answers.items() if isinstance(a, ClusterrunError)}
         _table(node_rows(record, now, errors, gpus))
+        if len(record.attempts) > 1:
+            click.echo("")
+            _table([tuple(safe(c, colour=False) for c in row) for row in history_rows(record, now)])
         if attempt is not None and attempt.root_cause:  # its last lines are the rank's output
             click.echo(f"root cause: {safe(attempt.root_cause, colour=False)}")
             if attempt.cause and attempt.fix:

@@ -216,16 +216,21 @@ def prune(hosts_too: bool, yes: bool) -> None:
 @click.option("--no-preflight", is_flag=True, help="Skip the costlier checks before the stop (GPUs, the same "
               "torch/CUDA/Python on every host, the master port reachable by TCP from every node), as up does.")
 @hosts_option
-def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str | None) -> None:
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
+def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str | None,
+            script_args: tuple[str, ...] = ()) -> None:
     """Check JOB's next attempt as up does, then stop JOB (verified) and start it again with the
     same hosts file, script, arguments and environment, as a new attempt with logs of its own;
-    returns once it runs (like up -d). A check that fails (a secret --env value not in this
-    shell's environment, the script, the preflight) stops nothing: exit 2 or 3, the job runs on.
-    This controller owns the new attempt (its monitor), an adopted job's too."""
+    returns once it runs (like up -d). `restart JOB -- ARGS...` gives the script new arguments
+    from this attempt on (the record keeps them; `ps JOB` shows them). A check that fails (a
+    secret --env value not in this shell's environment, the script, the preflight) stops nothing:
+    exit 2 or 3, the job runs on. A job waiting to be restarted by its restart policy is
+    restarted now. This controller owns the new attempt (its monitor), an adopted job's too."""
     store, record = _open_job(job, hosts_file)
     printer = Printer()
     try:
-        attempt = NextAttempt(record, printer, full_preflight=not no_preflight)
+        attempt = NextAttempt(record, printer, full_preflight=not no_preflight,
+                              script_args=script_args if script_args else None)
     except ConfigError as exc:
         exc.message += f"; job {record.job_id} was not restarted, attempt {record.attempt} runs on untouched"
         _fail(exc, EXIT_USAGE)

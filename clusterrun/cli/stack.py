@@ -6,7 +6,7 @@ import json
 
 import click
 
-from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, _fail, main
+from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, Seconds, _fail, main
 from clusterrun.cli.records import _open_job, _refresh, hosts_option
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError
@@ -20,7 +20,7 @@ from clusterrun.terminal import safe
 @click.option("-n", "--node", type=int, multiple=True, metavar="N", help="Only node N (repeatable).")
 @click.option("-r", "--rank", "rank_text", metavar="RANKS", help="Only these global ranks: 7, or 0,4-7.")
 @click.option("--native", is_flag=True, help="Also the native frames (C, C++, CUDA calls): py-spy's --native.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=10.0, show_default=True, metavar="SECONDS",
+@click.option("--timeout", type=Seconds(minimum=1), default=10.0, show_default=True, metavar="SECONDS",
               help="How long py-spy may take for each rank.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema 1, see docs/json.md) instead of text.")
 @hosts_option

@@ -1,4 +1,5 @@
-"""``clusterrun up``: its argument checks, the plan it prints, the sync and preflight before a start."""
+"""``clusterrun up``: its arguments, what it prints and its exit codes; the checks are ``checks.check_new``,
+the start ``Runner`` (``attempt.start``)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 
 import click
 
-from clusterrun.attempt import check_script, new_record, preflight
+from clusterrun.attempt import new_record
+from clusterrun.checks import check_new, check_script
 from clusterrun.cli import (
     EXCLUDE_HELP,
     EXIT_FAILED,
@@ -48,7 +50,7 @@ from clusterrun.printer import Printer
 from clusterrun.runner import Runner
 from clusterrun.selection import load_hosts
 from clusterrun.session import Session
-from clusterrun.sync import SyncReport, sync_hosts
+from clusterrun.sync import SyncReport
 from clusterrun.syncview import SyncView
 from clusterrun.transports import transport_for
 
@@ -157,6 +159,10 @@ def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | No
 @click.option("--no-retry-startup", is_flag=True, help="Do not retry a known transient start-up failure "
               "(gloo aborting a rank while connecting; the master port taken before torchrun bound it), which "
               "is otherwise retried once as attempt 2, visibly.")
+@click.option("--max-restarts", type=click.IntRange(min=0), metavar="N",
+              help="Restart the whole job as a new attempt after a failure, at most N times (default: the hosts "
+              "file's restart.max, else 0), after a backoff (restart.backoff, default 30s..10m); never after a stop. "
+              "The owner (this up, or the job's monitor) restarts it.")
 @click.option("--no-preflight", is_flag=True, help="Skip the costlier checks before the start (GPUs, the same "
               "torch/CUDA/Python on every host, the master port reachable by TCP from every node); the workdir, "
               "the script, disk, clock and logind are always checked.")
@@ -180,7 +186,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
        ssh_config: str | None,
        accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None, no_retry_startup: bool,
        no_preflight: bool, sync_dir: str | None = None, no_sync: bool = False, nodes: str | None = None,
-       exclude: str | None = None) -> None:
+       exclude: str | None = None, max_restarts: int | None = None) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
@@ -222,16 +228,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
               transport_factory=partial(transport_for, ssh_config=ssh_config,
                                         accept_new_host_keys=accept_new_host_keys))
     try:
-        try:
-            plan = job.prepare(run_setup=not dry_run)
-        except HostsUnavailable as exc:
-            _fail(exc, EXIT_HOSTS)
-        except KeyboardInterrupt:  # Ctrl-C while connecting: close every connection (finally), start nothing
-            _note("interrupted while connecting to the hosts; nothing was started")
-            sys.exit(EXIT_SIGNAL[signal.SIGINT])
-        syncs = _sync(spec, job, sync_dir, dry_run)  # first: the preflight looks for the script it copies
-        synced = {rank for rank, h in enumerate(spec.hosts) if sync_dir is not None or h.sync} if dry_run else set()
-        _preflight(job, plan, spec, script, full=not no_preflight, synced=synced)
+        plan, syncs = _checked(job, spec, script, sync_dir, full=not no_preflight, dry_run=dry_run)
         if dry_run and as_json:
             click.echo(json.dumps(plan_json(plan, job.host_fallbacks, job.interfaces, syncs), indent=1))
             return
@@ -240,17 +237,16 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
             return
         record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
                             local_cwd=os.getcwd(), ssh_config=ssh_config, unreachable_timeout=unreachable_timeout,
-                            retry_startup=not no_retry_startup)
+                            retry_startup=not no_retry_startup, max_restarts=max_restarts)
+        tui = not detach and _use_tui(no_tui)
         try:
-            store.create(record)  # before anything starts: a job nobody could find again must not run
+            runner = Runner.create(store, record, job, None if tui else printer, retry_startup=not no_retry_startup,
+                                   policy=spec.restart.with_max(max_restarts))
         except StateError as exc:
             exc.message += "; nothing was started"
             _fail(exc, EXIT_USAGE)
-        owner = store.try_own(job_id)
-        if owner is None:  # cannot happen to a job created just now, unless its directory is shared
-            _fail(ClusterrunError(f"job {job_id} is owned by another process already"), EXIT_FAILED)
-        tui = not detach and _use_tui(no_tui)
-        runner = Runner(store, record, job, owner, None if tui else printer, retry_startup=not no_retry_startup)
+        except ClusterrunError as exc:
+            _fail(exc, EXIT_FAILED)
         if tui:
             sys.exit(_dashboard(Session(store, record, runner=runner), ui_lines))
         printer.set_plan(plan)
@@ -292,34 +288,27 @@ def _without_sync(spec: ClusterSpec) -> ClusterSpec:
     return dataclasses.replace(spec, hosts=tuple(dataclasses.replace(h, sync=None) for h in spec.hosts))
 
 
-def _sync(spec: ClusterSpec, job: Job, sync_dir: str | None, dry_run: bool) -> Mapping[int, SyncReport]:
-    """Copy the project to the hosts that want it, after the probe and before anything starts;
-    a failure on any host starts nothing anywhere (exit 3)."""
+def _checked(job: Job, spec: ClusterSpec, script: str, sync_dir: str | None, *, full: bool,
+             dry_run: bool) -> tuple[LaunchPlan, Mapping[int, SyncReport]]:
+    """``checks.check_new``, shown: the probe, the sync (its progress and report), the hosts'
+    setup, the preflight (see doctor.py); a problem on any host starts nothing anywhere: exit 3
+    (2 for a bad ``--sync``), with one line and a fix for each; warnings are printed."""
     view = SyncView(live=None if not dry_run else False)
     try:
         with view:
-            reports = sync_hosts(spec, job.agents, view, override=sync_dir, dry_run=dry_run)
+            plan, reports, warnings = check_new(job, spec, script, os.getcwd(), full=full, dry_run=dry_run,
+                                                sync_dir=sync_dir, progress=view)
     except HostsUnavailable as exc:
         _fail(exc, EXIT_HOSTS)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
-    except KeyboardInterrupt:
-        _note("interrupted while copying files to the hosts; nothing was started")
+    except KeyboardInterrupt:  # close every connection (the caller's finally), start nothing
+        _note("interrupted while connecting to the hosts, copying files or checking them; nothing was started")
         sys.exit(EXIT_SIGNAL[signal.SIGINT])
     view.report(reports)
-    return reports
-
-
-def _preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, full: bool,
-               synced: Collection[int] = ()) -> None:
-    """``doctor``'s checks on the probed hosts before anything starts (see doctor.py): exit 3 on a
-    problem, with one line and a fix for each; warnings are printed and the job goes on."""
-    try:
-        warnings = preflight(job, plan, spec, script, full=full, local_cwd=os.getcwd(), synced=synced)
-    except HostsUnavailable as exc:
-        _fail(exc, EXIT_HOSTS)
     for warning in warnings:
         _note(f"warning: {warning}")
+    return plan, reports
 
 
 def _check_name_free(store: JobStore, name: str, given: bool) -> None:

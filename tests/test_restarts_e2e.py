@@ -1,0 +1,42 @@
+"""Restarts by policy end to end: `up --max-restarts` on local hosts with real torchrun.
+
+The policy's branches are tested on the fake transport (``tests/test_restarts.py``); this proves
+the wiring: the foreground `up` restarts the whole job, waits for each attempt, and exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, SUPPORT, job_id_of, run_up, write_hosts
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_job_failing_twice_is_restarted_and_succeeds(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra="restart: {backoff: 0s}\n")
+    counter = tmp_path / "runs"
+    proc = run_up("--max-restarts", "2", hosts, SUPPORT / "fail_until.py", counter, "3", timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert counter.read_text() == "run\n" * 3
+    assert "attempt 1 failed (" in proc.stderr and "attempt 2 starts in 0 s (restart 1 of 2" in proc.stderr
+    assert "attempt 3 starts in 0 s (restart 2 of 2" in proc.stderr
+    job = job_id_of(proc.stderr)
+    shown = subprocess.run([sys.executable, "-m", "clusterrun", "ps", "--json", job], capture_output=True, text=True,
+                           cwd=ROOT, timeout=60)
+    record = json.loads(shown.stdout)["jobs"][0]
+    assert record["state"] == "succeeded" and record["attempt"] == 3
+    assert [(a["state"], a["restarted"]) for a in record["attempts"]] == [
+        ("failed", "policy"), ("failed", "policy"), ("succeeded", None)]
+    history = subprocess.run([sys.executable, "-m", "clusterrun", "ps", job], capture_output=True, text=True,
+                             cwd=ROOT, timeout=60)
+    assert "ATTEMPT" in history.stdout and "RESTARTED" in history.stdout, history.stdout
+    for attempt in (1, 3):  # each attempt keeps its own logs
+        logs = subprocess.run([sys.executable, "-m", "clusterrun", "logs", "--attempt", str(attempt), job],
+                              capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert f"run {attempt}" in logs.stdout and logs.stdout.count("run ") == 1, logs.stdout
