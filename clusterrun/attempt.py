@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clusterrun import doctor, lifecycle
+from clusterrun import doctor, lifecycle, notify
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import MASK, mask_env, resolve, unmask
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError, TransportError
@@ -37,6 +37,7 @@ from clusterrun.events import (
     JobResult,
     JobState,
     NodeExited,
+    NodeHung,
     NodeLink,
     NodeStarted,
     NodeState,
@@ -51,6 +52,7 @@ from clusterrun.orchestrator import Emit, Job, node_state_of
 from clusterrun.plan import LaunchPlan, node_env, plan_from_json, plan_to_json
 from clusterrun.protocol import HostState
 from clusterrun.sync import source_of, sync_hosts
+from clusterrun.watch import Notify, Watch
 
 # ------------------------------------------------------------------------------ the state
 
@@ -71,8 +73,9 @@ def _move(record: JobRecord, change: Change) -> bool:
 
 def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overrides: dict[str, str],
                local_cwd: str, ssh_config: str | None, unreachable_timeout: float | None = None,
-               retry_startup: bool = True) -> JobRecord:
-    """The record of a job about to start its first attempt (``starting``)."""
+               retry_startup: bool = True, watch: Watch | None = None, notify: Notify | None = None) -> JobRecord:
+    """The record of a job about to start its first attempt (``starting``); ``watch`` and
+    ``notify``: the hosts file's with ``up``'s options applied (kept for every later attempt)."""
     return JobRecord(
         job_id=plan.job_id, name=plan.name, created=time.time(), hosts_file=os.path.abspath(hosts_file),
         hosts_text=hosts_text, script=plan.script, script_args=list(plan.script_args),
@@ -81,6 +84,7 @@ def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overri
         plan=plan_to_json(plan), attempt=1, unreachable_timeout=unreachable_timeout, retry_startup=retry_startup,
         attempts=[AttemptRecord(1, started=time.time(), master_port=plan.master_port)],
         nodes=[NodeRecord(n.rank, n.host.host) for n in plan.nodes],
+        watch=(watch or Watch()).to_json(), notify=notify.to_json() if notify is not None else None,
     )
 
 
@@ -180,6 +184,8 @@ class Recorder:
             self._link(event.node, up=r.state is not NodeState.UNREACHABLE, since=time.time())
         elif event.node is not None and isinstance(event, NodeLink):
             self._link(event.node, up=event.up, since=event.since or time.time())
+        elif event.node is not None and isinstance(event, NodeHung):
+            self._node(event.node, hung_since=event.since)
         elif isinstance(event, JobFinished):
             self.finish(event.result)
 
@@ -291,6 +297,8 @@ def refresh(store: JobStore, record: JobRecord) -> JobRecord:
     record = reconcile(store, record)
     if not record.finished and not record.adopted:
         store.spawn_monitor(record.job_id)
+    elif not record.adopted:  # it ended with nobody owning it: its notifications are due here
+        notify.send_due(store, record)
     return record
 
 

@@ -26,6 +26,7 @@ from clusterrun.events import (
     LogLines,
     NodeDegraded,
     NodeExited,
+    NodeHung,
     NodeLink,
     NodeStarted,
     NodeState,
@@ -33,6 +34,7 @@ from clusterrun.events import (
     NodeStopped,
     RootCause,
     StopReport,
+    hung_text,
     signal_name,
     unreachable_text,
 )
@@ -76,6 +78,7 @@ class NodeRow:
     reachable: bool = True
     unreachable_since: float | None = None  # wall clock: when its host was first found unreachable
     degraded: str | None = None  # why its supervisor cannot write its state on the host
+    hung_since: float | None = None  # wall clock: since when its ranks wrote nothing and used no CPU
     last_output: float | None = None
     log: Ring = field(default_factory=lambda: Ring(RING))
 
@@ -89,6 +92,8 @@ class NodeRow:
         16:04:05Z`` (``events.unreachable_text``), failed with its exit code, ..."""
         if self.unreachable:
             return unreachable_text(self.unreachable_since, now)
+        if self.hung_since is not None and self.state is NodeState.RUNNING:
+            return hung_text(self.hung_since, now)
         if self.state is NodeState.FAILED:
             if self.signal:
                 return f"failed ({signal_name(self.signal)})"
@@ -155,6 +160,11 @@ class Board:
             row = self.node(rank, event.host)
             row.degraded = event.reason
             self.note(f"node{rank} {event.host}: degraded: {event.reason}")
+        elif isinstance(event, NodeHung) and rank is not None:
+            row = self.node(rank, event.host)
+            row.hung_since = event.since
+            self.note(f"node{rank} {event.host}: " + ("active again" if event.since is None else
+                      f"{hung_text(event.since, self.wall())} (no output, no CPU)"))
         elif isinstance(event, NodeLink) and rank is not None:
             row = self.node(rank, event.host)
             since = event.since if event.since is not None else self._to_wall(event.ts)

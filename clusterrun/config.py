@@ -28,6 +28,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from clusterrun.envrules import check_env_entry, check_env_total, looks_secret
 from clusterrun.errors import ConfigError
 from clusterrun.nodesets import NodeSetError, expand, is_nodeset
+from clusterrun.watch import Notify, Watch
+from clusterrun.watchconfig import WATCH_KEYS, watch_settings
 
 Transport = Literal["ssh", "local"]
 
@@ -84,6 +86,8 @@ class ClusterSpec:
     state_dir: str | None = None
     ssh_config: str | None = None
     secret_env: tuple[str, ...] = ()  # more names (or glob patterns) whose values are masked
+    watch: Watch = Watch()  # startup_timeout, hang_after, on_hang
+    notify: Notify | None = None
 
 
 _TAG = "tag:yaml.org,2002:"
@@ -92,7 +96,7 @@ _TIMESTAMP, _MERGE = _TAG + "timestamp", _TAG + "merge"
 _ALLOWED_TAGS = {_STR, _INT, _FLOAT, _BOOL, _NULL, _TIMESTAMP, _MERGE, _TAG + "seq", _TAG + "map"}
 
 _TOP_KEYS = ("hosts", "defaults", "env", "master", "state_dir", "ssh_config", "forward_env", "env_file",
-             "secret_env")
+             "secret_env", *WATCH_KEYS)
 _SHARED_KEYS = ("port", "user", "identity_file", "gpus", "nproc", "python", "workdir", "env", "transport",
                 "sync", "sync_exclude", "forward_env", "env_file", "setup")
 _HOST_KEYS = ("host", "address", *_SHARED_KEYS)
@@ -474,6 +478,7 @@ class _Parser:
         master = {}
         if "master" in top:
             master = self.fields(top["master"], "master", _MASTER_KEYS, "a mapping with 'addr' and/or 'port'")
+        watch, notify = watch_settings(self, top)
         return ClusterSpec(
             path=self.path,
             hosts=self.hosts(top["hosts"], defaults, env),
@@ -482,6 +487,8 @@ class _Parser:
             state_dir=self.string(top["state_dir"], "state_dir") if "state_dir" in top else None,
             ssh_config=self.string(top["ssh_config"], "ssh_config") if "ssh_config" in top else None,
             secret_env=self.secret_env,
+            watch=watch,
+            notify=notify,
         )
 
     def master_port(self, node: Node) -> int | None:

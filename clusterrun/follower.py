@@ -86,6 +86,7 @@ class Node:
     agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node
     probe: Probe | None = None  # what its agent said of the host
     degraded: str | None = None  # the agent's word that the supervisor cannot write its state
+    hung_since: float | None = None  # the host's hang watch: its ranks are idle since (wall clock)
     earlier: list[str] = field(default_factory=list)  # scrollback lines read, before the resume point
 
     @property

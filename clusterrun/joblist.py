@@ -16,6 +16,8 @@ from clusterrun.errors import DamagedRecord
 from clusterrun.events import JobState, NodeState
 from clusterrun.jobs import JobRecord, NodeRecord
 from clusterrun.plan import LaunchPlan
+from clusterrun.protocol import decode_status
+from clusterrun.startwatch import waiting_for
 
 SCHEMA = 1
 RECENT = 24 * 3600  # `ps` shows ended jobs for a day after they ended (`ps -a`: all of them)
@@ -60,12 +62,17 @@ def node_state(node: NodeRecord) -> str:
     now), else its state in the record."""
     if node.unreachable_since is not None and not NodeState(node.state).is_terminal:
         return str(NodeState.UNREACHABLE)
+    if node.hung_since is not None and node.state is NodeState.RUNNING:
+        return str(NodeState.HUNG)
     return str(node.state)
 
 
 def node_state_text(node: NodeRecord, now: float) -> str:
-    """``node_state`` in words: ``unreachable since 16:04:05Z`` (``events.unreachable_text``)."""
+    """``node_state`` in words: ``unreachable since 16:04:05Z`` (``events.unreachable_text``),
+    ``hung since 16:10:00Z``."""
     shown = node_state(node)
+    if shown == NodeState.HUNG:
+        return events.hung_text(node.hung_since, now)
     return events.unreachable_text(node.unreachable_since, now) if shown == NodeState.UNREACHABLE else shown
 
 
@@ -103,12 +110,15 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
     for n in record.nodes:
         node: dict[str, Any] = {"rank": n.rank, "host": n.host, "state": node_state(n), "pid": n.pid,
                                 "exit_code": n.exit_code, "signal": n.signal, "error": n.error,
-                                "unreachable_since": iso(n.unreachable_since), "last_state": str(n.state)}
+                                "unreachable_since": iso(n.unreachable_since), "hung_since": iso(n.hung_since),
+                                "last_state": str(n.state)}
         if hosts is not None and n.rank in hosts:
             answer = hosts[n.rank]
             node["containment"] = answer.get("containment")
             node["fallbacks"] = list(answer.get("fallbacks") or [])
             node["degraded"] = answer.get("degraded")
+            node["waiting"] = waiting_for(decode_status(n.host, answer["state"])) if answer.get("state") else None
+            node["hang_report"] = (answer.get("state") or {}).get("hang_report")
         nodes.append(node)
     return {
         "id": record.job_id,

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
+from clusterrun import notify
 from clusterrun.attempt import Recorder, launch, mark_failed_start, plan_to_start, restart
 from clusterrun.diagnose import transient_start_failure
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
-from clusterrun.events import Event, JobNote, JobResult, JobState
+from clusterrun.events import Event, JobNote, JobResult, JobState, NodeHung, hung_text
 from clusterrun.jobs import OWNER_FD_VAR, JobRecord, JobStore
 from clusterrun.lifecycle import follower, per_node, save_seen, status_of, stop_job
 from clusterrun.orchestrator import Emit, Job
@@ -41,6 +43,7 @@ def run_monitor(store: JobStore, job_id: str, emit: Emit) -> int:
         return 0  # somebody else owns the job
     record = store.load(job_id)
     if record.finished:
+        notify.send_due(store, record)  # its end was recorded by an owner that died before notifying
         return 0
     store.note_monitor(job_id)
     os.chdir(record.local_cwd)
@@ -89,6 +92,7 @@ class Runner:
         job.subscribe(self.recorder)
         self._hand_over = threading.Event()
         self._stop_reason: str | None = None
+        self._hang_restart: str | None = None  # why the attempt is being stopped for a restart (on_hang)
 
     @property
     def job_id(self) -> str:
@@ -111,6 +115,25 @@ class Runner:
     def emit(self, event: Event) -> None:
         for listener in list(self._listeners):
             listener(event)
+        if isinstance(event, NodeHung) and event.since is not None and event.node is not None:
+            self.on_hang(event.node, event.host, event.since, event.report)
+
+    def note(self, text: str) -> None:
+        self.emit(JobNote(None, text=text))
+
+    def on_hang(self, node: int, host: str, since: float, report: str | None) -> None:
+        """Node ``node`` of the job hung (its host's hang watch): notify, then what ``on_hang`` says.
+        ``stack``: its host saved the ranks' stacks already (``report``); ``restart``: stop this
+        attempt, and ``follow()`` starts the next; ``nothing``: only the notification."""
+        record = self.store.load(self.job_id)
+        notify.send_due(self.store, record, self.note, also=[notify.hung(record.attempt, node, since)])
+        action = self.job.spec.watch.on_hang
+        where = f"node {node} ({host}) {hung_text(since, time.time())}"
+        if action == "stack" and report:
+            self.note(f"{where}: its ranks' stacks are in {report} on {host}")
+        elif action == "restart" and self._hang_restart is None and self._stop_reason is None:
+            self._hang_restart = where
+            self.job.request_stop(f"{where} (on_hang: restart)")
 
     def start(self) -> None:
         """Start every node of the prepared job; on failure the record says so and the nodes that
@@ -141,11 +164,14 @@ class Runner:
                 save_seen(self.store, self.job_id, self.job.attempt, self.job.offsets)
             if result is None:
                 return None
-            why = self._retryable(result)
+            notify.send_due(self.store, self.store.load(self.job_id), self.note)  # the attempt's end
+            hang, self._hang_restart = self._hang_restart, None
+            why = hang or self._retryable(result)
             if why is None:
                 return result
-            self.emit(JobNote(None, text=f"attempt {self.job.attempt} failed at start-up: {why}; "
-                              f"retrying once as attempt {self.job.attempt + 1} (--no-retry-startup turns this off)"))
+            self.note(f"{hang}: restarting the job as attempt {self.job.attempt + 1} (on_hang: restart)" if hang else
+                      f"attempt {self.job.attempt} failed at start-up: {why}; retrying once as attempt "
+                      f"{self.job.attempt + 1} (--no-retry-startup turns this off)")
             try:
                 record = restart(self.store, self.store.load(self.job_id), self.emit, owner_fd=self.owner_fd,
                                  full_preflight=False)  # the costlier checks passed at this job's start
@@ -158,6 +184,7 @@ class Runner:
                                 reconnect=self.job.reconnect)
             self.recorder = Recorder(self.store, record.job_id, record.attempt)
             self.job.subscribe(self.recorder)
+            notify.send_due(self.store, record, self.note)  # restarted
             if self._stop_reason is not None:
                 self.job.request_stop(self._stop_reason)
             if self._hand_over.is_set():

@@ -52,6 +52,7 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
     spec = {"job": req["job"], "node": req["node"], "attempt": req["attempt"], "argv": argv, "env": shown,
             "setup": setup, "first_rank": int(req.get("first_rank") or 0), "about": req.get("about"),
             "cwd": os.path.expanduser(cwd) if cwd else None, "cgroup": cgroup, "user_scope": scope is not None,
+            "hang_after": req.get("hang_after"), "on_hang": req.get("on_hang"),
             "fallbacks": ([f"no cgroup: {why}"] if why else []) + static_fallbacks()}
     middle = 0
     try:

@@ -1,0 +1,128 @@
+"""The start-up watch: which nodes have started their workers and which still wait, for how long.
+
+A node has started once its host's monitor recorded a worker of torchrun (``NodeStatus.workers``)
+or it ended; until then torchrun is starting or waits for the rendezvous (all nodes must join).
+``progress_text`` words it for ``up``, ``ps`` and the dashboard: ``node 3 (gpu04): torchrun waits
+for the rendezvous for 45 s; nodes 0-2 ready``. The job's owner (``Job.run`` with fail-fast) fails
+the attempt once ``startup_timeout`` has passed with nodes still waiting (``StartupWatch``), with
+``timeout_cause`` as its root cause, instead of waiting for gloo's own 30 minutes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from clusterrun.events import Explanation, RootCause
+from clusterrun.protocol import HostState, NodeStatus
+from clusterrun.ranges import ranges_text
+
+FIRST_NOTE = 10.0  # seconds after the start before the first note of nodes still waiting
+NOTE_EVERY = 30.0  # seconds between two notes while nothing changes
+
+CAUSE = "{nodes} started no workers within {timeout} (startup_timeout): {what}"
+FIX = ("the nodes must reach node 0's master port and each other: `clusterrun doctor HOSTS.yaml` checks "
+       "the port from every node; open it in the firewall, set `master.addr` (or node 0's `address:`) to an "
+       "address every node reaches, and GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME in `env:` to the interface that "
+       "reaches the others; a slow `setup:` or import needs a longer `startup_timeout`/--startup-timeout")
+
+
+def waiting_for(status: NodeStatus | None) -> str | None:
+    """What a node that has not started its workers is doing, or None once it has (or ended)."""
+    if status is None:
+        return "not heard from yet"
+    if status.workers or status.ended:
+        return None
+    if status.state is HostState.RUNNING:
+        return "torchrun waits for the rendezvous"
+    if status.state is HostState.ABSENT:
+        return "not started on its host"
+    return "torchrun is starting"
+
+
+def _seconds(seconds: float) -> str:
+    return f"{int(seconds)} s" if seconds < 120 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
+
+
+def _nodes(ranks: list[int], hosts: Mapping[int, str]) -> str:
+    names = ", ".join(f"{r} ({hosts[r]})" for r in ranks[:4]) + (f" and {len(ranks) - 4} more" if len(ranks) > 4
+                                                                  else "")
+    return ("node " if len(ranks) == 1 else "nodes ") + names
+
+
+def progress_text(hosts: Mapping[int, str], statuses: Mapping[int, NodeStatus | None], started: float,
+                  now: float) -> str | None:
+    """``node 3 (gpu04): torchrun waits for the rendezvous for 45 s; nodes 0-2 ready``; None once every
+    node has started its workers."""
+    waiting: dict[str, list[int]] = {}
+    for rank in sorted(hosts):
+        what = waiting_for(statuses.get(rank))
+        if what is not None:
+            waiting.setdefault(what, []).append(rank)
+    if not waiting:
+        return None
+    parts = [f"{_nodes(ranks, hosts)}: {what} for {_seconds(max(0.0, now - started))}"
+             for what, ranks in waiting.items()]
+    ready = [r for r in sorted(hosts) if not any(r in ranks for ranks in waiting.values())]
+    if ready:
+        parts.append(f"{'node' if len(ready) == 1 else 'nodes'} {ranges_text(ready)} ready")
+    return "; ".join(parts)
+
+
+def timeout_cause(hosts: Mapping[int, str], statuses: Mapping[int, NodeStatus | None], timeout: float) -> RootCause:
+    """The root cause of an attempt whose nodes did not all start their workers within ``timeout``."""
+    late = [r for r in sorted(hosts) if waiting_for(statuses.get(r)) is not None]
+    first = late[0] if late else min(hosts)
+    what = waiting_for(statuses.get(first)) or "no workers"
+    cause = CAUSE.format(nodes=_nodes(late or [first], hosts), timeout=_seconds(timeout), what=what)
+    return RootCause(node=first, host=hosts[first], rank=None, local_rank=None, exit_code=None, signal=None,
+                     message=f"{what}: no workers after {_seconds(timeout)} (startup_timeout)",
+                     explanation=Explanation("startup-timeout", cause, FIX))
+
+
+class StartupWatch:
+    """The start-up watch of one attempt, in its follower's loop.
+
+    create (the nodes' hosts, the attempt's start as wall-clock time, ``startup_timeout``) →
+    ``update(rank, status)`` for every state a node reports → ``poll(now)``: a progress note when
+    one is due (the set of ready nodes changed, or ``NOTE_EVERY`` passed), else None → ``expired(now)``:
+    True once ``timeout`` has passed with a node still waiting. ``done`` once every node started."""
+
+    def __init__(self, hosts: Mapping[int, str], started: float, timeout: float) -> None:
+        self.hosts = dict(hosts)
+        self.started = started
+        self.timeout = timeout
+        self.statuses: dict[int, NodeStatus | None] = {}
+        self.done = False
+        self._noted_at = started + FIRST_NOTE - NOTE_EVERY
+        self._noted_ready: frozenset[int] | None = None
+
+    def update(self, rank: int, status: NodeStatus) -> None:
+        self.statuses[rank] = status
+
+    def _ready(self) -> frozenset[int]:
+        return frozenset(r for r in self.hosts if waiting_for(self.statuses.get(r)) is None)
+
+    def waiting(self) -> list[int]:
+        """The nodes that have not started their workers, by rank."""
+        return sorted(set(self.hosts) - self._ready())
+
+    def poll(self, now: float) -> str | None:
+        if self.done:
+            return None
+        ready = self._ready()
+        if len(ready) == len(self.hosts):
+            self.done = True
+            return "every node started its workers" if self._noted_ready is not None else None
+        if now - self._noted_at < NOTE_EVERY and (self._noted_ready is None or ready == self._noted_ready):
+            return None
+        self._noted_at, self._noted_ready = now, ready
+        return progress_text(self.hosts, self.statuses, self.started, now)
+
+    def expired(self, now: float) -> bool:
+        return not self.done and now - self.started >= self.timeout and len(self._ready()) < len(self.hosts)
+
+    def cause(self) -> RootCause:
+        return timeout_cause(self.hosts, self.statuses, self.timeout)
+
+
+__all__ = ["StartupWatch", "progress_text", "timeout_cause", "waiting_for"]
