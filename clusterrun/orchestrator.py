@@ -45,12 +45,9 @@ from clusterrun.errors import AgentError, ClusterrunError, HostsUnavailable, Tra
 from clusterrun.events import (
     Event,
     JobFinished,
-    JobNote,
     JobResult,
     LogLines,
-    NodeDegraded,
     NodeExited,
-    NodeHung,
     NodeLink,
     NodeResult,
     NodeStarted,
@@ -421,17 +418,14 @@ class Job:
         interrupted: str | None = None
         stops: list[StopReport] = []
         stop_futures: list[Any] = []
-        late = None  # the start-up watch's root cause, once it failed the attempt
+        late: RootCause | None = None  # the start-up watch's verdict, once it failed the attempt
         watch = self._startup = (StartupWatch({r: self._nodes[r].host for r in self.ranks}, self.started_at,
                                               self.spec.watch.startup_timeout) if self.started_at else None)
         while not all(self._nodes[r].final is not None for r in self.ranks):
             if self._detach.is_set():
                 return None
-            if watch is not None and not stopping and (note := watch.poll(time.time())) is not None:
-                self.emit(JobNote(None, text=note))
-            if watch is not None and not stopping and self.fail_fast and watch.expired(time.time()):
-                stopping, late = True, watch.cause()
-                stop_futures = self._stop_async(reason=f"start-up watch: {late.message}")
+            if watch is not None and not stopping and (late := watch.step(time.time(), self.emit, self.fail_fast)):
+                stopping, stop_futures = True, self._stop_async(reason=f"start-up watch: {late.message}")
             if self._stop_event.is_set() and not stopping:
                 stopping = True
                 interrupted = self._stop_reason
@@ -458,10 +452,9 @@ class Job:
                     self._set_state(report.node, NodeState.FAILED, node.error or "")
         for thread in self._threads:
             thread.join(timeout=5)
-        if late is not None and watch is not None:  # the nodes that never started their workers failed the attempt
-            for rank in watch.waiting():
-                self._nodes[rank].error = late.message
-                self._set_state(rank, NodeState.FAILED, late.message)
+        for rank in watch.late if watch is not None else ():  # the nodes that started no workers failed the attempt
+            self._nodes[rank].error = late.message if late is not None else None
+            self._set_state(rank, NodeState.FAILED, self._nodes[rank].error or "")
         return self._result(stops, interrupted, late)
 
     def _handle(self, rank: int, message: FollowMessage | Link) -> bool:
@@ -479,7 +472,10 @@ class Job:
             self.offsets[rank] = message.next  # shown: a viewer that leaves now resumes after it
             return False
         if isinstance(message, (StateUpdate, End)):
-            self._note_status(rank, message.status)
+            for event in node.news(rank, message.status):  # degraded, hung
+                self.emit(event)
+            if self._startup is not None:
+                self._startup.update(rank, message.status)
         if isinstance(message, StateUpdate):
             new = node_state_of(message.status)
             if new in (NodeState.STARTING, NodeState.RUNNING) and node.state in (NodeState.STARTING,
@@ -515,31 +511,16 @@ class Job:
         return False
 
     def _earlier(self, rank: int, message: LogChunk, resume: int) -> str:
-        """Keep the part of ``message`` before the resume point (scrollback) and emit it once that
-        point is reached, as ``LogLines(earlier=True)``; return the part after it."""
+        """Emit the scrollback before the resume point once it is reached (``LogLines(earlier=True)``);
+        the part of ``message`` after it."""
         node = self._nodes[rank]
-        raw = message.data.encode("utf-8", "surrogateescape")
-        cut = max(0, min(len(raw), resume - message.offset))
-        node.earlier.extend(split_lines(raw[:cut].decode("utf-8", "surrogateescape")))
-        if message.next >= resume:
+        earlier, data = node.scrollback(message, resume)
+        if earlier is not None:
             del self._resume_at[rank]
-            earlier, node.earlier = tuple(node.earlier), []
             if earlier:
                 node.log.feed(earlier)
                 self.emit(LogLines(rank, host=node.host, lines=earlier, earlier=True))
-        return raw[cut:].decode("utf-8", "surrogateescape")
-
-    def _note_status(self, rank: int, status: NodeStatus) -> None:
-        """What a node's state says beside its state: degraded, its workers started, hung (or not)."""
-        node = self._nodes[rank]
-        if status.degraded and status.degraded != node.degraded:
-            node.degraded = status.degraded
-            self.emit(NodeDegraded(rank, host=node.host, reason=status.degraded))
-        if self._startup is not None:
-            self._startup.update(rank, status)
-        if status.hung_since != node.hung_since and not status.ended:
-            node.hung_since = status.hung_since
-            self.emit(NodeHung(rank, host=node.host, since=status.hung_since, report=status.hang_report))
+        return data
 
     def _stop_node(self, rank: int) -> StopReport | None:
         node = self._nodes[rank]

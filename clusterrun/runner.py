@@ -125,6 +125,7 @@ class Runner:
         """Node ``node`` of the job hung (its host's hang watch): notify, then what ``on_hang`` says.
         ``stack``: its host saved the ranks' stacks already (``report``); ``restart``: stop this
         attempt, and ``follow()`` starts the next; ``nothing``: only the notification."""
+        self.recorder.flush()  # what came before the hang (the job running) is in the record it sends
         record = self.store.load(self.job_id)
         notify.send_due(self.store, record, self.note, also=[notify.hung(record.attempt, node, since)])
         action = self.job.spec.watch.on_hang

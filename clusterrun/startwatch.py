@@ -10,9 +10,9 @@ the attempt once ``startup_timeout`` has passed with nodes still waiting (``Star
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from clusterrun.events import Explanation, RootCause
+from clusterrun.events import Event, Explanation, JobNote, RootCause
 from clusterrun.protocol import HostState, NodeStatus
 from clusterrun.ranges import ranges_text
 
@@ -95,6 +95,7 @@ class StartupWatch:
         self.done = False
         self._noted_at = started + FIRST_NOTE - NOTE_EVERY
         self._noted_ready: frozenset[int] | None = None
+        self.late: list[int] = []  # the nodes still waiting when it expired (the stop then ends them)
 
     def update(self, rank: int, status: NodeStatus) -> None:
         self.statuses[rank] = status
@@ -117,6 +118,17 @@ class StartupWatch:
             return None
         self._noted_at, self._noted_ready = now, ready
         return progress_text(self.hosts, self.statuses, self.started, now)
+
+    def step(self, now: float, emit: Callable[[Event], None], enforce: bool) -> RootCause | None:
+        """One turn of the follower's loop: emit the progress note that is due; with ``enforce``
+        (the job's owner) the root cause to fail the attempt with once ``expired``, else None."""
+        note = self.poll(now)
+        if note is not None:
+            emit(JobNote(None, text=note))
+        if not (enforce and self.expired(now)):
+            return None
+        self.late = self.waiting()
+        return self.cause()
 
     def expired(self, now: float) -> bool:
         return not self.done and now - self.started >= self.timeout and len(self._ready()) < len(self.hosts)
