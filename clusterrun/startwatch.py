@@ -16,7 +16,7 @@ from clusterrun.events import Event, Explanation, JobNote, RootCause
 from clusterrun.protocol import HostState, NodeStatus
 from clusterrun.ranges import ranges_text
 
-FIRST_NOTE = 10.0  # seconds after the start before the first note of nodes still waiting
+FIRST_NOTE = 10.0  # seconds after the start before the first note of nodes still waiting (a third of a shorter timeout)
 NOTE_EVERY = 30.0  # seconds between two notes while nothing changes
 
 CAUSE = "{nodes} started no workers within {timeout} (startup_timeout): {what}"
@@ -93,7 +93,7 @@ class StartupWatch:
         self.timeout = timeout
         self.statuses: dict[int, NodeStatus | None] = {}
         self.done = False
-        self._noted_at = started + FIRST_NOTE - NOTE_EVERY
+        self._noted_at = started + min(FIRST_NOTE, timeout / 3) - NOTE_EVERY
         self._noted_ready: frozenset[int] | None = None
         self.late: list[int] = []  # the nodes still waiting when it expired (the stop then ends them)
 
