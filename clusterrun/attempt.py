@@ -573,7 +573,9 @@ def _start_next(store: JobStore, job: Job, aspec: AttemptSpec, emit: Emit) -> Jo
     job.subscribe(recorder)
     launch(store, job, recorder)
     recorder.flush()  # the nodes' pids and states, before the record is read back
-    return store.load(record.job_id)
+    record = store.load(record.job_id)
+    notify.send_due(store, record, lambda text: _note(emit, text))  # restarted (and the last attempt's end)
+    return record
 
 
 __all__ = ["AttemptSpec", "NextAttempt", "NotStopped", "Recorder", "attempt_event", "begin_stop", "check_script",

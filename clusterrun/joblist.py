@@ -93,8 +93,12 @@ def unreachable_ranks(record: JobRecord) -> list[int]:
 def job_state_text(record: JobRecord, now: float) -> str:
     """The job's state as ``ps`` and ``wait`` word it: ``running``, or, while nodes of an unfinished
     job are unreachable, ``running; node 1 unreachable since 16:04:05Z`` (``nodes 1, 3 ...``:
-    since the first of them)."""
+    since the first of them); else while some are hung, ``running; node 1 hung since 16:10:00Z``."""
     lost = [record.nodes[rank] for rank in unreachable_ranks(record)]
+    hung = [n for n in record.nodes if node_state(n) == NodeState.HUNG] if not record.finished else []
+    if hung and not lost:
+        which = f"node {hung[0].rank}" if len(hung) == 1 else f"nodes {', '.join(str(n.rank) for n in hung)}"
+        return f"{record.state}; {which} {events.hung_text(min(n.hung_since or now for n in hung), now)}"
     if not lost:
         return str(record.state)
     since = min(n.unreachable_since for n in lost if n.unreachable_since is not None)

@@ -17,7 +17,10 @@ A running attempt is never started again: ``start`` is legal only from an end, s
 goes through ``stopping`` and a verified ``stopped`` first. Once ``stopping``, what the follower
 sees of the nodes (they fail or vanish as they are killed) does not decide the end: the stop
 does, and a ``stopped`` job stays stopped (the follower's late news is absorbed by every end).
-A hand-over (``up`` gives the job to its monitor) changes the job's owner, not its state.
+A hand-over (``up`` gives the job to its monitor) changes the job's owner, not its state; so
+does a node's hang (``NodeState.HUNG`` is a view of a running node, as ``unreachable``): the
+owner's ``on_hang: restart`` goes through ``stop`` and ``start`` as every restart, and a node
+that never starts its workers within ``startup_timeout`` ends the attempt ``failed``.
 """
 
 from __future__ import annotations

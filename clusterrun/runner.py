@@ -185,7 +185,6 @@ class Runner:
                                 reconnect=self.job.reconnect)
             self.recorder = Recorder(self.store, record.job_id, record.attempt)
             self.job.subscribe(self.recorder)
-            notify.send_due(self.store, record, self.note)  # restarted
             if self._stop_reason is not None:
                 self.job.request_stop(self._stop_reason)
             if self._hand_over.is_set():

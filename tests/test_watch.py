@@ -16,11 +16,11 @@ import pytest
 from clusterrun import lifecycle, notify
 from clusterrun.agent import hangwatch
 from clusterrun.agent.hangwatch import HangWatch
-from clusterrun.attempt import new_record
+from clusterrun.attempt import new_record, restart
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import ConfigError
 from clusterrun.events import JobNote, JobState, NodeHung, NodeState
-from clusterrun.joblist import job_json, node_state_text
+from clusterrun.joblist import job_json, job_state_text, node_state_text
 from clusterrun.jobs import JobStore
 from clusterrun.orchestrator import Job
 from clusterrun.printer import only_ranks
@@ -203,6 +203,7 @@ def test_a_hung_node_is_recorded_and_shown_with_since_when(fake: FakeCluster, st
     _until(lambda: store.load(JOB).nodes[0].hung_since == since)
     record = store.load(JOB)
     assert node_state_text(record.nodes[0], since + 600).startswith("hung since ")
+    assert job_state_text(record, since + 600).startswith("running; node 0 hung since ")
     node = job_json(record)["nodes"][0]
     assert node["state"] == "hung" and node["last_state"] == "running" and node["hung_since"]
     assert job_json(record)["state"] == "running"  # a hang alone never ends the job
@@ -338,3 +339,19 @@ def test_the_events_are_read_off_the_record_and_claimed_once(store: JobStore, tm
     assert sorted(map(len, claims)) == [0, 0, 0, 1]
     assert [s["event"] for s in _sent(out, 1)] == ["failed"]
     assert store.load(JOB).notified == ["1:failed"]
+
+
+def test_every_new_attempt_is_notified_as_restarted_once(fake: FakeCluster, store: JobStore, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`restart`, the dashboard's R, the start-up retry and on_hang: restart all start the next
+    attempt in one place, which sends ``restarted``."""
+    monkeypatch.setattr(lifecycle, "transport_factory", lambda record: fake.transport)
+    out = tmp_path / "sent.jsonl"
+    runner = _owned(fake, store, tmp_path, None, notify_with=Notify(COMMAND.replace("{out}", str(out)),
+                                                                   on=("restarted",)))
+    fake.wait_started(JOB, 0)
+    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+    assert record.attempt == 2
+    assert [(s["event"], s["attempts"]) for s in _sent(out, 1)] == [("restarted", 2)]
+    assert notify.send_due(store, store.load(JOB)) == [] and store.load(JOB).notified == ["2:restarted"]
+    runner.close()

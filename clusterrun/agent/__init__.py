@@ -3,7 +3,7 @@
 How it is run
 -------------
 This package is stdlib only and written in parts (``codec``, ``records``, ``procs``, ``cgroup``,
-``survivor``, ``monitor``, ``supervisor`` (starts the survivor), ``stop``, ``orphans``,
+``survivor``, ``monitor`` (with ``hangwatch``), ``supervisor`` (starts the survivor), ``stop``, ``orphans``,
 ``follow``, ... and ``serve``, the dispatch table; ``wire`` types every request, shared with the
 controller). The controller
 ships it to a host as one zip, named by its sha256 (``clusterrun/transports/bundle.py``: fixed
