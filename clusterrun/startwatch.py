@@ -23,7 +23,7 @@ CAUSE = "{nodes} started no workers within {timeout} (startup_timeout): {what}"
 FIX = ("the nodes must reach node 0's master port and each other: `clusterrun doctor HOSTS.yaml` checks "
        "the port from every node; open it in the firewall, set `master.addr` (or node 0's `address:`) to an "
        "address every node reaches, and GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME in `env:` to the interface that "
-       "reaches the others; a slow `setup:` or import needs a longer `startup_timeout`/--startup-timeout")
+       "reaches the others; a host slow to start torchrun (a cold filesystem) needs a longer `startup_timeout`")
 
 
 def waiting_for(status: NodeStatus | None) -> str | None:
