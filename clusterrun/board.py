@@ -124,12 +124,31 @@ class Board:
         self.stops: dict[int, StopReport] = {}
         self.notes: deque[str] = deque(maxlen=200)
         self.changed: set[int] = set()  # rows whose state changed: redraw them now
+        self.rank_view: tuple[int, str, Ring] | None = None  # (node, "[rankN]:", its lines): the node view's filter
         self.header_changed = True
 
     def node(self, rank: int, host: str = "") -> NodeRow:
         while len(self.nodes) <= rank:
             self.nodes.append(NodeRow(len(self.nodes), host if len(self.nodes) == rank else "", log=Ring(self.ring)))
         return self.nodes[rank]
+
+    def ranks_of(self, node: int) -> range:
+        """The global ranks of a node (node after node, as the plan packs them)."""
+        first = sum(row.nproc for row in self.nodes[:node])
+        return range(first, first + self.node(node).nproc)
+
+    def watch_rank(self, node: int, rank: int | None) -> Ring | None:
+        """Keep the lines of global rank ``rank`` of ``node`` in a ring of their own (from what the
+        node's ring holds, then as they come), for the node view's filter; None: no filter. Only
+        the node being filtered pays for it."""
+        if rank is None:
+            self.rank_view = None
+            return None
+        tag = f"[rank{rank}]:"
+        ring = Ring(self.ring)
+        ring.extend([line for line in self.node(node).log.lines if line.startswith(tag)])
+        self.rank_view = (node, tag, ring)
+        return ring
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -144,6 +163,8 @@ class Board:
             if not event.earlier:
                 row.last_output = event.ts
             self.merged.extend([f"node{rank} | {line}" for line in lines])
+            if self.rank_view is not None and self.rank_view[0] == rank:
+                self.rank_view[2].extend([line for line in lines if line.startswith(self.rank_view[1])])
             return  # the row's line count and last output are redrawn by the clock, not per batch
         self.header_changed = True
         if isinstance(event, AttemptStarted):

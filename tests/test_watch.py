@@ -17,9 +17,10 @@ from clusterrun import lifecycle, notify
 from clusterrun.agent import hangwatch
 from clusterrun.agent.hangwatch import HangWatch
 from clusterrun.attempt import new_record, restart
+from clusterrun.board import Board
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import ConfigError
-from clusterrun.events import JobNote, JobState, NodeHung, NodeState
+from clusterrun.events import AttemptStarted, JobNote, JobState, LogLines, NodeHung, NodeState, NodeStateChanged
 from clusterrun.joblist import job_json, job_state_text, node_state_text
 from clusterrun.jobs import JobStore
 from clusterrun.orchestrator import Job
@@ -355,3 +356,52 @@ def test_every_new_attempt_is_notified_as_restarted_once(fake: FakeCluster, stor
     assert [(s["event"], s["attempts"]) for s in _sent(out, 1)] == [("restarted", 2)]
     assert notify.send_due(store, store.load(JOB)) == [] and store.load(JOB).notified == ["2:restarted"]
     runner.close()
+
+
+# ------------------------------------------------------------------------------ the dashboard
+
+
+def test_the_dashboard_shows_a_hung_node_and_filters_a_nodes_log_by_rank() -> None:
+    board = Board()
+    board.apply(AttemptStarted(None, job_id=JOB, name="train", attempt=1, master_addr="h0", master_port=1,
+                               world_size=4, nodes=(("h0", 2, None), ("h1", 2, None))))
+    board.apply(NodeStateChanged(1, host="h1", state=NodeState.RUNNING))
+    board.apply(LogLines(1, host="h1", lines=("[rank2]:a", "[rank3]:b", "torchrun says")))
+    assert list(board.ranks_of(1)) == [2, 3]
+    ring = board.watch_rank(1, 3)
+    assert ring is not None and list(ring.lines) == ["[rank3]:b"]
+    board.apply(LogLines(1, host="h1", lines=("[rank3]:c", "[rank2]:d")))
+    board.apply(LogLines(0, host="h0", lines=("[rank0]:e",)))
+    assert list(ring.lines) == ["[rank3]:b", "[rank3]:c"]
+    assert board.watch_rank(1, None) is None and board.rank_view is None
+    board.apply(NodeHung(1, host="h1", since=time.time() - 60))
+    assert board.nodes[1].status(time.time()).startswith("hung since ")
+    board.apply(NodeHung(1, host="h1", since=None))
+    assert board.nodes[1].status(time.time()) == "running"
+
+
+def test_r_in_a_nodes_log_shows_one_rank_after_the_other_then_all() -> None:
+    import asyncio
+
+    from clusterrun.tui.logview import RingLog
+    from tests.test_tui_snapshots import Scripted, app_for, started
+
+    app = app_for(Scripted(started(), running=True))
+
+    def shown() -> set[str]:
+        return {line.split(":", 1)[0] for line in app.query_one("#log", RingLog).lines}
+
+    async def main() -> list[set[str]]:
+        seen = []
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.press("2")  # node 1: ranks 2 and 3
+            seen.append(shown())
+            for _ in range(3):
+                await pilot.press("r")
+                seen.append(shown())
+            await pilot.press("r", "a")  # rank 2 again, then all nodes: the filter goes with the node view
+            seen.append({line.split(" | ", 1)[0] for line in app.query_one("#log", RingLog).lines})
+        return seen
+
+    assert asyncio.run(main()) == [{"[rank2]", "[rank3]"}, {"[rank2]"}, {"[rank3]"}, {"[rank2]", "[rank3]"},
+                                   {"node0", "node1", "node2"}]

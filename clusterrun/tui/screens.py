@@ -65,6 +65,7 @@ HELP = """\
   Enter or l    log of the selected node  a        all nodes, merged
   f or End      follow the log again     /        search (text or regex); n/N next/previous; Esc clears
   K             kill the job (asks)      R        restart: kill, then a new attempt (asks)
+  r             in a node's log: only its first rank's lines, then the next rank's, then all again
   d             detach: leave the job running and exit
   q             quit (asks whether to stop a running job)
   ?             this help
