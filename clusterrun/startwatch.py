@@ -19,7 +19,9 @@ from clusterrun.ranges import ranges_text
 FIRST_NOTE = 10.0  # seconds after the start before the first note of nodes still waiting (a third of a shorter timeout)
 NOTE_EVERY = 30.0  # seconds between two notes while nothing changes
 
-CAUSE = "{nodes} started no workers within {timeout} (startup_timeout): {what}"
+CAUSE = "{nodes} started no workers within {timeout} (startup_timeout): {what}{others}"
+JOINED = "torchrun joined the rendezvous, waits for the others"
+NOT_JOINED = "torchrun has not joined the rendezvous (no connection to the master port)"
 FIX = ("the nodes must reach node 0's master port and each other: `clusterrun doctor HOSTS.yaml` checks "
        "the port from every node; open it in the firewall, set `master.addr` (or node 0's `address:`) to an "
        "address every node reaches, and GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME in `env:` to the interface that "
@@ -32,6 +34,8 @@ def waiting_for(status: NodeStatus | None) -> str | None:
         return "not heard from yet"
     if status.workers or status.ended:
         return None
+    if status.state is HostState.RUNNING and status.rdzv_joined is not None:
+        return JOINED if status.rdzv_joined else NOT_JOINED
     if status.state is HostState.RUNNING:
         return "torchrun waits for the rendezvous"
     if status.state is HostState.ABSENT:
@@ -54,7 +58,7 @@ def progress_text(hosts: Mapping[int, str], statuses: Mapping[int, NodeStatus | 
     """``node 3 (gpu04): torchrun waits for the rendezvous for 45 s; nodes 0-2 ready``; None once every
     node has started its workers."""
     waiting: dict[str, list[int]] = {}
-    for rank in sorted(hosts):
+    for rank in sorted(hosts, key=lambda r: (waiting_for(statuses.get(r)) == JOINED, r)):  # the missing first
         what = waiting_for(statuses.get(rank))
         if what is not None:
             waiting.setdefault(what, []).append(rank)
@@ -68,12 +72,22 @@ def progress_text(hosts: Mapping[int, str], statuses: Mapping[int, NodeStatus | 
     return "; ".join(parts)
 
 
+def blamed(hosts: Mapping[int, str], statuses: Mapping[int, NodeStatus | None]) -> tuple[list[int], list[int]]:
+    """The nodes that keep the rendezvous from completing (not joined, or not known to have), and
+    those that joined it and wait for them; every waiting node when none is known to have joined."""
+    late = [r for r in sorted(hosts) if waiting_for(statuses.get(r)) is not None]
+    missing = [r for r in late if waiting_for(statuses.get(r)) != JOINED]
+    return (missing, [r for r in late if r not in missing]) if missing else (late, [])
+
+
 def timeout_cause(hosts: Mapping[int, str], statuses: Mapping[int, NodeStatus | None], timeout: float) -> RootCause:
     """The root cause of an attempt whose nodes did not all start their workers within ``timeout``."""
-    late = [r for r in sorted(hosts) if waiting_for(statuses.get(r)) is not None]
-    first = late[0] if late else min(hosts)
+    named, joined = blamed(hosts, statuses)
+    named = named or [min(hosts)]
+    first = named[0]
     what = waiting_for(statuses.get(first)) or "no workers"
-    cause = CAUSE.format(nodes=_nodes(late or [first], hosts), timeout=_seconds(timeout), what=what)
+    others = f"; {_nodes(joined, hosts)} joined and waited for {'it' if len(named) == 1 else 'them'}" if joined else ""
+    cause = CAUSE.format(nodes=_nodes(named, hosts), timeout=_seconds(timeout), what=what, others=others)
     return RootCause(node=first, host=hosts[first], rank=None, local_rank=None, exit_code=None, signal=None,
                      message=f"{what}: no workers after {_seconds(timeout)} (startup_timeout)",
                      explanation=Explanation("startup-timeout", cause, FIX))
@@ -127,7 +141,7 @@ class StartupWatch:
             emit(JobNote(None, text=note))
         if not (enforce and self.expired(now)):
             return None
-        self.late = self.waiting()
+        self.late = blamed(self.hosts, self.statuses)[0]  # failed; the nodes that waited for them are stopped
         return self.cause()
 
     def expired(self, now: float) -> bool:
@@ -137,4 +151,4 @@ class StartupWatch:
         return timeout_cause(self.hosts, self.statuses, self.timeout)
 
 
-__all__ = ["StartupWatch", "progress_text", "timeout_cause", "waiting_for"]
+__all__ = ["StartupWatch", "blamed", "progress_text", "timeout_cause", "waiting_for"]

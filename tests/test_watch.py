@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -131,6 +132,39 @@ def test_a_node_that_starts_no_workers_fails_the_job_at_the_start_up_timeout(fak
     assert root is not None and (root.node, root.host) == (1, "h1")
     assert root.describe() == ("torchrun on node 1 (h1): failed: torchrun waits for the rendezvous: no workers "
                                "after 1 s (startup_timeout)")
+
+
+def test_the_nodes_that_did_not_join_are_named_and_failed_the_others_stopped(fake: FakeCluster) -> None:
+    seen = Seen()
+    spec = dataclasses.replace(spec_of(3), watch=Watch(startup_timeout=1.0))
+    job = Job(spec, "train.py", job_id=JOB, name="train", emit=seen, transport_factory=fake.transport,
+              reconnect=FAST)
+    job.prepare()
+    job.start()
+    fake.node(JOB, 0).rendezvous(True)
+    fake.node(JOB, 1).rendezvous(False)  # its host cannot reach the master port
+    fake.node(JOB, 2).rendezvous(True)
+    try:
+        result = job.run()
+    finally:
+        job.close()
+    assert result is not None and [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.FAILED,
+                                                                      NodeState.STOPPED]
+    root = result.root_cause
+    assert root is not None and root.node == 1 and root.explanation is not None
+    assert root.explanation.cause == ("node 1 (h1) started no workers within 1 s (startup_timeout): torchrun has not "
+                                      "joined the rendezvous (no connection to the master port); nodes 0 (h0), 2 (h2) "
+                                      "joined and waited for it")
+
+
+def test_joined_store_sees_a_connection_to_the_port() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        assert not hangwatch.joined_store(os.getpid(), port)  # listening is not joining
+        with socket.create_connection(("127.0.0.1", port)):
+            assert hangwatch.joined_store(os.getpid(), port)
+            assert not hangwatch.joined_store(os.getpid(), port + 1 if port < 65535 else port - 1)
+    assert hangwatch.master_port(["python", "-m", "torch.distributed.run", "--master-port=29501", "x.py"]) == 29501
 
 
 def test_a_viewer_does_not_fail_a_job_that_waits(fake: FakeCluster) -> None:

@@ -31,8 +31,8 @@ def ps_json(job: str) -> dict:  # type: ignore[type-arg]
 def test_a_node_that_never_starts_its_workers_fails_the_job_at_the_start_up_timeout(tmp_path: Path,
                                                                                     state_dir: Path) -> None:
     """Node 1's torchrun never starts (its interpreter sleeps), so node 0's waits in the rendezvous:
-    `up` says who waits for what while it lasts, `ps` too, and the job fails once the timeout has
-    passed, with the fix, not after gloo's 30 minutes."""
+    `up` says who waits for what while it lasts (node 1 never joined), `ps` too, and the job fails
+    once the timeout has passed, node 1 named with the fix, not after gloo's 30 minutes."""
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
     never = tmp_path / "python"  # the agent runs, torchrun never starts (a node that never joins)
     never.write_text(f'#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = torch.distributed.run ]; then exec sleep 600; fi\n'
@@ -45,17 +45,21 @@ def test_a_node_that_never_starts_its_workers_fails_the_job_at_the_start_up_time
     job = job_id_of(proc.stderr.readline())
     note = wait_for(lambda: next((line for line in [proc.stderr.readline()] if "waits for" in line), None),  # type: ignore[union-attr]
                     timeout=60, what="the start-up note")
-    assert "nodes 0 (local-a), 1 (local-b): torchrun waits for the rendezvous for " in note
+    assert note.startswith("clusterrun: node 1 (local-b): torchrun has not joined the rendezvous (no connection to "
+                           "the master port) for "), note
+    assert "; node 0 (local-a): torchrun joined the rendezvous, waits for the others for " in note
     shown = clusterrun("ps", job)
-    assert "start-up: nodes 0 (local-a), 1 (local-b): torchrun waits for the rendezvous for " in shown.stdout
-    assert ps_json(job)["nodes"][1]["waiting"] == "torchrun waits for the rendezvous"
+    assert "start-up: node 1 (local-b): torchrun has not joined the rendezvous" in shown.stdout
+    assert [n["waiting"] for n in ps_json(job)["nodes"]] == [
+        "torchrun joined the rendezvous, waits for the others",
+        "torchrun has not joined the rendezvous (no connection to the master port)"]
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
-    assert ("cause: nodes 0 (local-a), 1 (local-b) started no workers within 9 s (startup_timeout): torchrun "
-            "waits for the rendezvous") in err
+    assert ("cause: node 1 (local-b) started no workers within 9 s (startup_timeout): torchrun has not joined the "
+            "rendezvous (no connection to the master port); node 0 (local-a) joined and waited for it") in err
     assert "`clusterrun doctor HOSTS.yaml`" in err
     record = ps_json(job)
-    assert record["state"] == "failed" and [n["state"] for n in record["nodes"]] == ["failed", "failed"]
+    assert record["state"] == "failed" and [n["state"] for n in record["nodes"]] == ["stopped", "failed"]
     assert "startup_timeout" in record["attempts"][0]["root_cause"]
     assert marked(job) == []
 

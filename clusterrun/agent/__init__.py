@@ -172,7 +172,9 @@ under umask 077 so they are never readable by others, not even briefly):
                     ``hung_since`` (wall-clock time since which the ranks wrote nothing and used
                     no CPU, once that lasted ``hang_after``; null again when they resume; see
                     ``HangWatch``), ``hang_report`` (``hang.txt`` in the attempt directory: the
-                    ranks' stacks as far as the host shows them, with ``on_hang: stack``) and,
+                    ranks' stacks as far as the host shows them, with ``on_hang: stack``),
+                    ``rdzv_joined`` (until there are workers: whether torchrun holds a connection
+                    to the master port, i.e. joined the rendezvous) and,
                     when torchrun exited non-zero, ``oom``: what the kernel said of OOM kills
                     during the attempt (see ``KernelLog``): ``kills`` ``[{pid, comm, line, summary,
                     constraint, oom_memcg, task_memcg}]`` from /dev/kmsg (PIDs of any process:

@@ -30,6 +30,42 @@ def cpu_ticks(pid: int) -> int | None:
         return None
 
 
+def joined_store(pid: int, port: int) -> bool:
+    """Whether process ``pid`` (torchrun) holds an established TCP connection to ``port`` (the
+    master's store, which torchrun's rendezvous goes through; node 0's torchrun connects to its
+    own store too): its node has joined the rendezvous."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return False
+    for table in ("tcp", "tcp6"):  # of the process's own network namespace
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()  # sl local_address rem_address st ... inode (the 10th)
+            if len(cols) > 9 and cols[3] == "01" and cols[9] in inodes and int(cols[2].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
+def master_port(argv: list[str]) -> int | None:
+    """``--master-port=N`` of torchrun's command line (``plan.torchrun_argv`` writes it so)."""
+    for arg in argv:
+        if arg.startswith("--master-port=") and arg[14:].isdigit():
+            return int(arg[14:])
+    return None
+
+
 class HangWatch:
     """Activity of a node's ranks, sampled at the monitor's scans: the CPU ticks of the living
     workers and the size of output.log. Unchanged for ``hang_after`` seconds (monotonic) makes the

@@ -10,7 +10,7 @@ import sys
 import time
 
 from .cgroup import cg_kill, cg_remove, cg_wait_empty, cg_write
-from .hangwatch import HangWatch, hang_report
+from .hangwatch import HangWatch, hang_report, joined_store, master_port
 from .kmsg import KernelLog
 from .procs import JobScope, PidHandle, _is_alive, all_procs, descendants, pin, proc_env, proc_info, signal
 from .ranklogs import RankLogs
@@ -208,6 +208,7 @@ class Monitor:
                                   journal=os.path.join(self.folder, RANK_JOURNAL))
         self.hang = HangWatch(spec.get("hang_after"), state.get("hung_since"))
         self.on_hang = spec.get("on_hang")
+        self.master_port = master_port(spec.get("argv") or [])
         tr = state.get("torchrun") or {}
         torchrun = pin(tr["pid"], tr.get("start_time")) if tr.get("pid") else None
         if torchrun is not None:
@@ -302,7 +303,7 @@ class Monitor:
             now = time.monotonic()
             if not ended and now - last_scan >= scan_every:
                 last_scan = now
-                changed |= self._scan(torchrun.pid) | self._hang_watch()
+                changed |= self._scan(torchrun.pid) | self._hang_watch() | self._rendezvous(torchrun.pid)
                 if kernel is not None:
                     kernel.keep = {torchrun.pid, *(w["pid"] for w in self.state["workers"])}
                     kernel.drain()  # often enough that the kernel's ring buffer does not overwrite a kill
@@ -317,6 +318,17 @@ class Monitor:
                 unsaved = not self.save()
             if ended:
                 return
+
+    def _rendezvous(self, torchrun_pid: int) -> bool:
+        """Until torchrun has workers: whether it joined the rendezvous (``rdzv_joined``), for the
+        controller's start-up watch to name the nodes that did not; True if that changed."""
+        if self.state["workers"] or self.master_port is None:
+            return False
+        joined = joined_store(torchrun_pid, self.master_port)
+        if joined == self.state.get("rdzv_joined"):
+            return False
+        self.state["rdzv_joined"] = joined
+        return True
 
     def _hang_watch(self) -> bool:
         """Sample the ranks' CPU and the log's size (``HangWatch``); True if ``hung_since`` changed.

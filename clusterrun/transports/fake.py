@@ -75,6 +75,12 @@ class FakeNode:
             self.state = dict(self.state, workers=workers)
             self.host.cluster.changed.notify_all()
 
+    def rendezvous(self, joined: bool) -> None:
+        """Its torchrun is (not) connected to the master port yet, before its workers start."""
+        with self.host.cluster.changed:
+            self.state = dict(self.state, rdzv_joined=joined)
+            self.host.cluster.changed.notify_all()
+
     def hang(self, since: float | None, report: str | None = None) -> None:
         """Its ranks wrote nothing and used no CPU since ``since`` (the host's hang watch); None: active again."""
         with self.host.cluster.changed:
