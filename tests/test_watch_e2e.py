@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import ROOT, SUPPORT, job_id_of, marked, run_up, up_argv, wait_for, write_hosts
 
-pytestmark = [pytest.mark.integration, pytest.mark.fake_torchrun]
+pytestmark = pytest.mark.integration
 
 
 def clusterrun(*args: str) -> subprocess.CompletedProcess[str]:
@@ -28,6 +28,7 @@ def ps_json(job: str) -> dict:  # type: ignore[type-arg]
     return json.loads(done.stdout)["jobs"][0]
 
 
+@pytest.mark.fake_torchrun
 def test_a_node_that_never_starts_its_workers_fails_the_job_at_the_start_up_timeout(tmp_path: Path,
                                                                                     state_dir: Path) -> None:
     """Node 1's torchrun never starts (its interpreter sleeps), so node 0's waits in the rendezvous:
@@ -64,6 +65,23 @@ def test_a_node_that_never_starts_its_workers_fails_the_job_at_the_start_up_time
     assert marked(job) == []
 
 
+def test_real_torchrun_on_node_0_is_seen_to_have_joined_its_own_rendezvous(tmp_path: Path, state_dir: Path) -> None:
+    """What the start-up watch reads of torchrun itself (its connection to its TCPStore on the
+    master port), with the real torchrun on node 0 and a node 1 that never starts one."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, python=sys.executable)
+    never = tmp_path / "python"
+    never.write_text(f'#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = torch.distributed.run ]; then exec sleep 600; fi\n'
+                     f'exec {sys.executable} "$@"\n')
+    never.chmod(0o755)
+    hosts.write_text(hosts.read_text() + f"    python: {never}\n")
+    done = run_up("--startup-timeout", "20", hosts, SUPPORT / "block.py")
+    assert done.returncode == 1, done.stderr
+    assert ("cause: node 1 (local-b) started no workers within 20 s (startup_timeout): torchrun has not joined the "
+            "rendezvous (no connection to the master port); node 0 (local-a) joined and waited for it") in done.stderr
+    assert marked(job_id_of(done.stderr)) == []
+
+
+@pytest.mark.fake_torchrun
 def test_ranks_that_block_are_hung_after_hang_after_with_their_stacks_saved(tmp_path: Path,
                                                                             state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [2], state_dir)
@@ -82,6 +100,7 @@ def test_ranks_that_block_are_hung_after_hang_after_with_their_stacks_saved(tmp_
     assert marked(job) == []
 
 
+@pytest.mark.fake_torchrun
 def test_a_notification_is_sent_once_also_after_the_controller_was_sigkilled(tmp_path: Path,
                                                                              state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
