@@ -292,6 +292,8 @@ def refresh(store: JobStore, record: JobRecord) -> JobRecord:
     """The record made current: if the job is unfinished and nobody owns it, reconcile it with
     its hosts and start a monitor for it (fail-fast resumes), unless it was adopted from its hosts
     (``discover``): the controller that started it may still be watching it."""
+    if record.finished and record.notify is not None and notify.due(record) and not store.owned(record.job_id):
+        notify.send_due(store, record)  # its owner recorded the end and died before notifying
     if record.finished or store.owned(record.job_id):
         return record
     record = reconcile(store, record)

@@ -17,7 +17,7 @@ import pytest
 from clusterrun import lifecycle, notify
 from clusterrun.agent import hangwatch
 from clusterrun.agent.hangwatch import HangWatch
-from clusterrun.attempt import new_record, restart
+from clusterrun.attempt import new_record, refresh, restart
 from clusterrun.board import Board
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import ConfigError
@@ -439,3 +439,22 @@ def test_r_in_a_nodes_log_shows_one_rank_after_the_other_then_all() -> None:
 
     assert asyncio.run(main()) == [{"[rank2]", "[rank3]"}, {"[rank2]"}, {"[rank3]"}, {"[rank2]", "[rank3]"},
                                    {"node0", "node1", "node2"}]
+
+
+def test_an_end_recorded_by_an_owner_that_died_is_notified_by_the_next_command(store: JobStore, tmp_path: Path,
+                                                                               fake: FakeCluster) -> None:
+    out = tmp_path / "sent.jsonl"
+    runner = _owned(fake, store, tmp_path, None, notify_with=Notify(COMMAND.replace("{out}", str(out))))
+    runner.close()
+
+    def ended(rec):  # type: ignore[no-untyped-def]
+        rec.state = rec.attempts[0].state = JobState.SUCCEEDED
+
+    store.update(JOB, ended)
+    assert refresh(store, store.load(JOB)).state is JobState.SUCCEEDED
+    assert _sent(out, 0) == [] and store.load(JOB).notified == []  # the owner lives: it sends, not ps
+    assert runner.owner_fd is not None
+    store.release(runner.owner_fd)  # the owner died
+    refresh(store, store.load(JOB))
+    refresh(store, store.load(JOB))
+    assert [s["event"] for s in _sent(out, 1)] == ["succeeded"] and store.load(JOB).notified == ["1:succeeded"]
