@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clusterrun import notify
 from clusterrun.checks import AttemptSpec, checked_attempt, note
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import mask_env
@@ -38,6 +39,7 @@ from clusterrun.events import (
     JobResult,
     JobState,
     NodeExited,
+    NodeHung,
     NodeLink,
     NodeStarted,
     NodeState,
@@ -52,6 +54,7 @@ from clusterrun.orchestrator import Emit, Job, node_state_of
 from clusterrun.plan import LaunchPlan, plan_to_json
 from clusterrun.protocol import HostState
 from clusterrun.sync import sync_hosts
+from clusterrun.watch import Notify, Watch
 
 # ------------------------------------------------------------------------------ the state
 
@@ -72,8 +75,10 @@ def _move(record: JobRecord, change: Change) -> bool:
 
 def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overrides: dict[str, str],
                local_cwd: str, ssh_config: str | None, unreachable_timeout: float | None = None,
-               retry_startup: bool = True, max_restarts: int | None = None) -> JobRecord:
-    """The record of a job about to start its first attempt (``starting``)."""
+               retry_startup: bool = True, max_restarts: int | None = None, watch: Watch | None = None,
+               notify: Notify | None = None) -> JobRecord:
+    """The record of a job about to start its first attempt (``starting``); ``watch`` and
+    ``notify``: the hosts file's with ``up``'s options applied (kept for every later attempt)."""
     return JobRecord(
         job_id=plan.job_id, name=plan.name, created=time.time(), hosts_file=os.path.abspath(hosts_file),
         hosts_text=hosts_text, script=plan.script, script_args=list(plan.script_args),
@@ -83,6 +88,7 @@ def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overri
         max_restarts=max_restarts,
         attempts=[AttemptRecord(1, started=time.time(), master_port=plan.master_port)],
         nodes=[NodeRecord(n.rank, n.host.host) for n in plan.nodes],
+        watch=(watch or Watch()).to_json(), notify=notify.to_json() if notify is not None else None,
     )
 
 
@@ -208,6 +214,8 @@ class Recorder:
             self._link(event.node, up=r.state is not NodeState.UNREACHABLE, since=time.time())
         elif event.node is not None and isinstance(event, NodeLink):
             self._link(event.node, up=event.up, since=event.since or time.time())
+        elif event.node is not None and isinstance(event, NodeHung):
+            self._node(event.node, hung_since=event.since)
         elif isinstance(event, JobFinished):
             self.finish(event.result)
 
@@ -321,11 +329,15 @@ def refresh(store: JobStore, record: JobRecord) -> JobRecord:
     """The record made current: if the job is unfinished and nobody owns it, reconcile it with
     its hosts and start a monitor for it (fail-fast resumes), unless it was adopted from its hosts
     (``discover``): the controller that started it may still be watching it."""
+    if record.finished and record.notify is not None and notify.due(record) and not store.owned(record.job_id):
+        notify.send_due(store, record)  # its owner recorded the end and died before notifying
     if record.finished or store.owned(record.job_id):
         return record
     record = reconcile(store, record)
     if not record.finished and not record.adopted:
         store.spawn_monitor(record.job_id)
+    elif not record.adopted:  # it ended with nobody owning it: its notifications are due here
+        notify.send_due(store, record)
     return record
 
 
@@ -474,6 +486,7 @@ class NextAttempt:
             start(self.job, self.emit, recorder, automatic=automatic)
             recorder.flush()  # the nodes' pids and states, before the record is read back
             new = store.load(record.job_id)
+            notify.send_due(store, new, lambda text: note(self.emit, text))  # restarted (and the last end)
         except BaseException:
             if owner_fd is None:
                 store.release(owner)

@@ -29,6 +29,7 @@ from clusterrun.events import (
     NodeDegraded,
     NodeExited,
     NodeGpus,
+    NodeHung,
     NodeLink,
     NodeStarted,
     NodeState,
@@ -36,6 +37,7 @@ from clusterrun.events import (
     NodeStopped,
     RootCause,
     StopReport,
+    hung_text,
     signal_name,
     unreachable_text,
 )
@@ -81,6 +83,7 @@ class NodeRow:
     reachable: bool = True
     unreachable_since: float | None = None  # wall clock: when its host was first found unreachable
     degraded: str | None = None  # why its supervisor cannot write its state on the host
+    hung_since: float | None = None  # wall clock: since when its ranks wrote nothing and used no CPU
     last_output: float | None = None
     gpus: NodeGpus | None = None  # its GPUs as last read (None: not yet)
     visible: tuple[str, ...] = ()  # its CUDA_VISIBLE_DEVICES: the host's GPUs that are the node's
@@ -96,6 +99,8 @@ class NodeRow:
         16:04:05Z`` (``events.unreachable_text``), failed with its exit code, ..."""
         if self.unreachable:
             return unreachable_text(self.unreachable_since, now)
+        if self.hung_since is not None and self.state is NodeState.RUNNING:
+            return hung_text(self.hung_since, now)
         if self.state is NodeState.FAILED:
             if self.signal:
                 return f"failed ({signal_name(self.signal)})"
@@ -128,12 +133,31 @@ class Board:
         self.restarting: AttemptRestarting | None = None  # the owner restarts the job: the countdown's latest
         self.changed: set[int] = set()  # rows whose state changed: redraw them now
         self.gpus_shown = False  # some node's host has nvidia-smi: the table has a GPU column
+        self.rank_view: tuple[int, str, Ring] | None = None  # (node, "[rankN]:", its lines): the node view's filter
         self.header_changed = True
 
     def node(self, rank: int, host: str = "") -> NodeRow:
         while len(self.nodes) <= rank:
             self.nodes.append(NodeRow(len(self.nodes), host if len(self.nodes) == rank else "", log=Ring(self.ring)))
         return self.nodes[rank]
+
+    def ranks_of(self, node: int) -> range:
+        """The global ranks of a node (node after node, as the plan packs them)."""
+        first = sum(row.nproc for row in self.nodes[:node])
+        return range(first, first + self.node(node).nproc)
+
+    def watch_rank(self, node: int, rank: int | None) -> Ring | None:
+        """Keep the lines of global rank ``rank`` of ``node`` in a ring of their own (from what the
+        node's ring holds, then as they come), for the node view's filter; None: no filter. Only
+        the node being filtered pays for it."""
+        if rank is None:
+            self.rank_view = None
+            return None
+        tag = f"[rank{rank}]:"
+        ring = Ring(self.ring)
+        ring.extend([line for line in self.node(node).log.lines if line.startswith(tag)])
+        self.rank_view = (node, tag, ring)
+        return ring
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -148,6 +172,8 @@ class Board:
             if not event.earlier:
                 row.last_output = event.ts
             self.merged.extend([f"node{rank} | {line}" for line in lines])
+            if self.rank_view is not None and self.rank_view[0] == rank:
+                self.rank_view[2].extend([line for line in lines if line.startswith(self.rank_view[1])])
             return  # the row's line count and last output are redrawn by the clock, not per batch
         if isinstance(event, NodeGpus) and rank is not None:
             row = self.node(rank, event.host)
@@ -172,6 +198,11 @@ class Board:
             row = self.node(rank, event.host)
             row.degraded = event.reason
             self.note(f"node{rank} {event.host}: degraded: {event.reason}")
+        elif isinstance(event, NodeHung) and rank is not None:
+            row = self.node(rank, event.host)
+            row.hung_since = event.since
+            self.note(f"node{rank} {event.host}: " + ("active again" if event.since is None else
+                      f"{hung_text(event.since, self.wall())} (no output, no CPU)"))
         elif isinstance(event, NodeLink) and rank is not None:
             row = self.node(rank, event.host)
             since = event.since if event.since is not None else self._to_wall(event.ts)

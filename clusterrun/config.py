@@ -29,6 +29,8 @@ from clusterrun.envrules import check_env_entry, check_env_total, looks_secret
 from clusterrun.errors import ConfigError
 from clusterrun.nodesets import NodeSetError, expand, is_nodeset
 from clusterrun.restarts import RestartPolicy, parse_backoff, parse_duration
+from clusterrun.watch import Notify, Watch
+from clusterrun.watchconfig import WATCH_KEYS, watch_settings
 
 Transport = Literal["ssh", "local"]
 
@@ -86,6 +88,8 @@ class ClusterSpec:
     ssh_config: str | None = None
     secret_env: tuple[str, ...] = ()  # more names (or glob patterns) whose values are masked
     restart: RestartPolicy = RestartPolicy()  # restarts of the whole job after a failure (none by default)
+    watch: Watch = Watch()  # startup_timeout, hang_after, on_hang
+    notify: Notify | None = None
 
 
 _TAG = "tag:yaml.org,2002:"
@@ -94,7 +98,7 @@ _TIMESTAMP, _MERGE = _TAG + "timestamp", _TAG + "merge"
 _ALLOWED_TAGS = {_STR, _INT, _FLOAT, _BOOL, _NULL, _TIMESTAMP, _MERGE, _TAG + "seq", _TAG + "map"}
 
 _TOP_KEYS = ("hosts", "defaults", "env", "master", "state_dir", "ssh_config", "forward_env", "env_file",
-             "secret_env", "restart")
+             "secret_env", "restart", *WATCH_KEYS)
 _SHARED_KEYS = ("port", "user", "identity_file", "gpus", "nproc", "python", "workdir", "env", "transport",
                 "sync", "sync_exclude", "forward_env", "env_file", "setup")
 _HOST_KEYS = ("host", "address", *_SHARED_KEYS)
@@ -477,6 +481,7 @@ class _Parser:
         master = {}
         if "master" in top:
             master = self.fields(top["master"], "master", _MASTER_KEYS, "a mapping with 'addr' and/or 'port'")
+        watch, notify = watch_settings(self, top)
         return ClusterSpec(
             path=self.path,
             hosts=self.hosts(top["hosts"], defaults, env),
@@ -486,6 +491,8 @@ class _Parser:
             ssh_config=self.string(top["ssh_config"], "ssh_config") if "ssh_config" in top else None,
             secret_env=self.secret_env,
             restart=self.restart(top["restart"]) if "restart" in top else RestartPolicy(),
+            watch=watch,
+            notify=notify,
         )
 
     def restart(self, node: Node) -> RestartPolicy:

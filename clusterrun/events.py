@@ -43,6 +43,11 @@ class NodeState(_Named):
     (``unreachable_text``), never as running: we do not know. A node ends ``unreachable`` only
     in a result: the controller stopped following it (a stop was asked for) without reaching its
     host, so it may still run.
+
+    ``hung`` is, like ``unreachable``, a view of a node that runs: its host's hang watch saw its
+    ranks write nothing and use no CPU for ``hang_after`` (``NodeHung``); it is shown ``hung since
+    <time>`` (``hung_text``) until they resume, and never ends a node or the job by itself (the
+    job's owner acts on it: ``on_hang``).
     """
 
     PENDING = "pending"
@@ -55,6 +60,7 @@ class NodeState(_Named):
     STOPPED = "stopped"
     LOST = "lost"
     UNREACHABLE = "unreachable"
+    HUNG = "hung"
 
     @property
     def is_terminal(self) -> bool:
@@ -111,6 +117,11 @@ def unreachable_text(since: float | None, now: float) -> str:
         return "unreachable"
     text = iso(since)
     return "unreachable since " + (text[11:] if text[:10] == iso(now)[:10] else text)
+
+
+def hung_text(since: float | None, now: float) -> str:
+    """``hung since 16:04:05Z``: a node whose ranks wrote nothing and used no CPU since then."""
+    return "hung" if since is None else unreachable_text(since, now).replace("unreachable", "hung", 1)
 
 
 def not_stopped_text(job_id: str, nodes: Iterable[tuple[int, str]]) -> str:
@@ -415,6 +426,17 @@ class NodeLink(Event):
     up: bool
     detail: str = ""
     since: float | None = None
+
+
+@dataclass(frozen=True)
+class NodeHung(Event):
+    """The node's ranks wrote nothing and used no CPU since ``since`` (wall clock) for the job's
+    ``hang_after``; ``since`` None: they are active again. ``report``: where its host saved the
+    ranks' stacks (``on_hang: stack``)."""
+
+    host: str
+    since: float | None
+    report: str | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 from clusterrun.agent.wire import NodeRequest
 from clusterrun.diagnose import NodeLog
 from clusterrun.errors import ClusterrunError
-from clusterrun.events import NodeState
+from clusterrun.events import Event, NodeDegraded, NodeHung, NodeState
 from clusterrun.plan import NodeLaunch
 from clusterrun.protocol import Beat, End, FollowMessage, HostState, LogChunk, NodeStatus, Probe, decode_follow
 from clusterrun.transports import AgentSession, Transport
@@ -86,11 +86,34 @@ class Node:
     agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node
     probe: Probe | None = None  # what its agent said of the host
     degraded: str | None = None  # the agent's word that the supervisor cannot write its state
+    hung_since: float | None = None  # the host's hang watch: its ranks are idle since (wall clock)
     earlier: list[str] = field(default_factory=list)  # scrollback lines read, before the resume point
 
     @property
     def host(self) -> str:
         return self.transport.name
+
+    def news(self, rank: int, status: NodeStatus) -> list[Event]:
+        """What ``status`` says beside the node's state that is news: degraded, hung, active again."""
+        found: list[Event] = []
+        if status.degraded and status.degraded != self.degraded:
+            self.degraded = status.degraded
+            found.append(NodeDegraded(rank, host=self.host, reason=status.degraded))
+        if status.hung_since != self.hung_since and not status.ended:
+            self.hung_since = status.hung_since
+            found.append(NodeHung(rank, host=self.host, since=status.hung_since, report=status.hang_report))
+        return found
+
+    def scrollback(self, message: LogChunk, resume: int) -> tuple[tuple[str, ...] | None, str]:
+        """Keep the part of ``message`` before the resume point (a viewer's scrollback); once that
+        point is reached, the lines kept (None before); and the part of ``message`` after it."""
+        raw = message.data.encode("utf-8", "surrogateescape")
+        cut = max(0, min(len(raw), resume - message.offset))
+        self.earlier.extend(split_lines(raw[:cut].decode("utf-8", "surrogateescape")))
+        earlier = None
+        if message.next >= resume:
+            earlier, self.earlier = tuple(self.earlier), []
+        return earlier, raw[cut:].decode("utf-8", "surrogateescape")
 
     def close_agent(self) -> None:
         agent, self.agent = self.agent, None

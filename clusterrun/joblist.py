@@ -25,6 +25,8 @@ from clusterrun.terminal import safe
 if TYPE_CHECKING:
     from clusterrun.interfaces import Interface
     from clusterrun.sync import SyncReport
+from clusterrun.protocol import decode_status
+from clusterrun.startwatch import waiting_for
 
 SCHEMA = 1
 RECENT = 24 * 3600  # `ps` shows ended jobs for a day after they ended (`ps -a`: all of them)
@@ -69,12 +71,17 @@ def node_state(node: NodeRecord) -> str:
     now), else its state in the record."""
     if node.unreachable_since is not None and not NodeState(node.state).is_terminal:
         return str(NodeState.UNREACHABLE)
+    if node.hung_since is not None and node.state is NodeState.RUNNING:
+        return str(NodeState.HUNG)
     return str(node.state)
 
 
 def node_state_text(node: NodeRecord, now: float) -> str:
-    """``node_state`` in words: ``unreachable since 16:04:05Z`` (``events.unreachable_text``)."""
+    """``node_state`` in words: ``unreachable since 16:04:05Z`` (``events.unreachable_text``),
+    ``hung since 16:10:00Z``."""
     shown = node_state(node)
+    if shown == NodeState.HUNG:
+        return events.hung_text(node.hung_since, now)
     return events.unreachable_text(node.unreachable_since, now) if shown == NodeState.UNREACHABLE else shown
 
 
@@ -95,10 +102,14 @@ def unreachable_ranks(record: JobRecord) -> list[int]:
 def job_state_text(record: JobRecord, now: float) -> str:
     """The job's state as ``ps`` and ``wait`` word it: ``running``, or, while nodes of an unfinished
     job are unreachable, ``running; node 1 unreachable since 16:04:05Z`` (``nodes 1, 3 ...``:
-    since the first of them)."""
+    since the first of them); else while some are hung, ``running; node 1 hung since 16:10:00Z``."""
     lost = [record.nodes[rank] for rank in unreachable_ranks(record)]
     if record.state is JobState.RESTARTING and record.restart_at is not None:
         return f"restarting: attempt {record.attempt + 1} starts in {max(0, record.restart_at - now):.0f} s"
+    hung = [n for n in record.nodes if node_state(n) == NodeState.HUNG] if not record.finished else []
+    if hung and not lost:
+        which = f"node {hung[0].rank}" if len(hung) == 1 else f"nodes {', '.join(str(n.rank) for n in hung)}"
+        return f"{record.state}; {which} {events.hung_text(min(n.hung_since or now for n in hung), now)}"
     if not lost:
         return str(record.state)
     since = min(n.unreachable_since for n in lost if n.unreachable_since is not None)
@@ -156,7 +167,8 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
     for n in record.nodes:
         node: dict[str, Any] = {"rank": n.rank, "host": n.host, "state": node_state(n), "pid": n.pid,
                                 "exit_code": n.exit_code, "signal": n.signal, "error": n.error,
-                                "unreachable_since": iso(n.unreachable_since), "last_state": str(n.state)}
+                                "unreachable_since": iso(n.unreachable_since), "hung_since": iso(n.hung_since),
+                                "last_state": str(n.state)}
         if hosts is not None and n.rank in hosts:
             answer = hosts[n.rank]
             node["containment"] = answer.get("containment")
@@ -166,6 +178,8 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
             reading = gpus[n.rank]
             node["gpus"] = {"found": not reading.missing, "problem": reading.problem,
                             "gpus": [dataclasses.asdict(g) for g in reading.gpus]}
+            node["waiting"] = waiting_for(decode_status(n.host, answer["state"])) if answer.get("state") else None
+            node["hang_report"] = (answer.get("state") or {}).get("hang_report")
         nodes.append(node)
     return {
         "id": record.job_id,

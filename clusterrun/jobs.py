@@ -88,6 +88,7 @@ class NodeRecord:
     seen: int = 0  # bytes of the node's log a viewer (up, attach) has shown; attach resumes here
     # when this controller first failed to reach the node's host (wall clock), None once it answers
     unreachable_since: float | None = None
+    hung_since: float | None = None  # its ranks wrote nothing and used no CPU since (the host's hang watch)
 
 
 @dataclass
@@ -126,6 +127,9 @@ class JobRecord:
     adopted: bool = False  # made from its hosts' state (`--hosts`): no monitor for it here until a restart here
     max_restarts: int | None = None  # up --max-restarts (None: the hosts file's restart.max)
     restart_at: float | None = None  # while ``restarting``: when the next attempt starts (time.time())
+    watch: dict[str, Any] = field(default_factory=dict)  # watch.Watch: the hosts file's with up's options applied
+    notify: dict[str, Any] | None = None  # watch.Notify, the same
+    notified: list[str] = field(default_factory=list)  # the notifications sent (notify.py: each once)
     attempts: list[AttemptRecord] = field(default_factory=list)
     nodes: list[NodeRecord] = field(default_factory=list)
     version: int = RECORD_VERSION

@@ -25,6 +25,9 @@ A failure the restart policy (or the start-up retry) restarts is recorded ``rest
 ``failed``, in the same change: ``wait`` never sees an end that is not one; a ``down`` during the
 backoff moves it to ``stopped``, from which no automatic restart starts (``start`` after a retry
 is taken only from ``restarting``: ``attempt.NextAttempt.replace(automatic=True)``).
+A node's hang changes no job state either (``NodeState.HUNG`` is a view of a running node, as
+``unreachable``): the owner's ``on_hang: restart`` is a requested restart (``Runner.request_restart``),
+and a node that never starts its workers within ``startup_timeout`` ends the attempt ``failed``.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ job's recorded state: the attempt's life (checks, start, stop, its state) is own
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 from collections import deque
@@ -29,11 +30,16 @@ from clusterrun.plan import plan_from_json
 from clusterrun.protocol import End, Eof, LogChunk, NodeStatus, decode, decode_follow, decode_status
 from clusterrun.stacks import StackView, group
 from clusterrun.transports import Transport, transport_for
+from clusterrun.watch import Notify, Watch
 
 
 def spec_of(record: JobRecord) -> ClusterSpec:
-    """The hosts file as it was when the job started (relative paths in it are the job's cwd's)."""
-    return load_cluster_text(record.hosts_text, record.hosts_file)
+    """The hosts file as it was when the job started (relative paths in it are the job's cwd's),
+    with the watch and notifications ``up``'s options made of it (the record's)."""
+    spec = load_cluster_text(record.hosts_text, record.hosts_file)
+    if record.watch:
+        spec = dataclasses.replace(spec, watch=Watch.from_json(record.watch), notify=Notify.from_json(record.notify))
+    return spec
 
 
 def transport_factory(record: JobRecord) -> Callable[..., Transport]:
@@ -53,6 +59,9 @@ def follower(record: JobRecord, emit: Emit | None, *, fail_fast: bool, follow_lo
               reconnect=reconnect or Reconnect(give_up_after=record.unreachable_timeout if fail_fast else None),
               scrollback=scrollback)
     job.resume(plan)
+    current = record.attempts[-1] if record.attempts and not record.finished else None
+    if current is not None and current.attempt == job.attempt:  # its start-up watch counts from the start
+        job.started_at = current.started
     return job
 
 

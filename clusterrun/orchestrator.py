@@ -47,7 +47,6 @@ from clusterrun.events import (
     JobFinished,
     JobResult,
     LogLines,
-    NodeDegraded,
     NodeExited,
     NodeLink,
     NodeResult,
@@ -55,6 +54,7 @@ from clusterrun.events import (
     NodeState,
     NodeStateChanged,
     NodeStopped,
+    RootCause,
     StopReport,
 )
 from clusterrun.follower import Follower, Link, Node, Reconnect, node_state_of, split_lines
@@ -81,6 +81,7 @@ from clusterrun.protocol import (
     decode_probe,
     decode_status,
 )
+from clusterrun.startwatch import StartupWatch
 from clusterrun.transports import AgentSession, Transport, transport_for
 
 Emit = Callable[[Event], None]
@@ -134,6 +135,8 @@ class Job:
         self._resume_at = {rank: at for rank, at in self.offsets.items() if at > 0} if scrollback else {}
         self.scrollback = scrollback
         self.plan: LaunchPlan | None = None
+        self.started_at: float | None = None  # the attempt's start (wall clock): the start-up watch counts from it
+        self._startup: StartupWatch | None = None
         self.interfaces: list[Interface] = []  # per node, once prepared: the network interface its ranks use
         self._detach = threading.Event()
         self._wake = threading.Event()  # set by detach() and request_stop(): followers stop waiting to retry
@@ -330,6 +333,7 @@ class Job:
         self._set_state(rank, NodeState.STARTING)
         request = self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env), cwd=launch.cwd,
                                 first_rank=launch.first_rank, about=about_json(plan, self.env_overrides),
+                                hang_after=self.spec.watch.hang_after, on_hang=self.spec.watch.on_hang,
                                 **self._env_extras(launch))
         try:
             if node.agent is None:
@@ -357,6 +361,7 @@ class Job:
         started and raise."""
         if self.plan is None:
             self.prepare()
+        self.started_at = self.started_at or time.time()
         ranks = list(range(len(self._nodes))) if ranks is None else list(ranks)
         futures = [self._pool.submit(self._start_node, rank) for rank in ranks]
         errors: list[ClusterrunError] = []
@@ -413,9 +418,14 @@ class Job:
         interrupted: str | None = None
         stops: list[StopReport] = []
         stop_futures: list[Any] = []
+        late: RootCause | None = None  # the start-up watch's verdict, once it failed the attempt
+        watch = self._startup = (StartupWatch({r: self._nodes[r].host for r in self.ranks}, self.started_at,
+                                              self.spec.watch.startup_timeout) if self.started_at else None)
         while not all(self._nodes[r].final is not None for r in self.ranks):
             if self._detach.is_set():
                 return None
+            if watch is not None and not stopping and (late := watch.step(time.time(), self.emit, self.fail_fast)):
+                stopping, stop_futures = True, self._stop_async(reason=f"start-up watch: {late.message}")
             if self._stop_event.is_set() and not stopping:
                 stopping = True
                 interrupted = self._stop_reason
@@ -442,7 +452,10 @@ class Job:
                     self._set_state(report.node, NodeState.FAILED, node.error or "")
         for thread in self._threads:
             thread.join(timeout=5)
-        return self._result(stops, interrupted)
+        for rank in watch.late if watch is not None else ():  # the nodes that started no workers failed the attempt
+            self._nodes[rank].error = late.message if late is not None else None
+            self._set_state(rank, NodeState.FAILED, self._nodes[rank].error or "")
+        return self._result(stops, interrupted, late)
 
     def _handle(self, rank: int, message: FollowMessage | Link) -> bool:
         """Apply one message from a follower; True if the node has just failed."""
@@ -459,7 +472,10 @@ class Job:
             self.offsets[rank] = message.next  # shown: a viewer that leaves now resumes after it
             return False
         if isinstance(message, (StateUpdate, End)):
-            self._note_degraded(rank, message.status)
+            for event in node.news(rank, message.status):  # degraded, hung
+                self.emit(event)
+            if self._startup is not None:
+                self._startup.update(rank, message.status)
         if isinstance(message, StateUpdate):
             new = node_state_of(message.status)
             if new in (NodeState.STARTING, NodeState.RUNNING) and node.state in (NodeState.STARTING,
@@ -495,25 +511,16 @@ class Job:
         return False
 
     def _earlier(self, rank: int, message: LogChunk, resume: int) -> str:
-        """Keep the part of ``message`` before the resume point (scrollback) and emit it once that
-        point is reached, as ``LogLines(earlier=True)``; return the part after it."""
+        """Emit the scrollback before the resume point once it is reached (``LogLines(earlier=True)``);
+        the part of ``message`` after it."""
         node = self._nodes[rank]
-        raw = message.data.encode("utf-8", "surrogateescape")
-        cut = max(0, min(len(raw), resume - message.offset))
-        node.earlier.extend(split_lines(raw[:cut].decode("utf-8", "surrogateescape")))
-        if message.next >= resume:
+        earlier, data = node.scrollback(message, resume)
+        if earlier is not None:
             del self._resume_at[rank]
-            earlier, node.earlier = tuple(node.earlier), []
             if earlier:
                 node.log.feed(earlier)
                 self.emit(LogLines(rank, host=node.host, lines=earlier, earlier=True))
-        return raw[cut:].decode("utf-8", "surrogateescape")
-
-    def _note_degraded(self, rank: int, status: NodeStatus) -> None:
-        node = self._nodes[rank]
-        if status.degraded and status.degraded != node.degraded:
-            node.degraded = status.degraded
-            self.emit(NodeDegraded(rank, host=node.host, reason=status.degraded))
+        return data
 
     def _stop_node(self, rank: int) -> StopReport | None:
         node = self._nodes[rank]
@@ -556,14 +563,15 @@ class Job:
 
         list(self._pool.map(read, ranks))
 
-    def _result(self, stops: list[StopReport], interrupted: str | None) -> JobResult:
+    def _result(self, stops: list[StopReport], interrupted: str | None, late: RootCause | None = None) -> JobResult:
         results = []
         for rank, node in enumerate(self._nodes):
             final = node.final or NodeStatus(HostState.RUNNING)
             results.append(NodeResult(rank, node.host, node.state, exit_code=final.exit_code, signal=final.signal,
                                       error=node.error or final.error))
-        root = None
-        if any(r.state in (NodeState.FAILED, NodeState.LOST) for r in results) or interrupted is None:
+        root = late
+        if late is None and (any(r.state in (NodeState.FAILED, NodeState.LOST) for r in results)
+                             or interrupted is None):
             if not self.follow_logs:
                 self._read_tails([r.node for r in results if r.state in (NodeState.FAILED, NodeState.STOPPED,
                                                                          NodeState.LOST)])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Collection
 from typing import TextIO
 
 from clusterrun.diagnose import split_rank
@@ -26,12 +27,14 @@ from clusterrun.events import (
     JobResult,
     LogLines,
     NodeDegraded,
+    NodeHung,
     NodeLink,
     NodeStarted,
     NodeState,
     NodeStateChanged,
     NodeStopped,
     StopReport,
+    hung_text,
     not_stopped_text,
     signal_name,
     unreachable_text,
@@ -44,12 +47,20 @@ _QUIET_STATES = {NodeState.PENDING, NodeState.CONNECTING, NodeState.STARTING, No
                  NodeState.SUCCEEDED, NodeState.STOPPED}
 
 
+def only_ranks(text: str, ranks: frozenset[int]) -> str:
+    """The lines of ``text`` tagged ``[rankN]:`` with N in ``ranks`` (torchrun's own lines dropped)."""
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if line.startswith("[rank") and split_rank(line)[0] in ranks)
+
+
 class Printer:
     """Turns events into text. ``__call__`` is the orchestrator's ``emit``."""
 
     def __init__(self, out: TextIO | None = None, err: TextIO | None = None, colour: bool | None = None,
-                 prefix: bool = True, quiet: bool = False, raw: bool = False) -> None:
+                 prefix: bool = True, quiet: bool = False, raw: bool = False,
+                 ranks: Collection[int] | None = None) -> None:
         self.out = out or sys.stdout
+        self.ranks = None if ranks is None else frozenset(ranks)  # only these ranks' lines (``logs --rank``)
         self.err = err or sys.stderr
         self.colour = wants_colour(self.out) if colour is None else colour
         self.prefix = prefix and not raw  # False: no node prefix
@@ -84,6 +95,8 @@ class Printer:
     def write_log(self, node: int, host: str, text: str) -> None:
         """Print a chunk of node ``node``'s log: whole lines, made terminal-safe (a missing last
         newline is added); with ``raw``, the chunk as it is."""
+        if self.ranks is not None:
+            text = only_ranks(text, self.ranks)
         if not text:
             return
         if not self.raw:
@@ -167,6 +180,11 @@ class Printer:
             self.report(event.report)
         elif isinstance(event, NodeDegraded):
             self.note(f"node{event.node} {event.host}: degraded: {event.reason}")
+        elif isinstance(event, NodeHung):
+            self.note(f"node{event.node} {event.host}: " + (
+                "its ranks are active again" if event.since is None else
+                f"{hung_text(event.since, time.time())}: its ranks wrote nothing and used no CPU"
+                + (f"; their stacks: {event.report} on the host" if event.report else "")))
         elif isinstance(event, JobNote):
             self.note(event.text)
         elif isinstance(event, AttemptRestarting):

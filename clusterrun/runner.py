@@ -28,11 +28,12 @@ import threading
 import time
 from collections.abc import Callable
 
+from clusterrun import notify
 from clusterrun.attempt import Cancelled, Recorder, Retry, give_up, mark_failed_start, restart, start, stop
 from clusterrun.checks import plan_to_start
 from clusterrun.diagnose import transient_start_failure
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
-from clusterrun.events import AttemptRestarting, Event, JobNote, JobResult, JobState
+from clusterrun.events import AttemptRestarting, Event, JobNote, JobResult, JobState, NodeHung, hung_text
 from clusterrun.jobs import OWNER_FD_VAR, JobRecord, JobStore
 from clusterrun.lifecycle import follower, per_node, save_seen, spec_of, status_of, stop_job
 from clusterrun.orchestrator import Emit, Job
@@ -63,6 +64,7 @@ def run_monitor(store: JobStore, job_id: str, emit: Emit, clock: Clock | None = 
         return 0  # somebody else owns the job
     record = store.load(job_id)
     if record.finished:
+        notify.send_due(store, record)  # its end was recorded by an owner that died before notifying
         return 0
     store.note_monitor(job_id)
     os.chdir(record.local_cwd)
@@ -162,6 +164,26 @@ class Runner:
     def emit(self, event: Event) -> None:
         for listener in list(self._listeners):
             listener(event)
+        if isinstance(event, NodeHung) and event.since is not None and event.node is not None:
+            self.on_hang(event.node, event.host, event.since, event.report)
+
+    def note(self, text: str) -> None:
+        self.emit(JobNote(None, text=text))
+
+    def on_hang(self, node: int, host: str, since: float, report: str | None) -> None:
+        """Node ``node`` of the job hung (its host's hang watch): notify, then what ``on_hang`` says.
+        ``stack``: its host saved the ranks' stacks already (``report``); ``restart``: stop this
+        attempt, and ``follow()`` starts the next; ``nothing``: only the notification."""
+        self.recorder.flush()  # what came before the hang (the job running) is in the record it sends
+        record = self.store.load(self.job_id)
+        notify.send_due(self.store, record, self.note, also=[notify.hung(record.attempt, node, since)])
+        action = self.job.spec.watch.on_hang
+        where = f"node {node} ({host}) {hung_text(since, time.time())}"
+        if action == "stack" and report:
+            self.note(f"{where}: its ranks' stacks are in {report} on {host}")
+        elif action == "restart" and self._restart_reason is None and self._stop_reason is None:
+            self.note(f"{where}: restarting the job as attempt {self.job.attempt + 1} (on_hang: restart)")
+            self.request_restart(f"{where} (on_hang: restart)")
 
     def start(self) -> None:
         """Start every node of the prepared job; on failure the record says so and the nodes that
@@ -203,6 +225,7 @@ class Runner:
             if result is None:
                 return None
             record = self.store.load(self.job_id)
+            notify.send_due(self.store, record, self.note)  # the attempt's end
             if record.attempt != self.job.attempt or record.state is not JobState.RESTARTING:
                 if self._refused is not None and self.policy.max > 0 and result.interrupted is None:
                     self.emit(JobNote(None, text=f"not restarting: {self._refused}"))

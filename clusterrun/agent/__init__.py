@@ -3,7 +3,7 @@
 How it is run
 -------------
 This package is stdlib only and written in parts (``codec``, ``records``, ``procs``, ``cgroup``,
-``survivor``, ``monitor``, ``supervisor`` (starts the survivor), ``stop``, ``orphans``,
+``survivor``, ``monitor`` (with ``hangwatch``), ``supervisor`` (starts the survivor), ``stop``, ``orphans``,
 ``follow``, ``stackops``, ... and ``serve``, the dispatch table; ``wire`` types every request, shared with the
 controller). The controller
 ships it to a host as one zip, named by its sha256 (``clusterrun/transports/bundle.py``: fixed
@@ -166,7 +166,8 @@ State on the host
 ``<state_dir>/jobs/<job>/node<node>/attempt<attempt>/`` (directories 0700, files 0600, created
 under umask 077 so they are never readable by others, not even briefly):
 
-``spec.json``       the request: argv, env (secret values as ``****``), cwd, setup, first_rank, about
+``spec.json``       the request: argv, env (secret values as ``****``), cwd, setup, first_rank, about,
+                    hang_after, on_hang
                     (written once, before the supervisor starts)
 ``output.log``      torchrun's stdout and stderr, appended (O_APPEND) and never truncated, and
                     every worker's lines, whole and tagged ``[rankN]:`` (see ``RankLogs``)
@@ -184,7 +185,13 @@ under umask 077 so they are never readable by others, not even briefly):
                     ``stop_requested``, ``workers`` ``[{rank, local_rank, pid, died}]`` (``died``:
                     wall-clock time the worker process ended, to find the first failure),
                     ``sessions`` (session ids seen among the job's processes),
-                    ``session_leaders`` (sid → start time of its leader when first seen) and,
+                    ``session_leaders`` (sid → start time of its leader when first seen),
+                    ``hung_since`` (wall-clock time since which the ranks wrote nothing and used
+                    no CPU, once that lasted ``hang_after``; null again when they resume; see
+                    ``HangWatch``), ``hang_report`` (``hang.txt`` in the attempt directory: the
+                    ranks' stacks as far as the host shows them, with ``on_hang: stack``),
+                    ``rdzv_joined`` (until there are workers: whether torchrun holds a connection
+                    to the master port, i.e. joined the rendezvous) and,
                     when torchrun exited non-zero, ``oom``: what the kernel said of OOM kills
                     during the attempt (see ``KernelLog``): ``kills`` ``[{pid, comm, line, summary,
                     constraint, oom_memcg, task_memcg}]`` from /dev/kmsg (PIDs of any process:

@@ -10,6 +10,7 @@ import sys
 import time
 
 from .cgroup import cg_kill, cg_remove, cg_wait_empty, cg_write
+from .hangwatch import HangWatch, hang_report, joined_store, master_port
 from .kmsg import KernelLog
 from .procs import JobScope, PidHandle, _is_alive, all_procs, descendants, pin, proc_env, proc_info, signal
 from .ranklogs import RankLogs
@@ -200,9 +201,14 @@ class Monitor:
         self.job_cgroup = (os.path.join(self.cgroup, "job") if self.cgroup and not state.get("job_cgroup_missed")
                            else None)
         log_fd = os.open(os.path.join(self.folder, "output.log"), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        self.log_fd = log_fd
+        spec = _read_json(os.path.join(self.folder, "spec.json")) or {}
         self.rank_logs = RankLogs(os.path.join(self.folder, "torchrun"), log_fd,
-                                  int(state.get("first_rank") or self._first_rank()), self.waker,
+                                  int(state.get("first_rank") or spec.get("first_rank") or 0), self.waker,
                                   journal=os.path.join(self.folder, RANK_JOURNAL))
+        self.hang = HangWatch(spec.get("hang_after"), state.get("hung_since"))
+        self.on_hang = spec.get("on_hang")
+        self.master_port = master_port(spec.get("argv") or [])
         tr = state.get("torchrun") or {}
         torchrun = pin(tr["pid"], tr.get("start_time")) if tr.get("pid") else None
         if torchrun is not None:
@@ -211,10 +217,6 @@ class Monitor:
         self._finish(log_fd)
         os.close(lock)
         return 0
-
-    def _first_rank(self) -> int:
-        spec = _read_json(os.path.join(self.folder, "spec.json")) or {}
-        return int(spec.get("first_rank") or 0)
 
     def _exit_status(self) -> dict[str, Any] | None:
         """torchrun's exit as the survivor wrote it; waits while a living survivor may still."""
@@ -301,7 +303,7 @@ class Monitor:
             now = time.monotonic()
             if not ended and now - last_scan >= scan_every:
                 last_scan = now
-                changed |= self._scan(torchrun.pid)
+                changed |= self._scan(torchrun.pid) | self._hang_watch() | self._rendezvous(torchrun.pid)
                 if kernel is not None:
                     kernel.keep = {torchrun.pid, *(w["pid"] for w in self.state["workers"])}
                     kernel.drain()  # often enough that the kernel's ring buffer does not overwrite a kill
@@ -316,6 +318,35 @@ class Monitor:
                 unsaved = not self.save()
             if ended:
                 return
+
+    def _rendezvous(self, torchrun_pid: int) -> bool:
+        """Until torchrun has workers: whether it joined the rendezvous (``rdzv_joined``), for the
+        controller's start-up watch to name the nodes that did not; True if that changed."""
+        if self.state["workers"] or self.master_port is None:
+            return False
+        joined = joined_store(torchrun_pid, self.master_port)
+        if joined == self.state.get("rdzv_joined"):
+            return False
+        self.state["rdzv_joined"] = joined
+        return True
+
+    def _hang_watch(self) -> bool:
+        """Sample the ranks' CPU and the log's size (``HangWatch``); True if ``hung_since`` changed.
+        With ``on_hang: stack`` a new hang also saves the ranks' stacks (``hang.txt``)."""
+        try:
+            size = os.fstat(self.log_fd).st_size
+        except OSError:
+            return False
+        live = [(w["rank"], w["pid"]) for w in self.state["workers"] if w["died"] is None]
+        if not self.hang.sample([pid for _, pid in live], size):
+            return False
+        self.state["hung_since"] = self.hang.hung_since
+        if self.hang.hung_since is not None and self.on_hang == "stack":
+            try:
+                self.state["hang_report"] = hang_report(self.folder, live, self.hang.hung_since)
+            except OSError as exc:
+                _degrade(self.folder, self.state, f"cannot write the hang report: {_fs_problem(exc)}")
+        return True
 
     def _scan(self, torchrun_pid: int) -> bool:
         procs = all_procs()

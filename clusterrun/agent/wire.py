@@ -195,6 +195,8 @@ class StartRequest(NodeRequest):
     setup: list[str] | None = None
     setup_timeout: float | None = None
     about: dict[str, Any] | None = None
+    hang_after: float | None = None  # seconds without output and CPU that make the node hung (None: never)
+    on_hang: str | None = None  # "stack": the monitor saves what it can of the ranks' stacks then
 
 
 @dataclass(frozen=True)

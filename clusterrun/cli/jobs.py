@@ -47,9 +47,12 @@ from clusterrun.joblist import (
 )
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import follower, node_statuses, read_logs, save_seen, spec_of
-from clusterrun.plan import plan_from_json
+from clusterrun.plan import LaunchPlan, plan_from_json
 from clusterrun.printer import Printer
+from clusterrun.protocol import decode_status
+from clusterrun.ranges import parse_ranges
 from clusterrun.session import Session
+from clusterrun.startwatch import progress_text
 from clusterrun.terminal import safe
 
 
@@ -111,6 +114,12 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         if len(record.attempts) > 1:
             click.echo("")
             _table([tuple(safe(c, colour=False) for c in row) for row in history_rows(record, now)])
+        if not record.finished and attempt is not None:  # the start-up watch: who still waits for what
+            waiting = progress_text({n.rank: n.host for n in record.nodes},
+                                    {r: decode_status(record.nodes[r].host, a["state"]) for r, a in statuses.items()
+                                     if isinstance(a.get("state"), dict)}, attempt.started, now)
+            if waiting is not None and len(statuses) == len(record.nodes):
+                click.echo(f"start-up: {waiting}")
         if attempt is not None and attempt.root_cause:  # its last lines are the rank's output
             click.echo(f"root cause: {safe(attempt.root_cause, colour=False)}")
             if attempt.cause and attempt.fix:
@@ -166,6 +175,21 @@ def _select_ranks(record: JobRecord, node: tuple[int, ...]) -> list[int]:
     return ranks
 
 
+def _global_ranks(plan: LaunchPlan, text: str | None) -> frozenset[int] | None:
+    """``logs --rank``'s ranks (``0,4-7``), checked against the job's world size; None without it."""
+    if text is None:
+        return None
+    try:
+        ranks = frozenset(parse_ranges(text))
+    except ValueError as exc:
+        _fail(ConfigError(str(exc), key="--rank"), EXIT_USAGE)
+    beyond = sorted(r for r in ranks if r >= plan.world_size)
+    if beyond:
+        _fail(ConfigError(f"job {plan.job_id} has ranks 0..{plan.world_size - 1}, not {beyond[0]}", key="--rank"),
+              EXIT_USAGE)
+    return ranks
+
+
 def _check_attempt(record: JobRecord, attempt: int | None) -> int:
     if attempt is None:
         return record.attempt
@@ -178,14 +202,17 @@ def _check_attempt(record: JobRecord, attempt: int | None) -> int:
 @main.command()
 @click.argument("job", shell_complete=complete_jobs)
 @click.option("-n", "--node", type=int, multiple=True, metavar="N", help="Only node N (repeatable).")
+@click.option("-r", "--rank", "rank_text", metavar="RANKS", help="Only the lines of these global ranks: 3, or "
+              "0,4-7 (from the nodes that hold them; torchrun's own lines left out). --tail counts a node's lines "
+              "before this filter.")
 @click.option("-f", "--follow", is_flag=True, help="Keep following until the job ends.")
 @click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Start at the last N lines of each node.")
 @click.option("--attempt", type=click.IntRange(min=1), metavar="K", help="An earlier attempt (default: the last).")
 @click.option("--prefix/--no-prefix", default=None,
               help="Prefix each line with its node (default: only when several nodes are shown).")
 @hosts_option
-def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attempt: int | None,
-         prefix: bool | None, hosts_file: str | None) -> None:
+def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, tail: int | None,
+         attempt: int | None, prefix: bool | None, hosts_file: str | None) -> None:
     """Print JOB's logs from its hosts' log files: every node's lines with a prefix, or one node's
     exactly as written with --node N. Works during and after the job, from any controller that
     has its record.
@@ -199,10 +226,16 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
     ranks = _select_ranks(record, node)
     attempt = _check_attempt(record, attempt)
     record = _refresh(store, record)
+    plan = plan_from_json(record.plan, spec_of(record))
+    global_ranks = _global_ranks(plan, rank_text)
+    if global_ranks is not None:
+        ranks = [r for r in ranks if set(plan.nodes[r].ranks) & global_ranks]
+        if not ranks:
+            _fail(ConfigError(f"ranks {rank_text} are not on node {', '.join(map(str, node))}", key="--rank",
+                              hint="leave out --node, or see which node holds a rank: `clusterrun ps JOB`"), EXIT_USAGE)
     raw = len(ranks) == 1 and bool(node) and not prefix
-    printer = Printer(prefix=len(ranks) > 1 if prefix is None else prefix, quiet=True, raw=raw)
-    spec = spec_of(record)
-    printer.set_plan(plan_from_json(record.plan, spec))
+    printer = Printer(prefix=len(ranks) > 1 if prefix is None else prefix, quiet=True, raw=raw, ranks=global_ranks)
+    printer.set_plan(plan)
     if not follow:
         failed = False
         for rank, item in read_logs(record, ranks, attempt, tail):

@@ -53,6 +53,7 @@ from clusterrun.session import Session
 from clusterrun.sync import SyncReport
 from clusterrun.syncview import SyncView
 from clusterrun.transports import transport_for
+from clusterrun.watch import EVENTS, ON_HANG, Notify, parse_duration
 
 
 def _option_names(command: click.Command) -> dict[str, bool]:
@@ -170,6 +171,16 @@ def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | No
               help="Treat a host that cannot be reached for this long as failed (its node lost, fail-fast). "
               "Default: never; losing contact alone never stops a job. Counts the time spent retrying, "
               "not time this machine was paused or asleep.")
+@click.option("--startup-timeout", metavar="DURATION", help="Fail the job when a node has not started its "
+              "workers this long after the start (90, 45s, 10m; default: the hosts file's startup_timeout, else "
+              "5m), naming the nodes that still wait, instead of gloo's 30-minute wait.")
+@click.option("--hang-after", metavar="DURATION", help="Show a node as hung once its ranks wrote no output and "
+              "used no CPU this long (10m; off: never; default: the hosts file's hang_after, else 30m).")
+@click.option("--on-hang", type=click.Choice(ON_HANG), help="What the job's owner does when a node hangs: save "
+              "the ranks' stacks beside the logs (stack, the default), restart the job, or nothing.")
+@click.option("--notify", "notify_command", metavar="CMD", help="Run CMD here (sh -c) once per event of the job "
+              "(failed, succeeded, hung, restarted; the hosts file's notify.on chooses) with CLUSTERRUN_JOB, "
+              "CLUSTERRUN_EVENT, CLUSTERRUN_STATE set and the job as JSON on stdin (docs/notify.md).")
 @click.option("--sync", "sync_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Copy DIR to every host's workdir before the start (only what changed; .gitignore and "
               "sync_exclude honoured, .git left out), over the connections already open: by rsync where both "
@@ -186,7 +197,8 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
        ssh_config: str | None,
        accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None, no_retry_startup: bool,
        no_preflight: bool, sync_dir: str | None = None, no_sync: bool = False, nodes: str | None = None,
-       exclude: str | None = None, max_restarts: int | None = None) -> None:
+       exclude: str | None = None, max_restarts: int | None = None, startup_timeout: str | None = None,
+       hang_after: str | None = None, on_hang: str | None = None, notify_command: str | None = None) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
@@ -207,6 +219,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         overrides = parse_env_overrides(env)
         if no_sync:
             spec = _without_sync(spec)
+        spec = _with_watch(spec, startup_timeout, hang_after, on_hang, notify_command)
         spec, env_notes = resolve(spec, os.environ)
         check_script(spec, script, os.getcwd(), sync_dir)
         if as_json and not dry_run:
@@ -237,7 +250,8 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
             return
         record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
                             local_cwd=os.getcwd(), ssh_config=ssh_config, unreachable_timeout=unreachable_timeout,
-                            retry_startup=not no_retry_startup, max_restarts=max_restarts)
+                            retry_startup=not no_retry_startup, max_restarts=max_restarts, watch=spec.watch,
+                            notify=spec.notify)
         tui = not detach and _use_tui(no_tui)
         try:
             runner = Runner.create(store, record, job, None if tui else printer, retry_startup=not no_retry_startup,
@@ -282,6 +296,32 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     finally:
         job.close()
     sys.exit(_exit_code(result, got))
+
+
+def _with_watch(spec: ClusterSpec, startup_timeout: str | None, hang_after: str | None, on_hang: str | None,
+                notify_command: str | None) -> ClusterSpec:
+    """The hosts file's watch and notify with up's options applied (``ConfigError`` for a bad duration)."""
+    def seconds(text: str, key: str) -> float:
+        try:
+            value = parse_duration(text)
+        except ValueError as exc:
+            raise ConfigError(str(exc), key=key) from None
+        if value <= 0:
+            raise ConfigError(f"{text!r}: must be above 0", key=key)
+        return value
+
+    watch = spec.watch
+    if startup_timeout is not None:
+        watch = dataclasses.replace(watch, startup_timeout=seconds(startup_timeout, "--startup-timeout"))
+    if hang_after is not None:
+        watch = dataclasses.replace(watch, hang_after=None if hang_after.lower() in ("off", "never")
+                                    else seconds(hang_after, "--hang-after"))
+    if on_hang is not None:
+        watch = dataclasses.replace(watch, on_hang=on_hang)
+    notify = spec.notify
+    if notify_command is not None:
+        notify = Notify(notify_command, notify.on if notify is not None else EVENTS)
+    return dataclasses.replace(spec, watch=watch, notify=notify)
 
 
 def _without_sync(spec: ClusterSpec) -> ClusterSpec:

@@ -69,6 +69,25 @@ class FakeNode:
             self.state = dict(self.state, degraded=reason)
             self.host.cluster.changed.notify_all()
 
+    def start_workers(self, *ranks: int) -> None:
+        """torchrun has started its workers (the rendezvous completed): the supervisor records them."""
+        with self.host.cluster.changed:
+            workers = [{"pid": next(_pids), "rank": r, "local_rank": i, "died": None} for i, r in enumerate(ranks)]
+            self.state = dict(self.state, workers=workers)
+            self.host.cluster.changed.notify_all()
+
+    def rendezvous(self, joined: bool) -> None:
+        """Its torchrun is (not) connected to the master port yet, before its workers start."""
+        with self.host.cluster.changed:
+            self.state = dict(self.state, rdzv_joined=joined)
+            self.host.cluster.changed.notify_all()
+
+    def hang(self, since: float | None, report: str | None = None) -> None:
+        """Its ranks wrote nothing and used no CPU since ``since`` (the host's hang watch); None: active again."""
+        with self.host.cluster.changed:
+            self.state = dict(self.state, hung_since=since, hang_report=report)
+            self.host.cluster.changed.notify_all()
+
     def vanish(self) -> None:
         """Its supervisor and torchrun are killed without a word (the agent then says ``lost``)."""
         with self.host.cluster.changed:

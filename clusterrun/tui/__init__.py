@@ -125,6 +125,7 @@ class Dashboard(App[int]):
         Binding("k", "move(-1)", "Up", show=False),
         Binding("l", "node_log", "Node log", show=False),
         Binding("a", "all_nodes", "All"),
+        Binding("r", "rank", "Rank filter", show=False),
         Binding("f,end", "follow", "Follow"),
         Binding("slash", "search", "Search"),
         Binding("n", "match(1)", "Next", show=False),
@@ -342,7 +343,10 @@ class Dashboard(App[int]):
         self._redraw()
 
     def _ring(self) -> Any:
-        return self.board.merged if self._view is None else self.board.node(self._view).log
+        if self._view is None:
+            return self.board.merged
+        rank_view = self.board.rank_view
+        return rank_view[2] if rank_view is not None and rank_view[0] == self._view else self.board.node(self._view).log
 
     def _append_view(self) -> None:
         log = self.query_one("#log", RingLog)
@@ -359,6 +363,8 @@ class Dashboard(App[int]):
         the search goes on in it."""
         if view is not None and not 0 <= view < len(self.board.nodes):
             return
+        if view != self._view or view is None:
+            self.board.watch_rank(0, None)  # another node: its lines unfiltered
         self._view = view
         log = self.query_one("#log", RingLog)
         log.show(self._ring())
@@ -396,6 +402,8 @@ class Dashboard(App[int]):
         else:
             row = self.board.node(self._view)
             what = f"node {row.rank} ({row.host})"
+            if self.board.rank_view is not None:
+                what += f" · {self.board.rank_view[1][1:-2]} only (r: next)"
         mode = "following"
         if log.frozen:
             mode = f"paused ({log.pending:,} new lines) — f or End to follow" if log.pending else \
@@ -451,6 +459,21 @@ class Dashboard(App[int]):
 
     def action_all_nodes(self) -> None:
         self._show(None)
+
+    def action_rank(self) -> None:
+        """In a node's view: show only one of its ranks' lines, the next one at each press, then all."""
+        if self._view is None:
+            return
+        ranks = list(self.board.ranks_of(self._view))
+        current = self.board.rank_view
+        shown = int(current[1][5:-2]) if current is not None and current[0] == self._view else None
+        following = ranks[ranks.index(shown) + 1] if shown in ranks and ranks.index(shown) + 1 < len(ranks) else (
+            ranks[0] if shown is None and ranks else None)
+        self.board.watch_rank(self._view, following)
+        log = self.query_one("#log", RingLog)
+        log.show(self._ring())
+        self._find(log)
+        self._draw_log_title()
 
     def action_follow(self) -> None:
         self.query_one("#log", RingLog).follow()

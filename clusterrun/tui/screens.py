@@ -111,6 +111,7 @@ KEYS = (
     ("0–9", "select the node of that number"),
     ("Enter, l", "the selected node's log"),
     ("a", "all nodes, merged"),
+    ("r", "in a node's log: one rank's lines, the next rank's, all"),
     ("f, End", "follow the log again (scrolling up pauses it)"),
     ("/", "search, text or regex; n/N next/previous; Esc clears"),
     ("K", "kill the job on every host (asks first)"),

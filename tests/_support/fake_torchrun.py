@@ -43,7 +43,9 @@ def rendezvous(addr: str, port: int, nnodes: int, node_rank: int, nproc: int) ->
     the port (returned) for the job's life, as torchrun's TCPStore does: no other job is handed it meanwhile."""
     if node_rank == 0:
         server = socket.create_server(("", port))
-        nprocs, peers = {0: nproc}, []
+        own = socket.create_connection(("127.0.0.1", port))  # torchrun's TCPStore master is its own client too
+        own.sendall(f"0 {nproc}\n".encode())
+        nprocs, peers = {}, []
         while len(nprocs) < nnodes:
             peer, _ = server.accept()
             rank, n = map(int, peer.makefile().readline().split())
@@ -53,7 +55,7 @@ def rendezvous(addr: str, port: int, nnodes: int, node_rank: int, nproc: int) ->
         for peer in peers:
             with peer:
                 peer.sendall(answer)
-        return [nprocs[r] for r in range(nnodes)], server
+        return [nprocs[r] for r in range(nnodes)], (server, own)
     while True:  # node 0 may not listen yet, as torchrun's TCPStore client retries
         try:
             with socket.create_connection((addr, port), timeout=5) as conn:

@@ -1,0 +1,82 @@
+"""The watch over a running job, as settings: the start-up and hang watch (``Watch``) and the
+notifications (``Notify``), from the hosts file (``startup_timeout``, ``hang_after``, ``on_hang``,
+``notify``) and ``up``'s options; a leaf that imports nothing of the package.
+
+The policies themselves live where the facts are: the host's monitor marks a node hung
+(``agent/hangwatch.py``), the orchestrator's loop applies the start-up timeout, and the job's owner
+(``runner.Runner``) acts on a hang and runs the notifications (``notify.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+STARTUP_TIMEOUT = 300.0  # seconds every node gets to start its workers (gloo's own wait is 30 minutes)
+HANG_AFTER = 1800.0  # seconds without output and CPU after which a node is hung
+ON_HANG = ("stack", "restart", "nothing")
+EVENTS = ("failed", "succeeded", "hung", "restarted")  # what a notification may be sent for
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*\Z")
+_UNIT = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``90``, ``45s``, ``10m``, ``1.5h``; ``ValueError`` for anything else."""
+    found = _DURATION.match(text)
+    if found is None:
+        raise ValueError(f"{text!r} is not a duration: write seconds (90) or a number with s, m or h (45s, 10m, 2h)")
+    return float(found.group(1)) * _UNIT[found.group(2)]
+
+
+def duration_text(seconds: float) -> str:
+    """``45 s``, ``10 min``, ``2 h``: a duration as the messages say it."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{int(seconds // 3600)} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)} min"
+    return f"{seconds:g} s"
+
+
+@dataclass(frozen=True)
+class Watch:
+    """How the job is watched: ``startup_timeout`` for every node to start its workers (after it
+    the job fails, naming the nodes that still wait); ``hang_after`` seconds without output and
+    CPU make a node hung (None: never); ``on_hang`` what the job's owner does then."""
+
+    startup_timeout: float = STARTUP_TIMEOUT
+    hang_after: float | None = HANG_AFTER
+    on_hang: str = "stack"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"startup_timeout": self.startup_timeout, "hang_after": self.hang_after, "on_hang": self.on_hang}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Watch:
+        if not data:
+            return cls()
+        hang = data.get("hang_after", HANG_AFTER)
+        return cls(startup_timeout=float(data.get("startup_timeout") or STARTUP_TIMEOUT),
+                   hang_after=None if hang is None else float(hang), on_hang=str(data.get("on_hang") or "stack"))
+
+
+@dataclass(frozen=True)
+class Notify:
+    """A local command the job's owner runs once per event of ``on`` (see ``notify.py``)."""
+
+    command: str
+    on: tuple[str, ...] = EVENTS
+
+    def to_json(self) -> dict[str, Any]:
+        return {"command": self.command, "on": list(self.on)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Notify | None:
+        if not data or not data.get("command"):
+            return None
+        return cls(command=str(data["command"]), on=tuple(str(e) for e in data.get("on") or EVENTS))
+
+
+__all__ = ["EVENTS", "ON_HANG", "Notify", "Watch", "duration_text", "parse_duration"]

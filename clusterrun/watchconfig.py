@@ -1,0 +1,66 @@
+"""The hosts file's watch keys (``startup_timeout``, ``hang_after``, ``on_hang``, ``notify``),
+validated with the file's line and a hint like every other key (``config._Parser`` calls this)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from yaml.nodes import MappingNode, Node, ScalarNode
+
+from clusterrun.watch import EVENTS, ON_HANG, Notify, Watch, parse_duration
+
+if TYPE_CHECKING:
+    from clusterrun.config import _Parser
+
+WATCH_KEYS = ("startup_timeout", "hang_after", "on_hang", "notify")
+_NOTIFY_KEYS = ("command", "on")
+
+
+def duration(parser: _Parser, node: Node, key: str, *, off: bool = False) -> float | None:
+    """``90``, ``45s``, ``10m``, ``2h`` (and ``off`` where allowed) in seconds; None for ``off``."""
+    text = str(node.value).strip() if isinstance(node, ScalarNode) else ""
+    if off and text.lower() in ("off", "false", "never"):
+        return None
+    try:
+        seconds = parse_duration(text)
+    except ValueError:
+        seconds = 0.0
+    if seconds <= 0:
+        raise parser.expected("a duration above 0 (90, 45s, 10m, 2h)" + (" or off" if off else ""), node, key)
+    return seconds
+
+
+def watch_settings(parser: _Parser, top: dict[str, Node]) -> tuple[Watch, Notify | None]:
+    """The ``Watch`` and ``Notify`` of the file's top level (defaults for keys it does not set)."""
+    watch = Watch()
+    if "startup_timeout" in top:
+        watch = Watch(duration(parser, top["startup_timeout"], "startup_timeout") or 0.0, watch.hang_after,
+                      watch.on_hang)
+    if "hang_after" in top:
+        watch = Watch(watch.startup_timeout, duration(parser, top["hang_after"], "hang_after", off=True), watch.on_hang)
+    if "on_hang" in top:
+        value = parser.string(top["on_hang"], "on_hang")
+        if value not in ON_HANG:
+            raise parser.error(f"must be one of {', '.join(ON_HANG)}, got {value!r}", top["on_hang"], "on_hang",
+                               "stack saves the ranks' stacks beside the logs; restart restarts the job")
+        watch = Watch(watch.startup_timeout, watch.hang_after, value)
+    return watch, notify(parser, top["notify"]) if "notify" in top else None
+
+
+def notify(parser: _Parser, node: Node) -> Notify:
+    """``notify: {command: "...", on: [failed, succeeded, hung, restarted]}`` (or just the command)."""
+    if isinstance(node, ScalarNode):
+        return Notify(parser.string(node, "notify"))
+    if not isinstance(node, MappingNode):
+        raise parser.expected("a command, or a mapping with 'command' and 'on'", node, "notify")
+    entries = parser.fields(node, "notify", _NOTIFY_KEYS, "a mapping with 'command' and 'on'")
+    if "command" not in entries:
+        raise parser.error("missing required key 'command'", node, "notify",
+                           "e.g. notify: {command: \"notify-send clusterrun $CLUSTERRUN_EVENT\"}")
+    on: tuple[str, ...] = EVENTS
+    if "on" in entries:
+        on = tuple(value for value, _ in parser.strings(entries["on"], "notify.on", "a list of events"))
+        for value, item in parser.strings(entries["on"], "notify.on", "a list of events"):
+            if value not in EVENTS:
+                raise parser.error(f"unknown event {value!r}", item, "notify.on", "events: " + ", ".join(EVENTS))
+    return Notify(parser.string(entries["command"], "notify.command"), on)

@@ -1,0 +1,460 @@
+"""The start-up watch, the hang watch, notifications and ``logs --rank``: the policies, pure and on
+the fake transport (fast). The real processes are in ``tests/test_watch_e2e.py``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from clusterrun import lifecycle, notify
+from clusterrun.agent import hangwatch
+from clusterrun.agent.hangwatch import HangWatch
+from clusterrun.attempt import new_record, refresh, restart
+from clusterrun.board import Board
+from clusterrun.config import load_cluster_text
+from clusterrun.errors import ConfigError
+from clusterrun.events import AttemptStarted, JobNote, JobState, LogLines, NodeHung, NodeState, NodeStateChanged
+from clusterrun.joblist import job_json, job_state_text, node_state_text
+from clusterrun.jobs import JobStore
+from clusterrun.orchestrator import Job
+from clusterrun.printer import only_ranks
+from clusterrun.protocol import HostState, NodeStatus, Worker
+from clusterrun.ranges import parse_ranges, ranges_text
+from clusterrun.runner import Runner
+from clusterrun.startwatch import StartupWatch, progress_text
+from clusterrun.transports.fake import FakeCluster
+from clusterrun.watch import Notify, Watch, parse_duration
+from tests.test_orchestrator import FAST, JOB, Seen, spec_of
+
+RUNNING = NodeStatus(HostState.RUNNING)
+STARTED = NodeStatus(HostState.RUNNING, workers=(Worker(0, 0, 10, None),))
+
+# ------------------------------------------------------------------------------ settings
+
+
+def test_durations_and_the_hosts_file_keys() -> None:
+    assert [parse_duration(t) for t in ("90", "45s", "10m", "1.5h")] == [90, 45, 600, 5400]
+    spec = load_cluster_text("hosts: [a]\nstartup_timeout: 2m\nhang_after: 10m\non_hang: restart\n"
+                             "notify: {command: 'echo $CLUSTERRUN_EVENT', on: [failed, hung]}\n", "h.yaml")
+    assert spec.watch == Watch(startup_timeout=120, hang_after=600, on_hang="restart")
+    assert spec.notify == Notify("echo $CLUSTERRUN_EVENT", ("failed", "hung"))
+    assert load_cluster_text("hosts: [a]\nhang_after: off\n", "h.yaml").watch.hang_after is None
+    assert load_cluster_text("hosts: [a]\n", "h.yaml").watch == Watch()
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    ("hang_after: soon", "h.yaml:2: hang_after: expected a duration above 0"),
+    ("startup_timeout: 0", "h.yaml:2: startup_timeout: expected a duration above 0"),
+    ("on_hang: reboot", "h.yaml:2: on_hang: must be one of stack, restart, nothing"),
+    ("notify: {on: [failed]}", "h.yaml:2: notify: missing required key 'command'"),
+    ("notify: {command: x, on: [crashed]}", "h.yaml:2: notify.on: unknown event 'crashed'"),
+])
+def test_a_bad_watch_key_names_its_line_and_the_fix(line: str, says: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_cluster_text(f"hosts: [a]\n{line}\n", "h.yaml")
+    assert caught.value.render().startswith(says)
+
+
+def test_ranges() -> None:
+    assert parse_ranges("0,4-7") == [0, 4, 5, 6, 7]
+    assert ranges_text([7, 0, 1, 2, 5]) == "0-2,5,7"
+    for bad in ("", "a", "3-1", "1-"):
+        with pytest.raises(ValueError, match="not a number or a range"):
+            parse_ranges(bad)
+
+
+def test_logs_rank_keeps_only_those_ranks_lines() -> None:
+    text = "[rank0]:a\n[rank4]:b\nW torchrun says\n[rank5]:c\n[rank45]:d\n[rank4]:partial"
+    assert only_ranks(text, frozenset({4, 5})) == "[rank4]:b\n[rank5]:c\n[rank4]:partial"
+
+
+# ------------------------------------------------------------------------------ start-up watch
+
+
+def test_progress_names_the_nodes_that_wait_and_for_how_long() -> None:
+    hosts = {0: "gpu01", 1: "gpu02", 2: "gpu03", 3: "gpu04"}
+    statuses = {0: STARTED, 1: STARTED, 2: STARTED, 3: RUNNING}
+    assert progress_text(hosts, statuses, started=100.0, now=145.0) == (
+        "node 3 (gpu04): torchrun waits for the rendezvous for 45 s; nodes 0-2 ready")
+    assert progress_text(hosts, {**statuses, 3: STARTED}, 100.0, 145.0) is None
+    assert progress_text(hosts, {0: STARTED}, 100.0, 400.0) == (
+        "nodes 1 (gpu02), 2 (gpu03), 3 (gpu04): not heard from yet for 5 min 0 s; node 0 ready")
+
+
+def test_the_start_up_watch_notes_changes_and_expires_after_the_timeout() -> None:
+    watch = StartupWatch({0: "h0", 1: "h1"}, started=1000.0, timeout=60.0)
+    watch.update(0, RUNNING)
+    watch.update(1, RUNNING)
+    assert watch.poll(1005.0) is None  # too early to say anything
+    assert watch.poll(1011.0) == "nodes 0 (h0), 1 (h1): torchrun waits for the rendezvous for 11 s"
+    assert watch.poll(1012.0) is None  # nothing changed
+    watch.update(0, STARTED)
+    assert watch.poll(1013.0) == "node 1 (h1): torchrun waits for the rendezvous for 13 s; node 0 ready"
+    assert not watch.expired(1059.0) and watch.expired(1060.0)
+    cause = watch.cause()
+    assert (cause.node, cause.host) == (1, "h1")
+    assert cause.explanation is not None and "doctor" in cause.explanation.fix
+    assert cause.explanation.cause == ("node 1 (h1) started no workers within 60 s (startup_timeout): torchrun "
+                                       "waits for the rendezvous")
+    watch.update(1, NodeStatus(HostState.EXITED, exit_code=1))  # an ended node waits for nothing
+    assert watch.poll(1061.0) == "every node started its workers" and not watch.expired(1062.0)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeCluster]:
+    yield FakeCluster()
+
+
+def test_a_node_that_starts_no_workers_fails_the_job_at_the_start_up_timeout(fake: FakeCluster) -> None:
+    seen = Seen()
+    spec = dataclasses.replace(spec_of(2), watch=Watch(startup_timeout=1.0))
+    job = Job(spec, "train.py", job_id=JOB, name="train", emit=seen, transport_factory=fake.transport,
+              reconnect=FAST)
+    job.prepare()
+    job.start()
+    fake.node(JOB, 0).start_workers(0)  # node 1's torchrun waits for a rendezvous that never completes
+    try:
+        result = job.run()
+    finally:
+        job.close()
+    assert result is not None and result.failed and not result.stopped
+    assert [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.FAILED]
+    assert fake.node(JOB, 0).stops == 1 and fake.node(JOB, 1).stops == 1
+    root = result.root_cause
+    assert root is not None and (root.node, root.host) == (1, "h1")
+    assert root.describe() == ("torchrun on node 1 (h1): failed: torchrun waits for the rendezvous: no workers "
+                               "after 1 s (startup_timeout)")
+
+
+def test_the_nodes_that_did_not_join_are_named_and_failed_the_others_stopped(fake: FakeCluster) -> None:
+    seen = Seen()
+    spec = dataclasses.replace(spec_of(3), watch=Watch(startup_timeout=1.0))
+    job = Job(spec, "train.py", job_id=JOB, name="train", emit=seen, transport_factory=fake.transport,
+              reconnect=FAST)
+    job.prepare()
+    job.start()
+    fake.node(JOB, 0).rendezvous(True)
+    fake.node(JOB, 1).rendezvous(False)  # its host cannot reach the master port
+    fake.node(JOB, 2).rendezvous(True)
+    try:
+        result = job.run()
+    finally:
+        job.close()
+    assert result is not None and [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.FAILED,
+                                                                      NodeState.STOPPED]
+    root = result.root_cause
+    assert root is not None and root.node == 1 and root.explanation is not None
+    assert root.explanation.cause == ("node 1 (h1) started no workers within 1 s (startup_timeout): torchrun has not "
+                                      "joined the rendezvous (no connection to the master port); nodes 0 (h0), 2 (h2) "
+                                      "joined and waited for it")
+
+
+def test_joined_store_sees_a_connection_to_the_port() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        assert not hangwatch.joined_store(os.getpid(), port)  # listening is not joining
+        with socket.create_connection(("127.0.0.1", port)):
+            assert hangwatch.joined_store(os.getpid(), port)
+            assert not hangwatch.joined_store(os.getpid(), port + 1 if port < 65535 else port - 1)
+    assert hangwatch.master_port(["python", "-m", "torch.distributed.run", "--master-port=29501", "x.py"]) == 29501
+
+
+def test_a_viewer_does_not_fail_a_job_that_waits(fake: FakeCluster) -> None:
+    """Only the job's owner (fail-fast) enforces the timeout; a viewer (attach) only watches."""
+    seen = Seen()
+    spec = dataclasses.replace(spec_of(1), watch=Watch(startup_timeout=0.01))
+    job = Job(spec, "train.py", job_id=JOB, name="train", emit=seen, transport_factory=fake.transport,
+              reconnect=FAST, fail_fast=False)
+    job.prepare()
+    job.start()
+    thread = threading.Thread(target=job.run, daemon=True)
+    thread.start()
+    fake.node(JOB, 0).write("[rank0]:step 1\n")
+    seen.wait(lambda events: any(getattr(e, "lines", None) == ("[rank0]:step 1",) for e in events))
+    assert fake.node(JOB, 0).stops == 0
+    fake.node(JOB, 0).exit(0)
+    thread.join(10)
+    job.close()
+
+
+# ------------------------------------------------------------------------------ hang watch
+
+
+def test_the_hang_watch_needs_both_silence_and_no_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = {10: 100, 11: 200}
+    monkeypatch.setattr(hangwatch, "cpu_ticks", lambda pid: ticks.get(pid))
+    now = [0.0]
+    watch = HangWatch(60.0, clock=lambda: now[0])
+    assert not watch.sample([10, 11], 500)
+    now[0] = 59.0
+    assert not watch.sample([10, 11], 500)
+    ticks[11] = 201  # CPU used: not hung (a rank computing without printing)
+    now[0] = 100.0
+    assert not watch.sample([10, 11], 500) and watch.hung_since is None
+    now[0] = 159.0
+    assert not watch.sample([10, 11], 500)
+    now[0] = 160.0
+    assert watch.sample([10, 11], 500) and watch.hung_since is not None
+    since = watch.hung_since
+    assert abs((time.time() - since) - 60.0) < 5  # since the last activity, not since it was noticed
+    now[0] = 161.0
+    assert not watch.sample([10, 11], 500)  # still hung: no news
+    assert watch.sample([10, 11], 501) and watch.hung_since is None  # a line written: active again
+    now[0] = 1000.0
+    assert not watch.sample([], 501)  # no rank alive (starting, or ending): never hung
+    assert not HangWatch(None, clock=lambda: now[0]).sample([10], 1)
+
+
+def test_a_resumed_monitor_keeps_the_recorded_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hangwatch, "cpu_ticks", lambda pid: 5)
+    watch = HangWatch(60.0, hung_since=time.time() - 120, clock=lambda: 0.0)
+    assert not watch.sample([10], 7) and watch.hung_since is not None
+
+
+def test_cpu_ticks_reads_this_process() -> None:
+    assert (hangwatch.cpu_ticks(os.getpid()) or 0) > 0
+    assert hangwatch.cpu_ticks(2 ** 22 + 1) is None
+
+
+def test_a_hung_node_is_recorded_and_shown_with_since_when(fake: FakeCluster, store: JobStore,
+                                                           tmp_path: Path) -> None:
+    events: list[object] = []
+    runner = _owned(fake, store, tmp_path, events.append, watch=Watch(on_hang="nothing"))
+    thread = threading.Thread(target=runner.follow, daemon=True)
+    thread.start()
+    n0 = fake.wait_started(JOB, 0)
+    fake.wait_started(JOB, 1).start_workers(1)
+    n0.start_workers(0)
+    since = time.time() - 600
+    n0.hang(since, "/state/node0/attempt1/hang.txt")
+    _until(lambda: store.load(JOB).nodes[0].hung_since == since)
+    record = store.load(JOB)
+    assert node_state_text(record.nodes[0], since + 600).startswith("hung since ")
+    assert job_state_text(record, since + 600).startswith("running; node 0 hung since ")
+    node = job_json(record)["nodes"][0]
+    assert node["state"] == "hung" and node["last_state"] == "running" and node["hung_since"]
+    assert job_json(record)["state"] == "running"  # a hang alone never ends the job
+    n0.hang(None)
+    _until(lambda: store.load(JOB).nodes[0].hung_since is None)
+    assert job_json(store.load(JOB))["nodes"][0]["state"] == "running"
+    hung = [e for e in events if isinstance(e, NodeHung)]
+    assert [(e.node, e.since, e.report) for e in hung] == [(0, since, "/state/node0/attempt1/hang.txt"),
+                                                          (0, None, None)]
+    n0.exit(0)
+    fake.node(JOB, 1).exit(0)
+    thread.join(10)
+    runner.close()
+
+
+def test_on_hang_restart_stops_the_attempt_and_starts_the_next(fake: FakeCluster, store: JobStore,
+                                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lifecycle, "transport_factory", lambda record: fake.transport)
+    events: list[object] = []
+    runner = _owned(fake, store, tmp_path, events.append, watch=Watch(on_hang="restart"))
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(runner.follow()), daemon=True)
+    thread.start()
+    a0, a1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    a1.hang(time.time() - 60)
+    b0, b1 = fake.wait_started(JOB, 0, 2), fake.wait_started(JOB, 1, 2)
+    assert a0.stops >= 1 and a1.stops >= 1 and not a0.running and not a1.running  # stopped before the next
+    record = store.load(JOB)
+    assert record.attempt == 2 and str(record.attempts[0].state) == "stopped"
+    assert any(isinstance(e, JobNote) and "on_hang: restart" in e.text for e in events)
+    b0.exit(0)
+    b1.exit(0)
+    thread.join(10)
+    assert store.load(JOB).state is JobState.SUCCEEDED
+    runner.close()
+
+
+# ------------------------------------------------------------------------------ notifications
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> JobStore:
+    return JobStore(tmp_path / "jobs")
+
+
+def _owned(fake: FakeCluster, store: JobStore, tmp_path: Path, emit: object, *, watch: Watch | None = None,
+           notify_with: Notify | None = None) -> Runner:
+    hosts = "hosts:\n  - host: h0\n    nproc: 1\n  - host: h1\n    nproc: 1\n"
+    watch = watch or Watch()
+    spec = dataclasses.replace(load_cluster_text(hosts, "hosts.yaml"), watch=watch, notify=notify_with)
+    job = Job(spec, "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport,
+              local_cwd=str(tmp_path), reconnect=FAST)
+    plan = job.prepare()
+    (tmp_path / "hosts.yaml").write_text(hosts)
+    record = new_record(plan, hosts_file=str(tmp_path / "hosts.yaml"), hosts_text=hosts, env_overrides={},
+                        local_cwd=str(tmp_path), ssh_config=None, watch=watch, notify=notify_with)
+    store.create(record)
+    owner = store.try_own(JOB)
+    assert owner is not None
+    runner = Runner(store, record, job, owner, emit)  # type: ignore[arg-type]
+    runner.start()
+    return runner
+
+
+def _until(predicate: Callable[[], bool]) -> None:
+    """Wait for the owner's record writer (a thread of its own) to have written what ``predicate`` checks."""
+    deadline = time.monotonic() + 10
+    while not predicate():
+        assert time.monotonic() < deadline, "the record never showed it"
+        time.sleep(0.02)  # the writer signals nobody outside the owner: poll the record
+
+
+def _sent(path: Path, count: int) -> list[dict[str, object]]:
+    """The notifications the command wrote (one JSON line each), once there are ``count``."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        lines = path.read_text().splitlines() if path.exists() else []
+        if len(lines) >= count:
+            return [json.loads(line) for line in lines]
+        time.sleep(0.02)  # the command runs in the background: poll its output file
+    raise AssertionError(f"{path}: fewer than {count} notifications")
+
+
+COMMAND = ("python3 -c 'import json, os, sys; s = json.load(sys.stdin); "
+           "print(json.dumps({\"job\": os.environ[\"CLUSTERRUN_JOB\"], \"event\": os.environ[\"CLUSTERRUN_EVENT\"], "
+           "\"state\": os.environ[\"CLUSTERRUN_STATE\"], \"id\": s[\"id\"], \"attempts\": len(s[\"attempts\"])}))' "
+           ">> {out}")
+
+
+def test_each_event_is_notified_once_with_its_environment_and_the_summary(fake: FakeCluster, store: JobStore,
+                                                                          tmp_path: Path) -> None:
+    out = tmp_path / "sent.jsonl"
+    runner = _owned(fake, store, tmp_path, None, watch=Watch(on_hang="nothing"),
+                    notify_with=Notify(COMMAND.replace("{out}", str(out))))
+    thread = threading.Thread(target=runner.follow, daemon=True)
+    thread.start()
+    n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    n1.hang(time.time() - 60)
+    assert _sent(out, 1) == [{"job": JOB, "event": "hung", "state": "running", "id": JOB, "attempts": 1}]
+    n0.exit(0)
+    n1.exit(0)
+    thread.join(10)
+    runner.close()
+    sent = _sent(out, 2)
+    assert sent[1] == {"job": JOB, "event": "succeeded", "state": "succeeded", "id": JOB, "attempts": 1}
+    record = store.load(JOB)
+    assert notify.send_due(store, record) == []  # a later owner, or ps, sends nothing again
+    assert len(record.notified) == 2 and len(_sent(out, 2)) == 2
+
+
+def test_the_events_are_read_off_the_record_and_claimed_once(store: JobStore, tmp_path: Path,
+                                                            fake: FakeCluster) -> None:
+    """A controller killed before it notified leaves the event in the record: the next owner, or
+    the command that reconciles the job, sends it; two of them at once send it once."""
+    out = tmp_path / "sent.jsonl"
+    runner = _owned(fake, store, tmp_path, None, notify_with=Notify(COMMAND.replace("{out}", str(out)),
+                                                                   on=("failed", "restarted")))
+    runner.close()
+
+    def ended(rec):  # type: ignore[no-untyped-def]
+        rec.state = rec.attempts[0].state = JobState.FAILED
+
+    store.update(JOB, ended)
+    record = store.load(JOB)
+    assert [d.key for d in notify.due(record)] == ["1:failed"]
+    claims: list[list[str]] = []
+    threads = [threading.Thread(target=lambda: claims.append(notify.send_due(JobStore(store.root), record)))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(map(len, claims)) == [0, 0, 0, 1]
+    assert [s["event"] for s in _sent(out, 1)] == ["failed"]
+    assert store.load(JOB).notified == ["1:failed"]
+
+
+def test_every_new_attempt_is_notified_as_restarted_once(fake: FakeCluster, store: JobStore, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`restart`, the dashboard's R, the start-up retry and on_hang: restart all start the next
+    attempt in one place, which sends ``restarted``."""
+    monkeypatch.setattr(lifecycle, "transport_factory", lambda record: fake.transport)
+    out = tmp_path / "sent.jsonl"
+    runner = _owned(fake, store, tmp_path, None, notify_with=Notify(COMMAND.replace("{out}", str(out)),
+                                                                   on=("restarted",)))
+    fake.wait_started(JOB, 0)
+    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+    assert record.attempt == 2
+    assert [(s["event"], s["attempts"]) for s in _sent(out, 1)] == [("restarted", 2)]
+    assert notify.send_due(store, store.load(JOB)) == [] and store.load(JOB).notified == ["2:restarted"]
+    runner.close()
+
+
+# ------------------------------------------------------------------------------ the dashboard
+
+
+def test_the_dashboard_shows_a_hung_node_and_filters_a_nodes_log_by_rank() -> None:
+    board = Board()
+    board.apply(AttemptStarted(None, job_id=JOB, name="train", attempt=1, master_addr="h0", master_port=1,
+                               world_size=4, nodes=(("h0", 2, None), ("h1", 2, None))))
+    board.apply(NodeStateChanged(1, host="h1", state=NodeState.RUNNING))
+    board.apply(LogLines(1, host="h1", lines=("[rank2]:a", "[rank3]:b", "torchrun says")))
+    assert list(board.ranks_of(1)) == [2, 3]
+    ring = board.watch_rank(1, 3)
+    assert ring is not None and list(ring.lines) == ["[rank3]:b"]
+    board.apply(LogLines(1, host="h1", lines=("[rank3]:c", "[rank2]:d")))
+    board.apply(LogLines(0, host="h0", lines=("[rank0]:e",)))
+    assert list(ring.lines) == ["[rank3]:b", "[rank3]:c"]
+    assert board.watch_rank(1, None) is None and board.rank_view is None
+    board.apply(NodeHung(1, host="h1", since=time.time() - 60))
+    assert board.nodes[1].status(time.time()).startswith("hung since ")
+    board.apply(NodeHung(1, host="h1", since=None))
+    assert board.nodes[1].status(time.time()) == "running"
+
+
+def test_r_in_a_nodes_log_shows_one_rank_after_the_other_then_all() -> None:
+    import asyncio
+
+    from clusterrun.tui.logview import RingLog
+    from tests.test_tui_snapshots import Scripted, app_for, started
+
+    app = app_for(Scripted(started(), running=True))
+
+    def shown() -> set[str]:
+        return {line.split(":", 1)[0] for line in app.query_one("#log", RingLog).lines}
+
+    async def main() -> list[set[str]]:
+        seen = []
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.press("1")  # node 1: ranks 2 and 3
+            seen.append(shown())
+            for _ in range(3):
+                await pilot.press("r")
+                seen.append(shown())
+            await pilot.press("r", "a")  # rank 2 again, then all nodes: the filter goes with the node view
+            seen.append({line.split(" | ", 1)[0] for line in app.query_one("#log", RingLog).lines})
+        return seen
+
+    assert asyncio.run(main()) == [{"[rank2]", "[rank3]"}, {"[rank2]"}, {"[rank3]"}, {"[rank2]", "[rank3]"},
+                                   {"node0", "node1", "node2"}]
+
+
+def test_an_end_recorded_by_an_owner_that_died_is_notified_by_the_next_command(store: JobStore, tmp_path: Path,
+                                                                               fake: FakeCluster) -> None:
+    out = tmp_path / "sent.jsonl"
+    runner = _owned(fake, store, tmp_path, None, notify_with=Notify(COMMAND.replace("{out}", str(out))))
+    runner.close()
+
+    def ended(rec):  # type: ignore[no-untyped-def]
+        rec.state = rec.attempts[0].state = JobState.SUCCEEDED
+
+    store.update(JOB, ended)
+    assert refresh(store, store.load(JOB)).state is JobState.SUCCEEDED
+    assert _sent(out, 0) == [] and store.load(JOB).notified == []  # the owner lives: it sends, not ps
+    assert runner.owner_fd is not None
+    store.release(runner.owner_fd)  # the owner died
+    refresh(store, store.load(JOB))
+    refresh(store, store.load(JOB))
+    assert [s["event"] for s in _sent(out, 1)] == ["succeeded"] and store.load(JOB).notified == ["1:succeeded"]

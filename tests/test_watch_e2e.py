@@ -1,0 +1,125 @@
+"""The start-up watch, the hang watch and notifications end to end: `clusterrun up` on local hosts,
+real processes (torchrun as the stdlib fake: the process tree and files the watch reads)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, SUPPORT, job_id_of, marked, run_up, up_argv, wait_for, write_hosts
+
+pytestmark = pytest.mark.integration
+
+
+def clusterrun(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "clusterrun", *args], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+
+
+def ps_json(job: str) -> dict:  # type: ignore[type-arg]
+    done = clusterrun("ps", job, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["jobs"][0]
+
+
+@pytest.mark.fake_torchrun
+def test_a_node_that_never_starts_its_workers_fails_the_job_at_the_start_up_timeout(tmp_path: Path,
+                                                                                    state_dir: Path) -> None:
+    """Node 1's torchrun never starts (its interpreter sleeps), so node 0's waits in the rendezvous:
+    `up` says who waits for what while it lasts (node 1 never joined), `ps` too, and the job fails
+    once the timeout has passed, node 1 named with the fix, not after gloo's 30 minutes."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    never = tmp_path / "python"  # the agent runs, torchrun never starts (a node that never joins)
+    never.write_text(f'#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = torch.distributed.run ]; then exec sleep 600; fi\n'
+                     f'exec {sys.executable} "$@"\n')
+    never.chmod(0o755)
+    hosts.write_text(hosts.read_text() + f"    python: {never}\n")
+    proc = subprocess.Popen(up_argv("--startup-timeout", "9", hosts, SUPPORT / "block.py"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    job = job_id_of(proc.stderr.readline())
+    note = wait_for(lambda: next((line for line in [proc.stderr.readline()] if "waits for" in line), None),  # type: ignore[union-attr]
+                    timeout=60, what="the start-up note")
+    assert note.startswith("clusterrun: node 1 (local-b): torchrun has not joined the rendezvous (no connection to "
+                           "the master port) for "), note
+    assert "; node 0 (local-a): torchrun joined the rendezvous, waits for the others for " in note
+    shown = clusterrun("ps", job)
+    assert "start-up: node 1 (local-b): torchrun has not joined the rendezvous" in shown.stdout
+    assert [n["waiting"] for n in ps_json(job)["nodes"]] == [
+        "torchrun joined the rendezvous, waits for the others",
+        "torchrun has not joined the rendezvous (no connection to the master port)"]
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert ("cause: node 1 (local-b) started no workers within 9 s (startup_timeout): torchrun has not joined the "
+            "rendezvous (no connection to the master port); node 0 (local-a) joined and waited for it") in err
+    assert "`clusterrun doctor HOSTS.yaml`" in err
+    record = ps_json(job)
+    assert record["state"] == "failed" and [n["state"] for n in record["nodes"]] == ["stopped", "failed"]
+    assert "startup_timeout" in record["attempts"][0]["root_cause"]
+    assert marked(job) == []
+
+
+def test_real_torchrun_on_node_0_is_seen_to_have_joined_its_own_rendezvous(tmp_path: Path, state_dir: Path) -> None:
+    """What the start-up watch reads of torchrun itself (its connection to its TCPStore on the
+    master port), with the real torchrun on node 0 and a node 1 that never starts one."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, python=sys.executable)
+    never = tmp_path / "python"
+    never.write_text(f'#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = torch.distributed.run ]; then exec sleep 600; fi\n'
+                     f'exec {sys.executable} "$@"\n')
+    never.chmod(0o755)
+    hosts.write_text(hosts.read_text() + f"    python: {never}\n")
+    done = run_up("--startup-timeout", "20", hosts, SUPPORT / "block.py")
+    assert done.returncode == 1, done.stderr
+    assert ("cause: node 1 (local-b) started no workers within 20 s (startup_timeout): torchrun has not joined the "
+            "rendezvous (no connection to the master port); node 0 (local-a) joined and waited for it") in done.stderr
+    assert marked(job_id_of(done.stderr)) == []
+
+
+@pytest.mark.fake_torchrun
+def test_ranks_that_block_are_hung_after_hang_after_with_their_stacks_saved(tmp_path: Path,
+                                                                            state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [2], state_dir)
+    done = run_up("--detach", "--hang-after", "3s", hosts, SUPPORT / "block.py")
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip()
+    node = wait_for(lambda: next((n for n in ps_json(job)["nodes"] if n["state"] == "hung"), None), timeout=60,
+                    what="the node to be hung")
+    assert node["hung_since"] and node["last_state"] == "running"
+    assert f"hung since {node['hung_since'][11:]}" in clusterrun("ps", job).stdout
+    report = Path(ps_json(job)["nodes"][0]["hang_report"])
+    text = report.read_text()
+    assert "== rank 0 (pid " in text and "== rank 1 (pid " in text and " wchan " in text
+    assert "python stack:" in text  # py-spy's dump where the host has it, else how to get it
+    assert clusterrun("down", job).returncode == 0
+    assert marked(job) == []
+
+
+@pytest.mark.fake_torchrun
+def test_a_notification_is_sent_once_also_after_the_controller_was_sigkilled(tmp_path: Path,
+                                                                             state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    sent, go = tmp_path / "sent", tmp_path / "go"
+    job_of_stdin = 'python3 -c "import json, sys; print(json.load(sys.stdin)[\'id\'])"'  # the summary on stdin
+    command = f'echo "$CLUSTERRUN_EVENT $CLUSTERRUN_STATE $({job_of_stdin})" >> {sent}'
+    proc = subprocess.Popen(up_argv("--notify", command, hosts, SUPPORT / "block.py", go), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None and proc.stdout is not None
+    job = job_id_of(proc.stderr.readline())
+    wait_for(lambda: "ready" in proc.stdout.readline(), timeout=60, what="the job to run")  # type: ignore[union-attr]
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()  # its end, and its pipes closed
+    assert ps_json(job)["state"] == "running"  # ps found it unowned: a monitor owns it now
+    go.touch()
+    wait_for(lambda: sent.exists() and sent.read_text(), timeout=60, what="the notification")
+    for _ in range(3):  # whoever looks now finds it sent
+        assert clusterrun("ps", job).returncode == 0
+    wait_for(lambda: ps_json(job)["state"] == "succeeded", timeout=60, what="the end")
+    assert sent.read_text().splitlines() == [f"succeeded succeeded {job}"]
+    assert json.loads((Path(os.environ["XDG_STATE_HOME"]) / "clusterrun" / "jobs" / job / "job.json")
+                      .read_text())["notified"] == ["1:succeeded"]
