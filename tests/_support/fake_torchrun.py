@@ -4,7 +4,8 @@ tree but not torch: the same processes, files and exit status, without its 2 s o
 What clusterrun relies on, as torchrun does it (torch/distributed/elastic): the static rendezvous (node 0
 listens on the master port, every node tells it its ``--nproc-per-node``, each learns its first global rank);
 ``--nproc-per-node`` workers, each in a session of its own, with RANK, LOCAL_RANK, WORLD_SIZE, ... and its
-stdout and stderr in ``$PET_LOG_DIR/<run id>/attempt_0/<local rank>/std{out,err}.log`` (``--redirects=3``);
+stdout and stderr in ``$PET_LOG_DIR/<run id>/attempt_0/<local rank>/std{out,err}.log`` with ``--redirects=3``
+(else torchrun's own stdout and stderr);
 SIGTERM, SIGINT and SIGQUIT sent on to every worker's process group, SIGKILL after ``--shutdown-timeout``;
 the first worker to fail stops the others, and its failure report (``rank : N (local_rank: M)``,
 ``exitcode : X (pid: P)``) goes to stderr. Exit status 0 when every worker succeeded, else 1.
@@ -101,10 +102,13 @@ def main() -> int:
                "ROLE_RANK": str(first + local), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(nproc),
                "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": addr, "MASTER_PORT": str(port),
                "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
-        out, err = (open(os.path.join(folder, f"{name}.log"), "wb") for name in ("stdout", "stderr"))
-        with out, err:
-            proc = subprocess.Popen([sys.executable, "-u", script, *script_args], env=env, stdout=out, stderr=err,
-                                    start_new_session=True)
+        if options.get("redirects") == "3":
+            out, err = (open(os.path.join(folder, f"{name}.log"), "wb") for name in ("stdout", "stderr"))
+            with out, err:
+                proc = subprocess.Popen([sys.executable, "-u", script, *script_args], env=env, stdout=out,
+                                        stderr=err, start_new_session=True)
+        else:  # torchrun's default: the workers write to torchrun's own stdout and stderr (srun's, under Slurm)
+            proc = subprocess.Popen([sys.executable, "-u", script, *script_args], env=env, start_new_session=True)
         workers[proc.pid] = (local, proc)
     failed: tuple[int, int, int] | None = None  # local rank, exit code, pid of the first worker to fail
     left = set(workers)

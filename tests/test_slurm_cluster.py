@@ -1,0 +1,189 @@
+"""``up --from-slurm`` and ``export --sbatch`` against a real Slurm: slurmctld and two slurmd on
+simulated hosts (``tests/slurmsim.py``), jobs submitted with salloc and sbatch from the test."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, wait_for
+from tests.simhosts import SimHost
+from tests.slurmsim import SlurmCluster
+
+pytestmark = pytest.mark.integration
+
+RANKS = """\
+import os, socket, sys, time
+sys.stdout.write(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} on {socket.gethostname()} "
+                 f"node {os.environ['GROUP_RANK']} args {sys.argv[1:]}\\n")  # one write: python -u splits a print
+sys.stdout.flush()
+if sys.argv[1:2] == ["fail"] and os.environ["RANK"] == sys.argv[2]:
+    sys.exit(7)
+if sys.argv[1:2] == ["sleep"]:
+    time.sleep(600)
+"""
+
+
+def _files(tmp_path: Path, python: str | Path) -> tuple[Path, Path]:
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS)
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"defaults:\n  nproc: 2\n  python: {python}\n  env:\n    CRTEST_MARK: slurm\n"
+                     "hosts:\n  - host: sim[1-2]\n")
+    return script, hosts
+
+
+def _env(slurm: SlurmCluster) -> dict[str, str]:
+    return {**slurm.client_env(), "PYTHONPATH": str(ROOT)}
+
+
+def _up(slurm: SlurmCluster, tmp_path: Path, hosts: Path, *args: str) -> list[str]:
+    return ["salloc", "-N2", sys.executable, "-m", "clusterrun", "up", "--from-slurm", "--slurm-hosts", str(hosts),
+            *args]
+
+
+def _census(host: SimHost, marker: str) -> list[str]:
+    """The processes on ``host`` whose command line holds ``marker``."""
+    done = host.run("ps", "-ww", "-eo", "pid,args")  # -ww: whole command lines, not cut at 80 columns
+    return [line for line in done.stdout.splitlines() if marker in line and "ps -eo" not in line]
+
+
+@pytest.mark.fake_torchrun
+def test_up_from_slurm_runs_one_torchrun_per_node(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                  fake_python: Path) -> None:
+    script, hosts = _files(tmp_path, fake_python)
+    done = subprocess.run(_up(slurm_cluster, tmp_path, hosts, str(script), "--", "a b"), capture_output=True,
+                          text=True, env=_env(slurm_cluster), cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for rank in range(4):
+        node = rank // 2
+        expected = f"rank {rank} of 4 on sim{node + 1} node {node} args ['a b']"
+        assert any(re.fullmatch(rf"node{node} sim{node + 1}\s+\| {re.escape(expected)}", line) for line in lines), \
+            done.stdout
+    assert "master sim1:" in done.stderr
+    assert "job ranks-" in done.stderr and "succeeded" in done.stderr
+
+
+@pytest.mark.fake_torchrun
+def test_a_failing_rank_fails_the_job_and_srun_ends_the_other_node(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                                   fake_python: Path) -> None:
+    script, hosts = _files(tmp_path, fake_python)
+    done = subprocess.run(_up(slurm_cluster, tmp_path, hosts, str(script), "fail", "3"), capture_output=True,
+                          text=True, env=_env(slurm_cluster), cwd=tmp_path, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "node1 sim2: failed (exit code 1)" in done.stderr
+    assert "FAILED" in done.stderr
+    assert "root cause: torchrun on node 1 (sim2): exit code 1" in done.stderr
+
+
+@pytest.mark.fake_torchrun
+def test_sigterm_cancels_the_step_and_leaves_nothing(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                     fake_python: Path) -> None:
+    script, hosts = _files(tmp_path, fake_python)
+    proc = subprocess.Popen(_up(slurm_cluster, tmp_path, hosts, str(script), "sleep"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(slurm_cluster), cwd=tmp_path,
+                            start_new_session=True)
+    try:
+        seen = _read_lines(proc, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
+        censuses = [_census(h, str(script)) for h in slurm_cluster.sim.hosts]
+        assert [len(c) for c in censuses] == [3, 3], (censuses, seen)  # torchrun and its two workers per node
+        controller = wait_for(lambda: _clusterrun_under(proc.pid), 10, what="clusterrun under salloc")
+        os.kill(controller, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        _end(proc)
+    assert proc.returncode == 143, err
+    assert re.search(r"scancel \d+\.\d+: the step is cancelled on every node", err), err
+    assert "stopped (SIGTERM)" in err
+    for host in slurm_cluster.sim.hosts:
+        assert _census(host, str(script)) == [], host.name
+
+
+@pytest.mark.fake_torchrun
+def test_the_step_ends_with_its_controller(slurm_cluster: SlurmCluster, tmp_path: Path, fake_python: Path) -> None:
+    """clusterrun SIGKILLed: srun gets SIGTERM (its parent-death signal) and ends the step; nothing is left."""
+    script, hosts = _files(tmp_path, fake_python)
+    proc = subprocess.Popen(_up(slurm_cluster, tmp_path, hosts, str(script), "sleep"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(slurm_cluster), cwd=tmp_path,
+                            start_new_session=True)
+    try:
+        _read_lines(proc, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
+        controller = wait_for(lambda: _clusterrun_under(proc.pid), 10, what="clusterrun under salloc")
+        os.kill(controller, signal.SIGKILL)
+        proc.communicate(timeout=60)  # salloc ends once its command and the step have
+        for host in slurm_cluster.sim.hosts:
+            wait_for(lambda h=host: _census(h, str(script)) == [], 30, what=f"nothing left on {host.name}")
+    finally:
+        _end(proc)
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    """salloc and what it started (clusterrun, srun: process groups of their own), if still there."""
+    if proc.poll() is None:
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _read_lines(proc: subprocess.Popen[str], enough: Callable[[list[str]], bool], timeout: float) -> list[str]:
+    """Lines of ``proc``'s stdout until ``enough`` of them came; fail after ``timeout`` seconds without."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while not enough(lines):
+            if not selector.select(max(deadline - time.monotonic(), 0)):
+                pytest.fail(f"not seen within {timeout} s; stdout so far: {lines}")
+            line = proc.stdout.readline()
+            if not line:
+                pytest.fail(f"the job ended first; stdout: {lines}")
+            lines.append(line)
+    return lines
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        with contextlib.suppress(OSError):
+            todo += [int(c) for c in Path(f"/proc/{todo[0]}/task/{todo[0]}/children").read_text().split()]
+        found.append(todo.pop(0))
+    return found[1:]
+
+
+def _clusterrun_under(pid: int) -> int | None:
+    """The pid of ``python -m clusterrun`` that salloc ``pid`` started."""
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        if b"clusterrun" in Path(f"/proc/{child}/cmdline").read_bytes():
+            return int(child)
+    return None
+
+
+@pytest.mark.fake_torchrun
+def test_the_exported_batch_script_runs_under_sbatch(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                     fake_python: Path) -> None:
+    script, hosts = _files(tmp_path, fake_python)
+    batch = tmp_path / "job.sbatch"
+    export = subprocess.run([sys.executable, "-m", "clusterrun", "export", "--sbatch", "-o", str(batch), str(hosts),
+                             str(script), "x"], capture_output=True, text=True, env=_env(slurm_cluster), cwd=tmp_path)
+    assert export.returncode == 0, export.stderr
+    out = tmp_path / "job.out"
+    done = subprocess.run(["sbatch", "--wait", f"--output={out}", str(batch)], capture_output=True, text=True,
+                          env=_env(slurm_cluster), cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr + out.read_text()
+    lines = out.read_text().splitlines()
+    for rank in range(4):
+        node = rank // 2
+        assert f"{node}: rank {rank} of 4 on sim{node + 1} node {node} args ['x']" in lines, lines
