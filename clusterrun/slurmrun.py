@@ -145,8 +145,9 @@ class SlurmRun:
         """Follow srun's output until it ends, then the result of every node."""
         if self._proc is None or self._proc.stdout is None:
             raise RuntimeError("start() first")
-        for batch in _batches(self._proc.stdout.fileno()):
-            self._take(batch)
+        with self._proc.stdout:
+            for batch in _batches(self._proc.stdout.fileno()):
+                self._take(batch)
         code = self._proc.wait()
         if self._stopper is not None:
             self._stopper.join()

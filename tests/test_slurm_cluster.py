@@ -187,3 +187,16 @@ def test_the_exported_batch_script_runs_under_sbatch(slurm_cluster: SlurmCluster
     for rank in range(4):
         node = rank // 2
         assert f"{node}: rank {rank} of 4 on sim{node + 1} node {node} args ['x']" in lines, lines
+
+
+def test_real_torchrun_allreduces_over_gloo_through_srun(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """The real torchrun (no stand-in): the static rendezvous on the allocation's first node, gloo between nodes."""
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"defaults:\n  nproc: 2\n  python: {sys.executable}\nhosts:\n  - host: sim[1-2]\n")
+    done = subprocess.run(_up(slurm_cluster, tmp_path, hosts, str(ROOT / "tests" / "_support" / "allreduce_net.py")),
+                          capture_output=True, text=True, env=_env(slurm_cluster), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sums = re.findall(r"^node(\d) sim(\d)\s+\| NET rank=(\d) host=(sim\d) .* sum=(\d+) expected=(\d+)$", done.stdout,
+                      re.MULTILINE)
+    assert sorted(sums) == [("0", "1", "0", "sim1", "10", "10"), ("0", "1", "1", "sim1", "10", "10"),
+                            ("1", "2", "2", "sim2", "10", "10"), ("1", "2", "3", "sim2", "10", "10")], done.stdout

@@ -174,7 +174,7 @@ def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | No
 @click.option("-x", "--exclude", metavar="NODESET", help=EXCLUDE_HELP)
 @from_slurm_options
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
-@click.argument("script", required=False)
+@click.argument("script", required=False, metavar="SCRIPT")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach: bool, name: str | None,
        env: tuple[str, ...], dry_run: bool, as_json: bool, no_tui: bool, ui_lines: int, leave_running: bool,
