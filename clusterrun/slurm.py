@@ -38,12 +38,13 @@ _GPU_COUNT = re.compile(r"(?:^|:)(\d+)$")  # "4", "a100:4" (SLURM_GPUS_PER_NODE)
 
 @dataclass(frozen=True)
 class Allocation:
-    """The Slurm job clusterrun runs in: its id, its nodes in Slurm's order, and the GPUs per node
-    (None: Slurm gave none, or did not say)."""
+    """The Slurm job clusterrun runs in: its id, its nodes in Slurm's order, the GPUs per node
+    (None: Slurm gave none, or did not say) and the CPUs asked for per task (``-c``), if any."""
 
     job_id: str
     nodes: tuple[str, ...]
     gpus_per_node: int | None = None
+    cpus_per_task: int | None = None
 
     @property
     def master_port(self) -> int:
@@ -66,7 +67,9 @@ def allocation_from_env(env: Mapping[str, str]) -> Allocation:
     except NodeSetError as exc:
         raise ConfigError(f"SLURM_JOB_NODELIST: {exc}", key="--from-slurm",
                           hint="Slurm set this list; `scontrol show hostnames` shows how Slurm reads it") from None
-    return Allocation(job_id=job_id, nodes=nodes, gpus_per_node=_gpus(env))
+    cpus = env.get("SLURM_CPUS_PER_TASK", "")
+    return Allocation(job_id=job_id, nodes=nodes, gpus_per_node=_gpus(env),
+                      cpus_per_task=int(cpus) if cpus.isdigit() and int(cpus) > 0 else None)
 
 
 def _gpus(env: Mapping[str, str]) -> int | None:
@@ -148,7 +151,10 @@ def build_step(allocation: Allocation, spec: ClusterSpec | None, script: str, sc
     master_addr = (spec.master_addr if spec is not None else None) or allocation.nodes[0]
     env = node_env(dataclasses.replace(host, gpus=None), env_overrides)
     env.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-    argv = ("srun", f"--jobid={allocation.job_id}", f"--nodelist={fold(list(allocation.nodes))}",
+    # srun no longer takes -c from SLURM_CPUS_PER_TASK (Slurm 22.05): without it, torchrun and all
+    # its workers would share one CPU where Slurm confines tasks to theirs
+    cpus = (f"--cpus-per-task={allocation.cpus_per_task}",) if allocation.cpus_per_task else ()
+    argv = ("srun", f"--jobid={allocation.job_id}", f"--nodelist={fold(list(allocation.nodes))}", *cpus,
             *srun_options(len(allocation.nodes), name=name, cwd=host.workdir or cwd),
             *task_argv(host.python or python, nproc, script, script_args))
     return SlurmStep(argv=argv, env=env, nodes=allocation.nodes, nproc=nproc, master_addr=master_addr,
@@ -171,7 +177,9 @@ def sbatch_script(spec: ClusterSpec, script: str, script_args: Sequence[str], *,
     first_node = '"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"'
     addr = shlex.quote(spec.master_addr) if spec.master_addr else first_node
     port = str(spec.master_port) if spec.master_port else f"$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))"
-    lines += ["# the rendezvous: torchrun's static one, on the first node of the allocation",
+    lines += ["# sbatch's -c for srun's task too (srun does not read SLURM_CPUS_PER_TASK since Slurm 22.05)",
+              'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi', "",
+              "# the rendezvous: torchrun's static one, on the first node of the allocation",
               f"export MASTER_ADDR={addr}", f"export MASTER_PORT={port}", ""]
     task = task_argv(host.python or "python3", nproc, script, script_args)
     # srun and its options; the task's shell; its interpreter and torchrun's options; the script

@@ -4,6 +4,7 @@ script) and its runner on a stand-in for srun (``clusterrun.slurmrun``); a real 
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -24,6 +25,10 @@ def test_the_allocation_comes_from_slurms_variables_in_its_order() -> None:
     alloc = allocation_from_env({"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[09-10],cpu-a7",
                                  "SLURM_GPUS_PER_NODE": "a100:4"})
     assert alloc == Allocation(job_id="4242", nodes=("gpu09", "gpu10", "cpu-a7"), gpus_per_node=4)
+    cpus = allocation_from_env({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1", "SLURM_CPUS_PER_TASK": "16"})
+    assert cpus.cpus_per_task == 16
+    assert "--cpus-per-task=16" in build_step(cpus, None, "t.py", [], name="t", python="p", env_overrides={},
+                                              cwd=None).argv
     on_node = allocation_from_env({"SLURM_JOBID": "1", "SLURM_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "2"})
     assert on_node.gpus_per_node == 2
     assert allocation_from_env({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1"}).gpus_per_node is None
@@ -167,3 +172,48 @@ def test_srun_failing_before_any_task_fails_every_node(tmp_path: Path) -> None:
     done = result.run()
     assert [(n.state, n.error) for n in done.nodes] == [(NodeState.FAILED, "srun exited with 1")] * 2
     assert not done.ok
+
+
+def _clusterrun(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    return subprocess.run([sys.executable, "-m", "clusterrun", *args], capture_output=True, text=True, check=False,
+                          env={**base, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def test_up_from_slurm_outside_an_allocation_or_without_srun_says_what_to_do(tmp_path: Path) -> None:
+    outside = _clusterrun("up", "--from-slurm", "train.py")
+    assert outside.returncode == 2
+    assert outside.stderr.startswith("clusterrun: error: --from-slurm: not inside a Slurm allocation: SLURM_JOB_ID "
+                                     "is not set\n  hint: run it inside an allocation: `salloc -N2 clusterrun up "
+                                     "--from-slurm train.py`"), outside.stderr
+    inside = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[1-2]", "PATH": str(tmp_path)}
+    no_srun = _clusterrun("up", "--from-slurm", "train.py", env=inside)
+    assert no_srun.returncode == 2 and "--from-slurm: srun not found on PATH" in no_srun.stderr
+    assert "Traceback" not in no_srun.stderr
+    detached = _clusterrun("up", "--from-slurm", "-d", "--sync", ".", "train.py", env=inside)
+    assert detached.returncode == 2
+    assert "--detach, --sync cannot go with --from-slurm" in detached.stderr
+
+
+def test_up_from_slurm_dry_run_prints_the_srun_command_and_masks_secrets() -> None:
+    done = _clusterrun("up", "--from-slurm", "--dry-run", "--env", "HF_TOKEN=s3cr3t", "train.py", "--", "--lr", "1",
+                       env={"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_GPUS_ON_NODE": "2"})
+    assert done.returncode == 0, done.stderr
+    assert "Slurm job 5, 2 nodes, world size 4, master n1:20005" in done.stdout
+    assert "HF_TOKEN='****'" in done.stdout and "s3cr3t" not in done.stdout
+    command = shlex.split(done.stdout.split("  command: ", 1)[1])
+    assert command[:3] == ["srun", "--jobid=5", "--nodelist=n[1-2]"] and command[-3:] == ["train.py", "--lr", "1"]
+
+
+def test_export_writes_an_executable_script_and_names_the_secrets_left_out(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("hosts:\n  - host: gpu[1-2]\n    gpus: [0, 1]\n")
+    out = tmp_path / "job.sbatch"
+    done = _clusterrun("export", "--sbatch", "-o", str(out), "--env", "WANDB_API_KEY=k3y", str(hosts), "t.py", "x")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (f"clusterrun: wrote {out}; submit it with `sbatch {out}`; set WANDB_API_KEY in sbatch's "
+                           "environment (secret: not written)\n")
+    assert out.stat().st_mode & 0o777 == 0o755 and "k3y" not in out.read_text()
+    assert "#SBATCH --gpus-per-node=2" in out.read_text()
+    without = _clusterrun("export", str(hosts), "t.py")
+    assert without.returncode == 2 and "say which format: --sbatch" in without.stderr

@@ -9,7 +9,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn, TypeVar
 
 import click
@@ -40,10 +40,15 @@ def from_slurm_options(command: F) -> F:
 
 
 def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str | None, name: str | None,
-                  env: tuple[str, ...], dry_run: bool) -> NoReturn:
+                  env: tuple[str, ...], dry_run: bool, unsupported: Sequence[str] = ()) -> NoReturn:
     """``up --from-slurm``: the step built from this process's Slurm variables, run in the foreground;
-    Ctrl-C or SIGTERM cancels the step (scancel), and the exit code is the job's."""
+    Ctrl-C or SIGTERM cancels the step (scancel), and the exit code is the job's. ``unsupported``:
+    options of up given that mean nothing under Slurm, refused."""
     try:
+        if unsupported:
+            raise ConfigError(f"{', '.join(unsupported)} cannot go with --from-slurm: the job runs in the foreground "
+                              "inside the allocation, on all its nodes; nothing was started",
+                              hint="choose the nodes with salloc/sbatch; see docs/slurm.md")
         allocation = allocation_from_env(os.environ)
         spec = _slurm_hosts(hosts_file)
         overrides = parse_env_overrides(env)

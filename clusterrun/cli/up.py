@@ -193,8 +193,10 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
     """
     if from_slurm:  # no HOSTS.yaml: the first word is the script
         words = [hosts_file, *([script] if script is not None else []), *script_args]
+        given = {"--detach": detach, "--leave-running": leave_running, "--sync": sync_dir is not None,
+                 "--nodes": nodes is not None, "--exclude": exclude is not None, "--json": as_json}
         up_from_slurm(words[0], tuple(words[2:] if words[1:2] == ["--"] else words[1:]), hosts_file=slurm_hosts,
-                      name=name, env=env, dry_run=dry_run)
+                      name=name, env=env, dry_run=dry_run, unsupported=[k for k, v in given.items() if v])
     if script is None:
         raise click.UsageError("Missing argument 'SCRIPT'.")
     if script_args[:1] == ("--",):  # click passes the separator on once SCRIPT has been read
