@@ -21,7 +21,7 @@ from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.envrules import looks_secret
 from clusterrun.errors import ConfigError
 from clusterrun.nodesets import NodeSetError, expand, fold
-from clusterrun.plan import TORCHRUN_MODULE, node_env
+from clusterrun.plan import TORCHRUN_MODULE, LaunchPlan, NodeLaunch, node_env
 
 # What each task runs, one constant script: the node rank from Slurm, the rest as arguments
 # (``sh -c TASK_SCRIPT clusterrun-node PYTHON TORCHRUN-OPTIONS... SCRIPT ARGS...``), so no value
@@ -30,6 +30,10 @@ TASK_SCRIPT = ('python=$1; shift; exec "$python" -m ' + TORCHRUN_MODULE
                + ' --node-rank="$SLURM_NODEID" --nnodes="$SLURM_NNODES"'
                ' --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" "$@"')
 TASK_NAME = "clusterrun-node"  # $0 of the task's shell: what ps shows
+# torchrun's --tee copies each rank's lines, whole, to its own output with this tag (the one the
+# agent's merged logs carry over SSH): the ranks of a node share srun's pipe, and unbuffered
+# Python writes a line and its newline apart, so untagged output would interleave mid-line.
+RANK_PREFIX_VAR, RANK_PREFIX = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:"
 PORT_BASE, PORT_SPAN = 20000, 20000  # the master port when none is given: one per job id, as Lightning does
 NOT_IN_ALLOCATION_HINT = ("run it inside an allocation: `salloc -N2 clusterrun up --from-slurm train.py`, or in a "
                           "batch script (`clusterrun export --sbatch HOSTS.yaml train.py` writes one)")
@@ -127,12 +131,23 @@ class SlurmStep:
         return self.nproc * len(self.nodes)
 
 
+def launch_plan(step: SlurmStep, *, job_id: str, name: str, script: str,
+                script_args: Sequence[str]) -> LaunchPlan:
+    """The step as the plan a consumer (the printer) knows: node ranks in Slurm's order, global
+    ranks packed node after node as torchrun's static rendezvous assigns them."""
+    nodes = tuple(NodeLaunch(rank=i, host=HostSpec(host=host, nproc=step.nproc), nproc=step.nproc,
+                             first_rank=i * step.nproc, argv=step.argv, env=step.env, cwd=None)
+                  for i, host in enumerate(step.nodes))
+    return LaunchPlan(job_id=job_id, name=name, master_addr=step.master_addr, master_port=step.master_port,
+                      nodes=nodes, script=script, script_args=tuple(script_args))
+
+
 def task_argv(python: str, nproc: int, script: str, script_args: Sequence[str]) -> tuple[str, ...]:
     """What each task runs: ``TASK_SCRIPT`` with torchrun's per-job options as arguments."""
     # torchrun drops one "--" right after the script; protect an argument list that starts with one.
     guard = ("--",) if tuple(script_args[:1]) == ("--",) else ()
     return ("sh", "-c", TASK_SCRIPT, TASK_NAME, python, f"--nproc-per-node={nproc}", "--rdzv-backend=static",
-            "--max-restarts=0", script, *guard, *script_args)
+            "--max-restarts=0", "--redirects=3", "--tee=3", script, *guard, *script_args)
 
 
 def srun_options(nnodes: int, *, name: str, cwd: str | None) -> tuple[str, ...]:
@@ -150,7 +165,7 @@ def build_step(allocation: Allocation, spec: ClusterSpec | None, script: str, sc
     master_port = (spec.master_port if spec is not None and spec.master_port else None) or allocation.master_port
     master_addr = (spec.master_addr if spec is not None else None) or allocation.nodes[0]
     env = node_env(dataclasses.replace(host, gpus=None), env_overrides)
-    env.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+    env.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), RANK_PREFIX_VAR: RANK_PREFIX})
     # srun no longer takes -c from SLURM_CPUS_PER_TASK (Slurm 22.05): without it, torchrun and all
     # its workers would share one CPU where Slurm confines tasks to theirs
     cpus = (f"--cpus-per-task={allocation.cpus_per_task}",) if allocation.cpus_per_task else ()
@@ -180,10 +195,11 @@ def sbatch_script(spec: ClusterSpec, script: str, script_args: Sequence[str], *,
     lines += ["# sbatch's -c for srun's task too (srun does not read SLURM_CPUS_PER_TASK since Slurm 22.05)",
               'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi', "",
               "# the rendezvous: torchrun's static one, on the first node of the allocation",
-              f"export MASTER_ADDR={addr}", f"export MASTER_PORT={port}", ""]
+              f"export MASTER_ADDR={addr}", f"export MASTER_PORT={port}",
+              f"export {RANK_PREFIX_VAR}={shlex.quote(RANK_PREFIX)}  # each line tagged with its rank", ""]
     task = task_argv(host.python or "python3", nproc, script, script_args)
     # srun and its options; the task's shell; its interpreter and torchrun's options; the script
-    groups = [("srun", *srun_options(len(spec.hosts), name=name, cwd=host.workdir)), task[:4], task[4:8], task[8:]]
+    groups = [("srun", *srun_options(len(spec.hosts), name=name, cwd=host.workdir)), task[:4], task[4:10], task[10:]]
     lines.append(" \\\n    ".join(shlex.join(words) for words in groups if words))
     return "\n".join(lines) + "\n"
 

@@ -15,6 +15,7 @@ a node srun does not name ended with exit code 0.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -22,10 +23,10 @@ import signal
 import subprocess
 import sys
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from clusterrun.diagnose import NodeLog, exception_message
 from clusterrun.events import (
     Event,
     JobFinished,
@@ -91,18 +92,21 @@ def find_step(job_id: str, name: str, environ: Mapping[str, str] | None = None) 
     return step_of(done.stdout.splitlines(), name) if done.returncode == 0 else None
 
 
-def cancel_step(step: str) -> tuple[bool, str]:
-    """``scancel STEP``: whether it was accepted, and what scancel said."""
-    done = subprocess.run(["scancel", step], capture_output=True, text=True, check=False)
+def cancel_step(step: str, signal_name: str | None = None) -> tuple[bool, str]:
+    """``scancel STEP`` (with ``signal_name``: only send it that signal): whether it was accepted,
+    and what scancel said."""
+    how = [f"--signal={signal_name}"] if signal_name else []
+    done = subprocess.run(["scancel", *how, step], capture_output=True, text=True, check=False)
     return done.returncode == 0, (done.stderr or done.stdout).strip()
 
 
 class SlurmRun:
     """One ``up --from-slurm``: create → ``start()`` → ``run()``; ``request_stop()`` at any time."""
 
-    def __init__(self, step: SlurmStep, *, job_id: str, slurm_job: str, emit: Emit,
+    def __init__(self, step: SlurmStep, *, job_id: str, slurm_job: str, emit: Emit, grace: float = 10.0,
                  environ: Mapping[str, str] | None = None) -> None:
         self.step = step
+        self.grace = grace
         self.job_id = job_id
         self.slurm_job = slurm_job
         self._emit = emit
@@ -112,7 +116,7 @@ class SlurmRun:
         self._stopper: threading.Thread | None = None
         self._ends: dict[int, TaskEnd] = {}
         self._first_failure: int | None = None
-        self._tails: dict[int, deque[str]] = {n: deque(maxlen=LAST_LINES) for n in range(len(step.nodes))}
+        self._logs = {n: NodeLog(tail=LAST_LINES) for n in range(len(step.nodes))}
 
     def start(self) -> None:
         self._proc = subprocess.Popen(self.step.argv, env=self._env, stdin=subprocess.DEVNULL,
@@ -137,6 +141,13 @@ class SlurmRun:
             if self._proc is not None and self._proc.poll() is None:
                 self._proc.send_signal(signal.SIGTERM)
             return
+        # SIGTERM first: torchrun stops its workers within the grace; a step's cancel is a SIGKILL
+        ok, said = cancel_step(step, "TERM")
+        if ok and self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=self.grace)
+                self._emit(JobNote(None, text=f"scancel --signal=TERM {step}: the step ended within the grace"))
+                return
         ok, said = cancel_step(step)
         self._emit(JobNote(None, text=f"scancel {step}: " + ("the step is cancelled on every node" if ok
                                                              else f"failed: {said}")))
@@ -170,7 +181,7 @@ class SlurmRun:
             node = mine
             if mine is not None and match is not None:
                 run.append(match.group(2))
-                self._tails[mine].append(match.group(2))
+                self._logs[mine].feed([match.group(2)])
             else:
                 run.append(line)
                 for end in parse_task_end(line):
@@ -206,12 +217,19 @@ class SlurmRun:
         return JobResult(self.job_id, tuple(nodes), root_cause=self._root_cause(), interrupted=self._stop_reason)
 
     def _root_cause(self) -> RootCause | None:
+        """The first node srun saw fail; there, the rank torchrun's failure report names, with its
+        last lines (torchrun's own when no rank is named)."""
         node = self._first_failure
         if node is None:
             return None
-        end = self._ends[node]
-        return RootCause(node=node, host=self.step.nodes[node], rank=None, local_rank=None,
-                         exit_code=end.exit_code, signal=None, last_lines=tuple(self._tails[node]))
+        log, host = self._logs[node], self.step.nodes[node]
+        for rank, failure in log.failures.items():
+            code, tail = failure["exit_code"], tuple(log.rank_tails.get(rank, ()))
+            return RootCause(node=node, host=host, rank=rank, local_rank=failure["local_rank"],
+                             exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
+                             last_lines=tail, message=exception_message(tail), pid=failure["pid"] or None)
+        return RootCause(node=node, host=host, rank=None, local_rank=None, exit_code=self._ends[node].exit_code,
+                         signal=None, last_lines=tuple(log.lines()))
 
 
 def _die_with_parent() -> None:

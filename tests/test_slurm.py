@@ -62,9 +62,11 @@ def test_the_step_is_one_srun_with_one_task_per_node_and_the_rank_from_slurm() -
                               "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--label", "--job-name=train-1",
                               "--chdir=/home/me/proj")
     assert step.argv[10:] == ("sh", "-c", TASK_SCRIPT, "clusterrun-node", "/venv/bin/python", "--nproc-per-node=3",
-                              "--rdzv-backend=static", "--max-restarts=0", "train.py", "--", "--", "--lr", "1 2")
+                              "--rdzv-backend=static", "--max-restarts=0", "--redirects=3", "--tee=3", "train.py", "--",
+                              "--", "--lr", "1 2")
     assert step.env == {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NCCL_DEBUG": "INFO", "SEED": "1",
-                        "MASTER_ADDR": "gpu01", "MASTER_PORT": "20099"}
+                        "MASTER_ADDR": "gpu01", "MASTER_PORT": "20099",
+                        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"}
     assert step.world_size == 6
 
 
@@ -90,7 +92,8 @@ def test_the_task_script_puts_slurms_node_rank_into_torchruns_argv(tmp_path: Pat
                           text=True, check=True)
     assert done.stdout.splitlines() == ["-m", "torch.distributed.run", "--node-rank=1", "--nnodes=2",
                                         "--master-addr=n1", "--master-port=20003", "--nproc-per-node=1",
-                                        "--rdzv-backend=static", "--max-restarts=0", "t.py", "a b", "$HOME"]
+                                        "--rdzv-backend=static", "--max-restarts=0", "--redirects=3", "--tee=3",
+                                        "t.py", "a b", "$HOME"]
 
 
 def test_under_slurm_every_node_runs_the_same_number_of_processes() -> None:
@@ -120,7 +123,8 @@ def test_the_batch_script_names_secrets_but_never_holds_their_values() -> None:
     assert command[:8] == ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
                            "--label", "--job-name=train", "--chdir=/shared/proj"]
     assert command[8:] == ["sh", "-c", TASK_SCRIPT, "clusterrun-node", "python3", "--nproc-per-node=4",
-                           "--rdzv-backend=static", "--max-restarts=0", "train.py", "--lr", "1 2"]
+                           "--rdzv-backend=static", "--max-restarts=0", "--redirects=3", "--tee=3", "train.py",
+                           "--lr", "1 2"]
 
 
 def test_the_batch_script_is_valid_bash() -> None:

@@ -23,13 +23,15 @@ from tests.slurmsim import SlurmCluster
 pytestmark = pytest.mark.integration
 
 RANKS = """\
-import os, socket, sys, time
+import os, signal, socket, sys, time
 sys.stdout.write(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} on {socket.gethostname()} "
                  f"node {os.environ['GROUP_RANK']} args {sys.argv[1:]}\\n")  # one write: python -u splits a print
 sys.stdout.flush()
 if sys.argv[1:2] == ["fail"] and os.environ["RANK"] == sys.argv[2]:
     sys.exit(7)
-if sys.argv[1:2] == ["sleep"]:
+if sys.argv[1:2] == ["ignore"]:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if sys.argv[1:2] in (["sleep"], ["ignore"]):
     time.sleep(600)
 """
 
@@ -69,8 +71,7 @@ def test_up_from_slurm_runs_one_torchrun_per_node(slurm_cluster: SlurmCluster, t
     for rank in range(4):
         node = rank // 2
         expected = f"rank {rank} of 4 on sim{node + 1} node {node} args ['a b']"
-        assert any(re.fullmatch(rf"node{node} sim{node + 1}\s+\| {re.escape(expected)}", line) for line in lines), \
-            done.stdout
+        assert f"node{node} sim{node + 1} rank{rank} | {expected}" in lines, done.stdout
     assert "master sim1:" in done.stderr
     assert "job ranks-" in done.stderr and "succeeded" in done.stderr
 
@@ -84,14 +85,18 @@ def test_a_failing_rank_fails_the_job_and_srun_ends_the_other_node(slurm_cluster
     assert done.returncode == 1, done.stderr
     assert "node1 sim2: failed (exit code 1)" in done.stderr
     assert "FAILED" in done.stderr
-    assert "root cause: torchrun on node 1 (sim2): exit code 1" in done.stderr
+    assert "root cause: rank 3 on node 1 (sim2, local rank 1): exit code 7" in done.stderr
 
 
 @pytest.mark.fake_torchrun
-def test_sigterm_cancels_the_step_and_leaves_nothing(slurm_cluster: SlurmCluster, tmp_path: Path,
-                                                     fake_python: Path) -> None:
+@pytest.mark.parametrize(("mode", "said"), [
+    ("sleep", r"scancel --signal=TERM \d+\.\d+: the step ended within the grace"),
+    ("ignore", r"scancel \d+\.\d+: the step is cancelled on every node"),  # SIGTERM ignored: SIGKILL after 1 s
+])
+def test_sigterm_cancels_the_step_and_leaves_nothing(slurm_cluster: SlurmCluster, tmp_path: Path, fake_python: Path,
+                                                     mode: str, said: str) -> None:
     script, hosts = _files(tmp_path, fake_python)
-    proc = subprocess.Popen(_up(slurm_cluster, tmp_path, hosts, str(script), "sleep"), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_up(slurm_cluster, tmp_path, hosts, "--grace=1", str(script), mode), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(slurm_cluster), cwd=tmp_path,
                             start_new_session=True)
     try:
@@ -104,7 +109,7 @@ def test_sigterm_cancels_the_step_and_leaves_nothing(slurm_cluster: SlurmCluster
     finally:
         _end(proc)
     assert proc.returncode == 143, err
-    assert re.search(r"scancel \d+\.\d+: the step is cancelled on every node", err), err
+    assert re.search(said, err), err
     assert "stopped (SIGTERM)" in err
     for host in slurm_cluster.sim.hosts:
         assert _census(host, str(script)) == [], host.name
@@ -186,7 +191,7 @@ def test_the_exported_batch_script_runs_under_sbatch(slurm_cluster: SlurmCluster
     lines = out.read_text().splitlines()
     for rank in range(4):
         node = rank // 2
-        assert f"{node}: rank {rank} of 4 on sim{node + 1} node {node} args ['x']" in lines, lines
+        assert f"{node}: [rank{rank}]:rank {rank} of 4 on sim{node + 1} node {node} args ['x']" in lines, lines
 
 
 def test_real_torchrun_allreduces_over_gloo_through_srun(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -196,7 +201,7 @@ def test_real_torchrun_allreduces_over_gloo_through_srun(slurm_cluster: SlurmClu
     done = subprocess.run(_up(slurm_cluster, tmp_path, hosts, str(ROOT / "tests" / "_support" / "allreduce_net.py")),
                           capture_output=True, text=True, env=_env(slurm_cluster), cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    sums = re.findall(r"^node(\d) sim(\d)\s+\| NET rank=(\d) host=(sim\d) .* sum=(\d+) expected=(\d+)$", done.stdout,
-                      re.MULTILINE)
+    sums = re.findall(r"^node(\d) sim(\d) rank\d \| NET rank=(\d) host=(sim\d) .* sum=(\d+) expected=(\d+)$",
+                      done.stdout, re.MULTILINE)
     assert sorted(sums) == [("0", "1", "0", "sim1", "10", "10"), ("0", "1", "1", "sim1", "10", "10"),
                             ("1", "2", "2", "sim2", "10", "10"), ("1", "2", "3", "sim2", "10", "10")], done.stdout

@@ -22,7 +22,7 @@ from clusterrun.joblist import shown_env
 from clusterrun.plan import job_name, make_job_id, parse_env_overrides
 from clusterrun.printer import Printer
 from clusterrun.selection import load_hosts
-from clusterrun.slurm import allocation_from_env, build_step, sbatch_script
+from clusterrun.slurm import allocation_from_env, build_step, launch_plan, sbatch_script
 from clusterrun.slurmrun import SlurmRun
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -40,10 +40,11 @@ def from_slurm_options(command: F) -> F:
 
 
 def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str | None, name: str | None,
-                  env: tuple[str, ...], dry_run: bool, unsupported: Sequence[str] = ()) -> NoReturn:
+                  env: tuple[str, ...], dry_run: bool, grace: float = 10.0,
+                  unsupported: Sequence[str] = ()) -> NoReturn:
     """``up --from-slurm``: the step built from this process's Slurm variables, run in the foreground;
-    Ctrl-C or SIGTERM cancels the step (scancel), and the exit code is the job's. ``unsupported``:
-    options of up given that mean nothing under Slurm, refused."""
+    Ctrl-C or SIGTERM cancels the step (SIGTERM, SIGKILL after ``grace``), and the exit code is the
+    job's. ``unsupported``: options of up given that mean nothing under Slurm, refused."""
     try:
         if unsupported:
             raise ConfigError(f"{', '.join(unsupported)} cannot go with --from-slurm: the job runs in the foreground "
@@ -68,7 +69,8 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
         click.echo(f"  command: {shlex.join(step.argv)}")
         sys.exit(EXIT_OK)
     printer = Printer()
-    run = SlurmRun(step, job_id=job_id, slurm_job=allocation.job_id, emit=printer)
+    printer.set_plan(launch_plan(step, job_id=job_id, name=jname, script=script, script_args=script_args))
+    run = SlurmRun(step, job_id=job_id, slurm_job=allocation.job_id, emit=printer, grace=grace)
     printer.note(f"job {job_id}: {len(step.nodes)} nodes of Slurm job {allocation.job_id}, world size "
                  f"{step.world_size}, master {step.master_addr}:{step.master_port}"
                  + (f"; secret: {', '.join(secret_names(step.env, secret))}" if secret_names(step.env, secret) else ""))
