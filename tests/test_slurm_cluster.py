@@ -29,6 +29,8 @@ sys.stdout.write(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} on {s
 sys.stdout.flush()
 if sys.argv[1:2] == ["fail"] and os.environ["RANK"] == sys.argv[2]:
     sys.exit(7)
+if sys.argv[1:2] == ["env"]:
+    sys.stdout.write(f"env {os.environ.get('CRTEST_MARK')} {os.environ.get('CRTEST_TOKEN')}\\n")
 if sys.argv[1:2] == ["ignore"]:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if sys.argv[1:2] in (["sleep"], ["ignore"]):
@@ -49,23 +51,28 @@ def _env(slurm: SlurmCluster) -> dict[str, str]:
     return {**slurm.client_env(), "PYTHONPATH": str(ROOT)}
 
 
-def _up(slurm: SlurmCluster, tmp_path: Path, hosts: Path, *args: str) -> list[str]:
+def _up(hosts: Path, *args: str) -> list[str]:
     return ["salloc", "-N2", sys.executable, "-m", "clusterrun", "up", "--from-slurm", "--slurm-hosts", str(hosts),
             *args]
+
+
+def _run_up(slurm: SlurmCluster, tmp_path: Path, hosts: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``up --from-slurm`` under ``salloc -N2``, to its end."""
+    return subprocess.run(_up(hosts, *args), capture_output=True, text=True, env=_env(slurm), cwd=tmp_path,
+                          timeout=300)
 
 
 def _census(host: SimHost, marker: str) -> list[str]:
     """The processes on ``host`` whose command line holds ``marker``."""
     done = host.run("ps", "-ww", "-eo", "pid,args")  # -ww: whole command lines, not cut at 80 columns
-    return [line for line in done.stdout.splitlines() if marker in line and "ps -eo" not in line]
+    return [line for line in done.stdout.splitlines() if marker in line]
 
 
 @pytest.mark.fake_torchrun
 def test_up_from_slurm_runs_one_torchrun_per_node(slurm_cluster: SlurmCluster, tmp_path: Path,
                                                   fake_python: Path) -> None:
     script, hosts = _files(tmp_path, fake_python)
-    done = subprocess.run(_up(slurm_cluster, tmp_path, hosts, str(script), "--", "a b"), capture_output=True,
-                          text=True, env=_env(slurm_cluster), cwd=tmp_path, timeout=120)
+    done = _run_up(slurm_cluster, tmp_path, hosts, str(script), "--", "a b")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     for rank in range(4):
@@ -80,8 +87,7 @@ def test_up_from_slurm_runs_one_torchrun_per_node(slurm_cluster: SlurmCluster, t
 def test_a_failing_rank_fails_the_job_and_srun_ends_the_other_node(slurm_cluster: SlurmCluster, tmp_path: Path,
                                                                    fake_python: Path) -> None:
     script, hosts = _files(tmp_path, fake_python)
-    done = subprocess.run(_up(slurm_cluster, tmp_path, hosts, str(script), "fail", "3"), capture_output=True,
-                          text=True, env=_env(slurm_cluster), cwd=tmp_path, timeout=120)
+    done = _run_up(slurm_cluster, tmp_path, hosts, str(script), "fail", "3")
     assert done.returncode == 1, done.stderr
     assert "node1 sim2: failed (exit code 1)" in done.stderr
     assert "FAILED" in done.stderr
@@ -96,7 +102,7 @@ def test_a_failing_rank_fails_the_job_and_srun_ends_the_other_node(slurm_cluster
 def test_sigterm_cancels_the_step_and_leaves_nothing(slurm_cluster: SlurmCluster, tmp_path: Path, fake_python: Path,
                                                      mode: str, said: str) -> None:
     script, hosts = _files(tmp_path, fake_python)
-    proc = subprocess.Popen(_up(slurm_cluster, tmp_path, hosts, "--grace=1", str(script), mode), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_up(hosts, "--grace=1", str(script), mode), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(slurm_cluster), cwd=tmp_path,
                             start_new_session=True)
     try:
@@ -119,7 +125,7 @@ def test_sigterm_cancels_the_step_and_leaves_nothing(slurm_cluster: SlurmCluster
 def test_the_step_ends_with_its_controller(slurm_cluster: SlurmCluster, tmp_path: Path, fake_python: Path) -> None:
     """clusterrun SIGKILLed: srun gets SIGTERM (its parent-death signal) and ends the step; nothing is left."""
     script, hosts = _files(tmp_path, fake_python)
-    proc = subprocess.Popen(_up(slurm_cluster, tmp_path, hosts, str(script), "sleep"), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_up(hosts, str(script), "sleep"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(slurm_cluster), cwd=tmp_path,
                             start_new_session=True)
     try:
@@ -181,25 +187,31 @@ def test_the_exported_batch_script_runs_under_sbatch(slurm_cluster: SlurmCluster
                                                      fake_python: Path) -> None:
     script, hosts = _files(tmp_path, fake_python)
     batch = tmp_path / "job.sbatch"
-    export = subprocess.run([sys.executable, "-m", "clusterrun", "export", "--sbatch", "-o", str(batch), str(hosts),
-                             str(script), "x"], capture_output=True, text=True, env=_env(slurm_cluster), cwd=tmp_path)
+    export = subprocess.run([sys.executable, "-m", "clusterrun", "export", "--sbatch", "-o", str(batch),
+                             "--env", "CRTEST_TOKEN=v4lue", str(hosts), str(script), "env"],
+                            capture_output=True, text=True, env=_env(slurm_cluster), cwd=tmp_path)
     assert export.returncode == 0, export.stderr
+    assert "v4lue" not in batch.read_text()  # a secret: the script takes it from sbatch's environment
     out = tmp_path / "job.out"
     done = subprocess.run(["sbatch", "--wait", f"--output={out}", str(batch)], capture_output=True, text=True,
-                          env=_env(slurm_cluster), cwd=tmp_path, timeout=120)
+                          env={**_env(slurm_cluster), "CRTEST_TOKEN": "from-sbatch"}, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr + out.read_text()
     lines = out.read_text().splitlines()
     for rank in range(4):
         node = rank // 2
-        assert f"{node}: [rank{rank}]:rank {rank} of 4 on sim{node + 1} node {node} args ['x']" in lines, lines
+        assert f"{node}: [rank{rank}]:rank {rank} of 4 on sim{node + 1} node {node} args ['env']" in lines, lines
+        assert f"{node}: [rank{rank}]:env slurm from-sbatch" in lines, lines
+    unset = subprocess.run(["sbatch", "--wait", f"--output={out}", str(batch)], capture_output=True, text=True,
+                           env=_env(slurm_cluster), cwd=tmp_path, timeout=120)
+    assert unset.returncode != 0
+    assert "CRTEST_TOKEN: set CRTEST_TOKEN in the environment you run sbatch from" in out.read_text()
 
 
 def test_real_torchrun_allreduces_over_gloo_through_srun(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     """The real torchrun (no stand-in): the static rendezvous on the allocation's first node, gloo between nodes."""
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text(f"defaults:\n  nproc: 2\n  python: {sys.executable}\nhosts:\n  - host: sim[1-2]\n")
-    done = subprocess.run(_up(slurm_cluster, tmp_path, hosts, str(ROOT / "tests" / "_support" / "allreduce_net.py")),
-                          capture_output=True, text=True, env=_env(slurm_cluster), cwd=tmp_path, timeout=300)
+    done = _run_up(slurm_cluster, tmp_path, hosts, str(ROOT / "tests" / "_support" / "allreduce_net.py"))
     assert done.returncode == 0, done.stdout + done.stderr
     sums = re.findall(r"^node(\d) sim(\d) rank\d \| NET rank=(\d) host=(sim\d) .* sum=(\d+) expected=(\d+)$",
                       done.stdout, re.MULTILINE)
