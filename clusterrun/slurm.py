@@ -66,6 +66,11 @@ def allocation_from_env(env: Mapping[str, str]) -> Allocation:
         missing = "SLURM_JOB_ID" if not job_id else "SLURM_JOB_NODELIST"
         raise ConfigError(f"not inside a Slurm allocation: {missing} is not set", key="--from-slurm",
                           hint=NOT_IN_ALLOCATION_HINT)
+    if env.get("SLURM_STEP_ID") not in (None, "", "batch", "extern", "interactive"):
+        # one srun per task would start the job once per task, each waiting for CPUs the step holds
+        raise ConfigError(f"inside job step {job_id}.{env['SLURM_STEP_ID']}: run `up --from-slurm` once, in the "
+                          "allocation itself (salloc's shell or the batch script), not under srun",
+                          key="--from-slurm", hint=NOT_IN_ALLOCATION_HINT)
     try:
         nodes = tuple(expand(nodelist))
     except NodeSetError as exc:

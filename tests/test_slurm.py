@@ -38,6 +38,8 @@ def test_the_allocation_comes_from_slurms_variables_in_its_order() -> None:
     ({}, "not inside a Slurm allocation: SLURM_JOB_ID is not set"),
     ({"SLURM_JOB_ID": "7"}, "not inside a Slurm allocation: SLURM_JOB_NODELIST is not set"),
     ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[01-"}, "SLURM_JOB_NODELIST: missing bracket at position"),
+    ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "a", "SLURM_STEP_ID": "0"}, "inside job step 7.0: run `up "
+     "--from-slurm` once, in the allocation itself"),
 ])
 def test_outside_an_allocation_the_error_says_how_to_get_one(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError) as err:

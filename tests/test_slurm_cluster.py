@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import selectors
+import shlex
 import signal
 import subprocess
 import sys
@@ -205,6 +206,24 @@ def test_the_exported_batch_script_runs_under_sbatch(slurm_cluster: SlurmCluster
                            env=_env(slurm_cluster), cwd=tmp_path, timeout=120)
     assert unset.returncode != 0
     assert "CRTEST_TOKEN: set CRTEST_TOKEN in the environment you run sbatch from" in out.read_text()
+
+
+@pytest.mark.fake_torchrun
+def test_up_from_slurm_in_a_batch_script(slurm_cluster: SlurmCluster, tmp_path: Path, fake_python: Path) -> None:
+    """The batch step (on the first node, with SLURM_PROCID but no step id of its own) runs clusterrun, whose srun
+    starts the job step."""
+    script, hosts = _files(tmp_path, fake_python)
+    batch = tmp_path / "up.sbatch"
+    batch.write_text(f"#!/bin/sh\nexec {shlex.join(_up(hosts, str(script), 'batch')[2:])}\n")
+    out = tmp_path / "up.out"
+    done = subprocess.run(["sbatch", "--wait", "-N2", f"--output={out}", str(batch)], capture_output=True, text=True,
+                          env=_env(slurm_cluster), cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr + out.read_text()
+    lines = out.read_text().splitlines()
+    for rank in range(4):
+        node = rank // 2
+        assert f"node{node} sim{node + 1} rank{rank} | rank {rank} of 4 on sim{node + 1} node {node} args ['batch']" \
+            in lines, lines
 
 
 def test_real_torchrun_allreduces_over_gloo_through_srun(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
