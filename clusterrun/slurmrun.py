@@ -15,7 +15,6 @@ a node srun does not name ended with exit code 0.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import re
@@ -23,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -43,6 +43,7 @@ from clusterrun.slurm import SlurmStep
 
 Emit = Callable[[Event], None]
 PR_SET_PDEATHSIG = 1  # prctl(2)
+STOPPED_MARK = "clusterrun-down:"  # the allocation's comment once `down` stopped a step of it
 LAST_LINES = 20  # of a failed node, for the root cause
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")  # srun --label: "0: text", padded for 10 tasks and more
 _TASK_END = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (Exited with exit code (\d+)|.+)$")
@@ -85,6 +86,28 @@ def step_of(squeue_lines: Sequence[str], name: str) -> str | None:
     return None
 
 
+def my_steps(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """``(JOBID.STEPID, name)`` of this user's running steps, as squeue lists them (none without squeue)."""
+    try:
+        done = subprocess.run(["squeue", "--steps", "--me", "--noheader", "--format=%i %j"], capture_output=True,
+                              text=True, check=False, env=environ)
+    except OSError:
+        return []
+    return [(words[0], words[1]) for words in map(str.split, done.stdout.splitlines()) if len(words) >= 2]
+
+
+def step_gone(step: str, environ: Mapping[str, str] | None = None) -> Callable[[float], bool]:
+    """``ended`` for ``stop_step`` from elsewhere: whether squeue stops listing ``step`` within the time."""
+    def ended(timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while any(s == step for s, _ in my_steps(environ)):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+        return True
+    return ended
+
+
 def find_step(job_id: str, name: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The running step of Slurm job ``job_id`` named ``name``, asked of squeue; None if none."""
     done = subprocess.run(["squeue", "--steps", f"--jobs={job_id}", "--noheader", "--format=%i %j"],
@@ -98,6 +121,33 @@ def cancel_step(step: str, signal_name: str | None = None) -> tuple[bool, str]:
     how = [f"--signal={signal_name}"] if signal_name else []
     done = subprocess.run(["scancel", *how, step], capture_output=True, text=True, check=False)
     return done.returncode == 0, (done.stderr or done.stdout).strip()
+
+
+def stop_step(step: str, grace: float, ended: Callable[[float], bool]) -> str:
+    """The stop of a step, here and in ``down``: SIGTERM to every task (torchrun stops its workers),
+    then, if ``ended(grace)`` says it has not ended within ``grace`` seconds, the step cancelled (a
+    SIGKILL to all its processes, on every node). What happened, as a note."""
+    ok, said = cancel_step(step, "TERM")
+    if ok and ended(grace):
+        return f"scancel --signal=TERM {step}: the step ended within the grace"
+    ok, said = cancel_step(step)
+    return f"scancel {step}: " + ("the step is cancelled on every node" if ok else f"failed: {said}")
+
+
+def mark_stopped(slurm_job: str, name: str, environ: Mapping[str, str] | None = None) -> None:
+    """Leave ``down``'s word on the allocation (its comment), where the ``up`` following the step looks."""
+    subprocess.run(["scontrol", "update", f"JobId={slurm_job}", f"Comment={STOPPED_MARK}{name}"],
+                   capture_output=True, check=False, env=environ)
+
+
+def was_stopped(slurm_job: str, name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``down`` stopped the step ``name`` of ``slurm_job`` (``mark_stopped``)."""
+    try:
+        done = subprocess.run(["squeue", f"--jobs={slurm_job}", "--noheader", "--format=%k"], capture_output=True,
+                              text=True, check=False, env=environ)
+    except OSError:  # no squeue (a stand-in for srun): nobody can have marked it
+        return False
+    return f"{STOPPED_MARK}{name}" in done.stdout
 
 
 class SlurmRun:
@@ -141,16 +191,13 @@ class SlurmRun:
             if self._proc is not None and self._proc.poll() is None:
                 self._proc.send_signal(signal.SIGTERM)
             return
-        # SIGTERM first: torchrun stops its workers within the grace; a step's cancel is a SIGKILL
-        ok, said = cancel_step(step, "TERM")
-        if ok and self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=self.grace)
-                self._emit(JobNote(None, text=f"scancel --signal=TERM {step}: the step ended within the grace"))
-                return
-        ok, said = cancel_step(step)
-        self._emit(JobNote(None, text=f"scancel {step}: " + ("the step is cancelled on every node" if ok
-                                                             else f"failed: {said}")))
+        self._emit(JobNote(None, text=stop_step(step, self.grace, self._srun_ended)))
+
+    def _srun_ended(self, timeout: float) -> bool:
+        try:
+            return self._proc is not None and self._proc.wait(timeout=timeout) is not None
+        except subprocess.TimeoutExpired:
+            return False
 
     def run(self) -> JobResult:
         """Follow srun's output until it ends, then the result of every node."""
@@ -162,6 +209,8 @@ class SlurmRun:
         code = self._proc.wait()
         if self._stopper is not None:
             self._stopper.join()
+        elif code != 0 and was_stopped(self.slurm_job, self.job_id, self._env):
+            self._stop_reason = "clusterrun down"
         result = self._result(code)
         for node in result.nodes:
             self._emit(NodeExited(node.node, result=node))
@@ -208,7 +257,8 @@ class SlurmRun:
                 state = NodeState.STOPPED if stopped and code != 0 else NodeState.SUCCEEDED
                 nodes.append(NodeResult(node, host, state, exit_code=0 if state is NodeState.SUCCEEDED else None))
             elif end.exit_code is not None:
-                nodes.append(NodeResult(node, host, NodeState.FAILED, exit_code=end.exit_code))
+                state = NodeState.STOPPED if stopped else NodeState.FAILED
+                nodes.append(NodeResult(node, host, state, exit_code=end.exit_code))
             else:  # signalled: by our stop, or by srun's --kill-on-bad-exit after another node failed
                 state = NodeState.STOPPED if stopped or self._first_failure is not None else NodeState.FAILED
                 nodes.append(NodeResult(node, host, state, signal=end.signal, error=end.text))

@@ -140,6 +140,30 @@ def test_the_step_ends_with_its_controller(slurm_cluster: SlurmCluster, tmp_path
         _end(proc)
 
 
+@pytest.mark.fake_torchrun
+def test_down_stops_the_step_and_up_reports_it_stopped(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                       fake_python: Path) -> None:
+    """`clusterrun down JOB` from elsewhere: the step found by its name, SIGTERM, nothing left; `up` says stopped."""
+    script, hosts = _files(tmp_path, fake_python)
+    proc = subprocess.Popen(_up(hosts, str(script), "sleep"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=_env(slurm_cluster), cwd=tmp_path, start_new_session=True)
+    try:
+        seen = _read_lines(proc, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
+        job_id = next(m.group(1) for line in seen if (m := re.match(r"clusterrun: job (\S+): 2 nodes", line)))
+        down = subprocess.run([sys.executable, "-m", "clusterrun", "down", job_id[:-3]], capture_output=True,
+                              text=True, env=_env(slurm_cluster), timeout=60)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        _end(proc)
+    assert down.returncode == 0, down.stderr
+    assert re.search(rf"stopping job {job_id}: Slurm step \d+\.\d+\n.*: the step ended within the grace\n"
+                     rf".*job {job_id} stopped; Slurm ended every process", down.stderr), down.stderr
+    assert proc.returncode == 1, out
+    assert f"job {job_id} stopped (clusterrun down)" in out and "node0 sim1: stopped" in out
+    for host in slurm_cluster.sim.hosts:
+        assert _census(host, str(script)) == [], host.name
+
+
 def _end(proc: subprocess.Popen[str]) -> None:
     """salloc and what it started (clusterrun, srun: process groups of their own), if still there."""
     if proc.poll() is None:

@@ -17,13 +17,14 @@ import click
 from clusterrun.cli import EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, EXIT_USAGE, _fail, _note, main
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import resolve, secret_names
-from clusterrun.errors import ConfigError
+from clusterrun.errors import ConfigError, JobNotFound
 from clusterrun.joblist import shown_env
+from clusterrun.jobs import JobStore
 from clusterrun.plan import job_name, make_job_id, parse_env_overrides
 from clusterrun.printer import Printer
 from clusterrun.selection import load_hosts
 from clusterrun.slurm import allocation_from_env, build_step, launch_plan, sbatch_script
-from clusterrun.slurmrun import SlurmRun
+from clusterrun.slurmrun import SlurmRun, mark_stopped, my_steps, step_gone, stop_step
 
 F = TypeVar("F", bound=Callable[..., object])
 FROM_SLURM_HELP = ("Run inside a Slurm allocation (salloc, sbatch) on its nodes (SLURM_JOB_NODELIST) with one "
@@ -152,3 +153,29 @@ def export(hosts_file: str, script: str, script_args: tuple[str, ...], sbatch: b
     secret = secret_names(overrides, spec.secret_env)
     _note(f"wrote {output}; submit it with `sbatch {output}`"
           + (f"; set {', '.join(secret)} in sbatch's environment (secret: not written)" if secret else ""))
+
+
+def down_slurm_step(ref: str, grace: float | None) -> int | None:
+    """``down`` for a job of ``up --from-slurm`` (which has no record): its running step, found by
+    name (the job id, or its start) among this user's, stopped as ``up`` stops it; the step's
+    allocation marked so that the ``up`` following it reports it stopped. None where ``ref`` is
+    a recorded job, or no step of that name runs (``down`` goes on as usual)."""
+    try:
+        JobStore().resolve(ref)
+        return None
+    except JobNotFound:
+        pass
+    steps = [(step, name) for step, name in my_steps() if name == ref or name.startswith(ref)]
+    exact = [(step, name) for step, name in steps if name == ref]
+    steps = exact or steps
+    if not steps:
+        return None
+    if len(steps) > 1:
+        _fail(ConfigError(f"{ref!r} names several Slurm steps: {', '.join(f'{n} ({s})' for s, n in steps)}",
+                          hint="give the whole job id"), EXIT_USAGE)
+    step, name = steps[0]
+    _note(f"stopping job {name}: Slurm step {step}")
+    mark_stopped(step.split(".")[0], name)
+    _note(stop_step(step, 10.0 if grace is None else grace, step_gone(step)))
+    _note(f"job {name} stopped; Slurm ended every process of its step on every node")
+    return EXIT_OK
