@@ -19,7 +19,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from tests.simhosts import SimCluster, SimHost, unavailable
 
 SUPPORT = Path(__file__).parent / "_support"
 PACKAGES = ("slurm-wlm:slurmctld", "munge:munged")
+PREFIX = "crslurm"  # temp dirs crslurm-<pid of the test process>-...: sweep_stale finds those of dead ones
 READY_TIMEOUT = 60.0
 _IGNORED = re.compile(r"pmix", re.IGNORECASE)  # without libpmix every daemon says so; harmless here
 
@@ -104,7 +105,8 @@ class SlurmCluster:
         if not sim.isolated:
             unavailable(f"Slurm needs a network namespace per host: {sim.fallback_reason}")
         install()
-        state = Path(tempfile.mkdtemp(prefix=f"crslurm-{os.getpid()}-"))
+        sweep_stale()
+        state = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{os.getpid()}-"))
         state.chmod(0o755)
         cluster = cls(sim=sim, state=state)
         try:
@@ -125,7 +127,7 @@ class SlurmCluster:
                                      f"--seed-file={munge / 'munged.seed'}"],
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
         self.daemons.append(Daemon("munged", proc.pid, "munged", proc, log))
-        self._wait(lambda: self._munge_ok(), "munged", self.daemons[-1])
+        self._wait(self._munge_ok, "munged", self.daemons[-1])
         hosts = self.sim.hosts
         cpus = os.cpu_count() or 1
         nodes = "\n".join(f"NodeName={h.name} NodeAddr={h.address} CPUs={cpus} State=UNKNOWN" for h in hosts)
@@ -163,9 +165,10 @@ class SlurmCluster:
                               env=self.client_env(), check=False)
         return len(set(done.stdout.split())) if done.returncode == 0 else 0
 
-    def _wait(self, ready: object, what: str, daemon: Daemon | None) -> None:
+    def _wait(self, ready: Callable[[], bool], what: str, daemon: Daemon | None) -> None:
+        """Poll ``ready`` every 0.1 s; fail at once with a daemon's first error when it exits meanwhile."""
         deadline = time.monotonic() + READY_TIMEOUT
-        while not ready():  # type: ignore[operator]
+        while not ready():
             for d in self.daemons if daemon is None else [daemon]:
                 if d.launcher.poll() is not None:
                     raise RuntimeError(f"{d.name} exited: {_first_error(d.log)}")
@@ -189,6 +192,23 @@ class SlurmCluster:
                 daemon.launcher.wait(timeout=5)
         self.daemons.clear()
         shutil.rmtree(self.state, ignore_errors=True)
+
+
+def sweep_stale() -> None:
+    """What a test process that died before its teardown left: its state dirs, and the munged
+    serving them (slurmctld and slurmd died with their simulated hosts: ``simhosts.sweep_stale``)."""
+    def dead(name: str) -> bool:
+        found = re.match(rf"{PREFIX}-(\d+)-", name)
+        return found is not None and not os.path.exists(f"/proc/{found[1]}")
+
+    stale = [p for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}-*") if dead(p.name)]
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            if _comm(int(entry)) == "munged" and any(f"--socket={p}/".encode() in a for p in stale for a in argv):
+                os.kill(int(entry), signal.SIGKILL)
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _children(pid: int) -> list[int]:
@@ -226,9 +246,9 @@ def _first_error(log: Path) -> str:
 
 
 @pytest.fixture
-def slurm_cluster(sim_cluster: object) -> Iterator[SlurmCluster]:
+def slurm_cluster(sim_cluster: Callable[..., SimCluster]) -> Iterator[SlurmCluster]:
     """A two-node Slurm on simulated hosts sim1, sim2 (no cgroup filesystem in them: proctrack/linuxproc)."""
-    sim = sim_cluster(2, cgroup=False)  # type: ignore[operator]
+    sim = sim_cluster(2, cgroup=False)
     cluster = SlurmCluster.start(sim)
     try:
         yield cluster
