@@ -196,6 +196,10 @@ def test_up_from_slurm_outside_an_allocation_or_without_srun_says_what_to_do(tmp
     no_srun = _clusterrun("up", "--from-slurm", "train.py", env=inside)
     assert no_srun.returncode == 2 and "--from-slurm: srun not found on PATH" in no_srun.stderr
     assert "Traceback" not in no_srun.stderr
+    yaml = _clusterrun("up", "--from-slurm", "hosts.yaml", "train.py", env=inside)
+    assert yaml.returncode == 2 and "hint: give the hosts file as --slurm-hosts hosts.yaml" in yaml.stderr
+    stray = _clusterrun("up", "--slurm-hosts", "hosts.yaml", "hosts.yaml", "train.py")
+    assert stray.returncode == 2 and "--slurm-hosts goes with --from-slurm" in stray.stderr
     detached = _clusterrun("up", "--from-slurm", "-d", "--sync", ".", "train.py", env=inside)
     assert detached.returncode == 2
     assert "--detach, --sync cannot go with --from-slurm" in detached.stderr

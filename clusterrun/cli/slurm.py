@@ -47,6 +47,9 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
     Ctrl-C or SIGTERM cancels the step (SIGTERM, SIGKILL after ``grace``), and the exit code is the
     job's. ``unsupported``: options of up given that mean nothing under Slurm, refused."""
     try:
+        if script.endswith((".yaml", ".yml")):
+            raise ConfigError(f"with --from-slurm the first argument is the script, not a hosts file: {script}",
+                              key="--from-slurm", hint=f"give the hosts file as --slurm-hosts {script}")
         if unsupported:
             raise ConfigError(f"{', '.join(unsupported)} cannot go with --from-slurm: the job runs in the foreground "
                               "inside the allocation, on all its nodes; nothing was started",

@@ -199,6 +199,8 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
                       name=name, env=env, dry_run=dry_run, grace=grace, unsupported=[k for k, v in given.items() if v])
     if script is None:
         raise click.UsageError("Missing argument 'SCRIPT'.")
+    if slurm_hosts is not None:
+        raise click.UsageError("--slurm-hosts goes with --from-slurm (without it, HOSTS.yaml names the hosts file)")
     if script_args[:1] == ("--",):  # click passes the separator on once SCRIPT has been read
         script_args = script_args[1:]
     try:
