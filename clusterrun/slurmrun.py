@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,21 +87,41 @@ def step_of(squeue_lines: Sequence[str], name: str) -> str | None:
     return None
 
 
-def my_steps(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
-    """``(JOBID.STEPID, name)`` of this user's running steps, as squeue lists them (none without squeue)."""
+@dataclass(frozen=True)
+class StepInfo:
+    """A running step as squeue lists it: ``JOBID.STEPID``, its name, its nodes, how long it has run."""
+
+    step: str
+    name: str
+    nodes: str = ""
+    elapsed: str = ""
+
+
+def slurm_here(environ: Mapping[str, str]) -> bool:
+    """Whether this machine may reach a Slurm cluster: its client and a configuration (``SLURM_CONF``, the
+    usual file, a configless node's cache, or an allocation's variables); ``ps`` asks squeue only then."""
+    return shutil.which("squeue", path=environ.get("PATH")) is not None and (
+        any(name in environ for name in ("SLURM_CONF", "SLURM_JOB_ID"))
+        or any(os.path.exists(p) for p in ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf")))
+
+
+def my_steps(environ: Mapping[str, str] | None = None) -> list[StepInfo]:
+    """This user's running steps, as squeue lists them (none where ``slurm_here`` is not so)."""
+    if not slurm_here(os.environ if environ is None else environ):
+        return []
     try:
-        done = subprocess.run(["squeue", "--steps", "--me", "--noheader", "--format=%i %j"], capture_output=True,
-                              text=True, check=False, env=environ)
+        done = subprocess.run(["squeue", "--steps", "--me", "--noheader", "--format=%i %j %N %M"],
+                              capture_output=True, text=True, check=False, env=environ)
     except OSError:
         return []
-    return [(words[0], words[1]) for words in map(str.split, done.stdout.splitlines()) if len(words) >= 2]
+    return [StepInfo(*words[:4]) for words in map(str.split, done.stdout.splitlines()) if len(words) >= 2]
 
 
 def step_gone(step: str, environ: Mapping[str, str] | None = None) -> Callable[[float], bool]:
     """``ended`` for ``stop_step`` from elsewhere: whether squeue stops listing ``step`` within the time."""
     def ended(timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while any(s == step for s, _ in my_steps(environ)):
+        while any(s.step == step for s in my_steps(environ)):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.2)

@@ -4,6 +4,7 @@ foreground) and ``export --sbatch`` (a batch script for the same job)."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -27,6 +28,7 @@ from clusterrun.slurm import allocation_from_env, build_step, launch_plan, sbatc
 from clusterrun.slurmrun import SlurmRun, mark_stopped, my_steps, step_gone, stop_step
 
 F = TypeVar("F", bound=Callable[..., object])
+JOB_ID_SHAPE = re.compile(r"-\d{8}-\d{6}-[0-9a-f]{4}$")  # what plan.make_job_id appends to a job's name
 FROM_SLURM_HELP = ("Run inside a Slurm allocation (salloc, sbatch) on its nodes (SLURM_JOB_NODELIST) with one "
                    "srun: one torchrun per node, under Slurm's accounting, limits and cleanup; then HOSTS.yaml is "
                    "left out (SCRIPT comes first) and --slurm-hosts may name one. See docs/slurm.md.")
@@ -168,17 +170,23 @@ def down_slurm_step(ref: str, grace: float | None) -> int | None:
         return None
     except JobNotFound:
         pass
-    steps = [(step, name) for step, name in my_steps() if name == ref or name.startswith(ref)]
-    exact = [(step, name) for step, name in steps if name == ref]
-    steps = exact or steps
+    steps = [s for s in my_steps() if s.name == ref or s.name.startswith(ref)]
+    steps = [s for s in steps if s.name == ref] or steps
     if not steps:
         return None
     if len(steps) > 1:
-        _fail(ConfigError(f"{ref!r} names several Slurm steps: {', '.join(f'{n} ({s})' for s, n in steps)}",
+        _fail(ConfigError(f"{ref!r} names several Slurm steps: {', '.join(f'{s.name} ({s.step})' for s in steps)}",
                           hint="give the whole job id"), EXIT_USAGE)
-    step, name = steps[0]
+    step, name = steps[0].step, steps[0].name
     _note(f"stopping job {name}: Slurm step {step}")
     mark_stopped(step.split(".")[0], name)
     _note(stop_step(step, 10.0 if grace is None else grace, step_gone(step)))
     _note(f"job {name} stopped; Slurm ended every process of its step on every node")
     return EXIT_OK
+
+
+def slurm_rows() -> list[tuple[str, str, str, str, str, str]]:
+    """``ps``'s rows for the running jobs of ``up --from-slurm``, which have no record: this user's
+    Slurm steps named like a clusterrun job id (JOB, NAME, HOSTS, STATE, ATTEMPT, AGE)."""
+    return [(s.name, JOB_ID_SHAPE.sub("", s.name), s.nodes, f"running (Slurm step {s.step})", "1", s.elapsed)
+            for s in my_steps() if JOB_ID_SHAPE.search(s.name)]
