@@ -227,3 +227,11 @@ def test_export_writes_an_executable_script_and_names_the_secrets_left_out(tmp_p
     assert "#SBATCH --gpus-per-node=2" in out.read_text()
     without = _clusterrun("export", str(hosts), "t.py")
     assert without.returncode == 2 and "say which format: --sbatch" in without.stderr
+
+
+def test_the_hosts_files_master_wins_over_the_first_nodes_name() -> None:
+    spec = load_cluster_text("master:\n  addr: 10.0.0.1\n  port: 1234\nhosts:\n  - host: a\n", "hosts.yaml")
+    step = build_step(Allocation("5", ("n1", "n2")), spec, "t.py", [], name="t", python="p", env_overrides={},
+                      cwd=None)
+    assert (step.master_addr, step.master_port) == ("10.0.0.1", 1234)
+    assert (step.env["MASTER_ADDR"], step.env["MASTER_PORT"]) == ("10.0.0.1", "1234")

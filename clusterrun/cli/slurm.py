@@ -15,7 +15,17 @@ from typing import NoReturn, TypeVar
 
 import click
 
-from clusterrun.cli import EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, EXIT_USAGE, _fail, _note, main
+from clusterrun.cli import (
+    EXCLUDE_HELP,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_SIGNAL,
+    EXIT_USAGE,
+    NODES_HELP,
+    _fail,
+    _note,
+    main,
+)
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import resolve, secret_names
 from clusterrun.errors import ConfigError, JobNotFound
@@ -120,8 +130,8 @@ def _slurm_hosts(path: str | None) -> ClusterSpec | None:
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable for every node (repeatable; a secret one is referred to by name, "
               "not written).")
-@click.option("-w", "--nodes", metavar="NODESET", help="Only these hosts of the file, a node set.")
-@click.option("-x", "--exclude", metavar="NODESET", help="Leave out these hosts of the file, a node set.")
+@click.option("-w", "--nodes", metavar="NODESET", help=NODES_HELP)
+@click.option("-x", "--exclude", metavar="NODESET", help=EXCLUDE_HELP)
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
