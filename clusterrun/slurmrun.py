@@ -3,9 +3,11 @@ output turned into the same events as a job over SSH, ``scancel`` as the stop.
 
 Lifecycle: create → ``start()`` (srun in a session of its own: a terminal's Ctrl-C reaches this
 process, which stops the step, and not srun directly) → ``run()`` (reads srun's output until it
-ends; returns the ``JobResult``) . ``request_stop()`` may be called from a signal handler: it
-cancels the step with ``scancel JOBID.STEPID`` (found by the step's name, the clusterrun job id)
-from a thread, and Slurm signals every process of it, on every node.
+ends; returns the ``JobResult``). ``request_stop()`` may be called from a signal handler: from a
+thread, it stops the step (``stop_step``: ``scancel --signal=TERM``, then ``scancel`` after the
+grace; the step found by its name, the clusterrun job id), and Slurm signals every process of it,
+on every node. ``down`` stops a step from elsewhere the same way, found among the user's steps
+(``my_steps``, which ``ps`` lists too), and marks the allocation so that ``run()`` reports it stopped.
 
 Slurm is the supervisor here: no agent, no detaching, no cgroup of clusterrun's; srun gets
 SIGTERM should this process die (and ends the step), as a step ends with its allocation. Each node's
@@ -15,6 +17,7 @@ a node srun does not name ended with exit code 0.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -140,7 +143,10 @@ def cancel_step(step: str, signal_name: str | None = None) -> tuple[bool, str]:
     """``scancel STEP`` (with ``signal_name``: only send it that signal): whether it was accepted,
     and what scancel said."""
     how = [f"--signal={signal_name}"] if signal_name else []
-    done = subprocess.run(["scancel", *how, step], capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(["scancel", *how, step], capture_output=True, text=True, check=False)
+    except OSError as exc:
+        return False, f"scancel could not run: {exc}"
     return done.returncode == 0, (done.stderr or done.stdout).strip()
 
 
@@ -157,8 +163,9 @@ def stop_step(step: str, grace: float, ended: Callable[[float], bool]) -> str:
 
 def mark_stopped(slurm_job: str, name: str, environ: Mapping[str, str] | None = None) -> None:
     """Leave ``down``'s word on the allocation (its comment), where the ``up`` following the step looks."""
-    subprocess.run(["scontrol", "update", f"JobId={slurm_job}", f"Comment={STOPPED_MARK}{name}"],
-                   capture_output=True, check=False, env=environ)
+    with contextlib.suppress(OSError):  # no mark: `up` reports the ranks' ends as they are
+        subprocess.run(["scontrol", "update", f"JobId={slurm_job}", f"Comment={STOPPED_MARK}{name}"],
+                       capture_output=True, check=False, env=environ)
 
 
 def was_stopped(slurm_job: str, name: str, environ: Mapping[str, str] | None = None) -> bool:
