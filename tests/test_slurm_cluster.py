@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import selectors
+import select
 import shlex
 import signal
 import subprocess
@@ -179,19 +179,22 @@ def _end(proc: subprocess.Popen[str]) -> None:
 
 
 def _read_lines(proc: subprocess.Popen[str], enough: Callable[[list[str]], bool], timeout: float) -> list[str]:
-    """Lines of ``proc``'s stdout until ``enough`` of them came; fail after ``timeout`` seconds without."""
+    """Lines of ``proc``'s stdout until ``enough`` of them came; fail after ``timeout`` seconds without. Read
+    from the pipe itself: a line left in the text wrapper's buffer would wait for data that never comes."""
     assert proc.stdout is not None
+    fd = proc.stdout.fileno()
     lines: list[str] = []
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout
-        while not enough(lines):
-            if not selector.select(max(deadline - time.monotonic(), 0)):
-                pytest.fail(f"not seen within {timeout} s; stdout so far: {lines}")
-            line = proc.stdout.readline()
-            if not line:
-                pytest.fail(f"the job ended first; stdout: {lines}")
-            lines.append(line)
+    pending = b""
+    deadline = time.monotonic() + timeout
+    while not enough(lines):
+        ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
+        if not ready:
+            pytest.fail(f"not seen within {timeout} s; stdout so far: {lines}")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            pytest.fail(f"the job ended first; stdout: {lines}")
+        *whole, pending = (pending + chunk).split(b"\n")
+        lines += [line.decode() + "\n" for line in whole]
     return lines
 
 
