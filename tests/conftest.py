@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.simhosts import sim_cluster  # noqa: F401 - the simulated machines, for every test module
+from tests.slurmsim import slurm_cluster  # noqa: F401 - a real Slurm on them (tests/test_slurm_cluster.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = ROOT / "tests" / "_support"

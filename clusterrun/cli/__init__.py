@@ -124,4 +124,4 @@ def main() -> None:
 
 
 # The commands register themselves on `main` when imported (their order in --help is click's: by name).
-from clusterrun.cli import jobs, manage, stack, tools, up  # noqa: E402, F401
+from clusterrun.cli import jobs, manage, slurm, stack, tools, up  # noqa: E402, F401

@@ -30,6 +30,7 @@ from clusterrun.cli import (
 )
 from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
 from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, hosts_option
+from clusterrun.cli.slurm import slurm_rows
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord
 from clusterrun.events import JobState, NodeGpus
@@ -152,6 +153,7 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
                      _age(now - r.created)))
     for d in damaged if not states else ():
         rows.append((d.job_id, "?", "?", "damaged", "?", "?"))
+    rows += slurm_rows() if not states or "running" in states else []  # up --from-slurm: Slurm's steps
     _table(rows)
     for d in damaged:
         _note(f"error: {d.render()}")

@@ -14,6 +14,7 @@ from clusterrun.attempt import NextAttempt, NotStopped, stop
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, Seconds, _fail, _note, main
 from clusterrun.cli.follow import _follow_hint
 from clusterrun.cli.records import _adopt, _open_job, _refresh, hosts_option
+from clusterrun.cli.slurm import down_slurm_step
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import not_stopped_text
@@ -46,7 +47,10 @@ def down(job: str, grace: float | None, hosts_file: str | None) -> None:
 
     Each host's report says which guarantee held: verified by the attempt's cgroup (nothing of
     the job is left), or a sweep where the host has no cgroup for it (a process that left the
-    job's tree, session and environment could not be seen)."""
+    job's tree, session and environment could not be seen). A job of `up --from-slurm`: its
+    Slurm step is stopped (see docs/slurm.md)."""
+    if (code := down_slurm_step(job, grace)) is not None:
+        sys.exit(code)
     store, record = _open_job(job, hosts_file)
     ended = record.state if record.finished else None
     if ended is None:

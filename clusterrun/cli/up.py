@@ -38,6 +38,7 @@ from clusterrun.cli import (
 )
 from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
 from clusterrun.cli.records import _guarantee, _refresh
+from clusterrun.cli.slurm import from_slurm_options, up_from_slurm
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import resolve
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError
@@ -189,16 +190,18 @@ def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | No
 @click.option("--no-sync", is_flag=True, help="Do not copy anything, whatever `sync:` in the hosts file says.")
 @click.option("-w", "--nodes", metavar="NODESET", help=NODES_HELP)
 @click.option("-x", "--exclude", metavar="NODESET", help=EXCLUDE_HELP)
+@from_slurm_options
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
-@click.argument("script")
+@click.argument("script", required=False, metavar="SCRIPT")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
-def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool, name: str | None,
+def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach: bool, name: str | None,
        env: tuple[str, ...], dry_run: bool, as_json: bool, no_tui: bool, ui_lines: int, leave_running: bool,
        ssh_config: str | None,
        accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None, no_retry_startup: bool,
        no_preflight: bool, sync_dir: str | None = None, no_sync: bool = False, nodes: str | None = None,
        exclude: str | None = None, max_restarts: int | None = None, startup_timeout: str | None = None,
-       hang_after: str | None = None, on_hang: str | None = None, notify_command: str | None = None) -> None:
+       hang_after: str | None = None, on_hang: str | None = None, notify_command: str | None = None,
+       from_slurm: bool = False, slurm_hosts: str | None = None) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
@@ -206,8 +209,18 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     `-`, is refused before anything starts. The job runs detached on its hosts: closing the terminal (SIGHUP) or
     losing the connection never stops it, and a background monitor takes over. Ctrl-C (or
     SIGTERM) stops the job on every host and checks that nothing is left; with --leave-running
-    Ctrl-C only stops following.
+    Ctrl-C only stops following. Inside a Slurm allocation: `up --from-slurm SCRIPT [ARGS]`.
     """
+    if from_slurm:  # no HOSTS.yaml: the first word is the script
+        words = [hosts_file, *([script] if script is not None else []), *script_args]
+        given = {"--detach": detach, "--leave-running": leave_running, "--sync": sync_dir is not None,
+                 "--nodes": nodes is not None, "--exclude": exclude is not None, "--json": as_json}
+        up_from_slurm(words[0], tuple(words[2:] if words[1:2] == ["--"] else words[1:]), hosts_file=slurm_hosts,
+                      name=name, env=env, dry_run=dry_run, grace=grace, unsupported=[k for k, v in given.items() if v])
+    if script is None:
+        raise click.UsageError("Missing argument 'SCRIPT'.")
+    if slurm_hosts is not None:
+        raise click.UsageError("--slurm-hosts goes with --from-slurm (without it, HOSTS.yaml names the hosts file)")
     if script_args[:1] == ("--",):  # click passes the separator on once SCRIPT has been read
         script_args = script_args[1:]
     try:

@@ -4,7 +4,9 @@ tree but not torch: the same processes, files and exit status, without its 2 s o
 What clusterrun relies on, as torchrun does it (torch/distributed/elastic): the static rendezvous (node 0
 listens on the master port, every node tells it its ``--nproc-per-node``, each learns its first global rank);
 ``--nproc-per-node`` workers, each in a session of its own, with RANK, LOCAL_RANK, WORLD_SIZE, ... and its
-stdout and stderr in ``$PET_LOG_DIR/<run id>/attempt_0/<local rank>/std{out,err}.log`` (``--redirects=3``);
+stdout and stderr in ``$PET_LOG_DIR/<run id>/attempt_0/<local rank>/std{out,err}.log`` with ``--redirects=3``
+(else torchrun's own stdout and stderr), with ``--tee=3`` also copied to those, each line tagged
+(``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``);
 SIGTERM, SIGINT and SIGQUIT sent on to every worker's process group, SIGKILL after ``--shutdown-timeout``;
 the first worker to fail stops the others, and its failure report (``rank : N (local_rank: M)``,
 ``exitcode : X (pid: P)``) goes to stderr. Exit status 0 when every worker succeeded, else 1.
@@ -21,7 +23,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from typing import IO
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
@@ -66,6 +70,25 @@ def rendezvous(addr: str, port: int, nnodes: int, node_rank: int, nproc: int) ->
             time.sleep(0.1)
 
 
+def line_prefix(rank: int, local: int) -> str:
+    """``--tee``'s tag of a worker's lines: ``$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` filled in, as torchrun does."""
+    template = os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+    if not template:
+        return f"[default{local}]:"
+    filled = template.replace("${rank}", str(rank)).replace("${local_rank}", str(local))
+    return filled.replace("${role_name}", "default")
+
+
+def tee(stream: IO[bytes], path: str, tag: bytes, dst: IO[bytes]) -> None:
+    """A worker's stream into its log file, and each whole line tagged to ``dst`` (``--tee``)."""
+    with stream, open(path, "wb") as log:
+        for line in iter(stream.readline, b""):
+            log.write(line)
+            log.flush()
+            dst.write(tag + line)
+            dst.flush()
+
+
 def main() -> int:
     options, (script, *script_args) = parse(sys.argv[1:])
     nnodes, nproc = int(options.get("nnodes", "1")), int(options.get("nproc-per-node", "1"))
@@ -96,6 +119,7 @@ def main() -> int:
     first, world = sum(nprocs[:node_rank]), sum(nprocs)
     log_root = os.environ.get("PET_LOG_DIR") or tempfile.mkdtemp(prefix="torchelastic_")
     run_dir = tempfile.mkdtemp(prefix="none_", dir=log_root)
+    tees: list[threading.Thread] = []
     for local in range(nproc):
         folder = os.path.join(run_dir, "attempt_0", str(local))
         os.makedirs(folder)
@@ -103,10 +127,21 @@ def main() -> int:
                "ROLE_RANK": str(first + local), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(nproc),
                "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": addr, "MASTER_PORT": str(port),
                "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
-        out, err = (open(os.path.join(folder, f"{name}.log"), "wb") for name in ("stdout", "stderr"))
-        with out, err:
-            proc = subprocess.Popen([sys.executable, "-u", script, *script_args], env=env, stdout=out, stderr=err,
-                                    start_new_session=True)
+        if options.get("redirects") == "3" and options.get("tee") == "3":  # the files, and tagged lines on our own
+            proc = subprocess.Popen([sys.executable, "-u", script, *script_args], env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True)
+            tag = line_prefix(first + local, local).encode()
+            for stream, name, dst in ((proc.stdout, "stdout", sys.stdout.buffer), (proc.stderr, "stderr",
+                                                                                   sys.stderr.buffer)):
+                tees.append(threading.Thread(target=tee, args=(stream, os.path.join(folder, f"{name}.log"), tag, dst)))
+                tees[-1].start()
+        elif options.get("redirects") == "3":
+            out, err = (open(os.path.join(folder, f"{name}.log"), "wb") for name in ("stdout", "stderr"))
+            with out, err:
+                proc = subprocess.Popen([sys.executable, "-u", script, *script_args], env=env, stdout=out,
+                                        stderr=err, start_new_session=True)
+        else:  # torchrun's default: the workers write to torchrun's own stdout and stderr (srun's, under Slurm)
+            proc = subprocess.Popen([sys.executable, "-u", script, *script_args], env=env, start_new_session=True)
         workers[proc.pid] = (local, proc)
     failed: tuple[int, int, int] | None = None  # local rank, exit code, pid of the first worker to fail
     left = set(workers)
@@ -121,6 +156,8 @@ def main() -> int:
             failed = (workers[pid][0], code, pid)
             kill_all(signal.SIGTERM)
             signal.alarm(grace)
+    for thread in tees:
+        thread.join()
     if failed is not None:
         local, code, pid = failed
         print(f"fake_torchrun: ChildFailedError:\n{script} FAILED\nRoot Cause (first observed failure):\n[0]:\n"

@@ -1,0 +1,202 @@
+"""Slurm from the command line: ``up --from-slurm`` (inside an allocation: one srun, in the
+foreground) and ``export --sbatch`` (a batch script for the same job)."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import NoReturn, TypeVar
+
+import click
+
+from clusterrun.cli import (
+    EXCLUDE_HELP,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_SIGNAL,
+    EXIT_USAGE,
+    NODES_HELP,
+    _fail,
+    _note,
+    main,
+)
+from clusterrun.config import ClusterSpec
+from clusterrun.environment import resolve, secret_names
+from clusterrun.errors import ConfigError, JobNotFound
+from clusterrun.joblist import shown_env
+from clusterrun.jobs import JobStore
+from clusterrun.plan import job_name, make_job_id, parse_env_overrides
+from clusterrun.printer import Printer
+from clusterrun.selection import load_hosts
+from clusterrun.slurm import allocation_from_env, build_step, launch_plan, sbatch_script
+from clusterrun.slurmrun import SlurmRun, mark_stopped, my_steps, step_gone, stop_step
+
+F = TypeVar("F", bound=Callable[..., object])
+JOB_ID_SHAPE = re.compile(r"-\d{8}-\d{6}-[0-9a-f]{4}$")  # what plan.make_job_id appends to a job's name
+FROM_SLURM_HELP = ("Run inside a Slurm allocation (salloc, sbatch) on its nodes (SLURM_JOB_NODELIST) with one "
+                   "srun: one torchrun per node, under Slurm's accounting, limits and cleanup; then HOSTS.yaml is "
+                   "left out (SCRIPT comes first) and --slurm-hosts may name one. See docs/slurm.md.")
+
+
+def from_slurm_options(command: F) -> F:
+    """``up``'s Slurm options."""
+    command = click.option("--slurm-hosts", type=click.Path(dir_okay=False), metavar="HOSTS.yaml",
+                           help="With --from-slurm: a hosts file whose first host's python, workdir, env and "
+                           "nproc every node gets (Slurm's GPU count wins over nproc).")(command)
+    return click.option("--from-slurm", is_flag=True, help=FROM_SLURM_HELP)(command)
+
+
+def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str | None, name: str | None,
+                  env: tuple[str, ...], dry_run: bool, grace: float = 10.0,
+                  unsupported: Sequence[str] = ()) -> NoReturn:
+    """``up --from-slurm``: the step built from this process's Slurm variables, run in the foreground;
+    Ctrl-C or SIGTERM cancels the step (SIGTERM, SIGKILL after ``grace``), and the exit code is the
+    job's. ``unsupported``: options of up given that mean nothing under Slurm, refused."""
+    try:
+        if script.endswith((".yaml", ".yml")):
+            raise ConfigError(f"with --from-slurm the first argument is the script, not a hosts file: {script}",
+                              key="--from-slurm", hint=f"give the hosts file as --slurm-hosts {script}")
+        if unsupported:
+            raise ConfigError(f"{', '.join(unsupported)} cannot go with --from-slurm: the job runs in the foreground "
+                              "inside the allocation, on all its nodes; nothing was started",
+                              hint="choose the nodes with salloc/sbatch; see docs/slurm.md")
+        allocation = allocation_from_env(os.environ)
+        spec = _slurm_hosts(hosts_file)
+        overrides = parse_env_overrides(env)
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    jname = job_name(name, script)
+    job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
+    step = build_step(allocation, spec, script, script_args, name=job_id, python=sys.executable,
+                      env_overrides=overrides, cwd=os.getcwd())
+    secret = spec.secret_env if spec is not None else ()
+    if dry_run:
+        click.echo(f"job {job_id}: Slurm job {allocation.job_id}, {len(step.nodes)} nodes, world size "
+                   f"{step.world_size}, master {step.master_addr}:{step.master_port}")
+        click.echo("  env (srun passes it to every task):")
+        shown = shown_env(step.env, secret)
+        click.echo("\n".join(f"    {k}={shlex.quote(shown[k])}" for k in sorted(shown)))
+        click.echo(f"  command: {shlex.join(step.argv)}")
+        sys.exit(EXIT_OK)
+    printer = Printer()
+    printer.set_plan(launch_plan(step, job_id=job_id, name=jname, script=script, script_args=script_args))
+    run = SlurmRun(step, job_id=job_id, slurm_job=allocation.job_id, emit=printer, grace=grace)
+    printer.note(f"job {job_id}: {len(step.nodes)} nodes of Slurm job {allocation.job_id}, world size "
+                 f"{step.world_size}, master {step.master_addr}:{step.master_port}"
+                 + (f"; secret: {', '.join(secret_names(step.env, secret))}" if secret_names(step.env, secret) else ""))
+    got: dict[str, int] = {}
+
+    def stop(signum: int, frame: object) -> None:
+        got.setdefault("signal", signum)
+        run.request_stop(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        run.start()
+        result = run.run()
+    except FileNotFoundError:
+        _fail(ConfigError("srun not found on PATH", key="--from-slurm",
+                          hint="run this where Slurm's client commands are installed (a node of the allocation)"),
+              EXIT_USAGE)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if "signal" in got:
+        sys.exit(EXIT_SIGNAL.get(got["signal"], EXIT_FAILED))
+    sys.exit(EXIT_OK if result.ok else EXIT_FAILED)
+
+
+def _slurm_hosts(path: str | None) -> ClusterSpec | None:
+    if path is None:
+        return None
+    spec, _text = load_hosts(path)
+    spec, notes = resolve(spec, os.environ)
+    for text in notes:
+        _note(f"warning: {text}")
+    return spec
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--sbatch", "sbatch", is_flag=True, help="Write a Slurm batch script (the only format so far).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), metavar="FILE",
+              help="Write the script to FILE (default: standard output).")
+@click.option("--name", help="The job's name (default: the script's name).")
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+              help="Set an environment variable for every node (repeatable; a secret one is referred to by name, "
+              "not written).")
+@click.option("-w", "--nodes", metavar="NODESET", help=NODES_HELP)
+@click.option("-x", "--exclude", metavar="NODESET", help=EXCLUDE_HELP)
+@click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
+def export(hosts_file: str, script: str, script_args: tuple[str, ...], sbatch: bool, output: str | None,
+           name: str | None, env: tuple[str, ...], nodes: str | None, exclude: str | None) -> None:
+    """Write a batch script that runs SCRIPT as `up HOSTS.yaml SCRIPT` would, under Slurm.
+
+    #SBATCH --nodes is the number of hosts, one task per node, --gpus-per-node from their `gpus`;
+    srun starts torchrun on every node with the rendezvous on the allocation's first node. Values
+    of `env:` and --env are written into the script; secrets, `forward_env` and `env_file` are
+    not: the script takes them from the environment sbatch runs in (or reads the file on the node)
+    and says so. Submit it with `sbatch FILE`."""
+    if script_args[:1] == ("--",):
+        script_args = script_args[1:]
+    try:
+        if not sbatch:
+            raise ConfigError("say which format: --sbatch", hint="clusterrun export --sbatch HOSTS.yaml SCRIPT")
+        spec, _text = load_hosts(hosts_file, nodes, exclude)
+        overrides = parse_env_overrides(env)
+        text = sbatch_script(spec, script, script_args, name=job_name(name, script), env_overrides=overrides,
+                             hosts_file=hosts_file)
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(output, 0o755)
+    except OSError as exc:
+        _fail(ConfigError(f"cannot write {output}: {exc.strerror or exc}", key="--output",
+                          hint="choose a writable path"), EXIT_USAGE)
+    secret = secret_names(overrides, spec.secret_env)
+    _note(f"wrote {output}; submit it with `sbatch {output}`"
+          + (f"; set {', '.join(secret)} in sbatch's environment (secret: not written)" if secret else ""))
+
+
+def down_slurm_step(ref: str, grace: float | None) -> int | None:
+    """``down`` for a job of ``up --from-slurm`` (which has no record): its running step, found by
+    name (the job id, or its start) among this user's, stopped as ``up`` stops it; the step's
+    allocation marked so that the ``up`` following it reports it stopped. None where ``ref`` is
+    a recorded job, or no step of that name runs (``down`` goes on as usual)."""
+    try:
+        JobStore().resolve(ref)
+        return None
+    except JobNotFound:
+        pass
+    steps = [s for s in my_steps() if s.name == ref or s.name.startswith(ref)]
+    steps = [s for s in steps if s.name == ref] or steps
+    if not steps:
+        return None
+    if len(steps) > 1:
+        _fail(ConfigError(f"{ref!r} names several Slurm steps: {', '.join(f'{s.name} ({s.step})' for s in steps)}",
+                          hint="give the whole job id"), EXIT_USAGE)
+    step, name = steps[0].step, steps[0].name
+    _note(f"stopping job {name}: Slurm step {step}")
+    mark_stopped(step.split(".")[0], name)
+    _note(stop_step(step, 10.0 if grace is None else grace, step_gone(step)))
+    _note(f"job {name} stopped; Slurm ended every process of its step on every node")
+    return EXIT_OK
+
+
+def slurm_rows() -> list[tuple[str, str, str, str, str, str]]:
+    """``ps``'s rows for the running jobs of ``up --from-slurm``, which have no record: this user's
+    Slurm steps named like a clusterrun job id (JOB, NAME, HOSTS, STATE, ATTEMPT, AGE)."""
+    return [(s.name, JOB_ID_SHAPE.sub("", s.name), s.nodes, f"running (Slurm step {s.step})", "1", s.elapsed)
+            for s in my_steps() if JOB_ID_SHAPE.search(s.name)]

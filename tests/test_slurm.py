@@ -1,0 +1,237 @@
+"""The Slurm launcher's pure parts (``clusterrun.slurm``: the allocation, srun's argv, the batch
+script) and its runner on a stand-in for srun (``clusterrun.slurmrun``); a real Slurm is in
+``tests/test_slurm_cluster.py``."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clusterrun.config import load_cluster_text
+from clusterrun.errors import ConfigError
+from clusterrun.events import Event, JobFinished, LogLines, NodeState
+from clusterrun.slurm import TASK_SCRIPT, Allocation, allocation_from_env, build_step, sbatch_script
+from clusterrun.slurmrun import SlurmRun, SlurmStep, parse_task_end, step_of
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_allocation_comes_from_slurms_variables_in_its_order() -> None:
+    alloc = allocation_from_env({"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[09-10],cpu-a7",
+                                 "SLURM_GPUS_PER_NODE": "a100:4"})
+    assert alloc == Allocation(job_id="4242", nodes=("gpu09", "gpu10", "cpu-a7"), gpus_per_node=4)
+    cpus = allocation_from_env({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1", "SLURM_CPUS_PER_TASK": "16"})
+    assert cpus.cpus_per_task == 16
+    assert "--cpus-per-task=16" in build_step(cpus, None, "t.py", [], name="t", python="p", env_overrides={},
+                                              cwd=None).argv
+    on_node = allocation_from_env({"SLURM_JOBID": "1", "SLURM_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "2"})
+    assert on_node.gpus_per_node == 2
+    assert allocation_from_env({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1"}).gpus_per_node is None
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({}, "not inside a Slurm allocation: SLURM_JOB_ID is not set"),
+    ({"SLURM_JOB_ID": "7"}, "not inside a Slurm allocation: SLURM_JOB_NODELIST is not set"),
+    ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[01-"}, "SLURM_JOB_NODELIST: missing bracket at position"),
+    ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "a", "SLURM_STEP_ID": "0"}, "inside job step 7.0: run `up "
+     "--from-slurm` once, in the allocation itself"),
+])
+def test_outside_an_allocation_the_error_says_how_to_get_one(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        allocation_from_env(env)
+    assert message in err.value.render()
+    if not env:
+        assert "salloc" in (err.value.hint or "")
+
+
+def test_the_master_port_follows_the_job_id() -> None:
+    assert Allocation("123", ("a",)).master_port == 20123
+    assert Allocation("20001", ("a",)).master_port == 20001
+    assert Allocation("123_4", ("a",)).master_port != Allocation("124_4", ("a",)).master_port  # array jobs
+
+
+def test_the_step_is_one_srun_with_one_task_per_node_and_the_rank_from_slurm() -> None:
+    spec = load_cluster_text("defaults:\n  nproc: 3\n  python: /venv/bin/python\n  env:\n    NCCL_DEBUG: INFO\n"
+                             "hosts:\n  - host: gpu[01-02]\n", "hosts.yaml")
+    step = build_step(Allocation("99", ("gpu01", "gpu02")), spec, "train.py", ["--", "--lr", "1 2"], name="train-1",
+                      python="/usr/bin/python3", env_overrides={"SEED": "1"}, cwd="/home/me/proj")
+    assert step.argv[:10] == ("srun", "--jobid=99", "--nodelist=gpu[01-02]", "--nodes=2", "--ntasks=2",
+                              "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--label", "--job-name=train-1",
+                              "--chdir=/home/me/proj")
+    assert step.argv[10:] == ("sh", "-c", TASK_SCRIPT, "clusterrun-node", "/venv/bin/python", "--nproc-per-node=3",
+                              "--rdzv-backend=static", "--max-restarts=0", "--redirects=3", "--tee=3", "train.py", "--",
+                              "--", "--lr", "1 2")
+    assert step.env == {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NCCL_DEBUG": "INFO", "SEED": "1",
+                        "MASTER_ADDR": "gpu01", "MASTER_PORT": "20099",
+                        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"}
+    assert step.world_size == 6
+
+
+def test_slurms_gpus_set_nproc_and_no_cuda_visible_devices_of_ours() -> None:
+    spec = load_cluster_text("hosts:\n  - host: a\n    gpus: [0, 1]\n", "hosts.yaml")
+    step = build_step(Allocation("5", ("n1", "n2"), gpus_per_node=4), spec, "t.py", [], name="t",
+                      python="python3", env_overrides={}, cwd=None)
+    assert "--nproc-per-node=4" in step.argv and "CUDA_VISIBLE_DEVICES" not in step.env
+    assert not any(a.startswith("--chdir") for a in step.argv)
+    alone = build_step(Allocation("5", ("n1",)), None, "t.py", [], name="t", python="/py", env_overrides={}, cwd="/w")
+    assert "--nproc-per-node=1" in alone.argv and "/py" in alone.argv
+
+
+def test_the_task_script_puts_slurms_node_rank_into_torchruns_argv(tmp_path: Path) -> None:
+    """The constant script, run by sh as srun runs it: what torchrun's argv becomes on node 1."""
+    echo = tmp_path / "python"
+    echo.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    echo.chmod(0o755)
+    step = build_step(Allocation("3", ("n1", "n2")), None, "t.py", ["a b", "$HOME"], name="t", python=str(echo),
+                      env_overrides={}, cwd=None)
+    task = list(step.argv[step.argv.index("sh"):])
+    done = subprocess.run(task, env={**step.env, "SLURM_NODEID": "1", "SLURM_NNODES": "2"}, capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.splitlines() == ["-m", "torch.distributed.run", "--node-rank=1", "--nnodes=2",
+                                        "--master-addr=n1", "--master-port=20003", "--nproc-per-node=1",
+                                        "--rdzv-backend=static", "--max-restarts=0", "--redirects=3", "--tee=3",
+                                        "t.py", "a b", "$HOME"]
+
+
+def test_under_slurm_every_node_runs_the_same_number_of_processes() -> None:
+    spec = load_cluster_text("hosts:\n  - host: a\n    nproc: 2\n  - host: b\n    nproc: 4\n", "hosts.yaml")
+    with pytest.raises(ConfigError, match="a has 2, b has 4"):
+        sbatch_script(spec, "t.py", [], name="t", env_overrides={}, hosts_file="hosts.yaml")
+
+
+def test_the_batch_script_names_secrets_but_never_holds_their_values() -> None:
+    spec = load_cluster_text("forward_env: [HF_TOKEN, WANDB_*]\nsecret_env: [MY_CRED]\n"
+                             "defaults:\n  gpus: [0, 1, 2, 3]\n  workdir: /shared/proj\n  env:\n    NCCL_DEBUG: INFO\n"
+                             "hosts:\n  - host: gpu[01-03]\n",
+                             "hosts.yaml")
+    text = sbatch_script(spec, "train.py", ["--lr", "1 2"], name="train",
+                         env_overrides={"API_TOKEN": "s3cr3t", "MY_CRED": "hunter2", "SEED": "7"},
+                         hosts_file="hosts.yaml")
+    assert "s3cr3t" not in text and "hunter2" not in text
+    lines = text.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    for line in ("#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4",
+                 "export NCCL_DEBUG=INFO", "export SEED=7", ': "${API_TOKEN:?set API_TOKEN in the environment you run '
+                 'sbatch from}"', "export HF_TOKEN  # forward_env: from the environment you run sbatch from"):
+        assert line in lines, text
+    assert "# MY_CRED is secret: not written here; set it where you run sbatch" in lines
+    assert "CUDA_VISIBLE_DEVICES" not in text  # Slurm hands out the GPUs
+    command = shlex.split(text[text.index("\nsrun ") + 1:].replace("\\\n", " "))
+    assert command[:8] == ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                           "--label", "--job-name=train", "--chdir=/shared/proj"]
+    assert command[8:] == ["sh", "-c", TASK_SCRIPT, "clusterrun-node", "python3", "--nproc-per-node=4",
+                           "--rdzv-backend=static", "--max-restarts=0", "--redirects=3", "--tee=3", "train.py",
+                           "--lr", "1 2"]
+
+
+def test_the_batch_script_is_valid_bash() -> None:
+    spec = load_cluster_text("hosts:\n  - host: a\n", "hosts.yaml")
+    text = sbatch_script(spec, "t.py", ["it's"], name="t", env_overrides={"X": "a'b$c"}, hosts_file="h")
+    assert subprocess.run(["bash", "-n"], input=text, text=True, check=False).returncode == 0
+
+
+def test_srun_reports_are_read_per_task() -> None:
+    assert [(e.node, e.exit_code, e.signal) for e in parse_task_end("srun: error: gpu02: task 1: Exited with exit "
+                                                                    "code 7")] == [(1, 7, None)]
+    assert [(e.node, e.signal) for e in parse_task_end("srun: error: n1: tasks 0-1,3: Killed")] == \
+        [(0, 9), (1, 9), (3, 9)]
+    assert parse_task_end("srun: Force Terminated StepId=1.0") == []
+    assert step_of(["12.0 other", "12.1 train-x", "12.batch batch"], "train-x") == "12.1"
+    assert step_of([], "train-x") is None
+
+
+def _stand_in(tmp_path: Path, script: str) -> SlurmStep:
+    """A step whose "srun" is ``script`` run by this Python: labelled lines and srun's reports, as srun prints them."""
+    path = tmp_path / "srun.py"
+    path.write_text(script)
+    return SlurmStep(argv=(sys.executable, str(path)), env={"X": "1"}, nodes=("n1", "n2"), nproc=1,
+                     master_addr="n1", master_port=1)
+
+
+def test_the_runner_turns_labelled_output_into_node_logs_and_results(tmp_path: Path) -> None:
+    step = _stand_in(tmp_path, "import sys, os\nprint('0: hello', os.environ['X'])\nprint(' 1: world')\n"
+                     "print('0: last words')\nprint('srun: error: n1: task 0: Exited with exit code 3')\n"
+                     "print('srun: error: n2: task 1: Killed')\nsys.exit(3)\n")
+    events: list[Event] = []
+    run = SlurmRun(step, job_id="job-1", slurm_job="9", emit=events.append, environ={})
+    run.start()
+    result = run.run()
+    logs = [(e.node, e.lines) for e in events if isinstance(e, LogLines)]
+    assert logs == [(0, ("hello 1",)), (1, ("world",)), (0, ("last words",))]
+    assert [(n.node, n.state, n.exit_code, n.signal) for n in result.nodes] == [
+        (0, NodeState.FAILED, 3, None), (1, NodeState.STOPPED, None, 9)]
+    assert result.root_cause is not None and result.root_cause.node == 0
+    assert result.root_cause.last_lines == ("hello 1", "last words")
+    assert isinstance(events[-1], JobFinished) and events[-1].result == result
+
+
+def test_srun_failing_before_any_task_fails_every_node(tmp_path: Path) -> None:
+    step = _stand_in(tmp_path, "import sys\nprint('srun: error: Unable to create step for job 9: Invalid node name')\n"
+                     "sys.exit(1)\n")
+    result = SlurmRun(step, job_id="j", slurm_job="9", emit=lambda e: None, environ={})
+    result.start()
+    done = result.run()
+    assert [(n.state, n.error) for n in done.nodes] == [(NodeState.FAILED, "srun exited with 1")] * 2
+    assert not done.ok
+
+
+def _clusterrun(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    return subprocess.run([sys.executable, "-m", "clusterrun", *args], capture_output=True, text=True, check=False,
+                          env={**base, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def test_up_from_slurm_outside_an_allocation_or_without_srun_says_what_to_do(tmp_path: Path) -> None:
+    outside = _clusterrun("up", "--from-slurm", "train.py")
+    assert outside.returncode == 2
+    assert outside.stderr.startswith("clusterrun: error: --from-slurm: not inside a Slurm allocation: SLURM_JOB_ID "
+                                     "is not set\n  hint: run it inside an allocation: `salloc -N2 clusterrun up "
+                                     "--from-slurm train.py`"), outside.stderr
+    inside = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[1-2]", "PATH": str(tmp_path)}
+    no_srun = _clusterrun("up", "--from-slurm", "train.py", env=inside)
+    assert no_srun.returncode == 2 and "--from-slurm: srun not found on PATH" in no_srun.stderr
+    assert "Traceback" not in no_srun.stderr
+    yaml = _clusterrun("up", "--from-slurm", "hosts.yaml", "train.py", env=inside)
+    assert yaml.returncode == 2 and "hint: give the hosts file as --slurm-hosts hosts.yaml" in yaml.stderr
+    stray = _clusterrun("up", "--slurm-hosts", "hosts.yaml", "hosts.yaml", "train.py")
+    assert stray.returncode == 2 and "--slurm-hosts goes with --from-slurm" in stray.stderr
+    detached = _clusterrun("up", "--from-slurm", "-d", "--sync", ".", "train.py", env=inside)
+    assert detached.returncode == 2
+    assert "--detach, --sync cannot go with --from-slurm" in detached.stderr
+
+
+def test_up_from_slurm_dry_run_prints_the_srun_command_and_masks_secrets() -> None:
+    done = _clusterrun("up", "--from-slurm", "--dry-run", "--env", "HF_TOKEN=s3cr3t", "train.py", "--", "--lr", "1",
+                       env={"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_GPUS_ON_NODE": "2"})
+    assert done.returncode == 0, done.stderr
+    assert "Slurm job 5, 2 nodes, world size 4, master n1:20005" in done.stdout
+    assert "HF_TOKEN='****'" in done.stdout and "s3cr3t" not in done.stdout
+    command = shlex.split(done.stdout.split("  command: ", 1)[1])
+    assert command[:3] == ["srun", "--jobid=5", "--nodelist=n[1-2]"] and command[-3:] == ["train.py", "--lr", "1"]
+
+
+def test_export_writes_an_executable_script_and_names_the_secrets_left_out(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("hosts:\n  - host: gpu[1-2]\n    gpus: [0, 1]\n")
+    out = tmp_path / "job.sbatch"
+    done = _clusterrun("export", "--sbatch", "-o", str(out), "--env", "WANDB_API_KEY=k3y", str(hosts), "t.py", "x")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (f"clusterrun: wrote {out}; submit it with `sbatch {out}`; set WANDB_API_KEY in sbatch's "
+                           "environment (secret: not written)\n")
+    assert out.stat().st_mode & 0o777 == 0o755 and "k3y" not in out.read_text()
+    assert "#SBATCH --gpus-per-node=2" in out.read_text()
+    without = _clusterrun("export", str(hosts), "t.py")
+    assert without.returncode == 2 and "say which format: --sbatch" in without.stderr
+
+
+def test_the_hosts_files_master_wins_over_the_first_nodes_name() -> None:
+    spec = load_cluster_text("master:\n  addr: 10.0.0.1\n  port: 1234\nhosts:\n  - host: a\n", "hosts.yaml")
+    step = build_step(Allocation("5", ("n1", "n2")), spec, "t.py", [], name="t", python="p", env_overrides={},
+                      cwd=None)
+    assert (step.master_addr, step.master_port) == ("10.0.0.1", 1234)
+    assert (step.env["MASTER_ADDR"], step.env["MASTER_PORT"]) == ("10.0.0.1", "1234")
