@@ -17,6 +17,7 @@ from functools import partial
 
 import click
 
+from clusterrun import timings
 from clusterrun.attempt import check_script, new_record, preflight
 from clusterrun.cli import (
     EXCLUDE_HELP,
@@ -169,6 +170,10 @@ def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | No
               "ends have it, else SFTP, else clusterrun's agent. Wins over `sync:` in the hosts file. With "
               "--dry-run: say what would be copied.")
 @click.option("--no-sync", is_flag=True, help="Do not copy anything, whatever `sync:` in the hosts file says.")
+@click.option("--timings", "timings_wanted", is_flag=True, help="Once every node started, print how long each "
+              "phase took on each host (connect, authenticate, agent, probe, route, preflight, sync, setup, "
+              "start), the slowest hosts and what the start waited for (on stderr; with the dashboard, when it "
+              "closes).")
 @click.option("-w", "--nodes", metavar="NODESET", help=NODES_HELP)
 @click.option("-x", "--exclude", metavar="NODESET", help=EXCLUDE_HELP)
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
@@ -179,7 +184,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
        ssh_config: str | None,
        accept_new_host_keys: bool, grace: float, unreachable_timeout: float | None, no_retry_startup: bool,
        no_preflight: bool, sync_dir: str | None = None, no_sync: bool = False, nodes: str | None = None,
-       exclude: str | None = None) -> None:
+       exclude: str | None = None, timings_wanted: bool = False) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
@@ -191,6 +196,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
     """
     if script_args[:1] == ("--",):  # click passes the separator on once SCRIPT has been read
         script_args = script_args[1:]
+    show_timings = timings.begin(_note) if timings_wanted else lambda: None
     try:
         if script == "--" and script_args:  # `up HOSTS.yaml -- SCRIPT ...`: the script may start with '-'
             script, script_args = script_args[0], script_args[1:]
@@ -251,7 +257,9 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
         tui = not detach and _use_tui(no_tui)
         runner = Runner(store, record, job, owner, None if tui else printer, retry_startup=not no_retry_startup)
         if tui:
-            sys.exit(_dashboard(Session(store, record, runner=runner), ui_lines))
+            code = _dashboard(Session(store, record, runner=runner), ui_lines)
+            show_timings()
+            sys.exit(code)
         printer.set_plan(plan)
         printer.note(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
                      f"master {plan.master_addr}:{plan.master_port}")
@@ -268,6 +276,7 @@ def up(hosts_file: str, script: str, script_args: tuple[str, ...], detach: bool,
                 runner.start()
             except HostsUnavailable as exc:
                 _fail(exc, EXIT_HOSTS)
+            show_timings()
             if detach:
                 runner.hand_over()
                 click.echo(job_id)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
+from clusterrun import timings
 from clusterrun.agent import BOOTSTRAP
 from clusterrun.agent.wire import Request
 from clusterrun.config import HostSpec
@@ -116,9 +118,12 @@ class AgentSession:
 
     def __init__(self, host: str, send: Callable[[bytes], None], lines: Iterator[bytes], closer: Callable[[], None],
                  *, set_timeout: Callable[[float], None] | None = None,
-                 last_words: Callable[[], str] = lambda: "", bundle: AgentBundle | None = None) -> None:
+                 last_words: Callable[[], str] = lambda: "", bundle: AgentBundle | None = None,
+                 opened: float | None = None) -> None:
         self.host = host
         self.sent = 0
+        self._opened = time.monotonic() if opened is None else opened  # for the timeline (clusterrun.timings)
+        self._asked = self._opened
         self._write = send
         self._lines = _past_greeting(lines)
         self._closer: Callable[[], None] | None = closer
@@ -140,6 +145,8 @@ class AgentSession:
             self._set_timeout(read_timeout(data))
         if self._bundle is not None:
             self._handshake(data)
+            timings.record(self.host, "agent", self._opened)
+        self._asked = time.monotonic()
         self._send(request_line(data))
         return data
 
@@ -169,6 +176,13 @@ class AgentSession:
         return self._answer(sent)
 
     def _answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = str(request.get("op"))
+        try:
+            return self._read_answer(request)
+        finally:
+            timings.record(self.host, timings.PHASE_OF.get(op, op), self._asked)
+
+    def _read_answer(self, request: dict[str, Any]) -> dict[str, Any]:
         for raw in self._lines:
             if raw.strip():
                 message = _parse(self.host, raw)
