@@ -142,7 +142,9 @@ def render(timeline: Timeline, before: float | None = None) -> list[str]:
     shown = [p for p in PHASES if any(p in phases for phases in hosts.values())]
     shown += sorted({s.phase for s in spans} - set(PHASES))
     lines = [f"timings: every node started {max(s.ended for s in spans) - origin:.3f} s after `up` began"
-             + (f" ({before:.3f} s of Python start-up and imports before that)" if before is not None else "")]
+             + (f" ({before:.3f} s of Python start-up and imports before that)" if before is not None else ""),
+             f"  before the first host: {min(s.began for s in spans) - origin:.3f} s (the hosts file, the SSH "
+             "library's import)"]
     slowest = sorted(hosts, key=lambda h: -total[h])
     width = max(len("host"), *(len(h) for h in hosts))
     lines.append(f"  {'host':<{width}} " + " ".join(f"{p:>12}" for p in shown) + f" {'total':>12}")

@@ -37,6 +37,7 @@ def test_the_timeline_names_the_slowest_host_its_phase_and_the_critical_path() -
     text = "\n".join(lines)
     assert lines[0] == ("timings: every node started 2.000 s after `up` began "
                         "(0.250 s of Python start-up and imports before that)")
+    assert lines[1] == "  before the first host: 0.000 s (the hosts file, the SSH library's import)"
     assert "slowest host: b: authenticate 1.500 s of 1.900 s" in text
     assert "authenticate 0.050/0.775/1.500 (b)" in text
     assert ("critical path: connect and probe done at 1.800 s (last: b) → route done at 1.850 s (last: a) "
