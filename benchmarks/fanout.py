@@ -21,7 +21,7 @@ The job is a torchrun of a script that exits at once (``--stub-torchrun``: `slee
 every tool, to measure the fan-out alone); each run waits for the job to end on every host before
 the next one starts. Needs root (namespaces, cgroups) and installs pdsh and OpenSSH with apt.
 
-    python benchmarks/fanout.py --sizes 1,8,32,64 --repeat 3 --stub-torchrun [--preflight]
+    python benchmarks/fanout.py --sizes 1,8,32,64 --repeat 3 --stub-torchrun [--preflight] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -112,16 +112,17 @@ def hosts_file(folder: Path, cluster: SimCluster) -> Path:
     return path
 
 
-def run_clusterrun(folder: Path, cluster: SimCluster, *options: str) -> Run:
-    """`up --no-tui` until it reports every node started; it then follows the job to its end."""
+def run_clusterrun(folder: Path, cluster: SimCluster, *options: str, tree: Path = ROOT) -> Run:
+    """`up --no-tui` (of the source ``tree``) until it reports every node started; it then follows
+    the job to its end."""
     n = len(cluster.hosts)
     argv = [sys.executable, "-m", "clusterrun", "up", "--no-tui", *options, str(hosts_file(folder, cluster)),
             str(SCRIPT), "0", "0"]
-    env = dict(os.environ, XDG_STATE_HOME=str(folder / "xdg"))  # its job records too
+    env = dict(os.environ, XDG_STATE_HOME=str(folder / "xdg"), PYTHONPATH=str(tree))  # its job records too
     proc: list[subprocess.Popen[str]] = []
 
     def start() -> None:
-        proc.append(spawn(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env))
+        proc.append(spawn(argv, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env))
         started = 0
         for line in proc[0].stderr:  # type: ignore[union-attr]
             started += ": started attempt " in line
@@ -225,7 +226,7 @@ def median(runs: list[Run]) -> Run:
     return Run(*(statistics.median(r[i] for r in runs) for i in range(3)))
 
 
-def bench_size(n: int, repeat: int, preflight: bool, stub: bool) -> dict[str, Run]:
+def bench_size(n: int, repeat: int, preflight: bool, stub: bool, baseline: Path | None) -> dict[str, Run]:
     """Every tool ``repeat`` times on one cluster of ``n`` hosts, interleaved; the medians by label."""
     global PYTHON
     cluster = SimCluster.start(n)
@@ -239,6 +240,8 @@ def bench_size(n: int, repeat: int, preflight: bool, stub: bool) -> dict[str, Ru
         PYTHON = make_stub(folder) if stub else sys.executable
         for i in range(repeat):
             measured = {"clusterrun": run_clusterrun(folder, cluster)}
+            if baseline is not None:
+                measured[f"clusterrun of {baseline.name}"] = run_clusterrun(folder, cluster, tree=baseline)
             if preflight:
                 measured["clusterrun --no-preflight"] = run_clusterrun(folder, cluster, "--no-preflight")
             for name, kex in KEXES.items():
@@ -285,6 +288,8 @@ def main() -> None:
     parser.add_argument("--stub-torchrun", action="store_true", help="start `sleep 2` instead of torchrun")
     parser.add_argument("--preflight", action="store_true",
                         help="also run `up --no-preflight` in each repeat: what the preflight's checks cost")
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="also run `up` of the clusterrun source tree in DIR in each repeat (git archive REV)")
     args = parser.parse_args()
     subprocess.run(["sh", str(ROOT / "tests" / "_support" / "install_sshd.sh"), "pdsh"], check=True,
                    capture_output=True)
@@ -292,7 +297,7 @@ def main() -> None:
     results: dict[int, dict[str, Run]] = {}
     try:
         for n in (int(s) for s in args.sizes.split(",")):
-            results[n] = bench_size(n, args.repeat, args.preflight, args.stub_torchrun)
+            results[n] = bench_size(n, args.repeat, args.preflight, args.stub_torchrun, args.baseline)
     finally:
         CONTROLLER.remove()
         HOSTS.remove()
