@@ -144,9 +144,9 @@ class AgentSession:
         bundle, self._bundle = self._bundle, None
         if bundle is not None and not with_data:  # the request rides with the preamble, before any zip
             self._send(bundle.preamble(ahead=True) + request_line(data))
-            self._asked = self._opened
             self._handshake(bundle, data)
-            timings.record(self.host, "agent", self._opened)
+            self._asked = time.monotonic()  # the timeline's agent phase ends at the loader's word
+            timings.record(self.host, "agent", self._opened, self._asked)
             return data
         if bundle is not None:
             self._send(bundle.preamble())
