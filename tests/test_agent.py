@@ -450,10 +450,13 @@ def test_the_agent_and_its_supervisor_import_little(tmp_path: Path) -> None:
     first = subprocess.run(argv, input=agent_bundle().stdin(request_line(probe)), capture_output=True, timeout=60,
                            env=env)  # installs and compiles this version: once per version and interpreter
     assert b'"ok": true' in first.stdout and "zipfile" in _own_imports(first.stderr.decode()), first
-    proc = subprocess.run(argv, input=agent_bundle().stdin(request_line(probe), request_line(request)),
+    # what `up` asks every host: the probe, the route to the master and the preflight's TCP test, the start
+    route = {"op": "route", "route_to": {"addr": "127.0.0.1", "port": 9, "peers": ["127.0.0.1"], "always_peers": True}}
+    reach = {"op": "reach", "addr": "127.0.0.1", "port": 9, "token": "t", "timeout": 5}
+    proc = subprocess.run(argv, input=agent_bundle().stdin(*map(request_line, (probe, route, reach, request))),
                           capture_output=True, timeout=60, env=env)
     answers = [line for line in proc.stdout.splitlines() if line.strip()]
-    assert len(answers) == 2 and all(b'"ok": true' in a for a in answers), proc
+    assert len(answers) == 4 and all(b'"ok": true' in a for a in answers), proc
     agent_modules = _own_imports(proc.stderr.decode())
     assert "_json" in agent_modules and not heavy & agent_modules, sorted(heavy & agent_modules)
     folder = tmp_path / "state" / "jobs" / "job-1" / "node0" / "attempt1"

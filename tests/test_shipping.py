@@ -76,9 +76,9 @@ def test_the_zip_is_deterministic_and_holds_the_package_sources_only(tmp_path: P
 def test_a_session_sends_the_zip_once_then_only_its_hash(tmp_path: Path, folder: Path) -> None:
     bundle = agent_bundle()
     asked = len(request_line(probe(tmp_path)))
-    assert sent_by_a_probe(tmp_path) == len(bundle.preamble()) + len(bundle.zip) + asked  # first contact
+    assert sent_by_a_probe(tmp_path) == len(bundle.preamble(ahead=True)) + len(bundle.zip) + asked  # first contact
     source, compiled = versions(folder)
-    assert sent_by_a_probe(tmp_path) == len(bundle.preamble()) + asked  # the loader and the hash only
+    assert sent_by_a_probe(tmp_path) == len(bundle.preamble(ahead=True)) + asked  # the loader and the hash only
     assert sent_by_a_probe(tmp_path) < len(bundle.zip) / 5
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert {stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()} == {0o600}
@@ -142,3 +142,29 @@ def test_without_a_cache_it_can_make_the_agent_is_cached_in_a_temporary_director
     folder = tmp_path / "tmp" / f"clusterrun-{os.getuid()}"
     versions(folder)
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("word", ["have", "need"])
+def test_the_first_request_goes_with_the_preamble_before_the_loader_answers(word: str) -> None:
+    """One round trip fewer per connection: the request does not wait for the loader's have/need
+    (the loader reads it before any zip); a request followed by data still waits."""
+    from clusterrun.transports.base import AgentSession
+
+    bundle = agent_bundle()
+    request = {"op": "jobs", "state_dir": "/nowhere"}
+    sent: list[bytes] = []
+
+    def lines():  # type: ignore[no-untyped-def]
+        assert sent == [bundle.preamble(ahead=True) + request_line(request)]  # before the loader's word
+        yield b'{"agent": "%s"}' % word.encode()
+        yield b'{"ok": true, "jobs": []}'
+
+    session = AgentSession("h", sent.append, lines(), lambda: None, bundle=bundle)
+    assert session.call(request) == {"ok": True, "jobs": []}
+    assert sent[1:] == ([bundle.zip] if word == "need" else [])
+
+    sent.clear()
+    replies = iter([b'{"agent": "have"}', b'{"ok": true}'])
+    session = AgentSession("h", sent.append, replies, lambda: None, bundle=bundle)
+    assert session.call_with_data({"op": "sync_put"}, [b"bytes"]) == {"ok": True}
+    assert sent == [bundle.preamble(), request_line({"op": "sync_put"}), b"bytes"]

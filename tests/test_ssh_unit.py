@@ -249,3 +249,25 @@ def test_a_line_that_is_not_json_after_the_agent_spoke_is_still_an_error() -> No
     session.call({"op": "probe"})
     with pytest.raises(AgentError, match="not JSON"):
         session.call({"op": "probe"})
+
+
+def test_ssh_g_runs_once_per_host_in_a_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hosts behind one jump host resolve it once; another alias, or the same one a while later
+    (a long-lived monitor, the config edited since), runs `ssh -G` again."""
+    from clusterrun.config import HostSpec
+    from clusterrun.transports import sshhosts
+
+    log = tmp_path / "calls"
+    fake = tmp_path / "ssh"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\nprintf "hostname 10.0.0.9\\nport 2222\\nuser u\\n"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(sshhosts, "_answers", {})
+    options = sshhosts.SSHOptions(ssh_config=str(tmp_path / "config"))
+    first = [sshhosts.resolve(HostSpec(host=f"gpu{i}"), options, alias="bastion") for i in range(3)]
+    assert {(r.hostname, r.port, r.user) for r in first} == {("10.0.0.9", 2222, "u")}
+    sshhosts.resolve(HostSpec(host="gpu1"), options)
+    assert log.read_text().count("bastion") == 1 and log.read_text().count("gpu1") == 1
+    monkeypatch.setattr(sshhosts, "SSH_G_REUSE", 0.0)  # as if the answer were older than that
+    sshhosts.resolve(HostSpec(host="gpu2"), options, alias="bastion")
+    assert log.read_text().count("bastion") == 2

@@ -13,7 +13,7 @@ its stdin::
 
     <length of the loader in bytes, decimal>\n
     <the loader: loader.py's source>
-    <sha256 of the zip, hex> <its length in bytes>[ push]\n
+    <sha256 of the zip, hex> <its length in bytes>[ push][ ahead]\n
 
 ``BOOTSTRAP`` runs the loader, which looks for the zip in the user's cache (``$XDG_CACHE_HOME``
 or ``~/.cache``, then ``clusterrun/``; ``$TMPDIR/clusterrun-<uid>`` where that cannot be made: a
@@ -22,7 +22,9 @@ refuses to run with the path and the fix) and answers
 ``{"agent": "have"}`` or ``{"agent": "need"}``; only after ``need`` does the controller send
 the zip's bytes, which the loader verifies (sha256), writes to a temporary name and renames into
 place (never replaced in place). With ``push`` the zip follows at once, whatever the cache
-holds, and nothing is answered (a one-shot pipe, as in tests). A cached zip is verified at every
+holds, and nothing is answered (a one-shot pipe, as in tests). With ``ahead`` the first request
+line follows the preamble at once, before any zip (the loader reads it first and answers it after
+``have``/``need``): a connection's first answer comes one round trip sooner. A cached zip is verified at every
 use: a damaged one is replaced. The first run of a version compiles it, once per interpreter:
 ``agent-<sha256>-<cache tag>-<its CRC-32>.zip`` holds the bytecode (and the sources, for
 tracebacks), and later runs import from that (``zipimport``, first on ``sys.path``). Versions

@@ -9,6 +9,7 @@ import time
 
 from .codec import json_loads
 from .logind import logind_problem, user_scope
+from .network import _host_arg, _sockets
 from .probe import _find_torch
 from .records import AgentFailure, _state_root
 from .system import _capture, _which
@@ -181,16 +182,32 @@ def op_unlisten(req: UnlistenRequest) -> dict[str, Any]:
     return {"ok": True}
 
 
+def _connect(socket: Any, addr: str, port: int, timeout: float) -> Any:
+    """A TCP connection to ``addr:port``, trying each address it resolves to (as
+    ``socket.create_connection``), each with ``timeout``."""
+    error: OSError = OSError(f"cannot resolve {addr}")
+    for family, kind, proto, _, sockaddr in socket.getaddrinfo(_host_arg(addr), port, 0, socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(sockaddr)
+            return sock
+        except OSError as exc:
+            error = exc
+            sock.close()
+    raise error
+
+
 def op_reach(req: ReachRequest) -> dict[str, Any]:
     """``reach``: connect by TCP to ``addr:port`` and read the listener's ``token``; says whether
     it came back, else why not, and the local address the connection went out from."""
-    import socket
+    socket = _sockets()  # on every host at every preflight: not the socket module (network._sockets)
 
     addr, port, token = req.addr, req.port, req.token
     timeout = float(req.timeout or 5.0)  # each step: a dropped SYN must not hang the doctor
     answer: dict[str, Any] = {"ok": True, "reached": False, "error": None, "local": None}
     try:
-        sock = socket.create_connection((addr, port), timeout=timeout)
+        sock = _connect(socket, addr, port, timeout)
     except OSError as exc:
         answer["error"] = (f"timed out after {timeout:g} s: no answer at all (packets dropped on the way, "
                            "as a firewall's DROP does)") if isinstance(exc, socket.timeout) else (

@@ -79,7 +79,9 @@ def compiled(folder: str, digest: str) -> str | None:
 def main() -> int:
     stdin = sys.stdin.buffer
     fields = stdin.readline().decode("ascii").split()
-    digest, size, push = fields[0], int(fields[1]), fields[2:] == ["push"]
+    digest, size, push = fields[0], int(fields[1]), "push" in fields[2:]
+    # "ahead": the first request came with the preamble (one round trip fewer), before any zip
+    first = stdin.readline() if "ahead" in fields[2:] else b""
     folder = cache_dir()
     problem = cache_problem(folder)
     if problem or len(digest) != 64 or digest.strip("0123456789abcdef"):
@@ -108,7 +110,7 @@ def main() -> int:
         os.utime(run)  # its last use: versions unused for long are pruned
     sys.path.insert(0, run)
     serve = __import__("clusterrun_agent.serve", fromlist=["main"])
-    return int(serve.main(folder, digest, run, installed))
+    return int(serve.main(folder, digest, run, installed, first))
 
 
 if __name__ == "__clusterrun_loader__":

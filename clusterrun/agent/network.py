@@ -19,6 +19,22 @@ IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 SIOCGIFADDR = 0x8915
 
 
+def _sockets() -> Any:
+    """``_socket``, the C part of ``socket``: that module imports enum and selectors (6-7 ms at
+    every route, on every host; docs/benchmarks.md)."""
+    try:
+        import _socket
+    except ImportError:  # not CPython
+        import socket as _socket  # type: ignore[no-redef]
+    return _socket
+
+
+def _host_arg(name: str) -> bytes | str:
+    """``name`` for ``getaddrinfo``: ASCII as bytes, as the idna codec would make it; a str
+    makes getaddrinfo import that codec, and with it ``re`` (13 ms at every route here)."""
+    return name.encode() if name.isascii() else name
+
+
 def op_route(req: RouteRequest) -> dict[str, Any]:
     return {"ok": True, "network": network_route(req.route_to or RouteTarget(addr=""))}
 
@@ -50,12 +66,12 @@ def network_route(target: RouteTarget) -> dict[str, Any]:
 def _route(addr: str, port: int) -> dict[str, Any]:
     """The address ``addr`` resolves to here, the local address the kernel would send to it from
     (a connected UDP socket sends nothing) and that address's interface; or why there is none."""
-    import socket
+    socket = _sockets()
 
     found: dict[str, Any] = {"target": addr, "resolved": None, "source": None, "interface": None,
                              "loopback": False, "error": None}
     try:
-        infos = socket.getaddrinfo(addr, port, 0, socket.SOCK_DGRAM)
+        infos = socket.getaddrinfo(_host_arg(addr), port, 0, socket.SOCK_DGRAM)
     except (OSError, UnicodeError) as exc:
         found["error"] = f"cannot resolve {addr}: {getattr(exc, 'strerror', None) or exc}"
         return found
@@ -98,7 +114,7 @@ def _is_loopback(address: str) -> bool:
 def _interface_of(address: str) -> str | None:
     """The interface that holds ``address``: an ioctl per interface (IPv4) or /proc/net/if_inet6,
     else ``ip -o addr`` (secondary IPv4 addresses)."""
-    import socket
+    socket = _sockets()
 
     address = address.split("%")[0]
     try:
@@ -113,14 +129,17 @@ def _interface_of(address: str) -> str | None:
             import fcntl
 
             packed = socket.inet_aton(address)
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
                 for _, name in socket.if_nameindex():
                     try:
                         ifreq = fcntl.ioctl(s.fileno(), SIOCGIFADDR, name.encode()[:15].ljust(40, b"\0"))
                     except OSError:
                         continue  # no IPv4 address
                     if ifreq[20:24] == packed:
-                        return name
+                        return str(name)
+            finally:
+                s.close()
     except (OSError, ValueError):
         pass
     for line in (_capture(["ip", "-o", "addr", "show"]) or "").splitlines():

@@ -59,13 +59,13 @@ def answer(line: bytes) -> dict[str, Any] | None:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def serve() -> int:
-    """Answer the requests on stdin, one per line, until it ends."""
+def serve(first: bytes = b"") -> int:
+    """Answer the requests on stdin, one per line, until it ends (``first``: one read already)."""
     os.umask(0o077)
     stdin = sys.stdin.buffer
     try:
         while True:
-            line = stdin.readline()
+            line, first = first or stdin.readline(), b""
             if not line:
                 return 0
             if not line.strip():
@@ -78,7 +78,7 @@ def serve() -> int:
         return 0
 
 
-def main(folder: str, digest: str, run: str, installed: bool) -> int:
+def main(folder: str, digest: str, run: str, installed: bool, first: bytes = b"") -> int:
     """The loader's entry point, running from the zip at ``run`` (version ``digest``, cached in
     ``folder``): compile a version on its first run here, prune old ones once a new one is in."""
     if installed:
@@ -92,4 +92,4 @@ def main(folder: str, digest: str, run: str, installed: bool) -> int:
             compile_zip(folder, digest, run)
         except (OSError, SyntaxError) as exc:
             sys.stderr.write(f"clusterrun: cannot compile the agent in {folder}: {exc}\n")
-    return serve()
+    return serve(first)

@@ -18,6 +18,7 @@ from functools import partial
 
 import click
 
+from clusterrun import timings
 from clusterrun.attempt import new_record
 from clusterrun.checks import check_new, check_script
 from clusterrun.cli import (
@@ -188,6 +189,10 @@ def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | No
               "ends have it, else SFTP, else clusterrun's agent. Wins over `sync:` in the hosts file. With "
               "--dry-run: say what would be copied.")
 @click.option("--no-sync", is_flag=True, help="Do not copy anything, whatever `sync:` in the hosts file says.")
+@click.option("--timings", "timings_wanted", is_flag=True, help="Once every node started, print how long each "
+              "phase took on each host (connect, authenticate, agent, probe, route, preflight, sync, setup, "
+              "start), the slowest hosts and what the start waited for (on stderr; with the dashboard, when it "
+              "closes).")
 @click.option("-w", "--nodes", metavar="NODESET", help=NODES_HELP)
 @click.option("-x", "--exclude", metavar="NODESET", help=EXCLUDE_HELP)
 @from_slurm_options
@@ -201,7 +206,7 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
        no_preflight: bool, sync_dir: str | None = None, no_sync: bool = False, nodes: str | None = None,
        exclude: str | None = None, max_restarts: int | None = None, startup_timeout: str | None = None,
        hang_after: str | None = None, on_hang: str | None = None, notify_command: str | None = None,
-       from_slurm: bool = False, slurm_hosts: str | None = None) -> None:
+       from_slurm: bool = False, slurm_hosts: str | None = None, timings_wanted: bool = False) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
@@ -223,6 +228,7 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
         raise click.UsageError("--slurm-hosts goes with --from-slurm (without it, HOSTS.yaml names the hosts file)")
     if script_args[:1] == ("--",):  # click passes the separator on once SCRIPT has been read
         script_args = script_args[1:]
+    show_timings = timings.begin(_note) if timings_wanted else lambda: None
     try:
         if script == "--" and script_args:  # `up HOSTS.yaml -- SCRIPT ...`: the script may start with '-'
             script, script_args = script_args[0], script_args[1:]
@@ -275,7 +281,9 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
         except ClusterrunError as exc:
             _fail(exc, EXIT_FAILED)
         if tui:
-            sys.exit(_dashboard(Session(store, record, runner=runner), ui_lines))
+            code = _dashboard(Session(store, record, runner=runner), ui_lines)
+            show_timings()
+            sys.exit(code)
         printer.set_plan(plan)
         printer.note(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
                      f"master {plan.master_addr}:{plan.master_port}")
@@ -292,6 +300,7 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
                 runner.start()
             except HostsUnavailable as exc:
                 _fail(exc, EXIT_HOSTS)
+            show_timings()
             if detach:
                 runner.hand_over()
                 click.echo(job_id)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
+from clusterrun import timings
 from clusterrun.agent import BOOTSTRAP
 from clusterrun.agent.wire import Request
 from clusterrun.config import HostSpec
@@ -118,40 +120,50 @@ class AgentSession:
 
     def __init__(self, host: str, send: Callable[[bytes], None], lines: Iterator[bytes], closer: Callable[[], None],
                  *, set_timeout: Callable[[float], None] | None = None,
-                 last_words: Callable[[], str] = lambda: "", bundle: AgentBundle | None = None) -> None:
+                 last_words: Callable[[], str] = lambda: "", bundle: AgentBundle | None = None,
+                 opened: float | None = None) -> None:
         self.host = host
         self.sent = 0
+        self._opened = time.monotonic() if opened is None else opened  # for the timeline (clusterrun.timings)
+        self._asked = self._opened
         self._write = send
         self._lines = _past_greeting(lines)
         self._closer: Callable[[], None] | None = closer
         self._set_timeout = set_timeout
         self._last_words = last_words
-        self._bundle = bundle
-        if bundle is not None:
-            self._send(bundle.preamble())
+        self._bundle = bundle  # its preamble goes with the first request (see _ask)
 
     def _send(self, data: bytes) -> None:
         self.sent += len(data)
         self._write(data)
 
-    def _ask(self, request: AnyRequest) -> dict[str, Any]:
+    def _ask(self, request: AnyRequest, with_data: bool = False) -> dict[str, Any]:
         data = as_json(request)
         if self._closer is None:
             raise RuntimeError("the agent session was closed")
         if self._set_timeout is not None:
             self._set_timeout(read_timeout(data))
-        if self._bundle is not None:
-            self._handshake(data)
+        bundle, self._bundle = self._bundle, None
+        if bundle is not None and not with_data:  # the request rides with the preamble, before any zip
+            self._send(bundle.preamble(ahead=True) + request_line(data))
+            self._handshake(bundle, data)
+            self._asked = time.monotonic()  # the timeline's agent phase ends at the loader's word
+            timings.record(self.host, "agent", self._opened, self._asked)
+            return data
+        if bundle is not None:
+            self._send(bundle.preamble())
+            self._handshake(bundle, data)
+            timings.record(self.host, "agent", self._opened)
+        self._asked = time.monotonic()
         self._send(request_line(data))
         return data
 
-    def _handshake(self, request: dict[str, Any]) -> None:
+    def _handshake(self, bundle: AgentBundle, request: dict[str, Any]) -> None:
         """The loader's first word: ``have`` (the host's cache holds this zip) or ``need`` (send it)."""
-        bundle, self._bundle = self._bundle, None
         for raw in self._lines:
             if raw.strip():
                 word = _parse(self.host, raw).get("agent")
-                if word == "need" and bundle is not None:
+                if word == "need":
                     self._send(bundle.zip)
                 elif word != "have":
                     raise AgentError(self.host, f"the agent's loader answered {raw[:200]!r}")
@@ -165,12 +177,19 @@ class AgentSession:
 
     def call_with_data(self, request: AnyRequest, data: Iterable[bytes]) -> dict[str, Any]:
         """``call`` with raw bytes after the request line, as ``sync_put`` reads its files' contents."""
-        sent = self._ask(request)
+        sent = self._ask(request, with_data=True)
         for chunk in data:
             self._send(chunk)
         return self._answer(sent)
 
     def _answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = str(request.get("op"))
+        try:
+            return self._read_answer(request)
+        finally:
+            timings.record(self.host, timings.PHASE_OF.get(op, op), self._asked)
+
+    def _read_answer(self, request: dict[str, Any]) -> dict[str, Any]:
         for raw in self._lines:
             if raw.strip():
                 message = _parse(self.host, raw)

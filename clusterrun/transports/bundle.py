@@ -24,11 +24,12 @@ class AgentBundle:
     sha256: str
     loader: bytes
 
-    def preamble(self, push: bool = False) -> bytes:
+    def preamble(self, push: bool = False, ahead: bool = False) -> bytes:
         """What ``BOOTSTRAP`` reads first: the loader, length-prefixed, then the zip's sha256 and
-        size (with ``push``, the zip follows at once and the loader answers nothing)."""
-        return (b"%d\n" % len(self.loader) + self.loader
-                + b"%s %d%s\n" % (self.sha256.encode(), len(self.zip), b" push" if push else b""))
+        size (with ``push``, the zip follows at once and the loader answers nothing; with
+        ``ahead``, the first request line follows at once, before the zip if it is asked for)."""
+        flags = (b" push" if push else b"") + (b" ahead" if ahead else b"")
+        return b"%d\n" % len(self.loader) + self.loader + b"%s %d%s\n" % (self.sha256.encode(), len(self.zip), flags)
 
     def stdin(self, *requests: bytes) -> bytes:
         """A whole agent's stdin for a one-shot pipe: the preamble, the zip, then ``requests``."""

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from clusterrun import timings
 from clusterrun.config import HostSpec
 from clusterrun.errors import ConnectError, HostKeyError
 from clusterrun.transports.base import AgentSession, Transport, agent_bundle, agent_command
@@ -117,6 +118,7 @@ class SSHTransport(Transport):
         client.set_missing_host_key_policy(HostKeyPolicy(target, self.options.accept_new_host_keys, known))
         keys = [p for p in target.identity_files if os.path.exists(p)]
         delay = 0.2
+        began = time.monotonic()
         for attempt in range(CONNECT_ATTEMPTS):
             try:
                 client.connect(
@@ -142,6 +144,9 @@ class SSHTransport(Transport):
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(5)
+            kex_done = getattr(transport, "kex_done", None) or began
+            timings.record(self.name, "connect", began, kex_done)
+            timings.record(self.name, "authenticate", kex_done)
         return client
 
     def connect(self) -> None:
@@ -151,7 +156,8 @@ class SSHTransport(Transport):
                 if transport is not None and transport.is_active():
                     return
                 self._close_clients()
-            self._resolved = resolve(self.host, self.options)
+            with timings.span(self.name, "resolve"):
+                self._resolved = resolve(self.host, self.options)
             self._client = self._open(self._resolved)
 
     def _drop(self, client: paramiko.SSHClient | None) -> None:
@@ -174,6 +180,7 @@ class SSHTransport(Transport):
     # ------------------------------------------------------------------------------- running
 
     def session(self) -> AgentSession:
+        opened = time.monotonic()  # the agent's phase of the timeline: the channel, shell and Python
         transport, channel = self._channel(shlex.join(agent_command(self.python)))  # constant: no job data
         released = threading.Event()
 
@@ -210,7 +217,7 @@ class SSHTransport(Transport):
 
         try:  # sends the agent's loader and the sha256 of its zip at once
             return AgentSession(self.name, send, self._lines(channel), close, set_timeout=channel.settimeout,
-                                last_words=last_words, bundle=agent_bundle())
+                                last_words=last_words, bundle=agent_bundle(), opened=opened)
         except BaseException:
             self._sessions.release()
             channel.close()
@@ -344,9 +351,19 @@ class SSHTransport(Transport):
             self._close_clients()
 
 
+class _Transport(paramiko.Transport):
+    """paramiko's Transport, noting when the key exchange is done (``up --timings``)."""
+
+    kex_done: float | None = None
+
+    def start_client(self, event: threading.Event | None = None, timeout: float | None = None) -> None:
+        super().start_client(event, timeout)
+        self.kex_done = time.monotonic()
+
+
 def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
     """paramiko's Transport with the ciphers in the order of PREFERRED_CIPHERS."""
-    transport = paramiko.Transport(sock, **kwargs)
+    transport = _Transport(sock, **kwargs)
     options = transport.get_security_options()
     known = tuple(options.ciphers)
     options.ciphers = tuple(c for c in PREFERRED_CIPHERS if c in known) + tuple(

@@ -10,6 +10,8 @@ import fnmatch
 import os
 import shutil
 import subprocess
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -44,7 +46,26 @@ class ResolvedHost:
     connect_timeout: float = CONNECT_TIMEOUT
 
 
+# `ssh -G`'s answers, reused for a while: a run resolves a jump host once for all the hosts behind
+# it, and a long-lived monitor still sees a configuration edited since.
+SSH_G_REUSE = 60.0
+_answers: dict[tuple[str, str | None, int | None, str | None], tuple[float, dict[str, list[str]] | None]] = {}
+_answers_lock = threading.Lock()
+
+
 def _ssh_g(alias: str, config: str | None, port: int | None, user: str | None) -> dict[str, list[str]] | None:
+    key = (alias, config, port, user)
+    with _answers_lock:
+        found = _answers.get(key)
+    if found is not None and time.monotonic() - found[0] < SSH_G_REUSE:
+        return found[1]
+    values = _run_ssh_g(alias, config, port, user)
+    with _answers_lock:
+        _answers[key] = (time.monotonic(), values)
+    return values
+
+
+def _run_ssh_g(alias: str, config: str | None, port: int | None, user: str | None) -> dict[str, list[str]] | None:
     ssh = shutil.which("ssh")
     if ssh is None:
         return None
