@@ -1,7 +1,7 @@
-"""Durations as users write them: ``90``, ``1.5``, ``30s``, ``10m``, ``6h``, ``2d`` (one number, one unit).
+"""Durations as users write them: ``90``, ``1.5``, ``250ms``, ``30s``, ``10m``, ``6h``, ``2d`` (one number, one unit).
 
-One parser for the command line and the hosts file, so that ``--hang-after 10m`` and
-``hang_after: 10m`` mean the same. Pure; no clock.
+The one parser for the command line and the hosts file (``restart:``, ``startup_timeout``,
+``hang_after``), so that ``--hang-after 10m`` and ``hang_after: 10m`` mean the same. Pure; no clock.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 import re
 
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*", re.IGNORECASE)
+_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|sec|min|[smhd]?)\s*", re.IGNORECASE)
 
 
 def parse_duration(text: str | float | int, *, minimum: float = 0.0) -> float:

@@ -12,20 +12,10 @@ and ``parse_backoff``; the owner (``runner.Runner``) asks ``refusal`` and ``dela
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\Z")
-_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    """``30s``, ``10m``, ``6h``, ``1d``, ``250ms`` or plain seconds, as seconds; ``ValueError`` otherwise."""
-    match = _DURATION.match(text.strip())
-    if match is None:
-        raise ValueError(f"expected a duration such as 30s, 10m or 6h, got {text!r}")
-    return float(match.group(1)) * _UNIT[match.group(2) or "s"]
+from clusterrun.durations import parse_duration
 
 
 def parse_backoff(text: str) -> tuple[float, float]:

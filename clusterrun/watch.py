@@ -1,6 +1,6 @@
 """The watch over a running job, as settings: the start-up and hang watch (``Watch``) and the
 notifications (``Notify``), from the hosts file (``startup_timeout``, ``hang_after``, ``on_hang``,
-``notify``) and ``up``'s options; a leaf that imports nothing of the package.
+``notify``) and ``up``'s options; a leaf that imports only ``durations`` of the package.
 
 The policies themselves live where the facts are: the host's monitor marks a node hung
 (``agent/hangwatch.py``), the orchestrator's loop applies the start-up timeout, and the job's owner
@@ -9,35 +9,18 @@ The policies themselves live where the facts are: the host's monitor marks a nod
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from clusterrun.durations import parse_duration
+from clusterrun.durations import show_duration as duration_text
 
 STARTUP_TIMEOUT = 300.0  # seconds every node gets to start its workers (gloo's own wait is 30 minutes)
 HANG_AFTER = 1800.0  # seconds without output and CPU after which a node is hung
 ON_HANG = ("stack", "restart", "nothing")
 EVENTS = ("failed", "succeeded", "hung", "restarted")  # what a notification may be sent for
 
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*\Z")
-_UNIT = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from ``90``, ``45s``, ``10m``, ``1.5h``; ``ValueError`` for anything else."""
-    found = _DURATION.match(text)
-    if found is None:
-        raise ValueError(f"{text!r} is not a duration: write seconds (90) or a number with s, m or h (45s, 10m, 2h)")
-    return float(found.group(1)) * _UNIT[found.group(2)]
-
-
-def duration_text(seconds: float) -> str:
-    """``45 s``, ``10 min``, ``2 h``: a duration as the messages say it."""
-    if seconds >= 3600 and seconds % 3600 == 0:
-        return f"{int(seconds // 3600)} h"
-    if seconds >= 60 and seconds % 60 == 0:
-        return f"{int(seconds // 60)} min"
-    return f"{seconds:g} s"
 
 
 @dataclass(frozen=True)
