@@ -28,9 +28,9 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from clusterrun.envrules import check_env_entry, check_env_total, looks_secret
 from clusterrun.errors import ConfigError
 from clusterrun.nodesets import NodeSetError, expand, is_nodeset
-from clusterrun.restarts import RestartPolicy, parse_backoff, parse_duration
+from clusterrun.restarts import RestartPolicy
 from clusterrun.watch import Notify, Watch
-from clusterrun.watchconfig import WATCH_KEYS, watch_settings
+from clusterrun.watchconfig import WATCH_KEYS, restart_policy, watch_settings
 
 Transport = Literal["ssh", "local"]
 
@@ -103,7 +103,6 @@ _SHARED_KEYS = ("port", "user", "identity_file", "gpus", "nproc", "python", "wor
                 "sync", "sync_exclude", "forward_env", "env_file", "setup")
 _HOST_KEYS = ("host", "address", *_SHARED_KEYS)
 _MASTER_KEYS = ("addr", "port")
-_RESTART_KEYS = ("max", "backoff", "on_exit_codes", "window")
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ENV_PATTERN = re.compile(r"[A-Za-z0-9_*?]+\Z")  # a name, or a glob of one (forward_env, secret_env)
@@ -490,33 +489,10 @@ class _Parser:
             state_dir=self.string(top["state_dir"], "state_dir") if "state_dir" in top else None,
             ssh_config=self.string(top["ssh_config"], "ssh_config") if "ssh_config" in top else None,
             secret_env=self.secret_env,
-            restart=self.restart(top["restart"]) if "restart" in top else RestartPolicy(),
+            restart=restart_policy(self, top["restart"]) if "restart" in top else RestartPolicy(),
             watch=watch,
             notify=notify,
         )
-
-    def restart(self, node: Node) -> RestartPolicy:
-        """``restart: {max: 3, backoff: 30s..10m, on_exit_codes: [1], window: 6h}`` (see clusterrun.restarts)."""
-        entries = self.fields(node, "restart", _RESTART_KEYS, "a mapping such as {max: 3, backoff: 30s..10m}")
-        most = self.integer(entries["max"], "restart.max", "a count from 0 to 1000", 0, 1000) if "max" in entries else 0
-        timing: dict[str, Any] = {}
-        for key, parse in (("backoff", parse_backoff), ("window", parse_duration)):
-            if key in entries:
-                vnode = entries[key]
-                if not (isinstance(vnode, ScalarNode) and vnode.tag in (_STR, _INT, _FLOAT)):
-                    raise self.expected("a duration such as 30s, 10m or 6h", vnode, f"restart.{key}")
-                try:
-                    timing[key] = parse(str(vnode.value))
-                except ValueError as exc:
-                    raise self.error(str(exc), vnode, f"restart.{key}", "e.g. backoff: 30s..10m, window: 6h") from None
-        codes, items = None, entries.get("on_exit_codes")
-        if items is not None:
-            if not (isinstance(items, SequenceNode) and items.value):
-                raise self.expected("a non-empty list of exit codes", items, "restart.on_exit_codes")
-            codes = tuple(self.integer(item, f"restart.on_exit_codes[{i}]", "an exit code from 0 to 255", 0, 255)
-                          for i, item in enumerate(items.value))
-        first, longest = timing.get("backoff", (30.0, 600.0))
-        return RestartPolicy(most, first, longest, codes, timing.get("window"))
 
     def master_port(self, node: Node) -> int | None:
         if isinstance(node, ScalarNode) and node.tag == _STR and node.value == "auto":

@@ -1,12 +1,14 @@
-"""The hosts file's watch keys (``startup_timeout``, ``hang_after``, ``on_hang``, ``notify``),
-validated with the file's line and a hint like every other key (``config._Parser`` calls this)."""
+"""The hosts file's long-run keys (``restart``; the watch's ``startup_timeout``, ``hang_after``,
+``on_hang``, ``notify``), validated with the file's line and a hint like every other key
+(``config._Parser`` calls this)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from yaml.nodes import MappingNode, Node, ScalarNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from clusterrun.restarts import RestartPolicy, parse_backoff
 from clusterrun.watch import EVENTS, ON_HANG, Notify, Watch, parse_duration
 
 if TYPE_CHECKING:
@@ -14,6 +16,8 @@ if TYPE_CHECKING:
 
 WATCH_KEYS = ("startup_timeout", "hang_after", "on_hang", "notify")
 _NOTIFY_KEYS = ("command", "on")
+RESTART_KEYS = ("max", "backoff", "on_exit_codes", "window")
+SCALAR_TAGS = tuple("tag:yaml.org,2002:" + t for t in ("str", "int", "float"))
 
 
 def duration(parser: _Parser, node: Node, key: str, *, off: bool = False) -> float | None:
@@ -64,3 +68,27 @@ def notify(parser: _Parser, node: Node) -> Notify:
             if value not in EVENTS:
                 raise parser.error(f"unknown event {value!r}", item, "notify.on", "events: " + ", ".join(EVENTS))
     return Notify(parser.string(entries["command"], "notify.command"), on)
+
+
+def restart_policy(parser: _Parser, node: Node) -> RestartPolicy:
+    """``restart: {max: 3, backoff: 30s..10m, on_exit_codes: [1], window: 6h}`` (see clusterrun.restarts)."""
+    entries = parser.fields(node, "restart", RESTART_KEYS, "a mapping such as {max: 3, backoff: 30s..10m}")
+    most = parser.integer(entries["max"], "restart.max", "a count from 0 to 1000", 0, 1000) if "max" in entries else 0
+    timing: dict[str, Any] = {}
+    for key, parse in (("backoff", parse_backoff), ("window", parse_duration)):
+        if key in entries:
+            vnode = entries[key]
+            if not (isinstance(vnode, ScalarNode) and vnode.tag in SCALAR_TAGS):
+                raise parser.expected("a duration such as 30s, 10m or 6h", vnode, f"restart.{key}")
+            try:
+                timing[key] = parse(str(vnode.value))
+            except ValueError as exc:
+                raise parser.error(str(exc), vnode, f"restart.{key}", "e.g. backoff: 30s..10m, window: 6h") from None
+    codes, items = None, entries.get("on_exit_codes")
+    if items is not None:
+        if not (isinstance(items, SequenceNode) and items.value):
+            raise parser.expected("a non-empty list of exit codes", items, "restart.on_exit_codes")
+        codes = tuple(parser.integer(item, f"restart.on_exit_codes[{i}]", "an exit code from 0 to 255", 0, 255)
+                      for i, item in enumerate(items.value))
+    first, longest = timing.get("backoff", (30.0, 600.0))
+    return RestartPolicy(most, first, longest, codes, timing.get("window"))
