@@ -4,7 +4,7 @@ in ``search``).
 
 Threads never touch widgets: the session's thread puts events into a queue, and a 50 ms timer in
 the app's thread drains it into the ``Board`` (clusterrun/board.py) and redraws what changed —
-the changed rows of the node table, and the lines of the one log view on screen, taken from that
+the changed rows of the node table (``nodetable``), and the lines of the one log view on screen, taken from that
 node's bounded ring. Hidden views get nothing. The log view (``RingLog``) reads the ring it shows
 by reference, as Textual's ``Log`` draws (plain lines; only the visible ones are rendered), so
 switching views and arriving lines cost the lines on screen, not the ring.
@@ -12,7 +12,6 @@ switching views and arriving lines cost the lines on screen, not the ring.
 
 from __future__ import annotations
 
-import functools
 import gc
 import queue
 import re
@@ -29,75 +28,26 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from clusterrun import gpus
 from clusterrun.board import Board, NodeRow
-from clusterrun.events import Event, NodeState
+from clusterrun.events import Event
 from clusterrun.session import Session
 from clusterrun.terminal import safe
-from clusterrun.tui.logview import COLOURS, LogHighlighter, RingLog
+from clusterrun.tui.logview import LogHighlighter, RingLog
+from clusterrun.tui.nodetable import (
+    CACHES_CHECKED,
+    COLUMNS,
+    NodeTable,
+    cells,
+    clock_text,
+    layout,
+    same_cell,
+    textual_version,
+)
 from clusterrun.tui.screens import Confirm, Help, QuitQuestion, Stacks
 from clusterrun.tui.search import Matches
 
-__all__ = ["Dashboard", "LogHighlighter", "RingLog"]
+__all__ = ["CACHES_CHECKED", "COLUMNS", "Dashboard", "LogHighlighter", "NodeTable", "RingLog", "textual_version"]
 
 TICK = 0.05  # seconds between draining the event queue
-ICONS = {
-    NodeState.PENDING: ("·", "dim"), NodeState.CONNECTING: ("…", "yellow"), NodeState.STARTING: ("◔", "yellow"),
-    NodeState.RUNNING: ("▶", "green"), NodeState.STOPPING: ("◼", "yellow"), NodeState.SUCCEEDED: ("✔", "green"),
-    NodeState.FAILED: ("✘", "bold red"), NodeState.STOPPED: ("■", "dim"), NodeState.LOST: ("?", "bold red"),
-}
-COLUMNS = ("node", "host", "gpus/procs", "state", "pid", "lines", "last output")
-# Fixed widths (host: from the hosts): measuring columns again on every update costs more than
-# drawing the table. None: sized from the content when the rows are added.
-WIDTHS = (4, None, None, 34, 8, 9, 11)
-# Added once a node's host has nvidia-smi (clusterrun.gpus): mean utilisation, memory used/total.
-GPU_COLUMN, GPU_WIDTH = "gpu use", 16
-# A terminal narrower than this (80x24) gets the table without these: the state and the last
-# output fit beside the host.
-NARROW, NARROW_DROPS = 100, ("pid", "lines")
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60:02d}:{rest % 60:02d}"
-
-
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, Text) and isinstance(b, Text):
-        return a.plain == b.plain and a.style == b.style and a.spans == b.spans
-    return a == b
-
-
-# DataTable's render caches are private: sized only on the Textual versions checked to have them
-# all, with a settable maxsize (tests/test_tui_snapshots.py fails on a newer Textual until checked).
-CACHES_CHECKED = ((5, 0), (8, 2))
-
-
-@functools.cache
-def textual_version() -> tuple[int, int]:
-    from importlib.metadata import version
-
-    major, minor = version("textual").split(".")[:2]
-    return int(major), int(minor)
-
-
-class NodeTable(DataTable[Any]):
-    """The node table: Textual's ``DataTable`` with render caches for about two frames of it.
-
-    The table changes on nearly every tick, and each change renews every key of DataTable's caches,
-    so what they keep from earlier ticks is never read again; at their default sizes they fill with
-    it, and every full garbage collection walks them (docs/benchmarks.md, "Dashboard under a flood").
-    """
-
-    def fit_caches(self) -> None:
-        """Size the caches for the rows and columns the table has now (after adding them)."""
-        if not CACHES_CHECKED[0] <= textual_version() <= CACHES_CHECKED[1]:
-            return  # Textual's default sizes: more memory, the same table
-        lines = 2 * (self.row_count + 1)  # the header's too
-        for cache in (self._row_render_cache, self._row_renderable_cache, self._line_cache):
-            cache.maxsize = lines
-        self._cell_render_cache.maxsize = lines * max(1, len(self.columns))
-
-
 class Dashboard(App[int]):
     """Every node's state and log; kill, restart, detach. Returns the exit code from ``run()``."""
 
@@ -258,7 +208,7 @@ class Dashboard(App[int]):
             if rank < len(board.nodes):
                 cells, drawn = self._cells(board.nodes[rank]), self._drawn.get(rank, ())
                 for i, ((name, _width), value) in enumerate(zip(columns, cells, strict=True)):
-                    if i >= len(drawn) or not _same(value, drawn[i]):  # each update repaints the table
+                    if i >= len(drawn) or not same_cell(value, drawn[i]):  # each update repaints the table
                         table.update_cell(str(rank), name, value)
                 self._drawn[rank] = cells
                 if rank == table.cursor_row:
@@ -285,28 +235,10 @@ class Dashboard(App[int]):
             self.refresh_bindings()
 
     def _cells(self, row: NodeRow) -> tuple[Any, ...]:
-        icon, style = ICONS.get(row.state, ("?", ""))
-        status = row.status(self.board.wall())
-        if row.unreachable:
-            icon, style = "⚡", "bold yellow"
-        state = Text(f"{icon} {status}", style=style)
-        if self.board.root_rank() == row.rank:
-            state.append("  ◀ root cause", style="bold red")
-        if row.degraded:  # its reason is below the table
-            state.append(" ⚠ degraded", style="bold yellow")
-        since = "-" if row.last_output is None else _duration(self.clock() - row.last_output) + " ago"
-        use = gpus.cell(row.gpus) if self.board.gpus_shown else ""
-        cells = {"node": Text(str(row.rank), style=COLOURS[row.rank % len(COLOURS)]), "host": row.host,
-                 "gpus/procs": row.slots, "state": state, "pid": str(row.pid or "-"), "lines": str(row.log.count),
-                 "last output": since, GPU_COLUMN: Text(use, style="bold yellow") if use == gpus.BROKEN else use}
-        return tuple(cells[name] for name, _width in self._columns)
+        return cells(row, self.board, self.clock(), self._columns)
 
     def _layout(self) -> list[tuple[str, int | None]]:
-        """The node table's columns and widths: the GPU column once a host has nvidia-smi; on a
-        narrow terminal without pid and lines."""
-        drop = NARROW_DROPS if self.size.width < NARROW else ()
-        return [*((name, width) for name, width in zip(COLUMNS, WIDTHS, strict=True) if name not in drop),
-                *([(GPU_COLUMN, GPU_WIDTH)] if self.board.gpus_shown else [])]
+        return layout(self.size.width, self.board.gpus_shown)
 
     def on_resize(self) -> None:
         if self.board.nodes:  # mounted, with rows: the columns for the new width
@@ -331,7 +263,7 @@ class Dashboard(App[int]):
         state = board.state.upper()
         colour = {"SUCCEEDED": "green", "FAILED": "red", "LOST": "red", "RUNNING": "green"}.get(state, "yellow")
         header = Text.assemble(("clusterrun ", "bold"), f"{board.name} ({board.job_id}) · ", (state, f"bold {colour}"),
-                               f" · attempt {board.attempt} · {_duration(board.elapsed())}")
+                               f" · attempt {board.attempt} · {clock_text(board.elapsed())}")
         # What the nodes do first: on a narrow terminal a line is cut at its end (CSS), never wrapped.
         header.append(f"\n{shape}: {board.summary()} · world size {board.world_size} · master {board.master}")
         header.append("\n" + (safe(board.notes[-1], colour=False) if board.notes else ""), style="italic")
