@@ -213,6 +213,12 @@ def history_rows(record: JobRecord, now: float) -> list[tuple[str, ...]]:
     return rows
 
 
+def table_text(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows as aligned text lines, the first the header (``ps``'s tables, the dashboard's history)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
 def jobs_json(records: Iterable[JobRecord], hosts: Mapping[int, Mapping[str, Any]] | None = None,
               damaged: Iterable[DamagedRecord] = (), gpus: Mapping[int, NodeGpus] | None = None) -> dict[str, Any]:
     """The ``ps --json`` document: ``{"schema": SCHEMA, "jobs": [...], "damaged": [...]}``, the

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable
 
 from clusterrun.attempt import NextAttempt, attempt_event, begin_stop, record_stop
@@ -38,6 +39,7 @@ from clusterrun.events import (
     NodeStopped,
 )
 from clusterrun.gpus import INTERVAL, GpuPoller
+from clusterrun.joblist import history_rows, table_text
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import follower, save_seen, stacks_view
 from clusterrun.orchestrator import Emit, Job
@@ -286,6 +288,15 @@ class Session:
             return render(stacks_view(self.record))
         except ClusterrunError as exc:
             return [exc.render()]
+
+    def history(self) -> list[str]:
+        """The job's attempts as ``ps JOB`` lists them (started, duration, end, restarted, root
+        cause), from its record now: the dashboard's ``h``."""
+        try:
+            record = self.store.load(self.job_id)
+        except ClusterrunError as exc:
+            return [exc.render()]
+        return table_text(history_rows(record, time.time()))
 
     def wait(self, timeout: float | None = None) -> None:
         if self._thread is not None:

@@ -20,7 +20,7 @@ import pytest
 from textual.strip import Strip
 
 from clusterrun.board import RESUMED
-from clusterrun.events import AttemptStarted, Event, LogLines, NodeDegraded, NodeExited, NodeResult, NodeState
+from clusterrun.events import AttemptStarted, Event, JobState, LogLines, NodeDegraded, NodeExited, NodeResult, NodeState
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.session import Session
 from clusterrun.tui import Dashboard, RingLog
@@ -559,3 +559,40 @@ def test_a_degraded_node_is_shown_in_the_table_below_it_and_in_the_header() -> N
         await pilot.press("q")  # type: ignore[attr-defined]
 
     drive(app, script)
+
+
+def test_h_shows_the_attempts_of_the_job_from_its_record(tmp_path: Path) -> None:
+    """The dashboard's `h`: the attempts as `ps JOB` lists them, read from the job's record."""
+    from clusterrun.jobs import AttemptRecord
+    from clusterrun.session import Session
+    from tests.test_joblist import make_record
+
+    store = JobStore(tmp_path / "jobs")
+    record = make_record("train-1", "failed", 10)
+    record.attempts = [AttemptRecord(1, started=record.created, master_port=29500, state=JobState.FAILED,
+                                     ended=record.created + 12, root_cause="rank 1 on node 0: exit code 1",
+                                     restart="policy"),
+                       AttemptRecord(2, started=record.created + 40, master_port=29501, state=JobState.FAILED,
+                                     ended=record.created + 52, root_cause="rank 0 on node 0: exit code 3")]
+    record.attempt = 2
+    store.create(record)
+    lines = Session(store, record, gpu_interval=None).history()
+    assert lines[0].split() == ["ATTEMPT", "STARTED", "DURATION", "STATE", "RESTARTED", "ROOT", "CAUSE"]
+    assert lines[1].split()[2:6] == ["12", "s", "failed", "policy"] and lines[1].endswith("exit code 1")
+    assert lines[2].split()[0] == "2" and lines[2].endswith("rank 0 on node 0: exit code 3")
+
+    class WithHistory(Scripted):
+        def history(self) -> list[str]:
+            return lines
+
+    app = Dashboard(WithHistory(started(), running=True), ring=100)  # type: ignore[arg-type]
+    seen: dict[str, str] = {}
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await pilot.press("h")  # type: ignore[attr-defined]
+        await pilot.pause()  # type: ignore[attr-defined]
+        seen["screen"] = _screen_text(app)
+        await pilot.press("escape")  # type: ignore[attr-defined]
+
+    drive(app, script)
+    assert "Attempts of the job" in seen["screen"] and "rank 0 on node 0: exit code 3" in seen["screen"]

@@ -44,6 +44,7 @@ from clusterrun.joblist import (
     node_rows,
     outcome_text,
     shown,
+    table_text,
     unreachable_ranks,
 )
 from clusterrun.jobs import JobRecord, JobStore
@@ -163,9 +164,8 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
 
 
 def _table(rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for line in table_text(rows):
+        click.echo(line)
 
 
 def _select_ranks(record: JobRecord, node: tuple[int, ...]) -> list[int]:

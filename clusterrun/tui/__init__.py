@@ -42,7 +42,7 @@ from clusterrun.tui.nodetable import (
     same_cell,
     textual_version,
 )
-from clusterrun.tui.screens import Confirm, Help, QuitQuestion, Stacks
+from clusterrun.tui.screens import Confirm, Help, History, QuitQuestion, Stacks
 from clusterrun.tui.search import Matches
 
 __all__ = ["CACHES_CHECKED", "COLUMNS", "Dashboard", "LogHighlighter", "NodeTable", "RingLog", "textual_version"]
@@ -65,7 +65,7 @@ class Dashboard(App[int]):
     #search { dock: bottom; display: none; }
     #search.shown { display: block; }
     #dialog { width: 80; max-width: 100%; height: auto; border: thick $primary; background: $surface; padding: 1 2; }
-    Confirm, QuitQuestion, Help, Stacks { align: center middle; }
+    Confirm, QuitQuestion, Help, Stacks, History { align: center middle; }
     #stacks { width: 95%; height: 90%; border: thick $primary; background: $surface; padding: 0 1; }
     #buttons { height: auto; margin-top: 1; }
     #buttons Button { margin-right: 2; }
@@ -83,7 +83,8 @@ class Dashboard(App[int]):
         Binding("escape", "clear_search", "Clear search", show=False),
         Binding("K", "kill", "Kill"),
         Binding("R", "restart", "Restart"),
-        Binding("s", "stack", "Stacks", show=False),  # in the help (?): the footer is full
+        Binding("s", "stack", "Stacks", show=False),
+        Binding("h", "history", "History", show=False),  # in the help (?): the footer is full
         Binding("d", "detach", "Detach"),
         Binding("question_mark", "help", "Help"),
         Binding("q,ctrl+c", "quit_job", "Quit", priority=True, key_display="q"),
@@ -486,6 +487,9 @@ class Dashboard(App[int]):
 
     def action_stack(self) -> None:
         self.push_screen(Stacks(self.session.stacks))
+
+    def action_history(self) -> None:
+        self.push_screen(History(self.session.history()))
 
     def action_detach(self) -> None:
         self._leave("detached")

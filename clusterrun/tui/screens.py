@@ -105,6 +105,26 @@ class Stacks(ModalScreen[None]):
         self.dismiss(None)
 
 
+class History(ModalScreen[None]):
+    """The job's attempts (``ps JOB``'s table): when each started, how long it ran, how it ended,
+    whether it was restarted and its root cause."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [("escape,q,h", "close", "Close")]
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="stacks"):
+            yield Label("Attempts of the job (Esc: close)", id="stacks-title")
+            with VerticalScroll():
+                yield Static(Text("\n".join(self.lines)))
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
 # One entry a line, each short enough for an 80-column terminal, so that nothing wraps mid-entry.
 KEYS = (
     ("↑/↓, j/k", "select a node"),
@@ -117,6 +137,7 @@ KEYS = (
     ("K", "kill the job on every host (asks first)"),
     ("R", "restart: the checks, the stop, a new attempt (asks)"),
     ("s", "every rank's Python stack, identical ones once"),
+    ("h", "the job's attempts: when, how long, how each ended, why"),
     ("d", "detach: leave the job running and exit"),
     ("q", "quit (asks whether to stop a running job)"),
     ("?", "this help; Esc closes it"),
@@ -137,4 +158,4 @@ class Help(ModalScreen[None]):
         self.dismiss(None)
 
 
-__all__ = ["HELP", "Confirm", "Help", "QuitQuestion", "Stacks"]
+__all__ = ["HELP", "Confirm", "Help", "History", "QuitQuestion", "Stacks"]
