@@ -460,7 +460,7 @@ def test_escape_sequences_are_shown_escaped_and_the_node_file_stays_byte_exact(t
 
 
 @pytest.mark.fake_torchrun
-def test_a_running_jobs_name_is_refused_and_a_shared_name_is_ambiguous_everywhere(tmp_path: Path,
+def test_a_running_jobs_name_is_refused_and_a_reused_name_means_the_one_not_ended(tmp_path: Path,
                                                                                    state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1], state_dir)
     old = up_detached("--name", "dup", hosts, SUPPORT / "counter.py", "1", "0.01")
@@ -476,14 +476,15 @@ def test_a_running_jobs_name_is_refused_and_a_shared_name_is_ambiguous_everywher
     unnamed = clusterrun("up", "-d", hosts, SUPPORT / "counter.py", "1", "0.01")  # named after the script
     assert unnamed.returncode == 2 and "named after the script, 'counter', is running" in unnamed.stderr
     assert sorted(p.name for p in (state_dir / "jobs").iterdir()) == sorted([*jobs, default.stdout.strip()])
-    for command in (["ps"], ["logs"], ["attach", "--no-tui"], ["down"], ["restart"]):
-        proc = clusterrun(*command, "dup")
-        assert proc.returncode == 2, (command, proc.stderr)
-        assert f"'dup' is ambiguous: it matches 2 jobs named 'dup': {new} (running), {old} (succeeded)" \
-            in proc.stderr, proc.stderr
-    assert ps_json(new)["state"] == "running"  # none of them touched it
-    for job in (new, default.stdout.strip()):
-        assert clusterrun("down", job).returncode == 0
+    note = f"'dup' is job {new} (running), the one of 2 jobs of that name that has not ended"
+    shown = clusterrun("ps", "dup")
+    assert shown.returncode == 0 and note in shown.stderr and new in shown.stdout, shown.stderr
+    down = clusterrun("down", "dup")  # the running one, not the ended one
+    assert down.returncode == 0 and note in down.stderr, down.stderr
+    assert ps_json(new)["state"] == "stopped" and ps_json(old)["state"] == "succeeded"
+    newest = clusterrun("ps", "dup")
+    assert f"'dup' is job {new} (stopped), the newest of 2 jobs of that name, all ended" in newest.stderr
+    assert clusterrun("down", default.stdout.strip()).returncode == 0
 
 
 def in_mount_namespace(setup: str, *args: str | os.PathLike[str], after: str = "") -> subprocess.CompletedProcess[str]:
