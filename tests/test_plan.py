@@ -40,7 +40,8 @@ def test_torchrun_argv_is_static_rendezvous_with_node_rank() -> None:
     p = plan_for(spec(HostSpec("gpu-a", address="10.0.0.1", nproc=2), HostSpec("gpu-b", nproc=2)), grace=7)
     assert p.nodes[1].argv == (
         "/usr/bin/python3", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1",
-        "--rdzv-backend=static", "--master-addr=10.0.0.1", "--master-port=29400", "--max-restarts=0", "--redirects=3",
+        "--rdzv-backend=static", "--rdzv-id=train-1", "--master-addr=10.0.0.1", "--master-port=29400",
+        "--max-restarts=0", "--redirects=3",
         "--signals-to-handle=SIGTERM,SIGINT,SIGQUIT", "--shutdown-timeout=7", "train.py", "--lr", "0.1",
     )
 

@@ -227,14 +227,14 @@ def test_arguments_and_env_arrive_verbatim(tmp_path: Path, state_dir: Path) -> N
     args = [a.format(canary=canary) for a in HOSTILE_ARGS]
     value = f"v; touch {canary} $(touch {canary}) 'q' \"d\" $HOME"
     hosts = write_hosts(tmp_path, [1, 1], state_dir, extra=f"env:\n  FROM_FILE: {json.dumps(value)}\n")
-    proc = run_up("--env", f"FROM_CLI={value}", "--env", "ECHO_ENV=FROM_CLI,FROM_FILE", hosts,
+    proc = run_up("--env", f"FROM_CLI={value}", "--env", "ECHO_ENV=FROM_CLI,FROM_FILE,TORCHELASTIC_RUN_ID", hosts,
                   SUPPORT / "echo_args.py", "--", *args)
     assert proc.returncode == 0, proc.stderr
     echoed = [line.split("ECHO ", 1)[1] for line in proc.stdout.splitlines() if "| ECHO " in line]
     assert len(echoed) == 1
     data = json.loads(echoed[0])
     assert data["argv"] == args
-    assert data["env"] == {"FROM_CLI": value, "FROM_FILE": value}
+    assert data["env"] == {"FROM_CLI": value, "FROM_FILE": value, "TORCHELASTIC_RUN_ID": job_id_of(proc.stderr)}
     assert not canary.exists()
     assert not os.path.exists("x; touch")
 

@@ -93,14 +93,15 @@ def main() -> int:
     nprocs, _store = rendezvous(addr, port, nnodes, node_rank, nproc)
     first, world = sum(nprocs[:node_rank]), sum(nprocs)
     log_root = os.environ.get("PET_LOG_DIR") or tempfile.mkdtemp(prefix="torchelastic_")
-    run_dir = tempfile.mkdtemp(prefix="none_", dir=log_root)
+    run_id = options.get("rdzv-id") or "none"
+    run_dir = tempfile.mkdtemp(prefix=f"{run_id}_", dir=log_root)
     for local in range(nproc):
         folder = os.path.join(run_dir, "attempt_0", str(local))
         os.makedirs(folder)
         env = {**os.environ, "RANK": str(first + local), "LOCAL_RANK": str(local), "GROUP_RANK": str(node_rank),
                "ROLE_RANK": str(first + local), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(nproc),
                "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": addr, "MASTER_PORT": str(port),
-               "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
+               "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
         out, err = (open(os.path.join(folder, f"{name}.log"), "wb") for name in ("stdout", "stderr"))
         with out, err:
             proc = subprocess.Popen([sys.executable, "-u", script, *script_args], env=env, stdout=out, stderr=err,
