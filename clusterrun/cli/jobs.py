@@ -227,14 +227,16 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
 def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: str | None) -> None:
     """Follow JOB live again: every node's log and state, from where you last left it, with no
     line lost or repeated; the lines just before that point are shown above a separator (--tail N).
-    Ctrl-C detaches and leaves the job running."""
+    Ctrl-C (d in the dashboard), SIGTERM or SIGHUP detach and leave the job running; K in the
+    dashboard or `clusterrun down` stops it."""
     store, record = _open_job(job, hosts_file)
     record = _refresh(store, record)
     printer = Printer()
     offsets = {n.rank: n.seen for n in record.nodes}
     if _use_tui(no_tui):
         scrollback = tail if tail is not None else shutil.get_terminal_size().lines  # a screenful
-        sys.exit(_dashboard(Session(store, record, offsets=offsets, scrollback=scrollback), ui_lines))
+        sys.exit(_dashboard(Session(store, record, offsets=offsets, scrollback=scrollback), ui_lines,
+                            term_stops=False))
     viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, scrollback=tail or 0)
     printer.set_plan(plan_from_json(record.plan, spec_of(record)))
     printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "
