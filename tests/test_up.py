@@ -240,6 +240,18 @@ def test_arguments_and_env_arrive_verbatim(tmp_path: Path, state_dir: Path) -> N
 
 
 @pytest.mark.fake_torchrun
+def test_a_ranks_traceback_comes_after_what_it_printed_before(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1], state_dir)
+    script = tmp_path / "crash.py"
+    script.write_text("for step in range(3):\n    print(f'step {step}')\nraise ValueError('boom')\n")
+    proc = run_up(hosts, script)
+    assert proc.returncode == 1, proc.stderr
+    lines = [line.split("| ", 1)[1] for line in proc.stdout.splitlines() if "rank0 | " in line]
+    assert lines[:4] == ["step 0", "step 1", "step 2", "Traceback (most recent call last):"], lines
+    assert lines[-1] == "ValueError: boom", lines
+
+
+@pytest.mark.fake_torchrun
 def test_lines_are_never_split_or_mixed_under_a_flood(tmp_path: Path, state_dir: Path) -> None:
     """Workers print as fast as they can; every line arrives whole, in order, once, with its rank."""
     hosts = write_hosts(tmp_path, [2, 2], state_dir)

@@ -85,13 +85,26 @@ class RankLogs:
                 found = True
         return found
 
+    def _written_order(self, path: str) -> tuple[str, int, bool]:
+        """Where a rank's file goes in a batch: a rank's stdout and stderr are two files, so what
+        it wrote to both since the last batch is ordered by when each file was last written (the
+        file written last goes last: a traceback after the prints before it), stdout first when
+        the clock cannot tell them apart. Exact unless the rank wrote to one, the other, then the
+        first again between two batches (the monitor wakes on every write, so mostly a flood)."""
+        try:
+            written = os.fstat(self.files[path][0].fileno()).st_mtime_ns
+        except OSError:
+            written = 0
+        return os.path.dirname(path), written, os.path.basename(path) != "stdout.log"
+
     def poll(self, final: bool = False) -> bool:
         """Pass on every complete line written so far (and, when ``final``, the rest too); True if
         torchrun made new per-rank files (it is starting workers)."""
         found = self._discover()
         out: list[bytes] = []
         batch: list[tuple[str, int, int, bool]] = []  # per file: the range of it in this batch
-        for path, entry in self.files.items():
+        for path in sorted(self.files, key=self._written_order):
+            entry = self.files[path]
             handle, pending, prefix = entry
             pending += handle.read()
             cut = len(pending) if final else pending.rfind(b"\n") + 1
