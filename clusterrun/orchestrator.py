@@ -129,6 +129,8 @@ class Job:
         self.offsets: dict[int, int] = dict(offsets or {})  # per node: the log's bytes emitted so far
         self.reconnect = reconnect
         self.tail = tail
+        # nodes whose log this follower does not read from its start (a viewer's resume point, --tail)
+        self._partial = {r for r, at in self.offsets.items() if at > 0} if tail is None else None
         # A viewer resuming at ``offsets`` first gets up to ``scrollback`` lines before each
         # node's resume point, emitted once as ``LogLines(earlier=True)``.
         self._resume_at = {rank: at for rank, at in self.offsets.items() if at > 0} if scrollback else {}
@@ -564,9 +566,13 @@ class Job:
                                       error=node.error or final.error))
         root = None
         if any(r.state in (NodeState.FAILED, NodeState.LOST) for r in results) or interrupted is None:
-            if not self.follow_logs:
-                self._read_tails([r.node for r in results if r.state in (NodeState.FAILED, NodeState.STOPPED,
-                                                                         NodeState.LOST)])
+            ended = [r.node for r in results if r.state in (NodeState.FAILED, NodeState.STOPPED, NodeState.LOST)]
+            # A node whose log was not read from its start is diagnosed from its log's tail, as the
+            # job's owner (the monitor) does: the root cause ps shows, not one from the lines after a resume.
+            unread = [r for r in ended if not self.follow_logs or self._partial is None or r in self._partial]
+            for rank in unread:
+                self._nodes[rank].log = NodeLog()
+            self._read_tails(unread)
             root = find_root_cause(
                 hosts={r: n.host for r, n in enumerate(self._nodes)},
                 logs={r: n.log for r, n in enumerate(self._nodes)},

@@ -27,6 +27,7 @@ from tests.conftest import (
     job_id_of,
     marked,
     monitors,
+    run_up,
     start_time,
     up_argv,
     wait_for,
@@ -651,3 +652,24 @@ def test_attach_tail_shows_the_lines_before_where_the_last_viewer_stopped_then_t
     assert "node0 local-a: resumed here; the lines above were shown before" in proc.stderr
     proc = clusterrun("attach", "--no-tui", job)  # the stream resumes without scrollback by default
     assert proc.returncode == 0 and "rank 0 line" not in proc.stdout and "resumed here" not in proc.stderr
+
+
+@pytest.mark.fake_torchrun
+def test_logs_f_and_attach_end_a_failed_job_with_the_root_cause_ps_shows(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    script = tmp_path / "crash.py"  # rank 1 fails; rank 0, the victim, is stopped by fail-fast
+    script.write_text("import os, time\nprint('up', flush=True)\n"
+                      "if os.environ['RANK'] == '1':\n    raise ValueError('boom')\ntime.sleep(600)\n")
+    up = run_up("--grace", "2", hosts, script)  # shows every line: an attach later resumes at the end
+    assert up.returncode == 1, up.stderr
+    job = job_id_of(up.stderr)
+    cause = "root cause: rank 1 on node 1 (local-b, local rank 0): exit code 1: ValueError: boom"
+    assert f"clusterrun: {cause}" in up.stderr, up.stderr
+    assert cause in clusterrun("ps", job).stdout
+    follow = clusterrun("logs", "-f", job)
+    assert follow.returncode == 1, follow.stderr
+    assert f"clusterrun: job {job} FAILED\nclusterrun: {cause}\n" in follow.stderr, follow.stderr
+    attach = clusterrun("attach", "--no-tui", job)
+    assert attach.returncode == 1, attach.stderr
+    assert f"clusterrun: {cause}\n" in attach.stderr and "the job keeps running" not in attach.stderr, attach.stderr
+    assert "it has ended" in attach.stderr

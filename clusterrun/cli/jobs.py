@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import shlex
 import shutil
@@ -181,7 +182,8 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
          prefix: bool | None, hosts_file: str | None) -> None:
     """Print JOB's logs from its hosts' log files: every node's lines with a prefix, or one node's
     exactly as written with --node N. Works during and after the job, from any controller that
-    has its record.
+    has its record. With -f, ends when the job does, with its summary and exit code as `up`
+    (0 succeeded, 1 failed or stopped).
 
     Lines shown with a prefix (or of a one-node job) are made safe for a terminal: colours pass
     (dropped with NO_COLOR, TERM=dumb or when not a terminal), other escape sequences and control
@@ -210,10 +212,13 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
     with _on_signals({signal.SIGINT: lambda s: follower_job.detach(),
                       signal.SIGTERM: lambda s: follower_job.detach()}) as got:
         try:
-            follower_job.run()
+            result = follower_job.run()
         finally:
             follower_job.close()
-    sys.exit(EXIT_SIGNAL[got["signal"]] if got.get("signal") else EXIT_OK)
+    if result is not None:  # the job ended: its outcome as `up --no-tui` ends with it (of the nodes shown)
+        result = dataclasses.replace(result, nodes=tuple(n for n in result.nodes if n.node in ranks))
+        Printer().summary(result)
+    sys.exit(_exit_code(result, got) if result is not None else EXIT_SIGNAL.get(got.get("signal", 0), EXIT_OK))
 
 
 @main.command()
@@ -240,7 +245,8 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
     viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, scrollback=tail or 0)
     printer.set_plan(plan_from_json(record.plan, spec_of(record)))
     printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "
-                 "Ctrl-C detaches, the job keeps running")
+                 + ("it has ended: its lines since you last looked, then how it ended" if record.finished
+                    else "Ctrl-C detaches, the job keeps running"))
     with _on_signals({signal.SIGINT: lambda s: viewer.detach(), signal.SIGTERM: lambda s: viewer.detach(),
                       signal.SIGHUP: lambda s: viewer.detach()}) as got:
         try:
