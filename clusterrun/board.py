@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from clusterrun.diagnose import undoubled
 from clusterrun.events import (
     AttemptStarted,
     Event,
@@ -134,7 +135,8 @@ class Board:
         rank = event.node
         if isinstance(event, LogLines) and rank is not None:
             row = self.node(rank, event.host)
-            lines = [*event.lines, RESUMED] if event.earlier else event.lines  # scrollback, then the separator
+            shown = undoubled(event.lines)  # torch's own rank tag after ours, once
+            lines = [*shown, RESUMED] if event.earlier else shown  # scrollback, then the separator
             row.log.extend(lines)
             if not event.earlier:
                 row.last_output = event.ts

@@ -56,6 +56,7 @@ from clusterrun.events import (
     NodeStateChanged,
     NodeStopped,
     StopReport,
+    stopped_after_text,
 )
 from clusterrun.follower import Follower, Link, Node, Reconnect, node_state_of, split_lines
 from clusterrun.interfaces import (
@@ -143,6 +144,7 @@ class Job:
         self.ranks = list(range(len(self._nodes))) if ranks is None else sorted(ranks)  # the nodes run() follows
         self._inbox: queue.Queue[tuple[int, FollowMessage | Link]] = queue.Queue(maxsize=256)
         self._stop_reason: str | None = None
+        self._failed_first: int | None = None  # the node whose failure made fail-fast stop the others
         self._stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pool = ThreadPoolExecutor(max_workers=min(32, max(4, len(self._nodes))),
@@ -427,9 +429,8 @@ class Job:
             except queue.Empty:
                 continue
             if self._handle(rank, message) and self.fail_fast and not stopping:
-                stopping = True
-                failed = self._nodes[rank]
-                stop_futures = self._stop_async(reason=f"node {rank} ({failed.host}) failed")
+                stopping, self._failed_first = True, rank
+                stop_futures = self._stop_async(reason=f"node {rank} ({self._nodes[rank].host}) failed")
         for future in stop_futures:
             report = future.result()
             if report is not None:
@@ -488,11 +489,12 @@ class Job:
             if new is NodeState.LOST and not status.error:
                 status = dataclasses.replace(status, error="neither the supervisor nor torchrun runs any more "
                                              "(the host rebooted, or they were killed)")
-            node.final = status
-            code = status.exit_code
-            self._set_state(rank, new, status.error or (f"exit code {code}" if code is not None else ""))
+            node.final, code = status, status.exit_code
+            after = self._failed_first if new is NodeState.STOPPED else None  # fail-fast stopped it
+            why = stopped_after_text(after) if after is not None else status.error
+            self._set_state(rank, new, why or (f"exit code {code}" if code is not None else ""))
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, new, exit_code=code, signal=status.signal,
-                                                         error=status.error)))
+                                                         error=why, stopped_after=after)))
             return new in (NodeState.FAILED, NodeState.LOST)
         return False
 
@@ -562,14 +564,15 @@ class Job:
         results = []
         for rank, node in enumerate(self._nodes):
             final = node.final or NodeStatus(HostState.RUNNING)
+            after = self._failed_first if node.state is NodeState.STOPPED else None  # fail-fast stopped it
+            why = node.error or (stopped_after_text(after) if after is not None else final.error)
             results.append(NodeResult(rank, node.host, node.state, exit_code=final.exit_code, signal=final.signal,
-                                      error=node.error or final.error))
+                                      error=why, stopped_after=after))
         root = None
         if any(r.state in (NodeState.FAILED, NodeState.LOST) for r in results) or interrupted is None:
-            ended = [r.node for r in results if r.state in (NodeState.FAILED, NodeState.STOPPED, NodeState.LOST)]
-            # A node whose log was not read from its start is diagnosed from its log's tail, as the
-            # job's owner (the monitor) does: the root cause ps shows, not one from the lines after a resume.
-            unread = [r for r in ended if not self.follow_logs or self._partial is None or r in self._partial]
+            # A node whose log was not read from its start is diagnosed from its log's tail, as by the owner (ps)
+            unread = [r.node for r in results if r.state in (NodeState.FAILED, NodeState.STOPPED, NodeState.LOST)
+                      and (not self.follow_logs or self._partial is None or r.node in self._partial)]
             for rank in unread:
                 self._nodes[rank].log = NodeLog()
             self._read_tails(unread)

@@ -36,6 +36,15 @@ def test_every_ring_of_a_board_holds_the_lines_it_was_sized_for() -> None:
     assert list(board.merged.lines) == ["node1 | line 2", "node1 | line 3", "node1 | line 4"]
 
 
+def test_torchs_own_rank_tag_after_ours_is_shown_once() -> None:
+    board = Board(ring=10)
+    board.apply(attempt(1))
+    board.apply(LogLines(0, host="h0", lines=("[rank1]:[rank1]: Traceback (most recent call last):",
+                                              "[rank1]:plain", "[rank0]:[rank0]:x", "torchrun's own")))
+    assert list(board.nodes[0].log.lines) == ["[rank1]:Traceback (most recent call last):", "[rank1]:plain",
+                                              "[rank0]:x", "torchrun's own"]
+
+
 NOON = 1_795_608_000.0  # 2026-11-25T12:00:00Z
 
 

@@ -589,6 +589,10 @@ def test_dry_run_ps_and_down_say_which_guarantee_holds(tmp_path: Path, state_dir
         assert "verified" not in down.stderr and "nothing of it is left" not in down.stderr, down.stderr
         assert down.stderr.count("processes that left the job's tree, session and environment could not be seen") == 3
         assert f"job {job} stopped; swept without a cgroup on local-a, local-b" in down.stderr
+        # one line per host, why there was no cgroup on it; torchrun (named there) is not counted as swept
+        assert len(down.stderr.splitlines()) == 4, down.stderr
+        assert down.stderr.count("(no cgroup: cgroups turned off on this host (CLUSTERRUN_NO_CGROUP is set); swept 0 "
+                                 "processes besides torchrun; ") == 2, down.stderr
 
 
 @pytest.mark.fake_torchrun
