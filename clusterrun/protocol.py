@@ -155,11 +155,25 @@ class Probe:
 
 @dataclass(frozen=True)
 class LogChunk:
-    """Complete lines of the log from byte ``offset``; ``next`` is where to resume."""
+    """Complete lines of the log from byte ``offset``; ``next`` is where to resume. ``times``:
+    when they were written, ``(byte offset, wall-clock ns)``: the bytes from each offset on,
+    up to the next one's, the first at or before ``offset`` (none from an older agent)."""
 
     offset: int
     next: int
     data: str
+    times: tuple[tuple[int, int], ...] = ()
+
+    def timed_lines(self) -> list[tuple[int | None, str]]:
+        """The chunk's lines (without newlines), each with when it was written (ns), if known."""
+        times, at, i, out = self.times, self.offset, -1, []
+        lines = self.data.split("\n")
+        for line in lines[:-1] if lines[-1] == "" else lines:  # not splitlines: a rank's "\r" is no line end
+            while i + 1 < len(times) and times[i + 1][0] <= at:
+                i += 1
+            out.append((times[i][1] if i >= 0 else times[0][1] if times else None, line))
+            at += len(line.encode("utf-8", "surrogateescape")) + 1
+        return out
 
 
 @dataclass(frozen=True)
@@ -343,7 +357,12 @@ def decode_follow(host: str, message: Any) -> FollowMessage:
         raise AgentError(host, r.text("error") or "the agent failed")
     kind = r.data.get("t")
     if kind == "log":
-        return LogChunk(offset=r.need_integer("offset"), next=r.need_integer("next"), data=r.need_text("data"))
+        times = r.data.get("times") or []
+        if not isinstance(times, list) or not all(
+                isinstance(t, list) and len(t) == 2 and all(type(v) is int for v in t) for t in times):
+            raise r._fail("times", "a list of [offset, ns] pairs")
+        return LogChunk(offset=r.need_integer("offset"), next=r.need_integer("next"), data=r.need_text("data"),
+                        times=tuple((t[0], t[1]) for t in times))
     if kind == "beat":
         return Beat()
     if kind == "state":

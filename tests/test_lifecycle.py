@@ -677,3 +677,27 @@ def test_logs_f_and_attach_end_a_failed_job_with_the_root_cause_ps_shows(tmp_pat
     assert attach.returncode == 1, attach.stderr
     assert f"clusterrun: {cause}\n" in attach.stderr and "the job keeps running" not in attach.stderr, attach.stderr
     assert "it has ended" in attach.stderr
+
+
+@pytest.mark.fake_torchrun
+def test_logs_interleaves_the_nodes_in_the_order_their_lines_were_written(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    # The ranks take turns, each waiting for the other's file; a turn's file comes 0.2 s after its
+    # line, more than the monitors take to note when a line was written (they are woken by it).
+    script = tmp_path / "pingpong.py"
+    script.write_text("import os, sys, time\nrank = int(os.environ['RANK'])\n"
+                      "def wait(name):\n    while not os.path.exists(os.path.join(sys.argv[1], name)):\n"
+                      "        time.sleep(0.01)\n"
+                      "for turn in range(3):\n    if rank == 1 or turn:\n"
+                      "        wait(f'{1 - rank}-{turn - 1 + rank}')\n"
+                      "    print(f'rank {rank} turn {turn}', flush=True)\n    time.sleep(0.2)\n"
+                      "    open(os.path.join(sys.argv[1], f'{rank}-{turn}'), 'w').close()\n")
+    up = run_up(hosts, script, tmp_path)
+    assert up.returncode == 0, up.stderr
+    job = job_id_of(up.stderr)
+    turns = [f"rank {r} turn {t}" for t in range(3) for r in (0, 1)]
+    logs = clusterrun("logs", job)
+    assert logs.returncode == 0, logs.stderr
+    assert [line.split("| ", 1)[1] for line in logs.stdout.splitlines() if " turn " in line] == turns
+    by_node = clusterrun("logs", "--by-node", job)
+    assert [line.split("| ", 1)[1] for line in by_node.stdout.splitlines() if " turn " in line] == sorted(turns)

@@ -72,8 +72,9 @@ Requests (``op``) and answers
            dir that cannot be written, or a logind that would kill the job at logout, starts
            nothing). The supervisor tells it how the start went through a pipe, not the disk.
 ``follow`` ``{job, node, attempt, state_dir, offset | tail, logs, once}`` → a stream of lines:
-           ``{t: "log", offset, next, data}`` (complete lines only, bytes decoded as UTF-8 with
-           surrogateescape; ``next`` is the byte offset to resume from), ``{t: "state", state}``
+           ``{t: "log", offset, next, data, times}`` (complete lines only, bytes decoded as UTF-8 with
+           surrogateescape; ``next`` is the byte offset to resume from; ``times``: the entries of
+           ``output.times`` that cover them, ``[[offset, ns], ...]``), ``{t: "state", state}``
            whenever the state file changes, ``{t: "beat"}`` after ``HEARTBEAT`` seconds without
            anything else, and finally ``{t: "end", state}`` after a last read that includes a
            partial last line. Resuming from ``next`` loses and repeats nothing. ``tail: N`` starts
@@ -182,6 +183,8 @@ under umask 077 so they are never readable by others, not even briefly):
 ``ranklogs.json``   the monitor's journal of ``RankLogs``: each per-rank file's offset passed
                     on, the last batch's ranges and the log's size before it (see
                     ``resume_offsets``), rewritten (rename, no fsync) before each batch
+``output.times``    when output.log's bytes were written: a line ``<offset> <ns>`` (wall clock) per
+                    batch of lines, the bytes from ``offset`` to the next line's (``RankLogs.note_time``)
 ``monitor.lock``    flock'ed by the one monitor at work; another waits on it, then takes over
 ``degraded``        present once the supervisor could not write its state or log (a full or
                     read-only disk, a quota): the reason, if even that could be written. The

@@ -33,6 +33,7 @@ BUSY = 10.0
 POLL_INTERVAL = 0.05  # how often a monitor looks for the exit file while the survivor lives
 EXIT_FILE = "exit"  # the survivor's record of torchrun's end: {"exit_code", "signal", "pid"}
 RANK_JOURNAL = "ranklogs.json"  # RankLogs's offsets, for a monitor that resumes
+TIMES = "output.times"  # when output.log's bytes were written (RankLogs.note_time), read by ``follow``
 MONITOR_LOCK = "monitor.lock"  # flock'ed by the one monitor at work
 EXIT_WAIT = 10.0  # seconds a monitor waits for a living survivor to write the exit file
 RESPAWNS = 5  # monitors the survivor restarts at most in a row without progress (a monitor's bug)
@@ -202,7 +203,8 @@ class Monitor:
         log_fd = os.open(os.path.join(self.folder, "output.log"), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         self.rank_logs = RankLogs(os.path.join(self.folder, "torchrun"), log_fd,
                                   int(state.get("first_rank") or self._first_rank()), self.waker,
-                                  journal=os.path.join(self.folder, RANK_JOURNAL))
+                                  journal=os.path.join(self.folder, RANK_JOURNAL),
+                                  times=os.path.join(self.folder, TIMES))
         tr = state.get("torchrun") or {}
         torchrun = pin(tr["pid"], tr.get("start_time")) if tr.get("pid") else None
         if torchrun is not None:

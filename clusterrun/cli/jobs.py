@@ -33,6 +33,7 @@ from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, host
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord
 from clusterrun.events import JobState
+from clusterrun.interleave import interleaved
 from clusterrun.joblist import (
     STATES,
     job_state_text,
@@ -43,7 +44,7 @@ from clusterrun.joblist import (
     unreachable_ranks,
 )
 from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.lifecycle import follower, node_statuses, read_logs, save_seen, spec_of
+from clusterrun.lifecycle import follower, node_statuses, read_log_chunks, read_logs, save_seen, spec_of
 from clusterrun.plan import plan_from_json
 from clusterrun.printer import Printer
 from clusterrun.session import Session
@@ -177,11 +178,14 @@ def _check_attempt(record: JobRecord, attempt: int | None) -> int:
 @click.option("--attempt", type=click.IntRange(min=1), metavar="K", help="An earlier attempt (default: the last).")
 @click.option("--prefix/--no-prefix", default=None,
               help="Prefix each line with its node (default: only when several nodes are shown).")
+@click.option("--by-node", is_flag=True,
+              help="Node after node (default: the nodes' lines interleaved in the order they were written).")
 @hosts_option
 def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attempt: int | None,
-         prefix: bool | None, hosts_file: str | None) -> None:
-    """Print JOB's logs from its hosts' log files: every node's lines with a prefix, or one node's
-    exactly as written with --node N. Works during and after the job, from any controller that
+         prefix: bool | None, by_node: bool, hosts_file: str | None) -> None:
+    """Print JOB's logs from its hosts' log files: every node's lines with a prefix, interleaved
+    in the order they were written (--by-node: node after node), or one node's exactly as
+    written with --node N. Works during and after the job, from any controller that
     has its record. With -f, ends when the job does, with its summary and exit code as `up`
     (0 succeeded, 1 failed or stopped).
 
@@ -200,7 +204,11 @@ def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attemp
     printer.set_plan(plan_from_json(record.plan, spec))
     if not follow:
         failed = False
-        for rank, item in read_logs(record, ranks, attempt, tail):
+        if by_node or len(ranks) == 1:
+            chunks = read_logs(record, ranks, attempt, tail)
+        else:
+            chunks = interleaved(ranks, lambda rank: read_log_chunks(record, rank, attempt, tail))
+        for rank, item in chunks:
             if isinstance(item, ClusterrunError):
                 failed = True
                 _note(f"node{rank} {record.nodes[rank].host}: {item.render()}")
