@@ -138,8 +138,9 @@ class Board:
             shown = undoubled(event.lines)  # torch's own rank tag after ours, once
             lines = [*shown, RESUMED] if event.earlier else shown  # scrollback, then the separator
             row.log.extend(lines)
-            if not event.earlier:
-                row.last_output = event.ts
+            if not event.earlier:  # when the rank wrote it, not when it came here (a viewer's backlog)
+                written = event.written
+                row.last_output = event.ts if written is None else self.clock() - max(0.0, self.wall() - written)
             self.merged.extend([f"node{rank} | {line}" for line in lines])
             return  # the row's line count and last output are redrawn by the clock, not per batch
         self.header_changed = True

@@ -399,6 +399,7 @@ class LogLines(Event):
     host: str
     lines: tuple[str, ...]
     earlier: bool = False
+    written: float | None = None  # wall clock: when the last of them was written on the host, if known
 
 
 @dataclass(frozen=True)

@@ -458,7 +458,7 @@ class Job:
             lines = split_lines(data)
             if lines:
                 node.log.feed(lines)
-                self.emit(LogLines(rank, host=node.host, lines=lines))
+                self.emit(LogLines(rank, host=node.host, lines=lines, written=message.written))
             self.offsets[rank] = message.next  # shown: a viewer that leaves now resumes after it
             return False
         if isinstance(message, (StateUpdate, End)):

@@ -164,6 +164,11 @@ class LogChunk:
     data: str
     times: tuple[tuple[int, int], ...] = ()
 
+    @property
+    def written(self) -> float | None:
+        """When its last lines were written (wall clock, s), if the agent said."""
+        return self.times[-1][1] / 1e9 if self.times else None
+
     def timed_lines(self) -> list[tuple[int | None, str]]:
         """The chunk's lines (without newlines), each with when it was written (ns), if known."""
         times, at, i, out = self.times, self.offset, -1, []
