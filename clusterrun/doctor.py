@@ -545,11 +545,13 @@ def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | N
     workdir and the script (not on the nodes in ``synced``: a dry run of a sync that would make and
     copy them), disk, clock and logind always; with ``full`` the GPUs, the versions and the master
     port's TCP test as well (unless ``test_port`` is false: a restart's fixed port, held by the
-    attempt it replaces). The sessions stay open (``up`` starts the nodes with them)."""
+    attempt it replaces); with ``full``, on hosts that declare ``gpus``, that torch sees as many CUDA
+    devices. The sessions stay open (``up`` starts the nodes with them)."""
     hosts = [_Host(rank, t, s, p) for rank, (t, s, p) in enumerate(sessions)]
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts))), thread_name_prefix="clusterrun-preflight") as pool:
-        list(pool.map(lambda h: _inspect(h, script, spec, local_cwd, deep=False, full=full,
-                                         synced=h.rank in synced), hosts))
+        # torch is imported (a few seconds) only where the hosts file declares GPUs: that it sees them all
+        list(pool.map(lambda h: _inspect(h, script, spec, local_cwd, deep=full and h.transport.host.gpus is not None,
+                                         full=full, synced=h.rank in synced), hosts))
         if full and test_port:
             _port_test(hosts, addr, port, pool, fixed=spec.master_port is not None)
             _versions(hosts)

@@ -301,6 +301,22 @@ def test_preflight_refuses_a_missing_script_on_any_host_before_anything_starts(f
     assert {h: fake.host(h).connects for h in ("h0", "h1", "h2")} == {"h0": 2, "h1": 2, "h2": 2}
 
 
+def test_preflight_refuses_gpus_declared_that_torch_does_not_see(fake: FakeCluster) -> None:
+    spec = spec_of(2, host_extra="\n    gpus: [0, 1]")
+    for name in ("h0", "h1"):
+        fake.host(name).gpu_list = "GPU 0: NVIDIA A100 (UUID: GPU-aaa)\nGPU 1: NVIDIA A100 (UUID: GPU-bbb)\n"
+        fake.host(name).torch_cuda, fake.host(name).torch_devices = "12.4", 2
+    fake.host("h1").torch_devices = 1  # minGPT: "Unable to locate 2 gpus", and the job succeeded
+    job = prepared(fake, spec)
+    try:
+        refused = doctor.refusal(run_preflight(job, spec))
+    finally:
+        job.close()
+    assert refused is not None and fake.ops("start") == []
+    assert "h1: gpus: torch sees 1 CUDA device(s), the hosts file asks for 2" in refused.render(), refused.render()
+    assert "h0:" not in refused.render()
+
+
 def test_no_preflight_skips_the_port_test_and_versions_but_not_the_script(fake: FakeCluster) -> None:
     spec = spec_of(2)
     fake.host("h0").firewalled = True
