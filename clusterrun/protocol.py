@@ -467,6 +467,8 @@ class Inspection:
     gpu_apps: str | None = None
     logind: str = ""
     logind_scope: bool = False
+    imports_missing: tuple[str, ...] | None = None  # the script's top-level imports not found (if asked)
+    imports_error: str | None = None  # why they could not be looked for
 
 
 def decode_inspection(host: str, answer: Any) -> Inspection:
@@ -480,12 +482,17 @@ def decode_inspection(host: str, answer: Any) -> Inspection:
         d = _Reader(host, "inspect answer's deep", r.mapping("deep"))
         deep = DeepTorch(version=d.text("version"), cuda=d.text("cuda"), nccl=d.text("nccl"),
                          devices=d.integer("devices") or 0, error=d.text("error"))
+    imports = _Reader(host, "inspect answer's imports", r.data.get("imports") or {})
+    missing = imports.data.get("missing")
+    if missing is not None and not (isinstance(missing, list) and all(isinstance(m, str) for m in missing)):
+        raise imports._fail("missing", "a list of module names")
     return Inspection(cwd=r.need_text("cwd"), paths=dict(paths), time=r.number("time") or 0.0,
                       elapsed=r.number("elapsed") or 0.0,
                       disk_path=disk.text("path") or "", disk_free=disk.integer("free"), disk_error=disk.text("error"),
                       torch_cuda=r.text("torch_cuda"), deep=deep, nvidia_smi=r.text("nvidia_smi"),
                       gpu_list=r.text("gpu_list"), gpu_apps=r.text("gpu_apps"), logind=r.text("logind") or "",
-                      logind_scope=bool(r.data.get("logind_scope")))
+                      logind_scope=bool(r.data.get("logind_scope")),
+                      imports_missing=None if missing is None else tuple(missing), imports_error=imports.text("error"))
 
 
 @dataclass(frozen=True)

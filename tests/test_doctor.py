@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -266,6 +267,36 @@ def test_skew_disk_logind_and_gpus_on_the_fake(fake: FakeCluster) -> None:
     assert rows(report, "h1")["logind"].fix == "`loginctl enable-linger u`"
     assert rows(report, "h1")["gpus"].detail == "GPU 1 asked for; nvidia-smi sees 0"
     assert verdicts(report, "h0")["gpus"] == "!"  # no nvidia-smi: cannot check
+
+
+def test_a_module_the_script_imports_missing_on_one_host_is_found_before_the_run(fake: FakeCluster) -> None:
+    fake.host("h1").modules_missing = {"wandb"}
+    report = doctor.run_doctor(spec_of(2), "train.py", fake.transport)
+    assert (verdicts(report, "h0")["imports"], verdicts(report, "h1")["imports"]) == ("✓", "✗")
+    row = rows(report, "h1")["imports"]
+    assert row.detail == "train.py imports wandb, not found by python3"
+    assert row.fix == "install wandb on h1 for python3, or add the directory that holds it to PYTHONPATH in env:"
+    assert "imports" not in verdicts(doctor.run_doctor(spec_of(2), None, fake.transport), "h1")  # no script
+    fake.host("h1").missing.add("train.py")
+    assert "imports" not in verdicts(doctor.run_doctor(spec_of(2), "train.py", fake.transport), "h1")
+
+
+def test_the_hosts_python_finds_the_top_level_imports_without_running_the_script(tmp_path: Path) -> None:
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "extra.py").write_text("")
+    (tmp_path / "helper.py").write_text("")
+    script = tmp_path / "train.py"
+    script.write_text("import os, json.decoder\nimport helper\nfrom extra import x\nfrom . import y\n"
+                      "import no_such_module_here\ntry:\n    import optional_module_xyz\nexcept ImportError:\n"
+                      "    pass\ndef f():\n    import inner_module_xyz\nraise SystemExit('never run')\n")
+    done = subprocess.run([sys.executable, "-c", doctorops.FIND_IMPORTS, str(script), str(tmp_path / "lib")],
+                          capture_output=True, text=True, timeout=60)
+    assert json.loads(done.stdout) == {"missing": ["no_such_module_here"]}
+    bad = tmp_path / "bad.py"
+    bad.write_text("def (:\n")
+    done = subprocess.run([sys.executable, "-c", doctorops.FIND_IMPORTS, str(bad), ""], capture_output=True, text=True,
+                          timeout=60)
+    assert json.loads(done.stdout)["error"].startswith("SyntaxError")
 
 
 # ------------------------------------------------------------------------------- up's preflight

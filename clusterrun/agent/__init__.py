@@ -126,8 +126,10 @@ Requests (``op``) and answers
            PATH: No space left on device``).
            ``clusterrun/sync.py`` is the controller's side.
 
-``inspect`` ``{cwd, paths, state_dir, deep, gpus}`` → ``{ok, cwd, paths, disk, torch_cuda, deep,
-           nvidia_smi, gpu_list, gpu_apps, logind, logind_scope, time, elapsed}`` (for ``clusterrun doctor``):
+``inspect`` ``{cwd, paths, state_dir, deep, gpus, imports, pythonpath}`` → ``{ok, cwd, paths, disk, torch_cuda,
+           deep, imports, nvidia_smi, gpu_list, gpu_apps, logind, logind_scope, time, elapsed}`` (for
+           ``clusterrun doctor``): with ``imports`` (a script there), ``imports`` is ``{missing: [modules]}``
+           or ``{error}``: its top-level imports the interpreter cannot find (``FIND_IMPORTS``, never run);
            ``paths`` maps each path (relative to ``cwd``, default the home directory) to ``file``,
            ``dir``, ``missing`` or ``other``; ``disk`` the free space of the state dir's file system;
            ``torch_cuda`` the CUDA version torch was built for (its version.py, no import); with
