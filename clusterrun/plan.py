@@ -150,9 +150,12 @@ def torchrun_argv(
         argv.append(f"--signals-to-handle={HANDLED_SIGNALS}")
     if "--shutdown-timeout" in facts.torchrun_flags:
         argv.append(f"--shutdown-timeout={max(1, int(grace))}")
-    # torchrun drops one "--" right after the script; protect an argument list that starts with one.
-    guard = ("--",) if tuple(script_args[:1]) == ("--",) else ()
-    return (*argv, script, *guard, *script_args)
+    # Each rank's stderr goes where its stdout goes (torchrun's stdout.log: one file, one offset), so
+    # its lines stay in the order it wrote them; sh execs the interpreter: the rank is still one
+    # process, as torchrun would start it (python -u). torchrun drops one "--" right after its
+    # script, which is sh here: the script's own arguments pass verbatim.
+    rank = ("--no-python", "/bin/sh", "-c", 'exec 2>&1; exec "$0" "$@"', facts.python, "-u")
+    return (*argv, *rank, script, *script_args)
 
 
 def build_plan(

@@ -252,6 +252,20 @@ def test_a_ranks_traceback_comes_after_what_it_printed_before(tmp_path: Path, st
 
 
 @pytest.mark.fake_torchrun
+def test_a_rank_that_alternates_stdout_and_stderr_is_shown_in_the_order_it_wrote(tmp_path: Path,
+                                                                                 state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [2], state_dir)
+    script = tmp_path / "alternate.py"
+    script.write_text("import sys\nfor i in range(300):\n    print(f'out {i}')\n"
+                      "    print(f'err {i}', file=sys.stderr)\n")
+    proc = run_up(hosts, script)
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        lines = [line.split("| ", 1)[1] for line in proc.stdout.splitlines() if f"rank{rank} | " in line]
+        assert lines == [f"{stream} {i}" for i in range(300) for stream in ("out", "err")], lines[:10]
+
+
+@pytest.mark.fake_torchrun
 def test_lines_are_never_split_or_mixed_under_a_flood(tmp_path: Path, state_dir: Path) -> None:
     """Workers print as fast as they can; every line arrives whole, in order, once, with its rank."""
     hosts = write_hosts(tmp_path, [2, 2], state_dir)

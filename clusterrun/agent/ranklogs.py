@@ -90,11 +90,11 @@ class RankLogs:
         return found
 
     def _written_order(self, path: str) -> tuple[str, int, bool]:
-        """Where a rank's file goes in a batch: a rank's stdout and stderr are two files, so what
-        it wrote to both since the last batch is ordered by when each file was last written (the
-        file written last goes last: a traceback after the prints before it), stdout first when
-        the clock cannot tell them apart. Exact unless the rank wrote to one, the other, then the
-        first again between two batches (the monitor wakes on every write, so mostly a flood)."""
+        """Where a rank's file goes in a batch. clusterrun starts each rank with its stderr on its
+        stdout (plan.torchrun_argv: exact order, stderr.log stays empty); a rank started without
+        that (a plan recorded by an older clusterrun) has two files, and what it wrote to both
+        since the last batch is ordered by when each was last written (a traceback after the
+        prints before it), stdout first when the clock cannot tell them apart."""
         try:
             written = os.fstat(self.files[path][0].fileno()).st_mtime_ns
         except OSError:

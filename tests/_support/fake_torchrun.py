@@ -104,7 +104,8 @@ def main() -> int:
                "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
         out, err = (open(os.path.join(folder, f"{name}.log"), "wb") for name in ("stdout", "stderr"))
         with out, err:
-            proc = subprocess.Popen([sys.executable, "-u", script, *script_args], env=env, stdout=out, stderr=err,
+            command = [script, *script_args] if "no-python" in options else [sys.executable, "-u", script, *script_args]
+            proc = subprocess.Popen(command, env=env, stdout=out, stderr=err,
                                     start_new_session=True)
         workers[proc.pid] = (local, proc)
     failed: tuple[int, int, int] | None = None  # local rank, exit code, pid of the first worker to fail
