@@ -184,7 +184,7 @@ def _check_attempt(record: JobRecord, attempt: int | None) -> int:
 def logs(job: str, node: tuple[int, ...], follow: bool, tail: int | None, attempt: int | None,
          prefix: bool | None, by_node: bool, hosts_file: str | None) -> None:
     """Print JOB's logs from its hosts' log files: every node's lines with a prefix, interleaved
-    in the order they were written (--by-node: node after node), or one node's exactly as
+    in the order they were written by the hosts' clocks (--by-node: node after node), or one node's exactly as
     written with --node N. Works during and after the job, from any controller that
     has its record. With -f, ends when the job does, with its summary and exit code as `up`
     (0 succeeded, 1 failed or stopped).
