@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from clusterrun.diagnose import undoubled
 from clusterrun.events import (
     AttemptRestarting,
     AttemptStarted,
@@ -167,10 +168,12 @@ class Board:
         rank = event.node
         if isinstance(event, LogLines) and rank is not None:
             row = self.node(rank, event.host)
-            lines = [*event.lines, RESUMED] if event.earlier else event.lines  # scrollback, then the separator
+            shown = undoubled(event.lines)  # torch's own rank tag after ours, once
+            lines = [*shown, RESUMED] if event.earlier else shown  # scrollback, then the separator
             row.log.extend(lines)
-            if not event.earlier:
-                row.last_output = event.ts
+            if not event.earlier:  # when the rank wrote it, not when it came here (a viewer's backlog)
+                written = event.written
+                row.last_output = event.ts if written is None else self.clock() - max(0.0, self.wall() - written)
             self.merged.extend([f"node{rank} | {line}" for line in lines])
             if self.rank_view is not None and self.rank_view[0] == rank:
                 self.rank_view[2].extend([line for line in lines if line.startswith(self.rank_view[1])])

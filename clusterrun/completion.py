@@ -2,20 +2,19 @@
 
 click's scripts call ``clusterrun`` back with ``_CLUSTERRUN_COMPLETE=<shell>_complete`` set; the
 commands and options complete from the click definitions, ``HOSTS.yaml`` from the file system,
-and a JOB from this controller's job store (``complete_jobs``): ids, and the names of one job each (given by
-``--name`` or taken from the script). A store that cannot be read completes nothing, never a traceback.
+and a JOB from this controller's job store (``complete_jobs``): ids, and names (given by ``--name`` or
+taken from the script), each with the job it means. A store that cannot be read completes nothing, never a traceback.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from importlib import metadata
 
 import click
 from click.shell_completion import CompletionItem, get_completion_class
 
 from clusterrun.errors import ClusterrunError
-from clusterrun.jobs import JobStore
+from clusterrun.jobs import JobStore, by_name
 
 __all__ = ["SHELLS", "complete_jobs", "script"]
 
@@ -30,14 +29,17 @@ def complete_jobs(ctx: click.Context, param: click.Parameter, incomplete: str) -
         records = JobStore().all()
     except (ClusterrunError, OSError):
         return []
-    names = Counter(r.name for r in records)
+    states = {r.job_id: r.state for r in records}
+    named: set[str] = set()
     items: list[CompletionItem] = []
     for record in reversed(records):
         if record.job_id.startswith(incomplete):
             items.append(CompletionItem(record.job_id, help=f"{record.state} {record.name}"))
-        # a name of several jobs is refused as ambiguous (JobStore.resolve): only the unique ones
-        if record.name.startswith(incomplete) and names[record.name] == 1 and record.name != record.job_id:
-            items.append(CompletionItem(record.name, help=f"{record.state} {record.job_id}"))
+        # a name once, with the job it means (JobStore.find: the one not ended, else the newest)
+        if record.name.startswith(incomplete) and record.name not in named and record.name != record.job_id:
+            named.add(record.name)
+            job = by_name(record.name, [r for r in records if r.name == record.name]).job_id
+            items.append(CompletionItem(record.name, help=f"{states[job]} {job}"))
     return items
 
 

@@ -38,6 +38,18 @@ def split_rank(line: str) -> tuple[int | None, str]:
     return rank, text
 
 
+def undoubled(lines: tuple[str, ...]) -> tuple[str, ...]:
+    """``lines`` with torch's own ``[rankN]:`` tag right after ours shown once (``[rank1]:[rank1]:x``
+    → ``[rank1]:x``); the same tuple when no line has it."""
+    if not any("]:[rank" in line for line in lines):
+        return lines
+    out = []
+    for line in lines:
+        rank, text = split_rank(line)
+        out.append(line if rank is None or "]:[rank" not in line else f"[rank{rank}]:{text}")
+    return tuple(out)
+
+
 @dataclass
 class NodeLog:
     """What one node printed, as far as a diagnosis needs it: tails per rank and torchrun's

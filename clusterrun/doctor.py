@@ -289,11 +289,27 @@ def gpu_check(host: HostSpec, inspection: Inspection) -> Check | None:
     return Check("gpus", Verdict.OK, f"{asked} present, none busy")
 
 
+def imports_check(host: HostSpec, python: str, inspection: Inspection, script: str) -> Check | None:
+    """The script's top-level imports against the host's interpreter (found, not imported)."""
+    if inspection.imports_missing is None and inspection.imports_error is None:
+        return None  # not asked, or the script is missing (its own row says so)
+    if inspection.imports_error is not None:
+        return Check("imports", Verdict.WARN, f"cannot look for {script}'s imports: {inspection.imports_error}")
+    missing = inspection.imports_missing or ()
+    if missing:
+        return Check("imports", Verdict.FAIL, f"{script} imports {', '.join(missing)}, not found by {python}",
+                     f"install {' and '.join(missing)} on {host.host} for {python}, or add the directory that "
+                     "holds it to PYTHONPATH in env:")
+    return Check("imports", Verdict.OK, f"every top-level import of {script} is found")
+
+
 def host_checks(host: HostSpec, python: str, probe: Probe, inspection: Inspection, *, script: str | None,
                 sent: float, answered: float, full: bool, synced: bool = False) -> list[Check]:
     """Every check of one host that its own probe and ``inspect`` answers decide."""
     rows = [torch_check(python, probe, inspection)] if full else []
     rows += path_checks(host, inspection, script, synced)
+    if script is not None and (imports := imports_check(host, python, inspection, script)) is not None:
+        rows.append(imports)
     rows.append(disk_check(inspection))
     if full and (gpus := gpu_check(host, inspection)) is not None:
         rows.append(gpus)
@@ -384,14 +400,16 @@ def _cwd(host: HostSpec, local_cwd: str | None) -> str | None:
 
 
 def _inspect(h: _Host, script: str | None, spec: ClusterSpec, local_cwd: str | None, *, deep: bool,
-             full: bool, synced: bool = False) -> None:
-    """Ask the host's agent ``inspect`` and add the checks its answers decide."""
+             full: bool, synced: bool = False, imports: bool = False) -> None:
+    """Ask the host's agent ``inspect`` and add the checks its answers decide (``imports``: the
+    script's top-level imports too)."""
     if h.session is None or h.probe is None:
         return
     host = h.transport.host
     paths = ["."] + ([script] if script is not None else [])
     request = InspectRequest(cwd=_cwd(host, local_cwd), paths=paths, state_dir=spec.state_dir, deep=deep,
-                             gpus=full and host.gpus is not None)
+                             gpus=full and host.gpus is not None, imports=script if imports else None,
+                             pythonpath=host.env.get("PYTHONPATH"))
     sent = time.time()
     try:
         answer = h.session.call(request)
@@ -520,7 +538,7 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
         h.checks.append(python_check(h.transport.python, h.probe, error))
         if h.probe is None:
             return
-        _inspect(h, script, spec, local_cwd, deep=True, full=True)
+        _inspect(h, script, spec, local_cwd, deep=True, full=True, imports=True)
 
     try:
         list(pool.map(examine, hosts))
@@ -547,11 +565,13 @@ def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | N
     workdir and the script (not on the nodes in ``synced``: a dry run of a sync that would make and
     copy them), disk, clock and logind always; with ``full`` the GPUs, the versions and the master
     port's TCP test as well (unless ``test_port`` is false: a restart's fixed port, held by the
-    attempt it replaces). The sessions stay open (``up`` starts the nodes with them)."""
+    attempt it replaces); with ``full``, on hosts that declare ``gpus``, that torch sees as many CUDA
+    devices. The sessions stay open (``up`` starts the nodes with them)."""
     hosts = [_Host(rank, t, s, p) for rank, (t, s, p) in enumerate(sessions)]
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts))), thread_name_prefix="clusterrun-preflight") as pool:
-        list(pool.map(lambda h: _inspect(h, script, spec, local_cwd, deep=False, full=full,
-                                         synced=h.rank in synced), hosts))
+        # torch is imported (a few seconds) only where the hosts file declares GPUs: that it sees them all
+        list(pool.map(lambda h: _inspect(h, script, spec, local_cwd, deep=full and h.transport.host.gpus is not None,
+                                         full=full, synced=h.rank in synced), hosts))
         if full and test_port:
             _port_test(hosts, addr, port, pool, fixed=spec.master_port is not None)
             _versions(hosts)

@@ -286,20 +286,17 @@ class StopReport:
             return f"{stopped}; verified: nothing of the job is left (its cgroup is empty)"
         if self.containment == "reboot":
             return f"{stopped}; the host rebooted since the job started: nothing of it runs"
-        if self.containment == "sweep":
-            return f"{stopped}; swept: no process of the job that could be seen is left ({self.detail or 'no cgroup'})"
+        if self.containment == "sweep":  # why there was no cgroup, on the same line: one line per host
+            why = [f for f in self.fallbacks if f.startswith("no cgroup")] or ([] if self.detail else ["no cgroup"])
+            return (f"{stopped}; swept: no process of the job that could be seen is left "
+                    f"({'; '.join([*why, *([self.detail] if self.detail else [])])})")
         return f"{stopped}; no process of the job was found"
 
     def remarks(self) -> list[str]:
-        """Further lines: why there was no cgroup, what could not be written on the host."""
+        """Further lines, only where the host failed at something: what it could not write."""
         where = f"node{self.node} {self.host}"
-        lines = []
-        if self.degraded:
-            lines.append(f"{where}: degraded: {self.degraded}")
-        lines += [f"{where}: {note}" for note in self.notes]
-        if self.containment == "sweep":
-            lines += [f"{where}: {fallback}" for fallback in self.fallbacks if fallback.startswith("no cgroup")]
-        return lines
+        degraded = [f"{where}: degraded: {self.degraded}"] if self.degraded else []
+        return degraded + [f"{where}: {note}" for note in self.notes]
 
 
 @dataclass(frozen=True)
@@ -312,10 +309,16 @@ class NodeResult:
     exit_code: int | None = None
     signal: int | None = None
     error: str | None = None
+    stopped_after: int | None = None  # fail-fast stopped it after this node failed (``error`` says so)
 
     @property
     def ok(self) -> bool:
         return self.state is NodeState.SUCCEEDED
+
+
+def stopped_after_text(node: int) -> str:
+    """Why fail-fast stopped a node, said instead of how its torchrun ended (by clusterrun's SIGTERM)."""
+    return f"stopped by clusterrun after node {node} failed"
 
 
 @dataclass(frozen=True)
@@ -447,6 +450,7 @@ class LogLines(Event):
     host: str
     lines: tuple[str, ...]
     earlier: bool = False
+    written: float | None = None  # wall clock: when the last of them was written on the host, if known
 
 
 @dataclass(frozen=True)

@@ -249,21 +249,25 @@ class JobStore:
         return self.scan()[0]
 
     def resolve(self, ref: str) -> str:
-        """A job id from an id, a ``--name`` or a unique id prefix. A name or prefix that matches
-        several jobs is refused with their ids, as docker does. A damaged record is found by its
-        id or a prefix of it (its name cannot be read)."""
+        """The job id ``ref`` names (``find``), without the note on which job a reused name means."""
+        return self.find(ref).job_id
+
+    def find(self, ref: str) -> Found:
+        """The job ``ref`` names: an id, a ``--name`` or a unique id prefix. A name several jobs have
+        had means the one of them that has not ended (``up`` lets only one run under a name), else
+        the newest; ``Found.note`` then says which. An id prefix that matches several jobs is refused
+        with their ids, as docker does. A damaged record is found by its id or a prefix of it (its
+        name cannot be read)."""
         records, damaged = self.scan()
         if any(r.job_id == ref for r in records) or any(d.job_id == ref for d in damaged):
-            return ref
+            return Found(ref)
         named = [r for r in records if r.name == ref]
-        if len(named) == 1:
-            return named[0].job_id
         if named:
-            raise _ambiguous(ref, named, f"{len(named)} jobs named {ref!r}")
+            return by_name(ref, named)
         prefixed = {r.job_id: f"{r.job_id} ({r.state})" for r in records if r.job_id.startswith(ref)}
         prefixed |= {d.job_id: f"{d.job_id} (damaged)" for d in damaged if d.job_id.startswith(ref)}
         if len(prefixed) == 1:
-            return next(iter(prefixed))
+            return Found(next(iter(prefixed)))
         if prefixed:
             raise _ambiguous_ids(ref, list(prefixed.values()), f"{len(prefixed)} jobs")
         raise JobNotFound(f"no job matches {ref!r}", hint="`clusterrun ps` lists the jobs")
@@ -348,8 +352,24 @@ class JobStore:
         return True
 
 
-def _ambiguous(ref: str, records: list[JobRecord], what: str) -> JobNotFound:
-    return _ambiguous_ids(ref, [f"{r.job_id} ({r.state})" for r in records], what)
+@dataclass(frozen=True)
+class Found:
+    """The job a reference names, and, for a name several jobs have had, one line saying which."""
+
+    job_id: str
+    note: str | None = None
+
+
+def by_name(name: str, named: list[JobRecord]) -> Found:
+    """Of the jobs called ``name`` (oldest first): the newest that has not ended, else the newest."""
+    running = [r for r in named if not r.finished]
+    chosen = (running or named)[-1]
+    if len(named) == 1:
+        return Found(chosen.job_id)
+    which = (f"the one of {len(named)} jobs of that name that has not ended" if running
+             else f"the newest of {len(named)} jobs of that name, all ended")
+    return Found(chosen.job_id, f"{name!r} is job {chosen.job_id} ({chosen.state}), {which} "
+                                "(`clusterrun ps -a` lists them by id)")
 
 
 def _ambiguous_ids(ref: str, jobs: list[str], what: str) -> JobNotFound:

@@ -163,6 +163,11 @@ def stacks_view(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Se
 def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None) -> Iterator[str]:
     """Node ``rank``'s log of ``attempt`` as written so far (from its last ``tail`` lines if
     given), in chunks of whole lines (the last one may lack its newline)."""
+    return (chunk.data for chunk in read_log_chunks(record, rank, attempt, tail))
+
+
+def read_log_chunks(record: JobRecord, rank: int, attempt: int, tail: int | None = None) -> Iterator[LogChunk]:
+    """``read_log``'s chunks as the agent sent them, with when their lines were written."""
     spec = spec_of(record)
     transport = transport_factory(record)(spec.hosts[rank])
     where: dict[str, Any] = {"offset": 0} if tail is None else {"tail": tail}
@@ -171,7 +176,7 @@ def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None
         for raw in transport.stream(request(record, rank, "follow", attempt=attempt, once=True, **where)):
             message = decode_follow(transport.name, raw)
             if isinstance(message, LogChunk):
-                yield message.data
+                yield message
             elif isinstance(message, (End, Eof)):
                 return
     finally:

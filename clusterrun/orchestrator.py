@@ -56,6 +56,7 @@ from clusterrun.events import (
     NodeStopped,
     RootCause,
     StopReport,
+    stopped_after_text,
 )
 from clusterrun.follower import Follower, Link, Node, Reconnect, node_state_of, split_lines
 from clusterrun.interfaces import (
@@ -130,6 +131,8 @@ class Job:
         self.offsets: dict[int, int] = dict(offsets or {})  # per node: the log's bytes emitted so far
         self.reconnect = reconnect
         self.tail = tail
+        # nodes whose log this follower does not read from its start (a viewer's resume point, --tail)
+        self._partial = {r for r, at in self.offsets.items() if at > 0} if tail is None else None
         # A viewer resuming at ``offsets`` first gets up to ``scrollback`` lines before each
         # node's resume point, emitted once as ``LogLines(earlier=True)``.
         self._resume_at = {rank: at for rank, at in self.offsets.items() if at > 0} if scrollback else {}
@@ -144,6 +147,7 @@ class Job:
         self.ranks = list(range(len(self._nodes))) if ranks is None else sorted(ranks)  # the nodes run() follows
         self._inbox: queue.Queue[tuple[int, FollowMessage | Link]] = queue.Queue(maxsize=256)
         self._stop_reason: str | None = None
+        self._failed_first: int | None = None  # the node whose failure made fail-fast stop the others
         self._stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pool = ThreadPoolExecutor(max_workers=min(32, max(4, len(self._nodes))),
@@ -435,9 +439,8 @@ class Job:
             except queue.Empty:
                 continue
             if self._handle(rank, message) and self.fail_fast and not stopping:
-                stopping = True
-                failed = self._nodes[rank]
-                stop_futures = self._stop_async(reason=f"node {rank} ({failed.host}) failed")
+                stopping, self._failed_first = True, rank
+                stop_futures = self._stop_async(reason=f"node {rank} ({self._nodes[rank].host}) failed")
         for future in stop_futures:
             report = future.result()
             if report is not None:
@@ -468,7 +471,7 @@ class Job:
             lines = split_lines(data)
             if lines:
                 node.log.feed(lines)
-                self.emit(LogLines(rank, host=node.host, lines=lines))
+                self.emit(LogLines(rank, host=node.host, lines=lines, written=message.written))
             self.offsets[rank] = message.next  # shown: a viewer that leaves now resumes after it
             return False
         if isinstance(message, (StateUpdate, End)):
@@ -502,11 +505,12 @@ class Job:
             if new is NodeState.LOST and not status.error:
                 status = dataclasses.replace(status, error="neither the supervisor nor torchrun runs any more "
                                              "(the host rebooted, or they were killed)")
-            node.final = status
-            code = status.exit_code
-            self._set_state(rank, new, status.error or (f"exit code {code}" if code is not None else ""))
+            node.final, code = status, status.exit_code
+            after = self._failed_first if new is NodeState.STOPPED else None  # fail-fast stopped it
+            why = stopped_after_text(after) if after is not None else status.error
+            self._set_state(rank, new, why or (f"exit code {code}" if code is not None else ""))
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, new, exit_code=code, signal=status.signal,
-                                                         error=status.error)))
+                                                         error=why, stopped_after=after)))
             return new in (NodeState.FAILED, NodeState.LOST)
         return False
 
@@ -567,14 +571,19 @@ class Job:
         results = []
         for rank, node in enumerate(self._nodes):
             final = node.final or NodeStatus(HostState.RUNNING)
+            after = self._failed_first if node.state is NodeState.STOPPED else None  # fail-fast stopped it
+            why = node.error or (stopped_after_text(after) if after is not None else final.error)
             results.append(NodeResult(rank, node.host, node.state, exit_code=final.exit_code, signal=final.signal,
-                                      error=node.error or final.error))
+                                      error=why, stopped_after=after))
         root = late
         if late is None and (any(r.state in (NodeState.FAILED, NodeState.LOST) for r in results)
                              or interrupted is None):
-            if not self.follow_logs:
-                self._read_tails([r.node for r in results if r.state in (NodeState.FAILED, NodeState.STOPPED,
-                                                                         NodeState.LOST)])
+            # A node whose log was not read from its start is diagnosed from its log's tail, as by the owner (ps)
+            unread = [r.node for r in results if r.state in (NodeState.FAILED, NodeState.STOPPED, NodeState.LOST)
+                      and (not self.follow_logs or self._partial is None or r.node in self._partial)]
+            for rank in unread:
+                self._nodes[rank].log = NodeLog()
+            self._read_tails(unread)
             root = find_root_cause(
                 hosts={r: n.host for r, n in enumerate(self._nodes)},
                 logs={r: n.log for r, n in enumerate(self._nodes)},

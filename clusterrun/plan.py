@@ -135,12 +135,13 @@ def node_env(host: HostSpec, overrides: Mapping[str, str]) -> dict[str, str]:
 
 def torchrun_argv(
     facts: HostFacts, *, nnodes: int, nproc: int, node_rank: int, addr: str, port: int, grace: float,
-    script: str, script_args: Sequence[str],
+    script: str, script_args: Sequence[str], job_id: str,
 ) -> tuple[str, ...]:
     argv = [
         facts.python, "-m", TORCHRUN_MODULE,
         f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--node-rank={node_rank}",
-        "--rdzv-backend=static", f"--master-addr={addr}", f"--master-port={port}",
+        # the ranks see the job id as TORCHELASTIC_RUN_ID (torchrun's default is "none")
+        "--rdzv-backend=static", f"--rdzv-id={job_id}", f"--master-addr={addr}", f"--master-port={port}",
         # workers' output goes to per-rank files that the node agent merges, whole lines tagged
         # with the global rank, into the node's log (torchrun's --tee splits lines)
         "--max-restarts=0", "--redirects=3",
@@ -149,9 +150,12 @@ def torchrun_argv(
         argv.append(f"--signals-to-handle={HANDLED_SIGNALS}")
     if "--shutdown-timeout" in facts.torchrun_flags:
         argv.append(f"--shutdown-timeout={max(1, int(grace))}")
-    # torchrun drops one "--" right after the script; protect an argument list that starts with one.
-    guard = ("--",) if tuple(script_args[:1]) == ("--",) else ()
-    return (*argv, script, *guard, *script_args)
+    # Each rank's stderr goes where its stdout goes (torchrun's stdout.log: one file, one offset), so
+    # its lines stay in the order it wrote them; sh execs the interpreter: the rank is still one
+    # process, as torchrun would start it (python -u). torchrun drops one "--" right after its
+    # script, which is sh here: the script's own arguments pass verbatim.
+    rank = ("--no-python", "/bin/sh", "-c", 'exec 2>&1; exec "$0" "$@"', facts.python, "-u")
+    return (*argv, *rank, script, *script_args)
 
 
 def build_plan(
@@ -176,7 +180,8 @@ def build_plan(
     for rank, (host, fact) in enumerate(zip(spec.hosts, facts, strict=True)):
         cwd = host.workdir or (local_cwd if host.transport == "local" else None)
         argv = torchrun_argv(fact, nnodes=len(spec.hosts), nproc=host.nproc, node_rank=rank, addr=addr,
-                             port=master_port, grace=grace, script=script, script_args=script_args)
+                             port=master_port, grace=grace, script=script, script_args=script_args,
+                             job_id=job_id)
         nodes.append(NodeLaunch(rank=rank, host=host, nproc=host.nproc, first_rank=first, argv=argv,
                                 env=node_env(host, env_overrides or {}), cwd=cwd))
         first += host.nproc

@@ -37,6 +37,7 @@ from clusterrun.events import (
     hung_text,
     not_stopped_text,
     signal_name,
+    stopped_after_text,
     unreachable_text,
 )
 from clusterrun.plan import LaunchPlan
@@ -200,6 +201,9 @@ class Printer:
 
     def summary(self, result: JobResult) -> None:
         for node in result.nodes:
+            if node.stopped_after is not None:  # why it was stopped, not how torchrun ended (our SIGTERM)
+                self.note(f"node{node.node} {node.host}: {stopped_after_text(node.stopped_after)}")
+                continue
             if node.exit_code is not None:
                 how = f"exit code {node.exit_code}"
                 if node.signal:

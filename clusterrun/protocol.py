@@ -158,11 +158,30 @@ class Probe:
 
 @dataclass(frozen=True)
 class LogChunk:
-    """Complete lines of the log from byte ``offset``; ``next`` is where to resume."""
+    """Complete lines of the log from byte ``offset``; ``next`` is where to resume. ``times``:
+    when they were written, ``(byte offset, wall-clock ns)``: the bytes from each offset on,
+    up to the next one's, the first at or before ``offset`` (none from an older agent)."""
 
     offset: int
     next: int
     data: str
+    times: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def written(self) -> float | None:
+        """When its last lines were written (wall clock, s), if the agent said."""
+        return self.times[-1][1] / 1e9 if self.times else None
+
+    def timed_lines(self) -> list[tuple[int | None, str]]:
+        """The chunk's lines (without newlines), each with when it was written (ns), if known."""
+        times, at, i, out = self.times, self.offset, -1, []
+        lines = self.data.split("\n")
+        for line in lines[:-1] if lines[-1] == "" else lines:  # not splitlines: a rank's "\r" is no line end
+            while i + 1 < len(times) and times[i + 1][0] <= at:
+                i += 1
+            out.append((times[i][1] if i >= 0 else times[0][1] if times else None, line))
+            at += len(line.encode("utf-8", "surrogateescape")) + 1
+        return out
 
 
 @dataclass(frozen=True)
@@ -348,7 +367,12 @@ def decode_follow(host: str, message: Any) -> FollowMessage:
         raise AgentError(host, r.text("error") or "the agent failed")
     kind = r.data.get("t")
     if kind == "log":
-        return LogChunk(offset=r.need_integer("offset"), next=r.need_integer("next"), data=r.need_text("data"))
+        times = r.data.get("times") or []
+        if not isinstance(times, list) or not all(
+                isinstance(t, list) and len(t) == 2 and all(type(v) is int for v in t) for t in times):
+            raise r._fail("times", "a list of [offset, ns] pairs")
+        return LogChunk(offset=r.need_integer("offset"), next=r.need_integer("next"), data=r.need_text("data"),
+                        times=tuple((t[0], t[1]) for t in times))
     if kind == "beat":
         return Beat()
     if kind == "state":
@@ -448,6 +472,8 @@ class Inspection:
     gpu_apps: str | None = None
     logind: str = ""
     logind_scope: bool = False
+    imports_missing: tuple[str, ...] | None = None  # the script's top-level imports not found (if asked)
+    imports_error: str | None = None  # why they could not be looked for
 
 
 def decode_inspection(host: str, answer: Any) -> Inspection:
@@ -461,12 +487,17 @@ def decode_inspection(host: str, answer: Any) -> Inspection:
         d = _Reader(host, "inspect answer's deep", r.mapping("deep"))
         deep = DeepTorch(version=d.text("version"), cuda=d.text("cuda"), nccl=d.text("nccl"),
                          devices=d.integer("devices") or 0, error=d.text("error"))
+    imports = _Reader(host, "inspect answer's imports", r.data.get("imports") or {})
+    missing = imports.data.get("missing")
+    if missing is not None and not (isinstance(missing, list) and all(isinstance(m, str) for m in missing)):
+        raise imports._fail("missing", "a list of module names")
     return Inspection(cwd=r.need_text("cwd"), paths=dict(paths), time=r.number("time") or 0.0,
                       elapsed=r.number("elapsed") or 0.0,
                       disk_path=disk.text("path") or "", disk_free=disk.integer("free"), disk_error=disk.text("error"),
                       torch_cuda=r.text("torch_cuda"), deep=deep, nvidia_smi=r.text("nvidia_smi"),
                       gpu_list=r.text("gpu_list"), gpu_apps=r.text("gpu_apps"), logind=r.text("logind") or "",
-                      logind_scope=bool(r.data.get("logind_scope")))
+                      logind_scope=bool(r.data.get("logind_scope")),
+                      imports_missing=None if missing is None else tuple(missing), imports_error=imports.text("error"))
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,24 @@ def test_every_ring_of_a_board_holds_the_lines_it_was_sized_for() -> None:
     assert list(board.merged.lines) == ["node1 | line 2", "node1 | line 3", "node1 | line 4"]
 
 
+def test_torchs_own_rank_tag_after_ours_is_shown_once() -> None:
+    board = Board(ring=10)
+    board.apply(attempt(1))
+    board.apply(LogLines(0, host="h0", lines=("[rank1]:[rank1]: Traceback (most recent call last):",
+                                              "[rank1]:plain", "[rank0]:[rank0]:x", "torchrun's own")))
+    assert list(board.nodes[0].log.lines) == ["[rank1]:Traceback (most recent call last):", "[rank1]:plain",
+                                              "[rank0]:x", "torchrun's own"]
+
+
 NOON = 1_795_608_000.0  # 2026-11-25T12:00:00Z
+
+
+def test_last_output_counts_from_when_the_rank_wrote_the_line_not_when_it_came() -> None:
+    board = Board(ring=10, clock=lambda: 1000.0, wall=lambda: NOON)
+    board.apply(attempt(2))
+    board.apply(LogLines(0, host="h0", lines=("old",), written=NOON - 600))  # a backlog read just now
+    board.apply(LogLines(1, host="h1", lines=("new",), ts=999.0))  # an older agent's: when it came
+    assert (board.nodes[0].last_output, board.nodes[1].last_output) == (400.0, 999.0)
 
 
 def test_a_node_whose_host_cannot_be_reached_shows_unreachable_since_its_first_failure_until_it_is_back() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -268,6 +269,36 @@ def test_skew_disk_logind_and_gpus_on_the_fake(fake: FakeCluster) -> None:
     assert verdicts(report, "h0")["gpus"] == "!"  # no nvidia-smi: cannot check
 
 
+def test_a_module_the_script_imports_missing_on_one_host_is_found_before_the_run(fake: FakeCluster) -> None:
+    fake.host("h1").modules_missing = {"wandb"}
+    report = doctor.run_doctor(spec_of(2), "train.py", fake.transport)
+    assert (verdicts(report, "h0")["imports"], verdicts(report, "h1")["imports"]) == ("✓", "✗")
+    row = rows(report, "h1")["imports"]
+    assert row.detail == "train.py imports wandb, not found by python3"
+    assert row.fix == "install wandb on h1 for python3, or add the directory that holds it to PYTHONPATH in env:"
+    assert "imports" not in verdicts(doctor.run_doctor(spec_of(2), None, fake.transport), "h1")  # no script
+    fake.host("h1").missing.add("train.py")
+    assert "imports" not in verdicts(doctor.run_doctor(spec_of(2), "train.py", fake.transport), "h1")
+
+
+def test_the_hosts_python_finds_the_top_level_imports_without_running_the_script(tmp_path: Path) -> None:
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "extra.py").write_text("")
+    (tmp_path / "helper.py").write_text("")
+    script = tmp_path / "train.py"
+    script.write_text("import os, json.decoder\nimport helper\nfrom extra import x\nfrom . import y\n"
+                      "import no_such_module_here\ntry:\n    import optional_module_xyz\nexcept ImportError:\n"
+                      "    pass\ndef f():\n    import inner_module_xyz\nraise SystemExit('never run')\n")
+    done = subprocess.run([sys.executable, "-c", doctorops.FIND_IMPORTS, str(script), str(tmp_path / "lib")],
+                          capture_output=True, text=True, timeout=60)
+    assert json.loads(done.stdout) == {"missing": ["no_such_module_here"]}
+    bad = tmp_path / "bad.py"
+    bad.write_text("def (:\n")
+    done = subprocess.run([sys.executable, "-c", doctorops.FIND_IMPORTS, str(bad), ""], capture_output=True, text=True,
+                          timeout=60)
+    assert json.loads(done.stdout)["error"].startswith("SyntaxError")
+
+
 # ------------------------------------------------------------------------------- up's preflight
 
 
@@ -300,6 +331,22 @@ def test_preflight_refuses_a_missing_script_on_any_host_before_anything_starts(f
     assert fake.ops("start") == []
     # the preflight asked the agents that probed (one session per host, no new connection)
     assert {h: fake.host(h).connects for h in ("h0", "h1", "h2")} == {"h0": 2, "h1": 2, "h2": 2}
+
+
+def test_preflight_refuses_gpus_declared_that_torch_does_not_see(fake: FakeCluster) -> None:
+    spec = spec_of(2, host_extra="\n    gpus: [0, 1]")
+    for name in ("h0", "h1"):
+        fake.host(name).gpu_list = "GPU 0: NVIDIA A100 (UUID: GPU-aaa)\nGPU 1: NVIDIA A100 (UUID: GPU-bbb)\n"
+        fake.host(name).torch_cuda, fake.host(name).torch_devices = "12.4", 2
+    fake.host("h1").torch_devices = 1  # minGPT: "Unable to locate 2 gpus", and the job succeeded
+    job = prepared(fake, spec)
+    try:
+        refused = doctor.refusal(run_preflight(job, spec))
+    finally:
+        job.close()
+    assert refused is not None and fake.ops("start") == []
+    assert "h1: gpus: torch sees 1 CUDA device(s), the hosts file asks for 2" in refused.render(), refused.render()
+    assert "h0:" not in refused.render()
 
 
 def test_no_preflight_skips_the_port_test_and_versions_but_not_the_script(fake: FakeCluster) -> None:

@@ -96,7 +96,8 @@ def test_doctor_passes_on_healthy_hosts_and_names_a_missing_script_and_python(
         found = rows(proc.stdout, host)
         assert {name: v[0] for name, v in found.items()} == {
             "connection": "✓", "python": "✓", "torch": "✓", "workdir": "✓", "script": "✓", "state disk": "✓",
-            "clock": "✓", "logind": "✓", "interface": "✓", "master port": "✓", "same versions": "✓"}, proc.stdout
+            "clock": "✓", "logind": "✓", "interface": "✓", "master port": "✓", "same versions": "✓",
+            "imports": "✓"}, proc.stdout
     assert rows(proc.stdout, "sim2")["master port"].startswith(f"✓ {cluster.hosts[0].address}:")
     assert rows(proc.stdout, "sim2")["interface"].startswith(f"✓ eth0 {cluster.hosts[1].address} (routes to the master")
 
@@ -280,19 +281,34 @@ esac
 """
 
 
+def fake_cuda_torch(folder: Path, devices: int) -> Path:
+    """A stand-in torch (for the preflight's and the doctor's look only) whose CUDA sees ``devices``."""
+    torch = folder / "torch"
+    (torch / "distributed").mkdir(parents=True)
+    (torch / "distributed" / "run.py").write_text("")
+    (torch / "version.py").write_text("__version__ = '2.13.0+cu124'\ncuda = '12.4'\n")
+    (torch / "__init__.py").write_text(
+        "__version__ = '2.13.0+cu124'\nclass version:\n    cuda = '12.4'\nclass cuda:\n"
+        f"    is_available = staticmethod(lambda: True)\n    device_count = staticmethod(lambda: {devices})\n"
+        "    class nccl:\n        version = staticmethod(lambda: (2, 21, 5))\n")
+    return folder
+
+
 def test_gpus_against_a_fake_nvidia_smi(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text(FAKE_SMI)
     (bin_dir / "nvidia-smi").chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    cuda = fake_cuda_torch(tmp_path / "cuda2", 2)  # a CUDA torch that sees both GPUs
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}",
+               PYTHONPATH=os.pathsep.join([str(cuda), os.environ.get("PYTHONPATH", "")]))
     hosts = tmp_path / "hosts.yaml"
 
-    def up(gpus: str) -> subprocess.CompletedProcess[str]:
+    def up(gpus: str, environ: dict[str, str] = env) -> subprocess.CompletedProcess[str]:
         hosts.write_text(f"state_dir: {tmp_path / 'state'}\nhosts:\n  - host: local-a\n    transport: local\n"
                          f"    gpus: {gpus}\n")
         return subprocess.run(up_argv("--dry-run", hosts, SCRIPT), capture_output=True, text=True, timeout=120,
-                              cwd=ROOT, env=env)
+                              cwd=ROOT, env=environ)
 
     proc = up("[0, GPU-bbbb]")  # by index and by UUID; GPU 1 runs someone else's process
     assert proc.returncode == 0, proc.stderr
@@ -302,9 +318,17 @@ def test_gpus_against_a_fake_nvidia_smi(tmp_path: Path) -> None:
     assert proc.returncode == 3, proc.stderr
     assert "local-a: gpus: GPU 3 asked for; nvidia-smi sees 0, 1\n  hint: fix gpus: for this host" in proc.stderr
     assert not (tmp_path / "state" / "jobs").exists()
-    # the doctor imports torch: this one is a CPU build
-    up("[0]")
-    proc = run_doctor(hosts, env=env)
+    # torch sees fewer CUDA devices than the hosts file declares (minGPT: "Unable to locate 2 gpus"):
+    # refused before the start, as by the doctor
+    one = dict(env, PYTHONPATH=os.pathsep.join([str(fake_cuda_torch(tmp_path / "cuda1", 1)),
+                                                os.environ.get("PYTHONPATH", "")]))
+    proc = up("[0, 1]", one)
+    assert proc.returncode == 3, proc.stderr
+    assert "local-a: gpus: torch sees 1 CUDA device(s), the hosts file asks for 2" in proc.stderr
+    # the real torch here is a CPU build
+    cpu = dict(env, PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    assert "torch sees 0 CUDA device(s), the hosts file asks for 1" in up("[0]", cpu).stderr
+    proc = run_doctor(hosts, env=cpu)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert rows(proc.stdout, "local-a")["gpus"] == (
         "✗ torch sees 0 CUDA device(s), the hosts file asks for 1\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clusterrun.errors import DamagedRecord, JobNotFound
-from clusterrun.jobs import RECORD_VERSION, JobRecord, JobStore
+from clusterrun.jobs import RECORD_VERSION, Found, JobRecord, JobStore
 
 
 def record(job_id: str, name: str, created: float, state: str = "running") -> JobRecord:
@@ -19,22 +19,29 @@ def record(job_id: str, name: str, created: float, state: str = "running") -> Jo
                      ssh_config=None, plan={}, state=state)
 
 
-def test_a_name_of_several_jobs_is_ambiguous_and_lists_their_ids(tmp_path: Path) -> None:
+def test_a_reused_name_means_the_job_not_ended_else_the_newest_and_says_which(tmp_path: Path) -> None:
     store = JobStore(tmp_path / "jobs")
-    store.create(record("dup-20261123-100000-aaaa", "dup", 1.0, state="succeeded"))
-    store.create(record("dup-20261123-110000-bbbb", "dup", 2.0))
+    store.create(record("slow-20261123-100000-aaaa", "slow", 1.0, state="succeeded"))
+    store.create(record("slow-20261123-110000-bbbb", "slow", 2.0, state="running"))
+    store.create(record("slow-20261123-120000-cccc", "slow", 3.0, state="failed"))
+    store.create(record("slow-20261123-130000-dddd", "slow", 4.0, state="stopped"))
     store.create(record("solo-20261123-110000-cccc", "solo", 3.0))
+    found = store.find("slow")
+    assert found.job_id == "slow-20261123-110000-bbbb"
+    assert found.note == ("'slow' is job slow-20261123-110000-bbbb (running), the one of 4 jobs of that name that "
+                          "has not ended (`clusterrun ps -a` lists them by id)")
+    store.update("slow-20261123-110000-bbbb", lambda r: setattr(r, "state", "stopped"))
+    found = store.find("slow")
+    assert found.job_id == "slow-20261123-130000-dddd" and found.note is not None
+    assert "(stopped), the newest of 4 jobs of that name, all ended" in found.note
+    assert store.find("solo") == Found("solo-20261123-110000-cccc")  # a name of one job: no note
+    assert store.resolve("slow-20261123-100000-aaaa") == "slow-20261123-100000-aaaa"
+    assert store.resolve("slow-20261123-11") == "slow-20261123-110000-bbbb"
     with pytest.raises(JobNotFound) as ambiguous:
-        store.resolve("dup")
+        store.resolve("slow-2026")
     text = ambiguous.value.render()
-    assert ("'dup' is ambiguous: it matches 2 jobs named 'dup': dup-20261123-110000-bbbb (running), "
-            "dup-20261123-100000-aaaa (succeeded)") in text
+    assert "'slow-2026' is ambiguous: it matches 4 jobs: slow-20261123-130000-dddd (stopped), " in text
     assert "hint: name the job by its id" in text
-    assert store.resolve("dup-20261123-100000-aaaa") == "dup-20261123-100000-aaaa"
-    assert store.resolve("dup-20261123-11") == "dup-20261123-110000-bbbb"
-    assert store.resolve("solo") == "solo-20261123-110000-cccc"
-    with pytest.raises(JobNotFound, match="matches 2 jobs: "):
-        store.resolve("dup-2026")
 
 
 GOOD = "good-20261123-100000-aaaa"

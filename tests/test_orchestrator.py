@@ -6,6 +6,7 @@ what its hosts do. ``tests/test_transport_contract.py`` holds the fake to the re
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from clusterrun.events import (
     NodeStopped,
 )
 from clusterrun.orchestrator import Job, Reconnect
+from clusterrun.printer import Printer
 from clusterrun.transports.fake import FakeCluster
 
 JOB = "train-20261123-120000-abcd"
@@ -103,6 +105,13 @@ def test_a_failed_rank_stops_the_other_nodes_and_is_the_root_cause(fake: FakeClu
     assert result.root_cause.message == "ValueError: bad batch"
     assert n0.stops == 1 and n1.stops == 0  # the failed node is not stopped: it has ended
     assert [r.node for r in result.stops] == [0]
+    # the stopped node says why it was stopped, not how its torchrun ended (by clusterrun's SIGTERM)
+    assert (result.nodes[0].stopped_after, result.nodes[0].error) == (1, "stopped by clusterrun after node 1 failed")
+    exited = {e.node: e.result for e in run.seen.of(NodeExited)}  # type: ignore[attr-defined]
+    assert exited[0].stopped_after == 1 and exited[1].stopped_after is None
+    err = io.StringIO()
+    Printer(err=err).summary(result)
+    assert "clusterrun: node0 h0: stopped by clusterrun after node 1 failed\n" in err.getvalue()
 
 
 def test_a_node_that_ended_before_the_stop_came_is_failed_not_stopped(fake: FakeCluster,
@@ -126,6 +135,7 @@ def test_a_node_that_ended_before_the_stop_came_is_failed_not_stopped(fake: Fake
     assert result is not None and [r.node for r in result.stops] == [0]
     assert result.stops[0].describe() == "node0 h0: nothing was running; no process of the job was found"
     assert [(n.state, n.exit_code) for n in result.nodes] == [(NodeState.FAILED, 1), (NodeState.FAILED, 1)]
+    assert [n.stopped_after for n in result.nodes] == [None, None]
     assert result.root_cause is not None and result.root_cause.node == 1
 
 

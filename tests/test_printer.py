@@ -112,7 +112,8 @@ def test_no_color_and_a_dumb_terminal_turn_colour_off(env: dict[str, str], monke
                               else "node0 host0       | red\n")
 
 
-SWEPT = "swept 2 processes; processes that left the job's tree, session and environment could not be seen"
+SWEPT = ("swept 2 processes besides torchrun; processes that left the job's tree, session and environment could "
+         "not be seen")
 
 
 @pytest.mark.parametrize(("answer", "line"), [
@@ -147,8 +148,17 @@ def test_a_stop_report_names_what_the_host_could_not_do() -> None:
         "degraded": "cannot write state.json: No space left on device",
         "notes": ["could not record the end of the job in state.json: No space left on device"]})
     assert report.remarks() == ["node0 h: degraded: cannot write state.json: No space left on device",
-                                "node0 h: could not record the end of the job in state.json: No space left on device",
-                                "node0 h: no cgroup: no cgroup2 file system is mounted"]
+                                "node0 h: could not record the end of the job in state.json: No space left on device"]
+    # why there was no cgroup is on the report's one line
+    assert report.describe() == ("node0 h: nothing was running; swept: no process of the job that could be seen is "
+                                 f"left (no cgroup: no cgroup2 file system is mounted; {SWEPT})")
+    healthy = StopReport.from_answer(0, "h", {"killed": [{"pid": 5, "name": "pt_elastic"}], "left": [],
+                                              "containment": "sweep", "detail": SWEPT,
+                                              "fallbacks": ["no cgroup: cgroups turned off on this host"]})
+    err = io.StringIO()
+    Printer(err=err).report(healthy)
+    assert err.getvalue() == ("clusterrun: node0 h: stopped pt_elastic[5]; swept: no process of the job that could "
+                              f"be seen is left (no cgroup: cgroups turned off on this host; {SWEPT})\n")
 
 
 def test_a_stop_that_could_not_reach_a_host_is_not_called_a_stop() -> None:

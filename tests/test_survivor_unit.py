@@ -49,6 +49,33 @@ def test_a_monitor_killed_between_batches_resumes_where_it_stopped(tmp_path: Pat
                                 b"[rank2]:partial\n[rank3]:b1\n")
 
 
+def test_a_ranks_stdout_and_stderr_are_passed_on_in_the_order_it_wrote_them(tmp_path: Path) -> None:
+    """Two files per rank: within a batch the one written last goes last, stdout first on a tie."""
+    root, log = tmp_path / "torchrun", tmp_path / "output.log"
+    out, err = rank_file(root, 0), rank_file(root, 0, "stderr.log")
+    fd = open_log(log)
+    logs = RankLogs(str(root), fd, first_rank=0)
+    append(out, b"epoch 3\n")
+    append(err, b"Traceback\n")
+    os.utime(out, ns=(1_000, 1_000))
+    os.utime(err, ns=(2_000, 2_000))  # the traceback came after the print
+    logs.poll()
+    append(err, b"warning\n")
+    append(out, b"epoch 4\n")
+    os.utime(err, ns=(3_000, 3_000))
+    os.utime(out, ns=(4_000, 4_000))  # the warning came first
+    logs.poll()
+    append(out, b"epoch 5\n")
+    append(err, b"Error\n")
+    os.utime(out, ns=(5_000, 5_000))
+    os.utime(err, ns=(5_000, 5_000))  # the same clock tick: stdout first
+    logs.poll(final=True)
+    logs.close()
+    os.close(fd)
+    assert log.read_bytes().splitlines() == [b"[rank0]:epoch 3", b"[rank0]:Traceback", b"[rank0]:warning",
+                                             b"[rank0]:epoch 4", b"[rank0]:epoch 5", b"[rank0]:Error"]
+
+
 def test_a_batch_written_but_not_recorded_is_not_written_again(tmp_path: Path) -> None:
     root, log, journal = tmp_path / "torchrun", tmp_path / "output.log", str(tmp_path / "ranklogs.json")
     r0 = rank_file(root, 0)

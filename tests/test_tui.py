@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import html
@@ -26,7 +27,7 @@ from clusterrun.session import Session
 from clusterrun.tui import Dashboard, RingLog
 from clusterrun.tui.screens import Confirm
 from tests.conftest import ROOT, SUPPORT, marked, wait_for, write_hosts
-from tests.test_lifecycle import attempt_dir, counter_lines, ps_json, up_detached, wait_state
+from tests.test_lifecycle import attempt_dir, clusterrun, counter_lines, ps_json, up_detached, wait_state
 from tests.test_tui_snapshots import T0, Scripted, started
 
 pytestmark = pytest.mark.integration
@@ -256,17 +257,15 @@ def test_the_log_view_leaves_no_reference_cycles_as_lines_pour_in_and_views_swit
     drive(app, script)
 
 
-@pytest.fixture
-def terminal(tmp_path: Path, state_dir: Path) -> Iterator[tuple[list[str], str]]:
-    """`clusterrun up` of a long job in a real terminal (tmux); yields (tmux argv, session) once the
+@contextlib.contextmanager
+def in_terminal(tmp_path: Path, arguments: str) -> Iterator[tuple[list[str], str]]:
+    """`clusterrun ARGUMENTS` in a real terminal (tmux); yields (tmux argv, session) once the
     dashboard shows both nodes running."""
     subprocess.run(["sh", str(SUPPORT / "install_sshd.sh"), "tmux"], check=True, capture_output=True)
     assert shutil.which("tmux"), "tmux could not be installed"
-    hosts = write_hosts(tmp_path, [1, 1], state_dir)
     session = f"crtest{os.getpid()}"
     tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
-    command = (f"cd {ROOT} && {sys.executable} -m clusterrun up --name tuitest --grace 2 --ui-lines 500 {hosts} "
-               f"{SUPPORT / 'counter.py'} 10000 0.05")
+    command = f"cd {ROOT} && {sys.executable} -m clusterrun {arguments}"
     subprocess.run([*tmux, "new-session", "-d", "-s", session, "-x", "160", "-y", "45",
                     f"{command}; echo EXIT=$?; sleep 60"], check=True,
                    env={**os.environ, "TERM": "xterm-256color"})
@@ -276,6 +275,24 @@ def terminal(tmp_path: Path, state_dir: Path) -> Iterator[tuple[list[str], str]]
         yield tmux, session
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+@pytest.fixture
+def terminal(tmp_path: Path, state_dir: Path) -> Iterator[tuple[list[str], str]]:
+    """`clusterrun up` of a long job in a real terminal (``in_terminal``)."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    with in_terminal(tmp_path, f"up --name tuitest --grace 2 --ui-lines 500 {hosts} "
+                               f"{SUPPORT / 'counter.py'} 10000 0.05") as shown:
+        yield shown
+
+
+def the_clusterrun_in(tmux: list[str], session: str) -> int:
+    """The pid of the clusterrun the terminal's shell runs."""
+    shell = int(subprocess.run([*tmux, "display", "-p", "-t", session, "#{pane_pid}"], capture_output=True,
+                               text=True, check=True).stdout)
+    found = [int(p) for p in os.listdir("/proc") if p.isdigit() and parent_of(int(p)) == shell]
+    assert len(found) == 1 and b"clusterrun" in Path(f"/proc/{found[0]}/cmdline").read_bytes()
+    return found[0]
 
 
 def parent_of(pid: int) -> int | None:
@@ -324,6 +341,24 @@ def test_sigterm_to_up_in_a_terminal_stops_the_job_and_exits_143(terminal: tuple
     assert "EXIT=143" in screen(tmux, session)
     assert marked(job) == []
     assert ps_json(job)["state"] == "stopped"
+
+
+@pytest.mark.fake_torchrun
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_to_attach_in_a_terminal_detaches_and_the_job_runs_on(tmp_path: Path, state_dir: Path,
+                                                                                signum: signal.Signals) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    try:
+        with in_terminal(tmp_path, f"attach {job}") as (tmux, session):
+            os.kill(the_clusterrun_in(tmux, session), signum)
+            wait_for(lambda: "EXIT=" in screen(tmux, session), timeout=60,
+                     what=f"attach to exit:\n{screen(tmux, session)}")
+            assert f"EXIT={128 + signum}" in screen(tmux, session)
+        assert ps_json(job)["state"] == "running" and len(marked(job)) >= 2
+    finally:
+        assert clusterrun("down", job).returncode == 0
+    assert marked(job) == []
 
 
 def test_a_detach_that_ends_after_the_app_does_not_touch_it() -> None:

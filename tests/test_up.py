@@ -227,16 +227,42 @@ def test_arguments_and_env_arrive_verbatim(tmp_path: Path, state_dir: Path) -> N
     args = [a.format(canary=canary) for a in HOSTILE_ARGS]
     value = f"v; touch {canary} $(touch {canary}) 'q' \"d\" $HOME"
     hosts = write_hosts(tmp_path, [1, 1], state_dir, extra=f"env:\n  FROM_FILE: {json.dumps(value)}\n")
-    proc = run_up("--env", f"FROM_CLI={value}", "--env", "ECHO_ENV=FROM_CLI,FROM_FILE", hosts,
+    proc = run_up("--env", f"FROM_CLI={value}", "--env", "ECHO_ENV=FROM_CLI,FROM_FILE,TORCHELASTIC_RUN_ID", hosts,
                   SUPPORT / "echo_args.py", "--", *args)
     assert proc.returncode == 0, proc.stderr
     echoed = [line.split("ECHO ", 1)[1] for line in proc.stdout.splitlines() if "| ECHO " in line]
     assert len(echoed) == 1
     data = json.loads(echoed[0])
     assert data["argv"] == args
-    assert data["env"] == {"FROM_CLI": value, "FROM_FILE": value}
+    assert data["env"] == {"FROM_CLI": value, "FROM_FILE": value, "TORCHELASTIC_RUN_ID": job_id_of(proc.stderr)}
     assert not canary.exists()
     assert not os.path.exists("x; touch")
+
+
+@pytest.mark.fake_torchrun
+def test_a_ranks_traceback_comes_after_what_it_printed_before(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1], state_dir)
+    script = tmp_path / "crash.py"
+    script.write_text("for step in range(3):\n    print(f'step {step}')\nraise ValueError('boom')\n")
+    proc = run_up(hosts, script)
+    assert proc.returncode == 1, proc.stderr
+    lines = [line.split("| ", 1)[1] for line in proc.stdout.splitlines() if "rank0 | " in line]
+    assert lines[:4] == ["step 0", "step 1", "step 2", "Traceback (most recent call last):"], lines
+    assert lines[-1] == "ValueError: boom", lines
+
+
+@pytest.mark.fake_torchrun
+def test_a_rank_that_alternates_stdout_and_stderr_is_shown_in_the_order_it_wrote(tmp_path: Path,
+                                                                                 state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [2], state_dir)
+    script = tmp_path / "alternate.py"
+    script.write_text("import sys\nfor i in range(300):\n    print(f'out {i}')\n"
+                      "    print(f'err {i}', file=sys.stderr)\n")
+    proc = run_up(hosts, script)
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        lines = [line.split("| ", 1)[1] for line in proc.stdout.splitlines() if f"rank{rank} | " in line]
+        assert lines == [f"{stream} {i}" for i in range(300) for stream in ("out", "err")], lines[:10]
 
 
 @pytest.mark.fake_torchrun

@@ -74,8 +74,9 @@ Requests (``op``) and answers
            dir that cannot be written, or a logind that would kill the job at logout, starts
            nothing). The supervisor tells it how the start went through a pipe, not the disk.
 ``follow`` ``{job, node, attempt, state_dir, offset | tail, logs, once}`` → a stream of lines:
-           ``{t: "log", offset, next, data}`` (complete lines only, bytes decoded as UTF-8 with
-           surrogateescape; ``next`` is the byte offset to resume from), ``{t: "state", state}``
+           ``{t: "log", offset, next, data, times}`` (complete lines only, bytes decoded as UTF-8 with
+           surrogateescape; ``next`` is the byte offset to resume from; ``times``: the entries of
+           ``output.times`` that cover them, ``[[offset, ns], ...]``), ``{t: "state", state}``
            whenever the state file changes, ``{t: "beat"}`` after ``HEARTBEAT`` seconds without
            anything else, and finally ``{t: "end", state}`` after a last read that includes a
            partial last line. Resuming from ``next`` loses and repeats nothing. ``tail: N`` starts
@@ -139,8 +140,10 @@ Requests (``op``) and answers
            PATH: No space left on device``).
            ``clusterrun/sync.py`` is the controller's side.
 
-``inspect`` ``{cwd, paths, state_dir, deep, gpus}`` → ``{ok, cwd, paths, disk, torch_cuda, deep,
-           nvidia_smi, gpu_list, gpu_apps, logind, logind_scope, time, elapsed}`` (for ``clusterrun doctor``):
+``inspect`` ``{cwd, paths, state_dir, deep, gpus, imports, pythonpath}`` → ``{ok, cwd, paths, disk, torch_cuda,
+           deep, imports, nvidia_smi, gpu_list, gpu_apps, logind, logind_scope, time, elapsed}`` (for
+           ``clusterrun doctor``): with ``imports`` (a script there), ``imports`` is ``{missing: [modules]}``
+           or ``{error}``: its top-level imports the interpreter cannot find (``FIND_IMPORTS``, never run);
            ``paths`` maps each path (relative to ``cwd``, default the home directory) to ``file``,
            ``dir``, ``missing`` or ``other``; ``disk`` the free space of the state dir's file system;
            ``torch_cuda`` the CUDA version torch was built for (its version.py, no import); with
@@ -208,6 +211,8 @@ under umask 077 so they are never readable by others, not even briefly):
 ``ranklogs.json``   the monitor's journal of ``RankLogs``: each per-rank file's offset passed
                     on, the last batch's ranges and the log's size before it (see
                     ``resume_offsets``), rewritten (rename, no fsync) before each batch
+``output.times``    when output.log's bytes were written: a line ``<offset> <ns>`` (wall clock) per
+                    batch of lines, the bytes from ``offset`` to the next line's (``RankLogs.note_time``)
 ``monitor.lock``    flock'ed by the one monitor at work; another waits on it, then takes over
 ``degraded``        present once the supervisor could not write its state or log (a full or
                     read-only disk, a quota): the reason, if even that could be written. The

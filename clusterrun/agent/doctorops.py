@@ -45,6 +45,37 @@ sys.stdout.write(json.dumps(out))
 """
 
 
+# The modules a script imports at its top level (not in a try or an if: those may be optional)
+# that the interpreter cannot find, as it would run the script: its directory first on sys.path,
+# then the job's PYTHONPATH. The script is parsed, never run.
+FIND_IMPORTS = r"""
+import ast, importlib.util, json, os, sys
+script, path = sys.argv[1], sys.argv[2]
+try:
+    with open(script, "rb") as f:
+        tree = ast.parse(f.read(), script)
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.append(node.module.split(".")[0])
+    sys.path[:0] = [os.path.dirname(os.path.abspath(script))] + [p for p in path.split(os.pathsep) if p]
+    missing = []
+    for name in dict.fromkeys(names):
+        try:
+            found = name in sys.builtin_module_names or importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    out = {"missing": missing}
+except BaseException as exc:
+    out = {"error": "%s: %s" % (type(exc).__name__, exc)}
+sys.stdout.write(json.dumps(out))
+"""
+
+
 _LISTENERS: dict[int, Any] = {}  # port → (socket, lock released once closed) of a `listen`, until `unlisten`
 
 
@@ -91,6 +122,14 @@ def op_inspect(req: InspectRequest) -> dict[str, Any]:
             answer["deep"] = json_loads(out) if out else {"error": f"{sys.executable} could not import torch"}
         except ValueError:
             answer["deep"] = {"error": f"unreadable output: {(out or '')[:200]!r}"}
+    script = os.path.join(cwd, os.path.expanduser(req.imports)) if req.imports else None
+    if script is not None and os.path.isfile(script):  # a missing one: its path says so
+        out = _capture([sys.executable, "-c", FIND_IMPORTS, script, req.pythonpath or ""],
+                       timeout=float(req.timeout or 120))
+        try:
+            answer["imports"] = json_loads(out) if out else {"error": f"{sys.executable} could not look"}
+        except ValueError:
+            answer["imports"] = {"error": f"unreadable output: {(out or '')[:200]!r}"}
     if req.gpus:
         answer["nvidia_smi"] = _which("nvidia-smi")
         if answer["nvidia_smi"]:

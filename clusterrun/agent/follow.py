@@ -49,6 +49,34 @@ def tail_offset(path: str, lines: int, end: int | None = None) -> int:
         return 0
 
 
+class Times:
+    """The entries of ``output.times`` (``RankLogs.note_time``) that cover a range of the log,
+    read as the file grows: ``[[offset, ns], ...]``, the first one at or before the range."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.read = path, 0
+        self.entries: list[list[int]] = []
+
+    def covering(self, start: int, end: int) -> list[list[int]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.read)
+                data = f.read()
+        except OSError:  # none (an attempt of an older agent, or no line yet)
+            data = b""
+        cut = data.rfind(b"\n") + 1
+        self.read += cut
+        for line in data[:cut].splitlines():
+            fields = line.split()
+            if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
+                self.entries.append([int(fields[0]), int(fields[1])])
+        before = [e for e in self.entries if e[0] <= start]
+        shown = before[-1:] + [e for e in self.entries if start < e[0] < end]
+        self.entries = [e for e in self.entries if e[0] >= end] + shown[-1:]  # what later ranges need
+        self.entries.sort()
+        return shown
+
+
 def op_follow(req: FollowRequest) -> None:
     folder, state = _load_state(req)
     log_path = os.path.join(folder, "output.log")
@@ -64,6 +92,7 @@ def op_follow(req: FollowRequest) -> None:
     last_seen = None
     waker: Waker | None = None
     pins: dict[tuple[int, int | None], PidHandle | None] = {}  # the supervisor and torchrun, by pidfd
+    times = Times(os.path.join(folder, "output.times"))
     with open(log_path, "rb") as log:
         if not want_logs:
             offset = log.seek(0, os.SEEK_END)
@@ -77,6 +106,7 @@ def op_follow(req: FollowRequest) -> None:
                 cut = data.rfind(b"\n") + 1
                 if cut:
                     _emit({"t": "log", "offset": offset, "next": offset + cut,
+                           "times": times.covering(offset, offset + cut),
                            "data": data[:cut].decode("utf-8", "surrogateescape")})
                     offset += cut
                 pending = data[cut:]
@@ -106,6 +136,7 @@ def op_follow(req: FollowRequest) -> None:
                 rest = pending + log.read() if want_logs else b""
                 if rest:
                     _emit({"t": "log", "offset": offset, "next": offset + len(rest),
+                           "times": times.covering(offset, offset + len(rest)),
                            "data": rest.decode("utf-8", "surrogateescape")})
                 _emit({"t": "end", "state": state})
                 break

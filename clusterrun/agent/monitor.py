@@ -34,6 +34,7 @@ BUSY = 10.0
 POLL_INTERVAL = 0.05  # how often a monitor looks for the exit file while the survivor lives
 EXIT_FILE = "exit"  # the survivor's record of torchrun's end: {"exit_code", "signal", "pid"}
 RANK_JOURNAL = "ranklogs.json"  # RankLogs's offsets, for a monitor that resumes
+TIMES = "output.times"  # when output.log's bytes were written (RankLogs.note_time), read by ``follow``
 MONITOR_LOCK = "monitor.lock"  # flock'ed by the one monitor at work
 EXIT_WAIT = 10.0  # seconds a monitor waits for a living survivor to write the exit file
 RESPAWNS = 5  # monitors the survivor restarts at most in a row without progress (a monitor's bug)
@@ -205,7 +206,8 @@ class Monitor:
         spec = _read_json(os.path.join(self.folder, "spec.json")) or {}
         self.rank_logs = RankLogs(os.path.join(self.folder, "torchrun"), log_fd,
                                   int(state.get("first_rank") or spec.get("first_rank") or 0), self.waker,
-                                  journal=os.path.join(self.folder, RANK_JOURNAL))
+                                  journal=os.path.join(self.folder, RANK_JOURNAL),
+                                  times=os.path.join(self.folder, TIMES))
         self.hang = HangWatch(spec.get("hang_after"), state.get("hung_since"))
         self.on_hang = spec.get("on_hang")
         self.master_port = master_port(spec.get("argv") or [])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 
 from .codec import json_dumps
 from .records import _fs_problem, _read_json
@@ -56,8 +58,10 @@ class RankLogs:
     """
 
     def __init__(self, root: str, out_fd: int, first_rank: int, waker: Waker | None = None,
-                 journal: str | None = None) -> None:
+                 journal: str | None = None, times: str | None = None) -> None:
         self.root, self.out_fd, self.first_rank = root, out_fd, first_rank
+        self.times = times  # output.times: when the bytes of output.log were written (``note_time``)
+        self.timed = -1  # the size of output.log after the last time noted
         self.files: dict[str, list[Any]] = {}  # path → [file, pending bytes, prefix]
         self.done: dict[str, int] = {}  # path relative to ``root`` → bytes of it passed on
         self.error: str | None = None
@@ -85,13 +89,26 @@ class RankLogs:
                 found = True
         return found
 
+    def _written_order(self, path: str) -> tuple[str, int, bool]:
+        """Where a rank's file goes in a batch. clusterrun starts each rank with its stderr on its
+        stdout (plan.torchrun_argv: exact order, stderr.log stays empty); a rank started without
+        that (a plan recorded by an older clusterrun) has two files, and what it wrote to both
+        since the last batch is ordered by when each was last written (a traceback after the
+        prints before it), stdout first when the clock cannot tell them apart."""
+        try:
+            written = os.fstat(self.files[path][0].fileno()).st_mtime_ns
+        except OSError:
+            written = 0
+        return os.path.dirname(path), written, os.path.basename(path) != "stdout.log"
+
     def poll(self, final: bool = False) -> bool:
         """Pass on every complete line written so far (and, when ``final``, the rest too); True if
         torchrun made new per-rank files (it is starting workers)."""
         found = self._discover()
         out: list[bytes] = []
         batch: list[tuple[str, int, int, bool]] = []  # per file: the range of it in this batch
-        for path, entry in self.files.items():
+        for path in sorted(self.files, key=self._written_order):
+            entry = self.files[path]
             handle, pending, prefix = entry
             pending += handle.read()
             cut = len(pending) if final else pending.rfind(b"\n") + 1
@@ -102,6 +119,7 @@ class RankLogs:
                 batch.append((rel, start, start + cut, final))
             entry[1] = pending[cut:]
         data = b"".join(out)
+        self.note_time(bool(batch))  # before the batch: a reader of the log finds its time already there
         if not batch:
             return found
         if self.journal is not None:
@@ -117,7 +135,27 @@ class RankLogs:
             self.error = f"lines of the workers were lost: cannot write output.log: {_fs_problem(exc)}"
         for rel, _, end, _ in batch:
             self.done[rel] = end
+        if self.times is not None:
+            with contextlib.suppress(OSError):
+                self.timed = os.fstat(self.out_fd).st_size
         return found
+
+    def note_time(self, batch: bool) -> None:
+        """Append ``<offset> <ns>`` to ``times``: output.log's bytes from ``offset`` on (up to the
+        next entry's) were written about ``ns`` (wall clock): what torchrun appended since the
+        last entry, and the ``batch`` about to be written. ``logs`` interleaves nodes by it."""
+        if self.times is None:
+            return
+        try:
+            size = os.fstat(self.out_fd).st_size
+            if self.timed < 0:  # the first look (a resumed monitor: the bytes before are timed or lost)
+                self.timed = size
+            if size > self.timed or batch:
+                with open(self.times, "ab") as f:
+                    f.write(b"%d %d\n" % (self.timed, time.time_ns()))
+            self.timed = size
+        except OSError:  # a full disk: these lines go out untimed (shown at their neighbours' time)
+            pass
 
     def close(self) -> None:
         for handle, _, _ in self.files.values():

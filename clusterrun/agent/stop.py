@@ -108,14 +108,16 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
     if cgroup:
         seen = {e["pid"] for e in left}
         left += [info.as_dict() for pid in cg_pids(cgroup) if pid not in seen and (info := proc_info(pid))]
-    count = len(killed)
+    # torchrun is named in the report already; the sweep's count is of the processes it left
+    count = len([pid for pid in killed if torchrun is None or pid != torchrun.pid])
     if cgroup:
         detail = (f"cgroup {cgroup} is empty and removed" if cgroup_empty and not left
                   else f"cgroup {cgroup} is NOT empty")
         if method and method != "gone":
             detail += f" ({method})"
     else:
-        detail = f"swept {count} process{'es' if count != 1 else ''}; {UNSEEN}"
+        besides = " besides torchrun" if torchrun is not None else ""
+        detail = f"swept {count} process{'es' if count != 1 else ''}{besides}; {UNSEEN}"
     return dict(base, killed=sorted(killed.values(), key=lambda e: e["pid"]), left=left, state=final,
                 containment="cgroup" if cgroup else "sweep", verified=bool(cgroup) and cgroup_empty and not left,
                 detail=detail, degraded=final.get("degraded") or state.get("degraded"), grace=grace)

@@ -284,6 +284,8 @@ class InspectRequest(Request):
     deep: bool = False
     gpus: bool = False
     timeout: float | None = None
+    imports: str | None = None  # a script (relative to cwd) whose top-level imports are looked for
+    pythonpath: str | None = None  # the job's PYTHONPATH, for that search
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,10 @@ def _use_tui(no_tui: bool) -> bool:
     return not no_tui and sys.stdout.isatty() and sys.stdin.isatty() and os.environ.get("TERM") != "dumb"
 
 
-def _dashboard(session: Session, ring: int) -> int:
-    """Run the dashboard over ``session``; afterwards print what happened; the exit code."""
+def _dashboard(session: Session, ring: int, *, term_stops: bool = True) -> int:
+    """Run the dashboard over ``session``; afterwards print what happened; the exit code. SIGTERM
+    stops the job (``up``), or, without ``term_stops`` (``attach``), detaches as SIGHUP does: only
+    an explicit stop (K, ``down``) stops a job one attached to."""
     from clusterrun.tui import Dashboard  # Textual is loaded only for the dashboard
 
     app = Dashboard(session, ring=ring)
@@ -60,6 +62,9 @@ def _dashboard(session: Session, ring: int) -> int:
         os._exit(EXIT_SIGNAL.get(signum, 1))
 
     def terminate(signum: int) -> None:  # stop the job, show its stop, then leave
+        if not term_stops:
+            app.action_detach()
+            return
         app.quit_when_ended = True
         session.kill()
 
@@ -74,7 +79,7 @@ def _dashboard(session: Session, ring: int) -> int:
         if session.running:
             session.detach()
         printer.note(f"detached; job {job_id} keeps running. {_follow_hint(job_id)}")
-        return EXIT_OK
+        return EXIT_SIGNAL.get(got.get("signal", 0), EXIT_OK)
     session.wait(timeout=60)
     if session.result is not None:
         for report in session.result.stops:

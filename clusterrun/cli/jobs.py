@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import shlex
 import shutil
@@ -35,6 +36,7 @@ from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord
 from clusterrun.events import JobState, NodeGpus
 from clusterrun.gpus import per_gpu
+from clusterrun.interleave import interleaved
 from clusterrun.joblist import (
     COMPACT,
     STATES,
@@ -48,7 +50,7 @@ from clusterrun.joblist import (
     unreachable_ranks,
 )
 from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.lifecycle import follower, node_statuses, read_logs, save_seen, spec_of
+from clusterrun.lifecycle import follower, node_statuses, read_log_chunks, read_logs, save_seen, spec_of
 from clusterrun.plan import LaunchPlan, plan_from_json
 from clusterrun.printer import Printer
 from clusterrun.protocol import decode_status
@@ -212,12 +214,16 @@ def _check_attempt(record: JobRecord, attempt: int | None) -> int:
 @click.option("--attempt", type=click.IntRange(min=1), metavar="K", help="An earlier attempt (default: the last).")
 @click.option("--prefix/--no-prefix", default=None,
               help="Prefix each line with its node (default: only when several nodes are shown).")
+@click.option("--by-node", is_flag=True,
+              help="Node after node (default: the nodes' lines interleaved in the order they were written).")
 @hosts_option
 def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, tail: int | None,
-         attempt: int | None, prefix: bool | None, hosts_file: str | None) -> None:
-    """Print JOB's logs from its hosts' log files: every node's lines with a prefix, or one node's
-    exactly as written with --node N. Works during and after the job, from any controller that
-    has its record.
+         attempt: int | None, prefix: bool | None, by_node: bool, hosts_file: str | None) -> None:
+    """Print JOB's logs from its hosts' log files: every node's lines with a prefix, interleaved
+    in the order they were written by the hosts' clocks (--by-node: node after node), or one
+    node's exactly as written with --node N. Works during and after the job, from any controller
+    that has its record. With -f, ends when the job does, with its summary and exit code as `up`
+    (0 succeeded, 1 failed or stopped).
 
     Lines shown with a prefix (or of a one-node job) are made safe for a terminal: colours pass
     (dropped with NO_COLOR, TERM=dumb or when not a terminal), other escape sequences and control
@@ -240,7 +246,11 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
     printer.set_plan(plan)
     if not follow:
         failed = False
-        for rank, item in read_logs(record, ranks, attempt, tail):
+        if by_node or len(ranks) == 1:
+            chunks = read_logs(record, ranks, attempt, tail)
+        else:
+            chunks = interleaved(ranks, lambda rank: read_log_chunks(record, rank, attempt, tail))
+        for rank, item in chunks:
             if isinstance(item, ClusterrunError):
                 failed = True
                 _note(f"node{rank} {record.nodes[rank].host}: {item.render()}")
@@ -252,10 +262,13 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
     with _on_signals({signal.SIGINT: lambda s: follower_job.detach(),
                       signal.SIGTERM: lambda s: follower_job.detach()}) as got:
         try:
-            follower_job.run()
+            result = follower_job.run()
         finally:
             follower_job.close()
-    sys.exit(EXIT_SIGNAL[got["signal"]] if got.get("signal") else EXIT_OK)
+    if result is not None:  # the job ended: its outcome as `up --no-tui` ends with it (of the nodes shown)
+        result = dataclasses.replace(result, nodes=tuple(n for n in result.nodes if n.node in ranks))
+        Printer().summary(result)
+    sys.exit(_exit_code(result, got) if result is not None else EXIT_SIGNAL.get(got.get("signal", 0), EXIT_OK))
 
 
 @main.command()
@@ -269,18 +282,21 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
 def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: str | None) -> None:
     """Follow JOB live again: every node's log and state, from where you last left it, with no
     line lost or repeated; the lines just before that point are shown above a separator (--tail N).
-    Ctrl-C detaches and leaves the job running."""
+    Ctrl-C (d in the dashboard), SIGTERM or SIGHUP detach and leave the job running; K in the
+    dashboard or `clusterrun down` stops it."""
     store, record = _open_job(job, hosts_file)
     record = _refresh(store, record)
     printer = Printer()
     offsets = {n.rank: n.seen for n in record.nodes}
     if _use_tui(no_tui):
         scrollback = tail if tail is not None else shutil.get_terminal_size().lines  # a screenful
-        sys.exit(_dashboard(Session(store, record, offsets=offsets, scrollback=scrollback), ui_lines))
+        sys.exit(_dashboard(Session(store, record, offsets=offsets, scrollback=scrollback), ui_lines,
+                            term_stops=False))
     viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, scrollback=tail or 0)
     printer.set_plan(plan_from_json(record.plan, spec_of(record)))
     printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "
-                 "Ctrl-C detaches, the job keeps running")
+                 + ("it has ended: its lines since you last looked, then how it ended" if record.finished
+                    else "Ctrl-C detaches, the job keeps running"))
     with _on_signals({signal.SIGINT: lambda s: viewer.detach(), signal.SIGTERM: lambda s: viewer.detach(),
                       signal.SIGHUP: lambda s: viewer.detach()}) as got:
         try:

@@ -13,7 +13,7 @@ import click
 from clusterrun.attempt import NextAttempt, NotStopped, stop
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, Seconds, _fail, _note, main
 from clusterrun.cli.follow import _follow_hint
-from clusterrun.cli.records import _adopt, _open_job, _refresh, hosts_option
+from clusterrun.cli.records import _adopt, _find, _open_job, _refresh, hosts_option
 from clusterrun.cli.slurm import down_slurm_step
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, JobNotFound, StateError
@@ -170,7 +170,7 @@ def rm(jobs: tuple[str, ...], hosts_too: bool, yes: bool, hosts_file: str | None
     damaged: dict[str, DamagedRecord] = {}
     for ref in dict.fromkeys(jobs):
         try:
-            record = store.load(store.resolve(ref))
+            record = store.load(_find(store, ref))
         except DamagedRecord as exc:
             damaged[exc.job_id] = exc
             continue

@@ -59,12 +59,21 @@ def _open_job(ref: str, hosts_file: str | None = None) -> tuple[JobStore, JobRec
     _adopt(hosts_file)
     store = JobStore()
     try:
-        record = store.load(store.resolve(ref))
+        record = store.load(_find(store, ref))
     except JobNotFound as exc:
         _fail(exc, EXIT_USAGE)
     if os.path.isdir(record.local_cwd):
         os.chdir(record.local_cwd)  # relative paths in the job's hosts file are relative to it
     return store, record
+
+
+def _find(store: JobStore, ref: str) -> str:
+    """The id of the job ``ref`` names (``JobStore.find``), saying on stderr which job a name
+    several jobs have had means."""
+    found = store.find(ref)
+    if found.note is not None:
+        _note(found.note)
+    return found.job_id
 
 
 def _refresh(store: JobStore, record: JobRecord) -> JobRecord:

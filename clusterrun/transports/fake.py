@@ -126,6 +126,7 @@ class FakeHost:
     nccl: str | None = None
     torch_devices: int = 0
     torch_error: str | None = None  # `import torch` fails with this
+    modules_missing: set[str] = field(default_factory=set)  # top-level imports of the script it cannot find
     gpu_list: str | None = None  # nvidia-smi -L; None: no nvidia-smi
     gpu_apps: str = ""
     gpu_query: str | None = None  # what nvidia-smi --query-gpu prints (``gpus``); None: no nvidia-smi
@@ -259,6 +260,8 @@ class FakeCluster:
             answer["deep"] = ({"error": host.torch_error} if host.torch_error else
                               {"version": host.torch, "cuda": host.torch_cuda, "nccl": host.nccl,
                                "devices": host.torch_devices})
+        if request.get("imports") and request["imports"] not in host.missing:
+            answer["imports"] = {"missing": sorted(host.modules_missing)}
         if request.get("gpus"):
             answer["nvidia_smi"] = "/usr/bin/nvidia-smi" if host.gpu_list is not None else None
             answer["gpu_list"], answer["gpu_apps"] = host.gpu_list, host.gpu_apps

@@ -118,7 +118,8 @@ def main() -> int:
     nprocs, _store = rendezvous(addr, port, nnodes, node_rank, nproc)
     first, world = sum(nprocs[:node_rank]), sum(nprocs)
     log_root = os.environ.get("PET_LOG_DIR") or tempfile.mkdtemp(prefix="torchelastic_")
-    run_dir = tempfile.mkdtemp(prefix="none_", dir=log_root)
+    run_id = options.get("rdzv-id") or "none"
+    run_dir = tempfile.mkdtemp(prefix=f"{run_id}_", dir=log_root)
     tees: list[threading.Thread] = []
     for local in range(nproc):
         folder = os.path.join(run_dir, "attempt_0", str(local))
@@ -126,9 +127,10 @@ def main() -> int:
         env = {**os.environ, "RANK": str(first + local), "LOCAL_RANK": str(local), "GROUP_RANK": str(node_rank),
                "ROLE_RANK": str(first + local), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(nproc),
                "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": addr, "MASTER_PORT": str(port),
-               "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
+               "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
+        command = [script, *script_args] if "no-python" in options else [sys.executable, "-u", script, *script_args]
         if options.get("redirects") == "3" and options.get("tee") == "3":  # the files, and tagged lines on our own
-            proc = subprocess.Popen([sys.executable, "-u", script, *script_args], env=env, stdout=subprocess.PIPE,
+            proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True)
             tag = line_prefix(first + local, local).encode()
             for stream, name, dst in ((proc.stdout, "stdout", sys.stdout.buffer), (proc.stderr, "stderr",
@@ -138,10 +140,10 @@ def main() -> int:
         elif options.get("redirects") == "3":
             out, err = (open(os.path.join(folder, f"{name}.log"), "wb") for name in ("stdout", "stderr"))
             with out, err:
-                proc = subprocess.Popen([sys.executable, "-u", script, *script_args], env=env, stdout=out,
+                proc = subprocess.Popen(command, env=env, stdout=out,
                                         stderr=err, start_new_session=True)
         else:  # torchrun's default: the workers write to torchrun's own stdout and stderr (srun's, under Slurm)
-            proc = subprocess.Popen([sys.executable, "-u", script, *script_args], env=env, start_new_session=True)
+            proc = subprocess.Popen(command, env=env, start_new_session=True)
         workers[proc.pid] = (local, proc)
     failed: tuple[int, int, int] | None = None  # local rank, exit code, pid of the first worker to fail
     left = set(workers)
