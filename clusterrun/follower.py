@@ -10,14 +10,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun.agent.wire import NodeRequest
-from clusterrun.diagnose import NodeLog
+from clusterrun.diagnose import NodeLog, find_root_cause
 from clusterrun.errors import ClusterrunError
-from clusterrun.events import Event, NodeDegraded, NodeHung, NodeState
+from clusterrun.events import Event, NodeDegraded, NodeHung, NodeResult, NodeState, RootCause, stopped_after_text
 from clusterrun.plan import NodeLaunch
 from clusterrun.protocol import Beat, End, FollowMessage, HostState, LogChunk, NodeStatus, Probe, decode_follow
 from clusterrun.transports import AgentSession, Transport
@@ -195,5 +195,28 @@ class Follower:
                 return
             self.wake.wait(delay)
 
+def node_results(nodes: Sequence[Node], failed_first: int | None) -> list[NodeResult]:
+    """Each node's end as the attempt's result says it; a node that fail-fast stopped says after
+    which node's failure (``failed_first``)."""
+    results = []
+    for rank, node in enumerate(nodes):
+        final = node.final or NodeStatus(HostState.RUNNING)
+        after = failed_first if node.state is NodeState.STOPPED else None
+        why = node.error or (stopped_after_text(after) if after is not None else final.error)
+        results.append(NodeResult(rank, node.host, node.state, exit_code=final.exit_code, signal=final.signal,
+                                  error=why, stopped_after=after))
+    return results
 
-__all__ = ["Follower", "Link", "Node", "Reconnect", "node_state_of", "split_lines"]
+
+def root_cause_of(nodes: Sequence[Node]) -> RootCause | None:
+    """The failure that came first across the nodes, from their logs and final states."""
+    return find_root_cause(
+        hosts={r: n.host for r, n in enumerate(nodes)},
+        logs={r: n.log for r, n in enumerate(nodes)},
+        states={r: n.final for r, n in enumerate(nodes) if n.final is not None},
+        stopped_by_us={r for r, n in enumerate(nodes)
+                       if n.stop_sent or (n.final is not None and n.final.stop_requested)},
+    )
+
+
+__all__ = ["Follower", "Link", "Node", "Reconnect", "node_results", "node_state_of", "root_cause_of", "split_lines"]

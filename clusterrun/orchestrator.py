@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 from clusterrun.agent.wire import NodeRequest, ProbeRequest, node_request
 from clusterrun.config import ClusterSpec
-from clusterrun.diagnose import NodeLog, find_root_cause
+from clusterrun.diagnose import NodeLog
 from clusterrun.environment import redact, secret_names
 from clusterrun.errors import AgentError, ClusterrunError, HostsUnavailable, TransportError
 from clusterrun.events import (
@@ -58,7 +58,7 @@ from clusterrun.events import (
     StopReport,
     stopped_after_text,
 )
-from clusterrun.follower import Follower, Link, Node, Reconnect, node_state_of, split_lines
+from clusterrun.follower import Follower, Link, Node, Reconnect, node_results, node_state_of, root_cause_of, split_lines
 from clusterrun.interfaces import (
     Interface,
     choose_interfaces,
@@ -568,13 +568,7 @@ class Job:
         list(self._pool.map(read, ranks))
 
     def _result(self, stops: list[StopReport], interrupted: str | None, late: RootCause | None = None) -> JobResult:
-        results = []
-        for rank, node in enumerate(self._nodes):
-            final = node.final or NodeStatus(HostState.RUNNING)
-            after = self._failed_first if node.state is NodeState.STOPPED else None  # fail-fast stopped it
-            why = node.error or (stopped_after_text(after) if after is not None else final.error)
-            results.append(NodeResult(rank, node.host, node.state, exit_code=final.exit_code, signal=final.signal,
-                                      error=why, stopped_after=after))
+        results = node_results(self._nodes, self._failed_first)
         root = late
         if late is None and (any(r.state in (NodeState.FAILED, NodeState.LOST) for r in results)
                              or interrupted is None):
@@ -584,13 +578,7 @@ class Job:
             for rank in unread:
                 self._nodes[rank].log = NodeLog()
             self._read_tails(unread)
-            root = find_root_cause(
-                hosts={r: n.host for r, n in enumerate(self._nodes)},
-                logs={r: n.log for r, n in enumerate(self._nodes)},
-                states={r: n.final for r, n in enumerate(self._nodes) if n.final is not None},
-                stopped_by_us={r for r, n in enumerate(self._nodes)
-                                if n.stop_sent or (n.final is not None and n.final.stop_requested)},
-            )
+            root = root_cause_of(self._nodes)
         result = JobResult(self.job_id, tuple(results), root_cause=root, stops=tuple(stops),
                            interrupted=interrupted)
         self.emit(JobFinished(None, result=result))
