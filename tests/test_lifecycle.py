@@ -28,6 +28,7 @@ from tests.conftest import (
     marked,
     monitors,
     start_time,
+    unique_job,
     up_argv,
     wait_for,
     write_hosts,
@@ -334,7 +335,8 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
     from clusterrun.transports import transport_for
 
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
-    job = Job(load_cluster(str(hosts)), str(SUPPORT / "counter.py"), ["60", "0.05"], job_id="detach-1",
+    job_id = unique_job("detach")  # the agent names machine-wide cgroups after it
+    job = Job(load_cluster(str(hosts)), str(SUPPORT / "counter.py"), ["60", "0.05"], job_id=job_id,
               name="detach", emit=lambda event: None, local_cwd=str(tmp_path), transport_factory=transport_for)
     plan = job.prepare()
     store = JobStore()
@@ -342,16 +344,16 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
                         local_cwd=str(tmp_path), ssh_config=None)
     store.create(record)
     events: list[object] = []
-    owner = store.try_own("detach-1")
+    owner = store.try_own(job_id)
     assert owner is not None
     session = Session(store, record, events.append, runner=Runner(store, record, job, owner))
     try:
         session.begin()
         wait_for(lambda: sum(isinstance(e, NodeStarted) for e in events) == 2, 60, what="both nodes started")
         session.detach()
-        assert all(n.pid for n in store.load("detach-1").nodes), store.load("detach-1").nodes
+        assert all(n.pid for n in store.load(job_id).nodes), store.load(job_id).nodes
     finally:
-        assert clusterrun("down", "detach-1").returncode == 0
+        assert clusterrun("down", job_id).returncode == 0
 
 
 def read_slowly(proc: subprocess.Popen[bytes], interrupt_after: int | None, sig: int, pause: float = 0.005) -> bytes:
