@@ -169,6 +169,7 @@ class SimCluster:
     cgroup: bool = True
     user: bool = False
     login_cgroup: str = ""
+    connect_timeout: int = 10
     _cgroups_before: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -184,7 +185,7 @@ class SimCluster:
               sshd_options: Mapping[str, str] | None = None, isolated: bool | None = None,
               cgroup: bool = True, user: bool = False, login_cgroup: str = "",
               etc_hosts: Callable[[SimHost, Sequence[SimHost]], str] | None = None,
-              second_network: Sequence[str] = (), hide: Sequence[str] = ()) -> SimCluster:
+              second_network: Sequence[str] = (), hide: Sequence[str] = (), connect_timeout: int = 10) -> SimCluster:
         """Start hosts ``sim1``…``simN``; return once every sshd accepts connections.
 
         ``login_shell`` replaces root's shell on every host (a str) or on the named hosts (a mapping), through a
@@ -199,7 +200,8 @@ class SimCluster:
         ``second_network`` names hosts that also get an ``eth1`` on a second bridge ``10.76.<subnet2>.0/24``
         (``host.address2``): a network that the hosts not named cannot reach. ``hide`` lists files (programs)
         that the hosts do not have: /dev/null is mounted over each, in the hosts' mount namespaces. All these
-        need namespaces.
+        need namespaces. ``connect_timeout`` is the ssh_config's ``ConnectTimeout`` (seconds; clusterrun's
+        too): what a connection attempt to an unreachable host costs.
         """
         if not 1 <= n <= 200:
             raise ValueError(f"n must be between 1 and 200, not {n}")
@@ -217,7 +219,7 @@ class SimCluster:
         folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{os.getpid()}-"))
         cluster = cls(dir=folder, isolated=not reason, fallback_reason=reason, cgroup=cgroup, user=user,
                       login_cgroup=login_cgroup.strip("/"), etc_hosts=etc_hosts, second_network=tuple(second_network),
-                      hide=tuple(hide))
+                      hide=tuple(hide), connect_timeout=connect_timeout)
         cluster._cgroups_before = _attempt_cgroups()
         _OPEN.append(cluster)
         try:
@@ -298,7 +300,8 @@ class SimCluster:
             config.append(f"Host {host.name}\n    HostName {host.address}\n    Port {host.port}\n"
                           f"    User {pwd.getpwuid(os.getuid()).pw_name}\n    IdentityFile {self.client_key}\n"
                           f"    IdentitiesOnly yes\n    UserKnownHostsFile {self.known_hosts}\n"
-                          "    StrictHostKeyChecking yes\n    BatchMode yes\n    ConnectTimeout 10\n\n")
+                          "    StrictHostKeyChecking yes\n    BatchMode yes\n"
+                          f"    ConnectTimeout {self.connect_timeout}\n\n")
             (self.dir / host.name / "sshd_config").write_text(self._sshd_config(host, options))
             if self.etc_hosts is not None:
                 (self.dir / host.name / "hosts").write_text(self.etc_hosts(host, self.hosts))
