@@ -18,6 +18,7 @@ import pytest
 
 from clusterrun.follower import Reconnect
 from clusterrun.transports.base import FOLLOW_TIMEOUT
+from tests import simhosts
 from tests.conftest import ROOT, SUPPORT, up_argv, wait_for
 from tests.simhosts import SimCluster, SimHost
 from tests.test_lifecycle import (
@@ -149,6 +150,8 @@ def test_ps_shows_a_host_whose_cable_is_out_unreachable_since_then_never_running
     assert clusterrun("down", job).returncode == 0
     # the monitor's stream to sim2, opened before the cable came back, times out first (20 s)
     wait_for(lambda: not monitors_of(controller_state), timeout=90, interval=1, what="the monitor to see the stop")
+    # the hosts' agents removed the attempts' cgroups (on this machine's hierarchy, which they mount)
+    assert not [c for c in simhosts._attempt_cgroups() if f"clusterrun-{job}-" in c]
 
 
 @pytest.mark.fake_torchrun
