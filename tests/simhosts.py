@@ -145,7 +145,7 @@ class SimHost:
         held: set[str] = set()
         # While the launcher (unshare, or sshd itself in the fallback) lives, self.pid cannot have been reused.
         if self._proc.poll() is None:
-            held = _attempt_cgroups_of([self]) if self.isolated else set()
+            held = _attempt_cgroups_of(self) if self.isolated else set()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid or self._proc.pid, signal.SIGKILL)
         self._proc.wait(timeout=TIMEOUT)
@@ -503,26 +503,21 @@ def _attempt_cgroups() -> set[str]:
     return set() if mount is None else {str(p) for p in Path(mount).glob(ATTEMPT_CGROUPS) if p.is_dir()}
 
 
-def _attempt_cgroups_of(hosts: Sequence[SimHost]) -> set[str]:
+def _attempt_cgroups_of(host: SimHost) -> set[str]:
     """The attempts' cgroups (this machine's paths, as ``_attempt_cgroups`` lists them) that hold a
-    process of the hosts' PID namespaces."""
+    process of ``host``'s PID namespace."""
     from clusterrun.agent.cgroup import _cgroup2_mount
 
-    mount = _cgroup2_mount()
-    if mount is None:
-        return set()
-    namespaces = set()
-    for host in hosts:
-        with contextlib.suppress(OSError):
-            namespaces.add(os.readlink(f"/proc/{host.pid}/ns/pid"))
-    held = set()
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{entry}/ns/pid") in namespaces:
-                for line in Path(f"/proc/{entry}/cgroup").read_text().splitlines():
-                    top = line[4:].split("/", 1)[0] if line.startswith("0::/") else ""
-                    if fnmatch.fnmatchcase(top, ATTEMPT_CGROUPS):
-                        held.add(os.path.join(mount, top))
+    mount, held = _cgroup2_mount(), set()
+    with contextlib.suppress(OSError):
+        namespace = os.readlink(f"/proc/{host.pid}/ns/pid")
+        for entry in filter(str.isdigit, os.listdir("/proc")) if mount else ():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/ns/pid") == namespace:
+                    for line in Path(f"/proc/{entry}/cgroup").read_text().splitlines():
+                        top = line[4:].split("/", 1)[0] if line.startswith("0::/") else ""
+                        if fnmatch.fnmatchcase(top, ATTEMPT_CGROUPS):
+                            held.add(os.path.join(mount or "", top))
     return held
 
 
