@@ -176,12 +176,14 @@ def test_down_stops_everything_even_what_ignores_sigterm(tmp_path: Path, state_d
 
 def test_down_of_one_job_leaves_the_other_intact(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    gate = tmp_path / "gate"  # b ends only once the test has seen it run on after a's down
     a = up_detached("--name", "a", hosts, SUPPORT / "counter.py", "1000", "0.05")
-    b = up_detached("--name", "b", hosts, SUPPORT / "counter.py", "100", "0.05")
+    b = up_detached("--name", "b", hosts, SUPPORT / "counter.py", "100", "0.05", gate)
     wait_for(lambda: "line 3" in clusterrun("logs", "--node", "0", b).stdout, timeout=60, what="job b output")
     down = clusterrun("down", "a")  # by name
     assert down.returncode == 0, down.stderr
     assert marked(a) == [] and marked(b)
+    gate.touch()
     record = wait_state(b, "succeeded")
     assert record["attempt"] == 1
     for node in (0, 1):
