@@ -59,6 +59,13 @@ def job_id_of(stderr: str) -> str:
     return found.group(1)
 
 
+def unique_job(stem: str) -> str:
+    """A job id no other test uses now: the agent names cgroups after jobs, machine-wide, so tests that
+    run at once (pytest-xdist's workers, another run on this machine) must not share one. The pid tells
+    concurrent processes apart; the random part, the tests of one process."""
+    return f"{stem}-{os.getpid()}-{os.urandom(3).hex()}"
+
+
 def start_time(pid: int) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import fnmatch
 import functools
 import ipaddress
 import json
@@ -45,6 +46,7 @@ NFT = shutil.which("nft") or "/usr/sbin/nft"  # nftables, for SimHost.block_tcp 
 FIREWALL = "crsim-firewall"  # the nftables table block_tcp adds in a host's own network namespace
 USER, USER_ID = "crtest", 64123  # the simulated hosts' unprivileged user (SimCluster.start(user=True))
 SECOND_NET = "10.76"  # below the first network's 10.77: of two gloo peers, the higher address connects to the lower
+ATTEMPT_CGROUPS = "clusterrun-*-n*-a*"  # the agent's cgroup of an attempt, at the top of the hierarchy
 WIPED_LOGS = ("/var/log/wtmp", "/var/log/lastlog", "/var/log/btmp")
 
 # First process of a new PID namespace, inside the host's network namespace; ends by exec'ing sshd.
@@ -135,14 +137,20 @@ class SimHost:
         return len(served)
 
     def kill(self) -> None:
-        """Simulate the machine dying: SIGKILL its first process, and with it its whole PID namespace."""
+        """Simulate the machine dying: SIGKILL its first process, and with it its whole PID namespace.
+        The attempts' cgroups its processes were in (on this machine's hierarchy, which the host
+        mounts) are removed once empty: a dead host's supervisors cannot, and nothing else would."""
         if self._proc is None:
             return
+        held: set[str] = set()
         # While the launcher (unshare, or sshd itself in the fallback) lives, self.pid cannot have been reused.
         if self._proc.poll() is None:
+            held = _attempt_cgroups_of(self) if self.isolated else set()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid or self._proc.pid, signal.SIGKILL)
         self._proc.wait(timeout=TIMEOUT)
+        for cgroup in held:
+            _remove_empty_cgroup(cgroup)
 
 
 @dataclass
@@ -169,6 +177,7 @@ class SimCluster:
     cgroup: bool = True
     user: bool = False
     login_cgroup: str = ""
+    connect_timeout: int = 10
     _cgroups_before: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -184,7 +193,7 @@ class SimCluster:
               sshd_options: Mapping[str, str] | None = None, isolated: bool | None = None,
               cgroup: bool = True, user: bool = False, login_cgroup: str = "",
               etc_hosts: Callable[[SimHost, Sequence[SimHost]], str] | None = None,
-              second_network: Sequence[str] = (), hide: Sequence[str] = ()) -> SimCluster:
+              second_network: Sequence[str] = (), hide: Sequence[str] = (), connect_timeout: int = 10) -> SimCluster:
         """Start hosts ``sim1``…``simN``; return once every sshd accepts connections.
 
         ``login_shell`` replaces root's shell on every host (a str) or on the named hosts (a mapping), through a
@@ -199,7 +208,8 @@ class SimCluster:
         ``second_network`` names hosts that also get an ``eth1`` on a second bridge ``10.76.<subnet2>.0/24``
         (``host.address2``): a network that the hosts not named cannot reach. ``hide`` lists files (programs)
         that the hosts do not have: /dev/null is mounted over each, in the hosts' mount namespaces. All these
-        need namespaces.
+        need namespaces. ``connect_timeout`` is the ssh_config's ``ConnectTimeout`` (seconds; clusterrun's
+        too): what a connection attempt to an unreachable host costs.
         """
         if not 1 <= n <= 200:
             raise ValueError(f"n must be between 1 and 200, not {n}")
@@ -217,7 +227,7 @@ class SimCluster:
         folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{os.getpid()}-"))
         cluster = cls(dir=folder, isolated=not reason, fallback_reason=reason, cgroup=cgroup, user=user,
                       login_cgroup=login_cgroup.strip("/"), etc_hosts=etc_hosts, second_network=tuple(second_network),
-                      hide=tuple(hide))
+                      hide=tuple(hide), connect_timeout=connect_timeout)
         cluster._cgroups_before = _attempt_cgroups()
         _OPEN.append(cluster)
         try:
@@ -298,7 +308,8 @@ class SimCluster:
             config.append(f"Host {host.name}\n    HostName {host.address}\n    Port {host.port}\n"
                           f"    User {pwd.getpwuid(os.getuid()).pw_name}\n    IdentityFile {self.client_key}\n"
                           f"    IdentitiesOnly yes\n    UserKnownHostsFile {self.known_hosts}\n"
-                          "    StrictHostKeyChecking yes\n    BatchMode yes\n    ConnectTimeout 10\n\n")
+                          "    StrictHostKeyChecking yes\n    BatchMode yes\n"
+                          f"    ConnectTimeout {self.connect_timeout}\n\n")
             (self.dir / host.name / "sshd_config").write_text(self._sshd_config(host, options))
             if self.etc_hosts is not None:
                 (self.dir / host.name / "hosts").write_text(self.etc_hosts(host, self.hosts))
@@ -402,37 +413,15 @@ class SimCluster:
                     raise SimHostError(f"{host.name}: expected one first process, found {found}")
                 host.pid = found[0]
 
-    def _cgroups_held(self) -> set[str] | None:
-        """The cgroups (this machine's paths) of the processes in this cluster's PID namespaces; None when
-        the hosts have none of their own (the loopback fallback), where any process may be theirs."""
-        from clusterrun.agent.cgroup import _cgroup2_mount
-
-        mount = _cgroup2_mount()
-        if not self.isolated or mount is None:
-            return None
-        namespaces = set()
-        for host in self.hosts:
-            with contextlib.suppress(OSError):
-                namespaces.add(os.readlink(f"/proc/{host.pid}/ns/pid"))
-        held = set()
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{entry}/ns/pid") in namespaces:
-                    for line in Path(f"/proc/{entry}/cgroup").read_text().splitlines():
-                        if line.startswith("0::/"):
-                            held.add(mount + line[3:].rstrip("/"))
-        return held
-
     def close(self) -> None:
         """Kill every host, delete the namespaces, links and bridge made for them, wait until gone, remove files."""
         if self._closed:
             return
         self._closed = True
-        # A host killed with its jobs cannot remove their attempts' cgroups: those that hold this cluster's
-        # processes. Never another test's (running, or just made and still empty: parallel workers).
-        held = self._cgroups_held()
-        left = [cgroup for cgroup in _attempt_cgroups() - self._cgroups_before
-                if held is None or any(path == cgroup or path.startswith(cgroup + "/") for path in held)]
+        # A host killed with its jobs cannot remove their attempts' cgroups: each host's kill removes those
+        # its processes held. Never another test's (running, or just made and still empty: parallel workers);
+        # but in the loopback fallback any process may be the hosts': every attempt cgroup made meanwhile.
+        left = [] if self.isolated else sorted(_attempt_cgroups() - self._cgroups_before)
         for host in self.hosts:
             host.kill()
         for cgroup in left:
@@ -511,7 +500,25 @@ def _attempt_cgroups() -> set[str]:
     from clusterrun.agent.cgroup import _cgroup2_mount
 
     mount = _cgroup2_mount()
-    return set() if mount is None else {str(p) for p in Path(mount).glob("clusterrun-*-n*-a*") if p.is_dir()}
+    return set() if mount is None else {str(p) for p in Path(mount).glob(ATTEMPT_CGROUPS) if p.is_dir()}
+
+
+def _attempt_cgroups_of(host: SimHost) -> set[str]:
+    """The attempts' cgroups (this machine's paths, as ``_attempt_cgroups`` lists them) that hold a
+    process of ``host``'s PID namespace."""
+    from clusterrun.agent.cgroup import _cgroup2_mount
+
+    mount, held = _cgroup2_mount(), set()
+    with contextlib.suppress(OSError):
+        namespace = os.readlink(f"/proc/{host.pid}/ns/pid")
+        for entry in filter(str.isdigit, os.listdir("/proc")) if mount else ():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/ns/pid") == namespace:
+                    for line in Path(f"/proc/{entry}/cgroup").read_text().splitlines():
+                        top = line[4:].split("/", 1)[0] if line.startswith("0::/") else ""
+                        if fnmatch.fnmatchcase(top, ATTEMPT_CGROUPS):
+                            held.add(os.path.join(mount or "", top))
+    return held
 
 
 def _remove_empty_cgroup(cgroup: str) -> None:

@@ -20,23 +20,30 @@ import pytest
 from clusterrun.config import HostSpec
 from clusterrun.errors import AgentError
 from clusterrun.transports.local import LocalTransport
-from tests.conftest import alive, start_time, wait_for
+from tests.conftest import alive, start_time, unique_job, wait_for
 
 pytestmark = pytest.mark.integration
 
 TRANSPORT = LocalTransport(HostSpec(host="here", transport="local"))
+JOB = "job-1"  # each test's own (_own_job): the agent names machine-wide cgroups after it
 
 
-def req(state_dir: Path, op: str, job: str = "job-1", node: int = 0, **extra: object) -> dict:
+@pytest.fixture(autouse=True)
+def _own_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(globals(), "JOB", unique_job("job"))
+
+
+def req(state_dir: Path, op: str, job: str | None = None, node: int = 0, **extra: object) -> dict:
+    job = JOB if job is None else job
     return {"op": op, "job": job, "node": node, "attempt": 1, "state_dir": str(state_dir), **extra}
 
 
-def start(state_dir: Path, code: str, job: str = "job-1", node: int = 0, env: dict | None = None) -> dict:
+def start(state_dir: Path, code: str, job: str | None = None, node: int = 0, env: dict | None = None) -> dict:
     return TRANSPORT.call(req(state_dir, "start", job, node, argv=[sys.executable, "-c", code],
                               env=env or {}, cwd=str(state_dir.parent)))
 
 
-def follow(state_dir: Path, offset: int = 0, job: str = "job-1") -> list[dict]:
+def follow(state_dir: Path, offset: int = 0, job: str | None = None) -> list[dict]:
     return list(TRANSPORT.stream(req(state_dir, "follow", job, offset=offset)))
 
 
@@ -69,7 +76,7 @@ def test_follow_holds_back_partial_lines_and_resumes_exactly(tmp_path: Path) -> 
     assert all(m["data"].endswith("\n") for m in logs[:-1])
     assert logs[-1]["data"].endswith("unterminated tail")
     data = b"".join(m["data"].encode("utf-8", "surrogateescape") for m in logs)
-    log_file = next(state_dir.glob("jobs/job-1/node0/attempt1/output.log"))
+    log_file = next(state_dir.glob(f"jobs/{JOB}/node0/attempt1/output.log"))
     assert data == log_file.read_bytes() == b"first line\npartial\n\xff\xfe not utf-8\nunterminated tail"
     # resuming from any offset the agent handed out gives exactly the rest: nothing lost or repeated
     for m in logs:
@@ -89,7 +96,7 @@ def test_state_is_private_whatever_the_umask(tmp_path: Path) -> None:
     folder = Path(answer["dir"])
     assert {f.name for f in folder.iterdir()} >= {"spec.json", "state.json", "output.log", "supervisor.log"}
     everything = [state_dir, *state_dir.rglob("*")]
-    assert folder in everything and state_dir / "jobs" / "job-1" in everything
+    assert folder in everything and state_dir / "jobs" / JOB in everything
     for p in everything:
         assert stat.S_IMODE(p.stat().st_mode) == (0o700 if p.is_dir() else 0o600), p
 
@@ -177,13 +184,13 @@ def test_supervisor_is_detached_and_holds_nothing_of_the_agent(tmp_path: Path) -
 
 def test_stop_touches_only_its_own_job(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
-    first = start(state_dir, "import time; print('a', flush=True); time.sleep(600)", job="job-a")
-    second = start(state_dir, "import time; print('b', flush=True); time.sleep(600)", job="job-b")
+    first = start(state_dir, "import time; print('a', flush=True); time.sleep(600)", job=f"{JOB}-a")
+    second = start(state_dir, "import time; print('b', flush=True); time.sleep(600)", job=f"{JOB}-b")
     other = second["state"]["torchrun"]
-    TRANSPORT.call(req(state_dir, "stop", job="job-a", grace=1))
+    TRANSPORT.call(req(state_dir, "stop", job=f"{JOB}-a", grace=1))
     assert not alive(first["state"]["torchrun"]["pid"], first["state"]["torchrun"]["start_time"])
     assert alive(other["pid"], other["start_time"])
-    TRANSPORT.call(req(state_dir, "stop", job="job-b", grace=1))
+    TRANSPORT.call(req(state_dir, "stop", job=f"{JOB}-b", grace=1))
     assert not alive(other["pid"], other["start_time"])
 
 
@@ -459,7 +466,7 @@ def test_the_agent_and_its_supervisor_import_little(tmp_path: Path) -> None:
     assert len(answers) == 4 and all(b'"ok": true' in a for a in answers), proc
     agent_modules = _own_imports(proc.stderr.decode())
     assert "_json" in agent_modules and not heavy & agent_modules, sorted(heavy & agent_modules)
-    folder = tmp_path / "state" / "jobs" / "job-1" / "node0" / "attempt1"
+    folder = tmp_path / "state" / "jobs" / JOB / "node0" / "attempt1"
     wait_for(lambda: b"ran" in (folder / "output.log").read_bytes(), 30, what="the job's output")
     wait_for(lambda: '"exited"' in (folder / "state.json").read_text(), 30, what="the end of the job")
     supervisor_modules = _own_imports((folder / "supervisor.log").read_text())

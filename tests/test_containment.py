@@ -26,7 +26,7 @@ from clusterrun.config import HostSpec
 from clusterrun.transports import transport_for
 from clusterrun.transports.base import Transport
 from clusterrun.transports.local import LocalTransport
-from tests.conftest import SUPPORT, alive, start_time, wait_for
+from tests.conftest import SUPPORT, alive, start_time, unique_job, wait_for
 from tests.simhosts import SimCluster, SimHost, namespace_problem, unavailable
 
 pytestmark = pytest.mark.integration
@@ -120,8 +120,16 @@ def place(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Pl
     return Place(request.param, transport, cgroup, cluster.hosts[0])
 
 
+JOB = "hostile-1"  # each test's own (_own_job): the agent names machine-wide cgroups after it
+
+
+@pytest.fixture(autouse=True)
+def _own_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(globals(), "JOB", unique_job("hostile"))
+
+
 def req(state_dir: Path, op: str, attempt: int = 1, **extra: object) -> dict:
-    return {"op": op, "job": "hostile-1", "node": 0, "attempt": attempt, "state_dir": str(state_dir), **extra}
+    return {"op": op, "job": JOB, "node": 0, "attempt": attempt, "state_dir": str(state_dir), **extra}
 
 
 def recorded(piddir: Path) -> dict[str, tuple[int, int]]:
@@ -598,7 +606,7 @@ def test_logind_with_linger_starts_the_job_in_a_user_scope_that_outlives_the_ses
     argv = [USER_PYTHON, str(readable_code / "tests" / "_support" / "hostile_child.py"), "escape", str(piddir)]
     answer = transport.call(req(state_dir, "start", argv=argv, env={}, cwd=str(folder)))
     args = (folder / "systemd-run.args").read_text()
-    assert args.startswith("--user --scope --quiet --collect -p Delegate=yes --unit=clusterrun-hostile-1-n0-a1-")
+    assert args.startswith(f"--user --scope --quiet --collect -p Delegate=yes --unit=clusterrun-{JOB}-n0-a1-")
     cgroup = answer["state"]["cgroup"]
     assert os.path.dirname(cgroup) == user_session["scope"], answer  # its own cgroup, in the user's scope
     sup, tr = answer["state"]["survivor"], answer["state"]["torchrun"]
@@ -820,7 +828,7 @@ def test_logind_over_ssh_with_linger_starts_the_job_in_a_user_scope_that_outlive
     argv = [USER_PYTHON, str(readable_code / "tests" / "_support" / "hostile_child.py"), "escape", str(piddir)]
     answer = where.transport.call(req(state_dir, "start", argv=argv, env={}, cwd=str(where.home)))
     args = (where.home / "systemd-run.args").read_text()
-    assert args.startswith("--user --scope --quiet --collect -p Delegate=yes --unit=clusterrun-hostile-1-n0-a1-")
+    assert args.startswith(f"--user --scope --quiet --collect -p Delegate=yes --unit=clusterrun-{JOB}-n0-a1-")
     cgroup = answer["state"]["cgroup"]
     assert os.path.dirname(cgroup) == scope, answer  # its own cgroup, in the user manager's scope
     sup, tr = answer["state"]["survivor"], answer["state"]["torchrun"]

@@ -29,6 +29,7 @@ from tests.conftest import (
     monitors,
     run_up,
     start_time,
+    unique_job,
     up_argv,
     wait_for,
     write_hosts,
@@ -176,12 +177,14 @@ def test_down_stops_everything_even_what_ignores_sigterm(tmp_path: Path, state_d
 
 def test_down_of_one_job_leaves_the_other_intact(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    gate = tmp_path / "gate"  # b ends only once the test has seen it run on after a's down
     a = up_detached("--name", "a", hosts, SUPPORT / "counter.py", "1000", "0.05")
-    b = up_detached("--name", "b", hosts, SUPPORT / "counter.py", "100", "0.05")
+    b = up_detached("--name", "b", hosts, SUPPORT / "counter.py", "100", "0.05", gate)
     wait_for(lambda: "line 3" in clusterrun("logs", "--node", "0", b).stdout, timeout=60, what="job b output")
     down = clusterrun("down", "a")  # by name
     assert down.returncode == 0, down.stderr
     assert marked(a) == [] and marked(b)
+    gate.touch()
     record = wait_state(b, "succeeded")
     assert record["attempt"] == 1
     for node in (0, 1):
@@ -335,7 +338,8 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
     from clusterrun.transports import transport_for
 
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
-    job = Job(load_cluster(str(hosts)), str(SUPPORT / "counter.py"), ["60", "0.05"], job_id="detach-1",
+    job_id = unique_job("detach")  # the agent names machine-wide cgroups after it
+    job = Job(load_cluster(str(hosts)), str(SUPPORT / "counter.py"), ["60", "0.05"], job_id=job_id,
               name="detach", emit=lambda event: None, local_cwd=str(tmp_path), transport_factory=transport_for)
     plan = job.prepare()
     store = JobStore()
@@ -343,16 +347,16 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
                         local_cwd=str(tmp_path), ssh_config=None)
     store.create(record)
     events: list[object] = []
-    owner = store.try_own("detach-1")
+    owner = store.try_own(job_id)
     assert owner is not None
     session = Session(store, record, events.append, runner=Runner(store, record, job, owner))
     try:
         session.begin()
         wait_for(lambda: sum(isinstance(e, NodeStarted) for e in events) == 2, 60, what="both nodes started")
         session.detach()
-        assert all(n.pid for n in store.load("detach-1").nodes), store.load("detach-1").nodes
+        assert all(n.pid for n in store.load(job_id).nodes), store.load(job_id).nodes
     finally:
-        assert clusterrun("down", "detach-1").returncode == 0
+        assert clusterrun("down", job_id).returncode == 0
 
 
 def read_slowly(proc: subprocess.Popen[bytes], interrupt_after: int | None, sig: int, pause: float = 0.005) -> bytes:

@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 
+from clusterrun.follower import Reconnect
+from clusterrun.transports.base import FOLLOW_TIMEOUT
+from tests import simhosts
 from tests.conftest import ROOT, SUPPORT, up_argv, wait_for
 from tests.simhosts import SimCluster, SimHost
 from tests.test_lifecycle import (
@@ -31,6 +34,9 @@ from tests.test_ssh import ssh_hosts
 
 pytestmark = pytest.mark.integration
 MakeCluster = Callable[..., SimCluster]
+# ssh_config's ConnectTimeout for the tests that cut a host's cable: each connection attempt to it
+# costs this (clusterrun's default is OpenSSH's 10 s); long enough for a handshake on a loaded machine.
+CUT_CONNECT_TIMEOUT = 5
 
 
 def marked_on(host: SimHost, job: str) -> list[int]:
@@ -124,7 +130,7 @@ def test_ps_shows_a_host_whose_cable_is_out_unreachable_since_then_never_running
     """sim2's network cable is pulled while the job runs (its monitor still follows it): `ps JOB`
     cannot reach it and shows its node `unreachable since <time>`, kept from that first failure;
     `ps --json` says unreachable with the time; once the cable is back, running again."""
-    cluster = sim_cluster(2)
+    cluster = sim_cluster(2, connect_timeout=CUT_CONNECT_TIMEOUT)
     hosts = ssh_hosts(tmp_path, cluster, [1, 1], tmp_path / "state")
     job = up_detached("--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
     wait_state(job, "running")
@@ -144,6 +150,8 @@ def test_ps_shows_a_host_whose_cable_is_out_unreachable_since_then_never_running
     assert clusterrun("down", job).returncode == 0
     # the monitor's stream to sim2, opened before the cable came back, times out first (20 s)
     wait_for(lambda: not monitors_of(controller_state), timeout=90, interval=1, what="the monitor to see the stop")
+    # the hosts' agents removed the attempts' cgroups (on this machine's hierarchy, which they mount)
+    assert not [c for c in simhosts._attempt_cgroups() if f"clusterrun-{job}-" in c]
 
 
 @pytest.mark.fake_torchrun
@@ -180,7 +188,9 @@ def test_dashboard_shows_a_dropped_connection_and_resumes_from_its_offset(sim_cl
     assert all("node0 sim1: unreachable" in text for text in shown), shown
 
 
-PAUSE = 45.0  # longer than anything the controller ever allowed for silence (30 s, before)
+# Longer than any silence the controller allows a connection (its follow timeout; 30 s before it):
+# resumed, it finds every stream silent for longer than that, and its connections dropped by sshd.
+PAUSE = FOLLOW_TIMEOUT + 5
 
 
 @pytest.mark.fake_torchrun
@@ -188,20 +198,22 @@ def test_a_paused_controller_never_stops_a_healthy_job(sim_cluster: MakeCluster,
                                                        controller_state: Path, request: pytest.FixtureRequest) -> None:
     """A laptop closed for a while: `up` (foreground) and the monitor of an `up -d` job are stopped
     (SIGSTOP) while the hosts' sshd drop their silent connections and the jobs end; resumed, both
-    follow on from where they were: the jobs succeed, nothing was stopped, every line exactly once."""
+    follow on from where they were: the jobs succeed, nothing was stopped, every line exactly once.
+    Both jobs print their second half only once the controller is paused (counter.py's gate)."""
     cluster = sim_cluster(2, sshd_options={"ClientAliveInterval": "2", "ClientAliveCountMax": "2"})
-    state = tmp_path / "state"
+    state, gate = tmp_path / "state", tmp_path / "gate"
     hosts = ssh_hosts(tmp_path, cluster, [1, 1], state)
-    background = up_detached("--name", "background", hosts, SUPPORT / "counter.py", "300", "0.02")
+    background = up_detached("--name", "background", hosts, SUPPORT / "counter.py", "300", "0.02", gate)
     monitor = wait_for(lambda: monitors_of(controller_state), timeout=30, what="the monitor")[0]
-    up = subprocess.Popen(up_argv("--name", "foreground", hosts, SUPPORT / "counter.py", "300", "0.02"), cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    up = subprocess.Popen(up_argv("--name", "foreground", hosts, SUPPORT / "counter.py", "300", "0.02", gate),
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     request.addfinalizer(lambda: finish(up))
     lines, errors, readers = read_both(up)
     wait_for(lambda: any("line 20" in line for line in lines), timeout=60, what="the foreground job's output")
     paused = time.monotonic()
     for pid in (up.pid, monitor):
         os.kill(pid, signal.SIGSTOP)
+    gate.touch()
     try:
         foreground = job_id_of_dir(state, exclude=background)
         wait_for(lambda: all(host_ended(state, job, node) for job in (background, foreground) for node in (0, 1)),
@@ -225,21 +237,24 @@ def test_a_paused_controller_never_stops_a_healthy_job(sim_cluster: MakeCluster,
             assert not (attempt_dir(state, job, node) / "stop").exists()  # nobody asked for a stop
 
 
-OUTAGE = 120.0
+# Longer than every timeout on the way (the follow's silence, then connection attempts of
+# CUT_CONNECT_TIMEOUT each after Reconnect's delays: at least three of them fail); nothing in
+# clusterrun counts failures or time towards giving up unless --unreachable-timeout is given.
+OUTAGE = FOLLOW_TIMEOUT + 3 * (CUT_CONNECT_TIMEOUT + Reconnect().most) + 4
 
 
 @pytest.mark.fake_torchrun
-def test_a_host_unreachable_for_minutes_is_waited_for_not_stopped(sim_cluster: MakeCluster, tmp_path: Path,
-                                                                  controller_state: Path,
-                                                                  request: pytest.FixtureRequest) -> None:
-    """sim2's network cable is out for two minutes while the job runs: its node shows unreachable,
+def test_a_host_unreachable_longer_than_every_timeout_is_waited_for_not_stopped(sim_cluster: MakeCluster,
+                                                                               tmp_path: Path, controller_state: Path,
+                                                                               request: pytest.FixtureRequest) -> None:
+    """sim2's network cable is out (OUTAGE) while the job runs: its node shows unreachable,
     nothing is stopped anywhere, and when it is back the job goes on and succeeds, every line once,
     with one notice that the node reconnected (the requests made on the dead connection meanwhile
     left no channel for sshd to open when the link came back) and no word from paramiko."""
-    cluster = sim_cluster(2)
+    cluster = sim_cluster(2, connect_timeout=CUT_CONNECT_TIMEOUT)
     state = tmp_path / "state"
     hosts = ssh_hosts(tmp_path, cluster, [1, 1], state)
-    count = int((OUTAGE + 40) / 0.1)
+    count = int((OUTAGE + 30) / 0.1)  # the job runs on for a while after the cable is back
     up = subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", str(count), "0.1"), cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     request.addfinalizer(lambda: finish(up))

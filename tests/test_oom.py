@@ -29,7 +29,7 @@ from clusterrun.diagnose import NodeLog, find_root_cause, oom_evidence
 from clusterrun.events import OomEvidence, RootCause
 from clusterrun.protocol import KernelOom, OomKill, ProtocolError, decode_oom, decode_status
 from clusterrun.signatures import explain
-from tests.conftest import ROOT, run_up
+from tests.conftest import ROOT, run_up, unique_job
 from tests.simhosts import unavailable
 
 CAPTURED = Path(__file__).parent / "_support" / "failures" / "oom-killed"
@@ -237,7 +237,7 @@ def test_real_an_unprivileged_supervisor_says_the_kernels_log_is_not_readable(mo
     wrapper.chmod(0o755)
     monkeypatch.setenv("XDG_CACHE_HOME", str(folder / "cache"))  # the agent's cache: root's ~/.cache is refused
     transport = LocalTransport(HostSpec(host="here", transport="local", python=str(wrapper)))
-    request = {"job": "crtest-oom", "node": 0, "attempt": 1, "state_dir": str(folder / "state")}
+    request = {"job": unique_job("crtest-oom"), "node": 0, "attempt": 1, "state_dir": str(folder / "state")}
     try:
         transport.call({**request, "op": "start", "env": {}, "cwd": str(folder),
                         "argv": [USER_PYTHON, "-c", "import os; os.kill(os.getpid(), 9)"]})

@@ -314,9 +314,11 @@ def test_paramiko_accepts_the_generated_files(sim_cluster: Make, mode: bool | No
         client.close()
 
 
-def test_close_removes_the_attempt_cgroups_its_killed_hosts_could_not() -> None:
+@pytest.mark.parametrize("end", ["close", "kill"])
+def test_the_attempt_cgroups_a_killed_host_could_not_remove_are_removed(end: str) -> None:
     """A host killed with a job on it leaves the attempt's cgroup (on this machine's hierarchy,
-    which the hosts mount) without its supervisor to remove it: closing the cluster does."""
+    which the hosts mount) without its supervisor to remove it: closing the cluster removes it,
+    and so does killing the host in the middle of a test (``host.kill``, ``reboot``)."""
     if namespace_problem():
         unavailable(f"no simulated hosts here: {namespace_problem()}")
     cluster = SimCluster.start(1, isolated=True)
@@ -331,6 +333,9 @@ def test_close_removes_the_attempt_cgroups_its_killed_hosts_could_not() -> None:
         assert len(left) == 1
         cgroup = Path(next(iter(left)))
         wait_for(lambda: "populated 1" in (cgroup / "cgroup.events").read_text(), 10, what="the job in its cgroup")
+        if end == "kill":
+            cluster.hosts[0].kill()
+            assert not left & simhosts._attempt_cgroups()
     finally:
         cluster.close()
     assert not left & simhosts._attempt_cgroups()

@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,9 @@ from clusterrun.events import StopReport
 from clusterrun.protocol import decode_network
 from clusterrun.transports import Transport, transport_for
 from clusterrun.transports.fake import FakeCluster
-from tests.conftest import wait_for
+from tests.conftest import unique_job, wait_for
 from tests.simhosts import SimCluster
 
-JOB = "contract-20261123-120000-0001"
 # Prints `line I` for I < COUNT, waits for RELEASE to exist, exits with CODE; ignores SIGTERM with a 4th argument.
 SCRIPT = ("import os,signal,sys,time\ncount,release,code=int(sys.argv[1]),sys.argv[2],int(sys.argv[3])\n"
           "if sys.argv[4:]:\n signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
@@ -50,9 +49,11 @@ class Harness:
     state_dir: str
     folder: Path
     fake: FakeCluster | None = None
+    # Its own per test: the agent names machine-wide cgroups after the job (tests run at once under xdist).
+    job: str = field(default_factory=lambda: unique_job("contract"))
 
     def request(self, op: str, node: int, **extra: Any) -> dict[str, Any]:
-        return {"op": op, "job": JOB, "node": node, "attempt": 1, "state_dir": self.state_dir, **extra}
+        return {"op": op, "job": self.job, "node": node, "attempt": 1, "state_dir": self.state_dir, **extra}
 
     def argv(self, node: int, count: int, code: int = 0, ignore_term: bool = False) -> list[str]:
         return [sys.executable, "-c", SCRIPT, str(count), str(self.folder / f"release-{node}"), str(code),
@@ -63,13 +64,13 @@ class Harness:
         answer = self.transport.call(self.request("start", node, **{"argv": argv, "env": {}, "cwd": None,
                                                                     "first_rank": 0, **extra}))
         if self.fake is not None:
-            self.fake.node(JOB, node).write(expected(count))
-            self.fake.node(JOB, node).outlives_grace = ignore_term
+            self.fake.node(self.job, node).write(expected(count))
+            self.fake.node(self.job, node).outlives_grace = ignore_term
         return answer
 
     def release(self, node: int, code: int = 0) -> None:
         if self.fake is not None:
-            self.fake.node(JOB, node).exit(code)
+            self.fake.node(self.job, node).exit(code)
         else:
             (self.folder / f"release-{node}").touch()
 
@@ -325,7 +326,7 @@ def test_jobs_lists_every_node_attempt_with_what_start_was_given(harness: Harnes
     harness.wait_ended(1)
     answer = harness.transport.call({"op": "jobs", "state_dir": harness.state_dir})
     assert answer["ok"] is True and answer["root"] == f"{harness.state_dir}/jobs"
-    assert [(e["job"], e["node"], e["attempt"]) for e in answer["jobs"]] == [(JOB, 0, 1), (JOB, 1, 1)]
+    assert [(e["job"], e["node"], e["attempt"]) for e in answer["jobs"]] == [(harness.job, 0, 1), (harness.job, 1, 1)]
     first, second = answer["jobs"]
     assert first["state"]["state"] == "running" and first["state"]["torchrun"]["pid"] > 0
     assert second["state"]["state"] == "exited" and second["state"]["exit_code"] == 4
@@ -347,7 +348,7 @@ def test_remove_deletes_a_nodes_state_and_logs_once_nothing_of_it_runs(harness: 
     harness.start(0, 5)
     harness.start(1, 3)
     harness.wait_printed(0, 5)
-    with pytest.raises(AgentError, match=rf"/jobs/{JOB}/node0/attempt1 still runs; stop the job first "
+    with pytest.raises(AgentError, match=rf"/jobs/{harness.job}/node0/attempt1 still runs; stop the job first "
                                          r"\(`clusterrun down`\)"):
         harness.transport.call(harness.request("remove", 0))
     assert harness.transport.call(harness.request("status", 0))["state"]["state"] == "running"
@@ -355,7 +356,7 @@ def test_remove_deletes_a_nodes_state_and_logs_once_nothing_of_it_runs(harness: 
     harness.wait_ended(0)
     harness.wait_gone(0)
     removed = harness.transport.call(harness.request("remove", 0))
-    assert removed["ok"] is True and removed["removed"] == f"{harness.state_dir}/jobs/{JOB}/node0"
+    assert removed["ok"] is True and removed["removed"] == f"{harness.state_dir}/jobs/{harness.job}/node0"
     assert removed["bytes"] >= len(expected(5))
     assert harness.transport.call(harness.request("status", 0))["state"] == {"state": "absent"}
     listed = harness.transport.call({"op": "jobs", "state_dir": harness.state_dir})["jobs"]
@@ -366,7 +367,8 @@ def test_remove_deletes_a_nodes_state_and_logs_once_nothing_of_it_runs(harness: 
     harness.release(1)
     harness.wait_ended(1)
     harness.wait_gone(1)
-    assert harness.transport.call(harness.request("remove", 1))["removed"] == f"{harness.state_dir}/jobs/{JOB}/node1"
+    removed = harness.transport.call(harness.request("remove", 1))
+    assert removed["removed"] == f"{harness.state_dir}/jobs/{harness.job}/node1"
     assert harness.transport.call({"op": "jobs", "state_dir": harness.state_dir})["jobs"] == []
 
 

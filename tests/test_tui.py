@@ -169,7 +169,8 @@ def test_restart_asks_then_starts_attempt_two(tmp_path: Path, state_dir: Path) -
 @pytest.mark.fake_torchrun
 def test_detach_leaves_the_job_running(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
-    job = up_detached(hosts, SUPPORT / "counter.py", "60", "0.05")
+    gate = tmp_path / "gate"  # the job ends only after the test has seen it outlive the dashboard
+    job = up_detached(hosts, SUPPORT / "counter.py", "60", "0.05", gate)
     app = dashboard_on(job)
 
     async def script(app: Dashboard, pilot: object) -> None:
@@ -180,6 +181,7 @@ def test_detach_leaves_the_job_running(tmp_path: Path, state_dir: Path) -> None:
     drive(app, script)
     assert app.outcome == "detached" and app.return_value == 0
     assert marked(job), "the job runs on"
+    gate.touch()
     record = wait_state(job, "succeeded")
     assert [n["exit_code"] for n in record["nodes"]] == [0, 0]
 
