@@ -18,6 +18,7 @@ import pytest
 from tests import simhosts
 from tests.conftest import ROOT, SUPPORT, wait_for
 from tests.simhosts import SSHD, SimCluster, SimHostError, namespace_problem, sweep_stale, unavailable
+from tests.simnet import _ip_json
 
 pytestmark = pytest.mark.integration
 sim_cluster = simhosts.sim_cluster  # until tests/conftest.py exposes it
@@ -186,10 +187,12 @@ def test_clusters_coexist_and_a_new_one_starts_after_close(sim_cluster: Make) ->
     assert first.subnet != second.subnet
     for cluster in (first, second):
         assert ssh(cluster, "sim2", "hostname").stdout.strip() == "sim2"
-    subnet = first.subnet
+    bridge = first._bridge
     first.close()
+    # its bridge is gone, and with it its subnet (which another test may take at once: pytest -n)
+    assert bridge is not None and bridge not in {link["ifname"] for link in _ip_json("link")}
     third = sim_cluster(2)
-    assert third.subnet == subnet
+    assert third.subnet != second.subnet
     assert ssh(third, "sim1", "hostname").stdout.strip() == "sim1"
 
 
