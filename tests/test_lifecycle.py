@@ -138,9 +138,10 @@ def test_controller_sigkilled_at_random_moments(tmp_path: Path, state_dir: Path,
         assert logs.returncode == 0, f"run {run} (seed {seed}): {logs.stderr}"
         record = wait_state(job, "succeeded", "failed", "stopped", "lost")
         assert record["state"] == "succeeded", f"run {run} (seed {seed}): {record}"
+        attempt = record["attempt"]  # 2 after a start-up retry, whose first attempt printed nothing of its own
         for node in (0, 1):
-            log = (attempt_dir(state_dir, job, node) / "output.log").read_text()
-            assert rank_lines(log, node) == counter_lines(node, 20), f"run {run} (seed {seed}) node {node}"
+            log = (attempt_dir(state_dir, job, node, attempt) / "output.log").read_text()
+            assert rank_lines(log, node) == counter_lines(node, 20), f"run {run} (seed {seed}) node {node}: {record}"
     assert len(set(jobs)) == 10
 
 
