@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
 
+from clusterrun.ranges import ranges_text
+
 __all__ = ["NodeSetError", "expand", "fold", "fold_ranks", "is_nodeset"]
 
 # What ClusterShell would read as an operator, a group or a separator of its own.
@@ -98,11 +100,4 @@ def fold(names: list[str]) -> str:
 
 def fold_ranks(ranks: list[int]) -> str:
     """Node ranks as a node set in words: ``node 3``, ``nodes 0-61``, ``nodes 0-2,5,7-9``."""
-    runs: list[list[int]] = []
-    for rank in sorted(set(ranks)):
-        if runs and rank == runs[-1][1] + 1:
-            runs[-1][1] = rank
-        else:
-            runs.append([rank, rank])
-    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-    return ("node " if len(ranks) == 1 else "nodes ") + text
+    return ("node " if len(set(ranks)) == 1 else "nodes ") + ranges_text(ranks)

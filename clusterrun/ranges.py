@@ -1,30 +1,28 @@
-"""Sets of ranks as people write them: ``0,4-7`` (``parse_ranges``) and back (``ranges_text``)."""
+"""Sets of ranks as people write them: ``0,4-7`` (``parse_ranges``) and back (``ranges_text``), by
+ClusterShell's ``RangeSet`` (the node sets' library: one syntax for hosts, nodes and ranks)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ClusterShell.RangeSet import RangeSet, RangeSetParseError
+
 
 def parse_ranges(text: str) -> list[int]:
     """``0,4-7`` → ``[0, 4, 5, 6, 7]``; ``ValueError`` naming the part that is not a number or a range."""
-    found: set[int] = set()
     for part in text.split(","):
-        low, sep, high = part.strip().partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()) or (sep and int(high) < int(low)):
+        try:
+            items = list(RangeSet(part.strip()))
+        except RangeSetParseError:
+            items = []
+        if not items or not all(item.isdigit() for item in items):
             raise ValueError(f"{part.strip()!r} is not a number or a range (write 0,4-7)")
-        found.update(range(int(low), int(high if sep else low) + 1))
-    return sorted(found)
+    return sorted({int(item) for item in RangeSet(text.replace(" ", ""))})
 
 
 def ranges_text(numbers: Iterable[int]) -> str:
     """``[0, 1, 2, 5]`` → ``0-2,5``."""
-    spans: list[list[int]] = []
-    for n in sorted(set(numbers)):
-        if spans and n == spans[-1][1] + 1:
-            spans[-1][1] = n
-        else:
-            spans.append([n, n])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return str(RangeSet.fromlist([str(n) for n in sorted(set(numbers))]))
 
 
 __all__ = ["parse_ranges", "ranges_text"]

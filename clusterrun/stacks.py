@@ -16,6 +16,7 @@ from typing import Any
 
 from clusterrun.agent.wire import Frame, RankStack, StackAnswer, ThreadStack
 from clusterrun.errors import ClusterrunError, TransportError
+from clusterrun.ranges import ranges_text
 
 # A rank's stacks as compared: per thread its name and its frames (function, file, line).
 Signature = tuple[tuple[str | None, tuple[tuple[str, str, int | None], ...]], ...]
@@ -23,18 +24,7 @@ Signature = tuple[tuple[str | None, tuple[tuple[str, str, int | None], ...]], ..
 
 def fold_ranks(ranks: Iterable[int]) -> str:
     """``0-6,8-15`` for 0..6 and 8..15 (ClusterShell's range syntax), each rank once, sorted."""
-    parts: list[str] = []
-    run: list[int] = []
-    for rank in sorted(set(ranks)):
-        if run and rank == run[-1] + 1:
-            run.append(rank)
-            continue
-        if run:
-            parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-        run = [rank]
-    if run:
-        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-    return ",".join(parts)
+    return ranges_text(ranks)
 
 
 def parse_ranks(text: str) -> list[int]:
