@@ -12,12 +12,12 @@ def parse_ranges(text: str) -> list[int]:
     """``0,4-7`` → ``[0, 4, 5, 6, 7]``; ``ValueError`` naming the part that is not a number or a range."""
     for part in text.split(","):
         try:
-            items = list(RangeSet(part.strip()))
+            items = [str(item) for item in RangeSet(part.strip())]  # ints before ClusterShell 1.9
         except RangeSetParseError:
             items = []
         if not items or not all(item.isdigit() for item in items):
             raise ValueError(f"{part.strip()!r} is not a number or a range (write 0,4-7)")
-    return sorted({int(item) for item in RangeSet(text.replace(" ", ""))})
+    return sorted({int(str(item)) for item in RangeSet(text.replace(" ", ""))})
 
 
 def ranges_text(numbers: Iterable[int]) -> str:
