@@ -196,10 +196,12 @@ def test_two_jobs_stopping_one_leaves_the_other(tmp_path: Path, state_dir: Path)
     (tmp_path / "b").mkdir()
     hosts_a = write_hosts(tmp_path / "a", [1, 1], state_dir)
     hosts_b = write_hosts(tmp_path / "b", [1, 1], state_dir)
-    a = subprocess.Popen(up_argv("--grace", "2", hosts_a, SUPPORT / "counter.py", "1000", "0.05"), cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    b = subprocess.Popen(up_argv("--grace", "2", hosts_b, SUPPORT / "counter.py", "150", "0.05"), cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # two names: of two `up`s of one name started at once, the later may find the other's record
+    # and refuse (a name means at most one unfinished job)
+    a = subprocess.Popen(up_argv("--name", "a", "--grace", "2", hosts_a, SUPPORT / "counter.py", "1000", "0.05"),
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    b = subprocess.Popen(up_argv("--name", "b", "--grace", "2", hosts_b, SUPPORT / "counter.py", "150", "0.05"),
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert a.stdout is not None and b.stdout is not None
     wait_for(lambda: "line 2" in a.stdout.readline(), timeout=60, what="job a output")
     wait_for(lambda: "line 2" in b.stdout.readline(), timeout=60, what="job b output")
