@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from .procs import proc_env
+from .procs import proc_env, proc_info
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -18,16 +18,8 @@ PY_SPY_TIMEOUT = 20.0  # seconds one ``py-spy dump`` may take
 
 def cpu_ticks(pid: int) -> int | None:
     """utime + stime (+ those of its reaped children) of ``pid`` from /proc/<pid>/stat, in clock ticks."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2:].split()  # from field 3 (state) on: the name may hold spaces
-    try:
-        return sum(int(v) for v in fields[11:15])  # fields 14-17: utime, stime, cutime, cstime
-    except (IndexError, ValueError):
-        return None
+    info = proc_info(pid)
+    return info.cpu_ticks if info is not None else None
 
 
 def joined_store(pid: int, port: int) -> bool:

@@ -26,11 +26,13 @@ SIGNAL_NAMES: dict[int, str] = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGK
 class ProcInfo:
     """What /proc/<pid>/stat says of one process."""
 
-    __slots__ = ("pid", "comm", "state", "ppid", "sid", "start_time")
+    __slots__ = ("pid", "comm", "state", "ppid", "sid", "start_time", "cpu_ticks")
 
-    def __init__(self, pid: int, comm: str, state: str, ppid: int, sid: int, start_time: int) -> None:
+    def __init__(self, pid: int, comm: str, state: str, ppid: int, sid: int, start_time: int,
+                 cpu_ticks: int = 0) -> None:
         self.pid, self.comm, self.state = pid, comm, state
         self.ppid, self.sid, self.start_time = ppid, sid, start_time
+        self.cpu_ticks = cpu_ticks  # utime + stime + cutime + cstime (fields 14-17), in clock ticks
 
     def as_dict(self) -> dict[str, Any]:
         return {"pid": self.pid, "name": self.comm, "state": self.state}
@@ -46,7 +48,7 @@ def proc_info(pid: int) -> ProcInfo | None:
     rest = data[rpar + 2 :].split()
     try:
         return ProcInfo(pid, data[lpar + 1 : rpar].decode(errors="replace"), rest[0].decode(),
-                        int(rest[1]), int(rest[3]), int(rest[19]))
+                        int(rest[1]), int(rest[3]), int(rest[19]), sum(int(v) for v in rest[11:15]))
     except (IndexError, ValueError):
         return None
 
