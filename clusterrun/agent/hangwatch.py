@@ -37,6 +37,8 @@ def joined_store(pid: int, port: int) -> bool:
                 inodes.add(target[8:-1])
     except OSError:
         return False
+    if not inodes:  # no socket at all: no need to read the host's tables
+        return False
     for table in ("tcp", "tcp6"):  # of the process's own network namespace
         try:
             with open(f"/proc/{pid}/net/{table}") as f:

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 MERGE_INTERVAL = 0.02
 SCAN_INTERVAL = 0.25
 IDLE_SCAN_INTERVAL = 2.0
+# How often at most the monitor asks whether torchrun joined the rendezvous: /proc/<pid>/net/tcp lists
+# every TCP socket of the host (9 ms at 250 of them), and the start-up watch counts in minutes.
+RDZV_CHECK = 2.0
 BUSY = 10.0
 POLL_INTERVAL = 0.05  # how often a monitor looks for the exit file while the survivor lives
 EXIT_FILE = "exit"  # the survivor's record of torchrun's end: {"exit_code", "signal", "pid"}
@@ -211,6 +214,7 @@ class Monitor:
         self.hang = HangWatch(spec.get("hang_after"), state.get("hung_since"))
         self.on_hang = spec.get("on_hang")
         self.master_port = master_port(spec.get("argv") or [])
+        self.rdzv_next = time.monotonic() + RDZV_CHECK  # torchrun cannot have joined in its first moments
         tr = state.get("torchrun") or {}
         torchrun = pin(tr["pid"], tr.get("start_time")) if tr.get("pid") else None
         if torchrun is not None:
@@ -324,8 +328,10 @@ class Monitor:
     def _rendezvous(self, torchrun_pid: int) -> bool:
         """Until torchrun has workers: whether it joined the rendezvous (``rdzv_joined``), for the
         controller's start-up watch to name the nodes that did not; True if that changed."""
-        if self.state["workers"] or self.master_port is None:
+        now = time.monotonic()
+        if self.state["workers"] or self.master_port is None or self.state.get("rdzv_joined") or now < self.rdzv_next:
             return False
+        self.rdzv_next = now + RDZV_CHECK
         joined = joined_store(torchrun_pid, self.master_port)
         if joined == self.state.get("rdzv_joined"):
             return False
