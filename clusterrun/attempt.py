@@ -132,6 +132,7 @@ class Recorder:
         self.job_id = job_id
         self.attempt = attempt
         self.retry = retry
+        self.restarting = False  # the attempt's end was recorded as ``restarting`` (``retry`` decided so)
         self._pending: list[Callable[[JobRecord], None]] = []
         self._idle = threading.Condition()
         self._writer: threading.Thread | None = None
@@ -236,6 +237,7 @@ class Recorder:
             if ended_badly and changes and record.state in (JobState.STARTING, JobState.RUNNING):
                 retry = self.retry(record, result) if self.retry is not None else None  # stopped to restart?
             moved = [_move(record, c) for c in ([Change.RETRY] if retry is not None else changes)]
+            self.restarting = retry is not None and all(moved)
             if retry is not None and record.attempts:
                 record.attempts[-1].state, record.attempts[-1].restart = end or JobState.STOPPED, retry.kind
                 record.restart_at = retry.at
