@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clusterrun import notify
+from clusterrun import notify, setups
 from clusterrun.checks import AttemptSpec, checked_attempt, note
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import mask_env
@@ -529,7 +529,7 @@ def start(job: Job, emit: Emit, recorder: Recorder, *, first: bool = False, auto
         raise RuntimeError("start() before the checks")
     event, begin = attempt_event(plan, job.attempt), _begun(plan, job.attempt, job.script_args, automatic)
     if not first:
-        job.setup()
+        setups.run(job, emit)
         recorder.begin(begin)
         emit(event)  # before the nodes' start: shown as the new attempt's
     try:
