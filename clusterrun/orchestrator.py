@@ -333,7 +333,7 @@ class Job:
         agent must not write to disk, and the ``setup`` commands (only where there are some)."""
         extras: dict[str, Any] = {"secret_env": secret_names(launch.env, self.spec.secret_env)}
         if launch.host.setup:
-            extras["setup"] = list(launch.host.setup)
+            extras.update(setup=list(launch.host.setup), setup_timeout=self.spec.watch.setup_timeout)
         return extras
 
     def start(self, ranks: Sequence[int] | None = None) -> None:
