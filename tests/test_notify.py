@@ -13,7 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
 from clusterrun import notify
+from clusterrun.cli import main
 from clusterrun.events import JobState
 from clusterrun.joblist import job_json
 from clusterrun.jobs import JobRecord, JobStore
@@ -98,3 +102,15 @@ def test_the_command_gets_the_event_id_in_its_environment_and_on_stdin(fake: Fak
     first, summary = out.read_text().split("\n", 1)
     assert first == f"{JOB}:1:failed"
     assert json.loads(summary)["event_id"] == first and json.loads(summary)["event"] == "failed"
+
+
+def test_ps_job_shows_a_notification_that_failed(fake: FakeCluster, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    store = JobStore()  # the one `ps` reads
+    record = _failed_job(fake, store, tmp_path, "echo 'webhook said 403' >&2; exit 7")
+    notify.send_due(store, record)
+    _until(lambda: _notice(store).state == "failed")
+    shown = CliRunner().invoke(main, ["ps", JOB])
+    assert shown.exit_code == 0, shown.output
+    assert f"notification {JOB}:1:failed: exited 7: webhook said 403\n" in shown.output
