@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clusterrun.errors import StateError
+from clusterrun.errors import ClusterrunError, StateError
 from clusterrun.joblist import job_json
 from clusterrun.jobs import JobRecord, JobStore, process_alive, process_id
 from clusterrun.watch import Notify
@@ -185,8 +185,11 @@ def start(store: JobStore, record: JobRecord, event: Due, note: Callable[[str], 
         except subprocess.TimeoutExpired:
             if note is not None:
                 note(f"notify command for {event.event} still runs after {WAIT:.0f} s (sender pid {proc.pid})")
+            _, err = proc.communicate()  # then its end, reaped: a monitor that lives for days keeps no zombies
+        try:
+            found = store.load(record.job_id).notices.get(event.key)
+        except ClusterrunError:  # the job was removed meanwhile (`rm`), or its record cannot be read
             return
-        found = store.load(record.job_id).notices.get(event.key)
         notice = Notice.from_json(found) if found is not None else None
         if notice is not None and notice.state == "claimed" and notice.by == process_id():  # it never took over
             last = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
