@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clusterrun import notify
+from clusterrun import notify, setups
 from clusterrun.checks import AttemptSpec, checked_attempt, note
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import mask_env
@@ -132,6 +132,7 @@ class Recorder:
         self.job_id = job_id
         self.attempt = attempt
         self.retry = retry
+        self.restarting = False  # the attempt's end was recorded as ``restarting`` (``retry`` decided so)
         self._pending: list[Callable[[JobRecord], None]] = []
         self._idle = threading.Condition()
         self._writer: threading.Thread | None = None
@@ -236,6 +237,7 @@ class Recorder:
             if ended_badly and changes and record.state in (JobState.STARTING, JobState.RUNNING):
                 retry = self.retry(record, result) if self.retry is not None else None  # stopped to restart?
             moved = [_move(record, c) for c in ([Change.RETRY] if retry is not None else changes)]
+            self.restarting = retry is not None and all(moved)
             if retry is not None and record.attempts:
                 record.attempts[-1].state, record.attempts[-1].restart = end or JobState.STOPPED, retry.kind
                 record.restart_at = retry.at
@@ -527,7 +529,7 @@ def start(job: Job, emit: Emit, recorder: Recorder, *, first: bool = False, auto
         raise RuntimeError("start() before the checks")
     event, begin = attempt_event(plan, job.attempt), _begun(plan, job.attempt, job.script_args, automatic)
     if not first:
-        job.setup()
+        setups.run(job, emit)
         recorder.begin(begin)
         emit(event)  # before the nodes' start: shown as the new attempt's
     try:

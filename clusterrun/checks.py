@@ -14,7 +14,7 @@ import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from clusterrun import doctor, lifecycle
+from clusterrun import doctor, lifecycle, setups
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import MASK, resolve, unmask
 from clusterrun.errors import ConfigError
@@ -109,26 +109,27 @@ def preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, ful
 
 
 def check_new(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *, full: bool, dry_run: bool,
-              sync_dir: str | None = None, progress: Progress | None = None,
+              sync_dir: str | None = None, progress: Progress | None = None, emit: Emit | None = None,
               ) -> tuple[LaunchPlan, dict[int, SyncReport], list[str]]:
     """The first attempt of a new job (``up``) probed and checked, nothing started: the probe, the
     sync (``sync_dir`` or the hosts' ``sync:``; for a ``dry_run`` only what it would copy), the
     hosts' ``setup`` (not for a dry run: it sees the synced files), then the preflight (which
-    looks for the synced script). Raises ``HostsUnavailable`` or ``ConfigError``; the plan, the
-    sync's reports and the preflight's warnings."""
+    looks for the synced script; ``emit`` hears which nodes are still in their setup). Raises
+    ``HostsUnavailable`` or ``ConfigError``; the plan, the sync's reports and the preflight's warnings."""
     return _probe_and_check(job, spec, script, local_cwd, full=full, dry_run=dry_run, sync_dir=sync_dir,
-                            progress=progress, setup=not dry_run)
+                            progress=progress, setup=not dry_run, emit=emit)
 
 
 def _probe_and_check(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *, full: bool, dry_run: bool,
                      sync_dir: str | None = None, progress: Progress | None = None, setup: bool = False,
-                     test_port: bool = True) -> tuple[LaunchPlan, dict[int, SyncReport], list[str]]:
+                     test_port: bool = True, emit: Emit | None = None,
+                     ) -> tuple[LaunchPlan, dict[int, SyncReport], list[str]]:
     """The checks every attempt goes through, in order: probe, sync (or its dry run), setup if
     asked, preflight."""
     plan = job.prepare(run_setup=False)
     reports = sync_hosts(spec, job.agents, progress, override=sync_dir, dry_run=dry_run)
     if setup:
-        job.setup()
+        setups.run(job, emit)
     synced = {rank for rank, host in enumerate(spec.hosts) if source_of(spec, host, sync_dir)} if dry_run else ()
     warnings = preflight(job, plan, spec, script, full=full, local_cwd=local_cwd, synced=synced, test_port=test_port)
     return plan, reports, warnings

@@ -401,8 +401,8 @@ class AttemptRestarting(Event):
                     f"{self.attempt} (--no-retry-startup turns this off)")
         if self.kind != "policy":
             return f"attempt {self.failed} stopped ({self.reason}); restarting the job as attempt {self.attempt}"
-        return (f"attempt {self.failed} failed ({self.reason}); attempt {self.attempt} starts in "
-                f"{self.remaining:.0f} s (restart {self.restart} of {self.most}; `clusterrun down` cancels)")
+        return (f"attempt {self.failed} failed: {self.reason} · restarting in {self.remaining:.0f} s as attempt "
+                f"{self.attempt} (restart {self.restart} of {self.most}; `clusterrun down` cancels)")
 
 
 @dataclass(frozen=True)
@@ -474,7 +474,11 @@ class NodeStopped(Event):
 
 @dataclass(frozen=True)
 class JobFinished(Event):
+    """The attempt ended with ``result``; ``restarting``: its owner restarts the job (an
+    ``AttemptRestarting`` follows), so this is not the job's end."""
+
     result: JobResult
+    restarting: bool = False
 
 
 @dataclass(frozen=True)

@@ -198,6 +198,8 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
                       "duration": round(a.ended - a.started, 3) if a.ended is not None else None}
                      for a in record.attempts],
         "nodes": nodes,
+        "notifications": [{"id": f"{record.job_id}:{key}", "state": n.get("state"), "exit_code": n.get("code"),
+                           "error": n.get("error") or None} for key, n in record.notices.items()],
     }
 
 

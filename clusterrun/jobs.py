@@ -129,7 +129,8 @@ class JobRecord:
     restart_at: float | None = None  # while ``restarting``: when the next attempt starts (time.time())
     watch: dict[str, Any] = field(default_factory=dict)  # watch.Watch: the hosts file's with up's options applied
     notify: dict[str, Any] | None = None  # watch.Notify, the same
-    notified: list[str] = field(default_factory=list)  # the notifications sent (notify.py: each once)
+    notified: list[str] = field(default_factory=list)  # the notifications claimed (notify.py: each once)
+    notices: dict[str, dict[str, Any]] = field(default_factory=dict)  # by key: notify.Notice, who sends, how it went
     attempts: list[AttemptRecord] = field(default_factory=list)
     nodes: list[NodeRecord] = field(default_factory=list)
     version: int = RECORD_VERSION
@@ -327,9 +328,7 @@ class JobStore:
 
     def note_monitor(self, job_id: str) -> None:
         """Record the calling process as the job's monitor (``monitor.pid``: pid and start time)."""
-        with open(f"/proc/{os.getpid()}/stat") as f:
-            start = f.read().rsplit(")", 1)[1].split()[19]
-        _write_atomic(self.dir(job_id) / "monitor.pid", f"{os.getpid()} {start}\n".encode())
+        _write_atomic(self.dir(job_id) / "monitor.pid", f"{process_id()}\n".encode())
 
     def spawn_monitor(self, job_id: str, owner_fd: int | None = None) -> bool:
         """Start the job's monitor in the background; it takes over ``owner_fd`` (a held owner lock)
@@ -350,6 +349,40 @@ class JobStore:
         os.close(fd)  # the monitor holds the lock now (an flock belongs to the open file, which it shares)
         os.waitpid(pid, 0)  # it forks again at once (see monitor.daemonize), so this returns quickly
         return True
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (state first), None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_id(pid: int | None = None) -> str:
+    """A process (this one by default) told apart from a later one of the same pid: "pid start",
+    its start time in clock ticks since boot; "pid" alone where there is no /proc."""
+    pid = os.getpid() if pid is None else pid
+    fields = _stat(pid)
+    return f"{pid} {fields[19]}" if fields is not None and len(fields) > 19 else str(pid)
+
+
+def process_alive(ident: str) -> bool:
+    """Whether the process ``process_id`` named still runs (not a zombie, not a later one of its pid)."""
+    pid = int(ident.split()[0])
+    fields = _stat(pid)
+    if fields is not None:
+        return fields[0] != "Z" and process_id(pid) == ident
+    if os.path.isdir("/proc/self"):
+        return False
+    try:  # no /proc: the pid alone
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,11 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from clusterrun import setups
 from clusterrun.agent.wire import NodeRequest, ProbeRequest, node_request
 from clusterrun.config import ClusterSpec
 from clusterrun.diagnose import NodeLog
-from clusterrun.environment import redact, secret_names
+from clusterrun.environment import secret_names
 from clusterrun.errors import AgentError, ClusterrunError, HostsUnavailable, TransportError
 from clusterrun.events import (
     Event,
@@ -82,6 +83,7 @@ from clusterrun.protocol import (
     decode_probe,
     decode_status,
 )
+from clusterrun.setups import redacted
 from clusterrun.startwatch import StartupWatch
 from clusterrun.transports import AgentSession, Transport, transport_for
 
@@ -216,7 +218,7 @@ class Job:
         Raises ``HostsUnavailable`` listing every host that failed; then nothing has started."""
         for rank in range(len(self._nodes)):
             self._set_state(rank, NodeState.CONNECTING)
-        answers = self._all_or_none(self._probe, range(len(self._nodes)))
+        answers = self.all_or_none(self._probe, range(len(self._nodes)))
         port = self.spec.master_port or answers[0].port
         if port is None:
             raise HostsUnavailable([AgentError(self._nodes[0].host, "the agent found no free port for the master")])
@@ -229,36 +231,10 @@ class Job:
         for node, launch in zip(self._nodes, self.plan.nodes, strict=True):
             node.launch = launch
         if run_setup:
-            self._setup_all()
+            setups.run(self, self.emit)
         return self.plan
 
-    def _setup(self, rank: int) -> None:
-        node = self._nodes[rank]
-        launch = node.launch
-        if launch is None or node.agent is None:
-            raise RuntimeError("setup before the probe")
-        try:
-            node.agent.call(self._request(rank, "setup", setup=list(launch.host.setup), env=dict(launch.env),
-                                          cwd=launch.cwd))
-        except AgentError as exc:
-            raise self._redacted(exc, launch) from None
-
-    def _redacted(self, exc: AgentError, launch: NodeLaunch) -> AgentError:
-        """``exc`` without the job's secret values: a failing setup's output may quote them."""
-        message = redact(exc.message, launch.env, self.spec.secret_env)
-        return exc if message == exc.message else AgentError(exc.host, message, hint=exc.hint)
-
-    def setup(self) -> None:
-        """Run ``setup`` on every host that has some, in parallel, in the agent that probed it
-        (which keeps the environment it made for the start). All or nothing, as the probe; for a
-        job prepared with ``run_setup=False`` (a restart runs it once the last attempt stopped)."""
-        self._setup_all()
-
-    def _setup_all(self) -> None:
-        self._all_or_none(self._setup, [rank for rank, node in enumerate(self._nodes)
-                                        if node.launch is not None and node.launch.host.setup])
-
-    def _all_or_none(self, call: Callable[[int], T], ranks: Iterable[int]) -> list[T]:
+    def all_or_none(self, call: Callable[[int], T], ranks: Iterable[int]) -> list[T]:
         """``call(rank)`` for each of ``ranks``, in parallel: their results in order, or, when any
         failed, ``HostsUnavailable`` naming every host that did, with the agents closed (nothing
         of the job starts: the probe, the route and setup are all or nothing)."""
@@ -292,7 +268,7 @@ class Job:
         return network
 
     def _route_all(self, master: str, port: int) -> list[Network]:
-        return self._all_or_none(lambda rank: self._route(rank, master, port), range(len(self._nodes)))
+        return self.all_or_none(lambda rank: self._route(rank, master, port), range(len(self._nodes)))
 
     def _with_interfaces(self, build: Callable[[ClusterSpec], LaunchPlan]) -> LaunchPlan:
         """The plan ``build`` makes, with ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` set per
@@ -349,7 +325,7 @@ class Job:
                     node.close_agent()
                     raise
         except AgentError as exc:  # a setup run by the start quotes its output
-            raise self._redacted(exc, launch) from None
+            raise redacted(exc, launch, self.spec.secret_env) from None
         return decode_status(node.host, answer.get("state"), "start answer's state")
 
     def _env_extras(self, launch: NodeLaunch) -> dict[str, Any]:
@@ -357,7 +333,7 @@ class Job:
         agent must not write to disk, and the ``setup`` commands (only where there are some)."""
         extras: dict[str, Any] = {"secret_env": secret_names(launch.env, self.spec.secret_env)}
         if launch.host.setup:
-            extras["setup"] = list(launch.host.setup)
+            extras.update(setup=list(launch.host.setup), setup_timeout=self.spec.watch.setup_timeout)
         return extras
 
     def start(self, ranks: Sequence[int] | None = None) -> None:

@@ -191,7 +191,7 @@ class Printer:
         elif isinstance(event, AttemptRestarting):
             self.note(event.describe())
         elif isinstance(event, JobFinished):
-            self.summary(event.result)
+            self.summary(event.result, restarting=event.restarting)
 
     def report(self, report: StopReport) -> None:
         """What a stop did on one node, which guarantee held, and what the host could not record."""
@@ -199,7 +199,9 @@ class Printer:
         for line in report.remarks():
             self.note(line)
 
-    def summary(self, result: JobResult) -> None:
+    def summary(self, result: JobResult, restarting: bool = False) -> None:
+        """How each node and the job ended; ``restarting``: only an attempt ended (its owner's
+        ``AttemptRestarting`` line follows), so no "job ... FAILED"."""
         for node in result.nodes:
             if node.stopped_after is not None:  # why it was stopped, not how torchrun ended (our SIGTERM)
                 self.note(f"node{node.node} {node.host}: {stopped_after_text(node.stopped_after)}")
@@ -216,7 +218,9 @@ class Printer:
             self.note(f"job {result.job_id} succeeded")
             return
         unreached = [(n.node, n.host) for n in result.nodes if n.state is NodeState.UNREACHABLE]
-        if result.stopped and unreached:  # as `down` says it
+        if restarting:
+            pass  # the job goes on
+        elif result.stopped and unreached:  # as `down` says it
             self.note(not_stopped_text(result.job_id, unreached))
         elif result.stopped:
             self.note(f"job {result.job_id} stopped" + (f" ({result.interrupted})" if result.interrupted else ""))

@@ -235,7 +235,7 @@ def test_a_failing_setup_on_one_host_starts_nothing_anywhere() -> None:
             job.prepare()
     finally:
         job.close()
-    assert "h1: setup failed with status 1" in info.value.render()
+    assert "h1: node 1: setup failed with status 1" in info.value.render()
     assert "hf_canary_value" not in info.value.render()  # an error message never shows a secret
     assert len(fake.ops("setup")) == 2 and fake.ops("start") == []
     assert fake.ops("setup")[0]["setup"] == ["conda activate train"]

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import click
 
+from clusterrun import notify
 from clusterrun.attempt import record_reachability
 from clusterrun.cli import (
     EXIT_FAILED,
@@ -128,6 +129,9 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
             click.echo(f"root cause: {safe(attempt.root_cause, colour=False)}")
             if attempt.cause and attempt.fix:
                 click.echo(f"cause: {safe(attempt.cause, colour=False)}\nfix: {safe(attempt.fix, colour=False)}")
+        for key, notice in notify.notices(record).items():
+            if notice.state == "failed":  # the owner said so once on its stderr; the record keeps it
+                click.echo(f"notification {record.job_id}:{key}: {safe(notify.failure_text(notice), colour=False)}")
         for rank, answer in sorted(statuses.items()):
             if answer.get("state", {}).get("state") == "absent":
                 continue

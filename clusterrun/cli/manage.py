@@ -1,5 +1,5 @@
 """The commands that change a job: ``down``/``stop``, ``rm``, ``prune``, ``restart``, and the
-hidden ``_monitor`` that owns a job in the background."""
+hidden ``_monitor`` that owns a job in the background and ``_notify`` that sends one notification."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import os
 import signal
 import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import click
 
+from clusterrun import notify
 from clusterrun.attempt import NextAttempt, NotStopped, stop
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, Seconds, _fail, _note, main
 from clusterrun.cli.follow import _follow_hint
@@ -272,3 +274,14 @@ def monitor(job_id: str) -> None:
         printer.note(f"error: {exc.render()}")
         printer.note(f"monitor {os.getpid()} for job {job_id} exits")
         sys.exit(EXIT_FAILED)
+
+
+@main.command(name="_notify", hidden=True)
+@click.option("--root", required=True, help="The job store's directory.")
+@click.argument("job_id")
+@click.argument("key")
+@click.argument("starter")
+def notify_sender(root: str, job_id: str, key: str, starter: str) -> None:
+    """Send JOB_ID's notification KEY that process STARTER claimed (started by `notify.start`)."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    sys.exit(notify.sender(JobStore(Path(root)), job_id, key, starter))

@@ -110,6 +110,7 @@ class FakeHost:
     boot_id: str = "boot-1"
     start_error: str | None = None  # the next start fails with this
     setup_error: str | None = None  # every ``setup`` request fails with this (a broken ``setup:``)
+    setup_blocks: bool = False  # a ``setup`` waits while this is set, then fails at its setup_timeout as the agent's
     python: str = "3.11.7"
     protocol: int = PROTOCOL
     torch: str | None = "2.13.0"
@@ -236,6 +237,10 @@ class FakeCluster:
     def _setup(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
         if host.setup_error is not None:
             return {"ok": False, "error": host.setup_error}
+        limit = float(request.get("setup_timeout") or 600)
+        if not self.changed.wait_for(lambda: not host.setup_blocks, timeout=limit):  # releases the lock meanwhile
+            return {"ok": False, "error": f"setup did not finish within {limit:g} s (killed); nothing was started; "
+                                          "its last lines:\n  | waiting for the data set"}
         return {"ok": True}
 
     @staticmethod
