@@ -8,14 +8,20 @@ Text from the hosts is made terminal-safe (``terminal.safe``): colours (SGR) pas
 on, and dropped when it is off (not a terminal, ``NO_COLOR``, ``TERM=dumb``); every other escape
 sequence and control character is shown escaped. Only ``raw`` output (``logs --node N``) is
 written as the node wrote it, byte for byte.
+
+Past ``nodesets.FOLD_PAST`` nodes the per-node status lines of one phase (started, a state, a
+stop's report) are held until the phase is over — every node has its line, another kind of
+event comes, or ``hold`` seconds passed — and then nodes alike share one line
+(``nodesets.alike_lines``); the odd ones keep theirs.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import TextIO
 
 from clusterrun.diagnose import split_rank
@@ -29,6 +35,7 @@ from clusterrun.events import (
     NodeDegraded,
     NodeHung,
     NodeLink,
+    NodeResult,
     NodeStarted,
     NodeState,
     NodeStateChanged,
@@ -40,6 +47,7 @@ from clusterrun.events import (
     stopped_after_text,
     unreachable_text,
 )
+from clusterrun.nodesets import FOLD_PAST, alike_lines
 from clusterrun.plan import LaunchPlan
 from clusterrun.terminal import safe, wants_colour
 
@@ -54,12 +62,25 @@ def only_ranks(text: str, ranks: frozenset[int]) -> str:
                    if line.startswith("[rank") and split_rank(line)[0] in ranks)
 
 
+def node_end_text(node: NodeResult) -> str:
+    """How a node ended, as the summary says it: ``failed (exit code 1)``."""
+    if node.stopped_after is not None:  # why it was stopped, not how torchrun ended (our SIGTERM)
+        return stopped_after_text(node.stopped_after)
+    if node.exit_code is not None:
+        how = f"exit code {node.exit_code}"
+        if node.signal:
+            how = f"killed by {signal_name(node.signal)}"
+    else:
+        how = node.error or ""
+    return node.state.value + (f" ({how})" if how else "")
+
+
 class Printer:
     """Turns events into text. ``__call__`` is the orchestrator's ``emit``."""
 
     def __init__(self, out: TextIO | None = None, err: TextIO | None = None, colour: bool | None = None,
                  prefix: bool = True, quiet: bool = False, raw: bool = False,
-                 ranks: Collection[int] | None = None) -> None:
+                 ranks: Collection[int] | None = None, hold: float = 2.0) -> None:
         self.out = out or sys.stdout
         self.ranks = None if ranks is None else frozenset(ranks)  # only these ranks' lines (``logs --rank``)
         self.err = err or sys.stderr
@@ -71,6 +92,11 @@ class Printer:
         self._hosts: dict[int, str] = {}
         self._prefixes: dict[tuple[int, int | None], str] = {}
         self._tags: dict[int, list[tuple[str, int]]] = {}  # node → its ranks' line tags, "[rank3]:"
+        self.hold = hold  # the longest a held status line waits for the rest of its phase (seconds)
+        self._nnodes = 0
+        self._lock = threading.RLock()  # events come from the orchestrator's threads
+        self._held: list[tuple[str, int, str, str, str, list[str]]] = []  # (kind, rank, host, alike, own, remarks)
+        self._timer: threading.Timer | None = None
 
     def set_plan(self, plan: LaunchPlan) -> None:
         self._hosts = {n.rank: n.host.host for n in plan.nodes}
@@ -78,6 +104,7 @@ class Printer:
         width_rank = len(f"rank{max(plan.world_size - 1, 0)}")
         self._prefix_width = max(len(f"node{n.rank} {n.host.host}") for n in plan.nodes) + 1 + width_rank
         self._prefixes.clear()
+        self._nnodes = len(plan.nodes)
 
     def _prefix(self, node: int, host: str, rank: int | None) -> str:
         key = (node, rank)
@@ -151,11 +178,52 @@ class Printer:
         return "".join(out)
 
     def note(self, text: str) -> None:
+        with self._lock:
+            self.flush()
+            self._note(text)
+
+    def _note(self, text: str) -> None:
         self.err.write(f"clusterrun: {safe(text, colour=False)}\n")
         self.err.flush()
 
+    def _status(self, kind: str, rank: int, host: str, own: str, alike: str | None = None,
+                remarks: Sequence[str] = ()) -> None:
+        """One node's status line of a phase (``kind``): printed now up to ``FOLD_PAST`` nodes (and
+        when ``alike`` is None: a line of its own), held otherwise (see the module docstring)."""
+        with self._lock:
+            if self._nnodes <= FOLD_PAST or alike is None:
+                self.flush()
+                self._note(f"node{rank} {host}: {own}")
+                for line in remarks:
+                    self._note(line)
+                return
+            if self._held and self._held[0][0] != kind:
+                self.flush()
+            self._held.append((kind, rank, host, alike, own, list(remarks)))
+            if len({item[1] for item in self._held}) >= self._nnodes:
+                self.flush()
+            elif self._timer is None:
+                self._timer = threading.Timer(self.hold, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def flush(self) -> None:
+        """Print the held status lines, nodes alike on one line, then their remarks."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            held, self._held = self._held, []
+            for line in alike_lines([item[1:5] for item in held], self._nnodes):
+                self._note(line)
+            for item in held:
+                for line in item[5]:
+                    self._note(line)
+
     def __call__(self, event: Event) -> None:
         if isinstance(event, LogLines):
+            if self._held:  # the status lines held so far go before the log
+                self.flush()
             if event.lines:
                 self.write_log(event.node if event.node is not None else -1, event.host,
                                "\n".join(event.lines) + "\n")
@@ -164,11 +232,12 @@ class Printer:
         elif self.quiet:
             return
         elif isinstance(event, NodeStarted):
-            self.note(f"node{event.node} {event.host}: started attempt {event.attempt} (torchrun pid {event.pid})")
+            started = f"started attempt {event.attempt}"
+            self._status("started", event.node or 0, event.host, f"{started} (torchrun pid {event.pid})", started)
         elif isinstance(event, NodeStateChanged):
             if event.state not in _QUIET_STATES:
-                detail = f" ({event.detail})" if event.detail else ""
-                self.note(f"node{event.node} {event.host}: {event.state.value}{detail}")
+                state = event.state.value + (f" ({event.detail})" if event.detail else "")
+                self._status("state", event.node or 0, event.host, state, state)
         elif isinstance(event, NodeLink):
             if event.up:
                 self.note(f"node{event.node} {event.host}: reconnected; the log continues where it stopped")
@@ -195,22 +264,24 @@ class Printer:
 
     def report(self, report: StopReport) -> None:
         """What a stop did on one node, which guarantee held, and what the host could not record."""
-        self.note(report.describe())
-        for line in report.remarks():
-            self.note(line)
+        self._status("stop", report.node, report.host, report.outcome(report.killed_text()), report.alike(),
+                     report.remarks())
+
+    def reports(self, reports: Sequence[StopReport], nnodes: int) -> None:
+        """Every node's stop report of a job of ``nnodes`` nodes (``down``), nodes alike on one line."""
+        with self._lock:
+            self.flush()
+            nodes, self._nnodes = self._nnodes, nnodes
+            for report in reports:
+                self.report(report)
+            self.flush()
+            self._nnodes = nodes
 
     def summary(self, result: JobResult) -> None:
-        for node in result.nodes:
-            if node.stopped_after is not None:  # why it was stopped, not how torchrun ended (our SIGTERM)
-                self.note(f"node{node.node} {node.host}: {stopped_after_text(node.stopped_after)}")
-                continue
-            if node.exit_code is not None:
-                how = f"exit code {node.exit_code}"
-                if node.signal:
-                    how = f"killed by {signal_name(node.signal)}"
-            else:
-                how = node.error or ""
-            self.note(f"node{node.node} {node.host}: {node.state.value}" + (f" ({how})" if how else ""))
+        self.flush()
+        ends = [(node.node, node.host, end, end) for node in result.nodes for end in [node_end_text(node)]]
+        for line in alike_lines(ends, len(result.nodes)):
+            self.note(line)
         cause = result.root_cause
         if result.ok:
             self.note(f"job {result.job_id} succeeded")

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, TextIO
 
+from clusterrun.nodesets import alike_lines
 from clusterrun.sync import SyncProgress, SyncReport, human
 from clusterrun.terminal import safe
 
@@ -62,9 +63,9 @@ class SyncView:
                 self.err.flush()
 
     def report(self, reports: Mapping[int, SyncReport]) -> None:
-        """One line per host: what was copied."""
-        for rank in sorted(reports):
-            r = reports[rank]
-            self.err.write(f"clusterrun: sync node{rank} {safe(r.host, colour=False)}: "
-                           f"{safe(r.describe(), colour=False)}\n")
+        """What was copied: a line per host, or past ``FOLD_PAST`` hosts a line per set of hosts alike."""
+        items = [(rank, reports[rank].host, reports[rank].describe(timed=False), reports[rank].describe())
+                 for rank in sorted(reports)]
+        for line in alike_lines(items, len(items)):
+            self.err.write(f"clusterrun: sync {safe(line, colour=False)}\n")
         self.err.flush()

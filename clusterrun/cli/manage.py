@@ -20,6 +20,7 @@ from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, Hosts
 from clusterrun.events import not_stopped_text
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import daemonize, remove_on_hosts
+from clusterrun.nodesets import FOLD_PAST, fold
 from clusterrun.printer import Printer
 from clusterrun.runner import run_monitor
 
@@ -59,9 +60,7 @@ def down(job: str, grace: float | None, hosts_file: str | None) -> None:
     if ended is not None and all(r.ok and not r.killed for r in reports.values()) and unrecorded is None:
         _note(f"job {record.job_id} already finished ({ended}); nothing to stop")
         return
-    printer = Printer()
-    for rank in sorted(reports):
-        printer.report(reports[rank])
+    Printer().reports([reports[rank] for rank in sorted(reports)], len(record.nodes))
     if unrecorded is not None:
         _not_recorded(record, unrecorded)
     if any(r.error for r in reports.values()):
@@ -71,7 +70,8 @@ def down(job: str, grace: float | None, hosts_file: str | None) -> None:
         sys.exit(EXIT_FAILED)
     swept = [r.host for r in reports.values() if not r.complete]
     if swept:
-        _note(f"job {record.job_id} stopped; swept without a cgroup on {', '.join(swept)}: processes that left "
+        on = fold(swept) if len(record.nodes) > FOLD_PAST else ", ".join(swept)
+        _note(f"job {record.job_id} stopped; swept without a cgroup on {on}: processes that left "
               "the job's tree, session and environment could not be seen there")
     else:
         _note(f"job {record.job_id} stopped; nothing of it is left on any host (verified by cgroup)")

@@ -46,6 +46,7 @@ from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, St
 from clusterrun.interfaces import Interface
 from clusterrun.joblist import plan_json, shown_env
 from clusterrun.jobs import JobStore
+from clusterrun.nodesets import FOLD_PAST, alike_lines
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides
 from clusterrun.printer import Printer
@@ -136,6 +137,9 @@ def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | No
     clusterrun chose one (not on a job whose nodes all share this machine's loopback)."""
     if not any(i.name for i in interfaces):
         return None
+    if plan.nnodes > FOLD_PAST:  # nodes alike share a part: ``64 nodes 0-63 (gpu[01-64]): eth0``
+        return "network: " + "; ".join(alike_lines([(n.rank, n.host.host, i.name or "loopback", i.name or "loopback")
+                                                    for n, i in zip(plan.nodes, interfaces, strict=True)], plan.nnodes))
     return "network: " + ", ".join(f"node{n.rank} {n.host.host} {i.name or 'loopback'}"
                                    for n, i in zip(plan.nodes, interfaces, strict=True))
 
@@ -299,6 +303,7 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
             try:
                 runner.start()
             except HostsUnavailable as exc:
+                printer.flush()  # the stop reports of the nodes that had started, before the error
                 _fail(exc, EXIT_HOSTS)
             show_timings()
             if detach:
