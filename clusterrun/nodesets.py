@@ -107,20 +107,20 @@ def fold_ranks(ranks: list[int]) -> str:
     return ("node " if len(set(ranks)) == 1 else "nodes ") + ranges_text(ranks)
 
 
-def alike_lines(items: Sequence[tuple[int, str, str, str]], total: int) -> list[str]:
+def alike_lines(items: Sequence[tuple[int, str, str | None, str]], total: int) -> list[str]:
     """Status lines of a job of ``total`` nodes from ``(rank, host, alike, own)`` items: ``own``
     is what one node's line says (``node3 gpu04: own``), ``alike`` the same without what is that
-    node's only (a pid), by which nodes are grouped. Up to ``FOLD_PAST`` nodes a line per item;
-    past it a line per group, in the order of its first item, a group of one as its own line:
-    ``64 nodes 0-63 (gpu[01-64]): alike``. Every item is in exactly one line."""
+    node's only (a pid), by which nodes are grouped (None: never grouped). Up to ``FOLD_PAST``
+    nodes a line per item; past it a line per group, in the order of its first item, a group of
+    one as its own line: ``64 nodes 0-63 (gpu[01-64]): alike``. Every item is in exactly one line."""
     if total <= FOLD_PAST:
         return [f"node{rank} {host}: {own}" for rank, host, _, own in items]
-    groups: dict[str, list[tuple[int, str, str, str]]] = {}
-    for item in items:
-        groups.setdefault(item[2], []).append(item)
+    groups: dict[object, list[tuple[int, str, str | None, str]]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(item[2] if item[2] is not None else i, []).append(item)
     lines = []
     for alike, group in groups.items():
-        if len(group) == 1:
+        if len(group) == 1 or not isinstance(alike, str):
             rank, host, _, own = group[0]
             lines.append(f"node{rank} {host}: {own}")
             continue

@@ -95,7 +95,8 @@ class Printer:
         self.hold = hold  # the longest a held status line waits for the rest of its phase (seconds)
         self._nnodes = 0
         self._lock = threading.RLock()  # events come from the orchestrator's threads
-        self._held: list[tuple[str, int, str, str, str, list[str]]] = []  # (kind, rank, host, alike, own, remarks)
+        # The held status lines: (kind, rank, host, alike, own, remarks), see ``_status``.
+        self._held: list[tuple[str, int, str, str | None, str, list[str]]] = []
         self._timer: threading.Timer | None = None
 
     def set_plan(self, plan: LaunchPlan) -> None:
@@ -188,10 +189,10 @@ class Printer:
 
     def _status(self, kind: str, rank: int, host: str, own: str, alike: str | None = None,
                 remarks: Sequence[str] = ()) -> None:
-        """One node's status line of a phase (``kind``): printed now up to ``FOLD_PAST`` nodes (and
-        when ``alike`` is None: a line of its own), held otherwise (see the module docstring)."""
+        """One node's status line of a phase (``kind``): printed now up to ``FOLD_PAST`` nodes, held
+        otherwise (see the module docstring); ``alike`` None: never on a line shared with others."""
         with self._lock:
-            if self._nnodes <= FOLD_PAST or alike is None:
+            if self._nnodes <= FOLD_PAST:
                 self.flush()
                 self._note(f"node{rank} {host}: {own}")
                 for line in remarks:
@@ -222,8 +223,6 @@ class Printer:
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, LogLines):
-            if self._held:  # the status lines held so far go before the log
-                self.flush()
             if event.lines:
                 self.write_log(event.node if event.node is not None else -1, event.host,
                                "\n".join(event.lines) + "\n")

@@ -1,0 +1,201 @@
+"""The plain output of a job of many nodes: a phase's status lines fold into one line per set of
+nodes alike past ``FOLD_PAST`` nodes, the odd ones named on their own, no node lost.
+
+Fast: ``up --no-tui`` of 64 nodes on the fake transport, the stop reports as ``down`` prints
+them. On simulated SSH hosts (integration): ``down`` of a 16-node job of the stub torchrun.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import clusterrun.cli.up as up_cli
+from clusterrun import lifecycle
+from clusterrun.cli import main
+from clusterrun.events import NodeStarted, StopReport
+from clusterrun.nodesets import FOLD_PAST
+from clusterrun.printer import Printer
+from clusterrun.ranges import parse_ranges
+from clusterrun.transports.fake import FakeCluster
+from tests.conftest import SUPPORT
+from tests.simhosts import SimCluster, namespace_problem, unavailable
+
+N = 64
+ONE = re.compile(r"^clusterrun: (?:sync )?node(\d+) (\S+): (.*)$")
+FOLDED = re.compile(r"^clusterrun: (?:sync )?(\d+) nodes ([\d,-]+) \((\S+)\): (.*)$")
+
+
+def who(line: str) -> tuple[list[int], str] | None:
+    """The node ranks a status line speaks of, and what it says of them (None: not a node's line).
+    A folded line's count must be its node set's size."""
+    if (one := ONE.match(line)) is not None:
+        return [int(one.group(1))], one.group(3)
+    if (many := FOLDED.match(line)) is not None:
+        ranks = parse_ranges(many.group(2))
+        assert len(ranks) == int(many.group(1)), line
+        return ranks, many.group(4)
+    return None
+
+
+def phase(lines: list[str], says: Callable[[str], bool]) -> tuple[list[str], Counter[int]]:
+    """The lines of a phase (those whose text ``says``), and how often each node is in them."""
+    chosen = [line for line in lines if (w := who(line)) is not None and says(w[1])]
+    return chosen, Counter(rank for line in chosen for rank in (who(line) or ([], ""))[0])
+
+
+def hosts_yaml(n: int) -> str:
+    return "hosts:\n" + "".join(f"  - host: gpu{i + 1:02d}\n    nproc: 1\n" for i in range(n))
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCluster]:
+    cluster = FakeCluster()
+    monkeypatch.setattr(up_cli, "transport_for", lambda spec, **_: cluster.transport(spec))
+    monkeypatch.setattr(lifecycle, "transport_factory", lambda record: cluster.transport)
+    yield cluster
+
+
+def up_failing_node(fake: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int,
+                    failing: int) -> tuple[list[str], list[str]]:
+    """``up --no-tui`` of ``n`` fake nodes, each rank printing a line, then node ``failing``
+    failing (fail-fast stops the others): its stdout and stderr lines."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "hosts.yaml").write_text(hosts_yaml(n))
+    started = threading.Event()
+
+    def script() -> None:
+        fake.wait(lambda: len(fake.nodes) == n, timeout=60, what=f"{n} nodes started")
+        job = next(iter(fake.nodes))[0]
+        nodes = [fake.wait_started(job, rank) for rank in range(n)]
+        for rank, node in enumerate(nodes):
+            node.write(f"[rank{rank}]:hello from rank {rank}\n")
+        nodes[failing].write(f"[rank{failing}]:ValueError: bad batch\n")
+        nodes[failing].exit(1)
+        started.set()
+
+    thread = threading.Thread(target=script, daemon=True)
+    thread.start()
+    result = CliRunner().invoke(main, ["up", "--no-tui", "hosts.yaml", "train.py"])
+    thread.join(timeout=60)
+    assert started.is_set() and result.exit_code == 1, (result.output, result.exception)
+    return result.stdout.splitlines(), result.stderr.splitlines()
+
+
+def test_up_of_64_nodes_prints_a_line_per_phase_the_odd_node_named_and_every_log_line_prefixed(
+        fake: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out, err = up_failing_node(fake, tmp_path, monkeypatch, N, failing=17)
+    assert len(err) <= 12, err  # was 64 + 63 + 63 + 64 lines
+    everyone, others = Counter(range(N)), Counter(r for r in range(N) if r != 17)
+    lines, nodes = phase(err, lambda text: text == "started attempt 1")
+    assert lines == ["clusterrun: 64 nodes 0-63 (gpu[01-64]): started attempt 1"] and nodes == everyone
+    lines, nodes = phase(err, lambda text: text.startswith("stopping"))
+    assert lines == ["clusterrun: 63 nodes 0-16,18-63 (gpu[01-17,19-64]): stopping (node 17 (gpu18) failed)"]
+    lines, nodes = phase(err, lambda text: text.startswith(("stopped torchrun", "nothing was running")))
+    assert lines == ["clusterrun: 63 nodes 0-16,18-63 (gpu[01-17,19-64]): stopped torchrun; "
+                     "no process of the job was found"] and nodes == others
+    summary = err[err.index("clusterrun: " + lines[0].split(": ", 1)[1]) + 1:]
+    ends, nodes = phase(summary, lambda text: True)
+    assert ends == ["clusterrun: 63 nodes 0-16,18-63 (gpu[01-17,19-64]): stopped by clusterrun after node 17 failed",
+                    "clusterrun: node17 gpu18: failed (exit code 1)"] and nodes == everyone
+    assert err.count("clusterrun: node17 gpu18: failed (exit code 1)") == 2  # as it happened, and in the summary
+    assert [line for line in err if line.startswith("clusterrun: network:")] == [
+        "clusterrun: network: 64 nodes 0-63 (gpu[01-64]): eth0"]
+    for rank in range(N):  # every node's log line keeps its own prefix
+        assert f"node{rank} gpu{rank + 1:02d} rank{rank}".ljust(len("node63 gpu64 rank63")) + \
+            f" | hello from rank {rank}" in out
+
+
+def test_up_of_up_to_8_nodes_keeps_a_line_per_node(fake: FakeCluster, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    _, err = up_failing_node(fake, tmp_path, monkeypatch, FOLD_PAST, failing=3)
+    started = [line for line in err if "started attempt 1" in line]
+    assert [who(line) for line in started] == [([r], f"started attempt 1 (torchrun pid {pid})")
+                                               for r, pid in enumerate(int(s.rsplit(" ", 1)[1][:-1]) for s in started)]
+    assert len([line for line in err if "stopped by clusterrun after node 3 failed" in line]) == FOLD_PAST - 1
+
+
+def report(rank: int, **fields: object) -> StopReport:
+    killed = ({"pid": 1000 + rank, "name": "torchrun", "signal": "SIGTERM"},
+              {"pid": 2000 + rank, "name": "python", "signal": "SIGTERM"},
+              {"pid": 3000 + rank, "name": "python", "signal": "SIGTERM"})
+    values: dict[str, object] = {"killed": killed, "containment": "cgroup", "verified": True, **fields}
+    return StopReport(rank, f"gpu{rank + 1:02d}", **values)  # type: ignore[arg-type]
+
+
+def test_stop_reports_fold_only_stops_alike_and_keep_each_guarantee_and_failure_on_its_own_line() -> None:
+    """What ``down`` prints of 64 nodes: the verified stops on one line; a swept one, and those
+    that left a process or could not be reached, each on its own line with its host even where
+    two say the same; the remarks of a degraded host after them."""
+    escapee = ({"pid": 77, "name": "escapee", "state": "S"},)
+    odd = {5: report(5, containment="sweep", verified=False, fallbacks=("no cgroup: not delegated",)),
+           9: report(9, killed=(), left=escapee), 10: report(10, killed=(), left=escapee),
+           40: StopReport(40, "gpu41", error="timed out"), 41: StopReport(41, "gpu42", error="timed out"),
+           42: report(42, degraded="its disk is full", notes=("the exit file could not be written",))}
+    err = io.StringIO()
+    Printer(err=err).reports([odd.get(rank) or report(rank) for rank in range(N)], N)
+    lines = err.getvalue().splitlines()
+    verified = "stopped torchrun, 2 × python; verified: nothing of the job is left (its cgroup is empty)"
+    assert lines == [
+        f"clusterrun: 59 nodes 0-4,6-8,11-39,42-63 (gpu[01-05,07-09,12-40,43-64]): {verified}",
+        "clusterrun: node5 gpu06: stopped torchrun[1005], python[2005], python[3005]; swept: no process of the "
+        "job that could be seen is left (no cgroup: not delegated)",
+        "clusterrun: node9 gpu10: nothing was running; STILL RUNNING: escapee[77] state S",
+        "clusterrun: node10 gpu11: nothing was running; STILL RUNNING: escapee[77] state S",
+        "clusterrun: node40 gpu41: could not be stopped: timed out",
+        "clusterrun: node41 gpu42: could not be stopped: timed out",
+        "clusterrun: node42 gpu43: degraded: its disk is full",
+        "clusterrun: node42 gpu43: the exit file could not be written"]
+    _, nodes = phase(lines, lambda text: not text.startswith(("degraded", "the exit file")))
+    assert nodes == Counter(range(N))  # every node in exactly one line of the stop
+
+
+def test_a_phase_whose_last_nodes_are_slow_is_shown_so_far_after_the_hold() -> None:
+    """Nodes that started are not kept unsaid while one host takes long: after ``hold`` seconds
+    the lines held so far are printed, the late node on a line of its own when it comes."""
+    err = io.StringIO()
+    printer = Printer(err=err, hold=0.05)
+    printer._nnodes = N  # as set_plan sets it for a plan of 64 nodes
+    for rank in range(N - 1):
+        printer(NodeStarted(rank, host=f"gpu{rank + 1:02d}", attempt=1, pid=100 + rank))
+    expected = "clusterrun: 63 nodes 0-62 (gpu[01-63]): started attempt 1\n"
+    deadline = time.monotonic() + 30
+    while err.getvalue() != expected and time.monotonic() < deadline:  # the timer's thread prints it
+        time.sleep(0.01)
+    assert err.getvalue() == expected
+    printer(NodeStarted(N - 1, host="gpu64", attempt=1, pid=999))
+    printer.flush()
+    assert err.getvalue() == expected + "clusterrun: node63 gpu64: started attempt 1 (torchrun pid 999)\n"
+
+
+@pytest.mark.integration
+@pytest.mark.fake_torchrun
+def test_down_of_a_16_node_job_on_simulated_hosts_is_one_line_for_the_nodes_alike(
+        sim_cluster: Callable[..., SimCluster], tmp_path: Path) -> None:
+    from tests.test_lifecycle import clusterrun, up_detached, wait_state
+    from tests.test_ssh import ssh_hosts
+
+    if (reason := namespace_problem()) is not None:
+        unavailable(reason)
+    cluster = sim_cluster(16)
+    hosts = ssh_hosts(tmp_path, cluster, [1] * 16, tmp_path / "state")
+    job = up_detached(hosts, SUPPORT / "counter.py", "100000", "0.05")
+    wait_state(job, "running")
+    down = clusterrun("down", job)
+    assert down.returncode == 0, down.stderr
+    lines = down.stderr.splitlines()
+    stops, nodes = phase(lines, lambda text: text.startswith(("stopped", "nothing was running")))
+    assert nodes == Counter(range(16)), lines  # every node in exactly one line
+    one = "clusterrun: 16 nodes 0-15 (sim[1-16]): stopped python"  # the stub torchrun, a python process
+    assert len(stops) == 1 and stops[0].startswith(one), lines
+    assert stops[0].endswith("; verified: nothing of the job is left (its cgroup is empty)"), lines
+    assert lines[-1] == f"clusterrun: job {job} stopped; nothing of it is left on any host (verified by cgroup)"
