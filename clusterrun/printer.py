@@ -189,8 +189,9 @@ class Printer:
 
     def _status(self, kind: str, rank: int, host: str, own: str, alike: str | None = None,
                 remarks: Sequence[str] = ()) -> None:
-        """One node's status line of a phase (``kind``): printed now up to ``FOLD_PAST`` nodes, held
-        otherwise (see the module docstring); ``alike`` None: never on a line shared with others."""
+        """One node's status line of a phase (``kind``: "state", a start's included, or "stop"):
+        printed now up to ``FOLD_PAST`` nodes, held otherwise (see the module docstring);
+        ``alike`` None: never on a line shared with others."""
         with self._lock:
             if self._nnodes <= FOLD_PAST:
                 self.flush()
@@ -232,7 +233,7 @@ class Printer:
             return
         elif isinstance(event, NodeStarted):
             started = f"started attempt {event.attempt}"
-            self._status("started", event.node or 0, event.host, f"{started} (torchrun pid {event.pid})", started)
+            self._status("state", event.node or 0, event.host, f"{started} (torchrun pid {event.pid})", started)
         elif isinstance(event, NodeStateChanged):
             if event.state not in _QUIET_STATES:
                 state = event.state.value + (f" ({event.detail})" if event.detail else "")

@@ -124,6 +124,39 @@ def test_up_of_up_to_8_nodes_keeps_a_line_per_node(fake: FakeCluster, tmp_path: 
     assert len([line for line in err if "stopped by clusterrun after node 3 failed" in line]) == FOLD_PAST - 1
 
 
+def up_refused(fake: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``up --no-tui`` of 64 fake nodes with a ``setup:`` that the caller made fail: its stderr lines."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "hosts.yaml").write_text(hosts_yaml(N) + "defaults:\n  setup: ['pip install -r req.txt']\n")
+    result = CliRunner().invoke(main, ["up", "--no-tui", "hosts.yaml", "train.py"])
+    assert result.exit_code == 3, (result.output, result.exception)
+    return result.stderr.splitlines()
+
+
+def test_a_node_that_cannot_start_is_named_and_the_others_fold(fake: FakeCluster, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.host("gpu18").start_error = "cannot start: no space left on device"
+    err = up_refused(fake, tmp_path, monkeypatch)
+    assert err[2:] == ["clusterrun: 63 nodes 0-16,18-63 (gpu[01-17,19-64]): started attempt 1",
+                       "clusterrun: node17 gpu18: failed (cannot start: no space left on device)",
+                       "clusterrun: 63 nodes 0-16,18-63 (gpu[01-17,19-64]): stopped torchrun; "
+                       "no process of the job was found",
+                       "clusterrun: error: 1 host(s) cannot run the job; nothing was started",
+                       "gpu18: cannot start: no space left on device"]
+
+
+def test_one_problem_of_many_hosts_is_one_line_and_the_odd_host_its_own(fake: FakeCluster, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    for rank in range(N):
+        fake.host(f"gpu{rank + 1:02d}").setup_error = "setup failed: `pip install -r req.txt` exited 1"
+    fake.host("gpu18").setup_error = "setup failed: no space left on device"
+    assert up_refused(fake, tmp_path, monkeypatch) == [
+        "clusterrun: error: 64 host(s) cannot run the job; nothing was started",
+        "63 hosts gpu[01-17,19-64]: setup failed: `pip install -r req.txt` exited 1",
+        "gpu18: setup failed: no space left on device"]
+
+
 def report(rank: int, **fields: object) -> StopReport:
     killed = ({"pid": 1000 + rank, "name": "torchrun", "signal": "SIGTERM"},
               {"pid": 2000 + rank, "name": "python", "signal": "SIGTERM"},

@@ -28,7 +28,7 @@ import click
 
 from clusterrun import __version__
 from clusterrun.durations import parse_duration
-from clusterrun.errors import ClusterrunError, DamagedRecord, StateError
+from clusterrun.errors import ClusterrunError, DamagedRecord, HostError, HostsUnavailable, StateError
 from clusterrun.terminal import safe
 
 NODES_HELP = ("Only these hosts of the file, a node set: gpu[01-04],gpu07; HOST:GPU only that GPU of a host "
@@ -70,8 +70,30 @@ ui_lines_option = click.option(
 
 
 def _fail(error: ClusterrunError, code: int) -> NoReturn:
-    click.echo(f"clusterrun: error: {safe(error.render(), colour=False)}", err=True)  # may quote a host
+    text = _hosts_unavailable(error) if isinstance(error, HostsUnavailable) else error.render()
+    click.echo(f"clusterrun: error: {safe(text, colour=False)}", err=True)  # may quote a host
     sys.exit(code)
+
+
+def _hosts_unavailable(error: HostsUnavailable) -> str:
+    """``error.render()``; past ``FOLD_PAST`` hosts the hosts of one problem (and fix) share a line:
+    ``gpu[01-64]: setup failed: ...``."""
+    from clusterrun.nodesets import FOLD_PAST, fold  # ClusterShell only when a host failed
+
+    if len(error.errors) <= FOLD_PAST:
+        return error.render()
+    problems: dict[tuple[str, str | None] | int, list[ClusterrunError]] = {}
+    for i, e in enumerate(error.errors):
+        problems.setdefault((e.message, e.hint) if isinstance(e, HostError) else i, []).append(e)
+    lines = [error.message]
+    for group in problems.values():
+        if len(group) == 1 or not all(isinstance(e, HostError) for e in group):
+            lines += [e.render() for e in group]
+            continue
+        hosts = [e.host for e in group if isinstance(e, HostError)]
+        lines.append(f"{len(hosts)} hosts {fold(hosts)}: {group[0].message}"
+                     + (f"\n  hint: {group[0].hint}" if group[0].hint else ""))
+    return "\n".join(lines)
 
 
 def _note(text: str) -> None:
