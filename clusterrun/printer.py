@@ -239,22 +239,25 @@ class Printer:
                 state = event.state.value + (f" ({event.detail})" if event.detail else "")
                 self._status("state", event.node or 0, event.host, state, state)
         elif isinstance(event, NodeLink):
+            rank, host = event.node or 0, event.host
             if event.up:
-                self.note(f"node{event.node} {event.host}: reconnected; the log continues where it stopped")
+                self._status("state", rank, host, *["reconnected; the log continues where it stopped"] * 2)
             else:
                 now = time.time()
                 since = unreachable_text(event.since if event.since is not None else now, now)
-                self.note(f"node{event.node} {event.host}: {since} ({event.detail}); the job runs on there "
-                          "as far as anybody knows; reconnecting")
+                runs_on = f" ({event.detail}); the job runs on there as far as anybody knows; reconnecting"
+                self._status("state", rank, host, since + runs_on, "unreachable" + runs_on)  # alike: no time
         elif isinstance(event, NodeStopped):
             self.report(event.report)
         elif isinstance(event, NodeDegraded):
-            self.note(f"node{event.node} {event.host}: degraded: {event.reason}")
+            self._status("state", event.node or 0, event.host, *[f"degraded: {event.reason}"] * 2)
         elif isinstance(event, NodeHung):
-            self.note(f"node{event.node} {event.host}: " + (
-                "its ranks are active again" if event.since is None else
-                f"{hung_text(event.since, time.time())}: its ranks wrote nothing and used no CPU"
-                + (f"; their stacks: {event.report} on the host" if event.report else "")))
+            quiet = ": its ranks wrote nothing and used no CPU"
+            own = ("its ranks are active again" if event.since is None else hung_text(event.since, time.time())
+                   + quiet + (f"; their stacks: {event.report} on the host" if event.report else ""))
+            # alike: without the time; a node whose stacks were saved keeps its line (where they are)
+            self._status("state", event.node or 0, event.host, own, None if event.report else
+                         own if event.since is None else "hung" + quiet)
         elif isinstance(event, JobNote):
             self.note(event.text)
         elif isinstance(event, AttemptRestarting):

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 import clusterrun.cli.up as up_cli
 from clusterrun import lifecycle
 from clusterrun.cli import main
-from clusterrun.events import NodeStarted, StopReport
+from clusterrun.events import NodeHung, NodeLink, NodeStarted, StopReport
 from clusterrun.nodesets import FOLD_PAST
 from clusterrun.printer import Printer
 from clusterrun.ranges import parse_ranges
@@ -190,6 +190,28 @@ def test_stop_reports_fold_only_stops_alike_and_keep_each_guarantee_and_failure_
         "clusterrun: node42 gpu43: the exit file could not be written"]
     _, nodes = phase(lines, lambda text: not text.startswith(("degraded", "the exit file")))
     assert nodes == Counter(range(N))  # every node in exactly one line of the stop
+
+
+def test_nodes_hung_or_unreachable_at_once_share_a_line_and_saved_stacks_keep_theirs() -> None:
+    """A collective that hangs everywhere, a switch that fails: one line each, without the time
+    that differs by a second from node to node; a node whose stacks were saved keeps its line."""
+    err = io.StringIO()
+    printer = Printer(err=err)
+    printer._nnodes = N  # as set_plan sets it for a plan of 64 nodes
+    now = time.time()
+    for rank in range(N):
+        printer(NodeHung(rank, host=f"gpu{rank + 1:02d}", since=now - 600 - rank % 3,
+                         report="/state/stacks.txt" if rank == 5 else None))
+    for rank in range(N):
+        printer(NodeLink(rank, host=f"gpu{rank + 1:02d}", up=False, since=now - rank % 2, detail="no route"))
+    printer.flush()
+    lines = err.getvalue().splitlines()
+    assert lines[0] == ("clusterrun: 63 nodes 0-4,6-63 (gpu[01-05,07-64]): hung: its ranks wrote nothing and used "
+                        "no CPU")
+    assert re.fullmatch(r"clusterrun: node5 gpu06: hung since \S+: its ranks wrote nothing and used no CPU; "
+                        r"their stacks: /state/stacks.txt on the host", lines[1])
+    assert lines[2:] == ["clusterrun: 64 nodes 0-63 (gpu[01-64]): unreachable (no route); the job runs on there as "
+                         "far as anybody knows; reconnecting"]
 
 
 def test_a_phase_whose_last_nodes_are_slow_is_shown_so_far_after_the_hold() -> None:
