@@ -9,10 +9,10 @@ on, and dropped when it is off (not a terminal, ``NO_COLOR``, ``TERM=dumb``); ev
 sequence and control character is shown escaped. Only ``raw`` output (``logs --node N``) is
 written as the node wrote it, byte for byte.
 
-Past ``nodesets.FOLD_PAST`` nodes the per-node status lines of one phase (started, a state, a
-stop's report) are held until the phase is over — every node has its line, another kind of
-event comes, or ``hold`` seconds passed — and then nodes alike share one line
-(``nodesets.alike_lines``); the odd ones keep theirs.
+Past ``nodesets.FOLD_PAST`` nodes the per-node status lines of one phase (started, a state,
+unreachable or hung; or a stop's report) are held until the phase is over — every node has its
+line, the other phase or a note comes, or ``hold`` seconds passed — and then nodes alike share
+one line (``nodesets.alike_lines``); the odd ones keep theirs. Log lines are never held.
 """
 
 from __future__ import annotations
@@ -241,7 +241,8 @@ class Printer:
         elif isinstance(event, NodeLink):
             rank, host = event.node or 0, event.host
             if event.up:
-                self._status("state", rank, host, *["reconnected; the log continues where it stopped"] * 2)
+                back = "reconnected; the log continues where it stopped"
+                self._status("state", rank, host, back, back)
             else:
                 now = time.time()
                 since = unreachable_text(event.since if event.since is not None else now, now)
@@ -250,7 +251,8 @@ class Printer:
         elif isinstance(event, NodeStopped):
             self.report(event.report)
         elif isinstance(event, NodeDegraded):
-            self._status("state", event.node or 0, event.host, *[f"degraded: {event.reason}"] * 2)
+            degraded = f"degraded: {event.reason}"
+            self._status("state", event.node or 0, event.host, degraded, degraded)
         elif isinstance(event, NodeHung):
             quiet = ": its ranks wrote nothing and used no CPU"
             own = ("its ranks are active again" if event.since is None else hung_text(event.since, time.time())
