@@ -80,7 +80,7 @@ class Printer:
 
     def __init__(self, out: TextIO | None = None, err: TextIO | None = None, colour: bool | None = None,
                  prefix: bool = True, quiet: bool = False, raw: bool = False,
-                 ranks: Collection[int] | None = None, hold: float = 2.0) -> None:
+                 ranks: Collection[int] | None = None, hold: float = 2.0, nnodes: int = 0) -> None:
         self.out = out or sys.stdout
         self.ranks = None if ranks is None else frozenset(ranks)  # only these ranks' lines (``logs --rank``)
         self.err = err or sys.stderr
@@ -93,7 +93,7 @@ class Printer:
         self._prefixes: dict[tuple[int, int | None], str] = {}
         self._tags: dict[int, list[tuple[str, int]]] = {}  # node → its ranks' line tags, "[rank3]:"
         self.hold = hold  # the longest a held status line waits for the rest of its phase (seconds)
-        self._nnodes = 0
+        self._nnodes = nnodes  # the job's nodes (``set_plan`` sets it): past FOLD_PAST status lines fold
         self._lock = threading.RLock()  # events come from the orchestrator's threads
         # The held status lines: (kind, rank, host, alike, own, remarks), see ``_status``.
         self._held: list[tuple[str, int, str, str | None, str, list[str]]] = []

@@ -20,14 +20,20 @@ from click.testing import CliRunner
 
 import clusterrun.cli.up as up_cli
 from clusterrun import lifecycle
+from clusterrun.attempt import new_record, restart
 from clusterrun.cli import main
+from clusterrun.config import load_cluster_text
 from clusterrun.events import NodeHung, NodeLink, NodeStarted, StopReport
+from clusterrun.jobs import JobStore
 from clusterrun.nodesets import FOLD_PAST
+from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.printer import Printer
 from clusterrun.ranges import parse_ranges
+from clusterrun.runner import Runner
 from clusterrun.transports.fake import FakeCluster
 from tests.conftest import SUPPORT
 from tests.simhosts import SimCluster, namespace_problem, unavailable
+from tests.test_orchestrator import JOB
 
 N = 64
 ONE = re.compile(r"^clusterrun: (?:sync )?node(\d+) (\S+): (.*)$")
@@ -124,6 +130,30 @@ def test_up_of_up_to_8_nodes_keeps_a_line_per_node(fake: FakeCluster, tmp_path: 
     assert len([line for line in err if "stopped by clusterrun after node 3 failed" in line]) == FOLD_PAST - 1
 
 
+def test_a_restart_of_64_nodes_is_a_line_for_the_stop_and_one_for_the_start(
+        fake: FakeCluster, tmp_path: Path) -> None:
+    """``restart``'s stream (``attempt.restart`` with the printer ``restart`` gives it)."""
+    text = hosts_yaml(N)
+    job = Job(load_cluster_text(text, "hosts.yaml"), "train.py", job_id=JOB, name="train", emit=None,
+              transport_factory=fake.transport, local_cwd=str(tmp_path), reconnect=Reconnect(first=0.01, most=0.02))
+    (tmp_path / "hosts.yaml").write_text(text)
+    store = JobStore(tmp_path / "jobs")
+    store.create(new_record(job.prepare(), hosts_file=str(tmp_path / "hosts.yaml"), hosts_text=text,
+                            env_overrides={}, local_cwd=str(tmp_path), ssh_config=None))
+    owner = store.try_own(JOB)
+    assert owner is not None
+    runner = Runner(store, store.load(JOB), job, owner, lambda event: None)
+    runner.start()
+    err = io.StringIO()
+    try:
+        restart(store, store.load(JOB), Printer(err=err, nnodes=N), owner_fd=runner.owner_fd)
+    finally:
+        runner.close()
+    assert err.getvalue().splitlines() == [
+        "clusterrun: 64 nodes 0-63 (gpu[01-64]): stopped torchrun; no process of the job was found",
+        "clusterrun: 64 nodes 0-63 (gpu[01-64]): started attempt 2"]
+
+
 def up_refused(fake: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """``up --no-tui`` of 64 fake nodes with a ``setup:`` that the caller made fail: its stderr lines."""
     monkeypatch.chdir(tmp_path)
@@ -196,8 +226,7 @@ def test_nodes_hung_or_unreachable_at_once_share_a_line_and_saved_stacks_keep_th
     """A collective that hangs everywhere, a switch that fails: one line each, without the time
     that differs by a second from node to node; a node whose stacks were saved keeps its line."""
     err = io.StringIO()
-    printer = Printer(err=err)
-    printer._nnodes = N  # as set_plan sets it for a plan of 64 nodes
+    printer = Printer(err=err, nnodes=N)
     now = time.time()
     for rank in range(N):
         printer(NodeHung(rank, host=f"gpu{rank + 1:02d}", since=now - 600 - rank % 3,
@@ -218,8 +247,7 @@ def test_a_phase_whose_last_nodes_are_slow_is_shown_so_far_after_the_hold() -> N
     """Nodes that started are not kept unsaid while one host takes long: after ``hold`` seconds
     the lines held so far are printed, the late node on a line of its own when it comes."""
     err = io.StringIO()
-    printer = Printer(err=err, hold=0.05)
-    printer._nnodes = N  # as set_plan sets it for a plan of 64 nodes
+    printer = Printer(err=err, hold=0.05, nnodes=N)
     for rank in range(N - 1):
         printer(NodeStarted(rank, host=f"gpu{rank + 1:02d}", attempt=1, pid=100 + rank))
     expected = "clusterrun: 63 nodes 0-62 (gpu[01-63]): started attempt 1\n"

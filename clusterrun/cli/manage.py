@@ -231,7 +231,7 @@ def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str |
     exit 2 or 3, the job runs on. A job waiting to be restarted by its restart policy is
     restarted now. This controller owns the new attempt (its monitor), an adopted job's too."""
     store, record = _open_job(job, hosts_file)
-    printer = Printer()
+    printer = Printer(nnodes=len(record.nodes))
     try:
         attempt = NextAttempt(record, printer, full_preflight=not no_preflight,
                               script_args=script_args if script_args else None)
@@ -244,16 +244,13 @@ def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str |
         _fail(exc, EXIT_HOSTS)
     try:
         record = attempt.replace(store, grace=grace)
-    except NotStopped as exc:
-        _fail(exc, EXIT_HOSTS if exc.unreachable else EXIT_FAILED)
-    except HostsUnavailable as exc:
-        _fail(exc, EXIT_HOSTS)
-    except StateError as exc:
-        _fail(exc, EXIT_USAGE)
     except ClusterrunError as exc:
-        _fail(exc, EXIT_FAILED)
+        printer.flush()  # the stop and start lines held so far go before the error
+        _fail(exc, EXIT_HOSTS if isinstance(exc, HostsUnavailable) or isinstance(exc, NotStopped) and exc.unreachable
+              else EXIT_USAGE if isinstance(exc, StateError) else EXIT_FAILED)
     finally:
         attempt.close()
+    printer.flush()
     _note(f"job {record.job_id} restarted as attempt {record.attempt}; {_follow_hint(record.job_id)}")
 
 
