@@ -15,7 +15,7 @@ from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
 
 from clusterrun.ranges import ranges_text
 
-__all__ = ["FOLD_PAST", "NodeSetError", "alike_lines", "expand", "fold", "fold_ranks", "is_nodeset"]
+__all__ = ["FOLD_PAST", "NodeSetError", "alike_lines", "expand", "fold", "fold_ranks", "hosts_alike", "is_nodeset"]
 
 # Past this many nodes the plain output's per-node status lines fold (``alike_lines``); up to it,
 # a line per node reads better than node sets.
@@ -127,3 +127,15 @@ def alike_lines(items: Sequence[tuple[int, str, str | None, str]], total: int) -
         ranks = [rank for rank, *_ in group]
         lines.append(f"{len(set(ranks))} {fold_ranks(ranks)} ({fold([host for _, host, *_ in group])}): {alike}")
     return lines
+
+
+def hosts_alike(items: Sequence[tuple[str, str]], total: int) -> list[str]:
+    """Lines ``host: text`` of ``(host, text)`` items of ``total`` hosts; past ``FOLD_PAST`` the
+    hosts of one text share a line, in the order of its first: ``63 hosts gpu[01-17,19-64]: text``."""
+    if total <= FOLD_PAST:
+        return [f"{host}: {text}" for host, text in items]
+    groups: dict[str, list[str]] = {}
+    for host, text in items:
+        groups.setdefault(text, []).append(host)
+    return [f"{hosts[0]}: {text}" if len(hosts) == 1 else f"{len(hosts)} hosts {fold(hosts)}: {text}"
+            for text, hosts in groups.items()]

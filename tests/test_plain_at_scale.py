@@ -19,10 +19,11 @@ import pytest
 from click.testing import CliRunner
 
 import clusterrun.cli.up as up_cli
-from clusterrun import lifecycle
+from clusterrun import checks, lifecycle
 from clusterrun.attempt import new_record, restart
 from clusterrun.cli import main
 from clusterrun.config import load_cluster_text
+from clusterrun.doctor import Check, HostReport, Report, Verdict
 from clusterrun.events import NodeHung, NodeLink, NodeStarted, StopReport
 from clusterrun.jobs import JobStore
 from clusterrun.nodesets import FOLD_PAST
@@ -185,6 +186,18 @@ def test_one_problem_of_many_hosts_is_one_line_and_the_odd_host_its_own(fake: Fa
         "clusterrun: error: 64 host(s) cannot run the job; nothing was started",
         "63 hosts gpu[01-17,19-64]: setup failed: `pip install -r req.txt` exited 1",
         "gpu18: setup failed: no space left on device"]
+
+
+def test_a_preflight_warning_of_many_hosts_is_one_line_and_the_odd_host_its_own() -> None:
+    old_python = Check("python", Verdict.WARN, "3.9 is old", fix="python 3.10 or newer")
+    hosts = [HostReport(rank, f"gpu{rank + 1:02d}", [Check("ssh", Verdict.OK, "ok"), old_python])
+             for rank in range(N)]
+    hosts[17].checks[1] = Check("python", Verdict.WARN, "3.8 is old", fix="python 3.10 or newer")
+    assert checks.warnings(Report(hosts)) == [
+        "63 hosts gpu[01-17,19-64]: python: 3.9 is old (fix: python 3.10 or newer)",
+        "gpu18: python: 3.8 is old (fix: python 3.10 or newer)"]
+    assert checks.warnings(Report(hosts[:FOLD_PAST])) == [
+        f"gpu{rank + 1:02d}: python: 3.9 is old (fix: python 3.10 or newer)" for rank in range(FOLD_PAST)]
 
 
 def report(rank: int, **fields: object) -> StopReport:

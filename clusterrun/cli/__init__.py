@@ -77,23 +77,13 @@ def _fail(error: ClusterrunError, code: int) -> NoReturn:
 
 def _hosts_unavailable(error: HostsUnavailable) -> str:
     """``error.render()``; past ``FOLD_PAST`` hosts the hosts of one problem (and fix) share a line:
-    ``gpu[01-64]: setup failed: ...``."""
-    from clusterrun.nodesets import FOLD_PAST, fold  # ClusterShell only when a host failed
+    ``63 hosts gpu[01-17,19-64]: setup failed: ...``."""
+    from clusterrun.nodesets import hosts_alike  # ClusterShell only when a host failed
 
-    if len(error.errors) <= FOLD_PAST:
-        return error.render()
-    problems: dict[tuple[str, str | None] | int, list[ClusterrunError]] = {}
-    for i, e in enumerate(error.errors):
-        problems.setdefault((e.message, e.hint) if isinstance(e, HostError) else i, []).append(e)
-    lines = [error.message]
-    for group in problems.values():
-        if len(group) == 1 or not all(isinstance(e, HostError) for e in group):
-            lines += [e.render() for e in group]
-            continue
-        hosts = [e.host for e in group if isinstance(e, HostError)]
-        lines.append(f"{len(hosts)} hosts {fold(hosts)}: {group[0].message}"
-                     + (f"\n  hint: {group[0].hint}" if group[0].hint else ""))
-    return "\n".join(lines)
+    problems = [e for e in error.errors if isinstance(e, HostError)]
+    others = [e.render() for e in error.errors if not isinstance(e, HostError)]
+    return "\n".join([error.message, *others, *hosts_alike(
+        [(e.host, e.render().removeprefix(f"{e.host}: ")) for e in problems], len(error.errors))])
 
 
 def _note(text: str) -> None:
