@@ -31,6 +31,8 @@ from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.printer import Printer
 from clusterrun.ranges import parse_ranges
 from clusterrun.runner import Runner
+from clusterrun.sync import SyncReport
+from clusterrun.syncview import SyncView
 from clusterrun.transports.fake import FakeCluster
 from tests.conftest import SUPPORT
 from tests.simhosts import SimCluster, namespace_problem, unavailable
@@ -198,6 +200,18 @@ def test_a_preflight_warning_of_many_hosts_is_one_line_and_the_odd_host_its_own(
         "gpu18: python: 3.8 is old (fix: python 3.10 or newer)"]
     assert checks.warnings(Report(hosts[:FOLD_PAST])) == [
         f"gpu{rank + 1:02d}: python: 3.9 is old (fix: python 3.10 or newer)" for rank in range(FOLD_PAST)]
+
+
+def test_the_sync_report_of_64_hosts_is_a_line_per_set_of_hosts_alike_without_their_times() -> None:
+    reports = {rank: SyncReport(rank, f"gpu{rank + 1:02d}", "/src", "/work", copied=3, bytes=3000, unchanged=9,
+                                seconds=0.1 * rank, via="rsync") for rank in range(N)}
+    reports[17] = SyncReport(17, "gpu18", "/src", "/work", unchanged=12, seconds=0.2)
+    err = io.StringIO()
+    SyncView(err=err, live=False).report(reports)
+    assert err.getvalue().splitlines() == [
+        "clusterrun: sync 63 nodes 0-16,18-63 (gpu[01-17,19-64]): 3 file(s) copied (3.0 kB by rsync), 9 unchanged, "
+        "to /work",
+        "clusterrun: sync node17 gpu18: 0 file(s) copied (0 B), 12 unchanged, to /work in 0.2 s"]
 
 
 def report(rank: int, **fields: object) -> StopReport:
