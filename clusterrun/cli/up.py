@@ -321,6 +321,7 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
                     sys.stderr.flush()
                 os._exit(EXIT_SIGNAL.get(got.get("signal", 0), 1))  # its followers may still wait on the hosts
     finally:
+        printer.flush()  # status lines still held when up ends another way (an error): never lost
         job.close()
     sys.exit(_exit_code(result, got))
 
