@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ from tests.simhosts import SimCluster, namespace_problem, unavailable
 from tests.test_orchestrator import JOB
 
 N = 64
+HOLD = 600.0  # a phase is printed when it is complete, however slow a loaded machine, not after 2 s
 ONE = re.compile(r"^clusterrun: (?:sync )?node(\d+) (\S+): (.*)$")
 FOLDED = re.compile(r"^clusterrun: (?:sync )?(\d+) nodes ([\d,-]+) \((\S+)\): (.*)$")
 
@@ -68,6 +70,7 @@ def hosts_yaml(n: int) -> str:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCluster]:
     cluster = FakeCluster()
+    monkeypatch.setattr(up_cli, "Printer", partial(Printer, hold=HOLD))
     monkeypatch.setattr(up_cli, "transport_for", lambda spec, **_: cluster.transport(spec))
     monkeypatch.setattr(lifecycle, "transport_factory", lambda record: cluster.transport)
     yield cluster
@@ -149,7 +152,7 @@ def test_a_restart_of_64_nodes_is_a_line_for_the_stop_and_one_for_the_start(
     runner.start()
     err = io.StringIO()
     try:
-        restart(store, store.load(JOB), Printer(err=err, nnodes=N), owner_fd=runner.owner_fd)
+        restart(store, store.load(JOB), Printer(err=err, nnodes=N, hold=HOLD), owner_fd=runner.owner_fd)
     finally:
         runner.close()
     assert err.getvalue().splitlines() == [
@@ -253,7 +256,7 @@ def test_nodes_hung_or_unreachable_at_once_share_a_line_and_saved_stacks_keep_th
     """A collective that hangs everywhere, a switch that fails: one line each, without the time
     that differs by a second from node to node; a node whose stacks were saved keeps its line."""
     err = io.StringIO()
-    printer = Printer(err=err, nnodes=N)
+    printer = Printer(err=err, nnodes=N, hold=HOLD)
     now = time.time()
     for rank in range(N):
         printer(NodeHung(rank, host=f"gpu{rank + 1:02d}", since=now - 600 - rank % 3,
