@@ -9,10 +9,10 @@ on, and dropped when it is off (not a terminal, ``NO_COLOR``, ``TERM=dumb``); ev
 sequence and control character is shown escaped. Only ``raw`` output (``logs --node N``) is
 written as the node wrote it, byte for byte.
 
-Past ``nodesets.FOLD_PAST`` nodes the per-node status lines of one phase (started, a state,
-unreachable or hung; or a stop's report) are held until the phase is over — every node has its
-line, the other phase or a note comes, or ``hold`` seconds passed — and then nodes alike share
-one line (``nodesets.alike_lines``); the odd ones keep theirs. Log lines are never held.
+Past ``nodesets.FOLD_PAST`` nodes the per-node status lines (started, a state, unreachable or
+hung, a stop's report) are held until their phase is over — every node has a line, a note or
+the summary comes, or ``hold`` seconds passed — and then nodes alike share one line
+(``nodesets.alike_lines``); the odd ones keep theirs. Log lines are never held.
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ class Printer:
         self.hold = hold  # the longest a held status line waits for the rest of its phase (seconds)
         self._nnodes = nnodes  # the job's nodes (``set_plan`` sets it): past FOLD_PAST status lines fold
         self._lock = threading.RLock()  # events come from the orchestrator's threads
-        # The held status lines: (kind, rank, host, alike, own, remarks), see ``_status``.
-        self._held: list[tuple[str, int, str, str | None, str, list[str]]] = []
+        # The held status lines: (rank, host, alike, own, remarks), see ``_status``.
+        self._held: list[tuple[int, str, str | None, str, list[str]]] = []
         self._timer: threading.Timer | None = None
 
     def set_plan(self, plan: LaunchPlan) -> None:
@@ -187,11 +187,10 @@ class Printer:
         self.err.write(f"clusterrun: {safe(text, colour=False)}\n")
         self.err.flush()
 
-    def _status(self, kind: str, rank: int, host: str, own: str, alike: str | None = None,
-                remarks: Sequence[str] = ()) -> None:
-        """One node's status line of a phase (``kind``: "state", a start's included, or "stop"):
-        printed now up to ``FOLD_PAST`` nodes, held otherwise (see the module docstring);
-        ``alike`` None: never on a line shared with others."""
+    def _status(self, rank: int, host: str, own: str, alike: str | None, remarks: Sequence[str] = ()) -> None:
+        """One node's status line (``own``; ``alike``: what nodes alike share, None: never shared)
+        and ``remarks`` after it: printed now up to ``FOLD_PAST`` nodes, else held until every node
+        has a line, a note or the summary comes, or ``hold`` seconds passed."""
         with self._lock:
             if self._nnodes <= FOLD_PAST:
                 self.flush()
@@ -199,10 +198,8 @@ class Printer:
                 for line in remarks:
                     self._note(line)
                 return
-            if self._held and self._held[0][0] != kind:
-                self.flush()
-            self._held.append((kind, rank, host, alike, own, list(remarks)))
-            if len({item[1] for item in self._held}) >= self._nnodes:
+            self._held.append((rank, host, alike, own, list(remarks)))
+            if len({item[0] for item in self._held}) >= self._nnodes:
                 self.flush()
             elif self._timer is None:
                 self._timer = threading.Timer(self.hold, self.flush)
@@ -216,10 +213,10 @@ class Printer:
                 self._timer.cancel()
                 self._timer = None
             held, self._held = self._held, []
-            for line in alike_lines([item[1:5] for item in held], self._nnodes):
+            for line in alike_lines([item[:4] for item in held], self._nnodes):
                 self._note(line)
             for item in held:
-                for line in item[5]:
+                for line in item[4]:
                     self._note(line)
 
     def __call__(self, event: Event) -> None:
@@ -233,32 +230,32 @@ class Printer:
             return
         elif isinstance(event, NodeStarted):
             started = f"started attempt {event.attempt}"
-            self._status("state", event.node or 0, event.host, f"{started} (torchrun pid {event.pid})", started)
+            self._status(event.node or 0, event.host, f"{started} (torchrun pid {event.pid})", started)
         elif isinstance(event, NodeStateChanged):
             if event.state not in _QUIET_STATES:
                 state = event.state.value + (f" ({event.detail})" if event.detail else "")
-                self._status("state", event.node or 0, event.host, state, state)
+                self._status(event.node or 0, event.host, state, state)
         elif isinstance(event, NodeLink):
             rank, host = event.node or 0, event.host
             if event.up:
                 back = "reconnected; the log continues where it stopped"
-                self._status("state", rank, host, back, back)
+                self._status(rank, host, back, back)
             else:
                 now = time.time()
                 since = unreachable_text(event.since if event.since is not None else now, now)
                 runs_on = f" ({event.detail}); the job runs on there as far as anybody knows; reconnecting"
-                self._status("state", rank, host, since + runs_on, "unreachable" + runs_on)  # alike: no time
+                self._status(rank, host, since + runs_on, "unreachable" + runs_on)  # alike: no time
         elif isinstance(event, NodeStopped):
             self.report(event.report)
         elif isinstance(event, NodeDegraded):
             degraded = f"degraded: {event.reason}"
-            self._status("state", event.node or 0, event.host, degraded, degraded)
+            self._status(event.node or 0, event.host, degraded, degraded)
         elif isinstance(event, NodeHung):
             quiet = ": its ranks wrote nothing and used no CPU"
             own = ("its ranks are active again" if event.since is None else hung_text(event.since, time.time())
                    + quiet + (f"; their stacks: {event.report} on the host" if event.report else ""))
             # alike: without the time; a node whose stacks were saved keeps its line (where they are)
-            self._status("state", event.node or 0, event.host, own, None if event.report else
+            self._status(event.node or 0, event.host, own, None if event.report else
                          own if event.since is None else "hung" + quiet)
         elif isinstance(event, JobNote):
             self.note(event.text)
@@ -269,7 +266,7 @@ class Printer:
 
     def report(self, report: StopReport) -> None:
         """What a stop did on one node, which guarantee held, and what the host could not record."""
-        self._status("stop", report.node, report.host, report.outcome(report.killed_text()), report.alike(),
+        self._status(report.node, report.host, report.outcome(report.killed_text()), report.alike(),
                      report.remarks())
 
     def reports(self, reports: Sequence[StopReport], nnodes: int) -> None:
