@@ -32,7 +32,7 @@ from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.printer import Printer
 from clusterrun.ranges import parse_ranges
 from clusterrun.runner import Runner
-from clusterrun.sync import SyncReport
+from clusterrun.sync import SyncProgress, SyncReport
 from clusterrun.syncview import SyncView
 from clusterrun.transports.fake import FakeCluster
 from tests.conftest import SUPPORT
@@ -205,13 +205,18 @@ def test_a_preflight_warning_of_many_hosts_is_one_line_and_the_odd_host_its_own(
         f"gpu{rank + 1:02d}: python: 3.9 is old (fix: python 3.10 or newer)" for rank in range(FOLD_PAST)]
 
 
-def test_the_sync_report_of_64_hosts_is_a_line_per_set_of_hosts_alike_without_their_times() -> None:
+def test_the_sync_of_64_hosts_is_announced_once_and_reported_per_set_of_hosts_alike_without_times() -> None:
     reports = {rank: SyncReport(rank, f"gpu{rank + 1:02d}", "/src", "/work", copied=3, bytes=3000, unchanged=9,
                                 seconds=0.1 * rank, via="rsync") for rank in range(N)}
     reports[17] = SyncReport(17, "gpu18", "/src", "/work", unchanged=12, seconds=0.2)
     err = io.StringIO()
-    SyncView(err=err, live=False).report(reports)
+    with SyncView(err=err, live=False, hosts=N) as view:
+        for rank in range(N):  # as the copies start, each host's first progress
+            view(SyncProgress(rank, f"gpu{rank + 1:02d}", "copy", 0, 0 if rank == 17 else 3, 0, 3000))
+    view.report(reports)
     assert err.getvalue().splitlines() == [
+        "clusterrun: sync gpu01: copying 3 file(s), 3.0 kB (the first host; past 8 hosts the others' copies are not "
+        "announced: the report follows)",
         "clusterrun: sync 63 nodes 0-16,18-63 (gpu[01-17,19-64]): 3 file(s) copied (3.0 kB by rsync), 9 unchanged, "
         "to /work",
         "clusterrun: sync node17 gpu18: 0 file(s) copied (0 B), 12 unchanged, to /work in 0.2 s"]

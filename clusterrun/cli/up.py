@@ -361,7 +361,7 @@ def _checked(job: Job, spec: ClusterSpec, script: str, sync_dir: str | None, *, 
     """``checks.check_new``, shown: the probe, the sync (its progress and report), the hosts'
     setup, the preflight (see doctor.py); a problem on any host starts nothing anywhere: exit 3
     (2 for a bad ``--sync``), with one line and a fix for each; warnings are printed."""
-    view = SyncView(live=None if not dry_run else False)
+    view = SyncView(live=None if not dry_run else False, hosts=len(spec.hosts))
     try:
         with view:
             plan, reports, warnings = check_new(job, spec, script, os.getcwd(), full=full, dry_run=dry_run,
