@@ -78,8 +78,10 @@ def _fail(error: ClusterrunError, code: int) -> NoReturn:
 def _hosts_unavailable(error: HostsUnavailable) -> str:
     """``error.render()``; past ``FOLD_PAST`` hosts the hosts of one problem (and fix) share a line:
     ``63 hosts gpu[01-17,19-64]: setup failed: ...``."""
-    from clusterrun.nodesets import hosts_alike  # ClusterShell only when a host failed
+    from clusterrun.nodesets import FOLD_PAST, hosts_alike  # ClusterShell only when a host failed
 
+    if len(error.errors) <= FOLD_PAST:
+        return error.render()
     problems = [e for e in error.errors if isinstance(e, HostError)]
     others = [e.render() for e in error.errors if not isinstance(e, HostError)]
     return "\n".join([error.message, *others, *hosts_alike(
