@@ -21,6 +21,7 @@ from clusterrun.errors import ConfigError
 from clusterrun.events import JobNote
 from clusterrun.jobs import JobRecord
 from clusterrun.lifecycle import spec_of
+from clusterrun.nodesets import hosts_alike
 from clusterrun.orchestrator import Emit, Job
 from clusterrun.plan import LaunchPlan, node_env, plan_from_json
 from clusterrun.sync import Progress, SyncReport, source_of, sync_hosts
@@ -105,7 +106,15 @@ def preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, ful
     refused = doctor.refusal(report)
     if refused is not None:
         raise refused
-    return doctor.warnings(report)
+    return warnings(report)
+
+
+def warnings(report: doctor.Report) -> list[str]:
+    """The preflight's warnings, a line each: ``host: check: detail (fix: ...)``; past ``FOLD_PAST``
+    hosts, the hosts of one warning on one line (``64 hosts gpu[01-64]: ...``)."""
+    warned = [(h.host, f"{c.name}: {c.detail}" + (f" (fix: {c.fix})" if c.fix else ""))
+              for h in report.hosts for c in h.checks if c.verdict is doctor.Verdict.WARN]
+    return hosts_alike(warned, len(report.hosts))
 
 
 def check_new(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *, full: bool, dry_run: bool,
@@ -166,4 +175,4 @@ def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *,
     return job
 
 
-__all__ = ["AttemptSpec", "check_script", "checked_attempt", "note", "plan_to_start", "preflight"]
+__all__ = ["AttemptSpec", "check_script", "checked_attempt", "note", "plan_to_start", "preflight", "warnings"]

@@ -82,8 +82,7 @@ def _dashboard(session: Session, ring: int, *, term_stops: bool = True) -> int:
         return EXIT_SIGNAL.get(got.get("signal", 0), EXIT_OK)
     session.wait(timeout=60)
     if session.result is not None:
-        for report in session.result.stops:
-            printer.report(report)
+        printer.reports(session.result.stops, len(session.result.nodes))
         printer.summary(session.result)
     if got.get("signal"):
         return EXIT_SIGNAL.get(got["signal"], 1)

@@ -22,6 +22,7 @@ from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, Hosts
 from clusterrun.events import not_stopped_text
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import daemonize, remove_on_hosts
+from clusterrun.nodesets import FOLD_PAST, fold
 from clusterrun.printer import Printer
 from clusterrun.runner import run_monitor
 
@@ -61,9 +62,7 @@ def down(job: str, grace: float | None, hosts_file: str | None) -> None:
     if ended is not None and all(r.ok and not r.killed for r in reports.values()) and unrecorded is None:
         _note(f"job {record.job_id} already finished ({ended}); nothing to stop")
         return
-    printer = Printer()
-    for rank in sorted(reports):
-        printer.report(reports[rank])
+    Printer().reports([reports[rank] for rank in sorted(reports)], len(record.nodes))
     if unrecorded is not None:
         _not_recorded(record, unrecorded)
     if any(r.error for r in reports.values()):
@@ -73,7 +72,8 @@ def down(job: str, grace: float | None, hosts_file: str | None) -> None:
         sys.exit(EXIT_FAILED)
     swept = [r.host for r in reports.values() if not r.complete]
     if swept:
-        _note(f"job {record.job_id} stopped; swept without a cgroup on {', '.join(swept)}: processes that left "
+        on = fold(swept) if len(record.nodes) > FOLD_PAST else ", ".join(swept)
+        _note(f"job {record.job_id} stopped; swept without a cgroup on {on}: processes that left "
               "the job's tree, session and environment could not be seen there")
     else:
         _note(f"job {record.job_id} stopped; nothing of it is left on any host (verified by cgroup)")
@@ -233,7 +233,7 @@ def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str |
     exit 2 or 3, the job runs on. A job waiting to be restarted by its restart policy is
     restarted now. This controller owns the new attempt (its monitor), an adopted job's too."""
     store, record = _open_job(job, hosts_file)
-    printer = Printer()
+    printer = Printer(nnodes=len(record.nodes))
     try:
         attempt = NextAttempt(record, printer, full_preflight=not no_preflight,
                               script_args=script_args if script_args else None)
@@ -246,16 +246,13 @@ def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str |
         _fail(exc, EXIT_HOSTS)
     try:
         record = attempt.replace(store, grace=grace)
-    except NotStopped as exc:
-        _fail(exc, EXIT_HOSTS if exc.unreachable else EXIT_FAILED)
-    except HostsUnavailable as exc:
-        _fail(exc, EXIT_HOSTS)
-    except StateError as exc:
-        _fail(exc, EXIT_USAGE)
     except ClusterrunError as exc:
-        _fail(exc, EXIT_FAILED)
+        printer.flush()  # the stop and start lines held so far go before the error
+        _fail(exc, EXIT_HOSTS if isinstance(exc, HostsUnavailable) or isinstance(exc, NotStopped) and exc.unreachable
+              else EXIT_USAGE if isinstance(exc, StateError) else EXIT_FAILED)
     finally:
         attempt.close()
+    printer.flush()
     _note(f"job {record.job_id} restarted as attempt {record.attempt}; {_follow_hint(record.job_id)}")
 
 

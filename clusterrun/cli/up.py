@@ -47,6 +47,7 @@ from clusterrun.events import Event, JobNote
 from clusterrun.interfaces import Interface
 from clusterrun.joblist import plan_json, shown_env
 from clusterrun.jobs import JobStore
+from clusterrun.nodesets import FOLD_PAST, alike_lines
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides
 from clusterrun.printer import Printer
@@ -137,6 +138,9 @@ def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | No
     clusterrun chose one (not on a job whose nodes all share this machine's loopback)."""
     if not any(i.name for i in interfaces):
         return None
+    if plan.nnodes > FOLD_PAST:  # nodes alike share a part: ``64 nodes 0-63 (gpu[01-64]): eth0``
+        return "network: " + "; ".join(alike_lines([(n.rank, n.host.host, i.name or "loopback", i.name or "loopback")
+                                                    for n, i in zip(plan.nodes, interfaces, strict=True)], plan.nnodes))
     return "network: " + ", ".join(f"node{n.rank} {n.host.host} {i.name or 'loopback'}"
                                    for n, i in zip(plan.nodes, interfaces, strict=True))
 
@@ -304,6 +308,7 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
             try:
                 runner.start()
             except HostsUnavailable as exc:
+                printer.flush()  # the stop reports of the nodes that had started, before the error
                 _fail(exc, EXIT_HOSTS)
             show_timings()
             if detach:
@@ -321,6 +326,7 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
                     sys.stderr.flush()
                 os._exit(EXIT_SIGNAL.get(got.get("signal", 0), 1))  # its followers may still wait on the hosts
     finally:
+        printer.flush()  # status lines still held when up ends another way (an error): never lost
         job.close()
     sys.exit(_exit_code(result, got))
 
@@ -367,7 +373,7 @@ def _checked(job: Job, spec: ClusterSpec, script: str, sync_dir: str | None, *, 
     """``checks.check_new``, shown: the probe, the sync (its progress and report), the hosts'
     setup, the preflight (see doctor.py); a problem on any host starts nothing anywhere: exit 3
     (2 for a bad ``--sync``), with one line and a fix for each; warnings are printed."""
-    view = SyncView(live=None if not dry_run else False)
+    view = SyncView(live=None if not dry_run else False, hosts=len(spec.hosts))
     try:
         with view:
             plan, reports, warnings = check_new(job, spec, script, os.getcwd(), full=full, dry_run=dry_run,
