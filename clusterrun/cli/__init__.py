@@ -20,6 +20,7 @@ The commands are in the modules of this package, which register them on ``main``
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 from typing import NoReturn
@@ -84,8 +85,10 @@ def _hosts_unavailable(error: HostsUnavailable) -> str:
         return error.render()
     problems = [e for e in error.errors if isinstance(e, HostError)]
     others = [e.render() for e in error.errors if not isinstance(e, HostError)]
+    # a folded line names hosts, not nodes: "node 3: " (setups.py) would make every host's text its own
     return "\n".join([error.message, *others, *hosts_alike(
-        [(e.host, e.render().removeprefix(f"{e.host}: ")) for e in problems], len(error.errors))])
+        [(e.host, re.sub(r"^node \d+: ", "", e.render().removeprefix(f"{e.host}: "))) for e in problems],
+        len(error.errors))])
 
 
 def _note(text: str) -> None:
