@@ -53,11 +53,14 @@ def from_slurm_options(command: F) -> F:
 
 
 def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str | None, name: str | None,
-                  env: tuple[str, ...], dry_run: bool, grace: float = 10.0,
+                  env: tuple[str, ...], dry_run: bool, grace: float = 10.0, no_sync: bool = False,
                   unsupported: Sequence[str] = ()) -> NoReturn:
     """``up --from-slurm``: the step built from this process's Slurm variables, run in the foreground;
     Ctrl-C or SIGTERM cancels the step (SIGTERM, SIGKILL after ``grace``), and the exit code is the
-    job's. ``unsupported``: options of up given that mean nothing under Slurm, refused."""
+    job's. ``unsupported``: options of up given that mean nothing under Slurm, refused; ``no_sync``:
+    a ``sync:`` of the hosts file is left out (else refused)."""
+    jname = job_name(name, script)
+    job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
     try:
         if script.endswith((".yaml", ".yml")):
             raise ConfigError(f"with --from-slurm the first argument is the script, not a hosts file: {script}",
@@ -69,16 +72,16 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
         allocation = allocation_from_env(os.environ)
         spec = _slurm_hosts(hosts_file)
         overrides = parse_env_overrides(env)
+        step = build_step(allocation, spec, script, script_args, name=job_id, python=sys.executable,
+                          env_overrides=overrides, cwd=os.getcwd(), no_sync=no_sync)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
-    jname = job_name(name, script)
-    job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
-    step = build_step(allocation, spec, script, script_args, name=job_id, python=sys.executable,
-                      env_overrides=overrides, cwd=os.getcwd())
     secret = spec.secret_env if spec is not None else ()
     if dry_run:
         click.echo(f"job {job_id}: Slurm job {allocation.job_id}, {len(step.nodes)} nodes, world size "
                    f"{step.world_size}, master {step.master_addr}:{step.master_port}")
+        click.echo(f"  processes per node ({step.nproc_source}): "
+                   + ", ".join(f"{node} {n}" for node, n in zip(step.nodes, step.nprocs, strict=True)))
         click.echo("  env (srun passes it to every task):")
         shown = shown_env(step.env, secret)
         click.echo("\n".join(f"    {k}={shlex.quote(shown[k])}" for k in sorted(shown)))
