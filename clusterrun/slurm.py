@@ -29,11 +29,13 @@ from clusterrun.plan import TORCHRUN_MODULE, LaunchPlan, NodeLaunch, node_env
 # clusterrun-node PYTHON NPROC WORKDIR SETUP SCRIPT ARGS...``), so none is formatted into shell text
 # but ``setup``, which is shell text already. NPROC is one count, or ``NODE=COUNT ...`` where nodes
 # differ (torchrun's static rendezvous packs the ranks node after node, whatever each node's count).
-# What fails before torchrun fails the node: a line ``clusterrun: node NAME: ...`` and its exit code.
+# What fails before torchrun fails the node: a line ``clusterrun: node NAME: ...`` (FAILURE_MARK), a
+# second's wait (else srun's --kill-on-bad-exit may end the step before that line reaches srun: seen
+# once in 20 failures without it, none in 20 with it), and its exit code.
 TASK_SCRIPT = (r"""set -f
 python=$1 nproc=$2 workdir=$3 setup=$4; shift 4
 node=${SLURMD_NODENAME:-$(uname -n)}
-fail() { code=$1; shift; echo "clusterrun: node $node: $*" >&2; exit "$code"; }
+fail() { code=$1; shift; trap - EXIT; echo "clusterrun: node $node: $*" >&2; sleep 1; exit "$code"; }
 case $nproc in *=*)
     count=; for word in $nproc; do case $word in "$node="*) count=${word#*=};; esac; done
     [ -n "$count" ] || fail 2 "no process count for this node in: $nproc"; nproc=$count;; esac
@@ -42,7 +44,8 @@ case $workdir in "~") workdir=$HOME;; "~/"*) workdir=$HOME/${workdir#"~/"};; esa
 if [ -n "$workdir" ]; then
     [ -d "$workdir" ] || fail 2 "the workdir $workdir does not exist"; cd "$workdir" || fail 2 "cannot enter $workdir"
 fi
-if [ -n "$setup" ]; then eval "$setup"; fi
+ended='rc=$?; [ "$rc" -ne 0 ] || rc=2; echo "clusterrun: node $node: setup ended the shell (exit?) with status $rc" >&2'
+if [ -n "$setup" ]; then trap "$ended; sleep 1; exit \$rc" EXIT; eval "$setup"; trap - EXIT; fi
 command -v "$python" >/dev/null 2>&1 || fail 127 "python not found: $python (the hosts file's python:, or PATH)"
 [ -f "$1" ] || fail 2 "the script $1 does not exist in $(pwd)"
 torch='import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)'
@@ -52,6 +55,7 @@ exec "$python" -m """ + TORCHRUN_MODULE + r""" --node-rank="$SLURM_NODEID" --nno
                r"""--rdzv-backend=static --max-restarts=0 --redirects=3 --tee=3 "$@"
 """)
 TASK_NAME = "clusterrun-node"  # $0 of the task's shell: what ps shows
+FAILURE_MARK = re.compile(r"^clusterrun: node \S+: (.*)$")  # the task's line when it fails before torchrun
 # torchrun's --tee copies each rank's lines, whole, to its own output with this tag (the one the
 # agent's merged logs carry over SSH): the ranks of a node share srun's pipe, and unbuffered
 # Python writes a line and its newline apart, so untagged output would interleave mid-line.

@@ -43,7 +43,7 @@ from clusterrun.events import (
     NodeStateChanged,
     RootCause,
 )
-from clusterrun.slurm import SlurmStep
+from clusterrun.slurm import FAILURE_MARK, SlurmStep
 
 Emit = Callable[[Event], None]
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -306,8 +306,10 @@ class SlurmRun:
             return RootCause(node=node, host=host, rank=rank, local_rank=failure["local_rank"],
                              exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
                              last_lines=tail, message=exception_message(tail), pid=failure["pid"] or None)
+        lines = tuple(log.lines())
+        before = next((m.group(1) for line in reversed(lines) if (m := FAILURE_MARK.match(line))), "")
         return RootCause(node=node, host=host, rank=None, local_rank=None, exit_code=self._ends[node].exit_code,
-                         signal=None, last_lines=tuple(log.lines()))
+                         signal=None, last_lines=lines, message=before)
 
 
 def _die_with_parent() -> None:

@@ -140,7 +140,8 @@ def test_each_node_finds_its_own_process_count_by_its_slurm_name(tmp_path: Path)
 
 @pytest.mark.parametrize(("setup", "code", "said"), [
     (["export CRTEST_SETUP=yes", "false", "echo never"], 1, "clusterrun: node n2: setup[1] exited with status 1"),
-    (["echo preparing; exit 3"], 3, ""),
+    (["echo preparing; exit 3"], 3, "clusterrun: node n2: setup ended the shell (exit?) with status 3"),
+    (["exit 0"], 2, "clusterrun: node n2: setup ended the shell (exit?) with status 2"),  # torchrun never ran: failed
 ])
 def test_a_failing_setup_fails_the_node_with_its_status_and_output(tmp_path: Path, setup: list[str], code: int,
                                                                     said: str) -> None:
@@ -291,6 +292,17 @@ def test_the_runner_turns_labelled_output_into_node_logs_and_results(tmp_path: P
     assert result.root_cause is not None and result.root_cause.node == 0
     assert result.root_cause.last_lines == ("hello 1", "last words")
     assert isinstance(events[-1], JobFinished) and events[-1].result == result
+
+
+def test_a_node_failing_before_torchrun_is_the_root_cause_with_its_reason(tmp_path: Path) -> None:
+    step = _stand_in(tmp_path, "import sys\nprint('1: clusterrun: node n2: torch is not installed for python3')\n"
+                     "print('srun: error: n2: task 1: Exited with exit code 2')\nprint('srun: error: n1: task 0: "
+                     "Terminated')\nsys.exit(2)\n")
+    run = SlurmRun(step, job_id="j", slurm_job="9", emit=lambda e: None, environ={})
+    run.start()
+    cause = run.run().root_cause
+    assert cause is not None and (cause.node, cause.rank, cause.exit_code) == (1, None, 2)
+    assert cause.describe() == "torchrun on node 1 (n2): exit code 2: torch is not installed for python3"
 
 
 def test_srun_failing_before_any_task_fails_every_node(tmp_path: Path) -> None:
