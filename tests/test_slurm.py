@@ -371,3 +371,18 @@ def test_the_hosts_files_master_wins_over_the_first_nodes_name() -> None:
                       cwd=None)
     assert (step.master_addr, step.master_port) == ("10.0.0.1", 1234)
     assert (step.env["MASTER_ADDR"], step.env["MASTER_PORT"]) == ("10.0.0.1", "1234")
+
+
+def test_up_from_slurm_refuses_a_hosts_files_sync_and_no_sync_leaves_it_out(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("defaults:\n  workdir: /shared/proj\n  sync: .\nhosts:\n  - host: n[1-2]\n    nproc: 2\n")
+    inside = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[1-2]"}
+    refused = _clusterrun("up", "--from-slurm", "--slurm-hosts", str(hosts), "--dry-run", "t.py", env=inside)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.startswith(f"clusterrun: error: {hosts}:5: sync: host n1 has `sync: .`, which --from-slurm "
+                                     "does not do"), refused.stderr
+    assert "hint: pass --no-sync" in refused.stderr
+    left_out = _clusterrun("up", "--from-slurm", "--no-sync", "--slurm-hosts", str(hosts), "--dry-run", "t.py",
+                           env=inside)
+    assert left_out.returncode == 0, left_out.stderr
+    assert "processes per node (the hosts file's nproc): n1 2, n2 2" in left_out.stdout

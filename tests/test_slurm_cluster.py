@@ -348,3 +348,21 @@ def test_the_preflight_in_the_step_names_the_node_and_the_missing_script(slurm_c
     assert re.search(rf"^node{node} {host} +\| clusterrun: node {host}: {re.escape(said)}$", done.stdout,
                      re.MULTILINE), done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.fake_torchrun
+def test_the_exported_batch_script_gives_each_host_its_nproc(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                             fake_python: Path) -> None:
+    """sim1 nproc 1, sim2 nproc 2: the script asks for exactly those nodes, each task finds its count by name."""
+    script, hosts = _files(tmp_path, fake_python)
+    hosts.write_text(hosts.read_text().replace("  - host: sim[1-2]\n", "  - host: sim1\n    nproc: 1\n"
+                                                                       "  - host: sim2\n    nproc: 2\n"))
+    batch, out = tmp_path / "job.sbatch", tmp_path / "job.out"
+    export = subprocess.run([sys.executable, "-m", "clusterrun", "export", "--sbatch", "-o", str(batch), str(hosts),
+                             str(script)], capture_output=True, text=True, env=_env(slurm_cluster), cwd=tmp_path)
+    assert export.returncode == 0, export.stderr
+    done = subprocess.run(["sbatch", "--wait", f"--output={out}", str(batch)], capture_output=True, text=True,
+                          env=_env(slurm_cluster), cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr + out.read_text()
+    ranks = sorted(re.findall(r"^\d: \[rank(\d)\]:rank \d of (\d) on (sim\d) node (\d)", out.read_text(), re.MULTILINE))
+    assert ranks == [("0", "3", "sim1", "0"), ("1", "3", "sim2", "1"), ("2", "3", "sim2", "1")], out.read_text()
