@@ -26,14 +26,14 @@ from clusterrun.nodesets import NodeSetError, expand, fold
 from clusterrun.plan import TORCHRUN_MODULE, LaunchPlan, NodeLaunch, node_env
 
 # What each task runs, one constant script; the job's values come as arguments (``sh -c TASK_SCRIPT
-# clusterrun-node PYTHON NPROC WORKDIR SETUP SCRIPT ARGS...``), so none is formatted into shell text
+# clusterrun-node PYTHON NPROC WORKDIR SETUP CHECKS SCRIPT ARGS...``), so none is formatted into shell text
 # but ``setup``, which is shell text already. NPROC is one count, or ``NODE=COUNT ...`` where nodes
 # differ (torchrun's static rendezvous packs the ranks node after node, whatever each node's count).
 # What fails before torchrun fails the node: a line ``clusterrun: node NAME: ...`` (FAILURE_MARK), a
 # second's wait (else srun's --kill-on-bad-exit may end the step before that line reaches srun: seen
 # once in 20 failures without it, none in 20 with it), and its exit code.
 TASK_SCRIPT = (r"""set -f
-python=$1 nproc=$2 workdir=$3 setup=$4; shift 4
+python=$1 nproc=$2 workdir=$3 setup=$4 checks=$5; shift 5
 node=${SLURMD_NODENAME:-$(uname -n)}
 fail() { code=$1; shift; trap - EXIT; echo "clusterrun: node $node: $*" >&2; sleep 1; exit "$code"; }
 case $nproc in *=*)
@@ -46,10 +46,12 @@ if [ -n "$workdir" ]; then
 fi
 ended='rc=$?; [ "$rc" -ne 0 ] || rc=2; echo "clusterrun: node $node: setup ended the shell (exit?) with status $rc" >&2'
 if [ -n "$setup" ]; then trap "$ended; sleep 1; exit \$rc" EXIT; eval "$setup"; trap - EXIT; fi
-command -v "$python" >/dev/null 2>&1 || fail 127 "python not found: $python (the hosts file's python:, or PATH)"
-[ -f "$1" ] || fail 2 "the script $1 does not exist in $(pwd)"
-torch='import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)'
-"$python" -c "$torch" || fail 2 "torch is not installed for $python"
+if [ "$checks" = preflight ]; then
+    command -v "$python" >/dev/null 2>&1 || fail 127 "python not found: $python (the hosts file's python:, or PATH)"
+    [ -f "$1" ] || fail 2 "the script $1 does not exist in $(pwd)"
+    torch='import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)'
+    "$python" -c "$torch" || fail 2 "torch is not installed for $python"
+fi
 exec "$python" -m """ + TORCHRUN_MODULE + r""" --node-rank="$SLURM_NODEID" --nnodes="$SLURM_NNODES" """
                r"""--master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --nproc-per-node="$nproc" """
                r"""--rdzv-backend=static --max-restarts=0 --redirects=3 --tee=3 "$@"
@@ -226,13 +228,13 @@ def launch_plan(step: SlurmStep, *, job_id: str, name: str, script: str,
 
 
 def task_argv(python: str, nproc: str, script: str, script_args: Sequence[str], *, workdir: str | None = None,
-              setup: Sequence[str] = ()) -> tuple[str, ...]:
+              setup: Sequence[str] = (), preflight: bool = True) -> tuple[str, ...]:
     """What each task runs: ``TASK_SCRIPT`` with the job's values as arguments; in bash where there
-    is a ``setup`` (what it is written for over SSH too), else in sh."""
+    is a ``setup`` (what it is written for over SSH too), else in sh; the preflight unless not ``preflight``."""
     # torchrun drops one "--" right after the script; protect an argument list that starts with one.
     guard = ("--",) if tuple(script_args[:1]) == ("--",) else ()
     return ("bash" if setup else "sh", "-c", TASK_SCRIPT, TASK_NAME, python, nproc, workdir or "", setup_text(setup),
-            script, *guard, *script_args)
+            "preflight" if preflight else "none", script, *guard, *script_args)
 
 
 def srun_options(nnodes: int, *, name: str) -> tuple[str, ...]:
@@ -244,7 +246,7 @@ def srun_options(nnodes: int, *, name: str) -> tuple[str, ...]:
 
 def build_step(allocation: Allocation, spec: ClusterSpec | None, script: str, script_args: Sequence[str], *,
                name: str, python: str, env_overrides: Mapping[str, str], cwd: str | None,
-               no_sync: bool = False) -> SlurmStep:
+               no_sync: bool = False, preflight: bool = True) -> SlurmStep:
     """The step for ``allocation``: every node of it, the hosts file's first host as the template
     (its nproc per node); ``ConfigError`` for a ``sync:`` unless ``no_sync``."""
     host = template_host(spec, allocation.nodes[0])
@@ -261,7 +263,7 @@ def build_step(allocation: Allocation, spec: ClusterSpec | None, script: str, sc
     argv = ("srun", f"--jobid={allocation.job_id}", f"--nodelist={fold(list(allocation.nodes))}", *cpus,
             *srun_options(len(allocation.nodes), name=name),
             *task_argv(host.python or python, nproc_word(allocation.nodes, nprocs), script, script_args,
-                       workdir=host.workdir or cwd, setup=host.setup))
+                       workdir=host.workdir or cwd, setup=host.setup, preflight=preflight))
     return SlurmStep(argv=argv, env=env, nodes=allocation.nodes, nprocs=nprocs, master_addr=master_addr,
                      master_port=master_port, nproc_source=source)
 
@@ -301,8 +303,8 @@ def sbatch_script(spec: ClusterSpec, script: str, script_args: Sequence[str], *,
               f"export {RANK_PREFIX_VAR}={shlex.quote(RANK_PREFIX)}  # each line tagged with its rank", ""]
     task = task_argv(host.python or "python3", nproc_word(names, nprocs), script, script_args, workdir=host.workdir,
                      setup=host.setup)
-    # srun and its options; the task's shell; its interpreter, nproc, workdir and setup; the script
-    groups = [("srun", *srun_options(len(spec.hosts), name=name)), task[:4], task[4:8], task[8:]]
+    # srun and its options; the task's shell; its interpreter, nproc, workdir, setup, checks; the script
+    groups = [("srun", *srun_options(len(spec.hosts), name=name)), task[:4], task[4:9], task[9:]]
     lines.append(" \\\n    ".join(shlex.join(words) for words in groups if words))
     return "\n".join(lines) + "\n"
 

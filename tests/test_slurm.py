@@ -71,7 +71,7 @@ def test_the_step_is_one_srun_with_one_task_per_node_and_the_rank_from_slurm() -
     assert step.argv[:9] == ("srun", "--jobid=99", "--nodelist=gpu[01-02]", "--nodes=2", "--ntasks=2",
                              "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--label", "--job-name=train-1")
     assert step.argv[9:] == ("sh", "-c", TASK_SCRIPT, "clusterrun-node", "/venv/bin/python", "3", "/home/me/proj", "",
-                             "train.py", "--", "--", "--lr", "1 2")
+                             "preflight", "train.py", "--", "--", "--lr", "1 2")
     assert step.env == {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NCCL_DEBUG": "INFO", "SEED": "1",
                         "MASTER_ADDR": "gpu01", "MASTER_PORT": "20099",
                         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"}
@@ -83,9 +83,9 @@ def test_slurms_gpus_set_nproc_and_no_cuda_visible_devices_of_ours() -> None:
     step = build_step(Allocation("5", ("n1", "n2"), gpus_per_node=4), spec, "t.py", [], name="t",
                       python="python3", env_overrides={}, cwd=None)
     assert step.nprocs == (4, 4) and "CUDA_VISIBLE_DEVICES" not in step.env
-    assert step.argv[-5:] == ("python3", "4", "", "", "t.py")  # no workdir, no setup
+    assert step.argv[-6:] == ("python3", "4", "", "", "preflight", "t.py")  # no workdir, no setup
     alone = build_step(Allocation("5", ("n1",)), None, "t.py", [], name="t", python="/py", env_overrides={}, cwd="/w")
-    assert alone.nprocs == (1,) and alone.argv[-5:] == ("/py", "1", "/w", "", "t.py")
+    assert alone.nprocs == (1,) and alone.argv[-6:] == ("/py", "1", "/w", "", "preflight", "t.py")
 
 
 def _task(tmp_path: Path, step_argv: tuple[str, ...], node: str = "n2", node_id: str = "1",
@@ -187,6 +187,15 @@ def test_the_preflight_in_the_task_names_the_node_and_what_is_missing(tmp_path: 
     assert done.stdout == ""
 
 
+def test_no_preflight_leaves_the_checks_to_torchrun(tmp_path: Path) -> None:
+    spec = load_cluster_text(f"defaults:\n  python: {_echo_python(tmp_path, torch=False)}\nhosts:\n  - host: n[1-2]\n",
+                             "hosts.yaml")
+    step = build_step(Allocation("3", ("n1", "n2")), spec, "absent.py", [], name="t", python="p", env_overrides={},
+                      cwd=None, preflight=False)
+    done = _task(tmp_path, step.argv)
+    assert done.returncode == 0 and done.stdout.splitlines()[-2:] == ["absent.py", "setup left nothing"]
+
+
 def test_slurms_compressed_counts_and_which_count_wins() -> None:
     assert slurm_counts("2(x3),1", 4, "X") == (2, 2, 2, 1)
     with pytest.raises(ConfigError, match=r"SLURM_TASKS_PER_NODE='2\(x3\)' gives 3 counts for 2 nodes"):
@@ -221,8 +230,8 @@ def test_the_batch_script_gives_each_host_its_nproc_by_name_and_refuses_uneven_g
     spec = load_cluster_text("hosts:\n  - host: a\n    nproc: 2\n  - host: b\n    nproc: 4\n", "hosts.yaml")
     text = sbatch_script(spec, "t.py", [], name="t", env_overrides={}, hosts_file="hosts.yaml")
     assert "#SBATCH --nodelist=a,b" in text.splitlines()
-    assert shlex.split(text[text.index("\nsrun ") + 1:].replace("\\\n", " "))[-5:] == ["python3", "a=2 b=4", "", "",
-                                                                                      "t.py"]
+    assert shlex.split(text[text.index("\nsrun ") + 1:].replace("\\\n", " "))[-6:] == ["python3", "a=2 b=4", "", "",
+                                                                                      "preflight", "t.py"]
     gpus = load_cluster_text("hosts:\n  - host: a\n    gpus: [0, 1]\n  - host: b\n    gpus: [0]\n", "hosts.yaml")
     with pytest.raises(ConfigError, match="one count for every node; a has 2 GPUs, b has 1"):
         sbatch_script(gpus, "t.py", [], name="t", env_overrides={}, hosts_file="hosts.yaml")
@@ -248,8 +257,8 @@ def test_the_batch_script_names_secrets_but_never_holds_their_values() -> None:
     command = shlex.split(text[text.index("\nsrun ") + 1:].replace("\\\n", " "))
     assert command[:7] == ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
                            "--label", "--job-name=train"]
-    assert command[7:] == ["sh", "-c", TASK_SCRIPT, "clusterrun-node", "python3", "4", "/shared/proj", "", "train.py",
-                           "--lr", "1 2"]
+    assert command[7:] == ["sh", "-c", TASK_SCRIPT, "clusterrun-node", "python3", "4", "/shared/proj", "", "preflight",
+                           "train.py", "--lr", "1 2"]
     assert "#SBATCH --nodelist" not in text  # the same nproc everywhere: any three nodes
 
 

@@ -47,18 +47,20 @@ FROM_SLURM_HELP = ("Run inside a Slurm allocation (salloc, sbatch) on its nodes 
 def from_slurm_options(command: F) -> F:
     """``up``'s Slurm options."""
     command = click.option("--slurm-hosts", type=click.Path(dir_okay=False), metavar="HOSTS.yaml",
-                           help="With --from-slurm: a hosts file whose first host's python, workdir, env and "
-                           "nproc every node gets (Slurm's GPU count wins over nproc).")(command)
+                           help="With --from-slurm: a hosts file; each node takes the nproc of its host by Slurm "
+                           "node name (Slurm's GPU count wins), every node the first host's python, workdir, env "
+                           "and setup.")(command)
     return click.option("--from-slurm", is_flag=True, help=FROM_SLURM_HELP)(command)
 
 
 def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str | None, name: str | None,
                   env: tuple[str, ...], dry_run: bool, grace: float = 10.0, no_sync: bool = False,
-                  unsupported: Sequence[str] = ()) -> NoReturn:
+                  no_preflight: bool = False, unsupported: Sequence[str] = ()) -> NoReturn:
     """``up --from-slurm``: the step built from this process's Slurm variables, run in the foreground;
     Ctrl-C or SIGTERM cancels the step (SIGTERM, SIGKILL after ``grace``), and the exit code is the
     job's. ``unsupported``: options of up given that mean nothing under Slurm, refused; ``no_sync``:
-    a ``sync:`` of the hosts file is left out (else refused)."""
+    a ``sync:`` of the hosts file is left out (else refused); ``no_preflight``: the tasks do not check
+    python, the script and torch before torchrun."""
     jname = job_name(name, script)
     job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
     try:
@@ -73,7 +75,8 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
         spec = _slurm_hosts(hosts_file)
         overrides = parse_env_overrides(env)
         step = build_step(allocation, spec, script, script_args, name=job_id, python=sys.executable,
-                          env_overrides=overrides, cwd=os.getcwd(), no_sync=no_sync)
+                          env_overrides=overrides, cwd=os.getcwd(), no_sync=no_sync,
+                          preflight=not no_preflight)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
     secret = spec.secret_env if spec is not None else ()
