@@ -25,7 +25,8 @@ from clusterrun.errors import ConfigError
 from clusterrun.nodesets import NodeSetError, expand, fold
 from clusterrun.plan import TORCHRUN_MODULE, LaunchPlan, NodeLaunch, node_env
 
-# What each task runs, one constant script; the job's values come as arguments (``sh -c TASK_SCRIPT
+# What each task runs, one constant script (its names prefixed _cr_: setup runs in its shell and must
+# not change them); the job's values come as arguments (``sh -c TASK_SCRIPT
 # clusterrun-node PYTHON NPROC WORKDIR SETUP CHECKS SCRIPT ARGS...``), so none is formatted into shell text
 # but ``setup``, which is shell text already. NPROC is one count, or ``NODE=COUNT ...`` where nodes
 # differ (torchrun's static rendezvous packs the ranks node after node, whatever each node's count).
@@ -33,27 +34,30 @@ from clusterrun.plan import TORCHRUN_MODULE, LaunchPlan, NodeLaunch, node_env
 # second's wait (else srun's --kill-on-bad-exit may end the step before that line reaches srun: seen
 # once in 20 failures without it, none in 20 with it), and its exit code.
 TASK_SCRIPT = (r"""set -f
-python=$1 nproc=$2 workdir=$3 setup=$4 checks=$5; shift 5
-node=${SLURMD_NODENAME:-$(uname -n)}
-fail() { code=$1; shift; trap - EXIT; echo "clusterrun: node $node: $*" >&2; sleep 1; exit "$code"; }
-case $nproc in *=*)
-    count=; for word in $nproc; do case $word in "$node="*) count=${word#*=};; esac; done
-    [ -n "$count" ] || fail 2 "no process count for this node in: $nproc"; nproc=$count;; esac
+_cr_python=$1 _cr_nproc=$2 _cr_workdir=$3 _cr_setup=$4 _cr_checks=$5; shift 5
+_cr_node=${SLURMD_NODENAME:-$(uname -n)}
+_cr_fail() { _cr_code=$1; shift; trap - EXIT; echo "clusterrun: node $_cr_node: $*" >&2; sleep 1; exit "$_cr_code"; }
+case $_cr_nproc in *=*)
+    _cr_count=; for _cr_word in $_cr_nproc; do case $_cr_word in "$_cr_node="*) _cr_count=${_cr_word#*=};; esac; done
+    [ -n "$_cr_count" ] || _cr_fail 2 "no process count for this node in: $_cr_nproc"; _cr_nproc=$_cr_count;; esac
 set +f
-case $workdir in "~") workdir=$HOME;; "~/"*) workdir=$HOME/${workdir#"~/"};; esac
-if [ -n "$workdir" ]; then
-    [ -d "$workdir" ] || fail 2 "the workdir $workdir does not exist"; cd "$workdir" || fail 2 "cannot enter $workdir"
+case $_cr_workdir in "~") _cr_workdir=$HOME;; "~/"*) _cr_workdir=$HOME/${_cr_workdir#"~/"};; esac
+if [ -n "$_cr_workdir" ]; then
+    [ -d "$_cr_workdir" ] || _cr_fail 2 "the workdir $_cr_workdir does not exist"
+    cd "$_cr_workdir" || _cr_fail 2 "cannot enter $_cr_workdir"
 fi
-ended='rc=$?; [ "$rc" -ne 0 ] || rc=2; echo "clusterrun: node $node: setup ended the shell (exit?) with status $rc" >&2'
-if [ -n "$setup" ]; then trap "$ended; sleep 1; exit \$rc" EXIT; eval "$setup"; trap - EXIT; fi
-if [ "$checks" = preflight ]; then
-    command -v "$python" >/dev/null 2>&1 || fail 127 "python not found: $python (the hosts file's python:, or PATH)"
-    [ -f "$1" ] || fail 2 "the script $1 does not exist in $(pwd)"
-    torch='import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)'
-    "$python" -c "$torch" || fail 2 "torch is not installed for $python"
+_cr_ended='_cr_rc=$?; [ "$_cr_rc" -ne 0 ] || _cr_rc=2
+    echo "clusterrun: node $_cr_node: setup ended the shell (exit?) with status $_cr_rc" >&2'
+if [ -n "$_cr_setup" ]; then trap "$_cr_ended; sleep 1; exit \$_cr_rc" EXIT; eval "$_cr_setup"; trap - EXIT; fi
+if [ "$_cr_checks" = preflight ]; then
+    if ! command -v "$_cr_python" >/dev/null 2>&1; then
+        _cr_fail 127 "python not found: $_cr_python (the hosts file's python:, or PATH)"; fi
+    [ -f "$1" ] || _cr_fail 2 "the script $1 does not exist in $(pwd)"
+    _cr_torch='import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)'
+    "$_cr_python" -c "$_cr_torch" || _cr_fail 2 "torch is not installed for $_cr_python"
 fi
-exec "$python" -m """ + TORCHRUN_MODULE + r""" --node-rank="$SLURM_NODEID" --nnodes="$SLURM_NNODES" """
-               r"""--master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --nproc-per-node="$nproc" """
+exec "$_cr_python" -m """ + TORCHRUN_MODULE + r""" --node-rank="$SLURM_NODEID" --nnodes="$SLURM_NNODES" """
+               r"""--master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --nproc-per-node="$_cr_nproc" """
                r"""--rdzv-backend=static --max-restarts=0 --redirects=3 --tee=3 "$@"
 """)
 TASK_NAME = "clusterrun-node"  # $0 of the task's shell: what ps shows
@@ -179,8 +183,8 @@ def setup_text(commands: Sequence[str]) -> str:
     fails the node with its status, naming which it was."""
     lines = []
     for i, command in enumerate(commands):
-        lines += [command.rstrip("\n"), 'rc=$?; if [ "$rc" -ne 0 ]; then fail "$rc" "setup[' + str(i)
-                  + '] exited with status $rc"; fi']
+        lines += [command.rstrip("\n"), '_cr_rc=$?; if [ "$_cr_rc" -ne 0 ]; then _cr_fail "$_cr_rc" "setup[' + str(i)
+                  + '] exited with status $_cr_rc"; fi']
     return "\n".join(lines)
 
 

@@ -159,12 +159,14 @@ def test_setup_runs_in_the_workdir_in_the_shell_that_execs_torchrun(tmp_path: Pa
     (tmp_path / "proj").mkdir()
     (tmp_path / "proj" / "venv.sh").write_text("CRTEST_SETUP=sourced; export CRTEST_SETUP\n")
     spec = load_cluster_text(f"defaults:\n  python: {_echo_python(tmp_path / 'proj')}\n  workdir: ~/proj\n"
-                             "  setup: ['source venv.sh']\nhosts:\n  - host: n[1-2]\n", "hosts.yaml")
+                             "  setup: ['source venv.sh', 'nproc=9 python=nope node=x; fail() { :; }']\n"
+                             "hosts:\n  - host: n[1-2]\n", "hosts.yaml")
     step = build_step(Allocation("3", ("n1", "n2")), spec, "t.py", [], name="t", python="p", env_overrides={},
                       cwd="/elsewhere")
     done = _task(tmp_path, step.argv)  # HOME is tmp_path: ~/proj is tmp_path/proj
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-2:] == ["t.py", "setup left sourced"]
+    assert "--nproc-per-node=1" in done.stdout.splitlines()  # setup's own names do not touch the task's
 
 
 @pytest.mark.parametrize(("python", "workdir", "script", "code", "said"), [
