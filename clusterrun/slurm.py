@@ -70,20 +70,24 @@ PORT_BASE, PORT_SPAN = 20000, 20000  # the master port when none is given: one p
 NOT_IN_ALLOCATION_HINT = ("run it inside an allocation: `salloc -N2 clusterrun up --from-slurm train.py`, or in a "
                           "batch script (`clusterrun export --sbatch HOSTS.yaml train.py` writes one)")
 _GPU_COUNT = re.compile(r"(?:^|:)(\d+)$")  # "4", "a100:4" (SLURM_GPUS_PER_NODE), "gpu:a100:4"
+_NODE_GRES = re.compile(r"^\s*Nodes=(\S+) .*\bGRES=(\S*)", re.MULTILINE)  # scontrol show job -d
+_GPU_GRES = re.compile(r"gpu(?::[^:(]+)?:(\d+)(?:\(|$)")  # gpu:2(IDX:0-1), gpu:a100:2(IDX:0-1)
 _COUNTS = re.compile(r"(\d+)(?:\(x(\d+)\))?")  # one part of Slurm's "2(x3),1": 2, three times
 
 
 @dataclass(frozen=True)
 class Allocation:
     """The Slurm job clusterrun runs in: its id, its nodes in Slurm's order, the GPUs per node
-    (None: Slurm gave none, or did not say), the CPUs asked for per task (``-c``), if any, and the
-    tasks per node, in the nodes' order, where tasks were asked for (``-n``, ``--ntasks-per-node``)."""
+    (None: Slurm gave none, or did not say), the CPUs asked for per task (``-c``), if any, the
+    tasks per node, in the nodes' order, where tasks were asked for (``-n``, ``--ntasks-per-node``),
+    and the GPUs of each node by name, where ``scontrol show job -d`` said (``node_gpus``)."""
 
     job_id: str
     nodes: tuple[str, ...]
     gpus_per_node: int | None = None
     cpus_per_task: int | None = None
     tasks_per_node: tuple[int, ...] | None = None
+    node_gpus: Mapping[str, int] | None = None
 
     @property
     def master_port(self) -> int:
@@ -135,6 +139,20 @@ def slurm_counts(text: str, nnodes: int, name: str) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def gpus_by_node(details: str) -> dict[str, int]:
+    """Each node's GPUs from ``scontrol show job -d`` (``Nodes=sim[1-2] ... GRES=gpu:a100:2(IDX:0-1)``);
+    none where it names no GPU (or could not be read: ``details`` empty)."""
+    found: dict[str, int] = {}
+    for nodes, gres in _NODE_GRES.findall(details):
+        count = sum(int(m.group(1)) for item in gres.split(",") if (m := _GPU_GRES.match(item)))
+        if count:
+            try:
+                found.update(dict.fromkeys(expand(nodes), count))
+            except NodeSetError:
+                continue
+    return found
+
+
 def _gpus(env: Mapping[str, str]) -> int | None:
     """GPUs per node as Slurm says: ``SLURM_GPUS_ON_NODE`` (in a step or batch script), else
     ``SLURM_GPUS_PER_NODE`` (``--gpus-per-node``, maybe typed: ``a100:4``)."""
@@ -155,10 +173,13 @@ def template_host(spec: ClusterSpec | None, first: str) -> HostSpec:
 
 def node_nprocs(allocation: Allocation, spec: ClusterSpec | None) -> tuple[tuple[int, ...], str]:
     """Processes per node, in the allocation's order, and where they come from: one per GPU Slurm
-    allocated (the same on every node); else the hosts file's ``nproc``/``gpus`` of the host named
-    like the node (of the template host for a node it does not name); else the tasks per node asked
-    of Slurm (``-n``, ``--ntasks-per-node``); else 1."""
+    allocated (each node's as scontrol said, else the same on every node as the variables say);
+    else the hosts file's ``nproc``/``gpus`` of the host named like the node (of the template host
+    for a node it does not name); else the tasks per node asked of Slurm (``-n``,
+    ``--ntasks-per-node``); else 1."""
     nodes = allocation.nodes
+    if allocation.node_gpus and all(allocation.node_gpus.get(node) for node in nodes):
+        return tuple(allocation.node_gpus[node] for node in nodes), "one per GPU Slurm allocated on the node"
     if allocation.gpus_per_node:
         return (allocation.gpus_per_node,) * len(nodes), "one per GPU Slurm allocated"
     if spec is not None and spec.hosts:

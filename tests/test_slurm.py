@@ -20,6 +20,7 @@ from clusterrun.slurm import (
     Allocation,
     allocation_from_env,
     build_step,
+    gpus_by_node,
     launch_plan,
     sbatch_script,
     slurm_counts,
@@ -397,3 +398,25 @@ def test_up_from_slurm_refuses_a_hosts_files_sync_and_no_sync_leaves_it_out(tmp_
                            env=inside)
     assert left_out.returncode == 0, left_out.stderr
     assert "processes per node (the hosts file's nproc): n1 2, n2 2" in left_out.stdout
+
+
+SCONTROL = """\
+JobId=1 JobName=interactive
+   NodeList=sim[1-2,4]
+   JOB_GRES=gpu:3
+     Nodes=sim1 CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:0-1)
+     Nodes=sim[2,4] CPU_IDs=0 Mem=0 GRES=gpu:a100:1(IDX:0),nic:4(IDX:0-3)
+   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
+"""
+
+
+def test_each_nodes_gpus_come_from_scontrol_and_win() -> None:
+    assert gpus_by_node(SCONTROL) == {"sim1": 2, "sim2": 1, "sim4": 1}
+    assert gpus_by_node("     Nodes=sim[1-2] CPU_IDs=0 Mem=0 GRES=\n") == {}
+    assert gpus_by_node("") == {}
+    spec = load_cluster_text("hosts:\n  - host: sim1\n    nproc: 4\n", "hosts.yaml")
+    alloc = Allocation("1", ("sim1", "sim2", "sim4"), gpus_per_node=8, node_gpus=gpus_by_node(SCONTROL))
+    step = build_step(alloc, spec, "t.py", [], name="t", python="p", env_overrides={}, cwd=None)
+    assert (step.nprocs, step.nproc_source) == ((2, 1, 1), "one per GPU Slurm allocated on the node")
+    partly = Allocation("1", ("sim1", "sim3"), node_gpus={"sim1": 2})  # a node scontrol gave none: not GPUs
+    assert build_step(partly, spec, "t.py", [], name="t", python="p", env_overrides={}, cwd=None).nprocs == (4, 4)

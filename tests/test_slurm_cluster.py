@@ -366,3 +366,25 @@ def test_the_exported_batch_script_gives_each_host_its_nproc(slurm_cluster: Slur
     assert done.returncode == 0, done.stderr + out.read_text()
     ranks = sorted(re.findall(r"^\d: \[rank(\d)\]:rank \d of (\d) on (sim\d) node (\d)", out.read_text(), re.MULTILINE))
     assert ranks == [("0", "3", "sim1", "0"), ("1", "3", "sim2", "1"), ("2", "3", "sim2", "1")], out.read_text()
+
+
+@pytest.mark.fake_torchrun
+@pytest.mark.parametrize(("ask", "nodes"), [("--gpus=3", [("sim1", 2), ("sim2", 1)]),
+                                             ("--gres=gpu:1", [("sim1", 1), ("sim2", 1)])])
+def test_each_node_runs_one_process_per_gpu_slurm_gave_it(slurm_gpu_cluster: SlurmCluster, tmp_path: Path,
+                                                          fake_python: Path, ask: str,
+                                                          nodes: list[tuple[str, int]]) -> None:
+    """sim1 has 2 GPUs, sim2 one; `--gpus=3` gives each all of its own, `--gres=gpu:1` one each (neither says
+    so in salloc's variables: scontrol does). The GPU counts win over the hosts file's nproc 2."""
+    script, hosts = _files(tmp_path, fake_python)
+    argv = ["salloc", "-N2", ask, *_up(hosts, str(script))[2:]]
+    done = subprocess.run(argv, capture_output=True, text=True, env=_env(slurm_gpu_cluster), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    world = sum(n for _, n in nodes)
+    expected, rank = [], 0
+    for node, (host, count) in enumerate(nodes):
+        for _ in range(count):
+            expected.append(f"node{node} {host} rank{rank} | rank {rank} of {world} on {host} node {node} args []")
+            rank += 1
+    assert sorted(re.sub(r" +\|", " |", line) for line in done.stdout.splitlines() if " | rank " in line) == \
+        sorted(expected), done.stdout

@@ -34,8 +34,8 @@ from clusterrun.jobs import JobStore
 from clusterrun.plan import job_name, make_job_id, parse_env_overrides
 from clusterrun.printer import Printer
 from clusterrun.selection import load_hosts
-from clusterrun.slurm import allocation_from_env, build_step, launch_plan, sbatch_script
-from clusterrun.slurmrun import SlurmRun, mark_stopped, my_steps, step_gone, stop_step
+from clusterrun.slurm import build_step, launch_plan, sbatch_script
+from clusterrun.slurmrun import SlurmRun, allocation_here, mark_stopped, my_steps, step_gone, stop_step
 
 F = TypeVar("F", bound=Callable[..., object])
 JOB_ID_SHAPE = re.compile(r"-\d{8}-\d{6}-[0-9a-f]{4}$")  # what plan.make_job_id appends to a job's name
@@ -71,7 +71,7 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
             raise ConfigError(f"{', '.join(unsupported)} cannot go with --from-slurm: the job runs in the foreground "
                               "inside the allocation, on all its nodes; nothing was started",
                               hint="choose the nodes with salloc/sbatch; see docs/slurm.md")
-        allocation = allocation_from_env(os.environ)
+        allocation = allocation_here(os.environ)
         spec = _slurm_hosts(hosts_file)
         overrides = parse_env_overrides(env)
         step = build_step(allocation, spec, script, script_args, name=job_id, python=sys.executable,
