@@ -210,12 +210,14 @@ def setup_text(commands: Sequence[str]) -> str:
 
 
 def refuse_sync(spec: ClusterSpec, hosts: Sequence[HostSpec]) -> None:
-    """``sync:`` under Slurm is refused (``ConfigError`` at the first host that has one): the nodes of a
-    Slurm cluster share a file system, and a copy made from here would race the step it feeds."""
+    """``sync:`` under Slurm is refused (``ConfigError`` at the first host that has one): the sync
+    copies over SSH connections, which Slurm's launch does not open, and a Slurm cluster's nodes
+    share a file system."""
     for host in hosts:
         if host.sync is not None:
-            raise ConfigError(f"host {host.host} has `sync: {host.sync}`, which --from-slurm does not do: the "
-                              "job's files are read from the nodes' shared file system", path=spec.path,
+            raise ConfigError(f"host {host.host} has `sync: {host.sync}`, which --from-slurm does not do: it opens no "
+                              "SSH connection to copy over, and Slurm's nodes read the job's files from their shared "
+                              "file system", path=spec.path,
                               line=host.line, key="sync",
                               hint="pass --no-sync (the files are already there), or copy them first, then "
                               "leave sync: out of the file given to --slurm-hosts")
