@@ -353,10 +353,12 @@ def test_the_preflight_in_the_step_names_the_node_and_the_missing_script(slurm_c
 @pytest.mark.fake_torchrun
 def test_the_exported_batch_script_gives_each_host_its_nproc(slurm_cluster: SlurmCluster, tmp_path: Path,
                                                              fake_python: Path) -> None:
-    """sim1 nproc 1, sim2 nproc 2: the script asks for exactly those nodes, each task finds its count by name."""
+    """sim1 nproc 1, sim2 nproc 2: the script asks for exactly those nodes, each task finds its count by name
+    after the setup."""
     script, hosts = _files(tmp_path, fake_python)
-    hosts.write_text(hosts.read_text().replace("  - host: sim[1-2]\n", "  - host: sim1\n    nproc: 1\n"
-                                                                       "  - host: sim2\n    nproc: 2\n"))
+    hosts.write_text(hosts.read_text().replace("hosts:\n  - host: sim[1-2]\n",
+                                               "  setup: ['echo set up on $(hostname)']\nhosts:\n"
+                                               "  - host: sim1\n    nproc: 1\n  - host: sim2\n    nproc: 2\n"))
     batch, out = tmp_path / "job.sbatch", tmp_path / "job.out"
     export = subprocess.run([sys.executable, "-m", "clusterrun", "export", "--sbatch", "-o", str(batch), str(hosts),
                              str(script)], capture_output=True, text=True, env=_env(slurm_cluster), cwd=tmp_path)
@@ -366,6 +368,7 @@ def test_the_exported_batch_script_gives_each_host_its_nproc(slurm_cluster: Slur
     assert done.returncode == 0, done.stderr + out.read_text()
     ranks = sorted(re.findall(r"^\d: \[rank(\d)\]:rank \d of (\d) on (sim\d) node (\d)", out.read_text(), re.MULTILINE))
     assert ranks == [("0", "3", "sim1", "0"), ("1", "3", "sim2", "1"), ("2", "3", "sim2", "1")], out.read_text()
+    assert {"0: set up on sim1", "1: set up on sim2"} <= set(out.read_text().splitlines()), out.read_text()
 
 
 @pytest.mark.fake_torchrun
