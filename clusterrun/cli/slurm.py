@@ -34,8 +34,8 @@ from clusterrun.jobs import JobStore
 from clusterrun.plan import job_name, make_job_id, parse_env_overrides
 from clusterrun.printer import Printer
 from clusterrun.selection import load_hosts
-from clusterrun.slurm import allocation_from_env, build_step, launch_plan, sbatch_script
-from clusterrun.slurmrun import SlurmRun, mark_stopped, my_steps, step_gone, stop_step
+from clusterrun.slurm import build_step, launch_plan, sbatch_script
+from clusterrun.slurmrun import SlurmRun, allocation_here, mark_stopped, my_steps, step_gone, stop_step
 
 F = TypeVar("F", bound=Callable[..., object])
 JOB_ID_SHAPE = re.compile(r"-\d{8}-\d{6}-[0-9a-f]{4}$")  # what plan.make_job_id appends to a job's name
@@ -47,17 +47,22 @@ FROM_SLURM_HELP = ("Run inside a Slurm allocation (salloc, sbatch) on its nodes 
 def from_slurm_options(command: F) -> F:
     """``up``'s Slurm options."""
     command = click.option("--slurm-hosts", type=click.Path(dir_okay=False), metavar="HOSTS.yaml",
-                           help="With --from-slurm: a hosts file whose first host's python, workdir, env and "
-                           "nproc every node gets (Slurm's GPU count wins over nproc).")(command)
+                           help="With --from-slurm: a hosts file; each node takes the nproc of its host by Slurm "
+                           "node name (Slurm's GPU count wins), every node the first host's python, workdir, env "
+                           "and setup.")(command)
     return click.option("--from-slurm", is_flag=True, help=FROM_SLURM_HELP)(command)
 
 
 def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str | None, name: str | None,
-                  env: tuple[str, ...], dry_run: bool, grace: float = 10.0,
-                  unsupported: Sequence[str] = ()) -> NoReturn:
+                  env: tuple[str, ...], dry_run: bool, grace: float = 10.0, no_sync: bool = False,
+                  no_preflight: bool = False, unsupported: Sequence[str] = ()) -> NoReturn:
     """``up --from-slurm``: the step built from this process's Slurm variables, run in the foreground;
     Ctrl-C or SIGTERM cancels the step (SIGTERM, SIGKILL after ``grace``), and the exit code is the
-    job's. ``unsupported``: options of up given that mean nothing under Slurm, refused."""
+    job's. ``unsupported``: options of up given that mean nothing under Slurm, refused; ``no_sync``:
+    a ``sync:`` of the hosts file is left out (else refused); ``no_preflight``: the tasks do not check
+    python, the script and torch before torchrun."""
+    jname = job_name(name, script)
+    job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
     try:
         if script.endswith((".yaml", ".yml")):
             raise ConfigError(f"with --from-slurm the first argument is the script, not a hosts file: {script}",
@@ -66,19 +71,20 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
             raise ConfigError(f"{', '.join(unsupported)} cannot go with --from-slurm: the job runs in the foreground "
                               "inside the allocation, on all its nodes; nothing was started",
                               hint="choose the nodes with salloc/sbatch; see docs/slurm.md")
-        allocation = allocation_from_env(os.environ)
+        allocation = allocation_here(os.environ)
         spec = _slurm_hosts(hosts_file)
         overrides = parse_env_overrides(env)
+        step = build_step(allocation, spec, script, script_args, name=job_id, python=sys.executable,
+                          env_overrides=overrides, cwd=os.getcwd(), no_sync=no_sync,
+                          preflight=not no_preflight)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
-    jname = job_name(name, script)
-    job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
-    step = build_step(allocation, spec, script, script_args, name=job_id, python=sys.executable,
-                      env_overrides=overrides, cwd=os.getcwd())
     secret = spec.secret_env if spec is not None else ()
     if dry_run:
         click.echo(f"job {job_id}: Slurm job {allocation.job_id}, {len(step.nodes)} nodes, world size "
                    f"{step.world_size}, master {step.master_addr}:{step.master_port}")
+        click.echo(f"  processes per node ({step.nproc_source}): "
+                   + ", ".join(f"{node} {n}" for node, n in zip(step.nodes, step.nprocs, strict=True)))
         click.echo("  env (srun passes it to every task):")
         shown = shown_env(step.env, secret)
         click.echo("\n".join(f"    {k}={shlex.quote(shown[k])}" for k in sorted(shown)))
