@@ -132,6 +132,8 @@ class JobRecord:
     notified: list[str] = field(default_factory=list)  # the notifications sent (notify.py: each once)
     attempts: list[AttemptRecord] = field(default_factory=list)
     nodes: list[NodeRecord] = field(default_factory=list)
+    engine: str = "ssh"  # what runs the job: "ssh" (agents on the hosts) or "slurm" (one srun, slurmjob.py)
+    slurm: dict[str, Any] | None = None  # the allocation and step of a Slurm job (slurmjob.slurm_of)
     version: int = RECORD_VERSION
 
     @property

@@ -30,7 +30,7 @@ from clusterrun.cli import (
     ui_lines_option,
 )
 from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
-from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, hosts_option
+from clusterrun.cli.records import _adopt, _guarantee, _not_under_slurm, _open_job, _refresh, hosts_option
 from clusterrun.cli.slurm import slurm_rows
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord
@@ -56,6 +56,7 @@ from clusterrun.printer import Printer
 from clusterrun.protocol import decode_status
 from clusterrun.ranges import parse_ranges
 from clusterrun.session import Session
+from clusterrun.slurmjob import engine_text, is_slurm
 from clusterrun.startwatch import progress_text
 from clusterrun.terminal import safe
 
@@ -100,8 +101,8 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         store, record = _open_job(job, hosts_file)
         record = _refresh(store, record)
         gpus: dict[int, NodeGpus] = {}
-        try:
-            answers = node_statuses(record, gpus)
+        try:  # a Slurm job has no agent to ask: its record is all there is (its `up` keeps it)
+            answers = node_statuses(record, gpus) if not is_slurm(record) else {}
         except ClusterrunError:  # the recorded hosts file cannot be read: the record alone is shown
             answers = {}
         record = record_reachability(store, record, answers)  # a host that did not answer: since when
@@ -114,6 +115,8 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         click.echo(f"job {record.job_id} ({record.name}): {job_state_text(record, now)}, attempt {record.attempt}, "
                    f"{record.script} {shlex.join(record.script_args)}".rstrip())
         errors = {rank: a.render() for rank, a in answers.items() if isinstance(a, ClusterrunError)}
+        if is_slurm(record):
+            click.echo(engine_text(record))
         _table(node_rows(record, now, errors, gpus))
         if len(record.attempts) > 1:
             click.echo("")
@@ -156,7 +159,8 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
                      _age(now - r.created)))
     for d in damaged if not states else ():
         rows.append((d.job_id, "?", "?", "damaged", "?", "?"))
-    rows += slurm_rows() if not states or "running" in states else []  # up --from-slurm: Slurm's steps
+    if not states or "running" in states:  # up --from-slurm's steps that have no record here
+        rows += slurm_rows({r.job_id for r in good})
     _table(rows)
     for d in damaged:
         _note(f"error: {d.render()}")
@@ -285,6 +289,8 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
     Ctrl-C (d in the dashboard), SIGTERM or SIGHUP detach and leave the job running; K in the
     dashboard or `clusterrun down` stops it."""
     store, record = _open_job(job, hosts_file)
+    _not_under_slurm(record, "`attach` cannot re-attach to srun's output, which only its `up` reads",
+                     f"`clusterrun logs -f {record.job_id}` follows its log files on the machine that ran it")
     record = _refresh(store, record)
     printer = Printer()
     offsets = {n.rank: n.seen for n in record.nodes}

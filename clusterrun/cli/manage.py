@@ -13,7 +13,7 @@ import click
 from clusterrun.attempt import NextAttempt, NotStopped, stop
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, Seconds, _fail, _note, main
 from clusterrun.cli.follow import _follow_hint
-from clusterrun.cli.records import _adopt, _find, _open_job, _refresh, hosts_option
+from clusterrun.cli.records import _adopt, _find, _not_under_slurm, _open_job, _refresh, hosts_option
 from clusterrun.cli.slurm import down_slurm_step
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, JobNotFound, StateError
@@ -22,6 +22,7 @@ from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import daemonize, remove_on_hosts
 from clusterrun.printer import Printer
 from clusterrun.runner import run_monitor
+from clusterrun.slurmjob import is_slurm
 
 hosts_too_option = click.option(
     "--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")
@@ -112,7 +113,7 @@ def _remove(store: JobStore, records: Sequence[JobRecord], hosts_too: bool) -> t
     exit code and how many were removed."""
     code, removed = EXIT_OK, 0
     for record in records:
-        if hosts_too:
+        if hosts_too and not is_slurm(record):  # a Slurm job's logs are in its directory here
             answers = remove_on_hosts(record)
             failed = False
             for rank, answer in sorted(answers.items()):
@@ -231,6 +232,8 @@ def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str |
     exit 2 or 3, the job runs on. A job waiting to be restarted by its restart policy is
     restarted now. This controller owns the new attempt (its monitor), an adopted job's too."""
     store, record = _open_job(job, hosts_file)
+    _not_under_slurm(record, "it is not restarted from here", "stop it (`clusterrun down`) and run `up --from-slurm` "
+                     "again inside its allocation")
     printer = Printer()
     try:
         attempt = NextAttempt(record, printer, full_preflight=not no_preflight,

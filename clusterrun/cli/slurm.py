@@ -3,6 +3,7 @@ foreground) and ``export --sbatch`` (a batch script for the same job)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import secrets
@@ -10,11 +11,12 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import NoReturn, TypeVar
 
 import click
 
+from clusterrun.attempt import Recorder
 from clusterrun.cli import (
     EXCLUDE_HELP,
     EXIT_FAILED,
@@ -29,12 +31,14 @@ from clusterrun.cli import (
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import resolve, secret_names
 from clusterrun.errors import ConfigError, JobNotFound
+from clusterrun.events import JobResult, NodeResult, NodeState
 from clusterrun.joblist import shown_env
-from clusterrun.jobs import JobStore
+from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.plan import job_name, make_job_id, parse_env_overrides
 from clusterrun.printer import Printer
 from clusterrun.selection import load_hosts
 from clusterrun.slurm import allocation_from_env, build_step, launch_plan, sbatch_script
+from clusterrun.slurmjob import StepNoter, fan_out, is_slurm, record_end, slurm_of, slurm_record
 from clusterrun.slurmrun import SlurmRun, mark_stopped, my_steps, step_gone, stop_step
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -85,8 +89,17 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
         click.echo(f"  command: {shlex.join(step.argv)}")
         sys.exit(EXIT_OK)
     printer = Printer()
-    printer.set_plan(launch_plan(step, job_id=job_id, name=jname, script=script, script_args=script_args))
-    run = SlurmRun(step, job_id=job_id, slurm_job=allocation.job_id, emit=printer, grace=grace)
+    plan = dataclasses.replace(launch_plan(step, job_id=job_id, name=jname, script=script, script_args=script_args),
+                               secret_env=tuple(secret), grace=grace)
+    printer.set_plan(plan)
+    store = JobStore()  # the job's record, owned by this process until the step ends (no monitor under Slurm)
+    record = slurm_record(plan, step, allocation=allocation.job_id, hosts_file=hosts_file, env_overrides=overrides,
+                          grace=grace)
+    store.create(record)
+    owner = store.try_own(job_id)
+    recorder, noter = Recorder(store, job_id, record.attempt), StepNoter(store, record)
+    run = SlurmRun(step, job_id=job_id, slurm_job=allocation.job_id, emit=fan_out(printer, recorder, noter),
+                   grace=grace)
     printer.note(f"job {job_id}: {len(step.nodes)} nodes of Slurm job {allocation.job_id}, world size "
                  f"{step.world_size}, master {step.master_addr}:{step.master_port}"
                  + (f"; secret: {', '.join(secret_names(step.env, secret))}" if secret_names(step.env, secret) else ""))
@@ -107,6 +120,10 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        recorder.flush()
+        noter.join()
+        if owner is not None:
+            store.release(owner)
     if "signal" in got:
         sys.exit(EXIT_SIGNAL.get(got["signal"], EXIT_FAILED))
     sys.exit(EXIT_OK if result.ok else EXIT_FAILED)
@@ -171,17 +188,28 @@ def export(hosts_file: str, script: str, script_args: tuple[str, ...], sbatch: b
 
 
 def down_slurm_step(ref: str, grace: float | None) -> int | None:
-    """``down`` for a job of ``up --from-slurm`` (which has no record): its running step, found by
-    name (the job id, or its start) among this user's, stopped as ``up`` stops it; the step's
-    allocation marked so that the ``up`` following it reports it stopped. None where ``ref`` is
-    a recorded job, or no step of that name runs (``down`` goes on as usual)."""
+    """``down`` for a job of ``up --from-slurm``: its running step, found by name (the job id, or
+    its start) among this user's, stopped as ``up`` stops it; the step's allocation marked so that
+    the ``up`` following it records and reports it stopped. A recorded Slurm job that has ended is
+    said so. None where ``ref`` is a job over SSH, or names no job here and no step of that name
+    runs (``down`` goes on as usual)."""
+    store = JobStore()
     try:
-        JobStore().resolve(ref)
-        return None
+        record: JobRecord | None = store.load(store.resolve(ref))
     except JobNotFound:
-        pass
+        record = None
+    if record is not None and not is_slurm(record):
+        return None
+    if record is not None and record.finished:
+        _note(f"job {record.job_id} already finished ({record.state}); nothing to stop")
+        return EXIT_OK
     steps = [s for s in my_steps() if s.name == ref or s.name.startswith(ref)]
-    steps = [s for s in steps if s.name == ref] or steps
+    steps = [s for s in steps if s.name == (record.job_id if record is not None else ref)] or steps
+    if not steps and record is not None:
+        _fail(ConfigError(f"job {record.job_id} is {record.state} in its record, but its Slurm step cannot be found "
+                          "here (no Slurm configuration, or `squeue --steps --me` does not list it)",
+                          hint=f"run `clusterrun down {record.job_id}` where Slurm's commands work, or "
+                          f"`scancel {slurm_of(record).get('step') or slurm_of(record).get('job')}`"), EXIT_FAILED)
     if not steps:
         return None
     if len(steps) > 1:
@@ -191,12 +219,31 @@ def down_slurm_step(ref: str, grace: float | None) -> int | None:
     _note(f"stopping job {name}: Slurm step {step}")
     mark_stopped(step.split(".")[0], name)
     _note(stop_step(step, 10.0 if grace is None else grace, step_gone(step)))
+    if record is not None:
+        _record_stopped(store, record.job_id)
     _note(f"job {name} stopped; Slurm ended every process of its step on every node")
     return EXIT_OK
 
 
-def slurm_rows() -> list[tuple[str, str, str, str, str, str]]:
-    """``ps``'s rows for the running jobs of ``up --from-slurm``, which have no record: this user's
-    Slurm steps named like a clusterrun job id (JOB, NAME, HOSTS, STATE, ATTEMPT, AGE)."""
+def _record_stopped(store: JobStore, job_id: str) -> None:
+    """Wait for the ``up`` running the step to record its end; where that ``up`` is gone, record the stop here."""
+    owner = store.wait_own(job_id, 10.0)
+    if owner is None:
+        _note(f"warning: the `up` of job {job_id} has not recorded the stop yet")
+        return
+    try:
+        record = store.load(job_id)
+        if not record.finished:
+            nodes = tuple(NodeResult(n.rank, n.host, NodeState.STOPPED, error="stopped by clusterrun down")
+                          for n in record.nodes)
+            record_end(store, record, JobResult(job_id, nodes, interrupted="clusterrun down"))
+    finally:
+        store.release(owner)
+
+
+def slurm_rows(recorded: Container[str] = ()) -> list[tuple[str, str, str, str, str, str]]:
+    """``ps``'s rows for the running jobs of ``up --from-slurm`` that have no record here (``recorded``:
+    the ids of those that have): this user's Slurm steps named like a clusterrun job id (JOB, NAME,
+    HOSTS, STATE, ATTEMPT, AGE)."""
     return [(s.name, JOB_ID_SHAPE.sub("", s.name), s.nodes, f"running (Slurm step {s.step})", "1", s.elapsed)
-            for s in my_steps() if JOB_ID_SHAPE.search(s.name)]
+            for s in my_steps() if JOB_ID_SHAPE.search(s.name) and s.name not in recorded]

@@ -1,0 +1,142 @@
+"""A job of ``up --from-slurm`` as a recorded job: its record in the same store as a job over SSH
+(``engine: slurm``, the allocation and the step), kept up to date from ``slurmrun``'s events by the
+same ``Recorder``, and what ``ps`` can say of it once the ``up`` that ran it is gone.
+
+The ``up`` that runs the step owns the job (its owner lock) until it ends: there is no monitor
+under Slurm, and no agent to ask. A record whose owner is gone while it is unfinished is checked
+against Slurm's own listing of the user's steps (``squeue --steps --me``): a step still listed
+runs on without anyone recording it; one no longer listed ended unseen (``lost``: how, only
+``sacct`` knows). Where no Slurm configuration is found, the record says it could not be checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from clusterrun.attempt import Recorder, new_record
+from clusterrun.events import Event, JobResult, JobState, LogLines, NodeExited, NodeResult, NodeState
+from clusterrun.jobs import JobRecord, JobStore
+from clusterrun.plan import LaunchPlan
+from clusterrun.slurm import SlurmStep
+from clusterrun.slurmrun import find_step, my_steps, slurm_here
+
+SLURM = "slurm"  # JobRecord.engine of a job of up --from-slurm ("ssh" for every other)
+
+
+def hosts_text(step: SlurmStep) -> str:
+    """The allocation's nodes as a hosts file (the record's ``hosts_text``): the plan of a recorded
+    job is read back against it. Nothing connects to them: a Slurm job's record never goes over SSH."""
+    return "# the nodes of a Slurm allocation (up --from-slurm): srun runs the job, not SSH\nhosts:\n" + "".join(
+        f"  - host: {node}\n    nproc: {step.nproc}\n" for node in step.nodes)
+
+
+def slurm_record(plan: LaunchPlan, step: SlurmStep, *, allocation: str, hosts_file: str | None,
+                 env_overrides: dict[str, str], grace: float) -> JobRecord:
+    """The record of a job ``up --from-slurm`` is about to start in Slurm job ``allocation``."""
+    record = new_record(plan, hosts_file=hosts_file or os.devnull, hosts_text=hosts_text(step),
+                        env_overrides=env_overrides, local_cwd=os.getcwd(), ssh_config=None)
+    return dataclasses.replace(record, engine=SLURM, grace=grace, hosts_file=os.path.abspath(hosts_file) if hosts_file
+                               else "", slurm={"job": allocation, "step": None, "controller": socket.gethostname(),
+                                               "pid": os.getpid(), "unwatched": None})
+
+
+def slurm_of(record: JobRecord) -> dict[str, Any]:
+    """The record's Slurm part (the allocation ``job``, the ``step`` once known, the ``controller``
+    host and ``pid`` of the ``up`` that runs it, ``unwatched``: why nobody records it any more)."""
+    return record.slurm or {}
+
+
+def is_slurm(record: JobRecord) -> bool:
+    return record.engine == SLURM
+
+
+class StepNoter:
+    """An ``emit`` consumer that records the step's ``JOBID.STEPID`` once the step's first line came
+    (srun creates the step before any task writes), asked of squeue in a thread of its own."""
+
+    def __init__(self, store: JobStore, record: JobRecord, environ: Mapping[str, str] | None = None) -> None:
+        self.store, self.job_id, self.allocation = store, record.job_id, slurm_of(record)["job"]
+        self._env = environ
+        self._asked: threading.Thread | None = None
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, LogLines) and self._asked is None:
+            self._asked = threading.Thread(target=self._ask, name="squeue-step", daemon=True)
+            self._asked.start()
+
+    def _ask(self) -> None:
+        try:
+            step = find_step(self.allocation, self.job_id, self._env)
+        except OSError:  # no squeue here: the record names the allocation only
+            return
+        if step is not None:
+            self.store.update(self.job_id, lambda rec: rec.slurm.update(step=step) if rec.slurm else None)
+
+    def join(self) -> None:
+        if self._asked is not None:
+            self._asked.join()
+
+
+def fan_out(*consumers: Callable[[Event], None]) -> Callable[[Event], None]:
+    """One ``emit`` that hands every event to each of ``consumers``, in order."""
+    def emit(event: Event) -> None:
+        for consumer in consumers:
+            consumer(event)
+    return emit
+
+
+def result_of(record: JobRecord) -> JobResult:
+    """The ended job's outcome as its record keeps it (for ``logs -f`` on a job that ended)."""
+    nodes = tuple(NodeResult(n.rank, n.host, NodeState(n.state), exit_code=n.exit_code, signal=n.signal,
+                             error=n.error) for n in record.nodes)
+    stopped = "clusterrun down" if record.state is JobState.STOPPED else None
+    return JobResult(record.job_id, nodes, interrupted=stopped)
+
+
+def refresh(store: JobStore, record: JobRecord, steps: Callable[[], Sequence[str]] | None = None) -> JobRecord:
+    """The record made current where its ``up`` is gone while it is unfinished: ``lost`` once Slurm
+    no longer lists its step, else why nobody records it (``unwatched``). ``steps``: the names of
+    this user's running steps (default: squeue's, where Slurm's client and configuration are here)."""
+    if record.finished or store.owned(record.job_id):
+        return record
+    where = slurm_of(record)
+    up = f"its `up --from-slurm` (pid {where.get('pid')} on {where.get('controller')}) is gone"
+    if steps is None and not slurm_here(os.environ):
+        return _unwatched(store, record, f"{up}; whether Slurm still runs its step could not be checked here "
+                                         "(no Slurm configuration): ask `squeue --steps --me` where Slurm is")
+    names = list(steps()) if steps is not None else [s.name for s in my_steps()]
+    if record.job_id in names:
+        return _unwatched(store, record, f"{up}; Slurm still runs its step {where.get('step') or ''}".rstrip()
+                          + ", and no more of its output is kept (`clusterrun down` stops it)")
+    error = (f"{up} and Slurm no longer runs its step: how it ended is not known here "
+             f"(`sacct -j {where.get('job')}` says)")
+    record_end(store, record, JobResult(record.job_id, tuple(
+        NodeResult(n.rank, n.host, NodeState.LOST, error=error) for n in record.nodes)))
+    return store.load(record.job_id)
+
+
+def record_end(store: JobStore, record: JobRecord, result: JobResult) -> None:
+    """Record ``result`` as the end of the record's attempt, its nodes' ends first, as its ``up`` would have."""
+    recorder = Recorder(store, record.job_id, record.attempt)
+    for node in result.nodes:
+        recorder(NodeExited(node.node, result=node))
+    recorder.finish(result)
+
+
+def _unwatched(store: JobStore, record: JobRecord, why: str) -> JobRecord:
+    if slurm_of(record).get("unwatched") == why:
+        return record
+    return store.update(record.job_id, lambda rec: rec.slurm.update(unwatched=why) if rec.slurm else None)
+
+
+def engine_text(record: JobRecord) -> str:
+    """``ps JOB``'s line on what runs a Slurm job, and where its logs are."""
+    where = slurm_of(record)
+    step = f", step {where['step']}" if where.get("step") else ""
+    return (f"engine: Slurm (job {where.get('job')}{step}, named {record.job_id}); its logs are kept on "
+            f"{where.get('controller')}, where `up --from-slurm` ran")
