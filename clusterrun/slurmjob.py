@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from clusterrun.attempt import Recorder, new_record
-from clusterrun.events import Event, JobResult, JobState, LogLines, NodeExited, NodeResult, NodeState
+from clusterrun.events import Event, JobResult, LogLines, NodeExited, NodeResult, NodeState
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.plan import LaunchPlan
 from clusterrun.slurm import SlurmStep
@@ -88,14 +88,6 @@ def fan_out(*consumers: Callable[[Event], None]) -> Callable[[Event], None]:
         for consumer in consumers:
             consumer(event)
     return emit
-
-
-def result_of(record: JobRecord) -> JobResult:
-    """The ended job's outcome as its record keeps it (for ``logs -f`` on a job that ended)."""
-    nodes = tuple(NodeResult(n.rank, n.host, NodeState(n.state), exit_code=n.exit_code, signal=n.signal,
-                             error=n.error) for n in record.nodes)
-    stopped = "clusterrun down" if record.state is JobState.STOPPED else None
-    return JobResult(record.job_id, nodes, interrupted=stopped)
 
 
 def refresh(store: JobStore, record: JobRecord, steps: Callable[[], Sequence[str]] | None = None) -> JobRecord:

@@ -100,3 +100,49 @@ def test_down_stops_a_recorded_slurm_job_and_its_record_says_stopped(
     assert job["state"] == "stopped" and {n["state"] for n in job["nodes"]} == {"stopped"}, job
     again = _cli(slurm_cluster, "down", job_id)
     assert again.returncode == 0 and f"job {job_id} already finished (stopped); nothing to stop" in again.stderr
+
+
+def test_logs_reads_the_files_up_kept_by_node_rank_and_attempt(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                                fake_python: Path) -> None:
+    script, hosts = _files(tmp_path, fake_python)
+    done = _run_up(slurm_cluster, tmp_path, hosts, str(script), "--", "a b")
+    assert done.returncode == 0, done.stderr
+    job_id = _job_id(done.stderr)
+    logs = _cli(slurm_cluster, "logs", job_id)
+    assert logs.returncode == 0, logs.stderr
+    for rank in range(4):
+        node = rank // 2
+        line = f"node{node} sim{node + 1} rank{rank} | rank {rank} of 4 on sim{node + 1} node {node} args ['a b']"
+        assert line in logs.stdout.splitlines(), logs.stdout
+    ranked = _cli(slurm_cluster, "logs", job_id, "--rank", "3")
+    assert [line for line in ranked.stdout.splitlines() if "of 4 on" in line] == [
+        "[rank3]:rank 3 of 4 on sim2 node 1 args ['a b']"], ranked.stdout  # one node shown: no prefix
+    raw = _cli(slurm_cluster, "logs", job_id, "--node", "0", "--attempt", "1")
+    assert "[rank0]:rank 0 of 4 on sim1 node 0 args ['a b']\n" in raw.stdout, raw.stdout  # the file as written
+    assert _cli(slurm_cluster, "logs", job_id, "--tail", "1", "--node", "1").stdout.count("\n") == 1
+
+
+def test_logs_follow_a_running_slurm_job_and_end_with_it(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                          fake_python: Path) -> None:
+    script, hosts = _files(tmp_path, fake_python)
+    proc = subprocess.Popen(_up(hosts, str(script), "sleep"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=_env(slurm_cluster), cwd=tmp_path, start_new_session=True)
+    follow = None
+    try:
+        seen = _read_lines(proc, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
+        job_id = _job_id("".join(seen))
+        follow = subprocess.Popen([sys.executable, "-m", "clusterrun", "logs", "-f", job_id], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, env=_env(slurm_cluster))
+        followed = _read_lines(follow, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
+        assert "node1 sim2 rank3 | rank 3 of 4 on sim2 node 1 args ['sleep']\n" in followed
+        assert follow.poll() is None  # the job runs: logs -f waits for more
+        assert _cli(slurm_cluster, "down", job_id).returncode == 0
+        rest, _ = follow.communicate(timeout=60)
+        proc.communicate(timeout=60)
+    finally:
+        _end(proc)
+        if follow is not None and follow.poll() is None:
+            follow.kill()
+            follow.wait()
+    assert follow.returncode == 1, rest
+    assert f"job {job_id} stopped (clusterrun down)" in rest and "node0 sim1: stopped" in rest, rest

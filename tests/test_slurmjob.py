@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.events import JobState, NodeState
+from clusterrun.events import Event, JobState, LogLines, NodeState
 from clusterrun.joblist import job_state_text
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.slurm import SlurmStep, launch_plan
 from clusterrun.slurmjob import SLURM, hosts_text, refresh, slurm_record
+from clusterrun.slurmlogs import LogFiles, SlurmFollower, node_dir, read_chunks
 
 STEP = SlurmStep(argv=("srun",), env={}, nodes=("n1", "n2"), nproc=2, master_addr="n1", master_port=20001)
 
@@ -65,3 +66,26 @@ def test_without_slurm_here_the_record_says_it_could_not_be_checked(tmp_path: Pa
     now = refresh(store, record)
     assert now.state is JobState.RUNNING
     assert "whether Slurm still runs its step could not be checked here" in job_state_text(now, 0)
+
+
+def test_the_kept_logs_are_read_in_whole_lines_with_their_times_and_followed_to_the_end(tmp_path: Path) -> None:
+    store, record = _recorded(tmp_path)
+    kept = LogFiles(store, record.job_id, 1, warn=lambda text: None)
+    kept(LogLines(1, host="n2", lines=("[rank2]:one", "[rank3]:two")))
+    kept(LogLines(1, host="n2", lines=("[rank2]:three",)))
+    kept.close()
+    log = node_dir(store, record.job_id, 1, 1) / "output.log"
+    with open(log, "ab") as f:
+        f.write(b"[rank3]:partial")  # a line still being written
+    chunks = list(read_chunks(store, record, 1, 1))
+    assert "".join(c.data for c in chunks) == "[rank2]:one\n[rank3]:two\n[rank2]:three\n"
+    assert [t[0] for c in chunks for t in c.times] == [0, 24]  # one entry per write, at its offset
+    assert "".join(c.data for c in read_chunks(store, record, 1, 1, tail=1)) == "[rank2]:three\n"
+    assert list(read_chunks(store, record, 0, 1)) == []  # node 0 wrote nothing
+
+    ended = store.update(record.job_id, lambda rec: setattr(rec, "state", JobState.SUCCEEDED))
+    events: list[Event] = []
+    follower = SlurmFollower(store, record, events.append, attempt=1, ranks=[1], tail=1, reload=lambda: ended)
+    result = follower.run()
+    assert [e.lines for e in events if isinstance(e, LogLines)] == [("[rank2]:three", "[rank3]:partial")]
+    assert result is not None and result.job_id == record.job_id

@@ -51,12 +51,14 @@ from clusterrun.joblist import (
 )
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import follower, node_statuses, read_log_chunks, read_logs, save_seen, spec_of
+from clusterrun.orchestrator import Job
 from clusterrun.plan import LaunchPlan, plan_from_json
 from clusterrun.printer import Printer
 from clusterrun.protocol import decode_status
 from clusterrun.ranges import parse_ranges
 from clusterrun.session import Session
 from clusterrun.slurmjob import engine_text, is_slurm
+from clusterrun.slurmlogs import SlurmFollower
 from clusterrun.startwatch import progress_text
 from clusterrun.terminal import safe
 
@@ -261,8 +263,13 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
             else:
                 printer.write_log(rank, record.nodes[rank].host, item)
         sys.exit(EXIT_HOSTS if failed else EXIT_OK)
-    follower_job = follower(record, printer, fail_fast=False, follow_logs=True, attempt=attempt, tail=tail,
-                            ranks=ranks)
+    follower_job: Job | SlurmFollower
+    if is_slurm(record):  # its files on this machine, as its `up` writes them
+        follower_job = SlurmFollower(store, record, printer, attempt=attempt, ranks=ranks, tail=tail,
+                                     reload=lambda: _refresh(store, store.load(record.job_id)))
+    else:
+        follower_job = follower(record, printer, fail_fast=False, follow_logs=True, attempt=attempt, tail=tail,
+                                ranks=ranks)
     with _on_signals({signal.SIGINT: lambda s: follower_job.detach(),
                       signal.SIGTERM: lambda s: follower_job.detach()}) as got:
         try:
@@ -272,6 +279,9 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
     if result is not None:  # the job ended: its outcome as `up --no-tui` ends with it (of the nodes shown)
         result = dataclasses.replace(result, nodes=tuple(n for n in result.nodes if n.node in ranks))
         Printer().summary(result)
+        ended = store.load(record.job_id).attempts[-1] if is_slurm(record) else None
+        if ended is not None and ended.root_cause and not result.stopped:  # its record has it in words only
+            Printer().note(f"root cause: {ended.root_cause}")
     sys.exit(_exit_code(result, got) if result is not None else EXIT_SIGNAL.get(got.get("signal", 0), EXIT_OK))
 
 

@@ -39,6 +39,7 @@ from clusterrun.printer import Printer
 from clusterrun.selection import load_hosts
 from clusterrun.slurm import allocation_from_env, build_step, launch_plan, sbatch_script
 from clusterrun.slurmjob import StepNoter, fan_out, is_slurm, record_end, slurm_of, slurm_record
+from clusterrun.slurmlogs import LogFiles
 from clusterrun.slurmrun import SlurmRun, mark_stopped, my_steps, step_gone, stop_step
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -98,7 +99,8 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
     store.create(record)
     owner = store.try_own(job_id)
     recorder, noter = Recorder(store, job_id, record.attempt), StepNoter(store, record)
-    run = SlurmRun(step, job_id=job_id, slurm_job=allocation.job_id, emit=fan_out(printer, recorder, noter),
+    kept = LogFiles(store, job_id, record.attempt, warn=printer.note)  # `logs JOB` reads them
+    run = SlurmRun(step, job_id=job_id, slurm_job=allocation.job_id, emit=fan_out(kept, printer, recorder, noter),
                    grace=grace)
     printer.note(f"job {job_id}: {len(step.nodes)} nodes of Slurm job {allocation.job_id}, world size "
                  f"{step.world_size}, master {step.master_addr}:{step.master_port}"
@@ -122,6 +124,7 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
             signal.signal(sig, handler)
         recorder.flush()
         noter.join()
+        kept.close()
         if owner is not None:
             store.release(owner)
     if "signal" in got:
