@@ -15,15 +15,18 @@ import dataclasses
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from clusterrun.attempt import Recorder, new_record
+from clusterrun.attempt import Recorder, attempt_event, new_record
+from clusterrun.errors import ClusterrunError, ConfigError
 from clusterrun.events import Event, JobResult, LogLines, NodeExited, NodeResult, NodeState
+from clusterrun.joblist import history_rows, table_text
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.plan import LaunchPlan
 from clusterrun.slurm import SlurmStep
-from clusterrun.slurmrun import find_step, my_steps, slurm_here
+from clusterrun.slurmrun import SlurmRun, find_step, my_steps, slurm_here
 
 SLURM = "slurm"  # JobRecord.engine of a job of up --from-slurm ("ssh" for every other)
 
@@ -132,3 +135,86 @@ def engine_text(record: JobRecord) -> str:
     step = f", step {where['step']}" if where.get("step") else ""
     return (f"engine: Slurm (job {where.get('job')}{step}, named {record.job_id}); its logs are kept on "
             f"{where.get('controller')}, where `up --from-slurm` ran")
+
+
+STOPPED_HERE = "stopped from the dashboard"
+SRUN_MISSING = ConfigError("srun not found on PATH", key="--from-slurm",
+                           hint="run this where Slurm's client commands are installed (a node of the allocation)")
+
+
+class SlurmSession:
+    """``up --from-slurm`` in the dashboard: the controls a ``session.Session`` gives it, over one
+    ``SlurmRun``. Create (the run made with ``emit=session.emit``) → ``subscribe(consumer)`` →
+    ``begin()`` (srun started and read in a thread) → ``kill()`` → ``wait()``. Only K stops
+    (``scancel`` on the step): nothing of a Slurm job runs on without this process, so there is
+    no detaching (``supports``), and no restart or stacks from here."""
+
+    supports = frozenset({"kill"})
+
+    def __init__(self, store: JobStore, record: JobRecord, plan: LaunchPlan, *, listeners: Sequence[Callable[[Event],
+                 None]] = ()) -> None:
+        self.store, self.record, self.plan = store, record, plan
+        self.run: SlurmRun | None = None  # set by the caller before ``begin``, emitting into ``emit``
+        self._listeners = list(listeners)
+        self.result: JobResult | None = None
+        self.error: ClusterrunError | None = None
+        self.failed_start = False
+        self.busy = False
+        self.detached = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def subscribe(self, listener: Callable[[Event], None]) -> None:
+        self._listeners.append(listener)
+
+    def emit(self, event: Event) -> None:
+        for listener in list(self._listeners):
+            listener(event)
+
+    def begin(self) -> None:
+        self._thread = threading.Thread(target=self._follow, daemon=True, name=f"srun-{self.job_id}")
+        self._thread.start()
+
+    def _follow(self) -> None:
+        if self.run is None:
+            raise RuntimeError("set run first")
+        self.emit(attempt_event(self.plan, self.record.attempt, self.record))
+        try:
+            self.run.start()
+        except FileNotFoundError:
+            self.failed_start, self.error = True, SRUN_MISSING
+            return
+        self.result = self.run.run()
+
+    def kill(self) -> None:
+        """Stop the step (SIGTERM to every task, ``scancel`` after the grace); the end comes as ``JobFinished``."""
+        if self.run is not None and self.running:
+            self.run.request_stop(STOPPED_HERE)
+
+    def restart(self) -> None:
+        self.error = ConfigError("a Slurm job is not restarted from the dashboard",
+                                 hint="stop it and run `up --from-slurm` again inside the allocation")
+
+    def stacks(self) -> list[str]:
+        return ["under Slurm the ranks' stacks are not taken by clusterrun: "
+                "`srun --overlap --jobid=ALLOCATION py-spy dump --pid PID` on the node"]
+
+    def history(self) -> list[str]:
+        return table_text(history_rows(self.store.load(self.job_id), time.time()))
+
+    def detach(self) -> None:
+        """The terminal is gone (SIGHUP): the step cannot outlive this process: stopped, its end recorded."""
+        self.detached = True
+        self.kill()
+        self.wait(timeout=(self.run.grace if self.run is not None else 10.0) + 10)
+
+    def wait(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -3,9 +3,12 @@ record (``ps``, ``ps JOB``, ``ps --json``), what ``ps`` says once its ``up`` is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,10 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import SUPPORT, wait_for
 from tests.slurmsim import SlurmCluster
 from tests.test_joblist import documented_schema, violations
-from tests.test_slurm_cluster import _census, _clusterrun_under, _end, _env, _files, _read_lines, _run_up, _up
+from tests.test_slurm_cluster import (
+    _census,
+    _clusterrun_under,
+    _descendants,
+    _end,
+    _env,
+    _files,
+    _read_lines,
+    _run_up,
+    _up,
+)
+from tests.test_tui import screen
 
 pytestmark = [pytest.mark.integration, pytest.mark.fake_torchrun]
 
@@ -146,3 +160,45 @@ def test_logs_follow_a_running_slurm_job_and_end_with_it(slurm_cluster: SlurmClu
             follow.wait()
     assert follow.returncode == 1, rest
     assert f"job {job_id} stopped (clusterrun down)" in rest and "node0 sim1: stopped" in rest, rest
+
+
+def test_the_dashboard_shows_a_slurm_job_and_k_cancels_its_step(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                                 fake_python: Path) -> None:
+    """`up --from-slurm` in a real terminal (tmux): the dashboard with both Slurm nodes; K, y: the step is
+    stopped on every node, the job recorded stopped, exit 130."""
+    subprocess.run(["sh", str(SUPPORT / "install_sshd.sh"), "tmux"], check=True, capture_output=True)
+    assert shutil.which("tmux"), "tmux could not be installed"
+    script, hosts = _files(tmp_path, fake_python)
+    session, tmux = f"crslurm{os.getpid()}", ["tmux", "-S", str(tmp_path / "tmux.sock")]
+    command = f"cd {shlex.quote(str(tmp_path))} && {shlex.join(_up(hosts, '--grace=1', str(script), 'sleep'))}"
+    subprocess.run([*tmux, "new-session", "-d", "-s", session, "-x", "160", "-y", "45",
+                    f"{command}; echo EXIT=$?; sleep 60"], check=True,
+                   env={**_env(slurm_cluster), "TERM": "xterm-256color"})
+    try:
+        wait_for(lambda: "sim2" in screen(tmux, session) and screen(tmux, session).count("running") >= 2
+                 and "rank 0 of 4 on sim1" in screen(tmux, session), timeout=90,
+                 what=f"the dashboard with both nodes running:\n{screen(tmux, session)}")
+        job_id = next(p.name for p in (Path(os.environ["XDG_STATE_HOME"]) / "clusterrun" / "jobs").iterdir())
+        assert [len(_census(h, str(script))) for h in slurm_cluster.sim.hosts] == [3, 3]
+        subprocess.run([*tmux, "send-keys", "-t", session, "K"], check=True)
+        wait_for(lambda: "Kill job" in screen(tmux, session), timeout=10, what="the confirm dialog")
+        subprocess.run([*tmux, "send-keys", "-t", session, "y"], check=True)
+        wait_for(lambda: "STOPPED" in screen(tmux, session), timeout=60,
+                 what=f"the job stopped:\n{screen(tmux, session)}")
+        subprocess.run([*tmux, "send-keys", "-t", session, "q"], check=True)
+        wait_for(lambda: "EXIT=" in screen(tmux, session), timeout=30,
+                 what=f"clusterrun to exit:\n{screen(tmux, session)}")
+        assert "EXIT=130" in screen(tmux, session), screen(tmux, session)
+    finally:
+        pane = subprocess.run([*tmux, "display", "-p", "-t", session, "#{pane_pid}"], capture_output=True, text=True)
+        left = _descendants(int(pane.stdout)) if pane.stdout.strip().isdigit() else []
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+        for pid in left:  # salloc, clusterrun, srun, should the test have failed before they ended
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for host in slurm_cluster.sim.hosts:
+        assert _census(host, str(script)) == [], host.name
+    job = json.loads(_cli(slurm_cluster, "ps", job_id, "--json").stdout)["jobs"][0]
+    assert job["state"] == "stopped" and {n["state"] for n in job["nodes"]} == {"stopped"}, job
+    assert "rank 3 of 4 on sim2" in _cli(slurm_cluster, "logs", job_id).stdout  # kept while the dashboard showed it
+

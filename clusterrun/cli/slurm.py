@@ -28,17 +28,27 @@ from clusterrun.cli import (
     _note,
     main,
 )
+from clusterrun.cli.follow import _dashboard, _use_tui
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import resolve, secret_names
 from clusterrun.errors import ConfigError, JobNotFound
 from clusterrun.events import JobResult, NodeResult, NodeState
 from clusterrun.joblist import shown_env
 from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.plan import job_name, make_job_id, parse_env_overrides
+from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides
 from clusterrun.printer import Printer
 from clusterrun.selection import load_hosts
-from clusterrun.slurm import allocation_from_env, build_step, launch_plan, sbatch_script
-from clusterrun.slurmjob import StepNoter, fan_out, is_slurm, record_end, slurm_of, slurm_record
+from clusterrun.slurm import SlurmStep, allocation_from_env, build_step, launch_plan, sbatch_script
+from clusterrun.slurmjob import (
+    SRUN_MISSING,
+    SlurmSession,
+    StepNoter,
+    fan_out,
+    is_slurm,
+    record_end,
+    slurm_of,
+    slurm_record,
+)
 from clusterrun.slurmlogs import LogFiles
 from clusterrun.slurmrun import SlurmRun, mark_stopped, my_steps, step_gone, stop_step
 
@@ -58,8 +68,8 @@ def from_slurm_options(command: F) -> F:
 
 
 def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str | None, name: str | None,
-                  env: tuple[str, ...], dry_run: bool, grace: float = 10.0,
-                  unsupported: Sequence[str] = ()) -> NoReturn:
+                  env: tuple[str, ...], dry_run: bool, grace: float = 10.0, no_tui: bool = True,
+                  ui_lines: int = 10_000, unsupported: Sequence[str] = ()) -> NoReturn:
     """``up --from-slurm``: the step built from this process's Slurm variables, run in the foreground;
     Ctrl-C or SIGTERM cancels the step (SIGTERM, SIGKILL after ``grace``), and the exit code is the
     job's. ``unsupported``: options of up given that mean nothing under Slurm, refused."""
@@ -98,13 +108,45 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
                           grace=grace)
     store.create(record)
     owner = store.try_own(job_id)
-    recorder, noter = Recorder(store, job_id, record.attempt), StepNoter(store, record)
-    kept = LogFiles(store, job_id, record.attempt, warn=printer.note)  # `logs JOB` reads them
-    run = SlurmRun(step, job_id=job_id, slurm_job=allocation.job_id, emit=fan_out(kept, printer, recorder, noter),
-                   grace=grace)
     printer.note(f"job {job_id}: {len(step.nodes)} nodes of Slurm job {allocation.job_id}, world size "
                  f"{step.world_size}, master {step.master_addr}:{step.master_port}"
                  + (f"; secret: {', '.join(secret_names(step.env, secret))}" if secret_names(step.env, secret) else ""))
+    _run_step(store, record, plan, step, printer, owner=owner, no_tui=no_tui, ui_lines=ui_lines)
+
+
+def _run_step(store: JobStore, record: JobRecord, plan: LaunchPlan, step: SlurmStep, printer: Printer, *,
+              owner: int | None, no_tui: bool, ui_lines: int) -> NoReturn:
+    """Run the record's current attempt as ``step``, in the dashboard on a terminal, else printed;
+    its record and logs kept as it runs; ``owner`` (the job's owner lock) let go at the end. Exits
+    with the job's exit code."""
+    job_id, allocation = record.job_id, slurm_of(record)["job"]
+    recorder, noter = Recorder(store, job_id, record.attempt), StepNoter(store, record)
+    kept = LogFiles(store, job_id, record.attempt, warn=printer.note)  # `logs JOB` reads them
+    session = SlurmSession(store, record, plan, listeners=(kept, recorder, noter)) if _use_tui(no_tui) else None
+    run = SlurmRun(step, job_id=job_id, slurm_job=allocation, grace=record.grace,
+                   emit=session.emit if session is not None else fan_out(kept, printer, recorder, noter))
+    try:
+        if session is not None:  # the dashboard: K stops the step; SIGTERM too, SIGHUP as well (no detaching)
+            session.run = run
+            code = _dashboard(session, ui_lines)
+        else:
+            code = _in_foreground(run)
+    except FileNotFoundError:
+        recorder.start_failed(SRUN_MISSING)
+        _fail(SRUN_MISSING, EXIT_USAGE)
+    finally:
+        if session is not None and session.failed_start:
+            recorder.start_failed(SRUN_MISSING)
+        recorder.flush()
+        noter.join()
+        kept.close()
+        if owner is not None:
+            store.release(owner)
+    sys.exit(code)
+
+
+def _in_foreground(run: SlurmRun) -> int:
+    """Run the step with its output printed; Ctrl-C, SIGTERM or SIGHUP stop it. The exit code."""
     got: dict[str, int] = {}
 
     def stop(signum: int, frame: object) -> None:
@@ -115,21 +157,12 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
     try:
         run.start()
         result = run.run()
-    except FileNotFoundError:
-        _fail(ConfigError("srun not found on PATH", key="--from-slurm",
-                          hint="run this where Slurm's client commands are installed (a node of the allocation)"),
-              EXIT_USAGE)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        recorder.flush()
-        noter.join()
-        kept.close()
-        if owner is not None:
-            store.release(owner)
     if "signal" in got:
-        sys.exit(EXIT_SIGNAL.get(got["signal"], EXIT_FAILED))
-    sys.exit(EXIT_OK if result.ok else EXIT_FAILED)
+        return EXIT_SIGNAL.get(got["signal"], EXIT_FAILED)
+    return EXIT_OK if result.ok else EXIT_FAILED
 
 
 def _slurm_hosts(path: str | None) -> ClusterSpec | None:
