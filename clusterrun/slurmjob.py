@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -113,6 +114,24 @@ def refresh(store: JobStore, record: JobRecord, steps: Callable[[], Sequence[str
     record_end(store, record, JobResult(record.job_id, tuple(
         NodeResult(n.rank, n.host, NodeState.LOST, error=error) for n in record.nodes)))
     return store.load(record.job_id)
+
+
+def allocation_gone(record: JobRecord, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why no new step can start in the record's allocation (it ended, or Slurm cannot be asked
+    here), or None while squeue lists it running."""
+    job = slurm_of(record).get("job")
+    env = os.environ if environ is None else environ
+    if not slurm_here(env):
+        return f"whether its Slurm job {job} still runs could not be checked here (no Slurm configuration)"
+    try:
+        done = subprocess.run(["squeue", f"--jobs={job}", "--noheader", "--format=%T"], capture_output=True,
+                              text=True, check=False, env=environ)
+    except OSError as exc:
+        return f"squeue could not run: {exc}"
+    state = done.stdout.strip() if done.returncode == 0 else ""
+    if state != "RUNNING":
+        return f"its allocation, Slurm job {job}, has ended" + (f" ({state.lower()})" if state else "")
+    return None
 
 
 def record_end(store: JobStore, record: JobRecord, result: JobResult) -> None:

@@ -202,3 +202,38 @@ def test_the_dashboard_shows_a_slurm_job_and_k_cancels_its_step(slurm_cluster: S
     assert job["state"] == "stopped" and {n["state"] for n in job["nodes"]} == {"stopped"}, job
     assert "rank 3 of 4 on sim2" in _cli(slurm_cluster, "logs", job_id).stdout  # kept while the dashboard showed it
 
+
+FLAKY = """\
+import os, pathlib, sys
+sys.stdout.write(f"rank {os.environ['RANK']} here\\n")
+sys.stdout.flush()
+if os.environ["RANK"] == "3" and not pathlib.Path(sys.argv[1]).exists():
+    sys.exit(7)
+"""
+
+
+def test_restart_runs_a_new_step_in_the_allocation_and_is_refused_once_it_ended(
+        slurm_cluster: SlurmCluster, tmp_path: Path, fake_python: Path) -> None:
+    _script, hosts = _files(tmp_path, fake_python)
+    flaky, ok = tmp_path / "flaky.py", tmp_path / "ok"
+    flaky.write_text(FLAKY)
+    clusterrun = shlex.join([sys.executable, "-m", "clusterrun"])
+    up = shlex.join(_up(hosts, "--name", "flaky", str(flaky), str(ok))[5:])  # from "up" on
+    inside = f"{clusterrun} {up}; echo UP=$?; touch {shlex.quote(str(ok))}; exec {clusterrun} restart flaky"
+    done = subprocess.run(["salloc", "-N2", "sh", "-c", inside], capture_output=True, text=True,
+                          env=_env(slurm_cluster), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0 and "UP=1" in done.stdout, done.stdout + done.stderr
+    assert re.search(r"job flaky-\S+: attempt 2, a new step in Slurm job (\d+), on 2 nodes", done.stderr), done.stderr
+    job = json.loads(_cli(slurm_cluster, "ps", "flaky", "--json").stdout)["jobs"][0]
+    assert (job["state"], job["attempt"], [a["state"] for a in job["attempts"]]) == (
+        "succeeded", 2, ["failed", "succeeded"]), job
+    assert job["slurm"]["step"].endswith(".1")  # the allocation's second step
+    for attempt in ("1", "2"):
+        assert "node1 sim2 rank3 | rank 3 here" in _cli(slurm_cluster, "logs", "flaky", "--attempt", attempt).stdout
+
+    refused = _cli(slurm_cluster, "restart", "flaky")
+    assert refused.returncode == 1, refused.stderr
+    assert re.search(r"job flaky-\S+ cannot be restarted: its allocation, Slurm job \d+, has ended; nothing was "
+                     r"started", refused.stderr), refused.stderr
+    assert "run `up --from-slurm" in refused.stderr
+    assert json.loads(_cli(slurm_cluster, "ps", "flaky", "--json").stdout)["jobs"][0]["attempt"] == 2

@@ -9,6 +9,7 @@ import re
 import secrets
 import shlex
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Container, Sequence
@@ -16,7 +17,7 @@ from typing import NoReturn, TypeVar
 
 import click
 
-from clusterrun.attempt import Recorder
+from clusterrun.attempt import Recorder, record_next_attempt
 from clusterrun.cli import (
     EXCLUDE_HELP,
     EXIT_FAILED,
@@ -30,12 +31,13 @@ from clusterrun.cli import (
 )
 from clusterrun.cli.follow import _dashboard, _use_tui
 from clusterrun.config import ClusterSpec
-from clusterrun.environment import resolve, secret_names
-from clusterrun.errors import ConfigError, JobNotFound
+from clusterrun.environment import MASK, resolve, secret_names
+from clusterrun.errors import ClusterrunError, ConfigError, JobNotFound
 from clusterrun.events import JobResult, NodeResult, NodeState
 from clusterrun.joblist import shown_env
 from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides
+from clusterrun.lifecycle import spec_of
+from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
 from clusterrun.printer import Printer
 from clusterrun.selection import load_hosts
 from clusterrun.slurm import SlurmStep, allocation_from_env, build_step, launch_plan, sbatch_script
@@ -43,6 +45,7 @@ from clusterrun.slurmjob import (
     SRUN_MISSING,
     SlurmSession,
     StepNoter,
+    allocation_gone,
     fan_out,
     is_slurm,
     record_end,
@@ -143,6 +146,53 @@ def _run_step(store: JobStore, record: JobRecord, plan: LaunchPlan, step: SlurmS
         if owner is not None:
             store.release(owner)
     sys.exit(code)
+
+
+def restart_slurm(record: JobRecord, grace: float | None, script_args: Sequence[str]) -> NoReturn:
+    """``restart JOB`` for a job of ``up --from-slurm``: its step stopped (``down``'s stop) if it
+    runs, then the next attempt as a new step of the same srun in the same allocation, run here
+    in the foreground as ``up --from-slurm`` runs it. Refused, with nothing stopped, where the
+    allocation has ended (or cannot be asked about) or a secret's value is not in this shell."""
+    job_id, allocation = record.job_id, slurm_of(record).get("job")
+    untouched = "nothing was stopped" if not record.finished else "nothing was started"
+    if script_args:
+        _fail(ConfigError(f"job {job_id} runs under Slurm: a restart there keeps its arguments; {untouched}",
+                          hint="stop it and run `up --from-slurm` with the new arguments"), EXIT_USAGE)
+    gone = allocation_gone(record)
+    if gone is not None:
+        _fail(ConfigError(f"job {job_id} cannot be restarted: {gone}; {untouched}",
+                          hint=f"run `up --from-slurm {record.script}` in a new allocation (salloc, sbatch)"),
+              EXIT_FAILED)
+    store = JobStore()
+    plan = plan_from_json(record.plan, spec_of(record))
+    env = dict(plan.nodes[0].env)
+    missing = [name for name, value in env.items() if value == MASK and name not in os.environ]
+    if missing:
+        _fail(ConfigError(f"job {job_id}: the secret {', '.join(missing)} is not in this shell's environment; "
+                          f"{untouched}", hint=f"export {missing[0]}=... and restart again"), EXIT_USAGE)
+    env.update({name: os.environ[name] for name, value in env.items() if value == MASK})
+    if not record.finished and down_slurm_step(job_id, grace) is None:
+        _fail(ConfigError(f"job {job_id}: its step could not be found to stop it"), EXIT_FAILED)
+    owner = store.wait_own(job_id, 10.0)
+    record = store.load(job_id)
+    if owner is None or not record.finished:
+        _fail(ConfigError(f"job {job_id} is {record.state} and owned by another clusterrun: not restarted",
+                          hint=f"`clusterrun ps {job_id}`; try again once it has ended"), EXIT_FAILED)
+    try:
+        record = record_next_attempt(Recorder(store, job_id, record.attempt + 1), plan, record.script_args)
+        record = store.update(job_id, lambda rec: rec.slurm.update(step=None, unwatched=None, pid=os.getpid(),
+                                                                   controller=socket.gethostname())
+                              if rec.slurm is not None else None)
+    except ClusterrunError as exc:
+        store.release(owner)
+        _fail(exc, EXIT_FAILED)
+    step = SlurmStep(argv=tuple(plan.nodes[0].argv), env=env, nodes=tuple(record.hosts), nproc=plan.nodes[0].nproc,
+                     master_addr=plan.master_addr, master_port=plan.master_port)
+    printer = Printer()
+    printer.set_plan(plan)
+    printer.note(f"job {job_id}: attempt {record.attempt}, a new step in Slurm job {allocation}, on "
+                 f"{len(step.nodes)} nodes; it runs while this command does (Ctrl-C stops it)")
+    _run_step(store, record, plan, step, printer, owner=owner, no_tui=False, ui_lines=10_000)
 
 
 def _in_foreground(run: SlurmRun) -> int:
