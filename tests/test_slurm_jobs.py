@@ -46,6 +46,19 @@ def _job_id(text: str) -> str:
     return found.group(1)
 
 
+def _sleeping(slurm: SlurmCluster, tmp_path: Path, fake_python: Path) -> tuple[subprocess.Popen[str], Path, str]:
+    """`up --from-slurm` of ranks that sleep, once all four wrote: the process (salloc), the script, the job."""
+    script, hosts = _files(tmp_path, fake_python)
+    proc = subprocess.Popen(_up(hosts, str(script), "sleep"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=_env(slurm), cwd=tmp_path, start_new_session=True)
+    try:
+        seen = _read_lines(proc, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
+    except BaseException:
+        _end(proc)
+        raise
+    return proc, script, _job_id("".join(seen))
+
+
 def test_a_failed_slurm_job_is_recorded_and_ps_shows_it_like_a_job_over_ssh(
         slurm_cluster: SlurmCluster, tmp_path: Path, fake_python: Path) -> None:
     script, hosts = _files(tmp_path, fake_python)
@@ -76,12 +89,8 @@ def test_a_failed_slurm_job_is_recorded_and_ps_shows_it_like_a_job_over_ssh(
 
 def test_a_job_whose_up_was_killed_is_lost_once_slurm_no_longer_runs_its_step(
         slurm_cluster: SlurmCluster, tmp_path: Path, fake_python: Path) -> None:
-    script, hosts = _files(tmp_path, fake_python)
-    proc = subprocess.Popen(_up(hosts, str(script), "sleep"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=_env(slurm_cluster), cwd=tmp_path, start_new_session=True)
+    proc, script, job_id = _sleeping(slurm_cluster, tmp_path, fake_python)
     try:
-        seen = _read_lines(proc, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
-        job_id = _job_id("".join(seen))
         running = json.loads(_cli(slurm_cluster, "ps", job_id, "--json").stdout)["jobs"][0]
         assert (running["state"], running["slurm"]["unwatched"]) == ("running", None)
         os.kill(wait_for(lambda: _clusterrun_under(proc.pid), 10, what="clusterrun under salloc"), signal.SIGKILL)
@@ -98,12 +107,8 @@ def test_a_job_whose_up_was_killed_is_lost_once_slurm_no_longer_runs_its_step(
 
 def test_down_stops_a_recorded_slurm_job_and_its_record_says_stopped(
         slurm_cluster: SlurmCluster, tmp_path: Path, fake_python: Path) -> None:
-    script, hosts = _files(tmp_path, fake_python)
-    proc = subprocess.Popen(_up(hosts, str(script), "sleep"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=_env(slurm_cluster), cwd=tmp_path, start_new_session=True)
+    proc, script, job_id = _sleeping(slurm_cluster, tmp_path, fake_python)
     try:
-        seen = _read_lines(proc, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
-        job_id = _job_id("".join(seen))
         down = _cli(slurm_cluster, "down", "ranks")
         proc.communicate(timeout=60)
     finally:
@@ -112,6 +117,8 @@ def test_down_stops_a_recorded_slurm_job_and_its_record_says_stopped(
     assert f"job {job_id} stopped; Slurm ended every process of its step" in down.stderr
     job = json.loads(_cli(slurm_cluster, "ps", job_id, "--json").stdout)["jobs"][0]
     assert job["state"] == "stopped" and {n["state"] for n in job["nodes"]} == {"stopped"}, job
+    for host in slurm_cluster.sim.hosts:
+        assert _census(host, str(script)) == [], host.name
     again = _cli(slurm_cluster, "down", job_id)
     assert again.returncode == 0 and f"job {job_id} already finished (stopped); nothing to stop" in again.stderr
 
@@ -138,13 +145,9 @@ def test_logs_reads_the_files_up_kept_by_node_rank_and_attempt(slurm_cluster: Sl
 
 def test_logs_follow_a_running_slurm_job_and_end_with_it(slurm_cluster: SlurmCluster, tmp_path: Path,
                                                           fake_python: Path) -> None:
-    script, hosts = _files(tmp_path, fake_python)
-    proc = subprocess.Popen(_up(hosts, str(script), "sleep"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=_env(slurm_cluster), cwd=tmp_path, start_new_session=True)
+    proc, _script, job_id = _sleeping(slurm_cluster, tmp_path, fake_python)
     follow = None
     try:
-        seen = _read_lines(proc, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
-        job_id = _job_id("".join(seen))
         follow = subprocess.Popen([sys.executable, "-m", "clusterrun", "logs", "-f", job_id], stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, env=_env(slurm_cluster))
         followed = _read_lines(follow, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
