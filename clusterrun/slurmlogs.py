@@ -18,12 +18,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from clusterrun.agent.follow import Times, tail_offset
 from clusterrun.errors import ClusterrunError
-from clusterrun.events import Event, JobResult, JobState, LogLines, NodeResult, NodeState
+from clusterrun.events import Event, JobFinished, JobResult, JobState, LogLines, NodeExited, NodeResult, NodeState
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.protocol import LogChunk
 
@@ -116,17 +116,21 @@ def result_of(record: JobRecord) -> JobResult:
 
 
 class SlurmFollower:
-    """``logs -f`` of a Slurm job: its nodes' files followed until its record says it ended.
-    Lifecycle: create → ``run()`` (the ``JobResult``, or None once ``detach()`` was called) →
-    ``close()``. ``reload``: the record as it is now (brought up to date where its ``up`` is gone)."""
+    """``logs -f`` and ``attach`` of a Slurm job: its nodes' files followed until its record says it
+    ended. Lifecycle: create → ``run()`` (the ``JobResult``, or None once ``detach()`` was called) →
+    ``close()``. ``reload``: the record as it is now (brought up to date where its ``up`` is gone);
+    ``offsets``: where to start in each node's file (else its last ``tail`` lines, else its start)."""
 
     def __init__(self, store: JobStore, record: JobRecord, emit: Callable[[Event], None], *, attempt: int,
-                 ranks: Sequence[int], tail: int | None, reload: Callable[[], JobRecord]) -> None:
+                 ranks: Sequence[int], tail: int | None, reload: Callable[[], JobRecord],
+                 offsets: Mapping[int, int] | None = None) -> None:
         self.store, self.record, self.attempt = store, record, attempt
         self._emit, self._reload, self.ranks = emit, reload, list(ranks)
         self._detached = threading.Event()
         self.offsets = {rank: 0 for rank in self.ranks}
-        for rank in self.ranks:
+        if offsets is not None:  # where a viewer left off (attach)
+            self.offsets.update({rank: offsets.get(rank, 0) for rank in self.ranks})
+        for rank in self.ranks if offsets is None else ():
             path = node_dir(store, record.job_id, rank, attempt) / "output.log"
             self.offsets[rank] = tail_offset(str(path), tail) if tail is not None and path.exists() else 0
 
@@ -142,8 +146,14 @@ class SlurmFollower:
             ended = record.finished or record.attempt > self.attempt  # read what the files hold, then stop
             for rank in self.ranks:
                 self._read(record if ended else self.record, rank)
-            if ended:
-                return result_of(record) if record.attempt == self.attempt else None
+            if ended:  # its end as a follower over SSH says it (the printer's summary, the dashboard's)
+                if record.attempt != self.attempt:
+                    return None
+                result = result_of(record)
+                for node in result.nodes:
+                    self._emit(NodeExited(node.node, result=node))
+                self._emit(JobFinished(None, result=result))
+                return result
             unwatched = (record.slurm or {}).get("unwatched")
             if unwatched:
                 raise ClusterrunError(f"job {record.job_id}: {unwatched}",

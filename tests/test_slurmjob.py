@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.events import Event, JobState, LogLines, NodeState
+from clusterrun.events import Event, JobFinished, JobState, LogLines, NodeState
 from clusterrun.joblist import job_state_text
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.slurm import SlurmStep, launch_plan
@@ -88,4 +88,5 @@ def test_the_kept_logs_are_read_in_whole_lines_with_their_times_and_followed_to_
     follower = SlurmFollower(store, record, events.append, attempt=1, ranks=[1], tail=1, reload=lambda: ended)
     result = follower.run()
     assert [e.lines for e in events if isinstance(e, LogLines)] == [("[rank2]:three", "[rank3]:partial")]
+    assert isinstance(events[-1], JobFinished) and events[-1].result == result  # the end, as over SSH
     assert result is not None and result.job_id == record.job_id

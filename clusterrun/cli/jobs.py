@@ -30,7 +30,7 @@ from clusterrun.cli import (
     ui_lines_option,
 )
 from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
-from clusterrun.cli.records import _adopt, _guarantee, _not_under_slurm, _open_job, _refresh, hosts_option
+from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, hosts_option
 from clusterrun.cli.slurm import slurm_rows
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord
@@ -59,6 +59,7 @@ from clusterrun.ranges import parse_ranges
 from clusterrun.session import Session
 from clusterrun.slurmjob import engine_text, is_slurm
 from clusterrun.slurmlogs import SlurmFollower
+from clusterrun.slurmview import SlurmView
 from clusterrun.startwatch import progress_text
 from clusterrun.terminal import safe
 
@@ -297,18 +298,24 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
     """Follow JOB live again: every node's log and state, from where you last left it, with no
     line lost or repeated; the lines just before that point are shown above a separator (--tail N).
     Ctrl-C (d in the dashboard), SIGTERM or SIGHUP detach and leave the job running; K in the
-    dashboard or `clusterrun down` stops it."""
+    dashboard or `clusterrun down` stops it. A job of `up --from-slurm`: the log files its up keeps
+    on this machine, followed (see docs/slurm.md)."""
     store, record = _open_job(job, hosts_file)
-    _not_under_slurm(record, "`attach` cannot re-attach to srun's output, which only its `up` reads",
-                     f"`clusterrun logs -f {record.job_id}` follows its log files on the machine that ran it")
     record = _refresh(store, record)
     printer = Printer()
     offsets = {n.rank: n.seen for n in record.nodes}
+    slurm = is_slurm(record)  # srun's output reaches only its `up`: a viewer follows the files that `up` keeps
     if _use_tui(no_tui):
         scrollback = tail if tail is not None else shutil.get_terminal_size().lines  # a screenful
-        sys.exit(_dashboard(Session(store, record, offsets=offsets, scrollback=scrollback), ui_lines,
-                            term_stops=False))
-    viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, scrollback=tail or 0)
+        session = SlurmView(store, record, offsets) if slurm else Session(store, record, offsets=offsets,
+                                                                          scrollback=scrollback)
+        sys.exit(_dashboard(session, ui_lines, term_stops=False))
+    viewer: Job | SlurmFollower
+    if slurm:
+        viewer = SlurmFollower(store, record, printer, attempt=record.attempt, ranks=range(len(record.nodes)),
+                               tail=None, offsets=offsets, reload=lambda: _refresh(store, store.load(record.job_id)))
+    else:
+        viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, scrollback=tail or 0)
     printer.set_plan(plan_from_json(record.plan, spec_of(record)))
     printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "
                  + ("it has ended: its lines since you last looked, then how it ended" if record.finished
