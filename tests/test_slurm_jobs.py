@@ -98,6 +98,8 @@ def test_a_job_whose_up_was_killed_is_lost_once_slurm_no_longer_runs_its_step(
         proc.communicate(timeout=60)  # srun got its parent-death signal and ended the step; salloc then ends
     finally:
         _end(proc)
+    down = _cli(slurm_cluster, "down", job_id)  # the first to look: it finds the step gone
+    assert down.returncode == 0 and f"job {job_id} already finished (lost); nothing to stop" in down.stderr, down
     shown = _cli(slurm_cluster, "ps", job_id)
     assert f"job {job_id} (ranks): lost, attempt 1" in shown.stdout, shown.stdout + shown.stderr
     assert re.search(r"its `up --from-slurm` \(pid \d+ on \S+\) is gone and Slurm no longer runs its step: how it "

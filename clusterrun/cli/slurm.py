@@ -49,6 +49,7 @@ from clusterrun.slurmjob import (
     fan_out,
     is_slurm,
     record_end,
+    refresh,
     slurm_of,
     slurm_record,
 )
@@ -153,6 +154,8 @@ def restart_slurm(record: JobRecord, grace: float | None, script_args: Sequence[
     runs, then the next attempt as a new step of the same srun in the same allocation, run here
     in the foreground as ``up --from-slurm`` runs it. Refused, with nothing stopped, where the
     allocation has ended (or cannot be asked about) or a secret's value is not in this shell."""
+    store = JobStore()
+    record = refresh(store, record)  # its `up` may be gone, and its step with it
     job_id, allocation = record.job_id, slurm_of(record).get("job")
     untouched = "nothing was stopped" if not record.finished else "nothing was started"
     if script_args:
@@ -163,7 +166,6 @@ def restart_slurm(record: JobRecord, grace: float | None, script_args: Sequence[
         _fail(ConfigError(f"job {job_id} cannot be restarted: {gone}; {untouched}",
                           hint=f"run `up --from-slurm {record.script}` in a new allocation (salloc, sbatch)"),
               EXIT_FAILED)
-    store = JobStore()
     plan = plan_from_json(record.plan, spec_of(record))
     env = dict(plan.nodes[0].env)
     missing = [name for name, value in env.items() if value == MASK and name not in os.environ]
@@ -286,6 +288,8 @@ def down_slurm_step(ref: str, grace: float | None) -> int | None:
         record = None
     if record is not None and not is_slurm(record):
         return None
+    if record is not None:  # its `up` may be gone, and its step with it
+        record = refresh(store, record)
     if record is not None and record.finished:
         _note(f"job {record.job_id} already finished ({record.state}); nothing to stop")
         return EXIT_OK
