@@ -22,11 +22,12 @@ from typing import Any
 
 from clusterrun.attempt import Recorder, attempt_event, new_record
 from clusterrun.errors import ClusterrunError, ConfigError
-from clusterrun.events import Event, JobResult, LogLines, NodeExited, NodeResult, NodeState
+from clusterrun.events import Event, JobFinished, JobResult, LogLines, NodeExited, NodeResult, NodeState
 from clusterrun.joblist import history_rows, table_text
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.plan import LaunchPlan
 from clusterrun.slurm import SlurmStep
+from clusterrun.slurmlogs import ROOT_CAUSE_FIELDS
 from clusterrun.slurmrun import SlurmRun, find_step, my_steps, slurm_here
 
 SLURM = "slurm"  # JobRecord.engine of a job of up --from-slurm ("ssh" for every other)
@@ -61,7 +62,8 @@ def is_slurm(record: JobRecord) -> bool:
 
 class StepNoter:
     """An ``emit`` consumer that records the step's ``JOBID.STEPID`` once the step's first line came
-    (srun creates the step before any task writes), asked of squeue in a thread of its own."""
+    (srun creates the step before any task writes), asked of squeue in a thread of its own, and
+    the root cause's details at the end (``root_cause``: what a viewer's summary shows of it)."""
 
     def __init__(self, store: JobStore, record: JobRecord, environ: Mapping[str, str] | None = None) -> None:
         self.store, self.job_id, self.allocation = store, record.job_id, slurm_of(record)["job"]
@@ -72,6 +74,10 @@ class StepNoter:
         if isinstance(event, LogLines) and self._asked is None:
             self._asked = threading.Thread(target=self._ask, name="squeue-step", daemon=True)
             self._asked.start()
+        elif isinstance(event, JobFinished) and event.result.root_cause is not None:
+            cause = dataclasses.asdict(event.result.root_cause)
+            kept = {k: cause[k] for k in ROOT_CAUSE_FIELDS}
+            self.store.update(self.job_id, lambda rec: rec.slurm.update(root_cause=kept) if rec.slurm else None)
 
     def _ask(self) -> None:
         try:

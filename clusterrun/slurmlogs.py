@@ -23,7 +23,17 @@ from pathlib import Path
 
 from clusterrun.agent.follow import Times, tail_offset
 from clusterrun.errors import ClusterrunError
-from clusterrun.events import Event, JobFinished, JobResult, JobState, LogLines, NodeExited, NodeResult, NodeState
+from clusterrun.events import (
+    Event,
+    JobFinished,
+    JobResult,
+    JobState,
+    LogLines,
+    NodeExited,
+    NodeResult,
+    NodeState,
+    RootCause,
+)
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.protocol import LogChunk
 
@@ -108,11 +118,23 @@ def read_chunks(store: JobStore, record: JobRecord, rank: int, attempt: int,
         raise ClusterrunError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
+# what the record of a Slurm job keeps of its root cause (``slurm.root_cause``, written by its ``up``)
+ROOT_CAUSE_FIELDS = ("node", "host", "rank", "local_rank", "exit_code", "signal", "last_lines", "message", "pid")
+
+
 def result_of(record: JobRecord) -> JobResult:
-    """The ended job's outcome as its record keeps it (what ``logs -f`` ends with)."""
+    """The ended job's outcome as its record keeps it (what ``logs -f`` and ``attach`` end with)."""
     nodes = tuple(NodeResult(n.rank, n.host, NodeState(n.state), exit_code=n.exit_code, signal=n.signal,
                              error=n.error) for n in record.nodes)
-    return JobResult(record.job_id, nodes, interrupted="clusterrun down" if record.state is JobState.STOPPED else None)
+    kept = (record.slurm or {}).get("root_cause")
+    cause = None
+    if isinstance(kept, dict) and record.attempts and record.attempts[-1].root_cause:  # of this attempt
+        cause = RootCause(node=int(kept["node"]), host=str(kept["host"]), rank=kept.get("rank"),
+                          local_rank=kept.get("local_rank"), exit_code=kept.get("exit_code"),
+                          signal=kept.get("signal"), last_lines=tuple(kept.get("last_lines") or ()),
+                          message=str(kept.get("message") or ""), pid=kept.get("pid"))
+    return JobResult(record.job_id, nodes, root_cause=cause,
+                     interrupted="clusterrun down" if record.state is JobState.STOPPED else None)
 
 
 class SlurmFollower:

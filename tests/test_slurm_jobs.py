@@ -86,6 +86,11 @@ def test_a_failed_slurm_job_is_recorded_and_ps_shows_it_like_a_job_over_ssh(
     assert [(n["host"], n["state"], n["exit_code"]) for n in job["nodes"]] == [("sim1", "succeeded", 0),
                                                                                 ("sim2", "failed", 1)], job["nodes"]
     assert job["attempts"][0]["root_cause"].startswith("rank 3 on node 1 (sim2, local rank 1): exit code 7")
+    for command in (["logs", "-f"], ["attach", "--no-tui"]):  # an ended job: its lines, then its end as `up` says it
+        ended = _cli(slurm_cluster, *command, job_id)
+        assert ended.returncode == 1, ended.stderr
+        assert "root cause: rank 3 on node 1 (sim2, local rank 1): exit code 7" in ended.stderr, ended.stderr
+        assert "last lines of rank 3:\n    rank 3 of 4 on sim2 node 1 args ['fail', '3']" in ended.stderr, ended.stderr
 
 
 def test_a_job_whose_up_was_killed_is_lost_once_slurm_no_longer_runs_its_step(

@@ -280,9 +280,6 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
     if result is not None:  # the job ended: its outcome as `up --no-tui` ends with it (of the nodes shown)
         result = dataclasses.replace(result, nodes=tuple(n for n in result.nodes if n.node in ranks))
         Printer().summary(result)
-        ended = store.load(record.job_id).attempts[-1] if is_slurm(record) else None
-        if ended is not None and ended.root_cause and not result.stopped:  # its record has it in words only
-            Printer().note(f"root cause: {ended.root_cause}")
     sys.exit(_exit_code(result, got) if result is not None else EXIT_SIGNAL.get(got.get("signal", 0), EXIT_OK))
 
 

@@ -182,9 +182,9 @@ def restart_slurm(record: JobRecord, grace: float | None, script_args: Sequence[
                           hint=f"`clusterrun ps {job_id}`; try again once it has ended"), EXIT_FAILED)
     try:
         record = record_next_attempt(Recorder(store, job_id, record.attempt + 1), plan, record.script_args)
-        record = store.update(job_id, lambda rec: rec.slurm.update(step=None, unwatched=None, pid=os.getpid(),
-                                                                   controller=socket.gethostname())
-                              if rec.slurm is not None else None)
+        fresh = {"step": None, "unwatched": None, "root_cause": None, "pid": os.getpid(),
+                 "controller": socket.gethostname()}  # this process runs the new step
+        record = store.update(job_id, lambda rec: rec.slurm.update(fresh) if rec.slurm is not None else None)
     except ClusterrunError as exc:
         store.release(owner)
         _fail(exc, EXIT_FAILED)
