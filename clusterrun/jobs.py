@@ -149,6 +149,8 @@ class JobRecord:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["attempts"] = [dict(vars(a)) for a in self.attempts]
         data["nodes"] = [dict(vars(n)) for n in self.nodes]
+        if self.engine == "ssh" and self.slurm is None:  # a job over SSH written as before: older clusterruns read it
+            del data["engine"], data["slurm"]
         return data
 
     @classmethod

@@ -3,6 +3,7 @@ one whose ``up`` is gone, by what Slurm lists (``steps``) or where Slurm cannot 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,11 @@ def test_the_kept_logs_are_read_in_whole_lines_with_their_times_and_followed_to_
     assert [e.lines for e in events if isinstance(e, LogLines)] == [("[rank2]:three", "[rank3]:partial")]
     assert isinstance(events[-1], JobFinished) and events[-1].result == result  # the end, as over SSH
     assert result is not None and result.job_id == record.job_id
+
+
+def test_a_record_over_ssh_is_written_without_the_slurm_fields_and_a_slurm_one_with_them(tmp_path: Path) -> None:
+    store, record = _recorded(tmp_path)
+    assert (record.to_json()["engine"], record.to_json()["slurm"]["job"]) == ("slurm", "41")
+    over_ssh = dataclasses.replace(record, engine="ssh", slurm=None)
+    assert "engine" not in over_ssh.to_json() and "slurm" not in over_ssh.to_json()  # as older clusterruns wrote it
+    assert JobRecord.from_json(over_ssh.to_json()).engine == "ssh"
