@@ -555,5 +555,11 @@ def _begun(plan: LaunchPlan, attempt: int, script_args: Sequence[str], automatic
     return begin
 
 
+def record_next_attempt(recorder: Recorder, plan: LaunchPlan, script_args: Sequence[str]) -> JobRecord:
+    """Record the start of ``recorder``'s attempt of ``plan`` (only from an end, else ``IllegalTransition``
+    and nothing written), for a launcher without agents: ``restart`` of a Slurm job starts its step after this."""
+    return recorder.begin(_begun(plan, recorder.attempt, script_args, False))
+
+
 __all__ = ["Cancelled", "NextAttempt", "NotStopped", "Recorder", "Retry", "attempt_event", "begin_stop", "give_up",
-           "new_record", "reconcile", "record_stop", "refresh", "restart", "start", "stop"]
+           "new_record", "reconcile", "record_next_attempt", "record_stop", "refresh", "restart", "start", "stop"]

@@ -133,6 +133,8 @@ class JobRecord:
     notices: dict[str, dict[str, Any]] = field(default_factory=dict)  # by key: notify.Notice, who sends, how it went
     attempts: list[AttemptRecord] = field(default_factory=list)
     nodes: list[NodeRecord] = field(default_factory=list)
+    engine: str = "ssh"  # what runs the job: "ssh" (agents on the hosts) or "slurm" (one srun, slurmjob.py)
+    slurm: dict[str, Any] | None = None  # the allocation and step of a Slurm job (slurmjob.slurm_of)
     version: int = RECORD_VERSION
 
     @property
@@ -148,6 +150,8 @@ class JobRecord:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["attempts"] = [dict(vars(a)) for a in self.attempts]
         data["nodes"] = [dict(vars(n)) for n in self.nodes]
+        if self.engine == "ssh" and self.slurm is None:  # a job over SSH written as before: older clusterruns read it
+            del data["engine"], data["slurm"]
         return data
 
     @classmethod

@@ -143,20 +143,21 @@ def test_the_step_ends_with_its_controller(slurm_cluster: SlurmCluster, tmp_path
 @pytest.mark.fake_torchrun
 def test_ps_lists_the_step_and_down_stops_it(slurm_cluster: SlurmCluster, tmp_path: Path,
                                                        fake_python: Path) -> None:
-    """`ps` lists the running step; `down JOB` from elsewhere: the step found by its name, SIGTERM, nothing
-    left; `up` says stopped."""
+    """`ps` where the job has no record (another machine's state dir) lists the running step; `down JOB` from
+    there: the step found by its name, SIGTERM, nothing left; `up` says stopped."""
     script, hosts = _files(tmp_path, fake_python)
     proc = subprocess.Popen(_up(hosts, str(script), "sleep"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=_env(slurm_cluster), cwd=tmp_path, start_new_session=True)
     try:
         seen = _read_lines(proc, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
         job_id = next(m.group(1) for line in seen if (m := re.match(r"clusterrun: job (\S+): 2 nodes", line)))
+        elsewhere = {**_env(slurm_cluster), "XDG_STATE_HOME": str(tmp_path / "elsewhere")}
         ps = subprocess.run([sys.executable, "-m", "clusterrun", "ps"], capture_output=True, text=True,
-                            env=_env(slurm_cluster), timeout=60)
+                            env=elsewhere, timeout=60)
         assert re.search(rf"^{job_id}\s+ranks\s+sim\[1-2\]\s+running \(Slurm step \d+\.\d+\)\s+1\s+\S+$",
                          ps.stdout, re.MULTILINE), ps.stdout + ps.stderr
         down = subprocess.run([sys.executable, "-m", "clusterrun", "down", job_id[:-3]], capture_output=True,
-                              text=True, env=_env(slurm_cluster), timeout=60)
+                              text=True, env=elsewhere, timeout=60)
         out, _ = proc.communicate(timeout=60)
     finally:
         _end(proc)

@@ -16,7 +16,7 @@ from clusterrun.attempt import NextAttempt, NotStopped, stop
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, Seconds, _fail, _note, main
 from clusterrun.cli.follow import _follow_hint
 from clusterrun.cli.records import _adopt, _find, _open_job, _refresh, hosts_option
-from clusterrun.cli.slurm import down_slurm_step
+from clusterrun.cli.slurm import down_slurm_step, restart_slurm
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import not_stopped_text
@@ -25,6 +25,7 @@ from clusterrun.lifecycle import daemonize, remove_on_hosts
 from clusterrun.nodesets import FOLD_PAST, fold
 from clusterrun.printer import Printer
 from clusterrun.runner import run_monitor
+from clusterrun.slurmjob import is_slurm
 
 hosts_too_option = click.option(
     "--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")
@@ -114,7 +115,7 @@ def _remove(store: JobStore, records: Sequence[JobRecord], hosts_too: bool) -> t
     exit code and how many were removed."""
     code, removed = EXIT_OK, 0
     for record in records:
-        if hosts_too:
+        if hosts_too and not is_slurm(record):  # a Slurm job's logs are in its directory here
             answers = remove_on_hosts(record)
             failed = False
             for rank, answer in sorted(answers.items()):
@@ -231,8 +232,12 @@ def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str |
     from this attempt on (the record keeps them; `ps JOB` shows them). A check that fails (a
     secret --env value not in this shell's environment, the script, the preflight) stops nothing:
     exit 2 or 3, the job runs on. A job waiting to be restarted by its restart policy is
-    restarted now. This controller owns the new attempt (its monitor), an adopted job's too."""
+    restarted now. This controller owns the new attempt (its monitor), an adopted job's too.
+    A job of `up --from-slurm`: a new step in the same allocation, run in the foreground as up
+    runs it (refused once the allocation has ended; see docs/slurm.md)."""
     store, record = _open_job(job, hosts_file)
+    if is_slurm(record):  # a new step in its allocation, run here in the foreground
+        restart_slurm(record, grace, script_args)
     printer = Printer(nnodes=len(record.nodes))
     try:
         attempt = NextAttempt(record, printer, full_preflight=not no_preflight,

@@ -231,7 +231,8 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
                  "--nodes": nodes is not None, "--exclude": exclude is not None, "--json": as_json}
         up_from_slurm(words[0], tuple(words[2:] if words[1:2] == ["--"] else words[1:]), hosts_file=slurm_hosts,
                       name=name, env=env, dry_run=dry_run, grace=grace, no_sync=no_sync,
-                      no_preflight=no_preflight, unsupported=[k for k, v in given.items() if v])
+                      no_preflight=no_preflight, no_tui=no_tui, ui_lines=ui_lines,
+                      unsupported=[k for k, v in given.items() if v])
     if script is None:
         raise click.UsageError("Missing argument 'SCRIPT'.")
     if slurm_hosts is not None:
