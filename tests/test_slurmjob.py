@@ -15,7 +15,7 @@ from clusterrun.slurm import SlurmStep, launch_plan
 from clusterrun.slurmjob import SLURM, hosts_text, refresh, slurm_record
 from clusterrun.slurmlogs import LogFiles, SlurmFollower, node_dir, read_chunks
 
-STEP = SlurmStep(argv=("srun",), env={}, nodes=("n1", "n2"), nproc=2, master_addr="n1", master_port=20001)
+STEP = SlurmStep(argv=("srun",), env={}, nodes=("n1", "n2"), nprocs=(2, 2), master_addr="n1", master_port=20001)
 
 
 def _recorded(tmp_path: Path) -> tuple[JobStore, JobRecord]:
