@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from clusterrun import parallel
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import ClusterrunError, HostError, TransportError
 from clusterrun.nodesets import fold
@@ -113,7 +114,7 @@ def exec_on_hosts(spec: ClusterSpec, argv: Sequence[str], factory: Callable[[Hos
     pool = ThreadPoolExecutor(max_workers=min(len(transports), MAX_PARALLEL))
     try:
         futures = [pool.submit(_one, transport, command, line) for transport in transports]
-        return [f.result() for f in futures]
+        return [parallel.result(f) for f in futures]
     except BaseException:
         for transport in transports:  # ends the commands' channels: their threads return
             transport.close()

@@ -37,12 +37,12 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from clusterrun import setups
+from clusterrun import parallel, setups
 from clusterrun.agent.wire import NodeRequest, ProbeRequest, node_request
 from clusterrun.config import ClusterSpec
 from clusterrun.diagnose import NodeLog
 from clusterrun.environment import secret_names
-from clusterrun.errors import AgentError, ClusterrunError, HostsUnavailable, TransportError
+from clusterrun.errors import AgentError, ClusterrunError, HostsUnavailable
 from clusterrun.events import (
     Event,
     JobFinished,
@@ -238,16 +238,7 @@ class Job:
         """``call(rank)`` for each of ``ranks``, in parallel: their results in order, or, when any
         failed, ``HostsUnavailable`` naming every host that did, with the agents closed (nothing
         of the job starts: the probe, the route and setup are all or nothing)."""
-        futures = [(rank, self._pool.submit(call, rank)) for rank in ranks]
-        results: list[T] = []
-        errors: list[ClusterrunError] = []
-        for rank, future in futures:
-            try:
-                results.append(future.result())
-            except ClusterrunError as exc:
-                errors.append(exc)
-            except OSError as exc:  # a transport that did not translate its error
-                errors.append(TransportError(self._nodes[rank].host, str(exc)))
+        results, errors = parallel.gather(self._pool, call, ranks, lambda rank: self._nodes[rank].host)
         if errors:
             for node in self._nodes:
                 node.close_agent()
@@ -348,7 +339,7 @@ class Job:
         started: list[int] = []
         for rank, future in zip(ranks, futures, strict=True):
             try:
-                answer = future.result()
+                answer = parallel.result(future)
             except ClusterrunError as exc:
                 errors.append(exc)
                 self._set_state(rank, NodeState.FAILED, exc.message)
@@ -418,7 +409,7 @@ class Job:
                 stopping, self._failed_first = True, rank
                 stop_futures = self._stop_async(reason=f"node {rank} ({self._nodes[rank].host}) failed")
         for future in stop_futures:
-            report = future.result()
+            report = parallel.result(future)
             if report is not None:
                 stops.append(report)
                 node = self._nodes[report.node]
@@ -524,7 +515,7 @@ class Job:
     def _stop_nodes(self, ranks: Sequence[int]) -> list[StopReport]:
         for rank in ranks:
             self._nodes[rank].stop_sent = True
-        reports = [f.result() for f in [self._pool.submit(self._stop_node, r) for r in ranks]]
+        reports = [parallel.result(f) for f in [self._pool.submit(self._stop_node, r) for r in ranks]]
         return [r for r in reports if r is not None]
 
     def _read_tails(self, ranks: Sequence[int]) -> None:
@@ -541,7 +532,7 @@ class Job:
             except ClusterrunError:
                 pass  # the diagnosis goes on from the states alone
 
-        list(self._pool.map(read, ranks))
+        parallel.settled([self._pool.submit(read, rank) for rank in ranks])
 
     def _result(self, stops: list[StopReport], interrupted: str | None, late: RootCause | None = None) -> JobResult:
         results = node_results(self._nodes, self._failed_first)

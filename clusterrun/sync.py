@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from clusterrun import rsh
+from clusterrun import parallel, rsh
 from clusterrun.agent.wire import SyncHashRequest, SyncPutRequest, SyncStatRequest, Written
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import AgentError, ClusterrunError, ConfigError, HostsUnavailable, TransportError
@@ -486,7 +486,7 @@ def sync_hosts(spec: ClusterSpec, agents: Sequence[tuple[Transport, AgentSession
         for rank, future in futures.items():
             host = spec.hosts[rank].host
             try:
-                reports[rank] = future.result()
+                reports[rank] = parallel.result(future)
             except AgentError as exc:
                 exc.message = f"sync to {spec.hosts[rank].workdir} failed: {exc.message}"
                 errors.append(exc)

@@ -157,6 +157,33 @@ def test_stop_kills_the_whole_job_and_verifies(tmp_path: Path) -> None:
     assert again["killed"] == [] and again["left"] == []
 
 
+def test_follow_sends_the_degraded_reason_written_after_the_marker_was_seen_empty(tmp_path: Path) -> None:
+    """A ``degraded`` marker is created, then its reason written; a follow that looked between the
+    two sent a reason that says less, and the real one never (it compared the marker's existence)."""
+    state_dir = tmp_path / "state"
+    answer = start(state_dir, "import time; time.sleep(600)")
+    marker = Path(answer["dir"]) / "degraded"
+    reason = "cannot write state.json: No space left on device (a test)"
+    sent: list[str | None] = []
+    stream = TRANSPORT.stream(req(state_dir, "follow", logs=False))
+    try:
+        for message in stream:
+            if message["t"] == "state":
+                sent.append(message["state"].get("degraded"))
+                if len(sent) == 1:
+                    marker.touch()  # created, its reason not written yet: as between open() and write()
+                elif sent[-1] == reason:
+                    break
+                elif sent[-1] is not None:  # the empty marker seen: now its reason
+                    marker.write_text(reason)
+            elif message["t"] == "beat" and marker.exists() and marker.read_text():  # idle 5 s with the reason written
+                break
+    finally:
+        stream.close()
+        TRANSPORT.call(req(state_dir, "stop", grace=1))
+    assert sent[0] is None and "could not write its state" in str(sent[1]) and sent[-1] == reason, sent
+
+
 def test_supervisor_is_detached_and_holds_nothing_of_the_agent(tmp_path: Path) -> None:
     """Forked from the agent, the supervisor must keep none of its pipes (over SSH: the channel,
     which would then never close) and be nobody's child (no zombie under a long-lived agent)."""

@@ -87,8 +87,9 @@ def test_down_of_one_of_two_jobs_leaves_nothing_of_it_on_any_host(sim_cluster: M
                                                                  tmp_path: Path) -> None:
     cluster = sim_cluster(2)
     hosts = ssh_hosts(tmp_path, cluster, [2, 1], tmp_path / "state")
+    gate = tmp_path / "gate"  # b waits at its half: it must still run after `down a` (under load that took 7 s)
     a = up_detached("--name", "a", "--grace", "2", hosts, SUPPORT / "counter.py", "10000", "0.05")
-    b = up_detached("--name", "b", hosts, SUPPORT / "counter.py", "150", "0.05")
+    b = up_detached("--name", "b", hosts, SUPPORT / "counter.py", "150", "0.05", gate)
     wait_state(a, "running")
     wait_for(lambda: all(marked_on(h, a) and marked_on(h, b) for h in cluster.hosts), timeout=60,
              what="both jobs on both hosts")
@@ -97,6 +98,7 @@ def test_down_of_one_of_two_jobs_leaves_nothing_of_it_on_any_host(sim_cluster: M
     assert down.stderr.count("verified: nothing of the job is left") == 2
     assert [marked_on(h, a) for h in cluster.hosts] == [[], []]  # checked inside each host's PID namespace
     assert all(marked_on(h, b) for h in cluster.hosts)  # b runs on, untouched
+    gate.touch()
     record = wait_state(b, "succeeded")
     assert [n["exit_code"] for n in record["nodes"]] == [0, 0]
     logs = clusterrun("logs", "--node", "1", b).stdout

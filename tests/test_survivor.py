@@ -1,4 +1,5 @@
-"""The faults an attempt must survive, end to end on local hosts with real torchrun: the monitor
+"""The faults an attempt must survive, end to end on local hosts with torchrun (the fake where the
+order of the nodes' ends matters: the real one's exit barrier ends them together): the monitor
 (the process in state.json's ``supervisor``) SIGKILLed, the survivor itself SIGKILLed, and the
 hosts' state directory of a running job deleted before `down`."""
 
@@ -72,11 +73,26 @@ def test_a_sigkilled_monitor_loses_no_line_and_the_job_succeeds(tmp_path: Path, 
     every_line_once(state_dir, job)
 
 
-def test_a_sigkilled_survivor_loses_no_line_and_its_exit_status_is_unknown(tmp_path: Path, state_dir: Path) -> None:
+def recorded_state(controller_state: Path, job: str, node: int) -> str:
+    """Node ``node``'s state in the job's record, as its owner (the controller's monitor) wrote it."""
+    record = json.loads((controller_state / "clusterrun" / "jobs" / job / "job.json").read_text())
+    return record["nodes"][node]["state"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.fake_torchrun  # torchrun's exit barrier would hold node 1 until node 0 ends
+def test_a_sigkilled_survivor_loses_no_line_and_its_exit_status_is_unknown(tmp_path: Path, state_dir: Path,
+                                                                          controller_state: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
-    job = up_detached(hosts, SUPPORT / "counter.py", str(LINES), "0.03")
+    gate = tmp_path / "gate-{rank}"
+    job = up_detached(hosts, SUPPORT / "counter.py", str(LINES), "0.03", gate)
     wait_for(lambda: line_seen(state_dir, job, 0, 10), timeout=60, what="rank 0's tenth line")
     kill_entry(state_dir, job, "survivor")
+    # Node 1 ends first: node 0's end (lost: its exit status unknown) makes fail-fast stop the nodes
+    # still running. With the real torchrun both end at once (its exit barrier), and node 1 was
+    # `stopped` whenever its torchrun outlived node 0's end by the controller's reaction time.
+    Path(str(gate).format(rank=1)).touch()
+    wait_for(lambda: recorded_state(controller_state, job, 1) == "succeeded", timeout=60, what="node 1 to succeed")
+    Path(str(gate).format(rank=0)).touch()
     waited = clusterrun("wait", job, timeout=180)
     assert waited.returncode != 0
     record = ps_json(job)

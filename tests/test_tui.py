@@ -416,9 +416,13 @@ def test_at_80_by_24_the_footer_shows_every_key_whole() -> None:
     app = Dashboard(Scripted(started(), running=True), ring=100)  # type: ignore[arg-type]
     seen: dict[str, str] = {}
 
+    def last_line() -> str:
+        return [line for line in _screen_text(app).splitlines() if line.strip()][-1]
+
     async def script(app: Dashboard, pilot: object) -> None:
-        await pilot.pause()  # type: ignore[attr-defined]
-        seen["footer"] = [line for line in _screen_text(app).splitlines() if line.strip()][-1]
+        # the footer is drawn after the first frame (under load its last line was still a log line)
+        await until(pilot, lambda: "a All" in last_line(), 30, "the footer")
+        seen["footer"] = last_line()
         await pilot.press("question_mark")  # type: ignore[attr-defined]
         await pilot.pause()  # type: ignore[attr-defined]
         seen["help"] = _screen_text(app)

@@ -77,6 +77,15 @@ class Times:
         return shown
 
 
+def _marker_version(path: str) -> tuple[int, int] | None:
+    """The ``degraded`` marker's size and modification time; None while there is none."""
+    try:
+        seen = os.stat(path)
+    except OSError:
+        return None
+    return seen.st_size, seen.st_mtime_ns
+
+
 def op_follow(req: FollowRequest) -> None:
     folder, state = _load_state(req)
     log_path = os.path.join(folder, "output.log")
@@ -114,8 +123,9 @@ def op_follow(req: FollowRequest) -> None:
                     continue
             try:
                 seen = os.stat(state_path)
-                # replaced by a rename; a ``degraded`` marker changes what is sent too
-                version = (seen.st_ino, seen.st_mtime_ns, seen.st_size, os.path.exists(degraded_path))
+                # replaced by a rename; a ``degraded`` marker changes what is sent too, also once
+                # its reason is written (seen empty, between its creation and the write, it says less)
+                version = (seen.st_ino, seen.st_mtime_ns, seen.st_size, _marker_version(degraded_path))
             except OSError:
                 version = None
             if version != last_seen:

@@ -26,6 +26,10 @@ class LocalTransport(Transport):
         super().__init__(host)
         self._live: set[subprocess.Popen[bytes]] = set()  # agents running, for close()
         self._groups: set[int] = set()  # process groups of pipe() commands running, for close()
+        # close() is final: a probe's thread still starting an agent when Ctrl-C closed the job
+        # must not start one that nobody ends (``up`` would wait for that thread at exit)
+        self._lock = threading.Lock()
+        self._closed = False
 
     @property
     def python(self) -> str:
@@ -34,15 +38,21 @@ class LocalTransport(Transport):
     def connect(self) -> None:
         pass
 
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise AgentError(self.name, "the connection was closed (the command was interrupted or ended)")
+
     def session(self) -> AgentSession:
-        try:
-            proc = subprocess.Popen(agent_command(self.python), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, close_fds=True,
-                                    start_new_session=True)  # not in the terminal's group: Ctrl-C is for us
-        except OSError as exc:
-            raise AgentError(self.name, f"cannot run {self.python!r}: {exc.strerror or exc}",
-                             hint="set `python:` for this host to an interpreter that exists") from None
-        self._live.add(proc)
+        with self._lock:  # close() waits for a start under way, then ends it
+            self._refuse_if_closed()
+            try:
+                proc = subprocess.Popen(agent_command(self.python), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, close_fds=True,
+                                        start_new_session=True)  # not in the terminal's group: Ctrl-C is for us
+            except OSError as exc:
+                raise AgentError(self.name, f"cannot run {self.python!r}: {exc.strerror or exc}",
+                                 hint="set `python:` for this host to an interpreter that exists") from None
+            self._live.add(proc)
         stdin, stdout, stderr = cast(IO[bytes], proc.stdin), cast(IO[bytes], proc.stdout), cast(IO[bytes], proc.stderr)
 
         def drain() -> None:
@@ -81,12 +91,14 @@ class LocalTransport(Transport):
 
     def pipe(self, command: str, peer: socket.socket) -> tuple[int, str]:
         """``command`` run by ``sh`` here, as a login shell would run it on a host."""
-        try:
-            proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=peer.fileno(), stdout=peer.fileno(),
-                                    stderr=subprocess.PIPE, close_fds=True, start_new_session=True)
-        except OSError as exc:
-            raise AgentError(self.name, f"cannot run /bin/sh: {exc.strerror or exc}") from None
-        self._groups.add(proc.pid)  # close() ends the command and its children
+        with self._lock:
+            self._refuse_if_closed()
+            try:
+                proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=peer.fileno(), stdout=peer.fileno(),
+                                        stderr=subprocess.PIPE, close_fds=True, start_new_session=True)
+            except OSError as exc:
+                raise AgentError(self.name, f"cannot run /bin/sh: {exc.strerror or exc}") from None
+            self._groups.add(proc.pid)  # close() ends the command and its children
         try:
             _, stderr = proc.communicate()
         finally:
@@ -97,10 +109,13 @@ class LocalTransport(Transport):
 
     def close(self) -> None:
         """End the agents still running: one that never reads its stdin (an interpreter that
-        hangs) would otherwise keep the thread sending it the agent blocked for ever."""
-        for proc in list(self._live):
-            if proc.poll() is None:
-                proc.kill()
-        for group in list(self._groups):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGKILL)
+        hangs) would otherwise keep the thread sending it the agent blocked for ever. No agent
+        starts after it."""
+        with self._lock:
+            self._closed = True
+            for proc in list(self._live):
+                if proc.poll() is None:
+                    proc.kill()
+            for group in list(self._groups):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGKILL)
