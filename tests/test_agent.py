@@ -447,7 +447,8 @@ def test_the_agent_and_its_supervisor_import_little(tmp_path: Path) -> None:
     in docs/benchmarks.md)."""
     from clusterrun.transports.base import agent_bundle, agent_command, request_line
 
-    heavy = {"re", "enum", "json", "subprocess", "socket", "typing", "glob", "random", "threading", "importlib.util"}
+    heavy = {"re", "enum", "json", "subprocess", "socket", "typing", "glob", "random", "threading", "importlib.util",
+             "contextlib", "collections"}
     argv = agent_command(sys.executable)
     argv[1:1] = ["-X", "importtime"]  # also in the forked supervisor, which logs to supervisor.log
     request = req(tmp_path / "state", "start", argv=[sys.executable, "-c", "print('ran')"], env={},
