@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-
-from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
+from typing import TYPE_CHECKING
 
 from clusterrun.ranges import ranges_text
+
+if TYPE_CHECKING:
+    from ClusterShell.NodeSet import NodeSetParseError
+
+# ClusterShell.NodeSet is imported where a set is expanded or folded, not at every command's
+# start: it brings logging and configparser (docs/benchmarks.md, "Figures behind choices").
 
 __all__ = ["NodeSetError", "expand", "fold", "fold_ranks", "is_nodeset"]
 
@@ -62,6 +67,8 @@ def expand(expression: str) -> list[str]:
     if (bad := _OPERATORS.search(expression)) is not None:
         what = "a space" if bad.group().isspace() else f"{bad.group()!r}"
         raise NodeSetError(expression, bad.start() + 1, f"{what} is not allowed in a node set")
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
+
     names: dict[str, None] = {}
     for offset, part in _parts(expression):
         if not part:
@@ -95,6 +102,8 @@ def _reason(exc: NodeSetParseError) -> str:
 
 def fold(names: list[str]) -> str:
     """The shortest node set of ``names`` (for messages): ``gpu[01-03,07]``."""
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
+
     return str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP))
 
 
