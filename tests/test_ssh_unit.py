@@ -13,7 +13,7 @@ import pytest
 
 from clusterrun.errors import AuthError, ConnectError, HostKeyError, TransportError
 from clusterrun.transports.ssh import _jump_alias, _jump_user_port
-from clusterrun.transports.sshhosts import HostKeyPolicy, KnownHosts, ResolvedHost
+from clusterrun.transports.sshhosts import HostKeyPolicy, KnownHosts, ResolvedHost, known_hosts
 from clusterrun.transports.sshlib import fingerprint, map_error
 
 
@@ -144,8 +144,9 @@ def test_known_hosts_with_revoked_and_cert_authority_lines(tmp_path: Path) -> No
     client = paramiko.SSHClient()
     known = KnownHosts()
     known.read(str(path))  # paramiko alone raises InvalidHostKey for this file
-    known.install(client.get_host_keys())
+    known.install(client.get_host_keys(), "10.0.0.5")
     assert client.get_host_keys().check("10.0.0.5", good)
+    known.install(client.get_host_keys(), "[10.0.0.5]:2222")
     assert not client.get_host_keys().check("[10.0.0.5]:2222", bad)  # revoked: never a known key
     policy = HostKeyPolicy(_resolved(2222), accept_new=True, known=known)
     with pytest.raises(HostKeyError) as revoked:
@@ -159,6 +160,34 @@ def test_known_hosts_with_revoked_and_cert_authority_lines(tmp_path: Path) -> No
     with pytest.raises(HostKeyError) as unknown:  # negated by the pattern list: the usual unknown-key message
         policy.missing_host_key(client, "skip.example.com", other)
     assert "unknown host key for skip.example.com" in unknown.value.render()
+
+
+def test_known_hosts_are_read_once_until_a_file_changes(tmp_path: Path) -> None:
+    key = _key()
+    path = tmp_path / "known_hosts"
+    path.write_text(f"10.0.0.5 {key.get_name()} {key.get_base64()}\n")
+    paths = [str(path), str(tmp_path / "absent")]
+    first = known_hosts(paths)
+    assert known_hosts(paths) is first and len(first.entries) == 1  # one parse for every connection
+    with path.open("a") as f:
+        f.write(f"10.0.0.6 {key.get_name()} {key.get_base64()}\n")  # as --accept-new-host-keys does
+    again = known_hosts(paths)
+    assert again is not first and len(again.entries) == 2
+
+
+def test_a_connection_holds_only_the_keys_of_its_host(tmp_path: Path) -> None:
+    mine, other, hashed = _key(), _key(), _key()
+    path = tmp_path / "known_hosts"
+    path.write_text(f"10.0.0.5,gpu1 {mine.get_name()} {mine.get_base64()}\n"
+                    f"10.0.0.6 {other.get_name()} {other.get_base64()}\n"
+                    f"{paramiko.HostKeys.hash_host('10.0.0.7')} {hashed.get_name()} {hashed.get_base64()}\n")
+    known = KnownHosts()
+    known.read(str(path))
+    keys = paramiko.HostKeys()
+    known.install(keys, "10.0.0.5")
+    assert keys.check("10.0.0.5", mine) and keys.lookup("10.0.0.6") is None
+    known.install(keys, "10.0.0.7")
+    assert keys.check("10.0.0.7", hashed)  # a hashed name may be anybody's: kept
 
 
 PARAMIKO_NOISE = """

@@ -190,12 +190,14 @@ class KnownHosts:
             if entry is not None and entry.key is not None:
                 self.entries.append(entry)
 
-    def install(self, keys: paramiko.HostKeys) -> None:
-        """Add every entry to ``keys`` but revoked keys: a host with only those has no known key,
-        and the policy refuses it."""
+    def install(self, keys: paramiko.HostKeys, name: str) -> None:
+        """Add to ``keys`` the entries paramiko would find for ``name`` (the host, or ``[host]:port``:
+        that name or a hashed one), but revoked keys: a host with only those has no known key, and
+        the policy refuses it. Not every entry: paramiko's ``add`` scans all it holds, and each of N
+        connections would hold the N hosts' keys."""
         blobs = {m.blob for m in self.revoked}
         for entry in self.entries:
-            if entry.key.asbytes() not in blobs:
+            if any(h == name or h.startswith("|1|") for h in entry.hostnames) and entry.key.asbytes() not in blobs:
                 for name in entry.hostnames:
                     keys.add(name, entry.key.get_name(), entry.key)
 
@@ -217,6 +219,32 @@ class KnownHosts:
             if allowed:
                 return mark
         return None
+
+
+_known: dict[tuple[tuple[str, int, int, int], ...], KnownHosts] = {}
+_known_lock = threading.Lock()
+
+
+def known_hosts(paths: list[str]) -> KnownHosts:
+    """The ``KnownHosts`` of the files at ``paths`` that exist, read once for all connections
+    while none of them changes (their inode, size and mtime); ``OSError`` when one cannot be read."""
+    stats = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        stats.append((path, st.st_ino, st.st_size, st.st_mtime_ns))
+    key = tuple(stats)
+    with _known_lock:
+        found = _known.get(key)
+        if found is None:
+            found = KnownHosts()
+            for path, *_ in stats:
+                found.read(path)
+            _known.clear()  # one version of the files at a time
+            _known[key] = found
+    return found
 
 
 class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
@@ -260,4 +288,4 @@ def _keyscan(t: ResolvedHost) -> str:
     return f"ssh-keyscan -p {t.port} {t.hostname}" if t.port != 22 else f"ssh-keyscan {t.hostname}"
 
 
-__all__ = ["CONNECT_TIMEOUT", "HostKeyPolicy", "KnownHosts", "ResolvedHost", "SSHOptions", "resolve"]
+__all__ = ["CONNECT_TIMEOUT", "HostKeyPolicy", "KnownHosts", "ResolvedHost", "SSHOptions", "known_hosts", "resolve"]
