@@ -177,15 +177,17 @@ def test_known_hosts_are_read_once_until_a_file_changes(tmp_path: Path) -> None:
 
 def test_a_connection_holds_only_the_keys_of_its_host(tmp_path: Path) -> None:
     mine, other, hashed = _key(), _key(), _key()
+    also_mine = paramiko.ECDSAKey.generate()
     path = tmp_path / "known_hosts"
     path.write_text(f"10.0.0.5,gpu1 {mine.get_name()} {mine.get_base64()}\n"
                     f"10.0.0.6 {other.get_name()} {other.get_base64()}\n"
+                    f"10.0.0.5 {also_mine.get_name()} {also_mine.get_base64()}\n"
                     f"{paramiko.HostKeys.hash_host('10.0.0.7')} {hashed.get_name()} {hashed.get_base64()}\n")
     known = KnownHosts()
     known.read(str(path))
     keys = paramiko.HostKeys()
     known.install(keys, "10.0.0.5")
-    assert keys.check("10.0.0.5", mine) and keys.lookup("10.0.0.6") is None
+    assert keys.check("10.0.0.5", mine) and keys.check("10.0.0.5", also_mine) and keys.lookup("10.0.0.6") is None
     known.install(keys, "10.0.0.7")
     assert keys.check("10.0.0.7", hashed)  # a hashed name may be anybody's: kept
 

@@ -198,8 +198,8 @@ class KnownHosts:
         blobs = {m.blob for m in self.revoked}
         for entry in self.entries:
             if any(h == name or h.startswith("|1|") for h in entry.hostnames) and entry.key.asbytes() not in blobs:
-                for name in entry.hostnames:
-                    keys.add(name, entry.key.get_name(), entry.key)
+                for each in entry.hostnames:
+                    keys.add(each, entry.key.get_name(), entry.key)
 
     def revocation(self, key: paramiko.PKey) -> _Marked | None:
         blob = key.asbytes()
@@ -242,7 +242,8 @@ def known_hosts(paths: list[str]) -> KnownHosts:
             found = KnownHosts()
             for path, *_ in stats:
                 found.read(path)
-            _known.clear()  # one version of the files at a time
+            if len(_known) >= 8:  # files edited during a long run (a monitor's): keep the last few
+                _known.clear()
             _known[key] = found
     return found
 
