@@ -300,5 +300,36 @@ def test_ssh_g_runs_once_per_host_in_a_run(tmp_path: Path, monkeypatch: pytest.M
     sshhosts.resolve(HostSpec(host="gpu1"), options)
     assert log.read_text().count("bastion") == 1 and log.read_text().count("gpu1") == 1
     monkeypatch.setattr(sshhosts, "SSH_G_REUSE", 0.0)  # as if the answer were older than that
+    (tmp_path / "config").write_text("Host bastion\n    Port 2222\n")  # and the configuration edited since
     sshhosts.resolve(HostSpec(host="gpu2"), options, alias="bastion")
     assert log.read_text().count("bastion") == 2
+
+
+def test_ssh_g_answers_are_kept_between_runs_while_the_configuration_is_unchanged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A later run (the answers in memory gone) reads the kept answer; an edit of the file, or of
+    a file it includes, asks `ssh -G` again; a configuration that runs commands is never kept."""
+    from clusterrun.config import HostSpec
+    from clusterrun.transports import sshhosts
+
+    log = tmp_path / "calls"
+    fake = tmp_path / "ssh"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\nprintf "hostname 10.0.0.9\\nport 2222\\nuser u\\n"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config, included = tmp_path / "config", tmp_path / "more.conf"
+    config.write_text(f"Include {included}\nHost gpu*\n    User u\n")
+    included.write_text("Host gpu1\n    Port 2222\n")
+    options = sshhosts.SSHOptions(ssh_config=str(config))
+
+    def run() -> int:
+        monkeypatch.setattr(sshhosts, "_answers", {})  # a new run
+        assert sshhosts.resolve(HostSpec(host="gpu1"), options).hostname == "10.0.0.9"
+        return log.read_text().count("gpu1")
+
+    assert run() == 1 and run() == 1
+    included.write_text("Host gpu1\n    Port 2223\n")
+    assert run() == 2 and run() == 2
+    config.write_text("Match exec true\n    User u\n")
+    assert run() == 3 and run() == 4

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from clusterrun.config import HostSpec
 from clusterrun.errors import ConnectError, HostKeyError
+from clusterrun.transports import sshgcache
 from clusterrun.transports.sshlib import fingerprint, paramiko
 
 CONNECT_TIMEOUT = 10.0
@@ -47,7 +48,8 @@ class ResolvedHost:
 
 
 # `ssh -G`'s answers, reused for a while: a run resolves a jump host once for all the hosts behind
-# it, and a long-lived monitor still sees a configuration edited since.
+# it, and a long-lived monitor still sees a configuration edited since. Between runs they are kept
+# on disk while the configuration files are unchanged (sshgcache).
 SSH_G_REUSE = 60.0
 _answers: dict[tuple[str, str | None, int | None, str | None], tuple[float, dict[str, list[str]] | None]] = {}
 _answers_lock = threading.Lock()
@@ -69,6 +71,9 @@ def _run_ssh_g(alias: str, config: str | None, port: int | None, user: str | Non
     ssh = shutil.which("ssh")
     if ssh is None:
         return None
+    kept, values = sshgcache.load(alias, config, port, user, ssh)
+    if values is not None:
+        return values
     argv = [ssh, "-G"]
     if config:
         argv += ["-F", os.path.expanduser(config)]
@@ -84,10 +89,12 @@ def _run_ssh_g(alias: str, config: str | None, port: int | None, user: str | Non
     if proc.returncode != 0:
         raise ConnectError(alias, f"ssh -G could not read the ssh configuration: {proc.stderr.strip()}",
                            hint="check the ssh_config file named in the hosts file or by --ssh-config")
-    values: dict[str, list[str]] = {}
+    values = {}
     for line in proc.stdout.splitlines():
         key, _, value = line.partition(" ")
         values.setdefault(key.lower(), []).append(value)
+    if kept is not None:
+        sshgcache.store(kept, values)
     return values
 
 
