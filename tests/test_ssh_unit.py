@@ -333,3 +333,5 @@ def test_ssh_g_answers_are_kept_between_runs_while_the_configuration_is_unchange
     assert run() == 2 and run() == 2
     config.write_text("Match exec true\n    User u\n")
     assert run() == 3 and run() == 4
+    config.write_text("Host gpu1\n    IdentityFile ${KEYS}/id\n")  # the environment may change it
+    assert run() == 5 and run() == 6

@@ -4,8 +4,9 @@ An answer is kept under a key of everything that could change it: the alias, por
 the ``ssh`` binary, ``$HOME`` and the uid, and every configuration file ``ssh -G`` reads (the
 ``-F`` file, else ``~/.ssh/config`` and ``/etc/ssh/ssh_config``, and the files their ``Include``
 patterns match) with its content's sha256, or its absence. A configuration that runs commands or
-asks the network (``Match exec``, ``Match localnetwork``, ``CanonicalizeHostname``) is never
-kept: its answer can change while no file does. One ``ssh -G`` costs the controller about 5 ms
+asks the network (``Match exec``, ``Match localnetwork``, ``CanonicalizeHostname``), or that
+uses an environment variable or this machine's name, is never kept: its answer can change while
+no file does. One ``ssh -G`` costs the controller about 5 ms
 of CPU per host (docs/benchmarks.md).
 """
 
@@ -16,7 +17,9 @@ import hashlib
 import json
 import os
 
-VOLATILE = ("exec", "localnetwork", "canonicalizehostname")
+# Words after which an answer may change with no file changing: a command's or the network's say,
+# an environment variable (``${VAR}``), this machine's name (``%L``, ``%l``).
+VOLATILE = ("exec", "localnetwork", "canonicalizehostname", "${", "%l")
 MAX_FILES = 64  # Include loops, or a glob over a big folder: not cached
 
 
