@@ -6,8 +6,7 @@ the ``ssh`` binary, ``$HOME`` and the uid, and every configuration file ``ssh -G
 patterns match) with its content's sha256, or its absence. A configuration that runs commands or
 asks the network (``Match exec``, ``Match localnetwork``, ``CanonicalizeHostname``), or that
 uses an environment variable or this machine's name, is never kept: its answer can change while
-no file does. One ``ssh -G`` costs the controller about 5 ms
-of CPU per host (docs/benchmarks.md).
+no file does. One ``ssh -G`` costs the controller about 5 ms of CPU per host (docs/benchmarks.md).
 """
 
 from __future__ import annotations
