@@ -8,8 +8,6 @@ taken from the script), each with the job it means. A store that cannot be read 
 
 from __future__ import annotations
 
-from importlib import metadata
-
 import click
 from click.shell_completion import CompletionItem, get_completion_class
 
@@ -49,6 +47,8 @@ BROKEN_FISH = ("8.4.0", "8.4.1")
 
 def script(command: click.Command, shell: str) -> str:
     """The completion script for ``shell``, to ``source`` (bash, zsh) or put in fish's completions."""
+    from importlib import metadata  # importlib.metadata imports email: only for this script
+
     if shell == "fish" and (version := metadata.version("click")) in BROKEN_FISH:
         raise click.ClickException(f"click {version} writes a broken fish completion (pallets/click#3502); "
                                    "install another: pip install 'click!=8.4.0,!=8.4.1'")

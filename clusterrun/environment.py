@@ -114,8 +114,12 @@ def resolve(spec: ClusterSpec, environ: Mapping[str, str]) -> tuple[ClusterSpec,
     files: dict[str, dict[str, str]] = {}
     notes: list[str] = []
     hosts: list[HostSpec] = []
+    matched: dict[tuple[str, ...], dict[str, str]] = {}  # hosts share their patterns: environ scanned once
     for host in spec.hosts:
-        env = forwarded(host.forward_env, environ)
+        patterns = tuple(host.forward_env)
+        if patterns not in matched:
+            matched[patterns] = forwarded(patterns, environ)
+        env = dict(matched[patterns])
         for name in host.forward_env:
             if not any(c in name for c in "*?") and name not in environ:
                 note = f"forward_env: {name} is not set in this environment; it is not passed on"

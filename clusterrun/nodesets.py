@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-
-from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
+from typing import TYPE_CHECKING
 
 from clusterrun.ranges import ranges_text
+
+if TYPE_CHECKING:
+    from ClusterShell.NodeSet import NodeSetParseError
+
+# ClusterShell.NodeSet is imported where a set is expanded or folded, not at every command's
+# start: it brings logging and configparser (docs/benchmarks.md, "Figures behind choices").
 
 __all__ = ["FOLD_PAST", "NodeSetError", "alike_lines", "expand", "fold", "fold_ranks", "hosts_alike", "is_nodeset"]
 
@@ -66,6 +71,8 @@ def expand(expression: str) -> list[str]:
     if (bad := _OPERATORS.search(expression)) is not None:
         what = "a space" if bad.group().isspace() else f"{bad.group()!r}"
         raise NodeSetError(expression, bad.start() + 1, f"{what} is not allowed in a node set")
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
+
     names: dict[str, None] = {}
     for offset, part in _parts(expression):
         if not part:
@@ -99,6 +106,8 @@ def _reason(exc: NodeSetParseError) -> str:
 
 def fold(names: list[str]) -> str:
     """The shortest node set of ``names`` (for messages): ``gpu[01-03,07]``."""
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
+
     return str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP))
 
 

@@ -17,7 +17,6 @@ each barrier.
 from __future__ import annotations
 
 import os
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -156,11 +155,13 @@ def render(timeline: Timeline, before: float | None = None) -> list[str]:
     h = slowest[0]
     worst = max(hosts[h], key=lambda p: hosts[h][p])
     lines.append(f"  slowest host: {h}: {worst} {hosts[h][worst]:.3f} s of {total[h]:.3f} s")
+    from statistics import median  # statistics imports fractions and decimal: only for --timings
+
     spread = []
     for p in shown:
         values = {host: phases[p] for host, phases in hosts.items() if p in phases}
         top = max(values, key=lambda x: values[x])
-        spread.append(f"{p} {min(values.values()):.3f}/{statistics.median(values.values()):.3f}/"
+        spread.append(f"{p} {min(values.values()):.3f}/{median(values.values()):.3f}/"
                       f"{values[top]:.3f} ({top})")
     lines.append("  spread, min/median/max (slowest host): " + ", ".join(spread))
     path = []

@@ -474,7 +474,8 @@ def test_the_agent_and_its_supervisor_import_little(tmp_path: Path) -> None:
     in docs/benchmarks.md)."""
     from clusterrun.transports.base import agent_bundle, agent_command, request_line
 
-    heavy = {"re", "enum", "json", "subprocess", "socket", "typing", "glob", "random", "threading", "importlib.util"}
+    heavy = {"re", "enum", "json", "subprocess", "socket", "typing", "glob", "random", "threading", "importlib.util",
+             "contextlib", "collections"}
     argv = agent_command(sys.executable)
     argv[1:1] = ["-X", "importtime"]  # also in the forked supervisor, which logs to supervisor.log
     request = req(tmp_path / "state", "start", argv=[sys.executable, "-c", "print('ran')"], env={},
@@ -484,6 +485,11 @@ def test_the_agent_and_its_supervisor_import_little(tmp_path: Path) -> None:
     first = subprocess.run(argv, input=agent_bundle().stdin(request_line(probe)), capture_output=True, timeout=60,
                            env=env)  # installs and compiles this version: once per version and interpreter
     assert b'"ok": true' in first.stdout and "zipfile" in _own_imports(first.stderr.decode()), first
+    # a probe imports the parts a probe needs (serve imports a handler's module at its first request)
+    alone = subprocess.run(argv, input=agent_bundle().stdin(request_line(probe)), capture_output=True, timeout=60,
+                           env=env)
+    parts = {name.split(".")[-1] for name in _own_imports(alone.stderr.decode()) if "clusterrun_agent." in name}
+    assert "probe" in parts and not {"start", "survivor", "monitor", "follow", "syncops", "doctorops"} & parts, parts
     # what `up` asks every host: the probe, the route to the master and the preflight's TCP test, the start
     route = {"op": "route", "route_to": {"addr": "127.0.0.1", "port": 9, "peers": ["127.0.0.1"], "always_peers": True}}
     reach = {"op": "reach", "addr": "127.0.0.1", "port": 9, "token": "t", "timeout": 5}

@@ -128,6 +128,17 @@ def test_the_core_never_imports_textual() -> None:
     assert done.stdout.split("\n")[:2] == ["[]", "True"], done.stdout
 
 
+def test_the_cli_leaves_out_what_few_commands_use() -> None:
+    """Every command pays for what ``clusterrun.cli`` imports: importlib.metadata (with email), for
+    the fish completion only; statistics, for ``--timings``; ClusterShell's NodeSet (with logging's
+    configparser), where a node set is expanded or folded."""
+    code = "import sys, clusterrun.cli\nprint(sorted(sys.modules))\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    loaded = set(eval(done.stdout))
+    assert not {"importlib.metadata", "email", "statistics", "ClusterShell.NodeSet"} & loaded
+
+
 def test_the_job_list_shortens_long_host_lists() -> None:
     from clusterrun.cli.jobs import _hosts_cell
 

@@ -72,6 +72,36 @@ def test_the_zip_is_deterministic_and_holds_the_package_sources_only(tmp_path: P
     assert all(n.startswith("clusterrun_agent/") and n.endswith(".py") for n in names)
 
 
+def test_connections_opened_at_once_build_the_zip_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every connection asks for the bundle when it opens its agent, 64 of them at once in ``up``."""
+    import threading
+
+    from clusterrun.transports import bundle
+
+    builds: list[int] = []
+    both = threading.Barrier(2, timeout=1)  # passed only if a second build runs beside the first
+
+    def build() -> bytes:
+        builds.append(1)
+        try:
+            both.wait()
+        except threading.BrokenBarrierError:
+            pass
+        return b"zip"
+
+    monkeypatch.setattr(bundle, "build_zip", build)
+    bundle._bundle.cache_clear()
+    try:
+        threads = [threading.Thread(target=bundle.agent_bundle) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        bundle._bundle.cache_clear()
+    assert len(builds) == 1
+
+
 @pytest.mark.integration
 def test_a_session_sends_the_zip_once_then_only_its_hash(tmp_path: Path, folder: Path) -> None:
     bundle = agent_bundle()

@@ -13,7 +13,7 @@ import pytest
 
 from clusterrun.errors import AuthError, ConnectError, HostKeyError, TransportError
 from clusterrun.transports.ssh import _jump_alias, _jump_user_port
-from clusterrun.transports.sshhosts import HostKeyPolicy, KnownHosts, ResolvedHost
+from clusterrun.transports.sshhosts import HostKeyPolicy, KnownHosts, ResolvedHost, known_hosts
 from clusterrun.transports.sshlib import fingerprint, map_error
 
 
@@ -144,8 +144,9 @@ def test_known_hosts_with_revoked_and_cert_authority_lines(tmp_path: Path) -> No
     client = paramiko.SSHClient()
     known = KnownHosts()
     known.read(str(path))  # paramiko alone raises InvalidHostKey for this file
-    known.install(client.get_host_keys())
+    known.install(client.get_host_keys(), "10.0.0.5")
     assert client.get_host_keys().check("10.0.0.5", good)
+    known.install(client.get_host_keys(), "[10.0.0.5]:2222")
     assert not client.get_host_keys().check("[10.0.0.5]:2222", bad)  # revoked: never a known key
     policy = HostKeyPolicy(_resolved(2222), accept_new=True, known=known)
     with pytest.raises(HostKeyError) as revoked:
@@ -159,6 +160,36 @@ def test_known_hosts_with_revoked_and_cert_authority_lines(tmp_path: Path) -> No
     with pytest.raises(HostKeyError) as unknown:  # negated by the pattern list: the usual unknown-key message
         policy.missing_host_key(client, "skip.example.com", other)
     assert "unknown host key for skip.example.com" in unknown.value.render()
+
+
+def test_known_hosts_are_read_once_until_a_file_changes(tmp_path: Path) -> None:
+    key = _key()
+    path = tmp_path / "known_hosts"
+    path.write_text(f"10.0.0.5 {key.get_name()} {key.get_base64()}\n")
+    paths = [str(path), str(tmp_path / "absent")]
+    first = known_hosts(paths)
+    assert known_hosts(paths) is first and len(first.entries) == 1  # one parse for every connection
+    with path.open("a") as f:
+        f.write(f"10.0.0.6 {key.get_name()} {key.get_base64()}\n")  # as --accept-new-host-keys does
+    again = known_hosts(paths)
+    assert again is not first and len(again.entries) == 2
+
+
+def test_a_connection_holds_only_the_keys_of_its_host(tmp_path: Path) -> None:
+    mine, other, hashed = _key(), _key(), _key()
+    also_mine = paramiko.ECDSAKey.generate()
+    path = tmp_path / "known_hosts"
+    path.write_text(f"10.0.0.5,gpu1 {mine.get_name()} {mine.get_base64()}\n"
+                    f"10.0.0.6 {other.get_name()} {other.get_base64()}\n"
+                    f"10.0.0.5 {also_mine.get_name()} {also_mine.get_base64()}\n"
+                    f"{paramiko.HostKeys.hash_host('10.0.0.7')} {hashed.get_name()} {hashed.get_base64()}\n")
+    known = KnownHosts()
+    known.read(str(path))
+    keys = paramiko.HostKeys()
+    known.install(keys, "10.0.0.5")
+    assert keys.check("10.0.0.5", mine) and keys.check("10.0.0.5", also_mine) and keys.lookup("10.0.0.6") is None
+    known.install(keys, "10.0.0.7")
+    assert keys.check("10.0.0.7", hashed)  # a hashed name may be anybody's: kept
 
 
 PARAMIKO_NOISE = """
@@ -269,5 +300,38 @@ def test_ssh_g_runs_once_per_host_in_a_run(tmp_path: Path, monkeypatch: pytest.M
     sshhosts.resolve(HostSpec(host="gpu1"), options)
     assert log.read_text().count("bastion") == 1 and log.read_text().count("gpu1") == 1
     monkeypatch.setattr(sshhosts, "SSH_G_REUSE", 0.0)  # as if the answer were older than that
+    (tmp_path / "config").write_text("Host bastion\n    Port 2222\n")  # and the configuration edited since
     sshhosts.resolve(HostSpec(host="gpu2"), options, alias="bastion")
     assert log.read_text().count("bastion") == 2
+
+
+def test_ssh_g_answers_are_kept_between_runs_while_the_configuration_is_unchanged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A later run (the answers in memory gone) reads the kept answer; an edit of the file, or of
+    a file it includes, asks `ssh -G` again; a configuration that runs commands is never kept."""
+    from clusterrun.config import HostSpec
+    from clusterrun.transports import sshhosts
+
+    log = tmp_path / "calls"
+    fake = tmp_path / "ssh"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\nprintf "hostname 10.0.0.9\\nport 2222\\nuser u\\n"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config, included = tmp_path / "config", tmp_path / "more.conf"
+    config.write_text(f"Include {included}\nHost gpu*\n    User u\n")
+    included.write_text("Host gpu1\n    Port 2222\n")
+    options = sshhosts.SSHOptions(ssh_config=str(config))
+
+    def run() -> int:
+        monkeypatch.setattr(sshhosts, "_answers", {})  # a new run
+        assert sshhosts.resolve(HostSpec(host="gpu1"), options).hostname == "10.0.0.9"
+        return log.read_text().count("gpu1")
+
+    assert run() == 1 and run() == 1
+    included.write_text("Host gpu1\n    Port 2223\n")
+    assert run() == 2 and run() == 2
+    config.write_text("Match exec true\n    User u\n")
+    assert run() == 3 and run() == 4
+    config.write_text("Host gpu1\n    IdentityFile ${KEYS}/id\n")  # the environment may change it
+    assert run() == 5 and run() == 6

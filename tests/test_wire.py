@@ -8,7 +8,7 @@ import json
 import pytest
 
 from clusterrun import protocol
-from clusterrun.agent import serve, wire
+from clusterrun.agent import serve, status, wire
 from clusterrun.events import StopReport
 
 
@@ -23,14 +23,14 @@ def test_every_operation_has_a_request_type_and_an_answer_type() -> None:
 @pytest.mark.parametrize("op", sorted(serve.OPS))
 def test_every_handler_takes_its_decoded_request_type(op: str) -> None:
     """serve.answer decodes a request once; the handler is declared to take that type, never a dict."""
-    parameters = list(inspect.signature(serve.OPS[op]).parameters.values())
+    parameters = list(inspect.signature(serve.handler(op)).parameters.values())
     assert len(parameters) == 1, f"{op}: {parameters}"
     assert parameters[0].annotation == wire.REQUESTS[op].__name__
 
 
 def test_a_handler_receives_the_request_object(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[object] = []
-    monkeypatch.setitem(serve.OPS, "status", lambda request: seen.append(request) or {"ok": True})
+    monkeypatch.setattr(status, "op_status", lambda request: seen.append(request) or {"ok": True})
     assert serve.answer(b'{"op": "status", "job": "j", "node": 2}') == {"ok": True}
     assert seen == [wire.StatusRequest(job="j", node=2)]
 

@@ -17,7 +17,6 @@ from .wire import InspectRequest, ListenRequest, ReachRequest, UnlistenRequest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
 
@@ -270,8 +269,3 @@ def op_reach(req: ReachRequest) -> dict[str, Any]:
     finally:
         sock.close()
     return answer
-
-
-DOCTOR_OPS: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "inspect": op_inspect, "listen": op_listen, "unlisten": op_unlisten, "reach": op_reach,
-}

@@ -6,18 +6,7 @@ import os
 import sys
 
 from .codec import _emit, json_loads
-from .doctorops import DOCTOR_OPS
-from .follow import op_follow
-from .gpus import op_gpus
-from .network import op_route
-from .probe import op_probe
 from .records import AgentFailure
-from .setup import op_setup
-from .stackops import op_stack
-from .start import op_start
-from .status import op_jobs, op_remove, op_status
-from .stop import op_stop
-from .syncops import op_sync_hash, op_sync_put, op_sync_stat
 from .wire import REQUESTS
 
 TYPE_CHECKING = False
@@ -26,17 +15,30 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-# Every operation: its request's ``op`` → the function that answers it. ``answer`` decodes the
-# request line once into ``wire.REQUESTS[op]`` and hands the handler that object, never a dict
-# (a new op: its Request type in wire.py, its handler here taking it; tests/test_wire.py checks
-# both). ``follow`` streams its own answer and returns None; ``sync_put`` reads its files' bytes
-# from stdin after the request.
-OPS: dict[str, Callable[[Any], dict[str, Any] | None]] = {
-    "probe": op_probe, "route": op_route, "setup": op_setup, "start": op_start, "follow": op_follow,
-    "stop": op_stop, "status": op_status, "remove": op_remove, "jobs": op_jobs,
-    "sync_stat": op_sync_stat, "sync_hash": op_sync_hash, "sync_put": op_sync_put, "gpus": op_gpus, "stack": op_stack,
-    **DOCTOR_OPS,
+# Every operation: its request's ``op`` -> the module of this package and the function there that
+# answers it, imported at its first request (a probe imports what a probe needs, not the start's,
+# the follow's or the sync's parts: half the agent's import time). ``answer`` decodes the request
+# line once into ``wire.REQUESTS[op]`` and hands the handler that object, never a dict (a new op:
+# its Request type in wire.py, its handler here taking it; tests/test_wire.py checks both).
+# ``follow`` streams its own answer and returns None; ``sync_put`` reads its files' bytes from
+# stdin after the request.
+OPS: dict[str, tuple[str, str]] = {
+    "probe": ("probe", "op_probe"), "route": ("network", "op_route"), "setup": ("setup", "op_setup"),
+    "start": ("start", "op_start"), "follow": ("follow", "op_follow"), "stop": ("stop", "op_stop"),
+    "status": ("status", "op_status"), "remove": ("status", "op_remove"), "jobs": ("status", "op_jobs"),
+    "sync_stat": ("syncops", "op_sync_stat"), "sync_hash": ("syncops", "op_sync_hash"),
+    "sync_put": ("syncops", "op_sync_put"), "gpus": ("gpus", "op_gpus"), "stack": ("stackops", "op_stack"),
+    "inspect": ("doctorops", "op_inspect"), "listen": ("doctorops", "op_listen"),
+    "unlisten": ("doctorops", "op_unlisten"), "reach": ("doctorops", "op_reach"),
 }
+
+
+def handler(op: str) -> Callable[[Any], dict[str, Any] | None]:
+    """The function that answers ``op`` (one of ``OPS``), its module imported now if not yet."""
+    module, name = OPS[op]
+    handle: Callable[[Any], dict[str, Any] | None] = getattr(
+        __import__(f"{__package__}.{module}", fromlist=[name]), name)
+    return handle
 
 
 def answer(line: bytes) -> dict[str, Any] | None:
@@ -48,7 +50,7 @@ def answer(line: bytes) -> dict[str, Any] | None:
             return {"ok": False, "error": f"unknown op {op!r}"}
         # Decoded into its wire type: a missing or mistyped field is a bad request that names it,
         # and the operation reads the fields the type defines, its defaults filled in.
-        return OPS[op](REQUESTS[op].from_json(req, f"{op} request"))
+        return handler(op)(REQUESTS[op].from_json(req, f"{op} request"))
     except AgentFailure as exc:
         return {"ok": False, "error": str(exc)}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

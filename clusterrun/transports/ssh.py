@@ -41,7 +41,14 @@ from clusterrun import timings
 from clusterrun.config import HostSpec
 from clusterrun.errors import ConnectError, HostKeyError
 from clusterrun.transports.base import AgentSession, Transport, agent_bundle, agent_command
-from clusterrun.transports.sshhosts import CONNECT_TIMEOUT, HostKeyPolicy, KnownHosts, ResolvedHost, SSHOptions, resolve
+from clusterrun.transports.sshhosts import (
+    CONNECT_TIMEOUT,
+    HostKeyPolicy,
+    ResolvedHost,
+    SSHOptions,
+    known_hosts,
+    resolve,
+)
 from clusterrun.transports.sshlib import is_throttled, map_error, paramiko
 
 # Channel flow control: paramiko's default 32 KB packets make `logs` pay its per-packet Python
@@ -107,14 +114,12 @@ class SSHTransport(Transport):
                        .replace("%r", target.user or "").replace("%%", "%"))
             sock = paramiko.ProxyCommand(command)
         client = paramiko.SSHClient()
-        known = KnownHosts()
-        for path in target.known_hosts:
-            if os.path.exists(path):
-                try:
-                    known.read(path)
-                except OSError as exc:
-                    raise HostKeyError(target.alias, f"cannot read {path}: {exc.strerror or exc}") from None
-        known.install(client.get_host_keys())
+        try:
+            known = known_hosts(target.known_hosts)
+        except OSError as exc:
+            raise HostKeyError(target.alias, f"cannot read {exc.filename}: {exc.strerror or exc}") from None
+        known.install(client.get_host_keys(),
+                      target.hostname if target.port == 22 else f"[{target.hostname}]:{target.port}")
         client.set_missing_host_key_policy(HostKeyPolicy(target, self.options.accept_new_host_keys, known))
         keys = [p for p in target.identity_files if os.path.exists(p)]
         delay = 0.2

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from clusterrun.config import HostSpec
 from clusterrun.errors import ConnectError, HostKeyError
+from clusterrun.transports import sshgcache
 from clusterrun.transports.sshlib import fingerprint, paramiko
 
 CONNECT_TIMEOUT = 10.0
@@ -47,7 +48,8 @@ class ResolvedHost:
 
 
 # `ssh -G`'s answers, reused for a while: a run resolves a jump host once for all the hosts behind
-# it, and a long-lived monitor still sees a configuration edited since.
+# it, and a long-lived monitor still sees a configuration edited since. Between runs they are kept
+# on disk while the configuration files are unchanged (sshgcache).
 SSH_G_REUSE = 60.0
 _answers: dict[tuple[str, str | None, int | None, str | None], tuple[float, dict[str, list[str]] | None]] = {}
 _answers_lock = threading.Lock()
@@ -69,6 +71,9 @@ def _run_ssh_g(alias: str, config: str | None, port: int | None, user: str | Non
     ssh = shutil.which("ssh")
     if ssh is None:
         return None
+    kept, values = sshgcache.load(alias, config, port, user, ssh)
+    if values is not None:
+        return values
     argv = [ssh, "-G"]
     if config:
         argv += ["-F", os.path.expanduser(config)]
@@ -84,10 +89,12 @@ def _run_ssh_g(alias: str, config: str | None, port: int | None, user: str | Non
     if proc.returncode != 0:
         raise ConnectError(alias, f"ssh -G could not read the ssh configuration: {proc.stderr.strip()}",
                            hint="check the ssh_config file named in the hosts file or by --ssh-config")
-    values: dict[str, list[str]] = {}
+    values = {}
     for line in proc.stdout.splitlines():
         key, _, value = line.partition(" ")
         values.setdefault(key.lower(), []).append(value)
+    if kept is not None:
+        sshgcache.store(kept, values)
     return values
 
 
@@ -190,14 +197,16 @@ class KnownHosts:
             if entry is not None and entry.key is not None:
                 self.entries.append(entry)
 
-    def install(self, keys: paramiko.HostKeys) -> None:
-        """Add every entry to ``keys`` but revoked keys: a host with only those has no known key,
-        and the policy refuses it."""
+    def install(self, keys: paramiko.HostKeys, name: str) -> None:
+        """Add to ``keys`` the entries paramiko would find for ``name`` (the host, or ``[host]:port``:
+        that name or a hashed one), but revoked keys: a host with only those has no known key, and
+        the policy refuses it. Not every entry: paramiko's ``add`` scans all it holds, and each of N
+        connections would hold the N hosts' keys."""
         blobs = {m.blob for m in self.revoked}
         for entry in self.entries:
-            if entry.key.asbytes() not in blobs:
-                for name in entry.hostnames:
-                    keys.add(name, entry.key.get_name(), entry.key)
+            if any(h == name or h.startswith("|1|") for h in entry.hostnames) and entry.key.asbytes() not in blobs:
+                for each in entry.hostnames:
+                    keys.add(each, entry.key.get_name(), entry.key)
 
     def revocation(self, key: paramiko.PKey) -> _Marked | None:
         blob = key.asbytes()
@@ -217,6 +226,33 @@ class KnownHosts:
             if allowed:
                 return mark
         return None
+
+
+_known: dict[tuple[tuple[str, int, int, int], ...], KnownHosts] = {}
+_known_lock = threading.Lock()
+
+
+def known_hosts(paths: list[str]) -> KnownHosts:
+    """The ``KnownHosts`` of the files at ``paths`` that exist, read once for all connections
+    while none of them changes (their inode, size and mtime); ``OSError`` when one cannot be read."""
+    stats = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        stats.append((path, st.st_ino, st.st_size, st.st_mtime_ns))
+    key = tuple(stats)
+    with _known_lock:
+        found = _known.get(key)
+        if found is None:
+            found = KnownHosts()
+            for path, *_ in stats:
+                found.read(path)
+            if len(_known) >= 8:  # files edited during a long run (a monitor's): keep the last few
+                _known.clear()
+            _known[key] = found
+    return found
 
 
 class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
@@ -260,4 +296,4 @@ def _keyscan(t: ResolvedHost) -> str:
     return f"ssh-keyscan -p {t.port} {t.hostname}" if t.port != 22 else f"ssh-keyscan {t.hostname}"
 
 
-__all__ = ["CONNECT_TIMEOUT", "HostKeyPolicy", "KnownHosts", "ResolvedHost", "SSHOptions", "resolve"]
+__all__ = ["CONNECT_TIMEOUT", "HostKeyPolicy", "KnownHosts", "ResolvedHost", "SSHOptions", "known_hosts", "resolve"]
