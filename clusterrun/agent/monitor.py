@@ -12,7 +12,18 @@ import time
 from .cgroup import cg_kill, cg_remove, cg_wait_empty, cg_write
 from .hangwatch import HangWatch, hang_report, joined_store, master_port
 from .kmsg import KernelLog
-from .procs import JobScope, PidHandle, _is_alive, all_procs, descendants, pin, proc_env, proc_info, signal
+from .procs import (
+    JobScope,
+    PidHandle,
+    _is_alive,
+    all_procs,
+    cgroup_procs,
+    descendants,
+    pin,
+    proc_env,
+    proc_info,
+    signal,
+)
 from .ranklogs import RankLogs
 from .records import _boot_id, _fs_problem, _read_json, _write_json_atomic
 from .system import _close_fds_from, _exit_with
@@ -357,7 +368,8 @@ class Monitor:
         return True
 
     def _scan(self, torchrun_pid: int) -> bool:
-        procs = all_procs()
+        # the attempt's cgroup holds the survivor, torchrun and everything they started
+        procs = (cgroup_procs(self.cgroup) if self.cgroup else None) or all_procs()
         changed = False
         known = {w["pid"] for w in self.state["workers"]}
         for pid, info in procs.items():
