@@ -260,9 +260,10 @@ def test_dry_run_runs_no_setup_and_the_start_names_its_secrets() -> None:
 def test_setup_exports_reach_the_environment_and_failures_say_why(tmp_path: Path) -> None:
     from clusterrun.agent import setup
 
-    env = setup._run_setup(["export FROM_SETUP='a b'; unset DROPPED", "cd /; export WHERE=$OLDPWD",
-                            "if true; then\n  export MULTI=2\nfi\n"],
-                           {"DROPPED": "x", "GIVEN": "y"}, str(tmp_path))
+    env, output = setup._run_setup(["export FROM_SETUP='a b'; unset DROPPED", "cd /; export WHERE=$OLDPWD",
+                                    "if true; then\n  export MULTI=2\nfi\n", "echo said; echo err >&2"],
+                                   {"DROPPED": "x", "GIVEN": "y"}, str(tmp_path))
+    assert output == b"said\nerr\n"  # stdout and stderr, for the node's log
     assert env["FROM_SETUP"] == "a b" and env["GIVEN"] == "y" and env["MULTI"] == "2"
     assert env["WHERE"] == str(tmp_path)  # run in the node's working directory
     assert "DROPPED" not in env
