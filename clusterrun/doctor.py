@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -29,16 +29,20 @@ from clusterrun.agent.wire import (
     ListenRequest,
     ProbeRequest,
     ReachRequest,
+    SetupAnswer,
+    SetupRequest,
     Unlistened,
     UnlistenRequest,
 )
 from clusterrun.config import ClusterSpec, HostSpec
+from clusterrun.environment import redact
 from clusterrun.errors import AgentError, ClusterrunError, ConnectError, HostError, HostsUnavailable
 from clusterrun.hostchecks import (  # re-exported: the checks are the doctor's vocabulary
     Check,
     HostReport,
     Report,
     Verdict,
+    after_setup,
     clock_check,
     connection_check,
     disk_check,
@@ -65,6 +69,7 @@ from clusterrun.protocol import (
 from clusterrun.transports import AgentSession, Transport
 
 REACH_TIMEOUT = 5.0
+DOCTOR_JOB = "doctor"  # the job id of the doctor's setup, in its own agent's memory only
 
 
 @dataclass
@@ -77,6 +82,10 @@ class _Host:
     probe: Probe | None = None
     inspection: Inspection | None = None
     checks: list[Check] = field(default_factory=list)
+    # (job, attempt) whose setup ran on this host in its agent: the python checks see its
+    # environment, and the job's interpreter there as named in the rows
+    setup_of: tuple[str, int] | None = None
+    python: str = ""
 
 
 def _cwd(host: HostSpec, local_cwd: str | None) -> str | None:
@@ -92,9 +101,10 @@ def _inspect(h: _Host, script: str | None, spec: ClusterSpec, local_cwd: str | N
         return
     host = h.transport.host
     paths = ["."] + ([script] if script is not None else [])
+    job, attempt = h.setup_of or (None, 0)
     request = InspectRequest(cwd=_cwd(host, local_cwd), paths=paths, state_dir=spec.state_dir, deep=deep,
                              gpus=full and host.gpus is not None, imports=script if imports else None,
-                             pythonpath=host.env.get("PYTHONPATH"))
+                             pythonpath=host.env.get("PYTHONPATH"), job=job, node=h.rank, attempt=attempt)
     sent = time.time()
     try:
         answer = h.session.call(request)
@@ -103,8 +113,38 @@ def _inspect(h: _Host, script: str | None, spec: ClusterSpec, local_cwd: str | N
         return
     answered = time.time()
     h.inspection = decode_inspection(h.transport.name, answer)
-    h.checks += host_checks(host, h.transport.python, h.probe, h.inspection, script=script, sent=sent,
-                            answered=max(sent, answered - h.inspection.elapsed), full=full, synced=synced)
+    h.checks += host_checks(host, h.python or h.transport.python, h.probe, h.inspection, script=script, sent=sent,
+                            answered=max(sent, answered - h.inspection.elapsed), full=full, synced=synced,
+                            setup=h.setup_of is not None)
+
+
+def _setup(h: _Host, spec: ClusterSpec, local_cwd: str | None) -> bool:
+    """The host's ``setup`` run as ``up`` runs it, so that the python checks see the environment it
+    makes (under a job id of the doctor's: nothing starts, the agent forgets it when it ends);
+    its row. False when the job cannot run there (the row says why)."""
+    assert h.session is not None and h.probe is not None
+    host, python = h.transport.host, h.transport.python
+    env = node_env(host, {})
+    request = SetupRequest(job=DOCTOR_JOB, node=h.rank, attempt=0, setup=list(host.setup), env=env,
+                           cwd=_cwd(host, local_cwd), python=python, if_cwd=True)
+    try:
+        answer = decode(h.transport.name, SetupAnswer, h.session.call(request), "setup answer")
+    except HostError as exc:
+        h.checks.append(Check("setup", Verdict.FAIL, redact(exc.message, env, spec.secret_env),
+                              exc.hint or "fix the setup: commands of this host (run them there in bash)"))
+        return False
+    if answer.skipped or answer.python is None:
+        h.checks.append(Check("setup", Verdict.WARN, f"not run: {answer.skipped or 'no answer'}; the checks "
+                              f"below are of {python} without it", "create the workdir (or let `up`'s sync make it)"))
+        return True
+    h.python, h.probe, refused = after_setup(python, h.probe, answer.python)
+    if refused is not None and answer.python.error:
+        h.checks.append(refused)
+        return False
+    h.setup_of = (DOCTOR_JOB, 0)
+    h.checks.append(Check("setup", Verdict.OK, f"{len(host.setup)} command(s) ran; the job runs {h.python}: "
+                          f"Python {h.probe.python}"))
+    return True
 
 
 def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: ThreadPoolExecutor, *, fixed: bool) -> None:
@@ -221,7 +261,7 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
         except ClusterrunError as exc:
             error = exc
         h.checks.append(python_check(h.transport.python, h.probe, error))
-        if h.probe is None:
+        if h.probe is None or h.transport.host.setup and not _setup(h, spec, local_cwd):
             return
         _inspect(h, script, spec, local_cwd, deep=True, full=True, imports=True)
 
@@ -245,14 +285,20 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
 
 def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | None]], spec: ClusterSpec,
               script: str, *, addr: str, port: int, local_cwd: str | None, full: bool,
-              synced: Collection[int] = (), test_port: bool = True) -> Report:
+              synced: Collection[int] = (), test_port: bool = True, set_up: Mapping[int, str] | None = None,
+              setup_of: tuple[str, int] | None = None) -> Report:
     """``up``'s checks on hosts its agents have probed already (``sessions``, by node rank): the
     workdir and the script (not on the nodes in ``synced``: a dry run of a sync that would make and
     copy them), disk, clock and logind always; with ``full`` the GPUs, the versions and the master
     port's TCP test as well (unless ``test_port`` is false: a restart's fixed port, held by the
     attempt it replaces); with ``full``, on hosts that declare ``gpus``, that torch sees as many CUDA
-    devices. The sessions stay open (``up`` starts the nodes with them)."""
+    devices. On the nodes of ``set_up`` (rank → the job's interpreter there, in words), whose setup
+    for ``setup_of`` (job, attempt) ran in these agents, the python checks run in its environment.
+    The sessions stay open (``up`` starts the nodes with them)."""
     hosts = [_Host(rank, t, s, p) for rank, (t, s, p) in enumerate(sessions)]
+    for h in hosts:
+        if set_up and h.rank in set_up and setup_of is not None:
+            h.setup_of, h.python = setup_of, set_up[h.rank]
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts))), thread_name_prefix="clusterrun-preflight") as pool:
         # torch is imported (a few seconds) only where the hosts file declares GPUs: that it sees them all
         list(pool.map(lambda h: _inspect(h, script, spec, local_cwd, deep=full and h.transport.host.gpus is not None,

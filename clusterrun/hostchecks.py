@@ -4,12 +4,14 @@ decided by pure functions of the agents' decoded answers (``host_checks``, ``ver
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from clusterrun.agent.wire import JobPython
 from clusterrun.config import HostSpec
 from clusterrun.errors import AuthError, ClusterrunError, ConnectError, HostKeyError
 from clusterrun.protocol import Inspection, Probe
@@ -114,10 +116,26 @@ def python_check(python: str, probe: Probe | None, error: ClusterrunError | None
     return Check("python", Verdict.OK, f"{python}: Python {probe.python}")
 
 
-def torch_check(python: str, probe: Probe, inspection: Inspection | None) -> Check:
+def after_setup(python: str, probe: Probe, seen: JobPython) -> tuple[str, Probe, Check | None]:
+    """The job's interpreter as the host's setup leaves it (``seen``): its name in messages, the
+    probe as it sees it (its Python, torch, torchrun's flags) and the refusal when it cannot run
+    the job (not found, or no torch)."""
+    if seen.error:
+        return python, probe, Check("python", Verdict.FAIL, f"after setup: {seen.error}",
+                                    f"have setup put {python} on the PATH (activate the environment), or set "
+                                    "`python:` for this host to the interpreter's full path")
+    label = f"{python} ({seen.executable}, after setup)" if seen.executable != python else f"{python} (after setup)"
+    probe = dataclasses.replace(probe, python=seen.python or probe.python, torch=seen.torch,
+                                torchrun_flags=tuple(seen.torchrun_flags or ()))
+    return label, probe, None if seen.torch else torch_check(label, probe, None, setup=True)
+
+
+def torch_check(python: str, probe: Probe, inspection: Inspection | None, *, setup: bool = False) -> Check:
+    """``setup``: ``python`` is the job's interpreter in the environment the host's setup made."""
     if not probe.torch:
+        where = "there, have setup: activate an environment that has it" if setup else "on that host"
         return Check("torch", Verdict.FAIL, f"torch is not installed for {python}",
-                     "install torch on that host, or set `python:` to an interpreter that has it")
+                     f"install torch {where}, or set `python:` to an interpreter that has it")
     deep = inspection.deep if inspection is not None else None
     if deep is not None and deep.error:
         return Check("torch", Verdict.FAIL, f"{python} -c 'import torch' fails: {deep.error}",
@@ -258,9 +276,10 @@ def imports_check(host: HostSpec, python: str, inspection: Inspection, script: s
 
 
 def host_checks(host: HostSpec, python: str, probe: Probe, inspection: Inspection, *, script: str | None,
-                sent: float, answered: float, full: bool, synced: bool = False) -> list[Check]:
-    """Every check of one host that its own probe and ``inspect`` answers decide."""
-    rows = [torch_check(python, probe, inspection)] if full else []
+                sent: float, answered: float, full: bool, synced: bool = False, setup: bool = False) -> list[Check]:
+    """Every check of one host that its own probe and ``inspect`` answers decide (``setup``: both
+    as the job's interpreter sees them in the environment of the host's setup)."""
+    rows = [torch_check(python, probe, inspection, setup=setup)] if full else []
     rows += path_checks(host, inspection, script, synced)
     if script is not None and (imports := imports_check(host, python, inspection, script)) is not None:
         rows.append(imports)
@@ -336,6 +355,6 @@ def _size(n: int) -> str:
 # ------------------------------------------------------------------------------ gathering answers
 
 
-__all__ = ["Check", "HostReport", "MIN_PYTHON", "Report", "Verdict", "clock_check", "connection_check",
+__all__ = ["Check", "HostReport", "MIN_PYTHON", "Report", "Verdict", "after_setup", "clock_check", "connection_check",
            "disk_check", "gpu_check", "host_checks", "imports_check", "path_checks", "port_checks", "python_check",
            "torch_check", "version_checks", "versions"]

@@ -7,16 +7,17 @@ that does it (create → ``prepare()`` → ``setup()`` where asked apart; then `
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from clusterrun.agent.wire import NodeRequest, ProbeRequest
+from clusterrun.agent.wire import NodeRequest, ProbeRequest, SetupAnswer
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import redact
 from clusterrun.errors import AgentError, ClusterrunError, HostsUnavailable, TransportError
 from clusterrun.events import NodeState
 from clusterrun.follower import Node
+from clusterrun.hostchecks import after_setup
 from clusterrun.interfaces import (
     Interface,
     choose_interfaces,
@@ -25,8 +26,8 @@ from clusterrun.interfaces import (
     route_request,
     settle_master,
 )
-from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, build_plan
-from clusterrun.protocol import Network, Probe, decode_network, decode_probe
+from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, build_plan, with_flags
+from clusterrun.protocol import Network, Probe, decode, decode_network, decode_probe
 from clusterrun.transports import AgentSession, Transport
 
 MIN_PYTHON = (3, 8)
@@ -46,6 +47,8 @@ class Preparation:
     grace: float
     plan: LaunchPlan | None
     interfaces: list[Interface]
+    set_up: dict[int, str]  # nodes whose setup ran: the job's interpreter there, in words
+    setup_skipped: dict[int, str]  # nodes whose setup did not run (a dry run's missing workdir): why
     _nodes: list[Node]
     _pool: ThreadPoolExecutor
 
@@ -64,7 +67,7 @@ class Preparation:
         if answer.python_version < MIN_PYTHON:
             raise AgentError(node.host, f"{node.transport.python} is Python {answer.python}; "
                              "the agent needs 3.8 or newer", hint="set `python:` for this host")
-        if not answer.torch:
+        if not answer.torch and not self.spec.hosts[rank].setup:  # else the interpreter after setup counts
             raise AgentError(node.host, f"torch is not installed for {node.transport.python}",
                              hint="install torch on that host, or set `python:` to an interpreter that has it")
         node.probe = answer
@@ -110,31 +113,48 @@ class Preparation:
             self._setup_all()
         return self.plan
 
-    def _setup(self, rank: int) -> None:
-        node = self._nodes[rank]
-        launch = node.launch
-        if launch is None or node.agent is None:
+    def _setup(self, rank: int, if_cwd: bool = False) -> None:
+        """Node ``rank``'s setup, then its probe and torchrun's argv as the job's interpreter is
+        there (``hostchecks.after_setup``: ``AgentError`` when it cannot run the job)."""
+        node, launch = self._nodes[rank], self._nodes[rank].launch
+        if launch is None or node.agent is None or node.probe is None:
             raise RuntimeError("setup before the probe")
         try:
-            node.agent.call(self._request(rank, "setup", setup=list(launch.host.setup), env=dict(launch.env),
-                                          cwd=launch.cwd))
+            answer = decode(node.host, SetupAnswer, node.agent.call(self._request(
+                rank, "setup", setup=list(launch.host.setup), env=dict(launch.env), cwd=launch.cwd,
+                python=launch.argv[0], if_cwd=if_cwd)), "setup answer")
         except AgentError as exc:
             raise self._redacted(exc, launch) from None
+        if answer.skipped or answer.python is None:
+            self.setup_skipped[rank] = answer.skipped or "no answer of the job's interpreter"
+            return
+        label, node.probe, refused = after_setup(launch.argv[0], node.probe, answer.python)
+        if refused is not None:
+            raise AgentError(node.host, refused.detail, hint=refused.fix)
+        self.set_up[rank] = label
+        if self.plan is not None:
+            node.launch = with_flags(self.plan, rank, node.probe.torchrun_flags)
 
     def _redacted(self, exc: AgentError, launch: NodeLaunch) -> AgentError:
         """``exc`` without the job's secret values: a failing setup's output may quote them."""
         message = redact(exc.message, launch.env, self.spec.secret_env)
         return exc if message == exc.message else AgentError(exc.host, message, hint=exc.hint)
 
-    def setup(self) -> None:
+    def setup(self, if_cwd: Collection[int] = ()) -> None:
         """Run ``setup`` on every host that has some, in parallel, in the agent that probed it
-        (which keeps the environment it made for the start). All or nothing, as the probe; for a
-        job prepared with ``run_setup=False`` (a restart runs it once the last attempt stopped)."""
-        self._setup_all()
+        (which keeps the environment it made and its output for the start), all or nothing, as
+        the probe; for a job prepared with ``run_setup=False``. On the nodes in ``if_cwd`` (a dry
+        run whose sync would make the directory) not while the directory is missing
+        (``setup_skipped``). ``set_up``: the nodes whose checks now see setup's environment."""
+        self._setup_all(if_cwd)
 
-    def _setup_all(self) -> None:
-        self._all_or_none(self._setup, [rank for rank, node in enumerate(self._nodes)
-                                        if node.launch is not None and node.launch.host.setup])
+    def _setup_all(self, if_cwd: Collection[int] = ()) -> None:
+        self._all_or_none(lambda rank: self._setup(rank, rank in if_cwd),
+                          [rank for rank, node in enumerate(self._nodes)
+                           if node.launch is not None and node.launch.host.setup])
+        if self.plan is not None:  # torchrun's argv as setup's interpreter takes it
+            self.plan = dataclasses.replace(self.plan, nodes=tuple(n.launch or p for n, p in zip(
+                self._nodes, self.plan.nodes, strict=True)))
 
     def _all_or_none(self, call: Callable[[int], T], ranks: Iterable[int]) -> list[T]:
         """``call(rank)`` for each of ``ranks``, in parallel: their results in order, or, when any

@@ -129,6 +129,8 @@ class Job(Preparation):
         self.started_at: float | None = None  # the attempt's start (wall clock): the start-up watch counts from it
         self._startup: StartupWatch | None = None
         self.interfaces: list[Interface] = []  # per node, once prepared: the network interface its ranks use
+        self.set_up: dict[int, str] = {}
+        self.setup_skipped: dict[int, str] = {}
         self._detach = threading.Event()
         self._wake = threading.Event()  # set by detach() and request_stop(): followers stop waiting to retry
         self._nodes = [Node(None, transport_factory(h)) for h in spec.hosts]

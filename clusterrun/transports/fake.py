@@ -110,6 +110,7 @@ class FakeHost:
     boot_id: str = "boot-1"
     start_error: str | None = None  # the next start fails with this
     setup_error: str | None = None  # every ``setup`` request fails with this (a broken ``setup:``)
+    after_setup: dict[str, Any] | None = None  # the job's interpreter after setup (wire.JobPython; None: as probed)
     python: str = "3.11.7"
     protocol: int = PROTOCOL
     torch: str | None = "2.13.0"
@@ -236,7 +237,11 @@ class FakeCluster:
     def _setup(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
         if host.setup_error is not None:
             return {"ok": False, "error": host.setup_error}
-        return {"ok": True}
+        if not request.get("python"):
+            return {"ok": True}
+        return {"ok": True, "python": host.after_setup or {
+            "executable": request["python"], "python": host.python, "torch": host.torch,
+            "torch_cuda": host.torch_cuda, "torchrun_flags": []}}
 
     @staticmethod
     def _route(host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
