@@ -237,6 +237,8 @@ class FakeCluster:
     def _setup(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
         if host.setup_error is not None:
             return {"ok": False, "error": host.setup_error}
+        if request.get("if_cwd") and "." in host.missing:
+            return {"ok": True, "skipped": f"{request.get('cwd')} does not exist yet"}
         if not request.get("python"):
             return {"ok": True}
         return {"ok": True, "python": host.after_setup or {
