@@ -154,7 +154,7 @@ def job_python(python: str, env: dict[str, str], cwd: str | None) -> dict[str, A
     if found is None:
         return {"error": f"{python} is not found on the PATH setup leaves ({env.get('PATH') or 'unset'})"}
     folder = os.path.expanduser(cwd) if cwd else None
-    out = _capture([found, "-c", JOB_PYTHON, *OPTIONAL_TORCHRUN_FLAGS], timeout=120, env=env,
+    out = _capture([found, "-c", JOB_PYTHON, *OPTIONAL_TORCHRUN_FLAGS], timeout=30, env=env,
                    cwd=folder if folder and os.path.isdir(folder) else None)
     try:
         seen = json_loads(out) if out else None
