@@ -17,7 +17,7 @@ from clusterrun.environment import redact
 from clusterrun.errors import AgentError, ClusterrunError, HostsUnavailable, TransportError
 from clusterrun.events import NodeState
 from clusterrun.follower import Node
-from clusterrun.hostchecks import after_setup
+from clusterrun.hostchecks import MIN_PYTHON, after_setup
 from clusterrun.interfaces import (
     Interface,
     choose_interfaces,
@@ -30,7 +30,6 @@ from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, build_plan, with_
 from clusterrun.protocol import Network, Probe, decode, decode_network, decode_probe
 from clusterrun.transports import AgentSession, Transport
 
-MIN_PYTHON = (3, 8)
 T = TypeVar("T")
 
 
@@ -215,4 +214,4 @@ class Preparation:
         return dataclasses.replace(plan, nodes=nodes)
 
 
-__all__ = ["MIN_PYTHON", "Preparation"]
+__all__ = ["Preparation"]
