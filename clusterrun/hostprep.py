@@ -92,7 +92,8 @@ class Preparation:
 
     def prepare(self, *, run_setup: bool = True) -> LaunchPlan:
         """Connect to and probe every host in parallel, then build the plan, then run the hosts'
-        ``setup`` commands where there are some (unless ``run_setup`` is false: ``--dry-run``).
+        ``setup`` commands where there are some (unless ``run_setup`` is false: the checks run
+        ``setup()`` after the sync).
         Raises ``HostsUnavailable`` listing every host that failed; then nothing has started."""
         for rank in range(len(self._nodes)):
             self._set_state(rank, NodeState.CONNECTING)
@@ -124,8 +125,9 @@ class Preparation:
                 python=launch.argv[0], if_cwd=if_cwd)), "setup answer")
         except AgentError as exc:
             raise self._redacted(exc, launch) from None
-        if answer.skipped or answer.python is None:
-            self.setup_skipped[rank] = answer.skipped or "no answer of the job's interpreter"
+        if answer.skipped:
+            self.setup_skipped[rank] = answer.skipped
+        if answer.python is None:
             return
         label, node.probe, refused = after_setup(launch.argv[0], node.probe, answer.python)
         if refused is not None:
