@@ -8,6 +8,7 @@ put first on the controller's PATH or on the PATH setup leaves. `up`, `up --dry-
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,8 +49,10 @@ def test_setup_that_activates_torch_passes_up_dry_run_and_doctor(tmp_path: Path,
     doctor = _clusterrun(path, "doctor", hosts)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "✓ setup" in doctor.stdout and f"the job runs python3 ({with_torch}/python3, after setup)" in doctor.stdout
-    dry = _clusterrun(path, "up", "--dry-run", hosts, "examples/allreduce.py")
+    dry = _clusterrun(path, "up", "--dry-run", "--json", hosts, "examples/allreduce.py")
     assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["nodes"][0]["setup_ran"] == {
+        "ran": True, "python": f"python3 ({with_torch}/python3, after setup)", "why_not": None}
     up = _clusterrun(path, "up", "--no-tui", hosts, "examples/allreduce.py")
     assert up.returncode == 0, up.stderr
     assert "allreduce sum=1 expected=1 OK" in up.stdout, up.stdout

@@ -270,7 +270,8 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
     try:
         plan, syncs = _checked(job, spec, script, sync_dir, full=not no_preflight, dry_run=dry_run)
         if dry_run and as_json:
-            click.echo(json.dumps(plan_json(plan, job.host_fallbacks, job.interfaces, syncs), indent=1))
+            click.echo(json.dumps(plan_json(plan, job.host_fallbacks, job.interfaces, syncs, job.set_up,
+                                             job.setup_skipped), indent=1))
             return
         if dry_run:
             _print_plan(plan, job.host_fallbacks, job.interfaces, job.set_up, job.setup_skipped)
