@@ -131,6 +131,7 @@ class Recorder:
         self.job_id = job_id
         self.attempt = attempt
         self.retry = retry
+        self.restarting = False  # the attempt's end was recorded as ``restarting`` (``retry`` decided so)
         self._pending: list[Callable[[JobRecord], None]] = []
         self._idle = threading.Condition()
         self._writer: threading.Thread | None = None
@@ -235,6 +236,7 @@ class Recorder:
             if ended_badly and changes and record.state in (JobState.STARTING, JobState.RUNNING):
                 retry = self.retry(record, result) if self.retry is not None else None  # stopped to restart?
             moved = [_move(record, c) for c in ([Change.RETRY] if retry is not None else changes)]
+            self.restarting = retry is not None and all(moved)
             if retry is not None and record.attempts:
                 record.attempts[-1].state, record.attempts[-1].restart = end or JobState.STOPPED, retry.kind
                 record.restart_at = retry.at
@@ -549,5 +551,11 @@ def _begun(plan: LaunchPlan, attempt: int, script_args: Sequence[str], automatic
     return begin
 
 
+def record_next_attempt(recorder: Recorder, plan: LaunchPlan, script_args: Sequence[str]) -> JobRecord:
+    """Record the start of ``recorder``'s attempt of ``plan`` (only from an end, else ``IllegalTransition``
+    and nothing written), for a launcher without agents: ``restart`` of a Slurm job starts its step after this."""
+    return recorder.begin(_begun(plan, recorder.attempt, script_args, False))
+
+
 __all__ = ["Cancelled", "NextAttempt", "NotStopped", "Recorder", "Retry", "attempt_event", "begin_stop", "give_up",
-           "new_record", "reconcile", "record_stop", "refresh", "restart", "start", "stop"]
+           "new_record", "reconcile", "record_next_attempt", "record_stop", "refresh", "restart", "start", "stop"]

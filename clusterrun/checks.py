@@ -14,13 +14,14 @@ import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from clusterrun import doctor, lifecycle
+from clusterrun import doctor, lifecycle, setups
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import MASK, resolve, unmask
 from clusterrun.errors import ConfigError
 from clusterrun.events import JobNote
 from clusterrun.jobs import JobRecord
 from clusterrun.lifecycle import spec_of
+from clusterrun.nodesets import hosts_alike
 from clusterrun.orchestrator import Emit, Job
 from clusterrun.plan import LaunchPlan, node_env, plan_from_json
 from clusterrun.sync import Progress, SyncReport, source_of, sync_hosts
@@ -107,33 +108,43 @@ def preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, ful
     refused = doctor.refusal(report)
     if refused is not None:
         raise refused
-    return doctor.warnings(report)
+    return warnings(report)
+
+
+def warnings(report: doctor.Report) -> list[str]:
+    """The preflight's warnings, a line each: ``host: check: detail (fix: ...)``; past ``FOLD_PAST``
+    hosts, the hosts of one warning on one line (``64 hosts gpu[01-64]: ...``)."""
+    warned = [(h.host, f"{c.name}: {c.detail}" + (f" (fix: {c.fix})" if c.fix else ""))
+              for h in report.hosts for c in h.checks if c.verdict is doctor.Verdict.WARN]
+    return hosts_alike(warned, len(report.hosts))
 
 
 def check_new(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *, full: bool, dry_run: bool,
-              sync_dir: str | None = None, progress: Progress | None = None,
+              sync_dir: str | None = None, progress: Progress | None = None, emit: Emit | None = None,
               ) -> tuple[LaunchPlan, dict[int, SyncReport], list[str]]:
     """The first attempt of a new job (``up``) probed and checked, nothing started: see
-    ``_probe_and_check`` (``dry_run``: the sync only says what it would copy). Raises
-    ``HostsUnavailable`` or ``ConfigError``; the plan, the sync's reports and the preflight's
-    warnings."""
+    ``_probe_and_check`` (``dry_run``: the sync only says what it would copy; ``emit`` hears which
+    nodes are still in their setup). Raises ``HostsUnavailable`` or ``ConfigError``; the plan,
+    the sync's reports and the preflight's warnings."""
     return _probe_and_check(job, spec, script, local_cwd, full=full, dry_run=dry_run, sync_dir=sync_dir,
-                            progress=progress)
+                            progress=progress, emit=emit)
 
 
 def _probe_and_check(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *, full: bool, dry_run: bool,
-                     sync_dir: str | None = None, progress: Progress | None = None,
-                     test_port: bool = True) -> tuple[LaunchPlan, dict[int, SyncReport], list[str]]:
+                     sync_dir: str | None = None, progress: Progress | None = None, test_port: bool = True,
+                     emit: Emit | None = None) -> tuple[LaunchPlan, dict[int, SyncReport], list[str]]:
     """The checks every attempt goes through, in order: the probe, the sync (``sync_dir`` or the
     hosts' ``sync:``; for a ``dry_run`` only what it would copy), the hosts' setup (it sees the
     synced files; a dry run's, where the sync would make the workdir, not before it exists),
     then the preflight, whose python checks run in the environment setup made, as the job will.
     Setup runs once per attempt: its agent keeps the environment for the start."""
-    plan = job.prepare(run_setup=False)
+    job.prepare(run_setup=False)
     reports = sync_hosts(spec, job.agents, progress, override=sync_dir, dry_run=dry_run)
     synced = {rank for rank, host in enumerate(spec.hosts) if source_of(spec, host, sync_dir)} if dry_run else ()
-    job.setup(if_cwd=synced)
-    plan = job.plan or plan  # torchrun's argv as the interpreter after setup takes it
+    setups.run(job, emit, if_cwd=synced)
+    plan = job.plan  # torchrun's argv as the interpreter after setup takes it
+    if plan is None:
+        raise RuntimeError("the checks before the plan")
     warnings = preflight(job, plan, spec, script, full=full, local_cwd=local_cwd, synced=synced, test_port=test_port)
     return plan, reports, warnings
 
@@ -163,7 +174,7 @@ def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *,
     try:
         held = aspec.spec.master_port is not None and not record.finished
         _, reports, warnings = _probe_and_check(job, aspec.spec, record.script, record.local_cwd, full=full,
-                                                dry_run=False, test_port=not held)
+                                                dry_run=False, test_port=not held, emit=emit)
         for rank, report in sorted(reports.items()):  # `sync:`, if any
             note(emit, f"sync node{rank} {report.host}: {report.describe()}")
         for warning in warnings:
@@ -174,4 +185,4 @@ def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *,
     return job
 
 
-__all__ = ["AttemptSpec", "check_script", "checked_attempt", "note", "plan_to_start", "preflight"]
+__all__ = ["AttemptSpec", "check_script", "checked_attempt", "note", "plan_to_start", "preflight", "warnings"]

@@ -321,11 +321,5 @@ def refusal(report: Report) -> HostsUnavailable | None:
     return refused
 
 
-def warnings(report: Report) -> list[str]:
-    """The preflight's warnings, one line each: ``host: check: detail (fix: ...)``."""
-    return [f"{h.host}: {c.name}: {c.detail}" + (f" (fix: {c.fix})" if c.fix else "")
-            for h in report.hosts for c in h.checks if c.verdict is Verdict.WARN]
-
-
 __all__ = ["Check", "HostReport", "Report", "Verdict", "clock_check", "connection_check", "disk_check", "gpu_check",
-           "preflight", "refusal", "run_doctor", "version_checks", "warnings"]
+           "preflight", "refusal", "run_doctor", "version_checks"]

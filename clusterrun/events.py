@@ -264,16 +264,31 @@ class StopReport:
         """``python[123], pt_elastic[124]``, or ``nothing was running``."""
         return ", ".join(f"{k.get('name')}[{k.get('pid')}]" for k in self.killed) or "nothing was running"
 
+    def killed_kinds(self) -> str:
+        """What ``killed_text`` says without pids (nodes alike share it): ``torchrun, 4 × python``."""
+        names: dict[str, int] = {}
+        for k in self.killed:
+            names[str(k.get("name"))] = names.get(str(k.get("name")), 0) + 1
+        return ", ".join(name if n == 1 else f"{n} × {name}" for name, n in names.items()) or "nothing was running"
+
     def describe(self) -> str:
         """One line: what was stopped and which guarantee holds."""
-        where = f"node{self.node} {self.host}"
+        return f"node{self.node} {self.host}: {self.outcome(self.killed_text())}"
+
+    def alike(self) -> str | None:
+        """``describe`` without the node and its pids, which nodes whose stop went alike share
+        (``nodesets.alike_lines``); None for a stop that failed or left a process: its own line."""
+        return None if self.error or self.left else self.outcome(self.killed_kinds())
+
+    def outcome(self, killed: str) -> str:
+        """What the stop did (``killed``: the processes it stopped, in words) and which guarantee holds."""
         if self.error:
-            return f"{where}: could not be stopped: {self.error}"
+            return f"could not be stopped: {self.error}"
         # Nothing killed: the node had ended before the stop came (it was not stopped by it).
-        stopped = f"{where}: stopped {self.killed_text()}" if self.killed else f"{where}: nothing was running"
+        stopped = f"stopped {killed}" if self.killed else "nothing was running"
         if self.records_gone:  # never "nothing was running" without saying where it looked
             if not self.killed and not self.left and not self.found_by:
-                return (f"{where}: no records of the attempt on the host (never started, or deleted) and nothing "
+                return ("no records of the attempt on the host (never started, or deleted) and nothing "
                         f"of it runs: looked for {' and '.join(self.looked) or 'its cgroup and its marker'}")
             stopped += f" (its records on the host were gone; found by: {'; '.join(self.found_by)})"
         if self.grace_ran_out:
@@ -401,8 +416,8 @@ class AttemptRestarting(Event):
                     f"{self.attempt} (--no-retry-startup turns this off)")
         if self.kind != "policy":
             return f"attempt {self.failed} stopped ({self.reason}); restarting the job as attempt {self.attempt}"
-        return (f"attempt {self.failed} failed ({self.reason}); attempt {self.attempt} starts in "
-                f"{self.remaining:.0f} s (restart {self.restart} of {self.most}; `clusterrun down` cancels)")
+        return (f"attempt {self.failed} failed: {self.reason} · restarting in {self.remaining:.0f} s as attempt "
+                f"{self.attempt} (restart {self.restart} of {self.most}; `clusterrun down` cancels)")
 
 
 @dataclass(frozen=True)
@@ -474,7 +489,11 @@ class NodeStopped(Event):
 
 @dataclass(frozen=True)
 class JobFinished(Event):
+    """The attempt ended with ``result``; ``restarting``: its owner restarts the job (an
+    ``AttemptRestarting`` follows), so this is not the job's end."""
+
     result: JobResult
+    restarting: bool = False
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,9 @@ def job_state_text(record: JobRecord, now: float) -> str:
     job are unreachable, ``running; node 1 unreachable since 16:04:05Z`` (``nodes 1, 3 ...``:
     since the first of them); else while some are hung, ``running; node 1 hung since 16:10:00Z``."""
     lost = [record.nodes[rank] for rank in unreachable_ranks(record)]
+    unwatched = (record.slurm or {}).get("unwatched") if not record.finished else None
+    if unwatched:  # a Slurm job whose `up` is gone (slurmjob.refresh)
+        return f"{record.state}; {unwatched}"
     if record.state is JobState.RESTARTING and record.restart_at is not None:
         return f"restarting: attempt {record.attempt + 1} starts in {max(0, record.restart_at - now):.0f} s"
     hung = [n for n in record.nodes if node_state(n) == NodeState.HUNG] if not record.finished else []
@@ -189,6 +192,9 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
         "created": iso(record.created),
         "ended": iso(ended_at(record)),
         "hosts_file": record.hosts_file,
+        "engine": record.engine,
+        "slurm": ({k: record.slurm.get(k) for k in ("job", "step", "controller", "unwatched")}
+                  if record.slurm is not None else None),
         "script": record.script,
         "args": list(record.script_args),
         "restart_at": iso(record.restart_at) if record.state is JobState.RESTARTING else None,
@@ -198,6 +204,8 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
                       "duration": round(a.ended - a.started, 3) if a.ended is not None else None}
                      for a in record.attempts],
         "nodes": nodes,
+        "notifications": [{"id": f"{record.job_id}:{key}", "state": n.get("state"), "exit_code": n.get("code"),
+                           "error": n.get("error") or None} for key, n in record.notices.items()],
     }
 
 

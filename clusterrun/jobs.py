@@ -129,9 +129,12 @@ class JobRecord:
     restart_at: float | None = None  # while ``restarting``: when the next attempt starts (time.time())
     watch: dict[str, Any] = field(default_factory=dict)  # watch.Watch: the hosts file's with up's options applied
     notify: dict[str, Any] | None = None  # watch.Notify, the same
-    notified: list[str] = field(default_factory=list)  # the notifications sent (notify.py: each once)
+    notified: list[str] = field(default_factory=list)  # the notifications claimed (notify.py: each once)
+    notices: dict[str, dict[str, Any]] = field(default_factory=dict)  # by key: notify.Notice, who sends, how it went
     attempts: list[AttemptRecord] = field(default_factory=list)
     nodes: list[NodeRecord] = field(default_factory=list)
+    engine: str = "ssh"  # what runs the job: "ssh" (agents on the hosts) or "slurm" (one srun, slurmjob.py)
+    slurm: dict[str, Any] | None = None  # the allocation and step of a Slurm job (slurmjob.slurm_of)
     version: int = RECORD_VERSION
 
     @property
@@ -147,6 +150,8 @@ class JobRecord:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["attempts"] = [dict(vars(a)) for a in self.attempts]
         data["nodes"] = [dict(vars(n)) for n in self.nodes]
+        if self.engine == "ssh" and self.slurm is None:  # a job over SSH written as before: older clusterruns read it
+            del data["engine"], data["slurm"]
         return data
 
     @classmethod
@@ -327,9 +332,7 @@ class JobStore:
 
     def note_monitor(self, job_id: str) -> None:
         """Record the calling process as the job's monitor (``monitor.pid``: pid and start time)."""
-        with open(f"/proc/{os.getpid()}/stat") as f:
-            start = f.read().rsplit(")", 1)[1].split()[19]
-        _write_atomic(self.dir(job_id) / "monitor.pid", f"{os.getpid()} {start}\n".encode())
+        _write_atomic(self.dir(job_id) / "monitor.pid", f"{process_id()}\n".encode())
 
     def spawn_monitor(self, job_id: str, owner_fd: int | None = None) -> bool:
         """Start the job's monitor in the background; it takes over ``owner_fd`` (a held owner lock)
@@ -350,6 +353,40 @@ class JobStore:
         os.close(fd)  # the monitor holds the lock now (an flock belongs to the open file, which it shares)
         os.waitpid(pid, 0)  # it forks again at once (see monitor.daemonize), so this returns quickly
         return True
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (state first), None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_id(pid: int | None = None) -> str:
+    """A process (this one by default) told apart from a later one of the same pid: "pid start",
+    its start time in clock ticks since boot; "pid" alone where there is no /proc."""
+    pid = os.getpid() if pid is None else pid
+    fields = _stat(pid)
+    return f"{pid} {fields[19]}" if fields is not None and len(fields) > 19 else str(pid)
+
+
+def process_alive(ident: str) -> bool:
+    """Whether the process ``process_id`` named still runs (not a zombie, not a later one of its pid)."""
+    pid = int(ident.split()[0])
+    fields = _stat(pid)
+    if fields is not None:
+        return fields[0] != "Z" and process_id(pid) == ident
+    if os.path.isdir("/proc/self"):
+        return False
+    try:  # no /proc: the pid alone
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
+from clusterrun import slurmlogs
 from clusterrun.agent.wire import NodeRequest, StackAnswer, node_request
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.errors import ClusterrunError
@@ -167,7 +168,11 @@ def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None
 
 
 def read_log_chunks(record: JobRecord, rank: int, attempt: int, tail: int | None = None) -> Iterator[LogChunk]:
-    """``read_log``'s chunks as the agent sent them, with when their lines were written."""
+    """``read_log``'s chunks as the agent sent them, with when their lines were written (a Slurm
+    job's from the files its ``up`` kept on this machine)."""
+    if record.engine == "slurm":
+        yield from slurmlogs.read_chunks(JobStore(), record, rank, attempt, tail)
+        return
     spec = spec_of(record)
     transport = transport_factory(record)(spec.hosts[rank])
     where: dict[str, Any] = {"offset": 0} if tail is None else {"tail": tail}

@@ -9,13 +9,17 @@ name the position in the expression (``NodeSetError.column``, from 1).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
 
 from clusterrun.ranges import ranges_text
 
-__all__ = ["NodeSetError", "expand", "fold", "fold_ranks", "is_nodeset"]
+__all__ = ["FOLD_PAST", "NodeSetError", "alike_lines", "expand", "fold", "fold_ranks", "hosts_alike", "is_nodeset"]
+
+# Past this many nodes the plain output's per-node status lines fold (``alike_lines``); up to it,
+# a line per node reads better than node sets.
+FOLD_PAST = 8
 
 # What ClusterShell would read as an operator, a group or a separator of its own.
 _OPERATORS = re.compile(r"[!&^@\s]")
@@ -101,3 +105,37 @@ def fold(names: list[str]) -> str:
 def fold_ranks(ranks: list[int]) -> str:
     """Node ranks as a node set in words: ``node 3``, ``nodes 0-61``, ``nodes 0-2,5,7-9``."""
     return ("node " if len(set(ranks)) == 1 else "nodes ") + ranges_text(ranks)
+
+
+def alike_lines(items: Sequence[tuple[int, str, str | None, str]], total: int) -> list[str]:
+    """Status lines of a job of ``total`` nodes from ``(rank, host, alike, own)`` items: ``own``
+    is what one node's line says (``node3 gpu04: own``), ``alike`` the same without what is that
+    node's only (a pid), by which nodes are grouped (None: never grouped). Up to ``FOLD_PAST``
+    nodes a line per item; past it a line per group, in the order of its first item, a group of
+    one as its own line: ``64 nodes 0-63 (gpu[01-64]): alike``. Every item is in exactly one line."""
+    if total <= FOLD_PAST:
+        return [f"node{rank} {host}: {own}" for rank, host, _, own in items]
+    groups: dict[object, list[tuple[int, str, str | None, str]]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(item[2] if item[2] is not None else i, []).append(item)
+    lines = []
+    for alike, group in groups.items():
+        if len(group) == 1 or not isinstance(alike, str):
+            rank, host, _, own = group[0]
+            lines.append(f"node{rank} {host}: {own}")
+            continue
+        ranks = [rank for rank, *_ in group]
+        lines.append(f"{len(set(ranks))} {fold_ranks(ranks)} ({fold([host for _, host, *_ in group])}): {alike}")
+    return lines
+
+
+def hosts_alike(items: Sequence[tuple[str, str]], total: int) -> list[str]:
+    """Lines ``host: text`` of ``(host, text)`` items of ``total`` hosts; past ``FOLD_PAST`` the
+    hosts of one text share a line, in the order of its first: ``63 hosts gpu[01-17,19-64]: text``."""
+    if total <= FOLD_PAST:
+        return [f"{host}: {text}" for host, text in items]
+    groups: dict[str, list[str]] = {}
+    for host, text in items:
+        groups.setdefault(text, []).append(host)
+    return [f"{hosts[0]}: {text}" if len(hosts) == 1 else f"{len(hosts)} hosts {fold(hosts)}: {text}"
+            for text, hosts in groups.items()]

@@ -1,7 +1,7 @@
 """Run a job across its hosts and tell consumers what happens, as events.
 
-Lifecycle of a ``Job``: create → ``prepare()`` (``hostprep``: connect and probe every host in
-parallel, build the plan, choose each node's network interface, setup; all or nothing) → ``start()``
+Lifecycle of a ``Job``: create → ``prepare()`` (connect and probe every host in parallel, build
+the plan, choose each node's network interface: ``interfaces``; all or nothing) → ``start()``
 (start every node; if one fails, stop those started) → ``run()`` (follow every node until all
 have ended; fail-fast; returns the ``JobResult``) → ``close()``. A job started earlier is
 followed again with ``resume(plan)`` instead of ``prepare()`` and ``start()``.
@@ -33,15 +33,16 @@ import dataclasses
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
-from clusterrun.agent.wire import NodeRequest, node_request
+from clusterrun import setups
+from clusterrun.agent.wire import NodeRequest, ProbeRequest, node_request
 from clusterrun.config import ClusterSpec
 from clusterrun.diagnose import NodeLog
 from clusterrun.environment import secret_names
-from clusterrun.errors import AgentError, ClusterrunError, HostsUnavailable
+from clusterrun.errors import AgentError, ClusterrunError, HostsUnavailable, TransportError
 from clusterrun.events import (
     Event,
     JobFinished,
@@ -59,27 +60,40 @@ from clusterrun.events import (
     stopped_after_text,
 )
 from clusterrun.follower import Follower, Link, Node, Reconnect, node_results, node_state_of, root_cause_of, split_lines
-from clusterrun.hostprep import Preparation
-from clusterrun.interfaces import Interface
-from clusterrun.plan import LaunchPlan, NodeLaunch, about_json
+from clusterrun.hostchecks import MIN_PYTHON
+from clusterrun.interfaces import (
+    Interface,
+    choose_interfaces,
+    master_derived,
+    reached_address,
+    route_request,
+    settle_master,
+)
+from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, build_plan
 from clusterrun.protocol import (
     End,
     FollowMessage,
     HostState,
     LogChunk,
+    Network,
     NodeStatus,
+    Probe,
     StateUpdate,
     decode_follow,
+    decode_network,
+    decode_probe,
     decode_status,
 )
+from clusterrun.setups import redacted
 from clusterrun.startwatch import StartupWatch
-from clusterrun.transports import Transport, transport_for
+from clusterrun.transports import AgentSession, Transport, transport_for
 
 Emit = Callable[[Event], None]
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
+T = TypeVar("T")
 
 
-class Job(Preparation):
+class Job:
     """One run of a job on its hosts (see the module docstring for the lifecycle)."""
 
     def __init__(
@@ -129,8 +143,8 @@ class Job(Preparation):
         self.started_at: float | None = None  # the attempt's start (wall clock): the start-up watch counts from it
         self._startup: StartupWatch | None = None
         self.interfaces: list[Interface] = []  # per node, once prepared: the network interface its ranks use
-        self.set_up: dict[int, str] = {}
-        self.setup_skipped: dict[int, str] = {}
+        self.set_up: dict[int, str] = {}  # nodes whose setup ran: the job's interpreter there, in words
+        self.setup_skipped: dict[int, str] = {}  # nodes whose setup did not run (a dry run's missing workdir): why
         self._detach = threading.Event()
         self._wake = threading.Event()  # set by detach() and request_stop(): followers stop waiting to retry
         self._nodes = [Node(None, transport_factory(h)) for h in spec.hosts]
@@ -159,13 +173,132 @@ class Job(Preparation):
         """What each node printed, as far as a diagnosis needs it."""
         return {rank: node.log for rank, node in enumerate(self._nodes)}
 
-    # ------------------------------------------------------------- state (prepare: hostprep.py)
+    # ------------------------------------------------------------------------------ prepare
 
     def _set_state(self, rank: int, state: NodeState, detail: str = "") -> None:
         node = self._nodes[rank]
         if node.state is not state:
             node.state = state
             self.emit(NodeStateChanged(rank, host=node.host, state=state, detail=detail))
+
+    def _probe(self, rank: int) -> Probe:
+        node = self._nodes[rank]
+        node.transport.connect()
+        node.agent = node.transport.session()
+        answer = decode_probe(node.host, node.agent.call(ProbeRequest(
+            state_dir=self.spec.state_dir, free_port=rank == 0 and self.spec.master_port is None)))
+        if answer.python_version < MIN_PYTHON:
+            raise AgentError(node.host, f"{node.transport.python} is Python {answer.python}; "
+                             "the agent needs 3.8 or newer", hint="set `python:` for this host")
+        if not answer.torch and not self.spec.hosts[rank].setup:  # else the interpreter after setup counts
+            raise AgentError(node.host, f"torch is not installed for {node.transport.python}",
+                             hint="install torch on that host, or set `python:` to an interpreter that has it")
+        node.probe = answer
+        return answer
+
+    def probed(self, rank: int) -> tuple[Transport, AgentSession | None, Probe | None]:
+        """Node ``rank``'s transport, the agent that probed it (kept open to start the node) and
+        what it said: for ``up``'s preflight (doctor.py), between ``prepare()`` and ``start()``."""
+        node = self._nodes[rank]
+        return node.transport, node.agent, node.probe
+
+    @property
+    def agents(self) -> list[tuple[Transport, AgentSession | None]]:
+        """Each node's transport and the agent that probed it (once ``prepare()`` ran), by rank: for
+        work on the same connections before the start, such as ``clusterrun.sync``."""
+        return [(node.transport, node.agent) for node in self._nodes]
+
+    @property
+    def host_fallbacks(self) -> dict[int, list[str]]:
+        """What each probed host lacks, by node rank (no cgroup and why, no pidfd, ...): see the agent's probe."""
+        return {rank: list(node.probe.fallbacks if node.probe is not None else ())
+                for rank, node in enumerate(self._nodes)}
+
+    def prepare(self, *, run_setup: bool = True) -> LaunchPlan:
+        """Connect to and probe every host in parallel, then build the plan, then run the hosts'
+        ``setup`` commands where there are some (unless ``run_setup`` is false: the checks run
+        ``setups.run`` after the sync).
+        Raises ``HostsUnavailable`` listing every host that failed; then nothing has started."""
+        for rank in range(len(self._nodes)):
+            self._set_state(rank, NodeState.CONNECTING)
+        answers = self.all_or_none(self._probe, range(len(self._nodes)))
+        port = self.spec.master_port or answers[0].port
+        if port is None:
+            raise HostsUnavailable([AgentError(self._nodes[0].host, "the agent found no free port for the master")])
+        facts = [HostFacts(python=n.transport.python, torchrun_flags=a.torchrun_flags,
+                           address=n.transport.address)
+                 for n, a in zip(self._nodes, answers, strict=True)]
+        self.plan = self._with_interfaces(lambda spec: build_plan(
+            spec, self.script, self.script_args, job_id=self.job_id, name=self.name, facts=facts, master_port=port,
+            env_overrides=self.env_overrides, local_cwd=self.local_cwd, grace=self.grace))
+        for node, launch in zip(self._nodes, self.plan.nodes, strict=True):
+            node.launch = launch
+        if run_setup:
+            setups.run(self, self.emit)
+        return self.plan
+
+    def set_up_node(self, rank: int, probe: Probe, launch: NodeLaunch) -> None:
+        """Node ``rank`` as its setup left it (``setups.py``): the probe of the job's interpreter
+        there and the launch whose torchrun argv suits it."""
+        self._nodes[rank].probe, self._nodes[rank].launch = probe, launch
+
+    def all_or_none(self, call: Callable[[int], T], ranks: Iterable[int]) -> list[T]:
+        """``call(rank)`` for each of ``ranks``, in parallel: their results in order, or, when any
+        failed, ``HostsUnavailable`` naming every host that did, with the agents closed (nothing
+        of the job starts: the probe, the route and setup are all or nothing)."""
+        futures = [(rank, self._pool.submit(call, rank)) for rank in ranks]
+        results: list[T] = []
+        errors: list[ClusterrunError] = []
+        for rank, future in futures:
+            try:
+                results.append(future.result())
+            except ClusterrunError as exc:
+                errors.append(exc)
+            except OSError as exc:  # a transport that did not translate its error
+                errors.append(TransportError(self._nodes[rank].host, str(exc)))
+        if errors:
+            for node in self._nodes:
+                node.close_agent()
+            raise HostsUnavailable(errors)
+        return results
+
+    def _route(self, rank: int, master: str, port: int) -> Network:
+        """How node ``rank``'s host reaches ``master`` (the agent's ``route``), kept in its probe."""
+        node = self._nodes[rank]
+        if node.agent is None or node.probe is None:
+            raise RuntimeError("_route() before _probe()")
+        reached = [reached_address(h, n.transport.address) for h, n in zip(self.spec.hosts, self._nodes, strict=True)]
+        answer = node.agent.call(route_request(rank, master, port, reached))
+        if answer.get("ok") is False:
+            raise AgentError(node.host, str(answer.get("error")))
+        network = decode_network(node.host, answer.get("network"), "route answer's network")
+        node.probe = dataclasses.replace(node.probe, network=network)
+        return network
+
+    def _route_all(self, master: str, port: int) -> list[Network]:
+        return self.all_or_none(lambda rank: self._route(rank, master, port), range(len(self._nodes)))
+
+    def _with_interfaces(self, build: Callable[[ClusterSpec], LaunchPlan]) -> LaunchPlan:
+        """The plan ``build`` makes, with ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` set per
+        node to the interface that reaches the master, where the user set neither (see
+        ``interfaces``). A master address clusterrun derived (not ``master.addr`` or node 0's
+        ``address:``) that another machine cannot use is replaced by node 0's address towards the
+        others. Raises ``HostsUnavailable`` (the agents closed) when a node cannot take part."""
+        plan = build(self.spec)
+        try:
+            master, networks = settle_master(plan.master_addr, master_derived(self.spec),
+                                             lambda addr: self._route_all(addr, plan.master_port))
+            if master != plan.master_addr:
+                plan = build(dataclasses.replace(self.spec, master_addr=master))
+            self.interfaces = choose_interfaces(plan.master_addr, [n.host for n in self._nodes], networks,
+                                                [launch.env for launch in plan.nodes])
+        except HostsUnavailable:
+            for node in self._nodes:
+                node.close_agent()
+            raise
+        nodes = tuple(dataclasses.replace(launch, env={**launch.env, **chosen.env})
+                      for launch, chosen in zip(plan.nodes, self.interfaces, strict=True))
+        return dataclasses.replace(plan, nodes=nodes)
 
     def resume(self, plan: LaunchPlan) -> None:
         """Follow a job that was started earlier (by this or another controller) with ``plan``."""
@@ -200,7 +333,7 @@ class Job(Preparation):
                     node.close_agent()
                     raise
         except AgentError as exc:  # a setup run by the start quotes its output
-            raise self._redacted(exc, launch) from None
+            raise redacted(exc, launch, self.spec.secret_env) from None
         return decode_status(node.host, answer.get("state"), "start answer's state")
 
     def _env_extras(self, launch: NodeLaunch) -> dict[str, Any]:
@@ -208,7 +341,7 @@ class Job(Preparation):
         agent must not write to disk, and the ``setup`` commands (only where there are some)."""
         extras: dict[str, Any] = {"secret_env": secret_names(launch.env, self.spec.secret_env)}
         if launch.host.setup:
-            extras["setup"] = list(launch.host.setup)
+            extras.update(setup=list(launch.host.setup), setup_timeout=self.spec.watch.setup_timeout)
         return extras
 
     def start(self, ranks: Sequence[int] | None = None) -> None:

@@ -8,14 +8,20 @@ Text from the hosts is made terminal-safe (``terminal.safe``): colours (SGR) pas
 on, and dropped when it is off (not a terminal, ``NO_COLOR``, ``TERM=dumb``); every other escape
 sequence and control character is shown escaped. Only ``raw`` output (``logs --node N``) is
 written as the node wrote it, byte for byte.
+
+Past ``nodesets.FOLD_PAST`` nodes the per-node status lines (started, a state, unreachable or
+hung, a stop's report) are held until their phase is over — every node has a line, a note or
+the summary comes, or ``hold`` seconds passed — and then nodes alike share one line
+(``nodesets.alike_lines``); the odd ones keep theirs. Log lines are never held.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import TextIO
 
 from clusterrun.diagnose import split_rank
@@ -29,6 +35,7 @@ from clusterrun.events import (
     NodeDegraded,
     NodeHung,
     NodeLink,
+    NodeResult,
     NodeStarted,
     NodeState,
     NodeStateChanged,
@@ -40,6 +47,7 @@ from clusterrun.events import (
     stopped_after_text,
     unreachable_text,
 )
+from clusterrun.nodesets import FOLD_PAST, alike_lines
 from clusterrun.plan import LaunchPlan
 from clusterrun.terminal import safe, wants_colour
 
@@ -54,12 +62,25 @@ def only_ranks(text: str, ranks: frozenset[int]) -> str:
                    if line.startswith("[rank") and split_rank(line)[0] in ranks)
 
 
+def node_end_text(node: NodeResult) -> str:
+    """How a node ended, as the summary says it: ``failed (exit code 1)``."""
+    if node.stopped_after is not None:  # why it was stopped, not how torchrun ended (our SIGTERM)
+        return stopped_after_text(node.stopped_after)
+    if node.exit_code is not None:
+        how = f"exit code {node.exit_code}"
+        if node.signal:
+            how = f"killed by {signal_name(node.signal)}"
+    else:
+        how = node.error or ""
+    return node.state.value + (f" ({how})" if how else "")
+
+
 class Printer:
     """Turns events into text. ``__call__`` is the orchestrator's ``emit``."""
 
     def __init__(self, out: TextIO | None = None, err: TextIO | None = None, colour: bool | None = None,
                  prefix: bool = True, quiet: bool = False, raw: bool = False,
-                 ranks: Collection[int] | None = None) -> None:
+                 ranks: Collection[int] | None = None, hold: float = 2.0, nnodes: int = 0) -> None:
         self.out = out or sys.stdout
         self.ranks = None if ranks is None else frozenset(ranks)  # only these ranks' lines (``logs --rank``)
         self.err = err or sys.stderr
@@ -71,6 +92,12 @@ class Printer:
         self._hosts: dict[int, str] = {}
         self._prefixes: dict[tuple[int, int | None], str] = {}
         self._tags: dict[int, list[tuple[str, int]]] = {}  # node → its ranks' line tags, "[rank3]:"
+        self.hold = hold  # the longest a held status line waits for the rest of its phase (seconds)
+        self._nnodes = nnodes  # the job's nodes (``set_plan`` sets it): past FOLD_PAST status lines fold
+        self._lock = threading.RLock()  # events come from the orchestrator's threads
+        # The held status lines: (rank, host, alike, own, remarks), see ``_status``.
+        self._held: list[tuple[int, str, str | None, str, list[str]]] = []
+        self._timer: threading.Timer | None = None
 
     def set_plan(self, plan: LaunchPlan) -> None:
         self._hosts = {n.rank: n.host.host for n in plan.nodes}
@@ -78,6 +105,7 @@ class Printer:
         width_rank = len(f"rank{max(plan.world_size - 1, 0)}")
         self._prefix_width = max(len(f"node{n.rank} {n.host.host}") for n in plan.nodes) + 1 + width_rank
         self._prefixes.clear()
+        self._nnodes = len(plan.nodes)
 
     def _prefix(self, node: int, host: str, rank: int | None) -> str:
         key = (node, rank)
@@ -151,8 +179,45 @@ class Printer:
         return "".join(out)
 
     def note(self, text: str) -> None:
+        with self._lock:
+            self.flush()
+            self._note(text)
+
+    def _note(self, text: str) -> None:
         self.err.write(f"clusterrun: {safe(text, colour=False)}\n")
         self.err.flush()
+
+    def _status(self, rank: int, host: str, own: str, alike: str | None, remarks: Sequence[str] = ()) -> None:
+        """One node's status line (``own``; ``alike``: what nodes alike share, None: never shared)
+        and ``remarks`` after it: printed now up to ``FOLD_PAST`` nodes, else held until every node
+        has a line, a note or the summary comes, or ``hold`` seconds passed."""
+        with self._lock:
+            if self._nnodes <= FOLD_PAST:
+                self.flush()
+                self._note(f"node{rank} {host}: {own}")
+                for line in remarks:
+                    self._note(line)
+                return
+            self._held.append((rank, host, alike, own, list(remarks)))
+            if len({item[0] for item in self._held}) >= self._nnodes:
+                self.flush()
+            elif self._timer is None:
+                self._timer = threading.Timer(self.hold, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def flush(self) -> None:
+        """Print the held status lines, nodes alike on one line, then their remarks."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            held, self._held = self._held, []
+            for line in alike_lines([item[:4] for item in held], self._nnodes):
+                self._note(line)
+            for item in held:
+                for line in item[4]:
+                    self._note(line)
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, LogLines):
@@ -164,59 +229,71 @@ class Printer:
         elif self.quiet:
             return
         elif isinstance(event, NodeStarted):
-            self.note(f"node{event.node} {event.host}: started attempt {event.attempt} (torchrun pid {event.pid})")
+            started = f"started attempt {event.attempt}"
+            self._status(event.node or 0, event.host, f"{started} (torchrun pid {event.pid})", started)
         elif isinstance(event, NodeStateChanged):
             if event.state not in _QUIET_STATES:
-                detail = f" ({event.detail})" if event.detail else ""
-                self.note(f"node{event.node} {event.host}: {event.state.value}{detail}")
+                state = event.state.value + (f" ({event.detail})" if event.detail else "")
+                self._status(event.node or 0, event.host, state, state)
         elif isinstance(event, NodeLink):
+            rank, host = event.node or 0, event.host
             if event.up:
-                self.note(f"node{event.node} {event.host}: reconnected; the log continues where it stopped")
+                back = "reconnected; the log continues where it stopped"
+                self._status(rank, host, back, back)
             else:
                 now = time.time()
                 since = unreachable_text(event.since if event.since is not None else now, now)
-                self.note(f"node{event.node} {event.host}: {since} ({event.detail}); the job runs on there "
-                          "as far as anybody knows; reconnecting")
+                runs_on = f" ({event.detail}); the job runs on there as far as anybody knows; reconnecting"
+                self._status(rank, host, since + runs_on, "unreachable" + runs_on)  # alike: no time
         elif isinstance(event, NodeStopped):
             self.report(event.report)
         elif isinstance(event, NodeDegraded):
-            self.note(f"node{event.node} {event.host}: degraded: {event.reason}")
+            degraded = f"degraded: {event.reason}"
+            self._status(event.node or 0, event.host, degraded, degraded)
         elif isinstance(event, NodeHung):
-            self.note(f"node{event.node} {event.host}: " + (
-                "its ranks are active again" if event.since is None else
-                f"{hung_text(event.since, time.time())}: its ranks wrote nothing and used no CPU"
-                + (f"; their stacks: {event.report} on the host" if event.report else "")))
+            quiet = ": its ranks wrote nothing and used no CPU"
+            own = ("its ranks are active again" if event.since is None else hung_text(event.since, time.time())
+                   + quiet + (f"; their stacks: {event.report} on the host" if event.report else ""))
+            # alike: without the time; a node whose stacks were saved keeps its line (where they are)
+            self._status(event.node or 0, event.host, own, None if event.report else
+                         own if event.since is None else "hung" + quiet)
         elif isinstance(event, JobNote):
             self.note(event.text)
         elif isinstance(event, AttemptRestarting):
             self.note(event.describe())
         elif isinstance(event, JobFinished):
-            self.summary(event.result)
+            self.summary(event.result, restarting=event.restarting)
 
     def report(self, report: StopReport) -> None:
         """What a stop did on one node, which guarantee held, and what the host could not record."""
-        self.note(report.describe())
-        for line in report.remarks():
-            self.note(line)
+        self._status(report.node, report.host, report.outcome(report.killed_text()), report.alike(),
+                     report.remarks())
 
-    def summary(self, result: JobResult) -> None:
-        for node in result.nodes:
-            if node.stopped_after is not None:  # why it was stopped, not how torchrun ended (our SIGTERM)
-                self.note(f"node{node.node} {node.host}: {stopped_after_text(node.stopped_after)}")
-                continue
-            if node.exit_code is not None:
-                how = f"exit code {node.exit_code}"
-                if node.signal:
-                    how = f"killed by {signal_name(node.signal)}"
-            else:
-                how = node.error or ""
-            self.note(f"node{node.node} {node.host}: {node.state.value}" + (f" ({how})" if how else ""))
+    def reports(self, reports: Sequence[StopReport], nnodes: int) -> None:
+        """Every node's stop report of a job of ``nnodes`` nodes (``down``), nodes alike on one line."""
+        with self._lock:
+            self.flush()
+            nodes, self._nnodes = self._nnodes, nnodes
+            for report in reports:
+                self.report(report)
+            self.flush()
+            self._nnodes = nodes
+
+    def summary(self, result: JobResult, restarting: bool = False) -> None:
+        """How each node and the job ended; ``restarting``: only an attempt ended (its owner's
+        ``AttemptRestarting`` line follows), so no "job ... FAILED"."""
+        self.flush()
+        ends = [(node.node, node.host, end, end) for node in result.nodes for end in [node_end_text(node)]]
+        for line in alike_lines(ends, len(result.nodes)):
+            self.note(line)
         cause = result.root_cause
         if result.ok:
             self.note(f"job {result.job_id} succeeded")
             return
         unreached = [(n.node, n.host) for n in result.nodes if n.state is NodeState.UNREACHABLE]
-        if result.stopped and unreached:  # as `down` says it
+        if restarting:
+            pass  # the job goes on
+        elif result.stopped and unreached:  # as `down` says it
             self.note(not_stopped_text(result.job_id, unreached))
         elif result.stopped:
             self.note(f"job {result.job_id} stopped" + (f" ({result.interrupted})" if result.interrupted else ""))

@@ -33,7 +33,16 @@ from clusterrun.attempt import Cancelled, Recorder, Retry, give_up, mark_failed_
 from clusterrun.checks import plan_to_start
 from clusterrun.diagnose import transient_start_failure
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
-from clusterrun.events import AttemptRestarting, Event, JobNote, JobResult, JobState, NodeHung, hung_text
+from clusterrun.events import (
+    AttemptRestarting,
+    Event,
+    JobFinished,
+    JobNote,
+    JobResult,
+    JobState,
+    NodeHung,
+    hung_text,
+)
 from clusterrun.jobs import OWNER_FD_VAR, JobRecord, JobStore
 from clusterrun.lifecycle import follower, per_node, save_seen, spec_of, status_of, stop_job
 from clusterrun.orchestrator import Emit, Job
@@ -122,8 +131,8 @@ class Runner:
         self.clock = clock or Clock()
         self._listeners: list[Emit] = [emit] if emit is not None else []
         self.recorder = Recorder(store, record.job_id, job.attempt, self._decide)
+        job.subscribe(self.recorder)  # first: the attempt's end is recorded (restarting or not) before it is shown
         job.subscribe(self.emit)
-        job.subscribe(self.recorder)
         self._hand_over = threading.Event()
         self._wake = threading.Event()  # a stop or a hand-over asked for during a backoff
         self._stop_reason: str | None = None
@@ -162,6 +171,8 @@ class Runner:
         self._listeners.remove(listener)
 
     def emit(self, event: Event) -> None:
+        if isinstance(event, JobFinished) and self.recorder.restarting:
+            event = dataclasses.replace(event, restarting=True)  # an attempt's end, not the job's
         for listener in list(self._listeners):
             listener(event)
         if isinstance(event, NodeHung) and event.since is not None and event.node is not None:
@@ -247,10 +258,11 @@ class Runner:
                 return result
             self.job.close()
             self.record = record
-            self.job = follower(record, self.emit, fail_fast=True, follow_logs=self.job.follow_logs,
-                                reconnect=self.job.reconnect)
             self.recorder = Recorder(self.store, record.job_id, record.attempt, self._decide)
+            self.job = follower(record, None, fail_fast=True, follow_logs=self.job.follow_logs,
+                                reconnect=self.job.reconnect)
             self.job.subscribe(self.recorder)
+            self.job.subscribe(self.emit)
             self._restart_reason = None
             if self._stop_reason is not None:
                 self.job.request_stop(self._stop_reason)

@@ -57,6 +57,8 @@ class Session:
     ``stacks()`` → ``wait()``. The policies (fail-fast, restart, hand-over, the record) are the ``Runner``'s and
     ``attempt.restart``'s: a session only runs them off the consumer's thread."""
 
+    supports = frozenset({"kill", "restart", "stack", "detach"})  # the dashboard's controls it carries out
+
     def __init__(self, store: JobStore, record: JobRecord, emit: Emit | None = None, *, runner: Runner | None = None,
                  offsets: dict[int, int] | None = None, tail: int | None = None, scrollback: int = 0,
                  gpu_interval: float | None = INTERVAL) -> None:

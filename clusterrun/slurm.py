@@ -4,9 +4,11 @@ the environment comes in as a mapping.
 
 Under Slurm the job is one job step: ``srun --nodes=N --ntasks-per-node=1 --kill-on-bad-exit=1``
 runs the same command on every node, Slurm tracks, limits and signals every process of it, and
-``scancel JOBID.STEPID`` is the stop. So every node gets the same argv and environment: a node's
-rank comes from ``SLURM_NODEID`` in the task (``TASK_SCRIPT``), the master is the first node of
-the allocation, and GPUs are Slurm's to hand out (no ``CUDA_VISIBLE_DEVICES`` of ours).
+``scancel JOBID.STEPID`` is the stop. So every node gets the same argv and environment: in the task
+(``TASK_SCRIPT``) a node finds its own process count by its Slurm node name, enters the workdir,
+runs the hosts file's ``setup`` in its shell, checks python, the script and torch (the preflight),
+then execs torchrun with its node rank from ``SLURM_NODEID``; the master is the first node of the
+allocation, and GPUs are Slurm's to hand out (no ``CUDA_VISIBLE_DEVICES`` of ours).
 """
 
 from __future__ import annotations
@@ -23,13 +25,43 @@ from clusterrun.errors import ConfigError
 from clusterrun.nodesets import NodeSetError, expand, fold
 from clusterrun.plan import TORCHRUN_MODULE, LaunchPlan, NodeLaunch, node_env
 
-# What each task runs, one constant script: the node rank from Slurm, the rest as arguments
-# (``sh -c TASK_SCRIPT clusterrun-node PYTHON TORCHRUN-OPTIONS... SCRIPT ARGS...``), so no value
-# of the job is ever formatted into shell text.
-TASK_SCRIPT = ('python=$1; shift; exec "$python" -m ' + TORCHRUN_MODULE
-               + ' --node-rank="$SLURM_NODEID" --nnodes="$SLURM_NNODES"'
-               ' --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" "$@"')
+# What each task runs, one constant script (its names prefixed _cr_: setup runs in its shell and must
+# not change them); the job's values come as arguments (``sh -c TASK_SCRIPT
+# clusterrun-node PYTHON NPROC WORKDIR SETUP CHECKS SCRIPT ARGS...``), so none is formatted into shell text
+# but ``setup``, which is shell text already. NPROC is one count, or ``NODE=COUNT ...`` where nodes
+# differ (torchrun's static rendezvous packs the ranks node after node, whatever each node's count).
+# What fails before torchrun fails the node: a line ``clusterrun: node NAME: ...`` (FAILURE_MARK), a
+# second's wait (else srun's --kill-on-bad-exit may end the step before that line reaches srun: seen
+# once in 20 failures without it, none in 20 with it), and its exit code.
+TASK_SCRIPT = (r"""set -f
+_cr_python=$1 _cr_nproc=$2 _cr_workdir=$3 _cr_setup=$4 _cr_checks=$5; shift 5
+_cr_node=${SLURMD_NODENAME:-$(uname -n)}
+_cr_fail() { _cr_code=$1; shift; trap - EXIT; echo "clusterrun: node $_cr_node: $*" >&2; sleep 1; exit "$_cr_code"; }
+case $_cr_nproc in *=*)
+    _cr_count=; for _cr_word in $_cr_nproc; do case $_cr_word in "$_cr_node="*) _cr_count=${_cr_word#*=};; esac; done
+    [ -n "$_cr_count" ] || _cr_fail 2 "no process count for this node in: $_cr_nproc"; _cr_nproc=$_cr_count;; esac
+set +f
+case $_cr_workdir in "~") _cr_workdir=$HOME;; "~/"*) _cr_workdir=$HOME/${_cr_workdir#"~/"};; esac
+if [ -n "$_cr_workdir" ]; then
+    [ -d "$_cr_workdir" ] || _cr_fail 2 "the workdir $_cr_workdir does not exist"
+    cd "$_cr_workdir" || _cr_fail 2 "cannot enter $_cr_workdir"
+fi
+_cr_ended='_cr_rc=$?; [ "$_cr_rc" -ne 0 ] || _cr_rc=2
+    echo "clusterrun: node $_cr_node: setup ended the shell (exit?) with status $_cr_rc" >&2'
+if [ -n "$_cr_setup" ]; then trap "$_cr_ended; sleep 1; exit \$_cr_rc" EXIT; eval "$_cr_setup"; trap - EXIT; fi
+if [ "$_cr_checks" = preflight ]; then
+    if ! command -v "$_cr_python" >/dev/null 2>&1; then
+        _cr_fail 127 "python not found: $_cr_python (the hosts file's python:, or PATH)"; fi
+    [ -f "$1" ] || _cr_fail 2 "the script $1 does not exist in $(pwd)"
+    _cr_torch='import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)'
+    "$_cr_python" -c "$_cr_torch" || _cr_fail 2 "torch is not installed for $_cr_python"
+fi
+exec "$_cr_python" -m """ + TORCHRUN_MODULE + r""" --node-rank="$SLURM_NODEID" --nnodes="$SLURM_NNODES" """
+               r"""--master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --nproc-per-node="$_cr_nproc" """
+               r"""--rdzv-backend=static --max-restarts=0 --redirects=3 --tee=3 "$@"
+""")
 TASK_NAME = "clusterrun-node"  # $0 of the task's shell: what ps shows
+FAILURE_MARK = re.compile(r"^clusterrun: node \S+: (.*)$")  # the task's line when it fails before torchrun
 # torchrun's --tee copies each rank's lines, whole, to its own output with this tag (the one the
 # agent's merged logs carry over SSH): the ranks of a node share srun's pipe, and unbuffered
 # Python writes a line and its newline apart, so untagged output would interleave mid-line.
@@ -38,17 +70,24 @@ PORT_BASE, PORT_SPAN = 20000, 20000  # the master port when none is given: one p
 NOT_IN_ALLOCATION_HINT = ("run it inside an allocation: `salloc -N2 clusterrun up --from-slurm train.py`, or in a "
                           "batch script (`clusterrun export --sbatch HOSTS.yaml train.py` writes one)")
 _GPU_COUNT = re.compile(r"(?:^|:)(\d+)$")  # "4", "a100:4" (SLURM_GPUS_PER_NODE), "gpu:a100:4"
+_NODE_GRES = re.compile(r"^\s*Nodes=(\S+) .*\bGRES=(\S*)", re.MULTILINE)  # scontrol show job -d
+_GPU_GRES = re.compile(r"gpu(?::[^:(]+)?:(\d+)(?:\(|$)")  # gpu:2(IDX:0-1), gpu:a100:2(IDX:0-1)
+_COUNTS = re.compile(r"(\d+)(?:\(x(\d+)\))?")  # one part of Slurm's "2(x3),1": 2, three times
 
 
 @dataclass(frozen=True)
 class Allocation:
     """The Slurm job clusterrun runs in: its id, its nodes in Slurm's order, the GPUs per node
-    (None: Slurm gave none, or did not say) and the CPUs asked for per task (``-c``), if any."""
+    (None: Slurm gave none, or did not say), the CPUs asked for per task (``-c``), if any, the
+    tasks per node, in the nodes' order, where tasks were asked for (``-n``, ``--ntasks-per-node``),
+    and the GPUs of each node by name, where ``scontrol show job -d`` said (``node_gpus``)."""
 
     job_id: str
     nodes: tuple[str, ...]
     gpus_per_node: int | None = None
     cpus_per_task: int | None = None
+    tasks_per_node: tuple[int, ...] | None = None
+    node_gpus: Mapping[str, int] | None = None
 
     @property
     def master_port(self) -> int:
@@ -77,8 +116,41 @@ def allocation_from_env(env: Mapping[str, str]) -> Allocation:
         raise ConfigError(f"SLURM_JOB_NODELIST: {exc}", key="--from-slurm",
                           hint="Slurm set this list; `scontrol show hostnames` shows how Slurm reads it") from None
     cpus = env.get("SLURM_CPUS_PER_TASK", "")
+    asked = any(env.get(name) for name in ("SLURM_NTASKS_PER_NODE", "SLURM_NTASKS", "SLURM_NPROCS"))
+    tasks = env.get("SLURM_TASKS_PER_NODE", "") if asked else ""
     return Allocation(job_id=job_id, nodes=nodes, gpus_per_node=_gpus(env),
-                      cpus_per_task=int(cpus) if cpus.isdigit() and int(cpus) > 0 else None)
+                      cpus_per_task=int(cpus) if cpus.isdigit() and int(cpus) > 0 else None,
+                      tasks_per_node=slurm_counts(tasks, len(nodes), "SLURM_TASKS_PER_NODE") if tasks else None)
+
+
+def slurm_counts(text: str, nnodes: int, name: str) -> tuple[int, ...]:
+    """One count per node from Slurm's compressed form (``2(x3),1`` is 2, 2, 2, 1); ``ConfigError``
+    naming the variable ``name`` where it is malformed or not one count per node."""
+    counts: list[int] = []
+    for part in text.split(","):
+        match = _COUNTS.fullmatch(part.strip())
+        if match is None:
+            raise ConfigError(f"{name}={text!r}: cannot read {part!r} (Slurm writes counts as 2(x3),1)",
+                              key="--from-slurm", hint="run `up --from-slurm` in the allocation's own environment")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    if len(counts) != nnodes:
+        raise ConfigError(f"{name}={text!r} gives {len(counts)} counts for {nnodes} nodes", key="--from-slurm",
+                          hint="run `up --from-slurm` in the allocation's own environment")
+    return tuple(counts)
+
+
+def gpus_by_node(details: str) -> dict[str, int]:
+    """Each node's GPUs from ``scontrol show job -d`` (``Nodes=sim[1-2] ... GRES=gpu:a100:2(IDX:0-1)``);
+    none where it names no GPU (or could not be read: ``details`` empty)."""
+    found: dict[str, int] = {}
+    for nodes, gres in _NODE_GRES.findall(details):
+        count = sum(int(m.group(1)) for item in gres.split(",") if (m := _GPU_GRES.match(item)))
+        if count:
+            try:
+                found.update(dict.fromkeys(expand(nodes), count))
+            except NodeSetError:
+                continue
+    return found
 
 
 def _gpus(env: Mapping[str, str]) -> int | None:
@@ -99,74 +171,115 @@ def template_host(spec: ClusterSpec | None, first: str) -> HostSpec:
     return next((h for h in spec.hosts if h.host == first), spec.hosts[0])
 
 
-def nproc_of(allocation: Allocation, host: HostSpec, given_by_file: bool) -> int:
-    """Processes per node: one per GPU Slurm allocated, else the hosts file's ``nproc``/``gpus``, else 1."""
+def node_nprocs(allocation: Allocation, spec: ClusterSpec | None) -> tuple[tuple[int, ...], str]:
+    """Processes per node, in the allocation's order, and where they come from: one per GPU Slurm
+    allocated (each node's as scontrol said, else the same on every node as the variables say);
+    else the hosts file's ``nproc``/``gpus`` of the host named like the node (of the template host
+    for a node it does not name); else the tasks per node asked of Slurm (``-n``,
+    ``--ntasks-per-node``); else 1."""
+    nodes = allocation.nodes
+    if allocation.node_gpus and all(allocation.node_gpus.get(node) for node in nodes):
+        return tuple(allocation.node_gpus[node] for node in nodes), "one per GPU Slurm allocated on the node"
     if allocation.gpus_per_node:
-        return allocation.gpus_per_node
-    return host.nproc if given_by_file else 1
+        return (allocation.gpus_per_node,) * len(nodes), "one per GPU Slurm allocated"
+    if spec is not None and spec.hosts:
+        template = template_host(spec, nodes[0])
+        by_name = {h.host: h.nproc for h in spec.hosts}
+        return tuple(by_name.get(node, template.nproc) for node in nodes), "the hosts file's nproc"
+    if allocation.tasks_per_node:
+        return allocation.tasks_per_node, "the tasks per node asked of Slurm"
+    return (1,) * len(nodes), "1 per node: no GPUs, hosts file or tasks given"
 
 
-def same_nproc(spec: ClusterSpec) -> int:
-    """The one ``nproc`` of every host of ``spec``; ``ConfigError`` where they differ (one srun
-    runs the same command on every node)."""
-    counts = {h.nproc for h in spec.hosts}
-    if len(counts) != 1:
-        first = spec.hosts[0]
-        odd = next(h for h in spec.hosts if h.nproc != first.nproc)
-        raise ConfigError(f"under Slurm every node runs the same number of processes; {first.host} has "
-                          f"{first.nproc}, {odd.host} has {odd.nproc}", path=spec.path, line=odd.line,
-                          hint="give every host the same nproc (or gpus) for Slurm")
-    return counts.pop()
+def nproc_word(nodes: Sequence[str], nprocs: Sequence[int]) -> str:
+    """The task's NPROC argument: the one count, or ``NODE=COUNT`` for each node where they differ."""
+    if len(set(nprocs)) == 1:
+        return str(nprocs[0])
+    return " ".join(f"{node}={n}" for node, n in zip(nodes, nprocs, strict=True))
+
+
+def setup_text(commands: Sequence[str]) -> str:
+    """The hosts file's ``setup`` as the task's shell runs it (``eval``, before torchrun, in the same
+    shell, so that ``source venv/bin/activate`` holds): each command in turn; the first that fails
+    fails the node with its status, naming which it was."""
+    lines = []
+    for i, command in enumerate(commands):
+        lines += [command.rstrip("\n"), '_cr_rc=$?; if [ "$_cr_rc" -ne 0 ]; then _cr_fail "$_cr_rc" "setup[' + str(i)
+                  + '] exited with status $_cr_rc"; fi']
+    return "\n".join(lines)
+
+
+def refuse_sync(spec: ClusterSpec, hosts: Sequence[HostSpec]) -> None:
+    """``sync:`` under Slurm is refused (``ConfigError`` at the first host that has one): the sync
+    copies over SSH connections, which Slurm's launch does not open, and a Slurm cluster's nodes
+    share a file system."""
+    for host in hosts:
+        if host.sync is not None:
+            raise ConfigError(f"host {host.host} has `sync: {host.sync}`, which --from-slurm does not do: it opens no "
+                              "SSH connection to copy over, and Slurm's nodes read the job's files from their shared "
+                              "file system", path=spec.path,
+                              line=host.line, key="sync",
+                              hint="pass --no-sync (the files are already there), or copy them first, then "
+                              "leave sync: out of the file given to --slurm-hosts")
 
 
 @dataclass(frozen=True)
 class SlurmStep:
     """The job step ``up --from-slurm`` runs: the ``srun`` argv and the environment it needs
-    (Slurm passes srun's environment on to every task: ``--export=ALL``)."""
+    (Slurm passes srun's environment on to every task: ``--export=ALL``), each node's process count
+    (``nprocs``, in the nodes' order) and where it came from."""
 
     argv: tuple[str, ...]
     env: Mapping[str, str]
     nodes: tuple[str, ...]
-    nproc: int
+    nprocs: tuple[int, ...]
     master_addr: str
     master_port: int
+    nproc_source: str = ""
 
     @property
     def world_size(self) -> int:
-        return self.nproc * len(self.nodes)
+        return sum(self.nprocs)
 
 
 def launch_plan(step: SlurmStep, *, job_id: str, name: str, script: str,
                 script_args: Sequence[str]) -> LaunchPlan:
     """The step as the plan a consumer (the printer) knows: node ranks in Slurm's order, global
     ranks packed node after node as torchrun's static rendezvous assigns them."""
-    nodes = tuple(NodeLaunch(rank=i, host=HostSpec(host=host, nproc=step.nproc), nproc=step.nproc,
-                             first_rank=i * step.nproc, argv=step.argv, env=step.env, cwd=None)
-                  for i, host in enumerate(step.nodes))
+    firsts = [sum(step.nprocs[:i]) for i in range(len(step.nodes))]
+    nodes = tuple(NodeLaunch(rank=i, host=HostSpec(host=host, nproc=n), nproc=n, first_rank=first, argv=step.argv,
+                             env=step.env, cwd=None)
+                  for i, (host, n, first) in enumerate(zip(step.nodes, step.nprocs, firsts, strict=True)))
     return LaunchPlan(job_id=job_id, name=name, master_addr=step.master_addr, master_port=step.master_port,
                       nodes=nodes, script=script, script_args=tuple(script_args))
 
 
-def task_argv(python: str, nproc: int, script: str, script_args: Sequence[str]) -> tuple[str, ...]:
-    """What each task runs: ``TASK_SCRIPT`` with torchrun's per-job options as arguments."""
+def task_argv(python: str, nproc: str, script: str, script_args: Sequence[str], *, workdir: str | None = None,
+              setup: Sequence[str] = (), preflight: bool = True) -> tuple[str, ...]:
+    """What each task runs: ``TASK_SCRIPT`` with the job's values as arguments; in bash where there
+    is a ``setup`` (what it is written for over SSH too), else in sh; the preflight unless not ``preflight``."""
     # torchrun drops one "--" right after the script; protect an argument list that starts with one.
     guard = ("--",) if tuple(script_args[:1]) == ("--",) else ()
-    return ("sh", "-c", TASK_SCRIPT, TASK_NAME, python, f"--nproc-per-node={nproc}", "--rdzv-backend=static",
-            "--max-restarts=0", "--redirects=3", "--tee=3", script, *guard, *script_args)
+    return ("bash" if setup else "sh", "-c", TASK_SCRIPT, TASK_NAME, python, nproc, workdir or "", setup_text(setup),
+            "preflight" if preflight else "none", script, *guard, *script_args)
 
 
-def srun_options(nnodes: int, *, name: str, cwd: str | None) -> tuple[str, ...]:
+def srun_options(nnodes: int, *, name: str) -> tuple[str, ...]:
     """srun's options: one task per node on every node, the whole step killed when one task fails,
     each output line labelled with its task (= node) number."""
     return (f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--label",
-            f"--job-name={name}", *((f"--chdir={cwd}",) if cwd else ()))
+            f"--job-name={name}")
 
 
 def build_step(allocation: Allocation, spec: ClusterSpec | None, script: str, script_args: Sequence[str], *,
-               name: str, python: str, env_overrides: Mapping[str, str], cwd: str | None) -> SlurmStep:
-    """The step for ``allocation``: every node of it, the hosts file's first host as the template."""
+               name: str, python: str, env_overrides: Mapping[str, str], cwd: str | None,
+               no_sync: bool = False, preflight: bool = True) -> SlurmStep:
+    """The step for ``allocation``: every node of it, the hosts file's first host as the template
+    (its nproc per node); ``ConfigError`` for a ``sync:`` unless ``no_sync``."""
     host = template_host(spec, allocation.nodes[0])
-    nproc = nproc_of(allocation, host, spec is not None)
+    if spec is not None and not no_sync:
+        refuse_sync(spec, [host, *(h for h in spec.hosts if h.host in allocation.nodes)])
+    nprocs, source = node_nprocs(allocation, spec)
     master_port = (spec.master_port if spec is not None and spec.master_port else None) or allocation.master_port
     master_addr = (spec.master_addr if spec is not None else None) or allocation.nodes[0]
     env = node_env(dataclasses.replace(host, gpus=None), env_overrides)
@@ -175,21 +288,34 @@ def build_step(allocation: Allocation, spec: ClusterSpec | None, script: str, sc
     # its workers would share one CPU where Slurm confines tasks to theirs
     cpus = (f"--cpus-per-task={allocation.cpus_per_task}",) if allocation.cpus_per_task else ()
     argv = ("srun", f"--jobid={allocation.job_id}", f"--nodelist={fold(list(allocation.nodes))}", *cpus,
-            *srun_options(len(allocation.nodes), name=name, cwd=host.workdir or cwd),
-            *task_argv(host.python or python, nproc, script, script_args))
-    return SlurmStep(argv=argv, env=env, nodes=allocation.nodes, nproc=nproc, master_addr=master_addr,
-                     master_port=master_port)
+            *srun_options(len(allocation.nodes), name=name),
+            *task_argv(host.python or python, nproc_word(allocation.nodes, nprocs), script, script_args,
+                       workdir=host.workdir or cwd, setup=host.setup, preflight=preflight))
+    return SlurmStep(argv=argv, env=env, nodes=allocation.nodes, nprocs=nprocs, master_addr=master_addr,
+                     master_port=master_port, nproc_source=source)
 
 
 def sbatch_script(spec: ClusterSpec, script: str, script_args: Sequence[str], *, name: str,
                   env_overrides: Mapping[str, str], hosts_file: str) -> str:
     """A batch script that runs the job of ``spec`` under Slurm, as ``up`` would over SSH: as many
-    nodes as hosts, their ``nproc`` and GPUs, the environment (secrets only by name: the file never
-    holds a value of one), torchrun per node with the rendezvous on the first node."""
-    nproc = same_nproc(spec)
+    nodes as hosts, their ``nproc`` (where they differ, exactly those hosts, each its own count) and
+    GPUs, the environment (secrets only by name: the file never holds a value of one), the first
+    host's ``setup`` and preflight in each task, torchrun per node with the rendezvous on the first node."""
+    refuse_sync(spec, spec.hosts)
     host = spec.hosts[0]
+    gpus = {len(h.gpus or ()) for h in spec.hosts}
+    if len(gpus) > 1:
+        odd = next(h for h in spec.hosts if len(h.gpus or ()) != len(host.gpus or ()))
+        raise ConfigError(f"Slurm's --gpus-per-node is one count for every node; {host.host} has "
+                          f"{len(host.gpus or ())} GPUs, {odd.host} has {len(odd.gpus or ())}", path=spec.path,
+                          line=odd.line, key="gpus", hint="give every host the same number of gpus (nproc may differ)")
+    nprocs = [h.nproc for h in spec.hosts]
+    names = [h.host for h in spec.hosts]
     lines = ["#!/bin/bash", f"# Written by `clusterrun export --sbatch` from {hosts_file}; submit with: sbatch FILE",
              f"#SBATCH --job-name={name}", f"#SBATCH --nodes={len(spec.hosts)}", "#SBATCH --ntasks-per-node=1"]
+    if len(set(nprocs)) > 1:  # each count goes to its host by Slurm node name: those hosts, and no others
+        lines += [f"# the hosts' nproc differ ({nproc_word(names, nprocs)}): exactly these nodes",
+                  f"#SBATCH --nodelist={fold(names)}"]
     if host.gpus:
         lines.append(f"#SBATCH --gpus-per-node={len(host.gpus)}")
     lines += ["set -euo pipefail", ""]
@@ -202,9 +328,10 @@ def sbatch_script(spec: ClusterSpec, script: str, script_args: Sequence[str], *,
               "# the rendezvous: torchrun's static one, on the first node of the allocation",
               f"export MASTER_ADDR={addr}", f"export MASTER_PORT={port}",
               f"export {RANK_PREFIX_VAR}={shlex.quote(RANK_PREFIX)}  # each line tagged with its rank", ""]
-    task = task_argv(host.python or "python3", nproc, script, script_args)
-    # srun and its options; the task's shell; its interpreter and torchrun's options; the script
-    groups = [("srun", *srun_options(len(spec.hosts), name=name, cwd=host.workdir)), task[:4], task[4:10], task[10:]]
+    task = task_argv(host.python or "python3", nproc_word(names, nprocs), script, script_args, workdir=host.workdir,
+                     setup=host.setup)
+    # srun and its options; the task's shell; its interpreter, nproc, workdir, setup, checks; the script
+    groups = [("srun", *srun_options(len(spec.hosts), name=name)), task[:4], task[4:9], task[9:]]
     lines.append(" \\\n    ".join(shlex.join(words) for words in groups if words))
     return "\n".join(lines) + "\n"
 

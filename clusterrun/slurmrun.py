@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import re
 import shutil
@@ -43,7 +44,7 @@ from clusterrun.events import (
     NodeStateChanged,
     RootCause,
 )
-from clusterrun.slurm import SlurmStep
+from clusterrun.slurm import FAILURE_MARK, Allocation, SlurmStep, allocation_from_env, gpus_by_node
 
 Emit = Callable[[Event], None]
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -130,6 +131,20 @@ def step_gone(step: str, environ: Mapping[str, str] | None = None) -> Callable[[
             time.sleep(0.2)
         return True
     return ended
+
+
+def allocation_here(environ: Mapping[str, str]) -> Allocation:
+    """The allocation ``environ`` describes (``ConfigError`` outside one), with each node's GPUs as
+    ``scontrol show job -d`` says: Slurm's variables do not say them for ``--gres=gpu:N`` nor per
+    node for ``--gpus=N``. Without scontrol's answer, what the variables say."""
+    allocation = allocation_from_env(environ)
+    try:
+        done = subprocess.run(["scontrol", "show", "job", "-d", allocation.job_id], capture_output=True, text=True,
+                              check=False, env=dict(environ), timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return allocation
+    gpus = gpus_by_node(done.stdout) if done.returncode == 0 else {}
+    return dataclasses.replace(allocation, node_gpus=gpus) if gpus else allocation
 
 
 def find_step(job_id: str, name: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -306,8 +321,10 @@ class SlurmRun:
             return RootCause(node=node, host=host, rank=rank, local_rank=failure["local_rank"],
                              exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
                              last_lines=tail, message=exception_message(tail), pid=failure["pid"] or None)
+        lines = tuple(log.lines())
+        before = next((m.group(1) for line in reversed(lines) if (m := FAILURE_MARK.match(line))), "")
         return RootCause(node=node, host=host, rank=None, local_rank=None, exit_code=self._ends[node].exit_code,
-                         signal=None, last_lines=tuple(log.lines()))
+                         signal=None, last_lines=lines, message=before)
 
 
 def _die_with_parent() -> None:

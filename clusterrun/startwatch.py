@@ -43,11 +43,13 @@ def waiting_for(status: NodeStatus | None) -> str | None:
     return "torchrun is starting"
 
 
-def _seconds(seconds: float) -> str:
+def seconds_text(seconds: float) -> str:
+    """``45 s``, ``3 min 5 s``."""
     return f"{int(seconds)} s" if seconds < 120 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
 
 
-def _nodes(ranks: list[int], hosts: Mapping[int, str]) -> str:
+def nodes_text(ranks: list[int], hosts: Mapping[int, str]) -> str:
+    """``node 3 (gpu04)``, ``nodes 0 (a), 1 (b), 2 (c), 3 (d) and 5 more``."""
     names = ", ".join(f"{r} ({hosts[r]})" for r in ranks[:4]) + (f" and {len(ranks) - 4} more" if len(ranks) > 4
                                                                   else "")
     return ("node " if len(ranks) == 1 else "nodes ") + names
@@ -64,7 +66,7 @@ def progress_text(hosts: Mapping[int, str], statuses: Mapping[int, NodeStatus | 
             waiting.setdefault(what, []).append(rank)
     if not waiting:
         return None
-    parts = [f"{_nodes(ranks, hosts)}: {what} for {_seconds(max(0.0, now - started))}"
+    parts = [f"{nodes_text(ranks, hosts)}: {what} for {seconds_text(max(0.0, now - started))}"
              for what, ranks in waiting.items()]
     ready = [r for r in sorted(hosts) if not any(r in ranks for ranks in waiting.values())]
     if ready:
@@ -86,10 +88,11 @@ def timeout_cause(hosts: Mapping[int, str], statuses: Mapping[int, NodeStatus | 
     named = named or [min(hosts)]
     first = named[0]
     what = waiting_for(statuses.get(first)) or "no workers"
-    others = f"; {_nodes(joined, hosts)} joined and waited for {'it' if len(named) == 1 else 'them'}" if joined else ""
-    cause = CAUSE.format(nodes=_nodes(named, hosts), timeout=_seconds(timeout), what=what, others=others)
+    them = "it" if len(named) == 1 else "them"
+    others = f"; {nodes_text(joined, hosts)} joined and waited for {them}" if joined else ""
+    cause = CAUSE.format(nodes=nodes_text(named, hosts), timeout=seconds_text(timeout), what=what, others=others)
     return RootCause(node=first, host=hosts[first], rank=None, local_rank=None, exit_code=None, signal=None,
-                     message=f"{what}: no workers after {_seconds(timeout)} (startup_timeout)",
+                     message=f"{what}: no workers after {seconds_text(timeout)} (startup_timeout)",
                      explanation=Explanation("startup-timeout", cause, FIX))
 
 
@@ -151,4 +154,4 @@ class StartupWatch:
         return timeout_cause(self.hosts, self.statuses, self.timeout)
 
 
-__all__ = ["StartupWatch", "blamed", "progress_text", "timeout_cause", "waiting_for"]
+__all__ = ["StartupWatch", "blamed", "nodes_text", "progress_text", "seconds_text", "timeout_cause", "waiting_for"]

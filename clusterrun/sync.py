@@ -89,7 +89,8 @@ class SyncReport:
     via: str = ""  # what carried the files' data: ``rsync``, ``sftp`` or ``agent`` (see ``carrier``)
     note: str = ""  # why ``via`` is not the first choice, where that was a surprise
 
-    def describe(self) -> str:
+    def describe(self, timed: bool = True) -> str:
+        """What was copied (or would be); ``timed``: and in how many seconds."""
         if self.same_dir:
             return f"{self.root} is the synced directory itself: nothing to copy"
         how = f" by {self.via}" if self.copied and self.via else ""
@@ -102,7 +103,7 @@ class SyncReport:
             text += f", {self.touched} with only mode/mtime set"
         if self.other:
             text += f", {self.other} directories/symlinks made or changed"
-        return text + f", {self.unchanged} unchanged, to {self.root} in {self.seconds:.1f} s"
+        return text + f", {self.unchanged} unchanged, to {self.root}" + (f" in {self.seconds:.1f} s" if timed else "")
 
 
 def human(size: float) -> str:

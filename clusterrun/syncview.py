@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, TextIO
 
+from clusterrun.nodesets import FOLD_PAST, alike_lines
 from clusterrun.sync import SyncProgress, SyncReport, human
 from clusterrun.terminal import safe
 
@@ -19,9 +20,10 @@ from clusterrun.terminal import safe
 class SyncView:
     """Shows ``SyncProgress`` as it comes (see the module docstring)."""
 
-    def __init__(self, err: TextIO | None = None, live: bool | None = None) -> None:
+    def __init__(self, err: TextIO | None = None, live: bool | None = None, hosts: int = 0) -> None:
         self.err = err or sys.stderr
         self.live = self.err.isatty() if live is None else live
+        self.hosts = hosts  # past FOLD_PAST hosts the plain lines announce only the first copy
         self._progress: Any = None
         self._tasks: dict[int, Any] = {}
         self._announced: set[int] = set()
@@ -55,16 +57,19 @@ class SyncView:
                                       files=files if p.phase == "copy" else f"{p.files_total} files copied")
             return
         if p.phase == "copy" and p.rank not in self._announced:
-            self._announced.add(p.rank)
-            if p.files_total:
+            many = self.hosts > FOLD_PAST
+            if p.files_total and not (many and self._announced):
+                self._announced.add(p.rank)
                 self.err.write(f"clusterrun: sync {safe(p.host, colour=False)}: copying {p.files_total} file(s), "
-                               f"{human(p.bytes_total)}\n")
+                               f"{human(p.bytes_total)}" + (f" (the first host; past {FOLD_PAST} hosts the others' "
+                                                          "copies are not announced: the report follows)" if many
+                                                          else "") + "\n")
                 self.err.flush()
 
     def report(self, reports: Mapping[int, SyncReport]) -> None:
-        """One line per host: what was copied."""
-        for rank in sorted(reports):
-            r = reports[rank]
-            self.err.write(f"clusterrun: sync node{rank} {safe(r.host, colour=False)}: "
-                           f"{safe(r.describe(), colour=False)}\n")
+        """What was copied: a line per host, or past ``FOLD_PAST`` hosts a line per set of hosts alike."""
+        items = [(rank, reports[rank].host, reports[rank].describe(timed=False), reports[rank].describe())
+                 for rank in sorted(reports)]
+        for line in alike_lines(items, len(items)):
+            self.err.write(f"clusterrun: sync {safe(line, colour=False)}\n")
         self.err.flush()

@@ -1,6 +1,6 @@
 """The watch over a running job, as settings: the start-up and hang watch (``Watch``) and the
-notifications (``Notify``), from the hosts file (``startup_timeout``, ``hang_after``, ``on_hang``,
-``notify``) and ``up``'s options; a leaf that imports only ``durations`` of the package.
+notifications (``Notify``), from the hosts file (``setup_timeout``, ``startup_timeout``,
+``hang_after``, ``on_hang``, ``notify``) and ``up``'s options; a leaf that imports only ``durations`` of the package.
 
 The policies themselves live where the facts are: the host's monitor marks a node hung
 (``agent/hangwatch.py``), the orchestrator's loop applies the start-up timeout, and the job's owner
@@ -16,6 +16,7 @@ from typing import Any
 from clusterrun.durations import parse_duration
 from clusterrun.durations import show_duration as duration_text
 
+SETUP_TIMEOUT = 600.0  # seconds a node's setup commands may run before its host's agent kills them
 STARTUP_TIMEOUT = 300.0  # seconds every node gets to start its workers (gloo's own wait is 30 minutes)
 HANG_AFTER = 1800.0  # seconds without output and CPU after which a node is hung
 ON_HANG = ("stack", "restart", "nothing")
@@ -26,15 +27,18 @@ EVENTS = ("failed", "succeeded", "hung", "restarted")  # what a notification may
 @dataclass(frozen=True)
 class Watch:
     """How the job is watched: ``startup_timeout`` for every node to start its workers (after it
-    the job fails, naming the nodes that still wait); ``hang_after`` seconds without output and
-    CPU make a node hung (None: never); ``on_hang`` what the job's owner does then."""
+    the job fails, naming the nodes that still wait; counted once every node's setup ended);
+    ``hang_after`` seconds without output and CPU make a node hung (None: never); ``on_hang`` what
+    the job's owner does then; ``setup_timeout`` for each node's ``setup`` commands (``setups.py``)."""
 
     startup_timeout: float = STARTUP_TIMEOUT
     hang_after: float | None = HANG_AFTER
     on_hang: str = "stack"
+    setup_timeout: float = SETUP_TIMEOUT
 
     def to_json(self) -> dict[str, Any]:
-        return {"startup_timeout": self.startup_timeout, "hang_after": self.hang_after, "on_hang": self.on_hang}
+        return {"startup_timeout": self.startup_timeout, "hang_after": self.hang_after, "on_hang": self.on_hang,
+                "setup_timeout": self.setup_timeout}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> Watch:
@@ -42,7 +46,8 @@ class Watch:
             return cls()
         hang = data.get("hang_after", HANG_AFTER)
         return cls(startup_timeout=float(data.get("startup_timeout") or STARTUP_TIMEOUT),
-                   hang_after=None if hang is None else float(hang), on_hang=str(data.get("on_hang") or "stack"))
+                   hang_after=None if hang is None else float(hang), on_hang=str(data.get("on_hang") or "stack"),
+                   setup_timeout=float(data.get("setup_timeout") or SETUP_TIMEOUT))
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
-"""The hosts file's long-run keys (``restart``; the watch's ``startup_timeout``, ``hang_after``,
+"""The hosts file's long-run keys (``restart``; the watch's ``setup_timeout``, ``startup_timeout``, ``hang_after``,
 ``on_hang``, ``notify``), validated with the file's line and a hint like every other key
 (``config._Parser`` calls this)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -14,7 +15,7 @@ from clusterrun.watch import EVENTS, ON_HANG, Notify, Watch, parse_duration
 if TYPE_CHECKING:
     from clusterrun.config import _Parser
 
-WATCH_KEYS = ("startup_timeout", "hang_after", "on_hang", "notify")
+WATCH_KEYS = ("setup_timeout", "startup_timeout", "hang_after", "on_hang", "notify")
 _NOTIFY_KEYS = ("command", "on")
 RESTART_KEYS = ("max", "backoff", "on_exit_codes", "window")
 SCALAR_TAGS = tuple("tag:yaml.org,2002:" + t for t in ("str", "int", "float"))
@@ -37,17 +38,19 @@ def duration(parser: _Parser, node: Node, key: str, *, off: bool = False) -> flo
 def watch_settings(parser: _Parser, top: dict[str, Node]) -> tuple[Watch, Notify | None]:
     """The ``Watch`` and ``Notify`` of the file's top level (defaults for keys it does not set)."""
     watch = Watch()
+    if "setup_timeout" in top:
+        watch = dataclasses.replace(watch, setup_timeout=duration(parser, top["setup_timeout"], "setup_timeout") or 0.0)
     if "startup_timeout" in top:
-        watch = Watch(duration(parser, top["startup_timeout"], "startup_timeout") or 0.0, watch.hang_after,
-                      watch.on_hang)
+        watch = dataclasses.replace(watch, startup_timeout=duration(parser, top["startup_timeout"],
+                                                                    "startup_timeout") or 0.0)
     if "hang_after" in top:
-        watch = Watch(watch.startup_timeout, duration(parser, top["hang_after"], "hang_after", off=True), watch.on_hang)
+        watch = dataclasses.replace(watch, hang_after=duration(parser, top["hang_after"], "hang_after", off=True))
     if "on_hang" in top:
         value = parser.string(top["on_hang"], "on_hang")
         if value not in ON_HANG:
             raise parser.error(f"must be one of {', '.join(ON_HANG)}, got {value!r}", top["on_hang"], "on_hang",
                                "stack saves the ranks' stacks beside the logs; restart restarts the job")
-        watch = Watch(watch.startup_timeout, watch.hang_after, value)
+        watch = dataclasses.replace(watch, on_hang=value)
     return watch, notify(parser, top["notify"]) if "notify" in top else None
 
 

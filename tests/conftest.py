@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.simhosts import sim_cluster  # noqa: F401 - the simulated machines, for every test module
-from tests.slurmsim import slurm_cluster  # noqa: F401 - a real Slurm on them (tests/test_slurm_cluster.py)
+from tests.slurmsim import slurm_cluster, slurm_gpu_cluster  # noqa: F401 - a real Slurm on them (test_slurm_cluster)
 
 ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = ROOT / "tests" / "_support"

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,7 +55,7 @@ SelectTypeParameters=CR_Core
 ReturnToService=2
 KillWait=5
 MailProg=/bin/true
-{nodes}
+{gres}{nodes}
 PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -88,6 +88,7 @@ class SlurmCluster:
     sim: SimCluster
     state: Path
     daemons: list[Daemon] = field(default_factory=list)
+    gpus: dict[str, int] = field(default_factory=dict)
 
     @property
     def conf(self) -> Path:
@@ -101,14 +102,16 @@ class SlurmCluster:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
     @classmethod
-    def start(cls, sim: SimCluster) -> SlurmCluster:
+    def start(cls, sim: SimCluster, gpus: Mapping[str, int] | None = None) -> SlurmCluster:
+        """``gpus``: GPUs per host name, each a plain file under the state dir (Slurm's gres/gpu needs
+        only a path per device under task/none): jobs see SLURM_GPUS_ON_NODE and scontrol's GRES."""
         if not sim.isolated:
             unavailable(f"Slurm needs a network namespace per host: {sim.fallback_reason}")
         install()
         sweep_stale()
         state = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{os.getpid()}-"))
         state.chmod(0o755)
-        cluster = cls(sim=sim, state=state)
+        cluster = cls(sim=sim, state=state, gpus=dict(gpus or {}))
         try:
             cluster._start()
         except BaseException:
@@ -130,9 +133,20 @@ class SlurmCluster:
         self._wait(self._munge_ok, "munged", self.daemons[-1])
         hosts = self.sim.hosts
         cpus = os.cpu_count() or 1
-        nodes = "\n".join(f"NodeName={h.name} NodeAddr={h.address} CPUs={cpus} State=UNKNOWN" for h in hosts)
+        gres = {h.name: f" Gres=gpu:{self.gpus[h.name]}" if self.gpus.get(h.name) else "" for h in hosts}
+        nodes = "\n".join(f"NodeName={h.name} NodeAddr={h.address} CPUs={cpus}{gres[h.name]} State=UNKNOWN"
+                          for h in hosts)
         (self.state / "ctld").mkdir()
-        self.conf.write_text(CONF.format(h0=hosts[0].name, a0=hosts[0].address, state=self.state, nodes=nodes))
+        self.conf.write_text(CONF.format(h0=hosts[0].name, a0=hosts[0].address, state=self.state, nodes=nodes,
+                                         gres="GresTypes=gpu\n" if self.gpus else ""))
+        devices = []
+        for name, count in self.gpus.items():
+            files = [self.state / f"gpu-{name}-{i}" for i in range(count)]
+            for f in files:
+                f.write_text("")
+            devices.append(f"NodeName={name} Name=gpu File={','.join(map(str, files))}")
+        if devices:
+            (self.state / "gres.conf").write_text("\n".join(devices) + "\n")
         (self.state / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
         self._daemon(hosts[0], "slurmctld", ["slurmctld", "-D", "-f", str(self.conf)], self.state / "slurmctld.out")
         for host in hosts:
@@ -250,6 +264,16 @@ def slurm_cluster(sim_cluster: Callable[..., SimCluster]) -> Iterator[SlurmClust
     """A two-node Slurm on simulated hosts sim1, sim2 (no cgroup filesystem in them: proctrack/linuxproc)."""
     sim = sim_cluster(2, cgroup=False)
     cluster = SlurmCluster.start(sim)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def slurm_gpu_cluster(sim_cluster: Callable[..., SimCluster]) -> Iterator[SlurmCluster]:
+    """``slurm_cluster`` with GPUs for Slurm to hand out (plain files as devices): 2 on sim1, 1 on sim2."""
+    cluster = SlurmCluster.start(sim_cluster(2, cgroup=False), gpus={"sim1": 2, "sim2": 1})
     try:
         yield cluster
     finally:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from clusterrun import cli, doctor
+from clusterrun import checks, cli, doctor
 from clusterrun.agent import doctorops
 from clusterrun.agent.wire import ReachRequest
 from clusterrun.config import ClusterSpec, load_cluster_text
@@ -364,7 +364,7 @@ def test_no_preflight_skips_the_port_test_and_versions_but_not_the_script(fake: 
     assert "master port" not in verdicts(cheap, "h1") and "same versions" not in verdicts(cheap, "h1")
     assert {"workdir", "script"} <= set(verdicts(cheap, "h1"))
     assert verdicts(full, "h1")["master port"] == "✗"
-    assert doctor.warnings(full) == ["h1: same versions: torch 2.12.0 here, 2.13.0 on h0 (fix: install the same "
+    assert checks.warnings(full) == ["h1: same versions: torch 2.12.0 here, 2.13.0 on h0 (fix: install the same "
                                      "versions on every host (mismatches hang or crash collectives))"]
 
 

@@ -154,7 +154,7 @@ def test_a_failing_setup_is_a_host_error_and_starts_nothing_anywhere(sim_cluster
     proc = run_up(hosts, "examples/allreduce.py")
     assert proc.returncode == 3, proc.stderr
     assert "1 host(s) cannot run the job; nothing was started" in proc.stderr
-    assert "sim2: setup failed with status 1; nothing was started; its last lines:" in proc.stderr
+    assert "sim2: node 1: setup failed with status 1; nothing was started; its last lines:" in proc.stderr
     assert "conda: environment train not found" in proc.stderr
     assert "clusterrun: setup[1] exited with status 1" in proc.stderr
     assert not (state / "jobs").exists()  # nothing was started on any host

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterrun import setups
 from clusterrun.agent.records import AgentFailure
 from clusterrun.agent.wire import StartRequest
 from clusterrun.attempt import new_record, restart
@@ -235,7 +236,7 @@ def test_a_failing_setup_on_one_host_starts_nothing_anywhere() -> None:
             job.prepare()
     finally:
         job.close()
-    assert "h1: setup failed with status 1" in info.value.render()
+    assert "h1: node 1: setup failed with status 1" in info.value.render()
     assert "hf_canary_value" not in info.value.render()  # an error message never shows a secret
     assert len(fake.ops("setup")) == 2 and fake.ops("start") == []
     assert fake.ops("setup")[0]["setup"] == ["conda activate train"]
@@ -295,7 +296,7 @@ def test_setup_whose_interpreter_lacks_torch_is_refused_naming_the_host() -> Non
     finally:
         job.close()
     text = info.value.render()
-    assert "h1: torch is not installed for" in text and "(/venv/bin/python3, after setup)" in text
+    assert "h1: node 1: torch is not installed for" in text and "(/venv/bin/python3, after setup)" in text
     assert "have setup: activate an environment that has it" in text and "h0:" not in text
     assert fake.ops("start") == []
 
@@ -308,7 +309,7 @@ def test_a_dry_run_runs_setup_but_not_before_its_sync_made_the_workdir() -> None
     job = Job(spec, "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport)
     try:
         job.prepare(run_setup=False)
-        job.setup(if_cwd={0})  # node 0's sync would make its workdir
+        setups.run(job, if_cwd={0})  # node 0's sync would make its workdir
     finally:
         job.close()
     assert sorted((op["node"], op["if_cwd"]) for op in fake.ops("setup")) == [(0, True), (1, False)]

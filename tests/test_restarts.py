@@ -7,6 +7,7 @@ that only moves when the owner waits.
 from __future__ import annotations
 
 import dataclasses
+import io
 import random
 import threading
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from clusterrun.errors import ConfigError
 from clusterrun.events import AttemptRestarting, AttemptStarted, Event, JobNote, JobResult, JobState
 from clusterrun.jobs import OWNER_FD_VAR, JobStore
 from clusterrun.orchestrator import Job, Reconnect
+from clusterrun.printer import Printer
 from clusterrun.restarts import RestartPolicy, parse_backoff, parse_duration
 from clusterrun.runner import Clock, Runner, run_monitor
 from clusterrun.transports.fake import FakeCluster
@@ -359,5 +361,25 @@ def test_the_dashboard_shows_the_countdown_then_the_new_attempt(fake: FakeCluste
 
     assert run(runner, drive) is not None
     assert states[0] == "restarting" and states[-1] == "starting" and board.attempt == 2
-    assert any("attempt 2 starts in" in note and "restart 1 of 1" in note for note in board.notes)
+    assert any("· restarting in " in note and "as attempt 2 (restart 1 of 1;" in note for note in board.notes)
+    runner.close()
+
+
+def test_the_printed_stream_says_an_attempt_failed_and_only_the_jobs_end_failed(fake: FakeCluster, store: JobStore,
+                                                                                tmp_path: Path) -> None:
+    """`up --no-tui`'s stream: a restarted attempt reads as the attempt failing and the job going
+    on; "FAILED" is said once, at the job's real end."""
+    err = io.StringIO()
+    events: list[Event] = []
+    runner = owned(fake, store, tmp_path, RestartPolicy(max=1, backoff_first=30, backoff_most=30), events, FakeClock())
+    runner.subscribe(Printer(out=io.StringIO(), err=err, colour=False))
+    result = run(runner, lambda: (fail(fake, 1), fail(fake, 2)))
+    assert result is not None and result.failed
+    lines = err.getvalue().splitlines()
+    restarting = [i for i, line in enumerate(lines) if line.startswith("clusterrun: attempt 1 failed: ")]
+    assert restarting and "· restarting in " in lines[restarting[0]], lines
+    assert "torchrun on node 1 (h1): exit code 1" in lines[restarting[0]]
+    assert "as attempt 2 (restart 1 of 1; `clusterrun down` cancels)" in lines[restarting[0]]
+    failed = [i for i, line in enumerate(lines) if line == f"clusterrun: job {JOB} FAILED"]
+    assert len(failed) == 1 and failed[0] > restarting[0], lines  # the job's end, after attempt 2
     runner.close()

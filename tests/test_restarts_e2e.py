@@ -24,9 +24,10 @@ def test_a_job_failing_twice_is_restarted_and_succeeds(tmp_path: Path, state_dir
     proc = run_up("--max-restarts", "2", hosts, SUPPORT / "fail_until.py", counter, "3", timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert counter.read_text() == "run\n" * 3
-    assert "attempt 1 failed (" in proc.stderr and "attempt 2 starts in 0 s (restart 1 of 2" in proc.stderr
-    assert "attempt 3 starts in 0 s (restart 2 of 2" in proc.stderr
+    assert "attempt 1 failed: " in proc.stderr and "restarting in 0 s as attempt 2 (restart 1 of 2" in proc.stderr
+    assert "restarting in 0 s as attempt 3 (restart 2 of 2" in proc.stderr
     job = job_id_of(proc.stderr)
+    assert f"job {job} FAILED" not in proc.stderr  # the attempts failed, the job did not
     shown = subprocess.run([sys.executable, "-m", "clusterrun", "ps", "--json", job], capture_output=True, text=True,
                            cwd=ROOT, timeout=60)
     record = json.loads(shown.stdout)["jobs"][0]

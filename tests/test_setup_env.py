@@ -64,7 +64,7 @@ def test_setup_that_loses_torch_is_refused_by_up_dry_run_and_doctor(tmp_path: Pa
     hosts = write_hosts(tmp_path, [1, 1], state_dir, python="python3",
                         extra=f"    setup: export PATH={bare}:$PATH\n")  # node 1 (local-b) only
     path = f"{with_torch}:{os.environ['PATH']}"  # the plain python3 has torch
-    refusal = f"local-b: torch is not installed for python3 ({bare}/python3, after setup)"
+    refusal = f"local-b: node 1: torch is not installed for python3 ({bare}/python3, after setup)"
     doctor = _clusterrun(path, "doctor", hosts)
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     assert f"torch is not installed for python3 ({bare}/python3, after setup)" in doctor.stdout

@@ -143,20 +143,21 @@ def test_the_step_ends_with_its_controller(slurm_cluster: SlurmCluster, tmp_path
 @pytest.mark.fake_torchrun
 def test_ps_lists_the_step_and_down_stops_it(slurm_cluster: SlurmCluster, tmp_path: Path,
                                                        fake_python: Path) -> None:
-    """`ps` lists the running step; `down JOB` from elsewhere: the step found by its name, SIGTERM, nothing
-    left; `up` says stopped."""
+    """`ps` where the job has no record (another machine's state dir) lists the running step; `down JOB` from
+    there: the step found by its name, SIGTERM, nothing left; `up` says stopped."""
     script, hosts = _files(tmp_path, fake_python)
     proc = subprocess.Popen(_up(hosts, str(script), "sleep"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=_env(slurm_cluster), cwd=tmp_path, start_new_session=True)
     try:
         seen = _read_lines(proc, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
         job_id = next(m.group(1) for line in seen if (m := re.match(r"clusterrun: job (\S+): 2 nodes", line)))
+        elsewhere = {**_env(slurm_cluster), "XDG_STATE_HOME": str(tmp_path / "elsewhere")}
         ps = subprocess.run([sys.executable, "-m", "clusterrun", "ps"], capture_output=True, text=True,
-                            env=_env(slurm_cluster), timeout=60)
+                            env=elsewhere, timeout=60)
         assert re.search(rf"^{job_id}\s+ranks\s+sim\[1-2\]\s+running \(Slurm step \d+\.\d+\)\s+1\s+\S+$",
                          ps.stdout, re.MULTILINE), ps.stdout + ps.stderr
         down = subprocess.run([sys.executable, "-m", "clusterrun", "down", job_id[:-3]], capture_output=True,
-                              text=True, env=_env(slurm_cluster), timeout=60)
+                              text=True, env=elsewhere, timeout=60)
         out, _ = proc.communicate(timeout=60)
     finally:
         _end(proc)
@@ -268,3 +269,126 @@ def test_real_torchrun_allreduces_over_gloo_through_srun(slurm_cluster: SlurmClu
                       done.stdout, re.MULTILINE)
     assert sorted(sums) == [("0", "1", "0", "sim1", "10", "10"), ("0", "1", "1", "sim1", "10", "10"),
                             ("1", "2", "2", "sim2", "10", "10"), ("1", "2", "3", "sim2", "10", "10")], done.stdout
+
+
+def _allreduce_sums(stdout: str) -> list[tuple[str, str, str, str]]:
+    """(node, host, rank, sum == expected) of each rank's line of ``allreduce_net.py``."""
+    return sorted((node, host, rank, str(s == e)) for node, host, rank, s, e in re.findall(
+        r"^node(\d) (sim\d) rank\d \| NET rank=(\d) host=sim\d .* sum=(\d+) expected=(\d+)$", stdout, re.MULTILINE))
+
+
+def test_nodes_of_different_nproc_from_the_hosts_file_make_one_world(slurm_cluster: SlurmCluster,
+                                                                     tmp_path: Path) -> None:
+    """sim1 runs 2 ranks, sim2 one: torchrun's static rendezvous packs them 0-1 and 2; gloo's all_reduce agrees."""
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"defaults:\n  python: {sys.executable}\nhosts:\n  - host: sim1\n    nproc: 2\n"
+                     "  - host: sim2\n    nproc: 1\n")
+    script = str(ROOT / "tests" / "_support" / "allreduce_net.py")
+    dry = _run_up(slurm_cluster, tmp_path, hosts, "--dry-run", script)
+    assert "world size 3" in dry.stdout and "processes per node (the hosts file's nproc): sim1 2, sim2 1" in dry.stdout
+    done = _run_up(slurm_cluster, tmp_path, hosts, script)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "world size 3" in done.stderr
+    assert _allreduce_sums(done.stdout) == [("0", "sim1", "0", "True"), ("0", "sim1", "1", "True"),
+                                            ("1", "sim2", "2", "True")], done.stdout
+    assert "sum=6 expected=6" in done.stdout
+
+
+def test_the_tasks_per_node_asked_of_slurm_set_each_nodes_nproc(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """`salloc -N2 -n3` on nodes of 2 CPUs: SLURM_TASKS_PER_NODE=2,1, so 2 ranks on sim1 and 1 on sim2 (no hosts
+    file: this Python, this directory)."""
+    script = str(ROOT / "tests" / "_support" / "allreduce_net.py")
+    done = subprocess.run(["salloc", "-N2", "-n3", sys.executable, "-m", "clusterrun", "up", "--from-slurm", script],
+                          capture_output=True, text=True, env=_env(slurm_cluster), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _allreduce_sums(done.stdout) == [("0", "sim1", "0", "True"), ("0", "sim1", "1", "True"),
+                                            ("1", "sim2", "2", "True")], done.stdout
+
+
+@pytest.mark.fake_torchrun
+def test_setup_runs_in_the_task_before_torchrun_and_its_failure_fails_that_node(
+        slurm_cluster: SlurmCluster, tmp_path: Path, fake_python: Path) -> None:
+    """The hosts file's setup, in the step on each node: what it sources holds for the ranks, its output is the
+    node's; a failing setup on sim2 fails node 1 with its status and last lines, and nothing starts there."""
+    script, hosts = _files(tmp_path, fake_python)
+    (tmp_path / "venv.sh").write_text("CRTEST_TOKEN=sourced-$(hostname); export CRTEST_TOKEN\n")
+    hosts.write_text(hosts.read_text().replace("hosts:\n", f"  workdir: {tmp_path}\n  setup:\n"
+                                                           "    - echo preparing on $(hostname)\n"
+                                                           "    - source venv.sh\nhosts:\n"))
+    done = _run_up(slurm_cluster, tmp_path, hosts, str(script), "env")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [re.sub(r" +\|", " |", line) for line in done.stdout.splitlines()]  # the prefix's padding
+    for node, host in enumerate(("sim1", "sim2")):
+        assert f"node{node} {host} | preparing on {host}" in lines, done.stdout
+        for rank in (2 * node, 2 * node + 1):
+            assert f"node{node} {host} rank{rank} | env slurm sourced-{host}" in lines, done.stdout
+    hosts.write_text(hosts.read_text().replace("    - source venv.sh\n", "    - source venv.sh\n"
+                                               "    - '[ $(hostname) = sim1 ] || { echo no venv here; exit 4; }'\n"))
+    failed = _run_up(slurm_cluster, tmp_path, hosts, str(script), "env")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert re.search(r"^node1 sim2 +\| no venv here$", failed.stdout, re.MULTILINE), failed.stdout
+    assert "node1 sim2: failed (exit code 4)" in failed.stderr, failed.stderr
+    assert re.search(r"^node1 sim2 +\| clusterrun: node sim2: setup ended the shell \(exit\?\) with status 4$",
+                     failed.stdout, re.MULTILINE), failed.stdout
+    assert "root cause: torchrun on node 1 (sim2): exit code 4: setup ended the shell (exit?) with status 4" \
+        in failed.stderr, failed.stderr
+    assert "sim2 rank" not in failed.stdout  # no rank started on sim2
+
+
+@pytest.mark.fake_torchrun
+def test_the_preflight_in_the_step_names_the_node_and_the_missing_script(slurm_cluster: SlurmCluster,
+                                                                         tmp_path: Path, fake_python: Path) -> None:
+    _script, hosts = _files(tmp_path, fake_python)
+    done = _run_up(slurm_cluster, tmp_path, hosts, "trian.py")
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = f"the script trian.py does not exist in {tmp_path}"
+    cause = re.search(rf"root cause: torchrun on node (\d) \((sim\d)\): exit code 2: {re.escape(said)}$", done.stderr,
+                      re.MULTILINE)
+    assert cause is not None, done.stderr
+    node, host = cause.groups()
+    assert re.search(rf"^node{node} {host} +\| clusterrun: node {host}: {re.escape(said)}$", done.stdout,
+                     re.MULTILINE), done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.fake_torchrun
+def test_the_exported_batch_script_gives_each_host_its_nproc(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                             fake_python: Path) -> None:
+    """sim1 nproc 1, sim2 nproc 2: the script asks for exactly those nodes, each task finds its count by name
+    after the setup."""
+    script, hosts = _files(tmp_path, fake_python)
+    hosts.write_text(hosts.read_text().replace("hosts:\n  - host: sim[1-2]\n",
+                                               "  setup: ['echo set up on $(hostname)']\nhosts:\n"
+                                               "  - host: sim1\n    nproc: 1\n  - host: sim2\n    nproc: 2\n"))
+    batch, out = tmp_path / "job.sbatch", tmp_path / "job.out"
+    export = subprocess.run([sys.executable, "-m", "clusterrun", "export", "--sbatch", "-o", str(batch), str(hosts),
+                             str(script)], capture_output=True, text=True, env=_env(slurm_cluster), cwd=tmp_path)
+    assert export.returncode == 0, export.stderr
+    done = subprocess.run(["sbatch", "--wait", f"--output={out}", str(batch)], capture_output=True, text=True,
+                          env=_env(slurm_cluster), cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr + out.read_text()
+    ranks = sorted(re.findall(r"^\d: \[rank(\d)\]:rank \d of (\d) on (sim\d) node (\d)", out.read_text(), re.MULTILINE))
+    assert ranks == [("0", "3", "sim1", "0"), ("1", "3", "sim2", "1"), ("2", "3", "sim2", "1")], out.read_text()
+    assert {"0: set up on sim1", "1: set up on sim2"} <= set(out.read_text().splitlines()), out.read_text()
+
+
+@pytest.mark.fake_torchrun
+@pytest.mark.parametrize(("ask", "nodes"), [("--gpus=3", [("sim1", 2), ("sim2", 1)]),
+                                             ("--gres=gpu:1", [("sim1", 1), ("sim2", 1)])])
+def test_each_node_runs_one_process_per_gpu_slurm_gave_it(slurm_gpu_cluster: SlurmCluster, tmp_path: Path,
+                                                          fake_python: Path, ask: str,
+                                                          nodes: list[tuple[str, int]]) -> None:
+    """sim1 has 2 GPUs, sim2 one; `--gpus=3` gives each all of its own, `--gres=gpu:1` one each (neither says
+    so in salloc's variables: scontrol does). The GPU counts win over the hosts file's nproc 2."""
+    script, hosts = _files(tmp_path, fake_python)
+    argv = ["salloc", "-N2", ask, *_up(hosts, str(script))[2:]]
+    done = subprocess.run(argv, capture_output=True, text=True, env=_env(slurm_gpu_cluster), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    world = sum(n for _, n in nodes)
+    expected, rank = [], 0
+    for node, (host, count) in enumerate(nodes):
+        for _ in range(count):
+            expected.append(f"node{node} {host} rank{rank} | rank {rank} of {world} on {host} node {node} args []")
+            rank += 1
+    assert sorted(re.sub(r" +\|", " |", line) for line in done.stdout.splitlines() if " | rank " in line) == \
+        sorted(expected), done.stdout

@@ -29,6 +29,7 @@ from clusterrun.events import (
     NodeStateChanged,
     RootCause,
 )
+from clusterrun.session import Session
 from clusterrun.tui import Dashboard
 
 T0 = 1000.0
@@ -45,6 +46,7 @@ class Scripted:
     failed_start = False
     detached = False
     error = None
+    supports = Session.supports
 
     def __init__(self, events: list[Event], running: bool, result: JobResult | None = None) -> None:
         self.events = events

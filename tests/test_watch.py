@@ -43,8 +43,10 @@ STARTED = NodeStatus(HostState.RUNNING, workers=(Worker(0, 0, 10, None),))
 def test_durations_and_the_hosts_file_keys() -> None:
     assert [parse_duration(t) for t in ("90", "45s", "10m", "1.5h")] == [90, 45, 600, 5400]
     spec = load_cluster_text("hosts: [a]\nstartup_timeout: 2m\nhang_after: 10m\non_hang: restart\n"
-                             "notify: {command: 'echo $CLUSTERRUN_EVENT', on: [failed, hung]}\n", "h.yaml")
-    assert spec.watch == Watch(startup_timeout=120, hang_after=600, on_hang="restart")
+                             "setup_timeout: 1h\nnotify: {command: 'echo $CLUSTERRUN_EVENT', on: [failed, hung]}\n",
+                             "h.yaml")
+    assert spec.watch == Watch(startup_timeout=120, hang_after=600, on_hang="restart", setup_timeout=3600)
+    assert Watch.from_json(spec.watch.to_json()) == spec.watch
     assert spec.notify == Notify("echo $CLUSTERRUN_EVENT", ("failed", "hung"))
     assert load_cluster_text("hosts: [a]\nhang_after: off\n", "h.yaml").watch.hang_after is None
     assert load_cluster_text("hosts: [a]\n", "h.yaml").watch == Watch()
@@ -53,6 +55,7 @@ def test_durations_and_the_hosts_file_keys() -> None:
 @pytest.mark.parametrize(("line", "says"), [
     ("hang_after: soon", "h.yaml:2: hang_after: expected a duration above 0"),
     ("startup_timeout: 0", "h.yaml:2: startup_timeout: expected a duration above 0"),
+    ("setup_timeout: forever", "h.yaml:2: setup_timeout: expected a duration above 0"),
     ("on_hang: reboot", "h.yaml:2: on_hang: must be one of stack, restart, nothing"),
     ("notify: {on: [failed]}", "h.yaml:2: notify: missing required key 'command'"),
     ("notify: {command: x, on: [crashed]}", "h.yaml:2: notify.on: unknown event 'crashed'"),

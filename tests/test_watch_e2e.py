@@ -123,3 +123,20 @@ def test_a_notification_is_sent_once_also_after_the_controller_was_sigkilled(tmp
     assert sent.read_text().splitlines() == [f"succeeded succeeded {job}"]
     assert json.loads((Path(os.environ["XDG_STATE_HOME"]) / "clusterrun" / "jobs" / job / "job.json")
                       .read_text())["notified"] == ["1:succeeded"]
+
+
+@pytest.mark.fake_torchrun
+def test_a_setup_that_blocks_is_shown_then_fails_the_start_naming_its_node(tmp_path: Path, state_dir: Path) -> None:
+    """Node 1's setup never ends: `up` says it is still in its setup (node 0 ready), then the
+    start fails at setup_timeout naming node 1 and its setup's last lines; nothing started and
+    the setup's processes are gone."""
+    hosts = write_hosts(tmp_path, [1], state_dir, extra=(
+        "  - host: local-b\n    nproc: 1\n    setup: echo fetching the data set; sleep 1017\n"))
+    done = run_up("--setup-timeout", "12s", hosts, SUPPORT / "counter.py", "3", "0", timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert "clusterrun: node 1 (local-b): setup runs for 1" in done.stderr, done.stderr  # 10 or 11 s
+    assert "(killed at 12 s); node 0 ready" in done.stderr
+    assert "local-b: node 1: setup did not finish within 12 s (killed); nothing was started" in done.stderr
+    assert "  | fetching the data set" in done.stderr
+    assert "started attempt" not in done.stderr
+    assert subprocess.run(["pgrep", "-f", "sleep 1017"], capture_output=True).returncode == 1  # killed on its host

@@ -20,6 +20,7 @@ The commands are in the modules of this package, which register them on ``main``
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 from typing import NoReturn
@@ -28,7 +29,7 @@ import click
 
 from clusterrun import __version__
 from clusterrun.durations import parse_duration
-from clusterrun.errors import ClusterrunError, DamagedRecord, StateError
+from clusterrun.errors import ClusterrunError, DamagedRecord, HostError, HostsUnavailable, StateError
 from clusterrun.terminal import safe
 
 NODES_HELP = ("Only these hosts of the file, a node set: gpu[01-04],gpu07; HOST:GPU only that GPU of a host "
@@ -70,8 +71,24 @@ ui_lines_option = click.option(
 
 
 def _fail(error: ClusterrunError, code: int) -> NoReturn:
-    click.echo(f"clusterrun: error: {safe(error.render(), colour=False)}", err=True)  # may quote a host
+    text = _hosts_unavailable(error) if isinstance(error, HostsUnavailable) else error.render()
+    click.echo(f"clusterrun: error: {safe(text, colour=False)}", err=True)  # may quote a host
     sys.exit(code)
+
+
+def _hosts_unavailable(error: HostsUnavailable) -> str:
+    """``error.render()``; past ``FOLD_PAST`` hosts the hosts of one problem (and fix) share a line:
+    ``63 hosts gpu[01-17,19-64]: setup failed: ...``."""
+    from clusterrun.nodesets import FOLD_PAST, hosts_alike  # ClusterShell only when a host failed
+
+    if len(error.errors) <= FOLD_PAST:
+        return error.render()
+    problems = [e for e in error.errors if isinstance(e, HostError)]
+    others = [e.render() for e in error.errors if not isinstance(e, HostError)]
+    # a folded line names hosts, not nodes: "node 3: " (setups.py) would make every host's text its own
+    return "\n".join([error.message, *others, *hosts_alike(
+        [(e.host, re.sub(r"^node \d+: ", "", e.render().removeprefix(f"{e.host}: "))) for e in problems],
+        len(error.errors))])
 
 
 def _note(text: str) -> None:

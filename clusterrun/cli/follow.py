@@ -13,6 +13,7 @@ from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_SIGNAL, _fail
 from clusterrun.events import JobResult
 from clusterrun.printer import Printer
 from clusterrun.session import Session
+from clusterrun.slurmjob import SlurmSession
 
 
 @contextmanager
@@ -48,7 +49,7 @@ def _use_tui(no_tui: bool) -> bool:
     return not no_tui and sys.stdout.isatty() and sys.stdin.isatty() and os.environ.get("TERM") != "dumb"
 
 
-def _dashboard(session: Session, ring: int, *, term_stops: bool = True) -> int:
+def _dashboard(session: Session | SlurmSession, ring: int, *, term_stops: bool = True) -> int:
     """Run the dashboard over ``session``; afterwards print what happened; the exit code. SIGTERM
     stops the job (``up``), or, without ``term_stops`` (``attach``), detaches as SIGHUP does: only
     an explicit stop (K, ``down``) stops a job one attached to."""
@@ -82,8 +83,7 @@ def _dashboard(session: Session, ring: int, *, term_stops: bool = True) -> int:
         return EXIT_SIGNAL.get(got.get("signal", 0), EXIT_OK)
     session.wait(timeout=60)
     if session.result is not None:
-        for report in session.result.stops:
-            printer.report(report)
+        printer.reports(session.result.stops, len(session.result.nodes))
         printer.summary(session.result)
     if got.get("signal"):
         return EXIT_SIGNAL.get(got["signal"], 1)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import click
 
+from clusterrun import notify
 from clusterrun.attempt import record_reachability
 from clusterrun.cli import (
     EXIT_FAILED,
@@ -51,11 +52,15 @@ from clusterrun.joblist import (
 )
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import follower, node_statuses, read_log_chunks, read_logs, save_seen, spec_of
+from clusterrun.orchestrator import Job
 from clusterrun.plan import LaunchPlan, plan_from_json
 from clusterrun.printer import Printer
 from clusterrun.protocol import decode_status
 from clusterrun.ranges import parse_ranges
 from clusterrun.session import Session
+from clusterrun.slurmjob import engine_text, is_slurm
+from clusterrun.slurmlogs import SlurmFollower
+from clusterrun.slurmview import SlurmView
 from clusterrun.startwatch import progress_text
 from clusterrun.terminal import safe
 
@@ -100,8 +105,8 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         store, record = _open_job(job, hosts_file)
         record = _refresh(store, record)
         gpus: dict[int, NodeGpus] = {}
-        try:
-            answers = node_statuses(record, gpus)
+        try:  # a Slurm job has no agent to ask: its record is all there is (its `up` keeps it)
+            answers = node_statuses(record, gpus) if not is_slurm(record) else {}
         except ClusterrunError:  # the recorded hosts file cannot be read: the record alone is shown
             answers = {}
         record = record_reachability(store, record, answers)  # a host that did not answer: since when
@@ -114,6 +119,8 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         click.echo(f"job {record.job_id} ({record.name}): {job_state_text(record, now)}, attempt {record.attempt}, "
                    f"{record.script} {shlex.join(record.script_args)}".rstrip())
         errors = {rank: a.render() for rank, a in answers.items() if isinstance(a, ClusterrunError)}
+        if is_slurm(record):
+            click.echo(engine_text(record))
         _table(node_rows(record, now, errors, gpus))
         if len(record.attempts) > 1:
             click.echo("")
@@ -128,6 +135,9 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
             click.echo(f"root cause: {safe(attempt.root_cause, colour=False)}")
             if attempt.cause and attempt.fix:
                 click.echo(f"cause: {safe(attempt.cause, colour=False)}\nfix: {safe(attempt.fix, colour=False)}")
+        for key, notice in notify.notices(record).items():
+            if notice.state == "failed":  # the owner said so once on its stderr; the record keeps it
+                click.echo(f"notification {record.job_id}:{key}: {safe(notify.failure_text(notice), colour=False)}")
         for rank, answer in sorted(statuses.items()):
             if answer.get("state", {}).get("state") == "absent":
                 continue
@@ -156,7 +166,8 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
                      _age(now - r.created)))
     for d in damaged if not states else ():
         rows.append((d.job_id, "?", "?", "damaged", "?", "?"))
-    rows += slurm_rows() if not states or "running" in states else []  # up --from-slurm: Slurm's steps
+    if not states or "running" in states:  # up --from-slurm's steps that have no record here
+        rows += slurm_rows({r.job_id for r in good})
     _table(rows)
     for d in damaged:
         _note(f"error: {d.render()}")
@@ -257,8 +268,13 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
             else:
                 printer.write_log(rank, record.nodes[rank].host, item)
         sys.exit(EXIT_HOSTS if failed else EXIT_OK)
-    follower_job = follower(record, printer, fail_fast=False, follow_logs=True, attempt=attempt, tail=tail,
-                            ranks=ranks)
+    follower_job: Job | SlurmFollower
+    if is_slurm(record):  # its files on this machine, as its `up` writes them
+        follower_job = SlurmFollower(store, record, printer, attempt=attempt, ranks=ranks, tail=tail,
+                                     reload=lambda: _refresh(store, store.load(record.job_id)))
+    else:
+        follower_job = follower(record, printer, fail_fast=False, follow_logs=True, attempt=attempt, tail=tail,
+                                ranks=ranks)
     with _on_signals({signal.SIGINT: lambda s: follower_job.detach(),
                       signal.SIGTERM: lambda s: follower_job.detach()}) as got:
         try:
@@ -283,16 +299,24 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
     """Follow JOB live again: every node's log and state, from where you last left it, with no
     line lost or repeated; the lines just before that point are shown above a separator (--tail N).
     Ctrl-C (d in the dashboard), SIGTERM or SIGHUP detach and leave the job running; K in the
-    dashboard or `clusterrun down` stops it."""
+    dashboard or `clusterrun down` stops it. A job of `up --from-slurm`: the log files its up keeps
+    on this machine, followed (see docs/slurm.md)."""
     store, record = _open_job(job, hosts_file)
     record = _refresh(store, record)
     printer = Printer()
     offsets = {n.rank: n.seen for n in record.nodes}
+    slurm = is_slurm(record)  # srun's output reaches only its `up`: a viewer follows the files that `up` keeps
     if _use_tui(no_tui):
         scrollback = tail if tail is not None else shutil.get_terminal_size().lines  # a screenful
-        sys.exit(_dashboard(Session(store, record, offsets=offsets, scrollback=scrollback), ui_lines,
-                            term_stops=False))
-    viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, scrollback=tail or 0)
+        session = SlurmView(store, record, offsets) if slurm else Session(store, record, offsets=offsets,
+                                                                          scrollback=scrollback)
+        sys.exit(_dashboard(session, ui_lines, term_stops=False))
+    viewer: Job | SlurmFollower
+    if slurm:
+        viewer = SlurmFollower(store, record, printer, attempt=record.attempt, ranks=range(len(record.nodes)),
+                               tail=None, offsets=offsets, reload=lambda: _refresh(store, store.load(record.job_id)))
+    else:
+        viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, scrollback=tail or 0)
     printer.set_plan(plan_from_json(record.plan, spec_of(record)))
     printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "
                  + ("it has ended: its lines since you last looked, then how it ended" if record.finished

@@ -1,5 +1,5 @@
 """The commands that change a job: ``down``/``stop``, ``rm``, ``prune``, ``restart``, and the
-hidden ``_monitor`` that owns a job in the background."""
+hidden ``_monitor`` that owns a job in the background and ``_notify`` that sends one notification."""
 
 from __future__ import annotations
 
@@ -7,21 +7,25 @@ import os
 import signal
 import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import click
 
+from clusterrun import notify
 from clusterrun.attempt import NextAttempt, NotStopped, stop
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, Seconds, _fail, _note, main
 from clusterrun.cli.follow import _follow_hint
 from clusterrun.cli.records import _adopt, _find, _open_job, _refresh, hosts_option
-from clusterrun.cli.slurm import down_slurm_step
+from clusterrun.cli.slurm import down_slurm_step, restart_slurm
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, JobNotFound, StateError
 from clusterrun.events import not_stopped_text
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import daemonize, remove_on_hosts
+from clusterrun.nodesets import FOLD_PAST, fold
 from clusterrun.printer import Printer
 from clusterrun.runner import run_monitor
+from clusterrun.slurmjob import is_slurm
 
 hosts_too_option = click.option(
     "--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")
@@ -59,9 +63,7 @@ def down(job: str, grace: float | None, hosts_file: str | None) -> None:
     if ended is not None and all(r.ok and not r.killed for r in reports.values()) and unrecorded is None:
         _note(f"job {record.job_id} already finished ({ended}); nothing to stop")
         return
-    printer = Printer()
-    for rank in sorted(reports):
-        printer.report(reports[rank])
+    Printer().reports([reports[rank] for rank in sorted(reports)], len(record.nodes))
     if unrecorded is not None:
         _not_recorded(record, unrecorded)
     if any(r.error for r in reports.values()):
@@ -71,7 +73,8 @@ def down(job: str, grace: float | None, hosts_file: str | None) -> None:
         sys.exit(EXIT_FAILED)
     swept = [r.host for r in reports.values() if not r.complete]
     if swept:
-        _note(f"job {record.job_id} stopped; swept without a cgroup on {', '.join(swept)}: processes that left "
+        on = fold(swept) if len(record.nodes) > FOLD_PAST else ", ".join(swept)
+        _note(f"job {record.job_id} stopped; swept without a cgroup on {on}: processes that left "
               "the job's tree, session and environment could not be seen there")
     else:
         _note(f"job {record.job_id} stopped; nothing of it is left on any host (verified by cgroup)")
@@ -112,7 +115,7 @@ def _remove(store: JobStore, records: Sequence[JobRecord], hosts_too: bool) -> t
     exit code and how many were removed."""
     code, removed = EXIT_OK, 0
     for record in records:
-        if hosts_too:
+        if hosts_too and not is_slurm(record):  # a Slurm job's logs are in its directory here
             answers = remove_on_hosts(record)
             failed = False
             for rank, answer in sorted(answers.items()):
@@ -229,9 +232,13 @@ def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str |
     from this attempt on (the record keeps them; `ps JOB` shows them). A check that fails (a
     secret --env value not in this shell's environment, the script, the preflight) stops nothing:
     exit 2 or 3, the job runs on. A job waiting to be restarted by its restart policy is
-    restarted now. This controller owns the new attempt (its monitor), an adopted job's too."""
+    restarted now. This controller owns the new attempt (its monitor), an adopted job's too.
+    A job of `up --from-slurm`: a new step in the same allocation, run in the foreground as up
+    runs it (refused once the allocation has ended; see docs/slurm.md)."""
     store, record = _open_job(job, hosts_file)
-    printer = Printer()
+    if is_slurm(record):  # a new step in its allocation, run here in the foreground
+        restart_slurm(record, grace, script_args)
+    printer = Printer(nnodes=len(record.nodes))
     try:
         attempt = NextAttempt(record, printer, full_preflight=not no_preflight,
                               script_args=script_args if script_args else None)
@@ -244,16 +251,13 @@ def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str |
         _fail(exc, EXIT_HOSTS)
     try:
         record = attempt.replace(store, grace=grace)
-    except NotStopped as exc:
-        _fail(exc, EXIT_HOSTS if exc.unreachable else EXIT_FAILED)
-    except HostsUnavailable as exc:
-        _fail(exc, EXIT_HOSTS)
-    except StateError as exc:
-        _fail(exc, EXIT_USAGE)
     except ClusterrunError as exc:
-        _fail(exc, EXIT_FAILED)
+        printer.flush()  # the stop and start lines held so far go before the error
+        _fail(exc, EXIT_HOSTS if isinstance(exc, HostsUnavailable) or isinstance(exc, NotStopped) and exc.unreachable
+              else EXIT_USAGE if isinstance(exc, StateError) else EXIT_FAILED)
     finally:
         attempt.close()
+    printer.flush()
     _note(f"job {record.job_id} restarted as attempt {record.attempt}; {_follow_hint(record.job_id)}")
 
 
@@ -272,3 +276,14 @@ def monitor(job_id: str) -> None:
         printer.note(f"error: {exc.render()}")
         printer.note(f"monitor {os.getpid()} for job {job_id} exits")
         sys.exit(EXIT_FAILED)
+
+
+@main.command(name="_notify", hidden=True)
+@click.option("--root", required=True, help="The job store's directory.")
+@click.argument("job_id")
+@click.argument("key")
+@click.argument("starter")
+def notify_sender(root: str, job_id: str, key: str, starter: str) -> None:
+    """Send JOB_ID's notification KEY that process STARTER claimed (started by `notify.start`)."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    sys.exit(notify.sender(JobStore(Path(root)), job_id, key, starter))

@@ -13,6 +13,8 @@ from clusterrun.cli import EXIT_USAGE, _fail, _note
 from clusterrun.errors import ConfigError, DamagedRecord, JobNotFound, StateError
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.selection import load_hosts
+from clusterrun.slurmjob import is_slurm
+from clusterrun.slurmjob import refresh as slurm_refresh
 
 
 def _guarantee(fallbacks: Sequence[str], prefix: str = "  ") -> str:
@@ -78,6 +80,8 @@ def _find(store: JobStore, ref: str) -> str:
 
 def _refresh(store: JobStore, record: JobRecord) -> JobRecord:
     try:
+        if is_slurm(record):  # no agent and no monitor: its `up` records it, else Slurm is asked
+            return slurm_refresh(store, record)
         return refresh(store, record)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
@@ -86,3 +90,10 @@ def _refresh(store: JobStore, record: JobRecord) -> JobRecord:
     except StateError as exc:  # the record could not be brought up to date: show it as it is
         _note(f"warning: job {record.job_id} shows its last recorded state: {exc.render()}")
         return record
+
+
+def _not_under_slurm(record: JobRecord, what: str, instead: str) -> None:
+    """Refuse ``what`` for a job of ``up --from-slurm`` (no agent runs its nodes), naming what works."""
+    if is_slurm(record):
+        _fail(ConfigError(f"job {record.job_id} runs under Slurm (one srun, no clusterrun agent on its nodes): "
+                          f"{what}", hint=instead), EXIT_USAGE)

@@ -3,18 +3,21 @@ foreground) and ``export --sbatch`` (a batch script for the same job)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import secrets
 import shlex
 import signal
+import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import NoReturn, TypeVar
 
 import click
 
+from clusterrun.attempt import Recorder, record_next_attempt
 from clusterrun.cli import (
     EXCLUDE_HELP,
     EXIT_FAILED,
@@ -26,16 +29,32 @@ from clusterrun.cli import (
     _note,
     main,
 )
+from clusterrun.cli.follow import _dashboard, _use_tui
 from clusterrun.config import ClusterSpec
-from clusterrun.environment import resolve, secret_names
-from clusterrun.errors import ConfigError, JobNotFound
+from clusterrun.environment import MASK, resolve, secret_names
+from clusterrun.errors import ClusterrunError, ConfigError, JobNotFound
+from clusterrun.events import JobResult, NodeResult, NodeState
 from clusterrun.joblist import shown_env
-from clusterrun.jobs import JobStore
-from clusterrun.plan import job_name, make_job_id, parse_env_overrides
+from clusterrun.jobs import JobRecord, JobStore
+from clusterrun.lifecycle import spec_of
+from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
 from clusterrun.printer import Printer
 from clusterrun.selection import load_hosts
-from clusterrun.slurm import allocation_from_env, build_step, launch_plan, sbatch_script
-from clusterrun.slurmrun import SlurmRun, mark_stopped, my_steps, step_gone, stop_step
+from clusterrun.slurm import SlurmStep, build_step, launch_plan, sbatch_script
+from clusterrun.slurmjob import (
+    SRUN_MISSING,
+    SlurmSession,
+    StepNoter,
+    allocation_gone,
+    fan_out,
+    is_slurm,
+    record_end,
+    refresh,
+    slurm_of,
+    slurm_record,
+)
+from clusterrun.slurmlogs import LogFiles
+from clusterrun.slurmrun import SlurmRun, allocation_here, mark_stopped, my_steps, step_gone, stop_step
 
 F = TypeVar("F", bound=Callable[..., object])
 JOB_ID_SHAPE = re.compile(r"-\d{8}-\d{6}-[0-9a-f]{4}$")  # what plan.make_job_id appends to a job's name
@@ -47,17 +66,23 @@ FROM_SLURM_HELP = ("Run inside a Slurm allocation (salloc, sbatch) on its nodes 
 def from_slurm_options(command: F) -> F:
     """``up``'s Slurm options."""
     command = click.option("--slurm-hosts", type=click.Path(dir_okay=False), metavar="HOSTS.yaml",
-                           help="With --from-slurm: a hosts file whose first host's python, workdir, env and "
-                           "nproc every node gets (Slurm's GPU count wins over nproc).")(command)
+                           help="With --from-slurm: a hosts file; each node takes the nproc of its host by Slurm "
+                           "node name (Slurm's GPU count wins), every node the first host's python, workdir, env "
+                           "and setup.")(command)
     return click.option("--from-slurm", is_flag=True, help=FROM_SLURM_HELP)(command)
 
 
 def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str | None, name: str | None,
-                  env: tuple[str, ...], dry_run: bool, grace: float = 10.0,
+                  env: tuple[str, ...], dry_run: bool, grace: float = 10.0, no_sync: bool = False,
+                  no_preflight: bool = False, no_tui: bool = True, ui_lines: int = 10_000,
                   unsupported: Sequence[str] = ()) -> NoReturn:
     """``up --from-slurm``: the step built from this process's Slurm variables, run in the foreground;
     Ctrl-C or SIGTERM cancels the step (SIGTERM, SIGKILL after ``grace``), and the exit code is the
-    job's. ``unsupported``: options of up given that mean nothing under Slurm, refused."""
+    job's. ``unsupported``: options of up given that mean nothing under Slurm, refused; ``no_sync``:
+    a ``sync:`` of the hosts file is left out (else refused); ``no_preflight``: the tasks do not check
+    python, the script and torch before torchrun."""
+    jname = job_name(name, script)
+    job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
     try:
         if script.endswith((".yaml", ".yml")):
             raise ConfigError(f"with --from-slurm the first argument is the script, not a hosts file: {script}",
@@ -66,30 +91,122 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
             raise ConfigError(f"{', '.join(unsupported)} cannot go with --from-slurm: the job runs in the foreground "
                               "inside the allocation, on all its nodes; nothing was started",
                               hint="choose the nodes with salloc/sbatch; see docs/slurm.md")
-        allocation = allocation_from_env(os.environ)
+        allocation = allocation_here(os.environ)
         spec = _slurm_hosts(hosts_file)
         overrides = parse_env_overrides(env)
+        step = build_step(allocation, spec, script, script_args, name=job_id, python=sys.executable,
+                          env_overrides=overrides, cwd=os.getcwd(), no_sync=no_sync,
+                          preflight=not no_preflight)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
-    jname = job_name(name, script)
-    job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
-    step = build_step(allocation, spec, script, script_args, name=job_id, python=sys.executable,
-                      env_overrides=overrides, cwd=os.getcwd())
     secret = spec.secret_env if spec is not None else ()
     if dry_run:
         click.echo(f"job {job_id}: Slurm job {allocation.job_id}, {len(step.nodes)} nodes, world size "
                    f"{step.world_size}, master {step.master_addr}:{step.master_port}")
+        click.echo(f"  processes per node ({step.nproc_source}): "
+                   + ", ".join(f"{node} {n}" for node, n in zip(step.nodes, step.nprocs, strict=True)))
         click.echo("  env (srun passes it to every task):")
         shown = shown_env(step.env, secret)
         click.echo("\n".join(f"    {k}={shlex.quote(shown[k])}" for k in sorted(shown)))
         click.echo(f"  command: {shlex.join(step.argv)}")
         sys.exit(EXIT_OK)
-    printer = Printer()
-    printer.set_plan(launch_plan(step, job_id=job_id, name=jname, script=script, script_args=script_args))
-    run = SlurmRun(step, job_id=job_id, slurm_job=allocation.job_id, emit=printer, grace=grace)
+    printer = Printer(nnodes=len(step.nodes))
+    plan = dataclasses.replace(launch_plan(step, job_id=job_id, name=jname, script=script, script_args=script_args),
+                               secret_env=tuple(secret), grace=grace)
+    printer.set_plan(plan)
+    store = JobStore()  # the job's record, owned by this process until the step ends (no monitor under Slurm)
+    record = slurm_record(plan, step, allocation=allocation.job_id, hosts_file=hosts_file, env_overrides=overrides,
+                          grace=grace)
+    store.create(record)
+    owner = store.try_own(job_id)
     printer.note(f"job {job_id}: {len(step.nodes)} nodes of Slurm job {allocation.job_id}, world size "
                  f"{step.world_size}, master {step.master_addr}:{step.master_port}"
                  + (f"; secret: {', '.join(secret_names(step.env, secret))}" if secret_names(step.env, secret) else ""))
+    _run_step(store, record, plan, step, printer, owner=owner, no_tui=no_tui, ui_lines=ui_lines)
+
+
+def _run_step(store: JobStore, record: JobRecord, plan: LaunchPlan, step: SlurmStep, printer: Printer, *,
+              owner: int | None, no_tui: bool, ui_lines: int) -> NoReturn:
+    """Run the record's current attempt as ``step``, in the dashboard on a terminal, else printed;
+    its record and logs kept as it runs; ``owner`` (the job's owner lock) let go at the end. Exits
+    with the job's exit code."""
+    job_id, allocation = record.job_id, slurm_of(record)["job"]
+    recorder, noter = Recorder(store, job_id, record.attempt), StepNoter(store, record)
+    kept = LogFiles(store, job_id, record.attempt, warn=printer.note)  # `logs JOB` reads them
+    session = SlurmSession(store, record, plan, listeners=(kept, recorder, noter)) if _use_tui(no_tui) else None
+    run = SlurmRun(step, job_id=job_id, slurm_job=allocation, grace=record.grace,
+                   emit=session.emit if session is not None else fan_out(kept, printer, recorder, noter))
+    try:
+        if session is not None:  # the dashboard: K stops the step; SIGTERM too, SIGHUP as well (no detaching)
+            session.run = run
+            code = _dashboard(session, ui_lines)
+        else:
+            code = _in_foreground(run)
+    except FileNotFoundError:
+        recorder.start_failed(SRUN_MISSING)
+        _fail(SRUN_MISSING, EXIT_USAGE)
+    finally:
+        if session is not None and session.failed_start:
+            recorder.start_failed(SRUN_MISSING)
+        recorder.flush()
+        noter.join()
+        kept.close()
+        if owner is not None:
+            store.release(owner)
+    sys.exit(code)
+
+
+def restart_slurm(record: JobRecord, grace: float | None, script_args: Sequence[str]) -> NoReturn:
+    """``restart JOB`` for a job of ``up --from-slurm``: its step stopped (``down``'s stop) if it
+    runs, then the next attempt as a new step of the same srun in the same allocation, run here
+    in the foreground as ``up --from-slurm`` runs it. Refused, with nothing stopped, where the
+    allocation has ended (or cannot be asked about) or a secret's value is not in this shell."""
+    store = JobStore()
+    record = refresh(store, record)  # its `up` may be gone, and its step with it
+    job_id, allocation = record.job_id, slurm_of(record).get("job")
+    untouched = "nothing was stopped" if not record.finished else "nothing was started"
+    if script_args:
+        _fail(ConfigError(f"job {job_id} runs under Slurm: a restart there keeps its arguments; {untouched}",
+                          hint="stop it and run `up --from-slurm` with the new arguments"), EXIT_USAGE)
+    gone = allocation_gone(record)
+    if gone is not None:
+        _fail(ConfigError(f"job {job_id} cannot be restarted: {gone}; {untouched}",
+                          hint=f"run `up --from-slurm {record.script}` in a new allocation (salloc, sbatch)"),
+              EXIT_FAILED)
+    plan = plan_from_json(record.plan, spec_of(record))
+    env = dict(plan.nodes[0].env)
+    missing = [name for name, value in env.items() if value == MASK and name not in os.environ]
+    if missing:
+        _fail(ConfigError(f"job {job_id}: the secret {', '.join(missing)} is not in this shell's environment; "
+                          f"{untouched}", hint=f"export {missing[0]}=... and restart again"), EXIT_USAGE)
+    env.update({name: os.environ[name] for name, value in env.items() if value == MASK})
+    if not record.finished and down_slurm_step(job_id, grace) is None:
+        _fail(ConfigError(f"job {job_id}: its step could not be found to stop it"), EXIT_FAILED)
+    owner = store.wait_own(job_id, 10.0)
+    record = store.load(job_id)
+    if owner is None or not record.finished:
+        _fail(ConfigError(f"job {job_id} is {record.state} and owned by another clusterrun: not restarted",
+                          hint=f"`clusterrun ps {job_id}`; try again once it has ended"), EXIT_FAILED)
+    try:
+        record = record_next_attempt(Recorder(store, job_id, record.attempt + 1), plan, record.script_args)
+        fresh = {"step": None, "unwatched": None, "root_cause": None, "pid": os.getpid(),
+                 "controller": socket.gethostname()}  # this process runs the new step
+        record = store.update(job_id, lambda rec: rec.slurm.update(fresh) if rec.slurm is not None else None)
+    except ClusterrunError as exc:
+        store.release(owner)
+        _fail(exc, EXIT_FAILED)
+    step = SlurmStep(argv=tuple(plan.nodes[0].argv), env=env, nodes=tuple(record.hosts),
+                     nprocs=tuple(n.nproc for n in plan.nodes), master_addr=plan.master_addr,
+                     master_port=plan.master_port)
+    printer = Printer(nnodes=len(step.nodes))
+    printer.set_plan(plan)
+    printer.note(f"job {job_id}: attempt {record.attempt}, a new step in Slurm job {allocation}, on "
+                 f"{len(step.nodes)} nodes; it runs while this command does (Ctrl-C stops it)")
+    _run_step(store, record, plan, step, printer, owner=owner, no_tui=False, ui_lines=10_000)
+
+
+def _in_foreground(run: SlurmRun) -> int:
+    """Run the step with its output printed; Ctrl-C, SIGTERM or SIGHUP stop it. The exit code."""
     got: dict[str, int] = {}
 
     def stop(signum: int, frame: object) -> None:
@@ -100,16 +217,12 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
     try:
         run.start()
         result = run.run()
-    except FileNotFoundError:
-        _fail(ConfigError("srun not found on PATH", key="--from-slurm",
-                          hint="run this where Slurm's client commands are installed (a node of the allocation)"),
-              EXIT_USAGE)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if "signal" in got:
-        sys.exit(EXIT_SIGNAL.get(got["signal"], EXIT_FAILED))
-    sys.exit(EXIT_OK if result.ok else EXIT_FAILED)
+        return EXIT_SIGNAL.get(got["signal"], EXIT_FAILED)
+    return EXIT_OK if result.ok else EXIT_FAILED
 
 
 def _slurm_hosts(path: str | None) -> ClusterSpec | None:
@@ -171,17 +284,30 @@ def export(hosts_file: str, script: str, script_args: tuple[str, ...], sbatch: b
 
 
 def down_slurm_step(ref: str, grace: float | None) -> int | None:
-    """``down`` for a job of ``up --from-slurm`` (which has no record): its running step, found by
-    name (the job id, or its start) among this user's, stopped as ``up`` stops it; the step's
-    allocation marked so that the ``up`` following it reports it stopped. None where ``ref`` is
-    a recorded job, or no step of that name runs (``down`` goes on as usual)."""
+    """``down`` for a job of ``up --from-slurm``: its running step, found by name (the job id, or
+    its start) among this user's, stopped as ``up`` stops it; the step's allocation marked so that
+    the ``up`` following it records and reports it stopped. A recorded Slurm job that has ended is
+    said so. None where ``ref`` is a job over SSH, or names no job here and no step of that name
+    runs (``down`` goes on as usual)."""
+    store = JobStore()
     try:
-        JobStore().resolve(ref)
-        return None
+        record: JobRecord | None = store.load(store.resolve(ref))
     except JobNotFound:
-        pass
+        record = None
+    if record is not None and not is_slurm(record):
+        return None
+    if record is not None:  # its `up` may be gone, and its step with it
+        record = refresh(store, record)
+    if record is not None and record.finished:
+        _note(f"job {record.job_id} already finished ({record.state}); nothing to stop")
+        return EXIT_OK
     steps = [s for s in my_steps() if s.name == ref or s.name.startswith(ref)]
-    steps = [s for s in steps if s.name == ref] or steps
+    steps = [s for s in steps if s.name == (record.job_id if record is not None else ref)] or steps
+    if not steps and record is not None:
+        _fail(ConfigError(f"job {record.job_id} is {record.state} in its record, but its Slurm step cannot be found "
+                          "here (no Slurm configuration, or `squeue --steps --me` does not list it)",
+                          hint=f"run `clusterrun down {record.job_id}` where Slurm's commands work, or "
+                          f"`scancel {slurm_of(record).get('step') or slurm_of(record).get('job')}`"), EXIT_FAILED)
     if not steps:
         return None
     if len(steps) > 1:
@@ -191,12 +317,31 @@ def down_slurm_step(ref: str, grace: float | None) -> int | None:
     _note(f"stopping job {name}: Slurm step {step}")
     mark_stopped(step.split(".")[0], name)
     _note(stop_step(step, 10.0 if grace is None else grace, step_gone(step)))
+    if record is not None:
+        _record_stopped(store, record.job_id)
     _note(f"job {name} stopped; Slurm ended every process of its step on every node")
     return EXIT_OK
 
 
-def slurm_rows() -> list[tuple[str, str, str, str, str, str]]:
-    """``ps``'s rows for the running jobs of ``up --from-slurm``, which have no record: this user's
-    Slurm steps named like a clusterrun job id (JOB, NAME, HOSTS, STATE, ATTEMPT, AGE)."""
+def _record_stopped(store: JobStore, job_id: str) -> None:
+    """Wait for the ``up`` running the step to record its end; where that ``up`` is gone, record the stop here."""
+    owner = store.wait_own(job_id, 10.0)
+    if owner is None:
+        _note(f"warning: the `up` of job {job_id} has not recorded the stop yet")
+        return
+    try:
+        record = store.load(job_id)
+        if not record.finished:
+            nodes = tuple(NodeResult(n.rank, n.host, NodeState.STOPPED, error="stopped by clusterrun down")
+                          for n in record.nodes)
+            record_end(store, record, JobResult(job_id, nodes, interrupted="clusterrun down"))
+    finally:
+        store.release(owner)
+
+
+def slurm_rows(recorded: Container[str] = ()) -> list[tuple[str, str, str, str, str, str]]:
+    """``ps``'s rows for the running jobs of ``up --from-slurm`` that have no record here (``recorded``:
+    the ids of those that have): this user's Slurm steps named like a clusterrun job id (JOB, NAME,
+    HOSTS, STATE, ATTEMPT, AGE)."""
     return [(s.name, JOB_ID_SHAPE.sub("", s.name), s.nodes, f"running (Slurm step {s.step})", "1", s.elapsed)
-            for s in my_steps() if JOB_ID_SHAPE.search(s.name)]
+            for s in my_steps() if JOB_ID_SHAPE.search(s.name) and s.name not in recorded]

@@ -7,7 +7,7 @@ import json
 import click
 
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, Seconds, _fail, main
-from clusterrun.cli.records import _open_job, _refresh, hosts_option
+from clusterrun.cli.records import _not_under_slurm, _open_job, _refresh, hosts_option
 from clusterrun.completion import complete_jobs
 from clusterrun.errors import ClusterrunError, ConfigError
 from clusterrun.lifecycle import stacks_view
@@ -42,6 +42,8 @@ def stack_command(job: str, node: tuple[int, ...], rank_text: str | None, native
     Exit 0 when every rank's stack was taken, 1 when some could not be (or the job is not
     running), 3 when a host could not be reached."""
     store, record = _open_job(job, hosts_file)
+    _not_under_slurm(record, "its stacks cannot be taken by clusterrun", "run py-spy in the step: "
+                     "`srun --overlap --jobid=ALLOCATION py-spy dump --pid PID`")
     nodes = list(node) or None
     bad = [n for n in nodes or () if not 0 <= n < len(record.nodes)]
     if bad:

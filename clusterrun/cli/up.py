@@ -43,9 +43,11 @@ from clusterrun.cli.slurm import from_slurm_options, up_from_slurm
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import resolve
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError
+from clusterrun.events import Event, JobNote
 from clusterrun.interfaces import Interface
 from clusterrun.joblist import plan_json, shown_env
 from clusterrun.jobs import JobStore
+from clusterrun.nodesets import FOLD_PAST, alike_lines
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides
 from clusterrun.printer import Printer
@@ -144,6 +146,9 @@ def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | No
     clusterrun chose one (not on a job whose nodes all share this machine's loopback)."""
     if not any(i.name for i in interfaces):
         return None
+    if plan.nnodes > FOLD_PAST:  # nodes alike share a part: ``64 nodes 0-63 (gpu[01-64]): eth0``
+        return "network: " + "; ".join(alike_lines([(n.rank, n.host.host, i.name or "loopback", i.name or "loopback")
+                                                    for n, i in zip(plan.nodes, interfaces, strict=True)], plan.nnodes))
     return "network: " + ", ".join(f"node{n.rank} {n.host.host} {i.name or 'loopback'}"
                                    for n, i in zip(plan.nodes, interfaces, strict=True))
 
@@ -184,13 +189,16 @@ def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | No
 @click.option("--startup-timeout", metavar="DURATION", help="Fail the job when a node has not started its "
               "workers this long after the start (90, 45s, 10m; default: the hosts file's startup_timeout, else "
               "5m), naming the nodes that still wait, instead of gloo's 30-minute wait.")
+@click.option("--setup-timeout", metavar="DURATION", help="Kill a node's setup commands and fail the start when "
+              "they run this long (10m, 1h; default: the hosts file's setup_timeout, else 10m).")
 @click.option("--hang-after", metavar="DURATION", help="Show a node as hung once its ranks wrote no output and "
               "used no CPU this long (10m; off: never; default: the hosts file's hang_after, else 30m).")
 @click.option("--on-hang", type=click.Choice(ON_HANG), help="What the job's owner does when a node hangs: save "
               "the ranks' stacks beside the logs (stack, the default), restart the job, or nothing.")
 @click.option("--notify", "notify_command", metavar="CMD", help="Run CMD here (sh -c) once per event of the job "
               "(failed, succeeded, hung, restarted; the hosts file's notify.on chooses) with CLUSTERRUN_JOB, "
-              "CLUSTERRUN_EVENT, CLUSTERRUN_STATE set and the job as JSON on stdin (docs/notify.md).")
+              "CLUSTERRUN_EVENT, CLUSTERRUN_EVENT_ID, CLUSTERRUN_STATE set and the job as JSON on stdin "
+              "(docs/watch.md).")
 @click.option("--sync", "sync_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Copy DIR to every host's workdir before the start (only what changed; .gitignore and "
               "sync_exclude honoured, .git left out), over the connections already open: by rsync where both "
@@ -214,7 +222,8 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
        no_preflight: bool, sync_dir: str | None = None, no_sync: bool = False, nodes: str | None = None,
        exclude: str | None = None, max_restarts: int | None = None, startup_timeout: str | None = None,
        hang_after: str | None = None, on_hang: str | None = None, notify_command: str | None = None,
-       from_slurm: bool = False, slurm_hosts: str | None = None, timings_wanted: bool = False) -> None:
+       setup_timeout: str | None = None, from_slurm: bool = False, slurm_hosts: str | None = None,
+       timings_wanted: bool = False) -> None:
     """Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends.
 
     Options go before HOSTS.yaml; everything after SCRIPT (after `--` if you like) is passed to
@@ -229,7 +238,9 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
         given = {"--detach": detach, "--leave-running": leave_running, "--sync": sync_dir is not None,
                  "--nodes": nodes is not None, "--exclude": exclude is not None, "--json": as_json}
         up_from_slurm(words[0], tuple(words[2:] if words[1:2] == ["--"] else words[1:]), hosts_file=slurm_hosts,
-                      name=name, env=env, dry_run=dry_run, grace=grace, unsupported=[k for k, v in given.items() if v])
+                      name=name, env=env, dry_run=dry_run, grace=grace, no_sync=no_sync,
+                      no_preflight=no_preflight, no_tui=no_tui, ui_lines=ui_lines,
+                      unsupported=[k for k, v in given.items() if v])
     if script is None:
         raise click.UsageError("Missing argument 'SCRIPT'.")
     if slurm_hosts is not None:
@@ -246,7 +257,7 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
         overrides = parse_env_overrides(env)
         if no_sync:
             spec = _without_sync(spec)
-        spec = _with_watch(spec, startup_timeout, hang_after, on_hang, notify_command)
+        spec = _with_watch(spec, startup_timeout, hang_after, on_hang, notify_command, setup_timeout)
         spec, env_notes = resolve(spec, os.environ)
         check_script(spec, script, os.getcwd(), sync_dir)
         if as_json and not dry_run:
@@ -308,6 +319,7 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
             try:
                 runner.start()
             except HostsUnavailable as exc:
+                printer.flush()  # the stop reports of the nodes that had started, before the error
                 _fail(exc, EXIT_HOSTS)
             show_timings()
             if detach:
@@ -325,12 +337,13 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
                     sys.stderr.flush()
                 os._exit(EXIT_SIGNAL.get(got.get("signal", 0), 1))  # its followers may still wait on the hosts
     finally:
+        printer.flush()  # status lines still held when up ends another way (an error): never lost
         job.close()
     sys.exit(_exit_code(result, got))
 
 
 def _with_watch(spec: ClusterSpec, startup_timeout: str | None, hang_after: str | None, on_hang: str | None,
-                notify_command: str | None) -> ClusterSpec:
+                notify_command: str | None, setup_timeout: str | None = None) -> ClusterSpec:
     """The hosts file's watch and notify with up's options applied (``ConfigError`` for a bad duration)."""
     def seconds(text: str, key: str) -> float:
         try:
@@ -344,6 +357,8 @@ def _with_watch(spec: ClusterSpec, startup_timeout: str | None, hang_after: str 
     watch = spec.watch
     if startup_timeout is not None:
         watch = dataclasses.replace(watch, startup_timeout=seconds(startup_timeout, "--startup-timeout"))
+    if setup_timeout is not None:
+        watch = dataclasses.replace(watch, setup_timeout=seconds(setup_timeout, "--setup-timeout"))
     if hang_after is not None:
         watch = dataclasses.replace(watch, hang_after=None if hang_after.lower() in ("off", "never")
                                     else seconds(hang_after, "--hang-after"))
@@ -359,16 +374,21 @@ def _without_sync(spec: ClusterSpec) -> ClusterSpec:
     return dataclasses.replace(spec, hosts=tuple(dataclasses.replace(h, sync=None) for h in spec.hosts))
 
 
+def _show_note(event: Event) -> None:
+    if isinstance(event, JobNote):  # the setups still running
+        _note(event.text)
+
+
 def _checked(job: Job, spec: ClusterSpec, script: str, sync_dir: str | None, *, full: bool,
              dry_run: bool) -> tuple[LaunchPlan, Mapping[int, SyncReport]]:
     """``checks.check_new``, shown: the probe, the sync (its progress and report), the hosts'
     setup, the preflight (see doctor.py); a problem on any host starts nothing anywhere: exit 3
     (2 for a bad ``--sync``), with one line and a fix for each; warnings are printed."""
-    view = SyncView(live=None if not dry_run else False)
+    view = SyncView(live=None if not dry_run else False, hosts=len(spec.hosts))
     try:
         with view:
             plan, reports, warnings = check_new(job, spec, script, os.getcwd(), full=full, dry_run=dry_run,
-                                                sync_dir=sync_dir, progress=view)
+                                                sync_dir=sync_dir, progress=view, emit=_show_note)
     except HostsUnavailable as exc:
         _fail(exc, EXIT_HOSTS)
     except ConfigError as exc:

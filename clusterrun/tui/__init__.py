@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual import on
@@ -44,6 +44,9 @@ from clusterrun.tui.nodetable import (
 )
 from clusterrun.tui.screens import Confirm, Help, History, QuitQuestion, Stacks
 from clusterrun.tui.search import Matches
+
+if TYPE_CHECKING:
+    from clusterrun.slurmjob import SlurmSession
 
 __all__ = ["CACHES_CHECKED", "COLUMNS", "Dashboard", "LogHighlighter", "NodeTable", "RingLog", "textual_version"]
 
@@ -91,8 +94,8 @@ class Dashboard(App[int]):
         *(Binding(str(i), f"jump({i})", f"Node {i}", show=False) for i in range(10)),
     ]
 
-    def __init__(self, session: Session, *, ring: int = 10_000, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, session: Session | SlurmSession, *, ring: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         super().__init__()
         self.session = session
         self.board = Board(ring=ring, clock=clock, wall=wall)
@@ -353,6 +356,8 @@ class Dashboard(App[int]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         running = self.session.running and not self.board.finished
+        if action in ("kill", "restart", "stack", "detach") and action not in self.session.supports:
+            return False  # a Slurm job's session: K only
         if action == "kill":
             return running and self.board.state != "stopping" and not self.session.busy
         if action == "restart":
@@ -509,22 +514,29 @@ class Dashboard(App[int]):
             self.outcome = "finished"
             self.exit(self.exit_code_of())
             return
+        if "detach" not in self.session.supports:  # under Slurm the job cannot run on without this process
+            self.push_screen(Confirm(f"Stop job {self.board.job_id} and quit? It cannot run on without this up."),
+                             lambda yes: self._stop_and_quit() if yes else None)
+            return
 
         def answered(choice: str | None) -> None:
             if choice == "leave":
                 self._leave("left")
             elif choice == "stop":
-                self.outcome = "stopped"
-                self.board.note("stopping the job on every host before quitting")
-                self.session.kill()
-
-                def work() -> None:
-                    self.session.wait()
-                    self._exit_soon = self.exit_code_of
-
-                threading.Thread(target=work, daemon=True, name="quit").start()
+                self._stop_and_quit()
 
         self.push_screen(QuitQuestion(), answered)
+
+    def _stop_and_quit(self) -> None:
+        self.outcome = "stopped"
+        self.board.note("stopping the job on every host before quitting")
+        self.session.kill()
+
+        def work() -> None:
+            self.session.wait()
+            self._exit_soon = self.exit_code_of
+
+        threading.Thread(target=work, daemon=True, name="quit").start()
 
     def exit_code_of(self) -> int:
         """0 succeeded or detached; 1 failed; 130 stopped by the user; 3 could not start."""
