@@ -1,9 +1,12 @@
 """The hosts' ``setup`` commands, run on every node before anything of the attempt starts, watched.
 
 ``run(job, emit)`` runs every node's ``setup`` in parallel, each in the agent that probed its
-host (which keeps the environment it made for the attempt's start), all or nothing as the probe
-(``Job.all_or_none``): ``checks`` for ``up``, ``attempt.start`` for the next attempt (once the
-last one stopped), ``Job.prepare`` where it is asked to. While some still run, ``emit`` hears
+host (which keeps the environment it made and its output for the attempt's start), all or
+nothing as the probe (``Job.all_or_none``): ``checks`` for every attempt, after the sync and
+before the preflight (a next attempt's before the running one is stopped: a failing setup leaves
+it running), ``Job.prepare`` where it is asked to. Each agent then says how the job's interpreter
+runs in setup's environment (``hostchecks.after_setup``): the preflight checks that one and
+torchrun's argv suits it (``Job.set_up``), or the node is refused. While some still run, ``emit`` hears
 which (a ``JobNote``, at ``FIRST`` seconds, then every ``EVERY``): ``node 3 (gpu04): setup runs
 for 45 s (killed at 10 min); nodes 0-2 ready``. A node's setup that runs longer than
 ``setup_timeout`` (the hosts file's, or ``up --setup-timeout``; 10 minutes by default) is killed

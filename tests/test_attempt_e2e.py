@@ -115,7 +115,8 @@ def test_a_restart_whose_setup_fails_stops_nothing_and_setup_is_in_the_log(tmp_p
     flag.touch()
     proc = clusterrun("restart", job)
     assert proc.returncode == 3, proc.stderr
-    assert "local-b: node 1: setup failed with status 1" in proc.stderr and f"{flag} is there" in proc.stderr, proc.stderr
+    assert "local-b: node 1: setup failed with status 1" in proc.stderr, proc.stderr
+    assert f"{flag} is there" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert_untouched(job, before, state_dir)
     flag.unlink()
