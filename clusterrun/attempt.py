@@ -4,12 +4,12 @@ Every attempt starts through ``start``: ``up``'s first (checked by ``checks.chec
 by ``Runner.start``), and the next one of ``restart``, the dashboard's R, the start-up retry, the
 restart policy and ``Runner.request_restart`` (``NextAttempt``, ``restart``). The order is the
 guarantee: every check (``checks``: the hosts file, ``env_file`` and ``forward_env``, the secret
-``--env`` values, the script, the probe, a dry run of the sync, the preflight) runs **before**
-anything of the running attempt is stopped, so a refused restart leaves it running; then the one
-stop path (``stop``: recorded ``stopping``, the agents' verified stop, then ``stopped``; for an
-automatic restart of a failed attempt, the agents' verified stop alone); then the sync, the
-hosts' setup and ``start``. What the next attempt is made of is read from the record once, into
-an ``AttemptSpec``, and passed on.
+``--env`` values, the script, the probe, the sync, the hosts' setup, the preflight in setup's
+environment) runs **before** anything of the running attempt is stopped, so a refused restart
+(a failing setup too) leaves it running; then the one stop path (``stop``: recorded
+``stopping``, the agents' verified stop, then ``stopped``; for an automatic restart of a failed
+attempt, the agents' verified stop alone); then ``start``. What the next attempt is made of is
+read from the record once, into an ``AttemptSpec``, and passed on.
 
 The job's recorded state changes only through ``jobstate.transition`` (``_move``), here: the
 ``Recorder`` (what the owner's follower sees, the attempt's start, a failed start and the owner's
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clusterrun import notify, setups
+from clusterrun import notify
 from clusterrun.checks import AttemptSpec, checked_attempt, note
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import mask_env
@@ -53,7 +53,6 @@ from clusterrun.lifecycle import per_node, status_of, stop_job
 from clusterrun.orchestrator import Emit, Job, node_state_of
 from clusterrun.plan import LaunchPlan, plan_to_json
 from clusterrun.protocol import HostState
-from clusterrun.sync import sync_hosts
 from clusterrun.watch import Notify, Watch
 
 # ------------------------------------------------------------------------------ the state
@@ -481,8 +480,6 @@ class NextAttempt:
             raise ClusterrunError(f"job {record.job_id} is still owned by another clusterrun process",
                                   hint="wait for it to finish, or stop it")
         try:
-            for rank, report in sorted(sync_hosts(self.aspec.spec, self.job.agents).items()):  # `sync:`, if any
-                note(self.emit, f"sync node{rank} {report.host}: {report.describe()}")
             recorder = Recorder(store, record.job_id, self.job.attempt)
             self.job.subscribe(recorder)
             start(self.job, self.emit, recorder, automatic=automatic)
@@ -517,11 +514,11 @@ class Cancelled(ClusterrunError):
 
 
 def start(job: Job, emit: Emit, recorder: Recorder, *, first: bool = False, automatic: bool = False) -> None:
-    """The one start of an attempt, checked (``checks``) and with the last one verified stopped:
-    ``up``'s ``first`` (its record just created, its setup run by ``checks.check_new``), and the
-    next attempt of ``restart``, the start-up retry and the restart policy (the hosts' setup, then
-    the attempt's start in the record: only from an end, or, ``automatic``, from ``restarting``,
-    else ``Cancelled`` with nothing written). Then every node starts; on a failure the record
+    """The one start of an attempt, checked (``checks``: its sync and setup ran there, before any
+    stop) and with the last one verified stopped: ``up``'s ``first`` (its record just created),
+    and the next attempt of ``restart``, the start-up retry and the restart policy (the attempt's
+    start in the record: only from an end, or, ``automatic``, from ``restarting``, else
+    ``Cancelled`` with nothing written). Then every node starts; on a failure the record
     says so and the nodes that started were stopped again (``HostsUnavailable``). ``recorder``,
     subscribed to ``job`` by the caller, writes the attempt's record, its start's too."""
     plan = job.plan
@@ -529,7 +526,6 @@ def start(job: Job, emit: Emit, recorder: Recorder, *, first: bool = False, auto
         raise RuntimeError("start() before the checks")
     event, begin = attempt_event(plan, job.attempt), _begun(plan, job.attempt, job.script_args, automatic)
     if not first:
-        setups.run(job, emit)
         recorder.begin(begin)
         emit(event)  # before the nodes' start: shown as the new attempt's
     try:

@@ -1,6 +1,6 @@
 """The checks of an attempt before anything starts or stops: what it is made of (``AttemptSpec``,
-read from the job's record once), the script, the probe, the sync (a dry run for a next attempt,
-while the current one runs on), the hosts' setup (a new job's), the preflight.
+read from the job's record once), the script, the probe, the sync (for a next attempt while the
+current one runs on), the hosts' setup, the preflight in the environment setup made.
 
 ``check_new`` checks ``up``'s first attempt, ``checked_attempt`` every next one; nothing here
 starts or stops a process (``attempt.start`` does).
@@ -98,11 +98,13 @@ def _close_script(path: str) -> str | None:
 
 def preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, full: bool, local_cwd: str,
               synced: Collection[int] = (), test_port: bool = True) -> list[str]:
-    """``doctor``'s checks on the probed hosts before anything starts (or stops): raises the
-    refusal (``HostsUnavailable``, one line and a fix per problem); else the warnings."""
+    """``doctor``'s checks on the probed hosts before anything starts (or stops), the python ones in
+    the environment of the hosts' setup where it ran: raises the refusal (``HostsUnavailable``,
+    one line and a fix per problem); else the warnings."""
     report = doctor.preflight([job.probed(rank) for rank in range(plan.nnodes)], spec, script,
                               addr=plan.master_addr, port=plan.master_port, local_cwd=local_cwd, full=full,
-                              synced=synced, test_port=test_port)
+                              synced=synced, test_port=test_port, set_up=job.set_up,
+                              setup_of=(job.job_id, job.attempt))
     refused = doctor.refusal(report)
     if refused is not None:
         raise refused
@@ -120,26 +122,29 @@ def warnings(report: doctor.Report) -> list[str]:
 def check_new(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *, full: bool, dry_run: bool,
               sync_dir: str | None = None, progress: Progress | None = None, emit: Emit | None = None,
               ) -> tuple[LaunchPlan, dict[int, SyncReport], list[str]]:
-    """The first attempt of a new job (``up``) probed and checked, nothing started: the probe, the
-    sync (``sync_dir`` or the hosts' ``sync:``; for a ``dry_run`` only what it would copy), the
-    hosts' ``setup`` (not for a dry run: it sees the synced files), then the preflight (which
-    looks for the synced script; ``emit`` hears which nodes are still in their setup). Raises
-    ``HostsUnavailable`` or ``ConfigError``; the plan, the sync's reports and the preflight's warnings."""
+    """The first attempt of a new job (``up``) probed and checked, nothing started: see
+    ``_probe_and_check`` (``dry_run``: the sync only says what it would copy; ``emit`` hears which
+    nodes are still in their setup). Raises ``HostsUnavailable`` or ``ConfigError``; the plan,
+    the sync's reports and the preflight's warnings."""
     return _probe_and_check(job, spec, script, local_cwd, full=full, dry_run=dry_run, sync_dir=sync_dir,
-                            progress=progress, setup=not dry_run, emit=emit)
+                            progress=progress, emit=emit)
 
 
 def _probe_and_check(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *, full: bool, dry_run: bool,
-                     sync_dir: str | None = None, progress: Progress | None = None, setup: bool = False,
-                     test_port: bool = True, emit: Emit | None = None,
-                     ) -> tuple[LaunchPlan, dict[int, SyncReport], list[str]]:
-    """The checks every attempt goes through, in order: probe, sync (or its dry run), setup if
-    asked, preflight."""
-    plan = job.prepare(run_setup=False)
+                     sync_dir: str | None = None, progress: Progress | None = None, test_port: bool = True,
+                     emit: Emit | None = None) -> tuple[LaunchPlan, dict[int, SyncReport], list[str]]:
+    """The checks every attempt goes through, in order: the probe, the sync (``sync_dir`` or the
+    hosts' ``sync:``; for a ``dry_run`` only what it would copy), the hosts' setup (it sees the
+    synced files; a dry run's, where the sync would make the workdir, not before it exists),
+    then the preflight, whose python checks run in the environment setup made, as the job will.
+    Setup runs once per attempt: its agent keeps the environment for the start."""
+    job.prepare(run_setup=False)
     reports = sync_hosts(spec, job.agents, progress, override=sync_dir, dry_run=dry_run)
-    if setup:
-        setups.run(job, emit)
     synced = {rank for rank, host in enumerate(spec.hosts) if source_of(spec, host, sync_dir)} if dry_run else ()
+    setups.run(job, emit, if_cwd=synced)
+    plan = job.plan  # torchrun's argv as the interpreter after setup takes it
+    if plan is None:
+        raise RuntimeError("the checks before the plan")
     warnings = preflight(job, plan, spec, script, full=full, local_cwd=local_cwd, synced=synced, test_port=test_port)
     return plan, reports, warnings
 
@@ -152,10 +157,13 @@ def note(emit: Emit | None, text: str) -> None:
 
 def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *, full: bool,
                     script_args: Sequence[str] | None = None) -> Job:
-    """The next attempt probed and checked, nothing started nor stopped: the script, the probe, a
-    dry run of the sync, the preflight (a fixed master port held by the running attempt is not
-    tested). ``script_args``: new arguments for the script (default: the record's). Raises
-    ``ConfigError`` or ``HostsUnavailable``; the caller closes the ``Job``."""
+    """The next attempt probed and checked, nothing started nor stopped: the script, the probe,
+    the sync (what changed is copied while the current attempt runs on: files are written under
+    a temporary name and renamed, never deleted), the hosts' setup (once: its agent keeps the
+    environment for the start), the preflight in setup's environment (a fixed master port held
+    by the running attempt is not tested). ``script_args``: new arguments for the script
+    (default: the record's). Raises ``ConfigError`` or ``HostsUnavailable``; the caller closes
+    the ``Job``."""
     for text in aspec.notes:
         note(emit, f"warning: {text}")
     check_script(aspec.spec, record.script, record.local_cwd)
@@ -165,8 +173,10 @@ def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *,
               attempt=record.attempt + 1, transport_factory=lifecycle.transport_factory(record))
     try:
         held = aspec.spec.master_port is not None and not record.finished
-        _, _, warnings = _probe_and_check(job, aspec.spec, record.script, record.local_cwd, full=full, dry_run=True,
-                                          test_port=not held)
+        _, reports, warnings = _probe_and_check(job, aspec.spec, record.script, record.local_cwd, full=full,
+                                                dry_run=False, test_port=not held, emit=emit)
+        for rank, report in sorted(reports.items()):  # `sync:`, if any
+            note(emit, f"sync node{rank} {report.host}: {report.describe()}")
         for warning in warnings:
             note(emit, f"warning: {warning}")
     except BaseException:

@@ -249,9 +249,16 @@ def _sync_json(report: SyncReport | None) -> dict[str, Any] | None:
 
 
 def plan_json(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]], interfaces: Sequence[Interface] = (),
-              syncs: Mapping[int, SyncReport] | None = None) -> dict[str, Any]:
+              syncs: Mapping[int, SyncReport] | None = None, set_up: Mapping[int, str] | None = None,
+              skipped: Mapping[int, str] | None = None) -> dict[str, Any]:
     """The ``up --dry-run --json`` document (schema ``SCHEMA``): what each node would run, with what
-    the text form shows besides: its setup, its network interface and what a sync would copy."""
+    the text form shows besides: its setup (and whether it ran: the job's interpreter after it,
+    ``set_up``, or why not, ``skipped``), its network interface and what a sync would copy."""
+    def setup_ran(rank: int) -> dict[str, Any] | None:
+        if set_up and rank in set_up:
+            return {"ran": True, "python": set_up[rank], "why_not": None}
+        return {"ran": False, "python": None, "why_not": skipped[rank]} if skipped and rank in skipped else None
+
     def network(rank: int) -> dict[str, Any] | None:
         if rank >= len(interfaces):
             return None
@@ -273,7 +280,8 @@ def plan_json(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]], interfac
                    "stop": "sweep" if any(f.startswith("no cgroup") for f in fallbacks.get(n.rank) or ())
                    else "cgroup",
                    "fallbacks": list(fallbacks.get(n.rank) or ()), "setup": list(n.host.setup),
-                   "network": network(n.rank), "sync": _sync_json((syncs or {}).get(n.rank))} for n in plan.nodes],
+                   "setup_ran": setup_ran(n.rank), "network": network(n.rank),
+                   "sync": _sync_json((syncs or {}).get(n.rank))} for n in plan.nodes],
     }
 
 

@@ -60,6 +60,7 @@ from clusterrun.events import (
     stopped_after_text,
 )
 from clusterrun.follower import Follower, Link, Node, Reconnect, node_results, node_state_of, root_cause_of, split_lines
+from clusterrun.hostchecks import MIN_PYTHON
 from clusterrun.interfaces import (
     Interface,
     choose_interfaces,
@@ -88,7 +89,6 @@ from clusterrun.startwatch import StartupWatch
 from clusterrun.transports import AgentSession, Transport, transport_for
 
 Emit = Callable[[Event], None]
-MIN_PYTHON = (3, 8)
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
 T = TypeVar("T")
 
@@ -143,6 +143,8 @@ class Job:
         self.started_at: float | None = None  # the attempt's start (wall clock): the start-up watch counts from it
         self._startup: StartupWatch | None = None
         self.interfaces: list[Interface] = []  # per node, once prepared: the network interface its ranks use
+        self.set_up: dict[int, str] = {}  # nodes whose setup ran: the job's interpreter there, in words
+        self.setup_skipped: dict[int, str] = {}  # nodes whose setup did not run (a dry run's missing workdir): why
         self._detach = threading.Event()
         self._wake = threading.Event()  # set by detach() and request_stop(): followers stop waiting to retry
         self._nodes = [Node(None, transport_factory(h)) for h in spec.hosts]
@@ -188,7 +190,7 @@ class Job:
         if answer.python_version < MIN_PYTHON:
             raise AgentError(node.host, f"{node.transport.python} is Python {answer.python}; "
                              "the agent needs 3.8 or newer", hint="set `python:` for this host")
-        if not answer.torch:
+        if not answer.torch and not self.spec.hosts[rank].setup:  # else the interpreter after setup counts
             raise AgentError(node.host, f"torch is not installed for {node.transport.python}",
                              hint="install torch on that host, or set `python:` to an interpreter that has it")
         node.probe = answer
@@ -214,7 +216,8 @@ class Job:
 
     def prepare(self, *, run_setup: bool = True) -> LaunchPlan:
         """Connect to and probe every host in parallel, then build the plan, then run the hosts'
-        ``setup`` commands where there are some (unless ``run_setup`` is false: ``--dry-run``).
+        ``setup`` commands where there are some (unless ``run_setup`` is false: the checks run
+        ``setups.run`` after the sync).
         Raises ``HostsUnavailable`` listing every host that failed; then nothing has started."""
         for rank in range(len(self._nodes)):
             self._set_state(rank, NodeState.CONNECTING)
@@ -233,6 +236,11 @@ class Job:
         if run_setup:
             setups.run(self, self.emit)
         return self.plan
+
+    def set_up_node(self, rank: int, probe: Probe, launch: NodeLaunch) -> None:
+        """Node ``rank`` as its setup left it (``setups.py``): the probe of the job's interpreter
+        there and the launch whose torchrun argv suits it."""
+        self._nodes[rank].probe, self._nodes[rank].launch = probe, launch
 
     def all_or_none(self, call: Callable[[int], T], ranks: Iterable[int]) -> list[T]:
         """``call(rank)`` for each of ``ranks``, in parallel: their results in order, or, when any

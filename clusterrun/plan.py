@@ -8,6 +8,7 @@ arguments, so the same inputs always give the same plan and ``up --dry-run`` pri
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -188,6 +189,16 @@ def build_plan(
     return LaunchPlan(job_id=job_id, name=name, master_addr=addr, master_port=master_port, nodes=tuple(nodes),
                       state_dir=spec.state_dir, grace=grace, script=script, script_args=tuple(script_args),
                       secret_env=spec.secret_env)
+
+
+def with_flags(plan: LaunchPlan, rank: int, flags: Sequence[str]) -> NodeLaunch:
+    """Node ``rank``'s launch with torchrun's argv for a torch that has ``flags`` (the job's
+    interpreter after the host's setup may not be the one probed)."""
+    launch = plan.nodes[rank]
+    argv = torchrun_argv(HostFacts(python=launch.argv[0], torchrun_flags=tuple(flags)), nnodes=plan.nnodes,
+                         nproc=launch.nproc, node_rank=rank, addr=plan.master_addr, port=plan.master_port,
+                         grace=plan.grace, script=plan.script, script_args=plan.script_args, job_id=plan.job_id)
+    return dataclasses.replace(launch, argv=argv)
 
 
 def plan_to_json(plan: LaunchPlan) -> dict[str, Any]:

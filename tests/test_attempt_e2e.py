@@ -96,3 +96,32 @@ def test_down_after_node0s_supervisor_died_says_stopped_everywhere(tmp_path: Pat
     assert record["attempts"][0]["root_cause"] is None, record
     shown = clusterrun("ps", job).stdout
     assert "root cause" not in shown and "stopped" in shown, shown
+
+
+def test_a_restart_whose_setup_fails_stops_nothing_and_setup_is_in_the_log(tmp_path: Path, state_dir: Path) -> None:
+    """Issue 25: `restart` runs the hosts' setup before it stops anything, once per attempt (the
+    start reuses what the checks' setup made), and setup's output opens the node's log, tagged."""
+    runs, flag = tmp_path / "setup-runs", tmp_path / "broken"
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra=(
+        "    setup:\n"
+        f"      - 'echo run >> {runs}; echo preparing node-b'\n"
+        f"      - 'if test -e {flag}; then echo \"{flag} is there\"; exit 1; fi'\n"))
+    job = up_detached(hosts, SUPPORT / "counter.py", "10000", "0.05")
+    wait_for(lambda: "line 3" in clusterrun("logs", "--node", "1", job).stdout, timeout=60, what="output")
+    log = clusterrun("logs", "--node", "1", job).stdout
+    assert "[setup]: preparing node-b" in log and log.index("[setup]: preparing node-b") < log.index("line 1"), log
+    assert runs.read_text() == "run\n"  # the preflight saw setup's environment; the start did not run it again
+    before = running(job)
+    flag.touch()
+    proc = clusterrun("restart", job)
+    assert proc.returncode == 3, proc.stderr
+    assert "local-b: node 1: setup failed with status 1" in proc.stderr, proc.stderr
+    assert f"{flag} is there" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert_untouched(job, before, state_dir)
+    flag.unlink()
+    proc = clusterrun("restart", job)
+    assert proc.returncode == 0, proc.stderr
+    assert ps_json(job)["attempt"] == 2 and runs.read_text() == "run\n" * 3  # once for each start, checks included
+    assert clusterrun("down", job).returncode == 0
+    assert marked(job) == []

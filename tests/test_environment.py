@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterrun import setups
 from clusterrun.agent.records import AgentFailure
 from clusterrun.agent.wire import StartRequest
 from clusterrun.attempt import new_record, restart
@@ -241,7 +242,7 @@ def test_a_failing_setup_on_one_host_starts_nothing_anywhere() -> None:
     assert fake.ops("setup")[0]["setup"] == ["conda activate train"]
 
 
-def test_dry_run_runs_no_setup_and_the_start_names_its_secrets() -> None:
+def test_a_start_without_a_setup_request_carries_setup_and_names_its_secrets() -> None:
     fake = FakeCluster()
     spec = load_cluster_text("defaults:\n  setup: conda activate train\nhosts: [h0]\n")
     job = Job(spec, "train.py", job_id=JOB, name="train", emit=None, env_overrides={"HF_TOKEN": "v", "A": "1"},
@@ -257,12 +258,71 @@ def test_dry_run_runs_no_setup_and_the_start_names_its_secrets() -> None:
     assert start["env"]["HF_TOKEN"] == "v"  # the value travels on the agent's stdin, as data
 
 
+VENV = {"executable": "/venv/bin/python3", "python": "3.11.7", "torch": "2.13.0", "torch_cuda": None,
+        "torchrun_flags": ["--signals-to-handle"]}
+
+
+def test_the_job_runs_the_interpreter_setup_leaves_and_is_checked_there(tmp_path: Path) -> None:
+    """Issue 25: a host whose plain interpreter has no torch but whose setup activates one that has:
+    the probe does not refuse, the preflight asks about the interpreter in setup's environment, and
+    torchrun's argv takes the flags of that torch."""
+    from clusterrun.checks import check_new
+
+    fake = FakeCluster()
+    spec = load_cluster_text("defaults:\n  setup: source /venv/bin/activate\nhosts: [h0]\n")
+    fake.host("h0").torch = None
+    fake.host("h0").after_setup = VENV
+    job = Job(spec, "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport,
+              local_cwd=str(tmp_path))
+    try:
+        plan, _, _ = check_new(job, spec, "train.py", str(tmp_path), full=True, dry_run=False)
+    finally:
+        job.close()
+    assert fake.ops("setup")[0]["python"] == plan.nodes[0].argv[0]
+    assert any(arg.startswith("--signals-to-handle=") for arg in plan.nodes[0].argv)
+    assert job.set_up == {0: f"{plan.nodes[0].argv[0]} (/venv/bin/python3, after setup)"}
+    inspect = fake.ops("inspect")[0]
+    assert (inspect["job"], inspect["node"], inspect["attempt"]) == (JOB, 0, 1)
+
+
+def test_setup_whose_interpreter_lacks_torch_is_refused_naming_the_host() -> None:
+    fake = FakeCluster()
+    spec = load_cluster_text("defaults:\n  setup: source /venv/bin/activate\nhosts: [h0, h1]\n")
+    fake.host("h1").after_setup = {**VENV, "torch": None}
+    job = Job(spec, "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport)
+    try:
+        with pytest.raises(HostsUnavailable) as info:
+            job.prepare()
+    finally:
+        job.close()
+    text = info.value.render()
+    assert "h1: node 1: torch is not installed for" in text and "(/venv/bin/python3, after setup)" in text
+    assert "have setup: activate an environment that has it" in text and "h0:" not in text
+    assert fake.ops("start") == []
+
+
+def test_a_dry_run_runs_setup_but_not_before_its_sync_made_the_workdir() -> None:
+    fake = FakeCluster()
+    spec = load_cluster_text("defaults:\n  setup: source /venv/bin/activate\n  workdir: /w\nhosts: [h0, h1]\n")
+    fake.host("h0").missing = {"."}
+    fake.host("h1").missing = {"."}
+    job = Job(spec, "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport)
+    try:
+        job.prepare(run_setup=False)
+        setups.run(job, if_cwd={0})  # node 0's sync would make its workdir
+    finally:
+        job.close()
+    assert sorted((op["node"], op["if_cwd"]) for op in fake.ops("setup")) == [(0, True), (1, False)]
+    assert job.setup_skipped == {0: "/w does not exist yet"} and list(job.set_up) == [1]
+
+
 def test_setup_exports_reach_the_environment_and_failures_say_why(tmp_path: Path) -> None:
     from clusterrun.agent import setup
 
-    env = setup._run_setup(["export FROM_SETUP='a b'; unset DROPPED", "cd /; export WHERE=$OLDPWD",
-                            "if true; then\n  export MULTI=2\nfi\n"],
-                           {"DROPPED": "x", "GIVEN": "y"}, str(tmp_path))
+    env, output = setup._run_setup(["export FROM_SETUP='a b'; unset DROPPED", "cd /; export WHERE=$OLDPWD",
+                                    "if true; then\n  export MULTI=2\nfi\n", "echo said; echo err >&2"],
+                                   {"DROPPED": "x", "GIVEN": "y"}, str(tmp_path))
+    assert output == b"said\nerr\n"  # stdout and stderr, for the node's log
     assert env["FROM_SETUP"] == "a b" and env["GIVEN"] == "y" and env["MULTI"] == "2"
     assert env["WHERE"] == str(tmp_path)  # run in the node's working directory
     assert "DROPPED" not in env

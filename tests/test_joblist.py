@@ -386,6 +386,7 @@ def test_dry_run_json_has_the_setup_network_and_sync_of_the_text_form(tmp_path: 
     assert violations(data, documented_schema("dry-run")) == []
     for node in data["nodes"]:
         assert node["setup"] == ["export X=1"]
+        assert node["setup_ran"] == {"ran": False, "python": None, "why_not": f"{workdir} does not exist yet"}
         assert node["sync"]["source"] == str(project) and node["sync"]["to"] == str(workdir)
         assert node["sync"]["files"] == 1 and node["sync"]["bytes"] == len("raise SystemExit('must not run')\n")
         assert node["network"] is not None and node["network"]["why"]

@@ -7,18 +7,24 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from clusterrun import setups
+from clusterrun.attempt import new_record, restart
 from clusterrun.config import load_cluster_text
 from clusterrun.environment import resolve
 from clusterrun.errors import HostsUnavailable
 from clusterrun.events import Event, JobNote
+from clusterrun.jobs import JobStore
 from clusterrun.orchestrator import Job
 from clusterrun.transports.fake import FakeCluster
 from clusterrun.watch import Watch
+from tests import test_runner
 from tests.test_orchestrator import JOB
+
+fake, store = test_runner.fake, test_runner.store  # the fixtures: a FakeCluster, a JobStore in tmp_path
 
 
 def test_the_note_names_the_nodes_still_in_their_setup_and_those_ready() -> None:
@@ -99,3 +105,38 @@ def test_a_slow_setup_is_shown_while_it_runs_and_the_start_goes_on_once_it_ends(
     shown = [e.text for e in notes if isinstance(e, JobNote)]
     assert len(shown) == 1 and "1 (h1)" in shown[0] and "setup runs for 45 s (killed at 10 min 0 s)" in shown[0]
     assert len(fake.ops("setup")) == 3 and len(fake.ops("start")) == 3
+
+
+def test_a_restarts_setup_runs_before_its_stop_and_says_which_nodes_are_still_in_it(
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next attempt's setup runs in its checks, while attempt 1 runs on; the restart's
+    consumer hears which nodes are still in it (the note releases the blocked setup)."""
+    # setup_timeout: a restart whose note never comes fails in 30 s instead of hanging
+    text = "setup_timeout: 30s\ndefaults:\n  setup: ./fetch-data.sh\nhosts: [h0, h1]\n"
+    (tmp_path / "hosts.yaml").write_text(text)
+    (tmp_path / "train.py").write_text("")
+    spec, _ = resolve(load_cluster_text(text, str(tmp_path / "hosts.yaml")), {})
+    job = Job(spec, "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport,
+              local_cwd=str(tmp_path))
+    try:
+        plan = job.prepare()
+        job.start()
+    finally:
+        job.close()
+    store.create(new_record(plan, hosts_file=str(tmp_path / "hosts.yaml"), hosts_text=text, env_overrides={},
+                            local_cwd=str(tmp_path), ssh_config=None, watch=spec.watch))
+    monkeypatch.setattr(setups, "FIRST", 0.0)
+    fake.host("h1").setup_blocks = True
+    seen: list[tuple[str, bool]] = []
+
+    def emit(event: Event) -> None:
+        if isinstance(event, JobNote) and "setup runs for" in event.text:
+            seen.append((event.text, fake.node(JOB, 1, 1).running))
+            with fake.changed:
+                fake.host("h1").setup_blocks = False
+                fake.changed.notify_all()
+
+    restart(store, store.load(JOB), emit)
+    assert seen and "1 (h1)" in seen[0][0] and seen[0][1], seen  # attempt 1 still ran then
+    assert fake.wait_started(JOB, 1, 2).running and not fake.node(JOB, 1, 1).running
+    assert [op["attempt"] for op in fake.ops("setup", "h1")] == [1, 2]  # once per attempt

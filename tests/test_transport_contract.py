@@ -280,6 +280,20 @@ def test_setup_answers_ok_or_fails_with_its_output(harness: Harness) -> None:
                                          r"broken"):
         harness.transport.call(harness.request("setup", 0, setup=["echo broken >&2; exit 3"], env={}, cwd=None))
 
+
+def test_setup_says_how_the_jobs_interpreter_runs_in_its_environment(harness: Harness) -> None:
+    """``setup`` with ``python``: the job's interpreter as it runs after setup (found on the PATH it
+    leaves): its Python and torch, for the checks; one it cannot find is an ``error``, not a failure."""
+    python = os.path.basename(sys.executable)
+    answer = harness.transport.call(harness.request("setup", 0, setup=[f"export PATH={os.path.dirname(sys.executable)}:"
+                                                                       "$PATH"], env={}, cwd=None, python=python))
+    seen = answer["python"]
+    assert answer["ok"] is True and seen["python"].startswith("3.") and seen["torch"] and not seen.get("error")
+    if harness.fake is not None:
+        harness.fake.host(harness.transport.name).after_setup = {"error": "nope is not found on the PATH setup leaves"}
+    answer = harness.transport.call(harness.request("setup", 0, setup=["true"], env={}, cwd=None, python="nope"))
+    assert answer["ok"] is True and "nope is not found on the PATH setup leaves" in answer["python"]["error"]
+
 def test_the_doctors_inspect_listen_and_reach(harness: Harness) -> None:
     """``clusterrun doctor``'s requests (doctor.py): paths relative to the workdir, the clock, a
     listener on node 0 that a connection reaches with its token until ``unlisten``."""

@@ -60,15 +60,20 @@ Requests (``op``) and answers
            looked for when the master is reached through loopback or not at all (or always, with
            ``always_peers``); ``netns`` identifies this network namespace (boot id and inode);
            ``preset`` the ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` set in this environment.
-``setup``  ``{job, node, attempt, setup, env, cwd}`` → ``{ok}``: runs the ``setup`` commands (a list of
-           shell commands) in bash in ``cwd`` with ``env`` on top of the agent's environment, each
-           of which must succeed, and keeps the environment they leave, in memory, for this
-           agent's ``start`` of the same attempt (``{ok: false, error}`` with their last lines of
-           output otherwise). The controller asks every host before it starts any.
+``setup``  ``{job, node, attempt, setup, env, cwd, python, if_cwd}`` → ``{ok, python, skipped}``: runs
+           the ``setup`` commands (a list of shell commands) in bash in ``cwd`` with ``env`` on
+           top of the agent's environment, each of which must succeed, and keeps the environment
+           they leave and their output, in memory, for this agent's ``start`` (and ``inspect``)
+           of the same attempt (``{ok: false, error}`` with their last lines of output
+           otherwise). With ``python`` (the job's interpreter), ``python`` is how it runs there
+           (found on the PATH setup leaves, ``site`` on): ``{executable, python, torch,
+           torch_cuda, torchrun_flags}`` or ``{error}``. With ``if_cwd``, nothing runs while
+           ``cwd`` is missing (``skipped`` says so). The controller asks every host before it starts any.
 ``start``  ``{job, node, attempt, state_dir, argv, env, cwd, first_rank, secret_env, setup}`` →
            ``{ok, dir, state}``: torchrun's environment is what ``setup`` left (run now if this
-           agent has not run it), else the agent's with ``env`` on top; the values of the names
-           in ``secret_env`` reach the supervisor in memory only and ``spec.json`` holds ``****``.
+           agent has not run it; its output opens ``output.log``), else the agent's with ``env``
+           on top; the values of the names in ``secret_env`` reach the supervisor in memory
+           only and ``spec.json`` holds ``****``.
            creates the attempt directory and the attempt's cgroup, starts the detached supervisor
            and returns once it has started torchrun (or failed to: ``{ok: false, error}``; a state
            dir that cannot be written, or a logind that would kill the job at logout, starts
@@ -140,8 +145,9 @@ Requests (``op``) and answers
            PATH: No space left on device``).
            ``clusterrun/sync.py`` is the controller's side.
 
-``inspect`` ``{cwd, paths, state_dir, deep, gpus, imports, pythonpath}`` → ``{ok, cwd, paths, disk, torch_cuda,
-           deep, imports, nvidia_smi, gpu_list, gpu_apps, logind, logind_scope, time, elapsed}`` (for
+``inspect`` ``{cwd, paths, state_dir, deep, gpus, imports, pythonpath, job, node, attempt}`` →
+           ``{ok, cwd, paths, disk, torch_cuda, deep, imports, nvidia_smi, gpu_list, gpu_apps,
+           logind, logind_scope, time, elapsed}`` (for
            ``clusterrun doctor``): with ``imports`` (a script there), ``imports`` is ``{missing: [modules]}``
            or ``{error}``: its top-level imports the interpreter cannot find (``FIND_IMPORTS``, never run);
            ``paths`` maps each path (relative to ``cwd``, default the home directory) to ``file``,
@@ -151,6 +157,8 @@ Requests (``op``) and answers
            ``cuda``, ``nccl``, ``devices``, or ``error``); with ``gpus``, ``nvidia-smi -L`` and
            its compute apps (null where it is missing); ``logind`` is ``logind_problem()``;
            ``time`` the host's clock when the request came, ``elapsed`` the seconds it took.
+           "The interpreter" is the agent's own, or, with ``job`` (a ``setup`` of that job, node
+           and attempt ran in this agent), the job's in the environment that setup made.
 ``listen`` ``{port | null, token}`` → ``{ok, port, listening, error}``: a TCP listener on every
            address that answers ``token`` to each connection, until ``unlisten {port}`` or the
            agent's end (``listening`` false and the reason when the port is taken).
@@ -174,7 +182,8 @@ under umask 077 so they are never readable by others, not even briefly):
 ``spec.json``       the request: argv, env (secret values as ``****``), cwd, setup, first_rank, about,
                     hang_after, on_hang
                     (written once, before the supervisor starts)
-``output.log``      torchrun's stdout and stderr, appended (O_APPEND) and never truncated, and
+``output.log``      the output of the node's ``setup`` first, each line tagged ``[setup]:``; then
+                    torchrun's stdout and stderr, appended (O_APPEND) and never truncated, and
                     every worker's lines, whole and tagged ``[rankN]:`` (see ``RankLogs``)
 ``torchrun/``       torchrun's own ``--log-dir`` (per-rank files it truncates; read by ``RankLogs``)
 ``state.json``      written by the survivor until the monitor starts, then by the monitor only,

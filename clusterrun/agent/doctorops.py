@@ -12,6 +12,7 @@ from .logind import logind_problem, user_scope
 from .network import _host_arg, _sockets
 from .probe import _find_torch
 from .records import AgentFailure, _state_root
+from .setup import _prepared
 from .system import _capture, _which
 from .wire import InspectRequest, ListenRequest, ReachRequest, UnlistenRequest
 
@@ -107,8 +108,14 @@ def op_inspect(req: InspectRequest) -> dict[str, Any]:
                               "disk": _disk(_state_root(req.state_dir))}
     for path in req.paths or []:
         answer["paths"][path] = _path_kind(os.path.join(cwd, os.path.expanduser(path)))
-    spec = _find_torch()
-    if spec is not None and spec.origin:
+    # the job's interpreter and environment where its setup ran in this agent, else this agent's own
+    prepared = _prepared.get((req.job, req.node, req.attempt)) if req.job is not None else None
+    seen = prepared.python if prepared is not None and prepared.python else {}
+    python, env = (seen["executable"], prepared.env) if prepared is not None and seen else (sys.executable, None)
+    spec = _find_torch() if env is None else None
+    if env is not None:
+        answer["torch_cuda"] = seen.get("torch_cuda")
+    elif spec is not None and spec.origin:
         try:
             with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
                 text = f.read()
@@ -116,17 +123,17 @@ def op_inspect(req: InspectRequest) -> dict[str, Any]:
         except OSError:
             pass
     if req.deep:
-        out = _capture([sys.executable, "-c", DEEP_TORCH], timeout=float(req.timeout or 120))
+        out = _capture([python, "-c", DEEP_TORCH], timeout=float(req.timeout or 120), env=env)
         try:
-            answer["deep"] = json_loads(out) if out else {"error": f"{sys.executable} could not import torch"}
+            answer["deep"] = json_loads(out) if out else {"error": f"{python} could not import torch"}
         except ValueError:
             answer["deep"] = {"error": f"unreadable output: {(out or '')[:200]!r}"}
     script = os.path.join(cwd, os.path.expanduser(req.imports)) if req.imports else None
     if script is not None and os.path.isfile(script):  # a missing one: its path says so
-        out = _capture([sys.executable, "-c", FIND_IMPORTS, script, req.pythonpath or ""],
-                       timeout=float(req.timeout or 120))
+        out = _capture([python, "-c", FIND_IMPORTS, script, req.pythonpath or ""],
+                       timeout=float(req.timeout or 120), env=env)
         try:
-            answer["imports"] = json_loads(out) if out else {"error": f"{sys.executable} could not look"}
+            answer["imports"] = json_loads(out) if out else {"error": f"{python} could not look"}
         except ValueError:
             answer["imports"] = {"error": f"unreadable output: {(out or '')[:200]!r}"}
     if req.gpus:

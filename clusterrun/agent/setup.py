@@ -1,10 +1,12 @@
-"""``setup``: the node's setup commands in bash, and the environment they leave for ``start``."""
+"""``setup``: the node's setup commands in bash; the environment they leave and their output, for
+``start``; and the job's interpreter as it runs there (what the preflight checks)."""
 
 from __future__ import annotations
 
 import os
 import sys
 
+from .codec import json_loads
 from .procs import signal
 from .records import AgentFailure
 
@@ -18,9 +20,41 @@ if TYPE_CHECKING:
 SETUP_TIMEOUT = 600.0
 
 
-# The environment a ``setup`` request made, by (job, node, attempt), for the ``start`` that follows
-# it in this agent: setup runs once, and only in memory (it may hold secrets).
-_prepared: dict[tuple[str, int, int], dict[str, str]] = {}
+class Prepared:
+    """What a ``setup`` request made, for the ``start`` (and ``inspect``) of the same attempt in this
+    agent: the environment, the commands' output (for the node's log) and the job's interpreter
+    there when it runs (``job_python``'s answer). In memory only: it may hold secrets."""
+
+    __slots__ = ("env", "output", "python")
+
+    def __init__(self, env: dict[str, str], output: bytes, python: dict[str, Any] | None = None) -> None:
+        self.env, self.output, self.python = env, output, python
+
+
+# By (job, node, attempt): setup runs once per attempt.
+_prepared: dict[tuple[str, int, int], Prepared] = {}
+
+# The job's interpreter as the job runs it (site on): its Python, torch found (not imported) with
+# its version.py and which of the optional torchrun flags (argv) its torch/distributed/run.py has.
+JOB_PYTHON = r"""
+import importlib.util, json, os, sys
+out = {"executable": sys.executable, "python": "%d.%d.%d" % sys.version_info[:3], "version_py": None, "flags": []}
+try:
+    spec = importlib.util.find_spec("torch")
+except (ImportError, ValueError):
+    spec = None
+if spec is not None and spec.origin:
+    folder = os.path.dirname(spec.origin)
+    try:
+        with open(os.path.join(folder, "version.py")) as f:
+            out["version_py"] = f.read()
+        with open(os.path.join(folder, "distributed", "run.py")) as f:
+            run_py = f.read()
+        out["flags"] = [flag for flag in sys.argv[1:] if flag in run_py]
+    except OSError:
+        out["version_py"] = out["version_py"] or ""
+sys.stdout.write(json.dumps(out))
+"""
 
 
 def _setup_key(req: SetupRequest | StartRequest) -> tuple[str, int, int]:
@@ -53,10 +87,10 @@ def _last_lines(data: bytes, count: int = 20) -> str:
 
 
 def _run_setup(commands: list[str], env: dict[str, str], cwd: str | None,
-               timeout: float | None = None) -> dict[str, str]:
+               timeout: float | None = None) -> tuple[dict[str, str], bytes]:
     """Run the ``setup`` commands in bash, in ``cwd``, with the job's environment on top of this
-    agent's; the environment they leave (what they exported, changed or unset). ``AgentFailure``
-    with the last lines of their output if one fails: nothing was started then."""
+    agent's; the environment they leave (what they exported, changed or unset) and their output.
+    ``AgentFailure`` with the last lines of their output if one fails: nothing was started then."""
     import subprocess
 
     limit = timeout or SETUP_TIMEOUT
@@ -95,11 +129,58 @@ def _run_setup(commands: list[str], env: dict[str, str], cwd: str | None,
         if sep and name:
             result[os.fsdecode(name)] = os.fsdecode(value)
     result.pop("_", None)  # bash's last argument
-    return result
+    return result, err
+
+
+def _find(name: str, env: dict[str, str]) -> str | None:
+    """``name`` as exec finds it on ``env``'s PATH (a path with a slash: itself, if executable)."""
+    folders = [""] if "/" in name else (env.get("PATH") or "/usr/bin:/bin").split(os.pathsep)
+    for folder in folders:
+        path = os.path.join(folder or ".", name) if folder or "/" not in name else name
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def job_python(python: str, env: dict[str, str], cwd: str | None) -> dict[str, Any]:
+    """The job's interpreter ``python`` as the job will run it: found on ``env``'s PATH, run with
+    ``env`` in ``cwd`` (``JOB_PYTHON``): ``{executable, python, torch, torch_cuda, torchrun_flags}``,
+    or ``{error}`` when it cannot be found or run."""
+    from .doctorops import _assigned
+    from .probe import OPTIONAL_TORCHRUN_FLAGS, _version_of
+    from .system import _capture
+
+    found = _find(python, env)
+    if found is None:
+        return {"error": f"{python} is not found on the PATH setup leaves ({env.get('PATH') or 'unset'})"}
+    folder = os.path.expanduser(cwd) if cwd else None
+    out = _capture([found, "-c", JOB_PYTHON, *OPTIONAL_TORCHRUN_FLAGS], timeout=30, env=env,
+                   cwd=folder if folder and os.path.isdir(folder) else None)
+    try:
+        seen = json_loads(out) if out else None
+    except ValueError:
+        seen = None
+    if not isinstance(seen, dict):
+        return {"error": f"{found} could not run in the environment setup leaves"}
+    text = seen.get("version_py")
+    return {"executable": seen.get("executable") or found, "python": seen.get("python") or "",
+            "torch": None if text is None else _version_of(text), "torch_cuda": _assigned(text or "", "cuda"),
+            "torchrun_flags": list(seen.get("flags") or [])}
 
 
 def op_setup(req: SetupRequest) -> dict[str, Any]:
     """Run the node's ``setup`` commands now, before anything starts anywhere, and keep the
-    environment they make for this agent's ``start`` of the same attempt."""
-    _prepared[_setup_key(req)] = _run_setup(req.setup or [], req.env or {}, req.cwd, req.setup_timeout)
-    return {"ok": True}
+    environment they make and their output for this agent's ``start`` of the same attempt; with
+    ``python``, say how the job's interpreter runs in that environment (``job_python``).
+    ``if_cwd`` (a dry run whose sync would make the directory): nothing runs where ``cwd`` is
+    missing (``skipped`` says why)."""
+    folder = os.path.expanduser(req.cwd) if req.cwd else None
+    if req.if_cwd and folder and not os.path.isdir(folder):
+        return {"ok": True, "skipped": f"{folder} does not exist yet"}
+    env, output = _run_setup(req.setup or [], req.env or {}, req.cwd, req.setup_timeout)
+    prepared = _prepared[_setup_key(req)] = Prepared(env, output)
+    answer: dict[str, Any] = {"ok": True}
+    if req.python:
+        answer["python"] = job_python(req.python, env, req.cwd)
+        prepared.python = None if answer["python"].get("error") else answer["python"]
+    return answer

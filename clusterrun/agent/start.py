@@ -25,8 +25,11 @@ def op_start(req: StartRequest) -> dict[str, Any]:
     argv, env, cwd, setup = req.argv, req.env or {}, req.cwd, req.setup or []
     if not argv:
         raise AgentFailure("argv must be a non-empty list of strings")
+    output = b""
     if setup:  # run by the ``setup`` request of this agent already, or here (before anything exists)
-        run_env = _prepared.pop(_setup_key(req), None) or _run_setup(setup, env, cwd, req.setup_timeout)
+        prepared = _prepared.pop(_setup_key(req), None)
+        run_env, output = (prepared.env, prepared.output) if prepared else _run_setup(setup, env, cwd,
+                                                                                      req.setup_timeout)
     else:
         run_env = {**os.environ, **env}
     try:
@@ -56,6 +59,8 @@ def op_start(req: StartRequest) -> dict[str, Any]:
     middle = 0
     try:
         _write_json_atomic(os.path.join(folder, "spec.json"), spec)
+        if setup:
+            _log_setup(folder, output, {env[name] for name in secret if env.get(name)})
         ready, middle = _spawn_supervisor(folder, scope, run_env)
     except OSError as exc:
         if cgroup:
@@ -86,6 +91,21 @@ def op_start(req: StartRequest) -> dict[str, Any]:
             _discard(folder)  # nothing ran: the same attempt may be started again once there is room
         return {"ok": False, "error": state["error"], "dir": folder, "state": state}
     return {"ok": True, "dir": folder, "state": state}
+
+
+SETUP_TAG = b"[setup]:"  # setup's lines in output.log, as a rank's are tagged [rankN]:
+
+
+def _log_setup(folder: str, output: bytes, secrets: set[str]) -> None:
+    """Setup's output at the head of the node's log (output.log), each line tagged ``[setup]:``,
+    secret values as ``****`` (this disk never holds one), timed now in output.times."""
+    for value in sorted(secrets, key=len, reverse=True):
+        output = output.replace(os.fsencode(value), b"****")
+    lines = output.splitlines() or [b"(setup printed nothing)"]
+    with open(os.path.join(folder, "output.log"), "ab") as f:  # under the agent's umask 077: 0600
+        f.write(b"".join(SETUP_TAG + b" " + line + b"\n" for line in lines))
+    with open(os.path.join(folder, "output.times"), "ab") as f:
+        f.write(b"0 %d\n" % time.time_ns())
 
 
 def _discard(folder: str) -> None:

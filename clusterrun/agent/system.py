@@ -81,8 +81,10 @@ def read_until(fd: int, deadline: float, line: bool = False) -> bytes:
     return data
 
 
-def _capture(argv: list[str], timeout: float = 5.0) -> str | None:
-    """The stdout of ``argv`` (found on PATH), or None if it cannot run or fails (no subprocess)."""
+def _capture(argv: list[str], timeout: float = 5.0, env: dict[str, str] | None = None,
+             cwd: str | None = None) -> str | None:
+    """The stdout of ``argv`` (found on PATH), or None if it cannot run or fails (no subprocess);
+    with ``env``, run with that environment (and found on its PATH), in ``cwd`` if given."""
     try:
         out_r, out_w = os.pipe()
         pid = os.fork()
@@ -95,6 +97,10 @@ def _capture(argv: list[str], timeout: float = 5.0) -> str | None:
             os.dup2(null, 0)
             os.dup2(out_w, 1)
             os.dup2(null, 2)
+            if cwd:
+                os.chdir(cwd)
+            if env is not None:
+                os.execvpe(argv[0], argv, env)
             os.execvp(argv[0], argv)
         finally:
             os._exit(127)

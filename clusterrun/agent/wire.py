@@ -182,6 +182,8 @@ class SetupRequest(NodeRequest):
     env: dict[str, str] | None = None
     cwd: str | None = None
     setup_timeout: float | None = None
+    python: str | None = None  # the job's interpreter (torchrun's argv[0]): how it runs after setup
+    if_cwd: bool = False  # a dry run whose sync would make cwd: nothing runs while it is missing
 
 
 @dataclass(frozen=True)
@@ -286,6 +288,10 @@ class InspectRequest(Request):
     timeout: float | None = None
     imports: str | None = None  # a script (relative to cwd) whose top-level imports are looked for
     pythonpath: str | None = None  # the job's PYTHONPATH, for that search
+    # the node whose setup ran in this agent: the python checks run in the environment it made
+    job: str | None = None
+    node: int = 0
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -322,10 +328,27 @@ class GpusRequest(Request):
 
 
 @dataclass(frozen=True)
+class JobPython(Message):
+    """The job's interpreter as it runs after setup (found on the PATH setup leaves, ``site`` on):
+    its path, its Python, torch's version and CUDA (None: no torch) and the optional torchrun
+    flags it has; or ``error`` (it is not found or does not run)."""
+
+    executable: str = ""
+    python: str = ""
+    torch: str | None = None
+    torch_cuda: str | None = None
+    torchrun_flags: list[str] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class SetupAnswer(Message):
-    """``setup`` ran every command (a failure is ``{ok: false, error}``, an ``AgentError``)."""
+    """``setup`` ran every command (a failure is ``{ok: false, error}``, an ``AgentError``);
+    ``python``: the job's interpreter there, when asked; ``skipped``: why nothing ran (``if_cwd``)."""
 
     ok: bool
+    python: JobPython | None = None
+    skipped: str | None = None
 
 
 @dataclass(frozen=True)
@@ -452,7 +475,8 @@ class GpusAnswer(Message):
 
 
 _NESTED: dict[str, type[Message]] = {"RouteTarget": RouteTarget, "JobEntry": JobEntry, "GpuUse": GpuUse,
-                                     "Frame": Frame, "ThreadStack": ThreadStack, "RankStack": RankStack}
+                                     "Frame": Frame, "ThreadStack": ThreadStack, "RankStack": RankStack,
+                                     "JobPython": JobPython}
 
 # Every operation's request type, by ``op``; serve.OPS must have the same keys (tests/test_wire.py).
 REQUESTS: dict[str, type[Request]] = {

@@ -112,7 +112,10 @@ def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ..
 
 
 def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]],
-                interfaces: Sequence[Interface] = ()) -> None:
+                interfaces: Sequence[Interface] = (), setup: Mapping[int, str] | None = None,
+                skipped: Mapping[int, str] | None = None) -> None:
+    """The dry run's text; ``setup``: the job's interpreter after the setup each node ran,
+    ``skipped``: why a node's setup did not run."""
     click.echo(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
                f"master {plan.master_addr}:{plan.master_port}")
     for node in plan.nodes:
@@ -129,6 +132,11 @@ def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]],
             click.echo("  setup (bash, in cwd, before torchrun; what it exports reaches torchrun):")
             for command in node.host.setup:
                 click.echo("\n".join(f"    {line}" for line in command.rstrip("\n").split("\n")))
+            if setup and node.rank in setup:
+                click.echo(f"  setup ran; the job runs {setup[node.rank]}")
+            elif skipped and node.rank in skipped:
+                click.echo(f"  setup not run: {skipped[node.rank]} (up runs it after the sync); the checks were of "
+                           "the interpreter without it")
         click.echo(f"  command: {shlex.join(node.argv)}")
         click.echo(_guarantee(fallbacks.get(node.rank) or ()))
 
@@ -273,10 +281,11 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
     try:
         plan, syncs = _checked(job, spec, script, sync_dir, full=not no_preflight, dry_run=dry_run)
         if dry_run and as_json:
-            click.echo(json.dumps(plan_json(plan, job.host_fallbacks, job.interfaces, syncs), indent=1))
+            click.echo(json.dumps(plan_json(plan, job.host_fallbacks, job.interfaces, syncs, job.set_up,
+                                             job.setup_skipped), indent=1))
             return
         if dry_run:
-            _print_plan(plan, job.host_fallbacks, job.interfaces)
+            _print_plan(plan, job.host_fallbacks, job.interfaces, job.set_up, job.setup_skipped)
             return
         record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
                             local_cwd=os.getcwd(), ssh_config=ssh_config, unreachable_timeout=unreachable_timeout,

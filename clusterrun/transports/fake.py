@@ -110,6 +110,7 @@ class FakeHost:
     boot_id: str = "boot-1"
     start_error: str | None = None  # the next start fails with this
     setup_error: str | None = None  # every ``setup`` request fails with this (a broken ``setup:``)
+    after_setup: dict[str, Any] | None = None  # the job's interpreter after setup (wire.JobPython; None: as probed)
     setup_blocks: bool = False  # a ``setup`` waits while this is set, then fails at its setup_timeout as the agent's
     python: str = "3.11.7"
     protocol: int = PROTOCOL
@@ -237,11 +238,17 @@ class FakeCluster:
     def _setup(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
         if host.setup_error is not None:
             return {"ok": False, "error": host.setup_error}
+        if request.get("if_cwd") and "." in host.missing:
+            return {"ok": True, "skipped": f"{request.get('cwd')} does not exist yet"}
         limit = float(request.get("setup_timeout") or 600)
         if not self.changed.wait_for(lambda: not host.setup_blocks, timeout=limit):  # releases the lock meanwhile
             return {"ok": False, "error": f"setup did not finish within {limit:g} s (killed); nothing was started; "
                                           "its last lines:\n  | waiting for the data set"}
-        return {"ok": True}
+        if not request.get("python"):
+            return {"ok": True}
+        return {"ok": True, "python": host.after_setup or {
+            "executable": request["python"], "python": host.python, "torch": host.torch,
+            "torch_cuda": host.torch_cuda, "torchrun_flags": []}}
 
     @staticmethod
     def _route(host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:

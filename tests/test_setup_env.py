@@ -1,0 +1,77 @@
+"""Issue 25: the checks see the environment the hosts' `setup:` makes, as the job will.
+
+Local hosts, real torchrun. The job's interpreter is `python3` (a name found on a PATH): a bare
+virtual environment (no torch) and a directory whose `python3` is this interpreter (torch) are
+put first on the controller's PATH or on the PATH setup leaves. `up`, `up --dry-run` and
+`doctor` agree, both ways round.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, write_hosts
+
+pytestmark = pytest.mark.integration
+
+
+def _clusterrun(path: str, *args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": path}
+    return subprocess.run([sys.executable, "-m", "clusterrun", *map(str, args)], capture_output=True, text=True,
+                          timeout=180, cwd=ROOT, env=env)
+
+
+@pytest.fixture
+def pythons(tmp_path: Path) -> tuple[Path, Path]:
+    """Two bin directories, each with a `python3`: a bare venv's (no torch) and this one's (torch)."""
+    bare = tmp_path / "bare"
+    venv.EnvBuilder(with_pip=False, system_site_packages=False, symlinks=True).create(bare)
+    with_torch = tmp_path / "with-torch"
+    with_torch.mkdir()
+    (with_torch / "python3").symlink_to(sys.executable)
+    assert subprocess.run([bare / "bin" / "python3", "-c", "import torch"], capture_output=True).returncode != 0
+    return bare / "bin", with_torch
+
+
+def test_setup_that_activates_torch_passes_up_dry_run_and_doctor(tmp_path: Path, state_dir: Path,
+                                                                  pythons: tuple[Path, Path]) -> None:
+    bare, with_torch = pythons
+    hosts = write_hosts(tmp_path, [1], state_dir, python="python3",
+                        extra=f"    setup: export PATH={with_torch}:$PATH\n")
+    path = f"{bare}:{os.environ['PATH']}"  # the plain python3 has no torch
+    doctor = _clusterrun(path, "doctor", hosts)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "✓ setup" in doctor.stdout and f"the job runs python3 ({with_torch}/python3, after setup)" in doctor.stdout
+    dry = _clusterrun(path, "up", "--dry-run", "--json", hosts, "examples/allreduce.py")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["nodes"][0]["setup_ran"] == {
+        "ran": True, "python": f"python3 ({with_torch}/python3, after setup)", "why_not": None}
+    up = _clusterrun(path, "up", "--no-tui", hosts, "examples/allreduce.py")
+    assert up.returncode == 0, up.stderr
+    assert "allreduce sum=1 expected=1 OK" in up.stdout, up.stdout
+
+
+def test_setup_that_loses_torch_is_refused_by_up_dry_run_and_doctor(tmp_path: Path, state_dir: Path,
+                                                                    pythons: tuple[Path, Path]) -> None:
+    bare, with_torch = pythons
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, python="python3",
+                        extra=f"    setup: export PATH={bare}:$PATH\n")  # node 1 (local-b) only
+    path = f"{with_torch}:{os.environ['PATH']}"  # the plain python3 has torch
+    refusal = f"local-b: node 1: torch is not installed for python3 ({bare}/python3, after setup)"
+    doctor = _clusterrun(path, "doctor", hosts)
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    assert f"torch is not installed for python3 ({bare}/python3, after setup)" in doctor.stdout
+    assert "1 problem(s) (✗) on local-b" in doctor.stdout
+    assert "have setup: activate an environment that has it" in doctor.stdout
+    for argv in (["up", "--dry-run"], ["up", "--no-tui"]):
+        proc = _clusterrun(path, *argv, hosts, "examples/allreduce.py")
+        assert proc.returncode == 3, proc.stderr
+        assert refusal in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (state_dir / "jobs").exists()  # nothing started anywhere
