@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from tests.simhosts import sim_cluster  # noqa: F401 - the simulated machines, for every test module
 from tests.slurmsim import slurm_cluster, slurm_gpu_cluster  # noqa: F401 - a real Slurm on them (test_slurm_cluster)
@@ -207,3 +208,11 @@ def monitors(home: Path) -> list[int]:
         if alive(pid, started):
             found.append(pid)
     return found
+
+
+def cli_runner() -> CliRunner:
+    """A click test runner whose result keeps stdout and stderr apart: click < 8.2 (the floor, 8.0)
+    mixes them unless told (``mix_stderr``, a parameter 8.2 removed)."""
+    if "mix_stderr" in CliRunner.__init__.__code__.co_varnames:
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
+    return CliRunner()

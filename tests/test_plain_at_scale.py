@@ -17,7 +17,6 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import clusterrun.cli.up as up_cli
 from clusterrun import checks, lifecycle
@@ -35,7 +34,7 @@ from clusterrun.runner import Runner
 from clusterrun.sync import SyncProgress, SyncReport
 from clusterrun.syncview import SyncView
 from clusterrun.transports.fake import FakeCluster
-from tests.conftest import SUPPORT
+from tests.conftest import SUPPORT, cli_runner
 from tests.simhosts import SimCluster, namespace_problem, unavailable
 from tests.test_orchestrator import JOB
 
@@ -97,7 +96,7 @@ def up_failing_node(fake: FakeCluster, tmp_path: Path, monkeypatch: pytest.Monke
 
     thread = threading.Thread(target=script, daemon=True)
     thread.start()
-    result = CliRunner().invoke(main, ["up", "--no-tui", "hosts.yaml", "train.py"])
+    result = cli_runner().invoke(main, ["up", "--no-tui", "hosts.yaml", "train.py"])
     thread.join(timeout=60)
     assert started.is_set() and result.exit_code == 1, (result.output, result.exception)
     return result.stdout.splitlines(), result.stderr.splitlines()
@@ -165,7 +164,7 @@ def up_refused(fake: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("print('hi')\n")
     (tmp_path / "hosts.yaml").write_text(hosts_yaml(N) + "defaults:\n  setup: ['pip install -r req.txt']\n")
-    result = CliRunner().invoke(main, ["up", "--no-tui", "hosts.yaml", "train.py"])
+    result = cli_runner().invoke(main, ["up", "--no-tui", "hosts.yaml", "train.py"])
     assert result.exit_code == 3, (result.output, result.exception)
     return result.stderr.splitlines()
 

@@ -35,7 +35,9 @@ def pythons(tmp_path: Path) -> tuple[Path, Path]:
     venv.EnvBuilder(with_pip=False, system_site_packages=False, symlinks=True).create(bare)
     with_torch = tmp_path / "with-torch"
     with_torch.mkdir()
-    (with_torch / "python3").symlink_to(sys.executable)
+    # a script, not a symlink: a symlinked venv interpreter does not find its pyvenv.cfg (CI's venv)
+    (with_torch / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (with_torch / "python3").chmod(0o755)
     assert subprocess.run([bare / "bin" / "python3", "-c", "import torch"], capture_output=True).returncode != 0
     return bare / "bin", with_torch
 
@@ -46,13 +48,15 @@ def test_setup_that_activates_torch_passes_up_dry_run_and_doctor(tmp_path: Path,
     hosts = write_hosts(tmp_path, [1], state_dir, python="python3",
                         extra=f"    setup: export PATH={with_torch}:$PATH\n")
     path = f"{bare}:{os.environ['PATH']}"  # the plain python3 has no torch
+    runs = subprocess.run([with_torch / "python3", "-c", "import sys; print(sys.executable)"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # the interpreter as it names itself
     doctor = _clusterrun(path, "doctor", hosts)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-    assert "✓ setup" in doctor.stdout and f"the job runs python3 ({with_torch}/python3, after setup)" in doctor.stdout
+    assert "✓ setup" in doctor.stdout and f"the job runs python3 ({runs}, after setup)" in doctor.stdout
     dry = _clusterrun(path, "up", "--dry-run", "--json", hosts, "examples/allreduce.py")
     assert dry.returncode == 0, dry.stderr
     assert json.loads(dry.stdout)["nodes"][0]["setup_ran"] == {
-        "ran": True, "python": f"python3 ({with_torch}/python3, after setup)", "why_not": None}
+        "ran": True, "python": f"python3 ({runs}, after setup)", "why_not": None}
     up = _clusterrun(path, "up", "--no-tui", hosts, "examples/allreduce.py")
     assert up.returncode == 0, up.stderr
     assert "allreduce sum=1 expected=1 OK" in up.stdout, up.stdout
