@@ -118,7 +118,7 @@ def _inspect(h: _Host, script: str | None, spec: ClusterSpec, local_cwd: str | N
                             setup=h.setup_of is not None)
 
 
-def _setup(h: _Host, spec: ClusterSpec, local_cwd: str | None) -> bool:
+def _setup(h: _Host, spec: ClusterSpec, local_cwd: str | None, synced: bool = False) -> bool:
     """The host's ``setup`` run as ``up`` runs it, so that the python checks see the environment it
     makes (under a job id of the doctor's: nothing starts, the agent forgets it when it ends);
     its row. False when the job cannot run there (the row says why)."""
@@ -135,7 +135,9 @@ def _setup(h: _Host, spec: ClusterSpec, local_cwd: str | None) -> bool:
         return False
     if answer.skipped or answer.python is None:
         h.checks.append(Check("setup", Verdict.WARN, f"not run: {answer.skipped or 'no answer'}; the checks "
-                              f"below are of {python} without it", "create the workdir (or let `up`'s sync make it)"))
+                              f"below are of {python} without it",
+                              "`up` syncs first, then runs setup and checks after it" if synced
+                              else "create the workdir (or let `up`'s sync make it)"))
         return True
     h.python, h.probe, refused = after_setup(python, h.probe, answer.python)
     if refused is not None and answer.python.error:
@@ -243,6 +245,7 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
     """Every check on every host of ``spec``, in parallel; nothing is started."""
     hosts = [_Host(rank, factory(h)) for rank, h in enumerate(spec.hosts)]
     pool = ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts))), thread_name_prefix="clusterrun-doctor")
+    synced = {rank for rank, h in enumerate(spec.hosts) if h.sync is not None}  # up's sync makes the workdir first
 
     def examine(h: _Host) -> None:
         error: ClusterrunError | None = None
@@ -261,9 +264,9 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
         except ClusterrunError as exc:
             error = exc
         h.checks.append(python_check(h.transport.python, h.probe, error))
-        if h.probe is None or h.transport.host.setup and not _setup(h, spec, local_cwd):
+        if h.probe is None or h.transport.host.setup and not _setup(h, spec, local_cwd, h.rank in synced):
             return
-        _inspect(h, script, spec, local_cwd, deep=True, full=True, imports=True)
+        _inspect(h, script, spec, local_cwd, deep=True, full=True, imports=True, synced=h.rank in synced)
 
     try:
         list(pool.map(examine, hosts))

@@ -142,6 +142,13 @@ def test_a_missing_workdir_is_a_problem_and_the_script_is_not_looked_for(fake: F
     assert "script" not in verdicts(report, "h0")
 
 
+def test_a_workdir_the_sync_makes_is_no_problem_as_up_would_make_it(fake: FakeCluster) -> None:
+    fake.host("h0").missing.add(".")  # not there yet: up's sync makes it before the checks (issue 25)
+    report = doctor.run_doctor(spec_of(2, host_extra="\n    sync: ."), "train.py", fake.transport)
+    assert not report.failed, report.render()
+    assert "the sync makes or updates it" in rows(report, "h0")["workdir"].detail
+
+
 def test_an_odd_torch_is_a_warning_that_names_the_odd_host(fake: FakeCluster) -> None:
     fake.host("h2").torch = "2.12.0"
     report = doctor.run_doctor(spec_of(3), None, fake.transport)
