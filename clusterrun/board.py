@@ -132,6 +132,7 @@ class Board:
         self.stops: dict[int, StopReport] = {}
         self.notes: deque[str] = deque(maxlen=200)
         self.restarting: AttemptRestarting | None = None  # the owner restarts the job: the countdown's latest
+        self.restart_next = False  # the attempt ended and its owner restarts the job (its countdown follows)
         self.changed: set[int] = set()  # rows whose state changed: redraw them now
         self.gpus_shown = False  # some node's host has nvidia-smi: the table has a GPU column
         self.rank_view: tuple[int, str, Ring] | None = None  # (node, "[rankN]:", its lines): the node view's filter
@@ -235,7 +236,7 @@ class Board:
             self.restarting = event
             self.note(event.describe())  # the countdown: one note per AttemptRestarting the owner emits
         elif isinstance(event, JobFinished):
-            self.result = event.result
+            self.result, self.restart_next = event.result, event.restarting
             if self.ended is None:  # else the record said when the attempt ended
                 self.ended = event.ts
         if rank is not None:
@@ -246,7 +247,7 @@ class Board:
         if self.attempt and event.attempt > self.attempt:  # replaces "restarting: ..." and the stop's notes
             self.note(f"attempt {event.attempt} started")
         self.job_id, self.name, self.attempt = event.job_id, event.name, event.attempt
-        self.restarting = None
+        self.restarting, self.restart_next = None, False
         self.master, self.world_size = f"{event.master_addr}:{event.master_port}", event.world_size
         self.result, self.ended, self.first_failure = None, None, None
         self.stops = {}
@@ -278,7 +279,7 @@ class Board:
         """The job's state: starting, running, stopping, succeeded, failed, stopped, lost,
         restarting (the owner restarts it: ``restarting``), or unreachable (a stop that could not
         reach a host: the job may still run there)."""
-        if self.restarting is not None and self.restarting.failed == self.attempt:
+        if self.restart_next or self.restarting is not None and self.restarting.failed == self.attempt:
             return "restarting"
         if self.result is not None:
             ended = JobState.of_nodes(n.state for n in self.result.nodes)

@@ -19,7 +19,7 @@ from clusterrun.attempt import Cancelled, attempt_event, new_record, restart, st
 from clusterrun.board import Board
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import ConfigError
-from clusterrun.events import AttemptRestarting, AttemptStarted, Event, JobNote, JobResult, JobState
+from clusterrun.events import AttemptRestarting, AttemptStarted, Event, JobFinished, JobNote, JobResult, JobState
 from clusterrun.jobs import OWNER_FD_VAR, JobStore
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.printer import Printer
@@ -348,8 +348,8 @@ def test_the_dashboard_shows_the_countdown_then_the_new_attempt(fake: FakeCluste
 
     def show(event: Event) -> None:
         board.apply(event)
-        if isinstance(event, (AttemptRestarting, AttemptStarted)):
-            states.append(board.state)
+        if isinstance(event, (AttemptRestarting, AttemptStarted, JobFinished)):
+            states.append(board.state)  # at the failed attempt's end too: restarting, never failed
 
     board.apply(dataclasses.replace(attempt_event(runner.job.plan, 1), attempt=1))  # what `up` shows first
     runner.subscribe(show)
@@ -360,7 +360,8 @@ def test_the_dashboard_shows_the_countdown_then_the_new_attempt(fake: FakeCluste
         fake.wait_started(JOB, 1, 2).exit(0)
 
     assert run(runner, drive) is not None
-    assert states[0] == "restarting" and states[-1] == "starting" and board.attempt == 2
+    assert "failed" not in states[:-1] and states[0] == "restarting", states
+    assert states[-1] == "succeeded" and board.attempt == 2
     assert any("· restarting in " in note and "as attempt 2 (restart 1 of 1;" in note for note in board.notes)
     runner.close()
 
