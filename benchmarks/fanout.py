@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -112,6 +113,9 @@ def hosts_file(folder: Path, cluster: SimCluster) -> Path:
     return path
 
 
+FOLDED = re.compile(r"clusterrun: (\d+) nodes ")  # the printer's line for nodes alike (nodesets.alike_lines)
+
+
 def run_clusterrun(folder: Path, cluster: SimCluster, *options: str, tree: Path = ROOT) -> Run:
     """`up --no-tui` (of the source ``tree``) until it reports every node started; it then follows
     the job to its end."""
@@ -125,8 +129,10 @@ def run_clusterrun(folder: Path, cluster: SimCluster, *options: str, tree: Path 
         proc.append(spawn(argv, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env))
         started = 0
         for line in proc[0].stderr:  # type: ignore[union-attr]
-            started += ": started attempt " in line
-            if started == n:
+            if ": started attempt " in line:  # past 8 nodes one line says it of many: "32 nodes 0-31 (...): started"
+                many = FOLDED.match(line)
+                started += int(many.group(1)) if many else 1
+            if started >= n:
                 return
 
     run = measure(start, n)
