@@ -86,10 +86,16 @@ def load(alias: str, config: str | None, port: int | None, user: str | None,
 
 def store(path: str, values: dict[str, list[str]]) -> None:
     """Keep ``values`` at ``path`` (written whole, then renamed); a cache that cannot be written is skipped."""
+    folder = os.path.dirname(path)
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.dirname(folder)), exist_ok=True)  # ~/.cache
+        for own in (os.path.dirname(folder), folder):  # clusterrun/ and ssh-g/: the user's own, 0700
+            try:
+                os.mkdir(own, 0o700)
+            except FileExistsError:
+                pass
         tmp = f"{path}.{os.urandom(6).hex()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
             json.dump(values, f)
         os.replace(tmp, path)
     except OSError:

@@ -1,0 +1,25 @@
+"""``ssh -G``'s answers kept between runs: private to the user (folders 0700, answers 0600), found again."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from clusterrun.transports import sshgcache
+
+
+def test_an_answer_is_kept_private_and_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = tmp_path / "ssh_config"
+    config.write_text("Host gpu01\n  User trainer\n")
+    path, found = sshgcache.load("gpu01", str(config), None, None, "/usr/bin/ssh")
+    assert path is not None and found is None
+    sshgcache.store(path, {"user": ["trainer"]})
+    assert sshgcache.load("gpu01", str(config), None, None, "/usr/bin/ssh") == (path, {"user": ["trainer"]})
+    for folder in (tmp_path / "cache" / "clusterrun", tmp_path / "cache" / "clusterrun" / "ssh-g"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(Path(path).stat().st_mode) == 0o600
+    config.write_text("Host gpu01\n  User someone-else\n")  # the file changed: not the kept answer
+    assert sshgcache.load("gpu01", str(config), None, None, "/usr/bin/ssh")[1] is None
