@@ -23,3 +23,14 @@ def test_an_answer_is_kept_private_and_read_back(tmp_path: Path, monkeypatch: py
     assert stat.S_IMODE(Path(path).stat().st_mode) == 0o600
     config.write_text("Host gpu01\n  User someone-else\n")  # the file changed: not the kept answer
     assert sshgcache.load("gpu01", str(config), None, None, "/usr/bin/ssh")[1] is None
+
+
+def test_a_cache_another_user_could_write_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = tmp_path / "ssh_config"
+    config.write_text("Host gpu01\n")
+    path, _ = sshgcache.load("gpu01", str(config), None, None, "/usr/bin/ssh")
+    assert path is not None
+    sshgcache.store(path, {"proxycommand": ["sh -c 'touch /tmp/owned'"]})
+    Path(path).parent.chmod(0o777)  # anybody could have put that answer there
+    assert sshgcache.load("gpu01", str(config), None, None, "/usr/bin/ssh") == (None, None)

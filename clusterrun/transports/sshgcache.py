@@ -74,7 +74,7 @@ def load(alias: str, config: str | None, port: int | None, user: str | None,
          ssh: str) -> tuple[str | None, dict[str, list[str]] | None]:
     """Where the answer for these is kept (None: never kept), and the answer if it is there."""
     path = _path(alias, config, port, user, ssh)
-    if path is None:
+    if path is None or not _own(os.path.dirname(path)):
         return None, None
     try:
         with open(path, encoding="utf-8") as f:
@@ -82,6 +82,21 @@ def load(alias: str, config: str | None, port: int | None, user: str | None,
     except (OSError, ValueError):
         return path, None
     return path, values if isinstance(values, dict) else None
+
+
+def _own(folder: str) -> bool:
+    """Whether ``folder`` (and its parent) is the user's and nobody else can write it: a kept answer may
+    name a ``ProxyCommand`` that runs. True where it does not exist yet (``store`` makes it so)."""
+    for each in (folder, os.path.dirname(folder)):
+        try:
+            st = os.stat(each)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return False
+    return True
 
 
 def store(path: str, values: dict[str, list[str]]) -> None:
