@@ -133,3 +133,19 @@ def test_a_job_directory_being_made_is_no_job_yet_and_a_removed_job_is_gone(tmp_
     assert store.owned(GOOD) is False  # took and let go of its lock: owner.lock exists now
     store.remove(GOOD)
     assert store.scan() == ([], []) and not store.dir(GOOD).exists()
+
+
+def test_a_preparing_note_whose_up_is_gone_is_not_listed_and_removed(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    from clusterrun import preparing
+
+    mine = preparing.Preparing("a-1", "a", ["h0"])
+    mine.say("node 0 (h0): setup runs for 45 s")
+    gone = preparing.Preparing("b-1", "b", ["h0"])
+    gone.data["owner"] = "999999999 1"  # no such process
+    gone.say("anything")
+    assert [(e.job_id, e.said) for e in preparing.live()] == [("a-1", "node 0 (h0): setup runs for 45 s")]
+    assert not gone.path.exists() and oct(mine.path.stat().st_mode & 0o777) == "0o600"
+    mine.close()
+    assert preparing.live() == []

@@ -140,3 +140,36 @@ def test_a_setup_that_blocks_is_shown_then_fails_the_start_naming_its_node(tmp_p
     assert "  | fetching the data set" in done.stderr
     assert "started attempt" not in done.stderr
     assert subprocess.run(["pgrep", "-f", "sleep 1017"], capture_output=True).returncode == 1  # killed on its host
+
+
+def _ps(*args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "clusterrun", "ps", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60).stdout
+
+
+def test_ps_lists_a_job_whose_first_setup_runs_and_forgets_it_once_its_up_ends(tmp_path: Path,
+                                                                              state_dir: Path) -> None:
+    """Before its record exists (the first attempt's setup, in up's checks) the job is in `ps`:
+    preparing, with what up said last of the setups; gone from there once up has ended."""
+    hosts = write_hosts(tmp_path, [1], state_dir, extra=(
+        "  - host: local-b\n    nproc: 1\n    setup: sleep 1018\n"))
+    up = subprocess.Popen(up_argv("--setup-timeout", "14s", "--name", "slowsetup", hosts, SUPPORT / "counter.py",
+                                  "3", "0"), stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert up.stderr is not None
+        for line in up.stderr:
+            if "setup runs for" in line:
+                break
+        listed = _ps()
+        assert "preparing" in listed and "slowsetup" in listed, listed
+        assert "nothing started yet (its up checks the hosts): node 1 (local-b): setup runs for 1" in listed, listed
+        one = _ps("slowsetup")
+        assert one.startswith("job slowsetup-") and "preparing for" in one and "setup runs for" in one, one
+        assert up.wait(timeout=120) == 3  # setup_timeout: nothing started
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        if up.stderr is not None:
+            up.stderr.close()
+    assert "preparing" not in _ps()

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import click
 
-from clusterrun import notify
+from clusterrun import notify, preparing
 from clusterrun.attempt import record_reachability
 from clusterrun.cli import (
     EXIT_FAILED,
@@ -102,6 +102,10 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
     shows as lost, never as running. JOB's nodes are shown with their hosts' GPUs (where
     nvidia-smi is); past 16 nodes, consecutive nodes alike share a row."""
     if job is not None:
+        checking = [e for e in preparing.live() if job in (e.job_id, e.name)] if not as_json else []
+        if checking:  # its `up` still checks the hosts: no record yet, nothing started
+            click.echo(_preparing_text(checking[-1], time.time()))
+            return
         store, record = _open_job(job, hosts_file)
         record = _refresh(store, record)
         gpus: dict[int, NodeGpus] = {}
@@ -168,12 +172,21 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         rows.append((d.job_id, "?", "?", "damaged", "?", "?"))
     if not states or "running" in states:  # up --from-slurm's steps that have no record here
         rows += slurm_rows({r.job_id for r in good})
+    checking = preparing.live() if not states or "preparing" in states else []
+    rows += [(e.job_id, e.name, _hosts_cell(list(e.hosts)), "preparing", "-", _age(now - e.since)) for e in checking]
     _table(rows)
+    for entry in checking:
+        click.echo(_preparing_text(entry, now))
     for d in damaged:
         _note(f"error: {d.render()}")
     if hidden:
         _note(f"{hidden} job(s) that ended more than a day ago not shown: `clusterrun ps -a` lists them, "
               "`clusterrun prune` removes every ended job's record")
+
+
+def _preparing_text(entry: preparing.Entry, now: float) -> str:
+    return (f"job {entry.job_id} ({entry.name}): preparing for {_age(now - entry.since)}, nothing started yet "
+            f"(its up checks the hosts): {safe(entry.said, colour=False)}")
 
 
 def _table(rows: Sequence[Sequence[str]]) -> None:

@@ -50,6 +50,7 @@ from clusterrun.jobs import JobStore
 from clusterrun.nodesets import FOLD_PAST, alike_lines
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides
+from clusterrun.preparing import Preparing
 from clusterrun.printer import Printer
 from clusterrun.runner import Runner
 from clusterrun.selection import load_hosts
@@ -278,8 +279,9 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
               local_cwd=os.getcwd(), grace=grace, reconnect=Reconnect(give_up_after=unreachable_timeout),
               transport_factory=partial(transport_for, ssh_config=ssh_config,
                                         accept_new_host_keys=accept_new_host_keys))
+    prep = None if dry_run else Preparing(job_id, jname, [h.host for h in spec.hosts])  # `ps` lists it meanwhile
     try:
-        plan, syncs = _checked(job, spec, script, sync_dir, full=not no_preflight, dry_run=dry_run)
+        plan, syncs = _checked(job, spec, script, sync_dir, full=not no_preflight, dry_run=dry_run, prep=prep)
         if dry_run and as_json:
             click.echo(json.dumps(plan_json(plan, job.host_fallbacks, job.interfaces, syncs, job.set_up,
                                              job.setup_skipped), indent=1))
@@ -300,6 +302,9 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
             _fail(exc, EXIT_USAGE)
         except ClusterrunError as exc:
             _fail(exc, EXIT_FAILED)
+        finally:
+            if prep is not None:  # the record tells of the job now, or nothing started
+                prep.close()
         if tui:
             code = _dashboard(Session(store, record, runner=runner), ui_lines)
             show_timings()
@@ -337,6 +342,8 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
                     sys.stderr.flush()
                 os._exit(EXIT_SIGNAL.get(got.get("signal", 0), 1))  # its followers may still wait on the hosts
     finally:
+        if prep is not None:
+            prep.close()
         printer.flush()  # status lines still held when up ends another way (an error): never lost
         job.close()
     sys.exit(_exit_code(result, got))
@@ -374,13 +381,15 @@ def _without_sync(spec: ClusterSpec) -> ClusterSpec:
     return dataclasses.replace(spec, hosts=tuple(dataclasses.replace(h, sync=None) for h in spec.hosts))
 
 
-def _show_note(event: Event) -> None:
-    if isinstance(event, JobNote):  # the setups still running
+def _show_note(prep: Preparing | None, event: Event) -> None:
+    if isinstance(event, JobNote):  # the setups still running: here and in `ps`
         _note(event.text)
+        if prep is not None:
+            prep.say(event.text)
 
 
 def _checked(job: Job, spec: ClusterSpec, script: str, sync_dir: str | None, *, full: bool,
-             dry_run: bool) -> tuple[LaunchPlan, Mapping[int, SyncReport]]:
+             dry_run: bool, prep: Preparing | None = None) -> tuple[LaunchPlan, Mapping[int, SyncReport]]:
     """``checks.check_new``, shown: the probe, the sync (its progress and report), the hosts'
     setup, the preflight (see doctor.py); a problem on any host starts nothing anywhere: exit 3
     (2 for a bad ``--sync``), with one line and a fix for each; warnings are printed."""
@@ -388,7 +397,7 @@ def _checked(job: Job, spec: ClusterSpec, script: str, sync_dir: str | None, *, 
     try:
         with view:
             plan, reports, warnings = check_new(job, spec, script, os.getcwd(), full=full, dry_run=dry_run,
-                                                sync_dir=sync_dir, progress=view, emit=_show_note)
+                                                sync_dir=sync_dir, progress=view, emit=partial(_show_note, prep))
     except HostsUnavailable as exc:
         _fail(exc, EXIT_HOSTS)
     except ConfigError as exc:
