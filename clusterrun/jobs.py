@@ -213,7 +213,7 @@ class JobStore:
 
     def _write(self, record: JobRecord) -> None:
         # No indent: json's C encoder handles only compact output, and it is many times faster.
-        _write_atomic(self.dir(record.job_id) / "job.json", json.dumps(record.to_json(), sort_keys=True).encode())
+        write_atomic(self.dir(record.job_id) / "job.json", json.dumps(record.to_json(), sort_keys=True).encode())
 
     @contextmanager
     def _locked(self, job_id: str, name: str) -> Iterator[None]:
@@ -332,7 +332,7 @@ class JobStore:
 
     def note_monitor(self, job_id: str) -> None:
         """Record the calling process as the job's monitor (``monitor.pid``: pid and start time)."""
-        _write_atomic(self.dir(job_id) / "monitor.pid", f"{process_id()}\n".encode())
+        write_atomic(self.dir(job_id) / "monitor.pid", f"{process_id()}\n".encode())
 
     def spawn_monitor(self, job_id: str, owner_fd: int | None = None) -> bool:
         """Start the job's monitor in the background; it takes over ``owner_fd`` (a held owner lock)
@@ -452,7 +452,7 @@ def parse_record(job_id: str, path: Path, data: bytes) -> JobRecord:
         raise damaged(f"not a job record: {exc}") from None
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     """Write a temporary file (0600, a random name: a home shared between machines sees their pids
     collide), fsync, rename over ``path``."""
     with _state(path, "write"):

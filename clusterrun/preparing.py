@@ -11,12 +11,12 @@ removed by the next ``live()``.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterrun.jobs import process_alive, process_id, state_home
+from clusterrun.errors import StateError
+from clusterrun.jobs import process_alive, process_id, state_home, write_atomic
 
 
 def folder() -> Path:
@@ -55,11 +55,8 @@ class Preparing:
     def _write(self) -> None:
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
-                json.dump(self.data, f)
-            os.replace(tmp, self.path)
-        except OSError:
+            write_atomic(self.path, json.dumps(self.data).encode())
+        except (OSError, StateError):
             pass
 
 
