@@ -9,7 +9,7 @@ import select
 import sys
 import time
 
-from .cgroup import cg_kill, cg_remove, cg_wait_empty, cg_write
+from .cgroup import cg_kill, cg_pids, cg_remove, cg_wait_empty, cg_write
 from .hangwatch import HangWatch, hang_report, joined_store, master_port
 from .kmsg import KernelLog
 from .procs import (
@@ -17,7 +17,6 @@ from .procs import (
     PidHandle,
     _is_alive,
     all_procs,
-    cgroup_procs,
     descendants,
     pin,
     proc_env,
@@ -369,7 +368,8 @@ class Monitor:
 
     def _scan(self, torchrun_pid: int) -> bool:
         # the attempt's cgroup holds the survivor, torchrun and everything they started
-        procs = (cgroup_procs(self.cgroup) if self.cgroup else None) or all_procs()
+        procs = ({pid: info for pid in cg_pids(self.cgroup) if (info := proc_info(pid)) is not None}
+                 if self.cgroup else None) or all_procs()
         changed = False
         known = {w["pid"] for w in self.state["workers"]}
         for pid, info in procs.items():
