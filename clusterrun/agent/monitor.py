@@ -35,8 +35,11 @@ if TYPE_CHECKING:
 # How often at most the supervisor reads new bytes of torchrun's per-rank files to merge them into
 # the node's log (``follow.POLL_INTERVAL`` is its counterpart; docs/benchmarks.md); without inotify
 # also its polling interval. It looks for new worker processes every SCAN_INTERVAL seconds for
-# BUSY seconds after torchrun started or made new per-rank files (it is starting workers), else
-# every IDLE_SCAN_INTERVAL seconds.
+# BUSY seconds after torchrun made new per-rank files (it makes a rank's files just before its
+# worker: inotify wakes the monitor), else every IDLE_SCAN_INTERVAL seconds; while torchrun starts
+# (importing torch, in the rendezvous: seconds, no worker yet) the interval doubles from
+# SCAN_INTERVAL up to IDLE_SCAN_INTERVAL (a scan costs 0.3 ms: 4 a second on every node while the
+# others start, docs/benchmarks.md).
 MERGE_INTERVAL = 0.02
 SCAN_INTERVAL = 0.25
 IDLE_SCAN_INTERVAL = 2.0
@@ -292,12 +295,13 @@ class Monitor:
         waker = self.waker
         kernel = self.kernel
         last_scan = last_merge = 0.0
-        busy_until = time.monotonic() + BUSY  # torchrun is about to start its workers
+        busy_until = 0.0  # until torchrun makes per-rank files
+        quiet = SCAN_INTERVAL  # between scans when not busy: doubles up to IDLE_SCAN_INTERVAL
         forwarded = unsaved = False
         while True:
             now = time.monotonic()
             polling = (not waker.reliable or torchrun.fd < 0 or any(h.fd < 0 for h in self.workers.values()))
-            scan_every = SCAN_INTERVAL if polling or now < busy_until else IDLE_SCAN_INTERVAL
+            scan_every = SCAN_INTERVAL if polling or now < busy_until else quiet
             timeout = MERGE_INTERVAL if polling else min(last_scan + scan_every - now, IDLE_CHECK)
             fds = [h.fd for h in self.workers.values() if h.fd >= 0] + [self.wakeup]
             ready = waker.wait(timeout, fds + ([torchrun.fd] if torchrun.fd >= 0 else []))
@@ -318,7 +322,7 @@ class Monitor:
                 torchrun.signal(signal.SIGTERM)
             now = time.monotonic()
             if not ended and now - last_scan >= scan_every:
-                last_scan = now
+                last_scan, quiet = now, min(quiet * 2, IDLE_SCAN_INTERVAL)
                 changed |= self._scan(torchrun.pid) | self._hang_watch() | self._rendezvous(torchrun.pid)
                 if kernel is not None:
                     kernel.keep = {torchrun.pid, *(w["pid"] for w in self.state["workers"])}
