@@ -1,10 +1,11 @@
 """Host CPU per step of `up`'s start, on one simulated host: what each exchange costs the host.
 
 The host's sshd (and everything it starts) is in a cpuacct cgroup; the benchmark drives the SSH
-transport as `up` does (connect, one agent session: probe, route, inspect, reach, then close) and
-reads the cgroup between the steps. Beside it, in the same run: `ssh HOST true` and
-`ssh HOST python -S -c pass` (OpenSSH's client), whole. The first repeat installs the agent's
-zip on the host (its first contact) and is left out of the medians. Needs root.
+transport as `up` does (connect, one agent session: probe, route, inspect, reach, listen and
+unlisten, a `start` of `sleep 1` and its first 0.5 s, then close) and reads the cgroup between the
+steps. Beside it, in the same run: `ssh HOST true` and `ssh HOST python -S -c pass` (OpenSSH's
+client), whole. The first repeat installs the agent's zip on the host (its first contact) and is
+left out of the medians. Needs root.
 
     python benchmarks/startsteps.py [--repeat 8]
 """
@@ -23,8 +24,11 @@ sys.path.insert(0, str(ROOT))
 
 from clusterrun.agent.wire import (  # noqa: E402
     InspectRequest,
+    ListenRequest,
     ProbeRequest,  # noqa: E402
     ReachRequest,
+    StartRequest,
+    UnlistenRequest,
 )
 from clusterrun.config import HostSpec  # noqa: E402
 from clusterrun.interfaces import route_request  # noqa: E402
@@ -49,7 +53,7 @@ def main() -> None:
         host = cluster.hosts[0]
         (group / "cgroup.procs").write_text(str(host.pid))
         state = str(cluster.dir / "state")
-        for _ in range(args.repeat):
+        for i in range(args.repeat):
             transport = transport_for(HostSpec(host=host.name, python=sys.executable, workdir=str(ROOT)),
                                       ssh_config=str(cluster.ssh_config))
             marks = [("", used())]
@@ -64,9 +68,17 @@ def main() -> None:
             marks.append(("inspect", used()))
             session.call(ReachRequest(addr=host.address, port=port, token="t", timeout=5))
             marks.append(("reach (nobody listens: refused)", used()))
+            session.call(ListenRequest(port=port, token="t"))
+            session.call(UnlistenRequest(port=port))
+            marks.append(("listen and unlisten (node 0)", used()))
+            session.call(StartRequest(job=f"steps-{os.getpid()}-{i}", node=0, attempt=1, state_dir=state,
+                                      argv=["sleep", "1"]))
+            marks.append(("start, until its answer (agent, survivor, monitor, sleep)", used()))
+            subprocess.run(["sleep", "0.5"], check=True)
+            marks.append(("the job's first 0.5 s (survivor, monitor)", used()))
             session.close()
             transport.close()
-            subprocess.run(["sleep", "0.3"], check=True)  # the session's processes have exited
+            subprocess.run(["sleep", "0.8"], check=True)  # the session's processes and the job have exited
             marks.append(("closing", used()))
             for (_, before), (name, after) in zip(marks, marks[1:], strict=False):
                 steps.setdefault(name, []).append(after - before)

@@ -34,3 +34,21 @@ def test_a_cache_another_user_could_write_is_not_read(tmp_path: Path, monkeypatc
     sshgcache.store(path, {"proxycommand": ["sh -c 'touch /tmp/owned'"]})
     Path(path).parent.chmod(0o777)  # anybody could have put that answer there
     assert sshgcache.load("gpu01", str(config), None, None, "/usr/bin/ssh") == (None, None)
+
+
+def test_a_failed_write_leaves_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = tmp_path / "ssh_config"
+    config.write_text("Host gpu01\n")
+    path, _ = sshgcache.load("gpu01", str(config), None, None, "/usr/bin/ssh")
+    assert path is not None
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(sshgcache.json, "dump", full)
+    sshgcache.store(path, {"user": ["trainer"]})  # a cache: no error
+    assert os.listdir(Path(path).parent) == []

@@ -110,8 +110,15 @@ def store(path: str, values: dict[str, list[str]]) -> None:
             except FileExistsError:
                 pass
         tmp = f"{path}.{os.urandom(6).hex()}.tmp"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return
+    try:  # not jobs.write_atomic: a cache that cannot be written is no error, and no fsync is owed
+        with open(fd, "w", encoding="utf-8") as f:
             json.dump(values, f)
         os.replace(tmp, path)
     except OSError:
-        pass
+        try:
+            os.unlink(tmp)  # a full disk: no half-written temporary left behind
+        except OSError:
+            pass
