@@ -465,6 +465,23 @@ def test_escape_sequences_are_shown_escaped_and_the_node_file_stays_byte_exact(t
     assert exact.stdout.endswith(b"partial \x1b]0;t\x07")
 
 
+def test_a_name_another_up_is_preparing_is_refused(tmp_path: Path, state_dir: Path) -> None:
+    """Another `up` still checking its hosts has no record yet, only its note (preparing.py)."""
+    from clusterrun.preparing import Preparing
+
+    other = Preparing("dup-20261126-000000-abcd", "dup", ["local-a"])  # this test's process: alive
+    other.say("node 0 (local-a): setup runs for 14 s")
+    try:
+        again = clusterrun("up", "-d", "--name", "dup", write_hosts(tmp_path, [1], state_dir),
+                           SUPPORT / "counter.py", "1", "0.01")
+    finally:
+        other.close()
+    assert again.returncode == 2, again.stderr
+    assert ("--name: job dup-20261126-000000-abcd, named 'dup', is being prepared by another `clusterrun up` "
+            "(it said: node 0 (local-a): setup runs for 14 s); nothing was started") in again.stderr
+    assert not (state_dir / "jobs").exists() or not any((state_dir / "jobs").iterdir())
+
+
 @pytest.mark.fake_torchrun
 def test_a_running_jobs_name_is_refused_and_a_reused_name_means_the_one_not_ended(tmp_path: Path,
                                                                                    state_dir: Path) -> None:

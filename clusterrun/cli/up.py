@@ -50,7 +50,7 @@ from clusterrun.jobs import JobStore
 from clusterrun.nodesets import FOLD_PAST, alike_lines
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides
-from clusterrun.preparing import Preparing
+from clusterrun.preparing import Preparing, live
 from clusterrun.printer import Printer
 from clusterrun.runner import Runner
 from clusterrun.selection import load_hosts
@@ -423,3 +423,10 @@ def _check_name_free(store: JobStore, name: str, given: bool) -> None:
             _fail(ConfigError(f"job {record.job_id}, {how} {name!r}, is {record.state}; nothing was started",
                               key="--name", hint=f"stop it first (`clusterrun down {record.job_id}`), or name this "
                               "job otherwise with --name NAME"), EXIT_USAGE)
+    for entry in live():  # another `up` still checking its hosts: no record yet, only its note
+        if entry.name == name:
+            how = "named" if given else "named after the script,"
+            _fail(ConfigError(f"job {entry.job_id}, {how} {name!r}, is being prepared by another `clusterrun up` "
+                              f"(it said: {entry.said}); nothing was started", key="--name",
+                              hint="wait for that start to end (`clusterrun ps`), or name this job otherwise with "
+                              "--name NAME"), EXIT_USAGE)
