@@ -312,6 +312,62 @@ def test_ctrl_c_while_connecting_exits_130_and_starts_nothing(tmp_path: Path, st
     assert not (state_dir / "jobs").exists() and not (controller_state / "clusterrun" / "jobs").exists()
 
 
+def _syn_sent_to(port: int) -> bool:
+    """A TCP connect to ``port`` on this machine waits for its SYN's answer (/proc/net/tcp state 02)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "02" and int(fields[2].split(":")[1], 16) == port:
+            return True
+    return False
+
+
+def test_ctrl_c_while_ssh_connects_exits_at_once(tmp_path: Path, state_dir: Path) -> None:
+    """Two hosts that never let the SSH connection finish, with ConnectTimeout 300: one accepts
+    the TCP connection and says nothing (paramiko waits for its banner), one drops the SYN (a full
+    accept queue: the TCP connect waits). Ctrl-C ends `up` with 130 at once, not at the timeout."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    fillers = []
+    try:
+        for _ in range(2):  # never accepted: the queue (backlog 0: one) is full, the next SYN dropped
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(full.getsockname())
+            fillers.append(filler)
+        config = tmp_path / "ssh_config"
+        config.write_text("".join(f"Host {name}\n  HostName 127.0.0.1\n  Port {sock.getsockname()[1]}\n"
+                                  "  ConnectTimeout 300\n  UserKnownHostsFile /dev/null\n"
+                                  for name, sock in (("silent", silent), ("dropping", full))))
+        hosts = tmp_path / "hosts.yaml"
+        hosts.write_text(f"state_dir: {state_dir}\nssh_config: {config}\nhosts:\n  - host: silent\n"
+                         "  - host: dropping\n")
+        proc = subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", "3", "0.01"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            silent.settimeout(60)
+            peer, _ = silent.accept()  # up's TCP connection, waiting for the banner
+            wait_for(lambda: _syn_sent_to(full.getsockname()[1]), timeout=60, what="the dropped SYN")
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)  # far below ConnectTimeout (300 s): a hang fails here
+            peer.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 130, err
+        assert "interrupted while connecting to the hosts, copying files or checking them; nothing was started" in err
+        assert "Traceback" not in err
+    finally:
+        for sock in (silent, full, *fillers):
+            sock.close()
+
+
 def test_setup_runs_after_the_sync_and_sees_its_files(tmp_path: Path, state_dir: Path) -> None:
     """Issue 25: the hosts' `setup:` runs once the project is copied (it may install what was synced)."""
     project = tmp_path / "proj"

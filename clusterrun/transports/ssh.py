@@ -63,6 +63,7 @@ PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 MAX_SESSIONS = 8  # sshd's MaxSessions defaults to 10 per connection
 CONNECT_ATTEMPTS = 5  # sshd's MaxStartups drops connections under load: retry those
 MAX_JUMPS = 5
+CLOSE_WAIT = 1.0  # how long close() waits for a connect in progress to let go (see close())
 
 
 class SSHTransport(Transport):
@@ -76,6 +77,11 @@ class SSHTransport(Transport):
         self._lock = threading.Lock()
         self._sessions = threading.BoundedSemaphore(MAX_SESSIONS)
         self._resolved: ResolvedHost | None = None
+        # Clients whose connect is under way (the jump hosts' too), for close() to abort their wait
+        # for the banner, the key exchange or the authentication; _closing makes a connect that
+        # ends after close() close its own client (a TCP connect cannot be aborted from outside).
+        self._connecting: set[paramiko.SSHClient] = set()
+        self._closing = False
 
     @property
     def python(self) -> str:
@@ -122,8 +128,26 @@ class SSHTransport(Transport):
                       target.hostname if target.port == 22 else f"[{target.hostname}]:{target.port}")
         client.set_missing_host_key_policy(HostKeyPolicy(target, self.options.accept_new_host_keys, known))
         keys = [p for p in target.identity_files if os.path.exists(p)]
-        delay = 0.2
         began = time.monotonic()
+        self._connecting.add(client)
+        try:
+            self._connect(client, target, keys, sock)
+        finally:
+            self._connecting.discard(client)
+        if self._closing:  # close() came while this connected: nobody will use it
+            client.close()
+            raise ConnectError(self.name, "the connection was closed while it was being made")
+        transport = client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(5)
+            kex_done = getattr(transport, "kex_done", None) or began
+            timings.record(self.name, "connect", began, kex_done)
+            timings.record(self.name, "authenticate", kex_done)
+        return client
+
+    def _connect(self, client: paramiko.SSHClient, target: ResolvedHost, keys: list[str], sock: Any) -> None:
+        """``client.connect`` to ``target``, again after a while when sshd's MaxStartups dropped it."""
+        delay = 0.2
         for attempt in range(CONNECT_ATTEMPTS):
             try:
                 client.connect(
@@ -137,7 +161,7 @@ class SSHTransport(Transport):
                 break
             except Exception as exc:  # noqa: BLE001 - every failure is translated by map_error
                 client.close()
-                if attempt + 1 < CONNECT_ATTEMPTS and sock is None and is_throttled(exc):
+                if attempt + 1 < CONNECT_ATTEMPTS and sock is None and is_throttled(exc) and not self._closing:
                     time.sleep(delay)
                     delay *= 2
                     continue
@@ -146,16 +170,10 @@ class SSHTransport(Transport):
                     error.message = f"via jump host {target.alias}: {error.message}"
                     error.host = self.name
                 raise error from exc
-        transport = client.get_transport()
-        if transport is not None:
-            transport.set_keepalive(5)
-            kex_done = getattr(transport, "kex_done", None) or began
-            timings.record(self.name, "connect", began, kex_done)
-            timings.record(self.name, "authenticate", kex_done)
-        return client
 
     def connect(self) -> None:
         with self._lock:
+            self._closing = False  # a new use after a close()
             if self._client is not None:
                 transport = self._client.get_transport()
                 if transport is not None and transport.is_active():
@@ -352,8 +370,16 @@ class SSHTransport(Transport):
         return f": {text.splitlines()[-1]}" if text else ""
 
     def close(self) -> None:
-        with self._lock:
-            self._close_clients()
+        """Close the connection; one being made is aborted where paramiko waits for the server
+        (a TCP connect is not: that connect closes its client when it ends, within ConnectTimeout)."""
+        self._closing = True
+        for client in list(self._connecting):
+            client.close()  # its connect raises at once
+        if self._lock.acquire(timeout=CLOSE_WAIT):
+            try:
+                self._close_clients()
+            finally:
+                self._lock.release()
 
 
 class _Transport(paramiko.Transport):
