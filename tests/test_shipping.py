@@ -198,3 +198,18 @@ def test_the_first_request_goes_with_the_preamble_before_the_loader_answers(word
     session = AgentSession("h", sent.append, replies, lambda: None, bundle=bundle)
     assert session.call_with_data({"op": "sync_put"}, [b"bytes"]) == {"ok": True}
     assert sent == [bundle.preamble(), request_line({"op": "sync_put"}), b"bytes"]
+
+
+@pytest.mark.integration
+def test_modules_in_the_agents_working_directory_do_not_shadow_the_standard_library(
+        tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sshd starts the agent in the user's home: a ``zlib.py`` there (a name the loader imports)
+    must not be imported in place of the standard library's (a local agent starts where we are)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    for name in ("zlib", "select", "__future__", "_json", "_socket", "ctypes", "marshal", "importlib"):
+        (home / f"{name}.py").write_text(f"raise SystemExit('the home directory\\'s {name}.py was imported')\n")
+    monkeypatch.chdir(home)
+    sent_by_a_probe(tmp_path)  # first contact: the zip installed and compiled
+    sent_by_a_probe(tmp_path)  # from the compiled zip
+    versions(folder)

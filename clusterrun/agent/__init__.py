@@ -305,8 +305,10 @@ uninterruptible sleep). Nothing is ever matched by command line.
 PROTOCOL = 1  # protocol.PROTOCOL on the controller: bump both for any change the other side would misread
 
 # Constant: no job data in it; no single quotes, backslashes, "!" or "$", so that once quoted for
-# the remote shell (sh, bash, zsh, fish or tcsh) it reaches Python unchanged. It runs the loader.
+# the remote shell (sh, bash, zsh, fish or tcsh) it reaches Python unchanged. It runs the loader,
+# with the current directory (the user's home, where sshd starts it) out of sys.path: a zlib.py or
+# select.py of the user's there would be imported in place of the standard library's.
 BOOTSTRAP = (
-    "import sys;b=sys.stdin.buffer;n=int(b.readline());s=b.read(n);"
+    "import sys;sys.path=[p for p in sys.path if p];b=sys.stdin.buffer;n=int(b.readline());s=b.read(n);"
     'exec(compile(s,"clusterrun-loader","exec"),{"__name__":"__clusterrun_loader__"})'
 )
