@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from clusterrun import parallel
 from clusterrun.agent.wire import JobsRequest
 from clusterrun.config import ClusterSpec
 from clusterrun.errors import ClusterrunError
@@ -46,8 +46,8 @@ def ask_hosts(spec: ClusterSpec, ssh_config: str | None) -> dict[int, Answer]:
             transport.close()
 
     ranks = range(len(spec.hosts))
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(spec.hosts)))) as pool:
-        return dict(zip(ranks, pool.map(one, ranks), strict=True))
+    with parallel.threads(min(32, len(spec.hosts)), "clusterrun-discover") as pool:
+        return dict(zip(ranks, parallel.map_all(pool, one, ranks), strict=True))
 
 
 def _node_state(host: str, entry: Mapping[str, Any]) -> NodeState:

@@ -14,11 +14,10 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from clusterrun import slurmlogs
+from clusterrun import parallel, slurmlogs
 from clusterrun.agent.wire import NodeRequest, StackAnswer, node_request
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.errors import ClusterrunError
@@ -99,8 +98,8 @@ def per_node(record: JobRecord, call: Callable[[Transport, int], Any], ranks: Se
         finally:
             transports[rank].close()
 
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(ranks)))) as pool:
-        return dict(zip(ranks, pool.map(one, ranks), strict=True))
+    with parallel.threads(min(32, len(ranks)), "clusterrun-hosts") as pool:
+        return dict(zip(ranks, parallel.map_all(pool, one, ranks), strict=True))
 
 
 def request(record: JobRecord, rank: int, op: str, attempt: int | None = None, **extra: Any) -> NodeRequest:

@@ -9,8 +9,9 @@ that never answers the probe it never did. So the main thread waits in slices of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from concurrent.futures import Executor, Future, wait
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from clusterrun.errors import ClusterrunError, TransportError
@@ -18,7 +19,28 @@ from clusterrun.errors import ClusterrunError, TransportError
 SLICE = 0.2  # how long a signal that another thread took may wait for its handler, at most
 
 T = TypeVar("T")
+U = TypeVar("U")
 F = TypeVar("F", bound="Future[Any]")
+
+
+@contextmanager
+def threads(workers: int, name: str) -> Iterator[ThreadPoolExecutor]:
+    """A pool of ``workers`` threads (at least one) for the block. Left at once when the block
+    raises (Ctrl-C): its threads are not waited for, as ``with ThreadPoolExecutor()`` would (a host
+    that never answers would hold the command until its time-out)."""
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix=name)
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+def map_all(pool: Executor, call: Callable[[U], T], items: Iterable[U]) -> list[T]:
+    """``list(pool.map(call, items))``, waited for in slices; the first error in order is raised
+    once every call has ended."""
+    return [future.result() for future in settled([pool.submit(call, item) for item in items])]
 
 
 def settled(futures: Iterable[F]) -> list[F]:
@@ -53,4 +75,4 @@ def gather(pool: Executor, call: Callable[[int], T], ranks: Iterable[int],
     return results, errors
 
 
-__all__ = ["SLICE", "gather", "result", "settled"]
+__all__ = ["SLICE", "gather", "map_all", "result", "settled", "threads"]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -321,25 +323,28 @@ def _syn_sent_to(port: int) -> bool:
     return False
 
 
-def test_ctrl_c_while_ssh_connects_exits_at_once(tmp_path: Path, state_dir: Path) -> None:
-    """Two hosts that never let the SSH connection finish, with ConnectTimeout 300: one accepts
-    the TCP connection and says nothing (paramiko waits for its banner), one drops the SYN (a full
-    accept queue: the TCP connect waits). Ctrl-C ends `up` with 130 at once, not at the timeout."""
+@contextlib.contextmanager
+def stalled_hosts(tmp_path: Path, state_dir: Path) -> Iterator[tuple[Path, Callable[[], None]]]:
+    """A hosts file of two hosts that never let an SSH connection finish, with ConnectTimeout 300:
+    `silent` accepts the TCP connection and says nothing (paramiko waits for its banner),
+    `dropping` drops the SYN (a full accept queue: the TCP connect waits); and a function that
+    returns once a command is stuck on both."""
     import socket
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
+    silent.settimeout(60)
     full = socket.socket()
     full.bind(("127.0.0.1", 0))
     full.listen(0)
-    fillers = []
+    held = []
     try:
         for _ in range(2):  # never accepted: the queue (backlog 0: one) is full, the next SYN dropped
             filler = socket.socket()
             filler.setblocking(False)
             filler.connect_ex(full.getsockname())
-            fillers.append(filler)
+            held.append(filler)
         config = tmp_path / "ssh_config"
         config.write_text("".join(f"Host {name}\n  HostName 127.0.0.1\n  Port {sock.getsockname()[1]}\n"
                                   "  ConnectTimeout 300\n  UserKnownHostsFile /dev/null\n"
@@ -347,25 +352,57 @@ def test_ctrl_c_while_ssh_connects_exits_at_once(tmp_path: Path, state_dir: Path
         hosts = tmp_path / "hosts.yaml"
         hosts.write_text(f"state_dir: {state_dir}\nssh_config: {config}\nhosts:\n  - host: silent\n"
                          "  - host: dropping\n")
-        proc = subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", "3", "0.01"), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        try:
-            silent.settimeout(60)
-            peer, _ = silent.accept()  # up's TCP connection, waiting for the banner
+
+        def stuck() -> None:
+            held.append(silent.accept()[0])  # a TCP connection that waits for the banner
             wait_for(lambda: _syn_sent_to(full.getsockname()[1]), timeout=60, what="the dropped SYN")
-            proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=30)  # far below ConnectTimeout (300 s): a hang fails here
-            peer.close()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode == 130, err
-        assert "interrupted while connecting to the hosts, copying files or checking them; nothing was started" in err
-        assert "Traceback" not in err
+
+        yield hosts, stuck
     finally:
-        for sock in (silent, full, *fillers):
+        for sock in (silent, full, *held):
             sock.close()
+
+
+def _syn_sent_to(port: int) -> bool:
+    """A TCP connect to ``port`` on this machine waits for its SYN's answer (/proc/net/tcp state 02)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "02" and int(fields[2].split(":")[1], 16) == port:
+            return True
+    return False
+
+
+def interrupted(argv: list[str], stuck: Callable[[], None]) -> tuple[int, str]:
+    """Run ``argv``, Ctrl-C it once ``stuck()`` returned; its exit code and stderr. A command still
+    running 30 s later (far below ConnectTimeout, 300 s) fails the test."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        stuck()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
+def test_ctrl_c_while_ssh_connects_exits_at_once(tmp_path: Path, state_dir: Path) -> None:
+    """`up`'s connections to hosts that never let them finish: Ctrl-C ends it with 130 at once."""
+    with stalled_hosts(tmp_path, state_dir) as (hosts, stuck):
+        code, err = interrupted(up_argv(hosts, SUPPORT / "counter.py", "3", "0.01"), stuck)
+    assert code == 130, err
+    assert "interrupted while connecting to the hosts, copying files or checking them; nothing was started" in err
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_while_ps_asks_stalled_hosts_exits_at_once(tmp_path: Path, state_dir: Path) -> None:
+    """`ps --hosts` (it asks every host for its jobs) on hosts that never let the SSH connection
+    finish: Ctrl-C ends it with 130 at once, one line, no traceback."""
+    with stalled_hosts(tmp_path, state_dir) as (hosts, stuck):
+        code, err = interrupted([sys.executable, "-m", "clusterrun", "ps", "--hosts", str(hosts)], stuck)
+    assert code == 130, err
+    assert err == "clusterrun: interrupted\n"
 
 
 def test_setup_runs_after_the_sync_and_sees_its_files(tmp_path: Path, state_dir: Path) -> None:

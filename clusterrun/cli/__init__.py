@@ -109,7 +109,7 @@ class _Commands(click.Group):
             _fail(exc, EXIT_USAGE)
         except KeyboardInterrupt:  # one the command did not handle itself: click would say "Aborted!", exit 1
             _note("interrupted")
-            sys.exit(EXIT_SIGNAL[signal.SIGINT])
+            sys.exit(EXIT_SIGNAL[signal.SIGINT])  # the program leaves without its host threads (__main__)
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})

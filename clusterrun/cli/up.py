@@ -402,17 +402,9 @@ def _checked(job: Job, spec: ClusterSpec, script: str, sync_dir: str | None, *, 
         _fail(exc, EXIT_HOSTS)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
-    except KeyboardInterrupt:  # close every connection, start nothing
+    except KeyboardInterrupt:  # close every connection (the caller's finally), start nothing
         _note("interrupted while connecting to the hosts, copying files or checking them; nothing was started")
-        if prep is not None:
-            prep.close()
-        job.close()
-        # Now, not at the interpreter's exit, which would wait for every host thread: one in a TCP
-        # connect to a host that drops packets ends only at its ConnectTimeout.
-        with contextlib.suppress(OSError):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(EXIT_SIGNAL[signal.SIGINT])
+        sys.exit(EXIT_SIGNAL[signal.SIGINT])  # the program leaves without its host threads (__main__)
     view.report(reports)
     for warning in warnings:
         _note(f"warning: {warning}")
