@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from clusterrun import parallel, setups
-from clusterrun.agent.wire import NodeRequest, ProbeRequest, node_request
+from clusterrun.agent.wire import NodeRequest, node_request
 from clusterrun.config import ClusterSpec
 from clusterrun.diagnose import NodeLog
 from clusterrun.environment import secret_names
@@ -60,16 +60,9 @@ from clusterrun.events import (
     stopped_after_text,
 )
 from clusterrun.follower import Follower, Link, Node, Reconnect, node_results, node_state_of, root_cause_of, split_lines
-from clusterrun.hostchecks import MIN_PYTHON
-from clusterrun.interfaces import (
-    Interface,
-    choose_interfaces,
-    master_derived,
-    reached_address,
-    route_request,
-    settle_master,
-)
+from clusterrun.interfaces import Interface, choose_interfaces, master_derived, settle_master
 from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, build_plan
+from clusterrun.probing import checked_probe, probe_request, reached, route
 from clusterrun.protocol import (
     End,
     FollowMessage,
@@ -80,8 +73,6 @@ from clusterrun.protocol import (
     Probe,
     StateUpdate,
     decode_follow,
-    decode_network,
-    decode_probe,
     decode_status,
 )
 from clusterrun.setups import redacted
@@ -185,16 +176,9 @@ class Job:
         node = self._nodes[rank]
         node.transport.connect()
         node.agent = node.transport.session()
-        answer = decode_probe(node.host, node.agent.call(ProbeRequest(
-            state_dir=self.spec.state_dir, free_port=rank == 0 and self.spec.master_port is None)))
-        if answer.python_version < MIN_PYTHON:
-            raise AgentError(node.host, f"{node.transport.python} is Python {answer.python}; "
-                             "the agent needs 3.8 or newer", hint="set `python:` for this host")
-        if not answer.torch and not self.spec.hosts[rank].setup:  # else the interpreter after setup counts
-            raise AgentError(node.host, f"torch is not installed for {node.transport.python}",
-                             hint="install torch on that host, or set `python:` to an interpreter that has it")
-        node.probe = answer
-        return answer
+        node.probe = checked_probe(node.transport, node.agent.call(probe_request(
+            self.spec.state_dir, free_port=rank == 0 and self.spec.master_port is None)))
+        return node.probe
 
     def probed(self, rank: int) -> tuple[Transport, AgentSession | None, Probe | None]:
         """Node ``rank``'s transport, the agent that probed it (kept open to start the node) and
@@ -258,11 +242,8 @@ class Job:
         node = self._nodes[rank]
         if node.agent is None or node.probe is None:
             raise RuntimeError("_route() before _probe()")
-        reached = [reached_address(h, n.transport.address) for h, n in zip(self.spec.hosts, self._nodes, strict=True)]
-        answer = node.agent.call(route_request(rank, master, port, reached))
-        if answer.get("ok") is False:
-            raise AgentError(node.host, str(answer.get("error")))
-        network = decode_network(node.host, answer.get("network"), "route answer's network")
+        network = route(node.agent, node.host, rank, master, port,
+                        reached(self.spec.hosts, [n.transport for n in self._nodes]))
         node.probe = dataclasses.replace(node.probe, network=network)
         return network
 
