@@ -62,7 +62,7 @@ from clusterrun.events import (
 from clusterrun.follower import Follower, Link, Node, Reconnect, node_results, node_state_of, root_cause_of, split_lines
 from clusterrun.interfaces import Interface, choose_interfaces, master_derived, settle_master
 from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, build_plan
-from clusterrun.probing import checked_probe, probe_request, reached, route
+from clusterrun.probing import Ahead, Early, probe_all, reached, route
 from clusterrun.protocol import (
     End,
     FollowMessage,
@@ -145,6 +145,9 @@ class Job:
         self._failed_first: int | None = None  # the node whose failure made fail-fast stop the others
         self._stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._routed_to: str | None = None  # the master the probes were routed to
+        self.early: dict[int, Early] = {}  # by rank: what the probes answered of the preflight's requests
+        self._listening: int | None = None  # node 0's preflight listener on the master port, until its start
         self._pool = ThreadPoolExecutor(max_workers=min(32, max(4, len(self._nodes))),
                                         thread_name_prefix="clusterrun-host")
 
@@ -172,14 +175,6 @@ class Job:
             node.state = state
             self.emit(NodeStateChanged(rank, host=node.host, state=state, detail=detail))
 
-    def _probe(self, rank: int) -> Probe:
-        node = self._nodes[rank]
-        node.transport.connect()
-        node.agent = node.transport.session()
-        node.probe = checked_probe(node.transport, node.agent.call(probe_request(
-            self.spec.state_dir, free_port=rank == 0 and self.spec.master_port is None)))
-        return node.probe
-
     def probed(self, rank: int) -> tuple[Transport, AgentSession | None, Probe | None]:
         """Node ``rank``'s transport, the agent that probed it (kept open to start the node) and
         what it said: for ``up``'s preflight (doctor.py), between ``prepare()`` and ``start()``."""
@@ -198,17 +193,23 @@ class Job:
         return {rank: list(node.probe.fallbacks if node.probe is not None else ())
                 for rank, node in enumerate(self._nodes)}
 
-    def prepare(self, *, run_setup: bool = True) -> LaunchPlan:
+    def prepare(self, *, run_setup: bool = True, ahead: Ahead | None = None) -> LaunchPlan:
         """Connect to and probe every host in parallel, then build the plan, then run the hosts'
         ``setup`` commands where there are some (unless ``run_setup`` is false: the checks run
-        ``setups.run`` after the sync).
-        Raises ``HostsUnavailable`` listing every host that failed; then nothing has started."""
+        ``setups.run`` after the sync). ``ahead``: the preflight's requests that go with the
+        probes (their answers in ``early``; node 0's listener, if any, gives the master port and
+        is closed by node 0's start). Raises ``HostsUnavailable`` listing every host that
+        failed; then nothing has started."""
         for rank in range(len(self._nodes)):
             self._set_state(rank, NodeState.CONNECTING)
-        answers = self.all_or_none(self._probe, range(len(self._nodes)))
-        port = self.spec.master_port or answers[0].port
+        answers, self._routed_to, self.early = probe_all(self._pool, self._nodes, self.spec, ahead)
+        listening = self.early[0].listening if 0 in self.early else None
+        self._listening = listening.port if listening is not None and listening.listening else None
+        port = self.spec.master_port or (listening.port if listening is not None else answers[0].port)
         if port is None:
-            raise HostsUnavailable([AgentError(self._nodes[0].host, "the agent found no free port for the master")])
+            why = self.early[0].listen_error if 0 in self.early else None
+            why = why or "the agent found no free port for the master"
+            raise HostsUnavailable([AgentError(self._nodes[0].host, why)])
         facts = [HostFacts(python=n.transport.python, torchrun_flags=a.torchrun_flags,
                            address=n.transport.address)
                  for n, a in zip(self._nodes, answers, strict=True)]
@@ -248,6 +249,10 @@ class Job:
         return network
 
     def _route_all(self, master: str, port: int) -> list[Network]:
+        """Every node's route to ``master``: as their probes said, if they were asked for it."""
+        networks = [n.probe.network for n in self._nodes if n.probe is not None]
+        if master == self._routed_to and all(n is not None for n in networks) and len(networks) == len(self._nodes):
+            return [n for n in networks if n is not None]
         return self.all_or_none(lambda rank: self._route(rank, master, port), range(len(self._nodes)))
 
     def _with_interfaces(self, build: Callable[[ClusterSpec], LaunchPlan]) -> LaunchPlan:
@@ -294,7 +299,7 @@ class Job:
         request = self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env), cwd=launch.cwd,
                                 first_rank=launch.first_rank, about=about_json(plan, self.env_overrides),
                                 hang_after=self.spec.watch.hang_after, on_hang=self.spec.watch.on_hang,
-                                **self._env_extras(launch))
+                                unlisten=self._listening if rank == 0 else None, **self._env_extras(launch))
         try:
             if node.agent is None:
                 answer = node.transport.call(request)

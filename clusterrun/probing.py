@@ -1,17 +1,79 @@
 """What ``Job.prepare`` asks each host before the plan: the probe, checked, and the route to the
-master, each one request to the agent that stays open to start the node."""
+master, on the agent that stays open to start the node.
+
+The route goes in the probe's request (one round trip fewer on the critical path,
+docs/benchmarks.md): once every host is connected, node 0's address as the plan derives it and
+every node's address (the peers a route looks for) are known before any probe. A separate
+``route`` is asked only for a master address settled again (``interfaces.settle_master``).
+The port is the kernel's route lookup's business only: a free master port is not known yet,
+so ``ROUTE_PORT`` stands in for it (as in ``clusterrun doctor``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
 
-from clusterrun.agent.wire import ProbeRequest
-from clusterrun.config import HostSpec
-from clusterrun.errors import AgentError
+from clusterrun import parallel
+from clusterrun.agent.wire import InspectRequest, ListenRequest, ProbeRequest
+from clusterrun.config import ClusterSpec, HostSpec
+from clusterrun.errors import AgentError, HostsUnavailable
+from clusterrun.follower import Node
 from clusterrun.hostchecks import MIN_PYTHON
-from clusterrun.interfaces import reached_address, route_request
-from clusterrun.protocol import Network, Probe, decode_network, decode_probe
+from clusterrun.interfaces import reached_address, route_request, route_target
+from clusterrun.plan import HostFacts, master_addr
+from clusterrun.protocol import (
+    Inspection,
+    Listening,
+    Network,
+    Probe,
+    decode_inspection,
+    decode_listening,
+    decode_network,
+    decode_probe,
+)
 from clusterrun.transports import AgentSession, Transport
+
+ROUTE_PORT = 29500  # the route's port when the master port is not known yet (see the module docstring)
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """The preflight's requests that go in the probes' exchange (``doctor.preflight_ahead`` decides
+    which): each node's ``inspect`` by rank, and node 0's ``listen`` on the master port."""
+
+    inspect: Mapping[int, InspectRequest] = field(default_factory=dict)
+    listen: ListenRequest | None = None
+
+
+@dataclass(frozen=True)
+class Early:
+    """What a host's probe answered of ``Ahead``: its ``inspect`` (or the agent's error), between
+    ``sent`` and ``answered`` (the clock check's bracket); node 0's ``listen`` (or its error) and
+    the token its listener answers."""
+
+    sent: float
+    answered: float
+    inspection: Inspection | None = None
+    inspect_error: str | None = None
+    listening: Listening | None = None
+    listen_error: str | None = None
+    token: str = ""
+
+
+def early_answers(host: str, answer: Mapping[str, Any], sent: float, answered: float, token: str) -> Early:
+    """The ``Early`` of a probe's answer: each part decoded as if it had been asked alone."""
+    found: dict[str, Any] = {}
+    for key, decode in (("inspect", decode_inspection), ("listen", decode_listening)):
+        part = answer.get(key)
+        if isinstance(part, Mapping) and part.get("ok") is False:
+            found[f"{key}_error"] = str(part.get("error") or "the agent failed")
+        elif part is not None:
+            found["inspection" if key == "inspect" else "listening"] = decode(host, part)
+    return Early(sent, answered, token=token, **found)
 
 
 def checked_probe(transport: Transport, answer: object) -> Probe:
@@ -28,8 +90,51 @@ def checked_probe(transport: Transport, answer: object) -> Probe:
     return probe
 
 
-def probe_request(state_dir: str | None, *, free_port: bool) -> ProbeRequest:
-    return ProbeRequest(state_dir=state_dir, free_port=free_port)
+def probe_all(pool: Executor, nodes: Sequence[Node], spec: ClusterSpec,
+              ahead: Ahead | None = None) -> tuple[list[Probe], str | None, dict[int, Early]]:
+    """Connect to every host, then probe each (its agent kept in its ``Node``), the route to the
+    master and what ``ahead`` asks in the probe's request: the probes, the master they were routed
+    to, and what came of ``ahead`` by rank. Raises ``HostsUnavailable`` naming every host that
+    failed to connect or in its probe, the agents closed."""
+    def connect(rank: int) -> int:
+        nodes[rank].transport.connect()
+        return rank
+
+    def host_of(rank: int) -> str:
+        return nodes[rank].host
+
+    connected, errors = parallel.gather(pool, connect, range(len(nodes)), host_of)
+    master = None
+    if not errors:  # else nothing will start: the probes only say what else fails
+        node0 = nodes[0].transport
+        master = master_addr(spec, HostFacts(python=node0.python, address=node0.address))
+    addresses = reached(spec.hosts, [n.transport for n in nodes])
+    port = spec.master_port or ROUTE_PORT
+    early: dict[int, Early] = {}
+
+    def probe(rank: int) -> Probe:
+        node = nodes[rank]
+        node.agent = node.transport.session()
+        inspect = ahead.inspect.get(rank) if ahead is not None else None
+        listen = ahead.listen if ahead is not None and rank == 0 else None
+        free_port = rank == 0 and spec.master_port is None and listen is None  # else the listener's port
+        request = ProbeRequest(state_dir=spec.state_dir, free_port=free_port,
+                               route_to=None if master is None else route_target(rank, master, port, addresses),
+                               inspect=inspect, listen=listen)
+        sent = time.time()
+        answer = node.agent.call(request)
+        if inspect is not None or listen is not None:
+            early[rank] = early_answers(node.host, answer, sent, time.time(), listen.token if listen else "")
+        node.probe = checked_probe(node.transport, answer)
+        return node.probe
+
+    probes, failed = parallel.gather(pool, probe, connected, host_of)
+    if errors or failed:
+        for node in nodes:
+            node.close_agent()
+        order = {node.host: rank for rank, node in reversed(list(enumerate(nodes)))}
+        raise HostsUnavailable(sorted(errors + failed, key=lambda e: order.get(getattr(e, "host", ""), 0)))
+    return probes, master, early
 
 
 def reached(hosts: Sequence[HostSpec], transports: Sequence[Transport]) -> list[str | None]:
@@ -46,4 +151,4 @@ def route(agent: AgentSession, host: str, rank: int, master: str, port: int,
     return decode_network(host, answer.get("network"), "route answer's network")
 
 
-__all__ = ["checked_probe", "probe_request", "reached", "route"]
+__all__ = ["ROUTE_PORT", "Ahead", "Early", "checked_probe", "early_answers", "probe_all", "reached", "route"]
