@@ -12,8 +12,10 @@ logind. Each finding is a ``Check``: ✓, ✗ (the job cannot run: with a one-li
 The checks are pure functions of the agents' decoded answers (hostchecks.py: ``host_checks``,
 ``version_checks``, ``port_checks``); ``run_doctor`` and ``preflight`` here only gather the
 answers. ``preflight`` reuses the agents ``up`` opened to probe the hosts: its cheap part
-(workdir, script, disk, clock, logind) is one more request per host and always runs; the rest
-(GPUs, versions, the TCP test of the master port) is skipped by ``up --no-preflight``.
+(workdir, script, disk, clock, logind) always runs; the rest (GPUs, versions, the TCP test of
+the master port) is skipped by ``up --no-preflight``. What nothing before the preflight changes
+goes in the probe's request (``preflight_ahead``: ``inspect`` where no setup or sync comes first,
+node 0's listener, which its start closes), so ``up`` adds one request per host: ``reach``.
 """
 
 from __future__ import annotations
