@@ -1,12 +1,15 @@
 """What ``Job.prepare`` asks each host before the plan: the probe, checked, and the route to the
-master, on the agent that stays open to start the node.
+master, on the agent that stays open to start the node; with ``Ahead``, the preflight's
+requests that nothing before it changes.
 
-The route goes in the probe's request (one round trip fewer on the critical path,
-docs/benchmarks.md): once every host is connected, node 0's address as the plan derives it and
-every node's address (the peers a route looks for) are known before any probe. A separate
-``route`` is asked only for a master address settled again (``interfaces.settle_master``).
-The port is the kernel's route lookup's business only: a free master port is not known yet,
-so ``ROUTE_PORT`` stands in for it (as in ``clusterrun doctor``).
+All of it goes in one request per host, the probe's (round trips saved on the critical path:
+docs/benchmarks.md). Once every host is connected, node 0's address as the plan derives it and
+every node's address (the peers a route looks for) are known before any probe; a separate
+``route`` is asked only for a master address settled again (``interfaces.settle_master``). The
+port is the kernel's route lookup's business only: a free master port is not known yet, so
+``ROUTE_PORT`` stands in for it (as in ``clusterrun doctor``). The agent answers the preflight's
+``inspect`` and node 0's ``listen`` as if asked alone (``Early``); that listener's port is the
+master port, and node 0's start closes it.
 """
 
 from __future__ import annotations

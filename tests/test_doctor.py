@@ -419,6 +419,23 @@ def test_up_asks_each_host_the_probe_the_reach_and_the_start_and_checks_as_when_
     assert refusal(FakeCluster(), ahead=True) == asked.split("\nh0: clock")[0]
 
 
+def test_up_asks_alone_what_the_probe_cannot_carry(fake: FakeCluster) -> None:
+    """``--no-preflight``: no listener, no ``reach``; a host with ``setup:``: its ``inspect`` after
+    the setup, in the environment it made."""
+    spec = load_cluster_text("hosts:\n  - host: h0\n    workdir: /proj\n  - host: h1\n    workdir: /proj\n"
+                             "    setup:\n      - source env/bin/activate\n", "hosts.yaml")
+    job = Job(spec, "train.py", job_id="j-1", name="j", emit=None, transport_factory=fake.transport)
+    try:
+        checks.check_new(job, spec, "train.py", "/here", full=False, dry_run=False)
+        job.start()
+    finally:
+        job.close()
+    assert {h: [r["op"] for g, r in fake.requests if g == h] for h in ("h0", "h1")} == {
+        "h0": ["probe", "start"], "h1": ["probe", "setup", "inspect", "start"]}
+    assert fake.ops("probe", "h0")[0]["listen"] is None and fake.ops("start", "h0")[0]["unlisten"] is None
+    assert fake.ops("inspect", "h1")[0]["job"] == "j-1"  # in the environment of the attempt's setup
+
+
 # ------------------------------------------------------------------------------ the pure checks
 
 
