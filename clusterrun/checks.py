@@ -104,7 +104,7 @@ def preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, ful
     report = doctor.preflight([job.probed(rank) for rank in range(plan.nnodes)], spec, script,
                               addr=plan.master_addr, port=plan.master_port, local_cwd=local_cwd, full=full,
                               synced=synced, test_port=test_port, set_up=job.set_up,
-                              setup_of=(job.job_id, job.attempt))
+                              setup_of=(job.job_id, job.attempt), early=job.early)
     refused = doctor.refusal(report)
     if refused is not None:
         raise refused
@@ -137,8 +137,11 @@ def _probe_and_check(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *
     hosts' ``sync:``; for a ``dry_run`` only what it would copy), the hosts' setup (it sees the
     synced files; a dry run's, where the sync would make the workdir, not before it exists),
     then the preflight, whose python checks run in the environment setup made, as the job will.
-    Setup runs once per attempt: its agent keeps the environment for the start."""
-    job.prepare(run_setup=False)
+    Setup runs once per attempt: its agent keeps the environment for the start. What of the
+    preflight nothing before it changes goes with the probes (``doctor.preflight_ahead``)."""
+    copied = {rank for rank, host in enumerate(spec.hosts) if not dry_run and source_of(spec, host, sync_dir)}
+    job.prepare(run_setup=False, ahead=doctor.preflight_ahead(spec, script, local_cwd=local_cwd, full=full,
+                                                              test_port=test_port, synced=copied.__contains__))
     reports = sync_hosts(spec, job.agents, progress, override=sync_dir, dry_run=dry_run)
     synced = {rank for rank, host in enumerate(spec.hosts) if source_of(spec, host, sync_dir)} if dry_run else ()
     setups.run(job, emit, if_cwd=synced)

@@ -12,8 +12,10 @@ logind. Each finding is a ``Check``: ✓, ✗ (the job cannot run: with a one-li
 The checks are pure functions of the agents' decoded answers (hostchecks.py: ``host_checks``,
 ``version_checks``, ``port_checks``); ``run_doctor`` and ``preflight`` here only gather the
 answers. ``preflight`` reuses the agents ``up`` opened to probe the hosts: its cheap part
-(workdir, script, disk, clock, logind) is one more request per host and always runs; the rest
-(GPUs, versions, the TCP test of the master port) is skipped by ``up --no-preflight``.
+(workdir, script, disk, clock, logind) always runs; the rest (GPUs, versions, the TCP test of
+the master port) is skipped by ``up --no-preflight``. What nothing before the preflight changes
+goes in the probe's request (``preflight_ahead``: ``inspect`` where no setup or sync comes first,
+node 0's listener, which its start closes), so ``up`` adds one request per host: ``reach``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from clusterrun.hostchecks import (  # re-exported: the checks are the doctor's 
 )
 from clusterrun.interfaces import decide_interfaces, master_derived, reached_address, route_request, settle_master
 from clusterrun.plan import HostFacts, master_addr, node_env
+from clusterrun.probing import Ahead, Early
 from clusterrun.protocol import (
     Inspection,
     Network,
@@ -93,28 +96,42 @@ def _cwd(host: HostSpec, local_cwd: str | None) -> str | None:
     return host.workdir or (local_cwd if host.transport == "local" else None)
 
 
+def inspect_request(host: HostSpec, rank: int, script: str | None, spec: ClusterSpec, local_cwd: str | None, *,
+                    deep: bool, full: bool, imports: bool = False,
+                    setup_of: tuple[str, int] | None = None) -> InspectRequest:
+    """The host's ``inspect`` (``imports``: the script's top-level imports too; ``setup_of``: the
+    (job, attempt) whose setup ran in its agent, whose environment the python checks see)."""
+    paths = ["."] + ([script] if script is not None else [])
+    job, attempt = setup_of or (None, 0)
+    return InspectRequest(cwd=_cwd(host, local_cwd), paths=paths, state_dir=spec.state_dir, deep=deep,
+                          gpus=full and host.gpus is not None, imports=script if imports else None,
+                          pythonpath=host.env.get("PYTHONPATH"), job=job, node=rank, attempt=attempt)
+
+
 def _inspect(h: _Host, script: str | None, spec: ClusterSpec, local_cwd: str | None, *, deep: bool,
              full: bool, synced: bool = False, imports: bool = False) -> None:
     """Ask the host's agent ``inspect`` and add the checks its answers decide (``imports``: the
     script's top-level imports too)."""
     if h.session is None or h.probe is None:
         return
-    host = h.transport.host
-    paths = ["."] + ([script] if script is not None else [])
-    job, attempt = h.setup_of or (None, 0)
-    request = InspectRequest(cwd=_cwd(host, local_cwd), paths=paths, state_dir=spec.state_dir, deep=deep,
-                             gpus=full and host.gpus is not None, imports=script if imports else None,
-                             pythonpath=host.env.get("PYTHONPATH"), job=job, node=h.rank, attempt=attempt)
+    request = inspect_request(h.transport.host, h.rank, script, spec, local_cwd, deep=deep, full=full,
+                              imports=imports, setup_of=h.setup_of)
     sent = time.time()
     try:
         answer = h.session.call(request)
     except HostError as exc:  # the agent failed, or the connection was lost on the way
         h.checks.append(Check("agent", Verdict.FAIL, exc.message, exc.hint))
         return
-    answered = time.time()
-    h.inspection = decode_inspection(h.transport.name, answer)
-    h.checks += host_checks(host, h.python or h.transport.python, h.probe, h.inspection, script=script, sent=sent,
-                            answered=max(sent, answered - h.inspection.elapsed), full=full, synced=synced,
+    _inspected(h, decode_inspection(h.transport.name, answer), script, sent, time.time(), full=full, synced=synced)
+
+
+def _inspected(h: _Host, inspection: Inspection, script: str | None, sent: float, answered: float, *,
+               full: bool, synced: bool) -> None:
+    """The checks the host's ``inspect`` answer decides (``sent`` and ``answered`` bracket it)."""
+    assert h.probe is not None
+    h.inspection = inspection
+    h.checks += host_checks(h.transport.host, h.python or h.transport.python, h.probe, inspection, script=script,
+                            sent=sent, answered=max(sent, answered - inspection.elapsed), full=full, synced=synced,
                             setup=h.setup_of is not None)
 
 
@@ -149,16 +166,20 @@ def _setup(h: _Host, spec: ClusterSpec, local_cwd: str | None, synced: bool = Fa
     return True
 
 
-def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: ThreadPoolExecutor, *, fixed: bool) -> None:
-    """Node 0's agent listens on the master port; every node's agent connects to it at ``addr``."""
+def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: ThreadPoolExecutor, *, fixed: bool,
+               early: Early | None = None) -> None:
+    """Node 0's agent listens on the master port; every node's agent connects to it at ``addr``.
+    With ``early`` (its probe opened the listener: ``preflight_ahead``) node 0's start closes it."""
     node0 = hosts[0]
     if node0.session is None:
         return
-    token = secrets.token_hex(8)
+    token = early.token if early is not None else secrets.token_hex(8)
     names = {h.rank: h.transport.name for h in hosts}
     try:
-        listening = decode_listening(node0.transport.name,
-                                     node0.session.call(ListenRequest(port=port, token=token)))
+        if early is not None and early.listen_error is not None:
+            raise AgentError(node0.transport.name, early.listen_error)
+        listening = early.listening if early is not None and early.listening is not None else decode_listening(
+            node0.transport.name, node0.session.call(ListenRequest(port=port, token=token)))
     except HostError as exc:
         node0.checks.append(Check("master port", Verdict.FAIL, exc.message, exc.hint))
         return
@@ -183,8 +204,9 @@ def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: Thread
         results = dict(zip([h.rank for h in able], pool.map(reach, able), strict=True))
     finally:
         try:
-            decode(node0.transport.name, Unlistened, node0.session.call(UnlistenRequest(port=listening.port)),
-                   "unlisten answer")
+            if early is None:
+                decode(node0.transport.name, Unlistened, node0.session.call(UnlistenRequest(port=listening.port)),
+                       "unlisten answer")
         except HostError:
             pass  # the listener ends with the agent anyway
     rows = port_checks(names, addr, listening.port, None, results, fixed=fixed)
@@ -289,7 +311,7 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
 def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | None]], spec: ClusterSpec,
               script: str, *, addr: str, port: int, local_cwd: str | None, full: bool,
               synced: Collection[int] = (), test_port: bool = True, set_up: Mapping[int, str] | None = None,
-              setup_of: tuple[str, int] | None = None) -> Report:
+              setup_of: tuple[str, int] | None = None, early: Mapping[int, Early] | None = None) -> Report:
     """``up``'s checks on hosts its agents have probed already (``sessions``, by node rank): the
     workdir and the script (not on the nodes in ``synced``: a dry run of a sync that would make and
     copy them), disk, clock and logind always; with ``full`` the GPUs, the versions and the master
@@ -297,19 +319,45 @@ def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | N
     attempt it replaces); with ``full``, on hosts that declare ``gpus``, that torch sees as many CUDA
     devices. On the nodes of ``set_up`` (rank → the job's interpreter there, in words), whose setup
     for ``setup_of`` (job, attempt) ran in these agents, the python checks run in its environment.
-    The sessions stay open (``up`` starts the nodes with them)."""
+    The sessions stay open (``up`` starts the nodes with them). ``early``: by rank, what the
+    probes answered of ``preflight_ahead``'s requests, which are not asked again."""
     hosts = [_Host(rank, t, s, p) for rank, (t, s, p) in enumerate(sessions)]
+    early = early or {}
     for h in hosts:
         if set_up and h.rank in set_up and setup_of is not None:
             h.setup_of, h.python = setup_of, set_up[h.rank]
+
+    def inspect(h: _Host) -> None:
+        came = early.get(h.rank)
+        if came is not None and came.inspect_error is not None and h.probe is not None:
+            h.checks.append(Check("agent", Verdict.FAIL, came.inspect_error))
+        elif came is not None and came.inspection is not None and h.probe is not None:
+            _inspected(h, came.inspection, script, came.sent, came.answered, full=full, synced=h.rank in synced)
+        else:  # torch is imported (a few seconds) only where the hosts file declares GPUs: that it sees them all
+            _inspect(h, script, spec, local_cwd, deep=full and h.transport.host.gpus is not None, full=full,
+                     synced=h.rank in synced)
+
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts))), thread_name_prefix="clusterrun-preflight") as pool:
-        # torch is imported (a few seconds) only where the hosts file declares GPUs: that it sees them all
-        list(pool.map(lambda h: _inspect(h, script, spec, local_cwd, deep=full and h.transport.host.gpus is not None,
-                                         full=full, synced=h.rank in synced), hosts))
+        list(pool.map(inspect, hosts))
         if full and test_port:
-            _port_test(hosts, addr, port, pool, fixed=spec.master_port is not None)
+            came = early.get(0)
+            _port_test(hosts, addr, port, pool, fixed=spec.master_port is not None,
+                       early=came if came is not None and (came.listening or came.listen_error) else None)
             _versions(hosts)
     return Report([HostReport(h.rank, h.transport.name, h.checks) for h in hosts])
+
+
+def preflight_ahead(spec: ClusterSpec, script: str, *, local_cwd: str | None, full: bool, test_port: bool,
+                    synced: Callable[[int], bool]) -> Ahead:
+    """The requests of ``preflight`` that can go with the probes (``Job.prepare(ahead=)``): the
+    ``inspect`` of each host whose answer nothing before the preflight changes (no ``setup:``;
+    ``synced(rank)`` false: no sync copies to it first), and node 0's listener on the master port
+    when the preflight tests it (``full`` and ``test_port``)."""
+    inspect = {rank: inspect_request(host, rank, script, spec, local_cwd, deep=full and host.gpus is not None,
+                                     full=full)
+               for rank, host in enumerate(spec.hosts) if not host.setup and not synced(rank)}
+    listen = ListenRequest(port=spec.master_port, token=secrets.token_hex(8)) if full and test_port else None
+    return Ahead(inspect=inspect, listen=listen)
 
 
 def refusal(report: Report) -> HostsUnavailable | None:
@@ -325,4 +373,4 @@ def refusal(report: Report) -> HostsUnavailable | None:
 
 
 __all__ = ["Check", "HostReport", "Report", "Verdict", "clock_check", "connection_check", "disk_check", "gpu_check",
-           "preflight", "refusal", "run_doctor", "version_checks"]
+           "inspect_request", "preflight", "preflight_ahead", "refusal", "run_doctor", "version_checks"]

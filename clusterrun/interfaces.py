@@ -95,8 +95,13 @@ def route_request(rank: int, master: str, port: int, reached: Sequence[str | Non
     """The agent's ``route`` request of node ``rank``: how it reaches ``master``, and which of the
     other nodes (``reached``: each node's address, as the controller reached it) it reaches
     through another interface than loopback (always asked of node 0, the master's machine)."""
+    return RouteRequest(route_to=route_target(rank, master, port, reached))
+
+
+def route_target(rank: int, master: str, port: int, reached: Sequence[str | None]) -> RouteTarget:
+    """What ``route`` asks of node ``rank`` (see ``route_request``); the probe may carry it too."""
     peers = [address for i, address in enumerate(reached) if i != rank and address]
-    return RouteRequest(route_to=RouteTarget(addr=master, port=port, peers=peers, always_peers=rank == 0))
+    return RouteTarget(addr=master, port=port, peers=peers, always_peers=rank == 0)
 
 
 def choose_interfaces(master: str, hosts: Sequence[str], networks: Sequence[Network],

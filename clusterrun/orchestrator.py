@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from clusterrun import parallel, setups
-from clusterrun.agent.wire import NodeRequest, ProbeRequest, node_request
+from clusterrun.agent.wire import NodeRequest, node_request
 from clusterrun.config import ClusterSpec
 from clusterrun.diagnose import NodeLog
 from clusterrun.environment import secret_names
@@ -60,16 +60,9 @@ from clusterrun.events import (
     stopped_after_text,
 )
 from clusterrun.follower import Follower, Link, Node, Reconnect, node_results, node_state_of, root_cause_of, split_lines
-from clusterrun.hostchecks import MIN_PYTHON
-from clusterrun.interfaces import (
-    Interface,
-    choose_interfaces,
-    master_derived,
-    reached_address,
-    route_request,
-    settle_master,
-)
+from clusterrun.interfaces import Interface, choose_interfaces, master_derived, settle_master
 from clusterrun.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, build_plan
+from clusterrun.probing import Ahead, Early, probe_all, reached, route
 from clusterrun.protocol import (
     End,
     FollowMessage,
@@ -80,8 +73,6 @@ from clusterrun.protocol import (
     Probe,
     StateUpdate,
     decode_follow,
-    decode_network,
-    decode_probe,
     decode_status,
 )
 from clusterrun.setups import redacted
@@ -154,6 +145,9 @@ class Job:
         self._failed_first: int | None = None  # the node whose failure made fail-fast stop the others
         self._stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._routed_to: str | None = None  # the master the probes were routed to
+        self.early: dict[int, Early] = {}  # by rank: what the probes answered of the preflight's requests
+        self._listening: int | None = None  # node 0's preflight listener on the master port, until its start
         self._pool = ThreadPoolExecutor(max_workers=min(32, max(4, len(self._nodes))),
                                         thread_name_prefix="clusterrun-host")
 
@@ -181,21 +175,6 @@ class Job:
             node.state = state
             self.emit(NodeStateChanged(rank, host=node.host, state=state, detail=detail))
 
-    def _probe(self, rank: int) -> Probe:
-        node = self._nodes[rank]
-        node.transport.connect()
-        node.agent = node.transport.session()
-        answer = decode_probe(node.host, node.agent.call(ProbeRequest(
-            state_dir=self.spec.state_dir, free_port=rank == 0 and self.spec.master_port is None)))
-        if answer.python_version < MIN_PYTHON:
-            raise AgentError(node.host, f"{node.transport.python} is Python {answer.python}; "
-                             "the agent needs 3.8 or newer", hint="set `python:` for this host")
-        if not answer.torch and not self.spec.hosts[rank].setup:  # else the interpreter after setup counts
-            raise AgentError(node.host, f"torch is not installed for {node.transport.python}",
-                             hint="install torch on that host, or set `python:` to an interpreter that has it")
-        node.probe = answer
-        return answer
-
     def probed(self, rank: int) -> tuple[Transport, AgentSession | None, Probe | None]:
         """Node ``rank``'s transport, the agent that probed it (kept open to start the node) and
         what it said: for ``up``'s preflight (doctor.py), between ``prepare()`` and ``start()``."""
@@ -214,17 +193,23 @@ class Job:
         return {rank: list(node.probe.fallbacks if node.probe is not None else ())
                 for rank, node in enumerate(self._nodes)}
 
-    def prepare(self, *, run_setup: bool = True) -> LaunchPlan:
+    def prepare(self, *, run_setup: bool = True, ahead: Ahead | None = None) -> LaunchPlan:
         """Connect to and probe every host in parallel, then build the plan, then run the hosts'
         ``setup`` commands where there are some (unless ``run_setup`` is false: the checks run
-        ``setups.run`` after the sync).
-        Raises ``HostsUnavailable`` listing every host that failed; then nothing has started."""
+        ``setups.run`` after the sync). ``ahead``: the preflight's requests that go with the
+        probes (their answers in ``early``; node 0's listener, if any, gives the master port and
+        is closed by node 0's start). Raises ``HostsUnavailable`` listing every host that
+        failed; then nothing has started."""
         for rank in range(len(self._nodes)):
             self._set_state(rank, NodeState.CONNECTING)
-        answers = self.all_or_none(self._probe, range(len(self._nodes)))
-        port = self.spec.master_port or answers[0].port
+        answers, self._routed_to, self.early = probe_all(self._pool, self._nodes, self.spec, ahead)
+        listening = self.early[0].listening if 0 in self.early else None
+        self._listening = listening.port if listening is not None and listening.listening else None
+        port = self.spec.master_port or (listening.port if listening is not None else answers[0].port)
         if port is None:
-            raise HostsUnavailable([AgentError(self._nodes[0].host, "the agent found no free port for the master")])
+            why = self.early[0].listen_error if 0 in self.early else None
+            why = why or "the agent found no free port for the master"
+            raise HostsUnavailable([AgentError(self._nodes[0].host, why)])
         facts = [HostFacts(python=n.transport.python, torchrun_flags=a.torchrun_flags,
                            address=n.transport.address)
                  for n, a in zip(self._nodes, answers, strict=True)]
@@ -258,15 +243,16 @@ class Job:
         node = self._nodes[rank]
         if node.agent is None or node.probe is None:
             raise RuntimeError("_route() before _probe()")
-        reached = [reached_address(h, n.transport.address) for h, n in zip(self.spec.hosts, self._nodes, strict=True)]
-        answer = node.agent.call(route_request(rank, master, port, reached))
-        if answer.get("ok") is False:
-            raise AgentError(node.host, str(answer.get("error")))
-        network = decode_network(node.host, answer.get("network"), "route answer's network")
+        network = route(node.agent, node.host, rank, master, port,
+                        reached(self.spec.hosts, [n.transport for n in self._nodes]))
         node.probe = dataclasses.replace(node.probe, network=network)
         return network
 
     def _route_all(self, master: str, port: int) -> list[Network]:
+        """Every node's route to ``master``: as their probes said, if they were asked for it."""
+        networks = [n.probe.network for n in self._nodes if n.probe is not None]
+        if master == self._routed_to and all(n is not None for n in networks) and len(networks) == len(self._nodes):
+            return [n for n in networks if n is not None]
         return self.all_or_none(lambda rank: self._route(rank, master, port), range(len(self._nodes)))
 
     def _with_interfaces(self, build: Callable[[ClusterSpec], LaunchPlan]) -> LaunchPlan:
@@ -313,7 +299,7 @@ class Job:
         request = self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env), cwd=launch.cwd,
                                 first_rank=launch.first_rank, about=about_json(plan, self.env_overrides),
                                 hang_after=self.spec.watch.hang_after, on_hang=self.spec.watch.on_hang,
-                                **self._env_extras(launch))
+                                unlisten=self._listening if rank == 0 else None, **self._env_extras(launch))
         try:
             if node.agent is None:
                 answer = node.transport.call(request)

@@ -18,7 +18,7 @@ from clusterrun.agent import doctorops
 from clusterrun.agent.wire import ReachRequest
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.doctor import Check, Verdict
-from clusterrun.errors import ConnectError
+from clusterrun.errors import ConnectError, HostsUnavailable
 from clusterrun.orchestrator import Job
 from clusterrun.protocol import DeepTorch, Inspection
 from clusterrun.transports.fake import FakeCluster, FakeHost
@@ -373,6 +373,67 @@ def test_no_preflight_skips_the_port_test_and_versions_but_not_the_script(fake: 
     assert verdicts(full, "h1")["master port"] == "✗"
     assert checks.warnings(full) == ["h1: same versions: torch 2.12.0 here, 2.13.0 on h0 (fix: install the same "
                                      "versions on every host (mismatches hang or crash collectives))"]
+
+
+def test_up_asks_each_host_the_probe_the_reach_and_the_start_and_checks_as_when_each_was_asked_alone(
+        fake: FakeCluster) -> None:
+    """``up``'s requests to "torchrun started": the probe carries the route, ``inspect`` and (node 0)
+    the master port's listener; then ``reach``; node 0's start closes the listener. The checks
+    find what they find when every request goes alone."""
+    fake.host("h1").clock_offset = 30.0
+    job = Job(spec_of(2), "train.py", job_id="j-1", name="j", emit=None, transport_factory=fake.transport)
+    try:
+        plan, _, warned = checks.check_new(job, job.spec, "train.py", "/here", full=True, dry_run=False)
+        job.start()
+    finally:
+        job.close()
+    assert len(warned) == 1 and warned[0].startswith("h1: clock: +30.0")  # the inspect the probe carried
+    assert {h: [r["op"] for g, r in fake.requests if g == h] for h in ("h0", "h1")} == {
+        "h0": ["probe", "reach", "start"], "h1": ["probe", "reach", "start"]}
+    (probe0,) = fake.ops("probe", "h0")
+    assert probe0["listen"]["port"] is None and probe0["inspect"]["paths"] == [".", "train.py"]
+    assert fake.ops("start", "h0")[0]["unlisten"] == plan.master_port and fake.ops("start", "h1")[0]["unlisten"] is None
+    assert fake.listeners == {}
+
+    def refusal(fake: FakeCluster, ahead: bool) -> str:
+        fake.host("h2").missing.add("train.py")
+        fake.host("h1").firewalled = True
+        fake.host("h0").clock_offset = 30.0
+        spec = spec_of(3)
+        job = Job(spec, "train.py", job_id="j-2", name="j", emit=None, transport_factory=fake.transport)
+        try:
+            if ahead:
+                with pytest.raises(HostsUnavailable) as refused:
+                    checks.check_new(job, spec, "train.py", "/here", full=True, dry_run=False)
+                return refused.value.render()
+            job.prepare()
+            report = run_preflight(job, spec)
+            return (doctor.refusal(report) or HostsUnavailable([])).render() + "\n" + "\n".join(checks.warnings(report))
+        finally:
+            job.close()
+
+    alone = FakeCluster()
+    asked = refusal(alone, ahead=False)
+    assert sorted({r["op"] for _, r in alone.requests}) == ["inspect", "listen", "probe", "reach", "unlisten"]
+    assert "h2: script: train.py is missing" in asked and "h0: clock: " in asked
+    assert refusal(FakeCluster(), ahead=True) == asked.split("\nh0: clock")[0]
+
+
+def test_up_asks_alone_what_the_probe_cannot_carry(fake: FakeCluster) -> None:
+    """``--no-preflight``: no listener, no ``reach``; a host with ``setup:``: its ``inspect`` after
+    the setup, in the environment it made."""
+    spec = load_cluster_text("hosts:\n  - host: h0\n    workdir: /proj\n  - host: h1\n    workdir: /proj\n"
+                             "    setup:\n      - source env/bin/activate\n", "hosts.yaml")
+    job = Job(spec, "train.py", job_id="j-1", name="j", emit=None, transport_factory=fake.transport)
+    try:
+        checks.check_new(job, spec, "train.py", "/here", full=False, dry_run=False)
+        job.start()
+    finally:
+        job.close()
+    assert {h: [r["op"] for g, r in fake.requests if g == h] for h in ("h0", "h1")} == {
+        "h0": ["probe", "start"], "h1": ["probe", "setup", "inspect", "start"]}
+    assert fake.ops("probe", "h0")[0]["listen"] is None and fake.ops("start", "h0")[0]["unlisten"] is None
+    assert fake.ops("inspect", "h1")[0]["job"] == "j-1"  # in the environment of the attempt's setup
 
 
 # ------------------------------------------------------------------------------ the pure checks

@@ -130,7 +130,9 @@ def test_prepare_sets_the_interface_variables_except_those_the_user_set() -> Non
     assert plan.nodes[0].env["GLOO_SOCKET_IFNAME"] == "eth7" and plan.nodes[0].env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert plan.nodes[1].env["GLOO_SOCKET_IFNAME"] == "eth1" and "NCCL_SOCKET_IFNAME" not in plan.nodes[1].env
     assert [i.name for i in job.interfaces] == ["eth0", "eth1"]
-    assert [r["route_to"]["addr"] for h, r in fake.requests if r["op"] == "route"] == ["a", "a"]
+    # the route to the master went with each host's probe: no request of its own (one round trip fewer)
+    assert sorted((h, r["op"], r["route_to"]["addr"], r["route_to"]["peers"], r["route_to"]["always_peers"])
+                  for h, r in fake.requests) == [("a", "probe", "a", ["b"], True), ("b", "probe", "a", ["a"], False)]
     assert job._nodes[1].probe is not None and job._nodes[1].probe.network is not None  # the doctor's field
     assert job._nodes[1].probe.network.master.interface == "eth1"
 
@@ -177,6 +179,10 @@ def test_prepare_replaces_a_derived_master_that_other_machines_reach_through_loo
         job.close()
     assert plan.master_addr == "10.0.0.1" and "--master-addr=10.0.0.1" in plan.nodes[1].argv
     assert [i.name for i in job.interfaces] == ["eth1", "eth1"]
+    # the probes were routed to 127.0.0.1; the master settled again is routed by requests of their own
+    assert sorted((h, r["op"], r["route_to"]["addr"]) for h, r in fake.requests) == [
+        ("b", "probe", "127.0.0.1"), ("b", "route", "10.0.0.1"), ("here", "probe", "127.0.0.1"),
+        ("here", "route", "10.0.0.1")]
     # a master the user set is never replaced
     job = job_on(fake, "master:\n  addr: 127.0.0.1\nhosts:\n  - host: here\n    transport: local\n  - host: b\n")
     try:

@@ -85,6 +85,8 @@ def test_up_timings_names_the_host_whose_agent_is_slow(sim_cluster: Callable[...
     rows = {line.split()[1]: line.split()[2:] for line in proc.stderr.splitlines()
             if re.match(r"clusterrun:   sim\d ", line)}
     assert set(rows) == {"sim1", "sim2", "sim3"}, proc.stderr
+    # the probe, the preflight's reach, the start: the route, inspect and listener go with the probe
+    assert "agent requests per host: 3," in proc.stderr and " route " not in proc.stderr, proc.stderr
     # the timeline comes once every node started, before the job's end
     assert proc.stderr.index("timings:") > max(proc.stderr.index(f"node{n} sim{n + 1}: started") for n in range(3))
     assert proc.stderr.index("timings:") < proc.stderr.index("succeeded")

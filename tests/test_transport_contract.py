@@ -147,6 +147,32 @@ def test_route_says_how_the_host_reaches_an_address(harness: Harness) -> None:
     assert set(network.preset) <= {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}
 
 
+def test_the_probe_answers_the_route_inspect_and_listen_it_carries_and_the_start_closes_the_listener(
+        harness: Harness) -> None:
+    """``up``'s preflight in the probe's exchange: each part answered as if asked alone; node 0's
+    listener answers its token until the start, which closes it before its command runs."""
+    route_to = {"addr": "127.0.0.1", "port": 29500, "peers": []}
+    session = harness.transport.session()
+    try:
+        answer = session.call({"op": "probe", "state_dir": harness.state_dir, "route_to": route_to,
+                               "inspect": {"op": "inspect", "paths": ["."], "state_dir": harness.state_dir},
+                               "listen": {"op": "listen", "port": None, "token": "t0k"}})
+        alone = harness.transport.call({"op": "route", "route_to": route_to})
+        assert decode_network("h0", answer["network"]).master == decode_network("h0", alone["network"]).master
+        assert answer["inspect"]["ok"] is True and answer["inspect"]["disk"]["free"] > 0
+        assert answer["listen"]["ok"] is True and answer["listen"]["listening"] is True
+        port = answer["listen"]["port"]
+        reach = {"op": "reach", "addr": "127.0.0.1", "port": port, "token": "t0k", "timeout": 5}
+        assert harness.transport.call(reach)["reached"] is True
+        started = session.call(harness.request("start", 0, argv=harness.argv(0, 1), env={}, cwd=None, first_rank=0,
+                                               unlisten=port))
+        assert started["ok"] is True
+        assert harness.transport.call(reach)["reached"] is False  # closed before the start answered
+    finally:
+        session.close()
+    harness.release(0)
+
+
 def test_follow_streams_every_line_then_the_end_with_the_exit_code(harness: Harness) -> None:
     started = harness.start(0, 50, code=3)
     assert started["ok"] is True and started["state"]["state"] in ("running", "exited")

@@ -50,7 +50,10 @@ Requests (``op``) and answers
            torch); ``port`` a TCP port that was free on this host, when asked; ``containment``
            ``cgroup`` or ``sweep`` (what a stop here would rely on) and ``fallbacks`` what this
            host lacks, in words (no cgroup and why, no pidfd, no ctypes, a logind that would kill
-           the job at logout). With ``route_to`` (as for ``route``), also ``network``.
+           the job at logout). With ``route_to`` (as for ``route``), also ``network``; with
+           ``inspect`` or ``listen`` (those requests, as objects), their answers under those keys,
+           as if asked alone (a failure is that key's ``{ok: false, error}``): ``up``'s preflight
+           in the probe's exchange.
 ``route``  ``{route_to: {addr, port, peers, always_peers}}`` → ``{ok, network: {netns, master,
            peer, preset}}``: how this host reaches the master ``addr``. ``master`` and ``peer`` are
            ``{target, resolved, source, interface, loopback, error, hosts_line}`` (the kernel's route lookup
@@ -78,6 +81,8 @@ Requests (``op``) and answers
            and returns once it has started torchrun (or failed to: ``{ok: false, error}``; a state
            dir that cannot be written, or a logind that would kill the job at logout, starts
            nothing). The supervisor tells it how the start went through a pipe, not the disk.
+           With ``unlisten`` (a port), this agent's ``listen``er there is closed first (node 0's
+           preflight listener on the master port, which torchrun binds).
 ``follow`` ``{job, node, attempt, state_dir, offset | tail, logs, once}`` → a stream of lines:
            ``{t: "log", offset, next, data, times}`` (complete lines only, bytes decoded as UTF-8 with
            surrogateescape; ``next`` is the byte offset to resume from; ``times``: the entries of

@@ -102,6 +102,12 @@ def op_probe(req: ProbeRequest) -> dict[str, Any]:
         answer["fallbacks"].append(problem)
     if req.route_to is not None:
         answer["network"] = network_route(req.route_to)
+    if req.inspect is not None or req.listen is not None:  # the preflight's, answered as if asked alone
+        from .serve import answer_to
+
+        for key, also in (("inspect", req.inspect), ("listen", req.listen)):
+            if also is not None:
+                answer[key] = answer_to(also)
     return answer
 
 

@@ -7,7 +7,7 @@ import sys
 
 from .codec import _emit, json_loads
 from .records import AgentFailure
-from .wire import REQUESTS
+from .wire import REQUESTS, Request
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,14 +51,28 @@ def answer(line: bytes) -> dict[str, Any] | None:
         # Decoded into its wire type: a missing or mistyped field is a bad request that names it,
         # and the operation reads the fields the type defines, its defaults filled in.
         return handler(op)(REQUESTS[op].from_json(req, f"{op} request"))
-    except AgentFailure as exc:
+    except (AgentFailure, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+        return failure(exc)
+
+
+def answer_to(request: Request) -> dict[str, Any] | None:
+    """The answer to a request that came inside another one (the probe's ``inspect``, ``listen``):
+    as if it had come alone, a failure its own ``{ok: false, error}``."""
+    try:
+        return handler(request.op)(request)
+    except (AgentFailure, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+        return failure(exc)
+
+
+def failure(exc: Exception) -> dict[str, Any]:
+    """A failed operation's answer, in words."""
+    if isinstance(exc, BrokenPipeError):
+        raise exc
+    if isinstance(exc, AgentFailure):
         return {"ok": False, "error": str(exc)}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        return {"ok": False, "error": f"bad request: {type(exc).__name__}: {exc}"}
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
+    if isinstance(exc, OSError):
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": False, "error": f"bad request: {type(exc).__name__}: {exc}"}
 
 
 def serve(first: bytes = b"") -> int:

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 
 
 def op_start(req: StartRequest) -> dict[str, Any]:
+    if req.unlisten is not None:  # the preflight's listener on the master port, which torchrun binds
+        from .doctorops import op_unlisten
+        from .wire import UnlistenRequest
+
+        op_unlisten(UnlistenRequest(port=req.unlisten))
     folder = _attempt_dir(req)
     argv, env, cwd, setup = req.argv, req.env or {}, req.cwd, req.setup or []
     if not argv:

@@ -157,6 +157,10 @@ class ProbeRequest(Request):
     state_dir: str | None = None
     free_port: bool = False
     route_to: RouteTarget | None = None
+    # the preflight's requests answered in the probe's exchange (a round trip fewer each): ``listen``
+    # is node 0's listener on the master port, kept open until its start's ``unlisten``
+    inspect: InspectRequest | None = None
+    listen: ListenRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,7 @@ class StartRequest(NodeRequest):
     about: dict[str, Any] | None = None
     hang_after: float | None = None  # seconds without output and CPU that make the node hung (None: never)
     on_hang: str | None = None  # "stack": the monitor saves what it can of the ranks' stacks then
+    unlisten: int | None = None  # the preflight's listener on this port closed first (torchrun binds it)
 
 
 @dataclass(frozen=True)
@@ -476,7 +481,8 @@ class GpusAnswer(Message):
 
 _NESTED: dict[str, type[Message]] = {"RouteTarget": RouteTarget, "JobEntry": JobEntry, "GpuUse": GpuUse,
                                      "Frame": Frame, "ThreadStack": ThreadStack, "RankStack": RankStack,
-                                     "JobPython": JobPython}
+                                     "JobPython": JobPython, "InspectRequest": InspectRequest,
+                                     "ListenRequest": ListenRequest}
 
 # Every operation's request type, by ``op``; serve.OPS must have the same keys (tests/test_wire.py).
 REQUESTS: dict[str, type[Request]] = {

@@ -229,11 +229,18 @@ class FakeCluster:
         yield answer
 
     def _probe(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "protocol": host.protocol, "hostname": host.name, "python": host.python,
-                "torch": host.torch,
-                "torchrun_flags": ["--node-rank", "--master-addr", "--master-port", "--nproc-per-node"],
-                "boot_id": host.boot_id, "port": 29500 if request.get("free_port") else None,
-                "state_dir": request.get("state_dir") or "~/.local/state/clusterrun"}
+        answer = {"ok": True, "protocol": host.protocol, "hostname": host.name, "python": host.python,
+                  "torch": host.torch,
+                  "torchrun_flags": ["--node-rank", "--master-addr", "--master-port", "--nproc-per-node"],
+                  "boot_id": host.boot_id, "port": 29500 if request.get("free_port") else None,
+                  "state_dir": request.get("state_dir") or "~/.local/state/clusterrun"}
+        if request.get("route_to") is not None:  # as the agent: the route's answer in the probe's
+            answer["network"] = self._route(host, request)["network"]
+        if request.get("inspect") is not None:  # and the preflight's, answered as if asked alone
+            answer["inspect"] = self._inspect(host, request["inspect"])
+        if request.get("listen") is not None:
+            answer["listen"] = self._listen(host, request["listen"])
+        return answer
 
     def _setup(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
         if host.setup_error is not None:
@@ -318,6 +325,8 @@ class FakeCluster:
         return str(request["job"]), int(request["node"]), int(request["attempt"])
 
     def _start(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("unlisten") is not None:  # the preflight's listener, closed before torchrun binds
+            self._unlisten(host, {"port": request["unlisten"]})
         if host.start_error is not None:
             error, host.start_error = host.start_error, None
             return {"ok": False, "error": error}
@@ -524,11 +533,16 @@ class FakeTransport(Transport):
         def send(data: bytes) -> None:
             requests.append(json.loads(data))
 
+        listened: list[int] = []  # the listeners this agent opened: they end with it, as the agent's
+
         def lines() -> Iterator[bytes]:
             while requests and not closed.is_set():
                 for answer in self.cluster._answers(fake, requests.pop(0), epoch):
                     if closed.is_set():
                         return
+                    opened = answer.get("listen", answer)
+                    if isinstance(opened, dict) and opened.get("listening"):
+                        listened.append(int(opened["port"]))
                     yield json.dumps(answer).encode() + b"\n"
                     if answer.get("t") in ("end", "eof"):
                         return
@@ -536,6 +550,9 @@ class FakeTransport(Transport):
         def close() -> None:
             closed.set()
             with self.cluster.changed:
+                for port in listened:
+                    if self.cluster.listeners.get(port, (None,))[0] is fake:
+                        del self.cluster.listeners[port]
                 self.cluster.changed.notify_all()
             if fake.close_error is not None:
                 raise fake.close_error
