@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from clusterrun import parallel
 from clusterrun.agent.wire import (
     InspectRequest,
     ListenRequest,
@@ -201,7 +202,7 @@ def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: Thread
 
     able = [h for h in hosts if h.session is not None and h.probe is not None]  # an agent that answers
     try:
-        results = dict(zip([h.rank for h in able], pool.map(reach, able), strict=True))
+        results = dict(zip([h.rank for h in able], parallel.map_all(pool, reach, able), strict=True))
     finally:
         try:
             if early is None:
@@ -230,7 +231,8 @@ def _interfaces(hosts: Sequence[_Host], addr: str, port: int, pool: ThreadPoolEx
         return decode_network(h.transport.name, answer.get("network"), "route answer's network")
 
     try:
-        addr, networks = settle_master(addr, derived, lambda master: list(pool.map(lambda h: route(h, master), hosts)))
+        addr, networks = settle_master(addr, derived,
+                                       lambda master: parallel.map_all(pool, lambda h: route(h, master), hosts))
     except HostError as exc:
         next(h for h in hosts if h.transport.name == exc.host).checks.append(
             Check("interface", Verdict.FAIL, exc.message, exc.hint))
@@ -266,7 +268,6 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
                local_cwd: str | None = None) -> Report:
     """Every check on every host of ``spec``, in parallel; nothing is started."""
     hosts = [_Host(rank, factory(h)) for rank, h in enumerate(spec.hosts)]
-    pool = ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts))), thread_name_prefix="clusterrun-doctor")
     synced = {rank for rank, h in enumerate(spec.hosts) if h.sync is not None}  # up's sync makes the workdir first
 
     def examine(h: _Host) -> None:
@@ -291,21 +292,27 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
         _inspect(h, script, spec, local_cwd, deep=True, full=True, imports=True, synced=h.rank in synced)
 
     try:
-        list(pool.map(examine, hosts))
-        node0 = hosts[0]
-        if node0.session is not None and node0.probe is not None:
-            addr = master_addr(spec, HostFacts(python=node0.transport.python, address=node0.transport.address))
-            addr = _interfaces(hosts, addr, spec.master_port or 29500, pool,  # any port: the route is what counts
-                               derived=master_derived(spec))
-            _port_test(hosts, addr, spec.master_port, pool, fixed=spec.master_port is not None)
-        _versions(hosts)
+        with parallel.threads(min(32, len(hosts)), "clusterrun-doctor") as pool:
+            _examine_all(hosts, spec, examine, pool)
     finally:
         for h in hosts:
             if h.session is not None:
                 h.session.close()
             h.transport.close()
-        pool.shutdown()
     return Report([HostReport(h.rank, h.transport.name, h.checks) for h in hosts])
+
+
+def _examine_all(hosts: Sequence[_Host], spec: ClusterSpec, examine: Callable[[_Host], None],
+                 pool: ThreadPoolExecutor) -> None:
+    """``examine`` every host, then the checks between them: the interfaces, the master port, the versions."""
+    parallel.map_all(pool, examine, hosts)
+    node0 = hosts[0]
+    if node0.session is not None and node0.probe is not None:
+        addr = master_addr(spec, HostFacts(python=node0.transport.python, address=node0.transport.address))
+        addr = _interfaces(hosts, addr, spec.master_port or 29500, pool,  # any port: the route is what counts
+                           derived=master_derived(spec))
+        _port_test(hosts, addr, spec.master_port, pool, fixed=spec.master_port is not None)
+    _versions(hosts)
 
 
 def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | None]], spec: ClusterSpec,
@@ -337,8 +344,8 @@ def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | N
             _inspect(h, script, spec, local_cwd, deep=full and h.transport.host.gpus is not None, full=full,
                      synced=h.rank in synced)
 
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts))), thread_name_prefix="clusterrun-preflight") as pool:
-        list(pool.map(inspect, hosts))
+    with parallel.threads(min(32, len(hosts)), "clusterrun-preflight") as pool:
+        parallel.map_all(pool, inspect, hosts)
         if full and test_port:
             came = early.get(0)
             _port_test(hosts, addr, port, pool, fixed=spec.master_port is not None,

@@ -396,11 +396,13 @@ def test_ctrl_c_while_ssh_connects_exits_at_once(tmp_path: Path, state_dir: Path
     assert "Traceback" not in err
 
 
-def test_ctrl_c_while_ps_asks_stalled_hosts_exits_at_once(tmp_path: Path, state_dir: Path) -> None:
-    """`ps --hosts` (it asks every host for its jobs) on hosts that never let the SSH connection
-    finish: Ctrl-C ends it with 130 at once, one line, no traceback."""
+@pytest.mark.parametrize("command", [["ps", "--hosts"], ["doctor"]])
+def test_ctrl_c_while_a_command_asks_stalled_hosts_exits_at_once(tmp_path: Path, state_dir: Path,
+                                                                  command: list[str]) -> None:
+    """`ps --hosts` (it asks every host for its jobs) and `doctor` on hosts that never let the SSH
+    connection finish: Ctrl-C ends them with 130 at once, one line, no traceback."""
     with stalled_hosts(tmp_path, state_dir) as (hosts, stuck):
-        code, err = interrupted([sys.executable, "-m", "clusterrun", "ps", "--hosts", str(hosts)], stuck)
+        code, err = interrupted([sys.executable, "-m", "clusterrun", *command, str(hosts)], stuck)
     assert code == 130, err
     assert err == "clusterrun: interrupted\n"
 
