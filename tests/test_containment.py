@@ -430,6 +430,30 @@ def test_logind_that_kills_at_logout_refuses_the_start_without_a_cgroup(
     assert transport.call(req(state_dir, "status"))["state"] == {"state": "absent"}
 
 
+def test_one_agent_asks_logind_once(login_session: tuple[str, Path, str], tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe, the preflight's inspect and the start each need logind's settings; `loginctl` (a
+    process on every real host) runs once per agent."""
+    python, answer, _ = login_session
+    answer.write_text("KillUserProcesses=no\nKillOnlyUsers=\nKillExcludeUsers=\n")
+    calls = tmp_path / "loginctl.calls"
+    loginctl = Path(python).parent / "loginctl"
+    loginctl.write_text(f"#!/bin/sh\necho called >> {calls}\ncat {answer}\n")
+    monkeypatch.setenv("CLUSTERRUN_NO_CGROUP", "1")  # as a user whose cgroup is not delegated
+    transport = LocalTransport(HostSpec(host="here", transport="local", python=python))
+    state_dir = tmp_path / "state"
+    session = transport.session()
+    try:
+        session.call({"op": "probe", "state_dir": str(state_dir)})
+        session.call({"op": "inspect", "cwd": str(tmp_path), "paths": ["."], "state_dir": str(state_dir)})
+        session.call(req(state_dir, "start", argv=[sys.executable, "-c", "import time; time.sleep(600)"], env={},
+                         cwd=str(tmp_path)))
+    finally:
+        session.close()
+        transport.call(req(state_dir, "stop", grace=1))
+    assert calls.read_text() == "called\n"
+
+
 def test_as_root_the_job_leaves_the_login_session_and_outlives_it(login_session: tuple[str, Path, str],
                                                                    tmp_path: Path) -> None:
     """With KillUserProcesses=yes and root: the attempt's cgroup is outside the session's scope,
