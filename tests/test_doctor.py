@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+import clusterrun.cli.tools
+import clusterrun.cli.up
 from clusterrun import checks, cli, doctor
 from clusterrun.agent import doctorops
 from clusterrun.agent.wire import ReachRequest
