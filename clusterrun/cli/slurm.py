@@ -302,8 +302,6 @@ def down_slurm_step(ref: str, grace: float | None) -> int | None:
     the ``up`` following it records and reports it stopped. A recorded Slurm job that has ended is
     said so. None where ``ref`` is a job over SSH, or names no job here and no step of that name
     runs (``down`` goes on as usual)."""
-    from clusterrun.slurmrun import mark_stopped, my_steps, step_gone, stop_step
-
     store = JobStore()
     try:
         record: JobRecord | None = store.load(store.resolve(ref))
@@ -316,6 +314,8 @@ def down_slurm_step(ref: str, grace: float | None) -> int | None:
     if record is not None and record.finished:
         _note(f"job {record.job_id} already finished ({record.state}); nothing to stop")
         return EXIT_OK
+    from clusterrun.slurmrun import mark_stopped, my_steps, step_gone, stop_step  # Slurm's, or squeue's
+
     steps = [s for s in my_steps() if s.name == ref or s.name.startswith(ref)]
     steps = [s for s in steps if s.name == (record.job_id if record is not None else ref)] or steps
     if not steps and record is not None:

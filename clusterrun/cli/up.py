@@ -54,7 +54,6 @@ from clusterrun.preparing import Preparing
 from clusterrun.printer import Printer
 from clusterrun.runner import Runner
 from clusterrun.selection import load_hosts
-from clusterrun.session import Session
 from clusterrun.sync import SyncReport
 from clusterrun.syncview import SyncView
 from clusterrun.transports import transport_for
@@ -306,6 +305,8 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
             if prep is not None:  # the record tells of the job now, or nothing started
                 prep.close()
         if tui:
+            from clusterrun.session import Session  # the dashboard's: `up --no-tui` and `-d` need none
+
             code = _dashboard(Session(store, record, runner=runner), ui_lines)
             show_timings()
             sys.exit(code)
