@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from clusterrun.attempt import Recorder, attempt_event, new_record
 from clusterrun.errors import ClusterrunError, ConfigError
 from clusterrun.events import Event, JobFinished, JobResult, LogLines, NodeExited, NodeResult, NodeState
-from clusterrun.joblist import history_rows, table_text
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.plan import LaunchPlan
 
@@ -243,6 +242,8 @@ class SlurmSession:
                 "`srun --overlap --jobid=ALLOCATION py-spy dump --pid PID` on the node"]
 
     def history(self) -> list[str]:
+        from clusterrun.joblist import history_rows, table_text
+
         return table_text(history_rows(self.store.load(self.job_id), time.time()))
 
     def detach(self) -> None:

@@ -20,6 +20,8 @@ COMMAND_MODULES = sorted({f"clusterrun.cli.{module}" for module, _ in COMMANDS.v
 NOT_FOR_UP_PS_LOGS_DOWN = ("textual", "rich", "clusterrun.tui", "clusterrun.session", "clusterrun.slurm",
                            "clusterrun.slurmrun", "clusterrun.slurmlogs", "clusterrun.slurmview", "clusterrun.stacks",
                            "clusterrun.agent.follow", "clusterrun.agent.monitor")
+# ... and `ps`'s listing and JSON, which a job's start and stop need not.
+NOT_FOR_UP_DOWN = ("clusterrun.joblist",)
 REPORT = ("import atexit, sys\n"
           "atexit.register(lambda: print('MODULES', *sorted(sys.modules), file=sys.stderr))\n")
 
@@ -72,3 +74,4 @@ def test_up_ps_logs_and_down_load_no_slurm_dashboard_or_stack_module(command: st
     module = COMMANDS[command][0]
     modules, _ = _modules(f"from clusterrun.cli import main, {module}\n")
     assert not _loaded(modules, NOT_FOR_UP_PS_LOGS_DOWN)
+    assert command in ("ps", "logs") or not _loaded(modules, NOT_FOR_UP_DOWN)

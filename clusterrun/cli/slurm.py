@@ -34,7 +34,6 @@ from clusterrun.config import ClusterSpec
 from clusterrun.environment import MASK, resolve, secret_names
 from clusterrun.errors import ClusterrunError, ConfigError, JobNotFound
 from clusterrun.events import JobResult, NodeResult, NodeState
-from clusterrun.joblist import shown_env
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import spec_of
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
@@ -112,6 +111,8 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
         click.echo(f"  processes per node ({step.nproc_source}): "
                    + ", ".join(f"{node} {n}" for node, n in zip(step.nodes, step.nprocs, strict=True)))
         click.echo("  env (srun passes it to every task):")
+        from clusterrun.joblist import shown_env
+
         shown = shown_env(step.env, secret)
         click.echo("\n".join(f"    {k}={shlex.quote(shown[k])}" for k in sorted(shown)))
         click.echo(f"  command: {shlex.join(step.argv)}")
