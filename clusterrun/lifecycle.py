@@ -15,9 +15,9 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from clusterrun import parallel, slurmlogs
+from clusterrun import parallel
 from clusterrun.agent.wire import NodeRequest, StackAnswer, node_request
 from clusterrun.config import ClusterSpec, load_cluster_text
 from clusterrun.errors import ClusterrunError
@@ -28,9 +28,11 @@ from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.orchestrator import Emit, Job, Reconnect
 from clusterrun.plan import plan_from_json
 from clusterrun.protocol import End, Eof, LogChunk, NodeStatus, decode, decode_follow, decode_status
-from clusterrun.stacks import StackView, group
 from clusterrun.transports import Transport, transport_for
 from clusterrun.watch import Notify, Watch
+
+if TYPE_CHECKING:  # `stack`'s grouping and Slurm's kept logs are imported by the functions that use them
+    from clusterrun.stacks import StackView
 
 
 def spec_of(record: JobRecord) -> ClusterSpec:
@@ -156,6 +158,8 @@ def stacks_view(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Se
         plan = plan_from_json(record.plan, spec_of(record))
         holding = [n.rank for n in plan.nodes if set(n.ranks) & set(ranks)]
         nodes = [n for n in (nodes if nodes is not None else holding) if n in holding]
+    from clusterrun.stacks import group
+
     answers = stacks_of(record, nodes, ranks, native=native, timeout=timeout) if nodes != [] else {}
     return group(answers, {n.rank: n.host for n in record.nodes})
 
@@ -170,6 +174,8 @@ def read_log_chunks(record: JobRecord, rank: int, attempt: int, tail: int | None
     """``read_log``'s chunks as the agent sent them, with when their lines were written (a Slurm
     job's from the files its ``up`` kept on this machine)."""
     if record.engine == "slurm":
+        from clusterrun import slurmlogs
+
         yield from slurmlogs.read_chunks(JobStore(), record, rank, attempt, tail)
         return
     spec = spec_of(record)

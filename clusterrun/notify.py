@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from clusterrun.errors import ClusterrunError, StateError
-from clusterrun.joblist import job_json
 from clusterrun.jobs import JobRecord, JobStore, process_alive, process_id
 from clusterrun.watch import Notify
 
@@ -167,6 +166,8 @@ def start(store: JobStore, record: JobRecord, event: Due, note: Callable[[str], 
         env["CLUSTERRUN_NODE"] = str(event.node)
     argv = [sys.executable, "-m", "clusterrun", "_notify", "--root", str(store.root), record.job_id, event.key,
             process_id()]
+    from clusterrun.joblist import job_json  # `ps`'s JSON: only when a notification is sent
+
     try:
         with tempfile.TemporaryFile() as stdin:  # a file, not a pipe: a command that never reads it cannot block us
             stdin.write(json.dumps(dict(job_json(record), event=event.event, event_id=ident)).encode())

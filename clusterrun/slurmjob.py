@@ -18,17 +18,19 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clusterrun.attempt import Recorder, attempt_event, new_record
 from clusterrun.errors import ClusterrunError, ConfigError
 from clusterrun.events import Event, JobFinished, JobResult, LogLines, NodeExited, NodeResult, NodeState
-from clusterrun.joblist import history_rows, table_text
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.plan import LaunchPlan
-from clusterrun.slurm import SlurmStep
-from clusterrun.slurmlogs import ROOT_CAUSE_FIELDS
-from clusterrun.slurmrun import SlurmRun, find_step, my_steps, slurm_here
+
+# Slurm's own modules are imported where a Slurm job is handled: `ps` and `up` of a job without Slurm
+# ask only `is_slurm`.
+if TYPE_CHECKING:
+    from clusterrun.slurm import SlurmStep
+    from clusterrun.slurmrun import SlurmRun
 
 SLURM = "slurm"  # JobRecord.engine of a job of up --from-slurm ("ssh" for every other)
 
@@ -75,11 +77,15 @@ class StepNoter:
             self._asked = threading.Thread(target=self._ask, name="squeue-step", daemon=True)
             self._asked.start()
         elif isinstance(event, JobFinished) and event.result.root_cause is not None:
+            from clusterrun.slurmlogs import ROOT_CAUSE_FIELDS
+
             cause = dataclasses.asdict(event.result.root_cause)
             kept = {k: cause[k] for k in ROOT_CAUSE_FIELDS}
             self.store.update(self.job_id, lambda rec: rec.slurm.update(root_cause=kept) if rec.slurm else None)
 
     def _ask(self) -> None:
+        from clusterrun.slurmrun import find_step
+
         try:
             step = find_step(self.allocation, self.job_id, self._env)
         except OSError:  # no squeue here: the record names the allocation only
@@ -106,6 +112,8 @@ def refresh(store: JobStore, record: JobRecord, steps: Callable[[], Sequence[str
     this user's running steps (default: squeue's, where Slurm's client and configuration are here)."""
     if record.finished or store.owned(record.job_id):
         return record
+    from clusterrun.slurmrun import my_steps, slurm_here
+
     where = slurm_of(record)
     up = f"its `up --from-slurm` (pid {where.get('pid')} on {where.get('controller')}) is gone"
     if steps is None and not slurm_here(os.environ):
@@ -125,6 +133,8 @@ def refresh(store: JobStore, record: JobRecord, steps: Callable[[], Sequence[str
 def allocation_gone(record: JobRecord, environ: Mapping[str, str] | None = None) -> str | None:
     """Why no new step can start in the record's allocation (it ended, or Slurm cannot be asked
     here), or None while squeue lists it running."""
+    from clusterrun.slurmrun import slurm_here
+
     job = slurm_of(record).get("job")
     env = os.environ if environ is None else environ
     if not slurm_here(env):
@@ -232,6 +242,8 @@ class SlurmSession:
                 "`srun --overlap --jobid=ALLOCATION py-spy dump --pid PID` on the node"]
 
     def history(self) -> list[str]:
+        from clusterrun.joblist import history_rows, table_text
+
         return table_text(history_rows(self.store.load(self.job_id), time.time()))
 
     def detach(self) -> None:

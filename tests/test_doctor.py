@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+import clusterrun.cli.tools as cli_tools
+import clusterrun.cli.up as cli_up
 from clusterrun import checks, cli, doctor
 from clusterrun.agent import doctorops
 from clusterrun.agent.wire import ReachRequest
@@ -82,8 +84,8 @@ def test_doctor_and_up_see_the_interface_variables_set_in_env_file_forward_env_a
     (tmp_path / "net.env").write_text("NCCL_SOCKET_IFNAME=ib0\n")
     hosts = tmp_path / "hosts.yaml"
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")
-    monkeypatch.setattr(cli.tools, "transport_for", fake.transport)  # doctor
-    monkeypatch.setattr(cli.up, "transport_for", fake.transport)  # up --dry-run
+    monkeypatch.setattr(cli_tools, "transport_for", fake.transport)  # doctor
+    monkeypatch.setattr(cli_up, "transport_for", fake.transport)  # up --dry-run
 
     def both(defaults: str) -> tuple[list[str], list[str]]:
         hosts.write_text(f"defaults:\n  workdir: /proj\n{defaults}hosts:\n  - host: h0\n  - host: h1\n")

@@ -15,6 +15,7 @@ import pytest
 from clusterrun import timings
 from tests.conftest import ROOT, SUPPORT, job_id_of, run_up, write_hosts
 from tests.simhosts import SimCluster
+from tests.test_cli_imports import NOT_FOR_UP_PS_LOGS_DOWN
 from tests.test_ssh import ssh_hosts
 
 
@@ -95,13 +96,13 @@ def test_up_timings_names_the_host_whose_agent_is_slow(sim_cluster: Callable[...
 @pytest.mark.integration
 @pytest.mark.fake_torchrun
 def test_the_commands_that_print_import_no_textual(tmp_path: Path) -> None:
-    """`up --no-tui`, `ps`, `logs` and `down` run without loading Textual (or rich): their start-up
-    stays light."""
+    """`up --no-tui`, `ps`, `logs` and `down` run without loading Textual (or rich), nor Slurm's,
+    the dashboard's or `stack`'s modules: their start-up stays light."""
     state = tmp_path / "state"
     hosts = write_hosts(tmp_path, [1], state)
     code = ("import atexit, sys\n"
-            "atexit.register(lambda: print('TEXTUAL', any(m.split('.')[0] in ('textual', 'rich') for m in sys.modules),"
-            " file=sys.stderr))\n"
+            f"atexit.register(lambda: print('LOADED', sorted(m for m in sys.modules "
+            f"for n in {NOT_FOR_UP_PS_LOGS_DOWN!r} if m == n or m.startswith(n + '.')), file=sys.stderr))\n"
             "from clusterrun.cli import main\nmain()\n")
     env_state = {"XDG_STATE_HOME": str(tmp_path / "xdg")}
 
@@ -112,8 +113,10 @@ def test_the_commands_that_print_import_no_textual(tmp_path: Path) -> None:
     started = run("up", "--no-tui", str(hosts), str(SUPPORT / "counter.py"), "2", "0")
     assert started.returncode == 0 and "rank 0 done" in started.stdout, started.stderr
     job = job_id_of(started.stderr)
-    for args in (["ps"], ["ps", job], ["logs", job], ["down", job]):
+    # `ps` asks squeue for the running steps of `up --from-slurm` that have no record here
+    for args, loaded in ((["ps"], "['clusterrun.slurm', 'clusterrun.slurmrun']"), (["ps", job], "[]"),
+                         (["logs", job], "[]"), (["down", job], "[]")):
         done = run(*args)
         assert done.returncode == 0, (args, done.stderr)
-        assert "TEXTUAL False" in done.stderr, (args, done.stderr)
-    assert "TEXTUAL False" in started.stderr
+        assert f"LOADED {loaded}" in done.stderr, (args, done.stderr)
+    assert "LOADED []" in started.stderr

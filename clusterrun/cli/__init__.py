@@ -15,15 +15,18 @@ SIGINT / SIGTERM (``up``: the job was stopped on every node, or left running wit
 
 The commands are in the modules of this package, which register them on ``main`` when imported:
 ``up``; ``jobs`` (ps, logs, attach, wait); ``manage`` (down/stop, rm, prune, restart, _monitor);
-``stack``; ``tools`` (doctor, exec, hosts convert, completion); ``follow`` and ``records`` hold what they share.
+``stack``; ``tools`` (doctor, exec, hosts convert, completion); ``slurm`` (export); ``follow`` and
+``records`` hold what they share. ``main`` imports a command's module only when that command runs
+(``COMMANDS``): ``ps`` does not pay for ``up``'s imports, nor ``up`` for the dashboard's.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import signal
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -31,6 +34,9 @@ from clusterrun import __version__
 from clusterrun.durations import parse_duration
 from clusterrun.errors import ClusterrunError, DamagedRecord, HostError, HostsUnavailable, StateError
 from clusterrun.terminal import safe
+
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
 
 NODES_HELP = ("Only these hosts of the file, a node set: gpu[01-04],gpu07; HOST:GPU only that GPU of a host "
               "(see docs/hosts-file.md).")
@@ -95,10 +101,76 @@ def _note(text: str) -> None:
     click.echo(f"clusterrun: {safe(text, colour=False)}", err=True)
 
 
+# Each command: the module of this package that registers it, and its short help (the first sentence of
+# its docstring, which `--help` and shell completion show without importing the module; a test holds
+# them equal). A name starting with "_" is hidden: run by clusterrun itself, never listed.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "_monitor": ("manage", "Own JOB_ID in the background until it ends (started by `up -d` and friends)."),
+    "_notify": ("manage", "Send JOB_ID's notification KEY that process STARTER claimed (started by `notify.start`)."),
+    "attach": ("jobs", "Follow JOB live again: every node's log and state, from where you last left it, with no "
+                       "line lost or repeated; the lines just before that point are shown above a separator "
+                       "(--tail N)."),
+    "completion": ("tools", "Print the completion script for SHELL: commands, options, hosts files and job ids "
+                            "and names."),
+    "doctor": ("tools", "Check that every host of HOSTS.yaml can run a job; start nothing."),
+    "down": ("manage", "Stop JOB on every host (idempotent)."),
+    "exec": ("tools", "Run COMMAND on every host of HOSTS.yaml at once, each output line prefixed by its host."),
+    "export": ("slurm", "Write a batch script that runs SCRIPT as `up HOSTS.yaml SCRIPT` would, under Slurm."),
+    "hosts": ("tools", "Hosts files: convert another tool's hostfile."),
+    "logs": ("jobs", "Print JOB's logs from its hosts' log files: every node's lines with a prefix, interleaved "
+                     "in the order they were written by the hosts' clocks (--by-node: node after node), or one "
+                     "node's exactly as written with --node N."),
+    "prune": ("manage", "Remove the records of every ended job (succeeded, failed, stopped, lost) from this "
+                        "controller; unfinished jobs stay."),
+    "ps": ("jobs", "List jobs, or show one JOB's nodes (JOB: an id, a --name or a unique id prefix)."),
+    "restart": ("manage", "Check JOB's next attempt as up does, then stop JOB (verified) and start it again with "
+                          "the same hosts file, script, arguments and environment, as a new attempt with logs of "
+                          "its own; returns once it runs (like up -d)."),
+    "rm": ("manage", "Remove the records of ended jobs from this controller (their logs stay on the hosts unless "
+                     "--hosts-too)."),
+    "stack": ("stack", "Print the Python stack of every rank of JOB, taken on every host at once by py-spy; "
+                       "identical stacks are shown once with their ranks:"),
+    "stop": ("manage", "Stop JOB on every host (idempotent)."),
+    "up": ("up", "Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends."),
+    "wait": ("jobs", "Block until JOB has ended, then exit with its outcome: 0 succeeded, 1 failed, stopped or "
+                     "lost (for scripts and CI)."),
+}
+
+
+def _short_help(name: str, limit: int = 45) -> str:
+    """The command's short help cut to ``limit`` as click cuts it (a stand-in command: its own cut is public)."""
+    return click.Command(name, help=COMMANDS[name][1]).get_short_help_str(limit)
+
+
 class _Commands(click.Group):
-    """The commands, with the errors every command can meet made exit codes here: a job's record
-    is damaged (``DamagedRecord``: exit 1, as for a job that cannot be used), or the controller's
-    own state directory cannot be read or written (``StateError``: exit 2)."""
+    """The commands, loaded on demand (click's lazy group: ``get_command`` imports the one module that
+    registers the command; ``--help`` and completion list them from ``COMMANDS``), with the errors
+    every command can meet made exit codes here: a job's record is damaged (``DamagedRecord``: exit 1,
+    as for a job that cannot be used), or the controller's own state directory cannot be read or
+    written (``StateError``: exit 2)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS and cmd_name not in self.commands:
+            importlib.import_module(f"{__name__}.{COMMANDS[cmd_name][0]}")
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """As click's, from ``COMMANDS``: the same rows without importing every command."""
+        shown = [name for name in self.list_commands(ctx) if not name.startswith("_")]
+        limit = formatter.width - 6 - max(len(name) for name in shown)
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, _short_help(name, limit)) for name in shown])
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
+        """As click's, from ``COMMANDS``: the commands that start with ``incomplete``, then the options."""
+        from click.shell_completion import CompletionItem
+
+        items = [CompletionItem(name, help=_short_help(name)) for name in self.list_commands(ctx)
+                 if name.startswith(incomplete) and not name.startswith("_")]
+        return items + click.Command.shell_complete(self, ctx, incomplete)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -139,6 +211,3 @@ def main() -> None:
         if reconfigure is not None:
             reconfigure(errors="surrogateescape")
 
-
-# The commands register themselves on `main` when imported (their order in --help is click's: by name).
-from clusterrun.cli import jobs, manage, slurm, stack, tools, up  # noqa: E402, F401

@@ -8,12 +8,15 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_SIGNAL, _fail
 from clusterrun.events import JobResult
 from clusterrun.printer import Printer
-from clusterrun.session import Session
-from clusterrun.slurmjob import SlurmSession
+
+if TYPE_CHECKING:  # the sessions are the dashboard's: made by the commands that open it
+    from clusterrun.session import Session
+    from clusterrun.slurmjob import SlurmSession
 
 
 @contextmanager

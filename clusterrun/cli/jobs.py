@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
@@ -52,17 +53,17 @@ from clusterrun.joblist import (
 )
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import follower, node_statuses, read_log_chunks, read_logs, save_seen, spec_of
-from clusterrun.orchestrator import Job
 from clusterrun.plan import LaunchPlan, plan_from_json
 from clusterrun.printer import Printer
 from clusterrun.protocol import decode_status
 from clusterrun.ranges import parse_ranges
-from clusterrun.session import Session
 from clusterrun.slurmjob import engine_text, is_slurm
-from clusterrun.slurmlogs import SlurmFollower
-from clusterrun.slurmview import SlurmView
 from clusterrun.startwatch import progress_text
 from clusterrun.terminal import safe
+
+if TYPE_CHECKING:  # the followers of Slurm jobs and the dashboard's sessions: imported where one is made
+    from clusterrun.orchestrator import Job
+    from clusterrun.slurmlogs import SlurmFollower
 
 
 def _hosts_cell(hosts: Sequence[str], width: int = 40) -> str:
@@ -283,6 +284,8 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
         sys.exit(EXIT_HOSTS if failed else EXIT_OK)
     follower_job: Job | SlurmFollower
     if is_slurm(record):  # its files on this machine, as its `up` writes them
+        from clusterrun.slurmlogs import SlurmFollower
+
         follower_job = SlurmFollower(store, record, printer, attempt=attempt, ranks=ranks, tail=tail,
                                      reload=lambda: _refresh(store, store.load(record.job_id)))
     else:
@@ -320,12 +323,17 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
     offsets = {n.rank: n.seen for n in record.nodes}
     slurm = is_slurm(record)  # srun's output reaches only its `up`: a viewer follows the files that `up` keeps
     if _use_tui(no_tui):
+        from clusterrun.session import Session
+        from clusterrun.slurmview import SlurmView
+
         scrollback = tail if tail is not None else shutil.get_terminal_size().lines  # a screenful
         session = SlurmView(store, record, offsets) if slurm else Session(store, record, offsets=offsets,
                                                                           scrollback=scrollback)
         sys.exit(_dashboard(session, ui_lines, term_stops=False))
     viewer: Job | SlurmFollower
     if slurm:
+        from clusterrun.slurmlogs import SlurmFollower
+
         viewer = SlurmFollower(store, record, printer, attempt=record.attempt, ranks=range(len(record.nodes)),
                                tail=None, offsets=offsets, reload=lambda: _refresh(store, store.load(record.job_id)))
     else:

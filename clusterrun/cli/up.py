@@ -45,7 +45,6 @@ from clusterrun.environment import resolve
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError
 from clusterrun.events import Event, JobNote
 from clusterrun.interfaces import Interface
-from clusterrun.joblist import plan_json, shown_env
 from clusterrun.jobs import JobStore
 from clusterrun.nodesets import FOLD_PAST, alike_lines
 from clusterrun.orchestrator import Job, Reconnect
@@ -54,7 +53,6 @@ from clusterrun.preparing import Preparing, live
 from clusterrun.printer import Printer
 from clusterrun.runner import Runner
 from clusterrun.selection import load_hosts
-from clusterrun.session import Session
 from clusterrun.sync import SyncReport
 from clusterrun.syncview import SyncView
 from clusterrun.transports import transport_for
@@ -117,6 +115,8 @@ def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]],
                 skipped: Mapping[int, str] | None = None) -> None:
     """The dry run's text; ``setup``: the job's interpreter after the setup each node ran,
     ``skipped``: why a node's setup did not run."""
+    from clusterrun.joblist import shown_env  # ps's module: only the dry run shows an environment
+
     click.echo(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
                f"master {plan.master_addr}:{plan.master_port}")
     for node in plan.nodes:
@@ -283,6 +283,8 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
     try:
         plan, syncs = _checked(job, spec, script, sync_dir, full=not no_preflight, dry_run=dry_run, prep=prep)
         if dry_run and as_json:
+            from clusterrun.joblist import plan_json
+
             click.echo(json.dumps(plan_json(plan, job.host_fallbacks, job.interfaces, syncs, job.set_up,
                                              job.setup_skipped), indent=1))
             return
@@ -306,6 +308,8 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
             if prep is not None:  # the record tells of the job now, or nothing started
                 prep.close()
         if tui:
+            from clusterrun.session import Session  # the dashboard's: `up --no-tui` and `-d` need none
+
             code = _dashboard(Session(store, record, runner=runner), ui_lines)
             show_timings()
             sys.exit(code)
