@@ -301,8 +301,10 @@ class Monitor:
         while True:
             now = time.monotonic()
             polling = (not waker.reliable or torchrun.fd < 0 or any(h.fd < 0 for h in self.workers.values()))
-            scan_every = SCAN_INTERVAL if polling or now < busy_until else quiet
-            timeout = MERGE_INTERVAL if polling else min(last_scan + scan_every - now, IDLE_CHECK)
+            scan_at = last_scan + (SCAN_INTERVAL if polling or now < busy_until else quiet)
+            if self._awaits_rendezvous():
+                scan_at = min(scan_at, self.rdzv_next)  # the start-up watch wants it at every RDZV_CHECK
+            timeout = MERGE_INTERVAL if polling else min(scan_at - now, IDLE_CHECK)
             fds = [h.fd for h in self.workers.values() if h.fd >= 0] + [self.wakeup]
             ready = waker.wait(timeout, fds + ([torchrun.fd] if torchrun.fd >= 0 else []))
             if self.wakeup in ready:
@@ -321,7 +323,7 @@ class Monitor:
                 forwarded = True
                 torchrun.signal(signal.SIGTERM)
             now = time.monotonic()
-            if not ended and now - last_scan >= scan_every:
+            if not ended and now >= scan_at:
                 last_scan, quiet = now, min(quiet * 2, IDLE_SCAN_INTERVAL)
                 changed |= self._scan(torchrun.pid) | self._hang_watch() | self._rendezvous(torchrun.pid)
                 if kernel is not None:
@@ -339,11 +341,15 @@ class Monitor:
             if ended:
                 return
 
+    def _awaits_rendezvous(self) -> bool:
+        """Whether torchrun may still be waiting in the rendezvous (no worker yet, not seen joined)."""
+        return not (self.state["workers"] or self.master_port is None or self.state.get("rdzv_joined"))
+
     def _rendezvous(self, torchrun_pid: int) -> bool:
         """Until torchrun has workers: whether it joined the rendezvous (``rdzv_joined``), for the
         controller's start-up watch to name the nodes that did not; True if that changed."""
         now = time.monotonic()
-        if self.state["workers"] or self.master_port is None or self.state.get("rdzv_joined") or now < self.rdzv_next:
+        if not self._awaits_rendezvous() or self.master_port is None or now < self.rdzv_next:
             return False
         self.rdzv_next = now + RDZV_CHECK
         joined = joined_store(torchrun_pid, self.master_port)
