@@ -95,18 +95,20 @@ def checked_probe(transport: Transport, answer: object) -> Probe:
 
 def probe_all(pool: Executor, nodes: Sequence[Node], spec: ClusterSpec,
               ahead: Ahead | None = None) -> tuple[list[Probe], str | None, dict[int, Early]]:
-    """Connect to every host, then probe each (its agent kept in its ``Node``), the route to the
-    master and what ``ahead`` asks in the probe's request: the probes, the master they were routed
-    to, and what came of ``ahead`` by rank. Raises ``HostsUnavailable`` naming every host that
-    failed to connect or in its probe, the agents closed."""
-    def connect(rank: int) -> int:
-        nodes[rank].transport.connect()
+    """Find every host (``ssh -G``: every node's address goes into each probe's route), then connect
+    to each and probe it (its agent kept in its ``Node``), each host on its own, not waiting for the
+    others' connections: the route to the master and what ``ahead`` asks go in the probe's request.
+    The probes, the master they were routed to, and what came of ``ahead`` by rank. Raises
+    ``HostsUnavailable`` naming every host that could not be found, connected or probed, the agents
+    closed."""
+    def find(rank: int) -> int:
+        nodes[rank].transport.resolve()
         return rank
 
     def host_of(rank: int) -> str:
         return nodes[rank].host
 
-    connected, errors = parallel.gather(pool, connect, range(len(nodes)), host_of)
+    connected, errors = parallel.gather(pool, find, range(len(nodes)), host_of)
     master = None
     if not errors:  # else nothing will start: the probes only say what else fails
         node0 = nodes[0].transport
@@ -117,6 +119,7 @@ def probe_all(pool: Executor, nodes: Sequence[Node], spec: ClusterSpec,
 
     def probe(rank: int) -> Probe:
         node = nodes[rank]
+        node.transport.connect()
         node.agent = node.transport.session()
         inspect = ahead.inspect.get(rank) if ahead is not None else None
         listen = ahead.listen if ahead is not None and rank == 0 else None

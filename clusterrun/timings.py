@@ -9,11 +9,11 @@ Phases, in the order a host goes through them: ``resolve`` (``ssh -G``), ``conne
 SSH version exchange and key exchange), ``authenticate``, ``agent`` (the session channel, the
 remote shell and Python, until the agent's loader answers), then one per agent request, named
 by ``PHASE_OF`` (``probe``, ``route``, ``preflight``, ``sync``, ``setup``, ``start``). The start
-waits at barriers: every host connected (every node's address goes into each probe, which also
-asks the host's route to the master, the preflight's inspect and node 0's listener), every host
-probed (node 0's port goes into every node's plan), then routed again where the master address
-had to be settled again, checked (the TCP test of node 0's listener), synced and set up; so the
-critical path runs through the last host of each barrier.
+waits at barriers: every host found (``ssh -G``: every node's address goes into each probe, which
+also asks the host's route to the master, the preflight's inspect and node 0's listener), every
+host connected and probed, each on its own (node 0's port goes into every node's plan), then
+routed again where the master address had to be settled again, checked (the TCP test of node 0's
+listener), synced and set up; so the critical path runs through the last host of each barrier.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ PHASE_OF = {"probe": "probe", "route": "route", "inspect": "preflight", "listen"
 CONNECTING = ("resolve", "connect", "authenticate", "agent")
 PHASES = ("resolve", "connect", "authenticate", "agent", "probe", "route", "preflight", "sync", "setup", "start")
 # The barriers of the start, in order: each waits for every host to finish these phases.
-BARRIERS = (("connect", ("resolve", "connect", "authenticate")), ("probe", ("agent", "probe")), ("route", ("route",)),
+BARRIERS = (("resolve", ("resolve",)), ("connect and probe", ("connect", "authenticate", "agent", "probe")),
+            ("route", ("route",)),
             ("preflight", ("preflight",)), ("sync", ("sync",)), ("setup", ("setup",)), ("start", ("start",)))
 SHOWN_HOSTS = 5  # the slowest hosts shown row by row; the spread covers all
 

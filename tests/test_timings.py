@@ -41,7 +41,7 @@ def test_the_timeline_names_the_slowest_host_its_phase_and_the_critical_path() -
     assert lines[1] == "  before the first host: 0.000 s (the hosts file, the SSH library's import)"
     assert "slowest host: b: authenticate 1.500 s of 1.900 s" in text
     assert "authenticate 0.050/0.775/1.500 (b)" in text
-    assert ("critical path: connect done at 1.550 s (last: b) → probe done at 1.800 s (last: b) "
+    assert ("critical path: resolve done at 0.010 s (last: a) → connect and probe done at 1.800 s (last: b) "
             "→ route done at 1.850 s (last: a) → start done at 2.000 s (last: a)") in text
     assert "agent requests per host: 3," in text  # probe, route, start
     rows = [line.split() for line in lines if line.startswith("  a ") or line.startswith("  b ")]
@@ -82,7 +82,7 @@ def test_up_timings_names_the_host_whose_agent_is_slow(sim_cluster: Callable[...
     found = re.search(r"slowest host: (\S+): (\w+) ([\d.]+) s of ([\d.]+) s", proc.stderr)
     assert found, proc.stderr
     assert found.group(1, 2) == ("sim2", "agent") and float(found.group(3)) >= 2.0, proc.stderr
-    assert re.search(r"probe done at [\d.]+ s \(last: sim2\)", proc.stderr), proc.stderr
+    assert re.search(r"connect and probe done at [\d.]+ s \(last: sim2\)", proc.stderr), proc.stderr
     rows = {line.split()[1]: line.split()[2:] for line in proc.stderr.splitlines()
             if re.match(r"clusterrun:   sim\d ", line)}
     assert set(rows) == {"sim1", "sim2", "sim3"}, proc.stderr

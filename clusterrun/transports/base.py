@@ -224,7 +224,12 @@ class Transport(ABC):
 
     @property
     def address(self) -> str | None:
-        """The address the host was reached at, once connected (None where that means nothing)."""
+        """The address the host is reached at, once resolved (None where that means nothing)."""
+        return None
+
+    def resolve(self) -> None:
+        """Find where the host is (``address``) without connecting; ``connect`` does it if not done.
+        Raises a ``TransportError`` subclass for a host that cannot be found. Nothing to find here."""
         return None
 
     @property

@@ -171,6 +171,17 @@ class SSHTransport(Transport):
                     error.host = self.name
                 raise error from exc
 
+    def resolve(self) -> None:
+        """``ssh -G``'s answer for the host (its address, port, user, keys, jumps), once."""
+        with self._lock:
+            self._resolve()
+
+    def _resolve(self) -> ResolvedHost:
+        if self._resolved is None:
+            with timings.span(self.name, "resolve"):
+                self._resolved = resolve(self.host, self.options)
+        return self._resolved
+
     def connect(self) -> None:
         with self._lock:
             self._closing = False  # a new use after a close()
@@ -179,9 +190,7 @@ class SSHTransport(Transport):
                 if transport is not None and transport.is_active():
                     return
                 self._close_clients()
-            with timings.span(self.name, "resolve"):
-                self._resolved = resolve(self.host, self.options)
-            self._client = self._open(self._resolved)
+            self._client = self._open(self._resolve())
 
     def _drop(self, client: paramiko.SSHClient | None) -> None:
         """Close ``client``'s connection, unless another one has replaced it already: no channel
