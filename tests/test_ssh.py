@@ -355,3 +355,29 @@ def test_channel_opens_that_timed_out_in_an_outage_leave_nothing_to_refuse_later
     finally:
         transport.close()
     assert not [r for r in caplog.records if "unrequested" in r.getMessage()]
+
+
+def test_the_connection_waits_for_no_delayed_ack(sim_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two of Linux's 40 ms delayed ACKs used to hold every connection's start (docs/benchmarks.md):
+    the client's socket sends its small packets at once (TCP_NODELAY), and sshd's notice of its
+    host keys after the authentication is ACKed at once, through paramiko's handler of global
+    requests (a private method of paramiko's: if an upgrade stops calling it, this fails)."""
+    import socket
+
+    from clusterrun.config import HostSpec
+    from clusterrun.transports import ssh, sshhosts
+
+    cluster = sim_cluster(1)
+    acked: list[bool] = []
+    monkeypatch.setattr(ssh, "_ack_at_once", lambda sock: acked.append(isinstance(sock, socket.socket)))
+    transport = ssh.SSHTransport(HostSpec(host="sim1", python=sys.executable),
+                                 sshhosts.SSHOptions(ssh_config=str(cluster.ssh_config)))
+    try:
+        assert transport.call({"op": "probe", "free_port": False, "state_dir": None})["ok"]
+        client = transport._client
+        assert client is not None
+        sock = client.get_transport().sock  # type: ignore[union-attr]
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        assert acked and all(acked)  # sshd's hostkeys-00@openssh.com notice went through the hook
+    finally:
+        transport.close()

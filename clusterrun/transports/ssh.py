@@ -28,6 +28,7 @@ This module holds the connection and its channels; ``sshhosts`` resolves the hos
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import socket
@@ -400,9 +401,30 @@ class _Transport(paramiko.Transport):
         super().start_client(event, timeout)
         self.kex_done = time.monotonic()
 
+    def _parse_global_request(self, m: paramiko.Message) -> None:  # private: pinned in test_ssh_unit.py
+        """sshd's notice of its host keys, right after the authentication: ACKed at once."""
+        super()._parse_global_request(m)  # type: ignore[misc]  # not in the stubs
+        _ack_at_once(self.sock)
+
+
+def _ack_at_once(sock: Any) -> None:
+    """ACK the packet just read at once, not after the delayed ACK's wait (up to 40 ms on Linux).
+    After the authentication sshd sends its host keys' notice (a global request without reply) and,
+    Nagle's algorithm on its side, holds its next packet (the first channel's confirmation) until
+    that notice is ACKed: 40 ms at every connection's start (docs/benchmarks.md). Linux only; not
+    on a proxied link (the proxy's own TCP connection is not ours)."""
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError, AttributeError):  # AttributeError: no TCP_QUICKACK here
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+
 
 def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
-    """paramiko's Transport with the ciphers in the order of PREFERRED_CIPHERS."""
+    """paramiko's Transport with the ciphers in the order of PREFERRED_CIPHERS, on a TCP socket
+    without Nagle's algorithm: the client's small packets sent back to back (NEWKEYS then the
+    service request; the channel's open then its exec) otherwise wait for the server's delayed ACK,
+    40 ms each on Linux, about 80 ms of every connection's start (docs/benchmarks.md)."""
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     transport = _Transport(sock, **kwargs)
     options = transport.get_security_options()
     known = tuple(options.ciphers)
