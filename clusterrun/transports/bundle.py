@@ -46,7 +46,7 @@ def build_zip(folder: Path = AGENT_DIR) -> bytes:
             info = zipfile.ZipInfo(f"{PACKAGE}/{path.name}", date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
-            archive.writestr(info, path.read_bytes(), compresslevel=6)  # 9: 3 ms more of every `up` for 0.2% fewer bytes
+            archive.writestr(info, path.read_bytes(), compresslevel=6)  # 9: 3 ms more of each `up`, 0.2% fewer bytes
     return out.getvalue()
 
 
