@@ -321,15 +321,6 @@ def test_ctrl_c_while_connecting_exits_130_and_starts_nothing(tmp_path: Path, st
     assert not (state_dir / "jobs").exists() and not (controller_state / "clusterrun" / "jobs").exists()
 
 
-def _syn_sent_to(port: int) -> bool:
-    """A TCP connect to ``port`` on this machine waits for its SYN's answer (/proc/net/tcp state 02)."""
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == "02" and int(fields[2].split(":")[1], 16) == port:
-            return True
-    return False
-
-
 @contextlib.contextmanager
 def stalled_hosts(tmp_path: Path, state_dir: Path) -> Iterator[tuple[Path, Callable[[], None]]]:
     """A hosts file of two hosts that never let an SSH connection finish, with ConnectTimeout 300:
