@@ -22,8 +22,11 @@ NOT_FOR_UP_PS_LOGS_DOWN = ("textual", "rich", "clusterrun.tui", "clusterrun.sess
                            "clusterrun.agent.follow", "clusterrun.agent.monitor")
 # ... and `ps`'s listing and JSON, which a job's start and stop need not.
 NOT_FOR_UP_DOWN = ("clusterrun.joblist",)
-REPORT = ("import atexit, sys\n"
-          "atexit.register(lambda: print('MODULES', *sorted(sys.modules), file=sys.stderr))\n")
+REPORT = ("import atexit, os, sys\n"
+          "report = lambda: print('MODULES', *sorted(sys.modules), file=sys.stderr, flush=True)\n"
+          "atexit.register(report)\n"
+          "leave = os._exit\n"  # click 8.0's completion ends by os._exit, past atexit
+          "os._exit = lambda code: (report(), leave(code))\n")
 
 
 def _modules(code: str, *args: str, env: dict[str, str] | None = None) -> tuple[set[str], str]:
