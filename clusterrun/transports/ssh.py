@@ -401,7 +401,7 @@ class _Transport(paramiko.Transport):
         super().start_client(event, timeout)
         self.kex_done = time.monotonic()
 
-    def _parse_global_request(self, m: paramiko.Message) -> None:  # private: pinned in test_ssh_unit.py
+    def _parse_global_request(self, m: paramiko.Message) -> None:  # private: pinned in tests/test_ssh.py
         """sshd's notice of its host keys, right after the authentication: ACKed at once."""
         super()._parse_global_request(m)  # type: ignore[misc]  # not in the stubs
         _ack_at_once(self.sock)
@@ -420,11 +420,12 @@ def _ack_at_once(sock: Any) -> None:
 
 def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
     """paramiko's Transport with the ciphers in the order of PREFERRED_CIPHERS, on a TCP socket
-    without Nagle's algorithm: the client's small packets sent back to back (NEWKEYS then the
-    service request; the channel's open then its exec) otherwise wait for the server's delayed ACK,
-    40 ms each on Linux, about 80 ms of every connection's start (docs/benchmarks.md)."""
+    without Nagle's algorithm: the client's small packets sent back to back (NEWKEYS, then the
+    service request) otherwise wait for the server's delayed ACK, 40 ms of every connection's start
+    on Linux (docs/benchmarks.md; the other such wait: ``_ack_at_once``)."""
     if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     transport = _Transport(sock, **kwargs)
     options = transport.get_security_options()
     known = tuple(options.ciphers)
