@@ -3,8 +3,9 @@ master, on the agent that stays open to start the node; with ``Ahead``, the pref
 requests that nothing before it changes.
 
 All of it goes in one request per host, the probe's (round trips saved on the critical path:
-docs/benchmarks.md). Once every host is connected, node 0's address as the plan derives it and
-every node's address (the peers a route looks for) are known before any probe; a separate
+docs/benchmarks.md). Once every host is found (``Transport.resolve``: ``ssh -G``), node 0's
+address as the plan derives it and every node's address (the peers a route looks for) are known
+before any probe, and each host then connects and is probed on its own; a separate
 ``route`` is asked only for a master address settled again (``interfaces.settle_master``). The
 port is the kernel's route lookup's business only: a free master port is not known yet, so
 ``ROUTE_PORT`` stands in for it (as in ``clusterrun doctor``). The agent answers the preflight's
@@ -108,7 +109,7 @@ def probe_all(pool: Executor, nodes: Sequence[Node], spec: ClusterSpec,
     def host_of(rank: int) -> str:
         return nodes[rank].host
 
-    connected, errors = parallel.gather(pool, find, range(len(nodes)), host_of)
+    found, errors = parallel.gather(pool, find, range(len(nodes)), host_of)
     master = None
     if not errors:  # else nothing will start: the probes only say what else fails
         node0 = nodes[0].transport
@@ -134,7 +135,7 @@ def probe_all(pool: Executor, nodes: Sequence[Node], spec: ClusterSpec,
         node.probe = checked_probe(node.transport, answer)
         return node.probe
 
-    probes, failed = parallel.gather(pool, probe, connected, host_of)
+    probes, failed = parallel.gather(pool, probe, found, host_of)
     if errors or failed:
         for node in nodes:
             node.close_agent()
