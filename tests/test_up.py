@@ -287,6 +287,21 @@ def test_lines_are_never_split_or_mixed_under_a_flood(tmp_path: Path, state_dir:
     assert not re.search(r"\[rank\d\]:.*\[rank\d\]:", proc.stdout)
 
 
+def interrupted(argv: list[str], stuck: Callable[[], None], env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run ``argv`` (with ``env``), Ctrl-C it once ``stuck()`` returned; its exit code and stderr. A
+    command still running 30 s later (far below the stalled hosts' ConnectTimeout, 300 s) fails the test."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        stuck()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
 def _gone(pid: int) -> bool:
     """``pid`` has exited (a zombie counts: its parent may not have reaped it yet)."""
     try:
@@ -302,19 +317,14 @@ def test_ctrl_c_while_connecting_exits_130_and_starts_nothing(tmp_path: Path, st
     once, closes the connection (the silent process is gone) and starts nothing."""
     pid_file = tmp_path / "silent.pid"
     hosts = write_hosts(tmp_path, [1], state_dir, extra=f"    python: {SUPPORT / 'silent_python.sh'}\n")
-    proc = subprocess.Popen(up_argv(hosts, SUPPORT / "counter.py", "3", "0.01"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env=dict(os.environ, SILENT_PID_FILE=str(pid_file)))
-    try:
+
+    def probing() -> None:
         wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30, what="the probe to start")
-        silent = int(pid_file.read_text())
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err
+
+    code, err = interrupted(up_argv(hosts, SUPPORT / "counter.py", "3", "0.01"), probing,
+                            env=dict(os.environ, SILENT_PID_FILE=str(pid_file)))
+    silent = int(pid_file.read_text())
+    assert code == 130, err
     assert "interrupted while connecting to the hosts, copying files or checking them; nothing was started" in err
     assert "Traceback" not in err
     wait_for(lambda: _gone(silent), timeout=10, what="the silent interpreter to be gone")
@@ -368,21 +378,6 @@ def _syn_sent_to(port: int) -> bool:
         if fields[3] == "02" and int(fields[2].split(":")[1], 16) == port:
             return True
     return False
-
-
-def interrupted(argv: list[str], stuck: Callable[[], None]) -> tuple[int, str]:
-    """Run ``argv``, Ctrl-C it once ``stuck()`` returned; its exit code and stderr. A command still
-    running 30 s later (far below ConnectTimeout, 300 s) fails the test."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
-        stuck()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, err
 
 
 def test_ctrl_c_while_ssh_connects_exits_at_once(tmp_path: Path, state_dir: Path) -> None:
