@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -513,3 +514,49 @@ def test_doctor_on_a_bad_hosts_file_is_bad_input(tmp_path: Path) -> None:
                           cwd=ROOT)
     assert proc.returncode == 2 and f"hosts.yaml:1: env_file: cannot read {tmp_path / 'missing.env'}: No such file" \
         in proc.stderr, proc.stderr
+
+
+# Each look, started, marks itself in the folder, then waits for the others' marks: side by side they
+# meet at once; one after the other, the first gives up (20 s) and fails.
+MEET = 'i=0; while [ ! -e "{d}/list" ] || [ ! -e "{d}/apps" ] || [ ! -e "{d}/torch" ]; do i=$((i+1)); ' \
+       '[ $i -gt 400 ] && exit 1; sleep 0.05; done'
+MEETING_SMI = """#!/bin/sh
+case "$1" in -L) touch "{d}/list" ;; *) touch "{d}/apps" ;; esac
+{meet}
+case "$1" in
+  -L) printf 'GPU 0: NVIDIA Fake 80GB (UUID: GPU-aaaa)\\n' ;;
+  *) printf 'GPU-aaaa, 4242, /usr/bin/python3\\n' ;;
+esac
+"""
+MEETING_TORCH = """import os, time
+open(os.path.join({d!r}, "torch"), "w").close()
+for _ in range(400):
+    if all(os.path.exists(os.path.join({d!r}, n)) for n in ("list", "apps")):
+        break
+    time.sleep(0.05)
+else:
+    raise ImportError("alone")
+__version__ = "2.13.0+cu124"
+class version:
+    cuda = "12.4"
+class cuda:
+    is_available = staticmethod(lambda: True)
+    device_count = staticmethod(lambda: 1)
+"""
+
+
+def test_the_inspect_runs_its_slow_looks_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU host `up`'s preflight imports torch and runs nvidia-smi twice, each of which can take
+    seconds there: they run at the same time (each fake waits for the others), not one after the other."""
+    marks, bin_dir, site = tmp_path / "marks", tmp_path / "bin", tmp_path / "site"
+    for folder in (marks, bin_dir, site / "torch"):
+        folder.mkdir(parents=True)
+    (bin_dir / "nvidia-smi").write_text(MEETING_SMI.format(d=marks, meet=MEET.format(d=marks)))
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    (site / "torch" / "__init__.py").write_text(MEETING_TORCH.format(d=str(marks)))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    answer = doctorops.op_inspect(doctorops.InspectRequest(cwd=str(tmp_path), deep=True, gpus=True, timeout=60))
+    assert answer["deep"]["devices"] == 1 and answer["deep"]["cuda"] == "12.4", answer["deep"]
+    assert answer["gpu_list"] == "GPU 0: NVIDIA Fake 80GB (UUID: GPU-aaaa)\n"
+    assert answer["gpu_apps"] == "GPU-aaaa, 4242, /usr/bin/python3\n"

@@ -13,7 +13,7 @@ from .network import _host_arg, _sockets
 from .probe import _find_torch
 from .records import AgentFailure, _state_root
 from .setup import _prepared
-from .system import _capture, _which
+from .system import _collect, _launch, _which
 from .wire import InspectRequest, ListenRequest, ReachRequest, UnlistenRequest
 
 TYPE_CHECKING = False
@@ -122,31 +122,40 @@ def op_inspect(req: InspectRequest) -> dict[str, Any]:
             answer["torch_cuda"] = _assigned(text, "cuda")
         except OSError:
             pass
-    if req.deep:
-        out = _capture([python, "-c", DEEP_TORCH], timeout=float(req.timeout or 120), env=env)
-        try:
-            answer["deep"] = json_loads(out) if out else {"error": f"{python} could not import torch"}
-        except ValueError:
-            answer["deep"] = {"error": f"unreadable output: {(out or '')[:200]!r}"}
+    # The slow looks run side by side (on a GPU host, importing torch and each nvidia-smi can take
+    # seconds: this is on every `up`'s path), each then read in turn.
+    timeout = float(req.timeout or 120)
+    deep = _launch([python, "-c", DEEP_TORCH], timeout, env=env) if req.deep else None
     script = os.path.join(cwd, os.path.expanduser(req.imports)) if req.imports else None
-    if script is not None and os.path.isfile(script):  # a missing one: its path says so
-        out = _capture([python, "-c", FIND_IMPORTS, script, req.pythonpath or ""],
-                       timeout=float(req.timeout or 120), env=env)
-        try:
-            answer["imports"] = json_loads(out) if out else {"error": f"{python} could not look"}
-        except ValueError:
-            answer["imports"] = {"error": f"unreadable output: {(out or '')[:200]!r}"}
+    looks = script is not None and os.path.isfile(script)  # a missing one: its path says so
+    imports = _launch([python, "-c", FIND_IMPORTS, script or "", req.pythonpath or ""], timeout,
+                      env=env) if looks else None
     if req.gpus:
         answer["nvidia_smi"] = _which("nvidia-smi")
-        if answer["nvidia_smi"]:
-            answer["gpu_list"] = _capture(["nvidia-smi", "-L"], timeout=30)
-            answer["gpu_apps"] = _capture(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name",
-                                           "--format=csv,noheader"], timeout=30)
+    gpu_list = gpu_apps = None
+    if req.gpus and answer["nvidia_smi"]:
+        gpu_list = _launch(["nvidia-smi", "-L"], timeout=30)
+        gpu_apps = _launch(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name",
+                            "--format=csv,noheader"], timeout=30)
+    if req.deep:
+        answer["deep"] = _json_of(_collect(deep), f"{python} could not import torch")
+    if looks:
+        answer["imports"] = _json_of(_collect(imports), f"{python} could not look")
+    if req.gpus and answer["nvidia_smi"]:
+        answer["gpu_list"], answer["gpu_apps"] = _collect(gpu_list), _collect(gpu_apps)
     problem = logind_problem()
     answer["logind"] = problem
     answer["logind_scope"] = bool(problem) and user_scope("probe", 0, 1) is not None
     answer["elapsed"] = time.monotonic() - began  # the controller's bracket of ``time`` ends this much earlier
     return answer
+
+
+def _json_of(out: str | None, missing: str) -> dict[str, Any]:
+    """A look's JSON answer, or ``{error}``: ``missing`` if it printed nothing (or failed)."""
+    try:
+        return json_loads(out) if out else {"error": missing}
+    except ValueError:
+        return {"error": f"unreadable output: {(out or '')[:200]!r}"}
 
 
 def _assigned(source: str, name: str) -> str | None:

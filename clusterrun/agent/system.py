@@ -85,6 +85,22 @@ def _capture(argv: list[str], timeout: float = 5.0, env: dict[str, str] | None =
              cwd: str | None = None) -> str | None:
     """The stdout of ``argv`` (found on PATH), or None if it cannot run or fails (no subprocess);
     with ``env``, run with that environment (and found on its PATH), in ``cwd`` if given."""
+    return _collect(_launch(argv, timeout, env, cwd))
+
+
+class Launched:
+    """A command started by ``_launch``: its pid, the read end of its stdout, its deadline."""
+
+    __slots__ = ("deadline", "out", "pid")
+
+    def __init__(self, pid: int, out: int, deadline: float) -> None:
+        self.pid, self.out, self.deadline = pid, out, deadline
+
+
+def _launch(argv: list[str], timeout: float = 5.0, env: dict[str, str] | None = None,
+            cwd: str | None = None) -> Launched | None:
+    """``_capture``'s first half: ``argv`` started, not waited for (None if it cannot be), so that
+    slow commands (nvidia-smi, an import of torch) run side by side; ``_collect`` ends it."""
     try:
         out_r, out_w = os.pipe()
         pid = os.fork()
@@ -105,11 +121,19 @@ def _capture(argv: list[str], timeout: float = 5.0, env: dict[str, str] | None =
         finally:
             os._exit(127)
     os.close(out_w)
-    deadline = time.monotonic() + timeout
+    return Launched(pid, out_r, time.monotonic() + timeout)
+
+
+def _collect(launched: Launched | None) -> str | None:
+    """``_capture``'s second half: the launched command's stdout once it ended with status 0, else
+    None (killed at its deadline)."""
+    if launched is None:
+        return None
+    pid, deadline = launched.pid, launched.deadline
     try:
-        data = read_until(out_r, deadline)
+        data = read_until(launched.out, deadline)
     finally:
-        os.close(out_r)
+        os.close(launched.out)
     done, status = os.waitpid(pid, os.WNOHANG)
     while done == 0 and time.monotonic() < deadline:  # its output ended: its exit follows at once
         time.sleep(0.002)
