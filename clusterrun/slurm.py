@@ -7,7 +7,7 @@ runs the same command on every node, Slurm tracks, limits and signals every proc
 ``scancel JOBID.STEPID`` is the stop. So every node gets the same argv and environment: in the task
 (``TASK_SCRIPT``) a node finds its own process count by its Slurm node name, enters the workdir,
 runs the hosts file's ``setup`` in its shell, checks python, the script and torch (the preflight),
-then execs torchrun with its node rank from ``SLURM_NODEID``; the master is the first node of the
+then runs torchrun with its node rank from ``SLURM_NODEID``; the master is the first node of the
 allocation, and GPUs are Slurm's to hand out (no ``CUDA_VISIBLE_DEVICES`` of ours).
 """
 
@@ -33,6 +33,11 @@ from clusterrun.plan import TORCHRUN_MODULE, LaunchPlan, NodeLaunch, node_env
 # What fails before torchrun fails the node: a line ``clusterrun: node NAME: ...`` (FAILURE_MARK), a
 # second's wait (else srun's --kill-on-bad-exit may end the step before that line reaches srun: seen
 # once in 20 failures without it, none in 20 with it), and its exit code.
+# torchrun's per-rank files (its --redirects, which --tee reads) go to a directory of the task's,
+# removed when torchrun ends: without --log-dir torchrun leaves a /tmp/torchelastic_* with a copy of
+# every rank's output on every node, at every run. So the shell waits for torchrun instead of exec'ing
+# it; Slurm signals every process of the step, torchrun too, and the shell's trap lets it outlive the
+# signal to remove the directory and exit with torchrun's status (a SIGKILL leaves it behind).
 TASK_SCRIPT = (r"""set -f
 _cr_python=$1 _cr_nproc=$2 _cr_workdir=$3 _cr_setup=$4 _cr_checks=$5; shift 5
 _cr_node=${SLURMD_NODENAME:-$(uname -n)}
@@ -56,9 +61,16 @@ if [ "$_cr_checks" = preflight ]; then
     _cr_torch='import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)'
     "$_cr_python" -c "$_cr_torch" || _cr_fail 2 "torch is not installed for $_cr_python"
 fi
-exec "$_cr_python" -m """ + TORCHRUN_MODULE + r""" --node-rank="$SLURM_NODEID" --nnodes="$SLURM_NNODES" """
+_cr_tmp=${TMPDIR:-/tmp}
+_cr_logs=$(mktemp -d "$_cr_tmp/clusterrun-torchrun.XXXXXX") ||
+    _cr_fail 2 "cannot make a directory for torchrun's logs in $_cr_tmp (free space there, or set TMPDIR)"
+trap : HUP INT TERM
+"$_cr_python" -m """ + TORCHRUN_MODULE + r""" --node-rank="$SLURM_NODEID" --nnodes="$SLURM_NNODES" """
                r"""--master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --nproc-per-node="$_cr_nproc" """
-               r"""--rdzv-backend=static --max-restarts=0 --redirects=3 --tee=3 "$@"
+               r"""--rdzv-backend=static --max-restarts=0 --redirects=3 --tee=3 --log-dir="$_cr_logs" "$@"
+_cr_rc=$?
+rm -rf "$_cr_logs"
+exit "$_cr_rc"
 """)
 TASK_NAME = "clusterrun-node"  # $0 of the task's shell: what ps shows
 FAILURE_MARK = re.compile(r"^clusterrun: node \S+: (.*)$")  # the task's line when it fails before torchrun

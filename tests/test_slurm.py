@@ -93,8 +93,9 @@ def _task(tmp_path: Path, step_argv: tuple[str, ...], node: str = "n2", node_id:
           ) -> subprocess.CompletedProcess[str]:
     """The task of ``step_argv`` run by its shell as srun runs it on node ``node``, in ``tmp_path``."""
     task = list(step_argv[step_argv.index("-c") - 1:])
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "MASTER_ADDR": "n1", "MASTER_PORT": "20003",
-           "SLURM_NODEID": node_id, "SLURM_NNODES": "2", "SLURMD_NODENAME": node}
+           "SLURM_NODEID": node_id, "SLURM_NNODES": "2", "SLURMD_NODENAME": node, "TMPDIR": str(tmp_path / "tmp")}
     return subprocess.run(task, env=env, capture_output=True, text=True, check=False, cwd=tmp_path)
 
 
@@ -116,10 +117,15 @@ def test_the_task_script_puts_slurms_node_rank_into_torchruns_argv(tmp_path: Pat
                       env_overrides={}, cwd=None)
     done = _task(tmp_path, step.argv)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["-m", "torch.distributed.run", "--node-rank=1", "--nnodes=2",
-                                        "--master-addr=n1", "--master-port=20003", "--nproc-per-node=1",
-                                        "--rdzv-backend=static", "--max-restarts=0", "--redirects=3", "--tee=3",
-                                        "t.py", "a b", "$HOME", "setup left nothing"]
+    words = done.stdout.splitlines()
+    logs = words.pop(words.index(next(w for w in words if w.startswith("--log-dir="))))
+    assert words == ["-m", "torch.distributed.run", "--node-rank=1", "--nnodes=2",
+                     "--master-addr=n1", "--master-port=20003", "--nproc-per-node=1",
+                     "--rdzv-backend=static", "--max-restarts=0", "--redirects=3", "--tee=3",
+                     "t.py", "a b", "$HOME", "setup left nothing"]
+    # torchrun's per-rank files in a directory of the task's under TMPDIR, gone once torchrun ended
+    assert logs.startswith(f"--log-dir={tmp_path / 'tmp'}/clusterrun-torchrun.")
+    assert not list((tmp_path / "tmp").iterdir())
 
 
 def test_each_node_finds_its_own_process_count_by_its_slurm_name(tmp_path: Path) -> None:

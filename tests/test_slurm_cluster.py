@@ -57,10 +57,11 @@ def _up(hosts: Path, *args: str) -> list[str]:
             *args]
 
 
-def _run_up(slurm: SlurmCluster, tmp_path: Path, hosts: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``up --from-slurm`` under ``salloc -N2``, to its end."""
-    return subprocess.run(_up(hosts, *args), capture_output=True, text=True, env=_env(slurm), cwd=tmp_path,
-                          timeout=300)
+def _run_up(slurm: SlurmCluster, tmp_path: Path, hosts: Path, *args: str,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``up --from-slurm`` under ``salloc -N2``, to its end (``env``: added to the Slurm client's)."""
+    return subprocess.run(_up(hosts, *args), capture_output=True, text=True, env={**_env(slurm), **(env or {})},
+                          cwd=tmp_path, timeout=300)
 
 
 def _census(host: SimHost, marker: str) -> list[str]:
@@ -109,7 +110,7 @@ def test_sigterm_cancels_the_step_and_leaves_nothing(slurm_cluster: SlurmCluster
     try:
         seen = _read_lines(proc, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
         censuses = [_census(h, str(script)) for h in slurm_cluster.sim.hosts]
-        assert [len(c) for c in censuses] == [3, 3], (censuses, seen)  # torchrun and its two workers per node
+        assert [len(c) for c in censuses] == [4, 4], (censuses, seen)  # the task's shell, torchrun, its 2 workers
         controller = wait_for(lambda: _clusterrun_under(proc.pid), 10, what="clusterrun under salloc")
         os.kill(controller, signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
@@ -260,11 +261,15 @@ def test_up_from_slurm_in_a_batch_script(slurm_cluster: SlurmCluster, tmp_path: 
 
 
 def test_real_torchrun_allreduces_over_gloo_through_srun(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """The real torchrun (no stand-in): the static rendezvous on the allocation's first node, gloo between nodes."""
+    """The real torchrun (no stand-in): the static rendezvous on the allocation's first node, gloo between
+    nodes; torchrun's per-rank files in the task's directory under TMPDIR, removed at its end."""
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text(f"defaults:\n  nproc: 2\n  python: {sys.executable}\nhosts:\n  - host: sim[1-2]\n")
-    done = _run_up(slurm_cluster, tmp_path, hosts, str(ROOT / "tests" / "_support" / "allreduce_net.py"))
+    (tmp_path / "tmp").mkdir()
+    done = _run_up(slurm_cluster, tmp_path, hosts, str(ROOT / "tests" / "_support" / "allreduce_net.py"),
+                   env={"TMPDIR": str(tmp_path / "tmp")})
     assert done.returncode == 0, done.stdout + done.stderr
+    assert not list((tmp_path / "tmp").iterdir())  # torchrun alone leaves a torchelastic_* on every node
     sums = re.findall(r"^node(\d) sim(\d) rank\d \| NET rank=(\d) host=(sim\d) .* sum=(\d+) expected=(\d+)$",
                       done.stdout, re.MULTILINE)
     assert sorted(sums) == [("0", "1", "0", "sim1", "10", "10"), ("0", "1", "1", "sim1", "10", "10"),

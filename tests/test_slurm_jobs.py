@@ -228,7 +228,8 @@ def test_the_dashboard_shows_a_slurm_job_and_k_cancels_its_step(slurm_cluster: S
     with _terminal(slurm_cluster, tmp_path, shlex.join(_up(hosts, "--grace=1", str(script), "sleep"))) as keys:
         _both_running(keys)
         job_id = next(p.name for p in (Path(os.environ["XDG_STATE_HOME"]) / "clusterrun" / "jobs").iterdir())
-        assert [len(_census(h, str(script))) for h in slurm_cluster.sim.hosts] == [3, 3]
+        # the task's shell, torchrun and its 2 workers on each node
+        assert [len(_census(h, str(script))) for h in slurm_cluster.sim.hosts] == [4, 4]
         _kill_from_the_dashboard(keys)
     for host in slurm_cluster.sim.hosts:
         assert _census(host, str(script)) == [], host.name
