@@ -9,6 +9,7 @@ start, follow, stop, status, setup, route, remove, jobs; inspect, listen, reach 
 ``tests/test_transport_contract.py`` holds it to the local and SSH transports, so a policy tested
 against it is tested against what the real hosts say. No processes, no clock: a job's "processes"
 run until the test says they end.
+The hosts' and their nodes' state, and what a test scripts on them, are in ``fakehosts``.
 """
 
 from __future__ import annotations
@@ -18,143 +19,14 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from clusterrun.agent.gpus import parse_gpus
 from clusterrun.agent.wire import REQUESTS
 from clusterrun.config import HostSpec
 from clusterrun.errors import ConnectError
-from clusterrun.protocol import PROTOCOL
 from clusterrun.transports.base import AgentSession, Transport
-
-Key = tuple[str, int, int]  # job, node, attempt
-_pids = itertools.count(1000)
-
-
-@dataclass
-class FakeNode:
-    """One attempt of one node on a fake host: its log and its state file."""
-
-    key: Key
-    host: FakeHost
-    argv: list[str]
-    env: dict[str, str]
-    log: bytearray = field(default_factory=bytearray)
-    state: dict[str, Any] = field(default_factory=dict)
-    sent_to: int = 0  # the end of the log that the last follow has handed out
-    gone: bool = False  # its processes vanished without a word (SIGKILLed with the supervisor)
-    stops: int = 0  # stop requests received
-    leave_on_stop: list[dict[str, Any]] = field(default_factory=list)  # processes a stop cannot kill
-    outlives_grace: bool = False  # torchrun does not end on SIGTERM (a worker ignores it): SIGKILLed after the grace
-    spec: dict[str, Any] = field(default_factory=dict)  # what its spec.json holds (for ``jobs`` and ``remove``)
-
-    def write(self, data: bytes | str) -> None:
-        """The job prints ``data``."""
-        with self.host.cluster.changed:
-            self.log += data.encode() if isinstance(data, str) else data
-            self.host.cluster.changed.notify_all()
-
-    def exit(self, code: int = 0, *, signal: int | None = None, oom: dict[str, Any] | None = None) -> None:
-        """torchrun ends with ``code`` (or was killed by ``signal``); ``oom``: what the supervisor
-        read of the kernel's OOM kills (the state's ``oom``)."""
-        with self.host.cluster.changed:
-            self.state = dict(self.state, state="exited", exit_code=None if signal else code, signal=signal,
-                              ended_at=self.host.cluster.now(), **({"oom": oom} if oom is not None else {}))
-            self.host.cluster.changed.notify_all()
-
-    def degrade(self, reason: str) -> None:
-        """Its supervisor cannot write its state any more (a full disk): the agent says ``degraded``."""
-        with self.host.cluster.changed:
-            self.state = dict(self.state, degraded=reason)
-            self.host.cluster.changed.notify_all()
-
-    def start_workers(self, *ranks: int) -> None:
-        """torchrun has started its workers (the rendezvous completed): the supervisor records them."""
-        with self.host.cluster.changed:
-            workers = [{"pid": next(_pids), "rank": r, "local_rank": i, "died": None} for i, r in enumerate(ranks)]
-            self.state = dict(self.state, workers=workers)
-            self.host.cluster.changed.notify_all()
-
-    def rendezvous(self, joined: bool) -> None:
-        """Its torchrun is (not) connected to the master port yet, before its workers start."""
-        with self.host.cluster.changed:
-            self.state = dict(self.state, rdzv_joined=joined)
-            self.host.cluster.changed.notify_all()
-
-    def hang(self, since: float | None, report: str | None = None) -> None:
-        """Its ranks wrote nothing and used no CPU since ``since`` (the host's hang watch); None: active again."""
-        with self.host.cluster.changed:
-            self.state = dict(self.state, hung_since=since, hang_report=report)
-            self.host.cluster.changed.notify_all()
-
-    def vanish(self) -> None:
-        """Its supervisor and torchrun are killed without a word (the agent then says ``lost``)."""
-        with self.host.cluster.changed:
-            self.gone = True
-            self.host.cluster.changed.notify_all()
-
-    @property
-    def running(self) -> bool:
-        return (self.state.get("state") in ("starting", "running") and not self.gone
-                and self.state.get("boot_id") == self.host.boot_id)
-
-
-@dataclass
-class FakeHost:
-    """One fake machine: reachable or not, its boot id, the nodes started on it."""
-
-    name: str
-    cluster: FakeCluster
-    reachable: bool = True
-    boot_id: str = "boot-1"
-    start_error: str | None = None  # the next start fails with this
-    setup_error: str | None = None  # every ``setup`` request fails with this (a broken ``setup:``)
-    after_setup: dict[str, Any] | None = None  # the job's interpreter after setup (wire.JobPython; None: as probed)
-    setup_blocks: bool = False  # a ``setup`` waits while this is set, then fails at its setup_timeout as the agent's
-    python: str = "3.11.7"
-    protocol: int = PROTOCOL
-    torch: str | None = "2.13.0"
-    connects: int = 0  # connection attempts, reachable or not
-    close_error: Exception | None = None  # closing a session raises this (a transport's untranslated fault)
-    # the answer to ``route``, or a function of the master's address giving it (default: its own machine, eth0)
-    network: dict[str, Any] | Callable[[str], dict[str, Any]] | None = None
-    _epoch: int = 0  # bumped by drop(): streams of an older epoch are cut
-    # what `inspect`, `listen` and `reach` find (the doctor's checks; see doctor.py)
-    missing: set[str] = field(default_factory=set)  # paths (as asked, "." for the workdir) that are missing
-    clock_offset: float = 0.0  # its clock against the controller's
-    disk_free: int = 100 << 30
-    torch_cuda: str | None = None
-    nccl: str | None = None
-    torch_devices: int = 0
-    torch_error: str | None = None  # `import torch` fails with this
-    modules_missing: set[str] = field(default_factory=set)  # top-level imports of the script it cannot find
-    gpu_list: str | None = None  # nvidia-smi -L; None: no nvidia-smi
-    gpu_apps: str = ""
-    gpu_query: str | None = None  # what nvidia-smi --query-gpu prints (``gpus``); None: no nvidia-smi
-    gpu_problem: str = ""  # its nvidia-smi fails so (``gpus`` answers this problem)
-    logind: str = ""
-    ports_taken: set[int] = field(default_factory=set)  # ports a listen cannot open
-    firewalled: bool = False  # other hosts' connections to its listeners time out
-
-    def drop(self) -> None:
-        """The network to this host fails: open streams break, new connections are refused."""
-        with self.cluster.changed:
-            self.reachable = False
-            self._epoch += 1
-            self.cluster.changed.notify_all()
-
-    def restore(self) -> None:
-        with self.cluster.changed:
-            self.reachable = True
-            self.cluster.changed.notify_all()
-
-    def reboot(self) -> None:
-        """The machine restarts: every job process on it is gone without a word."""
-        with self.cluster.changed:
-            self.boot_id = f"boot-{int(self.boot_id.split('-')[1]) + 1}"
-            self._epoch += 1
-            self.cluster.changed.notify_all()
+from clusterrun.transports.fakehosts import FakeHost, FakeNode, Key, pids
 
 
 class FakeCluster:
@@ -333,8 +205,8 @@ class FakeCluster:
         key = self._key(request)
         if key in self.nodes:
             return {"ok": False, "error": f"node {key[1]} attempt {key[2]} of job {key[0]} exists already"}
-        state = {"state": "running", "boot_id": host.boot_id, "supervisor": {"pid": next(_pids), "start_time": 1},
-                 "torchrun": {"pid": next(_pids), "start_time": 1}}
+        state = {"state": "running", "boot_id": host.boot_id, "supervisor": {"pid": next(pids), "start_time": 1},
+                 "torchrun": {"pid": next(pids), "start_time": 1}}
         node = self.nodes[key] = FakeNode(key, host, list(request.get("argv") or ()), dict(request.get("env") or {}),
                                           state=state, spec=_spec(host, request))
         return {"ok": True, "dir": f"fake:{key}", "state": dict(node.state)}
