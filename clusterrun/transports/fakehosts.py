@@ -1,7 +1,7 @@
 """The fake hosts' state: each ``FakeHost`` (reachable, its boot, what its doctor checks find) and
 the ``FakeNode`` attempts started on it (log, state file), with what a test scripts on them:
 ``node.write()`` / ``.exit()`` / ``.vanish()``, ``host.drop()`` / ``.restore()`` / ``.reboot()``.
-``transports.fake.FakeCluster`` holds them by name and answers their agents' requests from them.
+``transports.fake.FakeCluster`` holds them by name; ``transports.fakeagent`` answers from them.
 """
 
 from __future__ import annotations
