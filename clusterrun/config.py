@@ -7,10 +7,11 @@ are caught, and YAML's implicit typing never reaches a field unchecked (``yes`` 
 boolean, ``010`` an octal, ``12:30`` a base-60 number in YAML 1.1).
 
 Every mistake raises ``ConfigError(message, path=, line=, key=, hint=)``; nothing else
-escapes. Validation runs in two passes: ``_Parser.check_tree`` looks at every node (tags,
-key shapes, duplicate keys, secrets), then ``_Parser.parse`` applies the schema. The first
-error found is raised; ``hosts[i]`` in key paths counts from 0. ``env`` numbers keep the text
-as written; booleans and nulls there are refused with a hint to quote them.
+escapes. Validation runs in two passes: ``check_tree`` (``hostsyaml.NodeReader``, with the
+readers of plain values) looks at every node (tags, key shapes, duplicate keys, secrets), then
+``_Parser.parse`` applies the schema. The first error found is raised; ``hosts[i]`` in key
+paths counts from 0. ``env`` numbers keep the text as written; booleans and nulls there are
+refused with a hint to quote them.
 """
 
 from __future__ import annotations
@@ -18,15 +19,27 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
-import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from clusterrun.envrules import check_env_entry, check_env_total, looks_secret
 from clusterrun.errors import ConfigError
+from clusterrun.hostsyaml import (
+    BOOL,
+    FLOAT,
+    INT,
+    NULL,
+    STR,
+    TIMESTAMP,
+    NodeReader,
+    compose,
+    describe,
+    join_key,
+    line_of,
+)
 from clusterrun.nodesets import NodeSetError, expand, is_nodeset
 from clusterrun.restarts import RestartPolicy
 from clusterrun.watch import Notify, Watch
@@ -92,11 +105,6 @@ class ClusterSpec:
     notify: Notify | None = None
 
 
-_TAG = "tag:yaml.org,2002:"
-_STR, _INT, _FLOAT, _BOOL, _NULL = (_TAG + t for t in ("str", "int", "float", "bool", "null"))
-_TIMESTAMP, _MERGE = _TAG + "timestamp", _TAG + "merge"
-_ALLOWED_TAGS = {_STR, _INT, _FLOAT, _BOOL, _NULL, _TIMESTAMP, _MERGE, _TAG + "seq", _TAG + "map"}
-
 _TOP_KEYS = ("hosts", "defaults", "env", "master", "state_dir", "ssh_config", "forward_env", "env_file",
              "secret_env", "restart", *WATCH_KEYS)
 _SHARED_KEYS = ("port", "user", "identity_file", "gpus", "nproc", "python", "workdir", "env", "transport",
@@ -106,12 +114,9 @@ _MASTER_KEYS = ("addr", "port")
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ENV_PATTERN = re.compile(r"[A-Za-z0-9_*?]+\Z")  # a name, or a glob of one (forward_env, secret_env)
-_DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]*)\Z")
 # No commas: the ids end up joined into CUDA_VISIBLE_DEVICES.
 _GPU_ID = re.compile(r"([0-9]+|(GPU|MIG)-[A-Za-z0-9_./-]+)\Z")
-_BAD_CHARS = re.compile(r"[\s\x00-\x1f\x7f]")
 MAX_PROCS = 1024  # processes (GPUs) per host
-_MAX_DIGITS = 20  # a longer number is not a count or a port (and int() refuses > 4,300 digits)
 
 
 def load_cluster(path: str) -> ClusterSpec:
@@ -141,60 +146,12 @@ def read_hosts_text(path: str) -> str:
 
 def load_cluster_text(text: str, path: str = "<string>") -> ClusterSpec:
     """Parse and validate hosts-file ``text``; ``path`` is only used in error messages."""
-    hint = "check the indentation (spaces, not tabs) and the quoting around this line"
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        problem = (exc.problem or "syntax error").removeprefix("but ")
-        if exc.context:
-            problem += f" ({exc.context})"
-        line = mark.line + 1 if mark is not None else None
-        raise ConfigError(f"invalid YAML: {problem}", path=path, line=line, hint=hint) from exc
-    except yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1
-        char = f" #x{exc.character:04x}" if isinstance(exc.character, int) else ""
-        raise ConfigError(f"invalid YAML: unacceptable character{char}", path=path, line=line) from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML: {exc}", path=path, hint=hint) from exc
-    except RecursionError as exc:
-        raise ConfigError("invalid YAML: nested too deeply", path=path) from exc
+    root = compose(text, path)
     parser = _Parser(path)
-    if root is None or (isinstance(root, ScalarNode) and root.tag == _NULL):
+    if root is None or (isinstance(root, ScalarNode) and root.tag == NULL):
         raise ConfigError("the file is empty", path=path, hint="a hosts file needs at least 'hosts: [node1]'")
     parser.check_tree(root)
     return parser.parse(root)
-
-
-def _line(node: Node) -> int:
-    return int(node.start_mark.line) + 1
-
-
-def _describe(node: Node) -> str:
-    """What the user wrote, for ``got ...`` in messages."""
-    if isinstance(node, SequenceNode):
-        return "an empty list" if not node.value else "a list"
-    if isinstance(node, MappingNode):
-        return "a mapping"
-    text = str(node.value)
-    if node.tag == _STR:
-        return repr(text if len(text) <= 60 else text[:57] + "...")
-    if node.tag == _BOOL:
-        return f"{text} (YAML reads it as a boolean)"
-    if node.tag == _NULL:
-        return "an empty value" if text in ("", "~", "null", "Null", "NULL") else text
-    if node.tag == _TIMESTAMP:
-        return f"{text} (YAML reads it as a date)"
-    return text
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
-
-
-def _is_secret(name: str) -> bool:
-    lowered = name.lower()
-    return lowered in ("password", "passphrase") or lowered.endswith(("_password", "_passphrase"))
 
 
 @dataclass
@@ -205,141 +162,23 @@ class _Settings:
     nodes: dict[str, Node] = field(default_factory=dict)
 
 
-class _Parser:
+class _Parser(NodeReader):
     """One file's validation: create → check_tree(root) → parse(root)."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
+        super().__init__(path)
         self.secret_env: tuple[str, ...] = ()
         self.top_forward: tuple[str, ...] = ()
         self.top_files: tuple[EnvFile, ...] = ()
 
-    def error(self, message: str, node: Node | None, key: str | None, hint: str | None = None) -> ConfigError:
-        line = _line(node) if node is not None else None
-        return ConfigError(message, path=self.path, line=line, key=key or None, hint=hint)
-
-    def expected(self, what: str, node: Node, key: str, hint: str | None = None) -> ConfigError:
-        if hint is None and isinstance(node, ScalarNode) and node.tag != _STR and what.startswith("a string"):
-            quoted = f'put the value in quotes: "{node.value}"'
-            hint = "give a value, or remove the key" if node.tag == _NULL else quoted
-        return self.error(f"expected {what}, got {_describe(node)}", node, key, hint)
-
-    # -- pass 1: every node, whatever its place in the schema ---------------------------------
-
-    def check_tree(self, root: Node) -> None:
-        """Refuse unsafe tags, odd keys, duplicate keys and secrets anywhere in the document."""
-        stack: list[tuple[Node, str]] = [(root, "")]
-        seen: set[int] = set()  # aliases share nodes, and may even form cycles
-        while stack:
-            node, path = stack.pop()
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            if node.tag not in _ALLOWED_TAGS:
-                raise self.error(f"YAML tag '{node.tag.replace(_TAG, '!!')}' is not allowed", node, path,
-                                 "hosts files are plain (safe) YAML: strings, numbers, booleans, lists, mappings")
-            children: list[tuple[Node, str]] = []
-            if isinstance(node, ScalarNode):
-                self._check_text(node, path)
-            elif isinstance(node, SequenceNode):
-                children = [(item, f"{path}[{i}]") for i, item in enumerate(node.value)]
-            elif isinstance(node, MappingNode):
-                children = self._check_mapping(node, path)
-            stack.extend(reversed(children))
-
-    def _check_text(self, node: ScalarNode, path: str) -> None:
-        # Neither can reach a command line or an environment: fail here rather than at launch.
-        if "\x00" in node.value:
-            raise self.error("must not contain NUL characters", node, path)
-        try:
-            node.value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise self.error("is not valid text (it holds a lone surrogate)", node, path) from exc
-
-    def _check_mapping(self, node: MappingNode, path: str) -> list[tuple[Node, str]]:
-        children: list[tuple[Node, str]] = []
-        names: dict[str, Node] = {}
-        for knode, vnode in node.value:
-            if not isinstance(knode, ScalarNode):
-                raise self.error(f"a key must be a plain name, got {_describe(knode)}", knode, path)
-            name = str(knode.value)
-            key = _join(path, name)
-            if knode.tag == _MERGE:
-                raise self.error("YAML merge keys ('<<') are not supported", knode, path,
-                                 "put settings shared by all hosts under 'defaults:'")
-            if _is_secret(name):
-                in_env = path == "env" or path.endswith(".env")
-                hint = ("keep secrets out of the hosts file; set them on the host instead" if in_env
-                        else "use an SSH key (identity_file) or ssh-agent")
-                raise self.error("passwords are not accepted in hosts files", knode, key, hint)
-            if name in names:
-                raise self.error(f"duplicate key '{name}' (also at line {_line(names[name])})", knode, key,
-                                 "YAML would silently keep only the last one; remove one of them")
-            names[name] = knode
-            children.append((vnode, key))
-        return children
-
     # -- pass 2: the schema -------------------------------------------------------------------
-
-    def fields(self, node: Node, key: str, allowed: Iterable[str], what: str) -> dict[str, Node]:
-        """The mapping's entries by name; unknown names are refused with a suggestion."""
-        if not isinstance(node, MappingNode):
-            raise self.expected(what, node, key)
-        allowed = tuple(allowed)
-        result: dict[str, Node] = {}
-        for knode, vnode in node.value:
-            name = str(knode.value)
-            if name not in allowed:
-                if key == "defaults" and name in ("host", "address"):
-                    raise self.error(f"'{name}' cannot be set in defaults", knode, _join(key, name),
-                                     "each host entry names its own host and address")
-                close = difflib.get_close_matches(name, allowed, n=1)
-                hint = f"did you mean '{close[0]}'?" if close else "valid keys: " + ", ".join(allowed)
-                raise self.error(f"unknown key '{name}'", knode, _join(key, name), hint)
-            result[name] = vnode
-        return result
-
-    def string(self, node: Node, key: str, *, name_like: bool = False) -> str:
-        if not (isinstance(node, ScalarNode) and node.tag == _STR):
-            raise self.expected("a string", node, key)
-        value = str(node.value)
-        if not value.strip():
-            raise self.error("must not be empty", node, key)
-        if "\n" in value or "\r" in value:
-            raise self.error("must be a single line of text", node, key)
-        if name_like:
-            if _BAD_CHARS.search(value):
-                raise self.error(f"must not contain spaces or control characters, got {value!r}", node, key)
-            if value.startswith("-"):
-                raise self.error(f"must not start with '-', got {value!r}", node, key,
-                                 "ssh would read it as an option")
-            if "@" in value:
-                raise self.error(f"must not contain '@', got {value!r}", node, key, "put the user name in 'user:'")
-        return value
-
-    def integer(self, node: Node, key: str, what: str, low: int, high: int | None = None,
-                hint: str | None = None) -> int:
-        if not (isinstance(node, ScalarNode) and node.tag == _INT):
-            raise self.expected(what, node, key)
-        text = str(node.value)
-        if not _DECIMAL.match(text):
-            raise self.expected(what, node, key, "write it as a plain decimal number")
-        if len(text.lstrip("+-")) > _MAX_DIGITS:
-            return self._too_large(what, text, node, key, hint)
-        value = int(text)
-        if value < low or (high is not None and value > high):
-            raise self.expected(what, node, key, hint)
-        return value
-
-    def _too_large(self, what: str, text: str, node: Node, key: str, hint: str | None) -> NoReturn:
-        raise self.error(f"expected {what}, got a number of {len(text.lstrip('+-')):,} digits", node, key, hint)
 
     def port(self, node: Node, key: str) -> int:
         return self.integer(node, key, "a port number from 1 to 65535", 1, 65535)
 
     def gpus(self, node: Node, key: str) -> tuple[str, ...]:
         no_gpus = "to run without GPUs, remove 'gpus' and set 'nproc'"
-        if isinstance(node, ScalarNode) and node.tag == _INT:
+        if isinstance(node, ScalarNode) and node.tag == INT:
             count = self.integer(node, key, f"a GPU count from 1 to {MAX_PROCS}", 1, MAX_PROCS, no_gpus)
             return tuple(str(i) for i in range(count))
         if not isinstance(node, SequenceNode):
@@ -350,14 +189,14 @@ class _Parser:
         for i, item in enumerate(node.value):
             ikey = f"{key}[{i}]"
             what = "a GPU index (0, 1, ...) or UUID ('GPU-...', 'MIG-...')"
-            if isinstance(item, ScalarNode) and item.tag == _INT:
+            if isinstance(item, ScalarNode) and item.tag == INT:
                 gpu = str(self.integer(item, ikey, what, 0))
-            elif isinstance(item, ScalarNode) and item.tag == _STR and _GPU_ID.match(str(item.value)):
+            elif isinstance(item, ScalarNode) and item.tag == STR and _GPU_ID.match(str(item.value)):
                 gpu = str(item.value)
             else:
                 raise self.expected(what, item, ikey)
             if gpu in ids:
-                raise self.error(f"GPU '{gpu}' is listed twice (also at line {_line(ids[gpu])})", item, ikey)
+                raise self.error(f"GPU '{gpu}' is listed twice (also at line {line_of(ids[gpu])})", item, ikey)
             ids[gpu] = item
             if len(ids) > MAX_PROCS:
                 raise self.error(f"more than {MAX_PROCS} GPUs for one host", item, ikey)
@@ -377,13 +216,13 @@ class _Parser:
                 raise self.error(f"{name} looks secret: its value would be kept in the job's record and shown",
                                  knode, nkey, f"keep secrets out of the hosts file: put {name}=... in an env_file "
                                  f"(not committed), or export it and add it to forward_env")
-            if isinstance(vnode, ScalarNode) and vnode.tag in (_STR, _INT, _FLOAT, _TIMESTAMP):
+            if isinstance(vnode, ScalarNode) and vnode.tag in (STR, INT, FLOAT, TIMESTAMP):
                 # Numbers keep the text as written: str(int('010')) would be '8' under YAML 1.1.
                 env[name] = str(vnode.value)
                 if (problem := check_env_entry(name, env[name])) is not None:
                     raise self.error(problem, vnode, nkey, "pass large data in a file on the hosts")
-            elif isinstance(vnode, ScalarNode) and vnode.tag in (_BOOL, _NULL):
-                text = "" if vnode.tag == _NULL and vnode.value == "~" else str(vnode.value)
+            elif isinstance(vnode, ScalarNode) and vnode.tag in (BOOL, NULL):
+                text = "" if vnode.tag == NULL and vnode.value == "~" else str(vnode.value)
                 raise self.expected("a string or number", vnode, nkey, f'quote the value: {name}: "{text}"')
             else:
                 raise self.expected("a string or number", vnode, nkey)
@@ -394,23 +233,6 @@ class _Parser:
         if not isinstance(node, SequenceNode):
             raise self.expected("a list of patterns", node, key, "e.g. 'sync_exclude: [data/, \"*.ckpt\"]'")
         return tuple(self.string(item, f"{key}[{i}]") for i, item in enumerate(node.value))
-
-    def strings(self, node: Node, key: str, what: str) -> list[tuple[str, Node]]:
-        """A string or a non-empty list of strings, each with its node."""
-        if isinstance(node, ScalarNode) and node.tag == _STR:
-            return [(self.string_or_lines(node, key), node)]
-        if not isinstance(node, SequenceNode) or not node.value:
-            raise self.expected(what, node, key)
-        return [(self.string_or_lines(item, f"{key}[{i}]"), item) for i, item in enumerate(node.value)]
-
-    def string_or_lines(self, node: Node, key: str) -> str:
-        if isinstance(node, MappingNode):
-            raise self.expected("a string", node, key, "put it in quotes: YAML reads 'word: text' as a mapping")
-        if not (isinstance(node, ScalarNode) and node.tag == _STR):
-            raise self.expected("a string", node, key)
-        if not str(node.value).strip():
-            raise self.error("must not be empty", node, key)
-        return str(node.value)
 
     def patterns(self, node: Node, key: str) -> tuple[str, ...]:
         """``forward_env`` / ``secret_env``: variable names or glob patterns of them (``NCCL_*``)."""
@@ -431,14 +253,14 @@ class _Parser:
             ikey = f"{key}[{i}]" if isinstance(node, SequenceNode) else key
             if "\n" in text or "\r" in text:
                 raise self.error("must be a single line of text", item, ikey)
-            result.append(EnvFile(os.path.join(base, os.path.expanduser(text)), _line(item), ikey))
+            result.append(EnvFile(os.path.join(base, os.path.expanduser(text)), line_of(item), ikey))
         return tuple(result)
 
     def setup(self, node: Node, key: str) -> tuple[str, ...]:
         return tuple(text for text, _ in self.strings(node, key, "a shell command or a list of them"))
 
     def transport(self, node: Node, key: str) -> Transport:
-        value = node.value if isinstance(node, ScalarNode) and node.tag == _STR else None
+        value = node.value if isinstance(node, ScalarNode) and node.tag == STR else None
         if value == "ssh":
             return "ssh"
         if value == "local":
@@ -459,13 +281,13 @@ class _Parser:
         result = _Settings()
         for name, vnode in entries.items():
             if name in parsers:
-                result.values[name] = parsers[name](vnode, _join(prefix, name))
+                result.values[name] = parsers[name](vnode, join_key(prefix, name))
                 result.nodes[name] = vnode
         return result
 
     def parse(self, root: Node) -> ClusterSpec:
         if not isinstance(root, MappingNode):
-            raise self.error(f"the top level must be a mapping with a 'hosts' key, got {_describe(root)}",
+            raise self.error(f"the top level must be a mapping with a 'hosts' key, got {describe(root)}",
                              root, None, "start the file with 'hosts:'")
         top = self.fields(root, "", _TOP_KEYS, "a mapping")
         if "hosts" not in top:
@@ -495,9 +317,9 @@ class _Parser:
         )
 
     def master_port(self, node: Node) -> int | None:
-        if isinstance(node, ScalarNode) and node.tag == _STR and node.value == "auto":
+        if isinstance(node, ScalarNode) and node.tag == STR and node.value == "auto":
             return None
-        if isinstance(node, ScalarNode) and node.tag == _INT:
+        if isinstance(node, ScalarNode) and node.tag == INT:
             return self.port(node, "master.port")
         raise self.expected("'auto' or a port number from 1 to 65535", node, "master.port")
 
@@ -520,7 +342,7 @@ class _Parser:
                 if "address" in entries:
                     address = self.string(entries["address"], f"{key}.address", name_like=True)
                 own = self.settings(entries, key)
-            elif not (isinstance(entry, ScalarNode) and entry.tag == _STR):
+            elif not (isinstance(entry, ScalarNode) and entry.tag == STR):
                 raise self.expected("a host name or a mapping with 'host'", entry, key)
             for host in self.host_names(name_node, key, address):
                 spec = self.host_spec(host, address, entry, own, defaults, env, key)
@@ -528,7 +350,7 @@ class _Parser:
                 if other is not name_node:
                     on_port = f" on port {spec.port}" if spec.port is not None else ""
                     as_ = f", as '{other.value}'" if isinstance(other, ScalarNode) and other.value != host else ""
-                    raise self.error(f"host '{host}'{on_port} is listed twice (also at line {_line(other)}{as_})",
+                    raise self.error(f"host '{host}'{on_port} is listed twice (also at line {line_of(other)}{as_})",
                                      name_node, f"{key}.host",
                                      "list each machine once (host names ignore case); use gpus or nproc for more "
                                      "processes")
@@ -567,7 +389,7 @@ class _Parser:
             def origin(name: str) -> tuple[str, Node | None]:
                 if name in own.nodes:
                     return "", own.nodes[name]
-                return f" (from defaults, line {_line(defaults.nodes[name])})", None
+                return f" (from defaults, line {line_of(defaults.nodes[name])})", None
 
             g_from, g_node = origin("gpus")
             n_from, n_node = origin("nproc")
@@ -579,4 +401,4 @@ class _Parser:
             where = own.nodes.get("sync") or defaults.nodes.get("sync") or entry
             raise self.error("sync needs a workdir: the directory on the host that the files are copied to",
                              where, f"{key}.sync", "set `workdir:` for this host (or in defaults)")
-        return HostSpec(host=host, line=_line(entry), address=address, nproc=nproc, **merged)
+        return HostSpec(host=host, line=line_of(entry), address=address, nproc=nproc, **merged)

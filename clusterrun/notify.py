@@ -5,7 +5,7 @@ The events are read off the job's record, never off a process's memory: an attem
 (``hung``, once per hang). ``send_due`` sends every event of ``notify.on`` the record shows and
 has not sent, and is called by whoever brings the record up to date: the job's owner (the
 foreground ``up`` or its monitor, ``runner.Runner``) and a command that reconciles a job nobody
-owned (``attempt.refresh``). So a controller SIGKILLed before it could notify leaves the event to
+owned (``recorder.refresh``). So a controller SIGKILLed before it could notify leaves the event to
 the next one.
 
 Each event has a stable id, ``<job>:<key>`` (``CLUSTERRUN_EVENT_ID``; keys ``1:failed``,

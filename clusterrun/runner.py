@@ -2,12 +2,12 @@
 
 Exactly one process owns a running job at a time (``jobs.JobStore``'s owner lock): the foreground
 ``up`` (stream or dashboard) or the job's background monitor. The owner follows the job, applies
-fail-fast, keeps the record (``attempt.Recorder``), restarts a failed attempt (a known transient
+fail-fast, keeps the record (``recorder.Recorder``), restarts a failed attempt (a known transient
 start-up failure once; any failure as the job's ``restart:`` policy allows, after a backoff) through
 ``attempt.restart`` (the checks, the verified stop, the start, as every attempt), and either sees
 the job end or hands it over to a monitor (which resumes a backoff where it was). The attempt's
-life itself (checks, start, stop, its recorded state) is ``attempt.py``'s; this module is the loop
-around it:
+life itself (checks, start, stop) is ``attempt.py``'s, its recorded state ``recorder.py``'s; this
+module is the loop around it:
 
 - ``Runner``: start (or adopt) an attempt, ``follow()`` it to its end with the record kept and
   the restarts applied; ``request_stop()`` and ``request_hand_over()`` are safe from signal
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 
 from clusterrun import notify
-from clusterrun.attempt import Cancelled, Recorder, Retry, give_up, mark_failed_start, restart, start, stop
+from clusterrun.attempt import Cancelled, restart, start, stop
 from clusterrun.checks import plan_to_start
 from clusterrun.diagnose import transient_start_failure
 from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable
@@ -47,6 +47,7 @@ from clusterrun.jobs import OWNER_FD_VAR, JobRecord, JobStore
 from clusterrun.lifecycle import follower, per_node, save_seen, spec_of, status_of, stop_job
 from clusterrun.orchestrator import Emit, Job
 from clusterrun.protocol import HostState, NodeStatus
+from clusterrun.recorder import Recorder, Retry, give_up, mark_failed_start
 from clusterrun.restarts import RestartPolicy
 
 

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from clusterrun.attempt import NextAttempt, attempt_event, begin_stop, record_stop
+from clusterrun.attempt import NextAttempt, attempt_event, begin_stop
 from clusterrun.errors import ClusterrunError, HostsUnavailable
 from clusterrun.events import (
     Event,
@@ -43,6 +43,7 @@ from clusterrun.joblist import history_rows, table_text
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import follower, save_seen, stacks_view
 from clusterrun.orchestrator import Emit, Job
+from clusterrun.recorder import record_stop
 from clusterrun.runner import Runner
 from clusterrun.stacks import render
 from clusterrun.transports import Transport

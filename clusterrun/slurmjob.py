@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from clusterrun.attempt import Recorder, attempt_event, new_record
+from clusterrun.attempt import attempt_event
 from clusterrun.errors import ClusterrunError, ConfigError
 from clusterrun.events import Event, JobFinished, JobResult, LogLines, NodeExited, NodeResult, NodeState
 from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.plan import LaunchPlan
+from clusterrun.recorder import Recorder, new_record
 
 # Slurm's own modules are imported where a Slurm job is handled: `ps` and `up` of a job without Slurm
 # ask only `is_slurm`.

@@ -13,7 +13,7 @@ from clusterrun.restarts import RestartPolicy, parse_backoff
 from clusterrun.watch import EVENTS, ON_HANG, Notify, Watch, parse_duration
 
 if TYPE_CHECKING:
-    from clusterrun.config import _Parser
+    from clusterrun.hostsyaml import NodeReader
 
 WATCH_KEYS = ("setup_timeout", "startup_timeout", "hang_after", "on_hang", "notify")
 _NOTIFY_KEYS = ("command", "on")
@@ -21,7 +21,7 @@ RESTART_KEYS = ("max", "backoff", "on_exit_codes", "window")
 SCALAR_TAGS = tuple("tag:yaml.org,2002:" + t for t in ("str", "int", "float"))
 
 
-def duration(parser: _Parser, node: Node, key: str, *, off: bool = False) -> float | None:
+def duration(parser: NodeReader, node: Node, key: str, *, off: bool = False) -> float | None:
     """``90``, ``45s``, ``10m``, ``2h`` (and ``off`` where allowed) in seconds; None for ``off``."""
     text = str(node.value).strip() if isinstance(node, ScalarNode) else ""
     if off and text.lower() in ("off", "false", "never"):
@@ -35,7 +35,7 @@ def duration(parser: _Parser, node: Node, key: str, *, off: bool = False) -> flo
     return seconds
 
 
-def watch_settings(parser: _Parser, top: dict[str, Node]) -> tuple[Watch, Notify | None]:
+def watch_settings(parser: NodeReader, top: dict[str, Node]) -> tuple[Watch, Notify | None]:
     """The ``Watch`` and ``Notify`` of the file's top level (defaults for keys it does not set)."""
     watch = Watch()
     if "setup_timeout" in top:
@@ -54,7 +54,7 @@ def watch_settings(parser: _Parser, top: dict[str, Node]) -> tuple[Watch, Notify
     return watch, notify(parser, top["notify"]) if "notify" in top else None
 
 
-def notify(parser: _Parser, node: Node) -> Notify:
+def notify(parser: NodeReader, node: Node) -> Notify:
     """``notify: {command: "...", on: [failed, succeeded, hung, restarted]}`` (or just the command)."""
     if isinstance(node, ScalarNode):
         return Notify(parser.string(node, "notify"))
@@ -73,7 +73,7 @@ def notify(parser: _Parser, node: Node) -> Notify:
     return Notify(parser.string(entries["command"], "notify.command"), on)
 
 
-def restart_policy(parser: _Parser, node: Node) -> RestartPolicy:
+def restart_policy(parser: NodeReader, node: Node) -> RestartPolicy:
     """``restart: {max: 3, backoff: 30s..10m, on_exit_codes: [1], window: 6h}`` (see clusterrun.restarts)."""
     entries = parser.fields(node, "restart", RESTART_KEYS, "a mapping such as {max: 3, backoff: 30s..10m}")
     most = parser.integer(entries["max"], "restart.max", "a count from 0 to 1000", 0, 1000) if "max" in entries else 0

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from clusterrun import lifecycle
-from clusterrun.attempt import Recorder, begin_stop, mark_failed_start, new_record, restart, stop
+from clusterrun.attempt import begin_stop, restart, stop
 from clusterrun.config import ClusterSpec
 from clusterrun.errors import ConfigError, HostsUnavailable
 from clusterrun.events import Event, JobNote, JobState, NodeState, NodeStateChanged
 from clusterrun.jobs import JobStore
 from clusterrun.orchestrator import Job, Reconnect
+from clusterrun.recorder import Recorder, mark_failed_start, new_record
 from clusterrun.runner import Runner, run_monitor
 from clusterrun.session import Session
 from clusterrun.transports.fake import FakeCluster

@@ -24,7 +24,8 @@ from clusterrun.doctor import Check, Verdict
 from clusterrun.errors import ConnectError, HostsUnavailable
 from clusterrun.orchestrator import Job
 from clusterrun.protocol import DeepTorch, Inspection
-from clusterrun.transports.fake import FakeCluster, FakeHost
+from clusterrun.transports.fake import FakeCluster
+from clusterrun.transports.fakehosts import FakeHost
 from tests.conftest import ROOT
 
 

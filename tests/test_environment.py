@@ -18,7 +18,7 @@ import pytest
 from clusterrun import setups
 from clusterrun.agent.records import AgentFailure
 from clusterrun.agent.wire import StartRequest
-from clusterrun.attempt import new_record, restart
+from clusterrun.attempt import restart
 from clusterrun.checks import plan_to_start
 from clusterrun.config import load_cluster_text
 from clusterrun.environment import MASK, mask_env, parse_dotenv, redact, resolve, unmask
@@ -26,6 +26,7 @@ from clusterrun.errors import ConfigError, HostsUnavailable
 from clusterrun.jobs import JobStore
 from clusterrun.orchestrator import Job
 from clusterrun.plan import HostFacts, build_plan, plan_to_json
+from clusterrun.recorder import new_record
 from clusterrun.transports.fake import FakeCluster
 
 JOB = "train-20261123-120000-abcd"

@@ -329,11 +329,11 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
     """`up` on a terminal, then the terminal closes (SIGHUP): the dashboard detaches its session and
     the process exits at once (os._exit). What the nodes reported must be in the record by then,
     however slow the Recorder's thread, or the monitor that takes over starts from a stale one."""
-    from clusterrun.attempt import new_record
     from clusterrun.config import load_cluster
     from clusterrun.events import NodeStarted
     from clusterrun.jobs import JobStore
     from clusterrun.orchestrator import Job
+    from clusterrun.recorder import new_record
     from clusterrun.runner import Runner
     from clusterrun.session import Session
     from clusterrun.transports import transport_for

@@ -20,7 +20,7 @@ import pytest
 
 import clusterrun.cli.up as up_cli
 from clusterrun import checks, lifecycle
-from clusterrun.attempt import new_record, restart
+from clusterrun.attempt import restart
 from clusterrun.cli import main
 from clusterrun.config import load_cluster_text
 from clusterrun.doctor import Check, HostReport, Report, Verdict
@@ -30,6 +30,7 @@ from clusterrun.nodesets import FOLD_PAST
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.printer import Printer
 from clusterrun.ranges import parse_ranges
+from clusterrun.recorder import new_record
 from clusterrun.runner import Runner
 from clusterrun.sync import SyncProgress, SyncReport
 from clusterrun.syncview import SyncView

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.attempt import Cancelled, attempt_event, new_record, restart, stop
+from clusterrun.attempt import Cancelled, attempt_event, restart, stop
 from clusterrun.board import Board
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import ConfigError
@@ -23,6 +23,7 @@ from clusterrun.events import AttemptRestarting, AttemptStarted, Event, JobFinis
 from clusterrun.jobs import OWNER_FD_VAR, JobStore
 from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.printer import Printer
+from clusterrun.recorder import new_record
 from clusterrun.restarts import RestartPolicy, parse_backoff, parse_duration
 from clusterrun.runner import Clock, Runner, run_monitor
 from clusterrun.transports.fake import FakeCluster

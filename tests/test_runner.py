@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from clusterrun import lifecycle
-from clusterrun.attempt import NotStopped, new_record, restart
+from clusterrun.attempt import NotStopped, restart
 from clusterrun.board import Board
 from clusterrun.errors import HostsUnavailable
 from clusterrun.events import AttemptRestarting, AttemptStarted, Event, JobNote, JobState, NodeStarted, NodeState
 from clusterrun.jobs import JobStore
 from clusterrun.orchestrator import Job, Reconnect
+from clusterrun.recorder import new_record
 from clusterrun.runner import Runner
 from clusterrun.transports.fake import FakeCluster
 from tests.test_orchestrator import JOB, spec_of

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from clusterrun import setups
-from clusterrun.attempt import new_record, restart
+from clusterrun.attempt import restart
 from clusterrun.config import load_cluster_text
 from clusterrun.environment import resolve
 from clusterrun.errors import HostsUnavailable
 from clusterrun.events import Event, JobNote
 from clusterrun.jobs import JobStore
 from clusterrun.orchestrator import Job
+from clusterrun.recorder import new_record
 from clusterrun.transports.fake import FakeCluster
 from clusterrun.watch import Watch
 from tests import test_runner

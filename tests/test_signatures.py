@@ -244,10 +244,10 @@ def test_the_summary_shows_the_cause_and_the_fix() -> None:
 
 
 def test_the_dashboard_and_the_record_show_the_cause_and_the_fix(tmp_path: Path) -> None:
-    from clusterrun.attempt import Recorder
     from clusterrun.board import Board
     from clusterrun.events import AttemptStarted, JobFinished, NodeExited
     from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
+    from clusterrun.recorder import Recorder
 
     cause = diagnose("module-one-host", ended=[11.0, 10.0], stopped={0})
     why = explained(cause)

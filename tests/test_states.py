@@ -17,11 +17,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from clusterrun import cli, lifecycle
-from clusterrun.attempt import new_record
 from clusterrun.board import Board
 from clusterrun.events import Event, NodeState
 from clusterrun.jobs import JobStore
 from clusterrun.orchestrator import Job, Reconnect
+from clusterrun.recorder import new_record
 from clusterrun.runner import Runner
 from clusterrun.transports.fake import FakeCluster
 from tests.conftest import wait_for

@@ -17,7 +17,7 @@ import pytest
 from clusterrun import lifecycle, notify
 from clusterrun.agent import hangwatch
 from clusterrun.agent.hangwatch import HangWatch
-from clusterrun.attempt import new_record, refresh, restart
+from clusterrun.attempt import restart
 from clusterrun.board import Board
 from clusterrun.config import load_cluster_text
 from clusterrun.errors import ConfigError
@@ -28,6 +28,7 @@ from clusterrun.orchestrator import Job
 from clusterrun.printer import only_ranks
 from clusterrun.protocol import HostState, NodeStatus, Worker
 from clusterrun.ranges import parse_ranges, ranges_text
+from clusterrun.recorder import new_record, refresh
 from clusterrun.runner import Runner
 from clusterrun.startwatch import StartupWatch, progress_text
 from clusterrun.transports.fake import FakeCluster

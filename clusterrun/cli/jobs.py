@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 import click
 
 from clusterrun import notify, preparing
-from clusterrun.attempt import record_reachability
 from clusterrun.cli import (
     EXIT_FAILED,
     EXIT_HOSTS,
@@ -57,6 +56,7 @@ from clusterrun.plan import LaunchPlan, plan_from_json
 from clusterrun.printer import Printer
 from clusterrun.protocol import decode_status
 from clusterrun.ranges import parse_ranges
+from clusterrun.recorder import record_reachability
 from clusterrun.slurmjob import engine_text, is_slurm
 from clusterrun.startwatch import progress_text
 from clusterrun.terminal import safe

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 import click
 
-from clusterrun.attempt import refresh
 from clusterrun.cli import EXIT_USAGE, _fail, _note
 from clusterrun.errors import ConfigError, DamagedRecord, JobNotFound, StateError
 from clusterrun.jobs import JobRecord, JobStore
+from clusterrun.recorder import refresh
 from clusterrun.selection import load_hosts
 from clusterrun.slurmjob import is_slurm
 from clusterrun.slurmjob import refresh as slurm_refresh

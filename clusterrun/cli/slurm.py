@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import click
 
-from clusterrun.attempt import Recorder, record_next_attempt
+from clusterrun.attempt import record_next_attempt
 from clusterrun.cli import (
     EXCLUDE_HELP,
     EXIT_FAILED,
@@ -38,6 +38,7 @@ from clusterrun.jobs import JobRecord, JobStore
 from clusterrun.lifecycle import spec_of
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
 from clusterrun.printer import Printer
+from clusterrun.recorder import Recorder
 from clusterrun.selection import load_hosts
 from clusterrun.slurmjob import (
     SRUN_MISSING,

@@ -19,7 +19,6 @@ from functools import partial
 import click
 
 from clusterrun import timings
-from clusterrun.attempt import new_record
 from clusterrun.checks import check_new, check_script
 from clusterrun.cli import (
     EXCLUDE_HELP,
@@ -51,6 +50,7 @@ from clusterrun.orchestrator import Job, Reconnect
 from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides
 from clusterrun.preparing import Preparing, live
 from clusterrun.printer import Printer
+from clusterrun.recorder import new_record
 from clusterrun.runner import Runner
 from clusterrun.selection import load_hosts
 from clusterrun.sync import SyncReport
