@@ -34,10 +34,10 @@ from clusterrun.events import (
     NodeStateChanged,
     StopReport,
 )
+from clusterrun.follower import node_state_of
 from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
 from clusterrun.jobstate import Change, outcome, transition
 from clusterrun.lifecycle import per_node, status_of
-from clusterrun.orchestrator import node_state_of
 from clusterrun.plan import LaunchPlan, plan_to_json
 from clusterrun.protocol import HostState
 from clusterrun.watch import Notify, Watch
