@@ -9,6 +9,7 @@ arguments, so the same inputs always give the same plan and ``up --dry-run`` pri
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,10 @@ TORCHRUN_MODULE = "torch.distributed.run"
 # torchrun traps these and stops the workers; SIGHUP is left out on purpose: a job must not die
 # because a terminal or an SSH session that once started it went away.
 HANDLED_SIGNALS = "SIGTERM,SIGINT,SIGQUIT"
+# A stop SIGKILLs torchrun when its grace is over; torchrun's own SIGKILL of its workers
+# (--shutdown-timeout) comes this many seconds later. At the same moment the two would race, and
+# whether the stop's report says "torchrun outlived the grace" would be down to the scheduler.
+SHUTDOWN_MARGIN = 5
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOB_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -150,7 +155,7 @@ def torchrun_argv(
     if "--signals-to-handle" in facts.torchrun_flags:
         argv.append(f"--signals-to-handle={HANDLED_SIGNALS}")
     if "--shutdown-timeout" in facts.torchrun_flags:
-        argv.append(f"--shutdown-timeout={max(1, int(grace))}")
+        argv.append(f"--shutdown-timeout={math.ceil(grace) + SHUTDOWN_MARGIN}")
     # Each rank's stderr goes where its stdout goes (torchrun's stdout.log: one file, one offset), so
     # its lines stay in the order it wrote them; sh execs the interpreter: the rank is still one
     # process, as torchrun would start it (python -u). torchrun drops one "--" right after its

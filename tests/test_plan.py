@@ -41,11 +41,21 @@ def test_torchrun_argv_is_static_rendezvous_with_node_rank() -> None:
     assert p.nodes[1].argv == (
         "/usr/bin/python3", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1",
         "--rdzv-backend=static", "--rdzv-id=train-1", "--master-addr=10.0.0.1", "--master-port=29400",
-        "--max-restarts=0", "--redirects=3", "--signals-to-handle=SIGTERM,SIGINT,SIGQUIT", "--shutdown-timeout=7",
+        "--max-restarts=0", "--redirects=3", "--signals-to-handle=SIGTERM,SIGINT,SIGQUIT", "--shutdown-timeout=12",
         # each rank's stderr to its stdout's file: its lines in the order it wrote them
         "--no-python", "/bin/sh", "-c", 'exec 2>&1; exec "$0" "$@"', "/usr/bin/python3", "-u",
         "train.py", "--lr", "0.1",
     )
+
+
+@pytest.mark.parametrize("grace", [0.5, 1, 1.5, 7, 10])
+def test_torchrun_kills_its_workers_only_well_after_the_stop_has_killed_it(grace: float) -> None:
+    """A stop SIGKILLs torchrun when the grace is over. Had torchrun's own SIGKILL of its workers
+    (--shutdown-timeout) come at the same moment, the two would race, and the report's "torchrun
+    outlived the grace" (tests/test_stop_paths.py) would depend on the scheduler: seconds, not a tie."""
+    argv = plan_for(spec(HostSpec("a")), grace=grace).nodes[0].argv
+    timeout = next(int(a.split("=", 1)[1]) for a in argv if a.startswith("--shutdown-timeout="))
+    assert timeout >= grace + 3
 
 
 def test_older_torch_gets_no_new_flags() -> None:
