@@ -19,6 +19,8 @@ import os
 import threading
 import time
 
+from clusterrun.transports import usercache
+
 # Words after which an answer may change with no file changing: a command's or the network's say,
 # an environment variable (``${VAR}``), this machine's name (``%L``, ``%l``).
 VOLATILE = ("exec", "localnetwork", "canonicalizehostname", "${", "%l")
@@ -88,8 +90,7 @@ def _path(alias: str, config: str | None, port: int | None, user: str | None, ss
     if signature is None:
         return None
     key = json.dumps([alias, config, port, user, _stat(ssh), os.path.expanduser("~"), os.getuid(), signature])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "clusterrun", "ssh-g", hashlib.sha256(key.encode()).hexdigest() + ".json")
+    return usercache.cache_path("ssh-g", hashlib.sha256(key.encode()).hexdigest() + ".json")
 
 
 def load(alias: str, config: str | None, port: int | None, user: str | None,
@@ -124,24 +125,4 @@ def _own(folder: str) -> bool:
 
 def store(path: str, values: dict[str, list[str]]) -> None:
     """Keep ``values`` at ``path`` (written whole, then renamed); a cache that cannot be written is skipped."""
-    folder = os.path.dirname(path)
-    try:
-        os.makedirs(os.path.dirname(os.path.dirname(folder)), exist_ok=True)  # ~/.cache
-        for own in (os.path.dirname(folder), folder):  # clusterrun/ and ssh-g/: the user's own, 0700
-            try:
-                os.mkdir(own, 0o700)
-            except FileExistsError:
-                pass
-        tmp = f"{path}.{os.urandom(6).hex()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError:
-        return
-    try:  # not jobs.write_atomic: a cache that cannot be written is no error, and no fsync is owed
-        with open(fd, "w", encoding="utf-8") as f:
-            json.dump(values, f)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)  # a full disk: no half-written temporary left behind
-        except OSError:
-            pass
+    usercache.keep(path, json.dumps(values).encode())
