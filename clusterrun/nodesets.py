@@ -17,8 +17,9 @@ from clusterrun.ranges import ranges_text
 if TYPE_CHECKING:
     from ClusterShell.NodeSet import NodeSetParseError
 
-# ClusterShell.NodeSet is imported where a set is expanded or folded, not at every command's
-# start: it brings logging and configparser (docs/benchmarks.md, "Figures behind choices").
+# ClusterShell.NodeSet is imported where a set is expanded or folded (not for simple names: see
+# fold), not at every command's start: it brings logging and configparser (docs/benchmarks.md,
+# "Figures behind choices").
 
 __all__ = ["FOLD_PAST", "NodeSetError", "alike_lines", "expand", "fold", "fold_ranks", "hosts_alike", "is_nodeset"]
 
@@ -104,8 +105,20 @@ def _reason(exc: NodeSetParseError) -> str:
     return f'{kind} "{quoted[-1]}"' if quoted else kind
 
 
+# A name that is letters then one unpadded number (``sim12``, ``gpu_a3``): ``fold`` folds a set of
+# them with one prefix itself, as ClusterShell would, without importing ``ClusterShell.NodeSet``
+# (2.3 ms of CPU in `up`, 9 ms where logging is not loaded yet, and 0.25 ms per fold of 32 names).
+_SIMPLE_NAME = re.compile(r"([A-Za-z_.-]*[A-Za-z_])([1-9][0-9]*|0)")
+
+
 def fold(names: list[str]) -> str:
     """The shortest node set of ``names`` (for messages): ``gpu[01-03,07]``."""
+    simple = [_SIMPLE_NAME.fullmatch(name) for name in names]
+    prefixes = {m.group(1) for m in simple if m is not None}
+    if names and len(prefixes) == 1 and all(simple):
+        numbers = {int(m.group(2)) for m in simple if m is not None}
+        prefix = prefixes.pop()
+        return f"{prefix}{numbers.pop()}" if len(numbers) == 1 else f"{prefix}[{ranges_text(numbers)}]"
     from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
 
     return str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP))

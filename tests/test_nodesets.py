@@ -53,6 +53,30 @@ def _write(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
+def test_fold_of_names_with_one_number_is_clustershells_without_importing_its_node_sets() -> None:
+    """``fold`` folds ``prefix`` + one unpadded number itself (``up``'s status lines past FOLD_PAST
+    nodes): the same text as ClusterShell's ``NodeSet`` for any names, padded, mixed or suffixed
+    ones too, and no import of ``ClusterShell.NodeSet`` for the simple ones."""
+    import random
+    import subprocess
+    import sys
+
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
+
+    rng = random.Random(26)
+    prefixes = ["sim", "gpu", "n", "node-", "a.b", "x_", "rack1-n", "", "GPU", "h."]
+    for _ in range(2000):
+        chosen = rng.sample(prefixes, rng.randint(1, 2))
+        names = [rng.choice(chosen) + (str(n) if rng.random() < 0.9 else f"{n:03d}")
+                 + ("" if rng.random() < 0.95 else rng.choice([".lan", "a", "-ib"]))
+                 for n in (rng.randint(0, rng.choice([9, 40, 5000])) for _ in range(rng.randint(1, 40)))]
+        assert fold(names) == str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP)), names
+    check = ("import sys; from clusterrun.nodesets import fold; "
+             "assert fold([f'sim{i}' for i in range(64, 0, -1)] + ['sim9']) == 'sim[1-64]'; "
+             "assert fold(['gpu7', 'gpu7']) == 'gpu7'; assert 'ClusterShell.NodeSet' not in sys.modules")
+    subprocess.run([sys.executable, "-c", check], check=True)
+
+
 def test_a_hosts_file_entry_may_be_a_node_set(tmp_path: Path) -> None:
     spec = load_cluster(_write(tmp_path, """\
         defaults: {user: trainer}

@@ -89,7 +89,7 @@ def test_connections_opened_at_once_build_the_zip_once(monkeypatch: pytest.Monke
             pass
         return b"zip"
 
-    monkeypatch.setattr(bundle, "build_zip", build)
+    monkeypatch.setattr(bundle, "_zip", build)
     bundle._bundle.cache_clear()
     try:
         threads = [threading.Thread(target=bundle.agent_bundle) for _ in range(2)]
@@ -102,6 +102,38 @@ def test_connections_opened_at_once_build_the_zip_once(monkeypatch: pytest.Monke
     assert len(builds) == 1
 
 
+def test_the_zip_is_kept_between_commands_and_read_back_only_if_it_holds_the_sources(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A later command reads the kept zip instead of compressing the sources again; a kept zip
+    whose members differ from the sources (changed by anyone: it runs on every host) is replaced."""
+    from clusterrun.transports import bundle
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    built: list[int] = []
+    build = bundle.build_zip
+    monkeypatch.setattr(bundle, "build_zip", lambda **kw: built.append(1) or build(**kw))
+
+    def command() -> bytes:  # a new process: the bundle not made yet
+        bundle._bundle.cache_clear()
+        try:
+            return agent_bundle().zip
+        finally:
+            bundle._bundle.cache_clear()
+
+    first = command()
+    [kept] = (tmp_path / "cache" / "clusterrun" / "bundle").glob("*.zip")
+    assert command() == first == kept.read_bytes() == build_zip() and built == [1]
+    files = bundle.sources()
+    name = next(iter(files))
+    kept.write_bytes(build_zip(files={**files, name: files[name] + b"import os; os.system('touch /tmp/owned')\n"}))
+    assert command() == first == kept.read_bytes() and built == [1, 1]
+    kept.write_bytes(b"PK not a zip")
+    older = kept.with_name("0" * 64 + ".zip")  # an earlier version's: replaced by this one
+    older.write_bytes(b"")
+    assert command() == first and built == [1, 1, 1]
+    assert list(kept.parent.iterdir()) == [kept]
+
+
 @pytest.mark.integration
 def test_a_session_sends_the_zip_once_then_only_its_hash(tmp_path: Path, folder: Path) -> None:
     bundle = agent_bundle()
@@ -111,8 +143,9 @@ def test_a_session_sends_the_zip_once_then_only_its_hash(tmp_path: Path, folder:
     assert sent_by_a_probe(tmp_path) == len(bundle.preamble(ahead=True)) + asked  # the loader and the hash only
     assert sent_by_a_probe(tmp_path) < len(bundle.zip) / 5
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-    assert {stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()} == {0o600}
-    assert sorted(folder.iterdir()) == sorted([source, compiled])  # no temporary file left
+    files = [p for p in folder.iterdir() if p.is_file()]  # not the controller's own (bundle/, ssh-g/)
+    assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o600}
+    assert sorted(files) == sorted([source, compiled])  # no temporary file left
 
 
 @pytest.mark.integration

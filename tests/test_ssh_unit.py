@@ -310,7 +310,7 @@ def test_ssh_g_answers_are_kept_between_runs_while_the_configuration_is_unchange
     """A later run (the answers in memory gone) reads the kept answer; an edit of the file, or of
     a file it includes, asks `ssh -G` again; a configuration that runs commands is never kept."""
     from clusterrun.config import HostSpec
-    from clusterrun.transports import sshhosts
+    from clusterrun.transports import sshgcache, sshhosts
 
     log = tmp_path / "calls"
     fake = tmp_path / "ssh"
@@ -325,6 +325,7 @@ def test_ssh_g_answers_are_kept_between_runs_while_the_configuration_is_unchange
 
     def run() -> int:
         monkeypatch.setattr(sshhosts, "_answers", {})  # a new run
+        monkeypatch.setattr(sshgcache, "_signatures", {})
         assert sshhosts.resolve(HostSpec(host="gpu1"), options).hostname == "10.0.0.9"
         return log.read_text().count("gpu1")
 
@@ -335,3 +336,31 @@ def test_ssh_g_answers_are_kept_between_runs_while_the_configuration_is_unchange
     assert run() == 3 and run() == 4
     config.write_text("Host gpu1\n    IdentityFile ${KEYS}/id\n")  # the environment may change it
     assert run() == 5 and run() == 6
+
+
+def test_the_configuration_is_read_once_for_all_the_hosts_of_a_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache's key holds the configuration's files: read for the first host, not again for
+    each of the others (N hosts of a block each: N times a file of N blocks), and again once the
+    answers are as old as `SSH_G_REUSE`."""
+    from clusterrun.config import HostSpec
+    from clusterrun.transports import sshgcache, sshhosts
+
+    fake = tmp_path / "ssh"
+    fake.write_text('#!/bin/sh\nprintf "hostname 10.0.0.9\\nport 22\\nuser u\\n"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(sshhosts, "_answers", {})
+    monkeypatch.setattr(sshgcache, "_signatures", {})
+    config = tmp_path / "config"
+    config.write_text("".join(f"Host gpu{i}\n    User u\n" for i in range(8)))
+    reads: list[str | None] = []
+    read = sshgcache.config_signature
+    monkeypatch.setattr(sshgcache, "config_signature", lambda path: reads.append(path) or read(path))
+    options = sshhosts.SSHOptions(ssh_config=str(config))
+    assert {sshhosts.resolve(HostSpec(host=f"gpu{i}"), options).hostname for i in range(8)} == {"10.0.0.9"}
+    assert reads == [str(config)]
+    monkeypatch.setattr(sshhosts, "SSH_G_REUSE", 0.0)
+    sshhosts.resolve(HostSpec(host="gpu9"), options)
+    assert reads == [str(config)] * 2

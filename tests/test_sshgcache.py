@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.transports import sshgcache
+from clusterrun.transports import sshgcache, usercache
 
 
 def test_an_answer_is_kept_private_and_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,6 +49,6 @@ def test_a_failed_write_leaves_no_temporary(tmp_path: Path, monkeypatch: pytest.
     def full(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(sshgcache.json, "dump", full)
+    monkeypatch.setattr(usercache.os, "replace", full)
     sshgcache.store(path, {"user": ["trainer"]})  # a cache: no error
     assert os.listdir(Path(path).parent) == []

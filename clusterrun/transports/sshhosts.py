@@ -49,7 +49,7 @@ class ResolvedHost:
 
 # `ssh -G`'s answers, reused for a while: a run resolves a jump host once for all the hosts behind
 # it, and a long-lived monitor still sees a configuration edited since. Between runs they are kept
-# on disk while the configuration files are unchanged (sshgcache).
+# on disk while the configuration files are unchanged (sshgcache, which reads those files as often).
 SSH_G_REUSE = 60.0
 _answers: dict[tuple[str, str | None, int | None, str | None], tuple[float, dict[str, list[str]] | None]] = {}
 _answers_lock = threading.Lock()
@@ -71,7 +71,7 @@ def _run_ssh_g(alias: str, config: str | None, port: int | None, user: str | Non
     ssh = shutil.which("ssh")
     if ssh is None:
         return None
-    kept, values = sshgcache.load(alias, config, port, user, ssh)
+    kept, values = sshgcache.load(alias, config, port, user, ssh, reuse=SSH_G_REUSE)
     if values is not None:
         return values
     argv = [ssh, "-G"]
