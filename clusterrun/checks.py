@@ -12,13 +12,13 @@ import dataclasses
 import difflib
 import os
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 
 from clusterrun import doctor, lifecycle, setups
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import MASK, resolve, unmask
 from clusterrun.errors import ConfigError
 from clusterrun.events import JobNote
+from clusterrun.frozen import frozen
 from clusterrun.jobs import JobRecord
 from clusterrun.lifecycle import spec_of
 from clusterrun.nodesets import hosts_alike
@@ -27,7 +27,7 @@ from clusterrun.plan import LaunchPlan, node_env, plan_from_json
 from clusterrun.sync import Progress, SyncReport, source_of, sync_hosts
 
 
-@dataclass(frozen=True)
+@frozen
 class AttemptSpec:
     """What the next attempt of a recorded job is made of, read once: the hosts file as recorded
     with ``env_file`` and ``forward_env`` read now (``spec``), the ``--env`` values with their

@@ -27,6 +27,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from clusterrun.envrules import check_env_entry, check_env_total, looks_secret
 from clusterrun.errors import ConfigError
+from clusterrun.frozen import frozen
 from clusterrun.hostsyaml import (
     BOOL,
     FLOAT,
@@ -47,7 +48,7 @@ from clusterrun.watchconfig import WATCH_KEYS, restart_policy, watch_settings
 
 Transport = Literal["ssh", "local"]
 
-@dataclass(frozen=True)
+@frozen
 class EnvFile:
     """An ``env_file:`` entry: the file's path (relative ones made relative to the hosts file's
     directory) and where the hosts file names it, for messages."""
@@ -57,7 +58,7 @@ class EnvFile:
     key: str = "env_file"
 
 
-@dataclass(frozen=True)
+@frozen
 class HostSpec:
     """One machine as the hosts file describes it, with defaults and env already merged.
 
@@ -85,7 +86,7 @@ class HostSpec:
     setup: tuple[str, ...] = ()  # shell commands run on the host before torchrun (the host's own, else defaults')
 
 
-@dataclass(frozen=True)
+@frozen
 class ClusterSpec:
     """A parsed hosts file: the hosts in file order plus cluster-wide settings.
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
+
+from clusterrun.frozen import frozen
 
 
 class _Named(str, Enum):
@@ -141,7 +143,7 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Explanation:
     """What a known failure signature says about a root cause (``signatures.SIGNATURES``): its
     name, the cause in one line and the fix in one line."""
@@ -155,7 +157,7 @@ class Explanation:
         return [f"cause: {self.cause}", f"fix: {self.fix}"]
 
 
-@dataclass(frozen=True)
+@frozen
 class OomEvidence:
     """What the root cause's host said of OOM kills, for a root cause killed by SIGKILL.
 
@@ -182,7 +184,7 @@ class OomEvidence:
     recorded: bool = True  # False: the node's supervisor recorded nothing of it (it did not see torchrun end)
 
 
-@dataclass(frozen=True)
+@frozen
 class RootCause:
     """The first failure across the cluster: where, which rank (and ``pid``), how, its last
     lines, for a SIGKILL what the host's kernel said of OOM kills (``oom``), and what a known
@@ -209,7 +211,7 @@ class RootCause:
         return text + (f": {self.message}" if self.message else "")
 
 
-@dataclass(frozen=True)
+@frozen
 class StopReport:
     """What the agent's stop did on one node, and which guarantee held.
 
@@ -314,7 +316,7 @@ class StopReport:
         return degraded + [f"{where}: {note}" for note in self.notes]
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeResult:
     """How one node's torchrun ended."""
 
@@ -336,7 +338,7 @@ def stopped_after_text(node: int) -> str:
     return f"stopped by clusterrun after node {node} failed"
 
 
-@dataclass(frozen=True)
+@frozen
 class JobResult:
     """The outcome of a whole job: every node's result, the root cause, and the stop reports."""
 
@@ -363,7 +365,7 @@ class JobResult:
         return NodeState.STOPPED in states and states <= {NodeState.STOPPED, NodeState.SUCCEEDED}
 
 
-@dataclass(frozen=True)
+@frozen
 class Event:
     node: int | None
     ts: float = field(default_factory=time.monotonic, kw_only=True)
@@ -374,7 +376,7 @@ class Event:
         return data
 
 
-@dataclass(frozen=True)
+@frozen
 class AttemptStarted(Event):
     """An attempt of the job is being started or followed: what a consumer shows of its plan.
     ``nodes`` holds per node rank ``(host, nproc, CUDA_VISIBLE_DEVICES or None)``; ``started``
@@ -392,7 +394,7 @@ class AttemptStarted(Event):
     ended: float | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class AttemptRestarting(Event):
     """Attempt ``failed`` ended and its owner restarts the whole job as attempt ``attempt``:
     emitted when the wait begins and, for the restart policy's backoff, as it counts down
@@ -420,21 +422,21 @@ class AttemptRestarting(Event):
                 f"{self.attempt} (restart {self.restart} of {self.most}; `clusterrun down` cancels)")
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeStarted(Event):
     host: str
     attempt: int
     pid: int | None
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeStateChanged(Event):
     host: str
     state: NodeState
     detail: str = ""
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeLink(Event):
     """The connection to a node's host was lost (``up`` False; being retried) or is back.
     ``since`` (when lost): the wall-clock time of the failure, or of an earlier one the job's
@@ -446,7 +448,7 @@ class NodeLink(Event):
     since: float | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeHung(Event):
     """The node's ranks wrote nothing and used no CPU since ``since`` (wall clock) for the job's
     ``hang_after``; ``since`` None: they are active again. ``report``: where its host saved the
@@ -457,7 +459,7 @@ class NodeHung(Event):
     report: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class LogLines(Event):
     """Complete lines of one node's log, in order, without their newlines. ``earlier``: lines
     before the point a viewer resumed at, sent once as its scrollback (they were shown before)."""
@@ -468,7 +470,7 @@ class LogLines(Event):
     written: float | None = None  # wall clock: when the last of them was written on the host, if known
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeDegraded(Event):
     """The node's supervisor could not write its state on the host (``reason``: a full or
     read-only disk, a quota); it goes on supervising, with its state in memory."""
@@ -477,17 +479,17 @@ class NodeDegraded(Event):
     reason: str
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeExited(Event):
     result: NodeResult
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeStopped(Event):
     report: StopReport
 
 
-@dataclass(frozen=True)
+@frozen
 class JobFinished(Event):
     """The attempt ended with ``result``; ``restarting``: its owner restarts the job (an
     ``AttemptRestarting`` follows), so this is not the job's end."""
@@ -496,14 +498,14 @@ class JobFinished(Event):
     restarting: bool = False
 
 
-@dataclass(frozen=True)
+@frozen
 class JobNote(Event):
     """Something the owner did that every consumer should show (a start-up retry, ...)."""
 
     text: str
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuReading:
     """One GPU of a node's host: utilisation in percent, memory in MiB (None: nvidia-smi says N/A)."""
 
@@ -513,7 +515,7 @@ class GpuReading:
     mem_total: int | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeGpus(Event):
     """What the node's host said of its GPUs just now: ``gpus``; or ``missing``, it has no
     ``nvidia-smi``; or ``problem``, why there are no readings although it has (it failed, hung

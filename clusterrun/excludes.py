@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from clusterrun.frozen import frozen
 
 DEFAULT_EXCLUDES = (".git",)
 
 
-@dataclass(frozen=True)
+@frozen
 class Rule:
     """One pattern: ``base`` is the directory (relative, "" for the top) whose paths it applies to."""
 
@@ -96,7 +97,7 @@ def parse_rules(text: str, base: str = "") -> list[Rule]:
     return [r for r in (parse_rule(line, base) for line in text.splitlines()) if r is not None]
 
 
-@dataclass(frozen=True)
+@frozen
 class Excludes:
     """The rules that apply in one directory: the defaults, the .gitignore files from the top down
     to it, then ``sync_exclude``; the last rule that matches a path decides."""

@@ -16,11 +16,11 @@ import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from clusterrun import parallel
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import ClusterrunError, HostError, TransportError
+from clusterrun.frozen import frozen
 from clusterrun.nodesets import fold
 from clusterrun.transports import Transport
 
@@ -29,7 +29,7 @@ __all__ = ["HostOutcome", "exec_on_hosts", "remote_command", "summary"]
 MAX_PARALLEL = 64  # connections opened at once, as pdsh's default fanout (32) and more
 
 
-@dataclass(frozen=True)
+@frozen
 class HostOutcome:
     """How the command ended on one host: its exit status, or why it could not run there."""
 

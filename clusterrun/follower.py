@@ -18,12 +18,13 @@ from clusterrun.agent.wire import NodeRequest
 from clusterrun.diagnose import NodeLog, find_root_cause
 from clusterrun.errors import ClusterrunError
 from clusterrun.events import Event, NodeDegraded, NodeHung, NodeResult, NodeState, RootCause, stopped_after_text
+from clusterrun.frozen import frozen
 from clusterrun.plan import NodeLaunch
 from clusterrun.protocol import Beat, End, FollowMessage, HostState, LogChunk, NodeStatus, Probe, decode_follow
 from clusterrun.transports import AgentSession, Transport
 
 
-@dataclass(frozen=True)
+@frozen
 class Reconnect:
     """How a follower retries a host it cannot reach: after ``first`` × failures seconds, at
     most ``most``; forever, unless ``give_up_after`` seconds of retrying have failed (then the
@@ -62,7 +63,7 @@ def node_state_of(status: NodeStatus, stop_sent: bool = False) -> NodeState:
     return NodeState.FAILED
 
 
-@dataclass(frozen=True)
+@frozen
 class Link:
     """A follower's own news, beside the agent's messages: the host is unreachable (``up`` False)
     or back; ``gave_up``: a stop was asked for and the host could not be reached; ``lost``: the

@@ -14,6 +14,7 @@ from enum import Enum
 from clusterrun.agent.wire import JobPython
 from clusterrun.config import HostSpec
 from clusterrun.errors import AuthError, ClusterrunError, ConnectError, HostKeyError
+from clusterrun.frozen import frozen
 from clusterrun.protocol import Inspection, Probe
 from clusterrun.transports import Transport
 
@@ -32,7 +33,7 @@ class Verdict(str, Enum):
         return self.value
 
 
-@dataclass(frozen=True)
+@frozen
 class Check:
     """One row of the doctor's table: what was checked, the verdict, what was found, the fix."""
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from clusterrun.config import ClusterSpec, HostSpec, load_cluster_text, read_hosts_text
 from clusterrun.errors import ConfigError
+from clusterrun.frozen import frozen
 
 __all__ = ["is_hostfile", "hostfile_yaml", "load_any", "spec_yaml"]
 
@@ -46,7 +46,7 @@ def is_hostfile(text: str) -> bool:
                                    for c in lines)
 
 
-@dataclass(frozen=True)
+@frozen
 class _Entry:
     host: str
     user: str | None

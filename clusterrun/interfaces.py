@@ -18,18 +18,19 @@ module decides, without I/O:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from clusterrun.agent.wire import RouteRequest, RouteTarget
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import ClusterrunError, HostError, HostsUnavailable
+from clusterrun.frozen import frozen
 from clusterrun.protocol import Network, Route
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 _FIX_MASTER = "set `master: addr:` in the hosts file to node 0's address on a network every node reaches"
 
 
-@dataclass(frozen=True)
+@frozen
 class Interface:
     """The interface chosen for one node and why. ``name`` None: none was needed (every node on
     one machine, through loopback). ``env`` is what clusterrun sets: the ``IFNAME_VARS`` the user

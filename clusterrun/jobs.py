@@ -45,6 +45,7 @@ from typing import Any
 
 from clusterrun.errors import DamagedRecord, JobNotFound, StateError
 from clusterrun.events import JobState, NodeState
+from clusterrun.frozen import frozen
 
 OWNER_FD_VAR = "CLUSTERRUN_OWNER_FD"
 RECORD_VERSION = 1  # of job.json, raised when its fields change: a newer one is refused, not misread (none: 1)
@@ -389,7 +390,7 @@ def process_alive(ident: str) -> bool:
     return True
 
 
-@dataclass(frozen=True)
+@frozen
 class Found:
     """The job a reference names, and, for a name several jobs have had, one line saying which."""
 

@@ -37,10 +37,10 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from clusterrun.errors import ClusterrunError, StateError
+from clusterrun.frozen import frozen
 from clusterrun.jobs import JobRecord, JobStore, process_alive, process_id
 from clusterrun.watch import Notify
 
@@ -48,7 +48,7 @@ WAIT = 60.0  # seconds a command may run before its starter says it still runs (
 TRIES = 3  # senders that may die with an event's command before it is given up
 
 
-@dataclass(frozen=True)
+@frozen
 class Due:
     """One event the record shows: its ``key`` in ``JobRecord.notices``, its name, where."""
 
@@ -58,7 +58,7 @@ class Due:
     node: int | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Notice:
     """How one event's notification went: ``by`` the process that sends it (``jobs.process_id``),
     ``state`` claimed → sent | failed, the command's exit ``code``, ``error`` (its last line of

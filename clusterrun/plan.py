@@ -12,13 +12,14 @@ import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.environment import mask_env
 from clusterrun.envrules import check_env_entry, check_env_total
 from clusterrun.errors import ConfigError
+from clusterrun.frozen import frozen
 
 TORCHRUN_MODULE = "torch.distributed.run"
 # torchrun traps these and stops the workers; SIGHUP is left out on purpose: a job must not die
@@ -32,7 +33,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOB_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-@dataclass(frozen=True)
+@frozen
 class HostFacts:
     """What the probe found on a host, as far as the plan needs it."""
 
@@ -41,7 +42,7 @@ class HostFacts:
     address: str | None = None  # how the controller reached it (ssh_config's HostName), if known
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeLaunch:
     """One node's part of the job: the exact argv, environment and directory torchrun gets."""
 
@@ -58,7 +59,7 @@ class NodeLaunch:
         return range(self.first_rank, self.first_rank + self.nproc)
 
 
-@dataclass(frozen=True)
+@frozen
 class LaunchPlan:
     """The whole job: one ``NodeLaunch`` per host, in hosts-file order."""
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from clusterrun.errors import StateError
+from clusterrun.frozen import frozen
 from clusterrun.jobs import process_alive, process_id, state_home, write_atomic
 
 
@@ -23,7 +23,7 @@ def folder() -> Path:
     return state_home() / "preparing"
 
 
-@dataclass(frozen=True)
+@frozen
 class Entry:
     job_id: str
     name: str

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from clusterrun import parallel
@@ -26,6 +26,7 @@ from clusterrun.agent.wire import InspectRequest, ListenRequest, ProbeRequest
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import AgentError, HostsUnavailable
 from clusterrun.follower import Node
+from clusterrun.frozen import frozen
 from clusterrun.hostchecks import MIN_PYTHON
 from clusterrun.interfaces import reached_address, route_request, route_target
 from clusterrun.plan import HostFacts, master_addr
@@ -44,7 +45,7 @@ from clusterrun.transports import AgentSession, Transport
 ROUTE_PORT = 29500  # the route's port when the master port is not known yet (see the module docstring)
 
 
-@dataclass(frozen=True)
+@frozen
 class Ahead:
     """The preflight's requests that go in the probes' exchange (``doctor.preflight_ahead`` decides
     which): each node's ``inspect`` by rank, and node 0's ``listen`` on the master port."""
@@ -53,7 +54,7 @@ class Ahead:
     listen: ListenRequest | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Early:
     """What a host's probe answered of ``Ahead``: its ``inspect`` (or the agent's error), between
     ``sent`` and ``answered`` (the clock check's bracket); node 0's ``listen`` (or its error) and

@@ -17,12 +17,13 @@ with the agent; ``decode`` reads those answers). Decoded here: ``probe`` (``Prob
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import Enum
 from typing import Any, TypeVar
 
 from clusterrun.agent.wire import Message, SyncHashes
 from clusterrun.errors import AgentError
+from clusterrun.frozen import frozen
 
 PROTOCOL = 1  # agent.PROTOCOL: bumped by any change a controller of the previous version would misread
 
@@ -42,7 +43,7 @@ class HostState(str, Enum):
     LOST = "lost"  # neither the supervisor nor torchrun runs any more, and no exit was recorded
 
 
-@dataclass(frozen=True)
+@frozen
 class Worker:
     """One worker process torchrun started, as the supervisor recorded it."""
 
@@ -52,7 +53,7 @@ class Worker:
     died: float | None  # wall-clock time it ended
 
 
-@dataclass(frozen=True)
+@frozen
 class OomKill:
     """One OOM kill as the host's kernel logged it (/dev/kmsg): its victim's PID (the kernel's:
     of the host's initial PID namespace) and command, the ``Killed process`` line, and from its
@@ -68,7 +69,7 @@ class OomKill:
     task_memcg: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class KernelOom:
     """What the host's kernel said of OOM kills during an attempt that failed (``oom`` in the
     agent's state): the kills its log shows (of any process), or why the log could not be read;
@@ -84,7 +85,7 @@ class KernelOom:
     cgroup_error: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeStatus:
     """A node's state file as the agent reports it."""
 
@@ -108,7 +109,7 @@ class NodeStatus:
         return self.state in (HostState.EXITED, HostState.LOST)
 
 
-@dataclass(frozen=True)
+@frozen
 class Route:
     """How a host reaches ``target``: the address it resolves to there, the local source address
     the kernel picks and its interface, or ``error`` (unresolvable, no route)."""
@@ -122,7 +123,7 @@ class Route:
     hosts_line: str | None = None  # "/etc/hosts:2: 127.0.1.1 gpu-a": what maps a name to a loopback ``resolved``
 
 
-@dataclass(frozen=True)
+@frozen
 class Network:
     """How a host reaches the master (the agent's ``route``): ``peer`` is the first other node it
     reaches through an interface other than loopback, looked for when the master is reached
@@ -135,7 +136,7 @@ class Network:
     preset: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@frozen
 class Probe:
     """What ``probe`` says of a host."""
 
@@ -156,7 +157,7 @@ class Probe:
         return tuple(int(p) for p in self.python.split(".")[:2] if p.isdigit())
 
 
-@dataclass(frozen=True)
+@frozen
 class LogChunk:
     """Complete lines of the log from byte ``offset``; ``next`` is where to resume. ``times``:
     when they were written, ``(byte offset, wall-clock ns)``: the bytes from each offset on,
@@ -184,24 +185,24 @@ class LogChunk:
         return out
 
 
-@dataclass(frozen=True)
+@frozen
 class StateUpdate:
     status: NodeStatus
 
 
-@dataclass(frozen=True)
+@frozen
 class Beat:
     """Nothing happened for a while; the agent and its connection are alive."""
 
 
-@dataclass(frozen=True)
+@frozen
 class End:
     """The node's job has ended (``status.ended``); nothing follows."""
 
     status: NodeStatus
 
 
-@dataclass(frozen=True)
+@frozen
 class Eof:
     """A ``once`` follow reached the end of what is written while the job runs."""
 
@@ -387,7 +388,7 @@ def decode_follow(host: str, message: Any) -> FollowMessage:
 # ------------------------------------------------------------------------------------------ sync
 
 
-@dataclass(frozen=True)
+@frozen
 class RemoteEntry:
     """What ``sync_stat`` found at one path below the workdir."""
 
@@ -398,7 +399,7 @@ class RemoteEntry:
     target: str | None = None  # a symlink's
 
 
-@dataclass(frozen=True)
+@frozen
 class SyncStat:
     """The answer to ``sync_stat``: the workdir as the host sees it, and what is at each path asked for."""
 
@@ -443,7 +444,7 @@ def decode(host: str, kind: type[M], answer: Any, what: str) -> M:
 # ------------------------------------------------------------------- doctor (inspect, listen, reach)
 
 
-@dataclass(frozen=True)
+@frozen
 class DeepTorch:
     """What the host's interpreter says after importing torch (``inspect`` with ``deep``)."""
 
@@ -454,7 +455,7 @@ class DeepTorch:
     error: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Inspection:
     """What ``inspect`` says of a host (the doctor's checks beyond the probe)."""
 
@@ -500,7 +501,7 @@ def decode_inspection(host: str, answer: Any) -> Inspection:
                       imports_missing=None if missing is None else tuple(missing), imports_error=imports.text("error"))
 
 
-@dataclass(frozen=True)
+@frozen
 class Listening:
     """``listen``'s answer: the port, and whether it could be bound (else ``error`` says why)."""
 
@@ -514,7 +515,7 @@ def decode_listening(host: str, answer: Any) -> Listening:
     return Listening(port=r.need_integer("port"), listening=bool(r.data.get("listening")), error=r.text("error"))
 
 
-@dataclass(frozen=True)
+@frozen
 class Reach:
     """``reach``'s answer: whether node 0's listener answered, else why not."""
 

@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from clusterrun import notify
@@ -35,6 +34,7 @@ from clusterrun.events import (
     StopReport,
 )
 from clusterrun.follower import node_state_of
+from clusterrun.frozen import frozen
 from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
 from clusterrun.jobstate import Change, outcome, transition
 from clusterrun.lifecycle import per_node, status_of
@@ -76,7 +76,7 @@ def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overri
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class Retry:
     """The owner's decision to restart a failed attempt: ``kind`` "policy" (``restart:``),
     "start-up" (the start-up retry) or "requested" (``Runner.request_restart``: the owner stopped

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from clusterrun.durations import parse_duration
+from clusterrun.frozen import frozen
 
 
 def parse_backoff(text: str) -> tuple[float, float]:
@@ -28,7 +28,7 @@ def parse_backoff(text: str) -> tuple[float, float]:
     return first, most
 
 
-@dataclass(frozen=True)
+@frozen
 class RestartPolicy:
     """Restart the whole job as a new attempt after a failure, at most ``max`` times (within any
     ``window`` seconds, if given), only for the exit codes ``on_exit_codes`` (any if None), after

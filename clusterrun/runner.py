@@ -43,6 +43,7 @@ from clusterrun.events import (
     NodeHung,
     hung_text,
 )
+from clusterrun.frozen import frozen
 from clusterrun.jobs import OWNER_FD_VAR, JobRecord, JobStore
 from clusterrun.lifecycle import follower, per_node, save_seen, spec_of, status_of, stop_job
 from clusterrun.orchestrator import Emit, Job
@@ -51,7 +52,7 @@ from clusterrun.recorder import Recorder, Retry, give_up, mark_failed_start
 from clusterrun.restarts import RestartPolicy
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Clock:
     """The owner's time during a backoff (tests pass a fake one): ``now()`` is wall-clock seconds,
     ``wait(event, seconds)`` waits at most that long for ``event``; ``poll`` is how often the

@@ -10,17 +10,17 @@ keep the file's order (node 0 is the first one left). Pure: a spec in, a spec ou
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import ConfigError
+from clusterrun.frozen import frozen
 from clusterrun.hostfiles import load_any, spec_yaml
 from clusterrun.nodesets import NodeSetError, expand, fold
 
 __all__ = ["load_hosts", "select"]
 
 
-@dataclass(frozen=True)
+@frozen
 class _Choice:
     """What one option names: whole hosts (by index) and GPUs of hosts (index → ids)."""
 

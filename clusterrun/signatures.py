@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 from clusterrun.events import Explanation, OomEvidence, RootCause
+from clusterrun.frozen import frozen
 
 Fields = dict[str, str]
 
 
-@dataclass(frozen=True)
+@frozen
 class Evidence:
     """What a signature may look at besides its match: the root cause, every node's host and
     every node's last lines (its ranks' and torchrun's)."""
@@ -45,7 +45,7 @@ class Evidence:
                 [names[n] for n in sorted(names) if n not in showing])
 
 
-@dataclass(frozen=True)
+@frozen
 class Signature:
     """One known failure: patterns (any may match) or a signal, and the one-line cause and fix."""
 

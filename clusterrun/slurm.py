@@ -17,11 +17,11 @@ import dataclasses
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.envrules import looks_secret
 from clusterrun.errors import ConfigError
+from clusterrun.frozen import frozen
 from clusterrun.nodesets import NodeSetError, expand, fold
 from clusterrun.plan import TORCHRUN_MODULE, LaunchPlan, NodeLaunch, node_env
 
@@ -87,7 +87,7 @@ _GPU_GRES = re.compile(r"gpu(?::[^:(]+)?:(\d+)(?:\(|$)")  # gpu:2(IDX:0-1), gpu:
 _COUNTS = re.compile(r"(\d+)(?:\(x(\d+)\))?")  # one part of Slurm's "2(x3),1": 2, three times
 
 
-@dataclass(frozen=True)
+@frozen
 class Allocation:
     """The Slurm job clusterrun runs in: its id, its nodes in Slurm's order, the GPUs per node
     (None: Slurm gave none, or did not say), the CPUs asked for per task (``-c``), if any, the
@@ -235,7 +235,7 @@ def refuse_sync(spec: ClusterSpec, hosts: Sequence[HostSpec]) -> None:
                               "leave sync: out of the file given to --slurm-hosts")
 
 
-@dataclass(frozen=True)
+@frozen
 class SlurmStep:
     """The job step ``up --from-slurm`` runs: the ``srun`` argv and the environment it needs
     (Slurm passes srun's environment on to every task: ``--export=ALL``), each node's process count

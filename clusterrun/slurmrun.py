@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 from clusterrun.diagnose import NodeLog, exception_message
 from clusterrun.events import (
@@ -44,6 +43,7 @@ from clusterrun.events import (
     NodeStateChanged,
     RootCause,
 )
+from clusterrun.frozen import frozen
 from clusterrun.slurm import FAILURE_MARK, Allocation, SlurmStep, allocation_from_env, gpus_by_node
 
 Emit = Callable[[Event], None]
@@ -56,7 +56,7 @@ _SIGNALS = {"Killed": signal.SIGKILL, "Terminated": signal.SIGTERM, "Aborted": s
             "Segmentation fault": signal.SIGSEGV, "Interrupt": signal.SIGINT}
 
 
-@dataclass(frozen=True)
+@frozen
 class TaskEnd:
     """One line of srun's report of a task that did not exit 0."""
 
@@ -91,7 +91,7 @@ def step_of(squeue_lines: Sequence[str], name: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@frozen
 class StepInfo:
     """A running step as squeue lists it: ``JOBID.STEPID``, its name, its nodes, how long it has run."""
 

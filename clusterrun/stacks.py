@@ -11,11 +11,12 @@ asks the hosts.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from clusterrun.agent.wire import Frame, RankStack, StackAnswer, ThreadStack
 from clusterrun.errors import ClusterrunError, TransportError
+from clusterrun.frozen import frozen
 from clusterrun.ranges import ranges_text
 
 # A rank's stacks as compared: per thread its name and its frames (function, file, line).
@@ -47,7 +48,7 @@ def _ranks_text(ranks: Iterable[int]) -> str:
     return f"{'rank' if len(ranks) == 1 else 'ranks'} {fold_ranks(ranks)}"
 
 
-@dataclass(frozen=True)
+@frozen
 class StackGroup:
     """Ranks whose stacks are identical (every thread, every frame and line)."""
 
@@ -67,7 +68,7 @@ class StackGroup:
         return f"{inner.name} in {_where(caller)}" if caller is not None else _where(inner)
 
 
-@dataclass(frozen=True)
+@frozen
 class Problem:
     """What could not be looked at: ranks (or a whole node, ``ranks`` empty) with the reason and fix."""
 
@@ -77,7 +78,7 @@ class Problem:
     fix: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class StackView:
     groups: tuple[StackGroup, ...]
     problems: tuple[Problem, ...] = ()

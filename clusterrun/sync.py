@@ -37,13 +37,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from clusterrun import parallel, rsh
 from clusterrun.agent.wire import SyncHashRequest, SyncPutRequest, SyncStatRequest, Written
 from clusterrun.config import ClusterSpec, HostSpec
 from clusterrun.errors import AgentError, ClusterrunError, ConfigError, HostsUnavailable, TransportError
+from clusterrun.frozen import frozen
 from clusterrun.protocol import RemoteEntry, SyncStat, decode, decode_sync_hashes, decode_sync_stat
 from clusterrun.synccarriers import RSYNC_CODES, RemotePipe, carrier, local_rsync
 from clusterrun.synctree import CHUNK, Changes, LocalEntry, Manifest, diff, file_hash, scan, settle
@@ -57,7 +58,7 @@ STAT_BATCH = 5000  # paths per sync_stat / sync_hash request
 # ------------------------------------------------------------------------------------ per host
 
 
-@dataclass(frozen=True)
+@frozen
 class SyncProgress:
     """How far one host's sync is: ``phase`` is ``compare``, ``copy`` or ``done``."""
 
@@ -70,7 +71,7 @@ class SyncProgress:
     bytes_total: int = 0
 
 
-@dataclass(frozen=True)
+@frozen
 class SyncReport:
     """What one host's sync did."""
 

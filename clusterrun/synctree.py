@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from clusterrun.errors import ConfigError
 from clusterrun.excludes import Excludes
+from clusterrun.frozen import frozen
 from clusterrun.protocol import RemoteEntry
 
 CHUNK = 1 << 20
@@ -21,7 +22,7 @@ CHUNK = 1 << 20
 # ---------------------------------------------------------------------------------- manifest
 
 
-@dataclass(frozen=True)
+@frozen
 class LocalEntry:
     """A path to copy: ``f`` file, ``d`` directory or ``l`` symlink (``target``)."""
 
@@ -33,7 +34,7 @@ class LocalEntry:
     target: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Manifest:
     root: str
     entries: tuple[LocalEntry, ...]

@@ -23,7 +23,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+
+from clusterrun.frozen import frozen
 
 # What each agent request is part of: the timeline's phase.
 PHASE_OF = {"probe": "probe", "route": "route", "inspect": "preflight", "listen": "preflight",
@@ -38,7 +39,7 @@ BARRIERS = (("resolve", ("resolve",)), ("connect and probe", ("connect", "authen
 SHOWN_HOSTS = 5  # the slowest hosts shown row by row; the spread covers all
 
 
-@dataclass(frozen=True)
+@frozen
 class Span:
     """``host`` spent ``began``..``ended`` (time.monotonic) in ``phase``."""
 

@@ -10,11 +10,11 @@ The policies themselves live where the facts are: the host's monitor marks a nod
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from clusterrun.durations import parse_duration
 from clusterrun.durations import show_duration as duration_text
+from clusterrun.frozen import frozen
 
 SETUP_TIMEOUT = 600.0  # seconds a node's setup commands may run before its host's agent kills them
 STARTUP_TIMEOUT = 300.0  # seconds every node gets to start its workers (gloo's own wait is 30 minutes)
@@ -24,7 +24,7 @@ EVENTS = ("failed", "succeeded", "hung", "restarted")  # what a notification may
 
 
 
-@dataclass(frozen=True)
+@frozen
 class Watch:
     """How the job is watched: ``startup_timeout`` for every node to start its workers (after it
     the job fails, naming the nodes that still wait; counted once every node's setup ended);
@@ -50,7 +50,7 @@ class Watch:
                    setup_timeout=float(data.get("setup_timeout") or SETUP_TIMEOUT))
 
 
-@dataclass(frozen=True)
+@frozen
 class Notify:
     """A local command the job's owner runs once per event of ``on`` (see ``notify.py``)."""
 

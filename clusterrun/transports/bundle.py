@@ -12,10 +12,10 @@ import io
 import threading
 import zipfile
 import zlib
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from clusterrun.frozen import frozen
 from clusterrun.transports import usercache
 
 __all__ = ["AgentBundle", "agent_bundle", "build_zip"]
@@ -24,7 +24,7 @@ PACKAGE = "clusterrun_agent"  # the package's name inside the zip (its parts imp
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 
 
-@dataclass(frozen=True)
+@frozen
 class AgentBundle:
     """The zip of the agent package, its sha256, and the loader that ``BOOTSTRAP`` runs."""
 

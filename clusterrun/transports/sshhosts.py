@@ -17,13 +17,14 @@ from typing import NamedTuple
 
 from clusterrun.config import HostSpec
 from clusterrun.errors import ConnectError, HostKeyError
+from clusterrun.frozen import frozen
 from clusterrun.transports import sshgcache
 from clusterrun.transports.sshlib import fingerprint, paramiko
 
 CONNECT_TIMEOUT = 10.0
 
 
-@dataclass(frozen=True)
+@frozen
 class SSHOptions:
     """Settings for every SSH host of a run (from the hosts file and the command line)."""
 
