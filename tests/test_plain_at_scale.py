@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import clusterrun.cli.launch as launch_cli
 import clusterrun.cli.up as up_cli
 from clusterrun import checks, lifecycle
 from clusterrun.attempt import restart
@@ -70,7 +71,7 @@ def hosts_yaml(n: int) -> str:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCluster]:
     cluster = FakeCluster()
-    monkeypatch.setattr(up_cli, "Printer", partial(Printer, hold=HOLD))
+    monkeypatch.setattr(launch_cli, "Printer", partial(Printer, hold=HOLD))
     monkeypatch.setattr(up_cli, "transport_for", lambda spec, **_: cluster.transport(spec))
     monkeypatch.setattr(lifecycle, "transport_factory", lambda record: cluster.transport)
     yield cluster

@@ -364,3 +364,46 @@ def test_the_configuration_is_read_once_for_all_the_hosts_of_a_run(
     monkeypatch.setattr(sshhosts, "SSH_G_REUSE", 0.0)
     sshhosts.resolve(HostSpec(host="gpu9"), options)
     assert reads == [str(config)] * 2
+
+
+def test_a_connection_made_ahead_is_waited_for_and_its_error_raised_not_tried_again(tmp_path: Path) -> None:
+    """``connect_early``: the next ``connect()`` waits for the one made ahead and raises its error; a
+    host is tried once, not twice (a ConnectTimeout would count double); the one after that tries again."""
+    import threading
+
+    from clusterrun.config import HostSpec
+    from clusterrun.transports import connect_early
+    from clusterrun.transports.ssh import SSHTransport
+    from clusterrun.transports.sshhosts import SSHOptions
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:  # not sshd: SSH 1 (not a MaxStartups drop, which would be retried)
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            conn.sendall(b"SSH-1.5-old\r\n")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host box\n  HostName 127.0.0.1\n  Port {server.getsockname()[1]}\n"
+                      "  UserKnownHostsFile /dev/null\n  IdentityFile /dev/null\n")
+    transport = SSHTransport(HostSpec(host="box"), SSHOptions(ssh_config=str(config)))
+    try:
+        connect_early([transport])
+        with pytest.raises(TransportError) as first:
+            transport.connect()
+        assert "version" in str(first.value) and len(accepted) == 1
+        with pytest.raises(TransportError):
+            transport.session()  # after the error: the usual, a connection of its own
+        assert len(accepted) == 2
+    finally:
+        transport.close()
+        server.close()

@@ -1,29 +1,22 @@
-"""``clusterrun up``: its arguments, what it prints and its exit codes; the checks are ``checks.check_new``,
-the start ``Runner`` (``attempt.start``)."""
+"""``clusterrun up``: its arguments, the hosts file read and every host's connection started; the
+rest (the checks, the start, following the job) is ``cli.launch``, imported once the connections are
+under way (their handshakes overlap its imports: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
-import json
 import os
-import secrets
 import shlex
 import signal
 import sys
-import time
-from collections.abc import Mapping, Sequence
-from functools import partial
+from typing import NoReturn
 
 import click
 
 from clusterrun import timings
-from clusterrun.checks import check_new, check_script
 from clusterrun.cli import (
     EXCLUDE_HELP,
-    EXIT_FAILED,
-    EXIT_HOSTS,
     EXIT_SIGNAL,
     EXIT_USAGE,
     NODES_HELP,
@@ -36,26 +29,13 @@ from clusterrun.cli import (
     ssh_config_option,
     ui_lines_option,
 )
-from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
-from clusterrun.cli.records import _guarantee, _refresh
 from clusterrun.cli.slurm import from_slurm_options, up_from_slurm
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import resolve
-from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError
-from clusterrun.events import Event, JobNote
-from clusterrun.interfaces import Interface
-from clusterrun.jobs import JobStore
-from clusterrun.nodesets import FOLD_PAST, alike_lines
-from clusterrun.orchestrator import Job, Reconnect
-from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides
-from clusterrun.preparing import Preparing, live
-from clusterrun.printer import Printer
-from clusterrun.recorder import new_record
-from clusterrun.runner import Runner
+from clusterrun.errors import ConfigError
+from clusterrun.plan import parse_env_overrides
 from clusterrun.selection import load_hosts
-from clusterrun.sync import SyncReport
-from clusterrun.syncview import SyncView
-from clusterrun.transports import transport_for
+from clusterrun.transports import connect_early, transport_for
 from clusterrun.watch import EVENTS, ON_HANG, Notify, parse_duration
 
 
@@ -108,50 +88,6 @@ def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ..
             break
     raise ConfigError(f"options go before HOSTS.yaml: {shlex.join(moved)} after {hosts_file} would be the script "
                       "and its arguments; nothing was started", hint=hint)
-
-
-def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]],
-                interfaces: Sequence[Interface] = (), setup: Mapping[int, str] | None = None,
-                skipped: Mapping[int, str] | None = None) -> None:
-    """The dry run's text; ``setup``: the job's interpreter after the setup each node ran,
-    ``skipped``: why a node's setup did not run."""
-    from clusterrun.joblist import shown_env  # ps's module: only the dry run shows an environment
-
-    click.echo(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
-               f"master {plan.master_addr}:{plan.master_port}")
-    for node in plan.nodes:
-        click.echo(f"\nnode{node.rank} {node.host.host} ({node.host.transport}), "
-                   f"ranks {node.first_rank}..{node.first_rank + node.nproc - 1}")
-        click.echo(f"  cwd: {node.cwd or '(home directory)'}")
-        if node.rank < len(interfaces):
-            click.echo(f"  network: {interfaces[node.rank].describe()}")
-        click.echo("  env:")
-        env = shown_env(node.env, plan.secret_env)
-        for key in sorted(env):
-            click.echo(f"    {key}={shlex.quote(env[key])}")
-        if node.host.setup:
-            click.echo("  setup (bash, in cwd, before torchrun; what it exports reaches torchrun):")
-            for command in node.host.setup:
-                click.echo("\n".join(f"    {line}" for line in command.rstrip("\n").split("\n")))
-            if setup and node.rank in setup:
-                click.echo(f"  setup ran; the job runs {setup[node.rank]}")
-            elif skipped and node.rank in skipped:
-                click.echo(f"  setup not run: {skipped[node.rank]} (up runs it after the sync); the checks were of "
-                           "the interpreter without it")
-        click.echo(f"  command: {shlex.join(node.argv)}")
-        click.echo(_guarantee(fallbacks.get(node.rank) or ()))
-
-
-def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | None:
-    """``network: node0 gpu-a eth1, node1 gpu-b eth1``: the interface each node's ranks use, when
-    clusterrun chose one (not on a job whose nodes all share this machine's loopback)."""
-    if not any(i.name for i in interfaces):
-        return None
-    if plan.nnodes > FOLD_PAST:  # nodes alike share a part: ``64 nodes 0-63 (gpu[01-64]): eth0``
-        return "network: " + "; ".join(alike_lines([(n.rank, n.host.host, i.name or "loopback", i.name or "loopback")
-                                                    for n, i in zip(plan.nodes, interfaces, strict=True)], plan.nnodes))
-    return "network: " + ", ".join(f"node{n.rank} {n.host.host} {i.name or 'loopback'}"
-                                   for n, i in zip(plan.nodes, interfaces, strict=True))
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -260,7 +196,6 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
             spec = _without_sync(spec)
         spec = _with_watch(spec, startup_timeout, hang_after, on_hang, notify_command, setup_timeout)
         spec, env_notes = resolve(spec, os.environ)
-        check_script(spec, script, os.getcwd(), sync_dir)
         if as_json and not dry_run:
             raise ConfigError("--json goes with --dry-run (a job's state as JSON: `clusterrun ps --json`)",
                               key="--json", hint="add --dry-run to print the plan as JSON; nothing was started")
@@ -268,89 +203,28 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
         _fail(exc, EXIT_USAGE)
     for text in env_notes:
         _note(f"warning: {text}")
-    jname = job_name(name, script)
-    store = JobStore()
-    if not dry_run:
-        _check_name_free(store, jname, given=name is not None)
-    job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
-    printer = Printer()
     ssh_config = ssh_config or spec.ssh_config
-    job = Job(spec, script, script_args, job_id=job_id, name=jname, emit=None, env_overrides=overrides,
-              local_cwd=os.getcwd(), grace=grace, reconnect=Reconnect(give_up_after=unreachable_timeout),
-              transport_factory=partial(transport_for, ssh_config=ssh_config,
-                                        accept_new_host_keys=accept_new_host_keys))
-    prep = None if dry_run else Preparing(job_id, jname, [h.host for h in spec.hosts])  # `ps` lists it meanwhile
+    transports = [transport_for(h, ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys)
+                  for h in spec.hosts]
+    connect_early(transports)
     try:
-        plan, syncs = _checked(job, spec, script, sync_dir, full=not no_preflight, dry_run=dry_run, prep=prep)
-        if dry_run and as_json:
-            from clusterrun.joblist import plan_json
+        from clusterrun.cli.launch import UpArgs, launch  # the rest, imported while the hosts connect
+    except KeyboardInterrupt:
+        interrupted_connecting()
 
-            click.echo(json.dumps(plan_json(plan, job.host_fallbacks, job.interfaces, syncs, job.set_up,
-                                             job.setup_skipped), indent=1))
-            return
-        if dry_run:
-            _print_plan(plan, job.host_fallbacks, job.interfaces, job.set_up, job.setup_skipped)
-            return
-        record = new_record(plan, hosts_file=hosts_file, hosts_text=hosts_text, env_overrides=overrides,
-                            local_cwd=os.getcwd(), ssh_config=ssh_config, unreachable_timeout=unreachable_timeout,
-                            retry_startup=not no_retry_startup, max_restarts=max_restarts, watch=spec.watch,
-                            notify=spec.notify)
-        tui = not detach and _use_tui(no_tui)
-        try:
-            runner = Runner.create(store, record, job, None if tui else printer, retry_startup=not no_retry_startup,
-                                   policy=spec.restart.with_max(max_restarts))
-        except StateError as exc:
-            exc.message += "; nothing was started"
-            _fail(exc, EXIT_USAGE)
-        except ClusterrunError as exc:
-            _fail(exc, EXIT_FAILED)
-        finally:
-            if prep is not None:  # the record tells of the job now, or nothing started
-                prep.close()
-        if tui:
-            from clusterrun.session import Session  # the dashboard's: `up --no-tui` and `-d` need none
+    launch(UpArgs(spec=spec, hosts_file=hosts_file, hosts_text=hosts_text, script=script,
+                  script_args=tuple(script_args), overrides=overrides, transports=transports, ssh_config=ssh_config,
+                  show_timings=show_timings, name=name, dry_run=dry_run, as_json=as_json, detach=detach,
+                  no_tui=no_tui, ui_lines=ui_lines, leave_running=leave_running, grace=grace, sync_dir=sync_dir,
+                  no_preflight=no_preflight, no_retry_startup=no_retry_startup, max_restarts=max_restarts,
+                  unreachable_timeout=unreachable_timeout))
 
-            code = _dashboard(Session(store, record, runner=runner), ui_lines)
-            show_timings()
-            sys.exit(code)
-        printer.set_plan(plan)
-        printer.note(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
-                     f"master {plan.master_addr}:{plan.master_port}")
-        if (network := _network_note(plan, job.interfaces)) is not None:
-            printer.note(network)
 
-        def stop(signum: int) -> None:
-            runner.request_stop(signal.Signals(signum).name)
-
-        handlers = {signal.SIGINT: (lambda s: runner.request_hand_over()) if leave_running else stop,
-                    signal.SIGTERM: stop, signal.SIGHUP: lambda s: runner.request_hand_over()}
-        with _on_signals(handlers) as got:
-            try:
-                runner.start()
-            except HostsUnavailable as exc:
-                printer.flush()  # the stop reports of the nodes that had started, before the error
-                _fail(exc, EXIT_HOSTS)
-            show_timings()
-            if detach:
-                runner.hand_over()
-                click.echo(job_id)
-                _note(f"job {job_id} started; {_follow_hint(job_id)}")
-                return
-            result = runner.follow()
-            if result is None:  # SIGHUP, or Ctrl-C with --leave-running: a monitor owns the job now
-                runner.hand_over()
-                with contextlib.suppress(OSError):  # the terminal may be gone
-                    if got.get("signal") != signal.SIGHUP:
-                        printer.note(f"job {job_id} left running; {_follow_hint(job_id)}")
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                os._exit(EXIT_SIGNAL.get(got.get("signal", 0), 1))  # its followers may still wait on the hosts
-    finally:
-        if prep is not None:
-            prep.close()
-        printer.flush()  # status lines still held when up ends another way (an error): never lost
-        job.close()
-    sys.exit(_exit_code(result, got))
+def interrupted_connecting() -> NoReturn:
+    """Ctrl-C once the connections started and before the start: every connection closes with the
+    program (``__main__``), nothing started anywhere."""
+    _note("interrupted while connecting to the hosts, copying files or checking them; nothing was started")
+    sys.exit(EXIT_SIGNAL[signal.SIGINT])  # the program leaves without its host threads (__main__)
 
 
 def _with_watch(spec: ClusterSpec, startup_timeout: str | None, hang_after: str | None, on_hang: str | None,
@@ -383,54 +257,3 @@ def _with_watch(spec: ClusterSpec, startup_timeout: str | None, hang_after: str 
 
 def _without_sync(spec: ClusterSpec) -> ClusterSpec:
     return dataclasses.replace(spec, hosts=tuple(dataclasses.replace(h, sync=None) for h in spec.hosts))
-
-
-def _show_note(prep: Preparing | None, event: Event) -> None:
-    if isinstance(event, JobNote):  # the setups still running: here and in `ps`
-        _note(event.text)
-        if prep is not None:
-            prep.say(event.text)
-
-
-def _checked(job: Job, spec: ClusterSpec, script: str, sync_dir: str | None, *, full: bool,
-             dry_run: bool, prep: Preparing | None = None) -> tuple[LaunchPlan, Mapping[int, SyncReport]]:
-    """``checks.check_new``, shown: the probe, the sync (its progress and report), the hosts'
-    setup, the preflight (see doctor.py); a problem on any host starts nothing anywhere: exit 3
-    (2 for a bad ``--sync``), with one line and a fix for each; warnings are printed."""
-    view = SyncView(live=None if not dry_run else False, hosts=len(spec.hosts))
-    try:
-        with view:
-            plan, reports, warnings = check_new(job, spec, script, os.getcwd(), full=full, dry_run=dry_run,
-                                                sync_dir=sync_dir, progress=view, emit=partial(_show_note, prep))
-    except HostsUnavailable as exc:
-        _fail(exc, EXIT_HOSTS)
-    except ConfigError as exc:
-        _fail(exc, EXIT_USAGE)
-    except KeyboardInterrupt:  # close every connection (the caller's finally), start nothing
-        _note("interrupted while connecting to the hosts, copying files or checking them; nothing was started")
-        sys.exit(EXIT_SIGNAL[signal.SIGINT])  # the program leaves without its host threads (__main__)
-    view.report(reports)
-    for warning in warnings:
-        _note(f"warning: {warning}")
-    return plan, reports
-
-
-def _check_name_free(store: JobStore, name: str, given: bool) -> None:
-    """Refuse a name that an unfinished job has (its record brought up to date from its hosts
-    first), so that every job can still be named: two running jobs of one name would make the
-    name ambiguous for `ps`, `logs`, `down`..."""
-    for record in store.named(name):
-        if not record.finished:
-            record = _refresh(store, record)
-        if not record.finished:
-            how = "named" if given else "named after the script,"
-            _fail(ConfigError(f"job {record.job_id}, {how} {name!r}, is {record.state}; nothing was started",
-                              key="--name", hint=f"stop it first (`clusterrun down {record.job_id}`), or name this "
-                              "job otherwise with --name NAME"), EXIT_USAGE)
-    for entry in live():  # another `up` still checking its hosts: no record yet, only its note
-        if entry.name == name:
-            how = "named" if given else "named after the script,"
-            _fail(ConfigError(f"job {entry.job_id}, {how} {name!r}, is being prepared by another `clusterrun up` "
-                              f"(it said: {entry.said}); nothing was started", key="--name",
-                              hint="wait for that start to end (`clusterrun ps`), or name this job otherwise with "
-                              "--name NAME"), EXIT_USAGE)

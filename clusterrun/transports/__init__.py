@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
+
 from clusterrun.config import HostSpec
 from clusterrun.transports.base import AgentSession, AgentStream, Transport
 
@@ -18,4 +21,23 @@ def transport_for(host: HostSpec, *, ssh_config: str | None = None, accept_new_h
     return SSHTransport(host, SSHOptions(ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys))
 
 
-__all__ = ["AgentSession", "AgentStream", "Transport", "transport_for"]
+def connect_early(transports: Sequence[Transport], workers: int = 32) -> None:
+    """Start connecting to the hosts now, at most ``workers`` at once in threads of their own, while
+    the caller goes on (``Transport.connect_ahead``); a command that ends meanwhile does not wait for
+    them (daemon threads, as a connect to a silent host ends only at its ConnectTimeout)."""
+    pending = [t for t in transports if t.expect_ahead()]
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                if not pending:
+                    return
+                transport = pending.pop(0)
+            transport.connect_ahead()
+
+    for _ in range(min(workers, len(pending))):
+        threading.Thread(target=work, name="clusterrun-connect", daemon=True).start()
+
+
+__all__ = ["AgentSession", "AgentStream", "Transport", "connect_early", "transport_for"]

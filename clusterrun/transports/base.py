@@ -241,6 +241,15 @@ class Transport(ABC):
     def connect(self) -> None:
         """Make the host reachable; raise a ``TransportError`` subclass if it is not."""
 
+    def expect_ahead(self) -> bool:
+        """Whether ``connect_ahead`` has anything to do here (``connect_early``), now expected: the
+        next ``connect()`` and ``session()`` wait for it. Nothing for a host without a connection."""
+        return False
+
+    def connect_ahead(self) -> None:
+        """``connect()`` and the agent's ``session()`` opened ahead, from ``connect_early``'s thread."""
+        return None
+
     @abstractmethod
     def session(self) -> AgentSession:
         """Start an agent on the host, ready for requests."""

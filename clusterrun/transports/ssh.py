@@ -83,6 +83,7 @@ class SSHTransport(Transport):
         # ends after close() close its own client (a TCP connect cannot be aborted from outside).
         self._connecting: set[paramiko.SSHClient] = set()
         self._closing = False
+        self._ahead: _Ahead | None = None  # connect_ahead's work, expected or under way
 
     @property
     def python(self) -> str:
@@ -183,7 +184,43 @@ class SSHTransport(Transport):
                 self._resolved = resolve(self.host, self.options)
         return self._resolved
 
+    def expect_ahead(self) -> bool:
+        self._ahead = _Ahead()
+        return True
+
+    def connect_ahead(self) -> None:
+        """The connection and the agent's channel (its shell and Python started on the host) opened
+        in ``connect_early``'s thread while the command loads the rest of itself: the next
+        ``connect()`` waits for it and raises its error (a host is not tried twice), and the next
+        ``session()`` is that channel."""
+        ahead = self._ahead
+        if ahead is None:
+            return
+        ahead.thread = threading.get_ident()
+        try:
+            self.connect()
+            ahead.session = self.session()
+        except BaseException as exc:  # noqa: BLE001 - raised again by the connect() that waits for it
+            ahead.error = exc
+        finally:
+            ahead.done.set()
+
+    def _after_ahead(self, take: bool) -> AgentSession | None:
+        """Wait for ``connect_ahead`` if it is expected or under way in another thread; raise its
+        error (once); with ``take``, hand over its session (once)."""
+        ahead = self._ahead
+        if ahead is None or ahead.thread == threading.get_ident():
+            return None
+        ahead.done.wait()
+        if ahead.error is not None or take:
+            self._ahead = None
+        if ahead.error is not None:
+            raise ahead.error
+        session, ahead.session = (ahead.session, None) if take else (None, ahead.session)
+        return session
+
     def connect(self) -> None:
+        self._after_ahead(take=False)
         with self._lock:
             self._closing = False  # a new use after a close()
             if self._client is not None:
@@ -213,6 +250,9 @@ class SSHTransport(Transport):
     # ------------------------------------------------------------------------------- running
 
     def session(self) -> AgentSession:
+        ahead = self._after_ahead(take=True)
+        if ahead is not None:
+            return ahead
         opened = time.monotonic()  # the agent's phase of the timeline: the channel, shell and Python
         transport, channel = self._channel(shlex.join(agent_command(self.python)))  # constant: no job data
         released = threading.Event()
@@ -383,6 +423,9 @@ class SSHTransport(Transport):
         """Close the connection; one being made is aborted where paramiko waits for the server
         (a TCP connect is not: that connect closes its client when it ends, within ConnectTimeout)."""
         self._closing = True
+        ahead = self._ahead
+        if ahead is not None and ahead.session is not None:  # opened ahead, never used
+            ahead.session.close()
         for client in list(self._connecting):
             client.close()  # its connect raises at once
         if self._lock.acquire(timeout=CLOSE_WAIT):
@@ -390,6 +433,16 @@ class SSHTransport(Transport):
                 self._close_clients()
             finally:
                 self._lock.release()
+
+
+class _Ahead:
+    """``connect_ahead``'s work: the thread doing it, when it is done, its error or its session."""
+
+    def __init__(self) -> None:
+        self.thread = 0
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.session: AgentSession | None = None
 
 
 class _Transport(paramiko.Transport):
