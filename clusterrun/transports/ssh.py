@@ -76,6 +76,7 @@ class SSHTransport(Transport):
         self._client: paramiko.SSHClient | None = None
         self._jumps: list[paramiko.SSHClient] = []
         self._lock = threading.Lock()
+        self._finding = threading.Lock()
         self._sessions = threading.BoundedSemaphore(MAX_SESSIONS)
         self._resolved: ResolvedHost | None = None
         # Clients whose connect is under way (the jump hosts' too), for close() to abort their wait
@@ -175,14 +176,14 @@ class SSHTransport(Transport):
 
     def resolve(self) -> None:
         """``ssh -G``'s answer for the host (its address, port, user, keys, jumps), once."""
-        with self._lock:
-            self._resolve()
+        self._resolve()
 
     def _resolve(self) -> ResolvedHost:
-        if self._resolved is None:
-            with timings.span(self.name, "resolve"):
-                self._resolved = resolve(self.host, self.options)
-        return self._resolved
+        with self._finding:  # not the connection's lock: finding a host never waits for its connect
+            if self._resolved is None:
+                with timings.span(self.name, "resolve"):
+                    self._resolved = resolve(self.host, self.options)
+            return self._resolved
 
     def expect_ahead(self) -> bool:
         self._ahead = _Ahead()
@@ -199,7 +200,8 @@ class SSHTransport(Transport):
         ahead.thread = threading.get_ident()
         try:
             self.connect()
-            ahead.session = self.session()
+            if self._ahead is ahead:  # not closed meanwhile (close() forgets it)
+                ahead.session = self.session()
         except BaseException as exc:  # noqa: BLE001 - raised again by the connect() that waits for it
             ahead.error = exc
         finally:
@@ -423,7 +425,7 @@ class SSHTransport(Transport):
         """Close the connection; one being made is aborted where paramiko waits for the server
         (a TCP connect is not: that connect closes its client when it ends, within ConnectTimeout)."""
         self._closing = True
-        ahead = self._ahead
+        ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead.session is not None:  # opened ahead, never used
             ahead.session.close()
         for client in list(self._connecting):
