@@ -381,3 +381,26 @@ def test_the_connection_waits_for_no_delayed_ack(sim_cluster: MakeCluster, monke
         assert acked and all(acked)  # sshd's hostkeys-00@openssh.com notice went through the hook
     finally:
         transport.close()
+
+
+def test_the_agent_channel_opened_ahead_is_the_one_the_probe_uses(sim_cluster: MakeCluster) -> None:
+    """`up` opens each host's connection and agent channel ahead (``transports.connect_early``) while it
+    imports the rest of itself; the probe then goes on that channel: one agent on the host, not two."""
+    from clusterrun.agent.wire import ProbeRequest
+    from clusterrun.config import HostSpec
+    from clusterrun.transports import connect_early, ssh, sshhosts
+
+    cluster = sim_cluster(1)
+    transport = ssh.SSHTransport(HostSpec(host="sim1", python=sys.executable),
+                                 sshhosts.SSHOptions(ssh_config=str(cluster.ssh_config)))
+    try:
+        connect_early([transport])
+        transport.connect()
+        session = transport.session()
+        assert session.call(ProbeRequest(state_dir=None, free_port=False))["ok"]
+        listing = cluster.hosts[0].run("ps", "-ww", "-eo", "pid,args").stdout.splitlines()
+        agents = [line for line in listing if "sys.stdin.buffer" in line and "grep" not in line]
+        assert len(agents) == 1, listing
+        session.close()
+    finally:
+        transport.close()
