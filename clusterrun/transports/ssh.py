@@ -218,7 +218,9 @@ class SSHTransport(Transport):
             self._ahead = None
         if ahead.error is not None:
             raise ahead.error
-        session, ahead.session = (ahead.session, None) if take else (None, ahead.session)
+        if not take:
+            return None
+        session, ahead.session = ahead.session, None
         return session
 
     def connect(self) -> None:
