@@ -117,7 +117,9 @@ def main() -> int:
     signal.signal(signal.SIGALRM, lambda *_: kill_all(signal.SIGKILL))
     nprocs, _store = rendezvous(addr, port, nnodes, node_rank, nproc)
     first, world = sum(nprocs[:node_rank]), sum(nprocs)
-    log_root = os.environ.get("PET_LOG_DIR") or tempfile.mkdtemp(prefix="torchelastic_")
+    # torchrun's --log-dir, else $PET_LOG_DIR, else a new /tmp/torchelastic_* that nobody removes
+    log_root = options.get("log-dir") or os.environ.get("PET_LOG_DIR") or tempfile.mkdtemp(prefix="torchelastic_")
+    os.makedirs(log_root, exist_ok=True)  # torchrun makes a missing --log-dir
     run_id = options.get("rdzv-id") or "none"
     run_dir = tempfile.mkdtemp(prefix=f"{run_id}_", dir=log_root)
     tees: list[threading.Thread] = []
