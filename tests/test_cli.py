@@ -139,6 +139,18 @@ def test_the_cli_leaves_out_what_few_commands_use() -> None:
     assert not {"importlib.metadata", "email", "statistics", "ClusterShell.NodeSet"} & loaded
 
 
+
+def test_up_starts_connecting_before_it_loads_the_launch_or_slurm() -> None:
+    """What ``up`` imports before every host's connection starts (``cli.up``) leaves out the rest of
+    the launch and Slurm's modules: they load while the hosts connect (docs/benchmarks.md)."""
+    code = "import sys, clusterrun.cli.up\nprint(sorted(sys.modules))\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    loaded = set(eval(done.stdout))
+    assert "clusterrun.transports" in loaded
+    assert not {"clusterrun.cli.launch", "clusterrun.cli.slurm", "clusterrun.slurm", "clusterrun.attempt",
+                "clusterrun.checks", "clusterrun.orchestrator"} & loaded
+
 def test_the_job_list_shortens_long_host_lists() -> None:
     from clusterrun.cli.jobs import _hosts_cell
 

@@ -12,8 +12,8 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Container, Sequence
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from collections.abc import Container, Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -59,22 +59,7 @@ if TYPE_CHECKING:
     from clusterrun.slurm import SlurmStep
     from clusterrun.slurmrun import SlurmRun
 
-F = TypeVar("F", bound=Callable[..., object])
 JOB_ID_SHAPE = re.compile(r"-\d{8}-\d{6}-[0-9a-f]{4}$")  # what plan.make_job_id appends to a job's name
-FROM_SLURM_HELP = ("Run inside a Slurm allocation (salloc, sbatch) on its nodes (SLURM_JOB_NODELIST) with one "
-                   "srun: one torchrun per node, under Slurm's accounting, limits and cleanup; then HOSTS.yaml is "
-                   "left out (SCRIPT comes first) and --slurm-hosts may name one. See docs/slurm.md.")
-
-
-def from_slurm_options(command: F) -> F:
-    """``up``'s Slurm options."""
-    command = click.option("--slurm-hosts", type=click.Path(dir_okay=False), metavar="HOSTS.yaml",
-                           help="With --from-slurm: a hosts file; each node takes the nproc of its host by Slurm "
-                           "node name (Slurm's GPU count wins), every node the first host's python, workdir, env "
-                           "and setup.")(command)
-    return click.option("--from-slurm", is_flag=True, help=FROM_SLURM_HELP)(command)
-
-
 def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str | None, name: str | None,
                   env: tuple[str, ...], dry_run: bool, grace: float = 10.0, no_sync: bool = False,
                   no_preflight: bool = False, no_tui: bool = True, ui_lines: int = 10_000,

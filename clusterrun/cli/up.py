@@ -10,7 +10,8 @@ import os
 import shlex
 import signal
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 import click
 
@@ -29,7 +30,6 @@ from clusterrun.cli import (
     ssh_config_option,
     ui_lines_option,
 )
-from clusterrun.cli.slurm import from_slurm_options, up_from_slurm
 from clusterrun.config import ClusterSpec
 from clusterrun.environment import resolve
 from clusterrun.errors import ConfigError
@@ -37,6 +37,20 @@ from clusterrun.plan import parse_env_overrides
 from clusterrun.selection import load_hosts
 from clusterrun.transports import connect_early, transport_for
 from clusterrun.watch import EVENTS, ON_HANG, Notify, parse_duration
+
+F = TypeVar("F", bound=Callable[..., object])
+FROM_SLURM_HELP = ("Run inside a Slurm allocation (salloc, sbatch) on its nodes (SLURM_JOB_NODELIST) with one "
+                   "srun: one torchrun per node, under Slurm's accounting, limits and cleanup; then HOSTS.yaml is "
+                   "left out (SCRIPT comes first) and --slurm-hosts may name one. See docs/slurm.md.")
+
+
+def from_slurm_options(command: F) -> F:
+    """``up``'s Slurm options."""
+    command = click.option("--slurm-hosts", type=click.Path(dir_okay=False), metavar="HOSTS.yaml",
+                           help="With --from-slurm: a hosts file; each node takes the nproc of its host by Slurm "
+                           "node name (Slurm's GPU count wins), every node the first host's python, workdir, env "
+                           "and setup.")(command)
+    return click.option("--from-slurm", is_flag=True, help=FROM_SLURM_HELP)(command)
 
 
 def _option_names(command: click.Command) -> dict[str, bool]:
@@ -174,6 +188,8 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
         words = [hosts_file, *([script] if script is not None else []), *script_args]
         given = {"--detach": detach, "--leave-running": leave_running, "--sync": sync_dir is not None,
                  "--nodes": nodes is not None, "--exclude": exclude is not None, "--json": as_json}
+        from clusterrun.cli.slurm import up_from_slurm  # Slurm's modules only when asked for
+
         up_from_slurm(words[0], tuple(words[2:] if words[1:2] == ["--"] else words[1:]), hosts_file=slurm_hosts,
                       name=name, env=env, dry_run=dry_run, grace=grace, no_sync=no_sync,
                       no_preflight=no_preflight, no_tui=no_tui, ui_lines=ui_lines,
