@@ -71,3 +71,34 @@ def test_the_methods_are_shared_not_written_for_each_class() -> None:
     controller's classes use it)."""
     for cls in (Shared, Derived, NodeStarted, LaunchPlan):
         assert cls.__eq__ is Shared.__eq__ and cls.__repr__ is Shared.__repr__ and cls.__hash__ is Shared.__hash__
+
+
+def test_fields_are_set_once_by_init_and_never_again() -> None:
+    """The shared ``__setattr__``/``__delattr__`` refuse what dataclass(frozen=True)'s refuse, and let
+    ``replace``, copies and ``object.__setattr__`` (a ``__post_init__``'s) through."""
+    import copy
+    import pickle
+
+    value = Derived("a", 2, tags=("t",), extra=1.5)
+    for name in ("name", "extra", "other"):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, name, "changed")
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            delattr(value, name)
+    assert value == Derived("a", 2, tags=("t",), extra=1.5) and not hasattr(value, "other")
+    assert copy.copy(value) == value and copy.deepcopy(value) == value
+    assert pickle.loads(pickle.dumps(Shared("p", 3))) == Shared("p", 3)
+    object.__setattr__(value, "count", 5)
+    assert value.count == 5
+    with pytest.raises(TypeError, match="Cannot overwrite attribute __setattr__"):
+        @frozen
+        class Own:
+            x: int
+
+            def __setattr__(self, name: str, value: object) -> None:
+                pass
+
+
+def test_setters_are_shared_too() -> None:
+    for cls in (Shared, Derived, NodeStarted, LaunchPlan):
+        assert cls.__setattr__ is Shared.__setattr__ and cls.__delattr__ is Shared.__delattr__
