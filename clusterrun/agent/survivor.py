@@ -35,7 +35,8 @@ class Survivor:
     """The part of a node's attempt that must outlive everything (conmon's role): it starts
     torchrun, reaps it and its orphans, writes the exit file, and restarts the monitor when it dies.
 
-    create → run(): join the cgroup, start torchrun, fork the monitor, tell ``start`` → wait and
+    create → run(): join the cgroup (a child writes it while this one prepares), start torchrun,
+    fork the monitor, tell ``start`` → wait and
     reap → (torchrun exits) exit file → (the monitor finished) leave and remove the cgroup.
     It writes state.json only before the monitor runs; from then on the monitor owns it."""
 
@@ -74,20 +75,38 @@ class Survivor:
     def _on_term(self, signum: int, frame: object) -> None:
         self.term_requested = True
 
-    def _join_cgroup(self) -> None:
+    def _start_joining(self) -> int:
+        """Begin this process's move into the attempt's cgroup, written by a child: a first move
+        waits about 10 ms for the kernel (an RCU grace period of cgroup_threadgroup_rwsem), during
+        which this one gets on with the start (its ctypes import, 4-5 ms). The child's pid, or 0."""
         if self.spec.get("user_scope"):  # started by systemd-run in a scope delegated to the user
             self.cgroup, why = _make_cgroup(self.spec["job"], self.spec["node"], self.spec["attempt"])
             self.job_cgroup = os.path.join(self.cgroup, "job") if self.cgroup else None
             if why:
                 self.state["fallbacks"].append(f"no cgroup: {why}")
         if not self.cgroup:
-            return
-        try:
-            cg_write(os.path.join(self.cgroup, "cgroup.procs"), str(os.getpid()).encode())
-        except OSError as exc:
-            self.state["fallbacks"].append(f"no cgroup: cannot join {self.cgroup}: {os.strerror(exc.errno or 0)}")
-            cg_remove(self.cgroup)
-            self.cgroup = self.job_cgroup = None
+            return 0
+        procs, me = os.path.join(self.cgroup, "cgroup.procs"), os.getpid()
+        child = os.fork()
+        if child == 0:
+            code = 0
+            try:
+                cg_write(procs, str(me).encode())
+            except OSError as exc:
+                code = exc.errno or 255
+            os._exit(code)  # no clean-up: a forked copy of this process
+        return child
+
+    def _joined(self, child: int) -> None:
+        """Wait for ``_start_joining``'s child; where it could not move us, no cgroup (said why)."""
+        if child:
+            _, status = os.waitpid(child, 0)
+            if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+                why = os.strerror(os.WEXITSTATUS(status)) if os.WIFEXITED(status) else f"status {status}"
+                self.state["fallbacks"].append(f"no cgroup: cannot join {self.cgroup}: {why}")
+                if self.cgroup:
+                    cg_remove(self.cgroup)
+                self.cgroup = self.job_cgroup = None
         self.state["cgroup"] = self.cgroup
 
     def _leave_cgroup(self) -> None:
@@ -100,7 +119,7 @@ class Survivor:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, self._on_term)
-        self._join_cgroup()
+        joining = self._start_joining()
         if not _set_subreaper():
             self.state["fallbacks"].append("no subreaper (prctl through ctypes failed): orphans of the job go to "
                                            "init and are found by marker and session only")
@@ -120,6 +139,7 @@ class Survivor:
         if waker.fd < 0:
             self.state["fallbacks"].append("no inotify: the supervisor polls (20 times a second)")
         waker.close()
+        self._joined(joining)  # before anything is recorded or started: the job is born in the cgroup
         try:
             log_fd = os.open(os.path.join(self.folder, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.makedirs(env["PET_LOG_DIR"], mode=0o700, exist_ok=True)  # torchrun accepts it existing
