@@ -19,6 +19,13 @@ from click.testing import CliRunner
 from tests.simhosts import sim_cluster  # noqa: F401 - the simulated machines, for every test module
 from tests.slurmsim import slurm_cluster, slurm_gpu_cluster  # noqa: F401 - a real Slurm on them (test_slurm_cluster)
 
+# A suite started in the background by a non-interactive shell (`nohup pytest ... &`) inherits SIGINT
+# ignored, and so would every command the tests start: Python then never raises KeyboardInterrupt,
+# and the tests of Ctrl-C would wait for a host's ConnectTimeout. A handler here is reset to the
+# default in the commands (exec keeps only an ignored signal ignored).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = ROOT / "tests" / "_support"
 
