@@ -32,12 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from textual import events  # noqa: E402
 
-from clusterrun.events import AttemptStarted, LogLines, NodeState, NodeStateChanged  # noqa: E402
+from clusterrun.core.events import AttemptStarted, LogLines, NodeState, NodeStateChanged  # noqa: E402
 from clusterrun.tui import Dashboard  # noqa: E402
 
 
 class Flood:
-    """Stands in for ``clusterrun.session.Session``: emits a job's start, then log lines at ``rate``."""
+    """Stands in for ``clusterrun.life.session.Session``: emits a job's start, then log lines at ``rate``."""
 
     job_id = "flood-20261122-000000-beef"
     owner = False

@@ -30,9 +30,9 @@ from clusterrun.agent.wire import (  # noqa: E402
     StartRequest,
     UnlistenRequest,
 )
-from clusterrun.config import HostSpec  # noqa: E402
-from clusterrun.interfaces import route_request  # noqa: E402
-from clusterrun.protocol import decode_probe  # noqa: E402
+from clusterrun.config.hostsfile import HostSpec  # noqa: E402
+from clusterrun.core.protocol import decode_probe  # noqa: E402
+from clusterrun.run.interfaces import route_request  # noqa: E402
 from clusterrun.transports import transport_for  # noqa: E402
 from tests.simhosts import SimCluster  # noqa: E402
 

@@ -38,9 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from clusterrun import sync  # noqa: E402
-from clusterrun.config import load_cluster  # noqa: E402
-from clusterrun.sync import sync_hosts  # noqa: E402
+from clusterrun.config.hostsfile import load_cluster  # noqa: E402
+from clusterrun.sync import copy  # noqa: E402
+from clusterrun.sync.copy import sync_hosts  # noqa: E402
 from clusterrun.transports import transport_for  # noqa: E402
 from tests.simhosts import SimCluster  # noqa: E402
 
@@ -83,12 +83,12 @@ def run_clusterrun(hosts: Path, via: str) -> tuple[float, float, float, str]:
     """``sync_hosts`` with ``via`` carrying the data: ``rsync`` (the choice here), or ``sftp`` and
     ``agent`` forced as if rsync (and SFTP) were missing."""
     forced = {"rsync": None, "sftp": lambda files, here, there: "sftp", "agent": lambda files, here, there: "agent"}
-    original = sync.carrier
-    sync.carrier = forced[via] or original  # type: ignore[assignment]
+    original = copy.carrier
+    copy.carrier = forced[via] or original  # type: ignore[assignment]
     try:
         return _run_clusterrun(hosts, via)
     finally:
-        sync.carrier = original  # type: ignore[assignment]
+        copy.carrier = original  # type: ignore[assignment]
 
 
 def _run_clusterrun(hosts: Path, via: str) -> tuple[float, float, float, str]:
@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--small", type=int, default=2000, help="small files (default 2000 of 10 KB)")
     parser.add_argument("--big", type=int, default=3, help="big files (default 3 of 10 MB)")
-    parser.add_argument("--via", default="rsync,sftp,agent", help="what carries clusterrun's data (sync.carrier), "
+    parser.add_argument("--via", default="rsync,sftp,agent", help="what carries clusterrun's data (copy.carrier), "
                         "each measured as a tool of its own (default: rsync,sftp,agent)")
     args = parser.parse_args()
     if shutil.which("rsync") is None:

@@ -128,7 +128,7 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
 
 def stop_all_jobs(path: Path) -> None:
     """Stop every node attempt recorded under the state dir ``path`` with the agent's stop."""
-    from clusterrun.config import HostSpec
+    from clusterrun.config.hostsfile import HostSpec
     from clusterrun.transports.local import LocalTransport
 
     transport = LocalTransport(HostSpec(host="cleanup", transport="local"))

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.config import HostSpec
-from clusterrun.errors import AgentError
+from clusterrun.config.hostsfile import HostSpec
+from clusterrun.core.errors import AgentError
 from clusterrun.transports.local import LocalTransport
 from tests.conftest import alive, start_time, unique_job, wait_for
 

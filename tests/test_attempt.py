@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun import lifecycle
-from clusterrun.attempt import begin_stop, restart, stop
-from clusterrun.config import ClusterSpec
-from clusterrun.errors import ConfigError, HostsUnavailable
-from clusterrun.events import Event, JobNote, JobState, NodeState, NodeStateChanged
-from clusterrun.jobs import JobStore
-from clusterrun.orchestrator import Job, Reconnect
-from clusterrun.recorder import Recorder, mark_failed_start, new_record
-from clusterrun.runner import Runner, run_monitor
-from clusterrun.session import Session
+from clusterrun.config.hostsfile import ClusterSpec
+from clusterrun.core.errors import ConfigError, HostsUnavailable
+from clusterrun.core.events import Event, JobNote, JobState, NodeState, NodeStateChanged
+from clusterrun.life import lifecycle
+from clusterrun.life.attempt import begin_stop, restart, stop
+from clusterrun.life.recorder import Recorder, mark_failed_start, new_record
+from clusterrun.life.runner import Runner, run_monitor
+from clusterrun.life.session import Session
+from clusterrun.run.orchestrator import Job, Reconnect
+from clusterrun.store.jobs import JobStore
 from clusterrun.transports.fake import FakeCluster
 from tests import test_runner
 from tests.test_orchestrator import JOB, spec_of

@@ -1,13 +1,12 @@
-"""The dashboard's model (clusterrun/board.py): pure logic, fed events by hand; and the session's
+"""The dashboard's model (clusterrun/views/board.py): pure logic, fed events by hand; and the session's
 report of a job it cannot follow."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from clusterrun.board import Board, Ring
-from clusterrun.errors import JobNotFound
-from clusterrun.events import (
+from clusterrun.core.errors import JobNotFound
+from clusterrun.core.events import (
     AttemptStarted,
     GpuReading,
     LogLines,
@@ -18,8 +17,9 @@ from clusterrun.events import (
     NodeState,
     NodeStateChanged,
 )
-from clusterrun.jobs import JobRecord, JobStore, NodeRecord
-from clusterrun.session import Session
+from clusterrun.life.session import Session
+from clusterrun.store.jobs import JobRecord, JobStore, NodeRecord
+from clusterrun.views.board import Board, Ring
 
 
 def attempt(n: int, k: int = 1) -> AttemptStarted:

@@ -116,9 +116,9 @@ def test_the_core_never_imports_textual() -> None:
     """Layers import one way: Textual is loaded only by clusterrun.tui, when the dashboard opens."""
     core = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
                   for p in (ROOT / "clusterrun").rglob("*.py") if "tui" not in p.parts and p.stem != "__main__")
-    assert "clusterrun.orchestrator" in core and "clusterrun.transports.ssh" in core
-    assert {"clusterrun.sync", "clusterrun.synctree", "clusterrun.synccarriers", "clusterrun.transports.sshhosts",
-            "clusterrun.transports.sshlib", "clusterrun.follower"} <= set(core)
+    assert "clusterrun.run.orchestrator" in core and "clusterrun.transports.ssh" in core
+    assert {"clusterrun.sync.copy", "clusterrun.sync.tree", "clusterrun.sync.carriers",
+            "clusterrun.transports.sshhosts", "clusterrun.transports.sshlib", "clusterrun.run.follower"} <= set(core)
     assert {f"clusterrun.cli.{m}" for m in ("follow", "records", "up", "jobs", "manage", "tools")} <= set(core)
     code = (f"import sys, importlib\nfor name in {core!r}:\n    importlib.import_module(name)\n"
             "print(sorted(n for n in sys.modules if n.split('.')[0] == 'textual'))\n"
@@ -148,8 +148,8 @@ def test_up_starts_connecting_before_it_loads_the_launch_or_slurm() -> None:
     assert done.returncode == 0, done.stderr
     loaded = set(eval(done.stdout))
     assert "clusterrun.transports" in loaded
-    assert not {"clusterrun.cli.launch", "clusterrun.cli.slurm", "clusterrun.slurm", "clusterrun.attempt",
-                "clusterrun.checks", "clusterrun.orchestrator"} & loaded
+    assert not {"clusterrun.cli.launch", "clusterrun.cli.slurm", "clusterrun.slurm.step", "clusterrun.life.attempt",
+                "clusterrun.life.gate", "clusterrun.run.orchestrator"} & loaded
 
 def test_the_job_list_shortens_long_host_lists() -> None:
     from clusterrun.cli.jobs import _hosts_cell
@@ -213,7 +213,7 @@ def test_script_arguments_and_the_separator_still_pass_verbatim(tmp_path: Path) 
 
 
 def test_ps_shows_a_rank_s_escape_sequences_escaped(controller_state: Path) -> None:
-    from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
+    from clusterrun.store.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
 
     store = JobStore()
     store.create(JobRecord(

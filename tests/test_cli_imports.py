@@ -17,11 +17,11 @@ from tests.conftest import ROOT
 
 COMMAND_MODULES = sorted({f"clusterrun.cli.{module}" for module, _ in COMMANDS.values()})
 # Loaded only by what runs under Slurm, opens the dashboard or takes stacks.
-NOT_FOR_UP_PS_LOGS_DOWN = ("textual", "rich", "clusterrun.tui", "clusterrun.session", "clusterrun.slurm",
-                           "clusterrun.slurmrun", "clusterrun.slurmlogs", "clusterrun.slurmview", "clusterrun.stacks",
-                           "clusterrun.agent.follow", "clusterrun.agent.monitor")
+NOT_FOR_UP_PS_LOGS_DOWN = ("textual", "rich", "clusterrun.tui", "clusterrun.life.session", "clusterrun.slurm.step",
+                           "clusterrun.slurm.run", "clusterrun.store.slurmlogs", "clusterrun.slurm.view",
+                           "clusterrun.diagnose.stacks", "clusterrun.agent.follow", "clusterrun.agent.monitor")
 # ... and `ps`'s listing and JSON, which a job's start and stop need not.
-NOT_FOR_UP_DOWN = ("clusterrun.joblist",)
+NOT_FOR_UP_DOWN = ("clusterrun.views.joblist",)
 REPORT = ("import atexit, os, sys\n"
           "report = lambda: print('MODULES', *sorted(sys.modules), file=sys.stderr, flush=True)\n"
           "atexit.register(report)\n"
@@ -58,7 +58,7 @@ def test_help_and_completion_list_every_command_without_importing_one() -> None:
     shown = [name for name in COMMANDS if not name.startswith("_")]
     code = "from clusterrun.cli import main\nsys.argv[0] = 'clusterrun'\nmain()\n"
     modules, out = _modules(code, "--help")
-    assert not _loaded(modules, [*COMMAND_MODULES, "clusterrun.attempt", "clusterrun.recorder"]), out
+    assert not _loaded(modules, [*COMMAND_MODULES, "clusterrun.life.attempt", "clusterrun.life.recorder"]), out
     listed = out.split("Commands:")[1].split()
     assert all(name in listed for name in shown) and "_monitor" not in listed, out
     # each row as click would cut the command's own short help

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from clusterrun.cli import main
-from clusterrun.durations import parse_duration, show_duration
+from clusterrun.core.durations import parse_duration, show_duration
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("1.5", 1.5), ("30s", 30), ("10m", 600), ("6h", 21600),
@@ -96,10 +96,10 @@ def test_doctor_checks_only_the_hosts_of_w_and_not_those_of_x(tmp_path: Path) ->
 
 def test_hosts_adopts_from_a_deepspeed_hostfile_as_from_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`ps --hosts HOSTFILE` reads a DeepSpeed/MPI hostfile as `up` does (it was a YAML error)."""
-    import clusterrun.discover
+    import clusterrun.store.discover
 
     asked = []
-    monkeypatch.setattr(clusterrun.discover, "ask_hosts", lambda spec, ssh_config: asked.append(spec) or {})
+    monkeypatch.setattr(clusterrun.store.discover, "ask_hosts", lambda spec, ssh_config: asked.append(spec) or {})
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# two workers\nworker-1 slots=4\nworker-2 slots=2\n")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.completion import BROKEN_FISH
-from clusterrun.jobs import JobRecord, JobStore
+from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.views.completion import BROKEN_FISH
 from tests.conftest import ROOT
 
 SUPPORT = ROOT / "tests" / "_support"

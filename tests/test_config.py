@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun import config
-from clusterrun.config import ClusterSpec, HostSpec, load_cluster, load_cluster_text
-from clusterrun.errors import ConfigError
+from clusterrun.config import hostsfile
+from clusterrun.config.hostsfile import ClusterSpec, HostSpec, load_cluster, load_cluster_text
+from clusterrun.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -503,7 +503,7 @@ def test_unreadable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(config, "open", refuse, raising=False)
+    monkeypatch.setattr(hostsfile, "open", refuse, raising=False)
     with pytest.raises(ConfigError) as info:
         load_cluster(str(tmp_path / "hosts.yaml"))
     assert info.value.message == "cannot read the file: Permission denied"

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from clusterrun.config import HostSpec
+from clusterrun.config.hostsfile import HostSpec
 from clusterrun.transports import transport_for
 from clusterrun.transports.base import Transport
 from clusterrun.transports.local import LocalTransport
@@ -308,7 +308,7 @@ def fill(disk: Path) -> Path:
 
 
 def test_a_full_state_dir_refuses_the_start_cleanly(small_disk: Path, tmp_path: Path) -> None:
-    from clusterrun.errors import AgentError
+    from clusterrun.core.errors import AgentError
 
     transport = LocalTransport(HostSpec(host="here", transport="local"))
     state_dir = small_disk / "state"
@@ -421,7 +421,7 @@ def test_logind_that_kills_at_logout_refuses_the_start_without_a_cgroup(
         transport.call(req(state_dir, "stop", grace=1))
         return
     assert [f for f in probe["fallbacks"] if "KillUserProcesses=yes" in f], probe
-    from clusterrun.errors import AgentError
+    from clusterrun.core.errors import AgentError
 
     with pytest.raises(AgentError, match=r"logind kills every process of this login session "
                                          r"\(/crtest-\d+/user.slice/user-0.slice/session-7.scope\).*nothing was "
@@ -649,7 +649,7 @@ def test_logind_with_linger_starts_the_job_in_a_user_scope_that_outlives_the_ses
 
 
 def test_logind_without_linger_refuses_the_start_and_names_enable_linger(user_session: dict[str, Any]) -> None:
-    from clusterrun.errors import AgentError
+    from clusterrun.core.errors import AgentError
 
     folder: Path = user_session["folder"]
     (folder / "linger").write_text("Linger=no\n")
@@ -869,7 +869,7 @@ def test_logind_over_ssh_with_linger_starts_the_job_in_a_user_scope_that_outlive
 
 def test_logind_over_ssh_without_linger_refuses_the_start_and_names_enable_linger(
         ssh_logind: tuple[UserHost, str]) -> None:
-    from clusterrun.errors import AgentError
+    from clusterrun.core.errors import AgentError
 
     where, _ = ssh_logind
     (where.home / "linger").write_text("Linger=no\n")

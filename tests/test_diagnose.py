@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clusterrun.diagnose import NodeLog, exception_message, find_root_cause, split_rank, transient_start_failure
-from clusterrun.events import RootCause
-from clusterrun.protocol import HostState, NodeStatus, decode_status
+from clusterrun.core.events import RootCause
+from clusterrun.core.protocol import HostState, NodeStatus, decode_status
+from clusterrun.diagnose.rootcause import (
+    NodeLog,
+    exception_message,
+    find_root_cause,
+    split_rank,
+    transient_start_failure,
+)
 
 REPORT = """\
 [rank1]:Traceback (most recent call last):

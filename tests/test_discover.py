@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from clusterrun.config import load_cluster_text
-from clusterrun.discover import records_from
-from clusterrun.errors import ConnectError
-from clusterrun.events import JobState, NodeState
+from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.core.errors import ConnectError
+from clusterrun.core.events import JobState, NodeState
+from clusterrun.store.discover import records_from
 from tests.conftest import ROOT, SUPPORT, wait_for
 from tests.simhosts import SimCluster
 from tests.test_lifecycle import clusterrun, ps_json, up_detached, wait_state

@@ -16,14 +16,16 @@ from click.testing import CliRunner
 
 import clusterrun.cli.tools as cli_tools
 import clusterrun.cli.up as cli_up
-from clusterrun import checks, cli, doctor
+from clusterrun import cli
 from clusterrun.agent import doctorops
 from clusterrun.agent.wire import ReachRequest
-from clusterrun.config import ClusterSpec, load_cluster_text
-from clusterrun.doctor import Check, Verdict
-from clusterrun.errors import ConnectError, HostsUnavailable
-from clusterrun.orchestrator import Job
-from clusterrun.protocol import DeepTorch, Inspection
+from clusterrun.checks import doctor
+from clusterrun.checks.doctor import Check, Verdict
+from clusterrun.config.hostsfile import ClusterSpec, load_cluster_text
+from clusterrun.core.errors import ConnectError, HostsUnavailable
+from clusterrun.core.protocol import DeepTorch, Inspection
+from clusterrun.life import gate
+from clusterrun.run.orchestrator import Job
 from clusterrun.transports.fake import FakeCluster
 from clusterrun.transports.fakehosts import FakeHost
 from tests.conftest import ROOT
@@ -375,7 +377,7 @@ def test_no_preflight_skips_the_port_test_and_versions_but_not_the_script(fake: 
     assert "master port" not in verdicts(cheap, "h1") and "same versions" not in verdicts(cheap, "h1")
     assert {"workdir", "script"} <= set(verdicts(cheap, "h1"))
     assert verdicts(full, "h1")["master port"] == "✗"
-    assert checks.warnings(full) == ["h1: same versions: torch 2.12.0 here, 2.13.0 on h0 (fix: install the same "
+    assert gate.warnings(full) == ["h1: same versions: torch 2.12.0 here, 2.13.0 on h0 (fix: install the same "
                                      "versions on every host (mismatches hang or crash collectives))"]
 
 
@@ -387,7 +389,7 @@ def test_up_asks_each_host_the_probe_the_reach_and_the_start_and_checks_as_when_
     fake.host("h1").clock_offset = 30.0
     job = Job(spec_of(2), "train.py", job_id="j-1", name="j", emit=None, transport_factory=fake.transport)
     try:
-        plan, _, warned = checks.check_new(job, job.spec, "train.py", "/here", full=True, dry_run=False)
+        plan, _, warned = gate.check_new(job, job.spec, "train.py", "/here", full=True, dry_run=False)
         job.start()
     finally:
         job.close()
@@ -408,11 +410,11 @@ def test_up_asks_each_host_the_probe_the_reach_and_the_start_and_checks_as_when_
         try:
             if ahead:
                 with pytest.raises(HostsUnavailable) as refused:
-                    checks.check_new(job, spec, "train.py", "/here", full=True, dry_run=False)
+                    gate.check_new(job, spec, "train.py", "/here", full=True, dry_run=False)
                 return refused.value.render()
             job.prepare()
             report = run_preflight(job, spec)
-            return (doctor.refusal(report) or HostsUnavailable([])).render() + "\n" + "\n".join(checks.warnings(report))
+            return (doctor.refusal(report) or HostsUnavailable([])).render() + "\n" + "\n".join(gate.warnings(report))
         finally:
             job.close()
 
@@ -430,7 +432,7 @@ def test_up_asks_alone_what_the_probe_cannot_carry(fake: FakeCluster) -> None:
                              "    setup:\n      - source env/bin/activate\n", "hosts.yaml")
     job = Job(spec, "train.py", job_id="j-1", name="j", emit=None, transport_factory=fake.transport)
     try:
-        checks.check_new(job, spec, "train.py", "/here", full=False, dry_run=False)
+        gate.check_new(job, spec, "train.py", "/here", full=False, dry_run=False)
         job.start()
     finally:
         job.close()
@@ -490,7 +492,7 @@ def test_gpus_by_index_or_uuid_and_busy_ones_warn() -> None:
 
 
 def test_connection_errors_keep_the_transports_words_and_hint() -> None:
-    from clusterrun.errors import AuthError, HostKeyError
+    from clusterrun.core.errors import AuthError, HostKeyError
     from clusterrun.transports.fake import FakeTransport
 
     transport = FakeTransport(load_cluster_text("hosts:\n  - gpu-b\n").hosts[0], FakeCluster())

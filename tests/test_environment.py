@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun import setups
 from clusterrun.agent.records import AgentFailure
 from clusterrun.agent.wire import StartRequest
-from clusterrun.attempt import restart
-from clusterrun.checks import plan_to_start
-from clusterrun.config import load_cluster_text
-from clusterrun.environment import MASK, mask_env, parse_dotenv, redact, resolve, unmask
-from clusterrun.errors import ConfigError, HostsUnavailable
-from clusterrun.jobs import JobStore
-from clusterrun.orchestrator import Job
-from clusterrun.plan import HostFacts, build_plan, plan_to_json
-from clusterrun.recorder import new_record
+from clusterrun.config.environment import MASK, mask_env, parse_dotenv, redact, resolve, unmask
+from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.core.errors import ConfigError, HostsUnavailable
+from clusterrun.life.attempt import restart
+from clusterrun.life.gate import plan_to_start
+from clusterrun.life.recorder import new_record
+from clusterrun.run import setups
+from clusterrun.run.orchestrator import Job
+from clusterrun.run.plan import HostFacts, build_plan, plan_to_json
+from clusterrun.store.jobs import JobStore
 from clusterrun.transports.fake import FakeCluster
 
 JOB = "train-20261123-120000-abcd"
@@ -267,7 +267,7 @@ def test_the_job_runs_the_interpreter_setup_leaves_and_is_checked_there(tmp_path
     """Issue 25: a host whose plain interpreter has no torch but whose setup activates one that has:
     the probe does not refuse, the preflight asks about the interpreter in setup's environment, and
     torchrun's argv takes the flags of that torch."""
-    from clusterrun.checks import check_new
+    from clusterrun.life.gate import check_new
 
     fake = FakeCluster()
     spec = load_cluster_text("defaults:\n  setup: source /venv/bin/activate\nhosts: [h0]\n")

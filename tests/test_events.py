@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clusterrun.events import JobState, NodeState
+from clusterrun.core.events import JobState, NodeState
 
 S, F, X, L, R, U, P = (NodeState.SUCCEEDED, NodeState.FAILED, NodeState.STOPPED, NodeState.LOST, NodeState.RUNNING,
                        NodeState.UNREACHABLE, NodeState.PENDING)
@@ -38,7 +38,7 @@ def test_a_stop_report_says_when_torchrun_outlived_the_grace() -> None:
     """Only torchrun's own SIGKILL counts: the cgroup kill or the sweep SIGKILL what is left of the
     job after torchrun ended within the grace (processes that ignore SIGTERM), which says nothing
     of the grace."""
-    from clusterrun.events import StopReport
+    from clusterrun.core.events import StopReport
 
     state = {"state": "exited", "torchrun": {"pid": 10, "start_time": 1}}
     answer = {"ok": True, "state": state, "containment": "cgroup", "verified": True, "grace": 2.5, "left": [],

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.config import ClusterSpec, HostSpec
-from clusterrun.errors import ConnectError
-from clusterrun.execute import HostOutcome, exec_on_hosts, remote_command, summary
+from clusterrun.checks.execute import HostOutcome, exec_on_hosts, remote_command, summary
+from clusterrun.config.hostsfile import ClusterSpec, HostSpec
+from clusterrun.core.errors import ConnectError
 from clusterrun.transports.base import AgentSession, Transport
 from tests.conftest import ROOT
 from tests.simhosts import SimCluster, unavailable

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from clusterrun.events import NodeStarted
-from clusterrun.frozen import frozen
-from clusterrun.plan import LaunchPlan
+from clusterrun.core.events import NodeStarted
+from clusterrun.core.frozen import frozen
+from clusterrun.run.plan import LaunchPlan
 
 
 @frozen

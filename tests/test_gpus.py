@@ -11,10 +11,10 @@ import pytest
 from clusterrun.agent import gpus as agent_gpus
 from clusterrun.agent import serve
 from clusterrun.agent.wire import GpusRequest
-from clusterrun.config import load_cluster_text
-from clusterrun.events import GpuReading, NodeGpus
-from clusterrun.gpus import BROKEN, MISSING, GpuPoller, cell, decode, per_gpu
+from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.core.events import GpuReading, NodeGpus
 from clusterrun.transports.fake import FakeCluster
+from clusterrun.views.gpus import BROKEN, MISSING, GpuPoller, cell, decode, per_gpu
 
 NVIDIA = Path(__file__).parent / "_support" / "nvidia"
 REAL = "0, 87, 30123, 81920\n1, 85, 29876, 81920\n"  # nvidia-smi's own output for the query, two A100s
@@ -96,9 +96,9 @@ def test_the_poller_reads_each_host_and_marks_only_the_broken_ones() -> None:
 
 
 def test_a_node_shows_only_its_own_gpus_where_they_are_indices() -> None:
-    from clusterrun.board import Board
-    from clusterrun.events import AttemptStarted
-    from clusterrun.gpus import only
+    from clusterrun.core.events import AttemptStarted
+    from clusterrun.views.board import Board
+    from clusterrun.views.gpus import only
 
     four = NodeGpus(0, host="h", gpus=tuple(GpuReading(i, 10 * i, 1024, 8192) for i in range(4)))
     assert [g.index for g in only(four, ("2", "3")).gpus] == [2, 3]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.config import load_cluster
-from clusterrun.events import NodeGpus
-from clusterrun.gpus import BROKEN, MISSING, GpuPoller, cell
+from clusterrun.config.hostsfile import load_cluster
+from clusterrun.core.events import NodeGpus
 from clusterrun.transports import transport_for
+from clusterrun.views.gpus import BROKEN, MISSING, GpuPoller, cell
 from tests.conftest import ROOT, SUPPORT, write_hosts
 from tests.simhosts import SimCluster, namespace_problem, unavailable
 from tests.test_joblist import documented_schema, violations

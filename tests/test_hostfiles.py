@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.config import load_cluster, load_cluster_text
-from clusterrun.errors import ConfigError
-from clusterrun.hostfiles import is_hostfile, load_any, spec_yaml
-from clusterrun.plan import HostFacts, build_plan, plan_to_json
+from clusterrun.config.hostfiles import is_hostfile, load_any, spec_yaml
+from clusterrun.config.hostsfile import load_cluster, load_cluster_text
+from clusterrun.core.errors import ConfigError
+from clusterrun.run.plan import HostFacts, build_plan, plan_to_json
 from tests.conftest import ROOT
 
 FACTS = HostFacts(python="/usr/bin/python3", torchrun_flags=())

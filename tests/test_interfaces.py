@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from clusterrun.config import load_cluster_text
-from clusterrun.errors import HostsUnavailable
-from clusterrun.interfaces import better_master, choose_interfaces
-from clusterrun.orchestrator import Job
-from clusterrun.protocol import Network, Route
+from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.core.errors import HostsUnavailable
+from clusterrun.core.protocol import Network, Route
+from clusterrun.run.interfaces import better_master, choose_interfaces
+from clusterrun.run.orchestrator import Job
 from clusterrun.transports.fake import FakeCluster
 
 BOTH = {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "eth1"}

@@ -1,4 +1,4 @@
-"""``logs JOB``'s merge of several nodes' logs by when their lines were written (clusterrun/interleave.py),
+"""``logs JOB``'s merge of several nodes' logs by when their lines were written (clusterrun/views/interleave.py),
 the chunks' times (protocol.LogChunk) and where they come from on the host (RankLogs.note_time, follow's Times)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from clusterrun.agent.follow import Times
 from clusterrun.agent.ranklogs import RankLogs
-from clusterrun.errors import ClusterrunError
-from clusterrun.interleave import interleaved
-from clusterrun.protocol import LogChunk, decode_follow
+from clusterrun.core.errors import ClusterrunError
+from clusterrun.core.protocol import LogChunk, decode_follow
+from clusterrun.views.interleave import interleaved
 
 
 def chunk(offset: int, data: str, *times: tuple[int, int]) -> LogChunk:

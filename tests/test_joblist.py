@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from clusterrun.events import JobState, NodeState
-from clusterrun.joblist import RECENT, shown
-from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
+from clusterrun.core.events import JobState, NodeState
+from clusterrun.store.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
+from clusterrun.views.joblist import RECENT, shown
 from tests.conftest import ROOT, write_hosts
 
 DAY = 24 * 3600
@@ -164,7 +164,7 @@ def test_the_validator_catches_what_the_schemas_rule_out() -> None:
 
 
 def clusterrun_json_of_one() -> str:
-    from clusterrun.joblist import jobs_json
+    from clusterrun.views.joblist import jobs_json
 
     return json.dumps(jobs_json([make_record("x-20261123-100000-eeee", "failed", 10.0)]))
 
@@ -394,8 +394,8 @@ def test_dry_run_json_has_the_setup_network_and_sync_of_the_text_form(tmp_path: 
 
 
 def test_ps_of_a_64_node_job_shows_runs_of_nodes_alike_once_with_node_sets() -> None:
-    from clusterrun.events import GpuReading, NodeGpus
-    from clusterrun.joblist import node_rows
+    from clusterrun.core.events import GpuReading, NodeGpus
+    from clusterrun.views.joblist import node_rows
 
     record = make_record("big-1", "running", None)
     record.nodes = [NodeRecord(r, f"sim{r + 1:02d}", NodeState.FAILED if r >= 62 else NodeState.RUNNING,

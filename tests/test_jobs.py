@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.errors import DamagedRecord, JobNotFound
-from clusterrun.jobs import RECORD_VERSION, Found, JobRecord, JobStore
+from clusterrun.core.errors import DamagedRecord, JobNotFound
+from clusterrun.store.jobs import RECORD_VERSION, Found, JobRecord, JobStore
 
 
 def record(job_id: str, name: str, created: float, state: str = "running") -> JobRecord:
@@ -138,7 +138,7 @@ def test_a_job_directory_being_made_is_no_job_yet_and_a_removed_job_is_gone(tmp_
 def test_a_preparing_note_whose_up_is_gone_is_not_listed_and_removed(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    from clusterrun import preparing
+    from clusterrun.store import preparing
 
     mine = preparing.Preparing("a-1", "a", ["h0"])
     mine.say("node 0 (h0): setup runs for 45 s")

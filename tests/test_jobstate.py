@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clusterrun.jobstate import TABLE, Change, IllegalTransition, JobState, outcome, transition
+from clusterrun.life.jobstate import TABLE, Change, IllegalTransition, JobState, outcome, transition
 
 CHANGES = ["start", "all-running", "start-failed", "succeeded", "failed", "lost", "stop", "stop-verified",
            "stop-unverified", "retry", "give-up"]

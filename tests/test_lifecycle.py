@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from clusterrun.jobs import JobRecord, JobStore
+from clusterrun.store.jobs import JobRecord, JobStore
 from tests.conftest import (
     ROOT,
     SUPPORT,
@@ -286,7 +286,7 @@ def slow_record_writer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every write of a job record by a Recorder's writer thread takes 0.5 s more (in this process)."""
     import threading
 
-    from clusterrun.jobs import JobStore
+    from clusterrun.store.jobs import JobStore
 
     update = JobStore.update
 
@@ -304,8 +304,8 @@ def test_a_new_attempt_is_read_back_with_its_nodes_started_even_when_the_record_
         tmp_path: Path, state_dir: Path) -> None:
     """attempt.restart (restart, and the dashboard's R) returns the record after the start: the
     nodes' pids, written by the Recorder's thread, must be in it however slow that thread is."""
-    from clusterrun.attempt import restart
-    from clusterrun.jobs import JobStore
+    from clusterrun.life.attempt import restart
+    from clusterrun.store.jobs import JobStore
 
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
     job = up_detached(hosts, SUPPORT / "counter.py", "3", "0.01")
@@ -329,13 +329,13 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
     """`up` on a terminal, then the terminal closes (SIGHUP): the dashboard detaches its session and
     the process exits at once (os._exit). What the nodes reported must be in the record by then,
     however slow the Recorder's thread, or the monitor that takes over starts from a stale one."""
-    from clusterrun.config import load_cluster
-    from clusterrun.events import NodeStarted
-    from clusterrun.jobs import JobStore
-    from clusterrun.orchestrator import Job
-    from clusterrun.recorder import new_record
-    from clusterrun.runner import Runner
-    from clusterrun.session import Session
+    from clusterrun.config.hostsfile import load_cluster
+    from clusterrun.core.events import NodeStarted
+    from clusterrun.life.recorder import new_record
+    from clusterrun.life.runner import Runner
+    from clusterrun.life.session import Session
+    from clusterrun.run.orchestrator import Job
+    from clusterrun.store.jobs import JobStore
     from clusterrun.transports import transport_for
 
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
@@ -467,7 +467,7 @@ def test_escape_sequences_are_shown_escaped_and_the_node_file_stays_byte_exact(t
 
 def test_a_name_another_up_is_preparing_is_refused(tmp_path: Path, state_dir: Path) -> None:
     """Another `up` still checking its hosts has no record yet, only its note (preparing.py)."""
-    from clusterrun.preparing import Preparing
+    from clusterrun.store.preparing import Preparing
 
     other = Preparing("dup-20261126-000000-abcd", "dup", ["local-a"])  # this test's process: alive
     other.say("node 0 (local-a): setup runs for 14 s")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from clusterrun.follower import Reconnect
+from clusterrun.run.follower import Reconnect
 from clusterrun.transports.base import FOLLOW_TIMEOUT
 from tests import simhosts
 from tests.conftest import ROOT, SUPPORT, up_argv, wait_for

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.config import load_cluster
-from clusterrun.errors import ConfigError
-from clusterrun.nodesets import NodeSetError, expand, fold, fold_ranks
+from clusterrun.config.hostsfile import load_cluster
+from clusterrun.config.nodesets import NodeSetError, expand, fold, fold_ranks
+from clusterrun.core.errors import ConfigError
 
 
 @pytest.mark.parametrize(("expression", "names"), [
@@ -71,7 +71,7 @@ def test_fold_of_names_with_one_number_is_clustershells_without_importing_its_no
                  + ("" if rng.random() < 0.95 else rng.choice([".lan", "a", "-ib"]))
                  for n in (rng.randint(0, rng.choice([9, 40, 5000])) for _ in range(rng.randint(1, 40)))]
         assert fold(names) == str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP)), names
-    check = ("import sys; from clusterrun.nodesets import fold; "
+    check = ("import sys; from clusterrun.config.nodesets import fold; "
              "assert fold([f'sim{i}' for i in range(64, 0, -1)] + ['sim9']) == 'sim[1-64]'; "
              "assert fold(['gpu7', 'gpu7']) == 'gpu7'; assert 'ClusterShell.NodeSet' not in sys.modules")
     subprocess.run([sys.executable, "-c", check], check=True)

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from clusterrun import notify
 from clusterrun.cli import main
-from clusterrun.events import JobState
-from clusterrun.joblist import job_json
-from clusterrun.jobs import JobRecord, JobStore
+from clusterrun.config.watch import Notify
+from clusterrun.core.events import JobState
+from clusterrun.life import notify
+from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.transports.fake import FakeCluster
-from clusterrun.watch import Notify
+from clusterrun.views.joblist import job_json
 from tests import test_runner
 from tests.test_orchestrator import JOB
 from tests.test_watch import _owned, _until
@@ -49,8 +49,8 @@ def test_a_claimant_killed_before_its_command_leaves_the_event_to_the_next_which
         fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
     out = tmp_path / "sent"
     record = _failed_job(fake, store, tmp_path, f'echo "$CLUSTERRUN_EVENT_ID" >> {out}')
-    claim_and_die = ("import os, signal, sys; from pathlib import Path; from clusterrun import notify; "
-                     "from clusterrun.jobs import JobStore; s = JobStore(Path(sys.argv[1])); "
+    claim_and_die = ("import os, signal, sys; from pathlib import Path; from clusterrun.life import notify; "
+                     "from clusterrun.store.jobs import JobStore; s = JobStore(Path(sys.argv[1])); "
                      "assert notify.claim(s, s.load(sys.argv[2]))[1]; os.kill(os.getpid(), signal.SIGKILL)")
     died = subprocess.run([sys.executable, "-c", claim_and_die, str(store.root), JOB], cwd=ROOT,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from clusterrun.agent import kmsg
-from clusterrun.diagnose import NodeLog, find_root_cause, oom_evidence
-from clusterrun.events import OomEvidence, RootCause
-from clusterrun.protocol import KernelOom, OomKill, ProtocolError, decode_oom, decode_status
-from clusterrun.signatures import explain
+from clusterrun.core.events import OomEvidence, RootCause
+from clusterrun.core.protocol import KernelOom, OomKill, ProtocolError, decode_oom, decode_status
+from clusterrun.diagnose.rootcause import NodeLog, find_root_cause, oom_evidence
+from clusterrun.diagnose.signatures import explain
 from tests.conftest import ROOT, run_up, unique_job
 from tests.simhosts import unavailable
 
@@ -222,7 +222,7 @@ USER_PYTHON = "/usr/bin/python3"  # an interpreter every user may run (this one 
 def test_real_an_unprivileged_supervisor_says_the_kernels_log_is_not_readable(monkeypatch: pytest.MonkeyPatch) -> None:
     """A node's job run as ``nobody`` (no cgroup of its own) kills itself with SIGKILL: its state
     says why the kernel's log could not be read, and the root cause says so and keeps `dmesg`."""
-    from clusterrun.config import HostSpec
+    from clusterrun.config.hostsfile import HostSpec
     from clusterrun.transports.local import LocalTransport
 
     if os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
@@ -326,8 +326,8 @@ def test_torchrun_itself_killed_is_matched_by_its_own_pid() -> None:
 def test_the_job_tells_the_kill_its_node_reported() -> None:
     """Through the orchestrator on the fake cluster: the node's state carries the kernel's kill,
     fail-fast stops the other node, and the job's root cause quotes the kernel's line."""
-    from clusterrun.config import load_cluster_text
-    from clusterrun.orchestrator import Job, Reconnect
+    from clusterrun.config.hostsfile import load_cluster_text
+    from clusterrun.run.orchestrator import Job, Reconnect
     from clusterrun.transports.fake import FakeCluster
 
     fake = FakeCluster()

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from clusterrun.config import load_cluster_text
-from clusterrun.errors import HostsUnavailable
-from clusterrun.events import (
+from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.core.errors import HostsUnavailable
+from clusterrun.core.events import (
     Event,
     JobFinished,
     JobResult,
@@ -27,9 +27,9 @@ from clusterrun.events import (
     NodeState,
     NodeStopped,
 )
-from clusterrun.orchestrator import Job, Reconnect
-from clusterrun.printer import Printer
+from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.transports.fake import FakeCluster
+from clusterrun.views.printer import Printer
 
 JOB = "train-20261123-120000-abcd"
 FAST = Reconnect(first=0.01, most=0.02)

@@ -1,4 +1,4 @@
-"""Ctrl-C while the main thread waits for work on the hosts (``clusterrun.parallel``), and a
+"""Ctrl-C while the main thread waits for work on the hosts (``clusterrun.core.parallel``), and a
 local host's agent that starts after its transport was closed (``up``'s Ctrl-C while connecting)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun import parallel
-from clusterrun.config import HostSpec
-from clusterrun.errors import AgentError, TransportError
+from clusterrun.config.hostsfile import HostSpec
+from clusterrun.core import parallel
+from clusterrun.core.errors import AgentError, TransportError
 from clusterrun.transports.local import LocalTransport
 
 

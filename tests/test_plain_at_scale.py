@@ -20,22 +20,22 @@ import pytest
 
 import clusterrun.cli.launch as launch_cli
 import clusterrun.cli.up as up_cli
-from clusterrun import checks, lifecycle
-from clusterrun.attempt import restart
+from clusterrun.checks.doctor import Check, HostReport, Report, Verdict
 from clusterrun.cli import main
-from clusterrun.config import load_cluster_text
-from clusterrun.doctor import Check, HostReport, Report, Verdict
-from clusterrun.events import NodeHung, NodeLink, NodeStarted, StopReport
-from clusterrun.jobs import JobStore
-from clusterrun.nodesets import FOLD_PAST
-from clusterrun.orchestrator import Job, Reconnect
-from clusterrun.printer import Printer
-from clusterrun.ranges import parse_ranges
-from clusterrun.recorder import new_record
-from clusterrun.runner import Runner
-from clusterrun.sync import SyncProgress, SyncReport
-from clusterrun.syncview import SyncView
+from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.config.nodesets import FOLD_PAST
+from clusterrun.core.events import NodeHung, NodeLink, NodeStarted, StopReport
+from clusterrun.core.ranges import parse_ranges
+from clusterrun.life import gate, lifecycle
+from clusterrun.life.attempt import restart
+from clusterrun.life.recorder import new_record
+from clusterrun.life.runner import Runner
+from clusterrun.run.orchestrator import Job, Reconnect
+from clusterrun.store.jobs import JobStore
+from clusterrun.sync.copy import SyncProgress, SyncReport
+from clusterrun.sync.view import SyncView
 from clusterrun.transports.fake import FakeCluster
+from clusterrun.views.printer import Printer
 from tests.conftest import SUPPORT, cli_runner
 from tests.simhosts import SimCluster, namespace_problem, unavailable
 from tests.test_orchestrator import JOB
@@ -199,10 +199,10 @@ def test_a_preflight_warning_of_many_hosts_is_one_line_and_the_odd_host_its_own(
     hosts = [HostReport(rank, f"gpu{rank + 1:02d}", [Check("ssh", Verdict.OK, "ok"), old_python])
              for rank in range(N)]
     hosts[17].checks[1] = Check("python", Verdict.WARN, "3.8 is old", fix="python 3.10 or newer")
-    assert checks.warnings(Report(hosts)) == [
+    assert gate.warnings(Report(hosts)) == [
         "63 hosts gpu[01-17,19-64]: python: 3.9 is old (fix: python 3.10 or newer)",
         "gpu18: python: 3.8 is old (fix: python 3.10 or newer)"]
-    assert checks.warnings(Report(hosts[:FOLD_PAST])) == [
+    assert gate.warnings(Report(hosts[:FOLD_PAST])) == [
         f"gpu{rank + 1:02d}: python: 3.9 is old (fix: python 3.10 or newer)" for rank in range(FOLD_PAST)]
 
 

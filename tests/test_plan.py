@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from clusterrun.config import ClusterSpec, HostSpec
-from clusterrun.errors import ConfigError
-from clusterrun.plan import (
+from clusterrun.config.hostsfile import ClusterSpec, HostSpec
+from clusterrun.core.errors import ConfigError
+from clusterrun.run.plan import (
     HostFacts,
     build_plan,
     job_name,

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from clusterrun.diagnose import split_rank
-from clusterrun.events import LogLines
-from clusterrun.printer import Printer
+from clusterrun.core.events import LogLines
+from clusterrun.diagnose.rootcause import split_rank
+from clusterrun.views.printer import Printer
 
 
 def plan(*nprocs: int) -> SimpleNamespace:
@@ -62,7 +62,7 @@ def test_lines_of_ranks_and_of_torchrun_get_their_prefixes_or_none() -> None:
 
 
 def test_colours_pass_and_other_controls_are_shown_escaped() -> None:
-    from clusterrun.terminal import safe
+    from clusterrun.core.terminal import safe
 
     line = "\x1b[1;31mred\x1b[0m \x1b]52;c;aGk=\x07 \x1b[2J\x1b[10;1H \x1b]0;title\x1b\\ \r\b\x7f \x9b2J \udc9b \t ü"
     escaped = ("\\x1b]52;c;aGk=\\x07 \\x1b[2J\\x1b[10;1H \\x1b]0;title\\x1b\\ \\r\\x08\\x7f \\x9b2J \\x9b \t ü")
@@ -127,8 +127,8 @@ SWEPT = ("swept 2 processes besides torchrun; processes that left the job's tree
      "node1 h: nothing was running; no process of the job was found"),
 ])
 def test_a_stop_report_says_which_guarantee_held(answer: dict, line: str) -> None:
-    from clusterrun.board import describe_stop
-    from clusterrun.events import StopReport
+    from clusterrun.core.events import StopReport
+    from clusterrun.views.board import describe_stop
 
     report = StopReport.from_answer(1, "h", answer)
     assert report.describe() == line
@@ -140,7 +140,7 @@ def test_a_stop_report_says_which_guarantee_held(answer: dict, line: str) -> Non
 
 
 def test_a_stop_report_names_what_the_host_could_not_do() -> None:
-    from clusterrun.events import StopReport
+    from clusterrun.core.events import StopReport
 
     report = StopReport.from_answer(0, "h", {
         "killed": [], "left": [], "containment": "sweep", "verified": False, "detail": SWEPT,
@@ -163,7 +163,7 @@ def test_a_stop_report_names_what_the_host_could_not_do() -> None:
 
 def test_a_stop_that_could_not_reach_a_host_is_not_called_a_stop() -> None:
     """Ctrl-C while a host cannot be reached: the summary says what `down` says, never "stopped"."""
-    from clusterrun.events import JobResult, NodeResult, NodeState
+    from clusterrun.core.events import JobResult, NodeResult, NodeState
 
     unreachable = NodeResult(1, "h1", NodeState.UNREACHABLE, error="unreachable, may still run: h1: gone")
     result = JobResult("j-1", (NodeResult(0, "h0", NodeState.STOPPED), unreachable), interrupted="SIGINT")

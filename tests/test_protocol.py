@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from clusterrun.errors import AgentError
-from clusterrun.protocol import (
+from clusterrun.core.errors import AgentError
+from clusterrun.core.protocol import (
     PROTOCOL,
     Beat,
     End,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from clusterrun import lifecycle
+from clusterrun.life import lifecycle
 
 CHUNK = 1000
 

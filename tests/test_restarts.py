@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.attempt import Cancelled, attempt_event, restart, stop
-from clusterrun.board import Board
-from clusterrun.config import load_cluster_text
-from clusterrun.errors import ConfigError
-from clusterrun.events import AttemptRestarting, AttemptStarted, Event, JobFinished, JobNote, JobResult, JobState
-from clusterrun.jobs import OWNER_FD_VAR, JobStore
-from clusterrun.orchestrator import Job, Reconnect
-from clusterrun.printer import Printer
-from clusterrun.recorder import new_record
-from clusterrun.restarts import RestartPolicy, parse_backoff, parse_duration
-from clusterrun.runner import Clock, Runner, run_monitor
+from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.config.restarts import RestartPolicy, parse_backoff, parse_duration
+from clusterrun.core.errors import ConfigError
+from clusterrun.core.events import AttemptRestarting, AttemptStarted, Event, JobFinished, JobNote, JobResult, JobState
+from clusterrun.life.attempt import Cancelled, attempt_event, restart, stop
+from clusterrun.life.recorder import new_record
+from clusterrun.life.runner import Clock, Runner, run_monitor
+from clusterrun.run.orchestrator import Job, Reconnect
+from clusterrun.store.jobs import OWNER_FD_VAR, JobStore
 from clusterrun.transports.fake import FakeCluster
+from clusterrun.views.board import Board
+from clusterrun.views.printer import Printer
 from tests import test_runner
 from tests.test_orchestrator import JOB, spec_of
 from tests.test_runner import HOSTS_TEXT

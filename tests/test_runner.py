@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun import lifecycle
-from clusterrun.attempt import NotStopped, restart
-from clusterrun.board import Board
-from clusterrun.errors import HostsUnavailable
-from clusterrun.events import AttemptRestarting, AttemptStarted, Event, JobNote, JobState, NodeStarted, NodeState
-from clusterrun.jobs import JobStore
-from clusterrun.orchestrator import Job, Reconnect
-from clusterrun.recorder import new_record
-from clusterrun.runner import Runner
+from clusterrun.core.errors import HostsUnavailable
+from clusterrun.core.events import AttemptRestarting, AttemptStarted, Event, JobNote, JobState, NodeStarted, NodeState
+from clusterrun.life import lifecycle
+from clusterrun.life.attempt import NotStopped, restart
+from clusterrun.life.recorder import new_record
+from clusterrun.life.runner import Runner
+from clusterrun.run.orchestrator import Job, Reconnect
+from clusterrun.store.jobs import JobStore
 from clusterrun.transports.fake import FakeCluster
+from clusterrun.views.board import Board
 from tests.test_orchestrator import JOB, spec_of
 
 HOSTS_TEXT = "hosts:\n  - host: h0\n    nproc: 1\n  - host: h1\n    nproc: 1\n"
@@ -186,9 +186,9 @@ def test_an_adopted_job_restarted_here_is_owned_here(fake: FakeCluster, store: J
     """A job another controller started, adopted from its hosts' ``jobs`` answers (``discover``,
     ``--hosts``): a restart here stops it, starts attempt 2 as this controller's own (no longer
     adopted: a monitor is started for it here again), and ``remove`` then clears its hosts."""
-    from clusterrun.config import load_cluster_text
-    from clusterrun.discover import records_from
-    from clusterrun.lifecycle import remove_on_hosts, stop_job
+    from clusterrun.config.hostsfile import load_cluster_text
+    from clusterrun.life.lifecycle import remove_on_hosts, stop_job
+    from clusterrun.store.discover import records_from
 
     elsewhere = JobStore(tmp_path / "elsewhere")
     runner = owned_job(fake, elsewhere, tmp_path, [])

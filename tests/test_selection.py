@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.config import load_cluster_text
-from clusterrun.errors import ConfigError
-from clusterrun.jobs import JobStore
-from clusterrun.lifecycle import spec_of
-from clusterrun.selection import load_hosts, select
+from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.config.selection import load_hosts, select
+from clusterrun.core.errors import ConfigError
+from clusterrun.life.lifecycle import spec_of
+from clusterrun.store.jobs import JobStore
 from tests.conftest import ROOT, job_id_of, run_up, write_hosts
 from tests.simhosts import SimCluster
 from tests.test_ssh import check_ranks

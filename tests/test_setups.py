@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun import setups
-from clusterrun.attempt import restart
-from clusterrun.config import load_cluster_text
-from clusterrun.environment import resolve
-from clusterrun.errors import HostsUnavailable
-from clusterrun.events import Event, JobNote
-from clusterrun.jobs import JobStore
-from clusterrun.orchestrator import Job
-from clusterrun.recorder import new_record
+from clusterrun.config.environment import resolve
+from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.config.watch import Watch
+from clusterrun.core.errors import HostsUnavailable
+from clusterrun.core.events import Event, JobNote
+from clusterrun.life.attempt import restart
+from clusterrun.life.recorder import new_record
+from clusterrun.run import setups
+from clusterrun.run.orchestrator import Job
+from clusterrun.store.jobs import JobStore
 from clusterrun.transports.fake import FakeCluster
-from clusterrun.watch import Watch
 from tests import test_runner
 from tests.test_orchestrator import JOB
 

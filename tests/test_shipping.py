@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from clusterrun.agent import cache
-from clusterrun.config import HostSpec
-from clusterrun.errors import AgentError
+from clusterrun.config.hostsfile import HostSpec
+from clusterrun.core.errors import AgentError
 from clusterrun.transports.base import request_line
 from clusterrun.transports.bundle import AGENT_DIR, agent_bundle, build_zip
 from clusterrun.transports.local import LocalTransport

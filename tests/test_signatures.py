@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from clusterrun.agent.kmsg import KernelLog
-from clusterrun.diagnose import NodeLog, find_root_cause
-from clusterrun.events import Explanation, JobResult, NodeResult, NodeState, RootCause
-from clusterrun.protocol import decode_status
-from clusterrun.signatures import SIGNATURES, Signature, explain, transient_start
+from clusterrun.core.events import Explanation, JobResult, NodeResult, NodeState, RootCause
+from clusterrun.core.protocol import decode_status
+from clusterrun.diagnose.rootcause import NodeLog, find_root_cause
+from clusterrun.diagnose.signatures import SIGNATURES, Signature, explain, transient_start
 from tests.conftest import ROOT, run_up, wait_for
 
 CAPTURED = Path(__file__).parent / "_support" / "failures"
@@ -230,7 +230,7 @@ def test_the_transient_start_up_failures_are_marked_in_the_table() -> None:
 def test_the_summary_shows_the_cause_and_the_fix() -> None:
     import io
 
-    from clusterrun.printer import Printer
+    from clusterrun.views.printer import Printer
 
     cause = diagnose("sigkill", ended=[10.0, 11.0], stopped={1}, died={1: 9.0, 0: 9.5})
     err = io.StringIO()
@@ -244,10 +244,10 @@ def test_the_summary_shows_the_cause_and_the_fix() -> None:
 
 
 def test_the_dashboard_and_the_record_show_the_cause_and_the_fix(tmp_path: Path) -> None:
-    from clusterrun.board import Board
-    from clusterrun.events import AttemptStarted, JobFinished, NodeExited
-    from clusterrun.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
-    from clusterrun.recorder import Recorder
+    from clusterrun.core.events import AttemptStarted, JobFinished, NodeExited
+    from clusterrun.life.recorder import Recorder
+    from clusterrun.store.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
+    from clusterrun.views.board import Board
 
     cause = diagnose("module-one-host", ended=[11.0, 10.0], stopped={0})
     why = explained(cause)

@@ -1,5 +1,5 @@
-"""The Slurm launcher's pure parts (``clusterrun.slurm``: the allocation, srun's argv, the batch
-script) and its runner on a stand-in for srun (``clusterrun.slurmrun``); a real Slurm is in
+"""The Slurm launcher's pure parts (``clusterrun.slurm.step``: the allocation, srun's argv, the batch
+script) and its runner on a stand-in for srun (``clusterrun.slurm.run``); a real Slurm is in
 ``tests/test_slurm_cluster.py``."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.config import load_cluster_text
-from clusterrun.errors import ConfigError
-from clusterrun.events import Event, JobFinished, LogLines, NodeState
-from clusterrun.slurm import (
+from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.core.errors import ConfigError
+from clusterrun.core.events import Event, JobFinished, LogLines, NodeState
+from clusterrun.slurm.run import SlurmRun, SlurmStep, parse_task_end, step_of
+from clusterrun.slurm.step import (
     TASK_SCRIPT,
     Allocation,
     allocation_from_env,
@@ -25,7 +26,6 @@ from clusterrun.slurm import (
     sbatch_script,
     slurm_counts,
 )
-from clusterrun.slurmrun import SlurmRun, SlurmStep, parse_task_end, step_of
 
 ROOT = Path(__file__).resolve().parent.parent
 

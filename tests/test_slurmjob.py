@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.events import Event, JobFinished, JobState, LogLines, NodeState
-from clusterrun.joblist import job_state_text
-from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.slurm import SlurmStep, launch_plan
-from clusterrun.slurmjob import SLURM, hosts_text, refresh, slurm_record
-from clusterrun.slurmlogs import LogFiles, SlurmFollower, node_dir, read_chunks
+from clusterrun.core.events import Event, JobFinished, JobState, LogLines, NodeState
+from clusterrun.slurm.job import SLURM, hosts_text, refresh, slurm_record
+from clusterrun.slurm.step import SlurmStep, launch_plan
+from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.slurmlogs import LogFiles, SlurmFollower, node_dir, read_chunks
+from clusterrun.views.joblist import job_state_text
 
 STEP = SlurmStep(argv=("srun",), env={}, nodes=("n1", "n2"), nprocs=(2, 2), master_addr="n1", master_port=20001)
 

@@ -69,7 +69,7 @@ def test_two_hosts_two_procs_over_ssh(sim_cluster: MakeCluster, tmp_path: Path) 
         log = (state / "jobs" / job / f"node{node}" / "attempt1" / "output.log").read_text()
         printed = [line.split("| ", 1)[1] for line in proc.stdout.splitlines()
                    if line.startswith(f"node{node} ")]
-        from clusterrun.diagnose import split_rank
+        from clusterrun.diagnose.rootcause import split_rank
 
         assert printed == [split_rank(line)[1] for line in log.splitlines()]
     for host in cluster.hosts:
@@ -294,8 +294,8 @@ def test_an_agent_that_cannot_start_is_reported_with_its_stderr_even_after_its_c
         sim_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """No such interpreter: the remote command ends at once. Sending the agent after that (slow
     link, busy controller) must not turn into a connection error: the answer quotes the shell."""
-    from clusterrun.config import HostSpec
-    from clusterrun.errors import AgentError
+    from clusterrun.config.hostsfile import HostSpec
+    from clusterrun.core.errors import AgentError
     from clusterrun.transports import ssh, sshhosts
     from clusterrun.transports.bundle import AgentBundle
 
@@ -325,8 +325,8 @@ def test_channel_opens_that_timed_out_in_an_outage_leave_nothing_to_refuse_later
     nobody ("Success for unrequested channel!") until its MaxSessions (here 2, 10 by default)
     refuses every later channel. The transport drops a connection whose channel did not open: once
     the link is back, a request works, and no channel was opened for nobody."""
-    from clusterrun.config import HostSpec
-    from clusterrun.errors import ConnectError
+    from clusterrun.config.hostsfile import HostSpec
+    from clusterrun.core.errors import ConnectError
     from clusterrun.transports import ssh, sshhosts
 
     cluster = sim_cluster(1, sshd_options={"MaxSessions": "2"})
@@ -364,7 +364,7 @@ def test_the_connection_waits_for_no_delayed_ack(sim_cluster: MakeCluster, monke
     requests (a private method of paramiko's: if an upgrade stops calling it, this fails)."""
     import socket
 
-    from clusterrun.config import HostSpec
+    from clusterrun.config.hostsfile import HostSpec
     from clusterrun.transports import ssh, sshhosts
 
     cluster = sim_cluster(1)
@@ -387,7 +387,7 @@ def test_the_agent_channel_opened_ahead_is_the_one_the_probe_uses(sim_cluster: M
     """`up` opens each host's connection and agent channel ahead (``transports.connect_early``) while it
     imports the rest of itself; the probe then goes on that channel: one agent on the host, not two."""
     from clusterrun.agent.wire import ProbeRequest
-    from clusterrun.config import HostSpec
+    from clusterrun.config.hostsfile import HostSpec
     from clusterrun.transports import connect_early, ssh, sshhosts
 
     cluster = sim_cluster(1)

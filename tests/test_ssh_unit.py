@@ -11,7 +11,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from clusterrun.errors import AuthError, ConnectError, HostKeyError, TransportError
+from clusterrun.core.errors import AuthError, ConnectError, HostKeyError, TransportError
 from clusterrun.transports.ssh import _jump_alias, _jump_user_port
 from clusterrun.transports.sshhosts import HostKeyPolicy, KnownHosts, ResolvedHost, known_hosts
 from clusterrun.transports.sshlib import fingerprint, map_error
@@ -99,8 +99,8 @@ MATCH_EXEC = """
 import shutil, sys
 import clusterrun.transports.ssh
 from clusterrun.transports import sshhosts as ssh
-from clusterrun.config import HostSpec
-from clusterrun.errors import ConnectError
+from clusterrun.config.hostsfile import HostSpec
+from clusterrun.core.errors import ConnectError
 assert "invoke" not in sys.modules
 shutil.which = lambda name: None  # no OpenSSH client: paramiko's own parser reads the config
 try:
@@ -238,7 +238,7 @@ def test_a_connection_on_which_no_channel_opened_is_replaced(monkeypatch: pytest
     """A channel that did not open in time leaves its request queued on a connection paramiko
     still calls active; the next session must not queue another one there (see test_ssh.py's
     test of channel opens that timed out in an outage)."""
-    from clusterrun.config import HostSpec
+    from clusterrun.config.hostsfile import HostSpec
     from clusterrun.transports import ssh
 
     opened: list[_Connection] = []
@@ -273,7 +273,7 @@ def test_what_a_login_shell_prints_before_the_agent_is_not_taken_for_its_answer(
 
 
 def test_a_line_that_is_not_json_after_the_agent_spoke_is_still_an_error() -> None:
-    from clusterrun.errors import AgentError
+    from clusterrun.core.errors import AgentError
     from clusterrun.transports.base import AgentSession
 
     session = AgentSession("gpu-a", lambda data: None, iter([b'{"ok": true}\n', b"garbage\n"]), lambda: None)
@@ -285,7 +285,7 @@ def test_a_line_that_is_not_json_after_the_agent_spoke_is_still_an_error() -> No
 def test_ssh_g_runs_once_per_host_in_a_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Hosts behind one jump host resolve it once; another alias, or the same one a while later
     (a long-lived monitor, the config edited since), runs `ssh -G` again."""
-    from clusterrun.config import HostSpec
+    from clusterrun.config.hostsfile import HostSpec
     from clusterrun.transports import sshhosts
 
     log = tmp_path / "calls"
@@ -309,7 +309,7 @@ def test_ssh_g_answers_are_kept_between_runs_while_the_configuration_is_unchange
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A later run (the answers in memory gone) reads the kept answer; an edit of the file, or of
     a file it includes, asks `ssh -G` again; a configuration that runs commands is never kept."""
-    from clusterrun.config import HostSpec
+    from clusterrun.config.hostsfile import HostSpec
     from clusterrun.transports import sshgcache, sshhosts
 
     log = tmp_path / "calls"
@@ -343,7 +343,7 @@ def test_the_configuration_is_read_once_for_all_the_hosts_of_a_run(
     """The cache's key holds the configuration's files: read for the first host, not again for
     each of the others (N hosts of a block each: N times a file of N blocks), and again once the
     answers are as old as `SSH_G_REUSE`."""
-    from clusterrun.config import HostSpec
+    from clusterrun.config.hostsfile import HostSpec
     from clusterrun.transports import sshgcache, sshhosts
 
     fake = tmp_path / "ssh"
@@ -371,7 +371,7 @@ def test_a_connection_made_ahead_is_waited_for_and_its_error_raised_not_tried_ag
     host is tried once, not twice (a ConnectTimeout would count double); the one after that tries again."""
     import threading
 
-    from clusterrun.config import HostSpec
+    from clusterrun.config.hostsfile import HostSpec
     from clusterrun.transports import connect_early
     from clusterrun.transports.ssh import SSHTransport
     from clusterrun.transports.sshhosts import SSHOptions

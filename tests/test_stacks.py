@@ -10,8 +10,8 @@ import pytest
 
 from clusterrun.agent import stackops
 from clusterrun.agent.wire import Frame, RankStack, StackAnswer, ThreadStack
-from clusterrun.errors import AgentError, ConnectError
-from clusterrun.stacks import fold_ranks, group, parse_ranks, render, view_json
+from clusterrun.core.errors import AgentError, ConnectError
+from clusterrun.diagnose.stacks import fold_ranks, group, parse_ranks, render, view_json
 from clusterrun.tui import Dashboard
 from clusterrun.tui.screens import Stacks
 from tests.test_joblist import documented_schema, violations

@@ -16,14 +16,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from clusterrun import cli, lifecycle
-from clusterrun.board import Board
-from clusterrun.events import Event, NodeState
-from clusterrun.jobs import JobStore
-from clusterrun.orchestrator import Job, Reconnect
-from clusterrun.recorder import new_record
-from clusterrun.runner import Runner
+from clusterrun import cli
+from clusterrun.core.events import Event, NodeState
+from clusterrun.life import lifecycle
+from clusterrun.life.recorder import new_record
+from clusterrun.life.runner import Runner
+from clusterrun.run.orchestrator import Job, Reconnect
+from clusterrun.store.jobs import JobStore
 from clusterrun.transports.fake import FakeCluster
+from clusterrun.views.board import Board
 from tests.conftest import wait_for
 from tests.test_joblist import documented_schema, violations
 from tests.test_orchestrator import JOB, spec_of

@@ -132,10 +132,10 @@ def test_the_exit_file_holds_a_code_or_a_signal_and_nothing_else_counts(tmp_path
 
 
 def test_an_unknown_exit_status_is_a_lost_node_and_never_a_root_cause() -> None:
-    from clusterrun.diagnose import NodeLog, find_root_cause
-    from clusterrun.events import NodeState
-    from clusterrun.orchestrator import node_state_of
-    from clusterrun.protocol import decode_status
+    from clusterrun.core.events import NodeState
+    from clusterrun.core.protocol import decode_status
+    from clusterrun.diagnose.rootcause import NodeLog, find_root_cause
+    from clusterrun.run.orchestrator import node_state_of
 
     unknown = decode_status("h", {"state": "exited", "exit_code": None, "exit_status": "unknown",
                                   "error": "torchrun's exit status is unknown: the survivor ... ended first"})
@@ -146,7 +146,7 @@ def test_an_unknown_exit_status_is_a_lost_node_and_never_a_root_cause() -> None:
 
 
 def test_a_stop_without_records_says_what_found_the_processes_or_where_it_looked() -> None:
-    from clusterrun.events import StopReport
+    from clusterrun.core.events import StopReport
 
     found = StopReport.from_answer(0, "gpu-a", {
         "killed": [{"pid": 7, "name": "torchrun", "signal": "SIGTERM"}], "left": [], "containment": "cgroup",

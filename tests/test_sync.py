@@ -17,13 +17,13 @@ import pytest
 from clusterrun.agent import syncops
 from clusterrun.agent.records import AgentFailure
 from clusterrun.agent.wire import SyncPutRequest
-from clusterrun.config import load_cluster_text
-from clusterrun.errors import ConfigError
-from clusterrun.excludes import Excludes
-from clusterrun.protocol import RemoteEntry
-from clusterrun.sync import HostSync, source_of
-from clusterrun.synccarriers import RemotePipe, carrier
-from clusterrun.synctree import LocalEntry, diff, scan, settle
+from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.core.errors import ConfigError
+from clusterrun.core.protocol import RemoteEntry
+from clusterrun.sync.carriers import RemotePipe, carrier
+from clusterrun.sync.copy import HostSync, source_of
+from clusterrun.sync.excludes import Excludes
+from clusterrun.sync.tree import LocalEntry, diff, scan, settle
 from clusterrun.transports.local import LocalTransport
 from tests.simhosts import unavailable
 
@@ -312,8 +312,8 @@ def test_a_local_host_is_synced_by_rsync_where_it_is_installed_else_by_the_agent
 
 
 def test_the_progress_shows_bytes_and_files_per_host_on_a_terminal_and_plain_lines_elsewhere() -> None:
-    from clusterrun.sync import SyncProgress, SyncReport
-    from clusterrun.syncview import SyncView
+    from clusterrun.sync.copy import SyncProgress, SyncReport
+    from clusterrun.sync.view import SyncView
 
     events = [SyncProgress(0, "gpu-a", "compare"), SyncProgress(0, "gpu-a", "copy", 1, 3, 2 * 2**20, 6 * 2**20),
               SyncProgress(1, "gpu-b", "copy", 0, 0, 0, 0),

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from clusterrun.config import load_cluster_text
-from clusterrun.errors import AgentError
-from clusterrun.events import StopReport
-from clusterrun.protocol import decode_network
+from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.core.errors import AgentError
+from clusterrun.core.events import StopReport
+from clusterrun.core.protocol import decode_network
 from clusterrun.transports import Transport, transport_for
 from clusterrun.transports.fake import FakeCluster
 from tests.conftest import unique_job, wait_for
@@ -323,7 +323,7 @@ def test_setup_says_how_the_jobs_interpreter_runs_in_its_environment(harness: Ha
 def test_the_doctors_inspect_listen_and_reach(harness: Harness) -> None:
     """``clusterrun doctor``'s requests (doctor.py): paths relative to the workdir, the clock, a
     listener on node 0 that a connection reaches with its token until ``unlisten``."""
-    from clusterrun.protocol import decode_inspection, decode_listening, decode_reach
+    from clusterrun.core.protocol import decode_inspection, decode_listening, decode_reach
 
     (harness.folder / "train.py").write_text("")
     if harness.fake is not None:
@@ -430,7 +430,7 @@ def test_pipe_runs_a_command_on_the_socket_until_it_ends(harness: Harness) -> No
 
 def test_gpus_reads_the_first_nvidia_smi_on_path_or_says_there_is_none(harness: Harness,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from clusterrun.gpus import cell, decode
+    from clusterrun.views.gpus import cell, decode
     from tests.test_gpus import NVIDIA, REAL
 
     monkeypatch.setenv("PATH", f"{NVIDIA / 'good'}:{os.environ['PATH']}")  # a local agent inherits it

@@ -20,12 +20,21 @@ from pathlib import Path
 import pytest
 from textual.strip import Strip
 
-from clusterrun.board import RESUMED
-from clusterrun.events import AttemptStarted, Event, JobState, LogLines, NodeDegraded, NodeExited, NodeResult, NodeState
-from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.session import Session
+from clusterrun.core.events import (
+    AttemptStarted,
+    Event,
+    JobState,
+    LogLines,
+    NodeDegraded,
+    NodeExited,
+    NodeResult,
+    NodeState,
+)
+from clusterrun.life.session import Session
+from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.tui import Dashboard, RingLog
 from clusterrun.tui.screens import Confirm
+from clusterrun.views.board import RESUMED
 from tests.conftest import ROOT, SUPPORT, marked, wait_for, write_hosts
 from tests.test_lifecycle import attempt_dir, clusterrun, counter_lines, ps_json, up_detached, wait_state
 from tests.test_tui_snapshots import T0, Scripted, started
@@ -604,8 +613,8 @@ def test_a_degraded_node_is_shown_in_the_table_below_it_and_in_the_header() -> N
 
 def test_h_shows_the_attempts_of_the_job_from_its_record(tmp_path: Path) -> None:
     """The dashboard's `h`: the attempts as `ps JOB` lists them, read from the job's record."""
-    from clusterrun.jobs import AttemptRecord
-    from clusterrun.session import Session
+    from clusterrun.life.session import Session
+    from clusterrun.store.jobs import AttemptRecord
     from tests.test_joblist import make_record
 
     store = JobStore(tmp_path / "jobs")

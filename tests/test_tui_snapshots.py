@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from clusterrun.events import (
+from clusterrun.core.events import (
     AttemptStarted,
     Event,
     GpuReading,
@@ -29,7 +29,7 @@ from clusterrun.events import (
     NodeStateChanged,
     RootCause,
 )
-from clusterrun.session import Session
+from clusterrun.life.session import Session
 from clusterrun.tui import Dashboard
 
 T0 = 1000.0
@@ -38,7 +38,7 @@ HOSTS = ("gpu-a", "gpu-b", "gpu-c")
 
 
 class Scripted:
-    """Stands in for ``clusterrun.session.Session``: emits a fixed list of events when begun."""
+    """Stands in for ``clusterrun.life.session.Session``: emits a fixed list of events when begun."""
 
     job_id = "train-20261122-150102-3f9a"
     owner = True

@@ -14,25 +14,25 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun import lifecycle, notify
 from clusterrun.agent import hangwatch
 from clusterrun.agent.hangwatch import HangWatch
-from clusterrun.attempt import restart
-from clusterrun.board import Board
-from clusterrun.config import load_cluster_text
-from clusterrun.errors import ConfigError
-from clusterrun.events import AttemptStarted, JobNote, JobState, LogLines, NodeHung, NodeState, NodeStateChanged
-from clusterrun.joblist import job_json, job_state_text, node_state_text
-from clusterrun.jobs import JobStore
-from clusterrun.orchestrator import Job
-from clusterrun.printer import only_ranks
-from clusterrun.protocol import HostState, NodeStatus, Worker
-from clusterrun.ranges import parse_ranges, ranges_text
-from clusterrun.recorder import new_record, refresh
-from clusterrun.runner import Runner
-from clusterrun.startwatch import StartupWatch, progress_text
+from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.config.watch import Notify, Watch, parse_duration
+from clusterrun.core.errors import ConfigError
+from clusterrun.core.events import AttemptStarted, JobNote, JobState, LogLines, NodeHung, NodeState, NodeStateChanged
+from clusterrun.core.protocol import HostState, NodeStatus, Worker
+from clusterrun.core.ranges import parse_ranges, ranges_text
+from clusterrun.life import lifecycle, notify
+from clusterrun.life.attempt import restart
+from clusterrun.life.recorder import new_record, refresh
+from clusterrun.life.runner import Runner
+from clusterrun.run.orchestrator import Job
+from clusterrun.run.startwatch import StartupWatch, progress_text
+from clusterrun.store.jobs import JobStore
 from clusterrun.transports.fake import FakeCluster
-from clusterrun.watch import Notify, Watch, parse_duration
+from clusterrun.views.board import Board
+from clusterrun.views.joblist import job_json, job_state_text, node_state_text
+from clusterrun.views.printer import only_ranks
 from tests.test_orchestrator import FAST, JOB, Seen, spec_of
 
 RUNNING = NodeStatus(HostState.RUNNING)

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from clusterrun import protocol
 from clusterrun.agent import serve, status, wire
-from clusterrun.events import StopReport
+from clusterrun.core import protocol
+from clusterrun.core.events import StopReport
 
 
 def test_every_operation_has_a_request_type_and_an_answer_type() -> None:

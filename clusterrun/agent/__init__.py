@@ -148,7 +148,7 @@ Requests (``op``) and answers
            ``root`` (``*.clusterrun-tmp``, written over SFTP), renamed into place. The data is
            read to its end even after a failure, whose answer names the path (``cannot write
            PATH: No space left on device``).
-           ``clusterrun/sync.py`` is the controller's side.
+           ``clusterrun/sync/copy.py`` is the controller's side.
 
 ``inspect`` ``{cwd, paths, state_dir, deep, gpus, imports, pythonpath, job, node, attempt}`` →
            ``{ok, cwd, paths, disk, torch_cuda, deep, imports, nvidia_smi, gpu_list, gpu_apps,

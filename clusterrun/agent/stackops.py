@@ -5,7 +5,7 @@ each checked again by the attempt's marker in its environment before it is looke
 reused pid is never dumped. py-spy runs once per rank, all at once, each bounded by the
 request's ``timeout``. Where py-spy is missing the answer names the command that installs it
 for the job's interpreter; where the kernel refuses ptrace, why (owner, Yama, capabilities) and
-the fix. The controller's side is ``clusterrun/stacks.py``.
+the fix. The controller's side is ``clusterrun/diagnose/stacks.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``sync_stat``, ``sync_hash`` and ``sync_put``: the host's side of ``clusterrun/sync.py``."""
+"""``sync_stat``, ``sync_hash`` and ``sync_put``: the host's side of ``clusterrun/sync/copy.py``."""
 
 from __future__ import annotations
 

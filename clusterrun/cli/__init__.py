@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, NoReturn
 import click
 
 from clusterrun import __version__
-from clusterrun.durations import parse_duration
-from clusterrun.errors import ClusterrunError, DamagedRecord, HostError, HostsUnavailable, StateError
-from clusterrun.terminal import safe
+from clusterrun.core.durations import parse_duration
+from clusterrun.core.errors import ClusterrunError, DamagedRecord, HostError, HostsUnavailable, StateError
+from clusterrun.core.terminal import safe
 
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
@@ -85,7 +85,7 @@ def _fail(error: ClusterrunError, code: int) -> NoReturn:
 def _hosts_unavailable(error: HostsUnavailable) -> str:
     """``error.render()``; past ``FOLD_PAST`` hosts the hosts of one problem (and fix) share a line:
     ``63 hosts gpu[01-17,19-64]: setup failed: ...``."""
-    from clusterrun.nodesets import FOLD_PAST, hosts_alike  # ClusterShell only when a host failed
+    from clusterrun.config.nodesets import FOLD_PAST, hosts_alike  # ClusterShell only when a host failed
 
     if len(error.errors) <= FOLD_PAST:
         return error.render()

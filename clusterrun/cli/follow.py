@@ -11,12 +11,12 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_SIGNAL, _fail
-from clusterrun.events import JobResult
-from clusterrun.printer import Printer
+from clusterrun.core.events import JobResult
+from clusterrun.views.printer import Printer
 
 if TYPE_CHECKING:  # the sessions are the dashboard's: made by the commands that open it
-    from clusterrun.session import Session
-    from clusterrun.slurmjob import SlurmSession
+    from clusterrun.life.session import Session
+    from clusterrun.slurm.job import SlurmSession
 
 
 @contextmanager

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from clusterrun import notify, preparing
 from clusterrun.cli import (
     EXIT_FAILED,
     EXIT_HOSTS,
@@ -33,12 +32,23 @@ from clusterrun.cli import (
 from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
 from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, hosts_option
 from clusterrun.cli.slurm import slurm_rows
-from clusterrun.completion import complete_jobs
-from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord
-from clusterrun.events import JobState, NodeGpus
-from clusterrun.gpus import per_gpu
-from clusterrun.interleave import interleaved
-from clusterrun.joblist import (
+from clusterrun.core.errors import ClusterrunError, ConfigError, DamagedRecord
+from clusterrun.core.events import JobState, NodeGpus
+from clusterrun.core.protocol import decode_status
+from clusterrun.core.ranges import parse_ranges
+from clusterrun.core.terminal import safe
+from clusterrun.life import notify
+from clusterrun.life.lifecycle import follower, node_statuses, read_log_chunks, read_logs, save_seen, spec_of
+from clusterrun.life.recorder import record_reachability
+from clusterrun.run.plan import LaunchPlan, plan_from_json
+from clusterrun.run.startwatch import progress_text
+from clusterrun.slurm.job import engine_text, is_slurm
+from clusterrun.store import preparing
+from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.views.completion import complete_jobs
+from clusterrun.views.gpus import per_gpu
+from clusterrun.views.interleave import interleaved
+from clusterrun.views.joblist import (
     COMPACT,
     STATES,
     history_rows,
@@ -50,20 +60,11 @@ from clusterrun.joblist import (
     table_text,
     unreachable_ranks,
 )
-from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.lifecycle import follower, node_statuses, read_log_chunks, read_logs, save_seen, spec_of
-from clusterrun.plan import LaunchPlan, plan_from_json
-from clusterrun.printer import Printer
-from clusterrun.protocol import decode_status
-from clusterrun.ranges import parse_ranges
-from clusterrun.recorder import record_reachability
-from clusterrun.slurmjob import engine_text, is_slurm
-from clusterrun.startwatch import progress_text
-from clusterrun.terminal import safe
+from clusterrun.views.printer import Printer
 
 if TYPE_CHECKING:  # the followers of Slurm jobs and the dashboard's sessions: imported where one is made
-    from clusterrun.orchestrator import Job
-    from clusterrun.slurmlogs import SlurmFollower
+    from clusterrun.run.orchestrator import Job
+    from clusterrun.store.slurmlogs import SlurmFollower
 
 
 def _hosts_cell(hosts: Sequence[str], width: int = 40) -> str:
@@ -284,7 +285,7 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
         sys.exit(EXIT_HOSTS if failed else EXIT_OK)
     follower_job: Job | SlurmFollower
     if is_slurm(record):  # its files on this machine, as its `up` writes them
-        from clusterrun.slurmlogs import SlurmFollower
+        from clusterrun.store.slurmlogs import SlurmFollower
 
         follower_job = SlurmFollower(store, record, printer, attempt=attempt, ranks=ranks, tail=tail,
                                      reload=lambda: _refresh(store, store.load(record.job_id)))
@@ -323,8 +324,8 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
     offsets = {n.rank: n.seen for n in record.nodes}
     slurm = is_slurm(record)  # srun's output reaches only its `up`: a viewer follows the files that `up` keeps
     if _use_tui(no_tui):
-        from clusterrun.session import Session
-        from clusterrun.slurmview import SlurmView
+        from clusterrun.life.session import Session
+        from clusterrun.slurm.view import SlurmView
 
         scrollback = tail if tail is not None else shutil.get_terminal_size().lines  # a screenful
         session = SlurmView(store, record, offsets) if slurm else Session(store, record, offsets=offsets,
@@ -332,7 +333,7 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
         sys.exit(_dashboard(session, ui_lines, term_stops=False))
     viewer: Job | SlurmFollower
     if slurm:
-        from clusterrun.slurmlogs import SlurmFollower
+        from clusterrun.store.slurmlogs import SlurmFollower
 
         viewer = SlurmFollower(store, record, printer, attempt=record.attempt, ranks=range(len(record.nodes)),
                                tail=None, offsets=offsets, reload=lambda: _refresh(store, store.load(record.job_id)))

@@ -17,27 +17,27 @@ from functools import partial
 
 import click
 
-from clusterrun.checks import check_new, check_script
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_SIGNAL, EXIT_USAGE, _fail, _note
 from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
 from clusterrun.cli.records import _guarantee, _refresh
 from clusterrun.cli.up import interrupted_connecting
-from clusterrun.config import ClusterSpec, HostSpec
-from clusterrun.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError
-from clusterrun.events import Event, JobNote
-from clusterrun.frozen import frozen
-from clusterrun.interfaces import Interface
-from clusterrun.jobs import JobStore
-from clusterrun.nodesets import FOLD_PAST, alike_lines
-from clusterrun.orchestrator import Job, Reconnect
-from clusterrun.plan import LaunchPlan, job_name, make_job_id
-from clusterrun.preparing import Preparing, live
-from clusterrun.printer import Printer
-from clusterrun.recorder import new_record
-from clusterrun.runner import Runner
-from clusterrun.sync import SyncReport
-from clusterrun.syncview import SyncView
+from clusterrun.config.hostsfile import ClusterSpec, HostSpec
+from clusterrun.config.nodesets import FOLD_PAST, alike_lines
+from clusterrun.core.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError
+from clusterrun.core.events import Event, JobNote
+from clusterrun.core.frozen import frozen
+from clusterrun.life.gate import check_new, check_script
+from clusterrun.life.recorder import new_record
+from clusterrun.life.runner import Runner
+from clusterrun.run.interfaces import Interface
+from clusterrun.run.orchestrator import Job, Reconnect
+from clusterrun.run.plan import LaunchPlan, job_name, make_job_id
+from clusterrun.store.jobs import JobStore
+from clusterrun.store.preparing import Preparing, live
+from clusterrun.sync.copy import SyncReport
+from clusterrun.sync.view import SyncView
 from clusterrun.transports import Transport
+from clusterrun.views.printer import Printer
 
 
 @frozen
@@ -98,7 +98,7 @@ def launch(a: UpArgs) -> None:
     try:
         plan, syncs = _checked(job, a.spec, a.script, a.sync_dir, full=not a.no_preflight, dry_run=a.dry_run, prep=prep)
         if a.dry_run and a.as_json:
-            from clusterrun.joblist import plan_json
+            from clusterrun.views.joblist import plan_json
 
             click.echo(json.dumps(plan_json(plan, job.host_fallbacks, job.interfaces, syncs, job.set_up,
                                              job.setup_skipped), indent=1))
@@ -123,7 +123,7 @@ def launch(a: UpArgs) -> None:
             if prep is not None:  # the record tells of the job now, or nothing started
                 prep.close()
         if tui:
-            from clusterrun.session import Session  # the dashboard's: `up --no-tui` and `-d` need none
+            from clusterrun.life.session import Session  # the dashboard's: `up --no-tui` and `-d` need none
 
             code = _dashboard(Session(store, record, runner=runner), a.ui_lines)
             a.show_timings()
@@ -173,7 +173,7 @@ def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]],
                 skipped: Mapping[int, str] | None = None) -> None:
     """The dry run's text; ``setup``: the job's interpreter after the setup each node ran,
     ``skipped``: why a node's setup did not run."""
-    from clusterrun.joblist import shown_env  # ps's module: only the dry run shows an environment
+    from clusterrun.views.joblist import shown_env  # ps's module: only the dry run shows an environment
 
     click.echo(f"job {plan.job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
                f"master {plan.master_addr}:{plan.master_port}")

@@ -11,21 +11,28 @@ from pathlib import Path
 
 import click
 
-from clusterrun import notify
-from clusterrun.attempt import NextAttempt, NotStopped, stop
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, Seconds, _fail, _note, main
 from clusterrun.cli.follow import _follow_hint
 from clusterrun.cli.records import _adopt, _find, _open_job, _refresh, hosts_option
 from clusterrun.cli.slurm import down_slurm_step, restart_slurm
-from clusterrun.completion import complete_jobs
-from clusterrun.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, JobNotFound, StateError
-from clusterrun.events import not_stopped_text
-from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.lifecycle import daemonize, remove_on_hosts
-from clusterrun.nodesets import FOLD_PAST, fold
-from clusterrun.printer import Printer
-from clusterrun.runner import run_monitor
-from clusterrun.slurmjob import is_slurm
+from clusterrun.config.nodesets import FOLD_PAST, fold
+from clusterrun.core.errors import (
+    ClusterrunError,
+    ConfigError,
+    DamagedRecord,
+    HostsUnavailable,
+    JobNotFound,
+    StateError,
+)
+from clusterrun.core.events import not_stopped_text
+from clusterrun.life import notify
+from clusterrun.life.attempt import NextAttempt, NotStopped, stop
+from clusterrun.life.lifecycle import daemonize, remove_on_hosts
+from clusterrun.life.runner import run_monitor
+from clusterrun.slurm.job import is_slurm
+from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.views.completion import complete_jobs
+from clusterrun.views.printer import Printer
 
 hosts_too_option = click.option(
     "--hosts-too", is_flag=True, help="Also delete the jobs' state and logs on their hosts (asks first).")

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 import click
 
 from clusterrun.cli import EXIT_USAGE, _fail, _note
-from clusterrun.errors import ConfigError, DamagedRecord, JobNotFound, StateError
-from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.recorder import refresh
-from clusterrun.selection import load_hosts
-from clusterrun.slurmjob import is_slurm
-from clusterrun.slurmjob import refresh as slurm_refresh
+from clusterrun.config.selection import load_hosts
+from clusterrun.core.errors import ConfigError, DamagedRecord, JobNotFound, StateError
+from clusterrun.life.recorder import refresh
+from clusterrun.slurm.job import is_slurm
+from clusterrun.slurm.job import refresh as slurm_refresh
+from clusterrun.store.jobs import JobRecord, JobStore
 
 
 def _guarantee(fallbacks: Sequence[str], prefix: str = "  ") -> str:
@@ -38,7 +38,7 @@ def _adopt(hosts_file: str | None) -> None:
     controller does not know (``discover``); say which were adopted and what could not be."""
     if hosts_file is None:
         return
-    from clusterrun.discover import ask_hosts, records_from
+    from clusterrun.store.discover import ask_hosts, records_from
 
     try:
         spec, text = load_hosts(hosts_file)  # a DeepSpeed/MPI hostfile too: its text as YAML

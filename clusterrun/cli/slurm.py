@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from clusterrun.attempt import record_next_attempt
 from clusterrun.cli import (
     EXCLUDE_HELP,
     EXIT_FAILED,
@@ -30,17 +29,16 @@ from clusterrun.cli import (
     main,
 )
 from clusterrun.cli.follow import _dashboard, _use_tui
-from clusterrun.config import ClusterSpec
-from clusterrun.environment import MASK, resolve, secret_names
-from clusterrun.errors import ClusterrunError, ConfigError, JobNotFound
-from clusterrun.events import JobResult, NodeResult, NodeState
-from clusterrun.jobs import JobRecord, JobStore
-from clusterrun.lifecycle import spec_of
-from clusterrun.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
-from clusterrun.printer import Printer
-from clusterrun.recorder import Recorder
-from clusterrun.selection import load_hosts
-from clusterrun.slurmjob import (
+from clusterrun.config.environment import MASK, resolve, secret_names
+from clusterrun.config.hostsfile import ClusterSpec
+from clusterrun.config.selection import load_hosts
+from clusterrun.core.errors import ClusterrunError, ConfigError, JobNotFound
+from clusterrun.core.events import JobResult, NodeResult, NodeState
+from clusterrun.life.attempt import record_next_attempt
+from clusterrun.life.lifecycle import spec_of
+from clusterrun.life.recorder import Recorder
+from clusterrun.run.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
+from clusterrun.slurm.job import (
     SRUN_MISSING,
     SlurmSession,
     StepNoter,
@@ -52,12 +50,14 @@ from clusterrun.slurmjob import (
     slurm_of,
     slurm_record,
 )
+from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.views.printer import Printer
 
 # Slurm's modules are imported by the functions that run under Slurm: `up` and `down` of a job over
 # SSH, and `ps`, load only this module's light part.
 if TYPE_CHECKING:
-    from clusterrun.slurm import SlurmStep
-    from clusterrun.slurmrun import SlurmRun
+    from clusterrun.slurm.run import SlurmRun
+    from clusterrun.slurm.step import SlurmStep
 
 JOB_ID_SHAPE = re.compile(r"-\d{8}-\d{6}-[0-9a-f]{4}$")  # what plan.make_job_id appends to a job's name
 def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str | None, name: str | None,
@@ -69,8 +69,8 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
     job's. ``unsupported``: options of up given that mean nothing under Slurm, refused; ``no_sync``:
     a ``sync:`` of the hosts file is left out (else refused); ``no_preflight``: the tasks do not check
     python, the script and torch before torchrun."""
-    from clusterrun.slurm import build_step, launch_plan
-    from clusterrun.slurmrun import allocation_here
+    from clusterrun.slurm.run import allocation_here
+    from clusterrun.slurm.step import build_step, launch_plan
 
     jname = job_name(name, script)
     job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
@@ -97,7 +97,7 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
         click.echo(f"  processes per node ({step.nproc_source}): "
                    + ", ".join(f"{node} {n}" for node, n in zip(step.nodes, step.nprocs, strict=True)))
         click.echo("  env (srun passes it to every task):")
-        from clusterrun.joblist import shown_env
+        from clusterrun.views.joblist import shown_env
 
         shown = shown_env(step.env, secret)
         click.echo("\n".join(f"    {k}={shlex.quote(shown[k])}" for k in sorted(shown)))
@@ -123,8 +123,8 @@ def _run_step(store: JobStore, record: JobRecord, plan: LaunchPlan, step: SlurmS
     """Run the record's current attempt as ``step``, in the dashboard on a terminal, else printed;
     its record and logs kept as it runs; ``owner`` (the job's owner lock) let go at the end. Exits
     with the job's exit code."""
-    from clusterrun.slurmlogs import LogFiles
-    from clusterrun.slurmrun import SlurmRun
+    from clusterrun.slurm.run import SlurmRun
+    from clusterrun.store.slurmlogs import LogFiles
 
     job_id, allocation = record.job_id, slurm_of(record)["job"]
     recorder, noter = Recorder(store, job_id, record.attempt), StepNoter(store, record)
@@ -157,7 +157,7 @@ def restart_slurm(record: JobRecord, grace: float | None, script_args: Sequence[
     runs, then the next attempt as a new step of the same srun in the same allocation, run here
     in the foreground as ``up --from-slurm`` runs it. Refused, with nothing stopped, where the
     allocation has ended (or cannot be asked about) or a secret's value is not in this shell."""
-    from clusterrun.slurm import SlurmStep
+    from clusterrun.slurm.step import SlurmStep
 
     store = JobStore()
     record = refresh(store, record)  # its `up` may be gone, and its step with it
@@ -255,7 +255,7 @@ def export(hosts_file: str, script: str, script_args: tuple[str, ...], sbatch: b
     of `env:` and --env are written into the script; secrets, `forward_env` and `env_file` are
     not: the script takes them from the environment sbatch runs in (or reads the file on the node)
     and says so. Submit it with `sbatch FILE`."""
-    from clusterrun.slurm import sbatch_script
+    from clusterrun.slurm.step import sbatch_script
 
     if script_args[:1] == ("--",):
         script_args = script_args[1:]
@@ -301,7 +301,7 @@ def down_slurm_step(ref: str, grace: float | None) -> int | None:
     if record is not None and record.finished:
         _note(f"job {record.job_id} already finished ({record.state}); nothing to stop")
         return EXIT_OK
-    from clusterrun.slurmrun import mark_stopped, my_steps, step_gone, stop_step  # Slurm's, or squeue's
+    from clusterrun.slurm.run import mark_stopped, my_steps, step_gone, stop_step  # Slurm's, or squeue's
 
     steps = [s for s in my_steps() if s.name == ref or s.name.startswith(ref)]
     steps = [s for s in steps if s.name == (record.job_id if record is not None else ref)] or steps
@@ -345,7 +345,7 @@ def slurm_rows(recorded: Container[str] = ()) -> list[tuple[str, str, str, str, 
     """``ps``'s rows for the running jobs of ``up --from-slurm`` that have no record here (``recorded``:
     the ids of those that have): this user's Slurm steps named like a clusterrun job id (JOB, NAME,
     HOSTS, STATE, ATTEMPT, AGE)."""
-    from clusterrun.slurmrun import my_steps
+    from clusterrun.slurm.run import my_steps
 
     return [(s.name, JOB_ID_SHAPE.sub("", s.name), s.nodes, f"running (Slurm step {s.step})", "1", s.elapsed)
             for s in my_steps() if JOB_ID_SHAPE.search(s.name) and s.name not in recorded]

@@ -8,11 +8,11 @@ import click
 
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, Seconds, _fail, main
 from clusterrun.cli.records import _not_under_slurm, _open_job, _refresh, hosts_option
-from clusterrun.completion import complete_jobs
-from clusterrun.errors import ClusterrunError, ConfigError
-from clusterrun.lifecycle import stacks_view
-from clusterrun.stacks import parse_ranks, render, view_json
-from clusterrun.terminal import safe
+from clusterrun.core.errors import ClusterrunError, ConfigError
+from clusterrun.core.terminal import safe
+from clusterrun.diagnose.stacks import parse_ranks, render, view_json
+from clusterrun.life.lifecycle import stacks_view
+from clusterrun.views.completion import complete_jobs
 
 
 @main.command(name="stack")

@@ -10,7 +10,7 @@ from functools import partial
 
 import click
 
-from clusterrun import doctor
+from clusterrun.checks import doctor
 from clusterrun.cli import (
     EXCLUDE_HELP,
     EXIT_FAILED,
@@ -25,13 +25,13 @@ from clusterrun.cli import (
     main,
     ssh_config_option,
 )
-from clusterrun.completion import SHELLS, script
-from clusterrun.config import read_hosts_text
-from clusterrun.environment import resolve
-from clusterrun.errors import ConfigError
-from clusterrun.selection import load_hosts
-from clusterrun.terminal import safe, wants_colour
+from clusterrun.config.environment import resolve
+from clusterrun.config.hostsfile import read_hosts_text
+from clusterrun.config.selection import load_hosts
+from clusterrun.core.errors import ConfigError
+from clusterrun.core.terminal import safe, wants_colour
 from clusterrun.transports import transport_for
+from clusterrun.views.completion import SHELLS, script
 
 
 @main.command(name="doctor")
@@ -94,7 +94,7 @@ def exec_command(hosts_file: str, command: tuple[str, ...], nodes: str | None, e
     it failed. Exit 0 when it succeeded everywhere, 1 when it failed somewhere, 3 when a host could
     not be reached.
     """
-    from clusterrun.execute import exec_on_hosts, summary
+    from clusterrun.checks.execute import exec_on_hosts, summary
 
     argv = command[1:] if command[:1] == ("--",) else command
     try:
@@ -133,7 +133,7 @@ def hosts_group() -> None:
 def hosts_convert(hosts_file: str) -> None:
     """Print the clusterrun hosts file (YAML) equivalent to FILE, a DeepSpeed or MPI hostfile
     (`worker-1 slots=4`; slots are GPUs). A YAML hosts file is printed with each host spelled out."""
-    from clusterrun.hostfiles import load_any, spec_yaml
+    from clusterrun.config.hostfiles import load_any, spec_yaml
 
     try:
         spec, text = load_any(hosts_file)

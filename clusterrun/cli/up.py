@@ -15,7 +15,6 @@ from typing import NoReturn, TypeVar
 
 import click
 
-from clusterrun import timings
 from clusterrun.cli import (
     EXCLUDE_HELP,
     EXIT_SIGNAL,
@@ -30,13 +29,14 @@ from clusterrun.cli import (
     ssh_config_option,
     ui_lines_option,
 )
-from clusterrun.config import ClusterSpec
-from clusterrun.environment import resolve
-from clusterrun.errors import ConfigError
-from clusterrun.plan import parse_env_overrides
-from clusterrun.selection import load_hosts
+from clusterrun.config.environment import resolve
+from clusterrun.config.hostsfile import ClusterSpec
+from clusterrun.config.selection import load_hosts
+from clusterrun.config.watch import EVENTS, ON_HANG, Notify, parse_duration
+from clusterrun.core import timings
+from clusterrun.core.errors import ConfigError
+from clusterrun.run.plan import parse_env_overrides
 from clusterrun.transports import connect_early, transport_for
-from clusterrun.watch import EVENTS, ON_HANG, Notify, parse_duration
 
 F = TypeVar("F", bound=Callable[..., object])
 FROM_SLURM_HELP = ("Run inside a Slurm allocation (salloc, sbatch) on its nodes (SLURM_JOB_NODELIST) with one "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from clusterrun.config import HostSpec
+from clusterrun.config.hostsfile import HostSpec
 from clusterrun.transports.base import AgentSession, AgentStream, Transport
 
 

@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from clusterrun import timings
 from clusterrun.agent import BOOTSTRAP
 from clusterrun.agent.wire import Request
-from clusterrun.config import HostSpec
-from clusterrun.errors import AgentError
+from clusterrun.config.hostsfile import HostSpec
+from clusterrun.core import timings
+from clusterrun.core.errors import AgentError
 from clusterrun.transports.bundle import AgentBundle, agent_bundle
 
 __all__ = ["AgentBundle", "AnyRequest", "AgentSession", "AgentStream", "Transport", "agent_bundle", "agent_command",
@@ -124,7 +124,7 @@ class AgentSession:
                  opened: float | None = None) -> None:
         self.host = host
         self.sent = 0
-        self._opened = time.monotonic() if opened is None else opened  # for the timeline (clusterrun.timings)
+        self._opened = time.monotonic() if opened is None else opened  # for the timeline (clusterrun.core.timings)
         self._asked = self._opened
         self._write = send
         self._lines = _past_greeting(lines)
@@ -271,7 +271,7 @@ class Transport(ABC):
         finally:
             session.close()
 
-    # How a sync may reach the host's files besides the agent's ``sync_put`` (clusterrun.sync):
+    # How a sync may reach the host's files besides the agent's ``sync_put`` (clusterrun.sync.copy):
     # ``local`` (the host's file system is this machine's), ``ssh`` (``pipe()`` and ``sftp()`` over
     # the connection) or None (only the agent).
     files: str | None = None

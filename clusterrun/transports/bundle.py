@@ -15,7 +15,7 @@ import zlib
 from functools import lru_cache
 from pathlib import Path
 
-from clusterrun.frozen import frozen
+from clusterrun.core.frozen import frozen
 from clusterrun.transports import usercache
 
 __all__ = ["AgentBundle", "agent_bundle", "build_zip"]

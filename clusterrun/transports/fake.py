@@ -20,8 +20,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from clusterrun.config import HostSpec
-from clusterrun.errors import ConnectError
+from clusterrun.config.hostsfile import HostSpec
+from clusterrun.core.errors import ConnectError
 from clusterrun.transports.base import AgentSession, Transport
 from clusterrun.transports.fakeagent import FakeAgent
 from clusterrun.transports.fakehosts import FakeHost, FakeNode

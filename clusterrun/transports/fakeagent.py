@@ -18,7 +18,7 @@ from typing import Any
 
 from clusterrun.agent.gpus import parse_gpus
 from clusterrun.agent.wire import REQUESTS
-from clusterrun.errors import ConnectError
+from clusterrun.core.errors import ConnectError
 from clusterrun.transports.fakehosts import FakeHost, FakeNode, Key, pids
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from clusterrun.protocol import PROTOCOL
+from clusterrun.core.protocol import PROTOCOL
 
 if TYPE_CHECKING:
     from clusterrun.transports.fake import FakeCluster

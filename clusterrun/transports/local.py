@@ -11,8 +11,8 @@ import sys
 import threading
 from typing import IO, cast
 
-from clusterrun.config import HostSpec
-from clusterrun.errors import AgentError
+from clusterrun.config.hostsfile import HostSpec
+from clusterrun.core.errors import AgentError
 from clusterrun.transports.base import AgentSession, Transport, agent_bundle, agent_command
 
 

@@ -38,9 +38,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from clusterrun import timings
-from clusterrun.config import HostSpec
-from clusterrun.errors import ConnectError, HostKeyError
+from clusterrun.config.hostsfile import HostSpec
+from clusterrun.core import timings
+from clusterrun.core.errors import ConnectError, HostKeyError
 from clusterrun.transports.base import AgentSession, Transport, agent_bundle, agent_command
 from clusterrun.transports.sshhosts import (
     CONNECT_TIMEOUT,

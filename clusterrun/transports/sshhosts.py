@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from clusterrun.config import HostSpec
-from clusterrun.errors import ConnectError, HostKeyError
-from clusterrun.frozen import frozen
+from clusterrun.config.hostsfile import HostSpec
+from clusterrun.core.errors import ConnectError, HostKeyError
+from clusterrun.core.frozen import frozen
 from clusterrun.transports import sshgcache
 from clusterrun.transports.sshlib import fingerprint, paramiko
 

@@ -11,7 +11,7 @@ import shlex
 import socket
 import sys
 
-from clusterrun.errors import AuthError, ConnectError, HostKeyError, TransportError
+from clusterrun.core.errors import AuthError, ConnectError, HostKeyError, TransportError
 
 # paramiko imports invoke (and asyncio: docs/benchmarks.md) only to run `Match exec` in its own
 # ssh_config parser, which clusterrun uses only where OpenSSH's `ssh -G` is missing (then `Match

@@ -3,7 +3,7 @@ Textual; the log view is in ``logview``, the modal screens in ``screens``, the s
 in ``search``).
 
 Threads never touch widgets: the session's thread puts events into a queue, and a 50 ms timer in
-the app's thread drains it into the ``Board`` (clusterrun/board.py) and redraws what changed —
+the app's thread drains it into the ``Board`` (clusterrun/views/board.py) and redraws what changed —
 the changed rows of the node table (``nodetable``), and the lines of the one log view on screen, taken from that
 node's bounded ring. Hidden views get nothing. The log view (``RingLog``) reads the ring it shows
 by reference, as Textual's ``Log`` draws (plain lines; only the visible ones are rendered), so
@@ -26,11 +26,9 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Input, Static
 
-from clusterrun import gpus
-from clusterrun.board import Board, NodeRow
-from clusterrun.events import Event
-from clusterrun.session import Session
-from clusterrun.terminal import safe
+from clusterrun.core.events import Event
+from clusterrun.core.terminal import safe
+from clusterrun.life.session import Session
 from clusterrun.tui.logview import LogHighlighter, RingLog
 from clusterrun.tui.nodetable import (
     CACHES_CHECKED,
@@ -44,9 +42,11 @@ from clusterrun.tui.nodetable import (
 )
 from clusterrun.tui.screens import Confirm, Help, History, QuitQuestion, Stacks
 from clusterrun.tui.search import Matches
+from clusterrun.views import gpus
+from clusterrun.views.board import Board, NodeRow
 
 if TYPE_CHECKING:
-    from clusterrun.slurmjob import SlurmSession
+    from clusterrun.slurm.job import SlurmSession
 
 __all__ = ["CACHES_CHECKED", "COLUMNS", "Dashboard", "LogHighlighter", "NodeTable", "RingLog", "textual_version"]
 

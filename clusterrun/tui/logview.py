@@ -20,8 +20,8 @@ from textual.scroll_view import ScrollView
 from textual.selection import Selection
 from textual.strip import Strip
 
-from clusterrun.board import Ring
-from clusterrun.terminal import colour_allowed, safe
+from clusterrun.core.terminal import colour_allowed, safe
+from clusterrun.views.board import Ring
 
 COLOURS = ("cyan", "yellow", "magenta", "green", "blue", "red", "bright_cyan", "bright_yellow",
            "bright_magenta", "bright_green", "bright_blue", "bright_red")

@@ -10,10 +10,10 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
-from clusterrun import gpus
-from clusterrun.board import Board, NodeRow
-from clusterrun.events import NodeState
+from clusterrun.core.events import NodeState
 from clusterrun.tui.logview import COLOURS
+from clusterrun.views import gpus
+from clusterrun.views.board import Board, NodeRow
 
 ICONS = {
     NodeState.PENDING: ("·", "dim"), NodeState.CONNECTING: ("…", "yellow"), NodeState.STARTING: ("◔", "yellow"),
@@ -24,7 +24,7 @@ COLUMNS = ("node", "host", "gpus/procs", "state", "pid", "lines", "last output")
 # Fixed widths (host: from the hosts): measuring columns again on every update costs more than
 # drawing the table. None: sized from the content when the rows are added.
 WIDTHS = (4, None, None, 34, 8, 9, 11)
-# Added once a node's host has nvidia-smi (clusterrun.gpus): mean utilisation, memory used/total.
+# Added once a node's host has nvidia-smi (clusterrun.views.gpus): mean utilisation, memory used/total.
 GPU_COLUMN, GPU_WIDTH = "gpu use", 16
 # A terminal narrower than this (80x24) gets the table without these: the state and the last
 # output fit beside the host.

@@ -1,0 +1,1 @@
+"""``doctor`` and ``exec``: the hosts examined and commanded outside a job."""

@@ -1,0 +1,1 @@
+"""The hosts file: parsed and validated once into a frozen ``ClusterSpec``, with its node sets and settings."""

@@ -1,0 +1,177 @@
+"""Find the root cause of a failed job from what the nodes printed and recorded (pure code).
+
+the node agent tags each worker line with ``[rankN]:`` (``agent.RankLogs``) and torchrun, when a
+worker fails, prints a report with ``rank : N (local_rank: M)`` and ``exitcode : X (pid: P)``
+for every failed worker, whether or not the script uses ``@record``. The agent records when each
+worker process ended. The root cause is the failed worker that ended first across the cluster;
+failures of nodes that clusterrun itself stopped only count when nothing else failed. A known
+failure signature (``signatures.SIGNATURES``) adds its cause and fix to the root cause.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from clusterrun.core.events import OomEvidence, RootCause
+from clusterrun.core.protocol import HostState, KernelOom, NodeStatus
+from clusterrun.diagnose.signatures import explain, printed_its_own, transient_start
+
+_RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
+_REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
+_REPORT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b.*|^[A-Za-z_][\w.]*: .+")
+TAIL_LINES = 20
+
+
+def split_rank(line: str) -> tuple[int | None, str]:
+    """``"[rank3]:hello"`` → ``(3, "hello")``; lines of torchrun itself → ``(None, line)``."""
+    found = _RANK_LINE.match(line)
+    if not found:
+        return None, line
+    rank, text = int(found.group(1)), found.group(2)
+    inner = f"[rank{rank}]:"  # torch tags a worker's uncaught traceback itself; drop the repeat
+    if text.startswith(inner):
+        text = text[len(inner):].removeprefix(" ")
+    return rank, text
+
+
+def undoubled(lines: tuple[str, ...]) -> tuple[str, ...]:
+    """``lines`` with torch's own ``[rankN]:`` tag right after ours shown once (``[rank1]:[rank1]:x``
+    → ``[rank1]:x``); the same tuple when no line has it."""
+    if not any("]:[rank" in line for line in lines):
+        return lines
+    out = []
+    for line in lines:
+        rank, text = split_rank(line)
+        out.append(line if rank is None or "]:[rank" not in line else f"[rank{rank}]:{text}")
+    return tuple(out)
+
+
+@dataclass
+class NodeLog:
+    """What one node printed, as far as a diagnosis needs it: tails per rank and torchrun's
+    failure report. Feed it lines in order."""
+
+    tail: int = TAIL_LINES
+    rank_tails: dict[int, deque[str]] = field(default_factory=dict)
+    node_tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    failures: dict[int, dict[str, int]] = field(default_factory=dict)  # rank → local_rank, exit_code, pid
+    _pending_rank: tuple[int, int] | None = None
+
+    def feed(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            rank, text = split_rank(line)
+            if rank is not None:
+                self.rank_tails.setdefault(rank, deque(maxlen=self.tail)).append(text)
+                continue
+            self.node_tail.append(line)
+            found = _REPORT_RANK.match(line)
+            if found:
+                self._pending_rank = (int(found.group(1)), int(found.group(2)))
+                continue
+            found = _REPORT_EXIT.match(line)
+            if found and self._pending_rank is not None:
+                rank, local = self._pending_rank
+                self.failures[rank] = {"local_rank": local, "exit_code": int(found.group(1)),
+                                       "pid": int(found.group(2))}
+                self._pending_rank = None
+
+    def lines(self) -> list[str]:
+        """The last lines kept: each rank's tagged ``[rankN]:`` again, then torchrun's."""
+        tagged = [f"[rank{rank}]:{line}" for rank, lines in sorted(self.rank_tails.items()) for line in lines]
+        return [*tagged, *self.node_tail]
+
+
+def exception_message(lines: Iterable[str]) -> str:
+    """The last line that looks like ``SomeError: message``, or ``""``."""
+    found = ""
+    for line in lines:
+        stripped = line.strip()
+        if stripped and _EXCEPTION.match(stripped) and not stripped.startswith(("File ", "Traceback")):
+            found = stripped
+    return found
+
+
+def find_root_cause(
+    hosts: Mapping[int, str],
+    logs: Mapping[int, NodeLog],
+    states: Mapping[int, NodeStatus],
+    stopped_by_us: set[int],
+) -> RootCause | None:
+    """The first failure across the cluster, from each node's log and final agent state.
+
+    ``states`` are the agents' reports of their state files (exit code, signal, the workers and
+    when each died, when torchrun ended); ``stopped_by_us`` are nodes that clusterrun stopped (fail-fast or the
+    user), whose failures are consequences unless nothing else failed.
+    """
+    candidates: list[tuple[int, float, RootCause]] = []
+    for node, state in states.items():
+        if state.exit_code in (0, None) and not state.error and state.state is not HostState.LOST:
+            continue
+        log = logs.get(node) or NodeLog()
+        if state.exit_unknown and not log.failures:
+            continue  # torchrun's exit status is not known: nothing says that it failed
+        died = {w.pid: w.died for w in state.workers}
+        died_by_rank = {w.rank: w.died for w in state.workers}
+        secondary = 1 if node in stopped_by_us else 0
+        for rank, failure in log.failures.items():
+            code = failure["exit_code"]
+            tail = tuple(log.rank_tails.get(rank, ()))
+            when = died.get(failure["pid"]) or died_by_rank.get(rank) or state.ended_at or float("inf")
+            candidates.append((secondary, when, RootCause(
+                node=node, host=hosts[node], rank=rank, local_rank=failure["local_rank"],
+                exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
+                last_lines=tail, message=exception_message(tail), pid=failure["pid"] or None)))
+        if not log.failures:
+            tail = tuple(log.node_tail)
+            node_code = state.exit_code
+            sig = state.signal
+            message = state.error or exception_message(tail)
+            if state.state is HostState.LOST:
+                message = message or "the node's agent and torchrun vanished"
+            when = state.ended_at or float("inf")
+            candidates.append((secondary, when, RootCause(
+                node=node, host=hosts[node], rank=None, local_rank=None,
+                exit_code=None if sig else node_code, signal=sig, last_lines=tail, message=message,
+                pid=state.torchrun_pid)))
+    if not candidates:
+        return None
+    candidates.sort(key=lambda c: (c[0], c[1], c[2].node))
+    root = candidates[0][2]
+    if root.signal == SIGKILL:
+        root = replace(root, oom=oom_evidence(root.pid, states[root.node].oom))
+    return replace(root, explanation=explain(root, hosts, {node: log.lines() for node, log in logs.items()}))
+
+
+SIGKILL = 9
+
+
+def oom_evidence(pid: int | None, report: KernelOom | None) -> OomEvidence:
+    """What a node's kernel said of the OOM kill of ``pid`` (the root cause's process): the
+    kernel's line naming it, or why there is none; the attempt's cgroup's count of OOM kills."""
+    if report is None:
+        return OomEvidence(pid=pid, recorded=False)
+    mine = None if report.pid_namespace or pid is None else next((k for k in report.kills if k.pid == pid), None)
+    counted = OomEvidence(
+        pid=pid, others=tuple(f"{k.pid} ({k.comm})" if k.comm else str(k.pid) for k in report.kills if k is not mine),
+        overwritten=report.overwritten, cgroup_kills=report.cgroup_oom_kills, cgroup_events=report.cgroup_events,
+        cgroup_error=report.cgroup_error)
+    if mine is None:
+        return replace(counted, unreadable=report.kmsg_error, pid_namespace=report.pid_namespace)
+    return replace(counted, line=mine.line or mine.summary, constraint=mine.constraint,
+                   memcg=mine.oom_memcg if mine.constraint == "CONSTRAINT_MEMCG" else None)
+
+
+def transient_start_failure(root: RootCause | None, logs: Mapping[int, NodeLog]) -> str | None:
+    """Why the job's failure was a known transient start-up failure, or None: the signature that
+    explains the root cause is one marked ``transient_start`` in ``signatures.SIGNATURES`` and no
+    rank had printed a line of its own."""
+    why = transient_start(root.explanation if root is not None else None)
+    if why is None:
+        return None
+    if any(printed_its_own(lines) for log in logs.values() for lines in log.rank_tails.values()):
+        return None
+    return why

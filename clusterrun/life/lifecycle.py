@@ -1,0 +1,288 @@
+"""The pieces of a recorded job on its hosts: its hosts file, status, logs, the agents' stop, ``rm``'s removal.
+
+Every function here works from the job's record (``jobs.JobRecord``) and talks to the hosts
+through the same transports and node agent as ``up``; none of them prints, and none changes the
+job's recorded state: the attempt's life (checks, start, stop, its state) is owned by
+``attempt.py`` and the owner's loop by ``runner.py``, both built from the pieces here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from clusterrun.agent.wire import NodeRequest, StackAnswer, node_request
+from clusterrun.config.hostsfile import ClusterSpec, load_cluster_text
+from clusterrun.config.watch import Notify, Watch
+from clusterrun.core import parallel
+from clusterrun.core.errors import ClusterrunError
+from clusterrun.core.events import NodeGpus, StopReport
+from clusterrun.core.protocol import End, Eof, LogChunk, NodeStatus, decode, decode_follow, decode_status
+from clusterrun.run.orchestrator import Emit, Job, Reconnect
+from clusterrun.run.plan import plan_from_json
+from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.transports import Transport, transport_for
+from clusterrun.views.gpus import ask as ask_gpus
+from clusterrun.views.gpus import only
+
+if TYPE_CHECKING:  # `stack`'s grouping and Slurm's kept logs are imported by the functions that use them
+    from clusterrun.diagnose.stacks import StackView
+
+
+def spec_of(record: JobRecord) -> ClusterSpec:
+    """The hosts file as it was when the job started (relative paths in it are the job's cwd's),
+    with the watch and notifications ``up``'s options made of it (the record's)."""
+    spec = load_cluster_text(record.hosts_text, record.hosts_file)
+    if record.watch:
+        spec = dataclasses.replace(spec, watch=Watch.from_json(record.watch), notify=Notify.from_json(record.notify))
+    return spec
+
+
+def transport_factory(record: JobRecord) -> Callable[..., Transport]:
+    return partial(transport_for, ssh_config=record.ssh_config)
+
+
+def follower(record: JobRecord, emit: Emit | None, *, fail_fast: bool, follow_logs: bool, attempt: int | None = None,
+             offsets: dict[int, int] | None = None, tail: int | None = None,
+             ranks: Sequence[int] | None = None, reconnect: Reconnect | None = None, scrollback: int = 0) -> Job:
+    """A ``Job`` that follows an attempt of the recorded job (the current one unless given);
+    ``scrollback``: with ``offsets``, first the last lines before them (``LogLines(earlier=True)``)."""
+    spec = spec_of(record)
+    plan = plan_from_json(record.plan, spec)
+    job = Job(spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
+              grace=record.grace, attempt=attempt or record.attempt, transport_factory=transport_factory(record),
+              fail_fast=fail_fast, follow_logs=follow_logs, offsets=offsets, tail=tail, ranks=ranks,
+              reconnect=reconnect or Reconnect(give_up_after=record.unreachable_timeout if fail_fast else None),
+              scrollback=scrollback)
+    job.resume(plan)
+    current = record.attempts[-1] if record.attempts and not record.finished else None
+    if current is not None and current.attempt == job.attempt:  # its start-up watch counts from the start
+        job.started_at = current.started
+    return job
+
+
+# -------------------------------------------------------------------------------- the monitor
+
+
+def daemonize() -> None:
+    """Fork once more so that the monitor is no session leader (it can never get a terminal) and
+    the process that started it can reap the intermediate at once."""
+    if os.fork() > 0:
+        os._exit(0)
+
+
+# ------------------------------------------------------------------------------------ status
+
+
+def per_node(record: JobRecord, call: Callable[[Transport, int], Any], ranks: Sequence[int] | None = None,
+             spec: ClusterSpec | None = None) -> dict[int, Any]:
+    """``call(transport, rank)`` on every node in parallel; an exception is returned as the value.
+    ``spec``: the job's hosts, if the caller has read them already."""
+    spec = spec or spec_of(record)
+    factory = transport_factory(record)
+    ranks = list(range(len(spec.hosts))) if ranks is None else list(ranks)
+    transports = {rank: factory(spec.hosts[rank]) for rank in ranks}
+
+    def one(rank: int) -> Any:
+        try:
+            transports[rank].connect()
+            return call(transports[rank], rank)
+        except ClusterrunError as exc:
+            return exc
+        except OSError as exc:
+            return ClusterrunError(f"{spec.hosts[rank].host}: {exc}")
+        finally:
+            transports[rank].close()
+
+    with parallel.threads(min(32, len(ranks)), "clusterrun-hosts") as pool:
+        return dict(zip(ranks, parallel.map_all(pool, one, ranks), strict=True))
+
+
+def request(record: JobRecord, rank: int, op: str, attempt: int | None = None, **extra: Any) -> NodeRequest:
+    """The ``op`` request (``wire``) for node ``rank``'s current attempt (or ``attempt``) of the recorded job."""
+    return node_request(op, job=record.job_id, node=rank, attempt=attempt or record.attempt,
+                        state_dir=record.plan.get("state_dir"), **extra)
+
+
+def status_of(transport: Transport, record: JobRecord, rank: int) -> NodeStatus:
+    """What node ``rank``'s agent says of the current attempt (``absent`` if never started)."""
+    answer = transport.call(request(record, rank, "status"))
+    return decode_status(transport.name, answer.get("state"), "status answer's state")
+
+
+def node_statuses(record: JobRecord, gpus: dict[int, NodeGpus] | None = None) -> dict[int, Any]:
+    """Every node's ``status`` answer for the current attempt, or the error that kept it away.
+    ``gpus``: filled with each reached node's GPUs (those its ``gpus:`` names), read by the same
+    agent after the status."""
+    spec = spec_of(record)
+
+    def look(transport: Transport, rank: int) -> Any:
+        if gpus is None:
+            return transport.call(request(record, rank, "status"))
+        session = transport.session()
+        try:
+            answer = session.call(request(record, rank, "status"))
+            with contextlib.suppress(ClusterrunError, ValueError):  # the status stands; no GPU reading
+                gpus[rank] = only(ask_gpus(session, rank), spec.hosts[rank].gpus)
+            return answer
+        finally:
+            session.close()
+
+    return per_node(record, look, spec=spec)
+
+
+def stacks_of(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequence[int] | None = None, *,
+              native: bool = False, timeout: float = 10.0) -> dict[int, StackAnswer | ClusterrunError]:
+    """Every node's ``stack`` answer for the current attempt (``ranks``: only these global ranks),
+    in parallel, or the error that kept it away."""
+    wanted = None if ranks is None else list(ranks)
+
+    def one(transport: Transport, rank: int) -> StackAnswer:
+        answer = transport.call(request(record, rank, "stack", ranks=wanted, native=native, timeout=timeout))
+        return decode(transport.name, StackAnswer, answer, "stack answer")
+
+    return per_node(record, one, ranks=nodes)
+
+
+def stacks_view(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequence[int] | None = None, *,
+                native: bool = False, timeout: float = 10.0) -> StackView:
+    """The grouped stacks of the current attempt: of ``nodes`` (default all), only ``ranks``
+    (default all: a node that holds none of them is not asked)."""
+    if ranks is not None:
+        plan = plan_from_json(record.plan, spec_of(record))
+        holding = [n.rank for n in plan.nodes if set(n.ranks) & set(ranks)]
+        nodes = [n for n in (nodes if nodes is not None else holding) if n in holding]
+    from clusterrun.diagnose.stacks import group
+
+    answers = stacks_of(record, nodes, ranks, native=native, timeout=timeout) if nodes != [] else {}
+    return group(answers, {n.rank: n.host for n in record.nodes})
+
+
+def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None) -> Iterator[str]:
+    """Node ``rank``'s log of ``attempt`` as written so far (from its last ``tail`` lines if
+    given), in chunks of whole lines (the last one may lack its newline)."""
+    return (chunk.data for chunk in read_log_chunks(record, rank, attempt, tail))
+
+
+def read_log_chunks(record: JobRecord, rank: int, attempt: int, tail: int | None = None) -> Iterator[LogChunk]:
+    """``read_log``'s chunks as the agent sent them, with when their lines were written (a Slurm
+    job's from the files its ``up`` kept on this machine)."""
+    if record.engine == "slurm":
+        from clusterrun.store import slurmlogs
+
+        yield from slurmlogs.read_chunks(JobStore(), record, rank, attempt, tail)
+        return
+    spec = spec_of(record)
+    transport = transport_factory(record)(spec.hosts[rank])
+    where: dict[str, Any] = {"offset": 0} if tail is None else {"tail": tail}
+    try:
+        transport.connect()
+        for raw in transport.stream(request(record, rank, "follow", attempt=attempt, once=True, **where)):
+            message = decode_follow(transport.name, raw)
+            if isinstance(message, LogChunk):
+                yield message
+            elif isinstance(message, (End, Eof)):
+                return
+    finally:
+        transport.close()
+
+
+def read_logs(record: JobRecord, ranks: Sequence[int], attempt: int, tail: int | None = None,
+              budget: int = 64 * 2**20) -> Iterator[tuple[int, str | ClusterrunError]]:
+    """The logs of several nodes, node after node, each read from its host in a thread of its own
+    while the nodes before it are printed. Yields ``(rank, chunk)`` (see ``read_log``), or
+    ``(rank, error)`` once for a node whose host failed. What is read ahead waits while the chunks
+    held for all nodes together exceed ``budget`` characters; the node being printed may always
+    hold one chunk, so it never waits for the others (each reader thread also has one in hand)."""
+    done = object()
+    queues: dict[int, deque[tuple[Any, int]]] = {rank: deque() for rank in ranks}
+    held = {rank: 0 for rank in ranks}
+    total = 0
+    current = ranks[0] if ranks else None
+    cancelled = False
+    changed = threading.Condition()
+
+    def put(rank: int, item: Any, size: int = 0) -> None:
+        nonlocal total
+        with changed:
+            while size and total + size > budget and not (rank == current and not held[rank]) and not cancelled:
+                changed.wait()
+            queues[rank].append((item, size))
+            held[rank] += size
+            total += size
+            changed.notify_all()
+
+    def read(rank: int) -> None:
+        try:
+            for lines in read_log(record, rank, attempt, tail):
+                put(rank, lines, len(lines))
+                if cancelled:
+                    return
+        except ClusterrunError as exc:
+            put(rank, exc)
+        put(rank, done)
+
+    threads = [threading.Thread(target=read, args=(rank,), daemon=True, name=f"logs-node{rank}") for rank in ranks]
+    for thread in threads:
+        thread.start()
+    try:
+        for rank in ranks:
+            with changed:
+                current = rank
+                changed.notify_all()
+            while True:
+                with changed:
+                    while not queues[rank]:
+                        changed.wait()
+                    item, size = queues[rank].popleft()
+                    held[rank] -= size
+                    total -= size
+                    changed.notify_all()
+                if item is done:
+                    break
+                yield rank, item
+    finally:
+        with changed:
+            cancelled = True
+            changed.notify_all()
+
+
+# ------------------------------------------------------------------------------- down, restart
+
+
+def stop_job(record: JobRecord, *, grace: float | None = None,
+             spec: ClusterSpec | None = None) -> dict[int, StopReport]:
+    """The agent's verified stop of the current attempt on every node, in parallel (the piece
+    ``attempt.stop`` records)."""
+    wait = record.grace if grace is None else grace
+    answers = per_node(record, lambda t, rank: t.call(request(record, rank, "stop", grace=wait)), spec=spec)
+    reports = {}
+    for rank, answer in answers.items():
+        host = record.nodes[rank].host
+        if isinstance(answer, ClusterrunError):
+            reports[rank] = StopReport(rank, host, error=answer.render())
+        else:
+            reports[rank] = StopReport.from_answer(rank, host, answer)
+    return reports
+
+
+def save_seen(store: JobStore, job_id: str, attempt: int, offsets: dict[int, int]) -> None:
+    """Remember how much of each node's log a viewer has shown, for the next ``attach``."""
+    def change(rec: JobRecord) -> None:
+        if rec.attempt == attempt:
+            for rank, offset in offsets.items():
+                rec.nodes[rank].seen = max(rec.nodes[rank].seen, offset)
+
+    store.update(job_id, change)
+
+
+def remove_on_hosts(record: JobRecord) -> dict[int, dict[str, Any] | ClusterrunError]:
+    """Delete every node's state and logs of the job on its host (the agent's ``remove``, which
+    refuses while anything of the job runs there): each node's answer, or the error."""
+    return per_node(record, lambda t, rank: t.call(request(record, rank, "remove")))

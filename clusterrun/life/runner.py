@@ -1,0 +1,337 @@
+"""The owner's loop over a job on this controller: follow it, restart it by policy, hand it over.
+
+Exactly one process owns a running job at a time (``jobs.JobStore``'s owner lock): the foreground
+``up`` (stream or dashboard) or the job's background monitor. The owner follows the job, applies
+fail-fast, keeps the record (``recorder.Recorder``), restarts a failed attempt (a known transient
+start-up failure once; any failure as the job's ``restart:`` policy allows, after a backoff) through
+``attempt.restart`` (the checks, the verified stop, the start, as every attempt), and either sees
+the job end or hands it over to a monitor (which resumes a backoff where it was). The attempt's
+life itself (checks, start, stop) is ``attempt.py``'s, its recorded state ``recorder.py``'s; this
+module is the loop around it:
+
+- ``Runner``: start (or adopt) an attempt, ``follow()`` it to its end with the record kept and
+  the restarts applied; ``request_stop()`` and ``request_hand_over()`` are safe from signal
+  handlers and other threads, and ``hand_over()`` (in the owner's thread, after ``follow()``
+  returned None) gives the lock to a monitor with what was shown saved.
+- ``run_monitor()``: the background owner (``clusterrun _monitor``).
+
+Lifecycle of a ``Runner``: ``Runner(store, record, job, owner_fd, emit)`` → ``start()`` (a new
+job) → ``follow()`` → ``hand_over()`` if it returned None → ``close()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+
+from clusterrun.config.restarts import RestartPolicy
+from clusterrun.core.errors import ClusterrunError, ConfigError, HostsUnavailable
+from clusterrun.core.events import (
+    AttemptRestarting,
+    Event,
+    JobFinished,
+    JobNote,
+    JobResult,
+    JobState,
+    NodeHung,
+    hung_text,
+)
+from clusterrun.core.frozen import frozen
+from clusterrun.core.protocol import HostState, NodeStatus
+from clusterrun.diagnose.rootcause import transient_start_failure
+from clusterrun.life import notify
+from clusterrun.life.attempt import Cancelled, restart, start, stop
+from clusterrun.life.gate import plan_to_start
+from clusterrun.life.lifecycle import follower, per_node, save_seen, spec_of, status_of, stop_job
+from clusterrun.life.recorder import Recorder, Retry, give_up, mark_failed_start
+from clusterrun.run.orchestrator import Emit, Job
+from clusterrun.store.jobs import OWNER_FD_VAR, JobRecord, JobStore
+
+
+@frozen
+class Clock:
+    """The owner's time during a backoff (tests pass a fake one): ``now()`` is wall-clock seconds,
+    ``wait(event, seconds)`` waits at most that long for ``event``; ``poll`` is how often the
+    record is read for a ``down`` from elsewhere, ``show`` how often the countdown is shown."""
+
+    now: Callable[[], float] = time.time
+    wait: Callable[[threading.Event, float], object] = lambda event, seconds: event.wait(seconds)
+    poll: float = 1.0
+    show: float = 10.0
+    rng: random.Random = dataclasses.field(default_factory=random.Random)
+
+
+def run_monitor(store: JobStore, job_id: str, emit: Emit, clock: Clock | None = None) -> int:
+    """Own the job until it ends, in the background: follow its nodes' states (not their logs),
+    apply fail-fast and the restarts (a backoff under way resumes), keep the record. Started by
+    ``JobStore.spawn_monitor``."""
+    fd_text = os.environ.pop(OWNER_FD_VAR, "")
+    fd = int(fd_text) if fd_text.isdigit() else store.try_own(job_id)
+    if fd is None:
+        return 0  # somebody else owns the job
+    record = store.load(job_id)
+    if record.finished:
+        notify.send_due(store, record)  # its end was recorded by an owner that died before notifying
+        return 0
+    store.note_monitor(job_id)
+    os.chdir(record.local_cwd)
+    runner = Runner.adopt(store, record, fd, emit, follow_logs=False, retry_startup=record.retry_startup, clock=clock)
+    if record.state is JobState.STOPPING:  # a stop was asked for and its stopper died: carry it out
+        runner.request_stop("stopped by an earlier command")
+    try:
+        if record.state == "starting":
+            _finish_start(record, runner.job)
+        runner.follow()
+    except HostsUnavailable as exc:  # the missing nodes could not be started: the others wait in vain
+        stop_job(record)
+        mark_failed_start(store, job_id, record.attempt, exc)
+    finally:
+        runner.close()
+    return 0
+
+
+def _finish_start(record: JobRecord, job: Job) -> None:
+    """Start the nodes that a controller which died during ``start`` never reached (from the
+    plan in the record), so that the job can still run: the other nodes wait for them."""
+    answers = per_node(record, lambda t, rank: status_of(t, record, rank))
+    absent = [rank for rank, answer in answers.items()
+              if isinstance(answer, NodeStatus) and answer.state is HostState.ABSENT]
+    if absent:
+        try:
+            job.resume(plan_to_start(record))  # the record's plan holds secret values masked
+        except ConfigError as exc:
+            raise HostsUnavailable([exc]) from exc
+        job.start(absent)
+
+
+def history(record: JobRecord) -> str:
+    """The job's attempts in one line, for the summary: ``attempts: 1 failed after 12 s (torchrun on
+    node 1 (h1): exit code 1), restarted · 2 succeeded after 40 s``."""
+    parts = []
+    for a in record.attempts:
+        took = f" after {a.ended - a.started:.0f} s" if a.ended is not None else ""
+        cause = f" ({a.root_cause.splitlines()[0]})" if a.root_cause and a.state is not JobState.SUCCEEDED else ""
+        parts.append(f"{a.attempt} {a.state}{took}{cause}" + (", restarted" if a.restart else ""))
+    return "attempts: " + " · ".join(parts)
+
+
+class Runner:
+    """The owner's loop over one job (see the module docstring)."""
+
+    def __init__(self, store: JobStore, record: JobRecord, job: Job, owner_fd: int, emit: Emit | None = None, *,
+                 retry_startup: bool = True, policy: RestartPolicy | None = None, clock: Clock | None = None) -> None:
+        self.store = store
+        self.record = record
+        self.job = job
+        self.owner_fd: int | None = owner_fd
+        self.retry_startup = retry_startup
+        self.policy = policy if policy is not None else spec_of(record).restart.with_max(record.max_restarts)
+        self.clock = clock or Clock()
+        self._listeners: list[Emit] = [emit] if emit is not None else []
+        self.recorder = Recorder(store, record.job_id, job.attempt, self._decide)
+        job.subscribe(self.recorder)  # first: the attempt's end is recorded (restarting or not) before it is shown
+        job.subscribe(self.emit)
+        self._hand_over = threading.Event()
+        self._wake = threading.Event()  # a stop or a hand-over asked for during a backoff
+        self._stop_reason: str | None = None
+        self._refused: str | None = None  # why the last failure was not restarted by the policy
+        self._startup_failure: str | None = None
+        self._restart_reason: str | None = None  # request_restart's: the stop that is a restart
+
+    @classmethod
+    def create(cls, store: JobStore, record: JobRecord, job: Job, emit: Emit | None = None, *,
+               retry_startup: bool = True, policy: RestartPolicy | None = None) -> Runner:
+        """The owner of a new job, checked and not yet started (``checks.check_new``): its record is
+        created first (a job nobody could find again must not run: ``StateError``) and owned here."""
+        store.create(record)
+        owner = store.try_own(record.job_id)
+        if owner is None:  # cannot happen to a job created just now, unless its directory is shared
+            raise ClusterrunError(f"job {record.job_id} is owned by another process already")
+        return cls(store, record, job, owner, emit, retry_startup=retry_startup, policy=policy)
+
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id
+
+    @classmethod
+    def adopt(cls, store: JobStore, record: JobRecord, owner_fd: int, emit: Emit | None = None, *,
+              follow_logs: bool = True, offsets: dict[int, int] | None = None, retry_startup: bool = True,
+              clock: Clock | None = None) -> Runner:
+        """The owner of a job started earlier (a monitor, or after a restart), following its current attempt."""
+        job = follower(record, None, fail_fast=True, follow_logs=follow_logs, offsets=offsets)
+        return cls(store, record, job, owner_fd, emit, retry_startup=retry_startup, clock=clock)
+
+    def subscribe(self, listener: Emit) -> None:
+        """Hand every event of the job, of this attempt and the next ones, to ``listener`` too."""
+        self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Emit) -> None:
+        self._listeners.remove(listener)
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, JobFinished) and self.recorder.restarting:
+            event = dataclasses.replace(event, restarting=True)  # an attempt's end, not the job's
+        for listener in list(self._listeners):
+            listener(event)
+        if isinstance(event, NodeHung) and event.since is not None and event.node is not None:
+            self.on_hang(event.node, event.host, event.since, event.report)
+
+    def note(self, text: str) -> None:
+        self.emit(JobNote(None, text=text))
+
+    def on_hang(self, node: int, host: str, since: float, report: str | None) -> None:
+        """Node ``node`` of the job hung (its host's hang watch): notify, then what ``on_hang`` says.
+        ``stack``: its host saved the ranks' stacks already (``report``); ``restart``: stop this
+        attempt, and ``follow()`` starts the next; ``nothing``: only the notification."""
+        self.recorder.flush()  # what came before the hang (the job running) is in the record it sends
+        record = self.store.load(self.job_id)
+        notify.send_due(self.store, record, self.note, also=[notify.hung(record.attempt, node, since)])
+        action = self.job.spec.watch.on_hang
+        where = f"node {node} ({host}) {hung_text(since, time.time())}"
+        if action == "stack" and report:
+            self.note(f"{where}: its ranks' stacks are in {report} on {host}")
+        elif action == "restart" and self._restart_reason is None and self._stop_reason is None:
+            self.note(f"{where}: restarting the job as attempt {self.job.attempt + 1} (on_hang: restart)")
+            self.request_restart(f"{where} (on_hang: restart)")
+
+    def start(self) -> None:
+        """Start every node of the prepared job; on failure the record says so and the nodes that
+        started were stopped again (``HostsUnavailable``)."""
+        start(self.job, self.emit, self.recorder, first=True)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop the job on every host (verified); ``follow()`` then returns its result."""
+        self._stop_reason = reason
+        self._wake.set()
+        self.job.request_stop(reason)
+
+    def request_restart(self, reason: str) -> None:
+        """Stop the current attempt (verified) and restart the whole job at once as the next
+        attempt, outside the restart policy's budget (``on_hang: restart``; the reason is the
+        attempt's root cause). Safe from other threads; a stop asked for meanwhile wins."""
+        self._restart_reason = reason
+        self.job.request_stop(reason)
+
+    def request_hand_over(self) -> None:
+        """Make ``follow()`` return None soon, so that ``hand_over()`` can give the job to a monitor."""
+        self._hand_over.set()
+        self._wake.set()
+        self.job.detach()
+
+    def follow(self) -> JobResult | None:
+        """Follow the job until it ends (then its result) or a hand-over was requested (None).
+        A failed attempt that the owner decided to restart (``_decide``: recorded ``restarting``)
+        is restarted after its backoff, visibly, and followed in turn."""
+        while True:
+            try:
+                result = self.job.run()
+            except OSError:
+                if self.job.detached:  # the terminal went away while a line was being shown
+                    return None
+                raise
+            finally:
+                save_seen(self.store, self.job_id, self.job.attempt, self.job.offsets)
+            if result is None:
+                return None
+            record = self.store.load(self.job_id)
+            notify.send_due(self.store, record, self.note)  # the attempt's end
+            if record.attempt != self.job.attempt or record.state is not JobState.RESTARTING:
+                if self._refused is not None and self.policy.max > 0 and result.interrupted is None:
+                    self.emit(JobNote(None, text=f"not restarting: {self._refused}"))
+                if len(record.attempts) > 1:
+                    self.emit(JobNote(None, text=history(record)))
+                return result
+            if not self._backoff(record):
+                if self._hand_over.is_set() and self._stop_reason is None:
+                    return None  # the monitor resumes the wait
+                return dataclasses.replace(result, interrupted=self._stop_reason or "stopped during the backoff")
+            try:
+                record = restart(self.store, self.store.load(self.job_id), self.emit, owner_fd=self.owner_fd,
+                                 full_preflight=record.attempts[-1].restart == "policy", automatic=True)
+            except Cancelled:
+                return dataclasses.replace(result, interrupted="stopped during the backoff")
+            except ClusterrunError as exc:
+                self.emit(JobNote(None, text=f"could not restart: {exc.render()}"))
+                give_up(self.store, self.job_id, record.attempt, exc.render())
+                return result
+            self.job.close()
+            self.record = record
+            self.recorder = Recorder(self.store, record.job_id, record.attempt, self._decide)
+            self.job = follower(record, None, fail_fast=True, follow_logs=self.job.follow_logs,
+                                reconnect=self.job.reconnect)
+            self.job.subscribe(self.recorder)
+            self.job.subscribe(self.emit)
+            self._restart_reason = None
+            if self._stop_reason is not None:
+                self.job.request_stop(self._stop_reason)
+            if self._hand_over.is_set():
+                self.job.detach()
+
+    def _decide(self, record: JobRecord, result: JobResult) -> Retry | None:
+        """Whether the failed current attempt of ``record`` is restarted (in the record's write
+        that ends it): a known transient start-up failure of the first attempt once, at once;
+        else as the restart policy allows, after its backoff. Never after the user's stop."""
+        self._refused = None
+        if self._stop_reason is not None:
+            return None  # the user's stop is never restarted
+        if result.interrupted is not None:
+            asked = self._restart_reason is not None and result.interrupted == self._restart_reason
+            return Retry("requested", self.clock.now(), result.interrupted) if asked else None
+        if self.retry_startup and record.attempt == 1:
+            why = transient_start_failure(result.root_cause, self.job.logs)
+            if why is not None:
+                self._startup_failure = why
+                return Retry("start-up", self.clock.now(), f"failed at start-up: {why}")
+        made = [a.ended or a.started for a in record.attempts[:-1] if a.restart == "policy"]
+        code = result.root_cause.exit_code if result.root_cause is not None else None
+        self._refused = self.policy.refusal(made, code, self.clock.now())
+        if self._refused is not None:
+            return None
+        cause = result.root_cause.describe() if result.root_cause is not None else "a node failed"
+        return Retry("policy", self.clock.now() + self.policy.delay(len(made) + 1, self.clock.rng), cause)
+
+    def _backoff(self, record: JobRecord) -> bool:
+        """Wait until the next attempt of the ``restarting`` job is due (True), counting down. The
+        wait ends early (False) for a stop asked of this owner (carried out and recorded, the one
+        stop path), a ``down`` from elsewhere (the record is no longer ``restarting``) or a hand-over."""
+        failed = record.attempts[-1]
+        kind = failed.restart or "policy"
+        reason = (self._startup_failure if kind == "start-up" else None) or failed.root_cause or "failed"
+        at = record.restart_at if record.restart_at is not None else self.clock.now()
+        made = sum(1 for a in record.attempts if a.restart == "policy")
+        shown: float | None = None
+        while True:
+            now = self.clock.now()
+            if shown is None or (kind == "policy" and now - shown >= self.clock.show):
+                shown = now
+                self.emit(AttemptRestarting(None, job_id=self.job_id, attempt=record.attempt + 1,
+                                            failed=record.attempt, at=at, remaining=max(0.0, at - now), kind=kind,
+                                            restart=made, most=self.policy.max if kind == "policy" else None,
+                                            reason=reason))
+            if self._stop_reason is not None:
+                stop(self.store, record)
+                return False
+            if self._hand_over.is_set() or self.store.load(self.job_id).state is not JobState.RESTARTING:
+                return False
+            if now >= at:
+                return True
+            self.clock.wait(self._wake, min(at - now, self.clock.poll))
+
+    def hand_over(self) -> None:
+        """Give the job to a background monitor: what the nodes reported and what was shown are in
+        the record first, then the owner lock passes on without a moment unowned."""
+        self.recorder.flush()
+        save_seen(self.store, self.job_id, self.job.attempt, self.job.offsets)
+        if self.owner_fd is not None:
+            self.store.spawn_monitor(self.job_id, self.owner_fd)
+            self.owner_fd = None
+
+    def close(self) -> None:
+        self.job.close()
+
+
+__all__ = ["Runner", "run_monitor"]

@@ -1,0 +1,306 @@
+"""A job as an interactive consumer drives it: follow it, kill it, restart it, detach from it.
+
+The dashboard runs in the main thread and must never block on a host; a ``Session`` runs the
+orchestrator in a background thread and hands every event to ``emit`` — from that thread, so the
+consumer queues them for its own thread. Two roles:
+
+- the **owner** (``up`` on a terminal) holds the job's owner lock: it starts the job, records
+  what happens, and on ``detach()`` hands the lock to a background monitor;
+- a **viewer** (``attach``) follows a job a monitor owns; ``kill()`` and ``restart()`` act on the
+  hosts all the same (the monitor sees the job end and exits), and ``detach()`` just stops
+  following.
+
+While it follows an attempt, a ``GpuPoller`` reads each host's GPUs every few seconds over the
+job's connections (``NodeGpus`` events; ``gpu_interval=None`` turns it off).
+
+``kill()`` is the orchestrator's verified stop (torchrun first, then the sweep, per node, with
+``NodeStopped`` reports). ``restart()`` is ``attempt.restart`` — the next attempt checked, then
+the verified stop of every node, whatever this view believes of them, then the next attempt
+(``AttemptStarted``) — and follows the new attempt; a refused restart leaves the job running.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+
+from clusterrun.core.errors import ClusterrunError, HostsUnavailable
+from clusterrun.core.events import (
+    Event,
+    JobNote,
+    JobResult,
+    NodeLink,
+    NodeStarted,
+    NodeState,
+    NodeStateChanged,
+    NodeStopped,
+)
+from clusterrun.diagnose.stacks import render
+from clusterrun.life.attempt import NextAttempt, attempt_event, begin_stop
+from clusterrun.life.lifecycle import follower, save_seen, stacks_view
+from clusterrun.life.recorder import record_stop
+from clusterrun.life.runner import Runner
+from clusterrun.run.orchestrator import Emit, Job
+from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.transports import Transport
+from clusterrun.views.gpus import INTERVAL, GpuPoller
+from clusterrun.views.joblist import history_rows, table_text
+
+KILLED = "stopped from the dashboard"
+
+
+class Session:
+    """One job followed in the background, with the controls of a dashboard.
+
+    Create → ``subscribe(consumer)`` → ``begin()`` → ``kill()`` / ``restart()`` / ``detach()`` /
+    ``stacks()`` → ``wait()``. The policies (fail-fast, restart, hand-over, the record) are the ``Runner``'s and
+    ``attempt.restart``'s: a session only runs them off the consumer's thread."""
+
+    supports = frozenset({"kill", "restart", "stack", "detach"})  # the dashboard's controls it carries out
+
+    def __init__(self, store: JobStore, record: JobRecord, emit: Emit | None = None, *, runner: Runner | None = None,
+                 offsets: dict[int, int] | None = None, tail: int | None = None, scrollback: int = 0,
+                 gpu_interval: float | None = INTERVAL) -> None:
+        self.store = store
+        self.record = record
+        self._listeners: list[Emit] = [emit] if emit is not None else []
+        self.runner = runner  # this process owns the job (``up``); else a monitor does and we view it
+        self.result: JobResult | None = None
+        self.error: ClusterrunError | None = None  # the job could not be started or followed
+        self.detached = False
+        self.failed_start = False  # `up`'s start failed: nothing runs
+        self._to_start = runner is not None
+        self._offsets = offsets
+        self._tail = tail
+        self._scrollback = scrollback  # lines shown before where the last viewer stopped (attach)
+        self._viewer: Job | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._busy = False  # a kill or restart is under way
+        self._reached: set[int] = set()  # nodes this view has reached after a failure: the record's since is old
+        self._gpu_interval = gpu_interval
+        if runner is not None:
+            runner.subscribe(self.emit)
+
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id
+
+    @property
+    def owner(self) -> bool:
+        return self.runner is not None and self.runner.owner_fd is not None
+
+    @property
+    def running(self) -> bool:
+        """The job is being followed and has not ended."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    def subscribe(self, listener: Emit) -> None:
+        """Hand every event to ``listener`` too (from the session's thread)."""
+        self._listeners.append(listener)
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, NodeLink) and event.node is not None:
+            if event.up:
+                self._reached.add(event.node)
+            elif event.node not in self._reached:
+                event = self._since_recorded(event)
+        for listener in list(self._listeners):
+            listener(event)
+
+    def _since_recorded(self, event: NodeLink) -> NodeLink:
+        """A viewer's news of an unreachable host, with since when the job's record knew it so
+        (the owner's first failure, as ``ps`` says), if earlier than this view's own."""
+        nodes = self.record.nodes
+        known = nodes[event.node].unreachable_since if event.node is not None and event.node < len(nodes) else None
+        if known is None or (event.since is not None and event.since <= known):
+            return event
+        return dataclasses.replace(event, since=known)
+
+    def begin(self) -> None:
+        """Start (``up``) or follow (``attach``) the job in the background."""
+        self._spawn(self._first)
+
+    def _spawn(self, target: Callable[[], None]) -> None:
+        self._thread = threading.Thread(target=target, daemon=True, name=f"session-{self.job_id}")
+        self._thread.start()
+
+    def _first(self) -> None:
+        runner = self.runner
+        if runner is not None and self._to_start:
+            self._to_start = False
+            assert runner.job.plan is not None
+            self.emit(attempt_event(runner.job.plan, runner.job.attempt, runner.record))
+            try:
+                runner.start()
+            except HostsUnavailable as exc:
+                self.failed_start = True
+                self.error = exc
+                runner.close()
+                return
+        elif not self._view(self._offsets, self._tail):
+            return
+        self._follow()
+
+    def _view(self, offsets: dict[int, int] | None, tail: int | None) -> bool:
+        """Follow the job's current attempt as a viewer (the monitor owns it); False if it cannot be."""
+        try:
+            record = self.store.load(self.job_id)
+            job = follower(record, self.emit, fail_fast=False, follow_logs=True, offsets=offsets, tail=tail,
+                           scrollback=self._scrollback if offsets else 0)
+        except ClusterrunError as exc:  # e.g. the record is gone or damaged: the UI shows it
+            self.error = exc
+            return False
+        self.record = record
+        self._viewer = job
+        self._announce(record, job)
+        return True
+
+    def _announce(self, record: JobRecord, job: Job) -> None:
+        assert job.plan is not None
+        self.emit(attempt_event(job.plan, record.attempt, record))
+        for launch in job.plan.nodes:  # as ``resume`` assumes until the hosts say otherwise
+            self.emit(NodeStateChanged(launch.rank, host=launch.host.host, state=NodeState.RUNNING))
+            known = record.nodes[launch.rank] if launch.rank < len(record.nodes) else None
+            if known is not None and known.pid:
+                self.emit(NodeStarted(launch.rank, host=launch.host.host, attempt=record.attempt, pid=known.pid))
+
+    def _follow(self) -> None:
+        job = self.runner.job if self.runner is not None else self._viewer
+        assert job is not None
+        poller = None
+        if self._gpu_interval is not None:
+            poller = GpuPoller(self._transports, self.emit, self._gpu_interval)
+            poller.start()
+        try:
+            self._follow_job(job)
+        finally:
+            if poller is not None:
+                poller.stop()
+
+    def _transports(self) -> list[Transport]:
+        """The transports of the nodes of the job followed now (the runner's start-up retry replaces it)."""
+        job = self.runner.job if self.runner is not None else self._viewer
+        return [transport for transport, _agent in job.agents] if job is not None else []
+
+    def _follow_job(self, job: Job) -> None:
+        if self.runner is not None:
+            self.result = self.runner.follow()
+            self.record = self.runner.record
+            return
+        try:
+            self.result = job.run()
+        finally:
+            save_seen(self.store, self.job_id, job.attempt, job.offsets)
+            job.close()
+        if self.result is not None and self.result.interrupted == KILLED:
+            try:
+                record_stop(self.store, self.store.load(self.job_id), {s.node: s for s in self.result.stops})
+            except ClusterrunError as exc:  # e.g. a full state directory: the stop stands, unrecorded
+                self.error = exc
+
+    def kill(self) -> None:
+        """Stop the job on every host (verified); the result arrives as ``JobFinished``."""
+        if not self.running:
+            return
+        if self.runner is not None:
+            self.runner.request_stop(KILLED)
+        elif self._viewer is not None:
+            try:  # the monitor that owns the job sees the nodes die: the record says why first
+                begin_stop(self.store, self.record)
+            except ClusterrunError as exc:  # e.g. a full state directory: the stop goes on, unrecorded
+                self.error = exc
+            self._viewer.request_stop(KILLED)
+
+    def restart(self) -> None:
+        """Stop the job on every host (verified, whatever this view believes of its nodes), then
+        start the next attempt and follow it; in the background. Errors arrive as ``self.error``."""
+        with self._lock:
+            if self._busy:
+                return
+            self._busy = True
+        previous = self._thread
+        self._spawn(lambda: self._restart(previous))
+
+    def _restart(self, previous: threading.Thread | None) -> None:
+        try:
+            try:  # every check first, while the job runs on: a refused restart leaves it running
+                attempt = NextAttempt(self.store.load(self.job_id), self._confirmations)
+            except ClusterrunError as exc:
+                self.emit(JobNote(None, text="restart refused by its checks; nothing was stopped, the job runs on"))
+                self.error = exc
+                self._thread = previous  # still following the running attempt
+                return
+            try:
+                self.kill()
+                if previous is not None:
+                    previous.join()
+                self.result = None
+                owner_fd = self.runner.owner_fd if self.runner is not None else None
+                try:
+                    record = attempt.replace(self.store, owner_fd=owner_fd)
+                except ClusterrunError as exc:
+                    self.error = exc
+                    return
+            finally:
+                attempt.close()
+            self.record = record
+            if self.runner is not None and owner_fd is not None:
+                old = self.runner
+                old.unsubscribe(self.emit)
+                old.close()
+                self.runner = Runner.adopt(self.store, record, owner_fd, retry_startup=False)
+                self.runner.subscribe(self.emit)
+                self._announce(record, self.runner.job)
+            elif not self._view({}, None):  # the new attempt runs, owned by its monitor; only following it failed
+                return
+        finally:
+            self._busy = False
+        self._follow()
+
+    def _confirmations(self, event: Event) -> None:
+        """The restart's own verified stop, after this view's: a node it found nothing of was shown
+        stopped already, so only what is news is shown (something killed, left or unreachable)."""
+        r = event.report if isinstance(event, NodeStopped) else None
+        if r is not None and not (r.killed or r.left or r.error or r.degraded or r.notes):
+            return
+        self.emit(event)
+
+    def detach(self) -> None:
+        """Stop following and leave the job running (owned by a background monitor from now on)."""
+        self.detached = True
+        if self.runner is not None:
+            self.runner.request_hand_over()
+        elif self._viewer is not None:
+            self._viewer.detach()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self.runner is not None and self.result is None and not self.failed_start:
+            self.runner.hand_over()
+
+    def stacks(self) -> list[str]:
+        """Every rank's Python stack, grouped, as ``clusterrun stack`` prints it (blocks on the
+        hosts: call it off the consumer's thread)."""
+        try:
+            return render(stacks_view(self.record))
+        except ClusterrunError as exc:
+            return [exc.render()]
+
+    def history(self) -> list[str]:
+        """The job's attempts as ``ps JOB`` lists them (started, duration, end, restarted, root
+        cause), from its record now: the dashboard's ``h``."""
+        try:
+            record = self.store.load(self.job_id)
+        except ClusterrunError as exc:
+            return [exc.render()]
+        return table_text(history_rows(record, time.time()))
+
+    def wait(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)

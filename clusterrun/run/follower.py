@@ -1,0 +1,223 @@
+"""One node of a job as the controller sees it (``Node``), and its follower thread (``Follower``).
+
+A follower reads its agent's ``follow`` stream and puts each message, with its own news of the
+link (``Link``), on the job's bounded inbox; it reconnects after ``Reconnect``'s delays from the
+byte offset reached. Only ``Job.run()`` reads the inbox and changes the node's state.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterrun.agent.wire import NodeRequest
+from clusterrun.core.errors import ClusterrunError
+from clusterrun.core.events import Event, NodeDegraded, NodeHung, NodeResult, NodeState, RootCause, stopped_after_text
+from clusterrun.core.frozen import frozen
+from clusterrun.core.protocol import Beat, End, FollowMessage, HostState, LogChunk, NodeStatus, Probe, decode_follow
+from clusterrun.diagnose.rootcause import NodeLog, find_root_cause
+from clusterrun.run.plan import NodeLaunch
+from clusterrun.transports import AgentSession, Transport
+
+
+@frozen
+class Reconnect:
+    """How a follower retries a host it cannot reach: after ``first`` × failures seconds, at
+    most ``most``; forever, unless ``give_up_after`` seconds of retrying have failed (then the
+    node is lost). Each retry adds at most ``most`` + ``try_cap`` seconds to that count, so time
+    the controller itself spent paused or asleep in one retry hardly counts."""
+
+    first: float = 0.2
+    most: float = 2.0
+    give_up_after: float | None = None
+    try_cap: float = 20.0  # a connection attempt over SSH times out after 10 s
+
+    def delay(self, failures: int) -> float:
+        return min(self.most, self.first * failures)
+
+
+def split_lines(data: str) -> tuple[str, ...]:
+    """The lines of a ``log`` message's data, without their newlines."""
+    lines = data.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return tuple(lines)
+
+
+def node_state_of(status: NodeStatus, stop_sent: bool = False) -> NodeState:
+    """A node's state from what its agent reports of its state file."""
+    if status.state is HostState.LOST or status.exit_unknown:  # not a failure of torchrun: nobody knows
+        return NodeState.LOST
+    if status.state is HostState.ABSENT:
+        return NodeState.PENDING
+    if status.state is not HostState.EXITED:
+        return NodeState.STARTING if status.state is HostState.STARTING else NodeState.RUNNING
+    if status.exit_code == 0 and not status.error:
+        return NodeState.SUCCEEDED
+    if stop_sent or status.stop_requested:
+        return NodeState.STOPPED
+    return NodeState.FAILED
+
+
+@frozen
+class Link:
+    """A follower's own news, beside the agent's messages: the host is unreachable (``up`` False)
+    or back; ``gave_up``: a stop was asked for and the host could not be reached; ``lost``: the
+    --unreachable-timeout ran out."""
+
+    up: bool
+    error: str = ""
+    gave_up: bool = False
+    lost: bool = False
+
+
+@dataclass
+class Node:
+    launch: NodeLaunch | None
+    transport: Transport
+    state: NodeState = NodeState.PENDING
+    final: NodeStatus | None = None  # how the node ended, once the follower has ended
+    log: NodeLog = field(default_factory=NodeLog)
+    stop_sent: bool = False
+    error: str | None = None  # why the node ended as it did, where its status does not say
+    agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node
+    probe: Probe | None = None  # what its agent said of the host
+    degraded: str | None = None  # the agent's word that the supervisor cannot write its state
+    hung_since: float | None = None  # the host's hang watch: its ranks are idle since (wall clock)
+    earlier: list[str] = field(default_factory=list)  # scrollback lines read, before the resume point
+
+    @property
+    def host(self) -> str:
+        return self.transport.name
+
+    def news(self, rank: int, status: NodeStatus) -> list[Event]:
+        """What ``status`` says beside the node's state that is news: degraded, hung, active again."""
+        found: list[Event] = []
+        if status.degraded and status.degraded != self.degraded:
+            self.degraded = status.degraded
+            found.append(NodeDegraded(rank, host=self.host, reason=status.degraded))
+        if status.hung_since != self.hung_since and not status.ended:
+            self.hung_since = status.hung_since
+            found.append(NodeHung(rank, host=self.host, since=status.hung_since, report=status.hang_report))
+        return found
+
+    def scrollback(self, message: LogChunk, resume: int) -> tuple[tuple[str, ...] | None, str]:
+        """Keep the part of ``message`` before the resume point (a viewer's scrollback); once that
+        point is reached, the lines kept (None before); and the part of ``message`` after it."""
+        raw = message.data.encode("utf-8", "surrogateescape")
+        cut = max(0, min(len(raw), resume - message.offset))
+        self.earlier.extend(split_lines(raw[:cut].decode("utf-8", "surrogateescape")))
+        earlier = None
+        if message.next >= resume:
+            earlier, self.earlier = tuple(self.earlier), []
+        return earlier, raw[cut:].decode("utf-8", "surrogateescape")
+
+    def close_agent(self) -> None:
+        agent, self.agent = self.agent, None
+        if agent is not None:
+            agent.close()
+
+
+class Follower:
+    """One node's follower: ``run()`` in its own thread until the stream ends, the job detaches,
+    a stop cannot reach the host, or ``Reconnect.give_up_after`` runs out."""
+
+    def __init__(self, rank: int, node: Node, request: Callable[[dict[str, Any]], NodeRequest], *,
+                 inbox: queue.Queue[tuple[int, FollowMessage | Link]], reconnect: Reconnect, tail: int | None,
+                 offset: int, before: int, detach: threading.Event, stopping: threading.Event,
+                 wake: threading.Event) -> None:
+        self.rank = rank
+        self.node = node
+        self.request = request  # the ``follow`` request for a position (``offset``/``tail``, ``before``)
+        self.inbox = inbox
+        self.reconnect = reconnect
+        self.tail = tail
+        self.offset = offset  # where the stream resumes: the end of what was queued
+        self.before = before  # scrollback lines wanted before ``offset``, on the first request only
+        self.detach = detach
+        self.stopping = stopping
+        self.wake = wake
+
+    def run(self) -> None:
+        node, rank = self.node, self.rank
+        tail = self.tail
+        position = self.offset  # where the stream resumes: the end of what was queued
+        failures = 0
+        retrying = 0.0  # seconds spent failing to reach the host (see Reconnect)
+        before = self.before if tail is None else 0
+        while True:
+            where: dict[str, Any] = {"offset": position} if tail is None else {"tail": tail}
+            if before:
+                where["before"], before = before, 0  # only the first request: the lines after are new
+            request = self.request(where)
+            agent, node.agent = node.agent, None
+            began = time.monotonic()
+            try:
+                stream = agent.stream(request) if agent is not None else node.transport.stream(request)
+                try:
+                    for raw in stream:
+                        message = decode_follow(node.host, raw)
+                        if failures:
+                            self.inbox.put((rank, Link(up=True)))
+                            failures, retrying = 0, 0.0
+                        if isinstance(message, Beat):
+                            continue
+                        if isinstance(message, LogChunk):
+                            position, tail = message.next, None
+                        self.inbox.put((rank, message))
+                        if isinstance(message, End):
+                            return
+                finally:
+                    stream.close()
+            except ClusterrunError as exc:
+                error = exc.render()
+            except Exception as exc:  # noqa: BLE001 - a transport's untranslated error must not end the follower
+                error = f"{node.host}: {type(exc).__name__}: {exc}"
+            else:
+                error = "the log stream ended early"
+            if self.detach.is_set():
+                return
+            failures += 1
+            delay = self.reconnect.delay(failures)
+            retrying += min(time.monotonic() - began, self.reconnect.try_cap) + delay
+            if failures == 1 and not self.stopping.is_set():
+                self.inbox.put((rank, Link(up=False, error=error)))
+            if self.stopping.is_set() and failures > 1:
+                self.inbox.put((rank, Link(up=False, error=error, gave_up=True)))  # a stop cannot wait for the host
+                return
+            limit = self.reconnect.give_up_after
+            if limit is not None and retrying >= limit:
+                self.inbox.put((rank, Link(up=False, lost=True,
+                                             error=f"unreachable for {limit:g} s (--unreachable-timeout): {error}")))
+                return
+            self.wake.wait(delay)
+
+def node_results(nodes: Sequence[Node], failed_first: int | None) -> list[NodeResult]:
+    """Each node's end as the attempt's result says it; a node that fail-fast stopped says after
+    which node's failure (``failed_first``)."""
+    results = []
+    for rank, node in enumerate(nodes):
+        final = node.final or NodeStatus(HostState.RUNNING)
+        after = failed_first if node.state is NodeState.STOPPED else None
+        why = node.error or (stopped_after_text(after) if after is not None else final.error)
+        results.append(NodeResult(rank, node.host, node.state, exit_code=final.exit_code, signal=final.signal,
+                                  error=why, stopped_after=after))
+    return results
+
+
+def root_cause_of(nodes: Sequence[Node]) -> RootCause | None:
+    """The failure that came first across the nodes, from their logs and final states."""
+    return find_root_cause(
+        hosts={r: n.host for r, n in enumerate(nodes)},
+        logs={r: n.log for r, n in enumerate(nodes)},
+        states={r: n.final for r, n in enumerate(nodes) if n.final is not None},
+        stopped_by_us={r for r, n in enumerate(nodes)
+                       if n.stop_sent or (n.final is not None and n.final.stop_requested)},
+    )
+
+
+__all__ = ["Follower", "Link", "Node", "Reconnect", "node_results", "node_state_of", "root_cause_of", "split_lines"]

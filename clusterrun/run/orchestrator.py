@@ -1,0 +1,566 @@
+"""Run a job across its hosts and tell consumers what happens, as events.
+
+Lifecycle of a ``Job``: create → ``prepare()`` (connect and probe every host in parallel, build
+the plan, choose each node's network interface: ``interfaces``; all or nothing) → ``start()``
+(start every node; if one fails, stop those started) → ``run()`` (follow every node until all
+have ended; fail-fast; returns the ``JobResult``) → ``close()``. A job started earlier is
+followed again with ``resume(plan)`` instead of ``prepare()`` and ``start()``.
+``request_stop()`` may be called from any thread or a signal handler; the stop itself is carried
+out by ``run()``'s loop.
+
+Who follows decides what is followed: the job's owner (``up``, the monitor) applies fail-fast;
+a viewer (``attach``, ``logs -f``) passes ``fail_fast=False`` and only watches, and the monitor
+passes ``follow_logs=False`` and watches states only.
+
+Losing contact is never evidence: a node whose host cannot be reached is shown unreachable
+(``NodeLink``) and retried from the byte offset it had reached, for as long as it takes. Only the
+hosts' own word fails a node: torchrun exited non-zero, or the agent found the job's processes
+gone (``lost``: killed, or the host rebooted). A host that died for good shows as the other
+ranks failing in their collectives. ``Reconnect.give_up_after`` (``--unreachable-timeout``)
+opts into treating long silence as a loss; it counts the time spent retrying, each retry's share
+capped, so a paused or suspended controller does not count its own pause.
+
+One follower thread per node (``follower.Follower``) reads the agent's ``follow`` stream and
+puts messages on a bounded queue (back-pressure: a slow consumer slows the readers, never
+memory); ``run()`` is the only place that changes job state and calls ``emit``. ``offsets``
+advance only once ``emit`` has returned for a log message, so a viewer that detaches saves what
+it has shown, not what was merely queued: the next viewer resumes there and loses nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from clusterrun.agent.wire import NodeRequest, node_request
+from clusterrun.config.environment import secret_names
+from clusterrun.config.hostsfile import ClusterSpec
+from clusterrun.core import parallel
+from clusterrun.core.errors import AgentError, ClusterrunError, HostsUnavailable
+from clusterrun.core.events import (
+    Event,
+    JobFinished,
+    JobResult,
+    LogLines,
+    NodeExited,
+    NodeLink,
+    NodeResult,
+    NodeStarted,
+    NodeState,
+    NodeStateChanged,
+    NodeStopped,
+    RootCause,
+    StopReport,
+    stopped_after_text,
+)
+from clusterrun.core.protocol import (
+    End,
+    FollowMessage,
+    HostState,
+    LogChunk,
+    Network,
+    NodeStatus,
+    Probe,
+    StateUpdate,
+    decode_follow,
+    decode_status,
+)
+from clusterrun.diagnose.rootcause import NodeLog
+from clusterrun.run import setups
+from clusterrun.run.follower import (
+    Follower,
+    Link,
+    Node,
+    Reconnect,
+    node_results,
+    node_state_of,
+    root_cause_of,
+    split_lines,
+)
+from clusterrun.run.interfaces import Interface, choose_interfaces, master_derived, settle_master
+from clusterrun.run.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, build_plan
+from clusterrun.run.probing import Ahead, Early, probe_all, reached, route
+from clusterrun.run.setups import redacted
+from clusterrun.run.startwatch import StartupWatch
+from clusterrun.transports import AgentSession, Transport, transport_for
+
+Emit = Callable[[Event], None]
+TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
+T = TypeVar("T")
+
+
+class Job:
+    """One run of a job on its hosts (see the module docstring for the lifecycle)."""
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        script: str,
+        script_args: Sequence[str] = (),
+        *,
+        job_id: str,
+        name: str,
+        emit: Emit | None,
+        env_overrides: dict[str, str] | None = None,
+        local_cwd: str | None = None,
+        grace: float = 10.0,
+        attempt: int = 1,
+        transport_factory: Callable[..., Transport] = transport_for,
+        fail_fast: bool = True,
+        follow_logs: bool = True,
+        offsets: dict[int, int] | None = None,
+        tail: int | None = None,
+        ranks: Sequence[int] | None = None,
+        reconnect: Reconnect = Reconnect(),  # noqa: B008 - frozen
+        scrollback: int = 0,
+    ) -> None:
+        self.spec = spec
+        self.script = script
+        self.script_args = tuple(script_args)
+        self.job_id = job_id
+        self.name = name
+        self._listeners: list[Emit] = [emit] if emit is not None else []
+        self.env_overrides = env_overrides or {}
+        self.local_cwd = local_cwd
+        self.grace = grace
+        self.attempt = attempt
+        self.fail_fast = fail_fast
+        self.follow_logs = follow_logs
+        self.offsets: dict[int, int] = dict(offsets or {})  # per node: the log's bytes emitted so far
+        self.reconnect = reconnect
+        self.tail = tail
+        # nodes whose log this follower does not read from its start (a viewer's resume point, --tail)
+        self._partial = {r for r, at in self.offsets.items() if at > 0} if tail is None else None
+        # A viewer resuming at ``offsets`` first gets up to ``scrollback`` lines before each
+        # node's resume point, emitted once as ``LogLines(earlier=True)``.
+        self._resume_at = {rank: at for rank, at in self.offsets.items() if at > 0} if scrollback else {}
+        self.scrollback = scrollback
+        self.plan: LaunchPlan | None = None
+        self.started_at: float | None = None  # the attempt's start (wall clock): the start-up watch counts from it
+        self._startup: StartupWatch | None = None
+        self.interfaces: list[Interface] = []  # per node, once prepared: the network interface its ranks use
+        self.set_up: dict[int, str] = {}  # nodes whose setup ran: the job's interpreter there, in words
+        self.setup_skipped: dict[int, str] = {}  # nodes whose setup did not run (a dry run's missing workdir): why
+        self._detach = threading.Event()
+        self._wake = threading.Event()  # set by detach() and request_stop(): followers stop waiting to retry
+        self._nodes = [Node(None, transport_factory(h)) for h in spec.hosts]
+        self.ranks = list(range(len(self._nodes))) if ranks is None else sorted(ranks)  # the nodes run() follows
+        self._inbox: queue.Queue[tuple[int, FollowMessage | Link]] = queue.Queue(maxsize=256)
+        self._stop_reason: str | None = None
+        self._failed_first: int | None = None  # the node whose failure made fail-fast stop the others
+        self._stop_event = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._routed_to: str | None = None  # the master the probes were routed to
+        self.early: dict[int, Early] = {}  # by rank: what the probes answered of the preflight's requests
+        self._listening: int | None = None  # node 0's preflight listener on the master port, until its start
+        self._pool = ThreadPoolExecutor(max_workers=min(32, max(4, len(self._nodes))),
+                                        thread_name_prefix="clusterrun-host")
+
+    def subscribe(self, listener: Emit) -> None:
+        """Also hand every event from now on to ``listener`` (after the earlier ones)."""
+        self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Emit) -> None:
+        self._listeners.remove(listener)
+
+    def emit(self, event: Event) -> None:
+        for listener in self._listeners:
+            listener(event)
+
+    @property
+    def logs(self) -> dict[int, NodeLog]:
+        """What each node printed, as far as a diagnosis needs it."""
+        return {rank: node.log for rank, node in enumerate(self._nodes)}
+
+    # ------------------------------------------------------------------------------ prepare
+
+    def _set_state(self, rank: int, state: NodeState, detail: str = "") -> None:
+        node = self._nodes[rank]
+        if node.state is not state:
+            node.state = state
+            self.emit(NodeStateChanged(rank, host=node.host, state=state, detail=detail))
+
+    def probed(self, rank: int) -> tuple[Transport, AgentSession | None, Probe | None]:
+        """Node ``rank``'s transport, the agent that probed it (kept open to start the node) and
+        what it said: for ``up``'s preflight (doctor.py), between ``prepare()`` and ``start()``."""
+        node = self._nodes[rank]
+        return node.transport, node.agent, node.probe
+
+    @property
+    def agents(self) -> list[tuple[Transport, AgentSession | None]]:
+        """Each node's transport and the agent that probed it (once ``prepare()`` ran), by rank: for
+        work on the same connections before the start, such as ``clusterrun.sync.copy``."""
+        return [(node.transport, node.agent) for node in self._nodes]
+
+    @property
+    def host_fallbacks(self) -> dict[int, list[str]]:
+        """What each probed host lacks, by node rank (no cgroup and why, no pidfd, ...): see the agent's probe."""
+        return {rank: list(node.probe.fallbacks if node.probe is not None else ())
+                for rank, node in enumerate(self._nodes)}
+
+    def prepare(self, *, run_setup: bool = True, ahead: Ahead | None = None) -> LaunchPlan:
+        """Connect to and probe every host in parallel, then build the plan, then run the hosts'
+        ``setup`` commands where there are some (unless ``run_setup`` is false: the checks run
+        ``setups.run`` after the sync). ``ahead``: the preflight's requests that go with the
+        probes (their answers in ``early``; node 0's listener, if any, gives the master port and
+        is closed by node 0's start). Raises ``HostsUnavailable`` listing every host that
+        failed; then nothing has started."""
+        for rank in range(len(self._nodes)):
+            self._set_state(rank, NodeState.CONNECTING)
+        answers, self._routed_to, self.early = probe_all(self._pool, self._nodes, self.spec, ahead)
+        listening = self.early[0].listening if 0 in self.early else None
+        self._listening = listening.port if listening is not None and listening.listening else None
+        port = self.spec.master_port or (listening.port if listening is not None else answers[0].port)
+        if port is None:
+            why = self.early[0].listen_error if 0 in self.early else None
+            why = why or "the agent found no free port for the master"
+            raise HostsUnavailable([AgentError(self._nodes[0].host, why)])
+        facts = [HostFacts(python=n.transport.python, torchrun_flags=a.torchrun_flags,
+                           address=n.transport.address)
+                 for n, a in zip(self._nodes, answers, strict=True)]
+        self.plan = self._with_interfaces(lambda spec: build_plan(
+            spec, self.script, self.script_args, job_id=self.job_id, name=self.name, facts=facts, master_port=port,
+            env_overrides=self.env_overrides, local_cwd=self.local_cwd, grace=self.grace))
+        for node, launch in zip(self._nodes, self.plan.nodes, strict=True):
+            node.launch = launch
+        if run_setup:
+            setups.run(self, self.emit)
+        return self.plan
+
+    def set_up_node(self, rank: int, probe: Probe, launch: NodeLaunch) -> None:
+        """Node ``rank`` as its setup left it (``setups.py``): the probe of the job's interpreter
+        there and the launch whose torchrun argv suits it."""
+        self._nodes[rank].probe, self._nodes[rank].launch = probe, launch
+
+    def all_or_none(self, call: Callable[[int], T], ranks: Iterable[int]) -> list[T]:
+        """``call(rank)`` for each of ``ranks``, in parallel: their results in order, or, when any
+        failed, ``HostsUnavailable`` naming every host that did, with the agents closed (nothing
+        of the job starts: the probe, the route and setup are all or nothing)."""
+        results, errors = parallel.gather(self._pool, call, ranks, lambda rank: self._nodes[rank].host)
+        if errors:
+            for node in self._nodes:
+                node.close_agent()
+            raise HostsUnavailable(errors)
+        return results
+
+    def _route(self, rank: int, master: str, port: int) -> Network:
+        """How node ``rank``'s host reaches ``master`` (the agent's ``route``), kept in its probe."""
+        node = self._nodes[rank]
+        if node.agent is None or node.probe is None:
+            raise RuntimeError("_route() before _probe()")
+        network = route(node.agent, node.host, rank, master, port,
+                        reached(self.spec.hosts, [n.transport for n in self._nodes]))
+        node.probe = dataclasses.replace(node.probe, network=network)
+        return network
+
+    def _route_all(self, master: str, port: int) -> list[Network]:
+        """Every node's route to ``master``: as their probes said, if they were asked for it."""
+        networks = [n.probe.network for n in self._nodes if n.probe is not None]
+        if master == self._routed_to and all(n is not None for n in networks) and len(networks) == len(self._nodes):
+            return [n for n in networks if n is not None]
+        return self.all_or_none(lambda rank: self._route(rank, master, port), range(len(self._nodes)))
+
+    def _with_interfaces(self, build: Callable[[ClusterSpec], LaunchPlan]) -> LaunchPlan:
+        """The plan ``build`` makes, with ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` set per
+        node to the interface that reaches the master, where the user set neither (see
+        ``interfaces``). A master address clusterrun derived (not ``master.addr`` or node 0's
+        ``address:``) that another machine cannot use is replaced by node 0's address towards the
+        others. Raises ``HostsUnavailable`` (the agents closed) when a node cannot take part."""
+        plan = build(self.spec)
+        try:
+            master, networks = settle_master(plan.master_addr, master_derived(self.spec),
+                                             lambda addr: self._route_all(addr, plan.master_port))
+            if master != plan.master_addr:
+                plan = build(dataclasses.replace(self.spec, master_addr=master))
+            self.interfaces = choose_interfaces(plan.master_addr, [n.host for n in self._nodes], networks,
+                                                [launch.env for launch in plan.nodes])
+        except HostsUnavailable:
+            for node in self._nodes:
+                node.close_agent()
+            raise
+        nodes = tuple(dataclasses.replace(launch, env={**launch.env, **chosen.env})
+                      for launch, chosen in zip(plan.nodes, self.interfaces, strict=True))
+        return dataclasses.replace(plan, nodes=nodes)
+
+    def resume(self, plan: LaunchPlan) -> None:
+        """Follow a job that was started earlier (by this or another controller) with ``plan``."""
+        self.plan = plan
+        for node, launch in zip(self._nodes, plan.nodes, strict=True):
+            node.launch = launch
+            node.state = NodeState.RUNNING
+
+    # -------------------------------------------------------------------------------- start
+
+    def _request(self, rank: int, op: str, **extra: Any) -> NodeRequest:
+        return node_request(op, job=self.job_id, node=rank, attempt=self.attempt, state_dir=self.spec.state_dir,
+                            **extra)
+
+    def _start_node(self, rank: int) -> NodeStatus:
+        node = self._nodes[rank]
+        launch, plan = node.launch, self.plan
+        if launch is None or plan is None:
+            raise RuntimeError("start() before prepare()")
+        self._set_state(rank, NodeState.STARTING)
+        request = self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env), cwd=launch.cwd,
+                                first_rank=launch.first_rank, about=about_json(plan, self.env_overrides),
+                                hang_after=self.spec.watch.hang_after, on_hang=self.spec.watch.on_hang,
+                                unlisten=self._listening if rank == 0 else None, **self._env_extras(launch))
+        try:
+            if node.agent is None:
+                answer = node.transport.call(request)
+            else:
+                try:
+                    answer = node.agent.call(request)
+                except BaseException:
+                    node.close_agent()
+                    raise
+        except AgentError as exc:  # a setup run by the start quotes its output
+            raise redacted(exc, launch, self.spec.secret_env) from None
+        return decode_status(node.host, answer.get("state"), "start answer's state")
+
+    def _env_extras(self, launch: NodeLaunch) -> dict[str, Any]:
+        """What a start request says of its environment beyond ``env``: the names whose values the
+        agent must not write to disk, and the ``setup`` commands (only where there are some)."""
+        extras: dict[str, Any] = {"secret_env": secret_names(launch.env, self.spec.secret_env)}
+        if launch.host.setup:
+            extras.update(setup=list(launch.host.setup), setup_timeout=self.spec.watch.setup_timeout)
+        return extras
+
+    def start(self, ranks: Sequence[int] | None = None) -> None:
+        """Start every node (or those of ``ranks``) in parallel; if any fails, stop the ones that
+        started and raise."""
+        if self.plan is None:
+            self.prepare()
+        self.started_at = self.started_at or time.time()
+        ranks = list(range(len(self._nodes))) if ranks is None else list(ranks)
+        futures = [self._pool.submit(self._start_node, rank) for rank in ranks]
+        errors: list[ClusterrunError] = []
+        started: list[int] = []
+        for rank, future in zip(ranks, futures, strict=True):
+            try:
+                answer = parallel.result(future)
+            except ClusterrunError as exc:
+                errors.append(exc)
+                self._set_state(rank, NodeState.FAILED, exc.message)
+                continue
+            started.append(rank)
+            self.emit(NodeStarted(rank, host=self._nodes[rank].host, attempt=self.attempt, pid=answer.torchrun_pid))
+            self._set_state(rank, NodeState.RUNNING)
+        if errors:
+            self._stop_nodes(started)
+            raise HostsUnavailable(errors)
+
+    # ---------------------------------------------------------------------------------- run
+
+    def request_stop(self, reason: str) -> None:
+        """Ask ``run()`` to stop every node (safe from signal handlers and other threads)."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self._stop_event.set()
+        self._wake.set()
+
+    def detach(self) -> None:
+        """Make ``run()`` return None soon, leaving the job as it is (safe from signal handlers)."""
+        self._detach.set()
+        self._wake.set()
+
+    @property
+    def detached(self) -> bool:
+        return self._detach.is_set()
+
+    def _follower(self, rank: int) -> Follower:
+        def request(where: dict[str, Any]) -> NodeRequest:
+            return self._request(rank, "follow", logs=self.follow_logs, **where)
+
+        return Follower(rank, self._nodes[rank], request, inbox=self._inbox, reconnect=self.reconnect, tail=self.tail,
+                        offset=self.offsets.get(rank, 0),
+                        before=self.scrollback if rank in self._resume_at else 0,
+                        detach=self._detach, stopping=self._stop_event, wake=self._wake)
+
+    def run(self) -> JobResult | None:
+        """Follow the nodes until all have ended; stop the rest when one fails (``fail_fast``).
+        Blocks; returns None if ``detach()`` was called first."""
+        for rank in self.ranks:
+            thread = threading.Thread(target=self._follower(rank).run, daemon=True, name=f"follow-node{rank}")
+            thread.start()
+            self._threads.append(thread)
+        stopping = False
+        interrupted: str | None = None
+        stops: list[StopReport] = []
+        stop_futures: list[Any] = []
+        late: RootCause | None = None  # the start-up watch's verdict, once it failed the attempt
+        watch = self._startup = (StartupWatch({r: self._nodes[r].host for r in self.ranks}, self.started_at,
+                                              self.spec.watch.startup_timeout) if self.started_at else None)
+        while not all(self._nodes[r].final is not None for r in self.ranks):
+            if self._detach.is_set():
+                return None
+            if watch is not None and not stopping and (late := watch.step(time.time(), self.emit, self.fail_fast)):
+                stopping, stop_futures = True, self._stop_async(reason=f"start-up watch: {late.message}")
+            if self._stop_event.is_set() and not stopping:
+                stopping = True
+                interrupted = self._stop_reason
+                stop_futures = self._stop_async(reason=self._stop_reason or "stop requested")
+            try:
+                rank, message = self._inbox.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if self._handle(rank, message) and self.fail_fast and not stopping:
+                stopping, self._failed_first = True, rank
+                stop_futures = self._stop_async(reason=f"node {rank} ({self._nodes[rank].host}) failed")
+        for future in stop_futures:
+            report = parallel.result(future)
+            if report is not None:
+                stops.append(report)
+                node = self._nodes[report.node]
+                if report.ok and node.state is NodeState.UNREACHABLE:  # the stop got through after all
+                    node.final, node.error = NodeStatus(HostState.EXITED, stop_requested=True), None
+                    self._set_state(report.node, NodeState.STOPPED)
+                elif report.ok and not report.killed and node.state is NodeState.STOPPED:
+                    # It had ended on its own before the stop reached it (the stop killed nothing):
+                    # reported as stopped, it would be "nothing was running" and "stopped (exit code 1)".
+                    self._set_state(report.node, NodeState.FAILED, node.error or "")
+        for thread in self._threads:
+            thread.join(timeout=5)
+        for rank in watch.late if watch is not None else ():  # the nodes that started no workers failed the attempt
+            self._nodes[rank].error = late.message if late is not None else None
+            self._set_state(rank, NodeState.FAILED, self._nodes[rank].error or "")
+        return self._result(stops, interrupted, late)
+
+    def _handle(self, rank: int, message: FollowMessage | Link) -> bool:
+        """Apply one message from a follower; True if the node has just failed."""
+        node = self._nodes[rank]
+        if isinstance(message, LogChunk):
+            data = message.data
+            resume = self._resume_at.get(rank)
+            if resume is not None:
+                data = self._earlier(rank, message, resume)
+            lines = split_lines(data)
+            if lines:
+                node.log.feed(lines)
+                self.emit(LogLines(rank, host=node.host, lines=lines, written=message.written))
+            self.offsets[rank] = message.next  # shown: a viewer that leaves now resumes after it
+            return False
+        if isinstance(message, (StateUpdate, End)):
+            for event in node.news(rank, message.status):  # degraded, hung
+                self.emit(event)
+            if self._startup is not None:
+                self._startup.update(rank, message.status)
+        if isinstance(message, StateUpdate):
+            new = node_state_of(message.status)
+            if new in (NodeState.STARTING, NodeState.RUNNING) and node.state in (NodeState.STARTING,
+                                                                                NodeState.RUNNING):
+                self._set_state(rank, new)
+            return False
+        if isinstance(message, Link) and message.gave_up:
+            node.final, node.error = NodeStatus(HostState.RUNNING), f"unreachable, may still run: {message.error}"
+            node.state = NodeState.UNREACHABLE
+            self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.UNREACHABLE, error=node.error)))
+            return False
+        if isinstance(message, Link) and message.lost:
+            node.final = NodeStatus(HostState.LOST, error=message.error)
+            self._set_state(rank, NodeState.LOST, message.error)
+            self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.LOST, error=message.error)))
+            return True
+        if isinstance(message, Link):
+            self.emit(NodeLink(rank, host=node.host, up=message.up, detail=message.error,
+                               since=None if message.up else time.time()))
+            return False
+        if isinstance(message, End):
+            status = message.status
+            new = node_state_of(status, node.stop_sent)
+            if new is NodeState.LOST and not status.error:
+                status = dataclasses.replace(status, error="neither the supervisor nor torchrun runs any more "
+                                             "(the host rebooted, or they were killed)")
+            node.final, code = status, status.exit_code
+            after = self._failed_first if new is NodeState.STOPPED else None  # fail-fast stopped it
+            why = stopped_after_text(after) if after is not None else status.error
+            self._set_state(rank, new, why or (f"exit code {code}" if code is not None else ""))
+            self.emit(NodeExited(rank, result=NodeResult(rank, node.host, new, exit_code=code, signal=status.signal,
+                                                         error=why, stopped_after=after)))
+            return new in (NodeState.FAILED, NodeState.LOST)
+        return False
+
+    def _earlier(self, rank: int, message: LogChunk, resume: int) -> str:
+        """Emit the scrollback before the resume point once it is reached (``LogLines(earlier=True)``);
+        the part of ``message`` after it."""
+        node = self._nodes[rank]
+        earlier, data = node.scrollback(message, resume)
+        if earlier is not None:
+            del self._resume_at[rank]
+            if earlier:
+                node.log.feed(earlier)
+                self.emit(LogLines(rank, host=node.host, lines=earlier, earlier=True))
+        return data
+
+    def _stop_node(self, rank: int) -> StopReport | None:
+        node = self._nodes[rank]
+        try:
+            answer = node.transport.call(self._request(rank, "stop", grace=self.grace))
+        except ClusterrunError as exc:
+            report = StopReport(rank, node.host, error=exc.render())
+        else:
+            report = StopReport.from_answer(rank, node.host, answer)
+        self.emit(NodeStopped(rank, report=report))
+        return report
+
+    def _stop_async(self, reason: str) -> list[Any]:
+        ranks = [r for r, n in enumerate(self._nodes) if not n.state.is_terminal and n.launch is not None]
+        for rank in ranks:
+            self._nodes[rank].stop_sent = True
+            if self._nodes[rank].final is None:
+                self._set_state(rank, NodeState.STOPPING, reason)
+        return [self._pool.submit(self._stop_node, rank) for rank in ranks]
+
+    def _stop_nodes(self, ranks: Sequence[int]) -> list[StopReport]:
+        for rank in ranks:
+            self._nodes[rank].stop_sent = True
+        reports = [parallel.result(f) for f in [self._pool.submit(self._stop_node, r) for r in ranks]]
+        return [r for r in reports if r is not None]
+
+    def _read_tails(self, ranks: Sequence[int]) -> None:
+        """Feed the last ``TAIL_READ`` lines of these nodes' logs to their diagnosis: a job followed
+        without its logs (the monitor) names the root cause's rank and last lines as ``up`` does."""
+        def read(rank: int) -> None:
+            node = self._nodes[rank]
+            request = self._request(rank, "follow", tail=TAIL_READ, once=True)
+            try:
+                for raw in node.transport.stream(request):
+                    message = decode_follow(node.host, raw)
+                    if isinstance(message, LogChunk):
+                        node.log.feed(split_lines(message.data))
+            except ClusterrunError:
+                pass  # the diagnosis goes on from the states alone
+
+        parallel.settled([self._pool.submit(read, rank) for rank in ranks])
+
+    def _result(self, stops: list[StopReport], interrupted: str | None, late: RootCause | None = None) -> JobResult:
+        results = node_results(self._nodes, self._failed_first)
+        root = late
+        if late is None and (any(r.state in (NodeState.FAILED, NodeState.LOST) for r in results)
+                             or interrupted is None):
+            # A node whose log was not read from its start is diagnosed from its log's tail, as by the owner (ps)
+            unread = [r.node for r in results if r.state in (NodeState.FAILED, NodeState.STOPPED, NodeState.LOST)
+                      and (not self.follow_logs or self._partial is None or r.node in self._partial)]
+            for rank in unread:
+                self._nodes[rank].log = NodeLog()
+            self._read_tails(unread)
+            root = root_cause_of(self._nodes)
+        result = JobResult(self.job_id, tuple(results), root_cause=root, stops=tuple(stops),
+                           interrupted=interrupted)
+        self.emit(JobFinished(None, result=result))
+        return result
+
+    def close(self) -> None:
+        self._stop_event.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for node in self._nodes:
+            node.close_agent()
+            node.transport.close()
+
+
+__all__ = ["Emit", "Job", "Reconnect", "node_state_of"]  # the last two re-exported: widely imported from here

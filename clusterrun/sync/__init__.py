@@ -1,0 +1,1 @@
+"""Copy the local project directory to every host before a job starts."""

@@ -1,0 +1,288 @@
+"""What ``ps`` lists and what scripts read: which jobs are shown, and the versioned JSON documents.
+
+Pure: records and plans in, lists and JSON data out (the clock is passed in). ``docs/json.md``
+specifies the documents (``SCHEMA``); a change that removes or renames a field, or changes its
+meaning, raises ``SCHEMA``; adding a field does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from clusterrun.config.environment import mask_env
+from clusterrun.config.nodesets import fold, fold_ranks
+from clusterrun.core import events
+from clusterrun.core.errors import DamagedRecord
+from clusterrun.core.events import JobState, NodeGpus, NodeState
+from clusterrun.core.terminal import safe
+from clusterrun.run.plan import LaunchPlan
+from clusterrun.store.jobs import JobRecord, NodeRecord
+from clusterrun.views.gpus import BROKEN, MISSING
+from clusterrun.views.gpus import cell as gpu_cell
+
+if TYPE_CHECKING:
+    from clusterrun.run.interfaces import Interface
+    from clusterrun.sync.copy import SyncReport
+from clusterrun.core.protocol import decode_status
+from clusterrun.run.startwatch import waiting_for
+
+SCHEMA = 1
+RECENT = 24 * 3600  # `ps` shows ended jobs for a day after they ended (`ps -a`: all of them)
+
+
+def ended_at(record: JobRecord) -> float | None:
+    """When the job ended (its last attempt's end; its creation for a record that lacks it), or
+    None while it is unfinished."""
+    if not record.finished:
+        return None
+    last = record.attempts[-1] if record.attempts else None
+    return (last.ended if last is not None else None) or record.created
+
+
+def shown(records: Iterable[JobRecord], now: float, *, show_all: bool = False,
+          states: Sequence[str] = ()) -> tuple[list[JobRecord], int]:
+    """The jobs ``ps`` lists, and how many ended jobs it leaves out. By default: the unfinished
+    ones and those that ended in the last ``RECENT`` seconds; ``show_all``: every job; ``states``:
+    every job (of any age) in one of these states."""
+    kept, hidden = [], 0
+    for record in records:
+        if states:
+            if str(record.state) in states:
+                kept.append(record)
+            continue
+        end = ended_at(record)
+        if show_all or end is None or now - end <= RECENT:
+            kept.append(record)
+        else:
+            hidden += 1
+    return kept, hidden
+
+
+def iso(timestamp: float | None) -> str | None:
+    """``2026-11-23T16:04:05Z`` (``events.iso``), or None."""
+    return None if timestamp is None else events.iso(timestamp)
+
+
+def node_state(node: NodeRecord) -> str:
+    """The node's state as ``ps`` and ``ps --json`` give it: ``unreachable`` while its host could
+    not be reached when last asked and it had not ended (whatever it was doing then is not known
+    now), else its state in the record."""
+    if node.unreachable_since is not None and not NodeState(node.state).is_terminal:
+        return str(NodeState.UNREACHABLE)
+    if node.hung_since is not None and node.state is NodeState.RUNNING:
+        return str(NodeState.HUNG)
+    return str(node.state)
+
+
+def node_state_text(node: NodeRecord, now: float) -> str:
+    """``node_state`` in words: ``unreachable since 16:04:05Z`` (``events.unreachable_text``),
+    ``hung since 16:10:00Z``."""
+    shown = node_state(node)
+    if shown == NodeState.HUNG:
+        return events.hung_text(node.hung_since, now)
+    return events.unreachable_text(node.unreachable_since, now) if shown == NodeState.UNREACHABLE else shown
+
+
+def outcome_text(record: JobRecord) -> str:
+    """How an ended job ended, as ``wait`` says it in its one line: ``job ID failed (attempt 1);
+    root cause: <the first line of what ps JOB shows as the root cause>``."""
+    last = record.attempts[-1] if record.attempts else None
+    cause = last.root_cause.split("\n", 1)[0] if last is not None and last.root_cause else None
+    text = f"job {record.job_id} {record.state} (attempt {record.attempt})"
+    return text + (f"; root cause: {cause}" if cause else "")
+
+
+def unreachable_ranks(record: JobRecord) -> list[int]:
+    """The nodes of an unfinished job that are shown unreachable (``node_state``), by rank."""
+    return [] if record.finished else [n.rank for n in record.nodes if node_state(n) == NodeState.UNREACHABLE]
+
+
+def job_state_text(record: JobRecord, now: float) -> str:
+    """The job's state as ``ps`` and ``wait`` word it: ``running``, or, while nodes of an unfinished
+    job are unreachable, ``running; node 1 unreachable since 16:04:05Z`` (``nodes 1, 3 ...``:
+    since the first of them); else while some are hung, ``running; node 1 hung since 16:10:00Z``."""
+    lost = [record.nodes[rank] for rank in unreachable_ranks(record)]
+    unwatched = (record.slurm or {}).get("unwatched") if not record.finished else None
+    if unwatched:  # a Slurm job whose `up` is gone (slurmjob.refresh)
+        return f"{record.state}; {unwatched}"
+    if record.state is JobState.RESTARTING and record.restart_at is not None:
+        return f"restarting: attempt {record.attempt + 1} starts in {max(0, record.restart_at - now):.0f} s"
+    hung = [n for n in record.nodes if node_state(n) == NodeState.HUNG] if not record.finished else []
+    if hung and not lost:
+        which = f"node {hung[0].rank}" if len(hung) == 1 else f"nodes {', '.join(str(n.rank) for n in hung)}"
+        return f"{record.state}; {which} {events.hung_text(min(n.hung_since or now for n in hung), now)}"
+    if not lost:
+        return str(record.state)
+    since = min(n.unreachable_since for n in lost if n.unreachable_since is not None)
+    which = f"node {lost[0].rank}" if len(lost) == 1 else f"nodes {', '.join(str(n.rank) for n in lost)}"
+    return f"{record.state}; {which} {events.unreachable_text(since, now)}"
+
+
+COMPACT = 16  # `ps JOB` of more nodes than this shows each run of nodes alike as one row
+
+
+def node_rows(record: JobRecord, now: float, errors: Mapping[int, str],
+              gpus: Mapping[int, NodeGpus] | None = None) -> list[tuple[str, ...]]:
+    """``ps JOB``'s node table, its header first: a row per node, or, past ``COMPACT`` nodes, a
+    row per run of consecutive nodes alike (state, exit, error; a GPU mark) with their ranks and
+    hosts as node sets (``0-61``, ``sim[01-62]``). The GPUS column is there once a host has nvidia-smi."""
+    gpus = gpus or {}
+    with_gpus = any(not g.missing for g in gpus.values())
+    rows = [("NODE", "HOST", "STATE", "PID", "EXIT", "ERROR", *(("GPUS",) if with_gpus else ()))]
+    runs: list[tuple[tuple[str, ...], list[NodeRecord]]] = []
+    for n in record.nodes:
+        use = gpu_cell(gpus.get(n.rank))
+        kind = use if use in ("", MISSING, BROKEN) else "read"
+        alike = (node_state_text(n, now), "-" if n.exit_code is None else str(n.exit_code),
+                 n.error or errors.get(n.rank, ""), kind)
+        if runs and len(record.nodes) > COMPACT and runs[-1][0] == alike:
+            runs[-1][1].append(n)
+        else:
+            runs.append((alike, [n]))
+    for (state, exit_code, error, _kind), nodes in runs:
+        first = nodes[0]
+        ranks = [n.rank for n in nodes]
+        readings = [gpus[r] for r in ranks if r in gpus]
+        use = gpu_cell(readings[0]) if len(readings) == 1 else gpu_cell(merged(readings)) if readings else ""
+        one = len(nodes) == 1
+        rows.append((fold_ranks(ranks).split(" ", 1)[1], first.host if one else fold([n.host for n in nodes]),
+                     state, str(first.pid or "-") if one else "-", exit_code, safe(error, colour=False),
+                     *((use,) if with_gpus else ())))
+    return rows
+
+
+def merged(readings: Sequence[NodeGpus]) -> NodeGpus:
+    """The readings of several nodes as one (``ps``'s row of a run of nodes): every GPU; a mark if one has one."""
+    first = readings[0]
+    return NodeGpus(first.node, host=first.host, gpus=tuple(g for r in readings for g in r.gpus),
+                    missing=any(r.missing for r in readings),
+                    problem=next((r.problem for r in readings if r.problem), ""))
+
+
+def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None,
+             gpus: Mapping[int, NodeGpus] | None = None) -> dict[str, Any]:
+    """One job of ``ps --json`` (schema ``SCHEMA``). The environment is left out on purpose (it may
+    hold secrets); so are the record's internals (the plan, viewers' offsets, the hosts file's text).
+    ``hosts``: what each node's host said of it (``ps JOB --json``), by rank; ``gpus``: its GPUs."""
+    nodes = []
+    for n in record.nodes:
+        node: dict[str, Any] = {"rank": n.rank, "host": n.host, "state": node_state(n), "pid": n.pid,
+                                "exit_code": n.exit_code, "signal": n.signal, "error": n.error,
+                                "unreachable_since": iso(n.unreachable_since), "hung_since": iso(n.hung_since),
+                                "last_state": str(n.state)}
+        if hosts is not None and n.rank in hosts:
+            answer = hosts[n.rank]
+            node["containment"] = answer.get("containment")
+            node["fallbacks"] = list(answer.get("fallbacks") or [])
+            node["degraded"] = answer.get("degraded")
+        if gpus is not None and n.rank in gpus:
+            reading = gpus[n.rank]
+            node["gpus"] = {"found": not reading.missing, "problem": reading.problem,
+                            "gpus": [dataclasses.asdict(g) for g in reading.gpus]}
+            node["waiting"] = waiting_for(decode_status(n.host, answer["state"])) if answer.get("state") else None
+            node["hang_report"] = (answer.get("state") or {}).get("hang_report")
+        nodes.append(node)
+    return {
+        "id": record.job_id,
+        "name": record.name,
+        "state": str(record.state),
+        "attempt": record.attempt,
+        "created": iso(record.created),
+        "ended": iso(ended_at(record)),
+        "hosts_file": record.hosts_file,
+        "engine": record.engine,
+        "slurm": ({k: record.slurm.get(k) for k in ("job", "step", "controller", "unwatched")}
+                  if record.slurm is not None else None),
+        "script": record.script,
+        "args": list(record.script_args),
+        "restart_at": iso(record.restart_at) if record.state is JobState.RESTARTING else None,
+        "attempts": [{"attempt": a.attempt, "state": str(a.state), "started": iso(a.started),
+                      "ended": iso(a.ended), "master_port": a.master_port, "root_cause": a.root_cause,
+                      "cause": a.cause, "fix": a.fix, "restarted": a.restart,
+                      "duration": round(a.ended - a.started, 3) if a.ended is not None else None}
+                     for a in record.attempts],
+        "nodes": nodes,
+        "notifications": [{"id": f"{record.job_id}:{key}", "state": n.get("state"), "exit_code": n.get("code"),
+                           "error": n.get("error") or None} for key, n in record.notices.items()],
+    }
+
+
+def history_rows(record: JobRecord, now: float) -> list[tuple[str, ...]]:
+    """``ps JOB``'s table of the job's attempts: when each started, for how long it ran, how it
+    ended, whether it was restarted (by the policy, or the start-up retry) and its root cause."""
+    rows: list[tuple[str, ...]] = [("ATTEMPT", "STARTED", "DURATION", "STATE", "RESTARTED", "ROOT CAUSE")]
+    for a in record.attempts:
+        duration = (a.ended if a.ended is not None else now) - a.started
+        cause = (a.root_cause or "").split("\n", 1)[0]
+        rows.append((str(a.attempt), iso(a.started) or "-", f"{duration:.0f} s", str(a.state), a.restart or "-",
+                     cause or "-"))
+    return rows
+
+
+def table_text(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows as aligned text lines, the first the header (``ps``'s tables, the dashboard's history)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def jobs_json(records: Iterable[JobRecord], hosts: Mapping[int, Mapping[str, Any]] | None = None,
+              damaged: Iterable[DamagedRecord] = (), gpus: Mapping[int, NodeGpus] | None = None) -> dict[str, Any]:
+    """The ``ps --json`` document: ``{"schema": SCHEMA, "jobs": [...], "damaged": [...]}``, the
+    damaged records with their path, what is wrong and the fix."""
+    return {"schema": SCHEMA, "jobs": [job_json(r, hosts, gpus) for r in records],
+            "damaged": [{"id": d.job_id, "path": d.path, "reason": d.reason, "fix": d.hint} for d in damaged]}
+
+
+def shown_env(env: Mapping[str, str], secret_env: Iterable[str] = ()) -> dict[str, str]:
+    """The environment as output may show it (``up --dry-run``, text and JSON): secret values
+    masked (``environment.mask_env``)."""
+    return mask_env(env, secret_env)
+
+
+def _sync_json(report: SyncReport | None) -> dict[str, Any] | None:
+    if report is None:
+        return None
+    return {"source": report.source, "to": report.root, "files": report.copied, "bytes": report.bytes,
+            "touched": report.touched, "other": report.other, "unchanged": report.unchanged, "via": report.via or None}
+
+
+def plan_json(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]], interfaces: Sequence[Interface] = (),
+              syncs: Mapping[int, SyncReport] | None = None, set_up: Mapping[int, str] | None = None,
+              skipped: Mapping[int, str] | None = None) -> dict[str, Any]:
+    """The ``up --dry-run --json`` document (schema ``SCHEMA``): what each node would run, with what
+    the text form shows besides: its setup (and whether it ran: the job's interpreter after it,
+    ``set_up``, or why not, ``skipped``), its network interface and what a sync would copy."""
+    def setup_ran(rank: int) -> dict[str, Any] | None:
+        if set_up and rank in set_up:
+            return {"ran": True, "python": set_up[rank], "why_not": None}
+        return {"ran": False, "python": None, "why_not": skipped[rank]} if skipped and rank in skipped else None
+
+    def network(rank: int) -> dict[str, Any] | None:
+        if rank >= len(interfaces):
+            return None
+        i = interfaces[rank]
+        return {"interface": i.name, "address": i.address, "why": i.why, "sets": sorted(i.env),
+                "yours": sorted(i.user_set)}
+
+    return {
+        "schema": SCHEMA,
+        "job": plan.job_id,
+        "name": plan.name,
+        "script": plan.script,
+        "args": list(plan.script_args),
+        "master": {"addr": plan.master_addr, "port": plan.master_port},
+        "world_size": plan.world_size,
+        "nodes": [{"rank": n.rank, "host": n.host.host, "transport": n.host.transport, "nproc": n.nproc,
+                   "ranks": [n.first_rank, n.first_rank + n.nproc - 1], "cwd": n.cwd,
+                   "env": shown_env(n.env, plan.secret_env), "argv": list(n.argv),
+                   "stop": "sweep" if any(f.startswith("no cgroup") for f in fallbacks.get(n.rank) or ())
+                   else "cgroup",
+                   "fallbacks": list(fallbacks.get(n.rank) or ()), "setup": list(n.host.setup),
+                   "setup_ran": setup_ran(n.rank), "network": network(n.rank),
+                   "sync": _sync_json((syncs or {}).get(n.rank))} for n in plan.nodes],
+    }
+
+
+STATES = [str(s) for s in JobState]
