@@ -41,7 +41,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.simhosts import SimCluster  # noqa: E402
+from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
 
 SCRIPT = ROOT / "tests" / "_support" / "counter.py"
 PYTHON = sys.executable
@@ -291,6 +291,7 @@ def table(results: dict[int, dict[str, Run]], name: str, title: str) -> None:
 
 def main() -> None:
     global CONTROLLER, HOSTS
+    close_on_signals()  # a SIGTERM or SIGHUP closes the simulated hosts too
     # The controller as pip installs it, its modules' bytecode cached: with PYTHONDONTWRITEBYTECODE
     # set (as on the project's machine) every run compiled clusterrun from source.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)

@@ -51,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.simhosts import SimCluster  # noqa: E402
+from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
 
 WRITER = ROOT / "benchmarks" / "_log_writer.py"
 PYTHON = sys.executable
@@ -512,6 +512,7 @@ def report(args: argparse.Namespace, n: int, isolated: bool, paced: dict[str, di
 
 
 def main() -> None:
+    close_on_signals()  # a SIGTERM or SIGHUP closes the simulated hosts too
     # The controller as pip installs it, its modules' bytecode cached: with PYTHONDONTWRITEBYTECODE
     # set (as on the project's machine) every run compiled clusterrun from source (--help: 0.29 s
     # instead of 0.17 s).

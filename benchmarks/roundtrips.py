@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import fanout  # noqa: E402
 
-from tests.simhosts import SimCluster  # noqa: E402
+from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
 
 DELAY = [0.0]  # seconds per round trip, read by the proxy for each chunk
 
@@ -63,6 +63,7 @@ def serve_proxy(target: tuple[str, int], port: list[int], ready: threading.Event
 
 
 def main() -> None:
+    close_on_signals()  # a SIGTERM or SIGHUP closes the simulated hosts too
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("trees", nargs="*", type=Path)

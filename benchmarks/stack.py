@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.simhosts import SimCluster  # noqa: E402
+from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
 
 RANKS_SCRIPT = '''import os, time
 def load():
@@ -65,6 +65,7 @@ def _spread(seconds: list[float]) -> str:
 
 
 def main() -> None:
+    close_on_signals()  # a SIGTERM or SIGHUP closes the simulated hosts too
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=8)
     parser.add_argument("--ranks", type=int, default=4)

@@ -34,10 +34,11 @@ from clusterrun.config.hostsfile import HostSpec  # noqa: E402
 from clusterrun.core.protocol import decode_probe  # noqa: E402
 from clusterrun.run.interfaces import route_request  # noqa: E402
 from clusterrun.transports import transport_for  # noqa: E402
-from tests.simhosts import SimCluster  # noqa: E402
+from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
 
 
 def main() -> None:
+    close_on_signals()  # a SIGTERM or SIGHUP closes the simulated hosts too
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=8)
     args = parser.parse_args()

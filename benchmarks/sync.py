@@ -42,7 +42,7 @@ from clusterrun.config.hostsfile import load_cluster  # noqa: E402
 from clusterrun.sync import copy  # noqa: E402
 from clusterrun.sync.copy import sync_hosts  # noqa: E402
 from clusterrun.transports import transport_for  # noqa: E402
-from tests.simhosts import SimCluster  # noqa: E402
+from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
 
 
 def machine_cpu() -> float:
@@ -133,6 +133,7 @@ def run_rsync(folder: Path, cluster: SimCluster, source: Path) -> tuple[float, f
 
 
 def main() -> None:
+    close_on_signals()  # a SIGTERM or SIGHUP closes the simulated hosts too
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)

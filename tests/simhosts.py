@@ -458,6 +458,20 @@ def _close_open_clusters() -> None:
             cluster.close()
 
 
+def close_on_signals() -> None:
+    """End this process on SIGTERM and SIGHUP as on Ctrl-C, through its ``finally`` blocks and atexit, so that
+    the clusters it started are closed (the default action ends it at once and leaves them behind); a second
+    signal during that cleanup is ignored. For programs that are not pytest: the benchmarks."""
+
+    def leave(signum: int, frame: object) -> None:
+        for other in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(other, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, leave)
+
+
 @pytest.fixture
 def sim_cluster() -> Iterator[Callable[..., SimCluster]]:
     """A factory ``make(n, login_shell=None, **kwargs) -> SimCluster``; every cluster it made is closed at teardown."""
