@@ -185,7 +185,7 @@ State on the host
 under umask 077 so they are never readable by others, not even briefly):
 
 ``spec.json``       the request: argv, env (secret values as ``****``), cwd, setup, first_rank, about,
-                    hang_after, on_hang
+                    hang_after, on_hang, progress
                     (written once, before the supervisor starts)
 ``output.log``      the output of the node's ``setup`` first, each line tagged ``[setup]:``; then
                     torchrun's stdout and stderr, appended (O_APPEND) and never truncated, and
@@ -209,6 +209,9 @@ under umask 077 so they are never readable by others, not even briefly):
                     no CPU, once that lasted ``hang_after``; null again when they resume; see
                     ``HangWatch``), ``hang_report`` (``hang.txt`` in the attempt directory: the
                     ranks' stacks as far as the host shows them, with ``on_hang: stack``),
+                    ``progress`` (on the node of rank 0: the training's progress read from rank 0's
+                    output, ``{step, total, per_second, eta_seconds, metrics, updated}``; see
+                    ``progress.Tracker``; saved at most every ``PROGRESS_EVERY`` seconds),
                     ``rdzv_joined`` (until there are workers: whether torchrun holds a connection
                     to the master port, i.e. joined the rendezvous) and,
                     when torchrun exited non-zero, ``oom``: what the kernel said of OOM kills

@@ -23,6 +23,7 @@ from .procs import (
     proc_info,
     signal,
 )
+from .progress import Tracker
 from .ranklogs import RankLogs
 from .records import _boot_id, _fs_problem, _read_json, _write_json_atomic
 from .system import _close_fds_from, _exit_with
@@ -52,6 +53,7 @@ EXIT_FILE = "exit"  # the survivor's record of torchrun's end: {"exit_code", "si
 RANK_JOURNAL = "ranklogs.json"  # RankLogs's offsets, for a monitor that resumes
 TIMES = "output.times"  # when output.log's bytes were written (RankLogs.note_time), read by ``follow``
 MONITOR_LOCK = "monitor.lock"  # flock'ed by the one monitor at work
+PROGRESS_EVERY = 2.0  # seconds between two saves of a changed progress (a bar redraws itself many times a second)
 EXIT_WAIT = 10.0  # seconds a monitor waits for a living survivor to write the exit file
 RESPAWNS = 5  # monitors the survivor restarts at most in a row without progress (a monitor's bug)
 
@@ -220,10 +222,13 @@ class Monitor:
         log_fd = os.open(os.path.join(self.folder, "output.log"), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         self.log_fd = log_fd
         spec = _read_json(os.path.join(self.folder, "spec.json")) or {}
-        self.rank_logs = RankLogs(os.path.join(self.folder, "torchrun"), log_fd,
-                                  int(state.get("first_rank") or spec.get("first_rank") or 0), self.waker,
+        first_rank = int(state.get("first_rank") or spec.get("first_rank") or 0)
+        # The training's progress is read from rank 0's output, on its node (the controller checked the pattern).
+        self.progress = Tracker(spec.get("progress"), state.get("progress")) if first_rank == 0 else None
+        self.progress_due: float | None = None  # when a changed progress is saved next (None: nothing new)
+        self.rank_logs = RankLogs(os.path.join(self.folder, "torchrun"), log_fd, first_rank, self.waker,
                                   journal=os.path.join(self.folder, RANK_JOURNAL),
-                                  times=os.path.join(self.folder, TIMES))
+                                  times=os.path.join(self.folder, TIMES), tap=self._rank_output)
         self.hang = HangWatch(spec.get("hang_after"), state.get("hung_since"))
         self.on_hang = spec.get("on_hang")
         self.master_port = master_port(spec.get("argv") or [])
@@ -236,6 +241,20 @@ class Monitor:
         self._finish(log_fd)
         os.close(lock)
         return 0
+
+    def _rank_output(self, rank: int, data: bytes) -> None:
+        """Rank 0's new output read: its progress, saved at most every ``PROGRESS_EVERY`` seconds."""
+        if rank == 0 and self.progress is not None and self.progress.feed(data, time.time()):
+            if self.progress_due is None:
+                self.progress_due = time.monotonic() + (PROGRESS_EVERY if self.state.get("progress") else 0.0)
+
+    def _progress_changed(self, final: bool = False) -> bool:
+        """Whether a changed progress is due to be saved (True: it is in ``state`` now)."""
+        if self.progress is None or self.progress_due is None or (time.monotonic() < self.progress_due and not final):
+            return False
+        self.state["progress"] = self.progress.to_json()
+        self.progress_due = None
+        return True
 
     def _exit_status(self) -> dict[str, Any] | None:
         """torchrun's exit as the survivor wrote it; waits while a living survivor may still."""
@@ -275,6 +294,7 @@ class Monitor:
         scope.sweep(term_wait=2.0, deadline=time.monotonic() + 20, killed={})
         self.rank_logs.poll(final=True)  # nothing of the job is left to write: the rest, partial lines too
         self.rank_logs.close()
+        self._progress_changed(final=True)
         if self.rank_logs.error:
             _degrade(self.folder, self.state, self.rank_logs.error)
         os.close(log_fd)
@@ -336,6 +356,7 @@ class Monitor:
                 busy_until = last_merge + BUSY
             if self.rank_logs.error:
                 _degrade(self.folder, self.state, self.rank_logs.error)
+            changed |= self._progress_changed()
             if changed or (unsaved and now - last_scan < 0.1):  # after a failed write: at each scan
                 unsaved = not self.save()
             if ended:

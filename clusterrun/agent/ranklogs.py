@@ -11,6 +11,7 @@ from .waker import Waker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
@@ -57,8 +58,10 @@ class RankLogs:
     """
 
     def __init__(self, root: str, out_fd: int, first_rank: int, waker: Waker | None = None,
-                 journal: str | None = None, times: str | None = None) -> None:
+                 journal: str | None = None, times: str | None = None,
+                 tap: Callable[[int, bytes], object] | None = None) -> None:
         self.root, self.out_fd, self.first_rank = root, out_fd, first_rank
+        self.tap = tap  # told every rank's new bytes as read, partial lines included (the progress tracker)
         self.times = times  # output.times: when the bytes of output.log were written (``note_time``)
         self.timed = -1  # the size of output.log after the last time noted
         self.files: dict[str, list[Any]] = {}  # path → [file, pending bytes, prefix]
@@ -109,7 +112,10 @@ class RankLogs:
         for path in sorted(self.files, key=self._written_order):
             entry = self.files[path]
             handle, pending, prefix = entry
-            pending += handle.read()
+            new = handle.read()
+            if new and self.tap is not None:
+                self.tap(self.first_rank + int(os.path.basename(os.path.dirname(path))), new)
+            pending += new
             cut = len(pending) if final else pending.rfind(b"\n") + 1
             if cut:
                 rel = os.path.relpath(path, self.root)

@@ -203,6 +203,7 @@ class StartRequest(NodeRequest):
     about: dict[str, Any] | None = None
     hang_after: float | None = None  # seconds without output and CPU that make the node hung (None: never)
     on_hang: str | None = None  # "stack": the monitor saves what it can of the ranks' stacks then
+    progress: str | None = None  # the hosts file's pattern of rank 0's progress lines (None: the known formats)
     unlisten: int | None = None  # the preflight's listener on this port closed first (torchrun binds it)
 
 

@@ -33,7 +33,7 @@ from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_sign
 from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, hosts_option
 from clusterrun.cli.slurm import slurm_rows
 from clusterrun.core.errors import ClusterrunError, ConfigError, DamagedRecord
-from clusterrun.core.events import JobState, NodeGpus
+from clusterrun.core.events import JobState, NodeGpus, duration_words
 from clusterrun.core.protocol import decode_status
 from clusterrun.core.ranges import parse_ranges
 from clusterrun.core.terminal import safe
@@ -56,8 +56,10 @@ from clusterrun.views.joblist import (
     jobs_json,
     node_rows,
     outcome_text,
+    progress_of,
     shown,
     table_text,
+    training_text,
     unreachable_ranks,
 )
 from clusterrun.views.printer import Printer
@@ -128,6 +130,9 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         if is_slurm(record):
             click.echo(engine_text(record))
         _table(node_rows(record, now, errors, gpus))
+        training = training_text(record, progress_of(record, statuses), now)
+        if training:
+            click.echo(f"progress: {safe(training, colour=False)}")
         if len(record.attempts) > 1:
             click.echo("")
             _table([tuple(safe(c, colour=False) for c in row) for row in history_rows(record, now)])
@@ -166,10 +171,12 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
     if as_json:
         click.echo(json.dumps(jobs_json(records, damaged=damaged), indent=1))
         return
-    rows = [("JOB", "NAME", "HOSTS", "STATE", "ATTEMPT", "AGE")]
+    trained = {r.job_id: _short_progress(r) for r in records}
+    extra = any(trained.values())  # a PROGRESS column once a listed job has one
+    rows = [("JOB", "NAME", "HOSTS", "STATE", "ATTEMPT", "AGE", *(("PROGRESS",) if extra else ()))]
     for r in records:
         rows.append((r.job_id, r.name, _hosts_cell(r.hosts), job_state_text(r, now), str(r.attempt),
-                     _age(now - r.created)))
+                     _age(now - r.created), *((trained[r.job_id] or "-",) if extra else ())))
     for d in damaged if not states else ():
         rows.append((d.job_id, "?", "?", "damaged", "?", "?"))
     if not states or "running" in states:  # up --from-slurm's steps that have no record here
@@ -184,6 +191,22 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
     if hidden:
         _note(f"{hidden} job(s) that ended more than a day ago not shown: `clusterrun ps -a` lists them, "
               "`clusterrun prune` removes every ended job's record")
+
+
+def _short_progress(record: JobRecord) -> str:
+    """``ps``'s PROGRESS cell: ``450/1000 45% loss 2.31 ETA 12 s``."""
+    progress = progress_of(record)
+    if progress is None:
+        return ""
+    parts = []
+    if progress.step is not None:
+        parts.append(f"{progress.step:g}" + (f"/{progress.total:g} {100 * progress.step / progress.total:.0f}%"
+                                             if progress.total else ""))
+    if progress.loss is not None:
+        parts.append(f"loss {progress.loss:.4g}")
+    if progress.eta_seconds is not None and progress.total and not record.finished:
+        parts.append(f"ETA {duration_words(progress.eta_seconds)}")
+    return safe(" ".join(parts), colour=False)
 
 
 def _preparing_text(entry: preparing.Entry, now: float) -> str:

@@ -29,16 +29,19 @@ class Watch:
     """How the job is watched: ``startup_timeout`` for every node to start its workers (after it
     the job fails, naming the nodes that still wait; counted once every node's setup ended);
     ``hang_after`` seconds without output and CPU make a node hung (None: never); ``on_hang`` what
-    the job's owner does then; ``setup_timeout`` for each node's ``setup`` commands (``setups.py``)."""
+    the job's owner does then; ``setup_timeout`` for each node's ``setup`` commands (``setups.py``);
+    ``progress`` the hosts file's own pattern of a progress line (None: the known formats,
+    ``agent/progress.py``)."""
 
     startup_timeout: float = STARTUP_TIMEOUT
     hang_after: float | None = HANG_AFTER
     on_hang: str = "stack"
     setup_timeout: float = SETUP_TIMEOUT
+    progress: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"startup_timeout": self.startup_timeout, "hang_after": self.hang_after, "on_hang": self.on_hang,
-                "setup_timeout": self.setup_timeout}
+                "setup_timeout": self.setup_timeout, "progress": self.progress}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> Watch:
@@ -47,7 +50,8 @@ class Watch:
         hang = data.get("hang_after", HANG_AFTER)
         return cls(startup_timeout=float(data.get("startup_timeout") or STARTUP_TIMEOUT),
                    hang_after=None if hang is None else float(hang), on_hang=str(data.get("on_hang") or "stack"),
-                   setup_timeout=float(data.get("setup_timeout") or SETUP_TIMEOUT))
+                   setup_timeout=float(data.get("setup_timeout") or SETUP_TIMEOUT),
+                   progress=str(data["progress"]) if data.get("progress") else None)
 
 
 @frozen

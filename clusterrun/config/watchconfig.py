@@ -1,10 +1,11 @@
 """The hosts file's long-run keys (``restart``; the watch's ``setup_timeout``, ``startup_timeout``, ``hang_after``,
-``on_hang``, ``notify``), validated with the file's line and a hint like every other key
+``on_hang``, ``notify``, ``progress``), validated with the file's line and a hint like every other key
 (``config._Parser`` calls this)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import TYPE_CHECKING, Any
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -15,7 +16,7 @@ from clusterrun.config.watch import EVENTS, ON_HANG, Notify, Watch, parse_durati
 if TYPE_CHECKING:
     from clusterrun.config.hostsyaml import NodeReader
 
-WATCH_KEYS = ("setup_timeout", "startup_timeout", "hang_after", "on_hang", "notify")
+WATCH_KEYS = ("setup_timeout", "startup_timeout", "hang_after", "on_hang", "notify", "progress")
 _NOTIFY_KEYS = ("command", "on")
 RESTART_KEYS = ("max", "backoff", "on_exit_codes", "window")
 SCALAR_TAGS = tuple("tag:yaml.org,2002:" + t for t in ("str", "int", "float"))
@@ -51,7 +52,24 @@ def watch_settings(parser: NodeReader, top: dict[str, Node]) -> tuple[Watch, Not
             raise parser.error(f"must be one of {', '.join(ON_HANG)}, got {value!r}", top["on_hang"], "on_hang",
                                "stack saves the ranks' stacks beside the logs; restart restarts the job")
         watch = dataclasses.replace(watch, on_hang=value)
+    if "progress" in top:
+        watch = dataclasses.replace(watch, progress=progress_pattern(parser, top["progress"]))
     return watch, notify(parser, top["notify"]) if "notify" in top else None
+
+
+def progress_pattern(parser: NodeReader, node: Node) -> str:
+    """``progress:``, a regular expression whose named groups (``step``, ``total``, ``loss``, any metric) read
+    a progress line of rank 0's output (``agent/progress.py``)."""
+    value = parser.string(node, "progress")
+    hint = r"e.g. progress: 'it=(?P<step>\d+)/(?P<total>\d+) nll=(?P<nll>[\d.]+)'"
+    try:
+        groups = re.compile(value).groupindex
+    except re.error as exc:
+        raise parser.error(f"not a regular expression: {exc}", node, "progress", hint) from None
+    if not groups:
+        raise parser.error("names no group: name the step, total and metrics, as (?P<step>\\d+)", node, "progress",
+                           hint)
+    return value
 
 
 def notify(parser: NodeReader, node: Node) -> Notify:

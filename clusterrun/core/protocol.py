@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from clusterrun.agent.wire import Message, SyncHashes
 from clusterrun.core.errors import AgentError
+from clusterrun.core.events import Progress
 from clusterrun.core.frozen import frozen
 
 PROTOCOL = 1  # agent.PROTOCOL: bumped by any change a controller of the previous version would misread
@@ -103,6 +104,7 @@ class NodeStatus:
     hung_since: float | None = None  # its ranks wrote nothing and used no CPU since (the host's hang watch)
     hang_report: str | None = None  # where the host saved the ranks' stacks when they hung (``on_hang: stack``)
     rdzv_joined: bool | None = None  # before its workers: torchrun is connected to the master port (None: unknown)
+    progress: Progress | None = None  # the training's progress, on the node of rank 0 (``agent/progress.py``)
 
     @property
     def ended(self) -> bool:
@@ -302,6 +304,7 @@ def decode_status(host: str, state: Any, what: str = "state") -> NodeStatus:
                       exit_unknown=r.data.get("exit_status") == "unknown",
                       hung_since=r.number("hung_since"), hang_report=r.text("hang_report"),
                       rdzv_joined=r.data.get("rdzv_joined") if isinstance(r.data.get("rdzv_joined"), bool) else None,
+                      progress=Progress.from_json(r.data.get("progress")),
                       oom=None if r.data.get("oom") is None else decode_oom(host, r.data["oom"], f"{what}.oom"))
 
 

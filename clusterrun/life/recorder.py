@@ -10,6 +10,7 @@ for ``ps`` and ``logs``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -31,6 +32,8 @@ from clusterrun.core.events import (
     NodeStarted,
     NodeState,
     NodeStateChanged,
+    Progress,
+    ProgressChanged,
     StopReport,
 )
 from clusterrun.core.frozen import frozen
@@ -173,6 +176,15 @@ class Recorder:
 
         self._submit(change)
 
+    def _progress(self, progress: Progress) -> None:
+        shown = dataclasses.replace(progress, attempt=self.attempt).to_json()
+
+        def change(record: JobRecord) -> None:
+            if record.attempt == self.attempt:
+                record.progress = shown
+
+        self._submit(change)
+
     def __call__(self, event: Event) -> None:
         if event.node is not None and isinstance(event, NodeStarted):
             self._node(event.node, pid=event.pid)
@@ -186,6 +198,8 @@ class Recorder:
             self._link(event.node, up=event.up, since=event.since or time.time())
         elif event.node is not None and isinstance(event, NodeHung):
             self._node(event.node, hung_since=event.since)
+        elif isinstance(event, ProgressChanged):
+            self._progress(event.progress)
         elif isinstance(event, JobFinished):
             self.finish(event.result)
 

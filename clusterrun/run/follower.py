@@ -16,7 +16,17 @@ from typing import Any
 
 from clusterrun.agent.wire import NodeRequest
 from clusterrun.core.errors import ClusterrunError
-from clusterrun.core.events import Event, NodeDegraded, NodeHung, NodeResult, NodeState, RootCause, stopped_after_text
+from clusterrun.core.events import (
+    Event,
+    NodeDegraded,
+    NodeHung,
+    NodeResult,
+    NodeState,
+    Progress,
+    ProgressChanged,
+    RootCause,
+    stopped_after_text,
+)
 from clusterrun.core.frozen import frozen
 from clusterrun.core.protocol import Beat, End, FollowMessage, HostState, LogChunk, NodeStatus, Probe, decode_follow
 from clusterrun.diagnose.rootcause import NodeLog, find_root_cause
@@ -88,6 +98,7 @@ class Node:
     probe: Probe | None = None  # what its agent said of the host
     degraded: str | None = None  # the agent's word that the supervisor cannot write its state
     hung_since: float | None = None  # the host's hang watch: its ranks are idle since (wall clock)
+    progress: Progress | None = None  # the training's progress its host read last (node 0)
     earlier: list[str] = field(default_factory=list)  # scrollback lines read, before the resume point
 
     @property
@@ -103,6 +114,9 @@ class Node:
         if status.hung_since != self.hung_since and not status.ended:
             self.hung_since = status.hung_since
             found.append(NodeHung(rank, host=self.host, since=status.hung_since, report=status.hang_report))
+        if status.progress is not None and status.progress != self.progress:
+            self.progress = status.progress
+            found.append(ProgressChanged(rank, host=self.host, progress=status.progress))
         return found
 
     def scrollback(self, message: LogChunk, resume: int) -> tuple[tuple[str, ...] | None, str]:

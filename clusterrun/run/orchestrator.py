@@ -309,6 +309,7 @@ class Job:
         request = self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env), cwd=launch.cwd,
                                 first_rank=launch.first_rank, about=about_json(plan, self.env_overrides),
                                 hang_after=self.spec.watch.hang_after, on_hang=self.spec.watch.on_hang,
+                                progress=self.spec.watch.progress,
                                 unlisten=self._listening if rank == 0 else None, **self._env_extras(launch))
         try:
             if node.agent is None:

@@ -136,6 +136,7 @@ class JobRecord:
     nodes: list[NodeRecord] = field(default_factory=list)
     engine: str = "ssh"  # what runs the job: "ssh" (agents on the hosts) or "slurm" (one srun, slurmjob.py)
     slurm: dict[str, Any] | None = None  # the allocation and step of a Slurm job (slurmjob.slurm_of)
+    progress: dict[str, Any] | None = None  # events.Progress: the training's, last read (kept across attempts)
     version: int = RECORD_VERSION
 
     @property

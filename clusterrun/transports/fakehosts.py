@@ -76,6 +76,12 @@ class FakeNode:
             self.state = dict(self.state, hung_since=since, hang_report=report)
             self.host.cluster.changed.notify_all()
 
+    def report_progress(self, progress: dict[str, Any]) -> None:
+        """The host read this training progress from rank 0's output (``agent/progress.py``'s JSON)."""
+        with self.host.cluster.changed:
+            self.state = dict(self.state, progress=progress)
+            self.host.cluster.changed.notify_all()
+
     def vanish(self) -> None:
         """Its supervisor and torchrun are killed without a word (the agent then says ``lost``)."""
         with self.host.cluster.changed:

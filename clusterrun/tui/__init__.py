@@ -24,7 +24,8 @@ from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.containers import Horizontal
+from textual.widgets import DataTable, Footer, Input, Sparkline, Static
 
 from clusterrun.core.events import Event
 from clusterrun.core.terminal import safe
@@ -58,6 +59,10 @@ class Dashboard(App[int]):
     ENABLE_COMMAND_PALETTE = False  # its footer entry cut the keys' at 80 columns; nothing is in it
     CSS = """
     #header { height: 3; padding: 0 1; background: $boost; text-wrap: nowrap; text-overflow: ellipsis; }
+    #progress { height: 1; padding: 0 1; display: none; }
+    #progress.shown { display: block; }
+    #progress-text { width: auto; max-width: 70%; text-wrap: nowrap; text-overflow: ellipsis; }
+    #loss { width: 1fr; height: 1; margin-left: 2; }
     #nodes { height: auto; max-height: 40%; }
     #gpus { height: auto; max-height: 2; padding: 0 1; display: none; }
     #gpus.shown { display: block; }
@@ -130,6 +135,7 @@ class Dashboard(App[int]):
 
     def compose(self) -> ComposeResult:
         yield Static(id="header")
+        yield Horizontal(Static(id="progress-text"), Sparkline([], id="loss"), id="progress")
         yield NodeTable(id="nodes", cursor_type="row", zebra_stripes=True)
         yield Static(id="gpus")
         yield Static(id="report")
@@ -272,6 +278,11 @@ class Dashboard(App[int]):
         header.append(f"\n{shape}: {board.summary()} · world size {board.world_size} · master {board.master}")
         header.append("\n" + (safe(board.notes[-1], colour=False) if board.notes else ""), style="italic")
         self.query_one("#header", Static).update(header, layout=False)  # its height is fixed
+        if board.progress is not None:  # the training's progress and its loss, once rank 0 showed any
+            self.query_one("#progress-text", Static).update(Text(safe("progress: " + board.progress.text(),
+                                                                      colour=False)))
+            self.query_one("#loss", Sparkline).data = list(board.losses)
+            self.query_one("#progress").set_class(True, "shown")
 
     def _tick_clock(self) -> None:
         self.board.header_changed = True

@@ -36,6 +36,8 @@ from clusterrun.core.events import (
     NodeState,
     NodeStateChanged,
     NodeStopped,
+    Progress,
+    ProgressChanged,
     RootCause,
     StopReport,
     hung_text,
@@ -46,6 +48,7 @@ from clusterrun.diagnose.rootcause import undoubled
 from clusterrun.views.gpus import only
 
 RING = 10_000
+LOSSES = 120  # losses kept for the dashboard's sparkline (one per step read)
 RESUMED = "---- resumed here: the lines above were shown before, new ones follow ----"
 
 
@@ -131,6 +134,8 @@ class Board:
         self.first_failure: int | None = None  # the node that failed first, while the job runs
         self.stops: dict[int, StopReport] = {}
         self.notes: deque[str] = deque(maxlen=200)
+        self.progress: Progress | None = None  # the training's, as node 0's host read it last
+        self.losses: deque[float] = deque(maxlen=LOSSES)  # the loss at each step read: the sparkline
         self.restarting: AttemptRestarting | None = None  # the owner restarts the job: the countdown's latest
         self.restart_next = False  # the attempt ended and its owner restarts the job (its countdown follows)
         self.changed: set[int] = set()  # rows whose state changed: redraw them now
@@ -202,6 +207,11 @@ class Board:
             row = self.node(rank, event.host)
             row.degraded = event.reason
             self.note(f"node{rank} {event.host}: degraded: {event.reason}")
+        elif isinstance(event, ProgressChanged):
+            before, self.progress = self.progress, event.progress
+            loss = event.progress.loss
+            if loss is not None and (before is None or before.step != event.progress.step or before.loss != loss):
+                self.losses.append(loss)
         elif isinstance(event, NodeHung) and rank is not None:
             row = self.node(rank, event.host)
             row.hung_since = event.since

@@ -120,6 +120,27 @@ def job_state_text(record: JobRecord, now: float) -> str:
     return f"{record.state}; {which} {events.unreachable_text(since, now)}"
 
 
+def progress_of(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None) -> events.Progress | None:
+    """The training's progress: what node 0's host says now (``hosts``, ``ps JOB``), else the record's last
+    reading, which may come from an earlier attempt (a resumed run goes on from its step)."""
+    state = (hosts or {}).get(0, {}).get("state")
+    fresh = events.Progress.from_json(state.get("progress"), record.attempt) if isinstance(state, dict) else None
+    return fresh or events.Progress.from_json(record.progress)
+
+
+def training_text(record: JobRecord, progress: events.Progress | None, now: float) -> str | None:
+    """``step 450/1000 (45%), 45 steps/s, loss 2.31, ETA 12 s``, and how old the reading is when it is
+    not the current attempt's or the job has ended (``ps JOB``, the summary)."""
+    if progress is None:
+        return None
+    text = progress.text() if not record.finished else dataclasses.replace(progress, eta_seconds=None).text()
+    if progress.attempt is not None and progress.attempt != record.attempt:
+        text += f" (attempt {progress.attempt})"
+    elif progress.updated is not None and not record.finished and now - progress.updated >= 60:
+        text += f" (read {events.duration_words(now - progress.updated)} ago)"
+    return text
+
+
 COMPACT = 16  # `ps JOB` of more nodes than this shows each run of nodes alike as one row
 
 
@@ -206,7 +227,14 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
         "nodes": nodes,
         "notifications": [{"id": f"{record.job_id}:{key}", "state": n.get("state"), "exit_code": n.get("code"),
                            "error": n.get("error") or None} for key, n in record.notices.items()],
+        "progress": _progress_json(progress_of(record, hosts)),
     }
+
+
+def _progress_json(progress: events.Progress | None) -> dict[str, Any] | None:
+    if progress is None:
+        return None
+    return dict(progress.to_json(), updated=iso(progress.updated))
 
 
 def history_rows(record: JobRecord, now: float) -> list[tuple[str, ...]]:

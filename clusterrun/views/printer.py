@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import TextIO
 
 from clusterrun.config.nodesets import FOLD_PAST, alike_lines
@@ -40,6 +41,8 @@ from clusterrun.core.events import (
     NodeState,
     NodeStateChanged,
     NodeStopped,
+    Progress,
+    ProgressChanged,
     StopReport,
     hung_text,
     not_stopped_text,
@@ -98,6 +101,7 @@ class Printer:
         # The held status lines: (rank, host, alike, own, remarks), see ``_status``.
         self._held: list[tuple[int, str, str | None, str, list[str]]] = []
         self._timer: threading.Timer | None = None
+        self.progress: Progress | None = None  # the training's, last read: in the summary
 
     def set_plan(self, plan: LaunchPlan) -> None:
         self._hosts = {n.rank: n.host.host for n in plan.nodes}
@@ -257,6 +261,8 @@ class Printer:
             # alike: without the time; a node whose stacks were saved keeps its line (where they are)
             self._status(event.node or 0, event.host, own, None if event.report else
                          own if event.since is None else "hung" + quiet)
+        elif isinstance(event, ProgressChanged):
+            self.progress = event.progress  # the stream shows rank 0's own lines; the summary sums them up
         elif isinstance(event, JobNote):
             self.note(event.text)
         elif isinstance(event, AttemptRestarting):
@@ -286,6 +292,8 @@ class Printer:
         ends = [(node.node, node.host, end, end) for node in result.nodes for end in [node_end_text(node)]]
         for line in alike_lines(ends, len(result.nodes)):
             self.note(line)
+        if self.progress is not None and not restarting:
+            self.note("progress: " + replace(self.progress, eta_seconds=None).text())
         cause = result.root_cause
         if result.ok:
             self.note(f"job {result.job_id} succeeded")
