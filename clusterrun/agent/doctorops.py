@@ -10,7 +10,7 @@ import time
 from .codec import json_loads
 from .logind import logind_problem, user_scope
 from .network import _host_arg, _sockets
-from .probe import _find_torch
+from .probe import _find_torch, assigned
 from .records import AgentFailure, _state_root
 from .setup import _prepared
 from .system import _collect, _launch, _which
@@ -119,7 +119,7 @@ def op_inspect(req: InspectRequest) -> dict[str, Any]:
         try:
             with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
                 text = f.read()
-            answer["torch_cuda"] = _assigned(text, "cuda")
+            answer["torch_cuda"] = assigned(text, "cuda")
         except OSError:
             pass
     # The slow looks run side by side (on a GPU host, importing torch and each nvidia-smi can take
@@ -157,16 +157,6 @@ def _json_of(out: str | None, missing: str) -> dict[str, Any]:
     except ValueError:
         return {"error": f"unreadable output: {(out or '')[:200]!r}"}
 
-
-def _assigned(source: str, name: str) -> str | None:
-    """The string assigned to ``name`` in a module's source (``cuda: Optional[str] = '12.4'``), or None."""
-    for line in source.splitlines():
-        key, equals, value = line.partition("=")
-        value = value.strip()
-        if equals and key.split(":")[0].strip() == name and value[:1] in ("'", '"'):
-            end = value.find(value[0], 1)
-            return value[1:end] if end > 1 else None
-    return None
 
 
 def _listener_loop(sock: Any, port: int, token: bytes, done: Any) -> None:

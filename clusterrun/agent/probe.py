@@ -122,6 +122,17 @@ def _version_of(version_py: str) -> str:
     return "unknown"
 
 
+def assigned(source: str, name: str) -> str | None:
+    """The string assigned to ``name`` in a module's source (``cuda: Optional[str] = '12.4'``), or None."""
+    for line in source.splitlines():
+        key, equals, value = line.partition("=")
+        value = value.strip()
+        if equals and key.split(":")[0].strip() == name and value[:1] in ("'", '"'):
+            end = value.find(value[0], 1)
+            return value[1:end] if end > 1 else None
+    return None
+
+
 def _free_port() -> int:
     # Below Linux's ephemeral range (32768+), so an outgoing connection will not take it later.
     # _socket, not socket: the socket module imports enum and selectors.

@@ -146,8 +146,7 @@ def job_python(python: str, env: dict[str, str], cwd: str | None) -> dict[str, A
     """The job's interpreter ``python`` as the job will run it: found on ``env``'s PATH, run with
     ``env`` in ``cwd`` (``JOB_PYTHON``): ``{executable, python, torch, torch_cuda, torchrun_flags}``,
     or ``{error}`` when it cannot be found or run."""
-    from .doctorops import _assigned
-    from .probe import OPTIONAL_TORCHRUN_FLAGS, _version_of
+    from .probe import OPTIONAL_TORCHRUN_FLAGS, _version_of, assigned
     from .system import _capture
 
     found = _find(python, env)
@@ -164,7 +163,7 @@ def job_python(python: str, env: dict[str, str], cwd: str | None) -> dict[str, A
         return {"error": f"{found} could not run in the environment setup leaves"}
     text = seen.get("version_py")
     return {"executable": seen.get("executable") or found, "python": seen.get("python") or "",
-            "torch": None if text is None else _version_of(text), "torch_cuda": _assigned(text or "", "cuda"),
+            "torch": None if text is None else _version_of(text), "torch_cuda": assigned(text or "", "cuda"),
             "torchrun_flags": list(seen.get("flags") or [])}
 
 
