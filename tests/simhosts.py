@@ -520,18 +520,18 @@ def namespace_problem() -> str | None:
 def _attempt_cgroups() -> set[str]:
     """The attempts' cgroups at the top of this machine's cgroup2 hierarchy, which the simulated
     hosts mount as their own (as root, the agent makes them there)."""
-    from clusterrun.agent.cgroup import _cgroup2_mount
+    from clusterrun.agent.cgroup import cgroup2_mount
 
-    mount = _cgroup2_mount()
+    mount = cgroup2_mount()
     return set() if mount is None else {str(p) for p in Path(mount).glob(ATTEMPT_CGROUPS) if p.is_dir()}
 
 
 def _attempt_cgroups_of(host: SimHost) -> set[str]:
     """The attempts' cgroups (this machine's paths, as ``_attempt_cgroups`` lists them) that hold a
     process of ``host``'s PID namespace."""
-    from clusterrun.agent.cgroup import _cgroup2_mount
+    from clusterrun.agent.cgroup import cgroup2_mount
 
-    mount, held = _cgroup2_mount(), set()
+    mount, held = cgroup2_mount(), set()
     with contextlib.suppress(OSError):
         namespace = os.readlink(f"/proc/{host.pid}/ns/pid")
         for entry in filter(str.isdigit, os.listdir("/proc")) if mount else ():

@@ -361,7 +361,7 @@ def test_atomic_writes_from_hosts_with_the_same_pids_do_not_collide(tmp_path: Pa
     def write(n: int) -> None:
         try:
             for _ in range(300):
-                records._write_atomic(str(target), f"writer {n}\n".encode() * 1000)
+                records.write_atomic(str(target), f"writer {n}\n".encode() * 1000)
         except BaseException as exc:  # noqa: BLE001 - collected for the assertion
             errors.append(exc)
 
@@ -623,11 +623,11 @@ def test_rank_logs_are_watched_as_torchrun_makes_them(tmp_path: Path) -> None:
 def test_without_inotify_the_waits_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Python without ctypes: the supervisor is no subreaper (the marker and the recorded
     sessions still find the job's processes) and its waits poll."""
-    from clusterrun.agent.supervisor import _set_subreaper
+    from clusterrun.agent.survivor import set_subreaper
     from clusterrun.agent.waker import Waker
 
     monkeypatch.setitem(sys.modules, "ctypes", None)
-    _set_subreaper()  # no ImportError
+    set_subreaper()  # no ImportError
     waker = Waker()
     assert not waker.reliable
     began = time.monotonic()
@@ -642,6 +642,6 @@ def test_without_inotify_the_waits_poll(monkeypatch: pytest.MonkeyPatch) -> None
     ("__version__ = '\n", "unknown"),
 ])
 def test_torch_version_is_read_from_its_version_file(source: str, version: str) -> None:
-    from clusterrun.agent.probe import _version_of
+    from clusterrun.agent.probe import version_of
 
-    assert _version_of(source) == version
+    assert version_of(source) == version

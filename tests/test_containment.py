@@ -730,7 +730,7 @@ def user_host(layout: list[str], delegate: list[str], files: tuple[str, ...] = (
     from clusterrun.agent import cgroup as cg
     from tests.simhosts import USER, USER_ID
 
-    mount = cg._cgroup2_mount()
+    mount = cg.cgroup2_mount()
     if namespace_problem() or mount is None or not shutil.which("setpriv") or not os.path.exists(USER_PYTHON):
         unavailable(f"needs simulated hosts, cgroup2 and {USER_PYTHON}: {namespace_problem()}")
     top = os.path.join(mount, f"crtest-ssh-{os.getpid()}")

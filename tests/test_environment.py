@@ -320,22 +320,22 @@ def test_a_dry_run_runs_setup_but_not_before_its_sync_made_the_workdir() -> None
 def test_setup_exports_reach_the_environment_and_failures_say_why(tmp_path: Path) -> None:
     from clusterrun.agent import setup
 
-    env, output = setup._run_setup(["export FROM_SETUP='a b'; unset DROPPED", "cd /; export WHERE=$OLDPWD",
-                                    "if true; then\n  export MULTI=2\nfi\n", "echo said; echo err >&2"],
-                                   {"DROPPED": "x", "GIVEN": "y"}, str(tmp_path))
+    env, output = setup.run_setup(["export FROM_SETUP='a b'; unset DROPPED", "cd /; export WHERE=$OLDPWD",
+                                   "if true; then\n  export MULTI=2\nfi\n", "echo said; echo err >&2"],
+                                  {"DROPPED": "x", "GIVEN": "y"}, str(tmp_path))
     assert output == b"said\nerr\n"  # stdout and stderr, for the node's log
     assert env["FROM_SETUP"] == "a b" and env["GIVEN"] == "y" and env["MULTI"] == "2"
     assert env["WHERE"] == str(tmp_path)  # run in the node's working directory
     assert "DROPPED" not in env
     with pytest.raises(AgentFailure) as info:
-        setup._run_setup(["true", "echo loading >&2; source /nonexistent/conda.sh && conda activate x", "true"],
-                         {}, None)
+        setup.run_setup(["true", "echo loading >&2; source /nonexistent/conda.sh && conda activate x", "true"],
+                        {}, None)
     message = str(info.value)
     assert message.startswith("setup failed with status 1; nothing was started; its last lines:")
     assert "/nonexistent/conda.sh: No such file or directory" in message
     assert "clusterrun: setup[1] exited with status 1" in message
     with pytest.raises(AgentFailure, match="does one call `exit`"):
-        setup._run_setup(["exit 0"], {}, None)
+        setup.run_setup(["exit 0"], {}, None)
 
 
 def test_the_agent_writes_secret_values_masked_in_spec_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -347,13 +347,13 @@ def test_the_agent_writes_secret_values_masked_in_spec_json(tmp_path: Path, monk
         handed.update(env or {})
         raise OSError(28, "No space left on device")  # stop here: the spec is written, nothing runs
 
-    monkeypatch.setattr(start, "_spawn_supervisor", spawn)
+    monkeypatch.setattr(start, "spawn_supervisor", spawn)
     monkeypatch.setattr(start, "logind_problem", lambda: "")
-    monkeypatch.setattr(start, "_make_cgroup", lambda *a: (None, "test"))
+    monkeypatch.setattr(start, "make_cgroup", lambda *a: (None, "test"))
     written: dict[str, bytes] = {}
-    real_write = records._write_atomic
-    monkeypatch.setattr(records, "_write_atomic", lambda path, data: (written.__setitem__(path, data),
-                                                                       real_write(path, data)))
+    real_write = records.write_atomic
+    monkeypatch.setattr(records, "write_atomic", lambda path, data: (written.__setitem__(path, data),
+                                                                      real_write(path, data)))
     req = StartRequest(job=JOB, node=0, attempt=1, state_dir=str(tmp_path), argv=["true"],
                        env={"HF_TOKEN": "canary-start", "A": "1"}, secret_env=["HF_TOKEN"])
     with pytest.raises(AgentFailure):

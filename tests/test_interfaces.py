@@ -209,7 +209,7 @@ def test_the_agent_finds_the_route_and_the_interface_of_its_source_address(monke
     # (not the simulated hosts' links and bridges, `cr…`: other tests add and delete them meanwhile)
     pairs = [(f[1], f[3].split("/")[0]) for f in map(str.split, listed.splitlines()) if not f[1].startswith("cr")]
     with monkeypatch.context() as patched:  # the ioctls alone
-        patched.setattr(network, "_capture", lambda argv, timeout=5.0: None)
+        patched.setattr(network, "capture", lambda argv, timeout=5.0: None)
         assert pairs and all(network._interface_of(address) == name for name, address in pairs)
 
     def refused() -> list[tuple[int, str]]:

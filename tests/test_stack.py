@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from clusterrun.agent.records import _boot_id
+from clusterrun.agent.records import boot_id
 from clusterrun.agent.wire import StackAnswer, StackRequest
 from clusterrun.tui import Dashboard
 from clusterrun.tui.screens import Stacks
@@ -147,7 +147,7 @@ def test_a_refused_ptrace_is_reported_with_its_cause_and_fix(readable_tmp: Path,
         attempt.mkdir(parents=True)
         (attempt / "spec.json").write_text(json.dumps({"argv": [str(bin_dir / "python")]}))
         (attempt / "state.json").write_text(json.dumps({
-            "job": "stk", "node": 0, "attempt": 1, "state": "running", "boot_id": _boot_id(),
+            "job": "stk", "node": 0, "attempt": 1, "state": "running", "boot_id": boot_id(),
             "torchrun": {"pid": rank.pid, "start_time": start_time(rank.pid)},
             "workers": [{"rank": 0, "local_rank": 0, "pid": rank.pid, "died": None}]}))
         for path in [readable_tmp / "state", *(readable_tmp / "state").rglob("*")]:

@@ -7,7 +7,7 @@ import os
 import time
 
 from .procs import PidHandle, proc_info, signal
-from .system import _lingers
+from .system import lingers
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 CGROUP_OFF_VAR = "CLUSTERRUN_NO_CGROUP"  # set (non-empty) on a host: no cgroup, the sweep only
 
 
-def _cgroup2_mount() -> str | None:
+def cgroup2_mount() -> str | None:
     """Where the cgroup v2 hierarchy is mounted (its root visible), from /proc/self/mountinfo."""
     try:
         with open("/proc/self/mountinfo", "rb") as f:
@@ -32,7 +32,7 @@ def _cgroup2_mount() -> str | None:
     return None
 
 
-def _own_cgroup(pid: int | str = "self") -> str | None:
+def own_cgroup(pid: int | str = "self") -> str | None:
     """The cgroup v2 path of a process (``/user.slice/...``), or None."""
     try:
         with open(f"/proc/{pid}/cgroup") as f:
@@ -53,21 +53,21 @@ def cgroup_parent() -> tuple[str | None, str]:
     containment must never cost detachment."""
     if os.environ.get(CGROUP_OFF_VAR):
         return None, f"cgroups turned off on this host ({CGROUP_OFF_VAR} is set)"
-    mount = _cgroup2_mount()
+    mount = cgroup2_mount()
     if mount is None:
         return None, "no cgroup2 file system is mounted"
     if os.geteuid() == 0:
         if os.access(os.path.join(mount, "cgroup.procs"), os.W_OK) and os.access(mount, os.W_OK):
             return mount, ""
         return None, f"{mount} is not writable (read-only mount?)"
-    own = _own_cgroup()
+    own = own_cgroup()
     if own is None:
         return None, "this process is in no cgroup v2"
     path = mount + own.rstrip("/") if own != "/" else mount
     if not (os.access(path, os.W_OK) and os.access(os.path.join(path, "cgroup.procs"), os.W_OK)):
         return None, (f"cgroup {path} is not delegated to uid {os.getuid()} (not writable); run as root or "
                       "in a delegated cgroup (systemd: Delegate=yes) for a stop verified by cgroup")
-    if f"/user@{os.getuid()}.service" in own and not _lingers():
+    if f"/user@{os.getuid()}.service" in own and not lingers():
         return None, (f"cgroup {path} belongs to the systemd user manager, which stops at your last logout: "
                       "`loginctl enable-linger` lets it (and a cgroup per job) outlive the session")
     return path, ""
@@ -125,7 +125,7 @@ def cg_kill(cgroup: str, killed: dict[int, dict[str, Any]]) -> str:
         frozen = True
     except OSError:
         pass
-    where = _cgroup_path(cgroup)
+    where = cgroup_path(cgroup)
     try:
         for _ in range(500):
             pids = cg_pids(cgroup)
@@ -136,7 +136,7 @@ def cg_kill(cgroup: str, killed: dict[int, dict[str, Any]]) -> str:
                     handle = PidHandle(pid)
                 except ProcessLookupError:
                     continue
-                own = _own_cgroup(pid) or ""
+                own = own_cgroup(pid) or ""
                 if own == where or own.startswith(where + "/"):
                     handle.signal(signal.SIGKILL)
                 handle.close()
@@ -150,9 +150,9 @@ def cg_kill(cgroup: str, killed: dict[int, dict[str, Any]]) -> str:
     return "freeze + SIGKILL"
 
 
-def _cgroup_path(folder: str) -> str:
+def cgroup_path(folder: str) -> str:
     """The cgroup path (``/clusterrun-...``) of a cgroup directory, as /proc/PID/cgroup names it."""
-    mount = _cgroup2_mount() or ""
+    mount = cgroup2_mount() or ""
     return (folder[len(mount):] or "/") if folder.startswith(mount) else folder
 
 
@@ -177,7 +177,7 @@ def cg_remove(cgroup: str) -> bool:
     return not os.path.isdir(cgroup)
 
 
-def _make_cgroup(job: str, node: int, attempt: int) -> tuple[str | None, str]:
+def make_cgroup(job: str, node: int, attempt: int) -> tuple[str | None, str]:
     """Make the attempt's cgroup (and its ``job`` child, for torchrun and everything it starts)."""
     parent, why = cgroup_parent()
     if parent is None:
@@ -200,7 +200,7 @@ def _make_cgroup(job: str, node: int, attempt: int) -> tuple[str | None, str]:
     return None, f"cannot make a cgroup in {parent}: {name} exists"
 
 
-def _forget_cgroup(state: dict[str, Any]) -> None:
+def forget_cgroup(state: dict[str, Any]) -> None:
     """Remove the cgroup of an attempt whose supervisor is gone (SIGKILLed, so it could not) once
     nothing is left in it; a populated one stays for the stop to kill."""
     cgroup = state.get("cgroup")

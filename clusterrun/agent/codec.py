@@ -70,10 +70,10 @@ def _unserializable(obj: object) -> None:
 json_dumps, json_dumps_sorted, json_loads = _codec()
 
 
-_last_emit = [0.0]
+last_emit = [0.0]
 
 
-def _emit(obj: dict[str, Any]) -> None:
+def emit(obj: dict[str, Any]) -> None:
     sys.stdout.buffer.write(json_dumps(obj).encode() + b"\n")
     sys.stdout.buffer.flush()
-    _last_emit[0] = time.monotonic()
+    last_emit[0] = time.monotonic()

@@ -9,11 +9,11 @@ import time
 
 from .codec import json_loads
 from .logind import logind_problem, user_scope
-from .network import _host_arg, _sockets
-from .probe import _find_torch
-from .records import AgentFailure, _state_root
-from .setup import _prepared
-from .system import _collect, _launch, _which
+from .network import host_arg, sockets
+from .probe import assigned, find_torch
+from .records import AgentFailure, state_root
+from .setup import PREPARED
+from .system import collect, launch, which
 from .wire import InspectRequest, ListenRequest, ReachRequest, UnlistenRequest
 
 TYPE_CHECKING = False
@@ -105,44 +105,44 @@ def op_inspect(req: InspectRequest) -> dict[str, Any]:
     began = time.monotonic()
     cwd = os.path.expanduser(req.cwd or "~")
     answer: dict[str, Any] = {"ok": True, "time": time.time(), "cwd": cwd, "paths": {},
-                              "disk": _disk(_state_root(req.state_dir))}
+                              "disk": _disk(state_root(req.state_dir))}
     for path in req.paths or []:
         answer["paths"][path] = _path_kind(os.path.join(cwd, os.path.expanduser(path)))
     # the job's interpreter and environment where its setup ran in this agent, else this agent's own
-    prepared = _prepared.get((req.job, req.node, req.attempt)) if req.job is not None else None
+    prepared = PREPARED.get((req.job, req.node, req.attempt)) if req.job is not None else None
     seen = prepared.python if prepared is not None and prepared.python else {}
     python, env = (seen["executable"], prepared.env) if prepared is not None and seen else (sys.executable, None)
-    spec = _find_torch() if env is None else None
+    spec = find_torch() if env is None else None
     if env is not None:
         answer["torch_cuda"] = seen.get("torch_cuda")
     elif spec is not None and spec.origin:
         try:
             with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
                 text = f.read()
-            answer["torch_cuda"] = _assigned(text, "cuda")
+            answer["torch_cuda"] = assigned(text, "cuda")
         except OSError:
             pass
     # The slow looks run side by side (on a GPU host, importing torch and each nvidia-smi can take
     # seconds: this is on every `up`'s path), each then read in turn.
     timeout = float(req.timeout or 120)
-    deep = _launch([python, "-c", DEEP_TORCH], timeout, env=env) if req.deep else None
+    deep = launch([python, "-c", DEEP_TORCH], timeout, env=env) if req.deep else None
     script = os.path.join(cwd, os.path.expanduser(req.imports)) if req.imports else None
     looks = script is not None and os.path.isfile(script)  # a missing one: its path says so
-    imports = _launch([python, "-c", FIND_IMPORTS, script or "", req.pythonpath or ""], timeout,
-                      env=env) if looks else None
+    imports = launch([python, "-c", FIND_IMPORTS, script or "", req.pythonpath or ""], timeout,
+                     env=env) if looks else None
     if req.gpus:
-        answer["nvidia_smi"] = _which("nvidia-smi")
+        answer["nvidia_smi"] = which("nvidia-smi")
     gpu_list = gpu_apps = None
     if req.gpus and answer["nvidia_smi"]:
-        gpu_list = _launch(["nvidia-smi", "-L"], timeout=30)
-        gpu_apps = _launch(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name",
-                            "--format=csv,noheader"], timeout=30)
+        gpu_list = launch(["nvidia-smi", "-L"], timeout=30)
+        gpu_apps = launch(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name",
+                           "--format=csv,noheader"], timeout=30)
     if req.deep:
-        answer["deep"] = _json_of(_collect(deep), f"{python} could not import torch")
+        answer["deep"] = _json_of(collect(deep), f"{python} could not import torch")
     if looks:
-        answer["imports"] = _json_of(_collect(imports), f"{python} could not look")
+        answer["imports"] = _json_of(collect(imports), f"{python} could not look")
     if req.gpus and answer["nvidia_smi"]:
-        answer["gpu_list"], answer["gpu_apps"] = _collect(gpu_list), _collect(gpu_apps)
+        answer["gpu_list"], answer["gpu_apps"] = collect(gpu_list), collect(gpu_apps)
     problem = logind_problem()
     answer["logind"] = problem
     answer["logind_scope"] = bool(problem) and user_scope("probe", 0, 1) is not None
@@ -157,16 +157,6 @@ def _json_of(out: str | None, missing: str) -> dict[str, Any]:
     except ValueError:
         return {"error": f"unreadable output: {(out or '')[:200]!r}"}
 
-
-def _assigned(source: str, name: str) -> str | None:
-    """The string assigned to ``name`` in a module's source (``cuda: Optional[str] = '12.4'``), or None."""
-    for line in source.splitlines():
-        key, equals, value = line.partition("=")
-        value = value.strip()
-        if equals and key.split(":")[0].strip() == name and value[:1] in ("'", '"'):
-            end = value.find(value[0], 1)
-            return value[1:end] if end > 1 else None
-    return None
 
 
 def _listener_loop(sock: Any, port: int, token: bytes, done: Any) -> None:
@@ -199,7 +189,7 @@ def op_listen(req: ListenRequest) -> dict[str, Any]:
     ``token`` to whoever connects, until ``unlisten`` or the end of this agent."""
     import _thread
 
-    socket = _sockets()  # not the socket module: 4-5 ms of node 0's host CPU at every start (enum)
+    socket = sockets()  # not the socket module: 4-5 ms of node 0's host CPU at every start (enum)
     token = req.token.encode()
     port = req.port
     for _ in range(1 if port else 200):
@@ -224,7 +214,7 @@ def op_listen(req: ListenRequest) -> dict[str, Any]:
 
 def op_unlisten(req: UnlistenRequest) -> dict[str, Any]:
     """``unlisten``: close the listener; the port is free again when this answers."""
-    socket = _sockets()
+    socket = sockets()
     entry = _LISTENERS.pop(req.port, None)
     if entry is not None:
         sock, done = entry
@@ -240,7 +230,7 @@ def _connect(socket: Any, addr: str, port: int, timeout: float) -> Any:
     """A TCP connection to ``addr:port``, trying each address it resolves to (as
     ``socket.create_connection``), each with ``timeout``."""
     error: OSError = OSError(f"cannot resolve {addr}")
-    for family, kind, proto, _, sockaddr in socket.getaddrinfo(_host_arg(addr), port, 0, socket.SOCK_STREAM):
+    for family, kind, proto, _, sockaddr in socket.getaddrinfo(host_arg(addr), port, 0, socket.SOCK_STREAM):
         sock = socket.socket(family, kind, proto)
         try:
             sock.settimeout(timeout)
@@ -255,7 +245,7 @@ def _connect(socket: Any, addr: str, port: int, timeout: float) -> Any:
 def op_reach(req: ReachRequest) -> dict[str, Any]:
     """``reach``: connect by TCP to ``addr:port`` and read the listener's ``token``; says whether
     it came back, else why not, and the local address the connection went out from."""
-    socket = _sockets()  # on every host at every preflight: not the socket module (network._sockets)
+    socket = sockets()  # on every host at every preflight: not the socket module (network.sockets)
 
     addr, port, token = req.addr, req.port, req.token
     timeout = float(req.timeout or 5.0)  # each step: a dropped SYN must not hang the doctor

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import time
 
-from .codec import _emit, _last_emit
+from .codec import emit, last_emit
 from .monitor import ensure_monitor
-from .procs import PidHandle, _job_alive, pin
-from .records import _load_state, _read_state
+from .procs import PidHandle, job_alive, pin
+from .records import load_state, read_state
 from .waker import IDLE_CHECK, IN_MODIFY, IN_MOVED_TO, Waker
 
 TYPE_CHECKING = False
@@ -87,7 +87,7 @@ def _marker_version(path: str) -> tuple[int, int] | None:
 
 
 def op_follow(req: FollowRequest) -> None:
-    folder, state = _load_state(req)
+    folder, state = load_state(req)
     log_path = os.path.join(folder, "output.log")
     if req.tail is not None:
         offset = tail_offset(log_path, req.tail)
@@ -114,9 +114,9 @@ def op_follow(req: FollowRequest) -> None:
                 data = pending + chunk
                 cut = data.rfind(b"\n") + 1
                 if cut:
-                    _emit({"t": "log", "offset": offset, "next": offset + cut,
-                           "times": times.covering(offset, offset + cut),
-                           "data": data[:cut].decode("utf-8", "surrogateescape")})
+                    emit({"t": "log", "offset": offset, "next": offset + cut,
+                          "times": times.covering(offset, offset + cut),
+                          "data": data[:cut].decode("utf-8", "surrogateescape")})
                     offset += cut
                 pending = data[cut:]
                 if len(chunk) == 1 << 20:
@@ -130,37 +130,37 @@ def op_follow(req: FollowRequest) -> None:
                 version = None
             if version != last_seen:
                 last_seen = version
-                state = _read_state(folder) or state
-                _emit({"t": "state", "state": state})
+                state = read_state(folder) or state
+                emit({"t": "state", "state": state})
             ended = state.get("state") == "exited"
             if not ended:
                 state = ensure_monitor(folder, state)
-            if not ended and not _job_alive(state):
+            if not ended and not job_alive(state):
                 # Read the state again: the supervisor may have written its last word and exited
                 # since the read above. Only if it still says nothing is the node lost.
-                state = _read_state(folder) or state
+                state = read_state(folder) or state
                 ended = True
                 if state.get("state") != "exited":
                     state = dict(state, state="lost")
             if ended:
                 rest = pending + log.read() if want_logs else b""
                 if rest:
-                    _emit({"t": "log", "offset": offset, "next": offset + len(rest),
-                           "times": times.covering(offset, offset + len(rest)),
-                           "data": rest.decode("utf-8", "surrogateescape")})
-                _emit({"t": "end", "state": state})
+                    emit({"t": "log", "offset": offset, "next": offset + len(rest),
+                          "times": times.covering(offset, offset + len(rest)),
+                          "data": rest.decode("utf-8", "surrogateescape")})
+                emit({"t": "end", "state": state})
                 break
             if once:
-                _emit({"t": "eof", "next": offset, "state": state})
+                emit({"t": "eof", "next": offset, "state": state})
                 break
-            if time.monotonic() - _last_emit[0] >= HEARTBEAT:
-                _emit({"t": "beat"})
+            if time.monotonic() - last_emit[0] >= HEARTBEAT:
+                emit({"t": "beat"})
             if waker is None:
                 waker = Waker()
                 waker.watch(folder, IN_MODIFY | IN_MOVED_TO)  # output.log appended, state.json replaced
             _pin_job(state, pins)
             if waker.reliable:
-                timeout = min(IDLE_CHECK, HEARTBEAT - (time.monotonic() - _last_emit[0]))
+                timeout = min(IDLE_CHECK, HEARTBEAT - (time.monotonic() - last_emit[0]))
             else:
                 timeout = POLL_INTERVAL
             ready = waker.wait(timeout, [h.fd for h in pins.values() if h is not None and h.fd >= 0])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from .system import _which
+from .system import which
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def parse_gpus(text: str) -> list[dict[str, Any]]:
 
 
 def op_gpus(req: GpusRequest) -> dict[str, Any]:
-    path = _which("nvidia-smi")
+    path = which("nvidia-smi")
     if path is None:
         return {"ok": True, "found": False, "gpus": [], "problem": ""}
     import subprocess

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from .cgroup import _own_cgroup, cgroup_parent
-from .system import _capture, _lingers, _user_name, _which
+from .cgroup import cgroup_parent, own_cgroup
+from .system import capture, lingers, user_name, which
 
 
 def user_scope(job: str, node: int, attempt: int) -> list[str] | None:
@@ -15,9 +15,9 @@ def user_scope(job: str, node: int, attempt: int) -> list[str] | None:
     manager runs, it does not linger (it would stop at the last logout, the job with it) or
     systemd-run is missing."""
     runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
-    if not os.path.exists(os.path.join(runtime, "systemd", "private")) or not _which("systemd-run"):
+    if not os.path.exists(os.path.join(runtime, "systemd", "private")) or not which("systemd-run"):
         return None
-    if not _lingers():
+    if not lingers():
         return None
     return ["systemd-run", "--user", "--scope", "--quiet", "--collect", "-p", "Delegate=yes",
             f"--unit=clusterrun-{job}-n{node}-a{attempt}-{os.urandom(3).hex()}", "--"]
@@ -36,8 +36,8 @@ def _logind_settings() -> dict[str, str]:
 
 
 def _ask_logind() -> dict[str, str]:
-    out = _capture(["loginctl", "show-session", "-p", "KillUserProcesses", "-p", "KillOnlyUsers",
-                    "-p", "KillExcludeUsers"])
+    out = capture(["loginctl", "show-session", "-p", "KillUserProcesses", "-p", "KillOnlyUsers",
+                   "-p", "KillExcludeUsers"])
     text = out if out and "KillUserProcesses=" in out else ""
     if not text:
         files = ["/etc/systemd/logind.conf"]
@@ -66,7 +66,7 @@ def logind_problem() -> str:
     logind with ``KillUserProcesses=yes`` kills every process of a login session's scope
     (``session-N.scope``) at logout, a detached one too. As root with a cgroup the supervisor
     leaves the session (its own cgroup at the top); otherwise the start is refused."""
-    own = _own_cgroup() or ""
+    own = own_cgroup() or ""
     if not any(part.startswith("session-") and part.endswith(".scope") for part in own.split("/")):
         return ""
     if cgroup_parent()[0] is not None and os.geteuid() == 0:
@@ -74,7 +74,7 @@ def logind_problem() -> str:
     settings = _logind_settings()
     if settings.get("KillUserProcesses", "no").lower() not in ("yes", "true", "1", "on"):
         return ""
-    user = _user_name()
+    user = user_name()
     only, exclude = settings.get("KillOnlyUsers", "").split(), settings.get("KillExcludeUsers", "").split()
     if user in exclude or (only and user not in only):
         return ""

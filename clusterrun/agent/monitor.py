@@ -15,19 +15,20 @@ from .kmsg import KernelLog
 from .procs import (
     JobScope,
     PidHandle,
-    _is_alive,
     all_procs,
     descendants,
+    is_alive,
     pin,
+    proc_entry,
     proc_env,
     proc_info,
     signal,
 )
 from .progress import Tracker
 from .ranklogs import RankLogs
-from .records import _boot_id, _fs_problem, _read_json, _write_json_atomic
-from .system import _close_fds_from, _exit_with
-from .waker import IDLE_CHECK, Waker, _drain
+from .records import boot_id, fs_problem, read_json, write_json_atomic
+from .system import close_fds_from, exit_with
+from .waker import IDLE_CHECK, Waker, drain
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -60,23 +61,18 @@ RESPAWNS = 5  # monitors the survivor restarts at most in a row without progress
 
 def read_exit(folder: str) -> dict[str, Any] | None:
     """The exit file: ``{exit_code, signal}`` of torchrun as the survivor reaped it, or None."""
-    record = _read_json(os.path.join(folder, EXIT_FILE))
+    record = read_json(os.path.join(folder, EXIT_FILE))
     if record is None or not isinstance(record.get("exit_code"), int):
         return None
     return {"exit_code": record["exit_code"], "signal": record.get("signal")}
-
-
-def _entry(pid: int) -> dict[str, Any]:
-    info = proc_info(pid)
-    return {"pid": pid, "start_time": info.start_time if info else None}
 
 
 def ensure_monitor(folder: str, state: dict[str, Any]) -> dict[str, Any]:
     """Start a monitor for an unfinished attempt that has none (it was killed, and its survivor
     too, or the survivor gave up restarting it): it resumes the log copy from its journal and
     writes the final state. Returns ``state`` with the new monitor as ``supervisor``."""
-    if (state.get("state") == "exited" or state.get("boot_id") != _boot_id()
-            or _is_alive(state.get("supervisor")) or _is_alive(state.get("survivor"))):
+    if (state.get("state") == "exited" or state.get("boot_id") != boot_id()
+            or is_alive(state.get("supervisor")) or is_alive(state.get("survivor"))):
         return state
     import fcntl
 
@@ -92,7 +88,7 @@ def ensure_monitor(folder: str, state: dict[str, Any]) -> dict[str, Any]:
     finally:
         os.close(fd)
     pid = _spawn_monitor(folder, state.get("cgroup"))
-    return dict(state, supervisor=_entry(pid)) if pid else state
+    return dict(state, supervisor=proc_entry(pid)) if pid else state
 
 
 def _spawn_monitor(folder: str, cgroup: str | None) -> int:
@@ -119,7 +115,7 @@ def _spawn_monitor(folder: str, cgroup: str | None) -> int:
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
-        _close_fds_from(3)  # the SSH channel's pipes among them: the connection may close
+        close_fds_from(3)  # the SSH channel's pipes among them: the connection may close
         if cgroup and os.path.isdir(cgroup):
             try:
                 cg_write(os.path.join(cgroup, "cgroup.procs"), str(os.getpid()).encode())
@@ -128,7 +124,7 @@ def _spawn_monitor(folder: str, cgroup: str | None) -> int:
         print(f"clusterrun monitor {os.getpid()}: started by an agent (no monitor or survivor was running)", flush=True)
         return Monitor(folder).run()
 
-    _exit_with(monitor)
+    exit_with(monitor)
 
 
 def leave_cgroup(cgroup: str, pids: list[int]) -> bool:
@@ -146,10 +142,10 @@ def save_state(folder: str, state: dict[str, Any]) -> bool:
     """Write state.json; on a full or read-only disk keep it in memory and go on supervising
     (stopping needs no disk), and leave a ``degraded`` marker for the agent where one fits."""
     try:
-        _write_json_atomic(os.path.join(folder, "state.json"), state)
+        write_json_atomic(os.path.join(folder, "state.json"), state)
         return True
     except OSError as exc:
-        _degrade(folder, state, f"cannot write state.json: {_fs_problem(exc)}")
+        _degrade(folder, state, f"cannot write state.json: {fs_problem(exc)}")
         return False
 
 
@@ -202,11 +198,11 @@ class Monitor:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         lock = os.open(os.path.join(self.folder, MONITOR_LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
         fcntl.flock(lock, fcntl.LOCK_EX)  # another monitor at work: take over when it ends
-        state = self.given or _read_json(os.path.join(self.folder, "state.json"))
+        state = self.given or read_json(os.path.join(self.folder, "state.json"))
         if state is None or state.get("state") == "exited":
             return 0
         self.state = state
-        self.state["supervisor"] = _entry(os.getpid())
+        self.state["supervisor"] = proc_entry(os.getpid())
         self.save()
         signal.signal(signal.SIGTERM, self._on_term)
         self.wakeup, wakeup_w = os.pipe()
@@ -221,7 +217,7 @@ class Monitor:
                            else None)
         log_fd = os.open(os.path.join(self.folder, "output.log"), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         self.log_fd = log_fd
-        spec = _read_json(os.path.join(self.folder, "spec.json")) or {}
+        spec = read_json(os.path.join(self.folder, "spec.json")) or {}
         first_rank = int(state.get("first_rank") or spec.get("first_rank") or 0)
         # The training's progress is read from rank 0's output, on its node (the controller checked the pattern).
         self.progress = Tracker(spec.get("progress"), state.get("progress")) if first_rank == 0 else None
@@ -328,7 +324,7 @@ class Monitor:
             fds = [h.fd for h in self.workers.values() if h.fd >= 0] + [self.wakeup]
             ready = waker.wait(timeout, fds + ([torchrun.fd] if torchrun.fd >= 0 else []))
             if self.wakeup in ready:
-                _drain(self.wakeup)
+                drain(self.wakeup)
             changed = False
             for pid, handle in list(self.workers.items()):
                 if handle.fd in ready or (handle.fd < 0 and not handle.alive()):
@@ -394,7 +390,7 @@ class Monitor:
             try:
                 self.state["hang_report"] = hang_report(self.folder, live, self.hang.hung_since)
             except OSError as exc:
-                _degrade(self.folder, self.state, f"cannot write the hang report: {_fs_problem(exc)}")
+                _degrade(self.folder, self.state, f"cannot write the hang report: {fs_problem(exc)}")
         return True
 
     def _scan(self, torchrun_pid: int) -> bool:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from .records import _boot_id
-from .system import _capture
+from .records import boot_id
+from .system import capture
 from .wire import RouteRequest, RouteTarget
 
 TYPE_CHECKING = False
@@ -19,7 +19,7 @@ IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 SIOCGIFADDR = 0x8915
 
 
-def _sockets() -> Any:
+def sockets() -> Any:
     """``_socket``, the C part of ``socket``: that module imports enum and selectors (6-7 ms at
     every route, on every host; docs/benchmarks.md)."""
     try:
@@ -29,7 +29,7 @@ def _sockets() -> Any:
     return _socket
 
 
-def _host_arg(name: str) -> bytes | str:
+def host_arg(name: str) -> bytes | str:
     """``name`` for ``getaddrinfo``: ASCII as bytes, as the idna codec would make it; a str
     makes getaddrinfo import that codec, and with it ``re`` (13 ms at every route here)."""
     return name.encode() if name.isascii() else name
@@ -56,9 +56,9 @@ def network_route(target: RouteTarget) -> dict[str, Any]:
                 break
     try:
         st = os.stat("/proc/self/ns/net")
-        netns = f"{_boot_id()}:{st.st_dev}:{st.st_ino}"
+        netns = f"{boot_id()}:{st.st_dev}:{st.st_ino}"
     except OSError:
-        netns = f"{_boot_id()}:{os.uname().nodename}"
+        netns = f"{boot_id()}:{os.uname().nodename}"
     return {"netns": netns, "master": master, "peer": peer,
             "preset": {name: os.environ[name] for name in IFNAME_VARS if os.environ.get(name)}}
 
@@ -66,12 +66,12 @@ def network_route(target: RouteTarget) -> dict[str, Any]:
 def _route(addr: str, port: int) -> dict[str, Any]:
     """The address ``addr`` resolves to here, the local address the kernel would send to it from
     (a connected UDP socket sends nothing) and that address's interface; or why there is none."""
-    socket = _sockets()
+    socket = sockets()
 
     found: dict[str, Any] = {"target": addr, "resolved": None, "source": None, "interface": None,
                              "loopback": False, "error": None}
     try:
-        infos = socket.getaddrinfo(_host_arg(addr), port, 0, socket.SOCK_DGRAM)
+        infos = socket.getaddrinfo(host_arg(addr), port, 0, socket.SOCK_DGRAM)
     except (OSError, UnicodeError) as exc:
         found["error"] = f"cannot resolve {addr}: {getattr(exc, 'strerror', None) or exc}"
         return found
@@ -114,7 +114,7 @@ def _is_loopback(address: str) -> bool:
 def _interface_of(address: str) -> str | None:
     """The interface that holds ``address``: an ioctl per interface (IPv4) or /proc/net/if_inet6,
     else ``ip -o addr`` (secondary IPv4 addresses)."""
-    socket = _sockets()
+    socket = sockets()
 
     address = address.split("%")[0]
     try:
@@ -142,7 +142,7 @@ def _interface_of(address: str) -> str | None:
                 s.close()
     except (OSError, ValueError):
         pass
-    for line in (_capture(["ip", "-o", "addr", "show"]) or "").splitlines():
+    for line in (capture(["ip", "-o", "addr", "show"]) or "").splitlines():
         fields = line.split()
         if len(fields) >= 4 and fields[3].split("/")[0] == address:
             return fields[1].split("@")[0]

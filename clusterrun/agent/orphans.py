@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 import time
 
-from .cgroup import _cgroup2_mount, cg_kill, cg_pids, cg_populated, cg_remove, cg_wait_empty, cgroup_parent
+from .cgroup import cg_kill, cg_pids, cg_populated, cg_remove, cg_wait_empty, cgroup2_mount, cgroup_parent
 from .procs import PidHandle, all_procs, has_marker, proc_env, proc_info, signal
-from .records import _attempt_dir, _marker
+from .records import attempt_dir, attempt_marker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ def named_cgroups(job: str, node: int, attempt: int) -> tuple[list[str], list[st
     """The cgroups made for this attempt (``clusterrun-<job>-n<node>-a<attempt>``, or that name
     and the random suffix a stale one gets), and the directories looked in."""
     name = f"clusterrun-{job}-n{node}-a{attempt}"
-    places = [p for p in dict.fromkeys((_cgroup2_mount(), cgroup_parent()[0])) if p]
+    places = [p for p in dict.fromkeys((cgroup2_mount(), cgroup_parent()[0])) if p]
     found = []
     for place in places:
         try:
@@ -64,8 +64,8 @@ def census(req: NodeRequest) -> dict[str, Any]:
     """What runs of an attempt without records: ``cgroups`` (by name), ``marked`` (pids) and
     ``looked`` (where, in words: for a report that never claims more than was checked)."""
     job, node, attempt = req.job, req.node, req.attempt
-    marker = _marker(job, node, attempt)
-    log_dir = os.path.join(_attempt_dir(req), "torchrun")
+    marker = attempt_marker(job, node, attempt)
+    log_dir = os.path.join(attempt_dir(req), "torchrun")
     cgroups, places = named_cgroups(job, node, attempt)
     cgroups = [cg for cg in cgroups if all(_ours(pid, log_dir) for pid in cg_pids(cg))]
     populated = [cg for cg in cgroups if cg_populated(cg)]

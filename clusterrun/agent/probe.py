@@ -9,7 +9,7 @@ from . import PROTOCOL
 from .cgroup import cgroup_parent
 from .logind import logind_problem, user_scope
 from .network import network_route
-from .records import AgentFailure, _boot_id, _state_root
+from .records import AgentFailure, boot_id, state_root
 from .system import static_fallbacks
 from .wire import ProbeRequest
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 OPTIONAL_TORCHRUN_FLAGS = ("--signals-to-handle", "--shutdown-timeout")
 
 
-def _find_torch() -> Any:
+def find_torch() -> Any:
     """torch's module spec for this interpreter, without importing torch. The agent runs without
     ``site`` (``-S``), so ``sys.prefix`` is the base interpreter's even in a virtual environment:
     look in the site directories ``site`` would add (the environment's own, as its ``pyvenv.cfg``
@@ -68,18 +68,18 @@ def op_probe(req: ProbeRequest) -> dict[str, Any]:
         "protocol": PROTOCOL,
         "hostname": os.uname().nodename,  # what socket.gethostname() returns
         "python": "{}.{}.{}".format(*sys.version_info[:3]),
-        "boot_id": _boot_id(),
+        "boot_id": boot_id(),
         "torch": None,
         "torchrun_flags": [],
-        "state_dir": _state_root(req.state_dir),
+        "state_dir": state_root(req.state_dir),
         "port": None,
     }
-    spec = _find_torch()
+    spec = find_torch()
     if spec is not None and spec.origin:
         torch_dir = os.path.dirname(spec.origin)
         try:
             with open(os.path.join(torch_dir, "version.py")) as f:
-                answer["torch"] = _version_of(f.read())
+                answer["torch"] = version_of(f.read())
             with open(os.path.join(torch_dir, "distributed", "run.py")) as f:
                 run_py = f.read()
             answer["torchrun_flags"] = [flag for flag in OPTIONAL_TORCHRUN_FLAGS if flag in run_py]
@@ -111,7 +111,7 @@ def op_probe(req: ProbeRequest) -> dict[str, Any]:
     return answer
 
 
-def _version_of(version_py: str) -> str:
+def version_of(version_py: str) -> str:
     """The ``__version__ = '...'`` of a module's source (torch/version.py), or ``unknown``."""
     for line in version_py.splitlines():
         name, equals, value = line.partition("=")
@@ -120,6 +120,17 @@ def _version_of(version_py: str) -> str:
             end = value.find(value[0], 1)
             return value[1:end] if end > 1 else "unknown"
     return "unknown"
+
+
+def assigned(source: str, name: str) -> str | None:
+    """The string assigned to ``name`` in a module's source (``cuda: Optional[str] = '12.4'``), or None."""
+    for line in source.splitlines():
+        key, equals, value = line.partition("=")
+        value = value.strip()
+        if equals and key.split(":")[0].strip() == name and value[:1] in ("'", '"'):
+            end = value.find(value[0], 1)
+            return value[1:end] if end > 1 else None
+    return None
 
 
 def _free_port() -> int:

@@ -7,7 +7,7 @@ import os
 import select
 import time
 
-from .records import _boot_id, _marker
+from .records import attempt_marker, boot_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ class JobScope:
         self.sup_start = sup.get("start_time")
         monitor = (state.get("supervisor") or {}).get("pid")
         self.own_sid = sup.get("sid")  # the survivor's session: itself and its monitors
-        self.marker = _marker(state["job"], state["node"], state["attempt"])
+        self.marker = attempt_marker(state["job"], state["node"], state["attempt"])
         self.sessions = set(state.get("sessions") or [])
         # When each session was first seen: the start time of its leader (None: already gone).
         self.leaders = {int(sid): start for sid, start in (state.get("session_leaders") or {}).items()}
@@ -268,15 +268,20 @@ class JobScope:
             time.sleep(0.05)
 
 
-def _is_alive(entry: dict[str, Any] | None) -> bool:
+def proc_entry(pid: int) -> dict[str, Any]:
+    info = proc_info(pid)
+    return {"pid": pid, "start_time": info.start_time if info else None}
+
+
+def is_alive(entry: dict[str, Any] | None) -> bool:
     if not entry or not entry.get("pid"):
         return False
     info = proc_info(entry["pid"])
     return info is not None and info.start_time == entry.get("start_time") and info.state != "Z"
 
 
-def _job_alive(state: dict[str, Any]) -> bool:
+def job_alive(state: dict[str, Any]) -> bool:
     """Whether the survivor, the monitor or torchrun recorded in ``state`` still runs (a reboot ends all)."""
-    if state.get("boot_id") != _boot_id():
+    if state.get("boot_id") != boot_id():
         return False
-    return any(_is_alive(state.get(key)) for key in ("survivor", "supervisor", "torchrun"))
+    return any(is_alive(state.get(key)) for key in ("survivor", "supervisor", "torchrun"))

@@ -6,7 +6,7 @@ import os
 import time
 
 from .codec import json_dumps
-from .records import _fs_problem, _read_json
+from .records import fs_problem, read_json
 from .waker import Waker
 
 TYPE_CHECKING = False
@@ -137,7 +137,7 @@ class RankLogs:
             while data:
                 data = data[os.write(self.out_fd, data):]
         except OSError as exc:  # a full disk: the lines are lost, the job goes on
-            self.error = f"lines of the workers were lost: cannot write output.log: {_fs_problem(exc)}"
+            self.error = f"lines of the workers were lost: cannot write output.log: {fs_problem(exc)}"
         for rel, _, end, _ in batch:
             self.done[rel] = end
         if self.times is not None:
@@ -183,7 +183,7 @@ def resume_offsets(journal: str, root: str, log_fd: int, first_rank: int) -> dic
     in the log ``log_fd``, from ``RankLogs``'s journal: the offsets before the last batch, moved
     past it if the log holds that batch after the size it had then (torchrun appends its own
     lines too, so the batch need not start there)."""
-    record = _read_json(journal)
+    record = read_json(journal)
     if record is None:
         return {}
     done = {str(k): int(v) for k, v in (record.get("done") or {}).items()}

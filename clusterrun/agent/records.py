@@ -27,7 +27,7 @@ class AgentFailure(Exception):
     """A request that cannot be carried out; reported as ``{ok: false, error}``."""
 
 
-def _boot_id() -> str:
+def boot_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
@@ -35,7 +35,7 @@ def _boot_id() -> str:
         return ""
 
 
-def _unlink_quietly(path: str) -> None:
+def unlink_quietly(path: str) -> None:
     """Remove a temporary file a failed write leaves (gone already is fine)."""
     try:
         os.unlink(path)
@@ -43,7 +43,7 @@ def _unlink_quietly(path: str) -> None:
         pass
 
 
-def _write_atomic(path: str, data: bytes) -> None:
+def write_atomic(path: str, data: bytes) -> None:
     """Write a temporary file (0600, a random name: hosts sharing a filesystem have the same pids), fsync, rename."""
     tmp = f"{path}.{os.urandom(6).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -57,15 +57,15 @@ def _write_atomic(path: str, data: bytes) -> None:
             os.close(fd)
         os.rename(tmp, path)
     except BaseException:
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
         raise
 
 
-def _write_json_atomic(path: str, obj: object) -> None:
-    _write_atomic(path, json_dumps_sorted(obj).encode())
+def write_json_atomic(path: str, obj: object) -> None:
+    write_atomic(path, json_dumps_sorted(obj).encode())
 
 
-def _read_json(path: str) -> dict[str, Any] | None:
+def read_json(path: str) -> dict[str, Any] | None:
     try:
         with open(path, "rb") as f:
             value = json_loads(f.read())
@@ -74,45 +74,45 @@ def _read_json(path: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _state_root(state_dir: str | None) -> str:
+def state_root(state_dir: str | None) -> str:
     if state_dir:
         return os.path.abspath(os.path.expanduser(state_dir))
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(base, "clusterrun")
 
 
-def _attempt_dir(req: NodeRequest, attempt: int | None = None) -> str:
+def attempt_dir(req: NodeRequest, attempt: int | None = None) -> str:
     """The directory of the request's attempt (or of ``attempt`` of the same node)."""
     job, node, attempt = req.job, req.node, req.attempt if attempt is None else attempt
     if not isinstance(job, str) or not (0 < len(job) <= 128 and job[0] in _ALNUM and _ID_CHARS.issuperset(job)):
         raise AgentFailure(f"invalid job id {job!r}")
     if not isinstance(node, int) or not isinstance(attempt, int) or node < 0 or attempt < 1:
         raise AgentFailure(f"invalid node {node!r} or attempt {attempt!r}")
-    root = _state_root(req.state_dir)
+    root = state_root(req.state_dir)
     return os.path.join(root, "jobs", job, f"node{node}", f"attempt{attempt}")
 
 
-def _marker(job: str, node: int, attempt: int) -> str:
+def attempt_marker(job: str, node: int, attempt: int) -> str:
     """The variable every process of one attempt of one node carries: never another attempt's."""
     return f"{MARKER_VAR}={job}.{node}.{attempt}"
 
 
-def _fs_problem(exc: OSError) -> str:
+def fs_problem(exc: OSError) -> str:
     """A short reason for a failed write to the state dir (a full or read-only disk, a quota)."""
     return f"{os.strerror(exc.errno) if exc.errno else exc}" + (f": {exc.filename}" if exc.filename else "")
 
 
-def _load_state(req: NodeRequest) -> tuple[str, dict[str, Any]]:
-    folder = _attempt_dir(req)
-    state = _read_state(folder)
+def load_state(req: NodeRequest) -> tuple[str, dict[str, Any]]:
+    folder = attempt_dir(req)
+    state = read_state(folder)
     if state is None:
         raise AgentFailure(f"no job {req.job} node {req.node} attempt {req.attempt} in {folder}")
     return folder, state
 
 
-def _read_state(folder: str) -> dict[str, Any] | None:
+def read_state(folder: str) -> dict[str, Any] | None:
     """state.json, with ``degraded`` set if the supervisor could not write everything since."""
-    state = _read_json(os.path.join(folder, "state.json"))
+    state = read_json(os.path.join(folder, "state.json"))
     if state is not None and not state.get("degraded"):
         reason = _degraded(folder)
         if reason:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .codec import _emit, json_loads
+from .codec import emit, json_loads
 from .records import AgentFailure
 from .wire import REQUESTS, Request
 
@@ -89,7 +89,7 @@ def serve(first: bytes = b"") -> int:
             reply = answer(line)
             if reply is None:
                 return 0  # a follow streamed to its end: the controller closes the channel
-            _emit(reply)
+            emit(reply)
     except BrokenPipeError:
         return 0
 

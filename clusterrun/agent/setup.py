@@ -32,7 +32,7 @@ class Prepared:
 
 
 # By (job, node, attempt): setup runs once per attempt.
-_prepared: dict[tuple[str, int, int], Prepared] = {}
+PREPARED: dict[tuple[str, int, int], Prepared] = {}
 
 # The job's interpreter as the job runs it (site on): its Python, torch found (not imported) with
 # its version.py and which of the optional torchrun flags (argv) its torch/distributed/run.py has.
@@ -57,7 +57,7 @@ sys.stdout.write(json.dumps(out))
 """
 
 
-def _setup_key(req: SetupRequest | StartRequest) -> tuple[str, int, int]:
+def setup_key(req: SetupRequest | StartRequest) -> tuple[str, int, int]:
     return req.job, req.node, req.attempt
 
 
@@ -86,8 +86,8 @@ def _last_lines(data: bytes, count: int = 20) -> str:
     return "\n".join(("  | " + line) for line in lines[-count:]) if data.strip() else "  (it printed nothing)"
 
 
-def _run_setup(commands: list[str], env: dict[str, str], cwd: str | None,
-               timeout: float | None = None) -> tuple[dict[str, str], bytes]:
+def run_setup(commands: list[str], env: dict[str, str], cwd: str | None,
+              timeout: float | None = None) -> tuple[dict[str, str], bytes]:
     """Run the ``setup`` commands in bash, in ``cwd``, with the job's environment on top of this
     agent's; the environment they leave (what they exported, changed or unset) and their output.
     ``AgentFailure`` with the last lines of their output if one fails: nothing was started then."""
@@ -146,16 +146,15 @@ def job_python(python: str, env: dict[str, str], cwd: str | None) -> dict[str, A
     """The job's interpreter ``python`` as the job will run it: found on ``env``'s PATH, run with
     ``env`` in ``cwd`` (``JOB_PYTHON``): ``{executable, python, torch, torch_cuda, torchrun_flags}``,
     or ``{error}`` when it cannot be found or run."""
-    from .doctorops import _assigned
-    from .probe import OPTIONAL_TORCHRUN_FLAGS, _version_of
-    from .system import _capture
+    from .probe import OPTIONAL_TORCHRUN_FLAGS, assigned, version_of
+    from .system import capture
 
     found = _find(python, env)
     if found is None:
         return {"error": f"{python} is not found on the PATH setup leaves ({env.get('PATH') or 'unset'})"}
     folder = os.path.expanduser(cwd) if cwd else None
-    out = _capture([found, "-c", JOB_PYTHON, *OPTIONAL_TORCHRUN_FLAGS], timeout=30, env=env,
-                   cwd=folder if folder and os.path.isdir(folder) else None)
+    out = capture([found, "-c", JOB_PYTHON, *OPTIONAL_TORCHRUN_FLAGS], timeout=30, env=env,
+                  cwd=folder if folder and os.path.isdir(folder) else None)
     try:
         seen = json_loads(out) if out else None
     except ValueError:
@@ -164,7 +163,7 @@ def job_python(python: str, env: dict[str, str], cwd: str | None) -> dict[str, A
         return {"error": f"{found} could not run in the environment setup leaves"}
     text = seen.get("version_py")
     return {"executable": seen.get("executable") or found, "python": seen.get("python") or "",
-            "torch": None if text is None else _version_of(text), "torch_cuda": _assigned(text or "", "cuda"),
+            "torch": None if text is None else version_of(text), "torch_cuda": assigned(text or "", "cuda"),
             "torchrun_flags": list(seen.get("flags") or [])}
 
 
@@ -177,8 +176,8 @@ def op_setup(req: SetupRequest) -> dict[str, Any]:
     folder = os.path.expanduser(req.cwd) if req.cwd else None
     if req.if_cwd and folder and not os.path.isdir(folder):
         return {"ok": True, "skipped": f"{folder} does not exist yet"}
-    env, output = _run_setup(req.setup or [], req.env or {}, req.cwd, req.setup_timeout)
-    prepared = _prepared[_setup_key(req)] = Prepared(env, output)
+    env, output = run_setup(req.setup or [], req.env or {}, req.cwd, req.setup_timeout)
+    prepared = PREPARED[setup_key(req)] = Prepared(env, output)
     answer: dict[str, Any] = {"ok": True}
     if req.python:
         answer["python"] = job_python(req.python, env, req.cwd)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 
 from .codec import json_loads
-from .procs import _job_alive, has_marker, proc_env, proc_info
-from .records import _attempt_dir, _load_state, _marker, _read_json
+from .procs import has_marker, job_alive, proc_env, proc_info
+from .records import attempt_dir, attempt_marker, load_state, read_json
 from .wire import Frame, RankStack, StackAnswer, StackRequest, ThreadStack
 
 TYPE_CHECKING = False
@@ -26,11 +26,11 @@ CAP_SYS_PTRACE = 19  # capability(7)'s bit
 
 
 def op_stack(req: StackRequest) -> dict[str, Any]:
-    if not os.path.isdir(_attempt_dir(req)):  # never started on this host
+    if not os.path.isdir(attempt_dir(req)):  # never started on this host
         return StackAnswer(ok=True, state="absent", ranks=[]).to_json()
-    folder, state = _load_state(req)
+    folder, state = load_state(req)
     kind = str(state.get("state"))
-    if kind != "exited" and not _job_alive(state):
+    if kind != "exited" and not job_alive(state):
         kind = "lost"
     if kind not in ("starting", "running"):
         return StackAnswer(ok=True, state=kind, ranks=[]).to_json()
@@ -43,10 +43,10 @@ def take_stacks(folder: str, state: dict[str, Any], ranks: list[int] | None = No
     for a part that watches the attempt on the host (e.g. to save them beside its logs)."""
     import threading  # here, not at the agent's start
 
-    marker = _marker(state["job"], state["node"], state["attempt"])
+    marker = attempt_marker(state["job"], state["node"], state["attempt"])
     workers = [w for w in state.get("workers") or [] if w.get("died") is None and isinstance(w.get("pid"), int)
                and (ranks is None or w.get("rank") in ranks)]
-    spec = _read_json(os.path.join(folder, "spec.json")) or {}
+    spec = read_json(os.path.join(folder, "spec.json")) or {}
     python = (spec.get("argv") or [None])[0]
     kind = str(state.get("state"))
     tool = find_py_spy(python, workers, marker)

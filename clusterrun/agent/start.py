@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import time
 
-from .cgroup import _make_cgroup, cg_populated, cg_remove
+from .cgroup import cg_populated, cg_remove, make_cgroup
 from .codec import json_loads
 from .logind import logind_problem, user_scope
-from .records import AgentFailure, _attempt_dir, _fs_problem, _write_json_atomic
-from .setup import _prepared, _run_setup, _setup_key
-from .supervisor import _spawn_supervisor
+from .records import AgentFailure, attempt_dir, fs_problem, write_json_atomic
+from .setup import PREPARED, run_setup, setup_key
+from .supervisor import spawn_supervisor
 from .system import read_until, static_fallbacks
 
 TYPE_CHECKING = False
@@ -26,15 +26,15 @@ def op_start(req: StartRequest) -> dict[str, Any]:
         from .wire import UnlistenRequest
 
         op_unlisten(UnlistenRequest(port=req.unlisten))
-    folder = _attempt_dir(req)
+    folder = attempt_dir(req)
     argv, env, cwd, setup = req.argv, req.env or {}, req.cwd, req.setup or []
     if not argv:
         raise AgentFailure("argv must be a non-empty list of strings")
     output = b""
     if setup:  # run by the ``setup`` request of this agent already, or here (before anything exists)
-        prepared = _prepared.pop(_setup_key(req), None)
-        run_env, output = (prepared.env, prepared.output) if prepared else _run_setup(setup, env, cwd,
-                                                                                      req.setup_timeout)
+        prepared = PREPARED.pop(setup_key(req), None)
+        run_env, output = (prepared.env, prepared.output) if prepared else run_setup(setup, env, cwd,
+                                                                                     req.setup_timeout)
     else:
         run_env = {**os.environ, **env}
     try:
@@ -42,7 +42,7 @@ def op_start(req: StartRequest) -> dict[str, Any]:
     except FileExistsError:
         raise AgentFailure(f"{folder} already exists: this attempt was started before") from None
     except OSError as exc:
-        raise AgentFailure(f"cannot create the state dir {folder}: {_fs_problem(exc)}; nothing was started "
+        raise AgentFailure(f"cannot create the state dir {folder}: {fs_problem(exc)}; nothing was started "
                            "(free space there or set `state_dir:` for this host)") from None
     scope = None
     session_problem = logind_problem()
@@ -53,7 +53,7 @@ def op_start(req: StartRequest) -> dict[str, Any]:
             raise AgentFailure(session_problem)
         cgroup, why = None, ""  # the supervisor makes it in its scope (delegated to the user)
     else:
-        cgroup, why = _make_cgroup(req.job, req.node, req.attempt)
+        cgroup, why = make_cgroup(req.job, req.node, req.attempt)
     secret = set(req.secret_env or ())  # their values reach torchrun in memory only, never this disk
     shown = {name: "****" if name in secret else value for name, value in env.items()}
     spec = {"job": req.job, "node": req.node, "attempt": req.attempt, "argv": argv, "env": shown,
@@ -63,15 +63,15 @@ def op_start(req: StartRequest) -> dict[str, Any]:
             "fallbacks": ([f"no cgroup: {why}"] if why else []) + static_fallbacks()}
     middle = 0
     try:
-        _write_json_atomic(os.path.join(folder, "spec.json"), spec)
+        write_json_atomic(os.path.join(folder, "spec.json"), spec)
         if setup:
             _log_setup(folder, output, {env[name] for name in secret if env.get(name)})
-        ready, middle = _spawn_supervisor(folder, scope, run_env)
+        ready, middle = spawn_supervisor(folder, scope, run_env)
     except OSError as exc:
         if cgroup:
             cg_remove(cgroup)
         _discard(folder)
-        raise AgentFailure(f"cannot write to the state dir {folder}: {_fs_problem(exc)}; nothing was started "
+        raise AgentFailure(f"cannot write to the state dir {folder}: {fs_problem(exc)}; nothing was started "
                            "(free space there or set `state_dir:` for this host)") from None
     deadline = time.monotonic() + 30
     try:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 
-from .cgroup import _forget_cgroup
+from .cgroup import forget_cgroup
 from .monitor import ensure_monitor
 from .orphans import census, status_unrecorded
-from .procs import _is_alive, _job_alive
-from .records import AgentFailure, _attempt_dir, _boot_id, _load_state, _read_json, _read_state, _state_root
+from .procs import is_alive, job_alive
+from .records import AgentFailure, attempt_dir, boot_id, load_state, read_json, read_state, state_root
 from .wire import StatusRequest
 
 TYPE_CHECKING = False
@@ -18,30 +18,30 @@ if TYPE_CHECKING:
     from .wire import JobsRequest, NodeRequest, RemoveRequest
 
 
-def _absent(req: NodeRequest) -> dict[str, Any] | None:
+def absent_answer(req: NodeRequest) -> dict[str, Any] | None:
     """The answer for a node that was never started (its controller died during ``start``)."""
-    if os.path.exists(_attempt_dir(req)):
+    if os.path.exists(attempt_dir(req)):
         return None
     return {"ok": True, "state": {"state": "absent"}, "alive": {"supervisor": False, "torchrun": False},
             "log_size": 0, "killed": [], "left": []}
 
 
 def op_status(req: StatusRequest) -> dict[str, Any]:
-    absent = _absent(req)
+    absent = absent_answer(req)
     if absent is not None:  # never started, or its records were deleted while it runs
         found = census(req)
         return status_unrecorded(found) if found["populated"] or found["marked"] else absent
-    folder, state = _load_state(req)
-    same_boot = state.get("boot_id") == _boot_id()
-    alive = {key: same_boot and _is_alive(state.get(key)) for key in ("survivor", "supervisor", "torchrun")}
+    folder, state = load_state(req)
+    same_boot = state.get("boot_id") == boot_id()
+    alive = {key: same_boot and is_alive(state.get(key)) for key in ("survivor", "supervisor", "torchrun")}
     if same_boot:  # a new monitor copies what is left; with nothing of the job alive the node is lost all the same
         ensure_monitor(folder, state)
     if state.get("state") != "exited" and not any(alive.values()):
-        state = _read_state(folder) or state  # it may have ended just now
+        state = read_state(folder) or state  # it may have ended just now
         if state.get("state") != "exited":
             state = dict(state, state="lost")
     if not alive["supervisor"] and not alive["survivor"]:
-        _forget_cgroup(state)
+        forget_cgroup(state)
     try:
         size = os.path.getsize(os.path.join(folder, "output.log"))
     except OSError:
@@ -55,13 +55,13 @@ def op_remove(req: RemoveRequest) -> dict[str, Any]:
     node is left in it. Refused while a supervisor or torchrun of any attempt still runs."""
     import shutil
 
-    folder = os.path.dirname(_attempt_dir(req, attempt=1))
+    folder = os.path.dirname(attempt_dir(req, attempt=1))
     if not os.path.isdir(folder):
         return {"ok": True, "removed": None, "bytes": 0}
     size = 0
     for name in sorted(os.listdir(folder)):
-        state = _read_json(os.path.join(folder, name, "state.json"))
-        if state is not None and _job_alive(state):
+        state = read_json(os.path.join(folder, name, "state.json"))
+        if state is not None and job_alive(state):
             raise AgentFailure(f"{os.path.join(folder, name)} still runs; stop the job first (`clusterrun down`)")
     for parent, _dirs, files in os.walk(folder):
         for file in files:
@@ -80,7 +80,7 @@ def op_remove(req: RemoveRequest) -> dict[str, Any]:
 def op_jobs(req: JobsRequest) -> dict[str, Any]:
     """Every node attempt under the state root, as ``status`` sees it, with what ``start`` was
     given (argv, env, cwd, first_rank, about): for a controller that has no record of the job."""
-    root = os.path.join(_state_root(req.state_dir), "jobs")
+    root = os.path.join(state_root(req.state_dir), "jobs")
     found = []
     try:
         jobs = sorted(os.listdir(root))
@@ -94,17 +94,17 @@ def op_jobs(req: JobsRequest) -> dict[str, Any]:
         for node_dir in nodes:
             if not node_dir.startswith("node") or not node_dir[4:].isdigit():
                 continue
-            for attempt_dir in sorted(os.listdir(os.path.join(root, job, node_dir))):
-                if not attempt_dir.startswith("attempt") or not attempt_dir[7:].isdigit():
+            for attempt_name in sorted(os.listdir(os.path.join(root, job, node_dir))):
+                if not attempt_name.startswith("attempt") or not attempt_name[7:].isdigit():
                     continue
-                query = StatusRequest(job=job, node=int(node_dir[4:]), attempt=int(attempt_dir[7:]),
+                query = StatusRequest(job=job, node=int(node_dir[4:]), attempt=int(attempt_name[7:]),
                                       state_dir=req.state_dir)
                 try:
                     status = op_status(query)
                 except AgentFailure:
                     status = {"state": {"state": "starting"}}  # no state.json yet (being started, or it never was)
-                folder = _attempt_dir(query)
-                spec = _read_json(os.path.join(folder, "spec.json")) or {}
+                folder = attempt_dir(query)
+                spec = read_json(os.path.join(folder, "spec.json")) or {}
                 try:
                     started = os.stat(os.path.join(folder, "spec.json")).st_mtime
                 except OSError:

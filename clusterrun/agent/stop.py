@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import time
 
-from .cgroup import _forget_cgroup, cg_kill, cg_pids, cg_populated, cg_remove, cg_wait_empty
+from .cgroup import cg_kill, cg_pids, cg_populated, cg_remove, cg_wait_empty, forget_cgroup
 from .monitor import EXIT_WAIT, ensure_monitor
 from .orphans import census, stop_unrecorded
 from .procs import JobScope, all_procs, pin, proc_info, signal
-from .records import _attempt_dir, _boot_id, _fs_problem, _read_json, _read_state, _write_json_atomic
-from .status import _absent
+from .records import attempt_dir, boot_id, fs_problem, read_json, read_state, write_json_atomic
+from .status import absent_answer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,16 +23,16 @@ UNSEEN = "processes that left the job's tree, session and environment could not 
 
 
 def op_stop(req: StopRequest) -> dict[str, Any]:
-    absent = _absent(req)
+    absent = absent_answer(req)
     if absent is not None:  # never started, or its records were deleted: look for its processes all the same
         found = census(req)
         if found["populated"] or found["marked"]:
             return stop_unrecorded(req, found)
         removed = [f"removed its empty cgroup {cg}" for cg in found["cgroups"] if cg_remove(cg)]
         return dict(absent, records_gone=True, found_by=[], looked=found["looked"], notes=removed)
-    folder = _attempt_dir(req)
-    spec = _read_json(os.path.join(folder, "spec.json")) or {}
-    state = _read_state(folder)
+    folder = attempt_dir(req)
+    spec = read_json(os.path.join(folder, "spec.json")) or {}
+    state = read_state(folder)
     if state is not None:
         state = ensure_monitor(folder, state)  # it copies the last lines and writes the final state
     notes: list[str] = []
@@ -44,8 +44,8 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
     deadline = time.monotonic() + grace + 15
     killed: dict[int, dict[str, Any]] = {}
     base = {"ok": True, "fallbacks": state.get("fallbacks") or [], "degraded": state.get("degraded"), "notes": notes}
-    if state.get("boot_id") and state.get("boot_id") != _boot_id():
-        _forget_cgroup(state)
+    if state.get("boot_id") and state.get("boot_id") != boot_id():
+        forget_cgroup(state)
         return dict(base, killed=[], left=[], state=state, containment="reboot", verified=True,
                     detail="the host rebooted since the job started: nothing of it can be running")
     if state.get("state") != "exited":
@@ -53,7 +53,7 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
             with open(os.path.join(folder, "stop"), "w"):
                 pass
         except OSError as exc:
-            notes.append(f"could not record the stop request: {_fs_problem(exc)}")
+            notes.append(f"could not record the stop request: {fs_problem(exc)}")
     # The cgroup counts once the supervisor joined it (it says so in its first state); else the sweep.
     cgroup = state.get("cgroup") or None
     if cgroup is None and spec.get("cgroup") and state.get("state") == "starting" and os.path.isdir(spec["cgroup"]):
@@ -77,7 +77,7 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
             method = cg_kill(job, killed)
             cg_wait_empty(job, deadline)
     scope.sweep(term_wait=0.5 if cgroup else 2.0, deadline=deadline, killed=killed)
-    current = _read_state(folder) or state  # a monitor started since names itself there
+    current = read_state(folder) or state  # a monitor started since names itself there
     for key in ("supervisor", "survivor"):  # the monitor writes the final state, then the survivor leaves
         entry = current.get(key) or state.get(key) or {}
         handle = pin(entry["pid"], entry.get("start_time")) if entry.get("pid") else None
@@ -95,14 +95,14 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
         cgroup_empty = not cg_populated(cgroup)
         if cgroup_empty and not cg_remove(cgroup):
             notes.append(f"could not remove the empty cgroup {cgroup}")
-    final = _read_state(folder) or state
+    final = read_state(folder) or state
     if final.get("state") != "exited":
         final = dict(final, state="exited", stop_requested=True,
                      error=final.get("error") or "the supervisor ended without recording an exit")
         try:
-            _write_json_atomic(os.path.join(folder, "state.json"), final)
+            write_json_atomic(os.path.join(folder, "state.json"), final)
         except OSError as exc:
-            notes.append(f"could not record the end of the job in state.json: {_fs_problem(exc)}")
+            notes.append(f"could not record the end of the job in state.json: {fs_problem(exc)}")
     procs = all_procs()
     left = [procs[pid].as_dict() for pid in sorted(scope.members(procs))]  # verify: nothing may be left
     if cgroup:

@@ -8,8 +8,8 @@ import sys
 
 from .codec import json_dumps, json_loads
 from .monitor import BUSY, IDLE_SCAN_INTERVAL, MERGE_INTERVAL, SCAN_INTERVAL  # noqa: F401 - where tests look
-from .survivor import Survivor, _set_subreaper, _spawn_job  # noqa: F401 - where tests look
-from .system import _close_fds_from, _exit_with
+from .survivor import Survivor
+from .system import close_fds_from, exit_with
 
 # What systemd-run runs in the user's scope (argv: the attempt's folder, then where this package is
 # imported from and its name, ``_importable()``): the job's environment arrives on stdin as JSON
@@ -20,8 +20,8 @@ SUPERVISE = (
 )
 
 
-def _spawn_supervisor(folder: str, scope: list[str] | None = None,
-                      env: dict[str, str] | None = None) -> tuple[int, int]:
+def spawn_supervisor(folder: str, scope: list[str] | None = None,
+                     env: dict[str, str] | None = None) -> tuple[int, int]:
     """Fork the detached supervisor of ``folder`` (see the module docstring) and return at once
     with the read end of a pipe on which it writes its first state as one JSON line, and the pid
     of a child to reap once that is read (0 if none). With ``scope`` (``user_scope``), the
@@ -59,12 +59,12 @@ def _spawn_supervisor(folder: str, scope: list[str] | None = None,
         os.dup2(log_fd, 2)
         os.dup2(ready_w, 3)
         os.set_inheritable(3, bool(scope))
-        _close_fds_from(4)  # the SSH channel's pipes among them: the connection may close
+        close_fds_from(4)  # the SSH channel's pipes among them: the connection may close
         if scope:
             os.execvp(scope[0], [*scope, sys.executable, "-S", "-c", SUPERVISE, folder, *_importable()])
         return Survivor(folder, ready_fd=3, env=env).run()
 
-    _exit_with(supervise)
+    exit_with(supervise)
 
 
 def supervise_in_scope(folder: str, env: bytes) -> None:
@@ -73,7 +73,7 @@ def supervise_in_scope(folder: str, env: bytes) -> None:
     if os.fork():
         os._exit(0)
     os.set_inheritable(3, False)
-    _exit_with(lambda: Survivor(folder, ready_fd=3, env=json_loads(env or b"null")).run())
+    exit_with(lambda: Survivor(folder, ready_fd=3, env=json_loads(env or b"null")).run())
 
 
 def _importable() -> tuple[str, str]:

@@ -8,14 +8,14 @@ import os
 import select
 import time
 
-from .cgroup import _cgroup_path, _make_cgroup, _own_cgroup, cg_remove, cg_write
+from .cgroup import cg_remove, cg_write, cgroup_path, make_cgroup, own_cgroup
 from .codec import json_dumps
 from .kmsg import KernelLog
-from .monitor import EXIT_FILE, RESPAWNS, Monitor, _entry, leave_cgroup, save_state
-from .procs import signal
-from .records import _boot_id, _fs_problem, _marker, _read_json, _write_atomic, _write_json_atomic
-from .system import _exit_with
-from .waker import IDLE_CHECK, Waker, _drain
+from .monitor import EXIT_FILE, RESPAWNS, Monitor, leave_cgroup, save_state
+from .procs import proc_entry, signal
+from .records import attempt_marker, boot_id, fs_problem, read_json, write_atomic, write_json_atomic
+from .system import exit_with
+from .waker import IDLE_CHECK, Waker, drain
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class Survivor:
     def __init__(self, folder: str, ready_fd: int = -1, env: dict[str, str] | None = None) -> None:
         self.folder = folder
         self.env = env  # torchrun's environment (spec.json holds it with secret values masked)
-        spec = _read_json(os.path.join(folder, "spec.json"))
+        spec = read_json(os.path.join(folder, "spec.json"))
         if spec is None:
             raise SystemExit(f"clusterrun supervisor: no spec.json in {folder}")
         self.spec = spec
@@ -52,7 +52,7 @@ class Survivor:
         self.job_cgroup: str | None = os.path.join(self.cgroup, "job") if self.cgroup else None
         self.state = {
             "state": "starting", "job": spec["job"], "node": spec["node"], "attempt": spec["attempt"],
-            "boot_id": _boot_id(), "survivor": dict(_entry(os.getpid()), sid=os.getsid(0)), "supervisor": None,
+            "boot_id": boot_id(), "survivor": dict(proc_entry(os.getpid()), sid=os.getsid(0)), "supervisor": None,
             "torchrun": None, "exit_code": None, "signal": None, "error": None, "stop_requested": False,
             "workers": [], "sessions": [], "started_at": time.time(), "ended_at": None,
             "cgroup": None, "fallbacks": list(spec.get("fallbacks") or []), "degraded": None,
@@ -80,7 +80,7 @@ class Survivor:
         waits about 10 ms for the kernel (an RCU grace period of cgroup_threadgroup_rwsem), during
         which this one gets on with the start (its ctypes import, 4-5 ms). The child's pid, or 0."""
         if self.spec.get("user_scope"):  # started by systemd-run in a scope delegated to the user
-            self.cgroup, why = _make_cgroup(self.spec["job"], self.spec["node"], self.spec["attempt"])
+            self.cgroup, why = make_cgroup(self.spec["job"], self.spec["node"], self.spec["attempt"])
             self.job_cgroup = os.path.join(self.cgroup, "job") if self.cgroup else None
             if why:
                 self.state["fallbacks"].append(f"no cgroup: {why}")
@@ -120,11 +120,11 @@ class Survivor:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, self._on_term)
         joining = self._start_joining()
-        if not _set_subreaper():
+        if not set_subreaper():
             self.state["fallbacks"].append("no subreaper (prctl through ctypes failed): orphans of the job go to "
                                            "init and are found by marker and session only")
         env = dict(self.env) if self.env is not None else {**os.environ, **self.spec["env"]}
-        key, _, value = _marker(self.spec["job"], self.spec["node"], self.spec["attempt"]).partition("=")
+        key, _, value = attempt_marker(self.spec["job"], self.spec["node"], self.spec["attempt"]).partition("=")
         env[key] = value
         # torchrun's --log-dir, inside this attempt's private directory (never the log we keep)
         env["PET_LOG_DIR"] = os.path.join(self.folder, "torchrun")
@@ -143,17 +143,17 @@ class Survivor:
         try:
             log_fd = os.open(os.path.join(self.folder, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.makedirs(env["PET_LOG_DIR"], mode=0o700, exist_ok=True)  # torchrun accepts it existing
-            _write_json_atomic(os.path.join(self.folder, "state.json"), self.state)  # nothing runs yet
+            write_json_atomic(os.path.join(self.folder, "state.json"), self.state)  # nothing runs yet
         except OSError as exc:
             self.state.update(state="exited", ended_at=time.time(), unwritable=True,
-                              error=f"cannot write to the state dir {self.folder}: {_fs_problem(exc)}; nothing was "
+                              error=f"cannot write to the state dir {self.folder}: {fs_problem(exc)}; nothing was "
                                     "started (free space there or set `state_dir:` for this host)")
             self._leave_cgroup()
             self._ready()
             return 1
         kernel = KernelLog()  # from here on: an OOM kill of the job is among what it reads
         try:
-            pid = _spawn_job(self.spec["argv"], env, self.spec.get("cwd") or None, log_fd, self.job_cgroup)
+            pid = spawn_job(self.spec["argv"], env, self.spec.get("cwd") or None, log_fd, self.job_cgroup)
         except OSError as exc:
             kernel.close()
             os.close(log_fd)
@@ -164,15 +164,15 @@ class Survivor:
             self._ready()
             return 1
         os.close(log_fd)  # torchrun holds it; the monitor opens its own
-        if self.job_cgroup and _own_cgroup(pid) != _cgroup_path(self.job_cgroup):
+        if self.job_cgroup and own_cgroup(pid) != cgroup_path(self.job_cgroup):
             self.state["fallbacks"].append(f"torchrun is not in {self.job_cgroup}: a stop kills the attempt's "
                                            "whole cgroup instead")
             self.state["job_cgroup_missed"] = True
-        self.state.update(state="running", torchrun=_entry(pid), sessions=[pid])
+        self.state.update(state="running", torchrun=proc_entry(pid), sessions=[pid])
         go_r, go_w = os.pipe()
         monitor = self._fork_monitor(kernel, go_r, go_w)
         os.close(go_r)
-        self.state["supervisor"] = _entry(monitor)
+        self.state["supervisor"] = proc_entry(monitor)
         self.save()
         os.close(go_w)  # the monitor starts from the state just written
         self._ready()
@@ -194,7 +194,7 @@ class Survivor:
             os.close(go_w)
             os.read(go_fd, 1)  # EOF once the survivor wrote the state
             os.close(go_fd)
-        _exit_with(lambda: Monitor(self.folder, state if go_fd >= 0 else None, kernel).run())
+        exit_with(lambda: Monitor(self.folder, state if go_fd >= 0 else None, kernel).run())
 
     def _wait(self, torchrun: int, monitor: int, kernel: KernelLog) -> int:
         """Reap until torchrun has exited (its exit file written) and a monitor has finished."""
@@ -202,7 +202,7 @@ class Survivor:
         respawns = 0
         while not (exited and finished):
             select.select([self.wakeup], [], [], IDLE_CHECK)
-            _drain(self.wakeup)
+            drain(self.wakeup)
             if self.term_requested and not forwarded and not exited:
                 forwarded = True
                 os.kill(torchrun, signal.SIGTERM)
@@ -216,10 +216,10 @@ class Survivor:
                 if pid == torchrun:
                     exited = True
                     try:
-                        _write_atomic(os.path.join(self.folder, EXIT_FILE),
-                                      json_dumps(exit_record(status, pid)).encode())
+                        write_atomic(os.path.join(self.folder, EXIT_FILE),
+                                     json_dumps(exit_record(status, pid)).encode())
                     except OSError as exc:  # the monitor then reports the exit status as unknown
-                        print(f"clusterrun survivor: cannot write the exit file: {_fs_problem(exc)}", flush=True)
+                        print(f"clusterrun survivor: cannot write the exit file: {fs_problem(exc)}", flush=True)
                 elif pid == monitor:
                     if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
                         finished = True  # it wrote the final state
@@ -233,7 +233,7 @@ class Survivor:
         return 0
 
 
-def _spawn_job(argv: list[str], env: dict[str, str], cwd: str | None, out_fd: int, cgroup: str | None = None) -> int:
+def spawn_job(argv: list[str], env: dict[str, str], cwd: str | None, out_fd: int, cgroup: str | None = None) -> int:
     """Start ``argv`` (found on ``env``'s PATH) in a session of its own, stdin from /dev/null and
     stdout and stderr to ``out_fd``; its pid, or the ``OSError`` that kept it from running.
 
@@ -287,7 +287,7 @@ def _ignore(signum: int, frame: object) -> None:
     """A signal handler that does nothing: the signal only wakes the wait (``set_wakeup_fd``)."""
 
 
-def _set_subreaper() -> bool:
+def set_subreaper() -> bool:
     """Make this process the reaper of its orphaned descendants; False where that failed."""
     try:
         import ctypes

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .records import AgentFailure, _boot_id, _unlink_quietly
-from .system import _which
+from .records import AgentFailure, boot_id, unlink_quietly
+from .system import which
 from .wire import SyncHashRequest, SyncPutRequest, SyncStatRequest
 
 TYPE_CHECKING = False
@@ -44,7 +44,7 @@ def op_sync_stat(req: SyncStatRequest) -> dict[str, Any]:
     try:
         st = os.stat(root)
     except FileNotFoundError:
-        return {"ok": True, "root": root, "exists": False, "entries": {}, "rsync": _which("rsync")}
+        return {"ok": True, "root": root, "exists": False, "entries": {}, "rsync": which("rsync")}
     import stat as _stat  # already loaded by os
 
     if not _stat.S_ISDIR(st.st_mode):
@@ -62,7 +62,7 @@ def op_sync_stat(req: SyncStatRequest) -> dict[str, Any]:
         entries[rel] = [kind, info.st_size, info.st_mtime_ns, _stat.S_IMODE(mode),
                         os.readlink(path) if kind == "l" else None]
     return {"ok": True, "root": root, "exists": True, "dev": st.st_dev, "ino": st.st_ino,
-            "boot_id": _boot_id(), "rsync": _which("rsync"), "entries": entries}
+            "boot_id": boot_id(), "rsync": which("rsync"), "entries": entries}
 
 
 def op_sync_hash(req: SyncHashRequest) -> dict[str, Any]:
@@ -208,7 +208,7 @@ def _sync_install(tmp: str, path: str, mode: int, mtime_ns: int, size: int, sha2
         os.utime(tmp, ns=(mtime_ns, mtime_ns))
         os.rename(tmp, path)
     except BaseException:
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
         raise
 
 
@@ -244,5 +244,5 @@ def _sync_file(stdin: Any, path: str, size: int, mode: int, mtime_ns: int) -> No
         os.rename(tmp, path)
     except BaseException:
         _sync_skip(stdin, left)
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
         raise

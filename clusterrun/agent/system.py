@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 
-def _user_name() -> str:
+def user_name() -> str:
     import pwd
 
     try:
@@ -25,17 +25,17 @@ def _user_name() -> str:
         return str(os.getuid())
 
 
-def _lingers() -> bool:
+def lingers() -> bool:
     """Whether systemd keeps this user's manager after their last logout (``loginctl enable-linger``):
     asked of logind, else its linger file."""
-    name = _user_name()
-    out = _capture(["loginctl", "show-user", name, "-p", "Linger"])
+    name = user_name()
+    out = capture(["loginctl", "show-user", name, "-p", "Linger"])
     if out and "Linger=" in out:
         return "Linger=yes" in out
     return os.path.exists(f"/var/lib/systemd/linger/{name}")
 
 
-def _which(name: str) -> str | None:
+def which(name: str) -> str | None:
     for folder in (os.environ.get("PATH") or "/usr/bin:/bin").split(os.pathsep):
         path = os.path.join(folder or ".", name)
         if os.path.isfile(path) and os.access(path, os.X_OK):
@@ -43,7 +43,7 @@ def _which(name: str) -> str | None:
     return None
 
 
-def _close_fds_from(lowest: int) -> None:
+def close_fds_from(lowest: int) -> None:
     """Close every descriptor from ``lowest`` up: those /proc lists (a range up to the limit can
     be millions of calls on Pythons without close_range), else up to the limit."""
     try:
@@ -81,15 +81,15 @@ def read_until(fd: int, deadline: float, line: bool = False) -> bytes:
     return data
 
 
-def _capture(argv: list[str], timeout: float = 5.0, env: dict[str, str] | None = None,
-             cwd: str | None = None) -> str | None:
+def capture(argv: list[str], timeout: float = 5.0, env: dict[str, str] | None = None,
+            cwd: str | None = None) -> str | None:
     """The stdout of ``argv`` (found on PATH), or None if it cannot run or fails (no subprocess);
     with ``env``, run with that environment (and found on its PATH), in ``cwd`` if given."""
-    return _collect(_launch(argv, timeout, env, cwd))
+    return collect(launch(argv, timeout, env, cwd))
 
 
 class Launched:
-    """A command started by ``_launch``: its pid, the read end of its stdout, its deadline."""
+    """A command started by ``launch``: its pid, the read end of its stdout, its deadline."""
 
     __slots__ = ("deadline", "out", "pid")
 
@@ -97,10 +97,10 @@ class Launched:
         self.pid, self.out, self.deadline = pid, out, deadline
 
 
-def _launch(argv: list[str], timeout: float = 5.0, env: dict[str, str] | None = None,
-            cwd: str | None = None) -> Launched | None:
-    """``_capture``'s first half: ``argv`` started, not waited for (None if it cannot be), so that
-    slow commands (nvidia-smi, an import of torch) run side by side; ``_collect`` ends it."""
+def launch(argv: list[str], timeout: float = 5.0, env: dict[str, str] | None = None,
+           cwd: str | None = None) -> Launched | None:
+    """``capture``'s first half: ``argv`` started, not waited for (None if it cannot be), so that
+    slow commands (nvidia-smi, an import of torch) run side by side; ``collect`` ends it."""
     try:
         out_r, out_w = os.pipe()
         pid = os.fork()
@@ -124,8 +124,8 @@ def _launch(argv: list[str], timeout: float = 5.0, env: dict[str, str] | None = 
     return Launched(pid, out_r, time.monotonic() + timeout)
 
 
-def _collect(launched: Launched | None) -> str | None:
-    """``_capture``'s second half: the launched command's stdout once it ended with status 0, else
+def collect(launched: Launched | None) -> str | None:
+    """``capture``'s second half: the launched command's stdout once it ended with status 0, else
     None (killed at its deadline)."""
     if launched is None:
         return None
@@ -145,7 +145,7 @@ def _collect(launched: Launched | None) -> str | None:
     return data.decode("utf-8", "replace") if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else None
 
 
-def _exit_with(run: Callable[[], int]) -> NoReturn:
+def exit_with(run: Callable[[], int]) -> NoReturn:
     """End this (forked) process with what ``run`` returns, 1 if it raised: its traceback, the
     supervisor's last word, goes to its log (stderr)."""
     code = 1

@@ -56,7 +56,7 @@ class Waker:
         if not watch:
             time.sleep(max(timeout, 0.0))
         if self.fd in ready:
-            _drain(self.fd)  # the events themselves do not matter: the caller looks at everything
+            drain(self.fd)  # the events themselves do not matter: the caller looks at everything
         return [fd for fd in ready if fd != self.fd]
 
     def close(self) -> None:
@@ -65,7 +65,7 @@ class Waker:
             self.fd = -1
 
 
-def _drain(fd: int) -> None:
+def drain(fd: int) -> None:
     try:
         while os.read(fd, 4096):
             pass
