@@ -33,7 +33,8 @@ from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_sign
 from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, hosts_option
 from clusterrun.cli.slurm import slurm_rows
 from clusterrun.core.errors import ClusterrunError, ConfigError, DamagedRecord
-from clusterrun.core.events import JobState, NodeGpus, duration_words
+from clusterrun.core.events import JobState, NodeGpus
+from clusterrun.core.progress import duration_words
 from clusterrun.core.protocol import decode_status
 from clusterrun.core.ranges import parse_ranges
 from clusterrun.core.terminal import safe

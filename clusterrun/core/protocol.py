@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 from clusterrun.agent.wire import Message, SyncHashes
 from clusterrun.core.errors import AgentError
-from clusterrun.core.events import Progress
 from clusterrun.core.frozen import frozen
+from clusterrun.core.progress import Progress
 
 PROTOCOL = 1  # agent.PROTOCOL: bumped by any change a controller of the previous version would misread
 

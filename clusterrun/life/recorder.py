@@ -32,11 +32,11 @@ from clusterrun.core.events import (
     NodeStarted,
     NodeState,
     NodeStateChanged,
-    Progress,
     ProgressChanged,
     StopReport,
 )
 from clusterrun.core.frozen import frozen
+from clusterrun.core.progress import Progress
 from clusterrun.core.protocol import HostState
 from clusterrun.life import notify
 from clusterrun.life.jobstate import Change, outcome, transition

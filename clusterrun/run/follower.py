@@ -22,12 +22,12 @@ from clusterrun.core.events import (
     NodeHung,
     NodeResult,
     NodeState,
-    Progress,
     ProgressChanged,
     RootCause,
     stopped_after_text,
 )
 from clusterrun.core.frozen import frozen
+from clusterrun.core.progress import Progress
 from clusterrun.core.protocol import Beat, End, FollowMessage, HostState, LogChunk, NodeStatus, Probe, decode_follow
 from clusterrun.diagnose.rootcause import NodeLog, find_root_cause
 from clusterrun.run.plan import NodeLaunch

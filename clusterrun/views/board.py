@@ -36,7 +36,6 @@ from clusterrun.core.events import (
     NodeState,
     NodeStateChanged,
     NodeStopped,
-    Progress,
     ProgressChanged,
     RootCause,
     StopReport,
@@ -44,6 +43,7 @@ from clusterrun.core.events import (
     signal_name,
     unreachable_text,
 )
+from clusterrun.core.progress import Progress
 from clusterrun.diagnose.rootcause import undoubled
 from clusterrun.views.gpus import only
 

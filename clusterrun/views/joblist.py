@@ -16,6 +16,7 @@ from clusterrun.config.nodesets import fold, fold_ranks
 from clusterrun.core import events
 from clusterrun.core.errors import DamagedRecord
 from clusterrun.core.events import JobState, NodeGpus, NodeState
+from clusterrun.core.progress import Progress, duration_words
 from clusterrun.core.terminal import safe
 from clusterrun.run.plan import LaunchPlan
 from clusterrun.store.jobs import JobRecord, NodeRecord
@@ -120,15 +121,15 @@ def job_state_text(record: JobRecord, now: float) -> str:
     return f"{record.state}; {which} {events.unreachable_text(since, now)}"
 
 
-def progress_of(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None) -> events.Progress | None:
+def progress_of(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None) -> Progress | None:
     """The training's progress: what node 0's host says now (``hosts``, ``ps JOB``), else the record's last
     reading, which may come from an earlier attempt (a resumed run goes on from its step)."""
     state = (hosts or {}).get(0, {}).get("state")
-    fresh = events.Progress.from_json(state.get("progress"), record.attempt) if isinstance(state, dict) else None
-    return fresh or events.Progress.from_json(record.progress)
+    fresh = Progress.from_json(state.get("progress"), record.attempt) if isinstance(state, dict) else None
+    return fresh or Progress.from_json(record.progress)
 
 
-def training_text(record: JobRecord, progress: events.Progress | None, now: float) -> str | None:
+def training_text(record: JobRecord, progress: Progress | None, now: float) -> str | None:
     """``step 450/1000 (45%), 45 steps/s, loss 2.31, ETA 12 s``, and how old the reading is when it is
     not the current attempt's or the job has ended (``ps JOB``, the summary)."""
     if progress is None:
@@ -137,7 +138,7 @@ def training_text(record: JobRecord, progress: events.Progress | None, now: floa
     if progress.attempt is not None and progress.attempt != record.attempt:
         text += f" (attempt {progress.attempt})"
     elif progress.updated is not None and not record.finished and now - progress.updated >= 60:
-        text += f" (read {events.duration_words(now - progress.updated)} ago)"
+        text += f" (read {duration_words(now - progress.updated)} ago)"
     return text
 
 
@@ -231,7 +232,7 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
     }
 
 
-def _progress_json(progress: events.Progress | None) -> dict[str, Any] | None:
+def _progress_json(progress: Progress | None) -> dict[str, Any] | None:
     if progress is None:
         return None
     return dict(progress.to_json(), updated=iso(progress.updated))

@@ -41,7 +41,6 @@ from clusterrun.core.events import (
     NodeState,
     NodeStateChanged,
     NodeStopped,
-    Progress,
     ProgressChanged,
     StopReport,
     hung_text,
@@ -50,6 +49,7 @@ from clusterrun.core.events import (
     stopped_after_text,
     unreachable_text,
 )
+from clusterrun.core.progress import Progress
 from clusterrun.core.terminal import safe, wants_colour
 from clusterrun.diagnose.rootcause import split_rank
 from clusterrun.run.plan import LaunchPlan
