@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from textual.strip import Strip
+from textual.widgets import Sparkline
 
 from clusterrun.core.events import (
     AttemptStarted,
@@ -29,7 +30,9 @@ from clusterrun.core.events import (
     NodeExited,
     NodeResult,
     NodeState,
+    ProgressChanged,
 )
+from clusterrun.core.progress import Progress
 from clusterrun.life.session import Session
 from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.tui import Dashboard, RingLog
@@ -646,3 +649,22 @@ def test_h_shows_the_attempts_of_the_job_from_its_record(tmp_path: Path) -> None
 
     drive(app, script)
     assert "Attempts of the job" in seen["screen"] and "rank 0 on node 0: exit code 3" in seen["screen"]
+
+
+def test_the_training_s_progress_shows_under_the_header_with_a_sparkline_of_its_loss() -> None:
+    app = Dashboard(Scripted(started(), running=True), ring=200)  # type: ignore[arg-type]
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        shown = app.query_one("#progress")
+        await pilot.pause()  # type: ignore[attr-defined]
+        assert not shown.has_class("shown")  # nothing read yet: no line for it
+        for step, loss in ((100, 3.0), (200, 2.5), (450, 2.31)):
+            app.emit(ProgressChanged(0, host="gpu-a", progress=Progress(step, 1000, 45.0, 12.0, (("loss", loss),))))
+        await until(pilot, lambda: shown.has_class("shown") and len(app.query_one("#loss", Sparkline).data or ())
+                    == 3, 5, "the progress line")
+        text = str(app.query_one("#progress-text").render())  # type: ignore[attr-defined]
+        assert text == "progress: step 450/1000 (45%), 45 steps/s, loss 2.31, ETA 12 s"
+        assert list(app.query_one("#loss", Sparkline).data or ()) == [3.0, 2.5, 2.31]
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)
