@@ -53,7 +53,7 @@ def test_tqdm_s_own_meter_gives_step_total_rate_eta_and_postfix() -> None:
     assert line == " 45%|████▌     | 450/1000 [00:10<00:12, 45.00it/s, loss=2.31]"
     progress = fed("\r" + line).to_json()
     assert progress == {"step": 450, "total": 1000, "per_second": 45.0, "eta_seconds": 12.0,
-                        "metrics": {"loss": 2.31}, "updated": 100.0}
+                        "metrics": {"loss": 2.31}, "updated": 100.0, "unit": "step"}
 
 
 def test_a_slow_bar_in_seconds_per_step_and_one_without_a_total() -> None:
@@ -131,6 +131,12 @@ def test_a_hosts_file_pattern_wins_and_gives_named_metrics() -> None:
 ])
 def test_lines_that_are_not_progress(line: str) -> None:
     assert parse(line) is None or fed(line + "\n").to_json() is None
+
+
+def test_a_line_that_counts_epochs_only_says_so() -> None:
+    progress = fed("epoch 2/3 loss 0.80064\n").to_json()  # examples/train.py
+    assert progress is not None and (progress["step"], progress["total"], progress["unit"]) == (2, 3, "epoch")
+    assert progress["metrics"] == {"loss": 0.80064}
 
 
 def test_the_rate_and_eta_come_from_the_steps_seen_when_the_line_gives_none() -> None:

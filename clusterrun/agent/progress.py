@@ -11,7 +11,8 @@ and a line with a step and a loss, as nanoGPT (``iter 120: loss 2.3051, time 45.
 (``step: 10  loss:  8.1234``) print them. A line that is none of these changes nothing.
 
 ``Tracker`` keeps the latest reading; ``to_json()`` is what state.json's ``progress`` holds:
-``{step, total, per_second, eta_seconds, metrics, updated}``. Steps per second come from the line
+``{step, total, per_second, eta_seconds, metrics, updated, unit}`` (``unit``: ``epoch`` where the
+output counts epochs and nothing finer, else ``step``). Steps per second come from the line
 where it says (a bar's rate, nanoGPT's time per iteration), else from the steps seen in the last
 ``WINDOW`` seconds. Stdlib only: it runs in the agent's monitor on the host.
 """
@@ -72,12 +73,13 @@ def _metrics(pairs: Any) -> dict[str, float]:
 class Reading:
     """What one line said: a step (maybe of a total), maybe a rate and a time left, and metrics."""
 
-    __slots__ = ("step", "total", "per_second", "eta_seconds", "metrics")
+    __slots__ = ("step", "total", "per_second", "eta_seconds", "metrics", "unit")
 
     def __init__(self, step: float | None, total: float | None = None, per_second: float | None = None,
-                 eta_seconds: float | None = None, metrics: dict[str, float] | None = None) -> None:
+                 eta_seconds: float | None = None, metrics: dict[str, float] | None = None, unit: str = "step") -> None:
         self.step, self.total, self.per_second, self.eta_seconds = step, total, per_second, eta_seconds
         self.metrics = metrics or {}
+        self.unit = unit  # what is counted: "step", or "epoch" where a line counts nothing finer
 
 
 def parse(segment: str, pattern: re.Pattern[str] | None = None) -> Reading | None:
@@ -137,11 +139,12 @@ def _step_and_loss(text: str) -> Reading | None:
     if count is None:
         return None
     metrics = _metrics((m["name"], m["loss"]) for m in LOSS.finditer(text))
-    if epoch is not None:
+    if epoch is not None and step is not None:
         metrics["epoch"] = float(epoch["epoch"])
     time_ms = TIME_MS.search(text)
     per_second = 1000 / float(time_ms["ms"]) if time_ms and float(time_ms["ms"]) > 0 else None
-    return Reading(float(count[1]), float(count["total"]) if count["total"] else None, per_second, metrics=metrics)
+    return Reading(float(count[1]), float(count["total"]) if count["total"] else None, per_second, metrics=metrics,
+                   unit="step" if step is not None else "epoch")
 
 
 class Tracker:
@@ -158,9 +161,11 @@ class Tracker:
         self.eta_seconds: float | None = None
         self.metrics: dict[str, float] = {}
         self.updated: float | None = None
+        self.unit = "step"
         if start:  # a monitor that resumes: what its predecessor saw
             self.step, self.total, self.updated = start.get("step"), start.get("total"), start.get("updated")
             self.metrics = dict(start.get("metrics") or {})
+            self.unit = start.get("unit") or "step"
 
     def feed(self, data: bytes, now: float) -> bool:
         """Read ``data``, the next bytes of the output; True if the progress changed. The last segment
@@ -184,7 +189,7 @@ class Tracker:
         if reading.step is not None:
             if self.step is not None and reading.step < self.step:
                 self._seen.clear()  # a new epoch's bar, or a restarted count: the rate starts again
-            self.step = reading.step
+            self.step, self.unit = reading.step, reading.unit
             self._seen = [(t, s) for t, s in self._seen if now - t <= WINDOW] + [(now, reading.step)]
             self.per_second = reading.per_second if reading.per_second is not None else self._rate()
             if reading.eta_seconds is not None:
@@ -212,4 +217,5 @@ class Tracker:
         return {"step": whole(self.step), "total": whole(self.total),
                 "per_second": round(self.per_second, 4) if self.per_second is not None else None,
                 "eta_seconds": round(self.eta_seconds, 1) if self.eta_seconds is not None else None,
-                "metrics": {k: round(v, 6) for k, v in self.metrics.items()}, "updated": self.updated}
+                "metrics": {k: round(v, 6) for k, v in self.metrics.items()}, "updated": self.updated,
+                "unit": self.unit}

@@ -33,6 +33,7 @@ class Progress:
     metrics: tuple[tuple[str, float], ...] = ()
     updated: float | None = None
     attempt: int | None = None
+    unit: str = "step"  # what ``step`` counts: "step", or "epoch" where the output counts nothing finer
 
     @property
     def loss(self) -> float | None:
@@ -45,7 +46,7 @@ class Progress:
 
         return {"step": whole(self.step), "total": whole(self.total), "per_second": self.per_second,
                 "eta_seconds": self.eta_seconds, "metrics": dict(self.metrics), "updated": self.updated,
-                "attempt": self.attempt}
+                "attempt": self.attempt, "unit": self.unit}
 
     @classmethod
     def from_json(cls, data: Any, attempt: int | None = None) -> Progress | None:
@@ -58,18 +59,18 @@ class Progress:
         found = cls(_number(data.get("step")), _number(data.get("total")), _number(data.get("per_second")),
                     _number(data.get("eta_seconds")), kept, _number(data.get("updated")),
                     attempt if attempt is not None else data.get("attempt") if isinstance(data.get("attempt"), int)
-                    else None)
+                    else None, "epoch" if data.get("unit") == "epoch" else "step")
         return found if found.step is not None or found.metrics else None
 
     def text(self) -> str:
         """``step 450/1000 (45%), 45.0 steps/s, loss 2.31, ETA 12 s``."""
         parts = []
         if self.step is not None:
-            step = f"step {self.step:g}" + (f"/{self.total:g}" if self.total else "")
+            step = f"{self.unit} {self.step:g}" + (f"/{self.total:g}" if self.total else "")
             parts.append(step + (f" ({100 * self.step / self.total:.0f}%)" if self.total else ""))
         if self.per_second:
-            parts.append(f"{self.per_second:.3g} steps/s" if self.per_second >= 1 else
-                         f"{1 / self.per_second:.3g} s/step")
+            parts.append(f"{self.per_second:.3g} {self.unit}s/s" if self.per_second >= 1 else
+                         f"{1 / self.per_second:.3g} s/{self.unit}")
         named = dict(self.metrics)
         parts += [f"{k.replace('_', ' ')} {named[k]:.4g}" for k in ("epoch", "loss", "train_loss", "val_loss")
                   if k in named]
