@@ -464,3 +464,21 @@ def test_an_end_recorded_by_an_owner_that_died_is_notified_by_the_next_command(s
     refresh(store, store.load(JOB))
     refresh(store, store.load(JOB))
     assert [s["event"] for s in _sent(out, 1)] == ["succeeded"] and store.load(JOB).notified == ["1:succeeded"]
+
+
+def test_a_start_nobody_joined_yet_is_starting_until_it_is_late_or_another_node_joined() -> None:
+    hosts = {0: "a", 1: "b"}
+    not_joined = NodeStatus(HostState.RUNNING, rdzv_joined=False)
+    joined = NodeStatus(HostState.RUNNING, rdzv_joined=True)
+    both = {0: not_joined, 1: not_joined}
+    assert progress_text(hosts, both, 100.0, 110.0) == "nodes 0 (a), 1 (b): torchrun is starting for 10 s"
+    assert progress_text(hosts, both, 100.0, 170.0) == (  # late: the firewall's wording
+        "nodes 0 (a), 1 (b): torchrun has not joined the rendezvous (no connection to the master port) for 70 s")
+    assert progress_text(hosts, {0: joined, 1: not_joined}, 100.0, 110.0) == (
+        "node 1 (b): torchrun has not joined the rendezvous (no connection to the master port) for 10 s; "
+        "node 0 (a): torchrun joined the rendezvous, waits for the others for 10 s")
+    watch = StartupWatch(hosts, 100.0, timeout=20.0)  # a short timeout is late at its half
+    watch.update(0, not_joined)
+    watch.update(1, not_joined)
+    assert watch.poll(107.0) == "nodes 0 (a), 1 (b): torchrun is starting for 7 s"
+    assert (watch.poll(140.0) or "").startswith("nodes 0 (a), 1 (b): torchrun has not joined the rendezvous")

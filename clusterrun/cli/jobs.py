@@ -32,6 +32,7 @@ from clusterrun.cli import (
 from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
 from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, hosts_option
 from clusterrun.cli.slurm import slurm_rows
+from clusterrun.config.watch import Watch
 from clusterrun.core.errors import ClusterrunError, ConfigError, DamagedRecord
 from clusterrun.core.events import JobState, NodeGpus
 from clusterrun.core.progress import duration_words
@@ -42,7 +43,7 @@ from clusterrun.life import notify
 from clusterrun.life.lifecycle import follower, node_statuses, read_log_chunks, read_logs, save_seen, spec_of
 from clusterrun.life.recorder import record_reachability
 from clusterrun.run.plan import LaunchPlan, plan_from_json
-from clusterrun.run.startwatch import progress_text
+from clusterrun.run.startwatch import late_after, progress_text
 from clusterrun.slurm.job import engine_text, is_slurm
 from clusterrun.store import preparing
 from clusterrun.store.jobs import JobRecord, JobStore
@@ -140,7 +141,8 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         if not record.finished and attempt is not None:  # the start-up watch: who still waits for what
             waiting = progress_text({n.rank: n.host for n in record.nodes},
                                     {r: decode_status(record.nodes[r].host, a["state"]) for r, a in statuses.items()
-                                     if isinstance(a.get("state"), dict)}, attempt.started, now)
+                                     if isinstance(a.get("state"), dict)}, attempt.started, now,
+                                    late_after(Watch.from_json(record.watch).startup_timeout))
             if waiting is not None and len(statuses) == len(record.nodes):
                 click.echo(f"start-up: {waiting}")
         if attempt is not None and attempt.root_cause:  # its last lines are the rank's output

@@ -18,10 +18,12 @@ from clusterrun.core.ranges import ranges_text
 
 FIRST_NOTE = 10.0  # seconds after the start before the first note of nodes still waiting (a third of a shorter timeout)
 NOTE_EVERY = 30.0  # seconds between two notes while nothing changes
+LATE = 60.0  # seconds after which a start no node has joined is late (torchrun and torch import in ~10 s)
 
 CAUSE = "{nodes} started no workers within {timeout} (startup_timeout): {what}{others}"
 JOINED = "torchrun joined the rendezvous, waits for the others"
 NOT_JOINED = "torchrun has not joined the rendezvous (no connection to the master port)"
+STARTING = "torchrun is starting"
 FIX = ("the nodes must reach node 0's master port and each other: `clusterrun doctor HOSTS.yaml` checks "
        "the port from every node; open it in the firewall, set `master.addr` (or node 0's `address:`) to an "
        "address every node reaches, and GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME in `env:` to the interface that "
@@ -40,7 +42,12 @@ def waiting_for(status: NodeStatus | None) -> str | None:
         return "torchrun waits for the rendezvous"
     if status.state is HostState.ABSENT:
         return "not started on its host"
-    return "torchrun is starting"
+    return STARTING
+
+
+def late_after(timeout: float) -> float:
+    """When a start that no node has joined is late, for a ``startup_timeout`` of ``timeout``."""
+    return min(LATE, timeout / 2)
 
 
 def seconds_text(seconds: float) -> str:
@@ -56,14 +63,17 @@ def nodes_text(ranks: list[int], hosts: Mapping[int, str]) -> str:
 
 
 def progress_text(hosts: Mapping[int, str], statuses: Mapping[int, NodeStatus | None], started: float,
-                  now: float) -> str | None:
-    """``node 3 (gpu04): torchrun waits for the rendezvous for 45 s; nodes 0-2 ready``; None once every
-    node has started its workers."""
+                  now: float, late: float = LATE) -> str | None:
+    """``node 3 (gpu04): torchrun has not joined the rendezvous ... for 45 s; nodes 0-2 ready``; None once every
+    node has started its workers. A node not connected to the master port is only starting (importing torch)
+    until another node joined or started, or ``late`` seconds have passed: then it is the one to look at."""
+    doing = {rank: waiting_for(statuses.get(rank)) for rank in hosts}
+    behind = now - started >= late or any(what in (JOINED, None) for what in doing.values())
     waiting: dict[str, list[int]] = {}
-    for rank in sorted(hosts, key=lambda r: (waiting_for(statuses.get(r)) == JOINED, r)):  # the missing first
-        what = waiting_for(statuses.get(rank))
+    for rank in sorted(hosts, key=lambda r: (doing[r] == JOINED, r)):  # the missing first
+        what = doing[rank]
         if what is not None:
-            waiting.setdefault(what, []).append(rank)
+            waiting.setdefault(STARTING if what == NOT_JOINED and not behind else what, []).append(rank)
     if not waiting:
         return None
     parts = [f"{nodes_text(ranks, hosts)}: {what} for {seconds_text(max(0.0, now - started))}"
@@ -134,7 +144,7 @@ class StartupWatch:
         if now - self._noted_at < NOTE_EVERY and (self._noted_ready is None or ready == self._noted_ready):
             return None
         self._noted_at, self._noted_ready = now, ready
-        return progress_text(self.hosts, self.statuses, self.started, now)
+        return progress_text(self.hosts, self.statuses, self.started, now, late_after(self.timeout))
 
     def step(self, now: float, emit: Callable[[Event], None], enforce: bool) -> RootCause | None:
         """One turn of the follower's loop: emit the progress note that is due; with ``enforce``
@@ -154,4 +164,5 @@ class StartupWatch:
         return timeout_cause(self.hosts, self.statuses, self.timeout)
 
 
-__all__ = ["StartupWatch", "blamed", "nodes_text", "progress_text", "seconds_text", "timeout_cause", "waiting_for"]
+__all__ = ["StartupWatch", "blamed", "late_after", "nodes_text", "progress_text", "seconds_text", "timeout_cause",
+           "waiting_for"]
