@@ -645,3 +645,15 @@ def test_torch_version_is_read_from_its_version_file(source: str, version: str) 
     from clusterrun.agent.probe import version_of
 
     assert version_of(source) == version
+
+
+def test_a_lost_node_says_whether_its_host_restarted(monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterrun.agent import records
+
+    monkeypatch.setattr(records, "boot_id", lambda: "boot-2")
+    assert records.lost({"state": "running", "boot_id": "boot-1"}) == {
+        "state": "lost", "boot_id": "boot-1",
+        "error": "the host restarted since the job started (its boot id changed): the job's processes ended with it"}
+    assert records.lost({"state": "running", "boot_id": "boot-2"})["error"].startswith(
+        "the job's processes on the host are gone (killed?)")
+    assert records.lost({"state": "running", "error": "could not start"})["error"] == "could not start"

@@ -193,6 +193,22 @@ def test_an_unreachable_timeout_is_opt_in_and_then_counts_as_lost(fake: FakeClus
     assert n0.stops == 1 and not n0.running
 
 
+@pytest.mark.parametrize("how", ["unreachable", "rebooted"])
+def test_a_lost_node_is_the_root_cause_never_a_node_our_stop_ended(fake: FakeCluster, how: str) -> None:
+    """torchrun exits 1 on the SIGTERM of the fail-fast stop (SignalException): that is not why the job failed."""
+    run = Running(fake, reconnect=Reconnect(first=0.01, most=0.02, give_up_after=0.2))
+    n0, _ = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    n0.stop_exit_code = 1
+    fake.host("h1").drop()
+    if how == "rebooted":
+        run.seen.wait(lambda ev: any(isinstance(e, NodeLink) and not e.up for e in ev))
+        fake.host("h1").reboot()
+        fake.host("h1").restore()
+    result = run.finish()
+    assert result is not None and [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.LOST]
+    assert result.root_cause is not None and result.root_cause.node == 1, result.root_cause
+
+
 def test_a_host_back_from_a_reboot_is_evidence_and_fails_fast(fake: FakeCluster) -> None:
     run = Running(fake)
     n0, _ = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)

@@ -8,7 +8,7 @@ import time
 from .codec import emit, last_emit
 from .monitor import ensure_monitor
 from .procs import PidHandle, job_alive, pin
-from .records import load_state, read_state
+from .records import load_state, lost, read_state
 from .waker import IDLE_CHECK, IN_MODIFY, IN_MOVED_TO, Waker
 
 TYPE_CHECKING = False
@@ -141,7 +141,7 @@ def op_follow(req: FollowRequest) -> None:
                 state = read_state(folder) or state
                 ended = True
                 if state.get("state") != "exited":
-                    state = dict(state, state="lost")
+                    state = lost(state)
             if ended:
                 rest = pending + log.read() if want_logs else b""
                 if rest:

@@ -24,7 +24,6 @@ from .procs import (
     proc_info,
     signal,
 )
-from .progress import Tracker
 from .ranklogs import RankLogs
 from .records import boot_id, fs_problem, read_json, write_json_atomic
 from .system import close_fds_from, exit_with
@@ -55,6 +54,9 @@ RANK_JOURNAL = "ranklogs.json"  # RankLogs's offsets, for a monitor that resumes
 TIMES = "output.times"  # when output.log's bytes were written (RankLogs.note_time), read by ``follow``
 MONITOR_LOCK = "monitor.lock"  # flock'ed by the one monitor at work
 PROGRESS_EVERY = 2.0  # seconds between two saves of a changed progress (a bar redraws itself many times a second)
+# What rank 0's output must show before the progress tracker (and with it ``re``, ~5 ms) is loaded: a start
+# whose ranks print no progress pays nothing for it.
+PROGRESS_HINTS = (b"loss", b"Loss", b"it/s", b"s/it", b"%|", b"step", b"Step", b"iter", b"epoch", b"Epoch")
 EXIT_WAIT = 10.0  # seconds a monitor waits for a living survivor to write the exit file
 RESPAWNS = 5  # monitors the survivor restarts at most in a row without progress (a monitor's bug)
 
@@ -220,7 +222,10 @@ class Monitor:
         spec = read_json(os.path.join(self.folder, "spec.json")) or {}
         first_rank = int(state.get("first_rank") or spec.get("first_rank") or 0)
         # The training's progress is read from rank 0's output, on its node (the controller checked the pattern).
-        self.progress = Tracker(spec.get("progress"), state.get("progress")) if first_rank == 0 else None
+        self.progress: Any = None  # progress.Tracker, once rank 0 wrote what may be progress (PROGRESS_HINTS)
+        self.progress_spec = (spec.get("progress"), state.get("progress")) if first_rank == 0 else None
+        if self.progress_spec is not None and (spec.get("progress") or state.get("progress")):
+            self._track()
         self.progress_due: float | None = None  # when a changed progress is saved next (None: nothing new)
         self.rank_logs = RankLogs(os.path.join(self.folder, "torchrun"), log_fd, first_rank, self.waker,
                                   journal=os.path.join(self.folder, RANK_JOURNAL),
@@ -238,9 +243,21 @@ class Monitor:
         os.close(lock)
         return 0
 
+    def _track(self) -> None:
+        from .progress import Tracker
+
+        pattern, start = self.progress_spec or (None, None)
+        self.progress = Tracker(pattern, start)
+
     def _rank_output(self, rank: int, data: bytes) -> None:
         """Rank 0's new output read: its progress, saved at most every ``PROGRESS_EVERY`` seconds."""
-        if rank == 0 and self.progress is not None and self.progress.feed(data, time.time()):
+        if rank != 0 or self.progress_spec is None:
+            return
+        if self.progress is None:
+            if not any(hint in data for hint in PROGRESS_HINTS):
+                return
+            self._track()
+        if self.progress.feed(data, time.time()):
             if self.progress_due is None:
                 self.progress_due = time.monotonic() + (PROGRESS_EVERY if self.state.get("progress") else 0.0)
 

@@ -35,6 +35,15 @@ def boot_id() -> str:
         return ""
 
 
+def lost(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` of a node none of whose processes is left (survivor, monitor, torchrun) and that wrote no end:
+    ``lost``, with why as far as the host can tell (a restart of the host shows in its boot id)."""
+    rebooted = bool(state.get("boot_id")) and state.get("boot_id") != boot_id()
+    why = ("the host restarted since the job started (its boot id changed): the job's processes ended with it"
+           if rebooted else "the job's processes on the host are gone (killed?) and none recorded an end")
+    return dict(state, state="lost", error=state.get("error") or why)
+
+
 def unlink_quietly(path: str) -> None:
     """Remove a temporary file a failed write leaves (gone already is fine)."""
     try:

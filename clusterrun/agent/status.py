@@ -8,7 +8,7 @@ from .cgroup import forget_cgroup
 from .monitor import ensure_monitor
 from .orphans import census, status_unrecorded
 from .procs import is_alive, job_alive
-from .records import AgentFailure, attempt_dir, boot_id, load_state, read_json, read_state, state_root
+from .records import AgentFailure, attempt_dir, boot_id, load_state, lost, read_json, read_state, state_root
 from .wire import StatusRequest
 
 TYPE_CHECKING = False
@@ -39,7 +39,7 @@ def op_status(req: StatusRequest) -> dict[str, Any]:
     if state.get("state") != "exited" and not any(alive.values()):
         state = read_state(folder) or state  # it may have ended just now
         if state.get("state") != "exited":
-            state = dict(state, state="lost")
+            state = lost(state)
     if not alive["supervisor"] and not alive["survivor"]:
         forget_cgroup(state)
     try:

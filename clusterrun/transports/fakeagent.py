@@ -197,8 +197,9 @@ class FakeAgent:
         if node.running:
             how = "SIGKILL" if node.outlives_grace else "SIGTERM"
             killed = [{"pid": node.state["torchrun"]["pid"], "name": "torchrun", "signal": how}]
-            node.state = dict(node.state, state="exited", exit_code=None, signal=9 if node.outlives_grace else 15,
-                              stop_requested=True, ended_at=self.now())
+            code = None if node.outlives_grace else node.stop_exit_code
+            node.state = dict(node.state, state="exited", exit_code=code, signal=9 if node.outlives_grace else
+                              None if code is not None else 15, stop_requested=True, ended_at=self.now())
         return {"ok": True, "killed": killed, "left": list(node.leave_on_stop), "state": self._view(host, node),
                 "grace": float(request.get("grace", 10))}
 

@@ -35,6 +35,7 @@ class FakeNode:
     stops: int = 0  # stop requests received
     leave_on_stop: list[dict[str, Any]] = field(default_factory=list)  # processes a stop cannot kill
     outlives_grace: bool = False  # torchrun does not end on SIGTERM (a worker ignores it): SIGKILLed after the grace
+    stop_exit_code: int | None = None  # torchrun's exit code when a stop's SIGTERM ends it (a real one exits 1)
     spec: dict[str, Any] = field(default_factory=dict)  # what its spec.json holds (for ``jobs`` and ``remove``)
 
     def write(self, data: bytes | str) -> None:
