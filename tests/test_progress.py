@@ -114,6 +114,15 @@ def test_pytorch_examples_mnist_and_imagenet_lines() -> None:
     assert (imagenet["step"], imagenet["total"], imagenet["metrics"]) == (10, 5005, {"epoch": 0, "loss": 6.9078})
 
 
+def test_pytorch_examples_word_language_model_counts_batches_within_its_epoch() -> None:
+    line = "| epoch   1 |   200/ 2983 batches | lr 20.00 | ms/batch 45.60 | loss  7.63 | ppl  2063.10\n"
+    progress = fed(line).to_json()
+    assert progress is not None
+    assert (progress["step"], progress["total"], progress["unit"]) == (200, 2983, "step")
+    assert progress["metrics"] == {"epoch": 1, "loss": 7.63}
+    assert progress["per_second"] == pytest.approx(1000 / 45.6, rel=1e-3)
+
+
 def test_a_hosts_file_pattern_wins_and_gives_named_metrics() -> None:
     pattern = r"it=(?P<step>\d+)/(?P<total>\d+) nll=(?P<nll>[\d.]+)"
     progress = fed("it=30/300 nll=1.5 loss 9.9 step 5\n", pattern=pattern).to_json()

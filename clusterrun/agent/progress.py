@@ -8,7 +8,9 @@ HuggingFace Trainer's among them (``Epoch 3:  45%|████▌ | 450/1000 [00
 HuggingFace Trainer's logged dicts (``{'loss': 2.31, 'learning_rate': 5e-05, 'epoch': 0.45}``);
 pytorch/examples' ``Train Epoch: 1 [640/60000 (1%)]	Loss: 2.28`` and ``Epoch: [0][ 10/5005] ... Loss 6.9``;
 and a line with a step and a loss, as nanoGPT (``iter 120: loss 2.3051, time 45.02ms``) and torchtitan
-(``step: 10  loss:  8.1234``) print them. A line that is none of these changes nothing.
+(``step: 10  loss:  8.1234``) print them, or with a count of batches, as pytorch/examples' language model
+(``| epoch   1 |   200/ 2983 batches | ... | ms/batch 45.60 | loss  7.63``). A line that is none of these
+changes nothing.
 
 ``Tracker`` keeps the latest reading; ``to_json()`` is what state.json's ``progress`` holds:
 ``{step, total, per_second, eta_seconds, metrics, updated, unit}`` (``unit``: ``epoch`` where the
@@ -50,7 +52,8 @@ STEP = re.compile(r"\b(?:global[_ ]step|step|iter|iteration)\b\s*[:=#]?\s*(?P<st
                   re.IGNORECASE)
 EPOCH = re.compile(r"\bepoch\b\s*[:=#]?\s*(?P<epoch>\d+)(?:\s*/\s*(?P<total>\d+))?", re.IGNORECASE)
 LOSS = re.compile(rf"\b(?P<name>(?:train[_ ]|val[_ ])?loss)\b\s*[:=]?\s*(?P<loss>{NUMBER})", re.IGNORECASE)
-TIME_MS = re.compile(rf"\btime\s*[:=]?\s*(?P<ms>{NUMBER})\s*ms\b")
+BATCHES = re.compile(r"\b(?P<step>\d+)\s*/\s*(?P<total>\d+)\s+(?:batches|batch|steps|iterations|iters)\b")
+TIME_MS = re.compile(rf"\btime\s*[:=]?\s*(?P<ms>{NUMBER})\s*ms\b|\bms/(?:batch|step|iter)\s*[:=]?\s*(?P<per>{NUMBER})")
 
 
 def _count(text: str) -> float:
@@ -134,7 +137,7 @@ def _step_and_loss(text: str) -> Reading | None:
     """A line with a loss and a step (or, lacking one, an epoch) counts that step."""
     if LOSS.search(text) is None:
         return None
-    step, epoch = STEP.search(text), EPOCH.search(text)
+    step, epoch = STEP.search(text) or BATCHES.search(text), EPOCH.search(text)
     count = step or epoch
     if count is None:
         return None
@@ -142,7 +145,8 @@ def _step_and_loss(text: str) -> Reading | None:
     if epoch is not None and step is not None:
         metrics["epoch"] = float(epoch["epoch"])
     time_ms = TIME_MS.search(text)
-    per_second = 1000 / float(time_ms["ms"]) if time_ms and float(time_ms["ms"]) > 0 else None
+    ms = float(time_ms["ms"] or time_ms["per"]) if time_ms else 0.0
+    per_second = 1000 / ms if ms > 0 else None
     return Reading(float(count[1]), float(count["total"]) if count["total"] else None, per_second, metrics=metrics,
                    unit="step" if step is not None else "epoch")
 
