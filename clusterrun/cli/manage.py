@@ -15,7 +15,6 @@ from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_USAGE, Seconds
 from clusterrun.cli.follow import _follow_hint
 from clusterrun.cli.records import _adopt, _find, _open_job, _refresh, hosts_option
 from clusterrun.cli.slurm import down_slurm_step, restart_slurm
-from clusterrun.config.nodesets import FOLD_PAST, fold
 from clusterrun.core.errors import (
     ClusterrunError,
     ConfigError,
@@ -24,9 +23,10 @@ from clusterrun.core.errors import (
     JobNotFound,
     StateError,
 )
-from clusterrun.core.events import not_stopped_text
 from clusterrun.life import notify
-from clusterrun.life.attempt import NextAttempt, NotStopped, stop
+from clusterrun.life.attempt import NextAttempt, NotStopped
+from clusterrun.life.down import Verdict
+from clusterrun.life.down import down as stop_verified
 from clusterrun.life.lifecycle import daemonize, remove_on_hosts
 from clusterrun.life.runner import run_monitor
 from clusterrun.slurm.job import is_slurm
@@ -63,30 +63,20 @@ def down(job: str, grace: float | None, hosts_file: str | None) -> None:
     if (code := down_slurm_step(job, grace)) is not None:
         sys.exit(code)
     store, record = _open_job(job, hosts_file)
-    ended = record.state if record.finished else None
-    if ended is None:
+    if not record.finished:
         _note(f"stopping job {record.job_id} (attempt {record.attempt}) on {len(record.nodes)} hosts")
-    reports, unrecorded = stop(store, record, grace)  # a finished job too: its hosts confirm it
-    if ended is not None and all(r.ok and not r.killed for r in reports.values()) and unrecorded is None:
-        _note(f"job {record.job_id} already finished ({ended}); nothing to stop")
+    downed = stop_verified(store, record, grace)  # a finished job too: its hosts confirm it
+    verdict, summary = downed.verdict, downed.summary()
+    if verdict is Verdict.ALREADY:
+        _note(summary or "")
         return
-    Printer().reports([reports[rank] for rank in sorted(reports)], len(record.nodes))
-    if unrecorded is not None:
-        _not_recorded(record, unrecorded)
-    if any(r.error for r in reports.values()):
-        _note(not_stopped_text(record.job_id, [(r.node, r.host) for r in reports.values() if r.error]))
-        sys.exit(EXIT_HOSTS)
-    if any(r.left for r in reports.values()):
-        sys.exit(EXIT_FAILED)
-    swept = [r.host for r in reports.values() if not r.complete]
-    if swept:
-        on = fold(swept) if len(record.nodes) > FOLD_PAST else ", ".join(swept)
-        _note(f"job {record.job_id} stopped; swept without a cgroup on {on}: processes that left "
-              "the job's tree, session and environment could not be seen there")
-    else:
-        _note(f"job {record.job_id} stopped; nothing of it is left on any host (verified by cgroup)")
-    if unrecorded is not None:
-        sys.exit(EXIT_USAGE)
+    Printer().reports([downed.reports[rank] for rank in sorted(downed.reports)], len(record.nodes))
+    if downed.unrecorded is not None:
+        _not_recorded(record, downed.unrecorded)
+    if summary is not None:
+        _note(summary)
+    sys.exit({Verdict.UNREACHABLE: EXIT_HOSTS, Verdict.LEFT: EXIT_FAILED, Verdict.UNRECORDED: EXIT_USAGE}
+             .get(verdict, EXIT_OK))
 
 
 main.add_command(down, name="stop")
