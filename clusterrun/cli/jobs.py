@@ -34,14 +34,14 @@ from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, host
 from clusterrun.cli.slurm import slurm_rows
 from clusterrun.config.watch import Watch
 from clusterrun.core.errors import ClusterrunError, ConfigError, DamagedRecord
-from clusterrun.core.events import JobState, NodeGpus
+from clusterrun.core.events import JobState
 from clusterrun.core.progress import duration_words
 from clusterrun.core.protocol import decode_status
 from clusterrun.core.ranges import parse_ranges
 from clusterrun.core.terminal import safe
 from clusterrun.life import notify
-from clusterrun.life.lifecycle import follower, node_statuses, read_log_chunks, read_logs, save_seen, spec_of
-from clusterrun.life.recorder import record_reachability
+from clusterrun.life.lifecycle import follower, read_log_chunks, read_logs, save_seen, spec_of
+from clusterrun.life.lookup import look
 from clusterrun.run.plan import LaunchPlan, plan_from_json
 from clusterrun.run.startwatch import late_after, progress_text
 from clusterrun.slurm.job import engine_text, is_slurm
@@ -114,13 +114,8 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
             return
         store, record = _open_job(job, hosts_file)
         record = _refresh(store, record)
-        gpus: dict[int, NodeGpus] = {}
-        try:  # a Slurm job has no agent to ask: its record is all there is (its `up` keeps it)
-            answers = node_statuses(record, gpus) if not is_slurm(record) else {}
-        except ClusterrunError:  # the recorded hosts file cannot be read: the record alone is shown
-            answers = {}
-        record = record_reachability(store, record, answers)  # a host that did not answer: since when
-        statuses = {rank: a for rank, a in answers.items() if not isinstance(a, ClusterrunError)}
+        seen = look(store, record)
+        record, statuses, gpus = seen.record, seen.statuses, seen.gpus
         if as_json:
             click.echo(json.dumps(jobs_json([record], hosts=statuses, gpus=gpus), indent=1))
             return
@@ -128,7 +123,7 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         now = time.time()
         click.echo(f"job {record.job_id} ({record.name}): {job_state_text(record, now)}, attempt {record.attempt}, "
                    f"{record.script} {shlex.join(record.script_args)}".rstrip())
-        errors = {rank: a.render() for rank, a in answers.items() if isinstance(a, ClusterrunError)}
+        errors = {rank: e.render() for rank, e in seen.errors.items()}
         if is_slurm(record):
             click.echo(engine_text(record))
         _table(node_rows(record, now, errors, gpus))
