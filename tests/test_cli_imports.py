@@ -1,5 +1,5 @@
 """What the commands import: ``main`` loads a command's module only when that command runs, and
-``up``, ``ps``, ``logs`` and ``down`` load none of Slurm's, the dashboard's or ``stack``'s modules
+``up``, ``ps``, ``logs`` and ``down`` load none of Slurm's, the dashboard's, ``stack``'s or the web page's modules
 (their start-up is the controller's CPU at N=1, see docs/benchmarks.md)."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ COMMAND_MODULES = sorted({f"clusterrun.cli.{module}" for module, _ in COMMANDS.v
 # Loaded only by what runs under Slurm, opens the dashboard or takes stacks.
 NOT_FOR_UP_PS_LOGS_DOWN = ("textual", "rich", "clusterrun.tui", "clusterrun.life.session", "clusterrun.slurm.step",
                            "clusterrun.slurm.run", "clusterrun.store.slurmlogs", "clusterrun.slurm.view",
-                           "clusterrun.diagnose.stacks", "clusterrun.agent.follow", "clusterrun.agent.monitor")
+                           "clusterrun.diagnose.stacks", "clusterrun.agent.follow", "clusterrun.agent.monitor",
+                           "clusterrun.web", "starlette", "uvicorn", "jinja2", "anyio")  # web: an optional extra
 # ... and `ps`'s listing and JSON, which a job's start and stop need not.
 NOT_FOR_UP_DOWN = ("clusterrun.views.joblist",)
 REPORT = ("import atexit, os, sys\n"

@@ -15,9 +15,10 @@ SIGINT / SIGTERM (``up``: the job was stopped on every node, or left running wit
 
 The commands are in the modules of this package, which register them on ``main`` when imported:
 ``up``; ``jobs`` (ps, logs, attach, wait); ``manage`` (down/stop, rm, prune, restart, _monitor);
-``stack``; ``tools`` (doctor, exec, hosts convert, completion); ``slurm`` (export); ``follow`` and
-``records`` hold what they share. ``main`` imports a command's module only when that command runs
-(``COMMANDS``): ``ps`` does not pay for ``up``'s imports, nor ``up`` for the dashboard's.
+``stack``; ``web`` (the web page, an optional extra); ``tools`` (doctor, exec, hosts convert,
+completion); ``slurm`` (export); ``follow`` and ``records`` hold what they share. ``main`` imports a
+command's module only when that command runs (``COMMANDS``): ``ps`` does not pay for ``up``'s
+imports, nor ``up`` for the dashboard's.
 """
 
 from __future__ import annotations
@@ -132,6 +133,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                        "identical stacks are shown once with their ranks:"),
     "stop": ("manage", "Stop JOB on every host (idempotent)."),
     "up": ("up", "Start SCRIPT with torchrun on every host of HOSTS.yaml and follow it until it ends."),
+    "web": ("web", "Serve every job of this controller as a web page: nodes, attempts, root cause and each "
+                   "node's log, live."),
     "wait": ("jobs", "Block until JOB has ended, then exit with its outcome: 0 succeeded, 1 failed, stopped or "
                      "lost (for scripts and CI)."),
 }
@@ -199,6 +202,7 @@ def main() -> None:
     clusterrun restart JOB [-- ARGS]       stop it and start it again as a new attempt
     clusterrun wait JOB                    block until it ends; exit 0 if it succeeded
     clusterrun stack JOB                   every rank's Python stack, grouped (py-spy)
+    clusterrun web [--control]             every job in a browser, live (pip: clusterrun[web])
     clusterrun rm JOB... / prune           forget ended jobs (--hosts-too: their logs too)
     clusterrun doctor HOSTS.yaml [SCRIPT]  check every host before the first run
     clusterrun exec HOSTS.yaml -- CMD...   a command on every host, output by host

@@ -1,0 +1,243 @@
+"""The web server's routes: the job list, a job's page, its live log stream, and (``--control``) stop and restart.
+
+Pages are Jinja templates made live with htmx (vendored in ``static/``: no asset from another
+site); a job's page holds one server-sent event stream (``/jobs/ID/stream``) that carries its new
+log lines and a ``changed`` event when a node's state changes, upon which the page fetches the
+summary again. Anything that blocks (the hosts, the job store) runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from markupsafe import escape
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from clusterrun.core.errors import ClusterrunError, JobNotFound
+from clusterrun.core.ranges import parse_ranges
+from clusterrun.diagnose.rootcause import split_rank
+from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.web import jobs
+from clusterrun.web.feeds import RING, Feeds, Lines, State, Viewer
+from clusterrun.web.guard import Guard
+
+HERE = Path(__file__).parent
+MAX_VIEWERS = 32  # live streams at once; one more is refused (503)
+TAIL = 200  # lines of each node a page shows first
+
+
+class Options:
+    """A page's log choices, from its query: node, ranks, attempt, search, the last N lines."""
+
+    def __init__(self, request: Request, record: JobRecord) -> None:
+        q = request.query_params
+        nodes = range(len(record.nodes))
+        node = q.get("node", "")
+        self.node = int(node) if node.isdigit() and int(node) in nodes else None
+        self.nodes = [self.node] if self.node is not None else list(nodes)
+        self.rank_text = q.get("rank", "").strip()
+        try:
+            self.ranks: frozenset[int] | None = frozenset(parse_ranges(self.rank_text)) if self.rank_text else None
+        except ValueError:
+            self.ranks, self.rank_text = None, ""
+        attempt = q.get("attempt", "")
+        self.attempt = int(attempt) if attempt.isdigit() and 1 <= int(attempt) <= record.attempt else record.attempt
+        self.query = q.get("q", "")[:200]
+        tail = q.get("tail", "")
+        self.tail = min(int(tail), RING) if tail.isdigit() else TAIL
+
+    def keeps(self, node: int, line: str) -> bool:
+        if node not in self.nodes or (self.query and self.query.lower() not in line.lower()):
+            return False
+        return self.ranks is None or split_rank(line)[0] in self.ranks
+
+    def query_string(self) -> str:
+        from urllib.parse import urlencode
+
+        pairs = {"node": "" if self.node is None else str(self.node), "rank": self.rank_text,
+                 "attempt": str(self.attempt), "q": self.query, "tail": str(self.tail)}
+        return urlencode({k: v for k, v in pairs.items() if v})
+
+
+def _lines_html(node: int, lines: Sequence[str], prefix: bool) -> str:
+    tag = f'<span class="n">node{node}</span> ' if prefix else ""
+    return "".join(f'<div class="l">{tag}{escape(line)}</div>' for line in lines)
+
+
+def _first_lines(rings: dict[int, list[tuple[int, str]]], options: Options, prefix: bool) -> str:
+    """The last lines of each node a page starts with, the nodes' lines in the order they arrived."""
+    kept = sorted((number, node, line) for node in options.nodes
+                  for number, line in _last([(n, x) for n, x in rings[node] if options.keeps(node, x)], options.tail))
+    return "".join(_lines_html(node, [line], prefix) for _, node, line in kept)
+
+
+def _last(lines: list[Any], count: int) -> list[Any]:
+    return lines[len(lines) - count:] if count < len(lines) else lines
+
+
+def _sse(event: str, data: str) -> bytes:
+    return (f"event: {event}\n" + "".join(f"data: {part}\n" for part in data.split("\n")) + "\n").encode()
+
+
+def create_app(token: str, *, control: bool = False, store: JobStore | None = None,
+               bound: str = "127.0.0.1") -> Guard:
+    """The ASGI application, behind its guard (``guard.Guard``)."""
+    store = store or JobStore()
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    state: dict[str, Any] = {"viewers": 0}
+
+    def feeds(request: Request) -> Feeds:
+        if "feeds" not in state:
+            state["feeds"] = Feeds(asyncio.get_running_loop())
+        return state["feeds"]  # type: ignore[no-any-return]
+
+    async def record_of(job_id: str) -> JobRecord:
+        return await run_in_threadpool(jobs.load, store, job_id)
+
+    async def index(request: Request) -> Response:
+        show_all = request.query_params.get("all") == "1"
+        document = await run_in_threadpool(jobs.job_list, store, show_all)
+        return templates.TemplateResponse(request, "jobs.html", {"doc": document, "show_all": show_all})
+
+    async def job_page(request: Request) -> Response:
+        job_id = request.path_params["job"]
+        try:
+            view = await run_in_threadpool(jobs.job_view, store, job_id)
+            record = await record_of(job_id)
+        except JobNotFound as exc:
+            return HTMLResponse(f"<p>{escape(exc.render())}</p>", status_code=404)
+        options = Options(request, record)
+        found = None
+        if options.query:
+            found = await run_in_threadpool(jobs.log_search, record, options.attempt, options.nodes, options.query,
+                                            options.ranks)
+        context = {"job": view, "o": options, "control": control, "found": found, "nnodes": len(record.nodes)}
+        if not (request.headers.get("hx-request") and request.query_params.get("part")):
+            return templates.TemplateResponse(request, "job.html", context)
+        # the choices go into the address (without the fragment's marker): a link or a reload shows this view
+        address = f"/jobs/{job_id}" + (f"?{options.query_string()}" if options.query_string() else "")
+        return templates.TemplateResponse(request, "live.html", context, headers={"HX-Push-Url": address})
+
+    async def summary(request: Request) -> Response:
+        try:
+            view = await run_in_threadpool(jobs.job_view, store, request.path_params["job"])
+        except JobNotFound as exc:
+            return HTMLResponse(f"<p>{escape(exc.render())}</p>", status_code=404)
+        return templates.TemplateResponse(request, "summary.html", {"job": view, "control": control})
+
+    async def stream(request: Request) -> Response:
+        try:
+            record = await record_of(request.path_params["job"])
+        except JobNotFound as exc:
+            return PlainTextResponse(exc.render(), status_code=404)
+        if state["viewers"] >= MAX_VIEWERS:
+            return PlainTextResponse(f"more than {MAX_VIEWERS} live viewers; close a page and reload",
+                                     status_code=503)
+        options = Options(request, record)
+        viewer = Viewer()
+        feed = feeds(request).join(record, options.attempt, viewer)
+        state["viewers"] += 1
+        prefix = len(options.nodes) > 1
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                rings, states = feed.snapshot()
+                first = _first_lines(rings, options, prefix)
+                yield b"retry: 3000\n" + _sse("lines", first or "")
+                while True:
+                    message = await viewer.queue.get()
+                    if message is None:  # fell behind: the browser reconnects and starts again
+                        return
+                    if isinstance(message, Lines):
+                        kept = [x for x in message.lines if options.keeps(message.node, x)]
+                        if message.backlog:
+                            kept = _last(kept, options.tail)
+                        if kept:
+                            yield _sse("lines", _lines_html(message.node, kept, prefix))
+                    elif isinstance(message, State):
+                        yield _sse("changed", message.state)
+            finally:
+                state["viewers"] -= 1
+                feeds(request).leave(feed, viewer)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"x-accel-buffering": "no"})
+
+    async def api_jobs(request: Request) -> Response:
+        return JSONResponse(await run_in_threadpool(jobs.job_list, store, request.query_params.get("all") == "1"))
+
+    async def api_job(request: Request) -> Response:
+        try:
+            return JSONResponse(await run_in_threadpool(jobs.job_view, store, request.path_params["job"]))
+        except JobNotFound as exc:
+            return JSONResponse({"error": exc.render()}, status_code=404)
+
+    async def stop(request: Request) -> Response:
+        if not control:
+            return PlainTextResponse("read-only: start `clusterrun web --control` to stop jobs", status_code=403)
+        try:
+            downed, lines = await run_in_threadpool(jobs.stop, store, request.path_params["job"])
+        except JobNotFound as exc:
+            return PlainTextResponse(exc.render(), status_code=404)
+        except ClusterrunError as exc:
+            return HTMLResponse(f'<p class="bad">{escape(exc.render())}</p>', status_code=500)
+        return templates.TemplateResponse(request, "stopped.html", {"downed": downed, "lines": lines,
+                                                                    "summary": downed.summary()})
+
+    async def restart(request: Request) -> Response:
+        if not control:
+            return PlainTextResponse("read-only: start `clusterrun web --control` to restart jobs", status_code=403)
+        try:
+            record = await record_of(request.path_params["job"])
+        except JobNotFound as exc:
+            return PlainTextResponse(exc.render(), status_code=404)
+        text = await run_in_threadpool(_restart, record)
+        return HTMLResponse(f'<pre class="report">{escape(text)}</pre>')
+
+    async def no_icon(request: Request) -> Response:
+        return Response(status_code=204)
+
+    routes = [
+        Route("/", index),
+        Route("/favicon.ico", no_icon),
+        Route("/jobs/{job}", job_page),
+        Route("/jobs/{job}/summary", summary),
+        Route("/jobs/{job}/stream", stream),
+        Route("/jobs/{job}/stop", stop, methods=["POST"]),
+        Route("/jobs/{job}/restart", restart, methods=["POST"]),
+        Route("/api/jobs", api_jobs),
+        Route("/api/jobs/{job}", api_job),
+        Mount("/static", StaticFiles(directory=str(HERE / "static"))),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        if "feeds" in state:
+            state["feeds"].close()
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.web = state
+    return Guard(app, token, bound)
+
+
+def _restart(record: JobRecord) -> str:
+    """``clusterrun restart JOB``, run as that command (its checks, verified stop and start), and what it said."""
+    import os
+    import subprocess
+    import sys
+
+    cwd = record.local_cwd if record.local_cwd and os.path.isdir(record.local_cwd) else None
+    done = subprocess.run([sys.executable, "-m", "clusterrun", "restart", record.job_id], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=900, cwd=cwd)
+    return (done.stdout + done.stderr).strip() or f"exit {done.returncode}"

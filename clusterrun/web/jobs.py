@@ -1,0 +1,121 @@
+"""What the pages show, read as ``ps``, ``ps JOB`` and ``logs`` read it (blocking: run in a worker thread).
+
+The documents are ``ps --json``'s and ``ps JOB --json``'s (``views.joblist``), so a field added there
+(a ``progress`` object, say) reaches the page without a change here; the texts beside them (stop
+guarantees, the start-up watch) are ``ps JOB``'s.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from clusterrun.core.errors import ClusterrunError, DamagedRecord, JobNotFound, StateError
+from clusterrun.core.protocol import decode_status
+from clusterrun.core.terminal import safe
+from clusterrun.diagnose.rootcause import split_rank
+from clusterrun.life.down import Downed, down
+from clusterrun.life.lifecycle import read_log_chunks
+from clusterrun.life.lookup import look
+from clusterrun.life.recorder import refresh
+from clusterrun.run.startwatch import progress_text
+from clusterrun.slurm.job import is_slurm
+from clusterrun.slurm.job import refresh as slurm_refresh
+from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.views.joblist import job_state_text, jobs_json, shown
+
+SEARCH_LIMIT = 500  # matching lines a search shows (the last ones)
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def current(store: JobStore, record: JobRecord) -> JobRecord:
+    """The record brought up to date as ``ps`` does (a job nobody owns is reconciled with its hosts)."""
+    try:
+        return slurm_refresh(store, record) if is_slurm(record) else refresh(store, record)
+    except DamagedRecord:
+        raise
+    except StateError:  # shown as last recorded, as ps does
+        return record
+
+
+def job_list(store: JobStore, show_all: bool = False) -> dict[str, Any]:
+    """The ``ps --json`` document of the jobs ``ps`` (``-a``) lists, with each job's state in words."""
+    good, damaged = store.scan()
+    now = time.time()
+    records, hidden = shown([current(store, r) for r in good], now, show_all=show_all)
+    document = jobs_json(records, damaged=damaged)
+    for job, record in zip(document["jobs"], records, strict=True):
+        job["state_text"] = job_state_text(record, now)
+    document["hidden"] = hidden
+    return document
+
+
+def load(store: JobStore, job_id: str) -> JobRecord:
+    """The job of this id (a page's address names its job by id only: a link stays that job's)."""
+    if not JOB_ID.fullmatch(job_id):
+        raise JobNotFound(f"no job {job_id!r}")
+    return store.load(job_id)
+
+
+def job_view(store: JobStore, job_id: str) -> dict[str, Any]:
+    """``ps JOB --json``'s document of the job, with what ``ps JOB`` prints beside it: its state in
+    words, each node's stop guarantee and trouble, and the start-up watch."""
+    seen = look(store, current(store, load(store, job_id)))
+    record, now = seen.record, time.time()
+    document: dict[str, Any] = jobs_json([record], hosts=seen.statuses, gpus=seen.gpus)["jobs"][0]
+    document["state_text"] = job_state_text(record, now)
+    notes: dict[int, list[str]] = {}
+    for rank, error in seen.errors.items():
+        notes.setdefault(rank, []).append(safe(error.render(), colour=False))
+    for rank, answer in seen.statuses.items():
+        if (answer.get("state") or {}).get("state") == "absent":
+            continue
+        if answer.get("records_gone"):
+            notes.setdefault(rank, []).append(safe(str(answer["state"].get("error")), colour=False))
+            continue
+        fallbacks = list(answer.get("fallbacks") or ())
+        sweep = any(f.startswith("no cgroup") for f in fallbacks)
+        notes.setdefault(rank, []).append(
+            "stop: a sweep (no cgroup: processes that leave the job's tree, session and environment cannot be seen)"
+            if sweep else "stop: verified by the attempt's cgroup")
+        notes[rank] += [f"fallback: {f}" for f in fallbacks]
+        if answer.get("degraded"):
+            notes[rank].append(f"degraded: {answer['degraded']}")
+    document["notes"] = {str(rank): lines for rank, lines in sorted(notes.items())}
+    attempt = record.attempts[-1] if record.attempts else None
+    document["startup"] = None
+    if not record.finished and attempt is not None and len(seen.statuses) == len(record.nodes):
+        document["startup"] = progress_text(
+            {n.rank: n.host for n in record.nodes},
+            {r: decode_status(record.nodes[r].host, a["state"]) for r, a in seen.statuses.items()
+             if isinstance(a.get("state"), dict)}, attempt.started, now)
+    return document
+
+
+def log_search(record: JobRecord, attempt: int, nodes: Sequence[int], query: str,
+               ranks: Iterable[int] | None = None, limit: int = SEARCH_LIMIT) -> list[tuple[int, str]]:
+    """The last ``limit`` lines of the attempt's logs (of ``nodes``; of ``ranks`` if given) that hold
+    ``query`` (case-insensitive), read from the whole log as ``logs`` reads it."""
+    wanted = query.lower()
+    keep = None if ranks is None else frozenset(ranks)
+    found: list[tuple[int, str]] = []
+    for node in nodes:
+        try:
+            for chunk in read_log_chunks(record, node, attempt):
+                for line in chunk.data.splitlines():
+                    if wanted in line.lower() and (keep is None or split_rank(line)[0] in keep):
+                        found.append((node, safe(line, colour=False)))
+        except ClusterrunError as exc:
+            found.append((node, f"(node {node}: {safe(exc.render(), colour=False)})"))
+        del found[:-limit]
+    return found[-limit:]
+
+
+def stop(store: JobStore, job_id: str) -> tuple[Downed, list[str]]:
+    """``clusterrun down JOB``'s stop (``life.down``), with each node's report as ``down`` prints it."""
+    downed = down(store, load(store, job_id))
+    lines = [f"node{r.node} {r.host}: {r.outcome(r.killed_text())}" for r in
+             (downed.reports[rank] for rank in sorted(downed.reports))]
+    return downed, [safe(line, colour=False) for line in lines]

@@ -1,0 +1,95 @@
+"""The web server's guard on its own (an ASGI middleware, no server): token, cookie, origin, host."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from typing import Any
+
+from clusterrun.web.guard import COOKIE, Guard, host_name
+from tests.conftest import ROOT
+
+TOKEN = "t0ken-Abc_123"
+
+
+def call(method: str = "GET", path: str = "/", query: str = "", **headers: str) -> tuple[int, dict[str, str], bool]:
+    """Run one request through the guard: its status, its headers, and whether the app behind it ran."""
+    ran: list[bool] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        ran.append(True)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    scope = {"type": "http", "method": method, "path": path, "query_string": query.encode(),
+             "headers": [(k.replace("_", "-").lower().encode(), v.encode())
+                         for k, v in {"host": "127.0.0.1:8321", **headers}.items()]}
+    asyncio.run(Guard(app, TOKEN)(scope, receive, send))
+    start = sent[0]
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, bool(ran)
+
+
+def test_without_the_token_or_its_cookie_every_request_is_401() -> None:
+    for path in ("/", "/jobs/x", "/static/htmx.min.js", "/jobs/x/stream"):
+        status, _, ran = call(path=path)
+        assert (status, ran) == (401, False), path
+    assert call(cookie=f"{COOKIE}=wrong")[0] == 401
+    assert call(query="token=wrong")[0] == 401
+
+
+def test_the_token_becomes_an_httponly_strict_cookie_and_leaves_the_address() -> None:
+    status, headers, ran = call(path="/jobs/j1", query=f"node=1&token={TOKEN}")
+    assert (status, ran) == (303, False)
+    assert headers["location"] == "/jobs/j1?node=1"
+    assert headers["set-cookie"] == f"{COOKIE}={TOKEN}; HttpOnly; SameSite=Strict; Path=/"
+    # never a redirect to another site: "//host" would be one
+    assert call(path="//evil.example/x", query=f"token={TOKEN}")[1]["location"] == "/evil.example/x"
+
+
+def test_the_cookie_lets_a_request_through_with_the_pages_policy() -> None:
+    status, headers, ran = call(cookie=f"other=1; {COOKIE}={TOKEN}")
+    assert (status, ran) == (200, True)
+    assert "script-src 'self'" in headers["content-security-policy"]
+    assert headers["x-frame-options"] == "DENY" and headers["referrer-policy"] == "no-referrer"
+
+
+def test_another_origin_is_403_even_with_the_cookie_and_a_post_must_name_its_origin() -> None:
+    cookie = f"{COOKIE}={TOKEN}"
+    assert call(cookie=cookie, origin="http://127.0.0.1:9999")[:3:2] == (403, False)
+    assert call(cookie=cookie, origin="http://evil.example")[0] == 403
+    assert call(cookie=cookie, origin="null")[0] == 403
+    assert call(cookie=cookie, origin="http://127.0.0.1:8321")[0] == 200
+    assert call("POST", "/jobs/x/stop", cookie=cookie)[:3:2] == (403, False)
+    assert call("POST", "/jobs/x/stop", cookie=cookie, origin="http://127.0.0.1:8321")[0] == 200
+    # a no-cors GET of another site's page carries no Origin: the browser's Sec-Fetch-Site says it
+    for site in ("same-site", "cross-site"):
+        assert call(cookie=cookie, sec_fetch_site=site, sec_fetch_mode="no-cors")[:3:2] == (403, False)
+        assert call(cookie=cookie, sec_fetch_site=site, sec_fetch_mode="navigate")[0] == 200  # a link followed
+    assert call(cookie=cookie, sec_fetch_site="same-origin", sec_fetch_mode="cors")[0] == 200
+
+
+def test_a_host_other_than_the_loopback_is_refused_as_a_dns_rebinding_page_would_send() -> None:
+    cookie = f"{COOKIE}={TOKEN}"
+    assert call(cookie=cookie, host="evil.example:8321", origin="http://evil.example:8321")[0] == 403
+    for host in ("localhost:9000", "[::1]:8321", "127.0.0.1"):  # ssh -L may forward from another port
+        assert call(cookie=cookie, host=host)[0] == 200, host
+    assert host_name("[::1]:80") == "::1" and host_name("localhost:9000") == "localhost"
+
+
+def test_web_without_the_extra_says_how_to_get_it() -> None:
+    code = ("import sys; sys.modules['uvicorn'] = None; sys.argv[0] = 'clusterrun'\n"
+            "from clusterrun.cli import main; main()")
+    done = subprocess.run([sys.executable, "-c", code, "web", "--port", "0"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    assert "`clusterrun web` needs the web extra (uvicorn is missing)" in done.stderr
+    assert "pip install 'clusterrun[web]'" in done.stderr
