@@ -1,23 +1,30 @@
-"""The web server's guard on its own (an ASGI middleware, no server): token, cookie, origin, host."""
+"""The web server's guard on its own (an ASGI middleware, no server): token, cookie, origin, host; the cap on
+live viewers; the command without its extra."""
 
 from __future__ import annotations
 
 import asyncio
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from clusterrun.store.jobs import JobStore
 from clusterrun.web.guard import COOKIE, Guard, host_name
 from tests.conftest import ROOT
 
 TOKEN = "t0ken-Abc_123"
 
 
-def call(method: str = "GET", path: str = "/", query: str = "", **headers: str) -> tuple[int, dict[str, str], bool]:
-    """Run one request through the guard: its status, its headers, and whether the app behind it ran."""
+def call(method: str = "GET", path: str = "/", query: str = "", app: Any = None,
+         **headers: str) -> tuple[int, dict[str, str], bool]:
+    """Run one request through the guard (in front of ``app``, which answers 200 unless given): its status,
+    its headers, and whether the app behind it ran."""
     ran: list[bool] = []
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
+    async def ok(scope: Any, receive: Any, send: Any) -> None:
         ran.append(True)
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
@@ -33,7 +40,7 @@ def call(method: str = "GET", path: str = "/", query: str = "", **headers: str) 
     scope = {"type": "http", "method": method, "path": path, "query_string": query.encode(),
              "headers": [(k.replace("_", "-").lower().encode(), v.encode())
                          for k, v in {"host": "127.0.0.1:8321", **headers}.items()]}
-    asyncio.run(Guard(app, TOKEN)(scope, receive, send))
+    asyncio.run((app or Guard(ok, TOKEN))(scope, receive, send))
     start = sent[0]
     return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, bool(ran)
 
@@ -93,3 +100,13 @@ def test_web_without_the_extra_says_how_to_get_it() -> None:
     assert done.returncode == 2, done.stderr
     assert "`clusterrun web` needs the web extra (uvicorn is missing)" in done.stderr
     assert "pip install 'clusterrun[web]'" in done.stderr
+
+
+def test_a_live_stream_past_the_cap_of_viewers_is_503(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from clusterrun.web import app as web
+
+    guarded = web.create_app(TOKEN, store=JobStore(tmp_path))
+    monkeypatch.setattr(web, "MAX_VIEWERS", 0)
+    assert call(path="/jobs/j1/stream", app=guarded, cookie=f"{COOKIE}={TOKEN}")[0] == 503
+    monkeypatch.setattr(web, "MAX_VIEWERS", 1)  # under the cap: on to the job, which this store has not
+    assert call(path="/jobs/j1/stream", app=guarded, cookie=f"{COOKIE}={TOKEN}")[0] == 404

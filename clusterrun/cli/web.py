@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import FrameType
+
 import click
 
 from clusterrun.cli import EXIT_USAGE, _fail, main
@@ -39,9 +41,16 @@ def web(port: int, bind: str, control: bool) -> None:
     except OSError as exc:
         _fail(ConfigError(f"cannot listen on {bind}:{port}: {exc.strerror}", key="--port",
                           hint="choose another port with --port N (0: any free one)"), EXIT_USAGE)
+    sock.listen(128)  # connections wait from now on: the URL printed below is good at once
     shown = f"[{bind}]" if ":" in bind else bind
     click.echo(f"clusterrun web: http://{shown}:{sock.getsockname()[1]}/?token={token}"
                + ("  (control: stop and restart allowed)" if control else "  (read-only)"), err=True)
-    config = uvicorn.Config(create_app(token, control=control, bound=bind), log_level="warning",
-                            access_log=False, lifespan="on", timeout_graceful_shutdown=2)
-    uvicorn.Server(config).run(sockets=[sock])
+    app = create_app(token, control=control, bound=bind)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            app.end_streams()  # the open event streams end now: uvicorn waits for every connection to close
+            super().handle_exit(sig, frame)
+
+    Server(config).run(sockets=[sock])

@@ -89,8 +89,21 @@ def _sse(event: str, data: str) -> bytes:
     return (f"event: {event}\n" + "".join(f"data: {part}\n" for part in data.split("\n")) + "\n").encode()
 
 
+class Web(Guard):
+    """The application behind its guard, with what a stopping server calls."""
+
+    def __init__(self, app: Starlette, token: str, bound: str, state: dict[str, Any]) -> None:
+        super().__init__(app, token, bound)
+        self.state = state
+
+    def end_streams(self) -> None:
+        """End the live streams now: a stopping server waits for every open connection."""
+        if "feeds" in self.state:
+            self.state["feeds"].end_streams()
+
+
 def create_app(token: str, *, control: bool = False, store: JobStore | None = None,
-               bound: str = "127.0.0.1") -> Guard:
+               bound: str = "127.0.0.1") -> Web:
     """The ASGI application, behind its guard (``guard.Guard``)."""
     store = store or JobStore()
     templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -136,20 +149,20 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
         return templates.TemplateResponse(request, "summary.html", {"job": view, "control": control})
 
     async def stream(request: Request) -> Response:
+        if state["viewers"] >= MAX_VIEWERS:
+            return PlainTextResponse(f"more than {MAX_VIEWERS} live viewers; close a page and reload",
+                                     status_code=503)
         try:
             record = await record_of(request.path_params["job"])
         except JobNotFound as exc:
             return PlainTextResponse(exc.render(), status_code=404)
-        if state["viewers"] >= MAX_VIEWERS:
-            return PlainTextResponse(f"more than {MAX_VIEWERS} live viewers; close a page and reload",
-                                     status_code=503)
         options = Options(request, record)
-        viewer = Viewer()
-        feed = feeds(request).join(record, options.attempt, viewer)
-        state["viewers"] += 1
         prefix = len(options.nodes) > 1
 
         async def events() -> AsyncIterator[bytes]:
+            viewer = Viewer()  # joined here, where the finally below is sure to leave
+            feed = feeds(request).join(record, options.attempt, viewer)
+            state["viewers"] += 1
             try:
                 rings, states = feed.snapshot()
                 first = _first_lines(rings, options, prefix)
@@ -226,9 +239,7 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
         if "feeds" in state:
             state["feeds"].close()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
-    app.state.web = state
-    return Guard(app, token, bound)
+    return Web(Starlette(routes=routes, lifespan=lifespan), token, bound, state)
 
 
 def _restart(record: JobRecord) -> str:

@@ -199,13 +199,15 @@ class Feeds:
             del self.feeds[(feed.record.job_id, feed.attempt)]
             feed.close()
 
+    def end_streams(self) -> None:
+        """End every viewer's stream (the server is stopping: it waits for open connections); from any thread."""
+        for feed in list(self.feeds.values()):
+            with feed.lock:
+                viewers = list(feed.viewers)
+            for viewer in viewers:
+                self.loop.call_soon_threadsafe(viewer.queue.put_nowait, None)
+
     def close(self) -> None:
         for feed in self.feeds.values():
             feed.close()
         self.feeds.clear()
-
-    @property
-    def readers(self) -> int:
-        """How many node readers run (a test counts them: one per node, whatever the viewers)."""
-        return sum(len(f.rings) for f in self.feeds.values() if not f.closing.is_set())
-
