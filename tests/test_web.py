@@ -242,3 +242,26 @@ def test_stop_from_the_page_stops_the_job_verified_as_down_verifies(
     assert marked(job) == []
     assert ps_json(job)["state"] == "stopped"
     context.close()
+
+
+def test_the_page_shows_the_training_s_progress_as_ps_job_words_it(
+        tmp_path: Path, state_dir: Path, browser: Browser, web: Any) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, python=sys.executable)
+    gate = tmp_path / "go"  # every rank waits there at step 20 of 40, until the test has looked
+    started = clusterrun("up", "-d", "--name", "webprogress", hosts, SUPPORT / "progress_train.py", "--", "tqdm",
+                         "40", gate)
+    assert started.returncode == 0, started.stderr
+    job = started.stdout.strip()
+    try:
+        wait_for(lambda: (ps_json(job)["progress"] or {}).get("step") == 20, timeout=180, what="step 20's reading")
+        url, base, _ = web()
+        page = browser.new_page()
+        page.goto(url)
+        page.goto(f"{base}/jobs/{job}")
+        expect(page.locator("#progress")).to_contain_text("step 20/40 (50%)", timeout=DEADLINE)
+        assert page.locator("#progress progress").get_attribute("value") == "20"
+        page.goto(base + "/")
+        expect(page.locator(".training")).to_contain_text("step 20/40", timeout=DEADLINE)
+        page.close()
+    finally:
+        gate.touch()

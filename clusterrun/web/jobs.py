@@ -1,8 +1,8 @@
 """What the pages show, read as ``ps``, ``ps JOB`` and ``logs`` read it (blocking: run in a worker thread).
 
 The documents are ``ps --json``'s and ``ps JOB --json``'s (``views.joblist``), so a field added there
-(a ``progress`` object, say) reaches the page without a change here; the texts beside them (stop
-guarantees, the start-up watch) are ``ps JOB``'s.
+reaches the page's JSON without a change here; the texts beside them (the state and the training's
+progress in words, stop guarantees, the start-up watch) are ``ps`` and ``ps JOB``'s.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from clusterrun.run.startwatch import progress_text
 from clusterrun.slurm.job import is_slurm
 from clusterrun.slurm.job import refresh as slurm_refresh
 from clusterrun.store.jobs import JobRecord, JobStore
-from clusterrun.views.joblist import job_state_text, jobs_json, shown
+from clusterrun.views.joblist import job_state_text, jobs_json, progress_of, shown, training_text
 
 SEARCH_LIMIT = 500  # matching lines a search shows (the last ones)
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -48,6 +48,7 @@ def job_list(store: JobStore, show_all: bool = False) -> dict[str, Any]:
     document = jobs_json(records, damaged=damaged)
     for job, record in zip(document["jobs"], records, strict=True):
         job["state_text"] = job_state_text(record, now)
+        job["training"] = training_text(record, progress_of(record), now)
     document["hidden"] = hidden
     return document
 
@@ -66,6 +67,7 @@ def job_view(store: JobStore, job_id: str) -> dict[str, Any]:
     record, now = seen.record, time.time()
     document: dict[str, Any] = jobs_json([record], hosts=seen.statuses, gpus=seen.gpus)["jobs"][0]
     document["state_text"] = job_state_text(record, now)
+    document["training"] = training_text(record, progress_of(record, seen.statuses), now)  # as ps JOB words it
     notes: dict[int, list[str]] = {}
     for rank, error in seen.errors.items():
         notes.setdefault(rank, []).append(safe(error.render(), colour=False))
