@@ -124,11 +124,8 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
 
     async def job_page(request: Request) -> Response:
         job_id = request.path_params["job"]
-        try:
-            view = await run_in_threadpool(jobs.job_view, store, job_id)
-            record = await record_of(job_id)
-        except JobNotFound as exc:
-            return HTMLResponse(f"<p>{escape(exc.render())}</p>", status_code=404)
+        view = await run_in_threadpool(jobs.job_view, store, job_id)
+        record = await record_of(job_id)
         options = Options(request, record)
         found = None
         if options.query:
@@ -142,20 +139,14 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
         return templates.TemplateResponse(request, "live.html", context, headers={"HX-Push-Url": address})
 
     async def summary(request: Request) -> Response:
-        try:
-            view = await run_in_threadpool(jobs.job_view, store, request.path_params["job"])
-        except JobNotFound as exc:
-            return HTMLResponse(f"<p>{escape(exc.render())}</p>", status_code=404)
+        view = await run_in_threadpool(jobs.job_view, store, request.path_params["job"])
         return templates.TemplateResponse(request, "summary.html", {"job": view, "control": control})
 
     async def stream(request: Request) -> Response:
         if state["viewers"] >= MAX_VIEWERS:
             return PlainTextResponse(f"more than {MAX_VIEWERS} live viewers; close a page and reload",
                                      status_code=503)
-        try:
-            record = await record_of(request.path_params["job"])
-        except JobNotFound as exc:
-            return PlainTextResponse(exc.render(), status_code=404)
+        record = await record_of(request.path_params["job"])
         options = Options(request, record)
         prefix = len(options.nodes) > 1
 
@@ -190,30 +181,19 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
         return JSONResponse(await run_in_threadpool(jobs.job_list, store, request.query_params.get("all") == "1"))
 
     async def api_job(request: Request) -> Response:
-        try:
-            return JSONResponse(await run_in_threadpool(jobs.job_view, store, request.path_params["job"]))
-        except JobNotFound as exc:
-            return JSONResponse({"error": exc.render()}, status_code=404)
+        return JSONResponse(await run_in_threadpool(jobs.job_view, store, request.path_params["job"]))
 
     async def stop(request: Request) -> Response:
         if not control:
             return PlainTextResponse("read-only: start `clusterrun web --control` to stop jobs", status_code=403)
-        try:
-            downed, lines = await run_in_threadpool(jobs.stop, store, request.path_params["job"])
-        except JobNotFound as exc:
-            return PlainTextResponse(exc.render(), status_code=404)
-        except ClusterrunError as exc:
-            return HTMLResponse(f'<p class="bad">{escape(exc.render())}</p>', status_code=500)
+        downed, lines = await run_in_threadpool(jobs.stop, store, request.path_params["job"])
         return templates.TemplateResponse(request, "stopped.html", {"downed": downed, "lines": lines,
                                                                     "summary": downed.summary()})
 
     async def restart(request: Request) -> Response:
         if not control:
             return PlainTextResponse("read-only: start `clusterrun web --control` to restart jobs", status_code=403)
-        try:
-            record = await record_of(request.path_params["job"])
-        except JobNotFound as exc:
-            return PlainTextResponse(exc.render(), status_code=404)
+        record = await record_of(request.path_params["job"])
         text = await run_in_threadpool(_restart, record)
         return HTMLResponse(f'<pre class="report">{escape(text)}</pre>')
 
@@ -239,7 +219,14 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
         if "feeds" in state:
             state["feeds"].close()
 
-    return Web(Starlette(routes=routes, lifespan=lifespan), token, bound, state)
+    return Web(Starlette(routes=routes, lifespan=lifespan, exception_handlers={ClusterrunError: _failed}), token, bound,
+               state)
+
+
+async def _failed(request: Request, exc: Exception) -> Response:
+    """What a page or stream says when the job cannot be read: its error with the hint, 404 for an unknown job."""
+    text = exc.render() if isinstance(exc, ClusterrunError) else str(exc)
+    return PlainTextResponse(text, status_code=404 if isinstance(exc, JobNotFound) else 500)
 
 
 def _restart(record: JobRecord) -> str:
