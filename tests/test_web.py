@@ -127,7 +127,7 @@ def no_sideways_scroll(page: Page) -> bool:
 def test_the_page_lists_a_running_job_shows_it_live_and_refuses_strangers(
         tmp_path: Path, state_dir: Path, browser: Browser, web: Any) -> None:
     job = start_job(tmp_path, state_dir, "webview")
-    url, base, pid = web()
+    url, base, pid = web(control=True)  # the other site below tries a stop: only the guard may refuse it
     context = browser.new_context()
     page = context.new_page()
     page.goto(url)
