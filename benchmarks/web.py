@@ -9,7 +9,7 @@ them as a browser's EventSource does). Once every viewer has a line, it reads th
 children), waits SECONDS, and reads them again; the lines each viewer got in that time are counted
 (each must get them all). The same is measured first with the job quiet (the counter waiting at its gate:
 it prints nothing), which should cost the server nothing measurable. Everything it started is
-stopped at the end (``down``, the server by its pid).
+stopped at the end (``down``, the server by its pid) and its folder removed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -118,6 +119,7 @@ def main() -> None:
         gate.touch()
         for job in (quiet_job, busy_job):
             subprocess.run([sys.executable, "-m", "clusterrun", "down", job], capture_output=True, env=env, cwd=work)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
