@@ -150,9 +150,10 @@ def test_a_rank_that_spins_while_the_others_wait_in_all_reduce_is_named_busy(tmp
 
 def test_a_job_that_progresses_without_a_word_from_most_nodes_is_never_hung(tmp_path: Path,
                                                                            state_dir: Path) -> None:
-    """Real gloo: both ranks compute and all_reduce for 45 s, only rank 0 (node 0) prints, every
-    5 s; node 1 writes nothing at all, for far longer than hang_after. The job is never hung (no
-    `hung` notification, no hang line from `up`) and succeeds."""
+    """Real gloo: both ranks compute and all_reduce for 45 s, only rank 0 (node 0) writes, every
+    5 s, a progress bar's redrawn line (no newline until the end); node 1 writes nothing at all,
+    for far longer than hang_after. The job is never hung (no `hung` notification, no hang line
+    from `up`) and succeeds."""
     hosts = write_hosts(tmp_path, [1, 1], state_dir)
     sent = tmp_path / "sent"
     done = run_up("--hang-after", "15s", "--notify", f'echo "$CLUSTERRUN_EVENT" >> {sent}', hosts,

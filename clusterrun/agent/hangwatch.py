@@ -53,37 +53,38 @@ def master_port(argv: list[str]) -> int | None:
 
 
 class QuietWatch:
-    """The silence of a node's ranks, sampled at the monitor's scans: once the node's log has not
-    grown for ``hang_after`` seconds (monotonic) while a worker lives, the node is quiet since its
-    last output (``quiet_since``, wall clock); its next output, or no living worker (starting,
+    """The silence of a node's ranks, sampled at the monitor's scans: once nothing was written
+    (``written``: the bytes of the ranks' output read so far, partial lines included, and of the
+    node's log) for ``hang_after`` seconds (monotonic) while a worker lives, the node is quiet since
+    its last output (``quiet_since``, wall clock); its next output, or no living worker (starting,
     ending, torchrun restarting them), ends that. Only the crossings are news, so the state file
     is written twice per silence, never once per line. CPU is no sign of life here: gloo's and
     NCCL's threads poll, and CUDA spins, in ranks that wait for ever.
 
     create (with the ``quiet_since`` a monitor before this one recorded) → ``sample(alive,
-    out_size)`` at each scan, True when ``quiet_since`` changed."""
+    written)`` at each scan, True when ``quiet_since`` changed."""
 
     def __init__(self, hang_after: float | None, quiet_since: float | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.hang_after = hang_after
         self.clock = clock
         self.wall = wall
-        self.size: int | None = None  # the log's size at the last sample; None: no worker was alive
+        self.written: int | None = None  # at the last sample; None: no worker was alive
         self.active_at = 0.0  # monotonic time the log last grew (or a worker was first seen)
         self.quiet_since = quiet_since  # wall clock
 
-    def sample(self, alive: bool, out_size: int) -> bool:
+    def sample(self, alive: bool, written: int) -> bool:
         if not self.hang_after:
             return False
         now = self.clock()
         if not alive:
-            self.size = None
+            self.written = None
             return self._set(None)
-        if self.size is None and self.quiet_since is not None:  # resumed: quiet as recorded
-            self.size, self.active_at = out_size, now - max(0.0, self.wall() - self.quiet_since)
+        if self.written is None and self.quiet_since is not None:  # resumed: quiet as recorded
+            self.written, self.active_at = written, now - max(0.0, self.wall() - self.quiet_since)
             return False
-        if out_size != self.size:
-            self.size, self.active_at = out_size, now
+        if written != self.written:
+            self.written, self.active_at = written, now
             return self._set(None)
         if self.quiet_since is None and now - self.active_at >= self.hang_after:
             return self._set(self.wall() - (now - self.active_at))

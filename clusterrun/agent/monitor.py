@@ -227,6 +227,7 @@ class Monitor:
         if self.progress_spec is not None and (spec.get("progress") or state.get("progress")):
             self._track()
         self.progress_due: float | None = None  # when a changed progress is saved next (None: nothing new)
+        self.heard = 0  # bytes of the ranks' output read so far (``_rank_output``)
         self.rank_logs = RankLogs(os.path.join(self.folder, "torchrun"), log_fd, first_rank, self.waker,
                                   journal=os.path.join(self.folder, RANK_JOURNAL),
                                   times=os.path.join(self.folder, TIMES), tap=self._rank_output)
@@ -249,7 +250,9 @@ class Monitor:
         self.progress = Tracker(pattern, start)
 
     def _rank_output(self, rank: int, data: bytes) -> None:
-        """Rank 0's new output read: its progress, saved at most every ``PROGRESS_EVERY`` seconds."""
+        """A rank's new output read: a sign of life, partial lines included (a progress bar redraws
+        its line without ending it); rank 0's progress, saved at most every ``PROGRESS_EVERY`` seconds."""
+        self.heard += len(data)
         if rank != 0 or self.progress_spec is None:
             return
         if self.progress is None:
@@ -392,13 +395,14 @@ class Monitor:
         return True
 
     def _quiet_watch(self) -> bool:
-        """Whether the ranks went quiet, or spoke again, by the log's size (``QuietWatch``); True
-        if ``quiet_since`` changed. The job's owner decides from every node's whether the job hangs."""
+        """Whether the ranks went quiet, or spoke again (``QuietWatch``): by the bytes read of their
+        output and the log's size (torchrun's own lines); True if ``quiet_since`` changed. The job's
+        owner decides from every node's whether the job hangs."""
         try:
             size = os.fstat(self.log_fd).st_size
         except OSError:
             return False
-        if not self.silence.sample(any(w["died"] is None for w in self.state["workers"]), size):
+        if not self.silence.sample(any(w["died"] is None for w in self.state["workers"]), size + self.heard):
             return False
         self.state["quiet_since"] = self.silence.quiet_since
         return True

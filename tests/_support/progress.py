@@ -1,8 +1,9 @@
 """A job that progresses without a word from most of its ranks: every rank computes and
-all_reduces in steps of about argv[3] seconds for argv[1] seconds; only rank 0 prints, every
-argv[2] seconds (while torch is imported and the process group formed too: a test's hang_after is
-shorter than that start on a busy machine), so the other nodes write nothing at all. Rank 0
-decides when to stop (a flag in the all_reduce); every rank exits 0."""
+all_reduces in steps of about argv[3] seconds for argv[1] seconds; only rank 0 writes, every
+argv[2] seconds, its step as a progress bar does (on stderr, the line redrawn after a carriage
+return, ended once at the end), and a line while torch is imported and the process group formed
+(a test's hang_after is shorter than that start on a busy machine); the other nodes write nothing
+at all. Rank 0 decides when to stop (a flag in the all_reduce); every rank exits 0."""
 
 import os
 import sys
@@ -46,11 +47,13 @@ def main() -> None:
         dist.all_reduce(go, op=dist.ReduceOp.MIN)
         steps += 1
         if rank == 0 and time.monotonic() - printed >= every:
-            print(f"rank 0 step {steps}", flush=True)
+            sys.stderr.write(f"\rstep {steps}")
+            sys.stderr.flush()
             printed = time.monotonic()
         if go.item() == 0.0:
             break
     if rank == 0:
+        sys.stderr.write("\n")
         print(f"rank 0 done after {steps} steps", flush=True)
     os._exit(0)  # gloo's teardown may hang (pytorch/pytorch#188266), as examples/allreduce.py says
 
