@@ -1,8 +1,8 @@
 """What a hung job's ranks were doing: the report the job's owner saves when the job hangs.
 
 Pure: from every node's ``stack`` answer, looked at twice some seconds apart (``looks=2``: each
-rank's Python stacks, whether they moved between the looks, the share of a core it used meanwhile)
-to ``HangReport`` and its text. The stacks are grouped as ``clusterrun stack`` groups them
+rank's Python stacks, whether they moved between the looks, how busy it was meanwhile) to
+``HangReport`` and its text. The stacks are grouped as ``clusterrun stack`` groups them
 (``stacks.group``); the ranks to look at are named first:
 
 - ``elsewhere``: ranks outside a collective while others wait in one (a rank that sleeps, loads
