@@ -24,7 +24,7 @@ from clusterrun.checks.doctor import Check, HostReport, Report, Verdict
 from clusterrun.cli import main
 from clusterrun.config.hostsfile import load_cluster_text
 from clusterrun.config.nodesets import FOLD_PAST
-from clusterrun.core.events import NodeHung, NodeLink, NodeStarted, StopReport
+from clusterrun.core.events import JobHung, NodeLink, NodeStarted, StopReport
 from clusterrun.core.ranges import parse_ranges
 from clusterrun.life import gate, lifecycle
 from clusterrun.life.attempt import restart
@@ -258,24 +258,19 @@ def test_stop_reports_fold_only_stops_alike_and_keep_each_guarantee_and_failure_
     assert nodes == Counter(range(N))  # every node in exactly one line of the stop
 
 
-def test_nodes_hung_or_unreachable_at_once_share_a_line_and_saved_stacks_keep_theirs() -> None:
-    """A collective that hangs everywhere, a switch that fails: one line each, without the time
-    that differs by a second from node to node; a node whose stacks were saved keeps its line."""
+def test_a_hang_is_one_line_and_nodes_unreachable_at_once_share_one() -> None:
+    """A collective that hangs everywhere is the job's hang, said once whatever the number of
+    nodes; a switch that fails: one line, without the time that differs by a second from node to node."""
     err = io.StringIO()
     printer = Printer(err=err, nnodes=N, hold=HOLD)
     now = time.time()
-    for rank in range(N):
-        printer(NodeHung(rank, host=f"gpu{rank + 1:02d}", since=now - 600 - rank % 3,
-                         report="/state/stacks.txt" if rank == 5 else None))
+    printer(JobHung(None, since=now - 600, nodes=tuple(range(N))))
     for rank in range(N):
         printer(NodeLink(rank, host=f"gpu{rank + 1:02d}", up=False, since=now - rank % 2, detail="no route"))
     printer.flush()
     lines = err.getvalue().splitlines()
-    assert lines[0] == ("clusterrun: 63 nodes 0-4,6-63 (gpu[01-05,07-64]): hung: its ranks wrote nothing and used "
-                        "no CPU")
-    assert re.fullmatch(r"clusterrun: node5 gpu06: hung since \S+: its ranks wrote nothing and used no CPU; "
-                        r"their stacks: /state/stacks.txt on the host", lines[1])
-    assert lines[2:] == ["clusterrun: 64 nodes 0-63 (gpu[01-64]): unreachable (no route); the job runs on there as "
+    assert re.fullmatch(r"clusterrun: the job is hung since \S+: no rank wrote anything for 600 s", lines[0])
+    assert lines[1:] == ["clusterrun: 64 nodes 0-63 (gpu[01-64]): unreachable (no route); the job runs on there as "
                          "far as anybody knows; reconnecting"]
 
 

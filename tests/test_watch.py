@@ -15,17 +15,21 @@ from pathlib import Path
 import pytest
 
 from clusterrun.agent import hangwatch
-from clusterrun.agent.hangwatch import HangWatch
+from clusterrun.agent.hangwatch import QuietWatch
+from clusterrun.agent.wire import Frame, RankStack, StackAnswer, ThreadStack
 from clusterrun.config.hostsfile import load_cluster_text
 from clusterrun.config.watch import Notify, Watch, parse_duration
 from clusterrun.core.errors import ConfigError
-from clusterrun.core.events import AttemptStarted, JobNote, JobState, LogLines, NodeHung, NodeState, NodeStateChanged
+from clusterrun.core.events import AttemptStarted, JobHung, JobNote, JobState, LogLines, NodeState, NodeStateChanged
 from clusterrun.core.protocol import HostState, NodeStatus, Worker
 from clusterrun.core.ranges import parse_ranges, ranges_text
+from clusterrun.diagnose.hangreport import HangReport
 from clusterrun.life import lifecycle, notify
+from clusterrun.life import runner as runner_module
 from clusterrun.life.attempt import restart
 from clusterrun.life.recorder import new_record, refresh
 from clusterrun.life.runner import Runner
+from clusterrun.run.hangwatch import HangWatch, silent_since
 from clusterrun.run.orchestrator import Job
 from clusterrun.run.startwatch import StartupWatch, progress_text
 from clusterrun.store.jobs import JobStore
@@ -192,68 +196,168 @@ def test_a_viewer_does_not_fail_a_job_that_waits(fake: FakeCluster) -> None:
 # ------------------------------------------------------------------------------ hang watch
 
 
-def test_the_hang_watch_needs_both_silence_and_no_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    ticks = {10: 100, 11: 200}
-    monkeypatch.setattr(hangwatch, "cpu_ticks", lambda pid: ticks.get(pid))
-    now = [0.0]
-    watch = HangWatch(60.0, clock=lambda: now[0])
-    assert not watch.sample([10, 11], 500)
-    now[0] = 59.0
-    assert not watch.sample([10, 11], 500)
-    ticks[11] = 201  # CPU used: not hung (a rank computing without printing)
-    now[0] = 100.0
-    assert not watch.sample([10, 11], 500) and watch.hung_since is None
-    now[0] = 159.0
-    assert not watch.sample([10, 11], 500)
-    now[0] = 160.0
-    assert watch.sample([10, 11], 500) and watch.hung_since is not None
-    since = watch.hung_since
-    assert abs((time.time() - since) - 60.0) < 5  # since the last activity, not since it was noticed
-    now[0] = 161.0
-    assert not watch.sample([10, 11], 500)  # still hung: no news
-    assert watch.sample([10, 11], 501) and watch.hung_since is None  # a line written: active again
-    now[0] = 1000.0
-    assert not watch.sample([], 501)  # no rank alive (starting, or ending): never hung
-    assert not HangWatch(None, clock=lambda: now[0]).sample([10], 1)
+def test_a_node_is_quiet_once_its_log_has_not_grown_for_hang_after_whatever_its_cpu() -> None:
+    """The host's half: only the log's size counts; CPU is not looked at (gloo's and NCCL's
+    threads poll in ranks that wait for ever). Only the crossings are news."""
+    now, wall = [0.0], [1000.0]
+    watch = QuietWatch(60.0, clock=lambda: now[0], wall=lambda: wall[0])
+    assert not watch.sample(True, 500)
+    now[0], wall[0] = 59.0, 1059.0
+    assert not watch.sample(True, 500) and watch.quiet_since is None
+    now[0], wall[0] = 60.0, 1060.0
+    assert watch.sample(True, 500) and watch.quiet_since == 1000.0  # since the last output, not since noticed
+    now[0], wall[0] = 61.0, 1061.0
+    assert not watch.sample(True, 500)  # still quiet: no news
+    assert watch.sample(True, 501) and watch.quiet_since is None  # a line written
+    now[0], wall[0] = 1000.0, 2000.0
+    assert watch.sample(True, 501) and watch.quiet_since is not None
+    assert watch.sample(False, 501) and watch.quiet_since is None  # no rank alive (ending, restarting): not quiet
+    assert not watch.sample(False, 501)
+    assert not QuietWatch(None, clock=lambda: now[0]).sample(True, 1)
 
 
-def test_a_resumed_monitor_keeps_the_recorded_hang(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hangwatch, "cpu_ticks", lambda pid: 5)
-    watch = HangWatch(60.0, hung_since=time.time() - 120, clock=lambda: 0.0)
-    assert not watch.sample([10], 7) and watch.hung_since is not None
+def test_a_resumed_monitor_keeps_the_recorded_silence() -> None:
+    watch = QuietWatch(60.0, quiet_since=time.time() - 120, clock=lambda: 0.0)
+    assert not watch.sample(True, 7) and watch.quiet_since is not None
+    assert watch.sample(True, 8) and watch.quiet_since is None
 
 
-def test_cpu_ticks_reads_this_process() -> None:
-    assert (hangwatch.cpu_ticks(os.getpid()) or 0) > 0
-    assert hangwatch.cpu_ticks(2 ** 22 + 1) is None
+def _quiet(since: float | None, *, ended: bool = False) -> NodeStatus:
+    return NodeStatus(HostState.EXITED if ended else HostState.RUNNING, workers=(Worker(0, 0, 10, None),),
+                      quiet_since=since)
 
 
-def test_a_hung_node_is_recorded_and_shown_with_since_when(fake: FakeCluster, store: JobStore,
-                                                           tmp_path: Path) -> None:
+def test_the_job_is_silent_only_when_every_running_node_is_quiet() -> None:
+    """Usually only rank 0 prints: a node whose ranks never print is quiet for the whole run, and
+    that alone is no hang while another node prints. The job is silent since the last output anywhere."""
+    assert silent_since({0: _quiet(None), 1: _quiet(100.0)}) is None  # node 0 prints: not hung
+    assert silent_since({0: _quiet(250.0), 1: _quiet(100.0)}) == 250.0
+    assert silent_since({0: _quiet(250.0), 1: None}) is None  # a node not heard from yet
+    assert silent_since({0: _quiet(250.0), 1: _quiet(None, ended=True)}) == 250.0  # an ended node does not count
+    assert silent_since({0: _quiet(None, ended=True)}) is None
+
+
+def test_the_hang_watch_says_each_change_once_and_keeps_the_hangs_start() -> None:
+    watch = HangWatch([0, 1])
+    watch.update(0, _quiet(100.0))
+    assert watch.poll() is None
+    watch.update(1, _quiet(250.0))
+    hung = watch.poll()
+    assert hung is not None and (hung.since, hung.nodes) == (250.0, (0, 1))
+    assert watch.poll() is None
+    watch.update(1, _quiet(260.0, ended=True))  # a node ends meanwhile: the same hang
+    assert watch.poll() is None and watch.since == 250.0
+    watch.update(0, _quiet(None))  # rank 0 printed
+    again = watch.poll()
+    assert again is not None and (again.since, again.nodes) == (None, (0, 1))
+    watch.update(0, _quiet(None, ended=True))
+    assert watch.poll() is None
+
+
+def _rank(rank: int, where: str, *, cpu: float, runnable: float | None = None, moved: bool | None = False) -> RankStack:
+    """A rank looked at twice, its main thread's frames ``name:file:line``, innermost first."""
+    frames = [Frame(name, file, int(line), lib=file.startswith("torch/"))
+              for name, file, line in (f.split(":") for f in where.split())]
+    return RankStack(rank=rank, pid=100 + rank, cpu=cpu, runnable=runnable, moved=moved,
+                     state="R" if (runnable or cpu) > 0.5 else "S", threads=[ThreadStack("MainThread", frames)])
+
+
+BARRIER = "barrier:torch/distributed/distributed_c10d.py:4500 step:train.py:42"
+ALL_REDUCE = "all_reduce:torch/distributed/distributed_c10d.py:2800 step:train.py:40"
+
+
+def test_the_hang_report_names_the_rank_outside_the_collective_and_the_busy_one() -> None:
+    """Busy is what the rank's main thread wanted: on a host whose cores are taken a spinning rank
+    gets a fifth of one, and waits for a core the rest of the time."""
+    late = _rank(2, "__next__:data.py:88 step:train.py:30", cpu=0.21, runnable=0.97, moved=True)
+    waiting = [_rank(0, BARRIER, cpu=0.01, runnable=0.0), _rank(1, BARRIER, cpu=0.0, runnable=0.01)]
+    answers = {0: StackAnswer(ok=True, state="running", ranks=waiting), 1: StackAnswer(ok=True, state="running",
+                                                                                      ranks=[late])}
+    report = HangReport.of(answers, {0: "h0", 1: "h1"}, since=1000.0, apart=3.0, now=1020.0)
+    assert report.elsewhere == (2,) and report.busy == (2,) and report.idle == (0, 1) and report.unmoved == (0, 1)
+    assert report.summary() == ("rank 2 elsewhere: __next__ at data.py:88 (the others: barrier in step at "
+                                "train.py:42) · busy: rank 2 · stacks unmoved: ranks 0-1")
+    text = "\n".join(report.render())
+    assert text.startswith("hung since 1970-01-01T00:16:40Z: no rank wrote anything for 20 s\n")
+    assert "\n2     1     h1    21%  97%       R      moved\n" in text and "ranks 0-1 (node 0 h0):" in text
+
+
+def test_the_rank_the_others_wait_for_is_named_also_with_two_ranks_or_without_a_collective() -> None:
+    two = {0: StackAnswer(ok=True, state="running", ranks=[_rank(0, "linger:train.py:12", cpu=0.0),
+                                                           _rank(1, BARRIER, cpu=0.0)])}
+    assert HangReport.of(two, {0: "h0"}, 0.0, 3.0).elsewhere == (0,)  # outside the collective, not a majority
+    lone = {0: StackAnswer(ok=True, state="running", ranks=[_rank(r, "load:data.py:9", cpu=0.0) for r in range(3)]
+                           + [_rank(3, "save:ckpt.py:5", cpu=0.0)])}
+    assert HangReport.of(lone, {0: "h0"}, 0.0, 3.0).elsewhere == (3,)  # outside the one largest group
+    even = {0: StackAnswer(ok=True, state="running", ranks=[_rank(0, ALL_REDUCE, cpu=0.0), _rank(1, BARRIER, cpu=0.0)])}
+    assert HangReport.of(even, {0: "h0"}, 0.0, 3.0).elsewhere == ()  # nothing to single out
+
+
+def test_without_py_spy_the_report_still_says_which_ranks_are_busy() -> None:
+    bare = RankStack(rank=0, pid=10, threads=[], cpu=1.0, state="R")
+    answers = {0: StackAnswer(ok=True, state="running", ranks=[bare], error="py-spy is not installed on this host",
+                              fix="python3 -m pip install py-spy")}
+    report = HangReport.of(answers, {0: "h0"}, 0.0, 3.0)
+    assert report.busy == (0,) and report.elsewhere == ()
+    assert report.summary() == "busy: rank 0 · no stacks: py-spy is not installed on this host"
+    assert "  fix: python3 -m pip install py-spy" in report.render()
+
+
+def test_the_job_is_recorded_hung_once_every_node_is_quiet(fake: FakeCluster, store: JobStore,
+                                                          tmp_path: Path) -> None:
     events: list[object] = []
     runner = _owned(fake, store, tmp_path, events.append, watch=Watch(on_hang="nothing"))
     thread = threading.Thread(target=runner.follow, daemon=True)
     thread.start()
-    n0 = fake.wait_started(JOB, 0)
-    fake.wait_started(JOB, 1).start_workers(1)
+    n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
     n0.start_workers(0)
+    n1.start_workers(1)
+    n1.quiet(time.time() - 900)  # node 1's rank never prints: that alone is no hang
     since = time.time() - 600
-    n0.hang(since, "/state/node0/attempt1/hang.txt")
+    n0.quiet(since)
     _until(lambda: store.load(JOB).nodes[0].hung_since == since)
     record = store.load(JOB)
-    assert node_state_text(record.nodes[0], since + 600).startswith("hung since ")
-    assert job_state_text(record, since + 600).startswith("running; node 0 hung since ")
+    assert [n.hung_since for n in record.nodes] == [since, since]  # since the last output anywhere
+    assert node_state_text(record.nodes[1], since + 600).startswith("hung since ")
+    assert job_state_text(record, since + 600).startswith("running; hung since ")
     node = job_json(record)["nodes"][0]
     assert node["state"] == "hung" and node["last_state"] == "running" and node["hung_since"]
     assert job_json(record)["state"] == "running"  # a hang alone never ends the job
-    n0.hang(None)
-    _until(lambda: store.load(JOB).nodes[0].hung_since is None)
+    n0.quiet(None)  # rank 0 printed again
+    _until(lambda: store.load(JOB).nodes[1].hung_since is None)
     assert job_json(store.load(JOB))["nodes"][0]["state"] == "running"
-    hung = [e for e in events if isinstance(e, NodeHung)]
-    assert [(e.node, e.since, e.report) for e in hung] == [(0, since, "/state/node0/attempt1/hang.txt"),
-                                                          (0, None, None)]
+    hung = [e for e in events if isinstance(e, JobHung)]
+    assert [(e.since, e.nodes) for e in hung] == [(since, (0, 1)), (None, (0, 1))]
     n0.exit(0)
-    fake.node(JOB, 1).exit(0)
+    n1.exit(0)
+    thread.join(10)
+    runner.close()
+
+
+def test_on_hang_stack_saves_the_report_naming_the_rank_elsewhere(fake: FakeCluster, store: JobStore, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lifecycle, "transport_factory", lambda record: fake.transport)
+    monkeypatch.setattr(runner_module, "LOOK_APART", 0.0)
+    notes: list[str] = []
+    runner = _owned(fake, store, tmp_path, lambda e: notes.append(e.text) if isinstance(e, JobNote) else None,
+                    watch=Watch(on_hang="stack"))
+    thread = threading.Thread(target=runner.follow, daemon=True)
+    thread.start()
+    n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    n0.stacks = [_rank(0, BARRIER, cpu=0.0).to_json()]
+    n1.stacks = [_rank(1, "spin:train.py:7", cpu=1.0).to_json()]
+    n0.quiet(time.time() - 60)
+    n1.quiet(time.time() - 60)
+    _until(lambda: any(n.startswith("hang report: ") for n in notes))
+    report = store.hang_report(JOB, 1)
+    assert next(n for n in notes if n.startswith("hang report: ")) == (
+        f"hang report: rank 1 elsewhere: spin at train.py:7 (the others: barrier in step at train.py:42) · busy: "
+        f"rank 1 · stacks unmoved: ranks 0-1; in {report}")
+    assert report.read_text().splitlines()[1].startswith("each rank looked at twice, 0 s apart: rank 1 elsewhere")
+    looks = fake.ops("stack")
+    assert [(r["looks"], r["node"]) for r in sorted(looks, key=lambda r: r["node"])] == [(2, 0), (2, 1)]
+    n0.exit(0)
+    n1.exit(0)
     thread.join(10)
     runner.close()
 
@@ -267,7 +371,8 @@ def test_on_hang_restart_stops_the_attempt_and_starts_the_next(fake: FakeCluster
     thread = threading.Thread(target=lambda: out.append(runner.follow()), daemon=True)
     thread.start()
     a0, a1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
-    a1.hang(time.time() - 60)
+    a0.quiet(time.time() - 60)
+    a1.quiet(time.time() - 60)
     b0, b1 = fake.wait_started(JOB, 0, 2), fake.wait_started(JOB, 1, 2)
     assert a0.stops >= 1 and a1.stops >= 1 and not a0.running and not a1.running  # stopped before the next
     record = store.load(JOB)
@@ -342,7 +447,8 @@ def test_each_event_is_notified_once_with_its_environment_and_the_summary(fake: 
     thread = threading.Thread(target=runner.follow, daemon=True)
     thread.start()
     n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
-    n1.hang(time.time() - 60)
+    n0.quiet(time.time() - 60)
+    n1.quiet(time.time() - 60)
     assert _sent(out, 1) == [{"job": JOB, "event": "hung", "state": "running", "id": JOB, "attempts": 1}]
     n0.exit(0)
     n1.exit(0)
@@ -414,9 +520,9 @@ def test_the_dashboard_shows_a_hung_node_and_filters_a_nodes_log_by_rank() -> No
     board.apply(LogLines(0, host="h0", lines=("[rank0]:e",)))
     assert list(ring.lines) == ["[rank3]:b", "[rank3]:c"]
     assert board.watch_rank(1, None) is None and board.rank_view is None
-    board.apply(NodeHung(1, host="h1", since=time.time() - 60))
+    board.apply(JobHung(None, since=time.time() - 60, nodes=(1,)))
     assert board.nodes[1].status(time.time()).startswith("hung since ")
-    board.apply(NodeHung(1, host="h1", since=None))
+    board.apply(JobHung(None, since=None, nodes=(1,)))
     assert board.nodes[1].status(time.time()) == "running"
 
 

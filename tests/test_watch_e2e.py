@@ -1,5 +1,6 @@
 """The start-up watch, the hang watch and notifications end to end: `clusterrun up` on local hosts,
-real processes (torchrun as the stdlib fake: the process tree and files the watch reads)."""
+real processes: real torchrun and gloo ranks where the watch must see what torch does (its
+threads poll, a rank spins), torchrun as the stdlib fake where the process tree and files suffice."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, SUPPORT, job_id_of, marked, run_up, up_argv, wait_for, write_hosts
+from tests.test_stack import needs_py_spy
 
 pytestmark = pytest.mark.integration
 
@@ -81,9 +83,93 @@ def test_real_torchrun_on_node_0_is_seen_to_have_joined_its_own_rendezvous(tmp_p
     assert marked(job_id_of(done.stderr)) == []
 
 
+def logs(job: str) -> str:
+    return clusterrun("logs", job).stdout
+
+
+def hang_report(job: str, *wanted: str) -> tuple[dict, str] | None:  # type: ignore[type-arg]
+    """The job as ``ps --json`` shows it and its hang report, once every node that runs is hung
+    and the report is of this hang and holds every one of ``wanted`` (an earlier hang's, while
+    torch was imported on a busy machine, is replaced by the next one's)."""
+    record = ps_json(job)
+    since = {n["hung_since"] for n in record["nodes"] if n["last_state"] == "running"}
+    path = Path(os.environ["XDG_STATE_HOME"]) / "clusterrun" / "jobs" / job / "hang-1.txt"
+    text = path.read_text() if path.exists() and len(since) == 1 and None not in since else ""
+    fits = text.startswith(f"hung since {next(iter(since), None)}: ") and all(w in text for w in wanted)
+    return (record, text) if fits else None
+
+
+@needs_py_spy
+def test_a_rank_away_from_the_barrier_leaves_the_job_hung_and_named_in_the_report(tmp_path: Path,
+                                                                                   state_dir: Path) -> None:
+    """Real gloo: ranks 0-1 (node 0) wait in barrier() while rank 2 (node 1) sleeps before it.
+    gloo's loop thread gains CPU ticks in every rank meanwhile, so only the silence can tell: the
+    job is hung within hang_after + 30 s of the ranks' last lines, and the report, saved by the
+    detached job's monitor, names rank 2 elsewhere and the others idle in the barrier."""
+    hosts = write_hosts(tmp_path, [2, 1], state_dir)
+    done = run_up("--detach", "--hang-after", "12s", hosts, SUPPORT / "barrier_rank.py", "600")
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip()
+    wait_for(lambda: all(f"rank {r} {what}" in logs(job) for r, what in ((0, "waits"), (1, "waits"), (2, "lingers"))),
+             timeout=180, interval=1, what="every rank at its place")
+    record, text = wait_for(lambda: hang_report(job, "linger at"), timeout=12 + 30, interval=1,
+                            what="the hang report")
+    summary = text.splitlines()[1]
+    assert summary == ("each rank looked at twice, 3 s apart: rank 2 elsewhere: linger at barrier_rank.py:12 "
+                       "(the others: barrier in wait_for_peers at barrier_rank.py:16) · busy: none · "
+                       "stacks unmoved: ranks 0-2"), text
+    assert [n["state"] for n in record["nodes"]] == ["hung", "hung"] and record["state"] == "running"
+    assert record["nodes"][1]["hang_report"].endswith(f"/{job}/hang-1.txt")
+    shown = clusterrun("ps", job).stdout
+    assert f"running; hung since {record['nodes'][0]['hung_since'][11:]}" in shown and summary in shown
+    assert clusterrun("down", job).returncode == 0
+    assert marked(job) == []
+
+
+@needs_py_spy
+def test_a_rank_that_spins_while_the_others_wait_in_all_reduce_is_named_busy(tmp_path: Path,
+                                                                           state_dir: Path) -> None:
+    """Real gloo: ranks 0-1 wait in all_reduce while rank 2 spins in Python without a word: the
+    job is hung although rank 2 uses a core, and the report names rank 2 busy and elsewhere."""
+    hosts = write_hosts(tmp_path, [2, 1], state_dir)
+    done = run_up("--detach", "--hang-after", "12s", hosts, SUPPORT / "spin_rank.py")
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip()
+    wait_for(lambda: all(f"rank {r} {what}" in logs(job) for r, what in ((0, "reduces"), (1, "reduces"), (2, "spins"))),
+             timeout=180, interval=1, what="every rank at its place")
+    record, text = wait_for(lambda: hang_report(job, "spin at"), timeout=12 + 30, interval=1,
+                            what="the hang report")
+    summary = text.splitlines()[1]
+    assert ("rank 2 elsewhere: spin at spin_rank.py:" in summary and "(the others: all_reduce in main at "
+            "spin_rank.py:" in summary and " · busy: rank 2 · " in summary), text
+    assert "busy (running or runnable at least 25% of the time between the looks): rank 2; idle: ranks 0-1" in text
+    assert [n["state"] for n in record["nodes"]] == ["hung", "hung"]
+    assert clusterrun("down", job).returncode == 0
+    assert marked(job) == []
+
+
+def test_a_job_that_progresses_without_a_word_from_most_nodes_is_never_hung(tmp_path: Path,
+                                                                           state_dir: Path) -> None:
+    """Real gloo: both ranks compute and all_reduce for 45 s, only rank 0 (node 0) writes, every
+    5 s, a progress bar's redrawn line (no newline until the end); node 1 writes nothing at all,
+    for far longer than hang_after. The job is never hung (no `hung` notification, no hang line
+    from `up`) and succeeds."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    sent = tmp_path / "sent"
+    done = run_up("--hang-after", "15s", "--notify", f'echo "$CLUSTERRUN_EVENT" >> {sent}', hosts,
+                  SUPPORT / "progress.py", "45", "5", "1", timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "node0 local-a rank0 | rank 0 done after " in done.stdout and "node1 " not in done.stdout
+    assert "hung" not in done.stderr, done.stderr
+    wait_for(lambda: sent.exists() and sent.read_text(), timeout=60, what="the notification")
+    assert sent.read_text().splitlines() == ["succeeded"]
+    assert [n["hung_since"] for n in ps_json(job_id_of(done.stderr))["nodes"]] == [None, None]
+
+
 @pytest.mark.fake_torchrun
 def test_ranks_that_block_are_hung_after_hang_after_with_their_stacks_saved(tmp_path: Path,
                                                                             state_dir: Path) -> None:
+    """Stand-in ranks (no torch) that print a line and sleep: the same silence, quicker."""
     hosts = write_hosts(tmp_path, [2], state_dir)
     done = run_up("--detach", "--hang-after", "3s", hosts, SUPPORT / "block.py")
     assert done.returncode == 0, done.stderr
@@ -92,10 +178,9 @@ def test_ranks_that_block_are_hung_after_hang_after_with_their_stacks_saved(tmp_
                     what="the node to be hung")
     assert node["hung_since"] and node["last_state"] == "running"
     assert f"hung since {node['hung_since'][11:]}" in clusterrun("ps", job).stdout
-    report = Path(ps_json(job)["nodes"][0]["hang_report"])
-    text = report.read_text()
-    assert "== rank 0 (pid " in text and "== rank 1 (pid " in text and " wchan " in text
-    assert "python stack:" in text  # py-spy's dump where the host has it, else how to get it
+    _, text = wait_for(lambda: hang_report(job, "RANK"), timeout=60, what="the hang report")
+    assert "each rank looked at twice, 3 s apart: " in text and "\n0     0     local-a  " in text
+    assert "\n1     0     local-a  " in text  # py-spy's stacks where the host has it, else how to get it
     assert clusterrun("down", job).returncode == 0
     assert marked(job) == []
 

@@ -115,18 +115,24 @@ Requests (``op``) and answers
            attempt directory, and nothing of it found) is ``{state: {state: "absent"}}``, not an
            error; without its directory while its processes run, ``status`` says ``lost`` with
            ``records_gone``, ``found_by`` and an ``error`` naming the fix.
-``stack``  ``{job, node, attempt, state_dir, ranks, native, timeout}`` → ``{ok, state, tool, error, fix,
-           ranks: [{rank, local_rank, pid, threads: [{name, active, frames: [{name, file, line, lib}]}],
-           error, fix}]}`` (``stackops``): ``py-spy dump --json`` (``--native`` with ``native``) of
-           each live worker of the attempt (``ranks``: only these global ranks), all at once, each
-           within ``timeout`` seconds; frames innermost first (``lib``: the file is the standard
-           library's or an installed package's). A worker is looked at only while it
-           carries the attempt's marker. ``state`` is the node's (no ranks unless ``starting`` or
-           ``running``); ``error``/``fix`` without ranks: py-spy is not on this host (looked for
-           beside the job's interpreter, on a rank's PATH, the agent's, ``~/.local/bin``) and the
-           command that installs it; a rank's ``error``/``fix``: why it could not be looked at (a
-           ptrace the kernel refused: the process's owner, ``kernel.yama.ptrace_scope``, no
-           ``CAP_SYS_PTRACE``; py-spy's timeout; the process gone).
+``stack``  ``{job, node, attempt, state_dir, ranks, native, timeout, looks, apart}`` → ``{ok, state, tool,
+           error, fix, ranks: [{rank, local_rank, pid, threads: [{name, active, frames: [{name, file, line,
+           lib}]}], error, fix, moved, cpu, runnable, state}]}`` (``stackops``): ``py-spy dump --json``
+           (``--native`` with ``native``) of each live worker of the attempt (``ranks``: only these
+           global ranks), all at once, each within ``timeout`` seconds; frames innermost first
+           (``lib``: the file is the standard library's or an installed package's). A worker is
+           looked at only while it carries the attempt's marker. ``state`` is the node's (no ranks
+           unless ``starting`` or ``running``); ``error``/``fix`` without ranks: py-spy is not on
+           this host (looked for beside the job's interpreter, on a rank's PATH, the agent's,
+           ``~/.local/bin``) and the command that installs it; a rank's ``error``/``fix``: why it
+           could not be looked at (a ptrace the kernel refused: the process's owner,
+           ``kernel.yama.ptrace_scope``, no ``CAP_SYS_PTRACE``; py-spy's timeout; the process
+           gone). ``looks`` 2 (the job's owner, when the job hangs): every worker twice, ``apart``
+           seconds apart, and the last look with ``moved`` (its stacks differ between the looks),
+           ``cpu`` (the share of one core it used between them), ``runnable`` (the share of that
+           time its main thread ran or waited for a core: ``/proc/PID/schedstat``) and ``state``
+           (its process's: ``R``, ``S``, ``D``); the ranks are then there without py-spy too,
+           with their CPU, beside the answer's ``error``.
 ``remove`` ``{job, node, state_dir}`` → ``{ok, removed, bytes}``: deletes the node's directory
            (every attempt: state and logs; ``removed`` its path, null if there was none, ``bytes``
            the size of its files) and the job's directory once empty; refused while a supervisor
@@ -185,7 +191,7 @@ State on the host
 under umask 077 so they are never readable by others, not even briefly):
 
 ``spec.json``       the request: argv, env (secret values as ``****``), cwd, setup, first_rank, about,
-                    hang_after, on_hang, progress
+                    hang_after, progress
                     (written once, before the supervisor starts)
 ``output.log``      the output of the node's ``setup`` first, each line tagged ``[setup]:``; then
                     torchrun's stdout and stderr, appended (O_APPEND) and never truncated, and
@@ -205,10 +211,9 @@ under umask 077 so they are never readable by others, not even briefly):
                     wall-clock time the worker process ended, to find the first failure),
                     ``sessions`` (session ids seen among the job's processes),
                     ``session_leaders`` (sid → start time of its leader when first seen),
-                    ``hung_since`` (wall-clock time since which the ranks wrote nothing and used
-                    no CPU, once that lasted ``hang_after``; null again when they resume; see
-                    ``HangWatch``), ``hang_report`` (``hang.txt`` in the attempt directory: the
-                    ranks' stacks as far as the host shows them, with ``on_hang: stack``),
+                    ``quiet_since`` (wall-clock time since which the node's ranks wrote nothing,
+                    once that lasted ``hang_after``; null again when one writes or none is alive;
+                    see ``QuietWatch``: whether the job hangs is its owner's decision),
                     ``progress`` (on the node of rank 0: the training's progress read from rank 0's
                     output, ``{step, total, per_second, eta_seconds, metrics, updated}``; see
                     ``progress.Tracker``; saved at most every ``PROGRESS_EVERY`` seconds),

@@ -1,25 +1,17 @@
-"""``HangWatch``: a node whose ranks wrote no output and used no CPU for ``hang_after`` seconds is
-hung (``hung_since`` in state.json); ``hang_report`` saves what the host shows of their stacks."""
+"""The host's part of the hang watch, ``QuietWatch``: since when the node's ranks have written
+nothing, recorded once that lasted ``hang_after`` (``quiet_since`` in state.json). Whether the job
+hangs is decided by its owner from every node's ``quiet_since`` (``clusterrun/hangwatch.py``):
+usually only rank 0 prints, so a node's own silence says nothing while another node's ranks print.
+Also what the start-up watch reads of torchrun (``joined_store``, ``master_port``)."""
 
 from __future__ import annotations
 
 import os
 import time
 
-from .procs import proc_env, proc_info
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
-
-HANG_REPORT = "hang.txt"  # beside output.log: the ranks' stacks when the node became hung
-PY_SPY_TIMEOUT = 20.0  # seconds one ``py-spy dump`` may take
-
-
-def cpu_ticks(pid: int) -> int | None:
-    """utime + stime (+ those of its reaped children) of ``pid`` from /proc/<pid>/stat, in clock ticks."""
-    info = proc_info(pid)
-    return info.cpu_ticks if info is not None else None
+    from collections.abc import Callable
 
 
 def joined_store(pid: int, port: int) -> bool:
@@ -60,82 +52,45 @@ def master_port(argv: list[str]) -> int | None:
     return None
 
 
-class HangWatch:
-    """Activity of a node's ranks, sampled at the monitor's scans: the CPU ticks of the living
-    workers and the size of output.log. Unchanged for ``hang_after`` seconds (monotonic) makes the
-    node hung since the last change; any change ends it.
+class QuietWatch:
+    """The silence of a node's ranks, sampled at the monitor's scans: once nothing was written
+    (``written``: the bytes of the ranks' output read so far, partial lines included, and of the
+    node's log) for ``hang_after`` seconds (monotonic) while a worker lives, the node is quiet since
+    its last output (``quiet_since``, wall clock); its next output, or no living worker (starting,
+    ending, torchrun restarting them), ends that. Only the crossings are news, so the state file
+    is written twice per silence, never once per line. CPU is no sign of life here: gloo's and
+    NCCL's threads poll, and CUDA spins, in ranks that wait for ever.
 
-    create (with the ``hung_since`` a monitor before this one recorded) → ``sample(pids, out_size)``
-    at each scan, True when ``hung_since`` changed."""
+    create (with the ``quiet_since`` a monitor before this one recorded) → ``sample(alive,
+    written)`` at each scan, True when ``quiet_since`` changed."""
 
-    def __init__(self, hang_after: float | None, hung_since: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, hang_after: float | None, quiet_since: float | None = None,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.hang_after = hang_after
         self.clock = clock
-        self.last: tuple[int, int] | None = None
-        self.active_at = 0.0  # monotonic time of the last change
-        self.hung_since = hung_since  # wall clock
+        self.wall = wall
+        self.written: int | None = None  # at the last sample; None: no worker was alive
+        self.active_at = 0.0  # monotonic time the log last grew (or a worker was first seen)
+        self.quiet_since = quiet_since  # wall clock
 
-    def sample(self, pids: Iterable[int], out_size: int) -> bool:
+    def sample(self, alive: bool, written: int) -> bool:
         if not self.hang_after:
             return False
         now = self.clock()
-        ticks = [t for t in (cpu_ticks(p) for p in pids) if t is not None]
-        activity = (sum(ticks), out_size)
-        if self.last is None and self.hung_since is not None and ticks:  # resumed: hung as recorded
-            self.last, self.active_at = activity, now - max(0.0, time.time() - self.hung_since)
+        if not alive:
+            self.written = None
+            return self._set(None)
+        if self.written is None and self.quiet_since is not None:  # resumed: quiet as recorded
+            self.written, self.active_at = written, now - max(0.0, self.wall() - self.quiet_since)
             return False
-        if activity != self.last or not ticks:  # no rank alive: not a hang (starting, or ending)
-            self.last, self.active_at = activity, now
-            if self.hung_since is not None:
-                self.hung_since = None
-                return True
-            return False
-        if self.hung_since is None and now - self.active_at >= self.hang_after:
-            self.hung_since = time.time() - (now - self.active_at)
-            return True
+        if written != self.written:
+            self.written, self.active_at = written, now
+            return self._set(None)
+        if self.quiet_since is None and now - self.active_at >= self.hang_after:
+            return self._set(self.wall() - (now - self.active_at))
         return False
 
-
-def _read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read().strip()
-    except OSError as exc:
-        return f"({exc.strerror or exc})"
-
-
-def _py_spy(pid: int) -> str:
-    """``py-spy dump --pid`` of one rank, where py-spy is on the rank's PATH (its environment's)."""
-    import shutil
-    import subprocess
-
-    path = proc_env(pid).get("PATH") or os.environ.get("PATH")
-    exe = shutil.which("py-spy", path=path)
-    if exe is None:
-        return "py-spy: not found on the rank's PATH (pip install py-spy in the job's environment)"
-    try:
-        done = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                              timeout=PY_SPY_TIMEOUT, errors="replace")
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"py-spy: {exc}"
-    return (done.stdout + done.stderr).strip()
-
-
-def hang_report(folder: str, workers: Iterable[tuple[int, int]], since: float) -> str:
-    """Write ``hang.txt`` in ``folder``: per living rank its process state, kernel wait channel,
-    kernel stack (root only) and Python stack (py-spy, where the host has it); its path."""
-    parts = [f"ranks hung since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(since))} "
-             "(no output, no CPU)\n"]
-    for rank, pid in sorted(workers):
-        stat = _read(f"/proc/{pid}/stat")
-        state = stat[stat.rfind(")") + 2:].split(" ", 1)[0] if ")" in stat else "?"
-        parts.append(f"== rank {rank} (pid {pid}) state {state} wchan {_read(f'/proc/{pid}/wchan') or '-'}\n"
-                     f"-- kernel stack:\n{_read(f'/proc/{pid}/stack')}\n-- python stack:\n{_py_spy(pid)}\n")
-    path = os.path.join(folder, HANG_REPORT)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, "\n".join(parts).encode())
-    finally:
-        os.close(fd)
-    return path
+    def _set(self, since: float | None) -> bool:
+        changed = (since is None) != (self.quiet_since is None)
+        self.quiet_since = since
+        return changed

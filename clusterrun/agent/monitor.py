@@ -10,7 +10,7 @@ import sys
 import time
 
 from .cgroup import cg_kill, cg_pids, cg_remove, cg_wait_empty, cg_write
-from .hangwatch import HangWatch, hang_report, joined_store, master_port
+from .hangwatch import QuietWatch, joined_store, master_port
 from .kmsg import KernelLog
 from .procs import (
     JobScope,
@@ -227,11 +227,11 @@ class Monitor:
         if self.progress_spec is not None and (spec.get("progress") or state.get("progress")):
             self._track()
         self.progress_due: float | None = None  # when a changed progress is saved next (None: nothing new)
+        self.heard = 0  # bytes of the ranks' output read so far (``_rank_output``)
         self.rank_logs = RankLogs(os.path.join(self.folder, "torchrun"), log_fd, first_rank, self.waker,
                                   journal=os.path.join(self.folder, RANK_JOURNAL),
                                   times=os.path.join(self.folder, TIMES), tap=self._rank_output)
-        self.hang = HangWatch(spec.get("hang_after"), state.get("hung_since"))
-        self.on_hang = spec.get("on_hang")
+        self.silence = QuietWatch(spec.get("hang_after"), state.get("quiet_since"))
         self.master_port = master_port(spec.get("argv") or [])
         self.rdzv_next = time.monotonic() + RDZV_CHECK  # torchrun cannot have joined in its first moments
         tr = state.get("torchrun") or {}
@@ -250,7 +250,9 @@ class Monitor:
         self.progress = Tracker(pattern, start)
 
     def _rank_output(self, rank: int, data: bytes) -> None:
-        """Rank 0's new output read: its progress, saved at most every ``PROGRESS_EVERY`` seconds."""
+        """A rank's new output read: a sign of life, partial lines included (a progress bar redraws
+        its line without ending it); rank 0's progress, saved at most every ``PROGRESS_EVERY`` seconds."""
+        self.heard += len(data)
         if rank != 0 or self.progress_spec is None:
             return
         if self.progress is None:
@@ -358,7 +360,7 @@ class Monitor:
             now = time.monotonic()
             if not ended and now >= scan_at:
                 last_scan, quiet = now, min(quiet * 2, IDLE_SCAN_INTERVAL)
-                changed |= self._scan(torchrun.pid) | self._hang_watch() | self._rendezvous(torchrun.pid)
+                changed |= self._scan(torchrun.pid) | self._quiet_watch() | self._rendezvous(torchrun.pid)
                 if kernel is not None:
                     kernel.keep = {torchrun.pid, *(w["pid"] for w in self.state["workers"])}
                     kernel.drain()  # often enough that the kernel's ring buffer does not overwrite a kill
@@ -392,22 +394,17 @@ class Monitor:
         self.state["rdzv_joined"] = joined
         return True
 
-    def _hang_watch(self) -> bool:
-        """Sample the ranks' CPU and the log's size (``HangWatch``); True if ``hung_since`` changed.
-        With ``on_hang: stack`` a new hang also saves the ranks' stacks (``hang.txt``)."""
+    def _quiet_watch(self) -> bool:
+        """Whether the ranks went quiet, or spoke again (``QuietWatch``): by the bytes read of their
+        output and the log's size (torchrun's own lines); True if ``quiet_since`` changed. The job's
+        owner decides from every node's whether the job hangs."""
         try:
             size = os.fstat(self.log_fd).st_size
         except OSError:
             return False
-        live = [(w["rank"], w["pid"]) for w in self.state["workers"] if w["died"] is None]
-        if not self.hang.sample([pid for _, pid in live], size):
+        if not self.silence.sample(any(w["died"] is None for w in self.state["workers"]), size + self.heard):
             return False
-        self.state["hung_since"] = self.hang.hung_since
-        if self.hang.hung_since is not None and self.on_hang == "stack":
-            try:
-                self.state["hang_report"] = hang_report(self.folder, live, self.hang.hung_since)
-            except OSError as exc:
-                _degrade(self.folder, self.state, f"cannot write the hang report: {fs_problem(exc)}")
+        self.state["quiet_since"] = self.silence.quiet_since
         return True
 
     def _scan(self, torchrun_pid: int) -> bool:

@@ -21,6 +21,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    # One look at a rank: its stacks (no threads where py-spy is missing) and ``_counters`` then.
+    Look = tuple[RankStack, tuple[float, float | None, float | None]]
+
 PY_SPY = "py-spy"
 CAP_SYS_PTRACE = 19  # capability(7)'s bit
 
@@ -34,14 +37,17 @@ def op_stack(req: StackRequest) -> dict[str, Any]:
         kind = "lost"
     if kind not in ("starting", "running"):
         return StackAnswer(ok=True, state=kind, ranks=[]).to_json()
-    return take_stacks(folder, state, req.ranks, native=req.native, timeout=req.timeout).to_json()
+    return take_stacks(folder, state, req.ranks, native=req.native, timeout=req.timeout, looks=req.looks,
+                       apart=req.apart).to_json()
 
 
 def take_stacks(folder: str, state: dict[str, Any], ranks: list[int] | None = None, *, native: bool = False,
-                timeout: float = 10.0) -> StackAnswer:
-    """The stacks of the live workers of the attempt in ``folder`` (its ``state``), all at once; also
-    for a part that watches the attempt on the host (e.g. to save them beside its logs)."""
-    import threading  # here, not at the agent's start
+                timeout: float = 10.0, looks: int = 1, apart: float = 3.0) -> StackAnswer:
+    """The stacks of the live workers of the attempt in ``folder`` (its ``state``), all at once. With
+    ``looks`` 2 twice, ``apart`` seconds apart (the job's owner, when the job hangs): each rank says
+    whether its stacks moved and the CPU it used meanwhile, the CPU also where py-spy is missing
+    (then the answer's ``error`` says so)."""
+    import time
 
     marker = attempt_marker(state["job"], state["node"], state["attempt"])
     workers = [w for w in state.get("workers") or [] if w.get("died") is None and isinstance(w.get("pid"), int)
@@ -50,22 +56,74 @@ def take_stacks(folder: str, state: dict[str, Any], ranks: list[int] | None = No
     python = (spec.get("argv") or [None])[0]
     kind = str(state.get("state"))
     tool = find_py_spy(python, workers, marker)
-    if tool is None:
-        return StackAnswer(ok=True, state=kind, ranks=[], error=f"py-spy is not installed on this host "
-                           f"(looked beside {python or 'the job interpreter'}, on the job's PATH and the agent's)",
-                           fix=install_hint(python))
-    stacks: list[RankStack | None] = [None] * len(workers)
+    missing = (f"py-spy is not installed on this host (looked beside {python or 'the job interpreter'}, on the "
+               "job's PATH and the agent's)")
+    if tool is None and looks < 2:
+        return StackAnswer(ok=True, state=kind, ranks=[], error=missing, fix=install_hint(python))
+    looked = _look(tool, workers, marker, native, timeout)
+    if looks >= 2:
+        time.sleep(apart)
+        again = _look(tool, workers, marker, native, timeout)
+        looked = [_compared(a, b, bool(tool)) for a, b in zip(looked, again)]  # noqa: B905 - hosts may run 3.8
+    return StackAnswer(ok=True, state=kind, ranks=sorted((s for s, _ in looked), key=lambda s: s.rank), tool=tool,
+                       error=None if tool else missing, fix=None if tool else install_hint(python))
+
+
+def _look(tool: str | None, workers: list[dict[str, Any]], marker: str, native: bool, timeout: float) -> list[Look]:
+    """Every worker's stacks (py-spy, one thread each, all at once) and time counters, in their order."""
+    import threading  # here, not at the agent's start
+
+    looks: list[Look | None] = [None] * len(workers)
 
     def one(i: int, worker: dict[str, Any]) -> None:
-        stacks[i] = dump_rank(tool, worker, marker, native, timeout)
+        counters = _counters(int(worker["pid"]))
+        stack = (dump_rank(tool, worker, marker, native, timeout) if tool else
+                 RankStack(rank=int(worker.get("rank", -1)), pid=int(worker["pid"]), threads=[],
+                           local_rank=worker.get("local_rank") if isinstance(worker.get("local_rank"), int) else None))
+        looks[i] = (stack, counters)
 
     threads = [threading.Thread(target=one, args=(i, w), daemon=True) for i, w in enumerate(workers)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    found = [s for s in stacks if s is not None]
-    return StackAnswer(ok=True, state=kind, ranks=sorted(found, key=lambda s: s.rank), tool=tool)
+    return [look for look in looks if look is not None]
+
+
+def _counters(pid: int) -> tuple[float, float | None, float | None]:
+    """Now (monotonic), the CPU seconds the process has used (every thread), and the seconds its
+    main thread has run or waited for a core (``/proc/PID/schedstat``: on a busy host a spinning
+    rank waits for a core as much as it runs; a rank blocked in a collective does neither)."""
+    import time
+
+    info = proc_info(pid)
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            ran, waited = f.read().split()[:2]
+        wants: float | None = (int(ran) + int(waited)) / 1e9
+    except (OSError, ValueError):
+        wants = None
+    return time.monotonic(), (info.cpu_ticks / os.sysconf("SC_CLK_TCK") if info is not None else None), wants
+
+
+def _compared(first: Look, last: Look, stacks: bool) -> Look:
+    """The last look at a rank, with whether its stacks moved since the first (``stacks``: py-spy
+    took them), its share of a core and of the time running or runnable meanwhile, its process state."""
+    stack, counters = last
+    (at0, cpu0, wants0), (at1, cpu1, wants1) = first[1], counters
+    moved = (None if not stacks or first[0].error or stack.error
+             else _frames(first[0].threads) != _frames(stack.threads))
+    cpu = None if cpu0 is None or cpu1 is None or at1 <= at0 else round((cpu1 - cpu0) / (at1 - at0), 3)
+    runnable = None if wants0 is None or wants1 is None or at1 <= at0 else round((wants1 - wants0) / (at1 - at0), 3)
+    info = proc_info(stack.pid)
+    fields = {name: getattr(stack, name) for name in stack.FIELDS}
+    return RankStack(**dict(fields, moved=moved, cpu=cpu, runnable=runnable,
+                            state=info.state if info is not None else None)), counters
+
+
+def _frames(threads: list[ThreadStack]) -> list[str]:
+    """What must differ for a rank's stacks to have moved: a thread's name, a frame or a line."""
+    return sorted(repr((t.name, [(f.name, f.file, f.line) for f in t.frames])) for t in threads)
 
 
 def find_py_spy(python: str | None, workers: list[dict[str, Any]], marker: str) -> str | None:

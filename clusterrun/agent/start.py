@@ -59,7 +59,7 @@ def op_start(req: StartRequest) -> dict[str, Any]:
     spec = {"job": req.job, "node": req.node, "attempt": req.attempt, "argv": argv, "env": shown,
             "setup": setup, "first_rank": req.first_rank, "about": req.about,
             "cwd": os.path.expanduser(cwd) if cwd else None, "cgroup": cgroup, "user_scope": scope is not None,
-            "hang_after": req.hang_after, "on_hang": req.on_hang, "progress": req.progress,
+            "hang_after": req.hang_after, "progress": req.progress,
             "fallbacks": ([f"no cgroup: {why}"] if why else []) + static_fallbacks()}
     middle = 0
     try:

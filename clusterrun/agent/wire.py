@@ -201,8 +201,7 @@ class StartRequest(NodeRequest):
     setup: list[str] | None = None
     setup_timeout: float | None = None
     about: dict[str, Any] | None = None
-    hang_after: float | None = None  # seconds without output and CPU that make the node hung (None: never)
-    on_hang: str | None = None  # "stack": the monitor saves what it can of the ranks' stacks then
+    hang_after: float | None = None  # seconds without output after which the node is quiet (None: never)
     progress: str | None = None  # the hosts file's pattern of rank 0's progress lines (None: the known formats)
     unlisten: int | None = None  # the preflight's listener on this port closed first (torchrun binds it)
 
@@ -235,12 +234,15 @@ class RemoveRequest(NodeRequest):
 
 @dataclass(frozen=True)
 class StackRequest(NodeRequest):
-    """The Python stacks of the attempt's live ranks (``ranks``: only these global ranks)."""
+    """The Python stacks of the attempt's live ranks (``ranks``: only these global ranks); with
+    ``looks`` 2, twice, ``apart`` seconds apart, with what each rank did meanwhile."""
 
     op: ClassVar[str] = "stack"
     ranks: list[int] | None = None
     native: bool = False
     timeout: float = 10.0
+    looks: int = 1
+    apart: float = 3.0
 
 
 NODE_REQUESTS: dict[str, type[NodeRequest]] = {
@@ -436,7 +438,11 @@ class ThreadStack(Message):
 
 @dataclass(frozen=True)
 class RankStack(Message):
-    """One rank's stacks, or why they could not be taken (``error``, and ``fix`` where there is one)."""
+    """One rank's stacks, or why they could not be taken (``error``, and ``fix`` where there is one).
+    Looked at twice: ``moved``, whether its stacks differ between the looks (None: not compared),
+    ``cpu``, the share of one core it used between them (every thread), ``runnable``, the share of
+    that time its main thread ran or waited for a core, ``state``, its process's at the last look
+    (``R`` running, ``S`` sleeping, ``D`` waiting in the kernel)."""
 
     rank: int
     pid: int
@@ -444,6 +450,10 @@ class RankStack(Message):
     local_rank: int | None = None
     error: str | None = None
     fix: str | None = None
+    moved: bool | None = None
+    cpu: float | None = None
+    runnable: float | None = None
+    state: str | None = None
 
 
 @dataclass(frozen=True)

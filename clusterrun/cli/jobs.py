@@ -34,7 +34,7 @@ from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, host
 from clusterrun.cli.slurm import slurm_rows
 from clusterrun.config.watch import Watch
 from clusterrun.core.errors import ClusterrunError, ConfigError, DamagedRecord
-from clusterrun.core.events import JobState
+from clusterrun.core.events import JobState, NodeState
 from clusterrun.core.progress import duration_words
 from clusterrun.core.protocol import decode_status
 from clusterrun.core.ranges import parse_ranges
@@ -57,6 +57,7 @@ from clusterrun.views.joblist import (
     job_state_text,
     jobs_json,
     node_rows,
+    node_state,
     outcome_text,
     progress_of,
     shown,
@@ -116,8 +117,11 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         record = _refresh(store, record)
         seen = look(store, record)
         record, statuses, gpus = seen.record, seen.statuses, seen.gpus
+        report = store.hang_report(record.job_id, record.attempt)
+        hung = any(node_state(n) == NodeState.HUNG for n in record.nodes) and report.exists()
         if as_json:
-            click.echo(json.dumps(jobs_json([record], hosts=statuses, gpus=gpus), indent=1))
+            click.echo(json.dumps(jobs_json([record], hosts=statuses, gpus=gpus,
+                                            hang_report=str(report) if hung else None), indent=1))
             return
         attempt = record.attempts[-1] if record.attempts else None
         now = time.time()
@@ -140,6 +144,10 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
                                     late_after(Watch.from_json(record.watch).startup_timeout))
             if waiting is not None and len(statuses) == len(record.nodes):
                 click.echo(f"start-up: {waiting}")
+        if hung:  # what the ranks were doing: its first lines say what hung and which ranks to look at
+            with contextlib.suppress(OSError):
+                head = report.read_text(errors="replace").splitlines()[:2]
+                click.echo("\n".join([f"hang report: {report}", *(f"  {safe(line, colour=False)}" for line in head)]))
         if attempt is not None and attempt.root_cause:  # its last lines are the rank's output
             click.echo(f"root cause: {safe(attempt.root_cause, colour=False)}")
             if attempt.cause and attempt.fix:

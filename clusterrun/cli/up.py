@@ -142,10 +142,10 @@ def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ..
               "5m), naming the nodes that still wait, instead of gloo's 30-minute wait.")
 @click.option("--setup-timeout", metavar="DURATION", help="Kill a node's setup commands and fail the start when "
               "they run this long (10m, 1h; default: the hosts file's setup_timeout, else 10m).")
-@click.option("--hang-after", metavar="DURATION", help="Show a node as hung once its ranks wrote no output and "
-              "used no CPU this long (10m; off: never; default: the hosts file's hang_after, else 30m).")
-@click.option("--on-hang", type=click.Choice(ON_HANG), help="What the job's owner does when a node hangs: save "
-              "the ranks' stacks beside the logs (stack, the default), restart the job, or nothing.")
+@click.option("--hang-after", metavar="DURATION", help="Show the job as hung once no rank wrote any output this "
+              "long (10m; off: never; default: the hosts file's hang_after, else 30m).")
+@click.option("--on-hang", type=click.Choice(ON_HANG), help="What the job's owner does when the job hangs: save a "
+              "report of every rank's stacks, looked at twice (stack, the default), restart the job, or nothing.")
 @click.option("--notify", "notify_command", metavar="CMD", help="Run CMD here (sh -c) once per event of the job "
               "(failed, succeeded, hung, restarted; the hosts file's notify.on chooses) with CLUSTERRUN_JOB, "
               "CLUSTERRUN_EVENT, CLUSTERRUN_EVENT_ID, CLUSTERRUN_STATE set and the job as JSON on stdin "

@@ -2,8 +2,9 @@
 notifications (``Notify``), from the hosts file (``setup_timeout``, ``startup_timeout``,
 ``hang_after``, ``on_hang``, ``notify``) and ``up``'s options; a leaf that imports only ``durations`` of the package.
 
-The policies themselves live where the facts are: the host's monitor marks a node hung
-(``agent/hangwatch.py``), the orchestrator's loop applies the start-up timeout, and the job's owner
+The policies themselves live where the facts are: each host's monitor records when its node's
+ranks went quiet (``agent/hangwatch.py``), the orchestrator's loop applies the start-up timeout and
+decides from every node's silence that the job hangs (``run/hangwatch.py``), and the job's owner
 (``runner.Runner``) acts on a hang and runs the notifications (``notify.py``).
 """
 
@@ -18,7 +19,7 @@ from clusterrun.core.frozen import frozen
 
 SETUP_TIMEOUT = 600.0  # seconds a node's setup commands may run before its host's agent kills them
 STARTUP_TIMEOUT = 300.0  # seconds every node gets to start its workers (gloo's own wait is 30 minutes)
-HANG_AFTER = 1800.0  # seconds without output and CPU after which a node is hung
+HANG_AFTER = 1800.0  # seconds without output from any rank after which the job is hung
 ON_HANG = ("stack", "restart", "nothing")
 EVENTS = ("failed", "succeeded", "hung", "restarted")  # what a notification may be sent for
 
@@ -28,8 +29,8 @@ EVENTS = ("failed", "succeeded", "hung", "restarted")  # what a notification may
 class Watch:
     """How the job is watched: ``startup_timeout`` for every node to start its workers (after it
     the job fails, naming the nodes that still wait; counted once every node's setup ended);
-    ``hang_after`` seconds without output and CPU make a node hung (None: never); ``on_hang`` what
-    the job's owner does then; ``setup_timeout`` for each node's ``setup`` commands (``setups.py``);
+    ``hang_after`` seconds without output from any rank make the job hung (None: never); ``on_hang``
+    what the job's owner does then; ``setup_timeout`` for each node's ``setup`` commands (``setups.py``);
     ``progress`` the hosts file's own pattern of a progress line (None: the known formats,
     ``agent/progress.py``)."""
 

@@ -47,10 +47,10 @@ class NodeState(_Named):
     in a result: the controller stopped following it (a stop was asked for) without reaching its
     host, so it may still run.
 
-    ``hung`` is, like ``unreachable``, a view of a node that runs: its host's hang watch saw its
-    ranks write nothing and use no CPU for ``hang_after`` (``NodeHung``); it is shown ``hung since
-    <time>`` (``hung_text``) until they resume, and never ends a node or the job by itself (the
-    job's owner acts on it: ``on_hang``).
+    ``hung`` is, like ``unreachable``, a view of a node that runs: no rank of the job, on any node,
+    wrote anything for ``hang_after`` (``JobHung``: the job hangs, so each of its running nodes is
+    hung); it is shown ``hung since <time>`` (``hung_text``) until a rank writes again, and never
+    ends a node or the job by itself (the job's owner acts on it: ``on_hang``).
     """
 
     PENDING = "pending"
@@ -123,7 +123,7 @@ def unreachable_text(since: float | None, now: float) -> str:
 
 
 def hung_text(since: float | None, now: float) -> str:
-    """``hung since 16:04:05Z``: a node whose ranks wrote nothing and used no CPU since then."""
+    """``hung since 16:04:05Z``: no rank of the job wrote anything since then."""
     return "hung" if since is None else unreachable_text(since, now).replace("unreachable", "hung", 1)
 
 
@@ -450,14 +450,13 @@ class NodeLink(Event):
 
 
 @frozen
-class NodeHung(Event):
-    """The node's ranks wrote nothing and used no CPU since ``since`` (wall clock) for the job's
-    ``hang_after``; ``since`` None: they are active again. ``report``: where its host saved the
-    ranks' stacks (``on_hang: stack``)."""
+class JobHung(Event):
+    """No rank of the job, on any node, has written anything since ``since`` (wall clock), for the
+    job's ``hang_after`` at least: ``nodes``, those that had not ended, are hung; ``since`` None:
+    a rank wrote again, ``nodes`` are running again (``run/hangwatch.py`` decides)."""
 
-    host: str
     since: float | None
-    report: str | None = None
+    nodes: tuple[int, ...] = ()
 
 
 @frozen

@@ -101,8 +101,7 @@ class NodeStatus:
     degraded: str | None = None  # why the supervisor could not write its state (a full or read-only disk)
     oom: KernelOom | None = None  # what the kernel said of OOM kills, once torchrun has exited non-zero
     exit_unknown: bool = False  # torchrun ended after its survivor: nobody reaped it, its status is not known
-    hung_since: float | None = None  # its ranks wrote nothing and used no CPU since (the host's hang watch)
-    hang_report: str | None = None  # where the host saved the ranks' stacks when they hung (``on_hang: stack``)
+    quiet_since: float | None = None  # its ranks wrote nothing since, for hang_after at least (the host's watch)
     rdzv_joined: bool | None = None  # before its workers: torchrun is connected to the master port (None: unknown)
     progress: Progress | None = None  # the training's progress, on the node of rank 0 (``agent/progress.py``)
 
@@ -302,7 +301,7 @@ def decode_status(host: str, state: Any, what: str = "state") -> NodeStatus:
                       torchrun_pid=torchrun.integer("pid"), ended_at=r.number("ended_at"),
                       workers=tuple(workers), degraded=r.text("degraded") or None,
                       exit_unknown=r.data.get("exit_status") == "unknown",
-                      hung_since=r.number("hung_since"), hang_report=r.text("hang_report"),
+                      quiet_since=r.number("quiet_since"),
                       rdzv_joined=r.data.get("rdzv_joined") if isinstance(r.data.get("rdzv_joined"), bool) else None,
                       progress=Progress.from_json(r.data.get("progress")),
                       oom=None if r.data.get("oom") is None else decode_oom(host, r.data["oom"], f"{what}.oom"))

@@ -138,13 +138,16 @@ def node_statuses(record: JobRecord, gpus: dict[int, NodeGpus] | None = None) ->
 
 
 def stacks_of(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequence[int] | None = None, *,
-              native: bool = False, timeout: float = 10.0) -> dict[int, StackAnswer | ClusterrunError]:
+              native: bool = False, timeout: float = 10.0, looks: int = 1,
+              apart: float = 3.0) -> dict[int, StackAnswer | ClusterrunError]:
     """Every node's ``stack`` answer for the current attempt (``ranks``: only these global ranks),
-    in parallel, or the error that kept it away."""
+    in parallel, or the error that kept it away; ``looks`` 2: each rank looked at twice, ``apart``
+    seconds apart (whether its stacks moved, its CPU meanwhile)."""
     wanted = None if ranks is None else list(ranks)
 
     def one(transport: Transport, rank: int) -> StackAnswer:
-        answer = transport.call(request(record, rank, "stack", ranks=wanted, native=native, timeout=timeout))
+        answer = transport.call(request(record, rank, "stack", ranks=wanted, native=native, timeout=timeout,
+                                        looks=looks, apart=apart))
         return decode(transport.name, StackAnswer, answer, "stack answer")
 
     return per_node(record, one, ranks=nodes)

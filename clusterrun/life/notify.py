@@ -1,15 +1,15 @@
 """Notifications: the job's ``notify`` command, run on this controller once per event.
 
 The events are read off the job's record, never off a process's memory: an attempt that ended
-``failed`` or ``succeeded``, an attempt after the first (``restarted``), a node recorded hung
-(``hung``, once per hang). ``send_due`` sends every event of ``notify.on`` the record shows and
-has not sent, and is called by whoever brings the record up to date: the job's owner (the
-foreground ``up`` or its monitor, ``runner.Runner``) and a command that reconciles a job nobody
-owned (``recorder.refresh``). So a controller SIGKILLed before it could notify leaves the event to
-the next one.
+``failed`` or ``succeeded``, an attempt after the first (``restarted``), the job recorded hung
+(``hung``, once per hang: its nodes' ``hung_since``). ``send_due`` sends every event of
+``notify.on`` the record shows and has not sent, and is called by whoever brings the record up to
+date: the job's owner (the foreground ``up`` or its monitor, ``runner.Runner``) and a command that
+reconciles a job nobody owned (``recorder.refresh``). So a controller SIGKILLed before it could
+notify leaves the event to the next one.
 
 Each event has a stable id, ``<job>:<key>`` (``CLUSTERRUN_EVENT_ID``; keys ``1:failed``,
-``2:restarted``, ``1:hung:3:1764100000``), and a ``Notice`` in the record (``JobRecord.notices``):
+``2:restarted``, ``1:hung:1764100000``), and a ``Notice`` in the record (``JobRecord.notices``):
 ``claimed`` by a process (``jobs.process_id``: pid and start time), then ``sent`` (the command
 exited 0) or ``failed`` (its exit status and the last line of its stderr). Whoever finds an event
 due claims it under the record's lock and starts its sender (``clusterrun _notify``, ``sender``):
@@ -22,9 +22,9 @@ repeat with the same id** (a receiver can drop it); never lost. A command that f
 and reported once, not retried; an event whose senders died ``TRIES`` times is given up.
 
 The command gets ``CLUSTERRUN_JOB``, ``CLUSTERRUN_EVENT``, ``CLUSTERRUN_EVENT_ID``,
-``CLUSTERRUN_STATE``, ``CLUSTERRUN_ATTEMPT`` (and ``CLUSTERRUN_NODE`` for ``hung``) in its
-environment and the job's ``ps --json`` entry on stdin (with ``event`` and ``event_id``); it runs
-through ``/bin/sh -c`` in the job's directory, in a session of its own.
+``CLUSTERRUN_STATE`` and ``CLUSTERRUN_ATTEMPT`` in its environment and the job's ``ps --json``
+entry on stdin (with ``event`` and ``event_id``); it runs through ``/bin/sh -c`` in the job's
+directory, in a session of its own.
 """
 
 from __future__ import annotations
@@ -50,12 +50,11 @@ TRIES = 3  # senders that may die with an event's command before it is given up
 
 @frozen
 class Due:
-    """One event the record shows: its ``key`` in ``JobRecord.notices``, its name, where."""
+    """One event the record shows: its ``key`` in ``JobRecord.notices``, its name, its attempt."""
 
     key: str
     event: str
     attempt: int
-    node: int | None = None
 
 
 @frozen
@@ -85,9 +84,9 @@ def event_id(job_id: str, key: str) -> str:
     return f"{job_id}:{key}"
 
 
-def hung(attempt: int, node: int, since: float) -> Due:
-    """The event of node ``node`` hung since ``since``: one per hang (a node may hang again later)."""
-    return Due(f"{attempt}:hung:{node}:{since:.0f}", "hung", attempt, node)
+def hung(attempt: int, since: float) -> Due:
+    """The event of the job hung since ``since``: one per hang (a job may hang again later)."""
+    return Due(f"{attempt}:hung:{since:.0f}", "hung", attempt)
 
 
 def notices(record: JobRecord) -> dict[str, Notice]:
@@ -110,7 +109,8 @@ def due(record: JobRecord, also: Sequence[Due] = ()) -> list[Due]:
             found.append(Due(f"{a.attempt}:restarted", "restarted", a.attempt))
         if str(a.state) in ("failed", "succeeded"):
             found.append(Due(f"{a.attempt}:{a.state}", str(a.state), a.attempt))
-    found += [hung(record.attempt, n.rank, n.hung_since) for n in record.nodes if n.hung_since is not None]
+    found += [hung(record.attempt, since) for since in sorted({n.hung_since for n in record.nodes
+                                                              if n.hung_since is not None})]
     return [d for d in {d.key: d for d in [*found, *also]}.values() if _open(record, d)]
 
 
@@ -162,8 +162,6 @@ def start(store: JobStore, record: JobRecord, event: Due, note: Callable[[str], 
     ident = event_id(record.job_id, event.key)
     env = dict(os.environ, CLUSTERRUN_JOB=record.job_id, CLUSTERRUN_EVENT=event.event, CLUSTERRUN_EVENT_ID=ident,
                CLUSTERRUN_STATE=str(record.state), CLUSTERRUN_ATTEMPT=str(event.attempt))
-    if event.node is not None:
-        env["CLUSTERRUN_NODE"] = str(event.node)
     argv = [sys.executable, "-m", "clusterrun", "_notify", "--root", str(store.root), record.job_id, event.key,
             process_id()]
     from clusterrun.views.joblist import job_json  # `ps`'s JSON: only when a notification is sent

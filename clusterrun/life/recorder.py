@@ -24,10 +24,10 @@ from clusterrun.core.errors import ClusterrunError, StateError, TransportError
 from clusterrun.core.events import (
     Event,
     JobFinished,
+    JobHung,
     JobResult,
     JobState,
     NodeExited,
-    NodeHung,
     NodeLink,
     NodeStarted,
     NodeState,
@@ -168,6 +168,14 @@ class Recorder:
 
         self._submit(change)
 
+    def _hung(self, ranks: tuple[int, ...], since: float | None) -> None:
+        def change(record: JobRecord) -> None:
+            if record.attempt == self.attempt:
+                for rank in ranks:
+                    record.nodes[rank].hung_since = since
+
+        self._submit(change)
+
     def _link(self, rank: int, *, up: bool, since: float) -> None:
         def change(record: JobRecord) -> None:
             if record.attempt == self.attempt:
@@ -196,8 +204,8 @@ class Recorder:
             self._link(event.node, up=r.state is not NodeState.UNREACHABLE, since=time.time())
         elif event.node is not None and isinstance(event, NodeLink):
             self._link(event.node, up=event.up, since=event.since or time.time())
-        elif event.node is not None and isinstance(event, NodeHung):
-            self._node(event.node, hung_since=event.since)
+        elif isinstance(event, JobHung):
+            self._hung(event.nodes, event.since)
         elif isinstance(event, ProgressChanged):
             self._progress(event.progress)
         elif isinstance(event, JobFinished):

@@ -34,10 +34,10 @@ from clusterrun.core.events import (
     AttemptRestarting,
     Event,
     JobFinished,
+    JobHung,
     JobNote,
     JobResult,
     JobState,
-    NodeHung,
     hung_text,
 )
 from clusterrun.core.frozen import frozen
@@ -46,10 +46,12 @@ from clusterrun.diagnose.rootcause import transient_start_failure
 from clusterrun.life import notify
 from clusterrun.life.attempt import Cancelled, restart, start, stop
 from clusterrun.life.gate import plan_to_start
-from clusterrun.life.lifecycle import follower, per_node, save_seen, spec_of, status_of, stop_job
+from clusterrun.life.lifecycle import follower, per_node, save_seen, spec_of, stacks_of, status_of, stop_job
 from clusterrun.life.recorder import Recorder, Retry, give_up, mark_failed_start
 from clusterrun.run.orchestrator import Emit, Job
 from clusterrun.store.jobs import OWNER_FD_VAR, JobRecord, JobStore
+
+LOOK_APART = 3.0  # seconds between the two looks at a hung job's ranks: long enough for a stack to move
 
 
 @frozen
@@ -177,26 +179,46 @@ class Runner:
             event = dataclasses.replace(event, restarting=True)  # an attempt's end, not the job's
         for listener in list(self._listeners):
             listener(event)
-        if isinstance(event, NodeHung) and event.since is not None and event.node is not None:
-            self.on_hang(event.node, event.host, event.since, event.report)
+        if isinstance(event, JobHung) and event.since is not None:
+            self.on_hang(event.since)
 
     def note(self, text: str) -> None:
         self.emit(JobNote(None, text=text))
 
-    def on_hang(self, node: int, host: str, since: float, report: str | None) -> None:
-        """Node ``node`` of the job hung (its host's hang watch): notify, then what ``on_hang`` says.
-        ``stack``: its host saved the ranks' stacks already (``report``); ``restart``: stop this
-        attempt, and ``follow()`` starts the next; ``nothing``: only the notification."""
+    def on_hang(self, since: float) -> None:
+        """The job hangs (no rank wrote anything for ``hang_after``): notify, then what ``on_hang``
+        says. ``stack``: look at every rank twice and save the report (``diagnose.hangreport``), in
+        a thread of its own, so that the loop follows on meanwhile; ``restart``: stop this attempt,
+        and ``follow()`` starts the next; ``nothing``: only the notification."""
         self.recorder.flush()  # what came before the hang (the job running) is in the record it sends
         record = self.store.load(self.job_id)
-        notify.send_due(self.store, record, self.note, also=[notify.hung(record.attempt, node, since)])
+        notify.send_due(self.store, record, self.note, also=[notify.hung(record.attempt, since)])
         action = self.job.spec.watch.on_hang
-        where = f"node {node} ({host}) {hung_text(since, time.time())}"
-        if action == "stack" and report:
-            self.note(f"{where}: its ranks' stacks are in {report} on {host}")
+        where = f"the job is {hung_text(since, time.time())}"
+        if action == "stack":
+            self.note(f"looking at every rank's stacks twice, {LOOK_APART:g} s apart, for the hang report")
+            threading.Thread(target=self._report_hang, args=(record, since), daemon=True, name="hang-report").start()
         elif action == "restart" and self._restart_reason is None and self._stop_reason is None:
             self.note(f"{where}: restarting the job as attempt {self.job.attempt + 1} (on_hang: restart)")
             self.request_restart(f"{where} (on_hang: restart)")
+
+    def _report_hang(self, record: JobRecord, since: float) -> None:
+        """Take the ranks' stacks twice, save the hang report in the job's directory, say where."""
+        from clusterrun.diagnose.hangreport import HangReport  # not on `up`'s path to the start
+
+        try:
+            answers = stacks_of(record, looks=2, apart=LOOK_APART)
+            report = HangReport.of(answers, {n.rank: n.host for n in record.nodes}, since, LOOK_APART)
+            self.recorder.flush()  # a line written meanwhile ended the hang in the record
+            now = self.store.load(record.job_id)
+            if now.attempt != record.attempt or all(n.hung_since != since for n in now.nodes):
+                self.note("a rank wrote while the hung ranks were looked at: no hang report")  # a mix of both
+                return
+            path = self.store.save_hang_report(record.job_id, record.attempt, "\n".join(report.render()) + "\n")
+        except ClusterrunError as exc:
+            self.note(f"could not look at the hung ranks: {exc.render()}")
+            return
+        self.note(f"hang report: {report.summary()}; in {path}")
 
     def start(self) -> None:
         """Start every node of the prepared job; on failure the record says so and the nodes that

@@ -19,7 +19,6 @@ from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import (
     Event,
     NodeDegraded,
-    NodeHung,
     NodeResult,
     NodeState,
     ProgressChanged,
@@ -97,7 +96,6 @@ class Node:
     agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node
     probe: Probe | None = None  # what its agent said of the host
     degraded: str | None = None  # the agent's word that the supervisor cannot write its state
-    hung_since: float | None = None  # the host's hang watch: its ranks are idle since (wall clock)
     progress: Progress | None = None  # the training's progress its host read last (node 0)
     earlier: list[str] = field(default_factory=list)  # scrollback lines read, before the resume point
 
@@ -106,14 +104,11 @@ class Node:
         return self.transport.name
 
     def news(self, rank: int, status: NodeStatus) -> list[Event]:
-        """What ``status`` says beside the node's state that is news: degraded, hung, active again."""
+        """What ``status`` says beside the node's state that is news: degraded, progress."""
         found: list[Event] = []
         if status.degraded and status.degraded != self.degraded:
             self.degraded = status.degraded
             found.append(NodeDegraded(rank, host=self.host, reason=status.degraded))
-        if status.hung_since != self.hung_since and not status.ended:
-            self.hung_since = status.hung_since
-            found.append(NodeHung(rank, host=self.host, since=status.hung_since, report=status.hang_report))
         if status.progress is not None and status.progress != self.progress:
             self.progress = status.progress
             found.append(ProgressChanged(rank, host=self.host, progress=status.progress))

@@ -82,6 +82,7 @@ from clusterrun.run.follower import (
     root_cause_of,
     split_lines,
 )
+from clusterrun.run.hangwatch import HangWatch
 from clusterrun.run.interfaces import Interface, choose_interfaces, master_derived, settle_master
 from clusterrun.run.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, build_plan
 from clusterrun.run.probing import Ahead, Early, probe_all, reached, route
@@ -143,6 +144,7 @@ class Job:
         self.plan: LaunchPlan | None = None
         self.started_at: float | None = None  # the attempt's start (wall clock): the start-up watch counts from it
         self._startup: StartupWatch | None = None
+        self._hang: HangWatch | None = None
         self.interfaces: list[Interface] = []  # per node, once prepared: the network interface its ranks use
         self.set_up: dict[int, str] = {}  # nodes whose setup ran: the job's interpreter there, in words
         self.setup_skipped: dict[int, str] = {}  # nodes whose setup did not run (a dry run's missing workdir): why
@@ -308,8 +310,7 @@ class Job:
         self._set_state(rank, NodeState.STARTING)
         request = self._request(rank, "start", argv=list(launch.argv), env=dict(launch.env), cwd=launch.cwd,
                                 first_rank=launch.first_rank, about=about_json(plan, self.env_overrides),
-                                hang_after=self.spec.watch.hang_after, on_hang=self.spec.watch.on_hang,
-                                progress=self.spec.watch.progress,
+                                hang_after=self.spec.watch.hang_after, progress=self.spec.watch.progress,
                                 unlisten=self._listening if rank == 0 else None, **self._env_extras(launch))
         try:
             if node.agent is None:
@@ -397,6 +398,8 @@ class Job:
         late: RootCause | None = None  # the start-up watch's verdict, once it failed the attempt
         watch = self._startup = (StartupWatch({r: self._nodes[r].host for r in self.ranks}, self.started_at,
                                               self.spec.watch.startup_timeout) if self.started_at else None)
+        every_node = self.ranks == list(range(len(self._nodes)))  # a hang is the silence of all of them
+        self._hang = HangWatch(self.ranks) if every_node and self.spec.watch.hang_after else None
         while not all(self._nodes[r].final is not None for r in self.ranks):
             if self._detach.is_set():
                 return None
@@ -447,10 +450,14 @@ class Job:
             self.offsets[rank] = message.next  # shown: a viewer that leaves now resumes after it
             return False
         if isinstance(message, (StateUpdate, End)):
-            for event in node.news(rank, message.status):  # degraded, hung
+            for event in node.news(rank, message.status):  # degraded, progress
                 self.emit(event)
             if self._startup is not None:
                 self._startup.update(rank, message.status)
+            if self._hang is not None:
+                self._hang.update(rank, message.status)
+                if (hung := self._hang.poll()) is not None:
+                    self.emit(hung)
         if isinstance(message, StateUpdate):
             new = node_state_of(message.status)
             if new in (NodeState.STARTING, NodeState.RUNNING) and node.state in (NodeState.STARTING,

@@ -9,6 +9,7 @@ Layout (directories 0700, files 0600)::
         owner.lock    an ``flock`` held by the one process that follows the job and applies its
                       policy (fail-fast): the foreground ``up``, or the job's monitor
         monitor.log   what the monitor printed
+        hang-<attempt>.txt  what the ranks were doing when that attempt last hung (``on_hang: stack``)
         monitor.pid   the last monitor's pid and start time (clock ticks since boot)
 
 The owner lock is what makes a job survive its controller: when the owner dies, the kernel drops
@@ -216,6 +217,16 @@ class JobStore:
     def _write(self, record: JobRecord) -> None:
         # No indent: json's C encoder handles only compact output, and it is many times faster.
         write_atomic(self.dir(record.job_id) / "job.json", json.dumps(record.to_json(), sort_keys=True).encode())
+
+    def hang_report(self, job_id: str, attempt: int) -> Path:
+        """Where the report of the attempt's last hang is (``diagnose.hangreport``), if it was taken."""
+        return self.dir(job_id) / f"hang-{attempt}.txt"
+
+    def save_hang_report(self, job_id: str, attempt: int, text: str) -> Path:
+        """Write the attempt's hang report (replacing an earlier hang's); its path."""
+        path = self.hang_report(job_id, attempt)
+        write_atomic(path, text.encode())
+        return path
 
     @contextmanager
     def _locked(self, job_id: str, name: str) -> Iterator[None]:

@@ -59,7 +59,8 @@ def read_timeout(request: dict[str, Any]) -> float:
     if request.get("op") in ("setup", "start") and request.get("setup"):
         return float(request.get("setup_timeout") or 600) + 60  # the host's setup commands first (agent.SETUP_TIMEOUT)
     if request.get("op") == "stack":
-        return float(request.get("timeout") or 0) + 60  # py-spy's timeout per rank (all ranks at once)
+        looks = int(request.get("looks") or 1)  # py-spy's timeout per look (all ranks at once), and the pauses
+        return (float(request.get("timeout") or 0) + float(request.get("apart") or 0)) * looks + 60
     if request.get("op") == "stop":
         return float(request.get("grace") or 0) + 60  # torchrun's grace, then the sweep
     return 60.0

@@ -54,7 +54,7 @@ class FakeAgent:
         handler = {"probe": self._probe, "start": self._start, "stop": self._stop, "status": self._status,
                    "setup": self._setup, "route": self._route, "inspect": self._inspect, "listen": self._listen,
                    "unlisten": self._unlisten, "reach": self._reach, "remove": self._remove,
-                   "jobs": self._jobs, "gpus": self._gpus}.get(str(op))
+                   "jobs": self._jobs, "gpus": self._gpus, "stack": self._stack}.get(str(op))
         if handler is None:
             yield {"ok": False, "error": f"unknown op {op!r}"}
             return
@@ -211,6 +211,14 @@ class FakeAgent:
         alive = node.running
         return {"ok": True, "state": self._view(host, node), "alive": {"supervisor": alive, "torchrun": alive},
                 "log_size": len(node.log)}
+
+    def _stack(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
+        """As the agent's ``stack``: the ranks' stacks a test gave the node (``FakeNode.stacks``)."""
+        if self._key(request) not in self.nodes:
+            return {"ok": True, "state": "absent", "ranks": []}
+        node = self.nodes[self._key(request)]
+        state = str(self._view(host, node).get("state"))
+        return {"ok": True, "state": state, "ranks": list(node.stacks) if state in ("starting", "running") else []}
 
     def _on(self, host: FakeHost, request: dict[str, Any]) -> list[FakeNode]:
         """The node attempts under this host's state dir of the request, in the agent's order

@@ -37,6 +37,7 @@ class FakeNode:
     outlives_grace: bool = False  # torchrun does not end on SIGTERM (a worker ignores it): SIGKILLed after the grace
     stop_exit_code: int | None = None  # torchrun's exit code when a stop's SIGTERM ends it (a real one exits 1)
     spec: dict[str, Any] = field(default_factory=dict)  # what its spec.json holds (for ``jobs`` and ``remove``)
+    stacks: list[dict[str, Any]] = field(default_factory=list)  # its ranks' as ``stack`` answers them (RankStack)
 
     def write(self, data: bytes | str) -> None:
         """The job prints ``data``."""
@@ -71,10 +72,10 @@ class FakeNode:
             self.state = dict(self.state, rdzv_joined=joined)
             self.host.cluster.changed.notify_all()
 
-    def hang(self, since: float | None, report: str | None = None) -> None:
-        """Its ranks wrote nothing and used no CPU since ``since`` (the host's hang watch); None: active again."""
+    def quiet(self, since: float | None) -> None:
+        """Its ranks wrote nothing since ``since``, for ``hang_after`` at least (the host's watch); None: they wrote."""
         with self.host.cluster.changed:
-            self.state = dict(self.state, hung_since=since, hang_report=report)
+            self.state = dict(self.state, quiet_since=since)
             self.host.cluster.changed.notify_all()
 
     def report_progress(self, progress: dict[str, Any]) -> None:

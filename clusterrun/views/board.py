@@ -23,6 +23,7 @@ from clusterrun.core.events import (
     AttemptStarted,
     Event,
     JobFinished,
+    JobHung,
     JobNote,
     JobResult,
     JobState,
@@ -30,7 +31,6 @@ from clusterrun.core.events import (
     NodeDegraded,
     NodeExited,
     NodeGpus,
-    NodeHung,
     NodeLink,
     NodeStarted,
     NodeState,
@@ -87,7 +87,7 @@ class NodeRow:
     reachable: bool = True
     unreachable_since: float | None = None  # wall clock: when its host was first found unreachable
     degraded: str | None = None  # why its supervisor cannot write its state on the host
-    hung_since: float | None = None  # wall clock: since when its ranks wrote nothing and used no CPU
+    hung_since: float | None = None  # wall clock: since when no rank of the job wrote anything
     last_output: float | None = None
     gpus: NodeGpus | None = None  # its GPUs as last read (None: not yet)
     visible: tuple[str, ...] = ()  # its CUDA_VISIBLE_DEVICES: the host's GPUs that are the node's
@@ -212,11 +212,12 @@ class Board:
             loss = event.progress.loss
             if loss is not None and (before is None or before.step != event.progress.step or before.loss != loss):
                 self.losses.append(loss)
-        elif isinstance(event, NodeHung) and rank is not None:
-            row = self.node(rank, event.host)
-            row.hung_since = event.since
-            self.note(f"node{rank} {event.host}: " + ("active again" if event.since is None else
-                      f"{hung_text(event.since, self.wall())} (no output, no CPU)"))
+        elif isinstance(event, JobHung):
+            for node in event.nodes:
+                self.node(node).hung_since = event.since
+                self.changed.add(node)
+            self.note("a rank wrote again: the job is running" if event.since is None else
+                      f"the job is {hung_text(event.since, self.wall())} (no rank wrote anything)")
         elif isinstance(event, NodeLink) and rank is not None:
             row = self.node(rank, event.host)
             since = event.since if event.since is not None else self._to_wall(event.ts)

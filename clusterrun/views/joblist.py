@@ -103,7 +103,7 @@ def unreachable_ranks(record: JobRecord) -> list[int]:
 def job_state_text(record: JobRecord, now: float) -> str:
     """The job's state as ``ps`` and ``wait`` word it: ``running``, or, while nodes of an unfinished
     job are unreachable, ``running; node 1 unreachable since 16:04:05Z`` (``nodes 1, 3 ...``:
-    since the first of them); else while some are hung, ``running; node 1 hung since 16:10:00Z``."""
+    since the first of them); else while the job hangs, ``running; hung since 16:10:00Z``."""
     lost = [record.nodes[rank] for rank in unreachable_ranks(record)]
     unwatched = (record.slurm or {}).get("unwatched") if not record.finished else None
     if unwatched:  # a Slurm job whose `up` is gone (slurmjob.refresh)
@@ -111,9 +111,8 @@ def job_state_text(record: JobRecord, now: float) -> str:
     if record.state is JobState.RESTARTING and record.restart_at is not None:
         return f"restarting: attempt {record.attempt + 1} starts in {max(0, record.restart_at - now):.0f} s"
     hung = [n for n in record.nodes if node_state(n) == NodeState.HUNG] if not record.finished else []
-    if hung and not lost:
-        which = f"node {hung[0].rank}" if len(hung) == 1 else f"nodes {', '.join(str(n.rank) for n in hung)}"
-        return f"{record.state}; {which} {events.hung_text(min(n.hung_since or now for n in hung), now)}"
+    if hung and not lost:  # the job hangs: every node that runs is hung since the same time
+        return f"{record.state}; {events.hung_text(min(n.hung_since or now for n in hung), now)}"
     if not lost:
         return str(record.state)
     since = min(n.unreachable_since for n in lost if n.unreachable_since is not None)
@@ -184,10 +183,11 @@ def merged(readings: Sequence[NodeGpus]) -> NodeGpus:
 
 
 def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None,
-             gpus: Mapping[int, NodeGpus] | None = None) -> dict[str, Any]:
+             gpus: Mapping[int, NodeGpus] | None = None, hang_report: str | None = None) -> dict[str, Any]:
     """One job of ``ps --json`` (schema ``SCHEMA``). The environment is left out on purpose (it may
     hold secrets); so are the record's internals (the plan, viewers' offsets, the hosts file's text).
-    ``hosts``: what each node's host said of it (``ps JOB --json``), by rank; ``gpus``: its GPUs."""
+    ``hosts``: what each node's host said of it (``ps JOB --json``), by rank; ``gpus``: its GPUs;
+    ``hang_report``: the file with the attempt's hang report, if one was saved."""
     nodes = []
     for n in record.nodes:
         node: dict[str, Any] = {"rank": n.rank, "host": n.host, "state": node_state(n), "pid": n.pid,
@@ -204,7 +204,7 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
             node["gpus"] = {"found": not reading.missing, "problem": reading.problem,
                             "gpus": [dataclasses.asdict(g) for g in reading.gpus]}
             node["waiting"] = waiting_for(decode_status(n.host, answer["state"])) if answer.get("state") else None
-            node["hang_report"] = (answer.get("state") or {}).get("hang_report")
+            node["hang_report"] = hang_report if n.hung_since is not None else None
         nodes.append(node)
     return {
         "id": record.job_id,
@@ -257,10 +257,11 @@ def table_text(rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def jobs_json(records: Iterable[JobRecord], hosts: Mapping[int, Mapping[str, Any]] | None = None,
-              damaged: Iterable[DamagedRecord] = (), gpus: Mapping[int, NodeGpus] | None = None) -> dict[str, Any]:
+              damaged: Iterable[DamagedRecord] = (), gpus: Mapping[int, NodeGpus] | None = None,
+              hang_report: str | None = None) -> dict[str, Any]:
     """The ``ps --json`` document: ``{"schema": SCHEMA, "jobs": [...], "damaged": [...]}``, the
     damaged records with their path, what is wrong and the fix."""
-    return {"schema": SCHEMA, "jobs": [job_json(r, hosts, gpus) for r in records],
+    return {"schema": SCHEMA, "jobs": [job_json(r, hosts, gpus, hang_report) for r in records],
             "damaged": [{"id": d.job_id, "path": d.path, "reason": d.reason, "fix": d.hint} for d in damaged]}
 
 

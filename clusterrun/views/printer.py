@@ -9,8 +9,8 @@ on, and dropped when it is off (not a terminal, ``NO_COLOR``, ``TERM=dumb``); ev
 sequence and control character is shown escaped. Only ``raw`` output (``logs --node N``) is
 written as the node wrote it, byte for byte.
 
-Past ``nodesets.FOLD_PAST`` nodes the per-node status lines (started, a state, unreachable or
-hung, a stop's report) are held until their phase is over — every node has a line, a note or
+Past ``nodesets.FOLD_PAST`` nodes the per-node status lines (started, a state, unreachable, a
+stop's report) are held until their phase is over — every node has a line, a note or
 the summary comes, or ``hold`` seconds passed — and then nodes alike share one line
 (``nodesets.alike_lines``); the odd ones keep theirs. Log lines are never held.
 """
@@ -30,11 +30,11 @@ from clusterrun.core.events import (
     AttemptRestarting,
     Event,
     JobFinished,
+    JobHung,
     JobNote,
     JobResult,
     LogLines,
     NodeDegraded,
-    NodeHung,
     NodeLink,
     NodeResult,
     NodeStarted,
@@ -254,13 +254,11 @@ class Printer:
         elif isinstance(event, NodeDegraded):
             degraded = f"degraded: {event.reason}"
             self._status(event.node or 0, event.host, degraded, degraded)
-        elif isinstance(event, NodeHung):
-            quiet = ": its ranks wrote nothing and used no CPU"
-            own = ("its ranks are active again" if event.since is None else hung_text(event.since, time.time())
-                   + quiet + (f"; their stacks: {event.report} on the host" if event.report else ""))
-            # alike: without the time; a node whose stacks were saved keeps its line (where they are)
-            self._status(event.node or 0, event.host, own, None if event.report else
-                         own if event.since is None else "hung" + quiet)
+        elif isinstance(event, JobHung):
+            now = time.time()
+            self.note("a rank wrote again: the job is running" if event.since is None else
+                      f"the job is {hung_text(event.since, now)}: no rank wrote anything for "
+                      f"{now - event.since:.0f} s")
         elif isinstance(event, ProgressChanged):
             self.progress = event.progress  # the stream shows rank 0's own lines; the summary sums them up
         elif isinstance(event, JobNote):
