@@ -38,18 +38,18 @@ def test_a_stop_report_says_when_torchrun_outlived_the_grace() -> None:
     """Only torchrun's own SIGKILL counts: the cgroup kill or the sweep SIGKILL what is left of the
     job after torchrun ended within the grace (processes that ignore SIGTERM), which says nothing
     of the grace."""
-    from clusterrun.core.events import StopReport
+    from clusterrun.core.protocol import stop_report
 
     state = {"state": "exited", "torchrun": {"pid": 10, "start_time": 1}}
     answer = {"ok": True, "state": state, "containment": "cgroup", "verified": True, "grace": 2.5, "left": [],
               "killed": [{"pid": 10, "name": "python3", "signal": "SIGTERM"},
                          {"pid": 12, "name": "python3", "signal": "SIGKILL"}]}
-    within = StopReport.from_answer(0, "gpu-a", answer)
+    within = stop_report("gpu-a", 0, answer)
     assert not within.grace_ran_out and "grace" not in within.describe()
     answer["killed"][0]["signal"] = "SIGKILL"  # type: ignore[index]
-    outlived = StopReport.from_answer(0, "gpu-a", answer)
+    outlived = stop_report("gpu-a", 0, answer)
     assert outlived.grace_ran_out and outlived.describe() == (
         "node0 gpu-a: stopped python3[10], python3[12]; torchrun outlived the 2.5 s grace after SIGTERM: "
         "SIGKILLed; verified: nothing of the job is left (its cgroup is empty)")
-    assert "outlived the grace after" in StopReport.from_answer(0, "gpu-a", dict(answer, grace=None)).describe()
-    assert not StopReport.from_answer(0, "gpu-a", dict(answer, state={"state": "exited"})).grace_ran_out
+    assert "outlived the grace after" in stop_report("gpu-a", 0, dict(answer, grace=None)).describe()
+    assert not stop_report("gpu-a", 0, dict(answer, state={"state": "exited"})).grace_ran_out

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from clusterrun.core.events import LogLines
+from clusterrun.core.protocol import stop_report
 from clusterrun.diagnose.rootcause import split_rank
 from clusterrun.views.printer import Printer
 
@@ -127,10 +128,9 @@ SWEPT = ("swept 2 processes besides torchrun; processes that left the job's tree
      "node1 h: nothing was running; no process of the job was found"),
 ])
 def test_a_stop_report_says_which_guarantee_held(answer: dict, line: str) -> None:
-    from clusterrun.core.events import StopReport
     from clusterrun.views.board import describe_stop
 
-    report = StopReport.from_answer(1, "h", answer)
+    report = stop_report("h", 1, {"ok": True, **answer})
     assert report.describe() == line
     assert report.complete is (answer.get("verified") is True and not answer["left"])
     err = io.StringIO()
@@ -140,10 +140,8 @@ def test_a_stop_report_says_which_guarantee_held(answer: dict, line: str) -> Non
 
 
 def test_a_stop_report_names_what_the_host_could_not_do() -> None:
-    from clusterrun.core.events import StopReport
-
-    report = StopReport.from_answer(0, "h", {
-        "killed": [], "left": [], "containment": "sweep", "verified": False, "detail": SWEPT,
+    report = stop_report("h", 0, {
+        "ok": True, "killed": [], "left": [], "containment": "sweep", "verified": False, "detail": SWEPT,
         "fallbacks": ["no cgroup: no cgroup2 file system is mounted", "no pidfd (Python 3.8): ..."],
         "degraded": "cannot write state.json: No space left on device",
         "notes": ["could not record the end of the job in state.json: No space left on device"]})
@@ -152,7 +150,7 @@ def test_a_stop_report_names_what_the_host_could_not_do() -> None:
     # why there was no cgroup is on the report's one line
     assert report.describe() == ("node0 h: nothing was running; swept: no process of the job that could be seen is "
                                  f"left (no cgroup: no cgroup2 file system is mounted; {SWEPT})")
-    healthy = StopReport.from_answer(0, "h", {"killed": [{"pid": 5, "name": "pt_elastic"}], "left": [],
+    healthy = stop_report("h", 0, {"ok": True, "killed": [{"pid": 5, "name": "pt_elastic"}], "left": [],
                                               "containment": "sweep", "detail": SWEPT,
                                               "fallbacks": ["no cgroup: cgroups turned off on this host"]})
     err = io.StringIO()

@@ -146,14 +146,15 @@ def test_an_unknown_exit_status_is_a_lost_node_and_never_a_root_cause() -> None:
 
 
 def test_a_stop_without_records_says_what_found_the_processes_or_where_it_looked() -> None:
-    from clusterrun.core.events import StopReport
+    from clusterrun.core.protocol import stop_report
 
-    found = StopReport.from_answer(0, "gpu-a", {
-        "killed": [{"pid": 7, "name": "torchrun", "signal": "SIGTERM"}], "left": [], "containment": "cgroup",
-        "verified": True, "records_gone": True, "found_by": ["cgroup /sys/fs/cgroup/clusterrun-j-n0-a1 found by name"]})
+    found = stop_report("gpu-a", 0, {
+        "ok": True, "killed": [{"pid": 7, "name": "torchrun", "signal": "SIGTERM"}], "left": [],
+        "containment": "cgroup", "verified": True, "records_gone": True,
+        "found_by": ["cgroup /sys/fs/cgroup/clusterrun-j-n0-a1 found by name"]})
     text = found.describe()
     assert "records on the host were gone" in text and "found by name" in text and "verified" in text
-    nothing = StopReport.from_answer(0, "gpu-a", {"killed": [], "left": [], "records_gone": True, "found_by": [],
+    nothing = stop_report("gpu-a", 0, {"ok": True, "killed": [], "left": [], "records_gone": True, "found_by": [],
                                                   "looked": ["cgroups named x", "processes carrying M"]})
     assert "nothing was running" not in nothing.describe()
     assert "looked for cgroups named x and processes carrying M" in nothing.describe()

@@ -23,8 +23,7 @@ import pytest
 
 from clusterrun.config.hostsfile import load_cluster_text
 from clusterrun.core.errors import AgentError
-from clusterrun.core.events import StopReport
-from clusterrun.core.protocol import decode_network
+from clusterrun.core.protocol import decode_network, stop_report
 from clusterrun.transports import Transport, transport_for
 from clusterrun.transports.fake import FakeCluster
 from tests.conftest import unique_job, wait_for
@@ -243,7 +242,7 @@ def test_stop_is_verified_and_idempotent(harness: Harness) -> None:
     assert first["state"]["state"] == "exited" and first["state"]["stop_requested"] is True
     torchrun = next(k for k in first["killed"] if k["pid"] == first["state"]["torchrun"]["pid"])
     assert torchrun["signal"] == "SIGTERM" and first["grace"] == 2  # it ended within the grace
-    assert not StopReport.from_answer(0, "h", first).grace_ran_out
+    assert not stop_report("h", 0, first).grace_ran_out
     again = harness.transport.call(harness.request("stop", 0, grace=2))
     assert again["ok"] is True and again["killed"] == [] and again["left"] == []
     assert harness.follow(0, offset=0)[-1]["t"] == "end"
@@ -260,7 +259,7 @@ def test_a_stop_says_when_torchrun_outlived_the_grace(harness: Harness) -> None:
     assert answer["ok"] is True and answer["left"] == [] and answer["grace"] == 1
     torchrun = next(k for k in answer["killed"] if k["pid"] == answer["state"]["torchrun"]["pid"])
     assert torchrun["signal"] == "SIGKILL"
-    report = StopReport.from_answer(0, "h0", answer)
+    report = stop_report("h0", 0, answer)
     assert report.grace_ran_out and report.grace == 1
     assert "; torchrun outlived the 1 s grace after SIGTERM: SIGKILLed; " in report.describe()
 

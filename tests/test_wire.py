@@ -9,13 +9,12 @@ import pytest
 
 from clusterrun.agent import serve, status, wire
 from clusterrun.core import protocol
-from clusterrun.core.events import StopReport
 
 
 def test_every_operation_has_a_request_type_and_an_answer_type() -> None:
     ops = set(serve.OPS)
     assert set(wire.REQUESTS) == ops
-    answered = {**wire.ANSWERS, **protocol.ANSWERS, "stop": StopReport}
+    answered = {**wire.ANSWERS, **protocol.ANSWERS}
     assert set(answered) == ops, sorted(ops ^ set(answered))
     assert not set(wire.ANSWERS) & set(protocol.ANSWERS)  # one place decodes each
 
@@ -63,3 +62,28 @@ def test_answers_decode_with_their_nested_types() -> None:
     assert answer.jobs == [wire.JobEntry(job="a", node=0, attempt=2)]
     with pytest.raises(ValueError, match=r"jobs\[0\]: node is missing"):
         wire.JobsAnswer.from_json({"ok": True, "root": "/r", "jobs": [{"job": "a", "attempt": 2}]}, "jobs answer")
+
+
+def test_a_stop_answer_the_controller_cannot_read_is_the_nodes_stop_error() -> None:
+    """The one stop request (``stop_node``) decodes its answer as ``wire.StopAnswer``: a mistyped
+    field is that node's failed stop (it may still run), named, never a crash of the stop."""
+    from clusterrun.run.orchestrator import stop_node
+
+    class Answers:
+        name = "gpu-a"
+
+        def __init__(self, answer: dict) -> None:
+            self.answer = answer
+            self.sent: list[dict] = []
+
+        def call(self, request: wire.NodeRequest) -> dict:
+            self.sent.append(request.to_json())
+            return self.answer
+
+    bad = Answers({"ok": True, "killed": "everything", "left": []})
+    report = stop_node(bad, 2, "gpu-a", job_id="j", attempt=3, state_dir="/s", grace=4.0)  # type: ignore[arg-type]
+    assert not report.ok and "killed" in (report.error or "")
+    assert bad.sent == [{"op": "stop", "job": "j", "node": 2, "attempt": 3, "state_dir": "/s", "grace": 4.0}]
+    good = Answers({"ok": True, "killed": [{"pid": 5, "name": "torchrun", "signal": "SIGTERM"}], "left": [],
+                    "containment": "cgroup", "verified": True})
+    assert stop_node(good, 0, "gpu-a", job_id="j", attempt=1, state_dir=None, grace=1.0).complete  # type: ignore[arg-type]

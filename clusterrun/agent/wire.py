@@ -2,8 +2,8 @@
 shared by both sides: the controller builds requests with them (``to_json``), the agent decodes
 each request line into its type (``REQUESTS[op].from_json``: a missing or mistyped field is a bad
 request naming it). Stdlib only and shipped in the zip; the package docstring says what each
-field means. The answers of probe, route, status, follow, stop, sync_stat, inspect, listen and
-reach are decoded by ``protocol.py`` (and ``events.StopReport``) on the controller.
+field means. The answers of probe, route, status, follow, sync_stat, inspect, listen and reach are
+decoded by ``protocol.py`` on the controller.
 
 At the agent's start ``dataclasses`` would import ``inspect`` and ``re`` (docs/benchmarks.md): at run
 time ``dataclass`` is ``_frozen`` below, which makes the same ``__init__``, ``__eq__`` and
@@ -369,6 +369,29 @@ class Started(Message):
 
 
 @dataclass(frozen=True)
+class StopAnswer(Message):
+    """``stop``'s answer (the package docstring says what each field means): the processes it
+    ``killed`` and those ``left``, the node's final ``state``, and which guarantee held
+    (``containment``, ``verified``); ``records_gone``, ``found_by``, ``looked`` for a node whose
+    records were gone. ``protocol.stop_report`` makes the controller's ``StopReport`` of it."""
+
+    ok: bool
+    killed: list[dict[str, Any]] | None = None
+    left: list[dict[str, Any]] | None = None
+    state: dict[str, Any] | None = None
+    containment: str | None = None
+    verified: bool = False
+    detail: str | None = None
+    fallbacks: list[str] | None = None
+    degraded: str | None = None
+    notes: list[str] | None = None
+    grace: float | None = None
+    records_gone: bool = False
+    found_by: list[str] | None = None
+    looked: list[str] | None = None
+
+
+@dataclass(frozen=True)
 class Removed(Message):
     ok: bool
     removed: str | None
@@ -504,6 +527,6 @@ REQUESTS: dict[str, type[Request]] = {
 }
 # The answer types defined here; protocol.ANSWERS names the others.
 ANSWERS: dict[str, type[Message]] = {
-    "setup": SetupAnswer, "start": Started, "remove": Removed, "jobs": JobsAnswer, "sync_hash": SyncHashes,
-    "sync_put": Written, "unlisten": Unlistened, "stack": StackAnswer, "gpus": GpusAnswer,
+    "setup": SetupAnswer, "start": Started, "stop": StopAnswer, "remove": Removed, "jobs": JobsAnswer,
+    "sync_hash": SyncHashes, "sync_put": Written, "unlisten": Unlistened, "stack": StackAnswer, "gpus": GpusAnswer,
 }

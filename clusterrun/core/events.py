@@ -237,22 +237,6 @@ class StopReport:
     found_by: tuple[str, ...] = ()  # then: what found them (the cgroup by name, the marker scan)
     looked: tuple[str, ...] = ()  # and where it looked
 
-    @classmethod
-    def from_answer(cls, node: int, host: str, answer: dict[str, Any]) -> StopReport:
-        """The report of the agent's answer to ``stop`` (the one place that reads it)."""
-        killed = tuple(answer.get("killed") or ())
-        torchrun = ((answer.get("state") or {}).get("torchrun") or {}).get("pid")
-        grace = answer.get("grace")
-        return cls(node, host, killed=killed, left=tuple(answer.get("left") or ()),
-                   containment=answer.get("containment"), verified=bool(answer.get("verified")),
-                   detail=str(answer.get("detail") or ""), fallbacks=tuple(answer.get("fallbacks") or ()),
-                   degraded=answer.get("degraded") or None, notes=tuple(answer.get("notes") or ()),
-                   grace=float(grace) if isinstance(grace, (int, float)) else None,
-                   records_gone=bool(answer.get("records_gone")), found_by=tuple(answer.get("found_by") or ()),
-                   looked=tuple(answer.get("looked") or ()),
-                   grace_ran_out=torchrun is not None and any(
-                       k.get("pid") == torchrun and k.get("signal") == "SIGKILL" for k in killed))
-
     @property
     def ok(self) -> bool:
         """Stopped, and nothing the stop could see is left."""

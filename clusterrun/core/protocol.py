@@ -10,8 +10,8 @@ The requests, and the answers not decoded here, are typed in ``clusterrun.agent.
 with the agent; ``decode`` reads those answers). Decoded here: ``probe`` (``Probe``), ``route``
 (``Network``, also ``Probe.network``), a node's state file as ``start``, ``status`` and
 ``follow`` report it (``NodeStatus``), and the messages of a ``follow`` stream (``LogChunk``,
-``StateUpdate``, ``Beat``, ``End``, ``Eof``). ``stop``'s answer becomes a ``StopReport``
-(``StopReport.from_answer``).
+``StateUpdate``, ``Beat``, ``End``, ``Eof``). ``stop``'s answer (``wire.StopAnswer``) becomes
+the node's ``events.StopReport`` (``stop_report``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from dataclasses import field
 from enum import Enum
 from typing import Any, TypeVar
 
-from clusterrun.agent.wire import Message, SyncHashes
+from clusterrun.agent.wire import Message, StopAnswer, SyncHashes
 from clusterrun.core.errors import AgentError
+from clusterrun.core.events import StopReport
 from clusterrun.core.frozen import frozen
 from clusterrun.core.progress import Progress
 
@@ -443,6 +444,22 @@ def decode(host: str, kind: type[M], answer: Any, what: str) -> M:
         raise ProtocolError(host, str(exc), hint="the agent and this controller differ: are both clusterrun of "
                                                   "the same version?") from None
 
+def stop_report(host: str, node: int, answer: Any) -> StopReport:
+    """Node ``node``'s ``StopReport`` of the agent's answer to ``stop`` (``ProtocolError`` if it is
+    not a ``wire.StopAnswer``); the grace ran out when torchrun itself had to be SIGKILLed."""
+    stop = decode(host, StopAnswer, answer, "stop answer")
+    killed = tuple(stop.killed or ())
+    torchrun = stop.state.get("torchrun") if stop.state is not None else None
+    pid = torchrun.get("pid") if isinstance(torchrun, dict) else None
+    return StopReport(node, host, killed=killed, left=tuple(stop.left or ()), containment=stop.containment,
+                      verified=stop.verified, detail=stop.detail or "", fallbacks=tuple(stop.fallbacks or ()),
+                      degraded=stop.degraded or None, notes=tuple(stop.notes or ()),
+                      grace=float(stop.grace) if stop.grace is not None else None, records_gone=stop.records_gone,
+                      found_by=tuple(stop.found_by or ()), looked=tuple(stop.looked or ()),
+                      grace_ran_out=pid is not None and any(k.get("pid") == pid and k.get("signal") == "SIGKILL"
+                                                            for k in killed))
+
+
 # ------------------------------------------------------------------- doctor (inspect, listen, reach)
 
 
@@ -532,7 +549,7 @@ def decode_reach(host: str, answer: Any) -> Reach:
 
 
 # The answers decoded here, by op (a follow's stream: its messages); clusterrun.agent.wire.ANSWERS
-# has the others, and events.StopReport is stop's (tests/test_wire.py: every op has both types).
+# has the others (tests/test_wire.py: every op has both types).
 ANSWERS: dict[str, tuple[type, ...]] = {
     "probe": (Probe,), "route": (Network,), "status": (NodeStatus,), "follow": (LogChunk, StateUpdate, Beat, End, Eof),
     "sync_stat": (SyncStat,), "inspect": (Inspection,), "listen": (Listening,), "reach": (Reach,),

@@ -24,7 +24,7 @@ from clusterrun.core import parallel
 from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import NodeGpus, StopReport
 from clusterrun.core.protocol import End, Eof, LogChunk, NodeStatus, decode, decode_follow, decode_status
-from clusterrun.run.orchestrator import Emit, Job, Reconnect
+from clusterrun.run.orchestrator import Emit, Job, Reconnect, stop_node
 from clusterrun.run.plan import plan_from_json
 from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.transports import Transport, transport_for
@@ -264,15 +264,16 @@ def stop_job(record: JobRecord, *, grace: float | None = None,
     """The agent's verified stop of the current attempt on every node, in parallel (the piece
     ``attempt.stop`` records)."""
     wait = record.grace if grace is None else grace
-    answers = per_node(record, lambda t, rank: t.call(request(record, rank, "stop", grace=wait)), spec=spec)
-    reports = {}
-    for rank, answer in answers.items():
-        host = record.nodes[rank].host
-        if isinstance(answer, ClusterrunError):
-            reports[rank] = StopReport(rank, host, error=answer.render())
-        else:
-            reports[rank] = StopReport.from_answer(rank, host, answer)
-    return reports
+    state_dir = record.plan.get("state_dir")
+
+    def one(transport: Transport, rank: int) -> StopReport:
+        return stop_node(transport, rank, record.nodes[rank].host, job_id=record.job_id, attempt=record.attempt,
+                         state_dir=state_dir, grace=wait)
+
+    answers = per_node(record, one, spec=spec)
+    return {rank: answer if isinstance(answer, StopReport) else StopReport(rank, record.nodes[rank].host,
+                                                                           error=answer.render())
+            for rank, answer in answers.items()}
 
 
 def save_seen(store: JobStore, job_id: str, attempt: int, offsets: dict[int, int]) -> None:

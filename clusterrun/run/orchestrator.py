@@ -69,6 +69,7 @@ from clusterrun.core.protocol import (
     StateUpdate,
     decode_follow,
     decode_status,
+    stop_report,
 )
 from clusterrun.diagnose.rootcause import NodeLog
 from clusterrun.run import setups
@@ -93,6 +94,17 @@ from clusterrun.transports import AgentSession, Transport, transport_for
 Emit = Callable[[Event], None]
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
 T = TypeVar("T")
+
+
+def stop_node(transport: Transport, rank: int, host: str, *, job_id: str, attempt: int, state_dir: str | None,
+              grace: float) -> StopReport:
+    """The agent's verified stop of node ``rank``'s ``attempt`` (the one place a stop request is
+    sent: the owner's stop and ``down`` alike): its report, with the error that kept it away."""
+    request = node_request("stop", job=job_id, node=rank, attempt=attempt, state_dir=state_dir, grace=grace)
+    try:
+        return stop_report(host, rank, transport.call(request))
+    except ClusterrunError as exc:
+        return StopReport(rank, host, error=exc.render())
 
 
 class Job:
@@ -507,12 +519,8 @@ class Job:
 
     def _stop_node(self, rank: int) -> StopReport | None:
         node = self._nodes[rank]
-        try:
-            answer = node.transport.call(self._request(rank, "stop", grace=self.grace))
-        except ClusterrunError as exc:
-            report = StopReport(rank, node.host, error=exc.render())
-        else:
-            report = StopReport.from_answer(rank, node.host, answer)
+        report = stop_node(node.transport, rank, node.host, job_id=self.job_id, attempt=self.attempt,
+                           state_dir=self.spec.state_dir, grace=self.grace)
         self.emit(NodeStopped(rank, report=report))
         return report
 
@@ -571,4 +579,4 @@ class Job:
             node.transport.close()
 
 
-__all__ = ["Emit", "Job", "Reconnect", "node_state_of"]  # the last two re-exported: widely imported from here
+__all__ = ["Emit", "Job", "stop_node", "Reconnect", "node_state_of"]  # the last two: imported from here
