@@ -408,3 +408,15 @@ def test_an_agent_of_another_protocol_is_refused_before_anything_starts(fake: Fa
     job.close()
     assert "h1: the agent speaks protocol 0, this controller 1" in raised.value.render()
     assert not fake.ops("start")
+
+
+def test_a_job_starts_only_what_it_was_asked_to_prepare(fake: FakeCluster) -> None:
+    """``start()`` never prepares (probes, plans, runs setup) on its own: the attempt's owner asks
+    for each step; a start before it is a programming error, and nothing reaches a host."""
+    job = Job(spec_of(2), "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport)
+    try:
+        with pytest.raises(RuntimeError, match="before prepare"):
+            job.start()
+        assert fake.ops("probe") == [] and fake.ops("start") == []
+    finally:
+        job.close()

@@ -209,3 +209,56 @@ def test_an_adopted_job_restarted_here_is_owned_here(fake: FakeCluster, store: J
     assert all(isinstance(a, dict) and a["removed"] for a in removed.values()), removed
     assert not [key for key in fake.nodes if key[0] == JOB]  # every attempt of every node
     runner.close()
+
+
+def half_started(fake: FakeCluster, store: JobStore, tmp_path: Path) -> Job:
+    """A job whose controller died during its start: node 0 started, node 1 never reached, the
+    record ``starting`` and owned by nobody."""
+    job = Job(spec_of(2), "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport,
+              local_cwd=str(tmp_path))
+    plan = job.prepare()
+    (tmp_path / "hosts.yaml").write_text(HOSTS_TEXT)
+    store.create(new_record(plan, hosts_file=str(tmp_path / "hosts.yaml"), hosts_text=HOSTS_TEXT,
+                            env_overrides={}, local_cwd=str(tmp_path), ssh_config=None))
+    job.start([0])
+    job.close()
+    return job
+
+
+def run_monitor_in_thread(store: JobStore) -> threading.Thread:
+    from clusterrun.life.runner import run_monitor
+
+    monitor = threading.Thread(target=run_monitor, args=(store, JOB, lambda event: None), daemon=True)
+    monitor.start()
+    return monitor
+
+
+def test_the_monitor_starts_the_nodes_a_dead_controller_never_reached(fake: FakeCluster, store: JobStore,
+                                                                      tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    half_started(fake, store, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monitor = run_monitor_in_thread(store)
+    late = fake.wait_started(JOB, 1)
+    assert fake.node(JOB, 0).running and late.running
+    fake.node(JOB, 0).exit(0)
+    late.exit(0)
+    monitor.join(30)
+    assert not monitor.is_alive()
+    record = store.load(JOB)
+    assert record.state is JobState.SUCCEEDED and [a.attempt for a in record.attempts] == [1]
+    assert [n.state for n in record.nodes] == [NodeState.SUCCEEDED] * 2
+
+
+def test_a_start_the_monitor_cannot_finish_fails_the_attempt_and_stops_the_rest(
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    half_started(fake, store, tmp_path)
+    fake.host("h1").start_error = "cannot start torchrun: no such file"
+    monkeypatch.chdir(tmp_path)
+    monitor = run_monitor_in_thread(store)
+    monitor.join(30)
+    assert not monitor.is_alive()
+    assert not fake.node(JOB, 0).running and fake.node(JOB, 0).stops >= 1 and (JOB, 1, 1) not in fake.nodes
+    record = store.load(JOB)
+    assert record.state is JobState.FAILED
+    assert record.attempts[0].root_cause is not None and "no such file" in record.attempts[0].root_cause

@@ -2,7 +2,8 @@
 
 Every attempt starts through ``start``: ``up``'s first (checked by ``checks.check_new``, started
 by ``Runner.start``), and the next one of ``restart``, the dashboard's R, the start-up retry, the
-restart policy and ``Runner.request_restart`` (``NextAttempt``, ``restart``). The order is the
+restart policy and ``Runner.request_restart`` (``NextAttempt``, ``restart``), and the nodes a
+controller that died during its start never reached (the monitor's ``ranks``). The order is the
 guarantee: every check (``checks``: the hosts file, ``env_file`` and ``forward_env``, the secret
 ``--env`` values, the script, the probe, the sync, the hosts' setup, the preflight in setup's
 environment) runs **before** anything of the running attempt is stopped, so a refused restart
@@ -182,23 +183,26 @@ class Cancelled(ClusterrunError):
     """An automatic restart found the job stopped (``down`` during the backoff): nothing started."""
 
 
-def start(job: Job, emit: Emit, recorder: Recorder, *, first: bool = False, automatic: bool = False) -> None:
+def start(job: Job, emit: Emit, recorder: Recorder, *, first: bool = False, automatic: bool = False,
+          ranks: Sequence[int] | None = None) -> None:
     """The one start of an attempt, checked (``checks``: its sync and setup ran there, before any
     stop) and with the last one verified stopped: ``up``'s ``first`` (its record just created),
     and the next attempt of ``restart``, the start-up retry and the restart policy (the attempt's
     start in the record: only from an end, or, ``automatic``, from ``restarting``, else
-    ``Cancelled`` with nothing written). Then every node starts; on a failure the record
-    says so and the nodes that started were stopped again (``HostsUnavailable``). ``recorder``,
-    subscribed to ``job`` by the caller, writes the attempt's record, its start's too."""
+    ``Cancelled`` with nothing written). ``ranks``: only these nodes of the recorded attempt
+    (a monitor finishing the start of a controller that died during it). Then the nodes start;
+    on a failure the record says so and the nodes that started were stopped again
+    (``HostsUnavailable``). ``recorder``, subscribed to ``job`` by the caller, writes the
+    attempt's record, its start's too."""
     plan = job.plan
     if plan is None:
         raise RuntimeError("start() before the checks")
     event, begin = attempt_event(plan, job.attempt), _begun(plan, job.attempt, job.script_args, automatic)
-    if not first:
+    if not first and ranks is None:
         recorder.begin(begin)
         emit(event)  # before the nodes' start: shown as the new attempt's
     try:
-        job.start()
+        job.start(ranks)
     except HostsUnavailable as exc:
         recorder.start_failed(exc)
         raise

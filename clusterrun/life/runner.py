@@ -26,7 +26,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from clusterrun.config.restarts import RestartPolicy
 from clusterrun.core.errors import ClusterrunError, ConfigError, HostsUnavailable
@@ -86,7 +86,7 @@ def run_monitor(store: JobStore, job_id: str, emit: Emit, clock: Clock | None = 
         runner.request_stop("stopped by an earlier command")
     try:
         if record.state == "starting":
-            _finish_start(record, runner.job)
+            _finish_start(record, runner)
         runner.follow()
     except HostsUnavailable as exc:  # the missing nodes could not be started: the others wait in vain
         stop_job(record)
@@ -96,7 +96,7 @@ def run_monitor(store: JobStore, job_id: str, emit: Emit, clock: Clock | None = 
     return 0
 
 
-def _finish_start(record: JobRecord, job: Job) -> None:
+def _finish_start(record: JobRecord, runner: Runner) -> None:
     """Start the nodes that a controller which died during ``start`` never reached (from the
     plan in the record), so that the job can still run: the other nodes wait for them."""
     answers = per_node(record, lambda t, rank: status_of(t, record, rank))
@@ -104,10 +104,10 @@ def _finish_start(record: JobRecord, job: Job) -> None:
               if isinstance(answer, NodeStatus) and answer.state is HostState.ABSENT]
     if absent:
         try:
-            job.resume(plan_to_start(record))  # the record's plan holds secret values masked
+            runner.job.resume(plan_to_start(record))  # the record's plan holds secret values masked
         except ConfigError as exc:
             raise HostsUnavailable([exc]) from exc
-        job.start(absent)
+        runner.start(absent)
 
 
 def history(record: JobRecord) -> str:
@@ -220,10 +220,11 @@ class Runner:
             return
         self.note(f"hang report: {report.summary()}; in {path}")
 
-    def start(self) -> None:
-        """Start every node of the prepared job; on failure the record says so and the nodes that
-        started were stopped again (``HostsUnavailable``)."""
-        start(self.job, self.emit, self.recorder, first=True)
+    def start(self, ranks: Sequence[int] | None = None) -> None:
+        """Start every node of the prepared job (``ranks``: those of its recorded attempt that were
+        never started); on failure the record says so and the nodes that started were stopped
+        again (``HostsUnavailable``)."""
+        start(self.job, self.emit, self.recorder, first=True, ranks=ranks)
 
     def request_stop(self, reason: str) -> None:
         """Stop the job on every host (verified); ``follow()`` then returns its result."""

@@ -346,10 +346,10 @@ class Job:
         return extras
 
     def start(self, ranks: Sequence[int] | None = None) -> None:
-        """Start every node (or those of ``ranks``) in parallel; if any fails, stop the ones that
-        started and raise."""
+        """Start every node (or those of ``ranks``) of the prepared (or resumed) job in parallel; if
+        any fails, stop the ones that started and raise."""
         if self.plan is None:
-            self.prepare()
+            raise RuntimeError("start() before prepare() or resume()")
         self.started_at = self.started_at or time.time()
         ranks = list(range(len(self._nodes))) if ranks is None else list(ranks)
         futures = [self._pool.submit(self._start_node, rank) for rank in ranks]
