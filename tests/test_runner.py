@@ -262,3 +262,39 @@ def test_a_start_the_monitor_cannot_finish_fails_the_attempt_and_stops_the_rest(
     record = store.load(JOB)
     assert record.state is JobState.FAILED
     assert record.attempts[0].root_cause is not None and "no such file" in record.attempts[0].root_cause
+
+
+def test_the_owner_decides_a_restart_in_its_own_thread_outside_any_write_of_the_record(
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorder only records: the restart decision runs in the thread that follows the job,
+    never on the record's writer thread nor inside ``JobStore.update`` (its lock held)."""
+    writing: set[int] = set()
+    update = JobStore.update
+
+    def watched_update(self: JobStore, job_id: str, change: object) -> object:
+        writing.add(threading.get_ident())
+        try:
+            return update(self, job_id, change)  # type: ignore[arg-type]
+        finally:
+            writing.discard(threading.get_ident())
+
+    monkeypatch.setattr(JobStore, "update", watched_update)
+    decided: list[tuple[str, bool]] = []
+    decide = Runner._decide
+
+    def watched_decide(self: Runner, record: object, result: object) -> object:
+        decided.append((threading.current_thread().name, threading.get_ident() in writing))
+        return decide(self, record, result)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Runner, "_decide", watched_decide)
+    runner = owned_job(fake, store, tmp_path, [])
+    thread, out = follow_in_thread(runner)
+    fake.wait_started(JOB, 0)
+    abort_at_start(fake.wait_started(JOB, 1))  # restarted: the start-up retry
+    abort_at_start(fake.wait_started(JOB, 1, 2))  # not again
+    thread.join(10)
+    assert out and out[0].failed  # type: ignore[attr-defined]
+    assert decided == [(thread.name, False)] * 2
+    assert [a.restart for a in store.load(JOB).attempts] == ["start-up", None]
+    runner.close()
+

@@ -13,8 +13,9 @@ attempt, the agents' verified stop alone); then ``start``. What the next attempt
 read from the record once, into an ``AttemptSpec``, and passed on.
 
 The job's recorded state changes only through ``jobstate.transition``, applied by
-``recorder.move``: by the ``Recorder`` (what the owner's follower sees, a failed start and the
-owner's restart decision, ``Recorder.retry``; the attempt's start is recorded by ``start``),
+``recorder.move``: by the ``Recorder`` (what the owner's follower sees, a failed start and an
+attempt's end with the owner's restart decision, ``Recorder.finish``; the attempt's start is
+recorded by ``start``),
 ``reconcile`` (the hosts' word for a job nobody owns), ``give_up`` and ``record_stop`` there, and
 here by the stop and the start.
 """

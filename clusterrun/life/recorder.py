@@ -1,9 +1,10 @@
 """A job's record kept true to its attempts: ``move``, the one place a job's recorded state is assigned.
 
 The state changes only through ``jobstate.transition``, applied by ``move``: here by the
-``Recorder`` (what the owner's follower sees, a failed start and the owner's restart decision,
-``Recorder.retry``), ``reconcile`` (the hosts' word for a job nobody owns), ``record_stop`` and
-``give_up``; in ``attempt`` by the stop (``begin_stop``) and the start of the next attempt.
+``Recorder`` (what the owner's follower sees, a failed start, and an attempt's end with the
+restart the owner decided before, ``Recorder.finish``), ``reconcile`` (the hosts' word for a job
+nobody owns), ``record_stop`` and ``give_up``; in ``attempt`` by the stop (``begin_stop``) and
+the start of the next attempt.
 ``new_record`` is a job's record before its first attempt; ``refresh`` makes a record current
 for ``ps`` and ``logs``.
 """
@@ -90,21 +91,18 @@ class Retry:
     reason: str
 
 
-Decide = Callable[[JobRecord, JobResult], "Retry | None"]
-
-
 class Recorder:
     """An ``emit`` consumer that keeps the job's record up to date with what its owner's follower
-    sees (and nothing else). Lifecycle: ``Recorder(store, job_id, attempt)`` → ``job.subscribe(it)``
-    → ``flush()``. ``retry``: the owner's restart decision for a failed attempt, taken in the same
-    write that ends it (``restarting`` instead of ``failed``: nobody sees an end that is not one)."""
+    sees (and nothing else); it records and never decides. Lifecycle: ``Recorder(store, job_id,
+    attempt)`` → ``job.subscribe(it)`` → ``flush()``. ``finish(result, retry)``: the attempt's end,
+    with the owner's decision to restart it recorded in the same write (``restarting`` instead of
+    ``failed``: nobody sees an end that is not one)."""
 
-    def __init__(self, store: JobStore, job_id: str, attempt: int, retry: Decide | None = None) -> None:
+    def __init__(self, store: JobStore, job_id: str, attempt: int) -> None:
         self.store = store
         self.job_id = job_id
         self.attempt = attempt
-        self.retry = retry
-        self.restarting = False  # the attempt's end was recorded as ``restarting`` (``retry`` decided so)
+        self.restarting = False  # the attempt's end was recorded as ``restarting`` (the owner's ``retry``)
         self._pending: list[Callable[[JobRecord], None]] = []
         self._idle = threading.Condition()
         self._writer: threading.Thread | None = None
@@ -211,9 +209,11 @@ class Recorder:
         elif isinstance(event, JobFinished):
             self.finish(event.result)
 
-    def finish(self, result: JobResult) -> None:
+    def finish(self, result: JobResult, retry: Retry | None = None) -> None:
         """The attempt's end as its follower saw it: a stop asked of this owner is decided by the
-        stop; otherwise the nodes' ends (absorbed if the job is stopping or ended already)."""
+        stop; otherwise the nodes' ends (absorbed if the job is stopping or ended already).
+        ``retry``: the owner decided to restart the attempt that ended badly; recorded instead of
+        its end if it is still starting or running (a stop recorded meanwhile decides)."""
         end = JobState.of_nodes(n.state for n in result.nodes)
         if result.interrupted is not None:
             changes = [Change.STOP, Change.STOP_VERIFIED if end is not None else Change.STOP_UNVERIFIED]
@@ -223,19 +223,18 @@ class Recorder:
         def change(record: JobRecord) -> None:
             if record.attempt != self.attempt:
                 return
-            retry = None
             ended_badly = end in (JobState.FAILED, JobState.LOST) or result.interrupted is not None
-            if ended_badly and changes and record.state in (JobState.STARTING, JobState.RUNNING):
-                retry = self.retry(record, result) if self.retry is not None else None  # stopped to restart?
-            moved = [move(record, c) for c in ([Change.RETRY] if retry is not None else changes)]
-            self.restarting = retry is not None and all(moved)
-            if retry is not None and record.attempts:
+            applies = retry is not None and ended_badly and bool(changes) and record.state in (JobState.STARTING,
+                                                                                              JobState.RUNNING)
+            moved = [move(record, c) for c in ([Change.RETRY] if applies else changes)]
+            self.restarting = applies and all(moved)
+            if applies and retry is not None and record.attempts:
                 record.attempts[-1].state, record.attempts[-1].restart = end or JobState.STOPPED, retry.kind
                 record.restart_at = retry.at
             if any(moved) and record.state in (JobState.FAILED, JobState.LOST, JobState.RESTARTING):
                 attempt = record.attempts[-1]
                 cause = result.root_cause
-                attempt.root_cause = cause.describe() if cause else (retry.reason if retry else None)
+                attempt.root_cause = cause.describe() if cause else (retry.reason if applies and retry else None)
                 explained = cause.explanation if cause else None
                 attempt.cause, attempt.fix = (explained.cause, explained.fix) if explained else (None, None)
 

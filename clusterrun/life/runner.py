@@ -134,9 +134,8 @@ class Runner:
         self.policy = policy if policy is not None else spec_of(record).restart.with_max(record.max_restarts)
         self.clock = clock or Clock()
         self._listeners: list[Emit] = [emit] if emit is not None else []
-        self.recorder = Recorder(store, record.job_id, job.attempt, self._decide)
-        job.subscribe(self.recorder)  # first: the attempt's end is recorded (restarting or not) before it is shown
-        job.subscribe(self.emit)
+        self.recorder = Recorder(store, record.job_id, job.attempt)
+        job.subscribe(self._on_job_event)
         self._hand_over = threading.Event()
         self._wake = threading.Event()  # a stop or a hand-over asked for during a backoff
         self._stop_reason: str | None = None
@@ -173,6 +172,16 @@ class Runner:
 
     def unsubscribe(self, listener: Emit) -> None:
         self._listeners.remove(listener)
+
+    def _on_job_event(self, event: Event) -> None:
+        """What the followed attempt reports: into the record first, then to the listeners. Its end
+        is decided here, in the owner's thread (restart or not), then recorded in one write with
+        that decision (``Recorder.finish``): the record is never read or written to decide."""
+        if isinstance(event, JobFinished):
+            self.recorder.finish(event.result, self._decide_end(event.result))
+        else:
+            self.recorder(event)
+        self.emit(event)
 
     def emit(self, event: Event) -> None:
         if isinstance(event, JobFinished) and self.recorder.restarting:
@@ -247,7 +256,7 @@ class Runner:
 
     def follow(self) -> JobResult | None:
         """Follow the job until it ends (then its result) or a hand-over was requested (None).
-        A failed attempt that the owner decided to restart (``_decide``: recorded ``restarting``)
+        A failed attempt that the owner decided to restart (``_decide_end``: recorded ``restarting``)
         is restarted after its backoff, visibly, and followed in turn."""
         while True:
             try:
@@ -263,7 +272,8 @@ class Runner:
             record = self.store.load(self.job_id)
             notify.send_due(self.store, record, self.note)  # the attempt's end
             if record.attempt != self.job.attempt or record.state is not JobState.RESTARTING:
-                if self._refused is not None and self.policy.max > 0 and result.interrupted is None:
+                if self._refused is not None and self.policy.max > 0 and result.interrupted is None \
+                        and record.state in (JobState.FAILED, JobState.LOST):
                     self.emit(JobNote(None, text=f"not restarting: {self._refused}"))
                 if len(record.attempts) > 1:
                     self.emit(JobNote(None, text=history(record)))
@@ -283,22 +293,33 @@ class Runner:
                 return result
             self.job.close()
             self.record = record
-            self.recorder = Recorder(self.store, record.job_id, record.attempt, self._decide)
+            self.recorder = Recorder(self.store, record.job_id, record.attempt)
             self.job = follower(record, None, fail_fast=True, follow_logs=self.job.follow_logs,
                                 reconnect=self.job.reconnect)
-            self.job.subscribe(self.recorder)
-            self.job.subscribe(self.emit)
+            self.job.subscribe(self._on_job_event)
             self._restart_reason = None
             if self._stop_reason is not None:
                 self.job.request_stop(self._stop_reason)
             if self._hand_over.is_set():
                 self.job.detach()
 
-    def _decide(self, record: JobRecord, result: JobResult) -> Retry | None:
-        """Whether the failed current attempt of ``record`` is restarted (in the record's write
-        that ends it): a known transient start-up failure of the first attempt once, at once;
-        else as the restart policy allows, after its backoff. Never after the user's stop."""
+    def _decide_end(self, result: JobResult) -> Retry | None:
+        """Whether the attempt that ended badly (``result``) while starting or running is restarted:
+        ``_decide`` on the record as it is now (what the nodes reported before is in it)."""
         self._refused = None
+        end = JobState.of_nodes(n.state for n in result.nodes)
+        if end not in (JobState.FAILED, JobState.LOST) and result.interrupted is None:
+            return None
+        self.recorder.flush()
+        record = self.store.load(self.job_id)
+        if record.attempt != self.recorder.attempt or record.state not in (JobState.STARTING, JobState.RUNNING):
+            return None  # a stop came first (it decides), or a newer attempt started
+        return self._decide(record, result)
+
+    def _decide(self, record: JobRecord, result: JobResult) -> Retry | None:
+        """Whether the failed current attempt of ``record`` is restarted (recorded ``restarting``
+        in the write that ends it): a known transient start-up failure of the first attempt once,
+        at once; else as the restart policy allows, after its backoff. Never after the user's stop."""
         if self._stop_reason is not None:
             return None  # the user's stop is never restarted
         if result.interrupted is not None:
