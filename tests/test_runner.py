@@ -298,3 +298,10 @@ def test_the_owner_decides_a_restart_in_its_own_thread_outside_any_write_of_the_
     assert [a.restart for a in store.load(JOB).attempts] == ["start-up", None]
     runner.close()
 
+
+def test_what_the_owner_was_asked_is_one_value_a_stop_wins_and_stays() -> None:
+    from clusterrun.life.runner import Asked
+
+    F, R, H, S = Asked.FOLLOW, Asked.RESTART, Asked.HAND_OVER, Asked.STOP
+    taken = {(now, asked) for now in Asked for asked in Asked if now.asks(asked)}
+    assert taken == {(F, R), (F, H), (R, H), (F, S), (R, S), (H, S), (S, S)}

@@ -27,6 +27,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from enum import Enum
 
 from clusterrun.config.restarts import RestartPolicy
 from clusterrun.core.errors import ClusterrunError, ConfigError, HostsUnavailable
@@ -121,6 +122,32 @@ def history(record: JobRecord) -> str:
     return "attempts: " + " · ".join(parts)
 
 
+class Asked(str, Enum):
+    """What the owner was asked to do with the job it follows (one value, set by the ``request_*``
+    methods, read by its loop). A stop wins over everything and stays; a hand-over over a
+    restart; a restart is asked only of an owner that just follows, and done once the next
+    attempt runs::
+
+        following ──request_restart──→ restart ──(next attempt started)──→ following
+            │                             │
+            ├──request_hand_over──→ hand-over ←──┘
+            └──────request_stop──→ stop ←── (from any)
+    """
+
+    FOLLOW = "following"
+    RESTART = "restart"  # stop this attempt and start the next at once (``on_hang: restart``)
+    HAND_OVER = "hand-over"  # give the job to a monitor: ``follow()`` returns None
+    STOP = "stop"  # the user's verified stop: ``follow()`` returns the stopped result
+
+    def asks(self, other: Asked) -> bool:
+        """Whether ``other`` is taken over this one: a stop always (its latest reason counts), a
+        hand-over over a restart, a restart over following only."""
+        return other is Asked.STOP or _RANK[other] > _RANK[self]
+
+
+_RANK = {Asked.FOLLOW: 0, Asked.RESTART: 1, Asked.HAND_OVER: 2, Asked.STOP: 3}
+
+
 class Runner:
     """The owner's loop over one job (see the module docstring)."""
 
@@ -136,12 +163,11 @@ class Runner:
         self._listeners: list[Emit] = [emit] if emit is not None else []
         self.recorder = Recorder(store, record.job_id, job.attempt)
         job.subscribe(self._on_job_event)
-        self._hand_over = threading.Event()
+        self.asked = Asked.FOLLOW
+        self._reason: str | None = None  # the stop's or the restart's, as the attempt's end names it
         self._wake = threading.Event()  # a stop or a hand-over asked for during a backoff
-        self._stop_reason: str | None = None
         self._refused: str | None = None  # why the last failure was not restarted by the policy
         self._startup_failure: str | None = None
-        self._restart_reason: str | None = None  # request_restart's: the stop that is a restart
 
     @classmethod
     def create(cls, store: JobStore, record: JobRecord, job: Job, emit: Emit | None = None, *,
@@ -207,7 +233,7 @@ class Runner:
         if action == "stack":
             self.note(f"looking at every rank's stacks twice, {LOOK_APART:g} s apart, for the hang report")
             threading.Thread(target=self._report_hang, args=(record, since), daemon=True, name="hang-report").start()
-        elif action == "restart" and self._restart_reason is None and self._stop_reason is None:
+        elif action == "restart" and self.asked is Asked.FOLLOW:
             self.note(f"{where}: restarting the job as attempt {self.job.attempt + 1} (on_hang: restart)")
             self.request_restart(f"{where} (on_hang: restart)")
 
@@ -235,22 +261,32 @@ class Runner:
         again (``HostsUnavailable``)."""
         start(self.job, self.emit, self.recorder, first=True, ranks=ranks)
 
+    def _ask(self, asked: Asked, reason: str | None = None) -> bool:
+        """Take ``asked`` if it goes over what was asked before (``Asked.asks``); True if taken."""
+        if not self.asked.asks(asked):
+            return False
+        if reason is not None:
+            self._reason = reason
+        self.asked = asked
+        return True
+
     def request_stop(self, reason: str) -> None:
         """Stop the job on every host (verified); ``follow()`` then returns its result."""
-        self._stop_reason = reason
+        self._ask(Asked.STOP, reason)
         self._wake.set()
         self.job.request_stop(reason)
 
     def request_restart(self, reason: str) -> None:
         """Stop the current attempt (verified) and restart the whole job at once as the next
         attempt, outside the restart policy's budget (``on_hang: restart``; the reason is the
-        attempt's root cause). Safe from other threads; a stop asked for meanwhile wins."""
-        self._restart_reason = reason
-        self.job.request_stop(reason)
+        attempt's root cause). Safe from other threads; a stop or a hand-over asked for first wins."""
+        if self._ask(Asked.RESTART, reason):
+            self.job.request_stop(reason)
 
     def request_hand_over(self) -> None:
-        """Make ``follow()`` return None soon, so that ``hand_over()`` can give the job to a monitor."""
-        self._hand_over.set()
+        """Make ``follow()`` return None soon, so that ``hand_over()`` can give the job to a monitor
+        (a stop asked for first is carried out all the same, unless the job is left meanwhile)."""
+        self._ask(Asked.HAND_OVER)
         self._wake.set()
         self.job.detach()
 
@@ -279,9 +315,10 @@ class Runner:
                     self.emit(JobNote(None, text=history(record)))
                 return result
             if not self._backoff(record):
-                if self._hand_over.is_set() and self._stop_reason is None:
+                if self.asked is Asked.HAND_OVER:
                     return None  # the monitor resumes the wait
-                return dataclasses.replace(result, interrupted=self._stop_reason or "stopped during the backoff")
+                stopped = self._reason if self.asked is Asked.STOP else None
+                return dataclasses.replace(result, interrupted=stopped or "stopped during the backoff")
             try:
                 record = restart(self.store, self.store.load(self.job_id), self.emit, owner_fd=self.owner_fd,
                                  full_preflight=record.attempts[-1].restart == "policy", automatic=True)
@@ -297,10 +334,11 @@ class Runner:
             self.job = follower(record, None, fail_fast=True, follow_logs=self.job.follow_logs,
                                 reconnect=self.job.reconnect)
             self.job.subscribe(self._on_job_event)
-            self._restart_reason = None
-            if self._stop_reason is not None:
-                self.job.request_stop(self._stop_reason)
-            if self._hand_over.is_set():
+            if self.asked is Asked.RESTART:
+                self.asked, self._reason = Asked.FOLLOW, None  # done: the next attempt runs
+            elif self.asked is Asked.STOP:
+                self.job.request_stop(self._reason or "stop requested")
+            elif self.asked is Asked.HAND_OVER:
                 self.job.detach()
 
     def _decide_end(self, result: JobResult) -> Retry | None:
@@ -320,10 +358,10 @@ class Runner:
         """Whether the failed current attempt of ``record`` is restarted (recorded ``restarting``
         in the write that ends it): a known transient start-up failure of the first attempt once,
         at once; else as the restart policy allows, after its backoff. Never after the user's stop."""
-        if self._stop_reason is not None:
+        if self.asked is Asked.STOP:
             return None  # the user's stop is never restarted
         if result.interrupted is not None:
-            asked = self._restart_reason is not None and result.interrupted == self._restart_reason
+            asked = self._reason is not None and result.interrupted == self._reason  # request_restart's stop
             return Retry("requested", self.clock.now(), result.interrupted) if asked else None
         if self.retry_startup and record.attempt == 1:
             why = transient_start_failure(result.root_cause, self.job.logs)
@@ -356,10 +394,10 @@ class Runner:
                                             failed=record.attempt, at=at, remaining=max(0.0, at - now), kind=kind,
                                             restart=made, most=self.policy.max if kind == "policy" else None,
                                             reason=reason))
-            if self._stop_reason is not None:
+            if self.asked is Asked.STOP:
                 stop(self.store, record)
                 return False
-            if self._hand_over.is_set() or self.store.load(self.job_id).state is not JobState.RESTARTING:
+            if self.asked is Asked.HAND_OVER or self.store.load(self.job_id).state is not JobState.RESTARTING:
                 return False
             if now >= at:
                 return True
@@ -378,4 +416,4 @@ class Runner:
         self.job.close()
 
 
-__all__ = ["Runner", "run_monitor"]
+__all__ = ["Asked", "Runner", "run_monitor"]
