@@ -243,3 +243,30 @@ def test_the_dashboards_refused_restart_stops_nothing_and_keeps_following(fake: 
     session.wait(timeout=30)
     assert session.result is not None and session.result.ok  # it followed the attempt to its end
     runner.close()
+
+
+def test_the_owner_restarts_and_follows_the_next_attempt_without_parsing_the_hosts_file_again(
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner parses its job's recorded hosts file once and carries it: an automatic restart
+    (the start-up retry: checks, stop, start) and the follower of the next attempt use it."""
+    from tests.test_runner import abort_at_start, follow_in_thread
+
+    runner = running_job(fake, store, tmp_path)
+    runner.spec  # noqa: B018 - parsed now, before the count starts
+    parsed: list[str] = []
+    parse = lifecycle.load_cluster_text
+
+    def counted(text: str, path: str) -> ClusterSpec:
+        parsed.append(path)
+        return parse(text, path)
+
+    monkeypatch.setattr(lifecycle, "load_cluster_text", counted)
+    thread, out = follow_in_thread(runner)
+    abort_at_start(fake.node(JOB, 1))
+    fake.wait_started(JOB, 0, 2), fake.wait_started(JOB, 1, 2)
+    fake.node(JOB, 0, 2).exit(0)
+    fake.node(JOB, 1, 2).exit(0)
+    thread.join(10)
+    assert out and out[0] is not None and not out[0].failed  # type: ignore[attr-defined]
+    assert store.load(JOB).attempt == 2 and parsed == []
+    runner.close()

@@ -110,10 +110,10 @@ class NextAttempt:
     the two."""
 
     def __init__(self, record: JobRecord, emit: Emit, *, full_preflight: bool = True,
-                 script_args: Sequence[str] | None = None) -> None:
+                 script_args: Sequence[str] | None = None, recorded: ClusterSpec | None = None) -> None:
         self.record = record
         self.emit = emit
-        self.aspec = AttemptSpec.of(record, os.environ)
+        self.aspec = AttemptSpec.of(record, os.environ, recorded)  # recorded: the owner's parsed hosts file
         self.aspec.plan_to_start()  # a secret of the running attempt that is no longer found refuses here
         self.job = checked_attempt(record, self.aspec, emit, full=full_preflight, script_args=script_args)
 
@@ -171,9 +171,9 @@ class NextAttempt:
 
 def restart(store: JobStore, record: JobRecord, emit: Emit, *, owner_fd: int | None = None,
             grace: float | None = None, full_preflight: bool = True, automatic: bool = False,
-            script_args: Sequence[str] | None = None) -> JobRecord:
+            script_args: Sequence[str] | None = None, recorded: ClusterSpec | None = None) -> JobRecord:
     """Check the next attempt, stop the current one (verified), start the next: ``NextAttempt``."""
-    attempt = NextAttempt(record, emit, full_preflight=full_preflight, script_args=script_args)
+    attempt = NextAttempt(record, emit, full_preflight=full_preflight, script_args=script_args, recorded=recorded)
     try:
         return attempt.replace(store, owner_fd=owner_fd, grace=grace, automatic=automatic)
     finally:

@@ -41,10 +41,11 @@ class AttemptSpec:
     notes: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, record: JobRecord, environ: Mapping[str, str]) -> AttemptSpec:
+    def of(cls, record: JobRecord, environ: Mapping[str, str], recorded: ClusterSpec | None = None) -> AttemptSpec:
         """Raises ``ConfigError`` for a file that cannot be read or a secret no longer found: a
-        secret value is kept masked in the record, so only this environment can give it again."""
-        spec, notes = resolve(spec_of(record), environ)
+        secret value is kept masked in the record, so only this environment can give it again.
+        ``recorded``: the record's hosts file (``spec_of``), if the caller has parsed it already."""
+        spec, notes = resolve(recorded or spec_of(record), environ)
         overrides = unmask(record.env_overrides, environ, "--env")
         return cls(spec, plan_from_json(record.plan, spec), overrides, tuple(notes))
 
@@ -66,9 +67,9 @@ class AttemptSpec:
         return dataclasses.replace(self.plan, nodes=tuple(nodes))
 
 
-def plan_to_start(record: JobRecord) -> LaunchPlan:
+def plan_to_start(record: JobRecord, recorded: ClusterSpec | None = None) -> LaunchPlan:
     """The recorded plan of the current attempt with its secret values, read from this environment."""
-    return AttemptSpec.of(record, os.environ).plan_to_start()
+    return AttemptSpec.of(record, os.environ, recorded).plan_to_start()
 
 
 def check_script(spec: ClusterSpec, script: str, local_cwd: str, sync: str | None = None) -> None:

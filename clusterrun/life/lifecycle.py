@@ -50,10 +50,12 @@ def transport_factory(record: JobRecord) -> Callable[..., Transport]:
 
 def follower(record: JobRecord, emit: Emit | None, *, fail_fast: bool, follow_logs: bool, attempt: int | None = None,
              offsets: dict[int, int] | None = None, tail: int | None = None,
-             ranks: Sequence[int] | None = None, reconnect: Reconnect | None = None, scrollback: int = 0) -> Job:
+             ranks: Sequence[int] | None = None, reconnect: Reconnect | None = None, scrollback: int = 0,
+             spec: ClusterSpec | None = None) -> Job:
     """A ``Job`` that follows an attempt of the recorded job (the current one unless given);
-    ``scrollback``: with ``offsets``, first the last lines before them (``LogLines(earlier=True)``)."""
-    spec = spec_of(record)
+    ``scrollback``: with ``offsets``, first the last lines before them (``LogLines(earlier=True)``);
+    ``spec``: the record's hosts file (``spec_of``), if the caller has parsed it already."""
+    spec = spec or spec_of(record)
     plan = plan_from_json(record.plan, spec)
     job = Job(spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
               grace=record.grace, attempt=attempt or record.attempt, transport_factory=transport_factory(record),

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from enum import Enum
 
+from clusterrun.config.hostsfile import ClusterSpec
 from clusterrun.config.restarts import RestartPolicy
 from clusterrun.core.errors import ClusterrunError, ConfigError, HostsUnavailable
 from clusterrun.core.events import (
@@ -90,7 +91,7 @@ def run_monitor(store: JobStore, job_id: str, emit: Emit, clock: Clock | None = 
             _finish_start(record, runner)
         runner.follow()
     except HostsUnavailable as exc:  # the missing nodes could not be started: the others wait in vain
-        stop_job(record)
+        stop_job(record, spec=runner.spec)
         mark_failed_start(store, job_id, record.attempt, exc)
     finally:
         runner.close()
@@ -100,12 +101,12 @@ def run_monitor(store: JobStore, job_id: str, emit: Emit, clock: Clock | None = 
 def _finish_start(record: JobRecord, runner: Runner) -> None:
     """Start the nodes that a controller which died during ``start`` never reached (from the
     plan in the record), so that the job can still run: the other nodes wait for them."""
-    answers = per_node(record, lambda t, rank: status_of(t, record, rank))
+    answers = per_node(record, lambda t, rank: status_of(t, record, rank), spec=runner.spec)
     absent = [rank for rank, answer in answers.items()
               if isinstance(answer, NodeStatus) and answer.state is HostState.ABSENT]
     if absent:
         try:
-            runner.job.resume(plan_to_start(record))  # the record's plan holds secret values masked
+            runner.job.resume(plan_to_start(record, runner.spec))  # the record's plan holds secret values masked
         except ConfigError as exc:
             raise HostsUnavailable([exc]) from exc
         runner.start(absent)
@@ -152,13 +153,15 @@ class Runner:
     """The owner's loop over one job (see the module docstring)."""
 
     def __init__(self, store: JobStore, record: JobRecord, job: Job, owner_fd: int, emit: Emit | None = None, *,
-                 retry_startup: bool = True, policy: RestartPolicy | None = None, clock: Clock | None = None) -> None:
+                 retry_startup: bool = True, policy: RestartPolicy | None = None, clock: Clock | None = None,
+                 spec: ClusterSpec | None = None) -> None:
         self.store = store
         self.record = record
+        self._spec = spec
         self.job = job
         self.owner_fd: int | None = owner_fd
         self.retry_startup = retry_startup
-        self.policy = policy if policy is not None else spec_of(record).restart.with_max(record.max_restarts)
+        self.policy = policy if policy is not None else self.spec.restart.with_max(record.max_restarts)
         self.clock = clock or Clock()
         self._listeners: list[Emit] = [emit] if emit is not None else []
         self.recorder = Recorder(store, record.job_id, job.attempt)
@@ -184,13 +187,23 @@ class Runner:
     def job_id(self) -> str:
         return self.record.job_id
 
+    @property
+    def spec(self) -> ClusterSpec:
+        """The job's hosts file as its record has it (``spec_of``), parsed once for this owner:
+        the same for every attempt (a restart changes the script's arguments, never the file)."""
+        if self._spec is None:
+            self._spec = spec_of(self.record)
+        return self._spec
+
     @classmethod
     def adopt(cls, store: JobStore, record: JobRecord, owner_fd: int, emit: Emit | None = None, *,
               follow_logs: bool = True, offsets: dict[int, int] | None = None, retry_startup: bool = True,
-              clock: Clock | None = None) -> Runner:
-        """The owner of a job started earlier (a monitor, or after a restart), following its current attempt."""
-        job = follower(record, None, fail_fast=True, follow_logs=follow_logs, offsets=offsets)
-        return cls(store, record, job, owner_fd, emit, retry_startup=retry_startup, clock=clock)
+              clock: Clock | None = None, spec: ClusterSpec | None = None) -> Runner:
+        """The owner of a job started earlier (a monitor, or after a restart), following its current
+        attempt; ``spec``: its recorded hosts file, if the caller has parsed it already."""
+        spec = spec or spec_of(record)
+        job = follower(record, None, fail_fast=True, follow_logs=follow_logs, offsets=offsets, spec=spec)
+        return cls(store, record, job, owner_fd, emit, retry_startup=retry_startup, clock=clock, spec=spec)
 
     def subscribe(self, listener: Emit) -> None:
         """Hand every event of the job, of this attempt and the next ones, to ``listener`` too."""
@@ -321,7 +334,8 @@ class Runner:
                 return dataclasses.replace(result, interrupted=stopped or "stopped during the backoff")
             try:
                 record = restart(self.store, self.store.load(self.job_id), self.emit, owner_fd=self.owner_fd,
-                                 full_preflight=record.attempts[-1].restart == "policy", automatic=True)
+                                 full_preflight=record.attempts[-1].restart == "policy", automatic=True,
+                                 recorded=self.spec)
             except Cancelled:
                 return dataclasses.replace(result, interrupted="stopped during the backoff")
             except ClusterrunError as exc:
@@ -332,7 +346,7 @@ class Runner:
             self.record = record
             self.recorder = Recorder(self.store, record.job_id, record.attempt)
             self.job = follower(record, None, fail_fast=True, follow_logs=self.job.follow_logs,
-                                reconnect=self.job.reconnect)
+                                reconnect=self.job.reconnect, spec=self.spec)
             self.job.subscribe(self._on_job_event)
             if self.asked is Asked.RESTART:
                 self.asked, self._reason = Asked.FOLLOW, None  # done: the next attempt runs

@@ -231,7 +231,8 @@ class Session:
     def _restart(self, previous: threading.Thread | None) -> None:
         try:
             try:  # every check first, while the job runs on: a refused restart leaves it running
-                attempt = NextAttempt(self.store.load(self.job_id), self._confirmations)
+                attempt = NextAttempt(self.store.load(self.job_id), self._confirmations,
+                                      recorded=self.runner.spec if self.runner is not None else None)
             except ClusterrunError as exc:
                 self.emit(JobNote(None, text="restart refused by its checks; nothing was stopped, the job runs on"))
                 self.error = exc
@@ -255,7 +256,7 @@ class Session:
                 old = self.runner
                 old.unsubscribe(self.emit)
                 old.close()
-                self.runner = Runner.adopt(self.store, record, owner_fd, retry_startup=False)
+                self.runner = Runner.adopt(self.store, record, owner_fd, retry_startup=False, spec=old.spec)
                 self.runner.subscribe(self.emit)
                 self._announce(record, self.runner.job)
             elif not self._view({}, None):  # the new attempt runs, owned by its monitor; only following it failed
