@@ -114,7 +114,7 @@ def test_the_commands_that_print_import_no_textual(tmp_path: Path) -> None:
     assert started.returncode == 0 and "rank 0 done" in started.stdout, started.stderr
     job = job_id_of(started.stderr)
     # `ps` asks squeue for the running steps of `up --from-slurm` that have no record here
-    for args, loaded in ((["ps"], "['clusterrun.slurm.step', 'clusterrun.slurm.run']"), (["ps", job], "[]"),
+    for args, loaded in ((["ps"], "['clusterrun.slurm.run', 'clusterrun.slurm.step']"), (["ps", job], "[]"),
                          (["logs", job], "[]"), (["down", job], "[]")):
         done = run(*args)
         assert done.returncode == 0, (args, done.stderr)

@@ -199,12 +199,12 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
             node["containment"] = answer.get("containment")
             node["fallbacks"] = list(answer.get("fallbacks") or [])
             node["degraded"] = answer.get("degraded")
-        if gpus is not None and n.rank in gpus:
+            node["waiting"] = waiting_for(decode_status(n.host, answer["state"])) if answer.get("state") else None
+            node["hang_report"] = hang_report if n.hung_since is not None else None
+        if gpus is not None and n.rank in gpus:  # a host whose GPU reading failed still said how its node is
             reading = gpus[n.rank]
             node["gpus"] = {"found": not reading.missing, "problem": reading.problem,
                             "gpus": [dataclasses.asdict(g) for g in reading.gpus]}
-            node["waiting"] = waiting_for(decode_status(n.host, answer["state"])) if answer.get("state") else None
-            node["hang_report"] = hang_report if n.hung_since is not None else None
         nodes.append(node)
     return {
         "id": record.job_id,
