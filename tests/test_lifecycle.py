@@ -465,6 +465,22 @@ def test_escape_sequences_are_shown_escaped_and_the_node_file_stays_byte_exact(t
     assert exact.stdout.endswith(b"partial \x1b]0;t\x07")
 
 
+def test_logs_of_a_job_that_has_written_nothing_yet_say_so(tmp_path: Path, state_dir: Path) -> None:
+    """`logs JOB --tail 1` on a job that printed nothing printed nothing and exited 0, as if broken."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    gate = tmp_path / "go"
+    job = up_detached(hosts, SUPPORT / "quiet.py", gate)
+    for args in (("--tail", "1"), ("--node", "1"), ()):
+        shown = clusterrun("logs", *args, job)
+        assert (shown.returncode, shown.stdout) == (0, ""), shown.stderr
+        assert re.fullmatch(r"clusterrun: no output yet \((starting|running) for \d+ s\)\n", shown.stderr), shown.stderr
+    gate.touch()
+    wait_state(job, "succeeded")
+    shown = clusterrun("logs", "--tail", "1", job)
+    assert shown.returncode == 0 and shown.stderr == "", shown.stderr
+    assert sorted(shown.stdout.splitlines()) == [f"node{r} local-{'ab'[r]} rank{r} | rank {r} done" for r in (0, 1)]
+
+
 def test_a_name_another_up_is_preparing_is_refused(tmp_path: Path, state_dir: Path) -> None:
     """Another `up` still checking its hosts has no record yet, only its note (preparing.py)."""
     from clusterrun.store.preparing import Preparing
