@@ -512,8 +512,6 @@ def test_a_running_jobs_name_is_refused_and_a_reused_name_means_the_one_not_ende
     assert f"hint: stop it first (`clusterrun down {new}`), or name this job otherwise with --name" in again.stderr
     default = clusterrun("up", "-d", "--name", "counter", hosts, SUPPORT / "counter.py", "10000", "0.05")
     assert default.returncode == 0, default.stderr
-    unnamed = clusterrun("up", "-d", hosts, SUPPORT / "counter.py", "1", "0.01")  # named after the script
-    assert unnamed.returncode == 2 and "named after the script, 'counter', is running" in unnamed.stderr
     assert sorted(p.name for p in (state_dir / "jobs").iterdir()) == sorted([*jobs, default.stdout.strip()])
     note = f"'dup' is job {new} (running), the one of 2 jobs of that name that has not ended"
     shown = clusterrun("ps", "dup")
@@ -524,6 +522,29 @@ def test_a_running_jobs_name_is_refused_and_a_reused_name_means_the_one_not_ende
     newest = clusterrun("ps", "dup")
     assert f"'dup' is job {new} (stopped), the newest of 2 jobs of that name, all ended" in newest.stderr
     assert clusterrun("down", default.stdout.strip()).returncode == 0
+
+
+@pytest.mark.fake_torchrun
+def test_a_second_run_of_a_script_without_a_name_gets_a_free_one(tmp_path: Path, state_dir: Path) -> None:
+    """Two learning rates of one script: the second run is `counter-2`, not refused; `--name` still is."""
+    hosts = write_hosts(tmp_path, [1], state_dir)
+    first = up_detached(hosts, SUPPORT / "counter.py", "10000", "0.05")
+    second = clusterrun("up", "-d", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    assert second.returncode == 0, second.stderr
+    assert f"clusterrun: 'counter' is running (job {first}): this job is named 'counter-2'" in second.stderr
+    third = up_detached(hosts, SUPPORT / "counter.py", "10000", "0.05")
+    assert [ps_json(j)["name"] for j in (first, second.stdout.strip(), third)] == ["counter", "counter-2", "counter-3"]
+    assert second.stdout.strip().startswith("counter-2-") and third.startswith("counter-3-")
+    shown = clusterrun("ps", "counter-2")
+    assert shown.returncode == 0 and second.stdout.strip() in shown.stdout, shown.stderr
+    named = clusterrun("up", "-d", "--name", "counter", hosts, SUPPORT / "counter.py", "1", "0.01")
+    assert named.returncode == 2, named.stderr
+    assert f"--name: job {first}, named 'counter', is running; nothing was started" in named.stderr
+    for job in (first, second.stdout.strip(), third):
+        assert clusterrun("down", job).returncode == 0
+    again = clusterrun("up", "-d", hosts, SUPPORT / "counter.py", "1", "0.01")  # every name is free again
+    assert again.returncode == 0 and ps_json(again.stdout.strip())["name"] == "counter", again.stderr
+    assert "this job is named" not in again.stderr
 
 
 def in_mount_namespace(setup: str, *args: str | os.PathLike[str], after: str = "") -> subprocess.CompletedProcess[str]:

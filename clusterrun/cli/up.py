@@ -107,8 +107,8 @@ def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ..
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-d", "--detach", is_flag=True, help="Start the job, print its id and return; a background "
               "monitor applies fail-fast until it ends.")
-@click.option("--name", help="A name for the job (default: the script's name); part of the job id. Refused "
-              "while a job of that name is running.")
+@click.option("--name", help="A name for the job, part of its id; refused while a job of that name is running. "
+              "Default: the script's name, or NAME-2, NAME-3... while a job of that name runs.")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable for every node (repeatable; wins over the hosts file).")
 @click.option("--dry-run", is_flag=True, help="Check the hosts as up does (workdir and script included), print "
