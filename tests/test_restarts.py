@@ -69,6 +69,14 @@ def test_the_hosts_files_restart_block_is_typed_and_checked() -> None:
     with pytest.raises(ConfigError) as bad:
         load_cluster_text("hosts: [a]\nrestart:\n  backoff: 10m..1s\n", "h.yaml")
     assert bad.value.render().startswith("h.yaml:3: restart.backoff: the longest wait (1s) is shorter")
+    for window in ("0", "0s", "0m"):  # no restart would ever count: the budget would never run out
+        with pytest.raises(ConfigError) as bad:
+            load_cluster_text(f"hosts: [a]\nrestart: {{max: 1, window: {window}}}\n", "h.yaml")
+        assert bad.value.render().startswith("h.yaml:2: restart.window: expected a duration above 0 (30m, 6h), "
+                                             "got "), bad.value.render()
+    with pytest.raises(ConfigError) as bad:
+        load_cluster_text("hosts: [a]\nrestart: {max: 1001}\n", "h.yaml")
+    assert bad.value.render().startswith("h.yaml:2: restart.max: expected a count from 0 to 1000")
 
 
 # ------------------------------------------------------------------------------ the owner, on the fake

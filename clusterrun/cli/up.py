@@ -31,6 +31,7 @@ from clusterrun.cli import (
 )
 from clusterrun.config.environment import resolve
 from clusterrun.config.hostsfile import ClusterSpec
+from clusterrun.config.restarts import MAX_RESTARTS
 from clusterrun.config.selection import load_hosts
 from clusterrun.config.watch import EVENTS, ON_HANG, Notify, parse_duration
 from clusterrun.core import timings
@@ -126,7 +127,7 @@ def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ..
 @click.option("--no-retry-startup", is_flag=True, help="Do not retry a known transient start-up failure "
               "(gloo aborting a rank while connecting; the master port taken before torchrun bound it), which "
               "is otherwise retried once as attempt 2, visibly.")
-@click.option("--max-restarts", type=click.IntRange(min=0), metavar="N",
+@click.option("--max-restarts", type=click.IntRange(0, MAX_RESTARTS), metavar="N",
               help="Restart the whole job as a new attempt after a failure, at most N times (default: the hosts "
               "file's restart.max, else 0), after a backoff (restart.backoff, default 30s..10m); never after a stop. "
               "The owner (this up, or the job's monitor) restarts it.")
@@ -266,6 +267,9 @@ def _with_watch(spec: ClusterSpec, startup_timeout: str | None, hang_after: str 
     if on_hang is not None:
         watch = dataclasses.replace(watch, on_hang=on_hang)
     notify = spec.notify
+    if notify_command is not None and not notify_command.strip():
+        raise ConfigError("must not be empty", key="--notify",
+                          hint="e.g. --notify 'notify-send clusterrun $CLUSTERRUN_EVENT'; nothing was started")
     if notify_command is not None:
         notify = Notify(notify_command, notify.on if notify is not None else EVENTS)
     return dataclasses.replace(spec, watch=watch, notify=notify)

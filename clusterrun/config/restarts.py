@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from clusterrun.core.durations import parse_duration
 from clusterrun.core.frozen import frozen
 
+MAX_RESTARTS = 1000  # restart.max and up --max-restarts: a budget, not a way to say "forever"
+
 
 def parse_backoff(text: str) -> tuple[float, float]:
     """``30s..10m`` (the first wait, the longest) or one duration (always that long), as seconds."""
@@ -75,4 +77,4 @@ def _human(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-__all__ = ["RestartPolicy", "parse_backoff", "parse_duration"]
+__all__ = ["MAX_RESTARTS", "RestartPolicy", "parse_backoff", "parse_duration"]
