@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from clusterrun.config.hostsfile import load_cluster_text
-from clusterrun.config.restarts import RestartPolicy, parse_backoff, parse_duration
+from clusterrun.config.restarts import COUNTED, RestartPolicy, parse_backoff, parse_duration
 from clusterrun.core.errors import ConfigError
 from clusterrun.core.events import AttemptRestarting, AttemptStarted, Event, JobFinished, JobNote, JobResult, JobState
 from clusterrun.life.attempt import Cancelled, attempt_event, restart, stop
@@ -60,6 +60,14 @@ def test_the_budget_the_exit_codes_and_the_window() -> None:
     assert policy.refusal([1000, 9500], 3, now=10_000) is None  # the first restart left the window
     assert "no restarts allowed" in (RestartPolicy().refusal([], 1, now=0) or "")
     assert RestartPolicy(max=1).with_max(None).max == 1 and RestartPolicy(max=1).with_max(4).max == 4
+
+
+def test_a_hang_is_restarted_within_the_same_budget_whatever_the_exit_codes() -> None:
+    policy = RestartPolicy(max=2, on_exit_codes=(1,), window=3600)
+    assert policy.hang_refusal([], now=10_000) is None  # a hang has no exit code: on_exit_codes is for failures
+    assert "used up (2 of 2 within 1h)" in (policy.hang_refusal([9000, 9500], now=10_000) or "")
+    assert "no restarts allowed" in (RestartPolicy().hang_refusal([], now=0) or "")
+    assert set(COUNTED) == {"policy", "requested"}  # a hang's restart is "requested"; the start-up retry is free
 
 
 def test_the_hosts_files_restart_block_is_typed_and_checked() -> None:
@@ -308,7 +316,7 @@ def test_restart_with_new_arguments_records_them(fake: FakeCluster, store: JobSt
 
 def test_a_requested_restart_stops_the_attempt_and_starts_the_next_at_once(fake: FakeCluster, store: JobStore,
                                                                           tmp_path: Path) -> None:
-    """``Runner.request_restart`` (``on_hang: restart``): outside the policy's budget, no backoff."""
+    """``Runner.request_restart`` (``on_hang: restart``, which checks the budget itself): no backoff."""
     events: list[Event] = []
     runner = owned(fake, store, tmp_path, RestartPolicy(), events, FakeClock())
 

@@ -146,7 +146,8 @@ def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ..
 @click.option("--hang-after", metavar="DURATION", help="Show the job as hung once no rank wrote any output this "
               "long (10m; off: never; default: the hosts file's hang_after, else 30m).")
 @click.option("--on-hang", type=click.Choice(ON_HANG), help="What the job's owner does when the job hangs: save a "
-              "report of every rank's stacks, looked at twice (stack, the default), restart the job, or nothing.")
+              "report of every rank's stacks, looked at twice (stack, the default), restart the job (counted "
+              "against --max-restarts), or nothing.")
 @click.option("--notify", "notify_command", metavar="CMD", help="Run CMD here (sh -c) once per event of the job "
               "(failed, succeeded, hung, restarted; the hosts file's notify.on chooses) with CLUSTERRUN_JOB, "
               "CLUSTERRUN_EVENT, CLUSTERRUN_EVENT_ID, CLUSTERRUN_STATE set and the job as JSON on stdin "
