@@ -117,6 +117,8 @@ EDGES = {  # what up is given, what it says (exit 2): the option or file:line an
     "a blank notify": (["--notify", "  "], "", "clusterrun: error: --notify: must not be empty"),
     "a restart window of 0": ([], "restart: {max: 1, window: 0}\n",
                               "hosts.yaml:4: restart.window: expected a duration above 0 (30m, 6h), got 0"),
+    "a node set of a million hosts": ([], "", "hosts.yaml:3: hosts[0].host: 'h[1-999999]' is 999,999 hosts; a "
+                                              "hosts file may have at most 10,000"),
 }
 
 
@@ -124,8 +126,9 @@ EDGES = {  # what up is given, what it says (exit 2): the option or file:line an
 def test_input_edges_are_refused_and_nothing_starts(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      controller_state: Path) -> None:
     options, extra, said = EDGES[case]
+    hosts = "h[1-999999]" if "node set" in case else "local-a"
     (tmp_path / "hosts.yaml").write_text(f"state_dir: {tmp_path / 'state'}\ndefaults: {{transport: local}}\n"
-                                         f"hosts: [local-a]\n{extra}")
+                                         f"hosts: ['{hosts}']\n{extra}")
     (tmp_path / "train.py").write_text("print('hi')\n")
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, ["up", "-d", *options, "hosts.yaml", "train.py"])
