@@ -106,3 +106,31 @@ def test_hosts_adopts_from_a_deepspeed_hostfile_as_from_yaml(tmp_path: Path, mon
     result = CliRunner().invoke(main, ["ps", "--hosts", str(hostfile)])
     assert result.exit_code == 0, result.output
     assert [(h.host, len(h.gpus or ())) for h in asked[0].hosts] == [("worker-1", 4), ("worker-2", 2)]
+
+
+EDGES = {  # what up is given, what it says (exit 2): the option or file:line and what is allowed
+    "max restarts over the file's cap": (["--max-restarts", "1001"], "",
+                                         "Invalid value for '--max-restarts': 1001 is not in the range 0<=x<=1000"),
+    "max restarts of 20 digits": (["--max-restarts", "99999999999999999999"], "",
+                                  "'--max-restarts': 99999999999999999999 is not in the range 0<=x<=1000"),
+    "an empty notify": (["--notify", ""], "", "clusterrun: error: --notify: must not be empty"),
+    "a blank notify": (["--notify", "  "], "", "clusterrun: error: --notify: must not be empty"),
+    "a restart window of 0": ([], "restart: {max: 1, window: 0}\n",
+                              "hosts.yaml:4: restart.window: expected a duration above 0 (30m, 6h), got 0"),
+    "a node set of a million hosts": ([], "", "hosts.yaml:3: hosts[0].host: 'h[1-999999]' is 999,999 hosts; a "
+                                              "hosts file may have at most 10,000"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EDGES))
+def test_input_edges_are_refused_and_nothing_starts(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     controller_state: Path) -> None:
+    options, extra, said = EDGES[case]
+    hosts = "h[1-999999]" if "node set" in case else "local-a"
+    (tmp_path / "hosts.yaml").write_text(f"state_dir: {tmp_path / 'state'}\ndefaults: {{transport: local}}\n"
+                                         f"hosts: ['{hosts}']\n{extra}")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["up", "-d", *options, "hosts.yaml", "train.py"])
+    assert result.exit_code == 2 and said in result.output, result.output
+    assert not (tmp_path / "state").exists() and not (controller_state / "clusterrun" / "jobs").exists()

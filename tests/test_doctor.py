@@ -270,6 +270,7 @@ def test_a_fixed_master_port_in_use_on_node0_fails_there(fake: FakeCluster) -> N
 
 
 def test_skew_disk_logind_and_gpus_on_the_fake(fake: FakeCluster) -> None:
+    fake.host("h0").torch_cuda, fake.host("h0").torch_devices = "12.4", 2  # nvidia-smi alone is missing
     h1 = fake.host("h1")
     h1.clock_offset, h1.disk_free = 30.0, 512 << 10
     h1.logind = "logind kills every process of this login session at logout. Fix: `loginctl enable-linger u`"
@@ -360,6 +361,26 @@ def test_preflight_refuses_gpus_declared_that_torch_does_not_see(fake: FakeClust
     assert refused is not None and fake.ops("start") == []
     assert "h1: gpus: torch sees 1 CUDA device(s), the hosts file asks for 2" in refused.render(), refused.render()
     assert "h0:" not in refused.render()
+
+
+def test_gpus_asked_of_a_host_without_nvidia_smi_and_a_cpu_torch_are_a_problem(fake: FakeCluster) -> None:
+    """`gpus: 2` where torch says CUDA none and nvidia-smi is missing: the job would run on the CPU, so
+    doctor says ✗ with the fix and up's preflight refuses; with a CUDA build it stays a warning."""
+    spec = spec_of(2, host_extra="\n    gpus: 2")
+    fake.host("h1").torch_cuda, fake.host("h1").torch_devices = "12.4", 2
+    report = doctor.run_doctor(spec, None, fake.transport)
+    gpus = rows(report, "h0")["gpus"]
+    assert (gpus.verdict, verdicts(report, "h1")["gpus"]) == (Verdict.FAIL, "!")
+    assert gpus.detail == ("GPU 0, 1 asked for; no nvidia-smi on PATH and torch is built without CUDA: the job "
+                           "would run on the CPU")
+    assert gpus.fix == ("install the NVIDIA driver and a CUDA build of torch on h0, or use nproc: instead of gpus: on "
+                        "a host without GPUs")
+    job = prepared(fake, spec)
+    try:
+        refused = doctor.refusal(run_preflight(job, spec))
+    finally:
+        job.close()
+    assert refused is not None and "h0: gpus: GPU 0, 1 asked for" in refused.render() and fake.ops("start") == []
 
 
 def test_no_preflight_skips_the_port_test_and_versions_but_not_the_script(fake: FakeCluster) -> None:
@@ -488,6 +509,11 @@ def test_gpus_by_index_or_uuid_and_busy_ones_warn() -> None:
     assert cpu_torch is not None and cpu_torch.verdict is Verdict.FAIL and "torch sees 0 CUDA" in cpu_torch.detail
     failed = doctor.gpu_check(host, inspection(nvidia_smi="/x", gpu_list=None))
     assert failed is not None and failed.verdict is Verdict.FAIL
+    no_smi = {"cpu": inspection(), "cuda": inspection(torch_cuda="12.4"),
+              "imported": inspection(deep=DeepTorch("2.13.0+cu124", cuda="12.4", devices=2)),
+              "no devices": inspection(torch_cuda="12.4", deep=DeepTorch("2.13.0+cu124", cuda="12.4", devices=1))}
+    assert {k: doctor.gpu_check(host, v).verdict.value for k, v in no_smi.items()} == {  # type: ignore[union-attr]
+        "cpu": "✗", "cuda": "!", "imported": "!", "no devices": "✗"}
     assert doctor.gpu_check(load_cluster_text("hosts:\n  - c\n").hosts[0], inspection()) is None
 
 

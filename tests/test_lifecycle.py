@@ -465,6 +465,22 @@ def test_escape_sequences_are_shown_escaped_and_the_node_file_stays_byte_exact(t
     assert exact.stdout.endswith(b"partial \x1b]0;t\x07")
 
 
+def test_logs_of_a_job_that_has_written_nothing_yet_say_so(tmp_path: Path, state_dir: Path) -> None:
+    """`logs JOB --tail 1` on a job that printed nothing printed nothing and exited 0, as if broken."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    gate = tmp_path / "go"
+    job = up_detached(hosts, SUPPORT / "quiet.py", gate)
+    for args in (("--tail", "1"), ("--node", "1"), ()):
+        shown = clusterrun("logs", *args, job)
+        assert (shown.returncode, shown.stdout) == (0, ""), shown.stderr
+        assert re.fullmatch(r"clusterrun: no output yet \((starting|running) for \d+ s\)\n", shown.stderr), shown.stderr
+    gate.touch()
+    wait_state(job, "succeeded")
+    shown = clusterrun("logs", "--tail", "1", job)
+    assert shown.returncode == 0 and shown.stderr == "", shown.stderr
+    assert sorted(shown.stdout.splitlines()) == [f"node{r} local-{'ab'[r]} rank{r} | rank {r} done" for r in (0, 1)]
+
+
 def test_a_name_another_up_is_preparing_is_refused(tmp_path: Path, state_dir: Path) -> None:
     """Another `up` still checking its hosts has no record yet, only its note (preparing.py)."""
     from clusterrun.store.preparing import Preparing
@@ -496,8 +512,6 @@ def test_a_running_jobs_name_is_refused_and_a_reused_name_means_the_one_not_ende
     assert f"hint: stop it first (`clusterrun down {new}`), or name this job otherwise with --name" in again.stderr
     default = clusterrun("up", "-d", "--name", "counter", hosts, SUPPORT / "counter.py", "10000", "0.05")
     assert default.returncode == 0, default.stderr
-    unnamed = clusterrun("up", "-d", hosts, SUPPORT / "counter.py", "1", "0.01")  # named after the script
-    assert unnamed.returncode == 2 and "named after the script, 'counter', is running" in unnamed.stderr
     assert sorted(p.name for p in (state_dir / "jobs").iterdir()) == sorted([*jobs, default.stdout.strip()])
     note = f"'dup' is job {new} (running), the one of 2 jobs of that name that has not ended"
     shown = clusterrun("ps", "dup")
@@ -508,6 +522,29 @@ def test_a_running_jobs_name_is_refused_and_a_reused_name_means_the_one_not_ende
     newest = clusterrun("ps", "dup")
     assert f"'dup' is job {new} (stopped), the newest of 2 jobs of that name, all ended" in newest.stderr
     assert clusterrun("down", default.stdout.strip()).returncode == 0
+
+
+@pytest.mark.fake_torchrun
+def test_a_second_run_of_a_script_without_a_name_gets_a_free_one(tmp_path: Path, state_dir: Path) -> None:
+    """Two learning rates of one script: the second run is `counter-2`, not refused; `--name` still is."""
+    hosts = write_hosts(tmp_path, [1], state_dir)
+    first = up_detached(hosts, SUPPORT / "counter.py", "10000", "0.05")
+    second = clusterrun("up", "-d", hosts, SUPPORT / "counter.py", "10000", "0.05")
+    assert second.returncode == 0, second.stderr
+    assert f"clusterrun: 'counter' is running (job {first}): this job is named 'counter-2'" in second.stderr
+    third = up_detached(hosts, SUPPORT / "counter.py", "10000", "0.05")
+    assert [ps_json(j)["name"] for j in (first, second.stdout.strip(), third)] == ["counter", "counter-2", "counter-3"]
+    assert second.stdout.strip().startswith("counter-2-") and third.startswith("counter-3-")
+    shown = clusterrun("ps", "counter-2")
+    assert shown.returncode == 0 and second.stdout.strip() in shown.stdout, shown.stderr
+    named = clusterrun("up", "-d", "--name", "counter", hosts, SUPPORT / "counter.py", "1", "0.01")
+    assert named.returncode == 2, named.stderr
+    assert f"--name: job {first}, named 'counter', is running; nothing was started" in named.stderr
+    for job in (first, second.stdout.strip(), third):
+        assert clusterrun("down", job).returncode == 0
+    again = clusterrun("up", "-d", hosts, SUPPORT / "counter.py", "1", "0.01")  # every name is free again
+    assert again.returncode == 0 and ps_json(again.stdout.strip())["name"] == "counter", again.stderr
+    assert "this job is named" not in again.stderr
 
 
 def in_mount_namespace(setup: str, *args: str | os.PathLike[str], after: str = "") -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from clusterrun.config.hostsfile import load_cluster
-from clusterrun.config.nodesets import NodeSetError, expand, fold, fold_ranks
+from clusterrun.config.nodesets import MAX_HOSTS, NodeSetError, expand, fold, fold_ranks, size
+from clusterrun.config.selection import load_hosts
 from clusterrun.core.errors import ConfigError
 
 
@@ -112,3 +113,30 @@ def test_ranks_fold_into_runs_in_words() -> None:
     assert fold_ranks([3]) == "node 3"
     assert fold_ranks(list(range(62))) == "nodes 0-61"
     assert fold_ranks([9, 0, 1, 2, 5, 7, 8]) == "nodes 0-2,5,7-9"
+
+
+def test_a_set_is_counted_before_it_is_expanded_and_capped() -> None:
+    """ClusterShell expands a set before it counts it (a million names: seconds and most of a GB)."""
+    assert [size(e) for e in ("a", "gpu[01-08]", "r[1-2]-n[1-4]", "gpu[01-04,07],login", "x[1-10/2]")] == [
+        1, 8, 8, 6, 5]
+    assert size("h[1-99999999999999999999]") == 99999999999999999999  # counted, never expanded
+    with pytest.raises(NodeSetError) as info:
+        expand("h[1-99999999999999999999]")
+    assert info.value.reason == "99,999,999,999,999,999,999 names, more than the 10,000 allowed"
+    assert len(expand("h[1-3],g[1-9997]")) == MAX_HOSTS
+
+
+def test_a_hosts_file_holds_at_most_ten_thousand_hosts(tmp_path: Path) -> None:
+    assert len(load_cluster(_write(tmp_path, "hosts: ['h[1-9999]', login]\n")).hosts) == MAX_HOSTS
+    with pytest.raises(ConfigError) as info:
+        load_cluster(_write(tmp_path, "hosts: ['h[1-9999]', login, extra]\n"))
+    assert (info.value.line, info.value.key, info.value.message) == (
+        1, "hosts[2].host", "'extra' makes 10,001 hosts in all; a hosts file may have at most 10,000")
+
+
+def test_w_refuses_a_set_bigger_than_any_hosts_file_before_expanding_it(tmp_path: Path) -> None:
+    path = _write(tmp_path, "hosts: ['h[1-3]']\n")
+    with pytest.raises(ConfigError) as info:
+        load_hosts(path, "h[1-99999999999999999999]", None)
+    assert info.value.render() == ("--nodes: 'h[1-99999999999999999999]' is 99,999,999,999,999,999,999 names; a node "
+                                   "set may have at most 10,000")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from clusterrun.config.hostsfile import load_cluster_text
-from clusterrun.config.restarts import RestartPolicy, parse_backoff, parse_duration
+from clusterrun.config.restarts import COUNTED, RestartPolicy, parse_backoff, parse_duration
 from clusterrun.core.errors import ConfigError
 from clusterrun.core.events import AttemptRestarting, AttemptStarted, Event, JobFinished, JobNote, JobResult, JobState
 from clusterrun.life.attempt import Cancelled, attempt_event, restart, stop
@@ -62,6 +62,14 @@ def test_the_budget_the_exit_codes_and_the_window() -> None:
     assert RestartPolicy(max=1).with_max(None).max == 1 and RestartPolicy(max=1).with_max(4).max == 4
 
 
+def test_a_hang_is_restarted_within_the_same_budget_whatever_the_exit_codes() -> None:
+    policy = RestartPolicy(max=2, on_exit_codes=(1,), window=3600)
+    assert policy.hang_refusal([], now=10_000) is None  # a hang has no exit code: on_exit_codes is for failures
+    assert "used up (2 of 2 within 1h)" in (policy.hang_refusal([9000, 9500], now=10_000) or "")
+    assert "no restarts allowed" in (RestartPolicy().hang_refusal([], now=0) or "")
+    assert set(COUNTED) == {"policy", "requested"}  # a hang's restart is "requested"; the start-up retry is free
+
+
 def test_the_hosts_files_restart_block_is_typed_and_checked() -> None:
     text = "hosts: [a]\nrestart: {max: 3, backoff: 1s..1m, on_exit_codes: [1], window: 6h}\n"
     assert load_cluster_text(text).restart == RestartPolicy(3, 1.0, 60.0, (1,), 21600.0)
@@ -69,6 +77,14 @@ def test_the_hosts_files_restart_block_is_typed_and_checked() -> None:
     with pytest.raises(ConfigError) as bad:
         load_cluster_text("hosts: [a]\nrestart:\n  backoff: 10m..1s\n", "h.yaml")
     assert bad.value.render().startswith("h.yaml:3: restart.backoff: the longest wait (1s) is shorter")
+    for window in ("0", "0s", "0m"):  # no restart would ever count: the budget would never run out
+        with pytest.raises(ConfigError) as bad:
+            load_cluster_text(f"hosts: [a]\nrestart: {{max: 1, window: {window}}}\n", "h.yaml")
+        assert bad.value.render().startswith("h.yaml:2: restart.window: expected a duration above 0 (30m, 6h), "
+                                             "got "), bad.value.render()
+    with pytest.raises(ConfigError) as bad:
+        load_cluster_text("hosts: [a]\nrestart: {max: 1001}\n", "h.yaml")
+    assert bad.value.render().startswith("h.yaml:2: restart.max: expected a count from 0 to 1000")
 
 
 # ------------------------------------------------------------------------------ the owner, on the fake
@@ -300,7 +316,7 @@ def test_restart_with_new_arguments_records_them(fake: FakeCluster, store: JobSt
 
 def test_a_requested_restart_stops_the_attempt_and_starts_the_next_at_once(fake: FakeCluster, store: JobStore,
                                                                           tmp_path: Path) -> None:
-    """``Runner.request_restart`` (``on_hang: restart``): outside the policy's budget, no backoff."""
+    """``Runner.request_restart`` (``on_hang: restart``, which checks the budget itself): no backoff."""
     events: list[Event] = []
     runner = owned(fake, store, tmp_path, RestartPolicy(), events, FakeClock())
 

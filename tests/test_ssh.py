@@ -145,6 +145,27 @@ def test_changed_host_key_is_refused_even_with_accept_new(sim_cluster: MakeClust
     assert not (tmp_path / "state" / "jobs").exists()
 
 
+def test_a_changed_host_key_on_another_port_than_22_names_the_known_hosts_entry_to_remove(
+        sim_cluster: MakeCluster, tmp_path: Path) -> None:
+    """known_hosts keys a host on port 2222 as [addr]:2222: that is what `ssh-keygen -R` must be given."""
+    cluster = sim_cluster(2, isolated=False)  # one sshd per loopback address, each on a port of its own
+    sim1, sim2 = cluster.hosts
+    assert sim2.port != 22
+    key_of_sim1 = next(line.split(" ", 1)[1] for line in cluster.known_hosts.read_text().splitlines()
+                       if line.startswith(f"[{sim1.address}]"))
+    entry = f"[{sim2.address}]:{sim2.port}"
+    cluster.known_hosts.write_text(_keys_without(cluster, sim2.address) + f"{entry} {key_of_sim1}\n")
+    hosts = ssh_hosts(tmp_path, cluster, [1, 1], tmp_path / "state")
+    done = subprocess.run([sys.executable, "-m", "clusterrun", "exec", str(hosts), "--", "true"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 3, done.stderr
+    assert f"sim2: the host key of {entry} has CHANGED" in done.stderr, done.stderr
+    assert f"`ssh-keygen -R '{entry}'`" in done.stderr, done.stderr
+    removed = subprocess.run(["ssh-keygen", "-R", entry, "-f", str(cluster.known_hosts)], capture_output=True,
+                             text=True)
+    assert removed.returncode == 0 and entry not in cluster.known_hosts.read_text(), removed.stderr
+
+
 def test_a_revoked_host_key_is_refused_naming_the_line(sim_cluster: MakeCluster, tmp_path: Path) -> None:
     cluster = sim_cluster(2)
     sim2 = cluster.hosts[1]

@@ -126,8 +126,11 @@ def _resolved(port: int = 22) -> ResolvedHost:
 
 
 def test_changed_key_hint_names_host_and_port_when_the_port_is_not_22() -> None:
-    text = map_error("gpu-a", paramiko.ssh_exception.BadHostKeyException("[10.0.0.5]:2222", _key(), _key())).render()
-    assert "ssh-keygen -R '[10.0.0.5]:2222'" in text
+    """paramiko names the host without its port; known_hosts keys a non-22 port as [host]:port."""
+    changed = paramiko.ssh_exception.BadHostKeyException("10.0.0.5", _key(), _key())
+    text = map_error("gpu-a", changed, port=2222).render()
+    assert "the host key of [10.0.0.5]:2222 has CHANGED" in text and "ssh-keygen -R '[10.0.0.5]:2222'" in text
+    assert "ssh-keygen -R 10.0.0.5`" in map_error("gpu-a", changed, port=22).render()
 
 
 def test_known_hosts_with_revoked_and_cert_authority_lines(tmp_path: Path) -> None:

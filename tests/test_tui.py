@@ -440,10 +440,10 @@ def test_at_80_by_24_the_footer_shows_every_key_whole() -> None:
         seen["help"] = _screen_text(app)
 
     drive(app, script, size=(80, 24))
-    for key, name in (("a", "All"), ("f", "Follow"), ("/", "Search"), ("K", "Kill"), ("R", "Restart"),
-                      ("d", "Detach"), ("?", "Help"), ("q", "Quit")):
+    for key, name in (("a", "All"), ("/", "Search"), ("K", "Kill"), ("R", "Restart"),
+                      ("s", "Stacks"), ("h", "Attempts"), ("d", "Detach"), ("?", "Help"), ("q", "Quit")):
         assert f"{key} {name}" in seen["footer"], seen["footer"]
-    assert "palette" not in seen["footer"]
+    assert "palette" not in seen["footer"] and len(seen["footer"].rstrip()) <= 80, seen["footer"]
     for line in ("0–9        select the node of that number", "d          detach: leave the job running and exit",
                  "/          search, text or regex; n/N next/previous; Esc clears"):
         assert line in seen["help"], seen["help"]

@@ -362,11 +362,13 @@ def test_on_hang_stack_saves_the_report_naming_the_rank_elsewhere(fake: FakeClus
     runner.close()
 
 
-def test_on_hang_restart_stops_the_attempt_and_starts_the_next(fake: FakeCluster, store: JobStore,
-                                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_hang_restart_stops_the_attempt_and_starts_the_next_within_the_budget(
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hang's restart counts against the restart budget (--max-restarts 1): the next hang is reported,
+    not restarted (a job that hangs again at once was restarted every ~20 s, for ever)."""
     monkeypatch.setattr(lifecycle, "transport_factory", lambda record: fake.transport)
     events: list[object] = []
-    runner = _owned(fake, store, tmp_path, events.append, watch=Watch(on_hang="restart"))
+    runner = _owned(fake, store, tmp_path, events.append, watch=Watch(on_hang="restart"), max_restarts=1)
     out: list[object] = []
     thread = threading.Thread(target=lambda: out.append(runner.follow()), daemon=True)
     thread.start()
@@ -378,8 +380,36 @@ def test_on_hang_restart_stops_the_attempt_and_starts_the_next(fake: FakeCluster
     record = store.load(JOB)
     assert record.attempt == 2 and str(record.attempts[0].state) == "stopped"
     assert any(isinstance(e, JobNote) and "on_hang: restart" in e.text for e in events)
+    b0.quiet(time.time() - 60)
+    b1.quiet(time.time() - 60)
+    _until(lambda: any(isinstance(e, JobNote) and "not restarting" in e.text for e in events))
+    (said,) = [e.text for e in events if isinstance(e, JobNote) and "not restarting" in e.text]
+    assert said.startswith("the job is hung since ") and said.endswith(
+        ": not restarting: the restart budget is used up (1 of 1)"), said
+    assert b0.running and b1.running and b1.stops == 0
     b0.exit(0)
     b1.exit(0)
+    thread.join(10)
+    assert store.load(JOB).state is JobState.SUCCEEDED and store.load(JOB).attempt == 2
+    runner.close()
+
+
+def test_on_hang_restart_without_a_restart_budget_reports_the_hang(fake: FakeCluster, store: JobStore,
+                                                                   tmp_path: Path) -> None:
+    events: list[object] = []
+    runner = _owned(fake, store, tmp_path, events.append, watch=Watch(on_hang="restart"))
+    thread = threading.Thread(target=runner.follow, daemon=True)
+    thread.start()
+    a0, a1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    a0.quiet(time.time() - 60)
+    a1.quiet(time.time() - 60)
+    _until(lambda: any(isinstance(e, JobNote) and "not restarting" in e.text for e in events))
+    (said,) = [e.text for e in events if isinstance(e, JobNote) and "hung" in e.text]
+    assert said.startswith("the job is hung since ") and said.endswith(
+        ": not restarting: no restarts allowed (restart: max, up --max-restarts)"), said
+    assert a0.running and a1.running and a1.stops == 0 and store.load(JOB).attempt == 1
+    a0.exit(0)
+    a1.exit(0)
     thread.join(10)
     assert store.load(JOB).state is JobState.SUCCEEDED
     runner.close()
@@ -394,7 +424,7 @@ def store(tmp_path: Path) -> JobStore:
 
 
 def _owned(fake: FakeCluster, store: JobStore, tmp_path: Path, emit: object, *, watch: Watch | None = None,
-           notify_with: Notify | None = None) -> Runner:
+           notify_with: Notify | None = None, max_restarts: int | None = None) -> Runner:
     hosts = "hosts:\n  - host: h0\n    nproc: 1\n  - host: h1\n    nproc: 1\n"
     watch = watch or Watch()
     spec = dataclasses.replace(load_cluster_text(hosts, "hosts.yaml"), watch=watch, notify=notify_with)
@@ -403,7 +433,8 @@ def _owned(fake: FakeCluster, store: JobStore, tmp_path: Path, emit: object, *, 
     plan = job.prepare()
     (tmp_path / "hosts.yaml").write_text(hosts)
     record = new_record(plan, hosts_file=str(tmp_path / "hosts.yaml"), hosts_text=hosts, env_overrides={},
-                        local_cwd=str(tmp_path), ssh_config=None, watch=watch, notify=notify_with)
+                        local_cwd=str(tmp_path), ssh_config=None, watch=watch, notify=notify_with,
+                        max_restarts=max_restarts)
     store.create(record)
     owner = store.try_own(JOB)
     assert owner is not None

@@ -182,6 +182,13 @@ Requests (``op``) and answers
            PATH; ``problem``: why there are no readings though it is there (its status, or what it
            printed instead): an answer, not an error. Polled by the dashboard, asked by ``ps JOB``.
 
+``run``    ``{argv, env, cwd, setup, setup_timeout}`` → a stream of ``{t: "out", data}`` (stdout and
+           stderr as they come, decoded as UTF-8 with surrogateescape), ``{t: "beat"}`` after
+           ``HEARTBEAT`` seconds of silence and ``{t: "end", status}`` (``runops``; ``clusterrun
+           exec --job-env``): ``argv`` run as ``start`` would run torchrun, in ``cwd`` with ``env``
+           after ``setup`` (its output not sent), stdin at its end; not found on that PATH, it is
+           ``NAME: command not found`` with status 127. Its process group is killed when stdin ends.
+
 Errors are ``{ok: false, error: "..."}``; the exit code is 0 whenever an answer was written. A
 request whose field is missing or of the wrong type (``wire``) is ``bad request: ...`` naming it.
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 # the follow's or the sync's parts: half the agent's import time). ``answer`` decodes the request
 # line once into ``wire.REQUESTS[op]`` and hands the handler that object, never a dict (a new op:
 # its Request type in wire.py, its handler here taking it; tests/test_wire.py checks both).
-# ``follow`` streams its own answer and returns None; ``sync_put`` reads its files' bytes from
+# ``follow`` and ``run`` stream their own answers and return None; ``sync_put`` reads its files' bytes from
 # stdin after the request.
 OPS: dict[str, tuple[str, str]] = {
     "probe": ("probe", "op_probe"), "route": ("network", "op_route"), "setup": ("setup", "op_setup"),
@@ -29,7 +29,7 @@ OPS: dict[str, tuple[str, str]] = {
     "sync_stat": ("syncops", "op_sync_stat"), "sync_hash": ("syncops", "op_sync_hash"),
     "sync_put": ("syncops", "op_sync_put"), "gpus": ("gpus", "op_gpus"), "stack": ("stackops", "op_stack"),
     "inspect": ("doctorops", "op_inspect"), "listen": ("doctorops", "op_listen"),
-    "unlisten": ("doctorops", "op_unlisten"), "reach": ("doctorops", "op_reach"),
+    "unlisten": ("doctorops", "op_unlisten"), "reach": ("doctorops", "op_reach"), "run": ("runops", "op_run"),
 }
 
 
@@ -42,7 +42,7 @@ def handler(op: str) -> Callable[[Any], dict[str, Any] | None]:
 
 
 def answer(line: bytes) -> dict[str, Any] | None:
-    """The answer to one request line, or None for ``follow`` (which streams its own)."""
+    """The answer to one request line, or None for ``follow`` and ``run`` (which stream their own)."""
     try:
         req = json_loads(line)
         op = req.get("op") if isinstance(req, dict) else None
@@ -88,7 +88,7 @@ def serve(first: bytes = b"") -> int:
                 continue
             reply = answer(line)
             if reply is None:
-                return 0  # a follow streamed to its end: the controller closes the channel
+                return 0  # a follow or a run streamed to its end: the controller closes the channel
             emit(reply)
     except BrokenPipeError:
         return 0

@@ -132,7 +132,7 @@ def run_setup(commands: list[str], env: dict[str, str], cwd: str | None,
     return result, err
 
 
-def _find(name: str, env: dict[str, str]) -> str | None:
+def find_program(name: str, env: dict[str, str]) -> str | None:
     """``name`` as exec finds it on ``env``'s PATH (a path with a slash: itself, if executable)."""
     folders = [""] if "/" in name else (env.get("PATH") or "/usr/bin:/bin").split(os.pathsep)
     for folder in folders:
@@ -149,7 +149,7 @@ def job_python(python: str, env: dict[str, str], cwd: str | None) -> dict[str, A
     from .probe import OPTIONAL_TORCHRUN_FLAGS, assigned, version_of
     from .system import capture
 
-    found = _find(python, env)
+    found = find_program(python, env)
     if found is None:
         return {"error": f"{python} is not found on the PATH setup leaves ({env.get('PATH') or 'unset'})"}
     folder = os.path.expanduser(cwd) if cwd else None

@@ -332,7 +332,30 @@ class GpusRequest(Request):
     timeout: float = 5.0
 
 
+@dataclass(frozen=True)
+class RunRequest(Request):
+    """One command run as a node's job would run (``exec --job-env``): in ``cwd``, with ``env``, after
+    ``setup``; its output streams as ``RunMessage``s."""
+
+    op: ClassVar[str] = "run"
+    argv: list[str]
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    setup: list[str] | None = None
+    setup_timeout: float | None = None
+
+
 # --------------------------------------------------- answers protocol.py does not decode
+
+
+@dataclass(frozen=True)
+class RunMessage(Message):
+    """One message of ``run``'s stream: ``t`` is ``out`` (``data``: output, decoded as UTF-8 with
+    surrogateescape), ``beat`` (nothing said for a while) or ``end`` (``status``: the exit status)."""
+
+    t: str
+    data: str = ""
+    status: int | None = None
 
 
 @dataclass(frozen=True)
@@ -523,10 +546,11 @@ REQUESTS: dict[str, type[Request]] = {
     r.op: r for r in (ProbeRequest, RouteRequest, SetupRequest, StartRequest, FollowRequest, StopRequest,
                       StatusRequest, RemoveRequest, JobsRequest, SyncStatRequest, SyncHashRequest, SyncPutRequest,
                       InspectRequest, ListenRequest, UnlistenRequest, ReachRequest, GpusRequest,
-                      StackRequest)
+                      StackRequest, RunRequest)
 }
 # The answer types defined here; protocol.ANSWERS names the others.
 ANSWERS: dict[str, type[Message]] = {
     "setup": SetupAnswer, "start": Started, "stop": StopAnswer, "remove": Removed, "jobs": JobsAnswer,
     "sync_hash": SyncHashes, "sync_put": Written, "unlisten": Unlistened, "stack": StackAnswer, "gpus": GpusAnswer,
+    "run": RunMessage,
 }

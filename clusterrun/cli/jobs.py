@@ -43,7 +43,7 @@ from clusterrun.life import notify
 from clusterrun.life.lifecycle import follower, read_log_chunks, read_logs, save_seen, spec_of
 from clusterrun.life.lookup import look
 from clusterrun.run.plan import LaunchPlan, plan_from_json
-from clusterrun.run.startwatch import late_after, progress_text
+from clusterrun.run.startwatch import late_after, progress_text, seconds_text
 from clusterrun.slurm.job import engine_text, is_slurm
 from clusterrun.store import preparing
 from clusterrun.store.jobs import JobRecord, JobStore
@@ -300,7 +300,7 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
     printer = Printer(prefix=len(ranks) > 1 if prefix is None else prefix, quiet=True, raw=raw, ranks=global_ranks)
     printer.set_plan(plan)
     if not follow:
-        failed = False
+        failed = printed = False
         if by_node or len(ranks) == 1:
             chunks = read_logs(record, ranks, attempt, tail)
         else:
@@ -310,7 +310,10 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
                 failed = True
                 _note(f"node{rank} {record.nodes[rank].host}: {item.render()}")
             else:
+                printed = printed or bool(item)
                 printer.write_log(rank, record.nodes[rank].host, item)
+        if not printed and not failed:  # silence would look like a broken command
+            _note(_no_output_text(record, attempt, time.time()))
         sys.exit(EXIT_HOSTS if failed else EXIT_OK)
     follower_job: Job | SlurmFollower
     if is_slurm(record):  # its files on this machine, as its `up` writes them
@@ -331,6 +334,17 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
         result = dataclasses.replace(result, nodes=tuple(n for n in result.nodes if n.node in ranks))
         Printer().summary(result)
     sys.exit(_exit_code(result, got) if result is not None else EXIT_SIGNAL.get(got.get("signal", 0), EXIT_OK))
+
+
+def _no_output_text(record: JobRecord, attempt: int, now: float) -> str:
+    """What ``logs`` says when the nodes asked for have written nothing: ``no output yet (running
+    for 4 s)``, or that the attempt ended without any."""
+    shown = next((a for a in record.attempts if a.attempt == attempt), None)
+    if shown is None:
+        return "no output"
+    if attempt == record.attempt and not record.finished:
+        return f"no output yet ({record.state} for {seconds_text(max(0.0, now - shown.started))})"
+    return f"no output: attempt {attempt} ended ({shown.state}) without writing any"
 
 
 @main.command()

@@ -31,7 +31,7 @@ from clusterrun.life.recorder import new_record
 from clusterrun.life.runner import Runner
 from clusterrun.run.interfaces import Interface
 from clusterrun.run.orchestrator import Job, Reconnect
-from clusterrun.run.plan import LaunchPlan, job_name, make_job_id
+from clusterrun.run.plan import MAX_NAME, LaunchPlan, job_name, make_job_id
 from clusterrun.store.jobs import JobStore
 from clusterrun.store.preparing import Preparing, live
 from clusterrun.sync.copy import SyncReport
@@ -85,8 +85,10 @@ def launch(a: UpArgs) -> None:
             _fail(exc, EXIT_USAGE)
         jname = job_name(a.name, a.script)
         store = JobStore()
-        if not a.dry_run:
-            _check_name_free(store, jname, given=a.name is not None)
+        if not a.dry_run and a.name is not None:
+            _check_name_free(store, jname)
+        elif not a.dry_run:
+            jname = _free_name(store, jname)
         job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
         printer = Printer()
         job = Job(a.spec, a.script, a.script_args, job_id=job_id, name=jname, emit=None, env_overrides=a.overrides,
@@ -241,22 +243,48 @@ def _checked(job: Job, spec: ClusterSpec, script: str, sync_dir: str | None, *, 
     return plan, reports
 
 
-def _check_name_free(store: JobStore, name: str, given: bool) -> None:
-    """Refuse a name that an unfinished job has (its record brought up to date from its hosts
-    first), so that every job can still be named: two running jobs of one name would make the
-    name ambiguous for `ps`, `logs`, `down`..."""
+def _holder(store: JobStore, name: str) -> tuple[str, str, str] | None:
+    """The unfinished job called ``name`` (its record brought up to date from its hosts first), or
+    the ``up`` still preparing one: its id, its state (``preparing``) and what that ``up`` last
+    said; None when the name is free."""
     for record in store.named(name):
         if not record.finished:
             record = _refresh(store, record)
         if not record.finished:
-            how = "named" if given else "named after the script,"
-            _fail(ConfigError(f"job {record.job_id}, {how} {name!r}, is {record.state}; nothing was started",
-                              key="--name", hint=f"stop it first (`clusterrun down {record.job_id}`), or name this "
-                              "job otherwise with --name NAME"), EXIT_USAGE)
+            return record.job_id, str(record.state), ""
     for entry in live():  # another `up` still checking its hosts: no record yet, only its note
         if entry.name == name:
-            how = "named" if given else "named after the script,"
-            _fail(ConfigError(f"job {entry.job_id}, {how} {name!r}, is being prepared by another `clusterrun up` "
-                              f"(it said: {entry.said}); nothing was started", key="--name",
-                              hint="wait for that start to end (`clusterrun ps`), or name this job otherwise with "
-                              "--name NAME"), EXIT_USAGE)
+            return entry.job_id, "preparing", entry.said
+    return None
+
+
+def _check_name_free(store: JobStore, name: str) -> None:
+    """Refuse a ``--name`` that an unfinished job has, so that every job can still be named: two
+    running jobs of one name would make the name ambiguous for `ps`, `logs`, `down`..."""
+    held = _holder(store, name)
+    if held is None:
+        return
+    job_id, state, said = held
+    if state != "preparing":
+        _fail(ConfigError(f"job {job_id}, named {name!r}, is {state}; nothing was started", key="--name",
+                          hint=f"stop it first (`clusterrun down {job_id}`), or name this job otherwise with "
+                          "--name NAME"), EXIT_USAGE)
+    _fail(ConfigError(f"job {job_id}, named {name!r}, is being prepared by another `clusterrun up` (it said: "
+                      f"{said}); nothing was started", key="--name",
+                      hint="wait for that start to end (`clusterrun ps`), or name this job otherwise with --name NAME"),
+          EXIT_USAGE)
+
+
+def _free_name(store: JobStore, name: str) -> str:
+    """The script's name for a job without ``--name``, else the first of ``NAME-2``, ``NAME-3``...
+    that no unfinished job has: two runs of one script (two learning rates) need no names of their own."""
+    held = _holder(store, name)
+    if held is None:
+        return name
+    number = 1
+    while True:
+        number += 1
+        candidate = name[:MAX_NAME - len(str(number)) - 1].rstrip("-.") + f"-{number}"
+        if _holder(store, candidate) is None:
+            _note(f"{name!r} is {held[1]} (job {held[0]}): this job is named {candidate!r}")
+            return candidate

@@ -83,16 +83,19 @@ def doctor_command(hosts_file: str, script: str | None, ssh_config: str | None, 
 @click.option("-x", "--exclude", metavar="NODESET", help=EXCLUDE_HELP)
 @ssh_config_option
 @accept_new_host_keys_option
+@click.option("--job-env", is_flag=True, help="Run COMMAND as each node's job would run: in its workdir, with its "
+              "env (env_file, forward_env, secrets) and after its setup commands.")
 @click.argument("hosts_file", metavar="HOSTS.yaml", type=click.Path(dir_okay=False))
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND...")
 def exec_command(hosts_file: str, command: tuple[str, ...], nodes: str | None, exclude: str | None,
-                 ssh_config: str | None, accept_new_host_keys: bool) -> None:
+                 ssh_config: str | None, accept_new_host_keys: bool, job_env: bool = False) -> None:
     """Run COMMAND on every host of HOSTS.yaml at once, each output line prefixed by its host.
 
     COMMAND is a list of words, run by sh in the login directory on each host (in this directory
-    on a local host; `sh -c '...'` for pipes and variables). Then a summary names the hosts where
-    it failed. Exit 0 when it succeeded everywhere, 1 when it failed somewhere, 3 when a host could
-    not be reached.
+    on a local host; `sh -c '...'` for pipes and variables). With --job-env it runs as the job
+    would instead: in the host's workdir, with the job's environment and after its setup (secret
+    values masked in the output). Then a summary names the hosts where it failed. Exit 0 when it
+    succeeded everywhere, 1 when it failed somewhere, 3 when a host could not be reached.
     """
     from clusterrun.checks.execute import exec_on_hosts, summary
 
@@ -101,8 +104,13 @@ def exec_command(hosts_file: str, command: tuple[str, ...], nodes: str | None, e
         if not argv:
             raise ConfigError("no command given", hint="clusterrun exec HOSTS.yaml -- nvidia-smi")
         spec, _ = load_hosts(hosts_file, nodes, exclude)
+        notes: list[str] = []
+        if job_env:  # env_file and forward_env read here, as up reads them
+            spec, notes = resolve(spec, os.environ)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
+    for text in notes:
+        _note(f"warning: {text}")
     colour = wants_colour(sys.stdout)
     lock = threading.Lock()
 
@@ -113,7 +121,7 @@ def exec_command(hosts_file: str, command: tuple[str, ...], nodes: str | None, e
     factory = partial(transport_for, ssh_config=ssh_config or spec.ssh_config,
                       accept_new_host_keys=accept_new_host_keys)
     try:
-        outcomes = exec_on_hosts(spec, argv, factory, line)
+        outcomes = exec_on_hosts(spec, argv, factory, line, job_env=job_env, local_cwd=os.getcwd())
     except KeyboardInterrupt:
         _note("interrupted")
         sys.exit(EXIT_SIGNAL[signal.SIGINT])

@@ -31,6 +31,7 @@ from clusterrun.cli import (
 )
 from clusterrun.config.environment import resolve
 from clusterrun.config.hostsfile import ClusterSpec
+from clusterrun.config.restarts import MAX_RESTARTS
 from clusterrun.config.selection import load_hosts
 from clusterrun.config.watch import EVENTS, ON_HANG, Notify, parse_duration
 from clusterrun.core import timings
@@ -107,8 +108,8 @@ def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ..
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-d", "--detach", is_flag=True, help="Start the job, print its id and return; a background "
               "monitor applies fail-fast until it ends.")
-@click.option("--name", help="A name for the job (default: the script's name); part of the job id. Refused "
-              "while a job of that name is running.")
+@click.option("--name", help="A name for the job, part of its id; refused while a job of that name is running. "
+              "Default: the script's name, or NAME-2, NAME-3... while a job of that name runs.")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable for every node (repeatable; wins over the hosts file).")
 @click.option("--dry-run", is_flag=True, help="Check the hosts as up does (workdir and script included), print "
@@ -126,7 +127,7 @@ def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ..
 @click.option("--no-retry-startup", is_flag=True, help="Do not retry a known transient start-up failure "
               "(gloo aborting a rank while connecting; the master port taken before torchrun bound it), which "
               "is otherwise retried once as attempt 2, visibly.")
-@click.option("--max-restarts", type=click.IntRange(min=0), metavar="N",
+@click.option("--max-restarts", type=click.IntRange(0, MAX_RESTARTS), metavar="N",
               help="Restart the whole job as a new attempt after a failure, at most N times (default: the hosts "
               "file's restart.max, else 0), after a backoff (restart.backoff, default 30s..10m); never after a stop. "
               "The owner (this up, or the job's monitor) restarts it.")
@@ -145,7 +146,8 @@ def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ..
 @click.option("--hang-after", metavar="DURATION", help="Show the job as hung once no rank wrote any output this "
               "long (10m; off: never; default: the hosts file's hang_after, else 30m).")
 @click.option("--on-hang", type=click.Choice(ON_HANG), help="What the job's owner does when the job hangs: save a "
-              "report of every rank's stacks, looked at twice (stack, the default), restart the job, or nothing.")
+              "report of every rank's stacks, looked at twice (stack, the default), restart the job (counted "
+              "against --max-restarts), or nothing.")
 @click.option("--notify", "notify_command", metavar="CMD", help="Run CMD here (sh -c) once per event of the job "
               "(failed, succeeded, hung, restarted; the hosts file's notify.on chooses) with CLUSTERRUN_JOB, "
               "CLUSTERRUN_EVENT, CLUSTERRUN_EVENT_ID, CLUSTERRUN_STATE set and the job as JSON on stdin "
@@ -266,6 +268,9 @@ def _with_watch(spec: ClusterSpec, startup_timeout: str | None, hang_after: str 
     if on_hang is not None:
         watch = dataclasses.replace(watch, on_hang=on_hang)
     notify = spec.notify
+    if notify_command is not None and not notify_command.strip():
+        raise ConfigError("must not be empty", key="--notify",
+                          hint="e.g. --notify 'notify-send clusterrun $CLUSTERRUN_EVENT'; nothing was started")
     if notify_command is not None:
         notify = Notify(notify_command, notify.on if notify is not None else EVENTS)
     return dataclasses.replace(spec, watch=watch, notify=notify)

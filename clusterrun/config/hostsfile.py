@@ -39,7 +39,7 @@ from clusterrun.config.hostsyaml import (
     join_key,
     line_of,
 )
-from clusterrun.config.nodesets import NodeSetError, expand, is_nodeset
+from clusterrun.config.nodesets import MAX_HOSTS, NodeSetError, expand, is_nodeset, size
 from clusterrun.config.restarts import RestartPolicy
 from clusterrun.config.watch import Notify, Watch
 from clusterrun.config.watchconfig import WATCH_KEYS, restart_policy, watch_settings
@@ -345,7 +345,7 @@ class _Parser(NodeReader):
                 own = self.settings(entries, key)
             elif not (isinstance(entry, ScalarNode) and entry.tag == STR):
                 raise self.expected("a host name or a mapping with 'host'", entry, key)
-            for host in self.host_names(name_node, key, address):
+            for host in self.host_names(name_node, key, address, MAX_HOSTS - len(specs)):
                 spec = self.host_spec(host, address, entry, own, defaults, env, key)
                 other = seen.setdefault((host.lower(), spec.port), name_node)
                 if other is not name_node:
@@ -361,9 +361,14 @@ class _Parser(NodeReader):
                 specs.append(spec)
         return tuple(specs)
 
-    def host_names(self, node: Node, key: str, address: str | None) -> list[str]:
-        """The entry's host, or the hosts of its node set (``gpu[01-04]``) in order."""
+    def host_names(self, node: Node, key: str, address: str | None, room: int) -> list[str]:
+        """The entry's host, or the hosts of its node set (``gpu[01-04]``) in order; a file of more
+        than ``MAX_HOSTS`` hosts (``room``: how many more it may have) is refused before expanding."""
         host = self.string(node, f"{key}.host", name_like=True)
+        count = size(host) if is_nodeset(host) else 1
+        if count > room:
+            what = f"is {count:,} hosts" if room == MAX_HOSTS else f"makes {MAX_HOSTS - room + count:,} hosts in all"
+            raise self.error(f"{host!r} {what}; a hosts file may have at most {MAX_HOSTS:,}", node, f"{key}.host")
         if not is_nodeset(host):
             return [host]
         try:

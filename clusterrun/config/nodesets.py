@@ -21,11 +21,17 @@ if TYPE_CHECKING:
 # fold), not at every command's start: it brings logging and configparser (docs/benchmarks.md,
 # "Figures behind choices").
 
-__all__ = ["FOLD_PAST", "NodeSetError", "alike_lines", "expand", "fold", "fold_ranks", "hosts_alike", "is_nodeset"]
+__all__ = ["FOLD_PAST", "MAX_HOSTS", "NodeSetError", "alike_lines", "expand", "fold", "fold_ranks",
+           "hosts_alike", "is_nodeset", "size"]
 
 # Past this many nodes the plain output's per-node status lines fold (``alike_lines``); up to it,
 # a line per node reads better than node sets.
 FOLD_PAST = 8
+# The most hosts a hosts file (or a -w/-x node set) may name: what the rest of clusterrun is built
+# and measured for (one connection and thread per host, the dashboard's table). ClusterShell
+# expands a set before it can count it (4 s and most of a GB for a million names): ``size`` counts.
+MAX_HOSTS = 10_000
+_RANGE = re.compile(r"(\d+)(?:-(\d+)(?:/(\d+))?)?\Z")
 
 # What ClusterShell would read as an operator, a group or a separator of its own.
 _OPERATORS = re.compile(r"[!&^@\s]")
@@ -67,11 +73,34 @@ def _parts(expression: str) -> Iterator[tuple[int, str]]:
     yield start, expression[start:]
 
 
-def expand(expression: str) -> list[str]:
-    """The names of ``expression`` in the order written, each once; raise ``NodeSetError``."""
+def size(expression: str) -> int:
+    """How many names ``expression`` holds, counted without expanding it (a name written twice
+    counts twice); a bracket ClusterShell would refuse counts as one name (``expand`` says why)."""
+    total = 0
+    for _, part in _parts(expression):
+        names = 1
+        for group in re.findall(r"\[([^\[\]]*)\]", part):
+            count = 0
+            for item in group.split(","):
+                found = _RANGE.match(item.strip())
+                if found is None:
+                    count += 1
+                    continue
+                low, high, step = int(found[1]), int(found[2] or found[1]), int(found[3] or 1)
+                count += (high - low) // max(step, 1) + 1 if high >= low else 1
+            names *= count
+        total += names
+    return total
+
+
+def expand(expression: str, most: int = MAX_HOSTS) -> list[str]:
+    """The names of ``expression`` in the order written, each once; raise ``NodeSetError``, also
+    for a set of more than ``most`` names (before expanding it)."""
     if (bad := _OPERATORS.search(expression)) is not None:
         what = "a space" if bad.group().isspace() else f"{bad.group()!r}"
         raise NodeSetError(expression, bad.start() + 1, f"{what} is not allowed in a node set")
+    if (count := size(expression)) > most:
+        raise NodeSetError(expression, 1, f"{count:,} names, more than the {most:,} allowed")
     from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
 
     names: dict[str, None] = {}

@@ -17,6 +17,11 @@ from collections.abc import Sequence
 from clusterrun.core.durations import parse_duration
 from clusterrun.core.frozen import frozen
 
+MAX_RESTARTS = 1000  # restart.max and up --max-restarts: a budget, not a way to say "forever"
+# The restarts that count against the budget: a failure's ("policy") and a hang's ("requested", by
+# ``on_hang: restart``); the start-up retry ("start-up") is a retry of the start, not a restart.
+COUNTED = ("policy", "requested")
+
 
 def parse_backoff(text: str) -> tuple[float, float]:
     """``30s..10m`` (the first wait, the longest) or one duration (always that long), as seconds."""
@@ -48,12 +53,18 @@ class RestartPolicy:
 
     def refusal(self, restarts: Sequence[float], exit_code: int | None, now: float) -> str | None:
         """Why a failure whose first failing process exited ``exit_code`` (None: no exit code, a
-        lost node) is not restarted, given the times of the restarts made so far; None: restart."""
-        if self.max <= 0:
-            return "no restarts allowed (restart: max, up --max-restarts)"
-        if self.on_exit_codes is not None and exit_code not in self.on_exit_codes:
+        lost node) is not restarted, given the times of the restarts made so far (``COUNTED``);
+        None: restart."""
+        if self.max > 0 and self.on_exit_codes is not None and exit_code not in self.on_exit_codes:
             codes = ", ".join(map(str, self.on_exit_codes))
             return f"exit code {exit_code} is not one of restart.on_exit_codes ({codes})"
+        return self.hang_refusal(restarts, now)
+
+    def hang_refusal(self, restarts: Sequence[float], now: float) -> str | None:
+        """Why a hung job is not restarted (``on_hang: restart``), given the times of the restarts
+        made so far: the same budget as failures, exit codes aside (a hang has none); None: restart."""
+        if self.max <= 0:
+            return "no restarts allowed (restart: max, up --max-restarts)"
         counted = [t for t in restarts if self.window is None or now - t < self.window]
         if len(counted) >= self.max:
             within = f" within {_human(self.window)}" if self.window is not None else ""
@@ -75,4 +86,4 @@ def _human(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-__all__ = ["RestartPolicy", "parse_backoff", "parse_duration"]
+__all__ = ["COUNTED", "MAX_RESTARTS", "RestartPolicy", "parse_backoff", "parse_duration"]

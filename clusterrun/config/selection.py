@@ -13,7 +13,7 @@ import dataclasses
 
 from clusterrun.config.hostfiles import load_any, spec_yaml
 from clusterrun.config.hostsfile import ClusterSpec, HostSpec
-from clusterrun.config.nodesets import NodeSetError, expand, fold
+from clusterrun.config.nodesets import MAX_HOSTS, NodeSetError, expand, fold, size
 from clusterrun.core.errors import ConfigError
 from clusterrun.core.frozen import frozen
 
@@ -29,6 +29,9 @@ class _Choice:
 
 
 def _parse(expression: str, option: str, spec: ClusterSpec) -> _Choice:
+    if (count := size(expression)) > MAX_HOSTS:  # before ClusterShell expands it
+        raise ConfigError(f"{expression!r} is {count:,} names; a node set may have at most {MAX_HOSTS:,}",
+                          key=option)
     try:
         names = expand(expression)
     except NodeSetError as exc:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from clusterrun.config.restarts import RestartPolicy, parse_backoff
+from clusterrun.config.restarts import MAX_RESTARTS, RestartPolicy, parse_backoff
 from clusterrun.config.watch import EVENTS, ON_HANG, Notify, Watch, parse_duration
 
 if TYPE_CHECKING:
@@ -94,7 +94,8 @@ def notify(parser: NodeReader, node: Node) -> Notify:
 def restart_policy(parser: NodeReader, node: Node) -> RestartPolicy:
     """``restart: {max: 3, backoff: 30s..10m, on_exit_codes: [1], window: 6h}`` (see clusterrun.config.restarts)."""
     entries = parser.fields(node, "restart", RESTART_KEYS, "a mapping such as {max: 3, backoff: 30s..10m}")
-    most = parser.integer(entries["max"], "restart.max", "a count from 0 to 1000", 0, 1000) if "max" in entries else 0
+    most = (parser.integer(entries["max"], "restart.max", f"a count from 0 to {MAX_RESTARTS}", 0, MAX_RESTARTS)
+            if "max" in entries else 0)
     timing: dict[str, Any] = {}
     for key, parse in (("backoff", parse_backoff), ("window", parse_duration)):
         if key in entries:
@@ -105,6 +106,9 @@ def restart_policy(parser: NodeReader, node: Node) -> RestartPolicy:
                 timing[key] = parse(str(vnode.value))
             except ValueError as exc:
                 raise parser.error(str(exc), vnode, f"restart.{key}", "e.g. backoff: 30s..10m, window: 6h") from None
+            if key == "window" and timing[key] <= 0:  # no restart would count: the budget would never run out
+                raise parser.expected("a duration above 0 (30m, 6h)", vnode, "restart.window",
+                                      "leave window out to count every restart of the job")
     codes, items = None, entries.get("on_exit_codes")
     if items is not None:
         if not (isinstance(items, SequenceNode) and items.value):

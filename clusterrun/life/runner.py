@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 
 from clusterrun.config.hostsfile import ClusterSpec
-from clusterrun.config.restarts import RestartPolicy
+from clusterrun.config.restarts import COUNTED, RestartPolicy
 from clusterrun.core.errors import ClusterrunError, ConfigError, HostsUnavailable
 from clusterrun.core.events import (
     AttemptRestarting,
@@ -247,6 +247,10 @@ class Runner:
             self.note(f"looking at every rank's stacks twice, {LOOK_APART:g} s apart, for the hang report")
             threading.Thread(target=self._report_hang, args=(record, since), daemon=True, name="hang-report").start()
         elif action == "restart" and self.asked is Asked.FOLLOW:
+            refused = self.policy.hang_refusal(_restarts(record), self.clock.now())
+            if refused is not None:  # the same budget as a failure's: a job that keeps hanging is not restarted
+                self.note(f"{where}: not restarting: {refused}")
+                return
             self.note(f"{where}: restarting the job as attempt {self.job.attempt + 1} (on_hang: restart)")
             self.request_restart(f"{where} (on_hang: restart)")
 
@@ -291,7 +295,7 @@ class Runner:
 
     def request_restart(self, reason: str) -> None:
         """Stop the current attempt (verified) and restart the whole job at once as the next
-        attempt, outside the restart policy's budget (``on_hang: restart``; the reason is the
+        attempt (``on_hang: restart``, which checked the restart budget first; the reason is the
         attempt's root cause). Safe from other threads; a stop or a hand-over asked for first wins."""
         if self._ask(Asked.RESTART, reason):
             self.job.request_stop(reason)
@@ -382,7 +386,7 @@ class Runner:
             if why is not None:
                 self._startup_failure = why
                 return Retry("start-up", self.clock.now(), f"failed at start-up: {why}")
-        made = [a.ended or a.started for a in record.attempts[:-1] if a.restart == "policy"]
+        made = _restarts(record)
         code = result.root_cause.exit_code if result.root_cause is not None else None
         self._refused = self.policy.refusal(made, code, self.clock.now())
         if self._refused is not None:
@@ -398,7 +402,7 @@ class Runner:
         kind = failed.restart or "policy"
         reason = (self._startup_failure if kind == "start-up" else None) or failed.root_cause or "failed"
         at = record.restart_at if record.restart_at is not None else self.clock.now()
-        made = sum(1 for a in record.attempts if a.restart == "policy")
+        made = sum(1 for a in record.attempts if a.restart in COUNTED)
         shown: float | None = None
         while True:
             now = self.clock.now()
@@ -428,6 +432,11 @@ class Runner:
 
     def close(self) -> None:
         self.job.close()
+
+
+def _restarts(record: JobRecord) -> list[float]:
+    """When each restart counted against the budget was made (the attempt it ended)."""
+    return [a.ended or a.started for a in record.attempts[:-1] if a.restart in COUNTED]
 
 
 __all__ = ["Asked", "Runner", "run_monitor"]

@@ -227,6 +227,16 @@ def gpu_check(host: HostSpec, inspection: Inspection) -> Check | None:
     if host.gpus is None:
         return None
     asked = ", ".join(host.gpus)
+    deep = inspection.deep if inspection.deep is not None and not inspection.deep.error else None
+    if inspection.nvidia_smi is None and (deep.cuda if deep is not None else inspection.torch_cuda) is None:
+        return Check("gpus", Verdict.FAIL, f"GPU {asked} asked for; no nvidia-smi on PATH and torch is built "
+                     "without CUDA: the job would run on the CPU",
+                     f"install the NVIDIA driver and a CUDA build of torch on {host.host}, or use nproc: instead of "
+                     "gpus: on a host without GPUs")
+    if inspection.nvidia_smi is None and deep is not None and deep.devices < len(host.gpus):
+        return Check("gpus", Verdict.FAIL, f"GPU {asked} asked for; no nvidia-smi on PATH and torch sees "
+                     f"{deep.devices} CUDA device(s)", f"install the NVIDIA driver on {host.host}, or use nproc: "
+                     "instead of gpus: on a host without GPUs")
     if inspection.nvidia_smi is None:
         return Check("gpus", Verdict.WARN, f"cannot check GPUs {asked}: no nvidia-smi on PATH",
                      "install the NVIDIA driver's tools, or use nproc: instead of gpus: on a host without GPUs")

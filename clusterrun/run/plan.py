@@ -31,6 +31,7 @@ HANDLED_SIGNALS = "SIGTERM,SIGINT,SIGQUIT"
 SHUTDOWN_MARGIN = 5
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOB_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+MAX_NAME = 40  # characters of a job's name, the first part of its id
 
 
 @frozen
@@ -90,7 +91,7 @@ def job_name(name: str | None, script: str) -> str:
     """A name usable in paths: the ``--name`` given, or the script's stem."""
     base = name or re.sub(r"\.py$", "", script.rstrip("/").rsplit("/", 1)[-1]) or "job"
     cleaned = _JOB_NAME.sub("-", base).strip("-.") or "job"
-    return cleaned[:40]
+    return cleaned[:MAX_NAME]
 
 
 def make_job_id(name: str, timestamp: str, suffix: str) -> str:

@@ -54,10 +54,10 @@ def agent_command(python: str) -> list[str]:
 
 def read_timeout(request: dict[str, Any]) -> float:
     """How long the answer to ``request`` may take before the connection is taken for dead."""
-    if request.get("op") == "follow":
-        return FOLLOW_TIMEOUT
-    if request.get("op") in ("setup", "start") and request.get("setup"):
+    if request.get("op") in ("setup", "start", "run") and request.get("setup"):
         return float(request.get("setup_timeout") or 600) + 60  # the host's setup commands first (agent.SETUP_TIMEOUT)
+    if request.get("op") in ("follow", "run"):  # streams that say something every HEARTBEAT
+        return FOLLOW_TIMEOUT
     if request.get("op") == "stack":
         looks = int(request.get("looks") or 1)  # py-spy's timeout per look (all ranks at once), and the pauses
         return (float(request.get("timeout") or 0) + float(request.get("apart") or 0)) * looks + 60

@@ -50,7 +50,7 @@ from clusterrun.transports.sshhosts import (
     known_hosts,
     resolve,
 )
-from clusterrun.transports.sshlib import is_throttled, map_error, paramiko
+from clusterrun.transports.sshlib import is_throttled, known_hosts_name, map_error, paramiko
 
 # Channel flow control: paramiko's default 32 KB packets make `logs` pay its per-packet Python
 # work (MAC, window adjustments, wake-ups) once per 32 KB. The window bounds what a slow reader
@@ -127,8 +127,7 @@ class SSHTransport(Transport):
             known = known_hosts(target.known_hosts)
         except OSError as exc:
             raise HostKeyError(target.alias, f"cannot read {exc.filename}: {exc.strerror or exc}") from None
-        known.install(client.get_host_keys(),
-                      target.hostname if target.port == 22 else f"[{target.hostname}]:{target.port}")
+        known.install(client.get_host_keys(), known_hosts_name(target.hostname, target.port))
         client.set_missing_host_key_policy(HostKeyPolicy(target, self.options.accept_new_host_keys, known))
         keys = [p for p in target.identity_files if os.path.exists(p)]
         began = time.monotonic()
@@ -168,7 +167,7 @@ class SSHTransport(Transport):
                     time.sleep(delay)
                     delay *= 2
                     continue
-                error = map_error(target.alias, exc)
+                error = map_error(target.alias, exc, port=target.port)
                 if target.alias != self.name:
                     error.message = f"via jump host {target.alias}: {error.message}"
                     error.host = self.name

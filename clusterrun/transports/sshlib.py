@@ -32,17 +32,25 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
-def map_error(host: str, exc: BaseException) -> TransportError:
-    """Translate a paramiko or socket exception into clusterrun's error tree."""
+def known_hosts_name(hostname: str, port: int | None) -> str:
+    """How known_hosts names the host: ``10.0.0.5``, or ``[10.0.0.5]:2222`` on a port other than 22."""
+    if port is None or port == 22 or hostname.startswith("["):
+        return hostname
+    return f"[{hostname}]:{port}"
+
+
+def map_error(host: str, exc: BaseException, port: int | None = None) -> TransportError:
+    """Translate a paramiko or socket exception into clusterrun's error tree; ``port``: the SSH
+    port connected to (paramiko's ``BadHostKeyException`` names the host without it)."""
     if isinstance(exc, TransportError):
         return exc
     if isinstance(exc, paramiko.BadHostKeyException):
-        return HostKeyError(host, f"the host key of {exc.hostname} has CHANGED: it is now {exc.key.get_name()} "
+        entry = known_hosts_name(exc.hostname, port)
+        return HostKeyError(host, f"the host key of {entry} has CHANGED: it is now {exc.key.get_name()} "
                             f"{fingerprint(exc.key)}, known_hosts expects {fingerprint(exc.expected_key)}",
                             hint="if the machine was reinstalled, remove the old key with "
-                                 f"`ssh-keygen -R {shlex.quote(exc.hostname)}`; otherwise someone may be "
-                                 "intercepting the "
-                                 "connection")
+                                 f"`ssh-keygen -R {shlex.quote(entry)}`; otherwise someone may be "
+                                 "intercepting the connection")
     if isinstance(exc, paramiko.PasswordRequiredException):
         return AuthError(host, f"the private key is encrypted: {exc}",
                          hint="add it to ssh-agent (ssh-add) so clusterrun can use it")
@@ -73,4 +81,4 @@ def is_throttled(exc: BaseException) -> bool:
         "banner" in text or "reset" in text.lower() or "closed" in text.lower())
 
 
-__all__ = ["fingerprint", "is_throttled", "map_error", "paramiko"]
+__all__ = ["fingerprint", "is_throttled", "known_hosts_name", "map_error", "paramiko"]

@@ -84,15 +84,15 @@ class Dashboard(App[int]):
         Binding("l", "node_log", "Node log", show=False),
         Binding("a", "all_nodes", "All"),
         Binding("r", "rank", "Rank filter", show=False),
-        Binding("f,end", "follow", "Follow"),
+        Binding("f,end", "follow", "Follow", show=False),  # the log's title says so when it is paused
         Binding("slash", "search", "Search"),
         Binding("n", "match(1)", "Next", show=False),
         Binding("N", "match(-1)", "Previous", show=False),
         Binding("escape", "clear_search", "Clear search", show=False),
         Binding("K", "kill", "Kill"),
         Binding("R", "restart", "Restart"),
-        Binding("s", "stack", "Stacks", show=False),
-        Binding("h", "history", "History", show=False),  # in the help (?): the footer is full
+        Binding("s", "stack", "Stacks"),
+        Binding("h", "history", "Attempts"),
         Binding("d", "detach", "Detach"),
         Binding("question_mark", "help", "Help"),
         Binding("q,ctrl+c", "quit_job", "Quit", priority=True, key_display="q"),
@@ -142,7 +142,7 @@ class Dashboard(App[int]):
         yield Static(id="logtitle")
         yield RingLog(self._highlighter, id="log")
         yield Input(placeholder="search: text or regex, Enter to find, Esc to clear", id="search")
-        yield Footer()
+        yield Footer(compact=True)  # every key shown fits in 80 columns
 
     def on_mount(self) -> None:
         table = self.query_one("#nodes", DataTable)
