@@ -18,6 +18,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
@@ -279,8 +280,9 @@ class Dashboard(App[int]):
         header.append("\n" + (safe(board.notes[-1], colour=False) if board.notes else ""), style="italic")
         self.query_one("#header", Static).update(header, layout=False)  # its height is fixed
         if board.progress is not None:  # the training's progress and its loss, once rank 0 showed any
-            self.query_one("#progress-text", Static).update(Text(safe("progress: " + board.progress.text(),
-                                                                      colour=False)))
+            ended = board.state not in ("starting", "running", "restarting")  # no time left to show
+            shown = replace(board.progress, eta_seconds=None) if ended else board.progress
+            self.query_one("#progress-text", Static).update(Text(safe("progress: " + shown.text(), colour=False)))
             self.query_one("#loss", Sparkline).data = list(board.losses)
             self.query_one("#progress").set_class(True, "shown")
 
