@@ -126,15 +126,17 @@ class Tree:
                             for rank, pid in enumerate(self.workers)]}
 
 
-def job_tree(procs: Processes, at: Attempt, workers: int = 1, ignore_term: bool = False) -> Tree:
+def job_tree(procs: Processes, at: Attempt, workers: int = 1, ignore_term: bool = False, unmarked: int = 0) -> Tree:
     """Start ``at``'s job as the survivor starts it (``Tree``); with ``ignore_term`` torchrun ignores
-    SIGTERM (its workers do not)."""
+    SIGTERM (its workers do not); the last ``unmarked`` workers run under ``env -i`` (no marker: only
+    their session tells them apart)."""
     name, _, value = at.marker.partition("=")
-    inner = "sleep 600 & echo $!; " * workers + ('trap "" TERM; ' if ignore_term else "") + "echo $$; wait"
+    inner = ("sleep 600 & echo $!; " * workers + "env -i /bin/sleep 600 & echo $!; " * unmarked
+             + ('trap "" TERM; ' if ignore_term else "") + "echo $$; wait")
     survivor = procs.start(["sh", "-c", 'setsid env "$@"; exit 0', "sh", f"{name}={value}",
                             f"PET_LOG_DIR={at.folder / 'torchrun'}", "sh", "-c", inner],
                            stdout=subprocess.PIPE, start_new_session=True)
-    *sleeps, torchrun = pids_from(survivor, workers + 1)
+    *sleeps, torchrun = pids_from(survivor, workers + unmarked + 1)
     return Tree(survivor, torchrun, sleeps)
 
 

@@ -36,6 +36,16 @@ def test_a_torchrun_that_ignores_sigterm_is_killed_after_the_grace_and_its_worke
     assert (attempt.folder / "stop").exists()  # the monitor's sign that the end was asked for
 
 
+def test_a_worker_that_dropped_the_marker_is_found_by_its_session(procs: Processes, attempt: Attempt) -> None:
+    tree = job_tree(procs, attempt, workers=1, unmarked=1)
+    attempt.make(**tree.state())
+    hidden = tree.workers[1]
+    started = start_time(hidden)
+    answer = ask(attempt.request("stop", grace=1))
+    assert hidden in {k["pid"] for k in answer["killed"]} and answer["left"] == []
+    assert gone(hidden, started)
+
+
 def test_a_stop_touches_nothing_of_another_attempt_of_the_same_node(procs: Processes, attempt: Attempt) -> None:
     tree = job_tree(procs, attempt)
     attempt.make(**tree.state())
