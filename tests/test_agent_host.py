@@ -5,6 +5,7 @@ survivor starts the job (``survivor._spawn_job``): called in this process with r
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pwd
 import subprocess
@@ -16,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from clusterrun.agent import cache, loader, logind, system
-from clusterrun.agent.survivor import _spawn_job
+from clusterrun.agent.supervisor import _importable
+from clusterrun.agent.survivor import Survivor, _spawn_job
 
 
 def test_which_finds_a_program_on_path_only_if_it_can_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,3 +200,29 @@ def test_the_job_starts_in_a_session_of_its_own_with_its_output_in_the_log(tmp_p
         with pytest.raises(FileNotFoundError) as caught:
             _spawn_job(argv, dict(os.environ), cwd, 2)
         assert caught.value.filename == missing
+
+
+def test_the_survivor_tells_its_agent_how_the_start_went_once_and_leaves_its_cgroup(tmp_path: Path) -> None:
+    folder = tmp_path / "attempt1"
+    folder.mkdir()
+    with pytest.raises(SystemExit, match="no spec.json in"):
+        Survivor(str(folder))
+    (folder / "spec.json").write_text(json.dumps({"job": "j", "node": 0, "attempt": 1, "argv": ["true"],
+                                                  "env": {}, "cgroup": None, "fallbacks": ["no cgroup: x"]}))
+    ready_r, ready_w = os.pipe()
+    survivor = Survivor(str(folder), ready_fd=ready_w)
+    assert survivor.state["state"] == "starting" and survivor.state["survivor"]["pid"] == os.getpid()
+    survivor._ready()
+    survivor._ready()  # once only: the pipe is closed after the first
+    try:
+        said = os.read(ready_r, 1 << 16)
+        assert json.loads(said) == survivor.state and os.read(ready_r, 10) == b""
+    finally:
+        os.close(ready_r)
+    survivor._leave_cgroup()  # none: nothing to do
+    assert survivor.save() and json.loads((folder / "state.json").read_text())["fallbacks"] == ["no cgroup: x"]
+
+
+def test_the_supervisor_in_a_user_scope_imports_the_agent_from_where_it_runs() -> None:
+    root, package = _importable()
+    assert package == "clusterrun.agent" and Path(root, "clusterrun", "agent", "supervisor.py").exists()

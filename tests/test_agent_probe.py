@@ -68,3 +68,21 @@ def test_torch_is_found_in_a_virtual_environments_own_site_directory(tmp_path: P
 ])
 def test_the_version_is_read_from_version_py_without_running_it(source: str, version: str) -> None:
     assert probe._version_of(source) == version
+
+
+def test_a_listener_answers_its_token_and_reach_tells_it_from_anything_else() -> None:
+    listening = ask({"op": "listen", "port": None, "token": "node0-token"})
+    port = listening["port"]
+    try:
+        assert listening == {"ok": True, "port": port, "listening": True}
+        reached = ask({"op": "reach", "addr": "127.0.0.1", "port": port, "token": "node0-token", "timeout": 5})
+        assert reached["ok"] and reached["reached"] and reached["local"] == "127.0.0.1"
+        other = ask({"op": "reach", "addr": "127.0.0.1", "port": port, "token": "another job's", "timeout": 5})
+        assert not other["reached"] and other["error"] == ("something else answers there "
+                                                           "(not clusterrun's listener on node 0)")
+        taken = ask({"op": "listen", "port": port, "token": "x"})
+        assert not taken["listening"] and taken["error"]
+    finally:
+        assert ask({"op": "unlisten", "port": port})["ok"]
+    refused = ask({"op": "reach", "addr": "127.0.0.1", "port": port, "token": "node0-token", "timeout": 5})
+    assert not refused["reached"] and refused["error"]

@@ -92,6 +92,31 @@ def test_everything_in_it_is_listed_killed_at_once_and_then_it_can_go(procs: Pro
     assert cg.cg_kill(path, {}) == "gone" and not cg.cg_populated(path) and cg.cg_remove(path)
 
 
+def test_without_cgroup_kill_the_cgroup_is_frozen_and_each_process_killed(
+        procs: Processes, parent: str, made: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linux before 5.14 has no cgroup.kill: freeze (nothing forks meanwhile), SIGKILL each process
+    seen in the cgroup through its pidfd, thaw."""
+    path, _ = cg._make_cgroup(unique_job("cg"), 0, 1)
+    assert path is not None
+    made.append(path)
+    sleeps = [procs.start(["sleep", "600"]) for _ in range(2)]
+    for proc in sleeps:
+        cg.cg_write(os.path.join(path, "job", "cgroup.procs"), str(proc.pid).encode())
+    real = cg.cg_write
+
+    def older_kernel(file: str, data: bytes) -> None:
+        if file.endswith("cgroup.kill"):
+            raise FileNotFoundError(2, "No such file or directory", file)
+        real(file, data)
+
+    monkeypatch.setattr(cg, "cg_write", older_kernel)
+    killed: dict[int, dict[str, object]] = {}
+    assert cg.cg_kill(path, killed) == "freeze + SIGKILL"
+    assert sorted(killed) == sorted(p.pid for p in sleeps) and [p.wait(10) for p in sleeps] == [-9, -9]
+    assert Path(path, "cgroup.freeze").read_text().strip() == "0"  # thawed again
+    assert cg.cg_wait_empty(path, _in(10))
+
+
 def test_waiting_for_a_cgroup_to_empty_ends_at_the_deadline(procs: Processes, parent: str, made: list[str]) -> None:
     path, _ = cg._make_cgroup(unique_job("cg"), 0, 1)
     assert path is not None
