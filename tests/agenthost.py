@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterrun.agent import serve
-from clusterrun.agent.records import _boot_id
+from clusterrun.agent.records import boot_id
 from tests.conftest import alive, start_time
 
 
@@ -67,7 +67,7 @@ class Attempt:
                      "first_rank": 0, "cgroup": None, "fallbacks": []}
         (self.folder / "spec.json").write_text(json.dumps({**base_spec, **(spec or {})}))
         full = {"state": "running", "job": self.job, "node": self.node, "attempt": self.attempt,
-                "boot_id": _boot_id(), "survivor": None, "supervisor": None, "torchrun": None, "exit_code": None,
+                "boot_id": boot_id(), "survivor": None, "supervisor": None, "torchrun": None, "exit_code": None,
                 "signal": None, "error": None, "stop_requested": False, "workers": [], "sessions": [],
                 "cgroup": None, "fallbacks": [], "degraded": None, **state}
         self.write_state(full)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from clusterrun.agent.follow import Times, tail_offset
-from clusterrun.agent.records import _write_json_atomic
+from clusterrun.agent.records import write_json_atomic
 from clusterrun.agent.serve import answer
 from tests.agenthost import Attempt, Processes, job_tree
 from tests.conftest import wait_for
@@ -82,7 +82,7 @@ def test_following_a_running_job_to_its_end_gets_every_line_once_then_the_final_
         wait_for(lambda: watched(attempt.folder), timeout=30, what="follow to watch the attempt's directory")
         with open(log, "ab") as f:
             f.write(b"second\nthird\n")
-        _write_json_atomic(str(attempt.folder / "state.json"), dict(state, state="exited", exit_code=0))
+        write_json_atomic(str(attempt.folder / "state.json"), dict(state, state="exited", exit_code=0))
 
     writer = threading.Thread(target=the_job_ends)
     writer.start()

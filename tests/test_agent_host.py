@@ -1,6 +1,6 @@
 """What the agent asks of its host without subprocess (``agent/system.py``), logind's settings
 (``agent/logind.py``), the cache of agent versions (``agent/loader.py``, ``agent/cache.py``) and how the
-survivor starts the job (``survivor._spawn_job``): called in this process with real commands."""
+survivor starts the job (``survivor.spawn_job``): called in this process with real commands."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 
 from clusterrun.agent import cache, loader, logind, system
 from clusterrun.agent.supervisor import _importable
-from clusterrun.agent.survivor import Survivor, _spawn_job
+from clusterrun.agent.survivor import Survivor, spawn_job
 
 
 def test_which_finds_a_program_on_path_only_if_it_can_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,25 +26,25 @@ def test_which_finds_a_program_on_path_only_if_it_can_run(tmp_path: Path, monkey
     (tmp_path / "plain").write_text("")
     (tmp_path / "tool").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    assert system._which("tool") == str(tmp_path / "tool") and system._which("plain") is None
-    assert system._which("sh") in ("/usr/bin/sh", "/bin/sh") and system._which("no-such-program") is None
+    assert system.which("tool") == str(tmp_path / "tool") and system.which("plain") is None
+    assert system.which("sh") in ("/usr/bin/sh", "/bin/sh") and system.which("no-such-program") is None
 
 
 def test_capture_is_a_commands_stdout_or_none_when_it_fails_cannot_run_or_overruns(tmp_path: Path) -> None:
-    assert system._capture(["sh", "-c", "echo out; echo err >&2"]) == "out\n"
-    assert system._capture(["sh", "-c", "echo out; exit 3"]) is None
-    assert system._capture(["/nonexistent/program"]) is None
-    assert system._capture(["sh", "-c", 'echo "$X $(pwd)"'], env={"X": "given", "PATH": "/usr/bin:/bin"},
+    assert system.capture(["sh", "-c", "echo out; echo err >&2"]) == "out\n"
+    assert system.capture(["sh", "-c", "echo out; exit 3"]) is None
+    assert system.capture(["/nonexistent/program"]) is None
+    assert system.capture(["sh", "-c", 'echo "$X $(pwd)"'], env={"X": "given", "PATH": "/usr/bin:/bin"},
                            cwd=str(tmp_path)) == f"given {tmp_path}\n"
     started = time.monotonic()
-    assert system._capture(["sleep", "30"], timeout=0.2) is None  # killed at its deadline
+    assert system.capture(["sleep", "30"], timeout=0.2) is None  # killed at its deadline
     assert time.monotonic() - started < 20
 
 
 def test_launched_commands_run_side_by_side_and_are_collected_in_turn() -> None:
-    launched = [system._launch(["sh", "-c", f"echo {i}"]) for i in range(3)]
-    assert [system._collect(one) for one in launched] == ["0\n", "1\n", "2\n"]
-    assert system._collect(None) is None
+    launched = [system.launch(["sh", "-c", f"echo {i}"]) for i in range(3)]
+    assert [system.collect(one) for one in launched] == ["0\n", "1\n", "2\n"]
+    assert system.collect(None) is None
 
 
 def test_read_until_stops_at_a_line_the_end_or_the_deadline() -> None:
@@ -69,26 +69,26 @@ def test_this_python_lacks_nothing_the_supervisor_uses_and_the_user_is_named() -
         assert system.static_fallbacks() == []
     else:
         assert system.static_fallbacks()[0].startswith("no pidfd (Python ")
-    assert system._user_name() == pwd.getpwuid(os.getuid()).pw_name
+    assert system.user_name() == pwd.getpwuid(os.getuid()).pw_name
 
 
 def test_linger_is_asked_of_logind_else_read_from_its_file(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(system, "_capture", lambda argv, *a, **k: "Linger=yes\n")
-    assert system._lingers()
-    monkeypatch.setattr(system, "_capture", lambda argv, *a, **k: "Linger=no\n")
-    assert not system._lingers()
-    monkeypatch.setattr(system, "_capture", lambda argv, *a, **k: None)  # no loginctl
-    monkeypatch.setattr(system, "_user_name", lambda: "no-such-user-here")
-    assert not system._lingers()
+    monkeypatch.setattr(system, "capture", lambda argv, *a, **k: "Linger=yes\n")
+    assert system.lingers()
+    monkeypatch.setattr(system, "capture", lambda argv, *a, **k: "Linger=no\n")
+    assert not system.lingers()
+    monkeypatch.setattr(system, "capture", lambda argv, *a, **k: None)  # no loginctl
+    monkeypatch.setattr(system, "user_name", lambda: "no-such-user-here")
+    assert not system.lingers()
 
 
 SESSION = "/user.slice/user-1000.slice/session-4.scope"
 
 
 def test_logind_kills_a_login_sessions_job_only_as_its_settings_say(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(logind, "_own_cgroup", lambda: SESSION)
+    monkeypatch.setattr(logind, "own_cgroup", lambda: SESSION)
     monkeypatch.setattr(logind, "cgroup_parent", lambda: (None, "not delegated"))
-    monkeypatch.setattr(logind, "_user_name", lambda: "alice")
+    monkeypatch.setattr(logind, "user_name", lambda: "alice")
     settings = {"KillUserProcesses": "yes", "KillExcludeUsers": "root"}
     monkeypatch.setattr(logind, "_logind_settings", lambda: settings)
     problem = logind.logind_problem()
@@ -98,15 +98,15 @@ def test_logind_kills_a_login_sessions_job_only_as_its_settings_say(monkeypatch:
         settings.update(change)
         assert logind.logind_problem() == ""
         settings.update({"KillUserProcesses": "yes", "KillExcludeUsers": "root", "KillOnlyUsers": ""})
-    monkeypatch.setattr(logind, "_own_cgroup", lambda: "/system.slice/sshd.service")  # no login session
+    monkeypatch.setattr(logind, "own_cgroup", lambda: "/system.slice/sshd.service")  # no login session
     assert logind.logind_problem() == ""
 
 
 def test_logind_settings_come_from_loginctl_else_from_its_files(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(logind, "_capture", lambda argv, *a, **k: "KillUserProcesses=yes\nKillOnlyUsers=\n"
+    monkeypatch.setattr(logind, "capture", lambda argv, *a, **k: "KillUserProcesses=yes\nKillOnlyUsers=\n"
                                                                   "KillExcludeUsers=root admin\n")
     assert logind._ask_logind() == {"KillUserProcesses": "yes", "KillOnlyUsers": "", "KillExcludeUsers": "root admin"}
-    monkeypatch.setattr(logind, "_capture", lambda argv, *a, **k: None)
+    monkeypatch.setattr(logind, "capture", lambda argv, *a, **k: None)
     read = logind._ask_logind()  # logind.conf and its drop-ins, where this machine has them
     assert read["KillExcludeUsers"] and set(read) <= {"KillUserProcesses", "KillOnlyUsers", "KillExcludeUsers"}
     monkeypatch.setattr(logind, "_SETTINGS", {})
@@ -126,9 +126,9 @@ def test_a_user_scope_needs_a_running_user_manager_that_lingers_and_systemd_run(
     (tmp_path / "bin" / "systemd-run").write_text("#!/bin/sh\n")
     (tmp_path / "bin" / "systemd-run").chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
-    monkeypatch.setattr(logind, "_lingers", lambda: False)
+    monkeypatch.setattr(logind, "lingers", lambda: False)
     assert logind.user_scope("job", 0, 1) is None
-    monkeypatch.setattr(logind, "_lingers", lambda: True)
+    monkeypatch.setattr(logind, "lingers", lambda: True)
     scope = logind.user_scope("job", 2, 3)
     assert scope is not None and scope[:3] == ["systemd-run", "--user", "--scope"] and scope[-1] == "--"
     assert "-p" in scope and "Delegate=yes" in scope
@@ -185,7 +185,7 @@ def test_the_job_starts_in_a_session_of_its_own_with_its_output_in_the_log(tmp_p
     log = tmp_path / "output.log"
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        pid = _spawn_job(["sh", "-c", 'echo "$X"; echo "$(ps -o sid= -p $$) $$" >&2; pwd'], {"X": "given",
+        pid = spawn_job(["sh", "-c", 'echo "$X"; echo "$(ps -o sid= -p $$) $$" >&2; pwd'], {"X": "given",
                          "PATH": os.environ["PATH"]}, str(tmp_path), fd)
     finally:
         os.close(fd)
@@ -198,7 +198,7 @@ def test_the_job_starts_in_a_session_of_its_own_with_its_output_in_the_log(tmp_p
     for argv, cwd, missing in ((["/nonexistent/torchrun"], None, "/nonexistent/torchrun"),
                                (["true"], str(tmp_path / "gone"), str(tmp_path / "gone"))):
         with pytest.raises(FileNotFoundError) as caught:
-            _spawn_job(argv, dict(os.environ), cwd, 2)
+            spawn_job(argv, dict(os.environ), cwd, 2)
         assert caught.value.filename == missing
 
 

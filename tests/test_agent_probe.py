@@ -67,7 +67,7 @@ def test_torch_is_found_in_a_virtual_environments_own_site_directory(tmp_path: P
     ("__version__ = get()\n", "unknown"),
 ])
 def test_the_version_is_read_from_version_py_without_running_it(source: str, version: str) -> None:
-    assert probe._version_of(source) == version
+    assert probe.version_of(source) == version
 
 
 def test_a_listener_answers_its_token_and_reach_tells_it_from_anything_else() -> None:

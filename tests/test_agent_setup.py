@@ -27,7 +27,7 @@ def test_setup_keeps_its_environment_for_the_start_and_says_how_the_jobs_python_
     job = answer["python"]
     assert job["executable"] == sys.executable and job["python"] == "{}.{}.{}".format(*sys.version_info[:3])
     assert job["torch"]  # found on this interpreter's paths, not imported
-    prepared = setup._prepared.pop((attempt.job, 0, 1))
+    prepared = setup.PREPARED.pop((attempt.job, 0, 1))
     assert prepared.env["CRTEST_READY"] == "yes" and prepared.env["A"] == "1" and "HOME" not in prepared.env
     assert prepared.python == job
 
@@ -35,7 +35,7 @@ def test_setup_keeps_its_environment_for_the_start_and_says_how_the_jobs_python_
 def test_a_job_python_that_is_not_on_the_path_setup_leaves_is_an_error_naming_it(attempt: Attempt) -> None:
     answer = ask(attempt.request("setup", setup=["export PATH=/nonexistent"], python="python3"))
     assert answer["python"] == {"error": "python3 is not found on the PATH setup leaves (/nonexistent)"}
-    assert setup._prepared.pop((attempt.job, 0, 1)).python is None
+    assert setup.PREPARED.pop((attempt.job, 0, 1)).python is None
 
 
 def test_nothing_runs_in_a_workdir_a_dry_runs_sync_would_make(attempt: Attempt, tmp_path: Path) -> None:

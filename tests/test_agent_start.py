@@ -101,4 +101,4 @@ def test_the_cgroup_is_made_before_the_job_and_holds_it(started: Attempt) -> Non
     cgroup = json.loads((started.folder / "spec.json").read_text())["cgroup"]
     assert cgroup and answer["state"]["cgroup"] == cgroup
     ended(started)
-    assert f"0::{cg._cgroup_path(os.path.join(cgroup, 'job'))}\n" in (started.folder / "output.log").read_text()
+    assert f"0::{cg.cgroup_path(os.path.join(cgroup, 'job'))}\n" in (started.folder / "output.log").read_text()

@@ -106,7 +106,7 @@ def test_a_state_dir_that_cannot_be_written_is_said_in_the_notes(procs: Processe
 @pytest.fixture
 def cgroup(attempt: Attempt) -> Iterator[str]:
     """The attempt's cgroup, made as ``start`` makes it (with its ``job`` child)."""
-    path, why = cg._make_cgroup(attempt.job, attempt.node, attempt.attempt)
+    path, why = cg.make_cgroup(attempt.job, attempt.node, attempt.attempt)
     if path is None:
         unavailable(f"no cgroup for an attempt here: {why}")
     assert path is not None

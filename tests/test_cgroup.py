@@ -43,25 +43,25 @@ def made(parent: str) -> Iterator[list[str]]:
 def test_off_by_the_hosts_variable_and_the_reason_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cg.CGROUP_OFF_VAR, "1")
     assert cg.cgroup_parent() == (None, f"cgroups turned off on this host ({cg.CGROUP_OFF_VAR} is set)")
-    assert cg._make_cgroup("j", 0, 1) == (None, f"cgroups turned off on this host ({cg.CGROUP_OFF_VAR} is set)")
+    assert cg.make_cgroup("j", 0, 1) == (None, f"cgroups turned off on this host ({cg.CGROUP_OFF_VAR} is set)")
 
 
 def test_the_mount_is_found_in_mountinfo_and_this_process_is_in_a_cgroup_of_it(parent: str) -> None:
-    mount = cg._cgroup2_mount()
+    mount = cg.cgroup2_mount()
     assert mount is not None and Path(mount, "cgroup.procs").exists()
-    own = cg._own_cgroup()
-    assert own is not None and own.startswith("/") and cg._own_cgroup(os.getpid()) == own
-    assert cg._own_cgroup(2**22 + 1) is None  # no such process
-    assert cg._cgroup_path(mount + "/a/b") == "/a/b" and cg._cgroup_path(mount) == "/"
+    own = cg.own_cgroup()
+    assert own is not None and own.startswith("/") and cg.own_cgroup(os.getpid()) == own
+    assert cg.own_cgroup(2**22 + 1) is None  # no such process
+    assert cg.cgroup_path(mount + "/a/b") == "/a/b" and cg.cgroup_path(mount) == "/"
 
 
 def test_made_with_a_job_child_and_a_stale_name_gets_a_suffix(parent: str, made: list[str]) -> None:
     job = unique_job("cg")
-    first, why = cg._make_cgroup(job, 3, 2)
+    first, why = cg.make_cgroup(job, 3, 2)
     assert first is not None and why == "", why
     made.append(first)
     assert first == os.path.join(parent, f"clusterrun-{job}-n3-a2") and os.path.isdir(os.path.join(first, "job"))
-    second, _ = cg._make_cgroup(job, 3, 2)  # the first is still there: a stale one, for this start
+    second, _ = cg.make_cgroup(job, 3, 2)  # the first is still there: a stale one, for this start
     assert second is not None
     made.append(second)
     assert second.startswith(first + "-") and len(second) == len(first) + 7
@@ -70,7 +70,7 @@ def test_made_with_a_job_child_and_a_stale_name_gets_a_suffix(parent: str, made:
 
 def test_everything_in_it_is_listed_killed_at_once_and_then_it_can_go(procs: Processes, parent: str,
                                                                         made: list[str]) -> None:
-    path, _ = cg._make_cgroup(unique_job("cg"), 0, 1)
+    path, _ = cg.make_cgroup(unique_job("cg"), 0, 1)
     assert path is not None
     made.append(path)
     job = os.path.join(path, "job")
@@ -79,7 +79,7 @@ def test_everything_in_it_is_listed_killed_at_once_and_then_it_can_go(procs: Pro
         cg.cg_write(os.path.join(job, "cgroup.procs"), str(proc.pid).encode())
     pids = sorted(p.pid for p in sleeps)
     assert cg.cg_pids(path) == pids and cg.cg_pids(job) == pids  # the cgroup counts what is below it
-    assert cg._own_cgroup(pids[0]) == cg._cgroup_path(job)
+    assert cg.own_cgroup(pids[0]) == cg.cgroup_path(job)
     assert cg.cg_populated(path) and not cg.cg_remove(path)  # a cgroup in use cannot be removed
 
     started = {pid: start_time(pid) for pid in pids}
@@ -96,7 +96,7 @@ def test_without_cgroup_kill_the_cgroup_is_frozen_and_each_process_killed(
         procs: Processes, parent: str, made: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Linux before 5.14 has no cgroup.kill: freeze (nothing forks meanwhile), SIGKILL each process
     seen in the cgroup through its pidfd, thaw."""
-    path, _ = cg._make_cgroup(unique_job("cg"), 0, 1)
+    path, _ = cg.make_cgroup(unique_job("cg"), 0, 1)
     assert path is not None
     made.append(path)
     sleeps = [procs.start(["sleep", "600"]) for _ in range(2)]
@@ -118,7 +118,7 @@ def test_without_cgroup_kill_the_cgroup_is_frozen_and_each_process_killed(
 
 
 def test_waiting_for_a_cgroup_to_empty_ends_at_the_deadline(procs: Processes, parent: str, made: list[str]) -> None:
-    path, _ = cg._make_cgroup(unique_job("cg"), 0, 1)
+    path, _ = cg.make_cgroup(unique_job("cg"), 0, 1)
     assert path is not None
     made.append(path)
     sleep = procs.start(["sleep", "600"])
@@ -128,15 +128,15 @@ def test_waiting_for_a_cgroup_to_empty_ends_at_the_deadline(procs: Processes, pa
 
 def test_a_supervisor_gone_leaves_its_empty_cgroup_to_be_forgotten_but_not_a_populated_one(
         procs: Processes, parent: str, made: list[str]) -> None:
-    empty, _ = cg._make_cgroup(unique_job("cg"), 0, 1)
-    busy, _ = cg._make_cgroup(unique_job("cg"), 0, 1)
+    empty, _ = cg.make_cgroup(unique_job("cg"), 0, 1)
+    busy, _ = cg.make_cgroup(unique_job("cg"), 0, 1)
     assert empty is not None and busy is not None
     made += [empty, busy]
     sleep = procs.start(["sleep", "600"])
     cg.cg_write(os.path.join(busy, "job", "cgroup.procs"), str(sleep.pid).encode())
-    cg._forget_cgroup({"cgroup": empty})
-    cg._forget_cgroup({"cgroup": busy})
-    cg._forget_cgroup({"cgroup": None})
+    cg.forget_cgroup({"cgroup": empty})
+    cg.forget_cgroup({"cgroup": busy})
+    cg.forget_cgroup({"cgroup": None})
     assert not os.path.exists(empty) and os.path.isdir(busy)
 
 
