@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,6 +138,35 @@ def job_tree(procs: Processes, at: Attempt, workers: int = 1, ignore_term: bool 
                            stdout=subprocess.PIPE, start_new_session=True)
     *sleeps, torchrun = pids_from(survivor, workers + unmarked + 1)
     return Tree(survivor, torchrun, sleeps)
+
+
+def forked(run: Callable[[], int]) -> int:
+    """``run()`` in a child forked from this process, as the agent forks its survivor; its pid. When
+    this test run measures coverage, the child measures its own lines into the run's data (its exit
+    skips the interpreter's, as the survivor's does)."""
+    from tests.clirun import measured
+
+    where = measured()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        cov = None
+        if where is not None:
+            import coverage
+
+            cov = coverage.Coverage(data_suffix=True, **where)
+            cov.set_option("run:disable_warnings", ["module-not-measured", "no-data-collected"])
+            cov.start()
+        try:
+            code = run()
+        finally:
+            if cov is not None:
+                cov.stop()
+                cov.save()
+    finally:
+        os._exit(code)
 
 
 def carrying(marker: str) -> list[int]:

@@ -90,6 +90,9 @@ while True:
 # What changes how an interpreter starts: a command given other values runs as a new interpreter.
 STARTUP = ("PYTHON", "LC_", "LANG")
 
+# This process's environment as it started (clirun is imported while the tests are collected): the
+# server's, whatever a test that happens to run the first command set for itself.
+_START_ENV = dict(os.environ)
 _lock = threading.Lock()
 _server: tuple[subprocess.Popen[bytes], socket.socket, dict[str, str]] | None = None
 
@@ -101,7 +104,7 @@ def _started() -> tuple[subprocess.Popen[bytes], socket.socket, dict[str, str]]:
             _server[1].close()
             _server[0].wait()
         mine, theirs = socket.socketpair()
-        env = dict(os.environ)
+        env = dict(_START_ENV)
         server = subprocess.Popen([sys.executable, "-c", SERVER, str(theirs.fileno()), str(ROOT)],
                                   pass_fds=[theirs.fileno()], start_new_session=True,
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=ROOT, env=env)
@@ -132,7 +135,7 @@ def clusterrun(*args: str | os.PathLike[str], cwd: str | os.PathLike[str] = ROOT
         with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as request:
             stdin.write((input or "").encode())
             stdin.seek(0)
-            request.write(json.dumps({"args": argv, "cwd": str(cwd), "env": env, "coverage": _measured()}).encode())
+            request.write(json.dumps({"args": argv, "cwd": str(cwd), "env": env, "coverage": measured()}).encode())
             request.seek(0)
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
@@ -154,7 +157,7 @@ def clusterrun(*args: str | os.PathLike[str], cwd: str | os.PathLike[str] = ROOT
                                            _text(out), _text(err))
 
 
-def _measured() -> dict[str, str] | None:
+def measured() -> dict[str, str] | None:
     """Where this test run's coverage (pytest-cov's) keeps its data and config, if it measures."""
     try:
         import coverage

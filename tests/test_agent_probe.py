@@ -86,3 +86,18 @@ def test_a_listener_answers_its_token_and_reach_tells_it_from_anything_else() ->
         assert ask({"op": "unlisten", "port": port})["ok"]
     refused = ask({"op": "reach", "addr": "127.0.0.1", "port": port, "token": "node0-token", "timeout": 5})
     assert not refused["reached"] and refused["error"]
+
+
+def test_the_route_to_the_master_names_the_interface_and_a_loopback_name_its_hosts_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    network = ask({"op": "route", "route_to": {"addr": "localhost", "port": 9,
+                                               "peers": ["no-such-host.invalid", "127.0.0.1"], "always_peers": True}})
+    master = network["network"]["master"]
+    assert master["resolved"] == "127.0.0.1" and master["interface"] == "lo" and master["loopback"]
+    if master["hosts_line"] is not None:  # where /etc/hosts names localhost
+        assert master["hosts_line"].startswith("/etc/hosts:") and "localhost" in master["hosts_line"]
+    assert network["network"]["peer"] is None  # no peer reached through another interface than loopback
+    assert network["network"]["preset"] == {"GLOO_SOCKET_IFNAME": "lo"}
+    unknown = ask({"op": "route", "route_to": {"addr": "no-such-host.invalid", "port": 9}})["network"]["master"]
+    assert unknown["resolved"] is None and unknown["error"].startswith("cannot resolve no-such-host.invalid: ")

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from clusterrun.agent import cgroup as cg
-from tests.agenthost import Attempt, ask
+from clusterrun.agent.survivor import Survivor
+from tests.agenthost import Attempt, ask, forked
 from tests.conftest import stop_all_jobs, wait_for
 from tests.simhosts import unavailable
 
@@ -102,3 +103,36 @@ def test_the_cgroup_is_made_before_the_job_and_holds_it(started: Attempt) -> Non
     assert cgroup and answer["state"]["cgroup"] == cgroup
     ended(started)
     assert f"0::{cg.cgroup_path(os.path.join(cgroup, 'job'))}\n" in (started.folder / "output.log").read_text()
+
+
+def test_the_survivor_starts_the_job_reaps_it_writes_its_exit_first_and_leaves_once_the_monitor_is_done(
+        attempt: Attempt) -> None:
+    """The survivor forked from this process as ``start`` forks it (here without the detaching
+    middle process, so that the test reaps it)."""
+    attempt.folder.mkdir(parents=True)
+    (attempt.folder / "spec.json").write_text(json.dumps({
+        "job": attempt.job, "node": 0, "attempt": 1, "argv": ["sh", "-c", "echo from the job; exit 3"],
+        "env": {"CRTEST": "1"}, "cwd": None, "cgroup": None, "fallbacks": ["no cgroup: test"], "first_rank": 0}))
+    pid = forked(lambda: Survivor(str(attempt.folder)).run())
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0  # it left once the monitor had finished
+    state = json.loads((attempt.folder / "state.json").read_text())
+    assert state["state"] == "exited" and state["exit_code"] == 3 and state["survivor"]["pid"] == pid
+    assert json.loads((attempt.folder / "exit").read_text())["exit_code"] == 3
+    assert "from the job\n" in (attempt.folder / "output.log").read_text()
+    assert "no cgroup: test" in state["fallbacks"]
+
+
+def test_a_survivor_whose_job_cannot_run_says_so_and_starts_nothing(attempt: Attempt) -> None:
+    attempt.folder.mkdir(parents=True)
+    (attempt.folder / "spec.json").write_text(json.dumps({
+        "job": attempt.job, "node": 0, "attempt": 1, "argv": ["/nonexistent/torchrun"], "env": {}, "cgroup": None}))
+    ready_r, ready_w = os.pipe()
+    pid = forked(lambda: Survivor(str(attempt.folder), ready_fd=ready_w).run())
+    os.close(ready_w)
+    try:
+        said = json.loads(os.read(ready_r, 1 << 16))
+    finally:
+        os.close(ready_r)
+    assert os.WEXITSTATUS(os.waitpid(pid, 0)[1]) == 1
+    assert said["state"] == "exited" and said["error"].startswith("could not start /nonexistent/torchrun: ")
