@@ -22,6 +22,7 @@ import pytest
 
 from clusterrun.agent import hangwatch, monitor
 from clusterrun.agent.monitor import EXIT_FILE, Monitor
+from clusterrun.agent.records import write_atomic
 from clusterrun.agent.survivor import exit_record
 from tests.agenthost import Attempt, Processes, carrying, entry
 from tests.conftest import SUPPORT
@@ -97,7 +98,9 @@ class Job:
             self.torchrun.returncode = os.waitstatus_to_exitcode(self.status)
             os.close(self.gate_fd)
             if self.survivor is not None:
-                (self.at.folder / EXIT_FILE).write_text(json.dumps(exit_record(self.status, self.torchrun.pid)))
+                # atomically, as the survivor writes it: a monitor never reads half of it
+                write_atomic(str(self.at.folder / EXIT_FILE), json.dumps(exit_record(self.status,
+                                                                                   self.torchrun.pid)).encode())
                 self.survivor.kill()
 
         thread = threading.Thread(target=run, daemon=True)
