@@ -18,7 +18,7 @@ from typing import Any
 
 from clusterrun.agent import serve
 from clusterrun.agent.records import boot_id
-from tests.conftest import alive, start_time
+from tests.conftest import alive, start_time, wait_for
 
 
 def entry(pid: int) -> dict[str, Any]:
@@ -137,7 +137,16 @@ def job_tree(procs: Processes, at: Attempt, workers: int = 1, ignore_term: bool 
                             f"PET_LOG_DIR={at.folder / 'torchrun'}", "sh", "-c", inner],
                            stdout=subprocess.PIPE, start_new_session=True)
     *sleeps, torchrun = pids_from(survivor, workers + unmarked + 1)
+    # `$!` is the forked shell's pid: wait for its exec of sleep (its environment is the new one's then)
+    wait_for(lambda: all(_comm(pid) == "sleep" for pid in sleeps), timeout=30, what="the workers to run")
     return Tree(survivor, torchrun, sleeps)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def forked(run: Callable[[], int]) -> int:

@@ -26,7 +26,10 @@ def marked_tree(procs: Processes, at: Attempt, children: int = 1, ignore_term: b
     survivor = procs.start(["sh", "-c", 'env "$@"; exit 0', "sh", f"{name}={value}",
                             f"PET_LOG_DIR={log_dir or at.folder / 'torchrun'}", "sh", "-c", inner],
                            stdout=subprocess.PIPE)
-    return pids_from(survivor, 1 + children)
+    root, *sleeps = pids_from(survivor, 1 + children)
+    wait_for(lambda: all(Path(f"/proc/{pid}/comm").read_text().strip() == "sleep" for pid in sleeps),
+             timeout=30, what="the sleeps to run")  # `$!` is the forked shell's pid, before its exec
+    return [root, *sleeps]
 
 
 def test_status_without_records_finds_the_attempts_processes_by_marker_and_no_other_attempts(
