@@ -12,12 +12,16 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from click.testing import CliRunner
 
 from tests.simhosts import sim_cluster  # noqa: F401 - the simulated machines, for every test module
 from tests.slurmsim import slurm_cluster, slurm_gpu_cluster  # noqa: F401 - a real Slurm on them (test_slurm_cluster)
+
+if TYPE_CHECKING:
+    from tests.agenthost import Attempt, Processes
 
 # A suite started in the background by a non-interactive shell (`nohup pytest ... &`) inherits SIGINT
 # ignored, and so would every command the tests start: Python then never raises KeyboardInterrupt,
@@ -133,10 +137,28 @@ def stop_all_jobs(path: Path) -> None:
 
     transport = LocalTransport(HostSpec(host="cleanup", transport="local"))
     for state in sorted(path.glob("jobs/*/node*/attempt*/state.json")):
-        attempt = state.parent
-        request = {"op": "stop", "job": attempt.parent.parent.name, "node": int(attempt.parent.name[4:]),
-                   "attempt": int(attempt.name[7:]), "state_dir": str(path), "grace": 1}
+        folder = state.parent
+        request = {"op": "stop", "job": folder.parent.parent.name, "node": int(folder.parent.name[4:]),
+                   "attempt": int(folder.name[7:]), "state_dir": str(path), "grace": 1}
         transport.call(request)
+
+
+@pytest.fixture
+def procs() -> Iterator[Processes]:
+    """Children a test starts (``tests/agenthost.py``); those still running at its end are killed and reaped."""
+    from tests.agenthost import Processes
+
+    started = Processes()
+    yield started
+    started.close()
+
+
+@pytest.fixture
+def attempt(tmp_path: Path) -> Attempt:
+    """One node attempt's place under a state dir of the test's, for the agent's parts called in this process."""
+    from tests.agenthost import Attempt
+
+    return Attempt(tmp_path / "state", unique_job("agent"))
 
 
 @pytest.fixture(scope="session")

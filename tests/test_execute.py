@@ -19,6 +19,7 @@ from clusterrun.checks.execute import HostOutcome, exec_on_hosts, remote_command
 from clusterrun.config.hostsfile import ClusterSpec, HostSpec
 from clusterrun.core.errors import ConnectError
 from clusterrun.transports.base import AgentSession, Transport
+from tests import clirun
 from tests.conftest import ROOT, wait_for
 from tests.simhosts import SimCluster, unavailable
 
@@ -98,8 +99,7 @@ def test_a_command_the_host_lacks_is_command_not_found_in_plain_words(shell: str
 
 
 def clusterrun(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clusterrun", *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return clirun.clusterrun(*args, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=120)
 
 
 def test_exec_on_local_hosts(tmp_path: Path) -> None:

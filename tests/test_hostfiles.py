@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from clusterrun.config.hostfiles import is_hostfile, load_any, spec_yaml
 from clusterrun.config.hostsfile import load_cluster, load_cluster_text
 from clusterrun.core.errors import ConfigError
 from clusterrun.run.plan import HostFacts, build_plan, plan_to_json
-from tests.conftest import ROOT
+from tests import clirun
 
 FACTS = HostFacts(python="/usr/bin/python3", torchrun_flags=())
 
@@ -131,8 +130,7 @@ def test_spec_yaml_round_trips_every_setting(tmp_path: Path) -> None:
 
 def test_hosts_convert_prints_the_yaml(tmp_path: Path) -> None:
     def convert(path: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "clusterrun", "hosts", "convert", path], capture_output=True,
-                              text=True, timeout=60, cwd=ROOT)
+        return clirun.clusterrun("hosts", "convert", path)
 
     done = convert(write(tmp_path, DEEPSPEED))
     assert done.returncode == 0, done.stderr

@@ -22,14 +22,14 @@ import pytest
 from clusterrun.core.events import JobState, NodeState
 from clusterrun.store.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
 from clusterrun.views.joblist import RECENT, shown
+from tests import clirun
 from tests.conftest import ROOT, write_hosts
 
 DAY = 24 * 3600
 
 
 def clusterrun(*args: str | os.PathLike[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clusterrun", *map(str, args)], capture_output=True, text=True,
-                          timeout=60, cwd=cwd, stdin=subprocess.DEVNULL)
+    return clirun.clusterrun(*args, cwd=cwd)
 
 
 def make_record(job_id: str, state: str, ended_ago: float | None, hosts: Path | None = None,

@@ -158,7 +158,8 @@ def test_losing_contact_for_any_time_never_stops_the_job(fake: FakeCluster, monk
     shown unreachable, retried, and followed on from its offset when the host is back; nothing is
     stopped. An --unreachable-timeout does not count the controller's own pause."""
     clock = Clock(monkeypatch)
-    run = Running(fake, reconnect=Reconnect(first=0.01, most=0.02, give_up_after=give_up_after))
+    # 50 failed reconnections in about 0.1 s (1 s at FAST's pace)
+    run = Running(fake, reconnect=Reconnect(first=0.001, most=0.002, give_up_after=give_up_after))
     n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
     n0.write("line 1\n")
     run.seen.wait(lambda ev: "line 1" in run.seen.lines(0))

@@ -26,6 +26,7 @@ from clusterrun.slurm.step import (
     sbatch_script,
     slurm_counts,
 )
+from tests import clirun
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,10 +92,16 @@ def test_slurms_gpus_set_nproc_and_no_cuda_visible_devices_of_ours() -> None:
 
 def _task(tmp_path: Path, step_argv: tuple[str, ...], node: str = "n2", node_id: str = "1",
           ) -> subprocess.CompletedProcess[str]:
-    """The task of ``step_argv`` run by its shell as srun runs it on node ``node``, in ``tmp_path``."""
+    """The task of ``step_argv`` run by its shell as srun runs it on node ``node``, in ``tmp_path``. Its
+    ``sleep`` (the second a failing task waits for its last line to reach srun) is written down in
+    ``tmp_path/slept``, not waited for."""
     task = list(step_argv[step_argv.index("-c") - 1:])
     (tmp_path / "tmp").mkdir(exist_ok=True)
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "MASTER_ADDR": "n1", "MASTER_PORT": "20003",
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    (tmp_path / "bin" / "sleep").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "slept"}\n')
+    (tmp_path / "bin" / "sleep").chmod(0o755)
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path), "MASTER_ADDR": "n1",
+           "MASTER_PORT": "20003",
            "SLURM_NODEID": node_id, "SLURM_NNODES": "2", "SLURMD_NODENAME": node, "TMPDIR": str(tmp_path / "tmp")}
     return subprocess.run(task, env=env, capture_output=True, text=True, check=False, cwd=tmp_path)
 
@@ -143,6 +150,7 @@ def test_each_node_finds_its_own_process_count_by_its_slurm_name(tmp_path: Path)
     stranger = _task(tmp_path, step.argv, node="n9")
     assert stranger.returncode == 2
     assert stranger.stderr == "clusterrun: node n9: no process count for this node in: n2=1 n1=2 n[4]=1\n"
+    assert (tmp_path / "slept").read_text() == "1\n"  # its line reaches srun before the task ends
 
 
 @pytest.mark.parametrize(("setup", "code", "said"), [
@@ -160,6 +168,7 @@ def test_a_failing_setup_fails_the_node_with_its_status_and_output(tmp_path: Pat
     done = _task(tmp_path, step.argv)
     assert done.returncode == code and said in done.stderr and "never" not in done.stdout
     assert "--node-rank=1" not in done.stdout
+    assert (tmp_path / "slept").read_text() == "1\n"
 
 
 def test_setup_runs_in_the_workdir_in_the_shell_that_execs_torchrun(tmp_path: Path) -> None:
@@ -194,6 +203,7 @@ def test_the_preflight_in_the_task_names_the_node_and_what_is_missing(tmp_path: 
     done = _task(tmp_path, step.argv)
     assert (done.returncode, done.stderr) == (code, f"clusterrun: node n2: {said.format(tmp=tmp_path)}\n")
     assert done.stdout == ""
+    assert (tmp_path / "slept").read_text() == "1\n"
 
 
 def test_no_preflight_leaves_the_checks_to_torchrun(tmp_path: Path) -> None:
@@ -335,8 +345,7 @@ def test_srun_failing_before_any_task_fails_every_node(tmp_path: Path) -> None:
 
 def _clusterrun(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    return subprocess.run([sys.executable, "-m", "clusterrun", *args], capture_output=True, text=True, check=False,
-                          env={**base, "PYTHONPATH": str(ROOT), **(env or {})})
+    return clirun.clusterrun(*args, env={**base, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 def test_up_from_slurm_outside_an_allocation_or_without_srun_says_what_to_do(tmp_path: Path) -> None:

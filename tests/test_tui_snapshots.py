@@ -183,6 +183,17 @@ def test_64_nodes_scroll_to_the_failed_one_with_a_node_set_summary(snap_compare:
     assert snap_compare(app_for(Scripted(many(), running=True)), terminal_size=size)
 
 
+async def mounted(app: Any, pilot: Any, selector: str = "#nodes") -> None:
+    """Until the main screen holds ``selector`` (one pause is not enough on a loaded machine)."""
+    import time
+
+    deadline = time.monotonic() + 30
+    await pilot.pause()
+    while not app.query(selector):
+        assert time.monotonic() < deadline, f"{selector} never shown"
+        await pilot.pause(0.05)
+
+
 def test_node_table_caches_are_sized_only_on_textual_versions_checked() -> None:
     """NodeTable sizes DataTable's private render caches. This fails on a Textual newer than the
     versions checked to have them: check them (the names in NodeTable.fit_caches, and that
@@ -196,7 +207,7 @@ def test_node_table_caches_are_sized_only_on_textual_versions_checked() -> None:
     async def main() -> int:
         app = app_for(Scripted(started(), running=True))
         async with app.run_test(size=(120, 36)) as pilot:
-            await pilot.pause()
+            await mounted(app, pilot)
             return app.query_one("#nodes", NodeTable)._cell_render_cache.maxsize
 
     maxsize = asyncio.run(main())
@@ -214,7 +225,7 @@ def test_the_gpu_line_follows_the_selected_node_and_keys_answer_at_64_nodes() ->
         app = app_for(Scripted(with_gpus(), running=True))
         seen = []
         async with app.run_test(size=(120, 36)) as pilot:
-            await pilot.pause()
+            await mounted(app, pilot)
             for key in ("", "j", "j"):
                 if key:
                     await pilot.press(key)
@@ -230,7 +241,7 @@ def test_the_gpu_line_follows_the_selected_node_and_keys_answer_at_64_nodes() ->
         app = app_for(Scripted(many(), running=True))
         rows = []
         async with app.run_test(size=(80, 24)) as pilot:
-            await pilot.pause()
+            await mounted(app, pilot)
             table = app.query_one("#nodes", NodeTable)
             rows.append(table.cursor_row)  # the first failed node, selected and in view
             await pilot.press("k", "k")

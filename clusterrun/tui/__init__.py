@@ -287,6 +287,8 @@ class Dashboard(App[int]):
             self.query_one("#progress").set_class(True, "shown")
 
     def _tick_clock(self) -> None:
+        if not self.screen.query("#nodes"):  # the app starting or ending (or a dialog on top): no table to redraw
+            return
         self.board.header_changed = True
         self.board.changed.update(range(len(self.board.nodes)))
         self._redraw()

@@ -1,0 +1,133 @@
+"""The agent's ``follow`` (``agent/follow.py``): a node's log and state as a stream of JSON lines,
+resumable by byte offset, from the start, the tail or before an offset, with or without the log, once
+or to the job's end. In this process from an attempt's records (``tests/agenthost.py``); end to end
+through a real agent and torchrun: ``tests/test_agent.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterrun.agent.follow import Times, tail_offset
+from clusterrun.agent.records import write_json_atomic
+from clusterrun.agent.serve import answer
+from tests.agenthost import Attempt, Processes, job_tree
+from tests.conftest import wait_for
+
+LOG = b"one\ntwo\nthree\nfour\npartial"
+
+
+def follow(capsys: pytest.CaptureFixture[str], at: Attempt, **fields: Any) -> list[dict[str, Any]]:
+    """The messages ``follow`` streams for ``at`` (it answers nothing else: None)."""
+    assert answer(json.dumps(at.request("follow", **fields)).encode()) is None
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def data(messages: list[dict[str, Any]]) -> str:
+    return "".join(m["data"] for m in messages if m["t"] == "log")
+
+
+def test_an_ended_attempt_streams_its_log_its_state_and_ends_with_the_partial_line(
+        capsys: pytest.CaptureFixture[str], attempt: Attempt) -> None:
+    attempt.make(state="exited", exit_code=0)
+    (attempt.folder / "output.log").write_bytes(LOG)
+    (attempt.folder / "output.times").write_bytes(b"0 1000\n8 2000\n")
+    messages = follow(capsys, attempt)
+    assert [m["t"] for m in messages] == ["log", "state", "log", "end"]
+    first = messages[0]
+    assert (first["offset"], first["next"], first["data"]) == (0, 19, "one\ntwo\nthree\nfour\n")
+    assert first["times"] == [[0, 1000], [8, 2000]]
+    assert messages[2]["offset"] == 19 and messages[2]["data"] == "partial"
+    assert messages[3]["state"]["exit_code"] == 0 and messages[1]["state"]["state"] == "exited"
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({"offset": 8}, "three\nfour\npartial"),
+    ({"tail": 2}, "three\nfour\npartial"),
+    ({"tail": 0}, "partial"),
+    ({"offset": 14, "before": 2}, "two\nthree\nfour\npartial"),  # a viewer's scrollback before offset 14
+    ({"logs": False}, ""),
+])
+def test_it_starts_where_it_is_asked_and_loses_and_repeats_nothing(
+        capsys: pytest.CaptureFixture[str], attempt: Attempt, fields: dict[str, Any], expected: str) -> None:
+    attempt.make(state="exited")
+    (attempt.folder / "output.log").write_bytes(LOG)
+    messages = follow(capsys, attempt, **fields)
+    assert data(messages) == expected and messages[-1]["t"] == "end"
+
+
+def test_once_ends_at_what_is_written_so_far_while_the_job_runs(capsys: pytest.CaptureFixture[str],
+                                                                  procs: Processes, attempt: Attempt) -> None:
+    tree = job_tree(procs, attempt)
+    attempt.make(**tree.state())
+    (attempt.folder / "output.log").write_bytes(b"a\nb\npart")
+    messages = follow(capsys, attempt, once=True)
+    assert [m["t"] for m in messages] == ["log", "state", "eof"]
+    assert messages[-1]["next"] == 4 and messages[-1]["state"]["state"] == "running"
+
+
+def test_following_a_running_job_to_its_end_gets_every_line_once_then_the_final_state(
+        capsys: pytest.CaptureFixture[str], procs: Processes, attempt: Attempt) -> None:
+    tree = job_tree(procs, attempt)
+    state = attempt.make(**tree.state())
+    log = attempt.folder / "output.log"
+    log.write_bytes(b"first\n")
+
+    def the_job_ends() -> None:  # once follow waits for news: it must wake, lose and repeat nothing
+        wait_for(lambda: watched(attempt.folder), timeout=30, what="follow to watch the attempt's directory")
+        with open(log, "ab") as f:
+            f.write(b"second\nthird\n")
+        write_json_atomic(str(attempt.folder / "state.json"), dict(state, state="exited", exit_code=0))
+
+    writer = threading.Thread(target=the_job_ends)
+    writer.start()
+    messages = follow(capsys, attempt)
+    writer.join()
+    assert data(messages) == "first\nsecond\nthird\n"
+    assert messages[-1] == {"t": "end", "state": dict(state, state="exited", exit_code=0)}
+
+
+def watched(folder: Path) -> bool:
+    """Whether an inotify descriptor of this process watches ``folder`` (the agent's ``Waker``)."""
+    inode = f"ino:{os.stat(folder).st_ino:x} "
+    for fd in os.listdir("/proc/self/fdinfo"):
+        try:
+            if inode in Path(f"/proc/self/fdinfo/{fd}").read_text():
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def test_an_attempt_from_before_a_reboot_is_followed_to_the_end_as_lost(capsys: pytest.CaptureFixture[str],
+                                                                         attempt: Attempt) -> None:
+    attempt.make(boot_id="another boot")
+    (attempt.folder / "output.log").write_bytes(b"last words\n")
+    messages = follow(capsys, attempt)
+    assert data(messages) == "last words\n" and messages[-1]["state"]["state"] == "lost"
+
+
+def test_the_tail_offset_counts_complete_lines_only(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    path.write_bytes(b"1\n2\n3\npartial")
+    assert [tail_offset(str(path), n) for n in (0, 1, 3, 9)] == [6, 4, 0, 0]
+    assert tail_offset(str(path), 1, end=4) == 2
+    path.write_bytes(b"x" * 70_000 + b"\n" + b"y\n")  # more than one block read from the end
+    assert tail_offset(str(path), 1) == 70_001 and tail_offset(str(path), 2) == 0
+
+
+def test_times_are_the_entries_that_cover_a_range_as_the_file_grows(tmp_path: Path) -> None:
+    path = tmp_path / "output.times"
+    times = Times(str(path))
+    assert times.covering(0, 10) == []  # none yet
+    path.write_bytes(b"0 100\n5 200\n12 300\n20 4")  # the last entry is still being written
+    assert times.covering(0, 10) == [[0, 100], [5, 200]]
+    assert times.covering(10, 15) == [[5, 200], [12, 300]]
+    with open(path, "ab") as f:
+        f.write(b"00\n")
+    assert times.covering(15, 30) == [[12, 300], [20, 400]]
