@@ -93,6 +93,9 @@ STARTUP = ("PYTHON", "LC_", "LANG")
 # This process's environment as it started (clirun is imported while the tests are collected): the
 # server's, whatever a test that happens to run the first command set for itself.
 _START_ENV = dict(os.environ)
+# ... and its working directory: a test may leave another (the monitor's code moves to a job's
+# directory), and coverage's data file is named relative to this one.
+_START_CWD = os.getcwd()
 _lock = threading.Lock()
 _server: tuple[subprocess.Popen[bytes], socket.socket, dict[str, str]] | None = None
 
@@ -166,7 +169,7 @@ def measured() -> dict[str, str] | None:
     current = coverage.Coverage.current()
     if current is None:
         return None
-    return {"data_file": os.path.abspath(current.config.data_file), "config_file": current.config.config_file}
+    return {"data_file": os.path.join(_START_CWD, current.config.data_file), "config_file": current.config.config_file}
 
 
 def _read_to_the_end(out: int, err: int, deadline: float) -> tuple[bytes, bytes]:
