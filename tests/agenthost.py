@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -85,13 +86,21 @@ class Processes:
     """Children started by a test; every one still running at its end is killed and reaped."""
 
     started: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    adopted: dict[int, int | None] = field(default_factory=dict)  # pid -> start time: not our children
 
     def start(self, argv: Sequence[str], env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL, **popen)
         self.started.append(proc)
         return proc
 
+    def adopt(self, pids: Sequence[int]) -> None:
+        """Processes the children started (in sessions of their own): killed at the end too."""
+        self.adopted.update((pid, start_time(pid)) for pid in pids)
+
     def close(self) -> None:
+        for pid, started in self.adopted.items():
+            if started is not None and alive(pid, started):
+                os.kill(pid, signal.SIGKILL)
         for proc in self.started:
             if proc.poll() is None:
                 proc.kill()
@@ -138,6 +147,7 @@ def job_tree(procs: Processes, at: Attempt, workers: int = 1, ignore_term: bool 
                            stdout=subprocess.PIPE, start_new_session=True)
     *sleeps, torchrun = pids_from(survivor, workers + unmarked + 1)
     # `$!` is the forked shell's pid: wait for its exec of sleep (its environment is the new one's then)
+    procs.adopt([torchrun, *sleeps])
     wait_for(lambda: all(_comm(pid) == "sleep" for pid in sleeps), timeout=30, what="the workers to run")
     return Tree(survivor, torchrun, sleeps)
 

@@ -27,6 +27,7 @@ def marked_tree(procs: Processes, at: Attempt, children: int = 1, ignore_term: b
                             f"PET_LOG_DIR={log_dir or at.folder / 'torchrun'}", "sh", "-c", inner],
                            stdout=subprocess.PIPE)
     root, *sleeps = pids_from(survivor, 1 + children)
+    procs.adopt([root, *sleeps])
     wait_for(lambda: all(Path(f"/proc/{pid}/comm").read_text().strip() == "sleep" for pid in sleeps),
              timeout=30, what="the sleeps to run")  # `$!` is the forked shell's pid, before its exec
     return [root, *sleeps]
