@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.test_layout import cycles
+
 AGENT = Path(__file__).resolve().parent.parent / "clusterrun" / "agent"
 PACKAGE = "clusterrun.agent"
 
@@ -50,38 +52,8 @@ def _graph() -> dict[str, dict[str, int]]:
 
 
 def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan's), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for after in graph.get(node, {}):
-            if after not in index:
-                visit(after)
-                low[node] = min(low[node], low[after])
-            elif after in on_stack:
-                low[node] = min(low[node], index[after])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                top = stack.pop()
-                on_stack.discard(top)
-                component.append(top)
-                if top == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return found
+    """The strongly connected components of more than one module, each sorted (the layout test's search)."""
+    return cycles({module: set(imports) for module, imports in graph.items()})
 
 
 def test_the_agent_modules_import_each_other_without_a_cycle() -> None:
