@@ -143,7 +143,9 @@ class Dashboard(App[int]):
         yield Static(id="logtitle")
         yield RingLog(self._highlighter, id="log")
         yield Input(placeholder="search: text or regex, Enter to find, Esc to clear", id="search")
-        yield Footer(compact=True)  # every key shown fits in 80 columns
+        footer = Footer()
+        footer.compact = True  # every key shown fits in 80 columns (an argument only from Textual 6)
+        yield footer
 
     def on_mount(self) -> None:
         table = self.query_one("#nodes", DataTable)
