@@ -238,7 +238,8 @@ def test_ps_lists_a_job_whose_first_setup_runs_and_forgets_it_once_its_up_ends(t
     preparing, with what up said last of the setups; gone from there once up has ended."""
     hosts = write_hosts(tmp_path, [1], state_dir, extra=(
         "  - host: local-b\n    nproc: 1\n    setup: sleep 1018\n"))
-    up = subprocess.Popen(up_argv("--setup-timeout", "14s", "--name", "slowsetup", hosts, SUPPORT / "counter.py",
+    # A setup timeout far away: `ps` (a Python start, seconds on a loaded machine) runs long before it.
+    up = subprocess.Popen(up_argv("--setup-timeout", "10m", "--name", "slowsetup", hosts, SUPPORT / "counter.py",
                                   "3", "0"), stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert up.stderr is not None
@@ -250,7 +251,8 @@ def test_ps_lists_a_job_whose_first_setup_runs_and_forgets_it_once_its_up_ends(t
         assert "nothing started yet (its up checks the hosts): node 1 (local-b): setup runs for 1" in listed, listed
         one = _ps("slowsetup")
         assert one.startswith("job slowsetup-") and "preparing for" in one and "setup runs for" in one, one
-        assert up.wait(timeout=120) == 3  # setup_timeout: nothing started
+        up.send_signal(signal.SIGINT)  # Ctrl-C during the setup: nothing started
+        assert up.wait(timeout=120) == 130
     finally:
         if up.poll() is None:
             up.kill()
