@@ -251,8 +251,10 @@ def test_ps_lists_a_job_whose_first_setup_runs_and_forgets_it_once_its_up_ends(t
         assert "nothing started yet (its up checks the hosts): node 1 (local-b): setup runs for 1" in listed, listed
         one = _ps("slowsetup")
         assert one.startswith("job slowsetup-") and "preparing for" in one and "setup runs for" in one, one
-        up.send_signal(signal.SIGINT)  # Ctrl-C during the setup: nothing started
+        up.send_signal(signal.SIGINT)  # Ctrl-C during the setup: nothing started, the setup killed on its host
         assert up.wait(timeout=120) == 130
+        wait_for(lambda: subprocess.run(["pgrep", "-f", "sleep 1018"], capture_output=True).returncode == 1, 30,
+                 what="the setup killed")
     finally:
         if up.poll() is None:
             up.kill()

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import os
+import select
 import sys
+import time
 
 from .codec import json_loads
 from .procs import signal
@@ -107,14 +109,22 @@ def run_setup(commands: list[str], env: dict[str, str], cwd: str | None,
     except OSError as exc:
         where = folder if folder and not os.path.isdir(folder) else bash
         raise AgentFailure(f"setup could not run: {where}: {exc.strerror or exc}; nothing was started") from None
-    try:
-        out, err = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            out, err = proc.communicate(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+            break
+        except subprocess.TimeoutExpired:
+            gone = _controller_gone()
+            if not gone and time.monotonic() < deadline:
+                continue
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
             pass
         out, err = proc.communicate()
+        if gone:
+            raise AgentFailure("the controller went away during setup: its commands were killed; nothing was started")
         raise AgentFailure(f"setup did not finish within {limit:g} s (killed); nothing was started; its last "
                            f"lines:\n{_last_lines(err)}") from None
     if proc.returncode != 0:
@@ -165,6 +175,17 @@ def job_python(python: str, env: dict[str, str], cwd: str | None) -> dict[str, A
     return {"executable": seen.get("executable") or found, "python": seen.get("python") or "",
             "torch": None if text is None else version_of(text), "torch_cuda": assigned(text or "", "cuda"),
             "torchrun_flags": list(seen.get("flags") or [])}
+
+
+def _controller_gone() -> bool:
+    """Whether the controller closed this agent's stdin (a pipe hung up: Ctrl-C of `up` during a
+    setup), seen without reading it: the next request must stay there for the request loop."""
+    poller = select.poll()
+    try:
+        poller.register(sys.stdin.fileno(), 0)  # POLLHUP and POLLERR are reported whatever the mask
+    except (OSError, ValueError):  # no file behind stdin (an agent run in-process): nobody to lose
+        return False
+    return any(events & (select.POLLHUP | select.POLLERR) for _, events in poller.poll(0))
 
 
 def op_setup(req: SetupRequest) -> dict[str, Any]:

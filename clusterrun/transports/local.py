@@ -15,6 +15,8 @@ from clusterrun.config.hostsfile import HostSpec
 from clusterrun.core.errors import AgentError
 from clusterrun.transports.base import AgentSession, Transport, agent_bundle, agent_command
 
+CLOSE_WAIT = 0.5  # seconds an agent gets to end after its stdin closed (it checks a running setup 5 times a second)
+
 
 class LocalTransport(Transport):
     """Runs ``python -S -c BOOTSTRAP`` locally; requests go to its stdin, as over SSH."""
@@ -74,9 +76,11 @@ class LocalTransport(Transport):
                 stdin.close()
             except BrokenPipeError:
                 pass
-            if proc.poll() is None:  # waiting for a request, or still streaming: nothing to finish
+            try:  # an agent that waits for a request ends at once; one in a setup kills the setup first
+                proc.wait(timeout=CLOSE_WAIT)
+            except subprocess.TimeoutExpired:  # still streaming: nothing to finish
                 proc.kill()
-            proc.wait()
+                proc.wait()
             self._live.discard(proc)
             reader.join(timeout=5)
             stdout.close()
