@@ -222,7 +222,7 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
         "restart_at": iso(record.restart_at) if record.state is JobState.RESTARTING else None,
         "attempts": [{"attempt": a.attempt, "state": str(a.state), "started": iso(a.started),
                       "ended": iso(a.ended), "master_port": a.master_port, "root_cause": a.root_cause,
-                      "cause": a.cause, "fix": a.fix, "restarted": a.restart,
+                      "cause": a.cause, "fix": a.fix, "restarted": a.restart, "replaced": a.replaced,
                       "duration": round(a.ended - a.started, 3) if a.ended is not None else None}
                      for a in record.attempts],
         "nodes": nodes,
