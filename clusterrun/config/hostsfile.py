@@ -122,8 +122,8 @@ class ClusterSpec:
                        spares=tuple(s for s in self.spares if s.host not in taken))
 
 
-_TOP_KEYS = ("hosts", "spares", "defaults", "env", "master", "state_dir", "ssh_config", "forward_env", "env_file",
-             "secret_env", "restart", *WATCH_KEYS)
+_TOP_KEYS = ("hosts", "defaults", "env", "master", "state_dir", "ssh_config", "forward_env", "env_file",
+             "secret_env", "restart", "spares", *WATCH_KEYS)
 _SHARED_KEYS = ("port", "user", "identity_file", "gpus", "nproc", "python", "workdir", "env", "transport",
                 "sync", "sync_exclude", "forward_env", "env_file", "setup")
 _HOST_KEYS = ("host", "address", *_SHARED_KEYS)

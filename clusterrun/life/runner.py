@@ -119,7 +119,8 @@ def history(record: JobRecord) -> str:
     for a in record.attempts:
         took = f" after {a.ended - a.started:.0f} s" if a.ended is not None else ""
         cause = f" ({a.root_cause.splitlines()[0]})" if a.root_cause and a.state is not JobState.SUCCEEDED else ""
-        parts.append(f"{a.attempt} {a.state}{took}{cause}" + (", restarted" if a.restart else ""))
+        spares = "".join(f" on {new} for {old}" for old, new in (a.replaced or {}).items())
+        parts.append(f"{a.attempt} {a.state}{took}{spares}{cause}" + (", restarted" if a.restart else ""))
     return "attempts: " + " · ".join(parts)
 
 

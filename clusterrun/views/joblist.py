@@ -241,12 +241,15 @@ def _progress_json(progress: Progress | None) -> dict[str, Any] | None:
 def history_rows(record: JobRecord, now: float) -> list[tuple[str, ...]]:
     """``ps JOB``'s table of the job's attempts: when each started, for how long it ran, how it
     ended, whether it was restarted (by the policy, or the start-up retry) and its root cause."""
-    rows: list[tuple[str, ...]] = [("ATTEMPT", "STARTED", "DURATION", "STATE", "RESTARTED", "ROOT CAUSE")]
+    spared = any(a.replaced for a in record.attempts)  # the column only where a spare ran
+    rows: list[tuple[str, ...]] = [("ATTEMPT", "STARTED", "DURATION", "STATE", "RESTARTED",
+                                    *(("SPARES",) if spared else ()), "ROOT CAUSE")]
     for a in record.attempts:
         duration = (a.ended if a.ended is not None else now) - a.started
         cause = (a.root_cause or "").split("\n", 1)[0]
+        swaps = ", ".join(f"{new} for {old}" for old, new in (a.replaced or {}).items()) or "-"
         rows.append((str(a.attempt), iso(a.started) or "-", f"{duration:.0f} s", str(a.state), a.restart or "-",
-                     cause or "-"))
+                     *((swaps,) if spared else ()), cause or "-"))
     return rows
 
 
