@@ -23,11 +23,11 @@ from clusterrun.core.errors import (
     JobNotFound,
     StateError,
 )
-from clusterrun.life import notify
+from clusterrun.life import notify, spares
 from clusterrun.life.attempt import NextAttempt, NotStopped
 from clusterrun.life.down import Verdict
 from clusterrun.life.down import down as stop_verified
-from clusterrun.life.lifecycle import daemonize, remove_on_hosts
+from clusterrun.life.lifecycle import daemonize, remove_on_hosts, spec_of
 from clusterrun.life.runner import run_monitor
 from clusterrun.slurm.job import is_slurm
 from clusterrun.store.jobs import JobRecord, JobStore
@@ -220,9 +220,13 @@ def prune(hosts_too: bool, yes: bool) -> None:
 @click.option("--no-preflight", is_flag=True, help="Skip the costlier checks before the stop (GPUs, the same "
               "torch/CUDA/Python on every host, the master port reachable by TCP from every node), as up does.")
 @hosts_option
+@click.option("-x", "--exclude", "exclude", multiple=True, metavar="HOST", help="Run the next attempt on the "
+              "first free spare (`spares:` in the hosts file, as many processes) instead of HOST, in its node rank.")
+@click.option("--replace", "replace", multiple=True, metavar="HOST=SPARE", help="Run the next attempt on the spare "
+              "SPARE instead of HOST.")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str | None,
-            script_args: tuple[str, ...] = ()) -> None:
+            exclude: tuple[str, ...] = (), replace: tuple[str, ...] = (), script_args: tuple[str, ...] = ()) -> None:
     """Check JOB's next attempt as up does, then stop JOB (verified) and start it again with the
     same hosts file, script, arguments and environment, as a new attempt with logs of its own;
     returns once it runs (like up -d). `restart JOB -- ARGS...` gives the script new arguments
@@ -234,11 +238,15 @@ def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str |
     runs it (refused once the allocation has ended; see docs/slurm.md)."""
     store, record = _open_job(job, hosts_file)
     if is_slurm(record):  # a new step in its allocation, run here in the foreground
+        if exclude or replace:
+            _fail(ConfigError("-x and --replace: a Slurm job's hosts are its allocation's",
+                              hint="ask Slurm for other nodes (`up --from-slurm` in a new allocation)"), EXIT_USAGE)
         restart_slurm(record, grace, script_args)
     printer = Printer(nnodes=len(record.nodes))
     try:
+        swaps = _swaps(record, exclude, replace)
         attempt = NextAttempt(record, printer, full_preflight=not no_preflight,
-                              script_args=script_args if script_args else None)
+                              script_args=script_args if script_args else None, replace=swaps)
     except ConfigError as exc:
         exc.message += f"; job {record.job_id} was not restarted, attempt {record.attempt} runs on untouched"
         _fail(exc, EXIT_USAGE)
@@ -256,6 +264,19 @@ def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str |
         attempt.close()
     printer.flush()
     _note(f"job {record.job_id} restarted as attempt {record.attempt}; {_follow_hint(record.job_id)}")
+
+
+def _swaps(record: JobRecord, exclude: tuple[str, ...], replace: tuple[str, ...]) -> dict[str, str]:
+    """``restart``'s ``-x HOST`` and ``--replace HOST=SPARE``: each host's spare (``spares.pick``)."""
+    if not exclude and not replace:
+        return {}
+    chosen = {}
+    for item in replace:
+        host, equals, spare = item.partition("=")
+        if not equals or not host or not spare:
+            raise ConfigError(f"--replace {item!r}: expected HOST=SPARE", hint="e.g. --replace gpu03=spare01")
+        chosen[host] = spare
+    return spares.pick(spec_of(record), record, exclude, chosen)
 
 
 @main.command(name="_monitor", hidden=True)

@@ -20,7 +20,7 @@ import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -104,10 +104,26 @@ class ClusterSpec:
     restart: RestartPolicy = RestartPolicy()  # restarts of the whole job after a failure (none by default)
     watch: Watch = Watch()  # startup_timeout, hang_after, on_hang
     notify: Notify | None = None
+    spares: tuple[HostSpec, ...] = ()  # hosts that take a failed host's place in the next attempt
+
+    def with_spares(self, replaced: Mapping[str, str]) -> ClusterSpec:
+        """The hosts with each one named in ``replaced`` swapped for the spare named there, in its
+        place (its node rank); the spares in use leave the list of spares. ``KeyError`` for a name
+        that is not a host or a spare of this file."""
+        if not replaced:
+            return self
+        spares = {s.host: s for s in self.spares}
+        hosts = {h.host for h in self.hosts}
+        for old, new in replaced.items():
+            if old not in hosts or new not in spares:
+                raise KeyError(old if old not in hosts else new)
+        taken = set(replaced.values())
+        return replace(self, hosts=tuple(spares[replaced[h.host]] if h.host in replaced else h for h in self.hosts),
+                       spares=tuple(s for s in self.spares if s.host not in taken))
 
 
 _TOP_KEYS = ("hosts", "defaults", "env", "master", "state_dir", "ssh_config", "forward_env", "env_file",
-             "secret_env", "restart", *WATCH_KEYS)
+             "secret_env", "restart", "spares", *WATCH_KEYS)
 _SHARED_KEYS = ("port", "user", "identity_file", "gpus", "nproc", "python", "workdir", "env", "transport",
                 "sync", "sync_exclude", "forward_env", "env_file", "setup")
 _HOST_KEYS = ("host", "address", *_SHARED_KEYS)
@@ -304,9 +320,13 @@ class _Parser(NodeReader):
         if "master" in top:
             master = self.fields(top["master"], "master", _MASTER_KEYS, "a mapping with 'addr' and/or 'port'")
         watch, notify = watch_settings(self, top)
+        seen: dict[tuple[str, int | None], Node] = {}  # a spare is no host of the file too
+        hosts = self.hosts(top["hosts"], defaults, env, "hosts", seen)
+        spares = self.hosts(top["spares"], defaults, env, "spares", seen, len(hosts)) if "spares" in top else ()
         return ClusterSpec(
             path=self.path,
-            hosts=self.hosts(top["hosts"], defaults, env),
+            hosts=hosts,
+            spares=spares,
             master_addr=self.string(master["addr"], "master.addr", name_like=True) if "addr" in master else None,
             master_port=self.master_port(master["port"]) if "port" in master else None,
             state_dir=self.string(top["state_dir"], "state_dir") if "state_dir" in top else None,
@@ -324,14 +344,16 @@ class _Parser(NodeReader):
             return self.port(node, "master.port")
         raise self.expected("'auto' or a port number from 1 to 65535", node, "master.port")
 
-    def hosts(self, node: Node, defaults: _Settings, env: dict[str, str]) -> tuple[HostSpec, ...]:
+    def hosts(self, node: Node, defaults: _Settings, env: dict[str, str], what: str,
+              seen: dict[tuple[str, int | None], Node], before: int = 0) -> tuple[HostSpec, ...]:
+        """The entries of ``hosts:`` or ``spares:`` (``what``); ``seen``: every host listed so far
+        (names ignore case, as DNS and ssh do); ``before``: how many, against ``MAX_HOSTS``."""
         if not isinstance(node, SequenceNode) or not node.value:
             hint = "write each host as a list item: '- node1'" if isinstance(node, MappingNode) else None
-            raise self.expected("a non-empty list of hosts", node, "hosts", hint)
+            raise self.expected(f"a non-empty list of {what}", node, what, hint)
         specs: list[HostSpec] = []
-        seen: dict[tuple[str, int | None], Node] = {}  # host names ignore case, as DNS and ssh do
         for i, entry in enumerate(node.value):
-            key = f"hosts[{i}]"
+            key = f"{what}[{i}]"
             name_node: Node = entry
             address, own = None, _Settings()
             if isinstance(entry, MappingNode):
@@ -345,7 +367,7 @@ class _Parser(NodeReader):
                 own = self.settings(entries, key)
             elif not (isinstance(entry, ScalarNode) and entry.tag == STR):
                 raise self.expected("a host name or a mapping with 'host'", entry, key)
-            for host in self.host_names(name_node, key, address, MAX_HOSTS - len(specs)):
+            for host in self.host_names(name_node, key, address, MAX_HOSTS - before - len(specs)):
                 spec = self.host_spec(host, address, entry, own, defaults, env, key)
                 other = seen.setdefault((host.lower(), spec.port), name_node)
                 if other is not name_node:

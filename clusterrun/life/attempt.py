@@ -22,9 +22,10 @@ here by the stop and the start.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from clusterrun.config.hostsfile import ClusterSpec
 from clusterrun.core.errors import ClusterrunError, HostsUnavailable, StateError
@@ -110,12 +111,18 @@ class NextAttempt:
     the two."""
 
     def __init__(self, record: JobRecord, emit: Emit, *, full_preflight: bool = True,
-                 script_args: Sequence[str] | None = None, recorded: ClusterSpec | None = None) -> None:
+                 script_args: Sequence[str] | None = None, recorded: ClusterSpec | None = None,
+                 replace: Mapping[str, str] | None = None) -> None:
         self.record = record
         self.emit = emit
+        self.replace_hosts = dict(replace or {})  # a current host → the spare that takes its place
         self.aspec = AttemptSpec.of(record, os.environ, recorded)  # recorded: the owner's parsed hosts file
         self.aspec.plan_to_start()  # a secret of the running attempt that is no longer found refuses here
-        self.job = checked_attempt(record, self.aspec, emit, full=full_preflight, script_args=script_args)
+        following = dataclasses.replace(self.aspec, spec=self.aspec.spec.with_spares(self.replace_hosts))
+        for old, new in self.replace_hosts.items():
+            rank = [h.host for h in self.aspec.spec.hosts].index(old)
+            note(emit, f"node {rank}: the spare {new} takes the place of {old} from attempt {record.attempt + 1}")
+        self.job = checked_attempt(record, following, emit, full=full_preflight, script_args=script_args)
 
     def replace(self, store: JobStore, *, owner_fd: int | None = None, grace: float | None = None,
                 automatic: bool = False) -> JobRecord:
@@ -141,8 +148,14 @@ class NextAttempt:
         if unrecorded is not None:
             raise StateError(unrecorded.path, f"not restarting job {record.job_id}: its record cannot be written "
                              f"({unrecorded.message})", hint=unrecorded.hint)
-        if not all(r.ok for r in reports.values()):
-            bad = ", ".join(f"node {r.node} ({r.host})" for r in reports.values() if not r.ok)
+        # A host being replaced that cannot be reached is left out: its stop cannot be verified (said).
+        left_out = {r.node for r in reports.values() if r.host in self.replace_hosts and r.error is not None}
+        for rank in sorted(left_out):
+            note(self.emit, f"node {rank} ({reports[rank].host}) is left out unverified ({reports[rank].error}); "
+                            f"if it comes back, look for the job's processes there")
+        unstopped = [r for r in reports.values() if not r.ok and r.node not in left_out]
+        if unstopped:
+            bad = ", ".join(f"node {r.node} ({r.host})" for r in unstopped)
             raise NotStopped(f"not restarting job {record.job_id}: attempt {record.attempt} could not be verified "
                              f"stopped on {bad}", reports,
                              hint="see the stop report; `clusterrun down` again once the host is back, then restart")
@@ -153,7 +166,7 @@ class NextAttempt:
         try:
             recorder = Recorder(store, record.job_id, self.job.attempt)
             self.job.subscribe(recorder)
-            start(self.job, self.emit, recorder, automatic=automatic)
+            start(self.job, self.emit, recorder, automatic=automatic, replaced=self.replace_hosts)
             recorder.flush()  # the nodes' pids and states, before the record is read back
             new = store.load(record.job_id)
             notify.send_due(store, new, lambda text: note(self.emit, text))  # restarted (and the last end)
@@ -171,9 +184,11 @@ class NextAttempt:
 
 def restart(store: JobStore, record: JobRecord, emit: Emit, *, owner_fd: int | None = None,
             grace: float | None = None, full_preflight: bool = True, automatic: bool = False,
-            script_args: Sequence[str] | None = None, recorded: ClusterSpec | None = None) -> JobRecord:
+            script_args: Sequence[str] | None = None, recorded: ClusterSpec | None = None,
+            replace: Mapping[str, str] | None = None) -> JobRecord:
     """Check the next attempt, stop the current one (verified), start the next: ``NextAttempt``."""
-    attempt = NextAttempt(record, emit, full_preflight=full_preflight, script_args=script_args, recorded=recorded)
+    attempt = NextAttempt(record, emit, full_preflight=full_preflight, script_args=script_args, recorded=recorded,
+                          replace=replace)
     try:
         return attempt.replace(store, owner_fd=owner_fd, grace=grace, automatic=automatic)
     finally:
@@ -185,7 +200,7 @@ class Cancelled(ClusterrunError):
 
 
 def start(job: Job, emit: Emit, recorder: Recorder, *, first: bool = False, automatic: bool = False,
-          ranks: Sequence[int] | None = None) -> None:
+          ranks: Sequence[int] | None = None, replaced: Mapping[str, str] | None = None) -> None:
     """The one start of an attempt, checked (``checks``: its sync and setup ran there, before any
     stop) and with the last one verified stopped: ``up``'s ``first`` (its record just created),
     and the next attempt of ``restart``, the start-up retry and the restart policy (the attempt's
@@ -194,11 +209,11 @@ def start(job: Job, emit: Emit, recorder: Recorder, *, first: bool = False, auto
     (a monitor finishing the start of a controller that died during it). Then the nodes start;
     on a failure the record says so and the nodes that started were stopped again
     (``HostsUnavailable``). ``recorder``, subscribed to ``job`` by the caller, writes the
-    attempt's record, its start's too."""
+    attempt's record, its start's too; ``replaced``: the spares it runs on instead of hosts of the last."""
     plan = job.plan
     if plan is None:
         raise RuntimeError("start() before the checks")
-    event, begin = attempt_event(plan, job.attempt), _begun(plan, job.attempt, job.script_args, automatic)
+    event, begin = attempt_event(plan, job.attempt), _begun(plan, job.attempt, job.script_args, automatic, replaced)
     if not first and ranks is None:
         recorder.begin(begin)
         emit(event)  # before the nodes' start: shown as the new attempt's
@@ -209,13 +224,15 @@ def start(job: Job, emit: Emit, recorder: Recorder, *, first: bool = False, auto
         raise
 
 
-def _begun(plan: LaunchPlan, attempt: int, script_args: Sequence[str], automatic: bool) -> Callable[[JobRecord], None]:
+def _begun(plan: LaunchPlan, attempt: int, script_args: Sequence[str], automatic: bool,
+           replaced: Mapping[str, str] | None = None) -> Callable[[JobRecord], None]:
     """The change that records the start of the next attempt ``attempt`` of ``plan``."""
     def begin(rec: JobRecord) -> None:
         if automatic and rec.state is not JobState.RESTARTING:
             raise Cancelled(f"not restarting job {rec.job_id}: it is {rec.state}")
         transition(rec.state, Change.START)  # only from an end (raises, nothing written): never two attempts
-        rec.attempts.append(AttemptRecord(attempt, started=time.time(), master_port=plan.master_port))
+        rec.attempts.append(AttemptRecord(attempt, started=time.time(), master_port=plan.master_port,
+                                          replaced=dict(replaced) if replaced else None))
         move(rec, Change.START)
         rec.attempt, rec.plan, rec.restart_at = attempt, plan_to_json(plan), None
         rec.script_args = list(script_args)  # `restart JOB -- ARGS` replaces them from now on

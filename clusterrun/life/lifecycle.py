@@ -35,13 +35,14 @@ if TYPE_CHECKING:  # `stack`'s grouping and Slurm's kept logs are imported by th
     from clusterrun.diagnose.stacks import StackView
 
 
-def spec_of(record: JobRecord) -> ClusterSpec:
+def spec_of(record: JobRecord, attempt: int | None = None) -> ClusterSpec:
     """The hosts file as it was when the job started (relative paths in it are the job's cwd's),
-    with the watch and notifications ``up``'s options made of it (the record's)."""
+    with the watch and notifications ``up``'s options made of it (the record's), and the spares in
+    use in ``attempt`` (default: the current one) in the places of the hosts they replaced."""
     spec = load_cluster_text(record.hosts_text, record.hosts_file)
     if record.watch:
         spec = dataclasses.replace(spec, watch=Watch.from_json(record.watch), notify=Notify.from_json(record.notify))
-    return spec
+    return spec.with_spares(record.swaps(attempt))
 
 
 def transport_factory(record: JobRecord) -> Callable[..., Transport]:
@@ -183,7 +184,7 @@ def read_log_chunks(record: JobRecord, rank: int, attempt: int, tail: int | None
 
         yield from slurmlogs.read_chunks(JobStore(), record, rank, attempt, tail)
         return
-    spec = spec_of(record)
+    spec = spec_of(record, attempt)  # the host that ran the node then
     transport = transport_factory(record)(spec.hosts[rank])
     where: dict[str, Any] = {"offset": 0} if tail is None else {"tail": tail}
     try:

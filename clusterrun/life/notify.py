@@ -162,6 +162,9 @@ def start(store: JobStore, record: JobRecord, event: Due, note: Callable[[str], 
     ident = event_id(record.job_id, event.key)
     env = dict(os.environ, CLUSTERRUN_JOB=record.job_id, CLUSTERRUN_EVENT=event.event, CLUSTERRUN_EVENT_ID=ident,
                CLUSTERRUN_STATE=str(record.state), CLUSTERRUN_ATTEMPT=str(event.attempt))
+    swaps = next((a.replaced for a in record.attempts if a.attempt == event.attempt), None)
+    if swaps and event.event == "restarted":  # the attempt runs on spares: `host=spare ...`
+        env["CLUSTERRUN_REPLACED"] = " ".join(f"{old}={new}" for old, new in swaps.items())
     argv = [sys.executable, "-m", "clusterrun", "_notify", "--root", str(store.root), record.job_id, event.key,
             process_id()]
     from clusterrun.views.joblist import job_json  # `ps`'s JSON: only when a notification is sent

@@ -45,7 +45,7 @@ from clusterrun.core.events import (
 from clusterrun.core.frozen import frozen
 from clusterrun.core.protocol import HostState, NodeStatus
 from clusterrun.diagnose.rootcause import transient_start_failure
-from clusterrun.life import notify
+from clusterrun.life import notify, spares
 from clusterrun.life.attempt import Cancelled, restart, start, stop
 from clusterrun.life.gate import plan_to_start
 from clusterrun.life.lifecycle import follower, per_node, save_seen, spec_of, stacks_of, status_of, stop_job
@@ -119,7 +119,8 @@ def history(record: JobRecord) -> str:
     for a in record.attempts:
         took = f" after {a.ended - a.started:.0f} s" if a.ended is not None else ""
         cause = f" ({a.root_cause.splitlines()[0]})" if a.root_cause and a.state is not JobState.SUCCEEDED else ""
-        parts.append(f"{a.attempt} {a.state}{took}{cause}" + (", restarted" if a.restart else ""))
+        spares = "".join(f" on {new} for {old}" for old, new in (a.replaced or {}).items())
+        parts.append(f"{a.attempt} {a.state}{took}{spares}{cause}" + (", restarted" if a.restart else ""))
     return "attempts: " + " · ".join(parts)
 
 
@@ -171,6 +172,7 @@ class Runner:
         self._wake = threading.Event()  # a stop or a hand-over asked for during a backoff
         self._refused: str | None = None  # why the last failure was not restarted by the policy
         self._startup_failure: str | None = None
+        self._replace: dict[str, str] = {}  # the next attempt's spares, in the places of the hosts lost
 
     @classmethod
     def create(cls, store: JobStore, record: JobRecord, job: Job, emit: Emit | None = None, *,
@@ -339,7 +341,7 @@ class Runner:
             try:
                 record = restart(self.store, self.store.load(self.job_id), self.emit, owner_fd=self.owner_fd,
                                  full_preflight=record.attempts[-1].restart == "policy", automatic=True,
-                                 recorded=self.spec)
+                                 recorded=self.spec, replace=self._replace)
             except Cancelled:
                 return dataclasses.replace(result, interrupted="stopped during the backoff")
             except ClusterrunError as exc:
@@ -347,7 +349,8 @@ class Runner:
                 give_up(self.store, self.job_id, record.attempt, exc.render())
                 return result
             self.job.close()
-            self.record = record
+            self._spec = self.spec.with_spares(self._replace)  # the spares in use in the places of the lost hosts
+            self.record, self._replace = record, {}
             self.recorder = Recorder(self.store, record.job_id, record.attempt)
             self.job = follower(record, None, fail_fast=True, follow_logs=self.job.follow_logs,
                                 reconnect=self.job.reconnect, spec=self.spec)
@@ -391,8 +394,24 @@ class Runner:
         self._refused = self.policy.refusal(made, code, self.clock.now())
         if self._refused is not None:
             return None
+        self._refused, self._replace = self._spares_for(record, result)
+        if self._refused is not None:
+            return None
         cause = result.root_cause.describe() if result.root_cause is not None else "a node failed"
         return Retry("policy", self.clock.now() + self.policy.delay(len(made) + 1, self.clock.rng), cause)
+
+    def _spares_for(self, record: JobRecord, result: JobResult) -> tuple[str | None, dict[str, str]]:
+        """The spares that take the places of the hosts the attempt lost (``spares.pick``), or why
+        it is not restarted: a lost host with no spare left is not tried again and again."""
+        out = spares.failed_hosts(result)
+        if not out:
+            return None, {}
+        try:
+            return None, spares.pick(self.spec, record, out)
+        except ConfigError as exc:
+            lost = ", ".join(out)
+            return f"the attempt lost {lost} ({'the host' if len(out) == 1 else 'hosts'} went away) and " + (
+                exc.message if self.spec.spares else "the hosts file lists no spares (`spares:`)"), {}
 
     def _backoff(self, record: JobRecord) -> bool:
         """Wait until the next attempt of the ``restarting`` job is due (True), counting down. The

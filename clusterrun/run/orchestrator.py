@@ -89,6 +89,7 @@ from clusterrun.run.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, b
 from clusterrun.run.probing import Ahead, Early, probe_all, reached, route
 from clusterrun.run.setups import redacted
 from clusterrun.run.startwatch import StartupWatch
+from clusterrun.run.unreachable import UnreachableWait
 from clusterrun.transports import AgentSession, Transport, transport_for
 
 Emit = Callable[[Event], None]
@@ -412,9 +413,11 @@ class Job:
                                               self.spec.watch.startup_timeout) if self.started_at else None)
         every_node = self.ranks == list(range(len(self._nodes)))  # a hang is the silence of all of them
         self._hang = HangWatch(self.ranks) if every_node and self.spec.watch.hang_after else None
+        waiting = UnreachableWait(self.reconnect.give_up_after, self.emit)
         while not all(self._nodes[r].final is not None for r in self.ranks):
             if self._detach.is_set():
                 return None
+            self._wait_unreachable(waiting, stop_futures)
             if watch is not None and not stopping and (late := watch.step(time.time(), self.emit, self.fail_fast)):
                 stopping, stop_futures = True, self._stop_async(reason=f"start-up watch: {late.message}")
             if self._stop_event.is_set() and not stopping:
@@ -446,6 +449,20 @@ class Job:
             self._nodes[rank].error = late.message if late is not None else None
             self._set_state(rank, NodeState.FAILED, self._nodes[rank].error or "")
         return self._result(stops, interrupted, late)
+
+    def _wait_unreachable(self, waiting: UnreachableWait, stops: Sequence[Any]) -> None:
+        """A failing attempt's nodes whose stop could not reach their host are waited for a bounded
+        time (``run.unreachable``), then lost: never a silent wait without end."""
+        now = time.time()
+        for future in stops:
+            report = future.result() if future.done() else None
+            if report is not None and report.error and self._nodes[report.node].final is None:
+                waiting.begin(report.node, report.host, report.error, now)
+        for rank in (r for r in waiting.due(now) if self._nodes[r].final is None):
+            node, text = self._nodes[rank], waiting.lost_text()
+            node.final, node.error = NodeStatus(HostState.LOST, error=text), text
+            self._set_state(rank, NodeState.LOST, text)
+            self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.LOST, error=text)))
 
     def _handle(self, rank: int, message: FollowMessage | Link) -> bool:
         """Apply one message from a follower; True if the node has just failed."""

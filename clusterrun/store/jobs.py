@@ -104,6 +104,7 @@ class AttemptRecord:
     cause: str | None = None  # a known failure signature's cause and fix (``events.Explanation``)
     fix: str | None = None
     restart: str | None = None  # "policy" or "start-up": this attempt's failure was restarted so
+    replaced: dict[str, str] | None = None  # the hosts that spares took the place of in this attempt: host → spare
 
 
 @dataclass
@@ -148,10 +149,23 @@ class JobRecord:
     def hosts(self) -> list[str]:
         return [n.host for n in self.nodes]
 
+    def swaps(self, attempt: int | None = None) -> dict[str, str]:
+        """The hosts of the hosts file that ran on a spare in ``attempt`` (default: the current one)
+        by then: the file's host → the host in its place (``ClusterSpec.with_spares``)."""
+        in_use: dict[str, str] = {}
+        for a in self.attempts:
+            if attempt is not None and a.attempt > attempt:
+                break
+            for old, new in (a.replaced or {}).items():
+                file_host = next((k for k, v in in_use.items() if v == old), old)
+                in_use[file_host] = new
+        return in_use
+
     def to_json(self) -> dict[str, Any]:
         # Not dataclasses.asdict: that deep-copies the plan on every write of the record.
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        data["attempts"] = [dict(vars(a)) for a in self.attempts]
+        # An attempt without spares is written as before: older clusterruns read it.
+        data["attempts"] = [{k: v for k, v in vars(a).items() if k != "replaced" or v} for a in self.attempts]
         data["nodes"] = [dict(vars(n)) for n in self.nodes]
         if self.engine == "ssh" and self.slurm is None:  # a job over SSH written as before: older clusterruns read it
             del data["engine"], data["slurm"]

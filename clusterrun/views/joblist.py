@@ -222,7 +222,7 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
         "restart_at": iso(record.restart_at) if record.state is JobState.RESTARTING else None,
         "attempts": [{"attempt": a.attempt, "state": str(a.state), "started": iso(a.started),
                       "ended": iso(a.ended), "master_port": a.master_port, "root_cause": a.root_cause,
-                      "cause": a.cause, "fix": a.fix, "restarted": a.restart,
+                      "cause": a.cause, "fix": a.fix, "restarted": a.restart, "replaced": a.replaced,
                       "duration": round(a.ended - a.started, 3) if a.ended is not None else None}
                      for a in record.attempts],
         "nodes": nodes,
@@ -241,12 +241,15 @@ def _progress_json(progress: Progress | None) -> dict[str, Any] | None:
 def history_rows(record: JobRecord, now: float) -> list[tuple[str, ...]]:
     """``ps JOB``'s table of the job's attempts: when each started, for how long it ran, how it
     ended, whether it was restarted (by the policy, or the start-up retry) and its root cause."""
-    rows: list[tuple[str, ...]] = [("ATTEMPT", "STARTED", "DURATION", "STATE", "RESTARTED", "ROOT CAUSE")]
+    spared = any(a.replaced for a in record.attempts)  # the column only where a spare ran
+    rows: list[tuple[str, ...]] = [("ATTEMPT", "STARTED", "DURATION", "STATE", "RESTARTED",
+                                    *(("SPARES",) if spared else ()), "ROOT CAUSE")]
     for a in record.attempts:
         duration = (a.ended if a.ended is not None else now) - a.started
         cause = (a.root_cause or "").split("\n", 1)[0]
+        swaps = ", ".join(f"{new} for {old}" for old, new in (a.replaced or {}).items()) or "-"
         rows.append((str(a.attempt), iso(a.started) or "-", f"{duration:.0f} s", str(a.state), a.restart or "-",
-                     cause or "-"))
+                     *((swaps,) if spared else ()), cause or "-"))
     return rows
 
 

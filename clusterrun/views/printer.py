@@ -93,7 +93,7 @@ class Printer:
         self.quiet = quiet  # True: log lines only, no status
         self._prefix_width = 0
         self._hosts: dict[int, str] = {}
-        self._prefixes: dict[tuple[int, int | None], str] = {}
+        self._prefixes: dict[tuple[int, str, int | None], str] = {}  # a spare in a node's place: another host
         self._tags: dict[int, list[tuple[str, int]]] = {}  # node → its ranks' line tags, "[rank3]:"
         self.hold = hold  # the longest a held status line waits for the rest of its phase (seconds)
         self._nnodes = nnodes  # the job's nodes (``set_plan`` sets it): past FOLD_PAST status lines fold
@@ -112,7 +112,7 @@ class Printer:
         self._nnodes = len(plan.nodes)
 
     def _prefix(self, node: int, host: str, rank: int | None) -> str:
-        key = (node, rank)
+        key = (node, host, rank)
         found = self._prefixes.get(key)
         if found is None:
             found = self._prefixes[key] = self._make_prefix(node, host, rank)
