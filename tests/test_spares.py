@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from clusterrun.agent import kmsg
 from clusterrun.config.hostsfile import load_cluster_text
 from clusterrun.config.restarts import RestartPolicy
 from clusterrun.core.errors import ConfigError
 from clusterrun.core.events import Event, JobNote, JobResult, JobState, NodeResult, NodeState
+from clusterrun.core.protocol import decode_status
 from clusterrun.life import spares
 from clusterrun.life.recorder import new_record
 from clusterrun.life.runner import Runner
@@ -143,4 +145,43 @@ def test_without_a_spare_the_restarts_end_naming_the_lost_host(fake: FakeCluster
     notes = [e.text for e in events if isinstance(e, JobNote)]
     assert ("not restarting: the attempt lost h1 (the host went away) and the hosts file lists no spares "
             "(`spares:`)") in notes, notes
+    runner.close()
+
+
+XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4321, name=python, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize(("line", "hardware"), [
+    (XID, True),
+    ("NVRM: Xid (PCI:0000:3b:00): 48, pid=1, An uncorrectable double bit error (DBE) has been detected.", True),
+    ("NVRM: Xid (PCI:0000:3b:00): 13, pid=1, Graphics SM Warp Exception", False),  # the program's own
+    ("mce: [Hardware Error]: CPU 0: Machine Check: 0 Bank 5: be00000000800400", True),
+    ("EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0_Chan#0_DIMM#0", True),
+    ("EDAC MC0: 1 CE memory read error on CPU_SrcID#0_Ha#0_Chan#0_DIMM#0", False),  # corrected
+    ("Out of memory: Killed process 12 (python3) total-vm:1kB", False),
+])
+def test_the_kernels_lines_of_a_failing_machine_are_kept(line: str, hardware: bool) -> None:
+    log = kmsg.KernelLog(path="/nonexistent/kmsg")
+    log.feed(f"3,1,0,-;{line}\n".encode())
+    log.feed(f"14,2,0,-;{XID}\n".encode())  # LOG_USER: written by a process, not the kernel
+    assert log.report(None)["hardware"] == ([line] if hardware else [])
+    state = {"state": "exited", "exit_code": 1, "oom": log.report(None)}
+    assert decode_status("h1", state).oom.hardware == ((line,) if hardware else ())  # type: ignore[union-attr]
+
+
+def test_a_gpu_that_fell_off_the_bus_has_its_host_replaced(fake: FakeCluster, store: JobStore,
+                                                           tmp_path: Path) -> None:
+    events: list[Event] = []
+    runner = owned(fake, store, tmp_path, "hosts: [h0, h1]\nspares: [s0]\n", events)
+
+    def drive() -> None:
+        fake.wait_started(JOB, 0, 1)
+        fake.wait_started(JOB, 1, 1).exit(1, oom={"hardware": [XID]})
+        fake.wait_started(JOB, 0, 2).exit(0)
+        fake.wait_started(JOB, 1, 2).exit(0)
+
+    result = run(runner, drive)
+    assert result is not None and result.ok and store.load(JOB).hosts == ["h0", "s0"]
+    notes = [e.text for e in events if isinstance(e, JobNote)]
+    assert f"the attempt lost h1 (its kernel logged: {XID})" in notes, notes
     runner.close()

@@ -1,4 +1,4 @@
-"""The kernel's OOM kills: /dev/kmsg records parsed, and ``KernelLog``, read by the supervisor."""
+"""The kernel's OOM kills and hardware errors: /dev/kmsg records parsed, and ``KernelLog``, read by the supervisor."""
 
 from __future__ import annotations
 
@@ -68,6 +68,26 @@ def oom_kill_of(text: str) -> dict[str, Any] | None:
     return {"pid": int(pid), "comm": after[1:end] if after.startswith("(") and end > 0 else "", "line": text}
 
 
+# The Xids of a GPU or its board (ECC, row remapping, NVLink, fallen off the bus, GSP), not of a
+# program (13, 31, 43: an exception or a bad address of the job's own): NVIDIA's Xid catalogue.
+HARDWARE_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140})
+HARDWARE_LINES_KEPT = 8
+
+
+def hardware_error_of(text: str) -> str | None:
+    """The line if it is the kernel's word of a failing machine: a GPU's hardware Xid
+    (``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.``), a machine check
+    (``mce: [Hardware Error]: ...``) or an uncorrectable memory error (``EDAC MC0: 1 UE ...``)."""
+    at = text.find("NVRM: Xid (")
+    if at >= 0:
+        number = text[at:].partition("): ")[2].split(",", 1)[0].strip()
+        return text if number.isdigit() and int(number) in HARDWARE_XIDS else None
+    if "[Hardware Error]" in text:
+        return text
+    edac = text.find("EDAC MC")
+    return text if edac >= 0 and " UE " in text[edac:] else None
+
+
 def kmsg_problem(path: str, exc: OSError) -> str:
     """Why the kernel's log cannot be read, in words, with what reading it needs."""
     why = f"{path}: {os.strerror(exc.errno or 0)}"
@@ -114,6 +134,7 @@ class KernelLog:
         self.overwritten = False
         self.kills: dict[int, dict[str, Any]] = {}  # pid → what the kernel's lines said of it, oldest first
         self.keep: set[int] = set()  # the job's PIDs known so far: their kills are the last to be dropped
+        self.hardware: list[str] = []  # the newest lines of a failing machine (``hardware_error_of``)
         try:
             self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
             os.lseek(self.fd, 0, os.SEEK_END)
@@ -143,6 +164,8 @@ class KernelLog:
 
     def feed(self, record: bytes) -> None:
         text = kmsg_text(record)
+        if text is not None and hardware_error_of(text) is not None:
+            self.hardware = [*self.hardware, text][-HARDWARE_LINES_KEPT:]
         found = oom_kill_of(text) if text is not None else None
         if found is None:
             return
@@ -165,7 +188,7 @@ class KernelLog:
         return {"kmsg": self.path, "kmsg_error": self.error, "overwritten": self.overwritten,
                 "kills": list(self.kills.values()), "pid_namespace": pid_ns != INIT_PID_NS,
                 "cgroup_events": os.path.join(cgroup, "memory.events") if cgroup else None,
-                "cgroup_oom_kills": kills, "cgroup_error": cgroup_error}
+                "cgroup_oom_kills": kills, "cgroup_error": cgroup_error, "hardware": list(self.hardware)}
 
     def close(self) -> None:
         if self.fd >= 0:

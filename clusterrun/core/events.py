@@ -312,6 +312,7 @@ class NodeResult:
     signal: int | None = None
     error: str | None = None
     stopped_after: int | None = None  # fail-fast stopped it after this node failed (``error`` says so)
+    hardware: tuple[str, ...] = ()  # its host's kernel logged these errors of the machine (GPU Xid, MCE, ECC)
 
     @property
     def ok(self) -> bool:

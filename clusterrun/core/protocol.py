@@ -85,6 +85,7 @@ class KernelOom:
     cgroup_events: str | None = None
     cgroup_oom_kills: int | None = None
     cgroup_error: str | None = None
+    hardware: tuple[str, ...] = ()  # the kernel's lines of a failing machine: GPU Xids, machine checks, ECC
 
 
 @frozen
@@ -320,7 +321,8 @@ def decode_oom(host: str, data: Any, what: str = "state.oom") -> KernelOom:
     return KernelOom(kills=tuple(kills), kmsg=r.text("kmsg") or "/dev/kmsg", kmsg_error=r.text("kmsg_error"),
                      overwritten=bool(r.data.get("overwritten")), pid_namespace=bool(r.data.get("pid_namespace")),
                      cgroup_events=r.text("cgroup_events"), cgroup_oom_kills=r.integer("cgroup_oom_kills"),
-                     cgroup_error=r.text("cgroup_error"))
+                     cgroup_error=r.text("cgroup_error"),
+                     hardware=tuple(str(line) for line in r.items("hardware") if isinstance(line, str)))
 
 
 def decode_probe(host: str, answer: Any) -> Probe:

@@ -338,6 +338,8 @@ class Runner:
                     return None  # the monitor resumes the wait
                 stopped = self._reason if self.asked is Asked.STOP else None
                 return dataclasses.replace(result, interrupted=stopped or "stopped during the backoff")
+            if self._replace:
+                self.note(f"the attempt lost {spares.why(result, list(self._replace))}")
             try:
                 record = restart(self.store, self.store.load(self.job_id), self.emit, owner_fd=self.owner_fd,
                                  full_preflight=record.attempts[-1].restart == "policy", automatic=True,
@@ -409,8 +411,7 @@ class Runner:
         try:
             return None, spares.pick(self.spec, record, out)
         except ConfigError as exc:
-            lost = ", ".join(out)
-            return f"the attempt lost {lost} ({'the host' if len(out) == 1 else 'hosts'} went away) and " + (
+            return f"the attempt lost {spares.why(result, out)} and " + (
                 exc.message if self.spec.spares else "the hosts file lists no spares (`spares:`)"), {}
 
     def _backoff(self, record: JobRecord) -> bool:

@@ -1,7 +1,8 @@
 """Spare hosts (``spares:`` in the hosts file): which one takes the place of a host that failed.
 
 The owner replaces a host when an attempt failed because of the host rather than the script (its
-node was lost: unreachable, or its processes gone with a reboot); ``restart JOB -x HOST`` and
+node was lost: unreachable, or its processes gone with a reboot; or its kernel logged a GPU's
+hardware Xid, a machine check or an uncorrectable ECC error); ``restart JOB -x HOST`` and
 ``--replace HOST=SPARE`` do it by hand. The spare takes the node's rank; the next attempt's
 checks and preflight run on it as on any host.
 """
@@ -19,8 +20,16 @@ HOST_FAILURES = (NodeState.LOST, NodeState.UNREACHABLE)  # the host went away, n
 
 
 def failed_hosts(result: JobResult) -> list[str]:
-    """The hosts whose node the attempt lost (``HOST_FAILURES``), in rank order."""
-    return [n.host for n in sorted(result.nodes, key=lambda n: n.node) if n.state in HOST_FAILURES]
+    """The hosts whose node the attempt lost (``HOST_FAILURES``) or whose kernel logged a failing
+    machine (a GPU's hardware Xid, a machine check, an uncorrectable ECC error), in rank order."""
+    return [n.host for n in sorted(result.nodes, key=lambda n: n.node) if n.state in HOST_FAILURES or n.hardware]
+
+
+def why(result: JobResult, hosts: list[str]) -> str:
+    """``gpu02 (the host went away)``, ``gpu03 (its kernel logged: NVRM: Xid ...)``, joined."""
+    by_host = {n.host: n for n in result.nodes}
+    return ", ".join(f"{h} (its kernel logged: {by_host[h].hardware[-1]})" if by_host[h].hardware
+                     else f"{h} (the host went away)" for h in hosts)
 
 
 def free_spares(spec: ClusterSpec, record: JobRecord) -> list[str]:
@@ -60,4 +69,4 @@ def pick(spec: ClusterSpec, record: JobRecord, out: Sequence[str],
     return result
 
 
-__all__ = ["HOST_FAILURES", "failed_hosts", "free_spares", "pick"]
+__all__ = ["HOST_FAILURES", "failed_hosts", "free_spares", "pick", "why"]

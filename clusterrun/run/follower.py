@@ -214,7 +214,7 @@ def node_results(nodes: Sequence[Node], failed_first: int | None) -> list[NodeRe
         after = failed_first if node.state is NodeState.STOPPED else None
         why = node.error or (stopped_after_text(after) if after is not None else final.error)
         results.append(NodeResult(rank, node.host, node.state, exit_code=final.exit_code, signal=final.signal,
-                                  error=why, stopped_after=after))
+                                  error=why, stopped_after=after, hardware=final.oom.hardware if final.oom else ()))
     return results
 
 
