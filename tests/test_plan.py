@@ -98,6 +98,7 @@ def test_job_names_and_ids() -> None:
     assert job_name(None, "examples/train.py") == "train"
     assert job_name("my run!/x", "t.py") == "my-run-x"
     assert job_name(None, "../") == "job"
+    assert job_name(None, "benchmarks/_recover_train.py") == "recover_train"  # an agent's job id starts alphanumeric
     assert make_job_id("train", "20261122-150102", "3f9a") == "train-20261122-150102-3f9a"
 
 

@@ -88,9 +88,10 @@ class LaunchPlan:
 
 
 def job_name(name: str | None, script: str) -> str:
-    """A name usable in paths: the ``--name`` given, or the script's stem."""
+    """A name usable in paths: the ``--name`` given, or the script's stem; it starts with a letter
+    or digit, as the agent wants a job id to (``_prepare.py`` runs as ``prepare``)."""
     base = name or re.sub(r"\.py$", "", script.rstrip("/").rsplit("/", 1)[-1]) or "job"
-    cleaned = _JOB_NAME.sub("-", base).strip("-.") or "job"
+    cleaned = _JOB_NAME.sub("-", base).strip("-._") or "job"
     return cleaned[:MAX_NAME]
 
 
