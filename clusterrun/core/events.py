@@ -384,7 +384,8 @@ class AttemptStarted(Event):
 class AttemptRestarting(Event):
     """Attempt ``failed`` ended and its owner restarts the whole job as attempt ``attempt``:
     emitted when the wait begins and, for the restart policy's backoff, as it counts down
-    (``remaining`` seconds, until the wall-clock time ``at``). ``kind``: "policy" (``restart:``;
+    (``remaining`` seconds, until the wall-clock time ``at``; consumers that print say it once, with
+    ``at``). ``kind``: "policy" (``restart:``;
     ``restart`` of ``most`` counts the job's restarts by it), "start-up" (the start-up retry) or
     "requested" (``on_hang: restart`` and the like); ``reason``: why the attempt ended."""
 
@@ -404,8 +405,9 @@ class AttemptRestarting(Event):
                     f"{self.attempt} (--no-retry-startup turns this off)")
         if self.kind != "policy":
             return f"attempt {self.failed} stopped ({self.reason}); restarting the job as attempt {self.attempt}"
-        return (f"attempt {self.failed} failed: {self.reason} · restarting in {self.remaining:.0f} s as attempt "
-                f"{self.attempt} (restart {self.restart} of {self.most}; `clusterrun down` cancels)")
+        when = iso(self.at)[11:] if iso(self.at)[:10] == iso(self.at - self.remaining)[:10] else iso(self.at)
+        return (f"attempt {self.failed} failed: {self.reason} · restarting at {when} (in {self.remaining:.0f} s) as "
+                f"attempt {self.attempt} (restart {self.restart} of {self.most}; `clusterrun down` cancels)")
 
 
 @frozen

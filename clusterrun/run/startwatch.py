@@ -141,7 +141,8 @@ class StartupWatch:
         self._opened = now if self._opened is None else self._opened
         # A node not heard from yet since this watch began (``attach`` to an attempt 37 s old) is not
         # late: its first status is on its way; it counts once the first note's wait has passed here too.
-        if now - self._opened < min(FIRST_NOTE, self.timeout / 3) and any(self.statuses.get(r) is None for r in self.hosts):
+        unheard = any(self.statuses.get(r) is None for r in self.hosts)
+        if unheard and now - self._opened < min(FIRST_NOTE, self.timeout / 3):
             return None
         ready = self._ready()
         if len(ready) == len(self.hosts):

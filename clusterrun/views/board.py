@@ -244,8 +244,9 @@ class Board:
         elif isinstance(event, JobNote):
             self.note(event.text)
         elif isinstance(event, AttemptRestarting):
+            if self.restarting is None or self.restarting.failed != event.failed:
+                self.note(event.describe())  # once: it says when (the owner emits it again as it counts down)
             self.restarting = event
-            self.note(event.describe())  # the countdown: one note per AttemptRestarting the owner emits
         elif isinstance(event, JobFinished):
             self.result, self.restart_next = event.result, event.restarting
             if self.ended is None:  # else the record said when the attempt ended
