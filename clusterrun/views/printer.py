@@ -102,7 +102,8 @@ class Printer:
         self._held: list[tuple[int, str, str | None, str, list[str]]] = []
         self._timer: threading.Timer | None = None
         self.progress: Progress | None = None  # the training's, last read: in the summary
-        self._said: dict[int, str] = {}  # node → the state the stream said last: the summary does not say it again
+        self._said: dict[int, str] = {}  # node → the state the stream said last (see ``summary``)
+        self._caveat_said = False  # what "nothing left" means without a cgroup: once per command
         self._restart_said: int | None = None  # the failed attempt whose restart was announced (once, with its time)
 
     def set_plan(self, plan: LaunchPlan) -> None:
@@ -275,9 +276,14 @@ class Printer:
             self.summary(event.result, restarting=event.restarting)
 
     def report(self, report: StopReport) -> None:
-        """What a stop did on one node, which guarantee held, and what the host could not record."""
-        self._status(report.node, report.host, report.outcome(report.killed_text()), report.alike(),
-                     report.remarks())
+        """What a stop did on one node, whether anything is left, and what the host could not record;
+        after the first host without a cgroup, once, how far its "nothing left" goes."""
+        remarks = report.remarks()
+        caveat = None if self._caveat_said else report.caveat()
+        if caveat is not None:
+            self._caveat_said = True
+            remarks.append(caveat)
+        self._status(report.node, report.host, report.outcome(report.killed_text()), report.alike(), remarks)
 
     def reports(self, reports: Sequence[StopReport], nnodes: int) -> None:
         """Every node's stop report of a job of ``nnodes`` nodes (``down``), nodes alike on one line."""
@@ -293,8 +299,10 @@ class Printer:
         """How each node and the job ended; ``restarting``: only an attempt ended (its owner's
         ``AttemptRestarting`` line follows), so no "job ... FAILED"."""
         self.flush()
+        # An attempt the job goes on from: a node's end the stream said is not said again (the job's
+        # end lists every node, the one account of it)
         ends = [(node.node, node.host, end, end) for node in result.nodes for end in [node_end_text(node)]
-                if self._said.get(node.node) != end]  # a node's end said in the stream is not said twice
+                if not (restarting and self._said.get(node.node) == end)]
         for line in alike_lines(ends, len(result.nodes)):
             self.note(line)
         if self.progress is not None and not restarting:
