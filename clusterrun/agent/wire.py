@@ -220,6 +220,7 @@ class FollowRequest(NodeRequest):
 class StopRequest(NodeRequest):
     op: ClassVar[str] = "stop"
     grace: float = 10.0
+    by: str | None = None  # who stops it, for the mark in its log (``restart``, ``down``, ...; None: clusterrun)
 
 
 @dataclass(frozen=True)

@@ -74,5 +74,5 @@ def down(store: JobStore, record: JobRecord, grace: float | None = None) -> Down
     """Stop the job's current attempt on every host, verified (``attempt.stop``, the one stop
     path); a finished job too, whose hosts then confirm that nothing of it is left."""
     ended = record.state if record.finished else None
-    reports, unrecorded = stop(store, record, grace)
+    reports, unrecorded = stop(store, record, grace, by="down")
     return Downed(record.job_id, len(record.nodes), reports, ended=ended, unrecorded=unrecorded)

@@ -93,15 +93,20 @@ from clusterrun.run.unreachable import UnreachableWait
 from clusterrun.transports import AgentSession, Transport, transport_for
 
 Emit = Callable[[Event], None]
+# who stopped the job, as the mark in each node's log says it, for the reasons ``request_stop`` is given
+STOPPED_BY = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM to clusterrun", "SIGHUP": "SIGHUP to clusterrun",
+              "stopped from the dashboard": "K in the dashboard", "stopped by an earlier command": "an earlier command",
+              "stop requested": "clusterrun"}
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
 T = TypeVar("T")
 
 
 def stop_node(transport: Transport, rank: int, host: str, *, job_id: str, attempt: int, state_dir: str | None,
-              grace: float) -> StopReport:
+              grace: float, by: str | None = None) -> StopReport:
     """The agent's verified stop of node ``rank``'s ``attempt`` (the one place a stop request is
-    sent: the owner's stop and ``down`` alike): its report, with the error that kept it away."""
-    request = node_request("stop", job=job_id, node=rank, attempt=attempt, state_dir=state_dir, grace=grace)
+    sent: the owner's stop and ``down`` alike): its report, with the error that kept it away.
+    ``by``: who stops it, as the mark in the node's log says (``---- stopped by restart at ... ----``)."""
+    request = node_request("stop", job=job_id, node=rank, attempt=attempt, state_dir=state_dir, grace=grace, by=by)
     try:
         return stop_report(host, rank, transport.call(request))
     except ClusterrunError as exc:
@@ -167,6 +172,7 @@ class Job:
         self.ranks = list(range(len(self._nodes))) if ranks is None else sorted(ranks)  # the nodes run() follows
         self._inbox: queue.Queue[tuple[int, FollowMessage | Link]] = queue.Queue(maxsize=256)
         self._stop_reason: str | None = None
+        self._stop_by: str | None = None  # who, for the mark in the nodes' logs (``request_stop``)
         self._failed_first: int | None = None  # the node whose failure made fail-fast stop the others
         self._stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -372,10 +378,11 @@ class Job:
 
     # ---------------------------------------------------------------------------------- run
 
-    def request_stop(self, reason: str) -> None:
-        """Ask ``run()`` to stop every node (safe from signal handlers and other threads)."""
+    def request_stop(self, reason: str, by: str | None = None) -> None:
+        """Ask ``run()`` to stop every node (safe from signal handlers and other threads); ``by``:
+        who, as the mark in the nodes' logs says it (default: ``reason``)."""
         if self._stop_reason is None:
-            self._stop_reason = reason
+            self._stop_reason, self._stop_by = reason, by or STOPPED_BY.get(reason, reason)
         self._stop_event.set()
         self._wake.set()
 
@@ -419,18 +426,20 @@ class Job:
                 return None
             self._wait_unreachable(waiting, stop_futures)
             if watch is not None and not stopping and (late := watch.step(time.time(), self.emit, self.fail_fast)):
-                stopping, stop_futures = True, self._stop_async(reason=f"start-up watch: {late.message}")
+                stopping, stop_futures = True, self._stop_async(f"start-up watch: {late.message}",
+                                                                by="the start-up watch")
             if self._stop_event.is_set() and not stopping:
                 stopping = True
                 interrupted = self._stop_reason
-                stop_futures = self._stop_async(reason=self._stop_reason or "stop requested")
+                stop_futures = self._stop_async(self._stop_reason or "stop requested", by=self._stop_by)
             try:
                 rank, message = self._inbox.get(timeout=0.1)
             except queue.Empty:
                 continue
             if self._handle(rank, message) and self.fail_fast and not stopping:
                 stopping, self._failed_first = True, rank
-                stop_futures = self._stop_async(reason=f"node {rank} ({self._nodes[rank].host}) failed")
+                stop_futures = self._stop_async(f"node {rank} ({self._nodes[rank].host}) failed",
+                                                by=f"fail-fast after node {rank} failed")
         for future in stop_futures:
             report = parallel.result(future)
             if report is not None:
@@ -534,25 +543,26 @@ class Job:
                 self.emit(LogLines(rank, host=node.host, lines=earlier, earlier=True))
         return data
 
-    def _stop_node(self, rank: int) -> StopReport | None:
+    def _stop_node(self, rank: int, by: str | None = None) -> StopReport | None:
         node = self._nodes[rank]
         report = stop_node(node.transport, rank, node.host, job_id=self.job_id, attempt=self.attempt,
-                           state_dir=self.spec.state_dir, grace=self.grace)
+                           state_dir=self.spec.state_dir, grace=self.grace, by=by)
         self.emit(NodeStopped(rank, report=report))
         return report
 
-    def _stop_async(self, reason: str) -> list[Any]:
+    def _stop_async(self, reason: str, by: str | None) -> list[Any]:
         ranks = [r for r, n in enumerate(self._nodes) if not n.state.is_terminal and n.launch is not None]
         for rank in ranks:
             self._nodes[rank].stop_sent = True
             if self._nodes[rank].final is None:
                 self._set_state(rank, NodeState.STOPPING, reason)
-        return [self._pool.submit(self._stop_node, rank) for rank in ranks]
+        return [self._pool.submit(self._stop_node, rank, by) for rank in ranks]
 
     def _stop_nodes(self, ranks: Sequence[int]) -> list[StopReport]:
         for rank in ranks:
             self._nodes[rank].stop_sent = True
-        reports = [parallel.result(f) for f in [self._pool.submit(self._stop_node, r) for r in ranks]]
+        by = "clusterrun: another node could not be started"
+        reports = [parallel.result(f) for f in [self._pool.submit(self._stop_node, r, by) for r in ranks]]
         return [r for r in reports if r is not None]
 
     def _read_tails(self, ranks: Sequence[int]) -> None:

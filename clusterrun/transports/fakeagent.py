@@ -195,6 +195,8 @@ class FakeAgent:
         node.stops += 1
         killed = []
         if node.running:
+            when = time.strftime("%H:%M:%SZ", time.gmtime(time.time()))
+            node.log += f"---- stopped by {request.get('by') or 'clusterrun'} at {when} ----\n".encode()  # as the agent
             how = "SIGKILL" if node.outlives_grace else "SIGTERM"
             killed = [{"pid": node.state["torchrun"]["pid"], "name": "torchrun", "signal": how}]
             code = None if node.outlives_grace else node.stop_exit_code
