@@ -73,8 +73,9 @@ Requests (``op``) and answers
            torch_cuda, torchrun_flags}`` or ``{error}``. With ``if_cwd``, nothing runs while
            ``cwd`` is missing (``skipped`` says so). The controller asks every host before it starts any.
 ``start``  ``{job, node, attempt, state_dir, argv, env, cwd, first_rank, secret_env, setup}`` →
-           ``{ok, dir, state}``: torchrun's environment is what ``setup`` left (run now if this
-           agent has not run it; its output opens ``output.log``), else the agent's with ``env``
+           ``{ok, dir, state, setup_log}``: torchrun's environment is what ``setup`` left (run now if
+           this agent has not run it; its output opens ``output.log``, and comes back as
+           ``setup_log`` up to 1 MiB: the controller shows it before the start), else the agent's with ``env``
            on top; the values of the names in ``secret_env`` reach the supervisor in memory
            only and ``spec.json`` holds ``****``.
            creates the attempt directory and the attempt's cgroup, starts the detached supervisor

@@ -385,11 +385,13 @@ class SetupAnswer(Message):
 
 @dataclass(frozen=True)
 class Started(Message):
-    """``start``'s answer: the attempt's directory and its first state (``protocol.decode_status``)."""
+    """``start``'s answer: the attempt's directory and its first state (``protocol.decode_status``);
+    ``setup_log``: the head of output.log that setup's output made (up to 1 MiB), shown before the start."""
 
     ok: bool
     dir: str
     state: dict[str, Any]
+    setup_log: str | None = None
 
 
 @dataclass(frozen=True)

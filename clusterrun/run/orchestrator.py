@@ -321,7 +321,7 @@ class Job:
         return node_request(op, job=self.job_id, node=rank, attempt=self.attempt, state_dir=self.spec.state_dir,
                             **extra)
 
-    def _start_node(self, rank: int) -> NodeStatus:
+    def _start_node(self, rank: int) -> tuple[NodeStatus, str]:
         node = self._nodes[rank]
         launch, plan = node.launch, self.plan
         if launch is None or plan is None:
@@ -342,7 +342,16 @@ class Job:
                     raise
         except AgentError as exc:  # a setup run by the start quotes its output
             raise redacted(exc, launch, self.spec.secret_env) from None
-        return decode_status(node.host, answer.get("state"), "start answer's state")
+        setup_log = answer.get("setup_log")
+        return decode_status(node.host, answer.get("state"), "start answer's state"), (
+            setup_log if isinstance(setup_log, str) else "")
+
+    def _setup_shown(self, rank: int, setup_log: str) -> None:
+        """Setup's lines, from start's answer, as the follower would emit them; it goes on after them."""
+        node, lines = self._nodes[rank], split_lines(setup_log)
+        node.log.feed(lines)
+        self.emit(LogLines(rank, host=node.host, lines=lines))
+        self.offsets[rank] = len(setup_log.encode("utf-8", "surrogateescape"))
 
     def _env_extras(self, launch: NodeLaunch) -> dict[str, Any]:
         """What a start request says of its environment beyond ``env``: the names whose values the
@@ -364,12 +373,14 @@ class Job:
         started: list[int] = []
         for rank, future in zip(ranks, futures, strict=True):
             try:
-                answer = parallel.result(future)
+                answer, setup_log = parallel.result(future)
             except ClusterrunError as exc:
                 errors.append(exc)
                 self._set_state(rank, NodeState.FAILED, exc.message)
                 continue
             started.append(rank)
+            if setup_log and rank not in self.offsets:  # setup ran before torchrun: its lines come first
+                self._setup_shown(rank, setup_log)
             self.emit(NodeStarted(rank, host=self._nodes[rank].host, attempt=self.attempt, pid=answer.torchrun_pid))
             self._set_state(rank, NodeState.RUNNING)
         if errors:
