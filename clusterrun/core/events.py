@@ -338,6 +338,18 @@ class NodeResult:
         return self.state is NodeState.SUCCEEDED
 
 
+# Who stopped a job, as the mark in each node's log says it (``---- stopped by Ctrl-C at ... ----``), for
+# the reasons its stop is asked with; other reasons are said as they are.
+STOPPED_BY = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM to clusterrun", "SIGHUP": "SIGHUP to clusterrun",
+              "stopped from the dashboard": "K in the dashboard", "stopped by an earlier command": "an earlier command",
+              "stop requested": "clusterrun"}
+
+
+def stopped_by(reason: str) -> str:
+    """Who stopped a job whose stop was asked for with ``reason``, in the words of its logs' mark."""
+    return STOPPED_BY.get(reason, reason)
+
+
 def stopped_after_text(node: int) -> str:
     """Why fail-fast stopped a node, said instead of how its torchrun ended (by clusterrun's SIGTERM)."""
     return f"stopped by clusterrun after node {node} failed"

@@ -57,6 +57,7 @@ from clusterrun.core.events import (
     RootCause,
     StopReport,
     stopped_after_text,
+    stopped_by,
 )
 from clusterrun.core.protocol import (
     End,
@@ -93,10 +94,6 @@ from clusterrun.run.unreachable import UnreachableWait
 from clusterrun.transports import AgentSession, Transport, transport_for
 
 Emit = Callable[[Event], None]
-# who stopped the job, as the mark in each node's log says it, for the reasons ``request_stop`` is given
-STOPPED_BY = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM to clusterrun", "SIGHUP": "SIGHUP to clusterrun",
-              "stopped from the dashboard": "K in the dashboard", "stopped by an earlier command": "an earlier command",
-              "stop requested": "clusterrun"}
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
 T = TypeVar("T")
 
@@ -342,9 +339,7 @@ class Job:
                     raise
         except AgentError as exc:  # a setup run by the start quotes its output
             raise redacted(exc, launch, self.spec.secret_env) from None
-        setup_log = answer.get("setup_log")
-        return decode_status(node.host, answer.get("state"), "start answer's state"), (
-            setup_log if isinstance(setup_log, str) else "")
+        return decode_status(node.host, answer.get("state"), "start answer's state"), str(answer.get("setup_log") or "")
 
     def _setup_shown(self, rank: int, setup_log: str) -> None:
         """Setup's lines, from start's answer, as the follower would emit them; it goes on after them."""
@@ -393,7 +388,7 @@ class Job:
         """Ask ``run()`` to stop every node (safe from signal handlers and other threads); ``by``:
         who, as the mark in the nodes' logs says it (default: ``reason``)."""
         if self._stop_reason is None:
-            self._stop_reason, self._stop_by = reason, by or STOPPED_BY.get(reason, reason)
+            self._stop_reason, self._stop_by = reason, by or stopped_by(reason)
         self._stop_event.set()
         self._wake.set()
 
