@@ -169,7 +169,7 @@ def test_down_stops_everything_even_what_ignores_sigterm(tmp_path: Path, state_d
     assert down.stderr.count("nothing left (verified by cgroup)") == 2, down.stderr
     # rank 0 ignores SIGTERM, so node 0's torchrun waits for it: killed only once the grace is over
     assert re.search(r"^clusterrun: node0 local-a: stopped [^;]+; torchrun outlived the 2 s grace after SIGTERM: "
-                     r"SIGKILLed; verified: ", down.stderr, re.M), down.stderr
+                     r"SIGKILLed; nothing left \(verified by cgroup\)$", down.stderr, re.M), down.stderr
     assert wait_state(job, "stopped")["nodes"][0]["state"] == "stopped"
     again = clusterrun("down", job)  # idempotent
     assert again.returncode == 0, again.stderr
