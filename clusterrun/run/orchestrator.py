@@ -374,7 +374,7 @@ class Job:
                 self._set_state(rank, NodeState.FAILED, exc.message)
                 continue
             started.append(rank)
-            if setup_log and rank not in self.offsets:  # setup ran before torchrun: its lines come first
+            if setup_log and self.follow_logs and rank not in self.offsets:  # setup ran first: its lines too
                 self._setup_shown(rank, setup_log)
             self.emit(NodeStarted(rank, host=self._nodes[rank].host, attempt=self.attempt, pid=answer.torchrun_pid))
             self._set_state(rank, NodeState.RUNNING)
