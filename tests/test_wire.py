@@ -67,7 +67,7 @@ def test_answers_decode_with_their_nested_types() -> None:
 def test_a_stop_answer_the_controller_cannot_read_is_the_nodes_stop_error() -> None:
     """The one stop request (``stop_node``) decodes its answer as ``wire.StopAnswer``: a mistyped
     field is that node's failed stop (it may still run), named, never a crash of the stop."""
-    from clusterrun.run.orchestrator import stop_node
+    from clusterrun.run.stops import stop_node
 
     class Answers:
         name = "gpu-a"

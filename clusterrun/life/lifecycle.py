@@ -24,8 +24,9 @@ from clusterrun.core import parallel
 from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import NodeGpus, StopReport
 from clusterrun.core.protocol import End, Eof, LogChunk, NodeStatus, decode, decode_follow, decode_status
-from clusterrun.run.orchestrator import Emit, Job, Reconnect, stop_node
+from clusterrun.run.orchestrator import Emit, Job, Reconnect
 from clusterrun.run.plan import plan_from_json
+from clusterrun.run.stops import stop_node
 from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.transports import Transport, transport_for
 from clusterrun.views.gpus import ask as ask_gpus

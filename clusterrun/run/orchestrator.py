@@ -70,7 +70,6 @@ from clusterrun.core.protocol import (
     StateUpdate,
     decode_follow,
     decode_status,
-    stop_report,
 )
 from clusterrun.diagnose.rootcause import NodeLog
 from clusterrun.run import setups
@@ -90,24 +89,13 @@ from clusterrun.run.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, b
 from clusterrun.run.probing import Ahead, Early, probe_all, reached, route
 from clusterrun.run.setups import redacted
 from clusterrun.run.startwatch import StartupWatch
+from clusterrun.run.stops import stop_node
 from clusterrun.run.unreachable import UnreachableWait
 from clusterrun.transports import AgentSession, Transport, transport_for
 
 Emit = Callable[[Event], None]
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
 T = TypeVar("T")
-
-
-def stop_node(transport: Transport, rank: int, host: str, *, job_id: str, attempt: int, state_dir: str | None,
-              grace: float, by: str | None = None) -> StopReport:
-    """The agent's verified stop of node ``rank``'s ``attempt`` (the one place a stop request is
-    sent: the owner's stop and ``down`` alike): its report, with the error that kept it away.
-    ``by``: who stops it, as the mark in the node's log says (``---- stopped by restart at ... ----``)."""
-    request = node_request("stop", job=job_id, node=rank, attempt=attempt, state_dir=state_dir, grace=grace, by=by)
-    try:
-        return stop_report(host, rank, transport.call(request))
-    except ClusterrunError as exc:
-        return StopReport(rank, host, error=exc.render())
 
 
 class Job:
@@ -341,13 +329,6 @@ class Job:
             raise redacted(exc, launch, self.spec.secret_env) from None
         return decode_status(node.host, answer.get("state"), "start answer's state"), str(answer.get("setup_log") or "")
 
-    def _setup_shown(self, rank: int, setup_log: str) -> None:
-        """Setup's lines, from start's answer, as the follower would emit them; it goes on after them."""
-        node, lines = self._nodes[rank], split_lines(setup_log)
-        node.log.feed(lines)
-        self.emit(LogLines(rank, host=node.host, lines=lines))
-        self.offsets[rank] = len(setup_log.encode("utf-8", "surrogateescape"))
-
     def _env_extras(self, launch: NodeLaunch) -> dict[str, Any]:
         """What a start request says of its environment beyond ``env``: the names whose values the
         agent must not write to disk, and the ``setup`` commands (only where there are some)."""
@@ -374,8 +355,11 @@ class Job:
                 self._set_state(rank, NodeState.FAILED, exc.message)
                 continue
             started.append(rank)
-            if setup_log and self.follow_logs and rank not in self.offsets:  # setup ran first: its lines too
-                self._setup_shown(rank, setup_log)
+            if setup_log and self.follow_logs and rank not in self.offsets:  # setup ran first: its lines first
+                node, lines = self._nodes[rank], split_lines(setup_log)
+                node.log.feed(lines)
+                self.emit(LogLines(rank, host=node.host, lines=lines))
+                self.offsets[rank] = len(setup_log.encode("utf-8", "surrogateescape"))  # the follower goes on after
             self.emit(NodeStarted(rank, host=self._nodes[rank].host, attempt=self.attempt, pid=answer.torchrun_pid))
             self._set_state(rank, NodeState.RUNNING)
         if errors:
@@ -385,8 +369,7 @@ class Job:
     # ---------------------------------------------------------------------------------- run
 
     def request_stop(self, reason: str, by: str | None = None) -> None:
-        """Ask ``run()`` to stop every node (safe from signal handlers and other threads); ``by``:
-        who, as the mark in the nodes' logs says it (default: ``reason``)."""
+        """Ask ``run()`` to stop every node (safe from signal handlers and other threads); ``by``: who, for the logs."""
         if self._stop_reason is None:
             self._stop_reason, self._stop_by = reason, by or stopped_by(reason)
         self._stop_event.set()
@@ -612,4 +595,4 @@ class Job:
             node.transport.close()
 
 
-__all__ = ["Emit", "Job", "stop_node", "Reconnect", "node_state_of"]  # the last two: imported from here
+__all__ = ["Emit", "Job", "Reconnect", "node_state_of"]  # the last two: imported from here
