@@ -7,12 +7,14 @@ torchrun, on local and simulated hosts: ``tests/test_stop_paths.py``."""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 from clusterrun.agent import cgroup as cg
-from tests.agenthost import Attempt, Processes, ask, carrying, gone, job_tree
+from tests.agenthost import Attempt, Processes, ask, carrying, gone, job_tree, pids_from
 from tests.conftest import start_time
 from tests.simhosts import unavailable
 
@@ -34,6 +36,25 @@ def test_a_torchrun_that_ignores_sigterm_is_killed_after_the_grace_and_its_worke
     assert answer["state"] == state and state["state"] == "exited" and state["stop_requested"]
     assert state["error"] == "the supervisor ended without recording an exit"
     assert (attempt.folder / "stop").exists()  # the monitor's sign that the end was asked for
+
+
+def test_the_stop_marks_the_log_before_torchrun_is_signalled(procs: Processes, attempt: Attempt) -> None:
+    """Who stopped the attempt is written into its log before torchrun hears of it: torchrun's
+    shutdown output (here a line written in its SIGTERM handler) comes after the mark, and a line
+    torchrun left unended is ended first. An attempt that had ended gets no mark."""
+    attempt.make()
+    log = attempt.folder / "output.log"
+    on_term = f'echo "SignalException: got signal: 15" >> {log}; exit 1'
+    torchrun = procs.start(["sh", "-c", f"trap '{on_term}' TERM; printf 'half a line' >> {log}; echo $$; "
+                            "while :; do sleep 0.05; done"], stdout=subprocess.PIPE, start_new_session=True)
+    pid = pids_from(torchrun, 1)[0]
+    attempt.make(torchrun={"pid": pid, "start_time": start_time(pid)}, sessions=[pid])
+    answer = ask(attempt.request("stop", grace=5, by="restart"))
+    assert answer["ok"] and answer["left"] == [], answer
+    assert re.fullmatch(rb"half a line\n---- stopped by restart at \d\d:\d\d:\d\dZ ----\n"
+                        rb"SignalException: got signal: 15\n", log.read_bytes()), log.read_bytes()
+    before = log.read_bytes()
+    assert ask(attempt.request("stop", grace=5, by="down"))["ok"] and log.read_bytes() == before  # ended: no mark
 
 
 def test_a_worker_that_dropped_the_marker_is_found_by_its_session(procs: Processes, attempt: Attempt) -> None:

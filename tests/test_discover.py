@@ -102,7 +102,7 @@ def second_controller(cluster: SimCluster, tmp_path: Path, hosts: Path, job: str
     wait_for(lambda: "rank 1 line 3" in second("logs", "--node", "1", job).stdout, timeout=60, what="node 1's log")
     down = second("down", job)
     assert down.returncode == 0, down.stderr
-    assert down.stderr.count("verified: nothing of the job is left") == 2, down.stderr
+    assert down.stderr.count("nothing left (verified by cgroup)") == 2, down.stderr
     assert [marked_on(h, job) for h in cluster.hosts] == [[], []]
     assert wait_state(job, "stopped")["state"] == "stopped"  # the first controller sees the stop too
     assert ps_json(job)["nodes"][0]["state"] == "stopped"
@@ -146,7 +146,7 @@ def test_wait_restart_and_rm_adopt_a_job_from_its_hosts_too(
         restarted = second("restart", "--hosts", hosts, job)
         assert restarted.returncode == 0, restarted.stderr
         assert f"adopted job {job} (running)" in restarted.stderr
-        assert restarted.stderr.count("verified: nothing of the job is left") == 2, restarted.stderr
+        assert restarted.stderr.count("nothing left (verified by cgroup)") == 2, restarted.stderr
         assert f"job {job} restarted as attempt 2" in restarted.stderr
         shown = json.loads(second("ps", "--json", job).stdout)["jobs"][0]
         assert shown["attempt"] == 2 and shown["state"] in ("starting", "running"), shown

@@ -49,7 +49,7 @@ def test_a_stop_report_says_when_torchrun_outlived_the_grace() -> None:
     answer["killed"][0]["signal"] = "SIGKILL"  # type: ignore[index]
     outlived = stop_report("gpu-a", 0, answer)
     assert outlived.grace_ran_out and outlived.describe() == (
-        "node0 gpu-a: stopped python3[10], python3[12]; torchrun outlived the 2.5 s grace after SIGTERM: "
-        "SIGKILLed; verified: nothing of the job is left (its cgroup is empty)")
+        "node0 gpu-a: stopped torchrun (pid 10) and 1 other process; torchrun outlived the 2.5 s grace after "
+        "SIGTERM: SIGKILLed; nothing left (verified by cgroup)")
     assert "outlived the grace after" in stop_report("gpu-a", 0, dict(answer, grace=None)).describe()
     assert not stop_report("gpu-a", 0, dict(answer, state={"state": "exited"})).grace_ran_out

@@ -411,3 +411,16 @@ def test_ps_of_a_64_node_job_shows_runs_of_nodes_alike_once_with_node_sets() -> 
     small = make_record("small-1", "running", None)  # a row per node; no GPU column without nvidia-smi
     assert node_rows(small, time.time(), {0: "a: unreachable"}, {0: NodeGpus(0, host="a", missing=True)}) == [
         ("NODE", "HOST", "STATE", "PID", "EXIT", "ERROR"), ("0", "a", "running", "4321", "-", "a: unreachable")]
+
+
+def test_ps_shows_the_signal_a_stopped_node_was_stopped_with_not_its_exit_code() -> None:
+    """torchrun exits 1 after clusterrun's SIGTERM: that exit code was ours, so ``ps`` says how
+    the node was stopped; a node that failed on its own keeps its exit code."""
+    from clusterrun.views.joblist import node_rows
+
+    record = make_record("stopped-1", "stopped", 10)
+    record.nodes = [NodeRecord(0, "a", NodeState.STOPPED, pid=58, exit_code=1),
+                    NodeRecord(1, "b", NodeState.STOPPED, pid=61, exit_code=None, signal=9),
+                    NodeRecord(2, "c", NodeState.FAILED, pid=64, exit_code=1)]
+    assert [row[2:5] for row in node_rows(record, time.time(), {})[1:]] == [
+        ("stopped", "58", "SIGTERM"), ("stopped", "61", "SIGKILL"), ("failed", "64", "1")]

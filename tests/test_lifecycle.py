@@ -166,10 +166,10 @@ def test_down_stops_everything_even_what_ignores_sigterm(tmp_path: Path, state_d
     assert down.returncode == 0, down.stderr
     assert [name for name, (pid, started) in pids.items() if alive(pid, started)] == []
     assert marked(job) == []
-    assert down.stderr.count("verified: nothing of the job is left") == 2, down.stderr
+    assert down.stderr.count("nothing left (verified by cgroup)") == 2, down.stderr
     # rank 0 ignores SIGTERM, so node 0's torchrun waits for it: killed only once the grace is over
     assert re.search(r"^clusterrun: node0 local-a: stopped [^;]+; torchrun outlived the 2 s grace after SIGTERM: "
-                     r"SIGKILLed; verified: ", down.stderr, re.M), down.stderr
+                     r"SIGKILLed; nothing left \(verified by cgroup\)$", down.stderr, re.M), down.stderr
     assert wait_state(job, "stopped")["nodes"][0]["state"] == "stopped"
     again = clusterrun("down", job)  # idempotent
     assert again.returncode == 0, again.stderr
@@ -596,7 +596,7 @@ def test_down_with_a_read_only_state_home_stops_the_job_and_says_what_it_could_n
     assert listed.returncode == 0 and job in listed.stdout, listed.stderr
     down = in_mount_namespace(ro, "down", job)
     assert down.returncode == 2, down.stderr
-    assert down.stderr.count("verified: nothing of the job is left") == 2, down.stderr
+    assert down.stderr.count("nothing left (verified by cgroup)") == 2, down.stderr
     assert f"cannot open {controller_state}/clusterrun/jobs/{job}/record.lock: Read-only file system" in down.stderr
     assert f"the stop of job {job} above was NOT recorded" in down.stderr and "Traceback" not in down.stderr
     assert marked(job) == []
@@ -636,22 +636,25 @@ def test_dry_run_ps_and_down_say_which_guarantee_holds(tmp_path: Path, state_dir
     down = clusterrun("down", job)
     assert down.returncode == 0, down.stderr
     assert marked(job) == []
+    after = clusterrun("ps", job)  # the exit code torchrun gave in answer to our SIGTERM is not shown as its own
+    assert re.findall(r"^\d\s+local-\w\s+(\w+)\s+\d+\s+(\S+)", after.stdout, re.M) == [("stopped", "SIGTERM")] * 2, \
+        after.stdout
     if cgroup:
         assert dry.stdout.count("  stop: verified by the attempt's cgroup") == 2, dry.stdout
         assert ps.stdout.count(": stop: verified by the attempt's cgroup") == 2, ps.stdout
-        assert down.stderr.count("verified: nothing of the job is left (its cgroup is empty)") == 2, down.stderr
+        assert down.stderr.count("nothing left (verified by cgroup)") == 2, down.stderr
         assert f"job {job} stopped; nothing of it is left on any host (verified by cgroup)" in down.stderr
     else:
         assert dry.stdout.count("  stop: a sweep (no cgroup") == 2, dry.stdout
         assert dry.stdout.count("fallback: no cgroup: cgroups turned off on this host (CLUSTERRUN_NO_CGROUP") == 2
         assert ps.stdout.count(": stop: a sweep (no cgroup") == 2, ps.stdout
         assert "verified" not in down.stderr and "nothing of it is left" not in down.stderr, down.stderr
-        assert down.stderr.count("processes that left the job's tree, session and environment could not be seen") == 3
-        assert f"job {job} stopped; swept without a cgroup on local-a, local-b" in down.stderr
-        # one line per host, why there was no cgroup on it; torchrun (named there) is not counted as swept
-        assert len(down.stderr.splitlines()) == 4, down.stderr
-        assert down.stderr.count("(no cgroup: cgroups turned off on this host (CLUSTERRUN_NO_CGROUP is set); swept 0 "
-                                 "processes besides torchrun; ") == 2, down.stderr
+        # one short line per host; what it means without a cgroup once, not again in the job's line
+        assert down.stderr.count("processes that left the job's tree, session and environment could not be seen") == 1
+        assert f"job {job} stopped; nothing it could see is left (no cgroup on local-a, local-b)" in down.stderr
+        assert len(down.stderr.splitlines()) == 5, down.stderr
+        assert re.search(r"node0 local-a: stopped torchrun \(pid \d+\); nothing left\n", down.stderr), down.stderr
+        assert "no cgroup on local-a (cgroups turned off on this host (CLUSTERRUN_NO_CGROUP is set)): " in down.stderr
 
 
 @pytest.mark.fake_torchrun

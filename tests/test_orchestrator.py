@@ -7,6 +7,7 @@ what its hosts do. ``tests/test_transport_contract.py`` holds the fake to the re
 from __future__ import annotations
 
 import io
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -421,3 +422,31 @@ def test_a_job_starts_only_what_it_was_asked_to_prepare(fake: FakeCluster) -> No
         assert fake.ops("probe") == [] and fake.ops("start") == []
     finally:
         job.close()
+
+
+def test_setups_lines_come_before_the_start_they_preceded_and_are_not_shown_twice(fake: FakeCluster) -> None:
+    """Setup ran before torchrun: the stream shows its ``[setup]:`` lines, then ``started attempt
+    1``; the follower goes on after them (each line once, the offsets counting them)."""
+    for name in ("h0", "h1"):
+        fake.host(name).setup_output = f"hello from {name}\nready"
+    spec = load_cluster_text("defaults:\n  setup: echo hello\nhosts: [h0, h1]\n", "hosts.yaml")
+    stream = io.StringIO()
+    job = Job(spec, "train.py", job_id=JOB, name="train", emit=Printer(out=stream, err=stream, colour=False),
+              transport_factory=fake.transport, reconnect=FAST)
+    job.prepare()
+    job.start()
+    for rank in (0, 1):
+        node = fake.wait_started(JOB, rank)
+        node.write(f"[rank{rank}]:training\n")
+        node.exit(0)
+    assert job.run() is not None
+    job.close()
+    lines = stream.getvalue().splitlines()
+    for rank in (0, 1):
+        mine = [line for line in lines if line.startswith(f"node{rank} ") or f"node{rank} h{rank}:" in line]
+        pid = fake.node(JOB, rank).state["torchrun"]["pid"]
+        assert [re.sub(r" +", " ", line) for line in mine[:4]] == [
+            f"node{rank} h{rank} | [setup]: hello from h{rank}", f"node{rank} h{rank} | [setup]: ready",
+            f"clusterrun: node{rank} h{rank}: started attempt 1 (torchrun pid {pid})",
+            f"node{rank} h{rank} rank{rank} | training"], lines
+    assert job.offsets == {r: len(fake.node(JOB, r).log) for r in (0, 1)}

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from clusterrun.core.events import LogLines
+from clusterrun.core.events import LogLines, NodeStopped, StopReport
 from clusterrun.core.protocol import stop_report
 from clusterrun.diagnose.rootcause import split_rank
+from clusterrun.views.board import Board
 from clusterrun.views.printer import Printer
 
 
@@ -118,10 +119,11 @@ SWEPT = ("swept 2 processes besides torchrun; processes that left the job's tree
 
 
 @pytest.mark.parametrize(("answer", "line"), [
-    ({"killed": [{"pid": 5, "name": "torchrun"}], "left": [], "containment": "cgroup", "verified": True},
-     "node1 h: stopped torchrun[5]; verified: nothing of the job is left (its cgroup is empty)"),
+    ({"killed": [{"pid": 5, "name": "pt_elastic"}], "left": [], "containment": "cgroup", "verified": True,
+      "state": {"torchrun": {"pid": 5}}},
+     "node1 h: stopped torchrun (pid 5); nothing left (verified by cgroup)"),
     ({"killed": [], "left": [], "containment": "sweep", "verified": False, "detail": SWEPT},
-     f"node1 h: nothing was running; swept: no process of the job that could be seen is left ({SWEPT})"),
+     "node1 h: nothing was running; nothing left"),
     ({"killed": [], "left": [{"pid": 7, "name": "python", "state": "D"}], "containment": "cgroup", "verified": False},
      "node1 h: nothing was running; STILL RUNNING: python[7] state D"),
     ({"killed": [], "left": []},  # an agent of before this report: it claims nothing
@@ -147,16 +149,34 @@ def test_a_stop_report_names_what_the_host_could_not_do() -> None:
         "notes": ["could not record the end of the job in state.json: No space left on device"]})
     assert report.remarks() == ["node0 h: degraded: cannot write state.json: No space left on device",
                                 "node0 h: could not record the end of the job in state.json: No space left on device"]
-    # why there was no cgroup is on the report's one line
-    assert report.describe() == ("node0 h: nothing was running; swept: no process of the job that could be seen is "
-                                 f"left (no cgroup: no cgroup2 file system is mounted; {SWEPT})")
-    healthy = stop_report("h", 0, {"ok": True, "killed": [{"pid": 5, "name": "pt_elastic"}], "left": [],
-                                              "containment": "sweep", "detail": SWEPT,
-                                              "fallbacks": ["no cgroup: cgroups turned off on this host"]})
+    assert report.describe() == "node0 h: nothing was running; nothing left"
+
+
+def test_a_stop_is_one_short_line_per_host_and_the_sweeps_caveat_is_said_once() -> None:
+    """Without a cgroup, "nothing left" means nothing the sweep could see: said once per command,
+    after the first such host's line, not on every line nor again in the job's line."""
+    from clusterrun.life.down import Downed
+
+    def swept(node: int, pid: int) -> StopReport:
+        return stop_report(f"crn-h{node}", node, {
+            "ok": True, "killed": [{"pid": pid, "name": "pt_elastic", "signal": "SIGTERM"}], "left": [],
+            "containment": "sweep", "verified": False, "detail": SWEPT, "state": {"torchrun": {"pid": pid}},
+            "fallbacks": ["no cgroup: no cgroup2 file system is mounted"]})
+
+    reports = [swept(0, 58), swept(1, 61)]
     err = io.StringIO()
-    Printer(err=err).report(healthy)
-    assert err.getvalue() == ("clusterrun: node0 h: stopped pt_elastic[5]; swept: no process of the job that could "
-                              f"be seen is left (no cgroup: cgroups turned off on this host; {SWEPT})\n")
+    Printer(err=err).reports(reports, 2)
+    assert err.getvalue().splitlines() == [
+        "clusterrun: node0 crn-h0: stopped torchrun (pid 58); nothing left",
+        "clusterrun: no cgroup on crn-h0 (no cgroup2 file system is mounted): \"nothing left\" there is of what could "
+        "be seen; processes that left the job's tree, session and environment could not be seen",
+        "clusterrun: node1 crn-h1: stopped torchrun (pid 61); nothing left"]
+    summary = Downed("j-1", 2, dict(enumerate(reports))).summary()
+    assert summary == "job j-1 stopped; nothing it could see is left (no cgroup on crn-h0, crn-h1)"
+    board = Board()
+    for report in reports:
+        board.apply(NodeStopped(report.node, report=report))
+    assert sum("could not be seen" in note for note in board.notes) == 1, board.notes
 
 
 def test_a_stop_that_could_not_reach_a_host_is_not_called_a_stop() -> None:

@@ -18,7 +18,16 @@ import pytest
 from clusterrun.config.hostsfile import load_cluster_text
 from clusterrun.config.restarts import COUNTED, RestartPolicy, parse_backoff, parse_duration
 from clusterrun.core.errors import ConfigError
-from clusterrun.core.events import AttemptRestarting, AttemptStarted, Event, JobFinished, JobNote, JobResult, JobState
+from clusterrun.core.events import (
+    AttemptRestarting,
+    AttemptStarted,
+    Event,
+    JobFinished,
+    JobNote,
+    JobResult,
+    JobState,
+    iso,
+)
 from clusterrun.life.attempt import Cancelled, attempt_event, restart, stop
 from clusterrun.life.recorder import new_record
 from clusterrun.life.runner import Clock, Runner, run_monitor
@@ -379,7 +388,8 @@ def test_the_dashboard_shows_the_countdown_then_the_new_attempt(fake: FakeCluste
     assert run(runner, drive) is not None
     assert "failed" not in states[:-1] and states[0] == "restarting", states
     assert states[-1] == "succeeded" and board.attempt == 2
-    assert any("· restarting in " in note and "as attempt 2 (restart 1 of 1;" in note for note in board.notes)
+    countdown = [note for note in board.notes if "· restarting at " in note]
+    assert len(countdown) == 1 and "as attempt 2 (restart 1 of 1;" in countdown[0], board.notes  # once, with its time
     runner.close()
 
 
@@ -395,9 +405,43 @@ def test_the_printed_stream_says_an_attempt_failed_and_only_the_jobs_end_failed(
     assert result is not None and result.failed
     lines = err.getvalue().splitlines()
     restarting = [i for i, line in enumerate(lines) if line.startswith("clusterrun: attempt 1 failed: ")]
-    assert restarting and "· restarting in " in lines[restarting[0]], lines
+    assert restarting and "· restarting at " in lines[restarting[0]], lines
     assert "torchrun on node 1 (h1): exit code 1" in lines[restarting[0]]
     assert "as attempt 2 (restart 1 of 1; `clusterrun down` cancels)" in lines[restarting[0]]
     failed = [i for i, line in enumerate(lines) if line == f"clusterrun: job {JOB} FAILED"]
     assert len(failed) == 1 and failed[0] > restarting[0], lines  # the job's end, after attempt 2
+    runner.close()
+
+
+def test_the_countdown_is_one_line_with_the_restarts_time_and_each_failure_is_said_once(
+        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    """A 30 s backoff, shown every 10 s by the owner: the stream says the attempt failed once, with
+    the time of the restart, and the failed node's end once (not again in the attempt's summary)."""
+    err = io.StringIO()
+    ticks = FakeClock()
+    runner = owned(fake, store, tmp_path, RestartPolicy(max=1, backoff_first=30, backoff_most=30), [], ticks)
+    runner.clock = dataclasses.replace(ticks.clock(), poll=1.0, show=10.0)
+    shown: list[AttemptRestarting] = []
+    runner.subscribe(lambda e: shown.append(e) if isinstance(e, AttemptRestarting) else None)
+    runner.subscribe(Printer(out=io.StringIO(), err=err, colour=False))
+    board = Board()
+    runner.subscribe(board.apply)
+
+    def drive() -> None:
+        fail(fake, 1)
+        fake.wait_started(JOB, 0, 2).exit(0)
+        fake.wait_started(JOB, 1, 2).exit(0)
+
+    result = run(runner, drive)
+    assert result is not None and result.ok
+    assert len([note for note in board.notes if "· restarting at " in note]) == 1, board.notes
+    assert len(shown) == 3  # the owner counts down: at 30, 20 and 10 s
+    lines = err.getvalue().splitlines()
+    first = lines[:next(i for i, line in enumerate(lines) if "started attempt 2" in line)]
+    restarting = [line for line in first if line.startswith("clusterrun: attempt 1 failed: ")]
+    at = shown[0].at
+    assert restarting == [f"clusterrun: attempt 1 failed: torchrun on node 1 (h1): exit code 1 · restarting at "
+                          f"{iso(at)[11:]} (in {shown[0].remaining:.0f} s) as attempt 2 (restart 1 of 1; "
+                          "`clusterrun down` cancels)"], lines
+    assert first.count("clusterrun: node1 h1: failed (exit code 1)") == 1, lines
     runner.close()

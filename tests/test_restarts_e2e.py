@@ -7,6 +7,7 @@ the wiring: the foreground `up` restarts the whole job, waits for each attempt, 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +25,8 @@ def test_a_job_failing_twice_is_restarted_and_succeeds(tmp_path: Path, state_dir
     proc = run_up("--max-restarts", "2", hosts, SUPPORT / "fail_until.py", counter, "3", timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert counter.read_text() == "run\n" * 3
-    assert "attempt 1 failed: " in proc.stderr and "restarting in 0 s as attempt 2 (restart 1 of 2" in proc.stderr
-    assert "restarting in 0 s as attempt 3 (restart 2 of 2" in proc.stderr
+    assert "attempt 1 failed: " in proc.stderr and "(in 0 s) as attempt 2 (restart 1 of 2" in proc.stderr
+    assert "(in 0 s) as attempt 3 (restart 2 of 2" in proc.stderr
     job = job_id_of(proc.stderr)
     assert f"job {job} FAILED" not in proc.stderr  # the attempts failed, the job did not
     shown = subprocess.run([sys.executable, "-m", "clusterrun", "ps", "--json", job], capture_output=True, text=True,
@@ -41,3 +42,18 @@ def test_a_job_failing_twice_is_restarted_and_succeeds(tmp_path: Path, state_dir
         logs = subprocess.run([sys.executable, "-m", "clusterrun", "logs", "--attempt", str(attempt), job],
                               capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert f"run {attempt}" in logs.stdout and logs.stdout.count("run ") == 1, logs.stdout
+
+
+def test_a_countdown_says_the_failure_once_with_the_time_of_the_restart(tmp_path: Path, state_dir: Path) -> None:
+    """A backoff of 16-21 s (its jitter), which the owner counts down in steps of 10 s: the stream says once that
+    attempt 1 failed, when attempt 2 starts, and each node's end once."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra="restart: {backoff: 21s}\n")
+    counter = tmp_path / "runs"
+    proc = run_up("--max-restarts", "1", hosts, SUPPORT / "fail_until.py", counter, "2", timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    first = lines[:next(i for i, line in enumerate(lines) if "started attempt 2" in line)]
+    failed = [line for line in first if line.startswith("clusterrun: attempt 1 failed: ")]
+    at = r"· restarting at \d\d:\d\d:\d\dZ \(in \d+ s\) as attempt 2 "
+    assert len(failed) == 1 and re.search(at, failed[0]), lines
+    assert first.count("clusterrun: node0 local-a: failed (exit code 1)") == 1, lines

@@ -79,3 +79,20 @@ def test_setup_that_loses_torch_is_refused_by_up_dry_run_and_doctor(tmp_path: Pa
         assert proc.returncode == 3, proc.stderr
         assert refusal in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (state_dir / "jobs").exists()  # nothing started anywhere
+
+
+def test_the_stream_shows_setups_lines_before_the_start_they_preceded(tmp_path: Path, state_dir: Path) -> None:
+    """`up --no-tui` with its stdout and stderr in one pipe, as a terminal shows them: each node's
+    `[setup]:` lines come before its `started attempt 1`, once."""
+    from tests.conftest import SUPPORT, up_argv
+
+    hosts = write_hosts(tmp_path, [1, 1], state_dir)
+    hosts.write_text(hosts.read_text().replace("defaults:\n", "defaults:\n  setup: echo setup says hi\n"))
+    proc = subprocess.run(up_argv(hosts, SUPPORT / "counter.py", "2", "0"), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout
+    lines = proc.stdout.splitlines()
+    for node, host in ((0, "local-a"), (1, "local-b")):
+        said = [i for i, line in enumerate(lines) if line.replace(" ", "") == f"node{node}{host}|[setup]:setupsayshi"]
+        started = [i for i, line in enumerate(lines) if line.startswith(f"clusterrun: node{node} {host}: started ")]
+        assert len(said) == 1 and len(started) == 1 and said[0] < started[0], proc.stdout

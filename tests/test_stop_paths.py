@@ -33,7 +33,7 @@ from tests.test_tui import dashboard_on, drive, until
 pytestmark = [pytest.mark.integration, pytest.mark.fake_torchrun]
 
 PATHS = ["down", "ctrl-c", "fail-fast", "dashboard-K", "restart"]
-VERIFIED = "verified: nothing of the job is left (its cgroup is empty)"
+VERIFIED = "nothing left (verified by cgroup)"
 UNSEEN = "processes that left the job's tree, session and environment could not be seen"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -245,9 +246,12 @@ def test_stop_is_verified_and_idempotent(harness: Harness) -> None:
     assert not stop_report("h", 0, first).grace_ran_out
     again = harness.transport.call(harness.request("stop", 0, grace=2))
     assert again["ok"] is True and again["killed"] == [] and again["left"] == []
-    assert harness.follow(0, offset=0)[-1]["t"] == "end"
+    ended = harness.follow(0, offset=0)
+    assert ended[-1]["t"] == "end"
+    log = "".join(m["data"] for m in ended if m["t"] == "log")  # the stop's mark after the job's lines, once
+    assert re.fullmatch(re.escape(expected(5)) + r"---- stopped by clusterrun at \d\d:\d\d:\d\dZ ----\n", log), log
     status = harness.transport.call(harness.request("status", 0))
-    assert status["state"]["state"] == "exited" and status["log_size"] == len(expected(5))
+    assert status["state"]["state"] == "exited" and status["log_size"] == len(log.encode())
 
 
 def test_a_stop_says_when_torchrun_outlived_the_grace(harness: Harness) -> None:

@@ -140,7 +140,7 @@ def test_kill_asks_then_stops_the_job_and_nothing_is_left(tmp_path: Path, state_
         await until(pilot, lambda: app.board.finished, 60, "the job to end")
         assert table_states(app) == ["stopped", "stopped"]
         assert sorted(app.board.stops) == [0, 1] and all(r.ok for r in app.board.stops.values())
-        assert "verified: nothing of the job is left" in str(app.query_one("#report").render())  # type: ignore
+        assert "nothing left (verified by cgroup)" in str(app.query_one("#report").render())  # type: ignore
         await pilot.press("q")  # type: ignore[attr-defined]
 
     drive(app, script)
@@ -335,7 +335,7 @@ def test_up_in_a_real_terminal_shows_the_dashboard_and_kill_leaves_nothing(termi
     subprocess.run([*tmux, "send-keys", "-t", session, "q"], check=True)
     wait_for(lambda: "EXIT=" in screen(tmux, session), timeout=30, what=f"clusterrun to exit:\n{screen(tmux, session)}")
     assert "EXIT=130" in screen(tmux, session)
-    assert "verified: nothing of the job is left" in screen(tmux, session)
+    assert "nothing left (verified by cgroup)" in screen(tmux, session)
     assert marked(job) == []
     assert ps_json(job)["state"] == "stopped"
     assert NodeState.STOPPED.value in ps_json(job)["nodes"][0]["state"]

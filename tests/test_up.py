@@ -164,7 +164,7 @@ def test_sigint_stops_everything(tmp_path: Path, state_dir: Path) -> None:
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     job = job_id_of(err)
-    assert err.count("verified: nothing of the job is left") == 2, err
+    assert err.count("nothing left (verified by cgroup)") == 2, err
     assert marked(job) == []
     for attempt in _attempt_dirs(state_dir, job):
         state = json.loads((attempt / "state.json").read_text())
@@ -188,7 +188,7 @@ def test_hostile_children_are_all_stopped(tmp_path: Path, state_dir: Path) -> No
     assert proc.returncode == 130, err
     survivors = [name for name, (pid, started) in pids.items() if alive(pid, started)]
     assert survivors == []
-    assert err.count("verified: nothing of the job is left") == 2, err
+    assert err.count("nothing left (verified by cgroup)") == 2, err
     assert "STILL RUNNING" not in err
 
 

@@ -116,6 +116,22 @@ def test_the_start_up_watch_notes_changes_and_expires_after_the_timeout() -> Non
     assert watch.poll(1061.0) == "every node started its workers" and not watch.expired(1062.0)
 
 
+def test_a_watch_begun_late_waits_for_every_nodes_first_status_before_a_note() -> None:
+    """``attach`` to an attempt that started 37 s ago: its nodes are not heard from "yet" only
+    because the viewer has just begun to listen; no note until each has answered or the first
+    note's wait has passed since then."""
+    watch = StartupWatch({0: "h0", 1: "h1"}, started=1000.0, timeout=600.0)
+    assert watch.poll(1037.0) is None
+    watch.update(0, STARTED)
+    assert watch.poll(1037.5) is None
+    watch.update(1, STARTED)
+    assert watch.poll(1038.0) is None and watch.done  # both had started long ago: nothing to say
+    silent = StartupWatch({0: "h0", 1: "h1"}, started=1000.0, timeout=600.0)
+    silent.update(0, STARTED)
+    assert silent.poll(1037.0) is None
+    assert silent.poll(1047.0) == "node 1 (h1): not heard from yet for 47 s; node 0 ready"  # 10 s since: say so
+
+
 @pytest.fixture
 def fake() -> Iterator[FakeCluster]:
     yield FakeCluster()

@@ -238,7 +238,7 @@ def test_stop_from_the_page_stops_the_job_verified_as_down_verifies(
     report.wait_for(timeout=DEADLINE * 2)
     assert report.get_attribute("data-verdict") == "stopped", report.inner_text()
     assert f"job {job} stopped; nothing of it is left on any host (verified by cgroup)" in report.inner_text()
-    assert report.inner_text().count("verified: nothing of the job is left") == 2, report.inner_text()
+    assert report.inner_text().count("nothing left (verified by cgroup)") == 2, report.inner_text()
     assert marked(job) == []
     assert ps_json(job)["state"] == "stopped"
     context.close()

@@ -67,7 +67,7 @@ def test_answers_decode_with_their_nested_types() -> None:
 def test_a_stop_answer_the_controller_cannot_read_is_the_nodes_stop_error() -> None:
     """The one stop request (``stop_node``) decodes its answer as ``wire.StopAnswer``: a mistyped
     field is that node's failed stop (it may still run), named, never a crash of the stop."""
-    from clusterrun.run.orchestrator import stop_node
+    from clusterrun.run.stops import stop_node
 
     class Answers:
         name = "gpu-a"
@@ -83,7 +83,8 @@ def test_a_stop_answer_the_controller_cannot_read_is_the_nodes_stop_error() -> N
     bad = Answers({"ok": True, "killed": "everything", "left": []})
     report = stop_node(bad, 2, "gpu-a", job_id="j", attempt=3, state_dir="/s", grace=4.0)  # type: ignore[arg-type]
     assert not report.ok and "killed" in (report.error or "")
-    assert bad.sent == [{"op": "stop", "job": "j", "node": 2, "attempt": 3, "state_dir": "/s", "grace": 4.0}]
+    assert bad.sent == [{"op": "stop", "job": "j", "node": 2, "attempt": 3, "state_dir": "/s", "grace": 4.0,
+                         "by": None}]
     good = Answers({"ok": True, "killed": [{"pid": 5, "name": "torchrun", "signal": "SIGTERM"}], "left": [],
                     "containment": "cgroup", "verified": True})
     assert stop_node(good, 0, "gpu-a", job_id="j", attempt=1, state_dir=None, grace=1.0).complete  # type: ignore[arg-type]

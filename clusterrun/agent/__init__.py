@@ -73,8 +73,9 @@ Requests (``op``) and answers
            torch_cuda, torchrun_flags}`` or ``{error}``. With ``if_cwd``, nothing runs while
            ``cwd`` is missing (``skipped`` says so). The controller asks every host before it starts any.
 ``start``  ``{job, node, attempt, state_dir, argv, env, cwd, first_rank, secret_env, setup}`` →
-           ``{ok, dir, state}``: torchrun's environment is what ``setup`` left (run now if this
-           agent has not run it; its output opens ``output.log``), else the agent's with ``env``
+           ``{ok, dir, state, setup_log}``: torchrun's environment is what ``setup`` left (run now if
+           this agent has not run it; its output opens ``output.log``, and comes back as
+           ``setup_log`` up to 1 MiB: the controller shows it before the start), else the agent's with ``env``
            on top; the values of the names in ``secret_env`` reach the supervisor in memory
            only and ``spec.json`` holds ``****``.
            creates the attempt directory and the attempt's cgroup, starts the detached supervisor
@@ -98,9 +99,12 @@ Requests (``op``) and answers
            survivor, the monitor nor torchrun runs any more (host rebooted, processes killed, pid
            reused). ``follow``, ``status`` and ``stop`` start a monitor for an unfinished attempt
            that has none (``ensure_monitor``): it copies the lines left and writes the final state.
-``stop``   ``{job, node, attempt, state_dir, grace}`` → ``{ok, killed: [...], left: [...], state,
+``stop``   ``{job, node, attempt, state_dir, grace, by}`` → ``{ok, killed: [...], left: [...], state,
            containment, verified, detail, fallbacks, degraded, notes, grace}``: the stop described below,
-           of that attempt only; idempotent. ``killed`` entries are ``{pid, name, state, signal}``
+           of that attempt only; idempotent. An attempt not ended yet first gets a line in its
+           ``output.log``, ``---- stopped by <by> at 11:37:58Z ----`` (``by`` null: ``clusterrun``),
+           before torchrun is signalled: its shutdown output, which reads like a crash, follows it.
+           ``killed`` entries are ``{pid, name, state, signal}``
            (the last signal sent: torchrun's is ``SIGKILL`` when it outlived the ``grace``, in seconds,
            that the answer repeats). ``containment`` is ``cgroup`` (``verified``: the
            attempt's cgroup was empty, then removed), ``sweep`` (``verified`` false: ``left: []``
@@ -202,7 +206,8 @@ under umask 077 so they are never readable by others, not even briefly):
                     (written once, before the supervisor starts)
 ``output.log``      the output of the node's ``setup`` first, each line tagged ``[setup]:``; then
                     torchrun's stdout and stderr, appended (O_APPEND) and never truncated, and
-                    every worker's lines, whole and tagged ``[rankN]:`` (see ``RankLogs``)
+                    every worker's lines, whole and tagged ``[rankN]:`` (see ``RankLogs``); a
+                    stop's mark line (``---- stopped by ... ----``), appended by ``stop``
 ``torchrun/``       torchrun's own ``--log-dir`` (per-rank files it truncates; read by ``RankLogs``)
 ``state.json``      written by the survivor until the monitor starts, then by the monitor only,
                     atomically (temp file, fsync, rename), and by a stop that outlived them:

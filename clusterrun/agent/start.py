@@ -62,10 +62,11 @@ def op_start(req: StartRequest) -> dict[str, Any]:
             "hang_after": req.hang_after, "progress": req.progress,
             "fallbacks": ([f"no cgroup: {why}"] if why else []) + static_fallbacks()}
     middle = 0
+    logged = b""
     try:
         write_json_atomic(os.path.join(folder, "spec.json"), spec)
         if setup:
-            _log_setup(folder, output, {env[name] for name in secret if env.get(name)})
+            logged = _log_setup(folder, output, {env[name] for name in secret if env.get(name)})
         ready, middle = spawn_supervisor(folder, scope, run_env)
     except OSError as exc:
         if cgroup:
@@ -95,22 +96,28 @@ def op_start(req: StartRequest) -> dict[str, Any]:
         if state.get("unwritable"):
             _discard(folder)  # nothing ran: the same attempt may be started again once there is room
         return {"ok": False, "error": state["error"], "dir": folder, "state": state}
-    return {"ok": True, "dir": folder, "state": state}
+    answer = {"ok": True, "dir": folder, "state": state}
+    if logged and len(logged) <= SETUP_IN_ANSWER:  # shown before the start, as it ran (a longer one: followed)
+        answer["setup_log"] = logged.decode("utf-8", "surrogateescape")
+    return answer
 
 
 SETUP_TAG = b"[setup]:"  # setup's lines in output.log, as a rank's are tagged [rankN]:
+SETUP_IN_ANSWER = 1 << 20  # setup's log up to this size comes back in start's answer (a follow's chunk)
 
 
-def _log_setup(folder: str, output: bytes, secrets: set[str]) -> None:
+def _log_setup(folder: str, output: bytes, secrets: set[str]) -> bytes:
     """Setup's output at the head of the node's log (output.log), each line tagged ``[setup]:``,
-    secret values as ``****`` (this disk never holds one), timed now in output.times."""
+    secret values as ``****`` (this disk never holds one), timed now in output.times; what was written."""
     for value in sorted(secrets, key=len, reverse=True):
         output = output.replace(os.fsencode(value), b"****")
     lines = output.splitlines() or [b"(setup printed nothing)"]
+    logged = b"".join(SETUP_TAG + b" " + line + b"\n" for line in lines)
     with open(os.path.join(folder, "output.log"), "ab") as f:  # under the agent's umask 077: 0600
-        f.write(b"".join(SETUP_TAG + b" " + line + b"\n" for line in lines))
+        f.write(logged)
     with open(os.path.join(folder, "output.times"), "ab") as f:
         f.write(b"0 %d\n" % time.time_ns())
+    return logged
 
 
 def _discard(folder: str) -> None:

@@ -22,6 +22,20 @@ if TYPE_CHECKING:
 UNSEEN = "processes that left the job's tree, session and environment could not be seen"
 
 
+def write_mark(log: str, by: str, now: float | None = None) -> None:
+    """Append ``---- stopped by <by> at 11:37:58Z ----`` to the node's log, before torchrun is
+    signalled: every reader of the log sees who ended it before torchrun's shutdown output (a
+    ``SignalException`` traceback, which alone reads like a crash)."""
+    when = time.strftime("%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
+    fd = os.open(log, os.O_RDWR | os.O_APPEND)  # never made here: an attempt without a log has nothing to mark
+    try:
+        size = os.fstat(fd).st_size  # torchrun writes to the same file: a line it left unended is ended first
+        head = b"" if size == 0 or os.pread(fd, 1, size - 1) == b"\n" else b"\n"
+        os.write(fd, head + f"---- stopped by {by} at {when} ----\n".encode())
+    finally:
+        os.close(fd)
+
+
 def op_stop(req: StopRequest) -> dict[str, Any]:
     absent = absent_answer(req)
     if absent is not None:  # never started, or its records were deleted: look for its processes all the same
@@ -54,6 +68,12 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
                 pass
         except OSError as exc:
             notes.append(f"could not record the stop request: {fs_problem(exc)}")
+        try:
+            write_mark(os.path.join(folder, "output.log"), req.by or "clusterrun")
+        except FileNotFoundError:
+            pass  # torchrun never had a log: nothing to mark
+        except OSError as exc:
+            notes.append(f"could not mark the stop in output.log: {fs_problem(exc)}")
     # The cgroup counts once the supervisor joined it (it says so in its first state); else the sweep.
     cgroup = state.get("cgroup") or None
     if cgroup is None and spec.get("cgroup") and state.get("state") == "starting" and os.path.isdir(spec["cgroup"]):

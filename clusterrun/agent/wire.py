@@ -220,6 +220,7 @@ class FollowRequest(NodeRequest):
 class StopRequest(NodeRequest):
     op: ClassVar[str] = "stop"
     grace: float = 10.0
+    by: str | None = None  # who stops it, for the mark in its log (``restart``, ``down``, ...; None: clusterrun)
 
 
 @dataclass(frozen=True)
@@ -384,11 +385,13 @@ class SetupAnswer(Message):
 
 @dataclass(frozen=True)
 class Started(Message):
-    """``start``'s answer: the attempt's directory and its first state (``protocol.decode_status``)."""
+    """``start``'s answer: the attempt's directory and its first state (``protocol.decode_status``);
+    ``setup_log``: the head of output.log that setup's output made (up to 1 MiB), shown before the start."""
 
     ok: bool
     dir: str
     state: dict[str, Any]
+    setup_log: str | None = None
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ def launch(a: UpArgs) -> None:
         printer = Printer()
         job = Job(a.spec, a.script, a.script_args, job_id=job_id, name=jname, emit=None, env_overrides=a.overrides,
                   local_cwd=os.getcwd(), grace=a.grace, reconnect=Reconnect(give_up_after=a.unreachable_timeout),
-                  transport_factory=_prepared(a.transports))
+                  transport_factory=_prepared(a.transports), follow_logs=not a.detach)  # -d shows no log line
         prep = None if a.dry_run else Preparing(job_id, jname, [h.host for h in a.spec.hosts])  # listed by `ps`
     except KeyboardInterrupt:  # the hosts are connecting already
         interrupted_connecting()

@@ -236,6 +236,7 @@ class StopReport:
     records_gone: bool = False  # the host had no records of the attempt: its processes were looked for
     found_by: tuple[str, ...] = ()  # then: what found them (the cgroup by name, the marker scan)
     looked: tuple[str, ...] = ()  # and where it looked
+    torchrun_pid: int | None = None  # torchrun's, as the host recorded it: named so among ``killed``
 
     @property
     def ok(self) -> bool:
@@ -248,27 +249,38 @@ class StopReport:
         return self.ok and self.verified
 
     def killed_text(self) -> str:
-        """``python[123], pt_elastic[124]``, or ``nothing was running``."""
-        return ", ".join(f"{k.get('name')}[{k.get('pid')}]" for k in self.killed) or "nothing was running"
+        """``torchrun (pid 58)``, ``torchrun (pid 58) and 2 other processes``, or ``nothing was running``."""
+        return self._killed(with_pids=True)
 
     def killed_kinds(self) -> str:
-        """What ``killed_text`` says without pids (nodes alike share it): ``torchrun, 4 × python``."""
-        names: dict[str, int] = {}
-        for k in self.killed:
-            names[str(k.get("name"))] = names.get(str(k.get("name")), 0) + 1
-        return ", ".join(name if n == 1 else f"{n} × {name}" for name, n in names.items()) or "nothing was running"
+        """What ``killed_text`` says without pids (nodes alike share it): ``torchrun and 2 other processes``."""
+        return self._killed(with_pids=False)
+
+    def _killed(self, with_pids: bool) -> str:
+        if not self.killed:
+            return "nothing was running"
+        first = next((k for k in self.killed if k.get("pid") == self.torchrun_pid), self.killed[0])
+        name = "torchrun" if first.get("pid") == self.torchrun_pid else str(first.get("name"))
+        text = f"{name} (pid {first.get('pid')})" if with_pids else name
+        others = len(self.killed) - 1
+        return text + (f" and {others} other process{'es' if others > 1 else ''}" if others else "")
 
     def describe(self) -> str:
-        """One line: what was stopped and which guarantee holds."""
+        """One line: what was stopped and whether anything is left."""
         return f"node{self.node} {self.host}: {self.outcome(self.killed_text())}"
 
     def alike(self) -> str | None:
         """``describe`` without the node and its pids, which nodes whose stop went alike share
-        (``nodesets.alike_lines``); None for a stop that failed or left a process: its own line."""
-        return None if self.error or self.left else self.outcome(self.killed_kinds())
+        (``nodesets.alike_lines``; hosts without a cgroup apart, and named so); None for a stop that
+        failed or left a process: its own line."""
+        if self.error or self.left:
+            return None
+        return self.outcome(self.killed_kinds()) + (" (no cgroup)" if self.containment == "sweep" else "")
 
     def outcome(self, killed: str) -> str:
-        """What the stop did (``killed``: the processes it stopped, in words) and which guarantee holds."""
+        """What the stop did (``killed``: the processes it stopped, in words) and whether anything of
+        the job is left: ``stopped torchrun (pid 58); nothing left (verified by cgroup)``. How far
+        "nothing left" goes without a cgroup is said once per command (``caveat``), not on every line."""
         if self.error:
             return f"could not be stopped: {self.error}"
         # Nothing killed: the node had ended before the stop came (it was not stopped by it).
@@ -284,15 +296,22 @@ class StopReport:
         if self.left:
             left = ", ".join(f"{p.get('name')}[{p.get('pid')}] state {p.get('state')}" for p in self.left)
             return f"{stopped}; STILL RUNNING: {left}"
-        if self.containment == "cgroup" and self.verified:
-            return f"{stopped}; verified: nothing of the job is left (its cgroup is empty)"
         if self.containment == "reboot":
             return f"{stopped}; the host rebooted since the job started: nothing of it runs"
-        if self.containment == "sweep":  # why there was no cgroup, on the same line: one line per host
-            why = [f for f in self.fallbacks if f.startswith("no cgroup")] or ([] if self.detail else ["no cgroup"])
-            return (f"{stopped}; swept: no process of the job that could be seen is left "
-                    f"({'; '.join([*why, *([self.detail] if self.detail else [])])})")
+        if self.containment == "cgroup" and self.verified:
+            return f"{stopped}; nothing left (verified by cgroup)"
+        if self.containment in ("cgroup", "sweep"):
+            return f"{stopped}; nothing left"
         return f"{stopped}; no process of the job was found"
+
+    def caveat(self) -> str | None:
+        """What "nothing left" means where the host had no cgroup for the attempt (None where a
+        cgroup verified it): said once per command, after the first such host's line."""
+        if not self.ok or self.containment != "sweep":
+            return None
+        why = [f.removeprefix("no cgroup: ") for f in self.fallbacks if f.startswith("no cgroup")]
+        return (f"no cgroup on {self.host}{f' ({why[0]})' if why else ''}: \"nothing left\" there is of what could "
+                "be seen; processes that left the job's tree, session and environment could not be seen")
 
     def remarks(self) -> list[str]:
         """Further lines, only where the host failed at something: what it could not write."""
@@ -317,6 +336,18 @@ class NodeResult:
     @property
     def ok(self) -> bool:
         return self.state is NodeState.SUCCEEDED
+
+
+# Who stopped a job, as the mark in each node's log says it (``---- stopped by Ctrl-C at ... ----``), for
+# the reasons its stop is asked with; other reasons are said as they are.
+STOPPED_BY = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM to clusterrun", "SIGHUP": "SIGHUP to clusterrun",
+              "stopped from the dashboard": "K in the dashboard", "stopped by an earlier command": "an earlier command",
+              "stop requested": "clusterrun"}
+
+
+def stopped_by(reason: str) -> str:
+    """Who stopped a job whose stop was asked for with ``reason``, in the words of its logs' mark."""
+    return STOPPED_BY.get(reason, reason)
 
 
 def stopped_after_text(node: int) -> str:
@@ -384,7 +415,8 @@ class AttemptStarted(Event):
 class AttemptRestarting(Event):
     """Attempt ``failed`` ended and its owner restarts the whole job as attempt ``attempt``:
     emitted when the wait begins and, for the restart policy's backoff, as it counts down
-    (``remaining`` seconds, until the wall-clock time ``at``). ``kind``: "policy" (``restart:``;
+    (``remaining`` seconds, until the wall-clock time ``at``; consumers that print say it once, with
+    ``at``). ``kind``: "policy" (``restart:``;
     ``restart`` of ``most`` counts the job's restarts by it), "start-up" (the start-up retry) or
     "requested" (``on_hang: restart`` and the like); ``reason``: why the attempt ended."""
 
@@ -404,8 +436,9 @@ class AttemptRestarting(Event):
                     f"{self.attempt} (--no-retry-startup turns this off)")
         if self.kind != "policy":
             return f"attempt {self.failed} stopped ({self.reason}); restarting the job as attempt {self.attempt}"
-        return (f"attempt {self.failed} failed: {self.reason} · restarting in {self.remaining:.0f} s as attempt "
-                f"{self.attempt} (restart {self.restart} of {self.most}; `clusterrun down` cancels)")
+        when = iso(self.at)[11:] if iso(self.at)[:10] == iso(self.at - self.remaining)[:10] else iso(self.at)
+        return (f"attempt {self.failed} failed: {self.reason} · restarting at {when} (in {self.remaining:.0f} s) as "
+                f"attempt {self.attempt} (restart {self.restart} of {self.most}; `clusterrun down` cancels)")
 
 
 @frozen

@@ -458,6 +458,7 @@ def stop_report(host: str, node: int, answer: Any) -> StopReport:
                       degraded=stop.degraded or None, notes=tuple(stop.notes or ()),
                       grace=float(stop.grace) if stop.grace is not None else None, records_gone=stop.records_gone,
                       found_by=tuple(stop.found_by or ()), looked=tuple(stop.looked or ()),
+                      torchrun_pid=pid if isinstance(pid, int) else None,
                       grace_ran_out=pid is not None and any(k.get("pid") == pid and k.get("signal") == "SIGKILL"
                                                             for k in killed))
 

@@ -81,17 +81,18 @@ def begin_stop(store: JobStore, record: JobRecord) -> None:
     store.update(record.job_id, stopping)
 
 
-def stop(store: JobStore, record: JobRecord, grace: float | None = None,
-         spec: ClusterSpec | None = None) -> tuple[dict[int, StopReport], StateError | None]:
+def stop(store: JobStore, record: JobRecord, grace: float | None = None, spec: ClusterSpec | None = None,
+         by: str | None = None) -> tuple[dict[int, StopReport], StateError | None]:
     """The one stop path: ``stopping`` recorded first (what the follower sees of the nodes as they
     are killed no longer decides the end), then the agents' verified stop of the current attempt
     on every node, then its outcome in the record. The stop on the hosts stands even when the
-    record cannot be written: then the ``StateError`` comes back beside the reports."""
+    record cannot be written: then the ``StateError`` comes back beside the reports. ``by``: who
+    stops it, as the mark in each node's log says (``down``, ``restart``)."""
     try:
         begin_stop(store, record)
     except StateError:
         pass  # the stop matters more than its record: the error comes back after it (below)
-    reports = stop_job(record, grace=grace, spec=spec)
+    reports = stop_job(record, grace=grace, spec=spec, by=by)
     try:
         record_stop(store, record, reports)
     except StateError as exc:
@@ -140,9 +141,9 @@ class NextAttempt:
         if automatic and record.state is not JobState.RESTARTING:
             raise Cancelled(f"not restarting job {record.job_id}: it is {record.state}")
         if automatic:
-            reports, unrecorded = stop_job(record, grace=grace, spec=self.aspec.spec), None
+            reports, unrecorded = stop_job(record, grace=grace, spec=self.aspec.spec, by="the restart policy"), None
         else:
-            reports, unrecorded = stop(store, record, grace, spec=self.aspec.spec)
+            reports, unrecorded = stop(store, record, grace, spec=self.aspec.spec, by="restart")
         for rank in sorted(reports):
             self.emit(NodeStopped(rank, report=reports[rank]))
         if unrecorded is not None:

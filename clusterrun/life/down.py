@@ -64,10 +64,9 @@ class Downed:
         if verdict is Verdict.LEFT:
             return None  # each node's report names what is left
         swept = [r.host for r in self.reports.values() if not r.complete]
-        if swept:
+        if swept:  # what that means is said once, after the first such host's line (``StopReport.caveat``)
             on = fold(swept) if self.nnodes > FOLD_PAST else ", ".join(swept)
-            return (f"job {self.job_id} stopped; swept without a cgroup on {on}: processes that left "
-                    "the job's tree, session and environment could not be seen there")
+            return f"job {self.job_id} stopped; nothing it could see is left (no cgroup on {on})"
         return f"job {self.job_id} stopped; nothing of it is left on any host (verified by cgroup)"
 
 
@@ -75,5 +74,5 @@ def down(store: JobStore, record: JobRecord, grace: float | None = None) -> Down
     """Stop the job's current attempt on every host, verified (``attempt.stop``, the one stop
     path); a finished job too, whose hosts then confirm that nothing of it is left."""
     ended = record.state if record.finished else None
-    reports, unrecorded = stop(store, record, grace)
+    reports, unrecorded = stop(store, record, grace, by="down")
     return Downed(record.job_id, len(record.nodes), reports, ended=ended, unrecorded=unrecorded)

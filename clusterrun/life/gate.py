@@ -176,7 +176,8 @@ def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *,
     args = record.script_args if script_args is None else script_args
     job = Job(aspec.spec, record.script, args, job_id=record.job_id, name=record.name, emit=emit,
               env_overrides=dict(aspec.overrides), local_cwd=record.local_cwd, grace=record.grace,
-              attempt=record.attempt + 1, transport_factory=lifecycle.transport_factory(record))
+              attempt=record.attempt + 1, transport_factory=lifecycle.transport_factory(record),
+              follow_logs=False)  # it starts the attempt; its follower (``lifecycle.follower``) shows the log
     try:
         held = aspec.spec.master_port is not None and not record.finished
         _, reports, warnings = _probe_and_check(job, aspec.spec, record.script, record.local_cwd, full=full,

@@ -24,8 +24,9 @@ from clusterrun.core import parallel
 from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import NodeGpus, StopReport
 from clusterrun.core.protocol import End, Eof, LogChunk, NodeStatus, decode, decode_follow, decode_status
-from clusterrun.run.orchestrator import Emit, Job, Reconnect, stop_node
+from clusterrun.run.orchestrator import Emit, Job, Reconnect
 from clusterrun.run.plan import plan_from_json
+from clusterrun.run.stops import stop_node
 from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.transports import Transport, transport_for
 from clusterrun.views.gpus import ask as ask_gpus
@@ -262,16 +263,16 @@ def read_logs(record: JobRecord, ranks: Sequence[int], attempt: int, tail: int |
 # ------------------------------------------------------------------------------- down, restart
 
 
-def stop_job(record: JobRecord, *, grace: float | None = None,
-             spec: ClusterSpec | None = None) -> dict[int, StopReport]:
+def stop_job(record: JobRecord, *, grace: float | None = None, spec: ClusterSpec | None = None,
+             by: str | None = None) -> dict[int, StopReport]:
     """The agent's verified stop of the current attempt on every node, in parallel (the piece
-    ``attempt.stop`` records)."""
+    ``attempt.stop`` records); ``by``: who, for the mark in the nodes' logs."""
     wait = record.grace if grace is None else grace
     state_dir = record.plan.get("state_dir")
 
     def one(transport: Transport, rank: int) -> StopReport:
         return stop_node(transport, rank, record.nodes[rank].host, job_id=record.job_id, attempt=record.attempt,
-                         state_dir=state_dir, grace=wait)
+                         state_dir=state_dir, grace=wait, by=by)
 
     answers = per_node(record, one, spec=spec)
     return {rank: answer if isinstance(answer, StopReport) else StopReport(rank, record.nodes[rank].host,

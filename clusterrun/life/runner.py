@@ -300,7 +300,7 @@ class Runner:
         attempt (``on_hang: restart``, which checked the restart budget first; the reason is the
         attempt's root cause). Safe from other threads; a stop or a hand-over asked for first wins."""
         if self._ask(Asked.RESTART, reason):
-            self.job.request_stop(reason)
+            self.job.request_stop(reason, by="on_hang")
 
     def request_hand_over(self) -> None:
         """Make ``follow()`` return None soon, so that ``hand_over()`` can give the job to a monitor

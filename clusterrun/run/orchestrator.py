@@ -57,6 +57,7 @@ from clusterrun.core.events import (
     RootCause,
     StopReport,
     stopped_after_text,
+    stopped_by,
 )
 from clusterrun.core.protocol import (
     End,
@@ -69,7 +70,6 @@ from clusterrun.core.protocol import (
     StateUpdate,
     decode_follow,
     decode_status,
-    stop_report,
 )
 from clusterrun.diagnose.rootcause import NodeLog
 from clusterrun.run import setups
@@ -89,23 +89,13 @@ from clusterrun.run.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, b
 from clusterrun.run.probing import Ahead, Early, probe_all, reached, route
 from clusterrun.run.setups import redacted
 from clusterrun.run.startwatch import StartupWatch
+from clusterrun.run.stops import stop_node
 from clusterrun.run.unreachable import UnreachableWait
 from clusterrun.transports import AgentSession, Transport, transport_for
 
 Emit = Callable[[Event], None]
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
 T = TypeVar("T")
-
-
-def stop_node(transport: Transport, rank: int, host: str, *, job_id: str, attempt: int, state_dir: str | None,
-              grace: float) -> StopReport:
-    """The agent's verified stop of node ``rank``'s ``attempt`` (the one place a stop request is
-    sent: the owner's stop and ``down`` alike): its report, with the error that kept it away."""
-    request = node_request("stop", job=job_id, node=rank, attempt=attempt, state_dir=state_dir, grace=grace)
-    try:
-        return stop_report(host, rank, transport.call(request))
-    except ClusterrunError as exc:
-        return StopReport(rank, host, error=exc.render())
 
 
 class Job:
@@ -167,6 +157,7 @@ class Job:
         self.ranks = list(range(len(self._nodes))) if ranks is None else sorted(ranks)  # the nodes run() follows
         self._inbox: queue.Queue[tuple[int, FollowMessage | Link]] = queue.Queue(maxsize=256)
         self._stop_reason: str | None = None
+        self._stop_by: str | None = None  # who, for the mark in the nodes' logs (``request_stop``)
         self._failed_first: int | None = None  # the node whose failure made fail-fast stop the others
         self._stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -315,7 +306,7 @@ class Job:
         return node_request(op, job=self.job_id, node=rank, attempt=self.attempt, state_dir=self.spec.state_dir,
                             **extra)
 
-    def _start_node(self, rank: int) -> NodeStatus:
+    def _start_node(self, rank: int) -> tuple[NodeStatus, str]:
         node = self._nodes[rank]
         launch, plan = node.launch, self.plan
         if launch is None or plan is None:
@@ -336,7 +327,7 @@ class Job:
                     raise
         except AgentError as exc:  # a setup run by the start quotes its output
             raise redacted(exc, launch, self.spec.secret_env) from None
-        return decode_status(node.host, answer.get("state"), "start answer's state")
+        return decode_status(node.host, answer.get("state"), "start answer's state"), str(answer.get("setup_log") or "")
 
     def _env_extras(self, launch: NodeLaunch) -> dict[str, Any]:
         """What a start request says of its environment beyond ``env``: the names whose values the
@@ -358,12 +349,17 @@ class Job:
         started: list[int] = []
         for rank, future in zip(ranks, futures, strict=True):
             try:
-                answer = parallel.result(future)
+                answer, setup_log = parallel.result(future)
             except ClusterrunError as exc:
                 errors.append(exc)
                 self._set_state(rank, NodeState.FAILED, exc.message)
                 continue
             started.append(rank)
+            if setup_log and self.follow_logs and rank not in self.offsets:  # setup ran first: its lines first
+                node, lines = self._nodes[rank], split_lines(setup_log)
+                node.log.feed(lines)
+                self.emit(LogLines(rank, host=node.host, lines=lines))
+                self.offsets[rank] = len(setup_log.encode("utf-8", "surrogateescape"))  # the follower goes on after
             self.emit(NodeStarted(rank, host=self._nodes[rank].host, attempt=self.attempt, pid=answer.torchrun_pid))
             self._set_state(rank, NodeState.RUNNING)
         if errors:
@@ -372,10 +368,10 @@ class Job:
 
     # ---------------------------------------------------------------------------------- run
 
-    def request_stop(self, reason: str) -> None:
-        """Ask ``run()`` to stop every node (safe from signal handlers and other threads)."""
+    def request_stop(self, reason: str, by: str | None = None) -> None:
+        """Ask ``run()`` to stop every node (safe from signal handlers and other threads); ``by``: who, for the logs."""
         if self._stop_reason is None:
-            self._stop_reason = reason
+            self._stop_reason, self._stop_by = reason, by or stopped_by(reason)
         self._stop_event.set()
         self._wake.set()
 
@@ -419,18 +415,20 @@ class Job:
                 return None
             self._wait_unreachable(waiting, stop_futures)
             if watch is not None and not stopping and (late := watch.step(time.time(), self.emit, self.fail_fast)):
-                stopping, stop_futures = True, self._stop_async(reason=f"start-up watch: {late.message}")
+                stopping, stop_futures = True, self._stop_async(f"start-up watch: {late.message}",
+                                                                by="the start-up watch")
             if self._stop_event.is_set() and not stopping:
                 stopping = True
                 interrupted = self._stop_reason
-                stop_futures = self._stop_async(reason=self._stop_reason or "stop requested")
+                stop_futures = self._stop_async(self._stop_reason or "stop requested", by=self._stop_by)
             try:
                 rank, message = self._inbox.get(timeout=0.1)
             except queue.Empty:
                 continue
             if self._handle(rank, message) and self.fail_fast and not stopping:
                 stopping, self._failed_first = True, rank
-                stop_futures = self._stop_async(reason=f"node {rank} ({self._nodes[rank].host}) failed")
+                stop_futures = self._stop_async(f"node {rank} ({self._nodes[rank].host}) failed",
+                                                by=f"fail-fast after node {rank} failed")
         for future in stop_futures:
             report = parallel.result(future)
             if report is not None:
@@ -534,25 +532,26 @@ class Job:
                 self.emit(LogLines(rank, host=node.host, lines=earlier, earlier=True))
         return data
 
-    def _stop_node(self, rank: int) -> StopReport | None:
+    def _stop_node(self, rank: int, by: str | None = None) -> StopReport | None:
         node = self._nodes[rank]
         report = stop_node(node.transport, rank, node.host, job_id=self.job_id, attempt=self.attempt,
-                           state_dir=self.spec.state_dir, grace=self.grace)
+                           state_dir=self.spec.state_dir, grace=self.grace, by=by)
         self.emit(NodeStopped(rank, report=report))
         return report
 
-    def _stop_async(self, reason: str) -> list[Any]:
+    def _stop_async(self, reason: str, by: str | None) -> list[Any]:
         ranks = [r for r, n in enumerate(self._nodes) if not n.state.is_terminal and n.launch is not None]
         for rank in ranks:
             self._nodes[rank].stop_sent = True
             if self._nodes[rank].final is None:
                 self._set_state(rank, NodeState.STOPPING, reason)
-        return [self._pool.submit(self._stop_node, rank) for rank in ranks]
+        return [self._pool.submit(self._stop_node, rank, by) for rank in ranks]
 
     def _stop_nodes(self, ranks: Sequence[int]) -> list[StopReport]:
         for rank in ranks:
             self._nodes[rank].stop_sent = True
-        reports = [parallel.result(f) for f in [self._pool.submit(self._stop_node, r) for r in ranks]]
+        by = "clusterrun: another node could not be started"
+        reports = [parallel.result(f) for f in [self._pool.submit(self._stop_node, r, by) for r in ranks]]
         return [r for r in reports if r is not None]
 
     def _read_tails(self, ranks: Sequence[int]) -> None:
@@ -596,4 +595,4 @@ class Job:
             node.transport.close()
 
 
-__all__ = ["Emit", "Job", "stop_node", "Reconnect", "node_state_of"]  # the last two: imported from here
+__all__ = ["Emit", "Job", "Reconnect", "node_state_of"]  # the last two: imported from here

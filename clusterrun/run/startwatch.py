@@ -122,6 +122,7 @@ class StartupWatch:
         self.done = False
         self._noted_at = started + min(FIRST_NOTE, timeout / 3) - NOTE_EVERY
         self._noted_ready: frozenset[int] | None = None
+        self._opened: float | None = None  # the first poll: a viewer attached late hears from every node first
         self.late: list[int] = []  # the nodes still waiting when it expired (the stop then ends them)
 
     def update(self, rank: int, status: NodeStatus) -> None:
@@ -136,6 +137,12 @@ class StartupWatch:
 
     def poll(self, now: float) -> str | None:
         if self.done:
+            return None
+        self._opened = now if self._opened is None else self._opened
+        # A node not heard from yet since this watch began (``attach`` to an attempt 37 s old) is not
+        # late: its first status is on its way; it counts once the first note's wait has passed here too.
+        unheard = any(self.statuses.get(r) is None for r in self.hosts)
+        if unheard and now - self._opened < min(FIRST_NOTE, self.timeout / 3):
             return None
         ready = self._ready()
         if len(ready) == len(self.hosts):

@@ -172,7 +172,11 @@ class FakeAgent:
                  "torchrun": {"pid": next(pids), "start_time": 1}}
         node = self.nodes[key] = FakeNode(key, host, list(request.get("argv") or ()), dict(request.get("env") or {}),
                                           state=state, spec=_spec(host, request))
-        return {"ok": True, "dir": f"fake:{key}", "state": dict(node.state)}
+        answer = {"ok": True, "dir": f"fake:{key}", "state": dict(node.state)}
+        if request.get("setup") and host.setup_output is not None:  # as the agent: the log's head, and in the answer
+            node.log += b"".join(b"[setup]: " + line.encode() + b"\n" for line in host.setup_output.splitlines())
+            answer["setup_log"] = node.log.decode()
+        return answer
 
     def _view(self, host: FakeHost, node: FakeNode) -> dict[str, Any]:
         """The node's state as the agent reports it: ``lost`` when its processes are gone."""
@@ -195,6 +199,8 @@ class FakeAgent:
         node.stops += 1
         killed = []
         if node.running:
+            when = time.strftime("%H:%M:%SZ", time.gmtime(time.time()))
+            node.log += f"---- stopped by {request.get('by') or 'clusterrun'} at {when} ----\n".encode()  # as the agent
             how = "SIGKILL" if node.outlives_grace else "SIGTERM"
             killed = [{"pid": node.state["torchrun"]["pid"], "name": "torchrun", "signal": how}]
             code = None if node.outlives_grace else node.stop_exit_code

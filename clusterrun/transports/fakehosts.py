@@ -106,6 +106,7 @@ class FakeHost:
     boot_id: str = "boot-1"
     start_error: str | None = None  # the next start fails with this
     setup_error: str | None = None  # every ``setup`` request fails with this (a broken ``setup:``)
+    setup_output: str | None = None  # what a start's ``setup`` prints (None: the fake logs nothing of it)
     after_setup: dict[str, Any] | None = None  # the job's interpreter after setup (wire.JobPython; None: as probed)
     setup_blocks: bool = False  # a ``setup`` waits while this is set, then fails at its setup_timeout as the agent's
     python: str = "3.11.7"

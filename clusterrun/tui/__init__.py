@@ -236,8 +236,8 @@ class Dashboard(App[int]):
             root = board.root_text()
             text = "\n".join([*board.degraded_text(), *([root] if root else [])])
             if board.stops and board.state in ("stopped", "stopping", "failed", "lost"):
-                text = "\n".join([*([text] if text else []), "stop report:",
-                                  *(f"  {line}" for line in board.notes if line.startswith("node"))][-12:])
+                said = [f"  {line}" for line in board.notes if line.startswith(("node", "no cgroup on "))]  # the caveat
+                text = "\n".join([*([text] if text else []), "stop report:", *said][-12:])
             if text != self._report:
                 self._report = text
                 report.update(Text(safe(text, colour=False)))

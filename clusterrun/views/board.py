@@ -136,6 +136,7 @@ class Board:
         self.notes: deque[str] = deque(maxlen=200)
         self.progress: Progress | None = None  # the training's, as node 0's host read it last
         self.losses: deque[float] = deque(maxlen=LOSSES)  # the loss at each step read: the sparkline
+        self._caveat_noted = False  # what a stop's "nothing left" means without a cgroup, noted once
         self.restarting: AttemptRestarting | None = None  # the owner restarts the job: the countdown's latest
         self.restart_next = False  # the attempt ended and its owner restarts the job (its countdown follows)
         self.changed: set[int] = set()  # rows whose state changed: redraw them now
@@ -241,11 +242,16 @@ class Board:
             report = event.report
             self.stops[rank] = report
             self.note(describe_stop(report))
+            caveat = report.caveat()
+            if caveat is not None and not self._caveat_noted:  # once: it says the same of every such host
+                self._caveat_noted = True
+                self.note(caveat)
         elif isinstance(event, JobNote):
             self.note(event.text)
         elif isinstance(event, AttemptRestarting):
+            if self.restarting is None or self.restarting.failed != event.failed:
+                self.note(event.describe())  # once: it says when (the owner emits it again as it counts down)
             self.restarting = event
-            self.note(event.describe())  # the countdown: one note per AttemptRestarting the owner emits
         elif isinstance(event, JobFinished):
             self.result, self.restart_next = event.result, event.restarting
             if self.ended is None:  # else the record said when the attempt ended

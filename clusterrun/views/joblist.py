@@ -86,6 +86,16 @@ def node_state_text(node: NodeRecord, now: float) -> str:
     return events.unreachable_text(node.unreachable_since, now) if shown == NodeState.UNREACHABLE else shown
 
 
+def exit_text(node: NodeRecord) -> str:
+    """``ps JOB``'s EXIT cell: the exit code, or for a node clusterrun stopped the signal it was
+    stopped with (``SIGTERM``; ``SIGKILL`` after the grace): its exit code was our doing."""
+    if node.state is NodeState.STOPPED and (node.exit_code is not None or node.signal):
+        return events.signal_name(node.signal) if node.signal else "SIGTERM"
+    if node.signal:
+        return events.signal_name(node.signal)
+    return "-" if node.exit_code is None else str(node.exit_code)
+
+
 def outcome_text(record: JobRecord) -> str:
     """How an ended job ended, as ``wait`` says it in its one line: ``job ID failed (attempt 1);
     root cause: <the first line of what ps JOB shows as the root cause>``."""
@@ -156,7 +166,7 @@ def node_rows(record: JobRecord, now: float, errors: Mapping[int, str],
     for n in record.nodes:
         use = gpu_cell(gpus.get(n.rank))
         kind = use if use in ("", MISSING, BROKEN) else "read"
-        alike = (node_state_text(n, now), "-" if n.exit_code is None else str(n.exit_code),
+        alike = (node_state_text(n, now), exit_text(n),
                  n.error or errors.get(n.rank, ""), kind)
         if runs and len(record.nodes) > COMPACT and runs[-1][0] == alike:
             runs[-1][1].append(n)

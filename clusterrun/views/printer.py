@@ -102,6 +102,9 @@ class Printer:
         self._held: list[tuple[int, str, str | None, str, list[str]]] = []
         self._timer: threading.Timer | None = None
         self.progress: Progress | None = None  # the training's, last read: in the summary
+        self._said: dict[int, str] = {}  # node → the state the stream said last (see ``summary``)
+        self._caveat_said = False  # what "nothing left" means without a cgroup: once per command
+        self._restart_said: int | None = None  # the failed attempt whose restart was announced (once, with its time)
 
     def set_plan(self, plan: LaunchPlan) -> None:
         self._hosts = {n.rank: n.host.host for n in plan.nodes}
@@ -234,10 +237,12 @@ class Printer:
             return
         elif isinstance(event, NodeStarted):
             started = f"started attempt {event.attempt}"
+            self._said.pop(event.node or 0, None)
             self._status(event.node or 0, event.host, f"{started} (torchrun pid {event.pid})", started)
         elif isinstance(event, NodeStateChanged):
             if event.state not in _QUIET_STATES:
                 state = event.state.value + (f" ({event.detail})" if event.detail else "")
+                self._said[event.node or 0] = state
                 self._status(event.node or 0, event.host, state, state)
         elif isinstance(event, NodeLink):
             rank, host = event.node or 0, event.host
@@ -264,14 +269,21 @@ class Printer:
         elif isinstance(event, JobNote):
             self.note(event.text)
         elif isinstance(event, AttemptRestarting):
-            self.note(event.describe())
+            if self._restart_said != event.failed:  # the owner emits it again as it counts down
+                self._restart_said = event.failed
+                self.note(event.describe())
         elif isinstance(event, JobFinished):
             self.summary(event.result, restarting=event.restarting)
 
     def report(self, report: StopReport) -> None:
-        """What a stop did on one node, which guarantee held, and what the host could not record."""
-        self._status(report.node, report.host, report.outcome(report.killed_text()), report.alike(),
-                     report.remarks())
+        """What a stop did on one node, whether anything is left, and what the host could not record;
+        after the first host without a cgroup, once, how far its "nothing left" goes."""
+        remarks = report.remarks()
+        caveat = None if self._caveat_said else report.caveat()
+        if caveat is not None:
+            self._caveat_said = True
+            remarks.append(caveat)
+        self._status(report.node, report.host, report.outcome(report.killed_text()), report.alike(), remarks)
 
     def reports(self, reports: Sequence[StopReport], nnodes: int) -> None:
         """Every node's stop report of a job of ``nnodes`` nodes (``down``), nodes alike on one line."""
@@ -287,7 +299,10 @@ class Printer:
         """How each node and the job ended; ``restarting``: only an attempt ended (its owner's
         ``AttemptRestarting`` line follows), so no "job ... FAILED"."""
         self.flush()
-        ends = [(node.node, node.host, end, end) for node in result.nodes for end in [node_end_text(node)]]
+        # An attempt the job goes on from: a node's end the stream said is not said again (the job's
+        # end lists every node, the one account of it)
+        ends = [(node.node, node.host, end, end) for node in result.nodes for end in [node_end_text(node)]
+                if not (restarting and self._said.get(node.node) == end)]
         for line in alike_lines(ends, len(result.nodes)):
             self.note(line)
         if self.progress is not None and not restarting:

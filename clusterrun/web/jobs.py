@@ -118,6 +118,7 @@ def log_search(record: JobRecord, attempt: int, nodes: Sequence[int], query: str
 def stop(store: JobStore, job_id: str) -> tuple[Downed, list[str]]:
     """``clusterrun down JOB``'s stop (``life.down``), with each node's report as ``down`` prints it."""
     downed = down(store, load(store, job_id))
-    lines = [f"node{r.node} {r.host}: {r.outcome(r.killed_text())}" for r in
-             (downed.reports[rank] for rank in sorted(downed.reports))]
+    reports = [downed.reports[rank] for rank in sorted(downed.reports)]
+    lines = [report.describe() for report in reports]
+    lines += [caveat for caveat in (r.caveat() for r in reports) if caveat is not None][:1]  # once, as `down`
     return downed, [safe(line, colour=False) for line in lines]
