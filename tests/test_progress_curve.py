@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from clusterrun.agent.progress import POINTS as AGENT_POINTS
 from clusterrun.agent.progress import Curve, Tracker
-from clusterrun.core.events import JobState
+from pathlib import Path
+
+from clusterrun.core.events import JobState, ProgressChanged
 from clusterrun.core.progress import POINTS, Progress, thin
-from clusterrun.store.jobs import JobRecord
+from clusterrun.life.recorder import Recorder
+from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.views.joblist import job_json, progress_of
 
 
@@ -68,6 +71,19 @@ def test_the_record_carries_the_earlier_attempts_curves_to_ps_json() -> None:
     assert job_json(record, hosts=fresh)["progress"]["loss_curve"] == [
         [1, 1, 3.0], [1, 2, 2.0], [1, 3, 1.5], [2, 1, 2.9], [2, 2, 1.9], [2, 3, 1.4]]
     assert progress_of(record) == second
+
+
+def test_the_owner_s_recorder_keeps_the_earlier_attempts_curves_under_the_new_one_s(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs")
+    first = Progress(step=2, attempt=1, curve=((1, 3.0), (2, 2.0)), metrics=(("loss", 2.0),))
+    store.create(JobRecord("j-20261128-100000-abcd", "train", 0.0, "hosts.yaml", "", "train.py", [], {}, "/", 10.0,
+                           None, {}, attempt=2, state=JobState.RUNNING, progress=first.to_json()))
+    recorder = Recorder(store, "j-20261128-100000-abcd", 2)
+    for curve in (((1, 2.9),), ((1, 2.9), (2, 1.9))):  # two readings of attempt 2 (its host knows only its own)
+        recorder(ProgressChanged(0, host="h0", progress=Progress(step=len(curve), curve=curve)))
+        recorder.flush()
+    kept = Progress.from_json(store.load("j-20261128-100000-abcd").progress)
+    assert kept is not None and kept.series == ((1, 1, 3.0), (1, 2, 2.0), (2, 1, 2.9), (2, 2, 1.9))
 
 
 def test_thinning_keeps_each_attempt_s_last_point_and_the_bound() -> None:
