@@ -3,10 +3,10 @@ carried across attempts by the record, and to ``ps --json`` and the dashboard's 
 
 from __future__ import annotations
 
-from clusterrun.agent.progress import POINTS as AGENT_POINTS
-from clusterrun.agent.progress import Curve, Tracker
 from pathlib import Path
 
+from clusterrun.agent.progress import POINTS as AGENT_POINTS
+from clusterrun.agent.progress import Curve, Tracker
 from clusterrun.core.events import JobState, ProgressChanged
 from clusterrun.core.progress import POINTS, Progress, thin
 from clusterrun.life.recorder import Recorder
