@@ -264,9 +264,9 @@ def chart_points(page: Page) -> list[tuple[int, float]]:
 def test_the_page_shows_the_training_s_progress_and_its_loss_chart_live(
         tmp_path: Path, state_dir: Path, browser: Browser, web: Any) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir, python=sys.executable)
-    gate = tmp_path / "go"  # every rank waits there at step 20 of 40, until the test has looked
+    gate, later = tmp_path / "go", tmp_path / "later"  # every rank waits at step 20 and 30 of 40 for them
     started = clusterrun("up", "-d", "--name", "webprogress", hosts, SUPPORT / "progress_train.py", "--", "tqdm",
-                         "40", gate)
+                         "40", gate, later)
     assert started.returncode == 0, started.stderr
     job = started.stdout.strip()
     try:
@@ -285,7 +285,12 @@ def test_the_page_shows_the_training_s_progress_and_its_loss_chart_live(
             page.screenshot(path=f"{SHOTS}/chart-phone.png", full_page=True)
         page.evaluate("window.unreloaded = true")
         gate.touch()
-        # the training goes on to its end: the open page's chart follows, without a reload
+        # the training goes on: the open page's chart follows it, without a reload (its nodes' states do not
+        # change until the end: only the new readings the owner records bring the new points)
+        wait_for(lambda: [step for step, _ in chart_points(page)][-1:] == [30], timeout=DEADLINE / 1000,
+                 what="the chart's point at step 30")
+        assert [step for step, _ in chart_points(page)] == list(range(1, 31)) and chart_points(page)[:20] == early
+        later.touch()
         wait_for(lambda: [step for step, _ in chart_points(page)][-1:] == [40], timeout=DEADLINE / 1000,
                  what="the chart's point at step 40")
         wait_for(lambda: ps_json(job)["state"] == "succeeded", timeout=120, what="the training's end")
@@ -299,6 +304,7 @@ def test_the_page_shows_the_training_s_progress_and_its_loss_chart_live(
         page.close()
     finally:
         gate.touch()
+        later.touch()
 
 
 def test_the_job_list_shows_a_new_job_and_its_new_state_without_a_reload(
