@@ -11,6 +11,7 @@ from clusterrun.core.events import JobState, ProgressChanged
 from clusterrun.core.progress import POINTS, Progress, thin
 from clusterrun.life.recorder import Recorder
 from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.views.board import Board
 from clusterrun.views.joblist import job_json, progress_of
 
 
@@ -91,3 +92,9 @@ def test_thinning_keeps_each_attempt_s_last_point_and_the_bound() -> None:
     kept = thin(marks)
     assert len(kept) <= POINTS and {(1, 399.0, 1.0), (2, 399.0, 1.0), (3, 399.0, 1.0)} <= set(kept)
     assert len(thin([(a, 1.0, 1.0) for a in range(1, 600)])) == POINTS
+
+
+def test_the_dashboard_s_sparkline_shows_the_host_s_curve_though_it_came_later() -> None:
+    board = Board()
+    board.apply(ProgressChanged(0, host="h0", progress=Progress(step=3, curve=((1, 3.0), (2, 2.0), (3, 1.5)))))
+    assert list(board.losses) == [3.0, 2.0, 1.5]
