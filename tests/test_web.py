@@ -174,7 +174,8 @@ def test_the_page_lists_a_running_job_shows_it_live_and_refuses_strangers(
 
     # without the token or its cookie: 401, for a page, an asset and the event stream
     stranger = browser.new_context().new_page()
-    for path in ("/", f"/jobs/{job}", "/static/htmx.min.js", f"/jobs/{job}/stream", "/api/jobs"):
+    for path in ("/", f"/jobs/{job}", "/static/htmx.min.js", f"/jobs/{job}/stream", "/api/jobs", "/events",
+                 f"/jobs/{job}/progress"):
         response = stranger.goto(base + path)
         assert response is not None and response.status == 401, path
 
