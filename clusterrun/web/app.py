@@ -34,7 +34,7 @@ from clusterrun.web import jobs
 from clusterrun.web.chart import loss_chart
 from clusterrun.web.feeds import RING, Changed, Feeds, Lines, State, Viewer
 from clusterrun.web.guard import Guard
-from clusterrun.web.watch import StoreWatch
+from clusterrun.web.watch import StoreWatch, signature, version
 
 HERE = Path(__file__).parent
 MAX_VIEWERS = 32  # live streams at once; one more is refused (503)
@@ -128,9 +128,10 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
 
     async def index(request: Request) -> Response:
         show_all = request.query_params.get("all") == "1"
+        seen = version(await run_in_threadpool(signature, store))  # before the records are read: what changes shows
         document = await run_in_threadpool(jobs.job_list, store, show_all)
         page = "joblist.html" if request.headers.get("hx-request") and request.query_params.get("part") else "jobs.html"
-        return templates.TemplateResponse(request, page, {"doc": document, "show_all": show_all})
+        return templates.TemplateResponse(request, page, {"doc": document, "show_all": show_all, "seen": seen})
 
     async def list_events(request: Request) -> Response:
         """The job list's stream: ``changed`` (with the jobs' ids) when a record changed, nothing else."""
@@ -142,7 +143,10 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
             changes = watch.subscribe()
             state["viewers"] += 1
             try:
+                behind = version(await watch.baseline()) != request.query_params.get("seen")
                 yield b"retry: 3000\n\n"
+                if behind:  # a job changed since the page read the list (any later change is a look's)
+                    yield _sse("changed", "")
                 while ids := await changes.get():  # empty: the server ends
                     yield _sse("changed", " ".join(sorted(ids)))
             finally:

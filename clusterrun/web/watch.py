@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 
 from clusterrun.store.jobs import JobStore
@@ -40,6 +41,12 @@ def signature(store: JobStore) -> Signature:
     return found
 
 
+def version(seen: Signature) -> str:
+    """A short name of a state of the store: a list page carries the one it read to its stream, which
+    tells the page at once if a job changed between the page's reading and the stream's start."""
+    return hashlib.sha256(repr(sorted(seen.items())).encode()).hexdigest()[:16]
+
+
 class StoreWatch:
     """The look at the store shared by every listener (see the module docstring)."""
 
@@ -48,6 +55,8 @@ class StoreWatch:
         self.listeners: set[asyncio.Queue[frozenset[str]]] = set()
         self.task: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.seen: Signature = {}  # the state the look compares the next one with
+        self.started: asyncio.Event | None = None  # set once the look has ``seen`` a first state
 
     def subscribe(self) -> asyncio.Queue[frozenset[str]]:
         """A new listener's queue: sets of the ids of the jobs whose record changed (empty: the server ends)."""
@@ -55,8 +64,15 @@ class StoreWatch:
         self.listeners.add(queue)
         self.loop = asyncio.get_running_loop()
         if self.task is None or self.task.done():
-            self.task = self.loop.create_task(self._look())
+            self.started = asyncio.Event()
+            self.task = self.loop.create_task(self._look(self.started))
         return queue
+
+    async def baseline(self) -> Signature:
+        """The state a subscriber's changes are counted from (once subscribed: any later change reaches it)."""
+        if self.started is not None:
+            await self.started.wait()
+        return self.seen
 
     def end(self) -> None:
         """Tell every listener that the server ends (an empty set); from any thread."""
@@ -78,13 +94,14 @@ class StoreWatch:
                 await self.task
             self.task = None
 
-    async def _look(self) -> None:
-        before = await asyncio.to_thread(signature, self.store)
+    async def _look(self, started: asyncio.Event) -> None:
+        self.seen = await asyncio.to_thread(signature, self.store)
+        started.set()
         while self.listeners:
             await asyncio.sleep(EVERY)  # the pace of the look, not a wait for an event
             now = await asyncio.to_thread(signature, self.store)
+            before, self.seen = self.seen, now
             changed = frozenset(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
-            before = now
             if changed:
                 for queue in list(self.listeners):
                     _put(queue, changed)
