@@ -53,7 +53,8 @@ def test_tqdm_s_own_meter_gives_step_total_rate_eta_and_postfix() -> None:
     assert line == " 45%|████▌     | 450/1000 [00:10<00:12, 45.00it/s, loss=2.31]"
     progress = fed("\r" + line).to_json()
     assert progress == {"step": 450, "total": 1000, "per_second": 45.0, "eta_seconds": 12.0,
-                        "metrics": {"loss": 2.31}, "updated": 100.0, "unit": "step"}
+                        "metrics": {"loss": 2.31}, "updated": 100.0, "unit": "step",
+                        "curve": {"points": [[450, 2.31]], "spacing": 0.0, "offset": 0.0, "latest": None}}
 
 
 def test_a_slow_bar_in_seconds_per_step_and_one_without_a_total() -> None:

@@ -53,6 +53,13 @@ def test_ps_shows_a_real_training_s_progress_while_it_runs_and_the_summary_its_e
         text = clusterrun("ps", job).stdout
         assert f"progress: step {half['step']}" in text and "loss" in text, text
         assert "PROGRESS" in clusterrun("ps").stdout.splitlines()[0]
+        # the loss curve: a point per loss printed (the HF Trainer logs every 5th step), the last one the reading's
+        curve = half["loss_curve"]
+        assert [a for a, _, _ in curve] == [1] * len(curve) and len(curve) >= (STEPS // 2) // 5, curve
+        steps = [s for _, s, _ in curve]
+        assert steps == sorted(steps) and steps[-1] == half["step"], curve
+        loss = half["metrics"].get("loss", half["metrics"].get("train_loss"))
+        assert curve[-1][2] == loss, (curve, half)
     finally:
         gate.touch()
     ended = clusterrun("wait", job)

@@ -1,5 +1,6 @@
 """`clusterrun web` in a real browser (Debian's chromium driven by Playwright) over a real job on local hosts:
-the job list, a job's page live, search, the token, another site refused, the stop, a phone's width."""
+the job list, a job's page live, search, the token, another site refused, the stop, a phone's width; the
+loss chart, the list and a job's page following the jobs (a new job, a new state, a restart) without a reload."""
 
 from __future__ import annotations
 
@@ -173,7 +174,8 @@ def test_the_page_lists_a_running_job_shows_it_live_and_refuses_strangers(
 
     # without the token or its cookie: 401, for a page, an asset and the event stream
     stranger = browser.new_context().new_page()
-    for path in ("/", f"/jobs/{job}", "/static/htmx.min.js", f"/jobs/{job}/stream", "/api/jobs"):
+    for path in ("/", f"/jobs/{job}", "/static/htmx.min.js", f"/jobs/{job}/stream", "/api/jobs", "/events",
+                 f"/jobs/{job}/progress"):
         response = stranger.goto(base + path)
         assert response is not None and response.status == 401, path
 
@@ -244,24 +246,116 @@ def test_stop_from_the_page_stops_the_job_verified_as_down_verifies(
     context.close()
 
 
-def test_the_page_shows_the_training_s_progress_as_ps_job_words_it(
+def printed_losses(job: str) -> dict[int, float]:
+    """The loss rank 0's tqdm bar printed at each step, from the job's log as `logs` reads it."""
+    logs = clusterrun("logs", "--node", "0", job)  # rank 0 alone, as written
+    assert logs.returncode == 0, logs.stderr
+    return {int(n): float(loss) for n, loss in re.findall(r"(\d+)/40 \[[^\]]*loss=([\d.]+)\]", logs.stdout)}
+
+
+def chart_points(page: Page) -> list[tuple[int, float]]:
+    """The (step, loss) points of the page's loss chart, as its SVG carries them (not its pixels)."""
+    line = page.locator("#loss-chart polyline[data-attempt]")
+    if line.count() != 1:
+        return []
+    steps, losses = (line.get_attribute(name) or "" for name in ("data-steps", "data-losses"))
+    return list(zip(map(int, steps.split()), map(float, losses.split()), strict=True))
+
+
+def test_the_page_shows_the_training_s_progress_and_its_loss_chart_live(
         tmp_path: Path, state_dir: Path, browser: Browser, web: Any) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir, python=sys.executable)
-    gate = tmp_path / "go"  # every rank waits there at step 20 of 40, until the test has looked
+    gate, later = tmp_path / "go", tmp_path / "later"  # every rank waits at step 20 and 30 of 40 for them
     started = clusterrun("up", "-d", "--name", "webprogress", hosts, SUPPORT / "progress_train.py", "--", "tqdm",
-                         "40", gate)
+                         "40", gate, later)
     assert started.returncode == 0, started.stderr
     job = started.stdout.strip()
     try:
         wait_for(lambda: (ps_json(job)["progress"] or {}).get("step") == 20, timeout=180, what="step 20's reading")
         url, base, _ = web()
-        page = browser.new_page()
+        page = browser.new_page(viewport={"width": 390, "height": 844})
         page.goto(url)
         page.goto(f"{base}/jobs/{job}")
         expect(page.locator("#progress")).to_contain_text("step 20/40 (50%)", timeout=DEADLINE)
         assert page.locator("#progress progress").get_attribute("value") == "20"
+        # the chart a page opened now shows: every step's loss so far (the bar's line ends with the training)
+        early = chart_points(page)
+        assert [step for step, _ in early] == list(range(1, 21))
+        assert no_sideways_scroll(page)
+        if SHOTS:
+            page.screenshot(path=f"{SHOTS}/chart-phone.png", full_page=True)
+        page.evaluate("window.unreloaded = true")
+        gate.touch()
+        # the training goes on: the open page's chart follows it, without a reload (its nodes' states do not
+        # change until the end: only the new readings the owner records bring the new points)
+        wait_for(lambda: [step for step, _ in chart_points(page)][-1:] == [30], timeout=DEADLINE / 1000,
+                 what="the chart's point at step 30")
+        assert [step for step, _ in chart_points(page)] == list(range(1, 31)) and chart_points(page)[:20] == early
+        later.touch()
+        wait_for(lambda: [step for step, _ in chart_points(page)][-1:] == [40], timeout=DEADLINE / 1000,
+                 what="the chart's point at step 40")
+        wait_for(lambda: ps_json(job)["state"] == "succeeded", timeout=120, what="the training's end")
+        printed = printed_losses(job)  # what rank 0's bar printed at each step, as `logs` reads it
+        assert sorted(printed) == list(range(1, 41))
+        assert chart_points(page) == sorted(printed.items()) and early == sorted(printed.items())[:20]
+        expect(page.locator("#progress")).to_contain_text("step 40/40", timeout=DEADLINE)
+        assert page.evaluate("window.unreloaded") is True and no_sideways_scroll(page)
         page.goto(base + "/")
-        expect(page.locator(".training")).to_contain_text("step 20/40", timeout=DEADLINE)
+        expect(page.locator(".training")).to_contain_text("step 40/40", timeout=DEADLINE)
         page.close()
     finally:
         gate.touch()
+        later.touch()
+
+
+def test_the_job_list_shows_a_new_job_and_its_new_state_without_a_reload(
+        tmp_path: Path, state_dir: Path, browser: Browser, web: Any) -> None:
+    url, base, _ = web()
+    page = browser.new_page()
+    page.goto(url)
+    expect(page.locator("h1")).to_have_text("Jobs")
+    page.evaluate("window.unreloaded = true")
+    job = start_job(tmp_path, state_dir, "weblist")  # started after the page was loaded
+    row = page.locator("li.job", has=page.locator(f'a[href="/jobs/{job}"]'))
+    expect(row.locator(".state")).to_contain_text("running", timeout=DEADLINE)
+    assert clusterrun("down", job).returncode == 0
+    expect(row.locator(".state")).to_contain_text("stopped", timeout=DEADLINE)
+    assert page.evaluate("window.unreloaded") is True  # the same page all along
+    page.close()
+
+
+def test_a_job_s_page_follows_a_restart_to_the_new_attempt_s_nodes_and_log(
+        tmp_path: Path, state_dir: Path, browser: Browser, web: Any) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra="restart: {backoff: 0s}\n")
+    counter, gate = tmp_path / "runs", tmp_path / "fail"
+    started = clusterrun("up", "-d", "--max-restarts", "1", "--name", "webrestart", hosts,
+                         SUPPORT / "fail_once_gated.py", counter, gate)
+    assert started.returncode == 0, started.stderr
+    job = started.stdout.strip()
+    try:
+        url, base, _ = web()
+        page = browser.new_page()
+        page.goto(url)
+        page.goto(f"{base}/jobs/{job}")
+        log = page.locator("#log")
+        for rank in (0, 1):
+            expect(log).to_contain_text(f"run 1 rank {rank} line", timeout=DEADLINE)
+        page.evaluate("window.unreloaded = true")
+        gate.touch()  # rank 1 fails: the policy starts attempt 2
+        for rank in (0, 1):  # the same page, now on attempt 2: its log, its nodes, its menu
+            expect(log).to_contain_text(f"run 2 rank {rank} line", timeout=DEADLINE * 2)
+        assert "run 1 " not in (log.text_content() or "")  # the new attempt's log alone
+        expect(page.locator("#summary .state")).to_contain_text("attempt 2", timeout=DEADLINE)
+        for node in (0, 1):
+            expect(page.locator(f'tr[data-node="{node}"]')).to_contain_text("running", timeout=DEADLINE)
+        expect(page.locator("#live h2").last).to_contain_text("attempt 2")
+        assert page.evaluate("window.unreloaded") is True
+        # the earlier attempt's log stays choosable
+        page.select_option("#attempt", "1")
+        expect(page.locator("#live h2").last).to_contain_text("attempt 1", timeout=DEADLINE)
+        expect(log).to_contain_text("run 1 rank 1 fails", timeout=DEADLINE)
+        assert "run 2 " not in (log.text_content() or "")
+        assert "attempt=1" in page.url
+        page.close()
+    finally:
+        clusterrun("down", job)

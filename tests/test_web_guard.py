@@ -110,3 +110,44 @@ def test_a_live_stream_past_the_cap_of_viewers_is_503(monkeypatch: pytest.Monkey
     assert call(path="/jobs/j1/stream", app=guarded, cookie=f"{COOKIE}={TOKEN}")[0] == 503
     monkeypatch.setattr(web, "MAX_VIEWERS", 1)  # under the cap: on to the job, which this store has not
     assert call(path="/jobs/j1/stream", app=guarded, cookie=f"{COOKIE}={TOKEN}")[0] == 404
+
+
+async def _events(app: Any, seen: str, then: Any, wanted: bytes) -> bytes:
+    """The job list's stream (``/events?seen=...``) until it has sent ``wanted``; ``then()`` once it started."""
+    body = b""
+    done = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal body
+        if message["type"] == "http.response.body":
+            if not body:
+                then()
+            body += message.get("body", b"")
+            if wanted in body:
+                done.set()
+
+    scope = {"type": "http", "method": "GET", "path": "/events", "query_string": f"seen={seen}".encode(),
+             "headers": [(b"host", b"127.0.0.1:8321"), (b"cookie", f"{COOKIE}={TOKEN}".encode())]}
+    await asyncio.wait_for(app(scope, receive, send), 30)
+    return body
+
+
+def test_the_job_list_s_stream_says_what_changed_and_what_changed_before_it_started(tmp_path: Path) -> None:
+    from clusterrun.web import app as web
+    from clusterrun.web.watch import signature, version
+
+    def new_job(name: str) -> None:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "job.json").write_text("{}")
+
+    new_job("j-1")
+    guarded = web.create_app(TOKEN, store=JobStore(tmp_path))
+    # the page read the list before j-1 was made: its stream tells it at once
+    assert b"event: changed\ndata: \n\n" in asyncio.run(_events(guarded, "before", lambda: None, b"event: changed"))
+    # a page that read it after: nothing until the next change, which is named
+    body = asyncio.run(_events(guarded, version(signature(JobStore(tmp_path))), lambda: new_job("j-2"), b"data: j-2\n"))
+    assert body.count(b"event: changed") == 1, body

@@ -13,10 +13,10 @@ and a line with a step and a loss, as nanoGPT (``iter 120: loss 2.3051, time 45.
 changes nothing.
 
 ``Tracker`` keeps the latest reading; ``to_json()`` is what state.json's ``progress`` holds:
-``{step, total, per_second, eta_seconds, metrics, updated, unit}`` (``unit``: ``epoch`` where the
-output counts epochs and nothing finer, else ``step``). Steps per second come from the line
-where it says (a bar's rate, nanoGPT's time per iteration), else from the steps seen in the last
-``WINDOW`` seconds. Stdlib only: it runs in the agent's monitor on the host.
+``{step, total, per_second, eta_seconds, metrics, updated, unit, curve}`` (``unit``: ``epoch`` where the
+output counts epochs and nothing finer, else ``step``; ``curve``: the loss by step, ``Curve``). Steps
+per second come from the line where it says (a bar's rate, nanoGPT's time per iteration), else from
+the steps seen in the last ``WINDOW`` seconds. Stdlib only: it runs in the agent's monitor on the host.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+POINTS = 256  # (step, loss) points a curve keeps at most (then every other one goes): ~5 kB in state.json
 WINDOW = 120.0  # seconds of readings the rate is computed over, where the line gives none
 MAX_SEGMENT = 4096  # a longer segment is no progress line: not searched (a rank may print megabytes at once)
 NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
@@ -151,6 +152,52 @@ def _step_and_loss(text: str) -> Reading | None:
                    unit="step" if step is not None else "epoch")
 
 
+class Curve:
+    """The loss by step of one attempt, bounded on a days-long run: every reading with a loss is kept
+    until there are ``POINTS``, then every other point is dropped and the spacing between kept steps
+    doubles, so the points stay evenly spread over the whole run; the latest reading is always shown.
+
+    A step lower than the last one is a bar that starts again: the next epoch's (its ``epoch`` metric
+    went up) goes on after the last step; otherwise the run went back to a checkpoint, and the points
+    after it are dropped (the curve shows what the model went through)."""
+
+    def __init__(self, start: dict[str, Any] | None = None) -> None:
+        start = start or {}
+        self.points: list[list[float]] = [list(p) for p in start.get("points") or () if len(p) == 2]
+        self.spacing = float(start.get("spacing") or 0.0)  # steps between two kept points, at least
+        self.offset = float(start.get("offset") or 0.0)  # added to a bar's step: the epochs before it
+        self.latest: list[float] | None = start.get("latest")  # a reading closer than ``spacing``: shown, not kept
+        self.last: tuple[float, float | None] | None = None  # (step, epoch) as the output printed them last
+
+    def add(self, step: float, loss: float, epoch: float | None) -> None:
+        if self.last is not None and step < self.last[0]:
+            if epoch is not None and self.last[1] is not None and epoch > self.last[1]:
+                self.offset += self.last[0]
+            else:
+                self.points = [p for p in self.points if p[0] < step + self.offset]
+                self.latest = None
+        self.last = (step, epoch)
+        x, y = step + self.offset, float(f"{loss:.6g}")
+        if self.points and x - self.points[-1][0] < self.spacing:
+            self.latest = [x, y]
+            return
+        self.latest = None
+        if self.points and x == self.points[-1][0]:
+            self.points[-1] = [x, y]
+            return
+        self.points.append([x, y])
+        if len(self.points) > POINTS:
+            self.points = self.points[::2]
+            self.spacing = (self.points[-1][0] - self.points[0][0]) / max(1, len(self.points) - 1)
+
+    def to_json(self) -> dict[str, Any]:
+        def whole(value: float) -> float | int:
+            return int(value) if value == int(value) else value
+
+        return {"points": [[whole(x), y] for x, y in self.points], "spacing": self.spacing, "offset": self.offset,
+                "latest": [whole(self.latest[0]), self.latest[1]] if self.latest else None}
+
+
 class Tracker:
     """The latest progress of one rank's output. Lifecycle: ``Tracker(pattern)`` → ``feed(data, now)``
     for every chunk written (bytes, any split) → ``to_json()``; ``feed`` says whether it changed."""
@@ -166,6 +213,7 @@ class Tracker:
         self.metrics: dict[str, float] = {}
         self.updated: float | None = None
         self.unit = "step"
+        self.curve = Curve((start or {}).get("curve"))
         if start:  # a monitor that resumes: what its predecessor saw
             self.step, self.total, self.updated = start.get("step"), start.get("total"), start.get("updated")
             self.metrics = dict(start.get("metrics") or {})
@@ -202,6 +250,9 @@ class Tracker:
                 self.eta_seconds = max(0.0, (self.total - self.step) / self.per_second)
             else:
                 self.eta_seconds = None
+        loss = next((reading.metrics[k] for k in ("loss", "train_loss") if k in reading.metrics), None)
+        if loss is not None and self.step is not None:
+            self.curve.add(self.step, loss, self.metrics.get("epoch"))
         changed = (self.step, self.total, self.metrics) != before
         if changed:
             self.updated = now
@@ -222,4 +273,4 @@ class Tracker:
                 "per_second": round(self.per_second, 4) if self.per_second is not None else None,
                 "eta_seconds": round(self.eta_seconds, 1) if self.eta_seconds is not None else None,
                 "metrics": {k: round(v, 6) for k, v in self.metrics.items()}, "updated": self.updated,
-                "unit": self.unit}
+                "unit": self.unit, "curve": self.curve.to_json()}

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from clusterrun.core.frozen import frozen
+
+POINTS = 256  # (step, loss) points a curve keeps at most: the agent's bound too (agent/progress.py, stdlib-only)
+Point = tuple[float, float]  # (step, loss)
+Mark = tuple[int, float, float]  # (attempt, step, loss)
 
 
 def duration_words(seconds: float) -> str:
@@ -20,11 +26,45 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _numbers(row: Any, size: int) -> tuple[float, ...] | None:
+    if not isinstance(row, (list, tuple)) or len(row) != size:
+        return None
+    values = tuple(_number(v) for v in row)
+    return None if None in values else values  # type: ignore[return-value]
+
+
+def _rows(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _curve(data: Any) -> tuple[Point, ...]:
+    """A curve as the agent (or a record) writes it: ``{points: [[step, loss], ...], latest: [step, loss]}``."""
+    if not isinstance(data, dict):
+        return ()
+    points = [p for p in (_numbers(row, 2) for row in _rows(data.get("points"))) if p is not None]
+    latest = _numbers(data.get("latest"), 2)
+    if latest is not None and (not points or latest[0] > points[-1][0]):
+        points.append(latest)
+    return tuple(points)  # type: ignore[arg-type]
+
+
+def thin(marks: Sequence[Mark], limit: int = POINTS) -> tuple[Mark, ...]:
+    """``marks`` within ``limit``: every other point dropped, each attempt's last one kept, until they fit
+    (the oldest go where attempts alone are more than ``limit``)."""
+    kept = list(marks)
+    while len(kept) > limit:
+        fewer = [m for i, m in enumerate(kept) if i % 2 == 0 or i == len(kept) - 1 or kept[i + 1][0] != m[0]]
+        kept = fewer if len(fewer) < len(kept) else kept[-limit:]
+    return tuple(kept)
+
+
 @frozen
 class Progress:
     """The training's progress as rank 0's output shows it (read on its host: ``agent/progress.py``):
     ``step`` of ``total``, ``per_second``, ``eta_seconds``, the last ``metrics`` (loss, ...) by name,
-    ``updated`` (wall clock) and the ``attempt`` that printed it (a resumed run goes on from its step)."""
+    ``updated`` (wall clock) and the ``attempt`` that printed it (a resumed run goes on from its step);
+    ``curve``: that attempt's loss by step (bounded, evenly spread: ``agent/progress.py``'s ``Curve``),
+    ``earlier``: the curves of the attempts before it, as the job's record kept them."""
 
     step: float | None = None
     total: float | None = None
@@ -34,6 +74,21 @@ class Progress:
     updated: float | None = None
     attempt: int | None = None
     unit: str = "step"  # what ``step`` counts: "step", or "epoch" where the output counts nothing finer
+    curve: tuple[Point, ...] = ()
+    earlier: tuple[Mark, ...] = ()
+
+    @property
+    def series(self) -> tuple[Mark, ...]:
+        """Every attempt's loss by step, (attempt, step, loss), the earliest first."""
+        return self.earlier + tuple((self.attempt or 0, step, loss) for step, loss in self.curve)
+
+    def after(self, before: Progress | None) -> Progress:
+        """This reading with the curves of the attempts before its own (``before``: the record's last reading)."""
+        if before is None:
+            return self
+        if before.attempt == self.attempt:
+            return dataclasses.replace(self, earlier=before.earlier)
+        return dataclasses.replace(self, earlier=thin([m for m in before.series if m[0] != self.attempt]))
 
     @property
     def loss(self) -> float | None:
@@ -46,7 +101,8 @@ class Progress:
 
         return {"step": whole(self.step), "total": whole(self.total), "per_second": self.per_second,
                 "eta_seconds": self.eta_seconds, "metrics": dict(self.metrics), "updated": self.updated,
-                "attempt": self.attempt, "unit": self.unit}
+                "attempt": self.attempt, "unit": self.unit, "curve": {"points": [list(p) for p in self.curve]},
+                "earlier": [list(m) for m in self.earlier]}
 
     @classmethod
     def from_json(cls, data: Any, attempt: int | None = None) -> Progress | None:
@@ -56,10 +112,12 @@ class Progress:
         metrics = data.get("metrics")
         metrics = metrics if isinstance(metrics, dict) else {}
         kept = tuple((str(k), float(v)) for k, v in metrics.items() if _number(v) is not None)
+        earlier = tuple((int(m[0]), m[1], m[2]) for m in (_numbers(row, 3) for row in _rows(data.get("earlier")))
+                        if m is not None)
         found = cls(_number(data.get("step")), _number(data.get("total")), _number(data.get("per_second")),
                     _number(data.get("eta_seconds")), kept, _number(data.get("updated")),
                     attempt if attempt is not None else data.get("attempt") if isinstance(data.get("attempt"), int)
-                    else None, "epoch" if data.get("unit") == "epoch" else "step")
+                    else None, "epoch" if data.get("unit") == "epoch" else "step", _curve(data.get("curve")), earlier)
         return found if found.step is not None or found.metrics else None
 
     def text(self) -> str:

@@ -183,11 +183,11 @@ class Recorder:
         self._submit(change)
 
     def _progress(self, progress: Progress) -> None:
-        shown = dataclasses.replace(progress, attempt=self.attempt).to_json()
+        shown = dataclasses.replace(progress, attempt=self.attempt)
 
         def change(record: JobRecord) -> None:
-            if record.attempt == self.attempt:
-                record.progress = shown
+            if record.attempt == self.attempt:  # the earlier attempts' curves go on with this one's
+                record.progress = shown.after(Progress.from_json(record.progress)).to_json()
 
         self._submit(change)
 

@@ -43,12 +43,12 @@ from clusterrun.core.events import (
     signal_name,
     unreachable_text,
 )
-from clusterrun.core.progress import Progress
+from clusterrun.core.progress import POINTS, Progress
 from clusterrun.diagnose.rootcause import undoubled
 from clusterrun.views.gpus import only
 
 RING = 10_000
-LOSSES = 120  # losses kept for the dashboard's sparkline (one per step read)
+LOSSES = POINTS  # losses kept for the dashboard's sparkline: the host's curve (else one per step read)
 RESUMED = "---- resumed here: the lines above were shown before, new ones follow ----"
 
 
@@ -211,7 +211,10 @@ class Board:
         elif isinstance(event, ProgressChanged):
             before, self.progress = self.progress, event.progress
             loss = event.progress.loss
-            if loss is not None and (before is None or before.step != event.progress.step or before.loss != loss):
+            if event.progress.curve:  # the host's curve: the whole run, though the board came later
+                self.losses.clear()
+                self.losses.extend(y for _, y in event.progress.curve)
+            elif loss is not None and (before is None or before.step != event.progress.step or before.loss != loss):
                 self.losses.append(loss)
         elif isinstance(event, JobHung):
             for node in event.nodes:

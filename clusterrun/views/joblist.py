@@ -132,10 +132,12 @@ def job_state_text(record: JobRecord, now: float) -> str:
 
 def progress_of(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None) -> Progress | None:
     """The training's progress: what node 0's host says now (``hosts``, ``ps JOB``), else the record's last
-    reading, which may come from an earlier attempt (a resumed run goes on from its step)."""
+    reading, which may come from an earlier attempt (a resumed run goes on from its step); with the loss
+    curves of the attempts before (the record's)."""
     state = (hosts or {}).get(0, {}).get("state")
     fresh = Progress.from_json(state.get("progress"), record.attempt) if isinstance(state, dict) else None
-    return fresh or Progress.from_json(record.progress)
+    recorded = Progress.from_json(record.progress)
+    return fresh.after(recorded) if fresh is not None else recorded
 
 
 def training_text(record: JobRecord, progress: Progress | None, now: float) -> str | None:
@@ -245,7 +247,10 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
 def _progress_json(progress: Progress | None) -> dict[str, Any] | None:
     if progress is None:
         return None
-    return dict(progress.to_json(), updated=iso(progress.updated))
+    shown = progress.to_json()
+    del shown["curve"], shown["earlier"]  # as one series: [[attempt, step, loss], ...], the earliest first
+    curve = [[a, int(step) if step == int(step) else step, loss] for a, step, loss in progress.series]
+    return dict(shown, updated=iso(progress.updated), loss_curve=curve)
 
 
 def history_rows(record: JobRecord, now: float) -> list[tuple[str, ...]]:

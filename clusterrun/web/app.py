@@ -2,8 +2,11 @@
 
 Pages are Jinja templates made live with htmx (vendored in ``static/``: no asset from another
 site); a job's page holds one server-sent event stream (``/jobs/ID/stream``) that carries its new
-log lines and a ``changed`` event when a node's state changes, upon which the page fetches the
-summary again. Anything that blocks (the hosts, the job store) runs in a worker thread.
+log lines, ``changed`` when a node's or the job's state changes (the page fetches the summary
+again), ``progress`` when the training's progress does (the progress fragment alone), and
+``attempt`` when a new attempt starts (a page that follows the latest attempt fetches its log
+part again). The job list holds one stream (``/events``) whose ``changed`` makes it fetch the list
+again. Anything that blocks (the hosts, the job store) runs in a worker thread.
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ from clusterrun.core.ranges import parse_ranges
 from clusterrun.diagnose.rootcause import split_rank
 from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.web import jobs
-from clusterrun.web.feeds import RING, Feeds, Lines, State, Viewer
+from clusterrun.web.chart import loss_chart
+from clusterrun.web.feeds import RING, Changed, Feeds, Lines, State, Viewer
 from clusterrun.web.guard import Guard
+from clusterrun.web.watch import StoreWatch, signature, version
 
 HERE = Path(__file__).parent
 MAX_VIEWERS = 32  # live streams at once; one more is refused (503)
@@ -51,7 +56,8 @@ class Options:
         except ValueError:
             self.ranks, self.rank_text = None, ""
         attempt = q.get("attempt", "")
-        self.attempt = int(attempt) if attempt.isdigit() and 1 <= int(attempt) <= record.attempt else record.attempt
+        self.follows = not (attempt.isdigit() and 1 <= int(attempt) <= record.attempt)  # the latest, as it changes
+        self.attempt = record.attempt if self.follows else int(attempt)
         self.query = q.get("q", "")[:200]
         tail = q.get("tail", "")
         self.tail = min(int(tail), RING) if tail.isdigit() else TAIL
@@ -65,7 +71,7 @@ class Options:
         from urllib.parse import urlencode
 
         pairs = {"node": "" if self.node is None else str(self.node), "rank": self.rank_text,
-                 "attempt": str(self.attempt), "q": self.query, "tail": str(self.tail)}
+                 "attempt": "" if self.follows else str(self.attempt), "q": self.query, "tail": str(self.tail)}
         return urlencode({k: v for k, v in pairs.items() if v})
 
 
@@ -100,6 +106,7 @@ class Web(Guard):
         """End the live streams now: a stopping server waits for every open connection."""
         if "feeds" in self.state:
             self.state["feeds"].end_streams()
+        self.state["watch"].end()
 
 
 def create_app(token: str, *, control: bool = False, store: JobStore | None = None,
@@ -107,7 +114,9 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
     """The ASGI application, behind its guard (``guard.Guard``)."""
     store = store or JobStore()
     templates = Jinja2Templates(directory=str(HERE / "templates"))
-    state: dict[str, Any] = {"viewers": 0}
+    templates.env.filters["loss_chart"] = loss_chart
+    watch = StoreWatch(store)
+    state: dict[str, Any] = {"viewers": 0, "watch": watch}
 
     def feeds(request: Request) -> Feeds:
         if "feeds" not in state:
@@ -119,8 +128,32 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
 
     async def index(request: Request) -> Response:
         show_all = request.query_params.get("all") == "1"
+        seen = version(await run_in_threadpool(signature, store))  # before the records are read: what changes shows
         document = await run_in_threadpool(jobs.job_list, store, show_all)
-        return templates.TemplateResponse(request, "jobs.html", {"doc": document, "show_all": show_all})
+        page = "joblist.html" if request.headers.get("hx-request") and request.query_params.get("part") else "jobs.html"
+        return templates.TemplateResponse(request, page, {"doc": document, "show_all": show_all, "seen": seen})
+
+    async def list_events(request: Request) -> Response:
+        """The job list's stream: ``changed`` (with the jobs' ids) when a record changed, nothing else."""
+        if state["viewers"] >= MAX_VIEWERS:
+            return PlainTextResponse(f"more than {MAX_VIEWERS} live viewers; close a page and reload",
+                                     status_code=503)
+
+        async def events() -> AsyncIterator[bytes]:
+            changes = watch.subscribe()
+            state["viewers"] += 1
+            try:
+                behind = version(await watch.baseline()) != request.query_params.get("seen")
+                yield b"retry: 3000\n\n"
+                if behind:  # a job changed since the page read the list (any later change is a look's)
+                    yield _sse("changed", "")
+                while ids := await changes.get():  # empty: the server ends
+                    yield _sse("changed", " ".join(sorted(ids)))
+            finally:
+                state["viewers"] -= 1
+                watch.unsubscribe(changes)
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"x-accel-buffering": "no"})
 
     async def job_page(request: Request) -> Response:
         job_id = request.path_params["job"]
@@ -136,11 +169,16 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
             return templates.TemplateResponse(request, "job.html", context)
         # the choices go into the address (without the fragment's marker): a link or a reload shows this view
         address = f"/jobs/{job_id}" + (f"?{options.query_string()}" if options.query_string() else "")
-        return templates.TemplateResponse(request, "live.html", context, headers={"HX-Push-Url": address})
+        return templates.TemplateResponse(request, "live.html", dict(context, oob=True),  # and the attempts' menu
+                                          headers={"HX-Push-Url": address})
 
     async def summary(request: Request) -> Response:
         view = await run_in_threadpool(jobs.job_view, store, request.path_params["job"])
         return templates.TemplateResponse(request, "summary.html", {"job": view, "control": control})
+
+    async def progress(request: Request) -> Response:
+        view = await run_in_threadpool(jobs.progress_view, store, request.path_params["job"])
+        return templates.TemplateResponse(request, "progress.html", {"job": view})
 
     async def stream(request: Request) -> Response:
         if state["viewers"] >= MAX_VIEWERS:
@@ -153,6 +191,9 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
         async def events() -> AsyncIterator[bytes]:
             viewer = Viewer()  # joined here, where the finally below is sure to leave
             feed = feeds(request).join(record, options.attempt, viewer)
+            changes = watch.subscribe()
+            forward = asyncio.get_running_loop().create_task(_forward(changes, record.job_id, viewer))
+            seen = jobs.marks(record)
             state["viewers"] += 1
             try:
                 rings, states = feed.snapshot()
@@ -170,8 +211,24 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
                             yield _sse("lines", _lines_html(message.node, kept, prefix))
                     elif isinstance(message, State):
                         yield _sse("changed", message.state)
+                    elif isinstance(message, Changed):
+                        try:
+                            now = await record_of(record.job_id)
+                        except ClusterrunError:  # removed (or being rewritten): the summary says which
+                            yield _sse("changed", "record")
+                            continue
+                        marks = jobs.marks(now)
+                        if options.follows and now.attempt > options.attempt:
+                            yield _sse("attempt", str(now.attempt))
+                        if marks[0] != seen[0]:
+                            yield _sse("changed", "record")
+                        if marks[1] != seen[1]:
+                            yield _sse("progress", "")
+                        seen = marks
             finally:
                 state["viewers"] -= 1
+                forward.cancel()
+                watch.unsubscribe(changes)
                 feeds(request).leave(feed, viewer)
 
         return StreamingResponse(events(), media_type="text/event-stream",
@@ -205,6 +262,8 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
         Route("/favicon.ico", no_icon),
         Route("/jobs/{job}", job_page),
         Route("/jobs/{job}/summary", summary),
+        Route("/jobs/{job}/progress", progress),
+        Route("/events", list_events),
         Route("/jobs/{job}/stream", stream),
         Route("/jobs/{job}/stop", stop, methods=["POST"]),
         Route("/jobs/{job}/restart", restart, methods=["POST"]),
@@ -216,11 +275,20 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
+        await watch.close()
         if "feeds" in state:
             state["feeds"].close()
 
     return Web(Starlette(routes=routes, lifespan=lifespan, exception_handlers={ClusterrunError: _failed}), token, bound,
                state)
+
+
+async def _forward(changes: asyncio.Queue[frozenset[str]], job_id: str, viewer: Viewer) -> None:
+    """The store's changes of ``job_id`` to a job page's stream (an empty set, the server's end, ends it)."""
+    while ids := await changes.get():
+        if job_id in ids:
+            viewer.put(Changed())
+    viewer.queue.put_nowait(None)
 
 
 async def _failed(request: Request, exc: Exception) -> Response:

@@ -50,7 +50,12 @@ class State:
     problem: str = ""
 
 
-Message = Lines | State
+@dataclass(frozen=True)
+class Changed:
+    """The job's record changed (``watch.StoreWatch``): its state, its attempt or the training's progress."""
+
+
+Message = Lines | State | Changed
 
 
 class Viewer:
@@ -107,7 +112,7 @@ class Feed:
         for stream in streams:  # ends the blocked reads: their agents are stopped
             stream.close()
 
-    def _publish(self, message: Message) -> None:
+    def _publish(self, message: Lines | State) -> None:
         with self.lock:
             if isinstance(message, Lines):
                 self.rings[message.node].extend(enumerate(message.lines, self.arrived))

@@ -96,6 +96,24 @@ def job_view(store: JobStore, job_id: str) -> dict[str, Any]:
     return document
 
 
+def progress_view(store: JobStore, job_id: str) -> dict[str, Any]:
+    """The training's progress as the record keeps it (no host asked: read at every change the owner
+    records), with ``training`` worded as ``ps`` words it: what the progress fragment shows."""
+    record, now = load(store, job_id), time.time()
+    return {"id": record.job_id, "progress": jobs_json([record])["jobs"][0]["progress"],
+            "training": training_text(record, progress_of(record), now)}
+
+
+def marks(record: JobRecord) -> tuple[tuple[Any, ...], Any]:
+    """What a job page's stream compares to tell a change of the job's state (its summary is read
+    again), a new attempt, or new progress only (its fragment alone is)."""
+    nodes = tuple((n.state, n.exit_code, n.hung_since, n.unreachable_since) for n in record.nodes)
+    last = record.attempts[-1] if record.attempts else None
+    shown = (record.state, record.attempt, nodes, last.state if last else None, last.root_cause if last else None,
+             record.restart_at)
+    return shown, record.progress
+
+
 def log_search(record: JobRecord, attempt: int, nodes: Sequence[int], query: str,
                ranks: Iterable[int] | None = None, limit: int = SEARCH_LIMIT) -> list[tuple[int, str]]:
     """The last ``limit`` lines of the attempt's logs (of ``nodes``; of ``ranks`` if given) that hold

@@ -1,10 +1,11 @@
 """A real DDP training (gloo, CPU) whose rank 0 reports its progress the way a known tool does.
 
-    progress_train.py FORMAT STEPS GATE     FORMAT: tqdm, lightning, hf, nanogpt, torchtitan, examples
+    progress_train.py FORMAT STEPS GATE [LATER]     FORMAT: tqdm, lightning, hf, nanogpt, torchtitan, examples
 
 Every step all-reduces the gradients of a tiny model; rank 0 prints its progress in FORMAT (tqdm's
 own bar where the tool uses one). Halfway, every rank waits until the file GATE exists (so that a
-test can look at the job while it runs), then the training goes on to STEPS and ends.
+test can look at the job while it runs), and at three quarters until LATER does if given; then the
+training goes on to STEPS and ends.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import tqdm
 from torch.nn.parallel import DistributedDataParallel
 
 fmt, steps, gate = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+later = sys.argv[4] if len(sys.argv) > 4 else None
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
@@ -68,8 +70,9 @@ for step in range(1, steps + 1):
                        f"\033[34mtps: 1,234  \033[36mtflops: 0.00  \033[35mmfu: 0.00%\033[39m")
         elif fmt == "examples":
             print(f"Train Epoch: 1 [{step * 64}/{steps * 64} ({100.0 * step / steps:.0f}%)]\tLoss: {loss:.6f}")
-    if step == steps // 2:
-        while not os.path.exists(gate):
+    waits = gate if step == steps // 2 else later if step == steps * 3 // 4 else None
+    if waits is not None:
+        while not os.path.exists(waits):
             time.sleep(0.1)
         dist.barrier()
     else:
