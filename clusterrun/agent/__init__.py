@@ -97,8 +97,9 @@ Requests (``op``) and answers
            (states only); ``once: true`` ends with ``{t: "eof", next, state}`` at the end of what
            is written so far if the job still runs. ``state.state`` is ``lost`` when neither the
            survivor, the monitor nor torchrun runs any more (host rebooted, processes killed, pid
-           reused). ``follow``, ``status`` and ``stop`` start a monitor for an unfinished attempt
-           that has none (``ensure_monitor``): it copies the lines left and writes the final state.
+           reused; ``rebooted: true`` when the host's boot id changed). ``follow``, ``status`` and
+           ``stop`` start a monitor for an unfinished attempt that has none (``ensure_monitor``):
+           it copies the lines left and writes the final state.
 ``stop``   ``{job, node, attempt, state_dir, grace, by}`` → ``{ok, killed: [...], left: [...], state,
            containment, verified, detail, fallbacks, degraded, notes, grace}``: the stop described below,
            of that attempt only; idempotent. An attempt not ended yet first gets a line in its

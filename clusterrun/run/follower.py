@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from clusterrun.agent.wire import NodeRequest
@@ -157,6 +157,9 @@ class Follower:
         position = self.offset  # where the stream resumes: the end of what was queued
         failures = 0
         retrying = 0.0  # seconds spent failing to reach the host (see Reconnect)
+        # When contact was lost, until the host shows the job alive after it (a heartbeat, lines
+        # written since): a ``lost`` said before that means the host went away then.
+        away: float | None = None
         before = self.before if tail is None else 0
         while True:
             where: dict[str, Any] = {"offset": position} if tail is None else {"tail": tail}
@@ -174,9 +177,15 @@ class Follower:
                             self.inbox.put((rank, Link(up=True)))
                             failures, retrying = 0, 0.0
                         if isinstance(message, Beat):
+                            away = None
                             continue
                         if isinstance(message, LogChunk):
                             position, tail = message.next, None
+                            if away is not None and (message.written or 0) > away:
+                                away = None
+                        if (isinstance(message, End) and away is not None
+                                and node_state_of(message.status) is NodeState.LOST):
+                            message = End(replace(message.status, away_since=away))
                         self.inbox.put((rank, message))
                         if isinstance(message, End):
                             return
@@ -191,6 +200,8 @@ class Follower:
             if self.detach.is_set():
                 return
             failures += 1
+            if failures == 1:
+                away = time.time()
             delay = self.reconnect.delay(failures)
             retrying += min(time.monotonic() - began, self.reconnect.try_cap) + delay
             if failures == 1 and not self.stopping.is_set():
