@@ -53,12 +53,21 @@ def move(record: JobRecord, change: Change) -> bool:
     new = transition(record.state, change)
     if new is record.state:
         return False
+    if record.attempts and record.state is JobState.RESTARTING and change is Change.STOP:
+        record.attempts[-1].restart = None  # stopped during the backoff: the policy did not restart it
     record.state = new
     if record.attempts:
-        record.attempts[-1].state = new if new is not JobState.RESTARTING else JobState.FAILED
+        attempt = record.attempts[-1]
+        if not (attempt.ended is not None and attempt.state in ENDED_BY_ITSELF):  # an attempt ends once
+            attempt.state = new if new is not JobState.RESTARTING else JobState.FAILED
         if new.is_terminal or new is JobState.RESTARTING:
-            record.attempts[-1].ended = record.attempts[-1].ended or time.time()
+            attempt.ended = attempt.ended or time.time()
     return True
+
+
+# How an attempt that ended by itself is recorded; a stop during the backoff after it leaves that
+# (the job is stopped, the attempt failed).
+ENDED_BY_ITSELF = (JobState.FAILED, JobState.LOST, JobState.SUCCEEDED)
 
 
 def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overrides: dict[str, str],

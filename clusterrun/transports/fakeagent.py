@@ -188,7 +188,8 @@ class FakeAgent:
                 return dict(state, state="lost", rebooted=True, error="the host restarted since the job started "
                             "(its boot id changed): the job's processes ended with it")
             return dict(state, state="exited", exit_code=None, signal=None, exit_status="unknown",
-                        error="torchrun's exit status is unknown: the survivor that waited for it ended first (killed?)")
+                        error="torchrun's exit status is unknown: the survivor that waited for it ended first "
+                              "(killed?)")
         return dict(state)
 
     def _absent(self, request: dict[str, Any]) -> dict[str, Any] | None:
