@@ -42,7 +42,7 @@ from clusterrun.core.protocol import HostState
 from clusterrun.life import notify
 from clusterrun.life.jobstate import Change, outcome, transition
 from clusterrun.life.lifecycle import per_node, status_of
-from clusterrun.run.follower import node_state_of
+from clusterrun.run.follower import end_note, node_state_of
 from clusterrun.run.plan import LaunchPlan, plan_to_json
 from clusterrun.store.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
 
@@ -282,8 +282,8 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
             node.state = node_state_of(answer)
             node.pid = answer.torchrun_pid or node.pid
             node.exit_code, node.signal = answer.exit_code, answer.signal
-            node.error = answer.error or ("neither the supervisor nor torchrun runs any more"
-                                          if node.state is NodeState.LOST else None)
+            node.error = answer.error or end_note(answer) or ("neither the supervisor nor torchrun runs any more"
+                                                              if node.state is NodeState.LOST else None)
         new = JobState.of_nodes(NodeState.UNREACHABLE if isinstance(answers.get(n.rank), ClusterrunError)
                                 else n.state for n in rec.nodes)
         if new is JobState.RUNNING and rec.state is JobState.STARTING:

@@ -72,6 +72,14 @@ def node_state_of(status: NodeStatus, stop_sent: bool = False) -> NodeState:
     return NodeState.FAILED
 
 
+def end_note(status: NodeStatus) -> str | None:
+    """How a node's exit code was learned where nobody reaped torchrun: ``exit code 0: every rank
+    exited 0 (torchrun's own exit was not recorded: ...)``; None where it was recorded."""
+    if status.exit_learned is None or status.exit_code is None:
+        return None
+    return f"exit code {status.exit_code}: {status.exit_learned}"
+
+
 @frozen
 class Link:
     """A follower's own news, beside the agent's messages: the host is unreachable (``up`` False)
@@ -223,7 +231,7 @@ def node_results(nodes: Sequence[Node], failed_first: int | None) -> list[NodeRe
     for rank, node in enumerate(nodes):
         final = node.final or NodeStatus(HostState.RUNNING)
         after = failed_first if node.state is NodeState.STOPPED else None
-        why = node.error or (stopped_after_text(after) if after is not None else final.error)
+        why = node.error or (stopped_after_text(after) if after is not None else final.error or end_note(final))
         results.append(NodeResult(rank, node.host, node.state, exit_code=final.exit_code, signal=final.signal,
                                   error=why, stopped_after=after, hardware=final.oom.hardware if final.oom else ()))
     return results
@@ -240,4 +248,5 @@ def root_cause_of(nodes: Sequence[Node]) -> RootCause | None:
     )
 
 
-__all__ = ["Follower", "Link", "Node", "Reconnect", "node_results", "node_state_of", "root_cause_of", "split_lines"]
+__all__ = ["Follower", "Link", "Node", "Reconnect", "end_note", "node_results", "node_state_of", "root_cause_of",
+           "split_lines"]

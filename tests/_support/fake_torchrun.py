@@ -27,6 +27,8 @@ import threading
 import time
 from typing import IO
 
+MONITOR_INTERVAL = 0.1
+
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
@@ -150,7 +152,10 @@ def main() -> int:
     failed: tuple[int, int, int] | None = None  # local rank, exit code, pid of the first worker to fail
     left = set(workers)
     while left:
-        pid, status = os.waitpid(-1, 0)
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            time.sleep(MONITOR_INTERVAL)  # torchrun polls its workers so (its --monitor-interval)
+            continue
         if pid not in left:
             continue
         left.discard(pid)
