@@ -77,17 +77,18 @@ class ExitReader:
         self.codes: dict[int, int] = {}
         self._pids: set[int] = set()
         self._done = False
-        self._thread: Any = None
+        self._running: Any = None  # a lock the thread holds while it runs
 
     def watch(self, pid: int) -> None:
         self._pids.add(pid)
 
     def start(self) -> None:
-        import threading
+        import _thread  # threading's C part: threading itself costs the agent imports (test_agent)
 
         if hasattr(os, "pidfd_open"):
-            self._thread = threading.Thread(target=self._run, daemon=True, name="worker-exits")
-            self._thread.start()
+            self._running = _thread.allocate_lock()
+            self._running.acquire()
+            _thread.start_new_thread(self._run, ())
 
     def _run(self) -> None:
         fds: dict[int, int] = {}  # fd → pid
@@ -112,11 +113,12 @@ class ExitReader:
         finally:
             for fd in fds:
                 os.close(fd)
+            self._running.release()
 
     def close(self) -> None:
         self._done = True
-        if self._thread is not None:
-            self._thread.join(1.0)
+        if self._running is not None and self._running.acquire(timeout=1.0):
+            self._running.release()
 
 
 def all_procs() -> dict[int, ProcInfo]:
