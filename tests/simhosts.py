@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,8 +66,8 @@ WIPED_LOGS = ("/var/log/wtmp", "/var/log/lastlog", "/var/log/btmp")
 # First process of a new PID namespace, inside the host's network namespace; ends by exec'ing sshd.
 BOOTSTRAP = """\
 set -eu
-name=$1 cidr=$2 hosts=$3 config=$4 passwd=$5 sshd=$6 cgroup=$7 login=$8 cidr2=$9
-shift 9
+name=$1 cidr=$2 hosts=$3 config=$4 passwd=$5 sshd=$6 cgroup=$7 login=$8 cidr2=$9 boot_id=${10}
+shift 10
 mount --make-rprivate /
 ip link set lo up
 ip addr replace "$cidr" dev eth0  # a rebooted host finds its address kept
@@ -82,6 +83,8 @@ mkdir -m 0755 /run/sshd
 mount --bind "$hosts" /etc/hosts
 for log in "$@"; do mount --bind /dev/null "$log"; done
 if [ -n "$passwd" ]; then mount --bind "$passwd" /etc/passwd; fi
+# a rebooted host has a boot id of its own, as a real one has after a restart (the kernel's is shared)
+if [ -n "$boot_id" ]; then mount --bind "$boot_id" /proc/sys/kernel/random/boot_id; fi
 exec "$sshd" -D -e -f "$config"
 """
 
@@ -365,7 +368,7 @@ class SimCluster:
         kept = {key: value for key, value in settings.items() if key.lower() not in overridden}
         return "".join(f"{key} {value}\n" for key, value in {**options, **kept}.items())
 
-    def _launch(self, host: SimHost, netns: str | None) -> None:
+    def _launch(self, host: SimHost, netns: str | None, boot_id: Path | None = None) -> None:
         folder = self.dir / host.name
         if netns:
             passwd = folder / "passwd"
@@ -374,7 +377,7 @@ class SimCluster:
                     f"{host.address}/24", str(folder / "hosts" if self.etc_hosts else self.dir / "hosts"),
                     str(folder / "sshd_config"), str(passwd) if passwd.exists() else "", SSHD,
                     "yes" if self.cgroup else "no", self.login_cgroup, f"{host.address2}/24" if host.address2 else "",
-                    *filter(os.path.isfile, WIPED_LOGS), *self.hide]
+                    str(boot_id or ""), *filter(os.path.isfile, WIPED_LOGS), *self.hide]
         else:
             argv = [SSHD, "-D", "-e", "-f", str(folder / "sshd_config")]
         with open(host.log, "wb") as log:
@@ -389,13 +392,18 @@ class SimCluster:
             raise SimHostError("a host's link can only be cut where hosts have network namespaces")
         _ip_batch([f"link set {self._links[self.hosts.index(host)]} {'up' if up else 'down'}"])
 
-    def reboot(self, host: SimHost) -> None:
+    def reboot(self, host: SimHost, new_boot_id: bool = True) -> None:
         """Simulate a reboot: the host dies with everything on it, then comes back with a fresh PID namespace
-        (same name, address and host key; files on disk are kept, as on a real machine)."""
+        and a new boot id (/proc/sys/kernel/random/boot_id; same name, address and host key; files on disk are
+        kept, as on a real machine). ``new_boot_id=False``: the kernel's boot id, as if every process of the
+        host had been killed at once (the OOM killer, a container restarted)."""
         if not self.isolated:
             raise SimHostError("reboot needs a PID namespace per host, which the fallback has not")
         host.kill()
-        self._launch(host, self._netns[self.hosts.index(host)])
+        boot_id = self.dir / host.name / "boot_id" if new_boot_id else None
+        if boot_id is not None:
+            boot_id.write_text(f"{uuid.uuid4()}\n")
+        self._launch(host, self._netns[self.hosts.index(host)], boot_id)
         self._wait_ready([host])
 
     def _wait_ready(self, hosts: Sequence[SimHost] | None = None) -> None:

@@ -653,7 +653,9 @@ def test_a_lost_node_says_whether_its_host_restarted(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(records, "boot_id", lambda: "boot-2")
     assert records.lost({"state": "running", "boot_id": "boot-1"}) == {
         "state": "lost", "boot_id": "boot-1",
-        "error": "the host restarted since the job started (its boot id changed): the job's processes ended with it"}
-    assert records.lost({"state": "running", "boot_id": "boot-2"})["error"].startswith(
-        "the job's processes on the host are gone (killed?)")
+        "error": "the host restarted since the job started (its boot id changed): the job's processes ended with it",
+        "rebooted": True}
+    same_boot = records.lost({"state": "running", "boot_id": "boot-2"})
+    assert same_boot["error"].startswith("the job's processes on the host are gone (killed?)")
+    assert same_boot["rebooted"] is False
     assert records.lost({"state": "running", "error": "could not start"})["error"] == "could not start"

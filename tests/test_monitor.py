@@ -57,7 +57,7 @@ class Job:
     """fake torchrun with ``nproc`` ``sh`` ranks, started as the survivor starts it, and the survivor's part."""
 
     def __init__(self, procs: Processes, at: Attempt, tmp_path: Path, codes: str = "0 0", nproc: int = 2,
-                 survivor: bool = True, **spec: Any) -> None:
+                 survivor: bool = True, monitor_interval: float = 0.1, **spec: Any) -> None:
         self.at, self.gate, self.pids, self.nproc = at, tmp_path / "gate", tmp_path / "pids", nproc
         os.mkfifo(self.gate)
         # Held open here (read-write: no wait for a reader): a rank's open never waits, and what is
@@ -66,7 +66,8 @@ class Job:
         self.pids.mkdir()
         port = free_port()
         argv = [sys.executable, str(SUPPORT / "fake_torchrun.py"), f"--nproc-per-node={nproc}", "--redirects=3",
-                f"--master-port={port}", "--rdzv-id=mon", "--no-python", "sh", "-c", RANK]
+                f"--master-port={port}", "--rdzv-id=mon", f"--monitor-interval={monitor_interval}", "--no-python",
+                "sh", "-c", RANK]
         at.make()
         log = os.open(at.folder / "output.log", os.O_WRONLY | os.O_APPEND)
         try:
@@ -158,8 +159,11 @@ def test_the_monitor_records_the_workers_merges_their_lines_and_writes_torchruns
     assert job.seen is not None
 
 
-def test_a_sigterm_is_passed_on_to_torchrun_and_without_a_survivor_the_exit_is_unknown(
-        procs: Processes, attempt: Attempt, tmp_path: Path, own_signals: None) -> None:
+def test_a_sigterm_is_passed_on_to_torchrun_and_without_a_survivor_or_the_ranks_exits_the_exit_is_unknown(
+        procs: Processes, attempt: Attempt, tmp_path: Path, own_signals: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks' exits not read (torchrun reaped them first) and no failure report: nothing tells torchrun's."""
+    monkeypatch.setattr(monitor, "zombie_exit", lambda pid: None)
+    monkeypatch.setattr(monitor.ExitReader, "start", lambda self: None)
     job = Job(procs, attempt, tmp_path, survivor=False)
     job.survive(until=_workers(2), then=lambda: os.kill(os.getpid(), signal.SIGTERM))
     assert run_monitor(attempt.folder, job.state) == 0
@@ -172,6 +176,22 @@ def test_a_sigterm_is_passed_on_to_torchrun_and_without_a_survivor_the_exit_is_u
     # no survivor: the sessions are looked for below the monitor, which is this process here
     assert len(state["workers"]) == 2 and {w["pid"] for w in state["workers"]} <= set(state["sessions"])
     assert carrying(attempt.marker) == []
+
+
+def test_without_a_survivor_torchruns_exit_is_learned_from_its_ranks_exits(
+        procs: Processes, attempt: Attempt, tmp_path: Path, own_signals: None) -> None:
+    """Nobody reaps torchrun, but the monitor read each rank's exit as it ended (torchrun polls
+    its workers every 0.1 s): torchrun's exit follows from them, and the state says how."""
+    job = Job(procs, attempt, tmp_path, codes="0 0", survivor=False, monitor_interval=1.0)  # a loaded machine's slack
+    job.survive(until=_workers(2))
+    assert run_monitor(attempt.folder, job.state) == 0
+
+    state = attempt.state()
+    assert job.status is not None and os.WIFEXITED(job.status) and os.WEXITSTATUS(job.status) == 0
+    assert [w["exit_code"] for w in state["workers"]] == [0, 0]
+    assert state["exit_code"] == 0 and "exit_status" not in state and not state["error"]
+    assert state["exit_learned"] == ("every rank exited 0 (torchrun's own exit was not recorded: its survivor "
+                                     "was killed)")
 
 
 def test_ranks_quiet_for_hang_after_make_the_node_quiet_since_their_last_output(

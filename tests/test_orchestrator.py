@@ -27,6 +27,7 @@ from clusterrun.core.events import (
     NodeLink,
     NodeState,
     NodeStopped,
+    iso,
 )
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.transports.fake import FakeCluster
@@ -195,20 +196,37 @@ def test_an_unreachable_timeout_is_opt_in_and_then_counts_as_lost(fake: FakeClus
     assert n0.stops == 1 and not n0.running
 
 
-@pytest.mark.parametrize("how", ["unreachable", "rebooted"])
+@pytest.mark.parametrize("how", ["unreachable", "rebooted", "killed"])
 def test_a_lost_node_is_the_root_cause_never_a_node_our_stop_ended(fake: FakeCluster, how: str) -> None:
-    """torchrun exits 1 on the SIGTERM of the fail-fast stop (SignalException): that is not why the job failed."""
-    run = Running(fake, reconnect=Reconnect(first=0.01, most=0.02, give_up_after=0.2))
-    n0, _ = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    """torchrun exits 1 on the SIGTERM of the fail-fast stop (SignalException): that is not why the
+    job failed. The lost node is, also when its exit status is unknown (its processes killed on the
+    same boot: the monitor an agent starts then says so), with when its host went away."""
+    give_up = 0.2 if how == "unreachable" else None
+    run = Running(fake, reconnect=Reconnect(first=0.01, most=0.02, give_up_after=give_up))
+    n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
     n0.stop_exit_code = 1
+    before = time.time()
     fake.host("h1").drop()
-    if how == "rebooted":
+    if how != "unreachable":
         run.seen.wait(lambda ev: any(isinstance(e, NodeLink) and not e.up for e in ev))
-        fake.host("h1").reboot()
+        if how == "rebooted":
+            fake.host("h1").reboot()
+        else:
+            n1.vanish()
         fake.host("h1").restore()
     result = run.finish()
     assert result is not None and [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.LOST]
-    assert result.root_cause is not None and result.root_cause.node == 1, result.root_cause
+    cause = result.root_cause
+    assert cause is not None and cause.node == 1 and cause.lost, cause
+    if how == "unreachable":
+        assert cause.describe().startswith("node 1 (h1): unreachable for 0.2 s (--unreachable-timeout)"), cause
+        return
+    away = re.fullmatch(r"node 1 \(h1\): the host went away at (\d\d:\d\d:\d\d)Z; (.*)", cause.describe())
+    assert away is not None, cause.describe()
+    assert iso(before - 1)[11:19] <= away.group(1) <= iso(time.time())[11:19]
+    assert away.group(2) == ("its boot id changed (it restarted)" if how == "rebooted" else
+                             "when it came back none of the job's processes was left (torchrun's exit status is "
+                             "unknown: the survivor that waited for it ended first (killed?))")
 
 
 def test_a_host_back_from_a_reboot_is_evidence_and_fails_fast(fake: FakeCluster) -> None:

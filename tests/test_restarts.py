@@ -30,7 +30,7 @@ from clusterrun.core.events import (
 )
 from clusterrun.life.attempt import Cancelled, attempt_event, restart, stop
 from clusterrun.life.recorder import new_record
-from clusterrun.life.runner import Clock, Runner, run_monitor
+from clusterrun.life.runner import Clock, Runner, history, run_monitor
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.store.jobs import OWNER_FD_VAR, JobStore
 from clusterrun.transports.fake import FakeCluster
@@ -281,6 +281,34 @@ def test_an_automatic_restart_of_a_stopped_job_starts_nothing(fake: FakeCluster,
     with pytest.raises(Cancelled):
         restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd, automatic=True)
     assert store.load(JOB).state is JobState.STOPPED and (JOB, 0, 2) not in fake.nodes
+    runner.close()
+
+
+def test_a_users_restart_during_the_backoff_leaves_the_attempt_failed_and_restarted_by_the_user(
+        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    """`clusterrun restart` while the policy counts down: attempt 1 failed (its stop during the
+    backoff finds it ended), and the user restarted it, not the policy."""
+    runner = owned(fake, store, tmp_path, RestartPolicy(max=3, backoff_first=3600, backoff_most=3600), [], FakeClock())
+    fail(fake, 1)
+    assert runner.job.run() is not None and store.load(JOB).state is JobState.RESTARTING
+    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+    assert record.attempt == 2 and (JOB, 0, 2) in fake.nodes
+    assert [(str(a.state), a.restart) for a in record.attempts[:1]] == [("failed", "user")]
+    assert record.attempts[1].restart is None
+    assert history(record) == ("attempts: 1 failed after 0 s (torchrun on node 1 (h1): exit code 1), restarted by "
+                               f"the user · 2 {record.attempts[1].state}")
+    runner.close()
+
+
+def test_a_down_during_the_backoff_leaves_the_attempt_failed_and_not_restarted(fake: FakeCluster, store: JobStore,
+                                                                              tmp_path: Path) -> None:
+    runner = owned(fake, store, tmp_path, RestartPolicy(max=3, backoff_first=3600, backoff_most=3600), [], FakeClock())
+    fail(fake, 1)
+    assert runner.job.run() is not None and store.load(JOB).state is JobState.RESTARTING
+    stop(store, store.load(JOB))
+    record = store.load(JOB)
+    assert record.state is JobState.STOPPED
+    assert [(str(a.state), a.restart) for a in record.attempts] == [("failed", None)]
     runner.close()
 
 

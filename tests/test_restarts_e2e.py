@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, SUPPORT, job_id_of, run_up, write_hosts
+from tests.test_lifecycle import clusterrun, up_detached, wait_state
 
 pytestmark = pytest.mark.integration
 
@@ -57,3 +58,19 @@ def test_a_countdown_says_the_failure_once_with_the_time_of_the_restart(tmp_path
     at = r"· restarting at \d\d:\d\d:\d\dZ \(in \d+ s\) as attempt 2 "
     assert len(failed) == 1 and re.search(at, failed[0]), lines
     assert first.count("clusterrun: node0 local-a: failed (exit code 1)") == 1, lines
+
+
+def test_a_users_restart_during_the_backoff_is_the_users_and_the_failed_attempt_stays_failed(
+        tmp_path: Path, state_dir: Path, controller_state: Path) -> None:
+    """`up -d --max-restarts 1` with a backoff of an hour: attempt 1 fails, its monitor counts down;
+    `clusterrun restart` takes over. Attempt 1 is `failed`, restarted by the user, not the policy."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra="restart: {backoff: 1h}\n")
+    counter = tmp_path / "runs"
+    job = up_detached("--max-restarts", "1", hosts, SUPPORT / "fail_until.py", counter, "2")
+    wait_state(job, "restarting", timeout=120)
+    restarted = clusterrun("restart", job, timeout=180)
+    assert restarted.returncode == 0, restarted.stderr
+    record = wait_state(job, "succeeded", timeout=120)
+    assert counter.read_text() == "run\n" * 2
+    assert [(a["state"], a["restarted"]) for a in record["attempts"]] == [("failed", "user"), ("succeeded", None)]
+    assert record["attempts"][0]["root_cause"].startswith("rank 0 on node 0 (local-a"), record

@@ -11,6 +11,7 @@ from pathlib import Path
 from clusterrun.agent.monitor import EXIT_FILE, read_exit
 from clusterrun.agent.ranklogs import RankLogs, resume_offsets
 from clusterrun.agent.survivor import exit_record
+from tests.conftest import wait_for
 
 
 def rank_file(root: Path, local: int, name: str = "stdout.log") -> Path:
@@ -131,7 +132,7 @@ def test_the_exit_file_holds_a_code_or_a_signal_and_nothing_else_counts(tmp_path
     assert read_exit(str(tmp_path)) is None
 
 
-def test_an_unknown_exit_status_is_a_lost_node_and_never_a_root_cause() -> None:
+def test_an_unknown_exit_status_is_a_lost_node_named_as_lost_never_as_a_failure_of_torchrun() -> None:
     from clusterrun.core.events import NodeState
     from clusterrun.core.protocol import decode_status
     from clusterrun.diagnose.rootcause import NodeLog, find_root_cause
@@ -142,7 +143,56 @@ def test_an_unknown_exit_status_is_a_lost_node_and_never_a_root_cause() -> None:
     assert unknown.exit_unknown and node_state_of(unknown) is NodeState.LOST
     known = decode_status("h", {"state": "exited", "exit_code": 0})
     assert node_state_of(known) is NodeState.SUCCEEDED
-    assert find_root_cause({0: "a", 1: "b"}, {0: NodeLog(), 1: NodeLog()}, {0: unknown, 1: known}, set()) is None
+    root = find_root_cause({0: "a", 1: "b"}, {0: NodeLog(), 1: NodeLog()}, {0: unknown, 1: known}, set())
+    assert root is not None and root.lost and root.exit_code is None and root.signal is None
+    assert root.describe() == "node 0 (a): torchrun's exit status is unknown: the survivor ... ended first"
+
+
+def test_without_an_exit_file_torchruns_exit_is_learned_from_its_ranks_ends(tmp_path: Path) -> None:
+    from clusterrun.agent.monitor import learned_exit
+
+    unreaped = " (torchrun's own exit was not recorded: its survivor was killed)"
+    ended = [{"rank": 0, "pid": 1, "died": 2.0, "exit_code": 0}, {"rank": 1, "pid": 2, "died": 1.0, "exit_code": 0}]
+    assert learned_exit(ended, str(tmp_path)) == {"exit_code": 0, "signal": None,
+                                                  "exit_learned": "every rank exited 0" + unreaped}
+    failed = [dict(ended[0], exit_code=3, died=5.0), dict(ended[1], exit_code=-9, died=4.0)]
+    assert learned_exit(failed, str(tmp_path))["exit_learned"] == "rank 1 exited -9" + unreaped  # type: ignore[index]
+    partly = [ended[0], {"rank": 1, "pid": 2, "died": 1.0}]  # reaped before its exit was read
+    assert learned_exit(partly, str(tmp_path)) is None
+    (tmp_path / "output.log").write_text("[rank0]:rank : 7\ntorch...ChildFailedError:\nFailures:\n"
+                                         "  <NO_OTHER_FAILURES>\nRoot Cause (first observed failure):\n[0]:\n"
+                                         "  rank      : 1 (local_rank: 0)\n  exitcode  : 2 (pid: 4242)\n")
+    assert learned_exit(partly, str(tmp_path)) == {
+        "exit_code": 1, "signal": None, "exit_learned": "torchrun's failure report: rank 1 exited 2" + unreaped}
+
+
+def test_a_workers_exit_is_read_while_it_is_a_zombie() -> None:
+    import subprocess
+    import sys
+
+    from clusterrun.agent.procs import ExitReader, PidHandle, zombie_exit
+
+    reader = ExitReader()
+    reader.start()
+    procs = [subprocess.Popen([sys.executable, "-c", f"import sys; sys.stdin.read(); sys.exit({code})"],
+                              stdin=subprocess.PIPE) for code in (0, 3)]
+    try:
+        for proc in procs:
+            reader.watch(proc.pid)
+        handles = [PidHandle(proc.pid) for proc in procs]
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.close()  # it exits; unreaped (we do not wait yet): a zombie
+        for handle in handles:
+            assert handle.wait(30)
+        assert [zombie_exit(p.pid) for p in procs] == [0, 3]
+        wait_for(lambda: len(reader.codes) == 2, timeout=10, what="the reader to read both exits")
+        assert reader.codes == {procs[0].pid: 0, procs[1].pid: 3}
+    finally:
+        reader.close()
+        for proc in procs:
+            proc.wait()
+    assert zombie_exit(procs[0].pid) is None  # reaped
 
 
 def test_a_stop_without_records_says_what_found_the_processes_or_where_it_looked() -> None:

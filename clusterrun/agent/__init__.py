@@ -97,8 +97,9 @@ Requests (``op``) and answers
            (states only); ``once: true`` ends with ``{t: "eof", next, state}`` at the end of what
            is written so far if the job still runs. ``state.state`` is ``lost`` when neither the
            survivor, the monitor nor torchrun runs any more (host rebooted, processes killed, pid
-           reused). ``follow``, ``status`` and ``stop`` start a monitor for an unfinished attempt
-           that has none (``ensure_monitor``): it copies the lines left and writes the final state.
+           reused; ``rebooted: true`` when the host's boot id changed). ``follow``, ``status`` and
+           ``stop`` start a monitor for an unfinished attempt that has none (``ensure_monitor``):
+           it copies the lines left and writes the final state.
 ``stop``   ``{job, node, attempt, state_dir, grace, by}`` → ``{ok, killed: [...], left: [...], state,
            containment, verified, detail, fallbacks, degraded, notes, grace}``: the stop described below,
            of that attempt only; idempotent. An attempt not ended yet first gets a line in its
@@ -213,14 +214,17 @@ under umask 077 so they are never readable by others, not even briefly):
                     atomically (temp file, fsync, rename), and by a stop that outlived them:
                     ``state`` (starting → running → exited), ``survivor`` ``{pid, start_time,
                     sid}``, ``exit_status`` (``unknown``: torchrun ended after its survivor,
-                    which alone could reap it; ``exit_code`` is then null and ``error`` says so),
+                    which alone could reap it; ``exit_code`` is then null and ``error`` says so,
+                    unless its ranks' ends tell it: ``exit_learned`` then says how, see
+                    ``monitor.learned_exit``),
                     ``cgroup`` (the attempt's cgroup once the supervisor is in it, else null),
                     ``fallbacks`` (what the host lacked, in words), ``degraded`` (why the
                     supervisor could not write something), ``supervisor`` (the monitor) and ``torchrun``
                     ``{pid, start_time}`` (start time in clock ticks since boot), ``boot_id``,
                     ``exit_code`` / ``signal`` of torchrun, ``error`` (could not start),
-                    ``stop_requested``, ``workers`` ``[{rank, local_rank, pid, died}]`` (``died``:
-                    wall-clock time the worker process ended, to find the first failure),
+                    ``stop_requested``, ``workers`` ``[{rank, local_rank, pid, died, exit_code}]``
+                    (``died``: wall-clock time the worker process ended, to find the first failure;
+                    ``exit_code``: as read while it was a zombie, before torchrun reaped it),
                     ``sessions`` (session ids seen among the job's processes),
                     ``session_leaders`` (sid → start time of its leader when first seen),
                     ``quiet_since`` (wall-clock time since which the node's ranks wrote nothing,

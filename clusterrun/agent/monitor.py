@@ -13,6 +13,7 @@ from .cgroup import cg_kill, cg_pids, cg_remove, cg_wait_empty, cg_write
 from .hangwatch import QuietWatch, joined_store, master_port
 from .kmsg import KernelLog
 from .procs import (
+    ExitReader,
     JobScope,
     PidHandle,
     all_procs,
@@ -23,6 +24,7 @@ from .procs import (
     proc_env,
     proc_info,
     signal,
+    zombie_exit,
 )
 from .ranklogs import RankLogs
 from .records import boot_id, fs_problem, read_json, write_json_atomic
@@ -67,6 +69,47 @@ def read_exit(folder: str) -> dict[str, Any] | None:
     if record is None or not isinstance(record.get("exit_code"), int):
         return None
     return {"exit_code": record["exit_code"], "signal": record.get("signal")}
+
+
+def learned_exit(workers: list[dict[str, Any]], folder: str) -> dict[str, Any] | None:
+    """torchrun's exit where nobody reaped it (its survivor was killed), as far as its ranks' ends
+    tell: the exits the monitor read of them, then torchrun's failure report in the log. torchrun
+    exits 0 when every rank did and 1 when one failed; ``exit_learned`` says how this was learned."""
+    failed = [w for w in workers if w.get("exit_code") not in (None, 0)]
+    if failed:
+        w = min(failed, key=lambda w: w.get("died") or 0)
+        how = f"rank {w['rank']} exited {w['exit_code']}"
+    elif workers and all(w.get("exit_code") == 0 for w in workers):
+        return {"exit_code": 0, "signal": None, "exit_learned": f"every rank exited 0{UNREAPED}"}
+    else:
+        report = failure_report(os.path.join(folder, "output.log"))
+        if report is None:
+            return None
+        how = report
+    return {"exit_code": 1, "signal": None, "exit_learned": f"{how}{UNREAPED}"}
+
+
+UNREAPED = " (torchrun's own exit was not recorded: its survivor was killed)"
+REPORT_TAIL = 1 << 16  # bytes of the log's end read for torchrun's failure report
+
+
+def failure_report(log: str) -> str | None:
+    """The first failed rank torchrun's failure report names at the end of ``log`` (``rank : N``
+    then ``exitcode : X``, untagged), in words; None without one."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - REPORT_TAIL))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    rank = None
+    for line in lines:
+        key, _, value = line.strip().partition(":")
+        if key.strip() == "rank" and value.strip().split(" ")[0].isdigit():
+            rank = value.strip().split(" ")[0]
+        elif key.strip() == "exitcode" and rank is not None:
+            return f"torchrun's failure report: rank {rank} exited {value.strip().split(' ')[0]}"
+    return None
 
 
 def ensure_monitor(folder: str, state: dict[str, Any]) -> dict[str, Any]:
@@ -185,6 +228,7 @@ class Monitor:
         self.kernel = kernel
         self.term_requested = False
         self.workers: dict[int, PidHandle] = {}
+        self.exits = ExitReader()  # the workers' exits, read as they end
         self.state: dict[str, Any] = {}
 
     def save(self) -> bool:
@@ -234,6 +278,14 @@ class Monitor:
         self.silence = QuietWatch(spec.get("hang_after"), state.get("quiet_since"))
         self.master_port = master_port(spec.get("argv") or [])
         self.rdzv_next = time.monotonic() + RDZV_CHECK  # torchrun cannot have joined in its first moments
+        self.exits.start()
+        for w in state.get("workers") or []:  # a monitor that resumes watches the workers still running
+            if w.get("died") is None and w.get("pid") and w["pid"] not in self.workers:
+                try:
+                    self.workers[w["pid"]] = PidHandle(w["pid"])
+                except ProcessLookupError:
+                    continue
+                self.exits.watch(w["pid"])
         tr = state.get("torchrun") or {}
         torchrun = pin(tr["pid"], tr.get("start_time")) if tr.get("pid") else None
         if torchrun is not None:
@@ -288,10 +340,13 @@ class Monitor:
 
     def _finish(self, log_fd: int) -> None:
         """torchrun has ended: its exit status, what it left killed, the last lines, the final state."""
+        self.exits.close()
         for w in self.state["workers"]:
             if w["died"] is None:
                 w["died"] = time.time()
-        found = self._exit_status()
+            if w.get("exit_code") is None and w["pid"] in self.exits.codes:
+                w["exit_code"] = self.exits.codes[w["pid"]]
+        found = self._exit_status() or learned_exit(self.state["workers"], self.folder)
         if found is None:
             self.state.update(exit_code=None, signal=None, exit_status="unknown",
                               error="torchrun's exit status is unknown: the survivor that waited for it ended "
@@ -347,9 +402,12 @@ class Monitor:
             changed = False
             for pid, handle in list(self.workers.items()):
                 if handle.fd in ready or (handle.fd < 0 and not handle.alive()):
+                    code = self.exits.codes.get(pid, zombie_exit(pid))
                     for w in self.state["workers"]:
                         if w["pid"] == pid and w["died"] is None:
                             w["died"] = time.time()
+                            if code is not None:
+                                w["exit_code"] = code
                             changed = True
                     handle.close()
                     del self.workers[pid]
@@ -423,6 +481,7 @@ class Monitor:
                 except ProcessLookupError:
                     continue
                 self.workers[pid] = handle
+                self.exits.watch(pid)
                 self.state["workers"].append({"pid": pid, "rank": int(env.get("RANK", -1)),
                                               "local_rank": int(env.get("LOCAL_RANK", -1)), "died": None})
                 changed = True

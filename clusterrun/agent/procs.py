@@ -53,6 +53,74 @@ def proc_info(pid: int) -> ProcInfo | None:
         return None
 
 
+def zombie_exit(pid: int) -> int | None:
+    """The exit of ``pid`` while it is a zombie (field 52 of /proc/PID/stat, Linux 3.5+: its wait
+    status), as torch reports a worker's: the exit code, or minus the signal; None once reaped."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            rest = f.read().rsplit(b")", 1)[1].split()
+        if rest[0] != b"Z":
+            return None
+        status = int(rest[49])
+    except (OSError, IndexError, ValueError):
+        return None
+    return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
+
+
+class ExitReader:
+    """Each watched worker's exit, read while it is a zombie (``zombie_exit``), in a thread of its
+    own: torchrun reaps its workers within 0.1 s, less than a monitor's write of its state may take.
+
+    create → ``start()`` → ``watch(pid)`` as workers are found → ``codes`` (pid → exit) → ``close()``."""
+
+    def __init__(self) -> None:
+        self.codes: dict[int, int] = {}
+        self._pids: set[int] = set()
+        self._done = False
+        self._running: Any = None  # a lock the thread holds while it runs
+
+    def watch(self, pid: int) -> None:
+        self._pids.add(pid)
+
+    def start(self) -> None:
+        import _thread  # threading's C part: threading itself costs the agent imports (test_agent)
+
+        if hasattr(os, "pidfd_open"):
+            self._running = _thread.allocate_lock()
+            self._running.acquire()
+            _thread.start_new_thread(self._run, ())
+
+    def _run(self) -> None:
+        fds: dict[int, int] = {}  # fd → pid
+        seen: set[int] = set()
+        try:
+            while not self._done:
+                for pid in self._pids - seen:
+                    seen.add(pid)
+                    try:
+                        fds[os.pidfd_open(pid)] = pid
+                    except OSError:
+                        pass  # reaped already: its exit is not known
+                if not fds:
+                    time.sleep(0.05)
+                    continue
+                for fd in select.select(list(fds), [], [], 0.05)[0]:
+                    pid = fds.pop(fd)
+                    code = zombie_exit(pid)
+                    if code is not None:
+                        self.codes[pid] = code
+                    os.close(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
+            self._running.release()
+
+    def close(self) -> None:
+        self._done = True
+        if self._running is not None and self._running.acquire(timeout=1.0):
+            self._running.release()
+
+
 def all_procs() -> dict[int, ProcInfo]:
     procs = {}
     for name in os.listdir("/proc"):

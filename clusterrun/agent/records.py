@@ -41,7 +41,7 @@ def lost(state: dict[str, Any]) -> dict[str, Any]:
     rebooted = bool(state.get("boot_id")) and state.get("boot_id") != boot_id()
     why = ("the host restarted since the job started (its boot id changed): the job's processes ended with it"
            if rebooted else "the job's processes on the host are gone (killed?) and none recorded an end")
-    return dict(state, state="lost", error=state.get("error") or why)
+    return dict(state, state="lost", error=state.get("error") or why, rebooted=rebooted)
 
 
 def unlink_quietly(path: str) -> None:

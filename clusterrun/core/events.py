@@ -189,7 +189,8 @@ class OomEvidence:
 class RootCause:
     """The first failure across the cluster: where, which rank (and ``pid``), how, its last
     lines, for a SIGKILL what the host's kernel said of OOM kills (``oom``), and what a known
-    failure signature says about it (``explanation``, None when none matched)."""
+    failure signature says about it (``explanation``, None when none matched). A ``lost`` node
+    (its host went away, its processes killed) is named by its node alone: no torchrun exit to tell."""
 
     node: int
     host: str
@@ -202,8 +203,11 @@ class RootCause:
     explanation: Explanation | None = None
     pid: int | None = None  # its process on its host, where torchrun's report or the agent names it
     oom: OomEvidence | None = None  # for a SIGKILL: what the host's kernel said of OOM kills
+    lost: bool = False  # the node's processes are gone without an exit status: ``message`` says how
 
     def describe(self) -> str:
+        if self.lost:
+            return f"node {self.node} ({self.host}): {self.message or 'lost'}"
         how = (f"killed by {signal_name(self.signal)}" if self.signal
                else f"exit code {self.exit_code}" if self.exit_code is not None else "failed")
         who = f"rank {self.rank}" if self.rank is not None else "torchrun"

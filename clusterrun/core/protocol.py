@@ -106,6 +106,11 @@ class NodeStatus:
     quiet_since: float | None = None  # its ranks wrote nothing since, for hang_after at least (the host's watch)
     rdzv_joined: bool | None = None  # before its workers: torchrun is connected to the master port (None: unknown)
     progress: Progress | None = None  # the training's progress, on the node of rank 0 (``agent/progress.py``)
+    rebooted: bool = False  # lost: the host's boot id changed since the job started
+    exit_learned: str | None = None  # nobody reaped torchrun: how its exit code was learned (its ranks' ends)
+    # The controller's, not the host's: when contact with the host was lost just before it said
+    # ``lost`` (the stream that said so was the first after the outage): when the host went away.
+    away_since: float | None = None
 
     @property
     def ended(self) -> bool:
@@ -302,7 +307,8 @@ def decode_status(host: str, state: Any, what: str = "state") -> NodeStatus:
                       error=r.text("error"), stop_requested=bool(r.data.get("stop_requested")),
                       torchrun_pid=torchrun.integer("pid"), ended_at=r.number("ended_at"),
                       workers=tuple(workers), degraded=r.text("degraded") or None,
-                      exit_unknown=r.data.get("exit_status") == "unknown",
+                      exit_unknown=r.data.get("exit_status") == "unknown", rebooted=r.data.get("rebooted") is True,
+                      exit_learned=r.text("exit_learned") or None,
                       quiet_since=r.number("quiet_since"),
                       rdzv_joined=r.data.get("rdzv_joined") if isinstance(r.data.get("rdzv_joined"), bool) else None,
                       progress=Progress.from_json(r.data.get("progress")),

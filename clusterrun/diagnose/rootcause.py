@@ -11,11 +11,12 @@ failure signature (``signatures.SIGNATURES``) adds its cause and fix to the root
 from __future__ import annotations
 
 import re
+import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from clusterrun.core.events import OomEvidence, RootCause
+from clusterrun.core.events import OomEvidence, RootCause, unreachable_text
 from clusterrun.core.protocol import HostState, KernelOom, NodeStatus
 from clusterrun.diagnose.signatures import explain, printed_its_own, transient_start
 
@@ -112,11 +113,17 @@ def find_root_cause(
         if state.exit_code in (0, None) and not state.error and state.state is not HostState.LOST:
             continue
         log = logs.get(node) or NodeLog()
-        if state.exit_unknown and not log.failures:
-            continue  # torchrun's exit status is not known: nothing says that it failed
+        secondary = 1 if node in stopped_by_us else 0
+        if (state.exit_unknown or state.state is HostState.LOST) and not log.failures:
+            # No exit status, nothing of torchrun's failure report: the node was lost, not failed. Only
+            # a node lost before any stop is a cause (a lost node after ours is the stop's doing).
+            when = state.away_since or state.ended_at or float("inf")
+            candidates.append((secondary, when, RootCause(
+                node=node, host=hosts[node], rank=None, local_rank=None, exit_code=None, signal=None,
+                last_lines=tuple(log.node_tail), message=lost_text(state), pid=state.torchrun_pid, lost=True)))
+            continue
         died = {w.pid: w.died for w in state.workers}
         died_by_rank = {w.rank: w.died for w in state.workers}
-        secondary = 1 if node in stopped_by_us else 0
         for rank, failure in log.failures.items():
             code = failure["exit_code"]
             tail = tuple(log.rank_tails.get(rank, ()))
@@ -130,8 +137,6 @@ def find_root_cause(
             node_code = state.exit_code
             sig = state.signal
             message = state.error or exception_message(tail)
-            if state.state is HostState.LOST:
-                message = message or "the node's agent and torchrun vanished"
             when = state.ended_at or float("inf")
             candidates.append((secondary, when, RootCause(
                 node=node, host=hosts[node], rank=None, local_rank=None,
@@ -147,6 +152,22 @@ def find_root_cause(
 
 
 SIGKILL = 9
+
+
+def lost_text(state: NodeStatus) -> str:
+    """How a node was lost, as far as the controller and its host can tell: when the host went
+    away (the controller lost contact just before the host said so) and whether it restarted."""
+    if state.away_since is None:
+        return state.error or "its agent and torchrun vanished without an exit status"
+    went = f"the host went away at {clock(state.away_since)}"
+    if state.rebooted:
+        return f"{went}; its boot id changed (it restarted)"
+    return f"{went}; when it came back none of the job's processes was left ({state.error or 'no exit status'})"
+
+
+def clock(timestamp: float) -> str:
+    """``12:20:52Z`` (UTC; the date too when it is not today's, as ``unreachable_text`` says it)."""
+    return unreachable_text(timestamp, time.time()).removeprefix("unreachable since ")
 
 
 def oom_evidence(pid: int | None, report: KernelOom | None) -> OomEvidence:

@@ -232,6 +232,8 @@ def _begun(plan: LaunchPlan, attempt: int, script_args: Sequence[str], automatic
         if automatic and rec.state is not JobState.RESTARTING:
             raise Cancelled(f"not restarting job {rec.job_id}: it is {rec.state}")
         transition(rec.state, Change.START)  # only from an end (raises, nothing written): never two attempts
+        if not automatic and rec.attempts:
+            rec.attempts[-1].restart = "user"  # `restart`, the dashboard's R: also of a failure in its backoff
         rec.attempts.append(AttemptRecord(attempt, started=time.time(), master_port=plan.master_port,
                                           replaced=dict(replaced) if replaced else None))
         move(rec, Change.START)

@@ -22,9 +22,10 @@ sees of the nodes (they fail or vanish as they are killed) does not decide the e
 does, and a ``stopped`` job stays stopped (the follower's late news is absorbed by every end).
 A hand-over (``up`` gives the job to its monitor) changes the job's owner, not its state.
 A failure the restart policy (or the start-up retry) restarts is recorded ``restarting``, not
-``failed``, in the same change: ``wait`` never sees an end that is not one; a ``down`` during the
-backoff moves it to ``stopped``, from which no automatic restart starts (``start`` after a retry
-is taken only from ``restarting``: ``attempt.NextAttempt.replace(automatic=True)``).
+``failed``, in the same change: ``wait`` never sees an end that is not one; a ``down`` (or the
+user's ``restart``) during the backoff moves the job to ``stopped`` (its attempt stays ``failed``),
+from which no automatic restart starts (``start`` after a retry is taken only from ``restarting``:
+``attempt.NextAttempt.replace(automatic=True)``).
 A node's hang changes no job state either (``NodeState.HUNG`` is a view of a running node, as
 ``unreachable``): the owner's ``on_hang: restart`` is a requested restart (``Runner.request_restart``),
 and a node that never starts its workers within ``startup_timeout`` ends the attempt ``failed``.

@@ -42,7 +42,7 @@ from clusterrun.core.protocol import HostState
 from clusterrun.life import notify
 from clusterrun.life.jobstate import Change, outcome, transition
 from clusterrun.life.lifecycle import per_node, status_of
-from clusterrun.run.follower import node_state_of
+from clusterrun.run.follower import end_note, node_state_of
 from clusterrun.run.plan import LaunchPlan, plan_to_json
 from clusterrun.store.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
 
@@ -53,12 +53,21 @@ def move(record: JobRecord, change: Change) -> bool:
     new = transition(record.state, change)
     if new is record.state:
         return False
+    if record.attempts and record.state is JobState.RESTARTING and change is Change.STOP:
+        record.attempts[-1].restart = None  # stopped during the backoff: the policy did not restart it
     record.state = new
     if record.attempts:
-        record.attempts[-1].state = new if new is not JobState.RESTARTING else JobState.FAILED
+        attempt = record.attempts[-1]
+        if not (attempt.ended is not None and attempt.state in ENDED_BY_ITSELF):  # an attempt ends once
+            attempt.state = new if new is not JobState.RESTARTING else JobState.FAILED
         if new.is_terminal or new is JobState.RESTARTING:
-            record.attempts[-1].ended = record.attempts[-1].ended or time.time()
+            attempt.ended = attempt.ended or time.time()
     return True
+
+
+# How an attempt that ended by itself is recorded; a stop during the backoff after it leaves that
+# (the job is stopped, the attempt failed).
+ENDED_BY_ITSELF = (JobState.FAILED, JobState.LOST, JobState.SUCCEEDED)
 
 
 def new_record(plan: LaunchPlan, *, hosts_file: str, hosts_text: str, env_overrides: dict[str, str],
@@ -273,8 +282,8 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
             node.state = node_state_of(answer)
             node.pid = answer.torchrun_pid or node.pid
             node.exit_code, node.signal = answer.exit_code, answer.signal
-            node.error = answer.error or ("neither the supervisor nor torchrun runs any more"
-                                          if node.state is NodeState.LOST else None)
+            node.error = answer.error or end_note(answer) or ("neither the supervisor nor torchrun runs any more"
+                                                              if node.state is NodeState.LOST else None)
         new = JobState.of_nodes(NodeState.UNREACHABLE if isinstance(answers.get(n.rank), ClusterrunError)
                                 else n.state for n in rec.nodes)
         if new is JobState.RUNNING and rec.state is JobState.STARTING:

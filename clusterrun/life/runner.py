@@ -120,7 +120,8 @@ def history(record: JobRecord) -> str:
         took = f" after {a.ended - a.started:.0f} s" if a.ended is not None else ""
         cause = f" ({a.root_cause.splitlines()[0]})" if a.root_cause and a.state is not JobState.SUCCEEDED else ""
         spares = "".join(f" on {new} for {old}" for old, new in (a.replaced or {}).items())
-        parts.append(f"{a.attempt} {a.state}{took}{spares}{cause}" + (", restarted" if a.restart else ""))
+        by = " by the user" if a.restart == "user" else ""
+        parts.append(f"{a.attempt} {a.state}{took}{spares}{cause}" + (f", restarted{by}" if a.restart else ""))
     return "attempts: " + " · ".join(parts)
 
 

@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from clusterrun.agent.wire import NodeRequest
@@ -70,6 +70,14 @@ def node_state_of(status: NodeStatus, stop_sent: bool = False) -> NodeState:
     if stop_sent or status.stop_requested:
         return NodeState.STOPPED
     return NodeState.FAILED
+
+
+def end_note(status: NodeStatus) -> str | None:
+    """How a node's exit code was learned where nobody reaped torchrun: ``exit code 0: every rank
+    exited 0 (torchrun's own exit was not recorded: ...)``; None where it was recorded."""
+    if status.exit_learned is None or status.exit_code is None:
+        return None
+    return f"exit code {status.exit_code}: {status.exit_learned}"
 
 
 @frozen
@@ -157,6 +165,9 @@ class Follower:
         position = self.offset  # where the stream resumes: the end of what was queued
         failures = 0
         retrying = 0.0  # seconds spent failing to reach the host (see Reconnect)
+        # When contact was lost, until the host shows the job alive after it (a heartbeat, lines
+        # written since): a ``lost`` said before that means the host went away then.
+        away: float | None = None
         before = self.before if tail is None else 0
         while True:
             where: dict[str, Any] = {"offset": position} if tail is None else {"tail": tail}
@@ -174,9 +185,15 @@ class Follower:
                             self.inbox.put((rank, Link(up=True)))
                             failures, retrying = 0, 0.0
                         if isinstance(message, Beat):
+                            away = None
                             continue
                         if isinstance(message, LogChunk):
                             position, tail = message.next, None
+                            if away is not None and (message.written or 0) > away:
+                                away = None
+                        if (isinstance(message, End) and away is not None
+                                and node_state_of(message.status) is NodeState.LOST):
+                            message = End(replace(message.status, away_since=away))
                         self.inbox.put((rank, message))
                         if isinstance(message, End):
                             return
@@ -191,6 +208,8 @@ class Follower:
             if self.detach.is_set():
                 return
             failures += 1
+            if failures == 1:
+                away = time.time()
             delay = self.reconnect.delay(failures)
             retrying += min(time.monotonic() - began, self.reconnect.try_cap) + delay
             if failures == 1 and not self.stopping.is_set():
@@ -212,7 +231,7 @@ def node_results(nodes: Sequence[Node], failed_first: int | None) -> list[NodeRe
     for rank, node in enumerate(nodes):
         final = node.final or NodeStatus(HostState.RUNNING)
         after = failed_first if node.state is NodeState.STOPPED else None
-        why = node.error or (stopped_after_text(after) if after is not None else final.error)
+        why = node.error or (stopped_after_text(after) if after is not None else final.error or end_note(final))
         results.append(NodeResult(rank, node.host, node.state, exit_code=final.exit_code, signal=final.signal,
                                   error=why, stopped_after=after, hardware=final.oom.hardware if final.oom else ()))
     return results
@@ -229,4 +248,5 @@ def root_cause_of(nodes: Sequence[Node]) -> RootCause | None:
     )
 
 
-__all__ = ["Follower", "Link", "Node", "Reconnect", "node_results", "node_state_of", "root_cause_of", "split_lines"]
+__all__ = ["Follower", "Link", "Node", "Reconnect", "end_note", "node_results", "node_state_of", "root_cause_of",
+           "split_lines"]

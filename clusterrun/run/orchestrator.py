@@ -78,6 +78,7 @@ from clusterrun.run.follower import (
     Link,
     Node,
     Reconnect,
+    end_note,
     node_results,
     node_state_of,
     root_cause_of,
@@ -513,7 +514,7 @@ class Job:
                                              "(the host rebooted, or they were killed)")
             node.final, code = status, status.exit_code
             after = self._failed_first if new is NodeState.STOPPED else None  # fail-fast stopped it
-            why = stopped_after_text(after) if after is not None else status.error
+            why = stopped_after_text(after) if after is not None else status.error or end_note(status)
             self._set_state(rank, new, why or (f"exit code {code}" if code is not None else ""))
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, new, exit_code=code, signal=status.signal,
                                                          error=why, stopped_after=after)))

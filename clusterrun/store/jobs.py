@@ -103,7 +103,7 @@ class AttemptRecord:
     root_cause: str | None = None
     cause: str | None = None  # a known failure signature's cause and fix (``events.Explanation``)
     fix: str | None = None
-    restart: str | None = None  # "policy" or "start-up": this attempt's failure was restarted so
+    restart: str | None = None  # who restarted this attempt: "policy", "start-up", "requested" (on_hang), "user"
     replaced: dict[str, str] | None = None  # the hosts that spares took the place of in this attempt: host → spare
 
 

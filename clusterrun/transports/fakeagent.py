@@ -179,10 +179,17 @@ class FakeAgent:
         return answer
 
     def _view(self, host: FakeHost, node: FakeNode) -> dict[str, Any]:
-        """The node's state as the agent reports it: ``lost`` when its processes are gone."""
+        """The node's state as the agent reports it: ``lost`` when its host restarted; when its
+        processes vanished on the same boot, ended with an unknown exit status (as the monitor the
+        real agent starts then writes it)."""
         state = node.state
         if state.get("state") != "exited" and not node.running:
-            return dict(state, state="lost")
+            if state.get("boot_id") != host.boot_id:
+                return dict(state, state="lost", rebooted=True, error="the host restarted since the job started "
+                            "(its boot id changed): the job's processes ended with it")
+            return dict(state, state="exited", exit_code=None, signal=None, exit_status="unknown",
+                        error="torchrun's exit status is unknown: the survivor that waited for it ended first "
+                              "(killed?)")
         return dict(state)
 
     def _absent(self, request: dict[str, Any]) -> dict[str, Any] | None:

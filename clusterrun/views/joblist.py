@@ -255,7 +255,7 @@ def _progress_json(progress: Progress | None) -> dict[str, Any] | None:
 
 def history_rows(record: JobRecord, now: float) -> list[tuple[str, ...]]:
     """``ps JOB``'s table of the job's attempts: when each started, for how long it ran, how it
-    ended, whether it was restarted (by the policy, or the start-up retry) and its root cause."""
+    ended, who restarted it (the policy, the start-up retry, ``on_hang``, the user) and its root cause."""
     spared = any(a.replaced for a in record.attempts)  # the column only where a spare ran
     rows: list[tuple[str, ...]] = [("ATTEMPT", "STARTED", "DURATION", "STATE", "RESTARTED",
                                     *(("SPARES",) if spared else ()), "ROOT CAUSE")]

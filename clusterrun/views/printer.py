@@ -73,6 +73,8 @@ def node_end_text(node: NodeResult) -> str:
         how = f"exit code {node.exit_code}"
         if node.signal:
             how = f"killed by {signal_name(node.signal)}"
+        elif node.error and node.error.startswith(f"{how}: "):  # learned from its ranks' ends: how
+            how = node.error
     else:
         how = node.error or ""
     return node.state.value + (f" ({how})" if how else "")

@@ -27,6 +27,8 @@ import threading
 import time
 from typing import IO
 
+MONITOR_INTERVAL = 0.1
+
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
@@ -94,6 +96,7 @@ def main() -> int:
     nnodes, nproc = int(options.get("nnodes", "1")), int(options.get("nproc-per-node", "1"))
     node_rank, grace = int(options.get("node-rank", "0")), int(options.get("shutdown-timeout", "30"))
     addr, port = options.get("master-addr", "127.0.0.1"), int(options.get("master-port", "29500"))
+    interval = float(options.get("monitor-interval", MONITOR_INTERVAL))
     workers: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}  # pid → local rank, process
     signalled: list[int] = []  # stopped by a signal: torchrun raises SignalException, no failure report
 
@@ -150,7 +153,10 @@ def main() -> int:
     failed: tuple[int, int, int] | None = None  # local rank, exit code, pid of the first worker to fail
     left = set(workers)
     while left:
-        pid, status = os.waitpid(-1, 0)
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            time.sleep(interval)  # torchrun polls its workers so (its --monitor-interval)
+            continue
         if pid not in left:
             continue
         left.discard(pid)
