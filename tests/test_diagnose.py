@@ -126,3 +126,16 @@ def test_a_transient_start_up_failure_is_known_by_the_signature_that_explains_it
     root, logs = _diagnosed("[rank1]:ValueError: terminate", *report)  # no signature
     assert root is not None and root.explanation is None and transient_start_failure(root, logs) is None
     assert transient_start_failure(None, {}) is None
+
+
+def test_a_host_gone_for_good_is_the_cause_of_its_peers_gloo_errors() -> None:
+    """Node 1's host died at 49.0 and never answered again (counted lost after a wait); node 0's
+    rank failed at 50.2 in a collective with it: the host that went away is the cause."""
+    node0 = NodeLog()
+    node0.feed(["[rank0]:RuntimeError: Connection closed by peer [10.77.3.12]:34508",
+                "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 100)"])
+    states = {0: _state(1, [{"pid": 100, "rank": 0, "died": 50.2}], 51.0),
+              1: NodeStatus(HostState.LOST, error="cannot be reached", away_since=49.0, unanswered=True)}
+    cause = find_root_cause({0: "a", 1: "b"}, {0: node0, 1: NodeLog()}, states, stopped_by_us=set())
+    assert cause is not None and cause.node == 1 and cause.lost
+    assert cause.message.endswith("and has not answered since (cannot be reached)"), cause.message

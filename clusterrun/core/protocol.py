@@ -111,6 +111,7 @@ class NodeStatus:
     # The controller's, not the host's: when contact with the host was lost just before it said
     # ``lost`` (the stream that said so was the first after the outage): when the host went away.
     away_since: float | None = None
+    unanswered: bool = False  # the controller's: the host never answered again (lost after a wait for it)
 
     @property
     def ended(self) -> bool:

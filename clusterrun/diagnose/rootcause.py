@@ -160,6 +160,8 @@ def lost_text(state: NodeStatus) -> str:
     if state.away_since is None:
         return state.error or "its agent and torchrun vanished without an exit status"
     went = f"the host went away at {clock(state.away_since)}"
+    if state.unanswered:
+        return f"{went} and has not answered since ({state.error or 'cannot connect'})"
     if state.rebooted:
         return f"{went}; its boot id changed (it restarted)"
     return f"{went}; when it came back none of the job's processes was left ({state.error or 'no exit status'})"
