@@ -50,19 +50,20 @@ def transport_factory(record: JobRecord) -> Callable[..., Transport]:
     return partial(transport_for, ssh_config=record.ssh_config)
 
 
-def follower(record: JobRecord, emit: Emit | None, *, fail_fast: bool, follow_logs: bool, attempt: int | None = None,
+def follower(record: JobRecord, emit: Emit | None, *, owner: bool, follow_logs: bool, attempt: int | None = None,
              offsets: dict[int, int] | None = None, tail: int | None = None,
              ranks: Sequence[int] | None = None, reconnect: Reconnect | None = None, scrollback: int = 0,
              spec: ClusterSpec | None = None) -> Job:
     """A ``Job`` that follows an attempt of the recorded job (the current one unless given);
     ``scrollback``: with ``offsets``, first the last lines before them (``LogLines(earlier=True)``);
-    ``spec``: the record's hosts file (``spec_of``), if the caller has parsed it already."""
+    ``spec``: the record's hosts file (``spec_of``), if the caller has parsed it already; ``owner``:
+    the job's owner follows it (``--unreachable-timeout`` applies), not a viewer."""
     spec = spec or spec_of(record)
     plan = plan_from_json(record.plan, spec)
     job = Job(spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
               grace=record.grace, attempt=attempt or record.attempt, transport_factory=transport_factory(record),
-              fail_fast=fail_fast, follow_logs=follow_logs, offsets=offsets, tail=tail, ranks=ranks,
-              reconnect=reconnect or Reconnect(give_up_after=record.unreachable_timeout if fail_fast else None),
+              follow_logs=follow_logs, offsets=offsets, tail=tail, ranks=ranks,
+              reconnect=reconnect or Reconnect(give_up_after=record.unreachable_timeout if owner else None),
               scrollback=scrollback)
     job.resume(plan)
     current = record.attempts[-1] if record.attempts and not record.finished else None

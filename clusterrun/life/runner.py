@@ -40,6 +40,9 @@ from clusterrun.core.events import (
     JobNote,
     JobResult,
     JobState,
+    NodeExited,
+    NodeState,
+    StartupExpired,
     hung_text,
 )
 from clusterrun.core.frozen import frozen
@@ -50,7 +53,7 @@ from clusterrun.life.attempt import Cancelled, restart, start, stop
 from clusterrun.life.gate import plan_to_start
 from clusterrun.life.lifecycle import follower, per_node, save_seen, spec_of, stacks_of, status_of, stop_job
 from clusterrun.life.recorder import Recorder, Retry, give_up, mark_failed_start
-from clusterrun.run.orchestrator import Emit, Job
+from clusterrun.run.orchestrator import Emit, Job, StopOrder
 from clusterrun.store.jobs import OWNER_FD_VAR, JobRecord, JobStore
 
 LOOK_APART = 3.0  # seconds between the two looks at a hung job's ranks: long enough for a stack to move
@@ -110,6 +113,19 @@ def _finish_start(record: JobRecord, runner: Runner) -> None:
         except ConfigError as exc:
             raise HostsUnavailable([exc]) from exc
         runner.start(absent)
+
+
+def stop_for(event: Event) -> StopOrder | None:
+    """The stop an owner orders for what its attempt's nodes report, if any: a node that failed or
+    was lost stops the others after it (fail-fast); nodes that started no workers within
+    ``startup_timeout`` fail the attempt, the others are stopped (the start-up watch)."""
+    if isinstance(event, NodeExited) and event.node is not None \
+            and event.result.state in (NodeState.FAILED, NodeState.LOST):
+        return StopOrder(f"node {event.node} ({event.result.host}) failed", after=event.node,
+                         by=f"fail-fast after node {event.node} failed")
+    if isinstance(event, StartupExpired):
+        return StopOrder(f"start-up watch: {event.cause.message}", late=event, by="the start-up watch")
+    return None
 
 
 def history(record: JobRecord) -> str:
@@ -205,7 +221,7 @@ class Runner:
         """The owner of a job started earlier (a monitor, or after a restart), following its current
         attempt; ``spec``: its recorded hosts file, if the caller has parsed it already."""
         spec = spec or spec_of(record)
-        job = follower(record, None, fail_fast=True, follow_logs=follow_logs, offsets=offsets, spec=spec)
+        job = follower(record, None, owner=True, follow_logs=follow_logs, offsets=offsets, spec=spec)
         return cls(store, record, job, owner_fd, emit, retry_startup=retry_startup, clock=clock, spec=spec)
 
     def subscribe(self, listener: Emit) -> None:
@@ -224,6 +240,9 @@ class Runner:
         else:
             self.recorder(event)
         self.emit(event)
+        order = stop_for(event)
+        if order is not None:
+            self.job.stop(order)  # the first order decides: a stop under way is not replaced
 
     def emit(self, event: Event) -> None:
         if isinstance(event, JobFinished) and self.recorder.restarting:
@@ -355,7 +374,7 @@ class Runner:
             self._spec = self.spec.with_spares(self._replace)  # the spares in use in the places of the lost hosts
             self.record, self._replace = record, {}
             self.recorder = Recorder(self.store, record.job_id, record.attempt)
-            self.job = follower(record, None, fail_fast=True, follow_logs=self.job.follow_logs,
+            self.job = follower(record, None, owner=True, follow_logs=self.job.follow_logs,
                                 reconnect=self.job.reconnect, spec=self.spec)
             self.job.subscribe(self._on_job_event)
             if self.asked is Asked.RESTART:
@@ -460,4 +479,4 @@ def _restarts(record: JobRecord) -> list[float]:
     return [a.ended or a.started for a in record.attempts[:-1] if a.restart in COUNTED]
 
 
-__all__ = ["Asked", "Runner", "run_monitor"]
+__all__ = ["Asked", "Runner", "run_monitor", "stop_for"]

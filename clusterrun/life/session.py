@@ -152,7 +152,7 @@ class Session:
         """Follow the job's current attempt as a viewer (the monitor owns it); False if it cannot be."""
         try:
             record = self.store.load(self.job_id)
-            job = follower(record, self.emit, fail_fast=False, follow_logs=True, offsets=offsets, tail=tail,
+            job = follower(record, self.emit, owner=False, follow_logs=True, offsets=offsets, tail=tail,
                            scrollback=self._scrollback if offsets else 0)
         except ClusterrunError as exc:  # e.g. the record is gone or damaged: the UI shows it
             self.error = exc
