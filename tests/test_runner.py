@@ -204,7 +204,7 @@ def test_an_adopted_job_restarted_here_is_owned_here(fake: FakeCluster, store: J
     assert record.attempt == 2 and not record.adopted
     assert not a0.running and not a1.running and fake.node(JOB, 0, 2).running and fake.node(JOB, 1, 2).running
     assert fake.node(JOB, 1, 2).argv == a1.argv  # the same command as the first controller's
-    stop_job(record)
+    stop_job(record, spec=lifecycle.spec_of(record))
     removed = remove_on_hosts(record)
     assert all(isinstance(a, dict) and a["removed"] for a in removed.values()), removed
     assert not [key for key in fake.nodes if key[0] == JOB]  # every attempt of every node

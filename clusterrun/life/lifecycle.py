@@ -85,11 +85,10 @@ def daemonize() -> None:
 # ------------------------------------------------------------------------------------ status
 
 
-def per_node(record: JobRecord, call: Callable[[Transport, int], Any], ranks: Sequence[int] | None = None,
-             spec: ClusterSpec | None = None) -> dict[int, Any]:
+def per_node(record: JobRecord, call: Callable[[Transport, int], Any], ranks: Sequence[int] | None = None, *,
+             spec: ClusterSpec) -> dict[int, Any]:
     """``call(transport, rank)`` on every node in parallel; an exception is returned as the value.
-    ``spec``: the job's hosts, if the caller has read them already."""
-    spec = spec or spec_of(record)
+    ``spec``: the job's hosts (``spec_of``), parsed once by the command."""
     factory = transport_factory(record)
     ranks = list(range(len(spec.hosts))) if ranks is None else list(ranks)
     transports = {rank: factory(spec.hosts[rank]) for rank in ranks}
@@ -144,10 +143,10 @@ def node_statuses(record: JobRecord, gpus: dict[int, NodeGpus] | None = None) ->
 
 def stacks_of(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequence[int] | None = None, *,
               native: bool = False, timeout: float = 10.0, looks: int = 1,
-              apart: float = 3.0) -> dict[int, StackAnswer | ClusterrunError]:
+              apart: float = 3.0, spec: ClusterSpec | None = None) -> dict[int, StackAnswer | ClusterrunError]:
     """Every node's ``stack`` answer for the current attempt (``ranks``: only these global ranks),
     in parallel, or the error that kept it away; ``looks`` 2: each rank looked at twice, ``apart``
-    seconds apart (whether its stacks moved, its CPU meanwhile)."""
+    seconds apart (whether its stacks moved, its CPU meanwhile); ``spec``: as ``per_node``'s."""
     wanted = None if ranks is None else list(ranks)
 
     def one(transport: Transport, rank: int) -> StackAnswer:
@@ -155,7 +154,7 @@ def stacks_of(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequ
                                         looks=looks, apart=apart))
         return decode(transport.name, StackAnswer, answer, "stack answer")
 
-    return per_node(record, one, ranks=nodes)
+    return per_node(record, one, ranks=nodes, spec=spec or spec_of(record))
 
 
 def stacks_view(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequence[int] | None = None, *,
@@ -264,10 +263,11 @@ def read_logs(record: JobRecord, ranks: Sequence[int], attempt: int, tail: int |
 # ------------------------------------------------------------------------------- down, restart
 
 
-def stop_job(record: JobRecord, *, grace: float | None = None, spec: ClusterSpec | None = None,
+def stop_job(record: JobRecord, *, spec: ClusterSpec, grace: float | None = None,
              by: str | None = None) -> dict[int, StopReport]:
     """The agent's verified stop of the current attempt on every node, in parallel (the piece
-    ``attempt.stop`` records); ``by``: who, for the mark in the nodes' logs."""
+    ``attempt.stop`` records); ``spec``: the job's hosts file, parsed once by the command; ``by``:
+    who, for the mark in the nodes' logs."""
     wait = record.grace if grace is None else grace
     state_dir = record.plan.get("state_dir")
 
@@ -294,4 +294,4 @@ def save_seen(store: JobStore, job_id: str, attempt: int, offsets: dict[int, int
 def remove_on_hosts(record: JobRecord) -> dict[int, dict[str, Any] | ClusterrunError]:
     """Delete every node's state and logs of the job on its host (the agent's ``remove``, which
     refuses while anything of the job runs there): each node's answer, or the error."""
-    return per_node(record, lambda t, rank: t.call(request(record, rank, "remove")))
+    return per_node(record, lambda t, rank: t.call(request(record, rank, "remove")), spec=spec_of(record))

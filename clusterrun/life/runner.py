@@ -182,7 +182,7 @@ class Runner:
         self.policy = policy if policy is not None else self.spec.restart.with_max(record.max_restarts)
         self.clock = clock or Clock()
         self._listeners: list[Emit] = [emit] if emit is not None else []
-        self.recorder = Recorder(store, record.job_id, job.attempt)
+        self.recorder = Recorder(store, record.job_id, job.attempt, record)
         job.subscribe(self._on_job_event)
         self.asked = Asked.FOLLOW
         self._reason: str | None = None  # the stop's or the restart's, as the attempt's end names it
@@ -224,6 +224,12 @@ class Runner:
         job = follower(record, None, owner=True, follow_logs=follow_logs, offsets=offsets, spec=spec)
         return cls(store, record, job, owner_fd, emit, retry_startup=retry_startup, clock=clock, spec=spec)
 
+    def recorded(self) -> JobRecord:
+        """The job's record as this owner's last write left it: read once per command and carried
+        (the owner alone writes it; a ``down`` from elsewhere is what the backoff polls for)."""
+        self.recorder.flush()
+        return self.recorder.record or self.record
+
     def subscribe(self, listener: Emit) -> None:
         """Hand every event of the job, of this attempt and the next ones, to ``listener`` too."""
         self._listeners.append(listener)
@@ -260,8 +266,7 @@ class Runner:
         says. ``stack``: look at every rank twice and save the report (``diagnose.hangreport``), in
         a thread of its own, so that the loop follows on meanwhile; ``restart``: stop this attempt,
         and ``follow()`` starts the next; ``nothing``: only the notification."""
-        self.recorder.flush()  # what came before the hang (the job running) is in the record it sends
-        record = self.store.load(self.job_id)
+        record = self.recorded()  # what came before the hang (the job running) is in the record it sends
         notify.send_due(self.store, record, self.note, also=[notify.hung(record.attempt, since)])
         action = self.job.spec.watch.on_hang
         where = f"the job is {hung_text(since, time.time())}"
@@ -281,10 +286,9 @@ class Runner:
         from clusterrun.diagnose.hangreport import HangReport  # not on `up`'s path to the start
 
         try:
-            answers = stacks_of(record, looks=2, apart=LOOK_APART)
+            answers = stacks_of(record, looks=2, apart=LOOK_APART, spec=self.spec)
             report = HangReport.of(answers, {n.rank: n.host for n in record.nodes}, since, LOOK_APART)
-            self.recorder.flush()  # a line written meanwhile ended the hang in the record
-            now = self.store.load(record.job_id)
+            now = self.recorded()  # a line written meanwhile ended the hang in the record
             if now.attempt != record.attempt or all(n.hung_since != since for n in now.nodes):
                 self.note("a rank wrote while the hung ranks were looked at: no hang report")  # a mix of both
                 return
@@ -344,7 +348,7 @@ class Runner:
                 save_seen(self.store, self.job_id, self.job.attempt, self.job.offsets)
             if result is None:
                 return None
-            record = self.store.load(self.job_id)
+            record = self.recorded()
             notify.send_due(self.store, record, self.note)  # the attempt's end
             if record.attempt != self.job.attempt or record.state is not JobState.RESTARTING:
                 if self._refused is not None and self.policy.max > 0 and result.interrupted is None \
@@ -353,7 +357,8 @@ class Runner:
                 if len(record.attempts) > 1:
                     self.emit(JobNote(None, text=history(record)))
                 return result
-            if not self._backoff(record):
+            due = self._backoff(record)
+            if due is None:
                 if self.asked is Asked.HAND_OVER:
                     return None  # the monitor resumes the wait
                 stopped = self._reason if self.asked is Asked.STOP else None
@@ -361,7 +366,7 @@ class Runner:
             if self._replace:
                 self.note(f"the attempt lost {spares.why(result, list(self._replace))}")
             try:
-                record = restart(self.store, self.store.load(self.job_id), self.emit, owner_fd=self.owner_fd,
+                record = restart(self.store, due, self.emit, owner_fd=self.owner_fd,
                                  full_preflight=record.attempts[-1].restart == "policy", automatic=True,
                                  recorded=self.spec, replace=self._replace)
             except Cancelled:
@@ -373,7 +378,7 @@ class Runner:
             self.job.close()
             self._spec = self.spec.with_spares(self._replace)  # the spares in use in the places of the lost hosts
             self.record, self._replace = record, {}
-            self.recorder = Recorder(self.store, record.job_id, record.attempt)
+            self.recorder = Recorder(self.store, record.job_id, record.attempt, record)
             self.job = follower(record, None, owner=True, follow_logs=self.job.follow_logs,
                                 reconnect=self.job.reconnect, spec=self.spec)
             self.job.subscribe(self._on_job_event)
@@ -391,8 +396,7 @@ class Runner:
         end = JobState.of_nodes(n.state for n in result.nodes)
         if end not in (JobState.FAILED, JobState.LOST) and result.interrupted is None:
             return None
-        self.recorder.flush()
-        record = self.store.load(self.job_id)
+        record = self.recorded()
         if record.attempt != self.recorder.attempt or record.state not in (JobState.STARTING, JobState.RUNNING):
             return None  # a stop came first (it decides), or a newer attempt started
         return self._decide(record, result)
@@ -434,10 +438,11 @@ class Runner:
             return f"the attempt lost {spares.why(result, out)} and " + (
                 exc.message if self.spec.spares else "the hosts file lists no spares (`spares:`)"), {}
 
-    def _backoff(self, record: JobRecord) -> bool:
-        """Wait until the next attempt of the ``restarting`` job is due (True), counting down. The
-        wait ends early (False) for a stop asked of this owner (carried out and recorded, the one
-        stop path), a ``down`` from elsewhere (the record is no longer ``restarting``) or a hand-over."""
+    def _backoff(self, record: JobRecord) -> JobRecord | None:
+        """Wait until the next attempt of the ``restarting`` job is due (then its record as last
+        polled), counting down. The wait ends early (None) for a stop asked of this owner (carried
+        out and recorded, the one stop path), a ``down`` from elsewhere (the record is no longer
+        ``restarting``: it is polled for that) or a hand-over."""
         failed = record.attempts[-1]
         kind = failed.restart or "policy"
         reason = (self._startup_failure if kind == "start-up" else None) or failed.root_cause or "failed"
@@ -453,12 +458,15 @@ class Runner:
                                             restart=made, most=self.policy.max if kind == "policy" else None,
                                             reason=reason))
             if self.asked is Asked.STOP:
-                stop(self.store, record)
-                return False
-            if self.asked is Asked.HAND_OVER or self.store.load(self.job_id).state is not JobState.RESTARTING:
-                return False
+                stop(self.store, record, spec=self.spec)
+                return None
+            if self.asked is Asked.HAND_OVER:
+                return None
+            polled = self.store.load(self.job_id)
+            if polled.state is not JobState.RESTARTING:
+                return None
             if now >= at:
-                return True
+                return polled
             self.clock.wait(self._wake, min(at - now, self.clock.poll))
 
     def hand_over(self) -> None:
