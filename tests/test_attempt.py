@@ -246,6 +246,30 @@ def test_the_dashboards_refused_restart_stops_nothing_and_keeps_following(fake: 
     runner.close()
 
 
+def test_the_owners_dashboard_restart_keeps_its_one_owner(fake: FakeCluster, store: JobStore,
+                                                          tmp_path: Path) -> None:
+    """R in `up`'s dashboard: the attempt is stopped (verified) and the next one started, and the
+    same owner (one Runner: its listeners, its hosts file, its lock) follows it to its end."""
+    events: list[Event] = []
+    runner = owned_job(fake, store, tmp_path, [], start=False)
+    owner = runner.owner_fd
+    session = Session(store, store.load(JOB), events.append, runner=runner)
+    session.begin()
+    fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    session.restart()
+    fake.wait_started(JOB, 0, 2), fake.wait_started(JOB, 1, 2)
+    fake.node(JOB, 0, 2).exit(0)
+    fake.node(JOB, 1, 2).exit(0)
+    session.wait(timeout=30)
+    assert session.error is None and session.result is not None and session.result.ok
+    assert session.runner is runner and runner.job.attempt == 2 and runner.owner_fd == owner
+    record = store.load(JOB)
+    assert record.state is JobState.SUCCEEDED and [a.state for a in record.attempts] == [JobState.STOPPED,
+                                                                                         JobState.SUCCEEDED]
+    assert not fake.node(JOB, 0).running and not fake.node(JOB, 1).running
+    runner.close()
+
+
 def test_the_owner_restarts_and_follows_the_next_attempt_without_parsing_the_hosts_file_again(
         fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The owner parses its job's recorded hosts file once and carries it: an automatic restart

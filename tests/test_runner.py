@@ -41,7 +41,7 @@ def store(tmp_path: Path) -> JobStore:
 
 
 def owned_job(fake: FakeCluster, store: JobStore, tmp_path: Path, events: list[Event],
-              retry_startup: bool = True) -> Runner:
+              retry_startup: bool = True, start: bool = True) -> Runner:
     job = Job(spec_of(2), "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport,
               local_cwd=str(tmp_path), reconnect=Reconnect(first=0.01, most=0.02))
     plan = job.prepare()
@@ -52,7 +52,8 @@ def owned_job(fake: FakeCluster, store: JobStore, tmp_path: Path, events: list[E
     owner = store.try_own(JOB)
     assert owner is not None
     runner = Runner(store, record, job, owner, events.append, retry_startup=retry_startup)
-    runner.start()
+    if start:
+        runner.start()
     return runner
 
 

@@ -218,7 +218,7 @@ class Runner:
     def adopt(cls, store: JobStore, record: JobRecord, owner_fd: int, emit: Emit | None = None, *,
               follow_logs: bool = True, offsets: dict[int, int] | None = None, retry_startup: bool = True,
               clock: Clock | None = None, spec: ClusterSpec | None = None) -> Runner:
-        """The owner of a job started earlier (a monitor, or after a restart), following its current
+        """The owner of a job started earlier (a monitor), following its current
         attempt; ``spec``: its recorded hosts file, if the caller has parsed it already."""
         spec = spec or spec_of(record)
         job = follower(record, None, owner=True, follow_logs=follow_logs, offsets=offsets, spec=spec)
@@ -375,19 +375,31 @@ class Runner:
                 self.emit(JobNote(None, text=f"could not restart: {exc.render()}"))
                 give_up(self.store, self.job_id, record.attempt, exc.render())
                 return result
-            self.job.close()
             self._spec = self.spec.with_spares(self._replace)  # the spares in use in the places of the lost hosts
-            self.record, self._replace = record, {}
-            self.recorder = Recorder(self.store, record.job_id, record.attempt, record)
-            self.job = follower(record, None, owner=True, follow_logs=self.job.follow_logs,
-                                reconnect=self.job.reconnect, spec=self.spec)
-            self.job.subscribe(self._on_job_event)
+            self._replace = {}
+            self._follow_attempt(record)
             if self.asked is Asked.RESTART:
                 self.asked, self._reason = Asked.FOLLOW, None  # done: the next attempt runs
             elif self.asked is Asked.STOP:
                 self.job.request_stop(self._reason or "stop requested")
             elif self.asked is Asked.HAND_OVER:
                 self.job.detach()
+
+    def _follow_attempt(self, record: JobRecord) -> None:
+        """Follow ``record``'s current attempt from now on (a restart started it), with the same
+        listeners, hosts file and owner lock: the job keeps its one owner."""
+        self.job.close()
+        self.record = record
+        self.recorder = Recorder(self.store, record.job_id, record.attempt, record)
+        self.job = follower(record, None, owner=True, follow_logs=self.job.follow_logs,
+                            reconnect=self.job.reconnect, spec=self.spec)
+        self.job.subscribe(self._on_job_event)
+
+    def restarted(self, record: JobRecord) -> None:
+        """The user's restart (the dashboard's R) stopped the attempt this owner followed and
+        started ``record``'s: the stop asked of it was the restart's, done; follow the new attempt."""
+        self.asked, self._reason = Asked.FOLLOW, None
+        self._follow_attempt(record)
 
     def _decide_end(self, result: JobResult) -> Retry | None:
         """Whether the attempt that ended badly (``result``) while starting or running is restarted:

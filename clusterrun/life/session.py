@@ -253,11 +253,7 @@ class Session:
                 attempt.close()
             self.record = record
             if self.runner is not None and owner_fd is not None:
-                old = self.runner
-                old.unsubscribe(self.emit)
-                old.close()
-                self.runner = Runner.adopt(self.store, record, owner_fd, retry_startup=False, spec=old.spec)
-                self.runner.subscribe(self.emit)
+                self.runner.restarted(record)  # the one owner follows the new attempt
                 self._announce(record, self.runner.job)
             elif not self._view({}, None):  # the new attempt runs, owned by its monitor; only following it failed
                 return
