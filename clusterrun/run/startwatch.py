@@ -3,9 +3,10 @@
 A node has started once its host's monitor recorded a worker of torchrun (``NodeStatus.workers``)
 or it ended; until then torchrun is starting or waits for the rendezvous (all nodes must join).
 ``progress_text`` words it for ``up``, ``ps`` and the dashboard: ``node 3 (gpu04): torchrun waits
-for the rendezvous for 45 s; nodes 0-2 ready``. The job's owner (``Job.run`` with fail-fast) fails
-the attempt once ``startup_timeout`` has passed with nodes still waiting (``StartupWatch``), with
-``timeout_cause`` as its root cause, instead of waiting for gloo's own 30 minutes.
+for the rendezvous for 45 s; nodes 0-2 ready``. Once ``startup_timeout`` has passed with nodes
+still waiting, ``Job.run`` reports it (``StartupExpired``, with ``timeout_cause``) and the job's
+owner (``life.runner``) fails the attempt with that root cause, instead of waiting for gloo's own
+30 minutes.
 """
 
 from __future__ import annotations
