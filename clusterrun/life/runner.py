@@ -53,7 +53,8 @@ from clusterrun.life.attempt import Cancelled, restart, start, stop
 from clusterrun.life.gate import plan_to_start
 from clusterrun.life.lifecycle import follower, per_node, save_seen, spec_of, stacks_of, status_of, stop_job
 from clusterrun.life.recorder import Recorder, Retry, give_up, mark_failed_start
-from clusterrun.run.orchestrator import Emit, Job, StopOrder
+from clusterrun.run.orchestrator import Emit, Job
+from clusterrun.run.stops import StopOrder
 from clusterrun.store.jobs import OWNER_FD_VAR, JobRecord, JobStore
 
 LOOK_APART = 3.0  # seconds between the two looks at a hung job's ranks: long enough for a stack to move

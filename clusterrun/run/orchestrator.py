@@ -5,8 +5,8 @@ the plan, choose each node's network interface: ``interfaces``; all or nothing) 
 (start every node; if one fails, stop those started) → ``run()`` (follow every node until all
 have ended, reporting what happens as events; returns the ``JobResult``) → ``close()``. A job
 started earlier is followed again with ``resume(plan)`` instead of ``prepare()`` and ``start()``.
-``stop(order)`` and ``request_stop()`` may be called from any thread or a signal handler, or by a
-listener of ``run()``'s events; the stop itself is carried out by ``run()``'s loop.
+``stop(order)`` and ``request_stop()`` may be called from any thread, a signal handler or a
+listener of ``run()``'s events; ``run()``'s loop carries the stop out.
 
 A ``Job`` decides nothing: it reports (a node failed or was lost, the start-up watch expired, the
 job hung) and stops when told. Its owner (``life.runner.Runner``: ``up``, the monitor) listens
@@ -56,12 +56,10 @@ from clusterrun.core.events import (
     NodeStateChanged,
     NodeStopped,
     RootCause,
-    StartupExpired,
     StopReport,
     stopped_after_text,
     stopped_by,
 )
-from clusterrun.core.frozen import frozen
 from clusterrun.core.protocol import (
     End,
     FollowMessage,
@@ -93,31 +91,13 @@ from clusterrun.run.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, b
 from clusterrun.run.probing import Ahead, Early, probe_all, reached, route
 from clusterrun.run.setups import redacted
 from clusterrun.run.startwatch import StartupWatch
-from clusterrun.run.stops import stop_node
+from clusterrun.run.stops import StopOrder, stop_node
 from clusterrun.run.unreachable import UnreachableWait
 from clusterrun.transports import AgentSession, Transport, transport_for
 
 Emit = Callable[[Event], None]
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
 T = TypeVar("T")
-
-
-@frozen
-class StopOrder:
-    """Why the owner stops an attempt's nodes: ``reason``, shown on each node as it stops; ``after``:
-    the node whose failure the others are stopped after (fail-fast); ``late``: the start-up watch's
-    verdict (``StartupExpired``: its ``nodes`` fail the attempt). Neither: a stop asked for (the
-    user's, a restart's): the result is ``interrupted`` with ``reason``. ``by``: who stopped it,
-    for the mark in the nodes' logs."""
-
-    reason: str
-    after: int | None = None
-    late: StartupExpired | None = None
-    by: str | None = None
-
-    @property
-    def asked(self) -> bool:
-        return self.after is None and self.late is None
 
 
 class Job:
@@ -388,9 +368,8 @@ class Job:
     # ---------------------------------------------------------------------------------- run
 
     def stop(self, order: StopOrder) -> None:
-        """Have ``run()`` stop every node for ``order`` (safe from signal handlers and other
-        threads); the first order decides the end, a later one is only noted: an asked stop makes
-        the followers stop waiting for an unreachable host."""
+        """Have ``run()`` stop every node for ``order`` (safe from any thread); the first order
+        decides the end (an asked one also ends the followers' wait for an unreachable host)."""
         if self._order is None:
             self._order = order
         if order.asked:
@@ -420,9 +399,8 @@ class Job:
                         detach=self._detach, stopping=self._stop_event, wake=self._wake)
 
     def run(self) -> JobResult | None:
-        """Follow the nodes until all have ended, reporting what happens as events, and stop them
-        when ``stop()`` is called (by a listener too). Blocks; returns None if ``detach()`` was
-        called first."""
+        """Follow the nodes until all have ended, reporting what happens as events; stop them when
+        ``stop()`` is called (by a listener too). Blocks; None if ``detach()`` was called first."""
         for rank in self.ranks:
             thread = threading.Thread(target=self._follower(rank).run, daemon=True, name=f"follow-node{rank}")
             thread.start()
@@ -459,8 +437,7 @@ class Job:
         return self._result(stops, interrupted, late.cause if late is not None else None)
 
     def _stop_reports(self, stop_futures: Sequence[Any]) -> list[StopReport]:
-        """The stop's reports, each node's state mended by what its stop found."""
-        stops: list[StopReport] = []
+        stops: list[StopReport] = []  # each node's state mended by what its stop found
         for future in stop_futures:
             report = parallel.result(future)
             if report is not None:
