@@ -9,9 +9,8 @@ started earlier is followed again with ``resume(plan)`` instead of ``prepare()``
 listener of ``run()``'s events; ``run()``'s loop carries the stop out.
 
 A ``Job`` decides nothing: it reports (a node failed or was lost, the start-up watch expired, the
-job hung) and stops when told. Its owner (``life.runner.Runner``: ``up``, the monitor) listens
-and orders the stop (fail-fast, the start-up timeout); a viewer (``attach``, ``logs -f``) only
-watches, and the monitor passes ``follow_logs=False`` and watches states only.
+job hung) and stops when told by its owner (``life.runner``: fail-fast, the start-up timeout); a
+viewer (``attach``, ``logs -f``) only watches; the monitor watches states only (``follow_logs``).
 
 Losing contact is never evidence: a node whose host cannot be reached is shown unreachable
 (``NodeLink``) and retried from the byte offset it had reached, for as long as it takes. Only the
