@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,7 +83,7 @@ def test_a_stop_after_a_supervisor_died_stays_stopped(fake: FakeCluster, store: 
     lost afterwards (the monitor) does not turn the record into lost/failed with a root cause."""
     runner = running_job(fake, store, tmp_path)
     fake.node(JOB, 0).vanish()
-    reports, unrecorded = stop(store, store.load(JOB))
+    reports, unrecorded = down_now(store)
     assert unrecorded is None and all(r.ok for r in reports.values())
     assert states(store) == (JobState.STOPPED, [JobState.STOPPED])
     runner.follow()  # the monitor's late view: node 0 lost
@@ -95,7 +96,7 @@ def test_a_stop_that_cannot_reach_a_host_leaves_the_job_running(fake: FakeCluste
                                                                 tmp_path: Path) -> None:
     runner = running_job(fake, store, tmp_path)
     fake.host("h1").drop()
-    reports, _ = stop(store, store.load(JOB))
+    reports, _ = down_now(store)
     assert reports[1].error and reports[0].ok
     record = store.load(JOB)
     assert record.state is JobState.RUNNING  # it may still run on h1: the next ps asks
@@ -114,7 +115,7 @@ def test_a_stop_during_the_start_is_not_undone_by_the_starts_news(fake: FakeClus
     store.create(new_record(plan, hosts_file=str(tmp_path / "hosts.yaml"), hosts_text=HOSTS_TEXT, env_overrides={},
                             local_cwd=str(tmp_path), ssh_config=None))
     recorder = Recorder(store, JOB, 1)
-    stop(store, store.load(JOB))
+    down_now(store)
     for rank in (0, 1):
         recorder(NodeStateChanged(rank, host=f"h{rank}", state=NodeState.RUNNING))
     recorder.flush()
@@ -245,6 +246,30 @@ def test_the_dashboards_refused_restart_stops_nothing_and_keeps_following(fake: 
     runner.close()
 
 
+def test_the_owners_dashboard_restart_keeps_its_one_owner(fake: FakeCluster, store: JobStore,
+                                                          tmp_path: Path) -> None:
+    """R in `up`'s dashboard: the attempt is stopped (verified) and the next one started, and the
+    same owner (one Runner: its listeners, its hosts file, its lock) follows it to its end."""
+    events: list[Event] = []
+    runner = owned_job(fake, store, tmp_path, [], start=False)
+    owner = runner.owner_fd
+    session = Session(store, store.load(JOB), events.append, runner=runner)
+    session.begin()
+    fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    session.restart()
+    fake.wait_started(JOB, 0, 2), fake.wait_started(JOB, 1, 2)
+    fake.node(JOB, 0, 2).exit(0)
+    fake.node(JOB, 1, 2).exit(0)
+    session.wait(timeout=30)
+    assert session.error is None and session.result is not None and session.result.ok
+    assert session.runner is runner and runner.job.attempt == 2 and runner.owner_fd == owner
+    record = store.load(JOB)
+    assert record.state is JobState.SUCCEEDED and [a.state for a in record.attempts] == [JobState.STOPPED,
+                                                                                         JobState.SUCCEEDED]
+    assert not fake.node(JOB, 0).running and not fake.node(JOB, 1).running
+    runner.close()
+
+
 def test_the_owner_restarts_and_follows_the_next_attempt_without_parsing_the_hosts_file_again(
         fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The owner parses its job's recorded hosts file once and carries it: an automatic restart
@@ -270,3 +295,47 @@ def test_the_owner_restarts_and_follows_the_next_attempt_without_parsing_the_hos
     assert out and out[0] is not None and not out[0].failed  # type: ignore[attr-defined]
     assert store.load(JOB).attempt == 2 and parsed == []
     runner.close()
+
+
+def test_the_owner_carries_the_record_through_a_restart_and_reads_it_only_to_poll(
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner keeps the record its own writes return: deciding the end, the backoff's start and
+    the next attempt's read none; it is read only where another process may have changed it (the
+    backoff's poll for a ``down``, the restart's check that nobody restarted it meanwhile)."""
+    from tests.test_runner import abort_at_start, follow_in_thread
+
+    runner = running_job(fake, store, tmp_path)
+    loads: list[str] = []
+    inside = threading.local()  # a write reads the record under its lock: that is no load of the owner's
+    load, update = store.load, store.update
+
+    def counted_update(*args: Any, **kwargs: Any) -> Any:
+        inside.writing = True
+        try:
+            return update(*args, **kwargs)
+        finally:
+            inside.writing = False
+
+    def counted_load(job_id: str) -> Any:
+        if not getattr(inside, "writing", False):
+            loads.append(job_id)
+        return load(job_id)
+
+    monkeypatch.setattr(store, "update", counted_update)
+    monkeypatch.setattr(store, "load", counted_load)
+    thread, out = follow_in_thread(runner)
+    abort_at_start(fake.node(JOB, 1))
+    fake.wait_started(JOB, 0, 2), fake.wait_started(JOB, 1, 2)
+    fake.node(JOB, 0, 2).exit(0)
+    fake.node(JOB, 1, 2).exit(0)
+    thread.join(10)
+    assert out and out[0] is not None and not out[0].failed  # type: ignore[attr-defined]
+    assert loads == [JOB, JOB]  # the backoff's poll, the restart's check
+    assert load(JOB).attempt == 2
+    runner.close()
+
+
+def down_now(store: JobStore):  # type: ignore[no-untyped-def]
+    """``attempt.stop`` of the recorded job now, as ``clusterrun down`` makes it."""
+    record = store.load(JOB)
+    return stop(store, record, spec=lifecycle.spec_of(record))

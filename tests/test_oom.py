@@ -329,11 +329,12 @@ def test_the_job_tells_the_kill_its_node_reported() -> None:
     from clusterrun.config.hostsfile import load_cluster_text
     from clusterrun.run.orchestrator import Job, Reconnect
     from clusterrun.transports.fake import FakeCluster
+    from tests.test_orchestrator import owned
 
     fake = FakeCluster()
     spec = load_cluster_text("hosts:\n  - host: h0\n    nproc: 1\n  - host: h1\n    nproc: 1\n", "hosts.yaml")
-    job = Job(spec, "train.py", job_id="train-20261123-120000-abcd", name="train", emit=lambda event: None,
-              transport_factory=fake.transport, reconnect=Reconnect(first=0.01, most=0.02))
+    job = owned(Job(spec, "train.py", job_id="train-20261123-120000-abcd", name="train", emit=lambda event: None,
+                    transport_factory=fake.transport, reconnect=Reconnect(first=0.01, most=0.02)))
     job.prepare()
     job.start()
     node = fake.wait_started("train-20261123-120000-abcd", 1)

@@ -29,6 +29,7 @@ from clusterrun.core.events import (
     NodeStopped,
     iso,
 )
+from clusterrun.life.runner import stop_for
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.transports.fake import FakeCluster
 from clusterrun.views.printer import Printer
@@ -40,6 +41,18 @@ FAST = Reconnect(first=0.01, most=0.02)
 def spec_of(n: int = 2):  # type: ignore[no-untyped-def]
     hosts = "\n".join(f"  - host: h{i}\n    nproc: 1" for i in range(n))
     return load_cluster_text(f"hosts:\n{hosts}\n", "hosts.yaml")
+
+
+def owned(job: Job) -> Job:
+    """``job`` with its owner's stop orders (the ``Runner``'s ``stop_for``: fail-fast, the start-up
+    timeout), as the owner's loop gives them: after each event, from the job's own thread."""
+    def decide(event: Event) -> None:
+        order = stop_for(event)
+        if order is not None:
+            job.stop(order)
+
+    job.subscribe(decide)
+    return job
 
 
 @dataclass
@@ -68,11 +81,13 @@ class Seen:
 class Running:
     """A job started on a fake cluster, ``run()`` in a thread."""
 
-    def __init__(self, fake: FakeCluster, n: int = 2, **options: object) -> None:
+    def __init__(self, fake: FakeCluster, n: int = 2, *, owner: bool = True, **options: object) -> None:
         self.seen = Seen()
         self.job = Job(spec_of(n), "train.py", job_id=JOB, name="train", emit=self.seen,
                        transport_factory=fake.transport, reconnect=options.pop("reconnect", FAST),  # type: ignore[arg-type]
                        **options)  # type: ignore[arg-type]
+        if owner:
+            owned(self.job)
         self.job.prepare()
         self.job.start()
         self.result: JobResult | None = None
@@ -251,7 +266,7 @@ def test_processes_vanishing_is_evidence_too(fake: FakeCluster) -> None:
 
 
 def test_a_viewer_never_stops_anything(fake: FakeCluster) -> None:
-    run = Running(fake, fail_fast=False)
+    run = Running(fake, owner=False)
     n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
     n1.exit(1)
     run.seen.wait(lambda ev: any(isinstance(e, NodeExited) and e.node == 1 for e in ev))
@@ -313,7 +328,7 @@ def test_offsets_count_only_what_was_emitted(fake: FakeCluster) -> None:
     # the next viewer resumes there and gets the rest exactly once
     viewer_seen = Seen()
     viewer = Job(spec_of(1), "train.py", job_id=JOB, name="train", emit=viewer_seen,
-                 transport_factory=fake.transport, fail_fast=False, offsets={0: seen_bytes})
+                 transport_factory=fake.transport, offsets={0: seen_bytes})
     viewer.resume(job.plan)  # type: ignore[arg-type]
     node.exit(0)
     assert viewer.run() is not None
@@ -334,7 +349,7 @@ def test_a_viewer_resuming_gets_the_lines_before_its_resume_point_once_as_scroll
     resume = len("".join(f"{line}\n" for line in lines[:10]).encode())
     seen = Seen()
     viewer = Job(spec_of(2), "train.py", job_id=JOB, name="train", emit=seen, transport_factory=fake.transport,
-                 fail_fast=False, offsets={0: resume, 1: 0}, scrollback=3)
+                 offsets={0: resume, 1: 0}, scrollback=3)
     viewer.resume(starter.plan)  # type: ignore[arg-type]
     fake.node(JOB, 0).exit(0)
     fake.node(JOB, 1).exit(0)
@@ -349,7 +364,7 @@ def test_a_viewer_resuming_gets_the_lines_before_its_resume_point_once_as_scroll
 
 
 def test_a_degraded_supervisor_is_reported_once_while_the_job_runs(fake: FakeCluster) -> None:
-    run = Running(fake, fail_fast=False)
+    run = Running(fake, owner=False)
     n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
     n1.degrade("the supervisor could not write its state (no space left on the file system of /s)")
     run.seen.wait(lambda ev: any(isinstance(e, NodeDegraded) for e in ev))

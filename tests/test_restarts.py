@@ -28,6 +28,7 @@ from clusterrun.core.events import (
     JobState,
     iso,
 )
+from clusterrun.life import lifecycle
 from clusterrun.life.attempt import Cancelled, attempt_event, restart, stop
 from clusterrun.life.recorder import new_record
 from clusterrun.life.runner import Clock, Runner, history, run_monitor
@@ -212,7 +213,7 @@ def test_a_budget_used_up_fails_the_job_with_its_history(fake: FakeCluster, stor
 
 def test_a_down_during_the_backoff_starts_no_attempt(fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
     events: list[Event] = []
-    clock = FakeClock(on_wait=lambda: stop(store, store.load(JOB)))  # `clusterrun down` from another shell
+    clock = FakeClock(on_wait=lambda: down_now(store))  # `clusterrun down` from another shell
     runner = owned(fake, store, tmp_path, RestartPolicy(max=3, backoff_first=3600, backoff_most=3600), events, clock)
     result = run(runner, lambda: fail(fake, 1))
     assert result is not None and result.stopped
@@ -277,7 +278,7 @@ def test_an_automatic_restart_of_a_stopped_job_starts_nothing(fake: FakeCluster,
     runner = owned(fake, store, tmp_path, RestartPolicy(max=3, backoff_first=3600, backoff_most=3600), [], FakeClock())
     fail(fake, 1)
     assert runner.job.run() is not None and store.load(JOB).state is JobState.RESTARTING
-    stop(store, store.load(JOB))
+    down_now(store)
     with pytest.raises(Cancelled):
         restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd, automatic=True)
     assert store.load(JOB).state is JobState.STOPPED and (JOB, 0, 2) not in fake.nodes
@@ -305,7 +306,7 @@ def test_a_down_during_the_backoff_leaves_the_attempt_failed_and_not_restarted(f
     runner = owned(fake, store, tmp_path, RestartPolicy(max=3, backoff_first=3600, backoff_most=3600), [], FakeClock())
     fail(fake, 1)
     assert runner.job.run() is not None and store.load(JOB).state is JobState.RESTARTING
-    stop(store, store.load(JOB))
+    down_now(store)
     record = store.load(JOB)
     assert record.state is JobState.STOPPED
     assert [(str(a.state), a.restart) for a in record.attempts] == [("failed", None)]
@@ -473,3 +474,9 @@ def test_the_countdown_is_one_line_with_the_restarts_time_and_each_failure_is_sa
                           "`clusterrun down` cancels)"], lines
     assert first.count("clusterrun: node1 h1: failed (exit code 1)") == 1, lines
     runner.close()
+
+
+def down_now(store: JobStore):  # type: ignore[no-untyped-def]
+    """``attempt.stop`` of the recorded job now, as ``clusterrun down`` makes it."""
+    record = store.load(JOB)
+    return stop(store, record, spec=lifecycle.spec_of(record))

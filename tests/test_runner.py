@@ -41,7 +41,7 @@ def store(tmp_path: Path) -> JobStore:
 
 
 def owned_job(fake: FakeCluster, store: JobStore, tmp_path: Path, events: list[Event],
-              retry_startup: bool = True) -> Runner:
+              retry_startup: bool = True, start: bool = True) -> Runner:
     job = Job(spec_of(2), "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport,
               local_cwd=str(tmp_path), reconnect=Reconnect(first=0.01, most=0.02))
     plan = job.prepare()
@@ -52,7 +52,8 @@ def owned_job(fake: FakeCluster, store: JobStore, tmp_path: Path, events: list[E
     owner = store.try_own(JOB)
     assert owner is not None
     runner = Runner(store, record, job, owner, events.append, retry_startup=retry_startup)
-    runner.start()
+    if start:
+        runner.start()
     return runner
 
 
@@ -204,7 +205,7 @@ def test_an_adopted_job_restarted_here_is_owned_here(fake: FakeCluster, store: J
     assert record.attempt == 2 and not record.adopted
     assert not a0.running and not a1.running and fake.node(JOB, 0, 2).running and fake.node(JOB, 1, 2).running
     assert fake.node(JOB, 1, 2).argv == a1.argv  # the same command as the first controller's
-    stop_job(record)
+    stop_job(record, spec=lifecycle.spec_of(record))
     removed = remove_on_hosts(record)
     assert all(isinstance(a, dict) and a["removed"] for a in removed.values()), removed
     assert not [key for key in fake.nodes if key[0] == JOB]  # every attempt of every node

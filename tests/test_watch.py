@@ -37,7 +37,7 @@ from clusterrun.transports.fake import FakeCluster
 from clusterrun.views.board import Board
 from clusterrun.views.joblist import job_json, job_state_text, node_state_text
 from clusterrun.views.printer import only_ranks
-from tests.test_orchestrator import FAST, JOB, Seen, spec_of
+from tests.test_orchestrator import FAST, JOB, Seen, owned, spec_of
 
 RUNNING = NodeStatus(HostState.RUNNING)
 STARTED = NodeStatus(HostState.RUNNING, workers=(Worker(0, 0, 10, None),))
@@ -140,8 +140,8 @@ def fake() -> Iterator[FakeCluster]:
 def test_a_node_that_starts_no_workers_fails_the_job_at_the_start_up_timeout(fake: FakeCluster) -> None:
     seen = Seen()
     spec = dataclasses.replace(spec_of(2), watch=Watch(startup_timeout=1.0))
-    job = Job(spec, "train.py", job_id=JOB, name="train", emit=seen, transport_factory=fake.transport,
-              reconnect=FAST)
+    job = owned(Job(spec, "train.py", job_id=JOB, name="train", emit=seen, transport_factory=fake.transport,
+                    reconnect=FAST))
     job.prepare()
     job.start()
     fake.node(JOB, 0).start_workers(0)  # node 1's torchrun waits for a rendezvous that never completes
@@ -161,8 +161,8 @@ def test_a_node_that_starts_no_workers_fails_the_job_at_the_start_up_timeout(fak
 def test_the_nodes_that_did_not_join_are_named_and_failed_the_others_stopped(fake: FakeCluster) -> None:
     seen = Seen()
     spec = dataclasses.replace(spec_of(3), watch=Watch(startup_timeout=1.0))
-    job = Job(spec, "train.py", job_id=JOB, name="train", emit=seen, transport_factory=fake.transport,
-              reconnect=FAST)
+    job = owned(Job(spec, "train.py", job_id=JOB, name="train", emit=seen, transport_factory=fake.transport,
+                    reconnect=FAST))
     job.prepare()
     job.start()
     fake.node(JOB, 0).rendezvous(True)
@@ -196,7 +196,7 @@ def test_a_viewer_does_not_fail_a_job_that_waits(fake: FakeCluster) -> None:
     seen = Seen()
     spec = dataclasses.replace(spec_of(1), watch=Watch(startup_timeout=0.01))
     job = Job(spec, "train.py", job_id=JOB, name="train", emit=seen, transport_factory=fake.transport,
-              reconnect=FAST, fail_fast=False)
+              reconnect=FAST)
     job.prepare()
     job.start()
     thread = threading.Thread(target=job.run, daemon=True)

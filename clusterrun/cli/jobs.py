@@ -322,7 +322,7 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
         follower_job = SlurmFollower(store, record, printer, attempt=attempt, ranks=ranks, tail=tail,
                                      reload=lambda: _refresh(store, store.load(record.job_id)))
     else:
-        follower_job = follower(record, printer, fail_fast=False, follow_logs=True, attempt=attempt, tail=tail,
+        follower_job = follower(record, printer, owner=False, follow_logs=True, attempt=attempt, tail=tail,
                                 ranks=ranks)
     with _on_signals({signal.SIGINT: lambda s: follower_job.detach(),
                       signal.SIGTERM: lambda s: follower_job.detach()}) as got:
@@ -381,7 +381,7 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
         viewer = SlurmFollower(store, record, printer, attempt=record.attempt, ranks=range(len(record.nodes)),
                                tail=None, offsets=offsets, reload=lambda: _refresh(store, store.load(record.job_id)))
     else:
-        viewer = follower(record, printer, fail_fast=False, follow_logs=True, offsets=offsets, scrollback=tail or 0)
+        viewer = follower(record, printer, owner=False, follow_logs=True, offsets=offsets, scrollback=tail or 0)
     printer.set_plan(plan_from_json(record.plan, spec_of(record)))
     printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "
                  + ("it has ended: its lines since you last looked, then how it ended" if record.finished

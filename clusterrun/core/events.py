@@ -482,6 +482,15 @@ class JobHung(Event):
 
 
 @frozen
+class StartupExpired(Event):
+    """Nodes of the attempt started no workers within ``startup_timeout``: ``nodes`` are blamed
+    (the owner fails the attempt with ``cause`` and stops the others; a viewer only shows it)."""
+
+    cause: RootCause
+    nodes: tuple[int, ...]
+
+
+@frozen
 class ProgressChanged(Event):
     """The training's progress, as the host of rank 0 read it from its output, changed."""
 

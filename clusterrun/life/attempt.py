@@ -81,7 +81,7 @@ def begin_stop(store: JobStore, record: JobRecord) -> None:
     store.update(record.job_id, stopping)
 
 
-def stop(store: JobStore, record: JobRecord, grace: float | None = None, spec: ClusterSpec | None = None,
+def stop(store: JobStore, record: JobRecord, grace: float | None = None, *, spec: ClusterSpec,
          by: str | None = None) -> tuple[dict[int, StopReport], StateError | None]:
     """The one stop path: ``stopping`` recorded first (what the follower sees of the nodes as they
     are killed no longer decides the end), then the agents' verified stop of the current attempt
@@ -165,11 +165,11 @@ class NextAttempt:
             raise ClusterrunError(f"job {record.job_id} is still owned by another clusterrun process",
                                   hint="wait for it to finish, or stop it")
         try:
-            recorder = Recorder(store, record.job_id, self.job.attempt)
+            recorder = Recorder(store, record.job_id, self.job.attempt, record)
             self.job.subscribe(recorder)
             start(self.job, self.emit, recorder, automatic=automatic, replaced=self.replace_hosts)
-            recorder.flush()  # the nodes' pids and states, before the record is read back
-            new = store.load(record.job_id)
+            recorder.flush()  # the nodes' pids and states are in the record it carries
+            new = recorder.record or record
             notify.send_due(store, new, lambda text: note(self.emit, text))  # restarted (and the last end)
         except BaseException:
             if owner_fd is None:

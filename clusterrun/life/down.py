@@ -14,6 +14,7 @@ from clusterrun.core.errors import StateError
 from clusterrun.core.events import JobState, StopReport, not_stopped_text
 from clusterrun.core.frozen import frozen
 from clusterrun.life.attempt import stop
+from clusterrun.life.lifecycle import spec_of
 from clusterrun.store.jobs import JobRecord, JobStore
 
 
@@ -74,5 +75,5 @@ def down(store: JobStore, record: JobRecord, grace: float | None = None) -> Down
     """Stop the job's current attempt on every host, verified (``attempt.stop``, the one stop
     path); a finished job too, whose hosts then confirm that nothing of it is left."""
     ended = record.state if record.finished else None
-    reports, unrecorded = stop(store, record, grace, by="down")
+    reports, unrecorded = stop(store, record, grace, spec=spec_of(record), by="down")
     return Downed(record.job_id, len(record.nodes), reports, ended=ended, unrecorded=unrecorded)

@@ -50,19 +50,20 @@ def transport_factory(record: JobRecord) -> Callable[..., Transport]:
     return partial(transport_for, ssh_config=record.ssh_config)
 
 
-def follower(record: JobRecord, emit: Emit | None, *, fail_fast: bool, follow_logs: bool, attempt: int | None = None,
+def follower(record: JobRecord, emit: Emit | None, *, owner: bool, follow_logs: bool, attempt: int | None = None,
              offsets: dict[int, int] | None = None, tail: int | None = None,
              ranks: Sequence[int] | None = None, reconnect: Reconnect | None = None, scrollback: int = 0,
              spec: ClusterSpec | None = None) -> Job:
     """A ``Job`` that follows an attempt of the recorded job (the current one unless given);
     ``scrollback``: with ``offsets``, first the last lines before them (``LogLines(earlier=True)``);
-    ``spec``: the record's hosts file (``spec_of``), if the caller has parsed it already."""
+    ``spec``: the record's hosts file (``spec_of``), if the caller has parsed it already; ``owner``:
+    the job's owner follows it (``--unreachable-timeout`` applies), not a viewer."""
     spec = spec or spec_of(record)
     plan = plan_from_json(record.plan, spec)
     job = Job(spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
               grace=record.grace, attempt=attempt or record.attempt, transport_factory=transport_factory(record),
-              fail_fast=fail_fast, follow_logs=follow_logs, offsets=offsets, tail=tail, ranks=ranks,
-              reconnect=reconnect or Reconnect(give_up_after=record.unreachable_timeout if fail_fast else None),
+              follow_logs=follow_logs, offsets=offsets, tail=tail, ranks=ranks,
+              reconnect=reconnect or Reconnect(give_up_after=record.unreachable_timeout if owner else None),
               scrollback=scrollback)
     job.resume(plan)
     current = record.attempts[-1] if record.attempts and not record.finished else None
@@ -84,11 +85,10 @@ def daemonize() -> None:
 # ------------------------------------------------------------------------------------ status
 
 
-def per_node(record: JobRecord, call: Callable[[Transport, int], Any], ranks: Sequence[int] | None = None,
-             spec: ClusterSpec | None = None) -> dict[int, Any]:
+def per_node(record: JobRecord, call: Callable[[Transport, int], Any], ranks: Sequence[int] | None = None, *,
+             spec: ClusterSpec) -> dict[int, Any]:
     """``call(transport, rank)`` on every node in parallel; an exception is returned as the value.
-    ``spec``: the job's hosts, if the caller has read them already."""
-    spec = spec or spec_of(record)
+    ``spec``: the job's hosts (``spec_of``), parsed once by the command."""
     factory = transport_factory(record)
     ranks = list(range(len(spec.hosts))) if ranks is None else list(ranks)
     transports = {rank: factory(spec.hosts[rank]) for rank in ranks}
@@ -143,10 +143,10 @@ def node_statuses(record: JobRecord, gpus: dict[int, NodeGpus] | None = None) ->
 
 def stacks_of(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequence[int] | None = None, *,
               native: bool = False, timeout: float = 10.0, looks: int = 1,
-              apart: float = 3.0) -> dict[int, StackAnswer | ClusterrunError]:
+              apart: float = 3.0, spec: ClusterSpec | None = None) -> dict[int, StackAnswer | ClusterrunError]:
     """Every node's ``stack`` answer for the current attempt (``ranks``: only these global ranks),
     in parallel, or the error that kept it away; ``looks`` 2: each rank looked at twice, ``apart``
-    seconds apart (whether its stacks moved, its CPU meanwhile)."""
+    seconds apart (whether its stacks moved, its CPU meanwhile); ``spec``: as ``per_node``'s."""
     wanted = None if ranks is None else list(ranks)
 
     def one(transport: Transport, rank: int) -> StackAnswer:
@@ -154,7 +154,7 @@ def stacks_of(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequ
                                         looks=looks, apart=apart))
         return decode(transport.name, StackAnswer, answer, "stack answer")
 
-    return per_node(record, one, ranks=nodes)
+    return per_node(record, one, ranks=nodes, spec=spec or spec_of(record))
 
 
 def stacks_view(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequence[int] | None = None, *,
@@ -263,10 +263,11 @@ def read_logs(record: JobRecord, ranks: Sequence[int], attempt: int, tail: int |
 # ------------------------------------------------------------------------------- down, restart
 
 
-def stop_job(record: JobRecord, *, grace: float | None = None, spec: ClusterSpec | None = None,
+def stop_job(record: JobRecord, *, spec: ClusterSpec, grace: float | None = None,
              by: str | None = None) -> dict[int, StopReport]:
     """The agent's verified stop of the current attempt on every node, in parallel (the piece
-    ``attempt.stop`` records); ``by``: who, for the mark in the nodes' logs."""
+    ``attempt.stop`` records); ``spec``: the job's hosts file, parsed once by the command; ``by``:
+    who, for the mark in the nodes' logs."""
     wait = record.grace if grace is None else grace
     state_dir = record.plan.get("state_dir")
 
@@ -293,4 +294,4 @@ def save_seen(store: JobStore, job_id: str, attempt: int, offsets: dict[int, int
 def remove_on_hosts(record: JobRecord) -> dict[int, dict[str, Any] | ClusterrunError]:
     """Delete every node's state and logs of the job on its host (the agent's ``remove``, which
     refuses while anything of the job runs there): each node's answer, or the error."""
-    return per_node(record, lambda t, rank: t.call(request(record, rank, "remove")))
+    return per_node(record, lambda t, rank: t.call(request(record, rank, "remove")), spec=spec_of(record))

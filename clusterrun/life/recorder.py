@@ -41,7 +41,7 @@ from clusterrun.core.progress import Progress
 from clusterrun.core.protocol import HostState
 from clusterrun.life import notify
 from clusterrun.life.jobstate import Change, outcome, transition
-from clusterrun.life.lifecycle import per_node, status_of
+from clusterrun.life.lifecycle import per_node, spec_of, status_of
 from clusterrun.run.follower import end_note, node_state_of
 from clusterrun.run.plan import LaunchPlan, plan_to_json
 from clusterrun.store.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
@@ -105,12 +105,14 @@ class Recorder:
     sees (and nothing else); it records and never decides. Lifecycle: ``Recorder(store, job_id,
     attempt)`` → ``job.subscribe(it)`` → ``flush()``. ``finish(result, retry)``: the attempt's end,
     with the owner's decision to restart it recorded in the same write (``restarting`` instead of
-    ``failed``: nobody sees an end that is not one)."""
+    ``failed``: nobody sees an end that is not one). ``record``: the record as its last write left
+    it (after ``flush()``; ``record`` as given until then), so that its owner never reloads it."""
 
-    def __init__(self, store: JobStore, job_id: str, attempt: int) -> None:
+    def __init__(self, store: JobStore, job_id: str, attempt: int, record: JobRecord | None = None) -> None:
         self.store = store
         self.job_id = job_id
         self.attempt = attempt
+        self.record = record
         self.restarting = False  # the attempt's end was recorded as ``restarting`` (the owner's ``retry``)
         self._pending: list[Callable[[JobRecord], None]] = []
         self._idle = threading.Condition()
@@ -141,7 +143,7 @@ class Recorder:
                     each(record)
 
             try:
-                self.store.update(self.job_id, change)
+                self.record = self.store.update(self.job_id, change)
             except (OSError, ClusterrunError) as exc:  # the record is gone or damaged: say so, go on
                 text = exc.render() if isinstance(exc, ClusterrunError) else str(exc)
                 print(f"clusterrun: cannot update the record of job {self.job_id}: {text}", file=sys.stderr)
@@ -149,12 +151,13 @@ class Recorder:
     def begin(self, change: Callable[[JobRecord], None]) -> JobRecord:
         """Record the start of this attempt (``change``) now, in the caller's thread: what it
         raises (``Cancelled``, ``IllegalTransition``, ``StateError``) stops the start."""
-        return self.store.update(self.job_id, change)
+        self.record = self.store.update(self.job_id, change)
+        return self.record
 
     def start_failed(self, error: ClusterrunError) -> None:
         """This attempt could not start on every host (those that started were stopped again)."""
         self.flush()
-        self.store.update(self.job_id, _failed_start(self.attempt, error))
+        self.record = self.store.update(self.job_id, _failed_start(self.attempt, error))
 
     def flush(self) -> None:
         """Return once every change submitted so far is in the record."""
@@ -263,7 +266,7 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
     reached leaves its node as it was, with the error noted (and since when: ``note_reachable``);
     so does a host that has no state of a node that was started (``GONE``). A job left
     ``stopping`` (its stopper died) whose nodes have all ended is ``stopped``."""
-    answers = per_node(record, lambda t, rank: status_of(t, record, rank))
+    answers = per_node(record, lambda t, rank: status_of(t, record, rank), spec=spec_of(record))
     now = time.time()
 
     def change(rec: JobRecord) -> None:

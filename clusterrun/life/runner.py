@@ -40,6 +40,9 @@ from clusterrun.core.events import (
     JobNote,
     JobResult,
     JobState,
+    NodeExited,
+    NodeState,
+    StartupExpired,
     hung_text,
 )
 from clusterrun.core.frozen import frozen
@@ -51,6 +54,7 @@ from clusterrun.life.gate import plan_to_start
 from clusterrun.life.lifecycle import follower, per_node, save_seen, spec_of, stacks_of, status_of, stop_job
 from clusterrun.life.recorder import Recorder, Retry, give_up, mark_failed_start
 from clusterrun.run.orchestrator import Emit, Job
+from clusterrun.run.stops import StopOrder
 from clusterrun.store.jobs import OWNER_FD_VAR, JobRecord, JobStore
 
 LOOK_APART = 3.0  # seconds between the two looks at a hung job's ranks: long enough for a stack to move
@@ -112,6 +116,19 @@ def _finish_start(record: JobRecord, runner: Runner) -> None:
         runner.start(absent)
 
 
+def stop_for(event: Event) -> StopOrder | None:
+    """The stop an owner orders for what its attempt's nodes report, if any: a node that failed or
+    was lost stops the others after it (fail-fast); nodes that started no workers within
+    ``startup_timeout`` fail the attempt, the others are stopped (the start-up watch)."""
+    if isinstance(event, NodeExited) and event.node is not None \
+            and event.result.state in (NodeState.FAILED, NodeState.LOST):
+        return StopOrder(f"node {event.node} ({event.result.host}) failed", after=event.node,
+                         by=f"fail-fast after node {event.node} failed")
+    if isinstance(event, StartupExpired):
+        return StopOrder(f"start-up watch: {event.cause.message}", late=event, by="the start-up watch")
+    return None
+
+
 def history(record: JobRecord) -> str:
     """The job's attempts in one line, for the summary: ``attempts: 1 failed after 12 s (torchrun on
     node 1 (h1): exit code 1), restarted · 2 succeeded after 40 s``."""
@@ -166,7 +183,7 @@ class Runner:
         self.policy = policy if policy is not None else self.spec.restart.with_max(record.max_restarts)
         self.clock = clock or Clock()
         self._listeners: list[Emit] = [emit] if emit is not None else []
-        self.recorder = Recorder(store, record.job_id, job.attempt)
+        self.recorder = Recorder(store, record.job_id, job.attempt, record)
         job.subscribe(self._on_job_event)
         self.asked = Asked.FOLLOW
         self._reason: str | None = None  # the stop's or the restart's, as the attempt's end names it
@@ -202,11 +219,17 @@ class Runner:
     def adopt(cls, store: JobStore, record: JobRecord, owner_fd: int, emit: Emit | None = None, *,
               follow_logs: bool = True, offsets: dict[int, int] | None = None, retry_startup: bool = True,
               clock: Clock | None = None, spec: ClusterSpec | None = None) -> Runner:
-        """The owner of a job started earlier (a monitor, or after a restart), following its current
+        """The owner of a job started earlier (a monitor), following its current
         attempt; ``spec``: its recorded hosts file, if the caller has parsed it already."""
         spec = spec or spec_of(record)
-        job = follower(record, None, fail_fast=True, follow_logs=follow_logs, offsets=offsets, spec=spec)
+        job = follower(record, None, owner=True, follow_logs=follow_logs, offsets=offsets, spec=spec)
         return cls(store, record, job, owner_fd, emit, retry_startup=retry_startup, clock=clock, spec=spec)
+
+    def recorded(self) -> JobRecord:
+        """The job's record as this owner's last write left it: read once per command and carried
+        (the owner alone writes it; a ``down`` from elsewhere is what the backoff polls for)."""
+        self.recorder.flush()
+        return self.recorder.record or self.record
 
     def subscribe(self, listener: Emit) -> None:
         """Hand every event of the job, of this attempt and the next ones, to ``listener`` too."""
@@ -224,6 +247,9 @@ class Runner:
         else:
             self.recorder(event)
         self.emit(event)
+        order = stop_for(event)
+        if order is not None:
+            self.job.stop(order)  # the first order decides: a stop under way is not replaced
 
     def emit(self, event: Event) -> None:
         if isinstance(event, JobFinished) and self.recorder.restarting:
@@ -241,8 +267,7 @@ class Runner:
         says. ``stack``: look at every rank twice and save the report (``diagnose.hangreport``), in
         a thread of its own, so that the loop follows on meanwhile; ``restart``: stop this attempt,
         and ``follow()`` starts the next; ``nothing``: only the notification."""
-        self.recorder.flush()  # what came before the hang (the job running) is in the record it sends
-        record = self.store.load(self.job_id)
+        record = self.recorded()  # what came before the hang (the job running) is in the record it sends
         notify.send_due(self.store, record, self.note, also=[notify.hung(record.attempt, since)])
         action = self.job.spec.watch.on_hang
         where = f"the job is {hung_text(since, time.time())}"
@@ -262,10 +287,9 @@ class Runner:
         from clusterrun.diagnose.hangreport import HangReport  # not on `up`'s path to the start
 
         try:
-            answers = stacks_of(record, looks=2, apart=LOOK_APART)
+            answers = stacks_of(record, looks=2, apart=LOOK_APART, spec=self.spec)
             report = HangReport.of(answers, {n.rank: n.host for n in record.nodes}, since, LOOK_APART)
-            self.recorder.flush()  # a line written meanwhile ended the hang in the record
-            now = self.store.load(record.job_id)
+            now = self.recorded()  # a line written meanwhile ended the hang in the record
             if now.attempt != record.attempt or all(n.hung_since != since for n in now.nodes):
                 self.note("a rank wrote while the hung ranks were looked at: no hang report")  # a mix of both
                 return
@@ -325,7 +349,7 @@ class Runner:
                 save_seen(self.store, self.job_id, self.job.attempt, self.job.offsets)
             if result is None:
                 return None
-            record = self.store.load(self.job_id)
+            record = self.recorded()
             notify.send_due(self.store, record, self.note)  # the attempt's end
             if record.attempt != self.job.attempt or record.state is not JobState.RESTARTING:
                 if self._refused is not None and self.policy.max > 0 and result.interrupted is None \
@@ -334,7 +358,8 @@ class Runner:
                 if len(record.attempts) > 1:
                     self.emit(JobNote(None, text=history(record)))
                 return result
-            if not self._backoff(record):
+            due = self._backoff(record)
+            if due is None:
                 if self.asked is Asked.HAND_OVER:
                     return None  # the monitor resumes the wait
                 stopped = self._reason if self.asked is Asked.STOP else None
@@ -342,7 +367,7 @@ class Runner:
             if self._replace:
                 self.note(f"the attempt lost {spares.why(result, list(self._replace))}")
             try:
-                record = restart(self.store, self.store.load(self.job_id), self.emit, owner_fd=self.owner_fd,
+                record = restart(self.store, due, self.emit, owner_fd=self.owner_fd,
                                  full_preflight=record.attempts[-1].restart == "policy", automatic=True,
                                  recorded=self.spec, replace=self._replace)
             except Cancelled:
@@ -351,19 +376,31 @@ class Runner:
                 self.emit(JobNote(None, text=f"could not restart: {exc.render()}"))
                 give_up(self.store, self.job_id, record.attempt, exc.render())
                 return result
-            self.job.close()
             self._spec = self.spec.with_spares(self._replace)  # the spares in use in the places of the lost hosts
-            self.record, self._replace = record, {}
-            self.recorder = Recorder(self.store, record.job_id, record.attempt)
-            self.job = follower(record, None, fail_fast=True, follow_logs=self.job.follow_logs,
-                                reconnect=self.job.reconnect, spec=self.spec)
-            self.job.subscribe(self._on_job_event)
+            self._replace = {}
+            self._follow_attempt(record)
             if self.asked is Asked.RESTART:
                 self.asked, self._reason = Asked.FOLLOW, None  # done: the next attempt runs
             elif self.asked is Asked.STOP:
                 self.job.request_stop(self._reason or "stop requested")
             elif self.asked is Asked.HAND_OVER:
                 self.job.detach()
+
+    def _follow_attempt(self, record: JobRecord) -> None:
+        """Follow ``record``'s current attempt from now on (a restart started it), with the same
+        listeners, hosts file and owner lock: the job keeps its one owner."""
+        self.job.close()
+        self.record = record
+        self.recorder = Recorder(self.store, record.job_id, record.attempt, record)
+        self.job = follower(record, None, owner=True, follow_logs=self.job.follow_logs,
+                            reconnect=self.job.reconnect, spec=self.spec)
+        self.job.subscribe(self._on_job_event)
+
+    def restarted(self, record: JobRecord) -> None:
+        """The user's restart (the dashboard's R) stopped the attempt this owner followed and
+        started ``record``'s: the stop asked of it was the restart's, done; follow the new attempt."""
+        self.asked, self._reason = Asked.FOLLOW, None
+        self._follow_attempt(record)
 
     def _decide_end(self, result: JobResult) -> Retry | None:
         """Whether the attempt that ended badly (``result``) while starting or running is restarted:
@@ -372,8 +409,7 @@ class Runner:
         end = JobState.of_nodes(n.state for n in result.nodes)
         if end not in (JobState.FAILED, JobState.LOST) and result.interrupted is None:
             return None
-        self.recorder.flush()
-        record = self.store.load(self.job_id)
+        record = self.recorded()
         if record.attempt != self.recorder.attempt or record.state not in (JobState.STARTING, JobState.RUNNING):
             return None  # a stop came first (it decides), or a newer attempt started
         return self._decide(record, result)
@@ -415,10 +451,11 @@ class Runner:
             return f"the attempt lost {spares.why(result, out)} and " + (
                 exc.message if self.spec.spares else "the hosts file lists no spares (`spares:`)"), {}
 
-    def _backoff(self, record: JobRecord) -> bool:
-        """Wait until the next attempt of the ``restarting`` job is due (True), counting down. The
-        wait ends early (False) for a stop asked of this owner (carried out and recorded, the one
-        stop path), a ``down`` from elsewhere (the record is no longer ``restarting``) or a hand-over."""
+    def _backoff(self, record: JobRecord) -> JobRecord | None:
+        """Wait until the next attempt of the ``restarting`` job is due (then its record as last
+        polled), counting down. The wait ends early (None) for a stop asked of this owner (carried
+        out and recorded, the one stop path), a ``down`` from elsewhere (the record is no longer
+        ``restarting``: it is polled for that) or a hand-over."""
         failed = record.attempts[-1]
         kind = failed.restart or "policy"
         reason = (self._startup_failure if kind == "start-up" else None) or failed.root_cause or "failed"
@@ -434,12 +471,15 @@ class Runner:
                                             restart=made, most=self.policy.max if kind == "policy" else None,
                                             reason=reason))
             if self.asked is Asked.STOP:
-                stop(self.store, record)
-                return False
-            if self.asked is Asked.HAND_OVER or self.store.load(self.job_id).state is not JobState.RESTARTING:
-                return False
+                stop(self.store, record, spec=self.spec)
+                return None
+            if self.asked is Asked.HAND_OVER:
+                return None
+            polled = self.store.load(self.job_id)
+            if polled.state is not JobState.RESTARTING:
+                return None
             if now >= at:
-                return True
+                return polled
             self.clock.wait(self._wake, min(at - now, self.clock.poll))
 
     def hand_over(self) -> None:
@@ -460,4 +500,4 @@ def _restarts(record: JobRecord) -> list[float]:
     return [a.ended or a.started for a in record.attempts[:-1] if a.restart in COUNTED]
 
 
-__all__ = ["Asked", "Runner", "run_monitor"]
+__all__ = ["Asked", "Runner", "run_monitor", "stop_for"]

@@ -152,7 +152,7 @@ class Session:
         """Follow the job's current attempt as a viewer (the monitor owns it); False if it cannot be."""
         try:
             record = self.store.load(self.job_id)
-            job = follower(record, self.emit, fail_fast=False, follow_logs=True, offsets=offsets, tail=tail,
+            job = follower(record, self.emit, owner=False, follow_logs=True, offsets=offsets, tail=tail,
                            scrollback=self._scrollback if offsets else 0)
         except ClusterrunError as exc:  # e.g. the record is gone or damaged: the UI shows it
             self.error = exc
@@ -253,11 +253,7 @@ class Session:
                 attempt.close()
             self.record = record
             if self.runner is not None and owner_fd is not None:
-                old = self.runner
-                old.unsubscribe(self.emit)
-                old.close()
-                self.runner = Runner.adopt(self.store, record, owner_fd, retry_startup=False, spec=old.spec)
-                self.runner.subscribe(self.emit)
+                self.runner.restarted(record)  # the one owner follows the new attempt
                 self._announce(record, self.runner.job)
             elif not self._view({}, None):  # the new attempt runs, owned by its monitor; only following it failed
                 return

@@ -3,14 +3,14 @@
 Lifecycle of a ``Job``: create → ``prepare()`` (connect and probe every host in parallel, build
 the plan, choose each node's network interface: ``interfaces``; all or nothing) → ``start()``
 (start every node; if one fails, stop those started) → ``run()`` (follow every node until all
-have ended; fail-fast; returns the ``JobResult``) → ``close()``. A job started earlier is
-followed again with ``resume(plan)`` instead of ``prepare()`` and ``start()``.
-``request_stop()`` may be called from any thread or a signal handler; the stop itself is carried
-out by ``run()``'s loop.
+have ended, reporting what happens as events; returns the ``JobResult``) → ``close()``. A job
+started earlier is followed again with ``resume(plan)`` instead of ``prepare()`` and ``start()``.
+``stop(order)`` and ``request_stop()`` may be called from any thread, a signal handler or a
+listener of ``run()``'s events; ``run()``'s loop carries the stop out.
 
-Who follows decides what is followed: the job's owner (``up``, the monitor) applies fail-fast;
-a viewer (``attach``, ``logs -f``) passes ``fail_fast=False`` and only watches, and the monitor
-passes ``follow_logs=False`` and watches states only.
+A ``Job`` decides nothing: it reports (a node failed or was lost, the start-up watch expired, the
+job hung) and stops when told by its owner (``life.runner``: fail-fast, the start-up timeout); a
+viewer (``attach``, ``logs -f``) only watches; the monitor watches states only (``follow_logs``).
 
 Losing contact is never evidence: a node whose host cannot be reached is shown unreachable
 (``NodeLink``) and retried from the byte offset it had reached, for as long as it takes. Only the
@@ -90,7 +90,7 @@ from clusterrun.run.plan import HostFacts, LaunchPlan, NodeLaunch, about_json, b
 from clusterrun.run.probing import Ahead, Early, probe_all, reached, route
 from clusterrun.run.setups import redacted
 from clusterrun.run.startwatch import StartupWatch
-from clusterrun.run.stops import stop_node
+from clusterrun.run.stops import StopOrder, stop_node
 from clusterrun.run.unreachable import UnreachableWait
 from clusterrun.transports import AgentSession, Transport, transport_for
 
@@ -116,7 +116,6 @@ class Job:
         grace: float = 10.0,
         attempt: int = 1,
         transport_factory: Callable[..., Transport] = transport_for,
-        fail_fast: bool = True,
         follow_logs: bool = True,
         offsets: dict[int, int] | None = None,
         tail: int | None = None,
@@ -134,7 +133,6 @@ class Job:
         self.local_cwd = local_cwd
         self.grace = grace
         self.attempt = attempt
-        self.fail_fast = fail_fast
         self.follow_logs = follow_logs
         self.offsets: dict[int, int] = dict(offsets or {})  # per node: the log's bytes emitted so far
         self.reconnect = reconnect
@@ -157,10 +155,9 @@ class Job:
         self._nodes = [Node(None, transport_factory(h)) for h in spec.hosts]
         self.ranks = list(range(len(self._nodes))) if ranks is None else sorted(ranks)  # the nodes run() follows
         self._inbox: queue.Queue[tuple[int, FollowMessage | Link]] = queue.Queue(maxsize=256)
-        self._stop_reason: str | None = None
-        self._stop_by: str | None = None  # who, for the mark in the nodes' logs (``request_stop``)
-        self._failed_first: int | None = None  # the node whose failure made fail-fast stop the others
-        self._stop_event = threading.Event()
+        self._order: StopOrder | None = None  # the first stop ordered: it decides the attempt's end
+        self._failed_first: int | None = None  # the node whose failure the others were stopped after
+        self._stop_event = threading.Event()  # a stop was asked for: the followers wait for no host
         self._threads: list[threading.Thread] = []
         self._routed_to: str | None = None  # the master the probes were routed to
         self.early: dict[int, Early] = {}  # by rank: what the probes answered of the preflight's requests
@@ -369,12 +366,18 @@ class Job:
 
     # ---------------------------------------------------------------------------------- run
 
-    def request_stop(self, reason: str, by: str | None = None) -> None:
-        """Ask ``run()`` to stop every node (safe from signal handlers and other threads); ``by``: who, for the logs."""
-        if self._stop_reason is None:
-            self._stop_reason, self._stop_by = reason, by or stopped_by(reason)
-        self._stop_event.set()
+    def stop(self, order: StopOrder) -> None:
+        """Have ``run()`` stop every node for ``order`` (safe from any thread); the first order
+        decides the end (an asked one also ends the followers' wait for an unreachable host)."""
+        if self._order is None:
+            self._order = order
+        if order.asked:
+            self._stop_event.set()
         self._wake.set()
+
+    def request_stop(self, reason: str, by: str | None = None) -> None:
+        """Ask ``run()`` to stop every node (the user's stop, a restart's): ``stop``; ``by``: who, for the logs."""
+        self.stop(StopOrder(reason, by=by or stopped_by(reason)))
 
     def detach(self) -> None:
         """Make ``run()`` return None soon, leaving the job as it is (safe from signal handlers)."""
@@ -395,17 +398,14 @@ class Job:
                         detach=self._detach, stopping=self._stop_event, wake=self._wake)
 
     def run(self) -> JobResult | None:
-        """Follow the nodes until all have ended; stop the rest when one fails (``fail_fast``).
-        Blocks; returns None if ``detach()`` was called first."""
+        """Follow the nodes until all have ended, reporting what happens as events; stop them when
+        ``stop()`` is called (by a listener too). Blocks; None if ``detach()`` was called first."""
         for rank in self.ranks:
             thread = threading.Thread(target=self._follower(rank).run, daemon=True, name=f"follow-node{rank}")
             thread.start()
             self._threads.append(thread)
-        stopping = False
-        interrupted: str | None = None
-        stops: list[StopReport] = []
+        order: StopOrder | None = None  # the stop under way
         stop_futures: list[Any] = []
-        late: RootCause | None = None  # the start-up watch's verdict, once it failed the attempt
         watch = self._startup = (StartupWatch({r: self._nodes[r].host for r in self.ranks}, self.started_at,
                                               self.spec.watch.startup_timeout) if self.started_at else None)
         every_node = self.ranks == list(range(len(self._nodes)))  # a hang is the silence of all of them
@@ -415,21 +415,28 @@ class Job:
             if self._detach.is_set():
                 return None
             self._wait_unreachable(waiting, stop_futures)
-            if watch is not None and not stopping and (late := watch.step(time.time(), self.emit, self.fail_fast)):
-                stopping, stop_futures = True, self._stop_async(f"start-up watch: {late.message}",
-                                                                by="the start-up watch")
-            if self._stop_event.is_set() and not stopping:
-                stopping = True
-                interrupted = self._stop_reason
-                stop_futures = self._stop_async(self._stop_reason or "stop requested", by=self._stop_by)
+            if watch is not None and order is None:
+                watch.step(time.time(), self.emit)
+            if self._order is not None and order is None:
+                order, self._failed_first = self._order, self._order.after
+                stop_futures = self._stop_async(order.reason, by=order.by)
             try:
                 rank, message = self._inbox.get(timeout=0.1)
             except queue.Empty:
                 continue
-            if self._handle(rank, message) and self.fail_fast and not stopping:
-                stopping, self._failed_first = True, rank
-                stop_futures = self._stop_async(f"node {rank} ({self._nodes[rank].host}) failed",
-                                                by=f"fail-fast after node {rank} failed")
+            self._handle(rank, message)
+        stops = self._stop_reports(stop_futures)
+        for thread in self._threads:
+            thread.join(timeout=5)
+        late = order.late if order is not None else None
+        for rank in late.nodes if late is not None else ():  # the nodes that started no workers failed the attempt
+            self._nodes[rank].error = late.cause.message if late is not None else None
+            self._set_state(rank, NodeState.FAILED, self._nodes[rank].error or "")
+        interrupted = order.reason if order is not None and order.asked else None
+        return self._result(stops, interrupted, late.cause if late is not None else None)
+
+    def _stop_reports(self, stop_futures: Sequence[Any]) -> list[StopReport]:
+        stops: list[StopReport] = []  # each node's state mended by what its stop found
         for future in stop_futures:
             report = parallel.result(future)
             if report is not None:
@@ -442,12 +449,7 @@ class Job:
                     # It had ended on its own before the stop reached it (the stop killed nothing):
                     # reported as stopped, it would be "nothing was running" and "stopped (exit code 1)".
                     self._set_state(report.node, NodeState.FAILED, node.error or "")
-        for thread in self._threads:
-            thread.join(timeout=5)
-        for rank in watch.late if watch is not None else ():  # the nodes that started no workers failed the attempt
-            self._nodes[rank].error = late.message if late is not None else None
-            self._set_state(rank, NodeState.FAILED, self._nodes[rank].error or "")
-        return self._result(stops, interrupted, late)
+        return stops
 
     def _wait_unreachable(self, waiting: UnreachableWait, stops: Sequence[Any]) -> None:
         """A failing attempt's nodes whose stop could not reach their host are waited for a bounded
@@ -463,8 +465,8 @@ class Job:
             self._set_state(rank, NodeState.LOST, text)
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.LOST, error=text)))
 
-    def _handle(self, rank: int, message: FollowMessage | Link) -> bool:
-        """Apply one message from a follower; True if the node has just failed."""
+    def _handle(self, rank: int, message: FollowMessage | Link) -> None:
+        """Apply one message from a follower, and emit what it changed."""
         node = self._nodes[rank]
         if isinstance(message, LogChunk):
             data = message.data
@@ -476,7 +478,7 @@ class Job:
                 node.log.feed(lines)
                 self.emit(LogLines(rank, host=node.host, lines=lines, written=message.written))
             self.offsets[rank] = message.next  # shown: a viewer that leaves now resumes after it
-            return False
+            return
         if isinstance(message, (StateUpdate, End)):
             for event in node.news(rank, message.status):  # degraded, progress
                 self.emit(event)
@@ -491,21 +493,21 @@ class Job:
             if new in (NodeState.STARTING, NodeState.RUNNING) and node.state in (NodeState.STARTING,
                                                                                 NodeState.RUNNING):
                 self._set_state(rank, new)
-            return False
+            return
         if isinstance(message, Link) and message.gave_up:
             node.final, node.error = NodeStatus(HostState.RUNNING), f"unreachable, may still run: {message.error}"
             node.state = NodeState.UNREACHABLE
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.UNREACHABLE, error=node.error)))
-            return False
+            return
         if isinstance(message, Link) and message.lost:
             node.final = NodeStatus(HostState.LOST, error=message.error)
             self._set_state(rank, NodeState.LOST, message.error)
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.LOST, error=message.error)))
-            return True
+            return
         if isinstance(message, Link):
             self.emit(NodeLink(rank, host=node.host, up=message.up, detail=message.error,
                                since=None if message.up else time.time()))
-            return False
+            return
         if isinstance(message, End):
             status = message.status
             new = node_state_of(status, node.stop_sent)
@@ -518,8 +520,7 @@ class Job:
             self._set_state(rank, new, why or (f"exit code {code}" if code is not None else ""))
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, new, exit_code=code, signal=status.signal,
                                                          error=why, stopped_after=after)))
-            return new in (NodeState.FAILED, NodeState.LOST)
-        return False
+            return
 
     def _earlier(self, rank: int, message: LogChunk, resume: int) -> str:
         """Emit the scrollback before the resume point once it is reached (``LogLines(earlier=True)``);

@@ -3,16 +3,17 @@
 A node has started once its host's monitor recorded a worker of torchrun (``NodeStatus.workers``)
 or it ended; until then torchrun is starting or waits for the rendezvous (all nodes must join).
 ``progress_text`` words it for ``up``, ``ps`` and the dashboard: ``node 3 (gpu04): torchrun waits
-for the rendezvous for 45 s; nodes 0-2 ready``. The job's owner (``Job.run`` with fail-fast) fails
-the attempt once ``startup_timeout`` has passed with nodes still waiting (``StartupWatch``), with
-``timeout_cause`` as its root cause, instead of waiting for gloo's own 30 minutes.
+for the rendezvous for 45 s; nodes 0-2 ready``. Once ``startup_timeout`` has passed with nodes
+still waiting, ``Job.run`` reports it (``StartupExpired``, with ``timeout_cause``) and the job's
+owner (``life.runner``) fails the attempt with that root cause, instead of waiting for gloo's own
+30 minutes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from clusterrun.core.events import Event, Explanation, JobNote, RootCause
+from clusterrun.core.events import Event, Explanation, JobNote, RootCause, StartupExpired
 from clusterrun.core.protocol import HostState, NodeStatus
 from clusterrun.core.ranges import ranges_text
 
@@ -112,7 +113,8 @@ class StartupWatch:
     create (the nodes' hosts, the attempt's start as wall-clock time, ``startup_timeout``) →
     ``update(rank, status)`` for every state a node reports → ``poll(now)``: a progress note when
     one is due (the set of ready nodes changed, or ``NOTE_EVERY`` passed), else None → ``expired(now)``:
-    True once ``timeout`` has passed with a node still waiting. ``done`` once every node started."""
+    True once ``timeout`` has passed with a node still waiting (``step`` emits it once as
+    ``StartupExpired``). ``done`` once every node started."""
 
     def __init__(self, hosts: Mapping[int, str], started: float, timeout: float) -> None:
         self.hosts = dict(hosts)
@@ -123,7 +125,7 @@ class StartupWatch:
         self._noted_at = started + min(FIRST_NOTE, timeout / 3) - NOTE_EVERY
         self._noted_ready: frozenset[int] | None = None
         self._opened: float | None = None  # the first poll: a viewer attached late hears from every node first
-        self.late: list[int] = []  # the nodes still waiting when it expired (the stop then ends them)
+        self.reported = False  # its expiry was emitted
 
     def update(self, rank: int, status: NodeStatus) -> None:
         self.statuses[rank] = status
@@ -153,16 +155,15 @@ class StartupWatch:
         self._noted_at, self._noted_ready = now, ready
         return progress_text(self.hosts, self.statuses, self.started, now, late_after(self.timeout))
 
-    def step(self, now: float, emit: Callable[[Event], None], enforce: bool) -> RootCause | None:
-        """One turn of the follower's loop: emit the progress note that is due; with ``enforce``
-        (the job's owner) the root cause to fail the attempt with once ``expired``, else None."""
+    def step(self, now: float, emit: Callable[[Event], None]) -> None:
+        """One turn of the follower's loop: emit the progress note that is due, and once ``expired``
+        the fact (``StartupExpired``, once): whether it fails the attempt is the owner's to decide."""
         note = self.poll(now)
         if note is not None:
             emit(JobNote(None, text=note))
-        if not (enforce and self.expired(now)):
-            return None
-        self.late = blamed(self.hosts, self.statuses)[0]  # failed; the nodes that waited for them are stopped
-        return self.cause()
+        if not self.reported and self.expired(now):
+            self.reported = True
+            emit(StartupExpired(None, cause=self.cause(), nodes=tuple(blamed(self.hosts, self.statuses)[0])))
 
     def expired(self, now: float) -> bool:
         return not self.done and now - self.started >= self.timeout and len(self._ready()) < len(self.hosts)

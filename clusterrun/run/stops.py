@@ -1,6 +1,8 @@
-"""The one place a stop request is sent: the agent's verified stop of one node's attempt.
+"""How an attempt's nodes are stopped: the owner's order (``StopOrder``) and the one place a stop
+request is sent (``stop_node``: the agent's verified stop of one node's attempt).
 
-The job's owner (``Job.run``'s fail-fast, a requested stop, the start-up watch) and ``down``,
+``Job.stop(order)`` carries the owner's order out on every node still running (fail-fast, a
+requested stop, the start-up timeout: ``life.runner.stop_for``). The job's owner and ``down``,
 ``restart`` and the restart policy (``life.lifecycle.stop_job``) all stop a node through
 ``stop_node``, which says who stops it: the agent writes that into the node's log before it
 signals torchrun (``---- stopped by restart at 11:37:58Z ----``).
@@ -10,9 +12,28 @@ from __future__ import annotations
 
 from clusterrun.agent.wire import node_request
 from clusterrun.core.errors import ClusterrunError
-from clusterrun.core.events import StopReport
+from clusterrun.core.events import StartupExpired, StopReport
+from clusterrun.core.frozen import frozen
 from clusterrun.core.protocol import stop_report
 from clusterrun.transports import Transport
+
+
+@frozen
+class StopOrder:
+    """Why the owner stops an attempt's nodes: ``reason``, shown on each node as it stops; ``after``:
+    the node whose failure the others are stopped after (fail-fast); ``late``: the start-up watch's
+    verdict (``StartupExpired``: its ``nodes`` fail the attempt). Neither: a stop asked for (the
+    user's, a restart's): the result is ``interrupted`` with ``reason``. ``by``: who stopped it,
+    for the mark in the nodes' logs."""
+
+    reason: str
+    after: int | None = None
+    late: StartupExpired | None = None
+    by: str | None = None
+
+    @property
+    def asked(self) -> bool:
+        return self.after is None and self.late is None
 
 
 def stop_node(transport: Transport, rank: int, host: str, *, job_id: str, attempt: int, state_dir: str | None,
@@ -26,4 +47,4 @@ def stop_node(transport: Transport, rank: int, host: str, *, job_id: str, attemp
         return StopReport(rank, host, error=exc.render())
 
 
-__all__ = ["stop_node"]
+__all__ = ["StopOrder", "stop_node"]
