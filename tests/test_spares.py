@@ -185,3 +185,27 @@ def test_a_gpu_that_fell_off_the_bus_has_its_host_replaced(fake: FakeCluster, st
     notes = [e.text for e in events if isinstance(e, JobNote)]
     assert f"the attempt lost h1 (its kernel logged: {XID})" in notes, notes
     runner.close()
+
+
+def test_a_node_the_start_up_watch_blamed_is_its_hosts_failure() -> None:
+    result = JobResult(JOB, (NodeResult(0, "h0", NodeState.STOPPED), NodeResult(1, "h1", NodeState.FAILED)))
+    assert spares.failed_hosts(result) == [] and spares.failed_hosts(result, late=(1,)) == ["h1"]
+    assert spares.why(result, ["h1"]) == "h1 (it never joined)"
+
+
+def test_a_node_that_never_joined_has_its_host_replaced(fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    events: list[Event] = []
+    runner = owned(fake, store, tmp_path, "hosts: [h0, h1, h2]\nspares: [s0]\nstartup_timeout: 1\n", events)
+
+    def drive() -> None:
+        for rank in (0, 2):
+            fake.wait_started(JOB, rank, 1).rendezvous(True)
+        fake.wait_started(JOB, 1, 1).rendezvous(False)  # its host cannot reach the master port
+        for rank in range(3):
+            fake.wait_started(JOB, rank, 2).exit(0)
+
+    result = run(runner, drive)
+    assert result is not None and result.ok and store.load(JOB).hosts == ["h0", "s0", "h2"]
+    notes = [e.text for e in events if isinstance(e, JobNote)]
+    assert "the attempt lost h1 (it never joined)" in notes, notes
+    runner.close()

@@ -191,6 +191,7 @@ class Runner:
         self._refused: str | None = None  # why the last failure was not restarted by the policy
         self._startup_failure: str | None = None
         self._replace: dict[str, str] = {}  # the next attempt's spares, in the places of the hosts lost
+        self._late: tuple[int, ...] = ()  # the nodes the start-up watch blamed in this attempt
 
     @classmethod
     def create(cls, store: JobStore, record: JobRecord, job: Job, emit: Emit | None = None, *,
@@ -247,6 +248,8 @@ class Runner:
         else:
             self.recorder(event)
         self.emit(event)
+        if isinstance(event, StartupExpired):
+            self._late = event.nodes  # a host whose node never joined is a host's failure (``spares``)
         order = stop_for(event)
         if order is not None:
             self.job.stop(order)  # the first order decides: a stop under way is not replaced
@@ -377,7 +380,7 @@ class Runner:
                 give_up(self.store, self.job_id, record.attempt, exc.render())
                 return result
             self._spec = self.spec.with_spares(self._replace)  # the spares in use in the places of the lost hosts
-            self._replace = {}
+            self._replace, self._late = {}, ()
             self._follow_attempt(record)
             if self.asked is Asked.RESTART:
                 self.asked, self._reason = Asked.FOLLOW, None  # done: the next attempt runs
@@ -442,7 +445,7 @@ class Runner:
     def _spares_for(self, record: JobRecord, result: JobResult) -> tuple[str | None, dict[str, str]]:
         """The spares that take the places of the hosts the attempt lost (``spares.pick``), or why
         it is not restarted: a lost host with no spare left is not tried again and again."""
-        out = spares.failed_hosts(result)
+        out = spares.failed_hosts(result, self._late)
         if not out:
             return None, {}
         try:

@@ -1,15 +1,16 @@
 """Spare hosts (``spares:`` in the hosts file): which one takes the place of a host that failed.
 
 The owner replaces a host when an attempt failed because of the host rather than the script (its
-node was lost: unreachable, or its processes gone with a reboot; or its kernel logged a GPU's
-hardware Xid, a machine check or an uncorrectable ECC error); ``restart JOB -x HOST`` and
+node was lost: unreachable, or its processes gone with a reboot; its kernel logged a GPU's
+hardware Xid, a machine check or an uncorrectable ECC error; or the start-up watch blamed its
+node for never joining the rendezvous); ``restart JOB -x HOST`` and
 ``--replace HOST=SPARE`` do it by hand. The spare takes the node's rank; the next attempt's
 checks and preflight run on it as on any host.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from clusterrun.config.hostsfile import ClusterSpec
 from clusterrun.core.errors import ConfigError
@@ -19,17 +20,25 @@ from clusterrun.store.jobs import JobRecord
 HOST_FAILURES = (NodeState.LOST, NodeState.UNREACHABLE)  # the host went away, not the script
 
 
-def failed_hosts(result: JobResult) -> list[str]:
-    """The hosts whose node the attempt lost (``HOST_FAILURES``) or whose kernel logged a failing
-    machine (a GPU's hardware Xid, a machine check, an uncorrectable ECC error), in rank order."""
-    return [n.host for n in sorted(result.nodes, key=lambda n: n.node) if n.state in HOST_FAILURES or n.hardware]
+def failed_hosts(result: JobResult, late: Collection[int] = ()) -> list[str]:
+    """The hosts whose node the attempt lost (``HOST_FAILURES``), whose kernel logged a failing
+    machine (a GPU's hardware Xid, a machine check, an uncorrectable ECC error) or whose node the
+    start-up watch blamed for never joining the rendezvous (``late``), in rank order."""
+    return [n.host for n in sorted(result.nodes, key=lambda n: n.node)
+            if n.state in HOST_FAILURES or n.hardware or n.node in late]
 
 
 def why(result: JobResult, hosts: list[str]) -> str:
     """``gpu02 (the host went away)``, ``gpu03 (its kernel logged: NVRM: Xid ...)``, joined."""
     by_host = {n.host: n for n in result.nodes}
-    return ", ".join(f"{h} (its kernel logged: {by_host[h].hardware[-1]})" if by_host[h].hardware
-                     else f"{h} (the host went away)" for h in hosts)
+
+    def one(host: str) -> str:
+        node = by_host[host]
+        if node.hardware:
+            return f"{host} (its kernel logged: {node.hardware[-1]})"
+        return f"{host} (the host went away)" if node.state in HOST_FAILURES else f"{host} (it never joined)"
+
+    return ", ".join(one(h) for h in hosts)
 
 
 def free_spares(spec: ClusterSpec, record: JobRecord) -> list[str]:

@@ -106,10 +106,15 @@ class Node:
     degraded: str | None = None  # the agent's word that the supervisor cannot write its state
     progress: Progress | None = None  # the training's progress its host read last (node 0)
     earlier: list[str] = field(default_factory=list)  # scrollback lines read, before the resume point
+    away_since: float | None = None  # its follower's first failure to reach the host, while it lasts
 
     @property
     def host(self) -> str:
         return self.transport.name
+
+    def unanswered(self, error: str | None) -> NodeStatus:
+        """Its end when its host was waited for and never answered again: lost, since it went away."""
+        return NodeStatus(HostState.LOST, error=error, away_since=self.away_since, unanswered=True)
 
     def news(self, rank: int, status: NodeStatus) -> list[Event]:
         """What ``status`` says beside the node's state that is news: degraded, progress."""
@@ -183,7 +188,7 @@ class Follower:
                         message = decode_follow(node.host, raw)
                         if failures:
                             self.inbox.put((rank, Link(up=True)))
-                            failures, retrying = 0, 0.0
+                            failures, retrying, node.away_since = 0, 0.0, None
                         if isinstance(message, Beat):
                             away = None
                             continue
@@ -209,7 +214,7 @@ class Follower:
                 return
             failures += 1
             if failures == 1:
-                away = time.time()
+                away = node.away_since = time.time()
             delay = self.reconnect.delay(failures)
             retrying += min(time.monotonic() - began, self.reconnect.try_cap) + delay
             if failures == 1 and not self.stopping.is_set():

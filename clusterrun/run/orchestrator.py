@@ -461,7 +461,7 @@ class Job:
                 waiting.begin(report.node, report.host, report.error, now)
         for rank in (r for r in waiting.due(now) if self._nodes[r].final is None):
             node, text = self._nodes[rank], waiting.lost_text()
-            node.final, node.error = NodeStatus(HostState.LOST, error=text), text
+            node.final, node.error = node.unanswered(text), text
             self._set_state(rank, NodeState.LOST, text)
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.LOST, error=text)))
 
@@ -500,7 +500,7 @@ class Job:
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.UNREACHABLE, error=node.error)))
             return
         if isinstance(message, Link) and message.lost:
-            node.final = NodeStatus(HostState.LOST, error=message.error)
+            node.final = node.unanswered(message.error)
             self._set_state(rank, NodeState.LOST, message.error)
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, NodeState.LOST, error=message.error)))
             return
