@@ -136,6 +136,6 @@ def test_a_host_gone_for_good_is_the_cause_of_its_peers_gloo_errors() -> None:
                 "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 100)"])
     states = {0: _state(1, [{"pid": 100, "rank": 0, "died": 50.2}], 51.0),
               1: NodeStatus(HostState.LOST, error="cannot be reached", away_since=49.0, unanswered=True)}
-    cause = find_root_cause({0: "a", 1: "b"}, {0: node0, 1: NodeLog()}, states, stopped_by_us=set())
-    assert cause is not None and cause.node == 1 and cause.lost
+    cause = find_root_cause({0: "a", 1: "b"}, {0: node0, 1: NodeLog()}, states, stopped_by_us={1})
+    assert cause is not None and cause.node == 1 and cause.lost  # the fail-fast stop sent to it never reached it
     assert cause.message.endswith("and has not answered since (cannot be reached)"), cause.message

@@ -86,6 +86,7 @@ def test_without_a_spare_a_dead_host_ends_the_restarts_naming_it(sim_cluster: Ma
     assert f"node 1 ({h1}) cannot be reached to stop it (" in done.stdout
     assert "waiting up to 60 s for it, then it counts as lost" in done.stdout
     assert f"not restarting: the attempt lost {h1} (the host went away)" in done.stdout
+    assert f"root cause: node 1 ({h1}): the host went away at " in done.stdout  # not its peer's gloo error
     job = ps_json(job_id_of(done.stdout))
     assert job["state"] in ("failed", "lost") and len(job["attempts"]) == 1
 

@@ -118,6 +118,8 @@ def find_root_cause(
             # No exit status, nothing of torchrun's failure report: the node was lost, not failed. Only
             # a node lost before any stop is a cause (a lost node after ours is the stop's doing).
             when = state.away_since or state.ended_at or float("inf")
+            if state.unanswered:  # our stop never reached its host: its loss is not the stop's doing
+                secondary = 0
             candidates.append((secondary, when, RootCause(
                 node=node, host=hosts[node], rank=None, local_rank=None, exit_code=None, signal=None,
                 last_lines=tuple(log.node_tail), message=lost_text(state), pid=state.torchrun_pid, lost=True)))
