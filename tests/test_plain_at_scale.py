@@ -311,7 +311,7 @@ def test_down_of_a_16_node_job_on_simulated_hosts_is_one_line_for_the_nodes_alik
     lines = down.stderr.splitlines()
     stops, nodes = phase(lines, lambda text: text.startswith(("stopped", "nothing was running")))
     assert nodes == Counter(range(16)), lines  # every node in exactly one line
-    one = "clusterrun: 16 nodes 0-15 (sim[1-16]): stopped python"  # the stub torchrun, a python process
+    one = "clusterrun: 16 nodes 0-15 (sim[1-16]): stopped torchrun"  # the stub torchrun, a python process
     assert len(stops) == 1 and stops[0].startswith(one), lines
     assert stops[0].endswith("; nothing left (verified by cgroup)"), lines
     assert lines[-1] == f"clusterrun: job {job} stopped; nothing of it is left on any host (verified by cgroup)"
