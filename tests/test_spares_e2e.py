@@ -8,7 +8,6 @@ after that attempt, naming the host. Which spare is picked, and when, is tested 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,6 +17,7 @@ import pytest
 
 from tests.conftest import ROOT, SUPPORT, job_id_of, marked, up_argv, wait_for, write_hosts
 from tests.simhosts import SimCluster
+from tests.test_lifecycle import clusterrun, ps_json
 
 pytestmark = pytest.mark.integration
 MakeCluster = Callable[..., SimCluster]
@@ -34,13 +34,6 @@ def hosts_file(folder: Path, cluster: SimCluster, spares: int) -> Path:
     path = folder / "hosts.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def ps_json(job: str) -> dict:  # type: ignore[type-arg]
-    shown = subprocess.run([sys.executable, "-m", "clusterrun", "ps", "--json", job], capture_output=True,
-                           text=True, cwd=ROOT, timeout=60)
-    assert shown.returncode == 0, shown.stderr
-    return json.loads(shown.stdout)["jobs"][0]  # type: ignore[no-any-return]
 
 
 def run_and_kill(cluster: SimCluster, hosts: Path, log: Path, *options: str) -> subprocess.CompletedProcess[str]:
@@ -109,7 +102,3 @@ def test_restart_x_puts_the_first_spare_in_the_hosts_place(tmp_path: Path, state
     assert "done rank=1" in clusterrun("logs", job).stdout
     assert "step 1 rank=1" in clusterrun("logs", "--attempt", "1", job).stdout  # read from the host that ran it
 
-
-def clusterrun(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clusterrun", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=180)

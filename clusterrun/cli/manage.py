@@ -244,9 +244,10 @@ def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str |
         restart_slurm(record, grace, script_args)
     printer = Printer(nnodes=len(record.nodes))
     try:
-        swaps = _swaps(record, exclude, replace)
+        recorded = spec_of(record) if exclude or replace else None  # parsed once, for the spares and the checks
+        swaps = spares.pick(recorded, record, exclude, _chosen(replace)) if recorded is not None else {}
         attempt = NextAttempt(record, printer, full_preflight=not no_preflight,
-                              script_args=script_args if script_args else None, replace=swaps)
+                              script_args=script_args if script_args else None, recorded=recorded, replace=swaps)
     except ConfigError as exc:
         exc.message += f"; job {record.job_id} was not restarted, attempt {record.attempt} runs on untouched"
         _fail(exc, EXIT_USAGE)
@@ -266,17 +267,15 @@ def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str |
     _note(f"job {record.job_id} restarted as attempt {record.attempt}; {_follow_hint(record.job_id)}")
 
 
-def _swaps(record: JobRecord, exclude: tuple[str, ...], replace: tuple[str, ...]) -> dict[str, str]:
-    """``restart``'s ``-x HOST`` and ``--replace HOST=SPARE``: each host's spare (``spares.pick``)."""
-    if not exclude and not replace:
-        return {}
+def _chosen(replace: tuple[str, ...]) -> dict[str, str]:
+    """``restart``'s ``--replace HOST=SPARE`` options, as a host → spare mapping."""
     chosen = {}
     for item in replace:
         host, equals, spare = item.partition("=")
         if not equals or not host or not spare:
             raise ConfigError(f"--replace {item!r}: expected HOST=SPARE", hint="e.g. --replace gpu03=spare01")
         chosen[host] = spare
-    return spares.pick(spec_of(record), record, exclude, chosen)
+    return chosen
 
 
 @main.command(name="_monitor", hidden=True)
