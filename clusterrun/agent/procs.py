@@ -70,6 +70,8 @@ def zombie_exit(pid: int) -> int | None:
 class ExitReader:
     """Each watched worker's exit, read while it is a zombie (``zombie_exit``), in a thread of its
     own: torchrun reaps its workers within 0.1 s, less than a monitor's write of its state may take.
+    The thread sleeps in ``select`` on the workers' pidfds and a wake-up pipe (a new worker, the
+    close): a quiet job costs it nothing.
 
     create → ``start()`` → ``watch(pid)`` as workers are found → ``codes`` (pid → exit) → ``close()``."""
 
@@ -78,19 +80,32 @@ class ExitReader:
         self._pids: set[int] = set()
         self._done = False
         self._running: Any = None  # a lock the thread holds while it runs
+        self._wake: tuple[int, int] | None = None  # the pipe that wakes the thread up
 
     def watch(self, pid: int) -> None:
         self._pids.add(pid)
+        self._poke()
 
     def start(self) -> None:
         import _thread  # threading's C part: threading itself costs the agent imports (test_agent)
 
         if hasattr(os, "pidfd_open"):
+            self._wake = os.pipe()
+            os.set_blocking(self._wake[1], False)  # a poke never waits for the thread
             self._running = _thread.allocate_lock()
             self._running.acquire()
             _thread.start_new_thread(self._run, ())
 
+    def _poke(self) -> None:
+        if self._wake is not None:
+            try:
+                os.write(self._wake[1], b"\0")
+            except OSError:
+                pass  # closed, or full: the thread has wake-ups enough pending
+
     def _run(self) -> None:
+        assert self._wake is not None
+        wake = self._wake[0]
         fds: dict[int, int] = {}  # fd → pid
         seen: set[int] = set()
         try:
@@ -101,10 +116,10 @@ class ExitReader:
                         fds[os.pidfd_open(pid)] = pid
                     except OSError:
                         pass  # reaped already: its exit is not known
-                if not fds:
-                    time.sleep(0.05)
-                    continue
-                for fd in select.select(list(fds), [], [], 0.05)[0]:
+                for fd in select.select([wake, *fds], [], [])[0]:
+                    if fd == wake:
+                        os.read(wake, 4096)
+                        continue
                     pid = fds.pop(fd)
                     code = zombie_exit(pid)
                     if code is not None:
@@ -117,8 +132,13 @@ class ExitReader:
 
     def close(self) -> None:
         self._done = True
+        self._poke()
         if self._running is not None and self._running.acquire(timeout=1.0):
             self._running.release()
+        if self._wake is not None and not self._running.locked():
+            for fd in self._wake:
+                os.close(fd)
+            self._wake = None
 
 
 def all_procs() -> dict[int, ProcInfo]:
