@@ -205,6 +205,7 @@ def test_ranks_quiet_for_hang_after_make_the_node_quiet_since_their_last_output(
     assert written <= job.seen["quiet_since"] <= time.time()
     state = attempt.state()
     assert state["exit_code"] == 0 and state["state"] == "exited"
+    assert state["quiet_since"] is None  # no rank runs: an ended node is not quiet (its owner may still look)
 
 
 def test_a_monitor_resumes_from_state_json_and_a_finished_attempt_is_left_alone(

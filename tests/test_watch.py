@@ -254,7 +254,7 @@ def test_the_job_is_silent_only_when_every_running_node_is_quiet() -> None:
 
 
 def test_the_hang_watch_says_each_change_once_and_keeps_the_hangs_start() -> None:
-    watch = HangWatch([0, 1])
+    watch = HangWatch([0, 1], 60.0, clock=lambda: 1000.0)
     watch.update(0, _quiet(100.0))
     assert watch.poll() is None
     watch.update(1, _quiet(250.0))
@@ -268,6 +268,23 @@ def test_the_hang_watch_says_each_change_once_and_keeps_the_hangs_start() -> Non
     assert again is not None and (again.since, again.nodes) == (None, (0, 1))
     watch.update(0, _quiet(None, ended=True))
     assert watch.poll() is None
+
+
+def test_a_node_that_ended_was_the_jobs_last_sign_of_life() -> None:
+    """Rank 0 prints and ends; node 1 never printed and is still in its teardown: not hung then,
+    only once node 1 stayed silent for hang_after after rank 0's end."""
+    now = [1000.0]
+    watch = HangWatch([0, 1], 60.0, clock=lambda: now[0])
+    watch.update(0, _quiet(None))
+    watch.update(1, _quiet(100.0))  # quiet since its start: rank 0 alone prints
+    assert watch.poll() is None
+    watch.update(0, _quiet(None, ended=True))
+    assert watch.poll() is None
+    now[0] = 1059.0
+    assert watch.poll() is None
+    now[0] = 1060.0
+    hung = watch.poll()
+    assert hung is not None and (hung.since, hung.nodes) == (1000.0, (1,))
 
 
 def _rank(rank: int, where: str, *, cpu: float, runnable: float | None = None, moved: bool | None = False) -> RankStack:

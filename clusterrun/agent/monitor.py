@@ -346,6 +346,7 @@ class Monitor:
                 w["died"] = time.time()
             if w.get("exit_code") is None and w["pid"] in self.exits.codes:
                 w["exit_code"] = self.exits.codes[w["pid"]]
+        self.state["quiet_since"] = None  # no rank runs: the job's owner must not read an ended node as quiet
         found = self._exit_status() or learned_exit(self.state["workers"], self.folder)
         if found is None:
             self.state.update(exit_code=None, signal=None, exit_status="unknown",
@@ -411,6 +412,7 @@ class Monitor:
                             changed = True
                     handle.close()
                     del self.workers[pid]
+                    changed |= self._quiet_watch()  # the last rank gone: not quiet from now on, said at once
             ended = not torchrun.alive()
             if self.term_requested and not forwarded:
                 forwarded = True

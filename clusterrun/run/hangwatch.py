@@ -16,7 +16,8 @@ that wait for ever. It is evidence in the report the owner takes then (``diagnos
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 from clusterrun.core.events import JobHung
 from clusterrun.core.protocol import NodeStatus
@@ -37,20 +38,29 @@ def silent_since(statuses: Mapping[int, NodeStatus | None]) -> float | None:
 class HangWatch:
     """The hang watch of one attempt, in its follower's loop.
 
-    create (the nodes' ranks) → ``update(rank, status)`` for every state a node reports → ``poll()``:
-    ``JobHung`` when the verdict changed (hung since when, on which nodes; or active again), else
-    None. A hang keeps the time it began until a rank writes again, also when a node ends meanwhile."""
+    create (the nodes' ranks, ``hang_after``) → ``update(rank, status)`` for every state a node
+    reports → ``poll()`` then and between updates: ``JobHung`` when the verdict changed (hung since
+    when, on which nodes; or active again), else None. A node's end is its ranks' last sign of life
+    (rank 0 done, the others still in their teardown are not hung at once). A hang keeps the time
+    it began until a rank writes again, also when a node ends meanwhile."""
 
-    def __init__(self, ranks: Sequence[int]) -> None:
+    def __init__(self, ranks: Sequence[int], hang_after: float, clock: Callable[[], float] = time.time) -> None:
         self.statuses: dict[int, NodeStatus | None] = dict.fromkeys(ranks)
+        self.hang_after, self.clock = hang_after, clock
+        self.ended: dict[int, float] = {}  # when this watch saw each ended node end (its own clock)
         self.since: float | None = None
         self.nodes: tuple[int, ...] = ()  # the nodes shown hung: those that had not ended
 
     def update(self, rank: int, status: NodeStatus) -> None:
         self.statuses[rank] = status
+        if status.ended:
+            self.ended.setdefault(rank, self.clock())
 
     def poll(self) -> JobHung | None:
         since = silent_since(self.statuses)
+        if since is not None and self.since is None and self.ended:
+            last_end = max(self.ended.values())
+            since = max(since, last_end) if self.clock() - last_end >= self.hang_after else None
         if (since is None) == (self.since is None):
             return None
         if since is None and all(s is not None and s.ended for s in self.statuses.values()):

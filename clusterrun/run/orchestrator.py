@@ -409,7 +409,7 @@ class Job:
         watch = self._startup = (StartupWatch({r: self._nodes[r].host for r in self.ranks}, self.started_at,
                                               self.spec.watch.startup_timeout) if self.started_at else None)
         every_node = self.ranks == list(range(len(self._nodes)))  # a hang is the silence of all of them
-        self._hang = HangWatch(self.ranks) if every_node and self.spec.watch.hang_after else None
+        self._hang = HangWatch(self.ranks, hang) if every_node and (hang := self.spec.watch.hang_after) else None
         waiting = UnreachableWait(self.reconnect.give_up_after, self.emit)
         while not all(self._nodes[r].final is not None for r in self.ranks):
             if self._detach.is_set():
@@ -417,6 +417,8 @@ class Job:
             self._wait_unreachable(waiting, stop_futures)
             if watch is not None and order is None:
                 watch.step(time.time(), self.emit)
+            if self._hang is not None and (hung := self._hang.poll()) is not None:  # a node's end ages too
+                self.emit(hung)
             if self._order is not None and order is None:
                 order, self._failed_first = self._order, self._order.after
                 stop_futures = self._stop_async(order.reason, by=order.by)
@@ -484,10 +486,8 @@ class Job:
                 self.emit(event)
             if self._startup is not None:
                 self._startup.update(rank, message.status)
-            if self._hang is not None:
+            if self._hang is not None:  # polled by ``run``'s loop
                 self._hang.update(rank, message.status)
-                if (hung := self._hang.poll()) is not None:
-                    self.emit(hung)
         if isinstance(message, StateUpdate):
             new = node_state_of(message.status)
             if new in (NodeState.STARTING, NodeState.RUNNING) and node.state in (NodeState.STARTING,
