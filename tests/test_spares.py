@@ -193,6 +193,14 @@ def test_a_node_the_start_up_watch_blamed_is_its_hosts_failure() -> None:
     assert spares.why(result, ["h1"]) == "h1 (it never joined)"
 
 
+def test_when_no_peer_of_node_0_joined_no_host_is_blamed_for_it() -> None:
+    """Node 0's master port unreachable (a firewall, a wrong master address): every other node
+    never joins, and replacing them all would not help."""
+    result = JobResult(JOB, tuple(NodeResult(r, f"h{r}", NodeState.FAILED) for r in range(3)))
+    assert spares.failed_hosts(result, late=(1, 2)) == []
+    assert spares.failed_hosts(result, late=(2,)) == ["h2"]
+
+
 def test_a_node_that_never_joined_has_its_host_replaced(fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
     events: list[Event] = []
     runner = owned(fake, store, tmp_path, "hosts: [h0, h1, h2]\nspares: [s0]\nstartup_timeout: 1\n", events)

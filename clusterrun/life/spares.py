@@ -23,7 +23,12 @@ HOST_FAILURES = (NodeState.LOST, NodeState.UNREACHABLE)  # the host went away, n
 def failed_hosts(result: JobResult, late: Collection[int] = ()) -> list[str]:
     """The hosts whose node the attempt lost (``HOST_FAILURES``), whose kernel logged a failing
     machine (a GPU's hardware Xid, a machine check, an uncorrectable ECC error) or whose node the
-    start-up watch blamed for never joining the rendezvous (``late``), in rank order."""
+    start-up watch blamed for never joining the rendezvous (``late``), in rank order. When every
+    peer of node 0 (two or more) never joined, what they share is the blame (node 0's master port
+    behind a firewall, a wrong ``master.addr``): none of them is replaced for it."""
+    peers = {n.node for n in result.nodes if n.node != 0}
+    if len(peers) > 1 and peers <= set(late):
+        late = ()
     return [n.host for n in sorted(result.nodes, key=lambda n: n.node)
             if n.state in HOST_FAILURES or n.hardware or n.node in late]
 
