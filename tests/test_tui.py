@@ -238,6 +238,21 @@ def test_scrolling_up_freezes_the_log_while_lines_pour_in_and_end_or_f_follows_a
     drive(app, script)
 
 
+def test_what_arrives_while_the_table_is_gone_is_not_an_error() -> None:
+    """The app starting or ending (its timers fire until it has ended): nothing to redraw, no
+    exception that would end the dashboard with a traceback."""
+    app = Dashboard(Scripted(started(), running=True), ring=100)  # type: ignore[arg-type]
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await app.query_one("#nodes").remove()
+        app.emit(LogLines(0, host="gpu-a", lines=("late",)))
+        app._drain()
+        app._tick_clock()
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)
+
+
 def test_the_log_view_leaves_no_reference_cycles_as_lines_pour_in_and_views_switch() -> None:
     # Garbage in a cycle waits for a full collection, and a key pressed during one waits too.
     app = Dashboard(Scripted(started(), running=True), ring=200)  # type: ignore[arg-type]

@@ -196,8 +196,11 @@ class Dashboard(App[int]):
             self.exit(self.exit_code_of())
 
     def _redraw(self) -> None:
+        found = self.query("#nodes")
+        if not found:  # the app starting or ending (its timers may still fire): no table to redraw
+            return
         board = self.board
-        table = self.query_one("#nodes", NodeTable)
+        table = found.first(NodeTable)
         self._columns = columns = self._layout()
         names = tuple(name for name, _width in columns)
         if (len(board.nodes), names) != self._rows_ready:
@@ -289,8 +292,6 @@ class Dashboard(App[int]):
             self.query_one("#progress").set_class(True, "shown")
 
     def _tick_clock(self) -> None:
-        if not self.screen.query("#nodes"):  # the app starting or ending (or a dialog on top): no table to redraw
-            return
         self.board.header_changed = True
         self.board.changed.update(range(len(self.board.nodes)))
         self._redraw()
