@@ -6,6 +6,7 @@ Fast (no processes): jobs run on a ``FakeCluster``; their records live in a temp
 from __future__ import annotations
 
 import dataclasses
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from clusterrun.core.errors import HostsUnavailable
 from clusterrun.core.events import AttemptRestarting, AttemptStarted, Event, JobNote, JobState, NodeStarted, NodeState
 from clusterrun.life import lifecycle
 from clusterrun.life.attempt import NotStopped, restart
+from clusterrun.life.owner import Asked, Owner
 from clusterrun.life.recorder import new_record
 from clusterrun.life.runner import Runner
 from clusterrun.run.orchestrator import Job, Reconnect
@@ -301,8 +303,47 @@ def test_the_owner_decides_a_restart_in_its_own_thread_outside_any_write_of_the_
 
 
 def test_what_the_owner_was_asked_is_one_value_a_stop_wins_and_stays() -> None:
-    from clusterrun.life.runner import Asked
-
     F, R, H, S = Asked.FOLLOW, Asked.RESTART, Asked.HAND_OVER, Asked.STOP
     taken = {(now, asked) for now in Asked for asked in Asked if now.asks(asked)}
     assert taken == {(F, R), (F, H), (R, H), (F, S), (R, S), (H, S), (S, S)}
+
+
+def test_the_owners_state_is_replaced_whole_and_a_restart_done_keeps_a_stop_asked_meanwhile() -> None:
+    new = Owner(started=False)
+    restarting = new.start().ask(Asked.RESTART, "hung").decided(spares={"h1": "s0"}).blamed((1,))
+    assert new == Owner(started=False) and restarting.started and restarting.replace == {"h1": "s0"}
+    assert restarting.next_attempt() == Owner()  # the restart done, its spares in use, nobody blamed
+    stopped = restarting.ask(Asked.STOP, "Ctrl-C").ask(Asked.RESTART, "hung again")
+    assert (stopped.asked, stopped.reason) == (Asked.STOP, "Ctrl-C")
+    assert (stopped.next_attempt().asked, stopped.next_attempt().reason) == (Asked.STOP, "Ctrl-C")
+    assert new.start(failed=True).start_failed and not new.start().start_failed
+
+
+def test_requests_from_signal_handlers_are_taken_in_order_and_never_wait_for_the_lock(
+        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    """A signal can arrive while the owner's thread changes its state (the lock held): the
+    handler's request is queued, not locked, and the change after takes it in."""
+    runner = owned_job(fake, store, tmp_path, [], start=False)
+    handled = []
+
+    def handler(signum: int, frame: object) -> None:
+        runner.request_hand_over()
+        runner.request_stop("SIGUSR1")
+        handled.append(signum)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        def change(state: Owner) -> Owner:
+            signal.raise_signal(signal.SIGUSR1)  # its handler runs here, in this thread, the lock held
+            return state.begin_user_restart()
+
+        runner._move(change)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert handled == [signal.SIGUSR1]
+    state = runner.state
+    assert (state.asked, state.reason, state.user_restart) == (Asked.STOP, "SIGUSR1", True)
+    assert runner.begin_user_restart() is False  # one user's restart at a time
+    runner.end_user_restart()
+    assert runner.begin_user_restart() is True
+    runner.close()

@@ -12,7 +12,9 @@ module is the loop around it:
 - ``Runner``: start (or adopt) an attempt, ``follow()`` it to its end with the record kept and
   the restarts applied; ``request_stop()`` and ``request_hand_over()`` are safe from signal
   handlers and other threads, and ``hand_over()`` (in the owner's thread, after ``follow()``
-  returned None) gives the lock to a monitor with what was shown saved.
+  returned None) gives the lock to a monitor with what was shown saved. What the owner knows
+  and wants (asked to stop or hand over, started, the last decision) is one value, ``state``
+  (``owner.Owner``), replaced whole at each change; the dashboard reads it, never a copy.
 - ``run_monitor()``: the background owner (``clusterrun _monitor``).
 
 Lifecycle of a ``Runner``: ``Runner(store, record, job, owner_fd, emit)`` → ``start()`` (a new
@@ -23,11 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import queue
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from enum import Enum
 
 from clusterrun.config.hostsfile import ClusterSpec
 from clusterrun.config.restarts import COUNTED, RestartPolicy
@@ -52,6 +54,7 @@ from clusterrun.life import notify, spares
 from clusterrun.life.attempt import Cancelled, restart, start, stop
 from clusterrun.life.gate import plan_to_start
 from clusterrun.life.lifecycle import follower, per_node, save_seen, spec_of, stacks_of, status_of, stop_job
+from clusterrun.life.owner import Asked, Owner
 from clusterrun.life.recorder import Recorder, Retry, give_up, mark_failed_start
 from clusterrun.run.orchestrator import Emit, Job
 from clusterrun.run.stops import StopOrder
@@ -142,38 +145,12 @@ def history(record: JobRecord) -> str:
     return "attempts: " + " · ".join(parts)
 
 
-class Asked(str, Enum):
-    """What the owner was asked to do with the job it follows (one value, set by the ``request_*``
-    methods, read by its loop). A stop wins over everything and stays; a hand-over over a
-    restart; a restart is asked only of an owner that just follows, and done once the next
-    attempt runs::
-
-        following ──request_restart──→ restart ──(next attempt started)──→ following
-            │                             │
-            ├──request_hand_over──→ hand-over ←──┘
-            └──────request_stop──→ stop ←── (from any)
-    """
-
-    FOLLOW = "following"
-    RESTART = "restart"  # stop this attempt and start the next at once (``on_hang: restart``)
-    HAND_OVER = "hand-over"  # give the job to a monitor: ``follow()`` returns None
-    STOP = "stop"  # the user's verified stop: ``follow()`` returns the stopped result
-
-    def asks(self, other: Asked) -> bool:
-        """Whether ``other`` is taken over this one: a stop always (its latest reason counts), a
-        hand-over over a restart, a restart over following only."""
-        return other is Asked.STOP or _RANK[other] > _RANK[self]
-
-
-_RANK = {Asked.FOLLOW: 0, Asked.RESTART: 1, Asked.HAND_OVER: 2, Asked.STOP: 3}
-
-
 class Runner:
     """The owner's loop over one job (see the module docstring)."""
 
     def __init__(self, store: JobStore, record: JobRecord, job: Job, owner_fd: int, emit: Emit | None = None, *,
                  retry_startup: bool = True, policy: RestartPolicy | None = None, clock: Clock | None = None,
-                 spec: ClusterSpec | None = None) -> None:
+                 spec: ClusterSpec | None = None, started: bool = False) -> None:
         self.store = store
         self.record = record
         self._spec = spec
@@ -185,13 +162,12 @@ class Runner:
         self._listeners: list[Emit] = [emit] if emit is not None else []
         self.recorder = Recorder(store, record.job_id, job.attempt, record)
         job.subscribe(self._on_job_event)
-        self.asked = Asked.FOLLOW
-        self._reason: str | None = None  # the stop's or the restart's, as the attempt's end names it
+        self._state = Owner(started=started)  # changed only by ``_move``, under ``_lock``
+        self._lock = threading.Lock()
+        # Requests of signal handlers and other threads, taken in by the next ``_move``: a signal
+        # handler puts (``SimpleQueue.put`` is reentrant) and never waits for the lock.
+        self._requests: queue.SimpleQueue[tuple[Asked, str | None]] = queue.SimpleQueue()
         self._wake = threading.Event()  # a stop or a hand-over asked for during a backoff
-        self._refused: str | None = None  # why the last failure was not restarted by the policy
-        self._startup_failure: str | None = None
-        self._replace: dict[str, str] = {}  # the next attempt's spares, in the places of the hosts lost
-        self._late: tuple[int, ...] = ()  # the nodes the start-up watch blamed in this attempt
 
     @classmethod
     def create(cls, store: JobStore, record: JobRecord, job: Job, emit: Emit | None = None, *,
@@ -224,7 +200,27 @@ class Runner:
         attempt; ``spec``: its recorded hosts file, if the caller has parsed it already."""
         spec = spec or spec_of(record)
         job = follower(record, None, owner=True, follow_logs=follow_logs, offsets=offsets, spec=spec)
-        return cls(store, record, job, owner_fd, emit, retry_startup=retry_startup, clock=clock, spec=spec)
+        return cls(store, record, job, owner_fd, emit, retry_startup=retry_startup, clock=clock, spec=spec,
+                   started=True)
+
+    @property
+    def state(self) -> Owner:
+        """What this owner knows and wants now (the requests made so far taken in): one value."""
+        return self._move(lambda state: state)[1]
+
+    def _move(self, change: Callable[[Owner], Owner]) -> tuple[Owner, Owner]:
+        """Take in the queued requests, in order, then ``change``: the state before ``change`` and
+        after. Never from a signal handler (it waits for the lock): those put requests only."""
+        with self._lock:
+            before = self._state
+            while True:
+                try:
+                    asked, reason = self._requests.get_nowait()
+                except queue.Empty:
+                    break
+                before = before.ask(asked, reason)
+            self._state = after = change(before)
+        return before, after
 
     def recorded(self) -> JobRecord:
         """The job's record as this owner's last write left it: read once per command and carried
@@ -249,7 +245,7 @@ class Runner:
             self.recorder(event)
         self.emit(event)
         if isinstance(event, StartupExpired):
-            self._late = event.nodes  # a host whose node never joined is a host's failure (``spares``)
+            self._move(lambda state: state.blamed(event.nodes))  # a host's failure (``spares``)
         order = stop_for(event)
         if order is not None:
             self.job.stop(order)  # the first order decides: a stop under way is not replaced
@@ -277,7 +273,7 @@ class Runner:
         if action == "stack":
             self.note(f"looking at every rank's stacks twice, {LOOK_APART:g} s apart, for the hang report")
             threading.Thread(target=self._report_hang, args=(record, since), daemon=True, name="hang-report").start()
-        elif action == "restart" and self.asked is Asked.FOLLOW:
+        elif action == "restart" and self.state.asked is Asked.FOLLOW:
             refused = self.policy.hang_refusal(_restarts(record), self.clock.now())
             if refused is not None:  # the same budget as a failure's: a job that keeps hanging is not restarted
                 self.note(f"{where}: not restarting: {refused}")
@@ -305,35 +301,35 @@ class Runner:
     def start(self, ranks: Sequence[int] | None = None) -> None:
         """Start every node of the prepared job (``ranks``: those of its recorded attempt that were
         never started); on failure the record says so and the nodes that started were stopped
-        again (``HostsUnavailable``)."""
-        start(self.job, self.emit, self.recorder, first=True, ranks=ranks)
-
-    def _ask(self, asked: Asked, reason: str | None = None) -> bool:
-        """Take ``asked`` if it goes over what was asked before (``Asked.asks``); True if taken."""
-        if not self.asked.asks(asked):
-            return False
-        if reason is not None:
-            self._reason = reason
-        self.asked = asked
-        return True
+        again (``HostsUnavailable``), and this owner's state that its start failed."""
+        self._move(Owner.start)
+        try:
+            start(self.job, self.emit, self.recorder, first=True, ranks=ranks)
+        except HostsUnavailable:
+            self._move(lambda state: state.start(failed=True))
+            raise
 
     def request_stop(self, reason: str) -> None:
-        """Stop the job on every host (verified); ``follow()`` then returns its result."""
-        self._ask(Asked.STOP, reason)
+        """Stop the job on every host (verified); ``follow()`` then returns its result. Safe from
+        signal handlers and other threads."""
+        self._requests.put((Asked.STOP, reason))
         self._wake.set()
         self.job.request_stop(reason)
 
     def request_restart(self, reason: str) -> None:
         """Stop the current attempt (verified) and restart the whole job at once as the next
         attempt (``on_hang: restart``, which checked the restart budget first; the reason is the
-        attempt's root cause). Safe from other threads; a stop or a hand-over asked for first wins."""
-        if self._ask(Asked.RESTART, reason):
+        attempt's root cause). Safe from other threads (not from a signal handler); a stop or a
+        hand-over asked for first wins."""
+        before, _after = self._move(lambda state: state.ask(Asked.RESTART, reason))
+        if before.asked.asks(Asked.RESTART):
             self.job.request_stop(reason, by="on_hang")
 
     def request_hand_over(self) -> None:
         """Make ``follow()`` return None soon, so that ``hand_over()`` can give the job to a monitor
-        (a stop asked for first is carried out all the same, unless the job is left meanwhile)."""
-        self._ask(Asked.HAND_OVER)
+        (a stop asked for first is carried out all the same, unless the job is left meanwhile).
+        Safe from signal handlers and other threads."""
+        self._requests.put((Asked.HAND_OVER, None))
         self._wake.set()
         self.job.detach()
 
@@ -355,38 +351,39 @@ class Runner:
             record = self.recorded()
             notify.send_due(self.store, record, self.note)  # the attempt's end
             if record.attempt != self.job.attempt or record.state is not JobState.RESTARTING:
-                if self._refused is not None and self.policy.max > 0 and result.interrupted is None \
+                refused = self.state.refused
+                if refused is not None and self.policy.max > 0 and result.interrupted is None \
                         and record.state in (JobState.FAILED, JobState.LOST):
-                    self.emit(JobNote(None, text=f"not restarting: {self._refused}"))
+                    self.emit(JobNote(None, text=f"not restarting: {refused}"))
                 if len(record.attempts) > 1:
                     self.emit(JobNote(None, text=history(record)))
                 return result
             due = self._backoff(record)
             if due is None:
-                if self.asked is Asked.HAND_OVER:
+                state = self.state
+                if state.asked is Asked.HAND_OVER:
                     return None  # the monitor resumes the wait
-                stopped = self._reason if self.asked is Asked.STOP else None
+                stopped = state.reason if state.asked is Asked.STOP else None
                 return dataclasses.replace(result, interrupted=stopped or "stopped during the backoff")
-            if self._replace:
-                self.note(f"the attempt lost {spares.why(result, list(self._replace))}")
+            replace = self.state.replace
+            if replace:
+                self.note(f"the attempt lost {spares.why(result, list(replace))}")
             try:
                 record = restart(self.store, due, self.emit, owner_fd=self.owner_fd,
                                  full_preflight=record.attempts[-1].restart == "policy", automatic=True,
-                                 recorded=self.spec, replace=self._replace)
+                                 recorded=self.spec, replace=replace)
             except Cancelled:
                 return dataclasses.replace(result, interrupted="stopped during the backoff")
             except ClusterrunError as exc:
                 self.emit(JobNote(None, text=f"could not restart: {exc.render()}"))
                 give_up(self.store, self.job_id, record.attempt, exc.render())
                 return result
-            self._spec = self.spec.with_spares(self._replace)  # the spares in use in the places of the lost hosts
-            self._replace, self._late = {}, ()
+            self._spec = self.spec.with_spares(replace)  # the spares in use in the places of the lost hosts
             self._follow_attempt(record)
-            if self.asked is Asked.RESTART:
-                self.asked, self._reason = Asked.FOLLOW, None  # done: the next attempt runs
-            elif self.asked is Asked.STOP:
-                self.job.request_stop(self._reason or "stop requested")
-            elif self.asked is Asked.HAND_OVER:
+            _before, state = self._move(Owner.next_attempt)
+            if state.asked is Asked.STOP:
+                self.job.request_stop(state.reason or "stop requested")
+            elif state.asked is Asked.HAND_OVER:
                 self.job.detach()
 
     def _follow_attempt(self, record: JobRecord) -> None:
@@ -402,13 +399,23 @@ class Runner:
     def restarted(self, record: JobRecord) -> None:
         """The user's restart (the dashboard's R) stopped the attempt this owner followed and
         started ``record``'s: the stop asked of it was the restart's, done; follow the new attempt."""
-        self.asked, self._reason = Asked.FOLLOW, None
+        self._move(Owner.restarted)
         self._follow_attempt(record)
+
+    def begin_user_restart(self) -> bool:
+        """The user's restart (the dashboard's R) begins, unless one is under way already (False):
+        ``restarted`` or ``end_user_restart`` ends it."""
+        before, _after = self._move(Owner.begin_user_restart)
+        return not before.user_restart
+
+    def end_user_restart(self) -> None:
+        """The user's restart was refused or failed: another may be asked for."""
+        self._move(Owner.end_user_restart)
 
     def _decide_end(self, result: JobResult) -> Retry | None:
         """Whether the attempt that ended badly (``result``) while starting or running is restarted:
         ``_decide`` on the record as it is now (what the nodes reported before is in it)."""
-        self._refused = None
+        self._move(lambda state: state.decided(refused=None))
         end = JobState.of_nodes(n.state for n in result.nodes)
         if end not in (JobState.FAILED, JobState.LOST) and result.interrupted is None:
             return None
@@ -421,23 +428,26 @@ class Runner:
         """Whether the failed current attempt of ``record`` is restarted (recorded ``restarting``
         in the write that ends it): a known transient start-up failure of the first attempt once,
         at once; else as the restart policy allows, after its backoff. Never after the user's stop."""
-        if self.asked is Asked.STOP:
+        state = self.state
+        if state.asked is Asked.STOP:
             return None  # the user's stop is never restarted
         if result.interrupted is not None:
-            asked = self._reason is not None and result.interrupted == self._reason  # request_restart's stop
+            asked = state.reason is not None and result.interrupted == state.reason  # request_restart's stop
             return Retry("requested", self.clock.now(), result.interrupted) if asked else None
         if self.retry_startup and record.attempt == 1:
             why = transient_start_failure(result.root_cause, self.job.logs)
             if why is not None:
-                self._startup_failure = why
+                self._move(lambda state: state.decided(startup_failure=why))
                 return Retry("start-up", self.clock.now(), f"failed at start-up: {why}")
         made = _restarts(record)
         code = result.root_cause.exit_code if result.root_cause is not None else None
-        self._refused = self.policy.refusal(made, code, self.clock.now())
-        if self._refused is not None:
+        refused = self.policy.refusal(made, code, self.clock.now())
+        if refused is not None:
+            self._move(lambda state: state.decided(refused=refused))
             return None
-        self._refused, self._replace = self._spares_for(record, result)
-        if self._refused is not None:
+        refused, replace = self._spares_for(record, result)
+        self._move(lambda state: state.decided(refused=refused, spares=replace))
+        if refused is not None:
             return None
         cause = result.root_cause.describe() if result.root_cause is not None else "a node failed"
         return Retry("policy", self.clock.now() + self.policy.delay(len(made) + 1, self.clock.rng), cause)
@@ -445,7 +455,7 @@ class Runner:
     def _spares_for(self, record: JobRecord, result: JobResult) -> tuple[str | None, dict[str, str]]:
         """The spares that take the places of the hosts the attempt lost (``spares.pick``), or why
         it is not restarted: a lost host with no spare left is not tried again and again."""
-        out = spares.failed_hosts(result, self._late)
+        out = spares.failed_hosts(result, self.state.late)
         if not out:
             return None, {}
         try:
@@ -461,7 +471,7 @@ class Runner:
         ``restarting``: it is polled for that) or a hand-over."""
         failed = record.attempts[-1]
         kind = failed.restart or "policy"
-        reason = (self._startup_failure if kind == "start-up" else None) or failed.root_cause or "failed"
+        reason = (self.state.startup_failure if kind == "start-up" else None) or failed.root_cause or "failed"
         at = record.restart_at if record.restart_at is not None else self.clock.now()
         made = sum(1 for a in record.attempts if a.restart in COUNTED)
         shown: float | None = None
@@ -473,10 +483,11 @@ class Runner:
                                             failed=record.attempt, at=at, remaining=max(0.0, at - now), kind=kind,
                                             restart=made, most=self.policy.max if kind == "policy" else None,
                                             reason=reason))
-            if self.asked is Asked.STOP:
+            asked = self.state.asked
+            if asked is Asked.STOP:
                 stop(self.store, record, spec=self.spec)
                 return None
-            if self.asked is Asked.HAND_OVER:
+            if asked is Asked.HAND_OVER:
                 return None
             polled = self.store.load(self.job_id)
             if polled.state is not JobState.RESTARTING:

@@ -56,7 +56,8 @@ class Session:
 
     Create → ``subscribe(consumer)`` → ``begin()`` → ``kill()`` / ``restart()`` / ``detach()`` /
     ``stacks()`` → ``wait()``. The policies (fail-fast, restart, hand-over, the record) are the ``Runner``'s and
-    ``attempt.restart``'s: a session only runs them off the consumer's thread."""
+    ``attempt.restart``'s: a session only runs them off the consumer's thread. An owner's session
+    asks its one ``Runner`` and reads its ``state`` (started, start failed, a restart under way)."""
 
     supports = frozenset({"kill", "restart", "stack", "detach"})  # the dashboard's controls it carries out
 
@@ -70,15 +71,13 @@ class Session:
         self.result: JobResult | None = None
         self.error: ClusterrunError | None = None  # the job could not be started or followed
         self.detached = False
-        self.failed_start = False  # `up`'s start failed: nothing runs
-        self._to_start = runner is not None
         self._offsets = offsets
         self._tail = tail
         self._scrollback = scrollback  # lines shown before where the last viewer stopped (attach)
         self._viewer: Job | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._busy = False  # a kill or restart is under way
+        self._restarting = False  # a viewer's restart is under way (an owner's is in ``runner.state``)
         self._reached: set[int] = set()  # nodes this view has reached after a failure: the record's since is old
         self._gpu_interval = gpu_interval
         if runner is not None:
@@ -99,7 +98,13 @@ class Session:
 
     @property
     def busy(self) -> bool:
-        return self._busy
+        """A restart is under way: the owner's state says so (a viewer, without one, its own)."""
+        return self.runner.state.user_restart if self.runner is not None else self._restarting
+
+    @property
+    def failed_start(self) -> bool:
+        """``up``'s start failed: nothing runs (the owner's state)."""
+        return self.runner is not None and self.runner.state.start_failed
 
     def subscribe(self, listener: Emit) -> None:
         """Hand every event to ``listener`` too (from the session's thread)."""
@@ -133,14 +138,12 @@ class Session:
 
     def _first(self) -> None:
         runner = self.runner
-        if runner is not None and self._to_start:
-            self._to_start = False
+        if runner is not None and not runner.state.started:
             assert runner.job.plan is not None
             self.emit(attempt_event(runner.job.plan, runner.job.attempt, runner.record))
             try:
                 runner.start()
             except HostsUnavailable as exc:
-                self.failed_start = True
                 self.error = exc
                 runner.close()
                 return
@@ -220,15 +223,27 @@ class Session:
 
     def restart(self) -> None:
         """Stop the job on every host (verified, whatever this view believes of its nodes), then
-        start the next attempt and follow it; in the background. Errors arrive as ``self.error``."""
-        with self._lock:
-            if self._busy:
+        start the next attempt and follow it; in the background. Errors arrive as ``self.error``.
+        One at a time: the owner's state says whether one is under way (``Runner.begin_user_restart``)."""
+        if self.runner is not None:
+            if not self.runner.begin_user_restart():
                 return
-            self._busy = True
+        else:
+            with self._lock:
+                if self._restarting:
+                    return
+                self._restarting = True
         previous = self._thread
         self._spawn(lambda: self._restart(previous))
 
+    def _restarted(self) -> None:
+        """The restart asked for ended without a new attempt to follow (refused, or it failed)."""
+        if self.runner is not None:
+            self.runner.end_user_restart()
+        self._restarting = False
+
     def _restart(self, previous: threading.Thread | None) -> None:
+        followed = False  # the one owner follows the new attempt: ``Runner.restarted`` ended the restart
         try:
             try:  # every check first, while the job runs on: a refused restart leaves it running
                 attempt = NextAttempt(self.store.load(self.job_id), self._confirmations,
@@ -254,11 +269,13 @@ class Session:
             self.record = record
             if self.runner is not None and owner_fd is not None:
                 self.runner.restarted(record)  # the one owner follows the new attempt
+                followed = True
                 self._announce(record, self.runner.job)
             elif not self._view({}, None):  # the new attempt runs, owned by its monitor; only following it failed
                 return
         finally:
-            self._busy = False
+            if not followed:
+                self._restarted()
         self._follow()
 
     def _confirmations(self, event: Event) -> None:
