@@ -35,7 +35,7 @@ from clusterrun.run.plan import NodeLaunch, with_flags
 from clusterrun.run.startwatch import nodes_text, seconds_text
 
 if TYPE_CHECKING:
-    from clusterrun.run.orchestrator import Emit, Job
+    from clusterrun.run.hosts import Emit, JobHosts
 
 FIRST, EVERY = 10.0, 30.0  # seconds: the first note of a setup still running, then one this often
 Wait = Callable[[threading.Event, float], bool]  # waits at most that long for the event (tests pass a fake)
@@ -55,7 +55,7 @@ def progress_text(hosts: Mapping[int, str], running: Collection[int], seconds: f
     return text + (f"; {'node' if len(ready) == 1 else 'nodes'} {ranges_text(ready)} ready" if ready else "")
 
 
-def setup_node(job: Job, rank: int, if_cwd: bool = False) -> NodeLaunch | None:
+def setup_node(job: JobHosts, rank: int, if_cwd: bool = False) -> NodeLaunch | None:
     """Run node ``rank``'s setup in the agent that probed its host, then look at the job's
     interpreter in the environment it made (``hostchecks.after_setup``): its launch with
     torchrun's argv for that interpreter, or None where it did not run (``if_cwd``: not while the
@@ -87,7 +87,7 @@ def setup_node(job: Job, rank: int, if_cwd: bool = False) -> NodeLaunch | None:
     return launch
 
 
-def run(job: Job, emit: Emit | None = None, *, if_cwd: Collection[int] = (), now: Callable[[], float] = time.time,
+def run(job: JobHosts, emit: Emit | None = None, *, if_cwd: Collection[int] = (), now: Callable[[], float] = time.time,
         wait: Wait = lambda event, seconds: event.wait(seconds)) -> None:
     """Run ``setup`` on every node that has some, in parallel, telling ``emit`` which still run;
     ``HostsUnavailable`` naming every node whose setup failed, ran out of time or left no
