@@ -138,15 +138,16 @@ class Session:
 
     def _first(self) -> None:
         runner = self.runner
-        if runner is not None and not runner.state.started:
-            assert runner.job.plan is not None
-            self.emit(attempt_event(runner.job.plan, runner.job.attempt, runner.record))
-            try:
-                runner.start()
-            except HostsUnavailable as exc:
-                self.error = exc
-                runner.close()
-                return
+        if runner is not None:
+            if not runner.state.started:
+                assert runner.job.plan is not None
+                self.emit(attempt_event(runner.job.plan, runner.job.attempt, runner.record))
+                try:
+                    runner.start()
+                except HostsUnavailable as exc:
+                    self.error = exc
+                    runner.close()
+                    return
         elif not self._view(self._offsets, self._tail):
             return
         self._follow()
