@@ -32,6 +32,7 @@ from clusterrun.life import lifecycle
 from clusterrun.life.attempt import Cancelled, attempt_event, restart, stop
 from clusterrun.life.recorder import new_record
 from clusterrun.life.runner import Clock, Runner, history, run_monitor
+from clusterrun.life.session import Session
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.store.jobs import OWNER_FD_VAR, JobStore
 from clusterrun.transports.fake import FakeCluster
@@ -106,6 +107,7 @@ class FakeClock:
     def __init__(self, on_wait: Callable[[], None] | None = None) -> None:
         self.t = 1_000_000.0
         self.waits: list[float] = []
+        self.woken: list[bool] = []  # per wait: whether a request had woken the owner already
         self.on_wait = on_wait
 
     def wait(self, event: threading.Event, seconds: float) -> bool:
@@ -113,6 +115,7 @@ class FakeClock:
             self.on_wait, hook = None, self.on_wait
             hook()
         self.waits.append(seconds)
+        self.woken.append(event.is_set())
         self.t += seconds
         return event.is_set()
 
@@ -298,6 +301,26 @@ def test_a_users_restart_during_the_backoff_leaves_the_attempt_failed_and_restar
     assert record.attempts[1].restart is None
     assert history(record) == ("attempts: 1 failed after 0 s (torchrun on node 1 (h1): exit code 1), restarted by "
                                f"the user · 2 {record.attempts[1].state}")
+    runner.close()
+
+
+def test_after_the_dashboards_restart_a_backoff_waits_its_time_and_is_not_woken_by_the_old_stop(
+        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    """The dashboard's R stops the attempt through the owner (a request that wakes a backoff);
+    once the next attempt runs, that request is done: a later backoff waits, it does not spin."""
+    clock = FakeClock()
+    runner = owned(fake, store, tmp_path, RestartPolicy(max=1, backoff_first=30, backoff_most=30), [], clock)
+    session = Session(store, store.load(JOB), runner=runner, gpu_interval=None)
+    session.begin()
+    fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    session.restart()
+    fail(fake, 2)
+    fake.wait_started(JOB, 0, 3).exit(0)
+    fake.wait_started(JOB, 1, 3).exit(0)
+    session.wait(timeout=30)
+    assert session.result is not None and session.result.ok and not session.busy
+    assert [a.restart for a in store.load(JOB).attempts] == ["user", "policy", None]
+    assert clock.waits and clock.woken == [False] * len(clock.waits)
     runner.close()
 
 

@@ -399,6 +399,7 @@ class Runner:
     def restarted(self, record: JobRecord) -> None:
         """The user's restart (the dashboard's R) stopped the attempt this owner followed and
         started ``record``'s: the stop asked of it was the restart's, done; follow the new attempt."""
+        self._wake.clear()  # the restart's stop is done: it must not cut a later backoff short
         self._move(Owner.restarted)
         self._follow_attempt(record)
 
