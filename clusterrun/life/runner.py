@@ -51,7 +51,7 @@ from clusterrun.core.frozen import frozen
 from clusterrun.core.protocol import HostState, NodeStatus
 from clusterrun.diagnose.rootcause import transient_start_failure
 from clusterrun.life import notify, spares
-from clusterrun.life.attempt import Cancelled, restart, start, stop
+from clusterrun.life.attempt import Cancelled, NextAttempt, restart, start, stop
 from clusterrun.life.gate import plan_to_start
 from clusterrun.life.lifecycle import follower, per_node, save_seen, spec_of, stacks_of, status_of, stop_job
 from clusterrun.life.owner import Asked, Owner
@@ -396,9 +396,21 @@ class Runner:
                             reconnect=self.job.reconnect, spec=self.spec)
         self.job.subscribe(self._on_job_event)
 
+    def restart_by_user(self, attempt: NextAttempt, reason: str, stopped: Callable[[], None]) -> JobRecord:
+        """The user's restart (the dashboard's R) of the job this process owns, its checks passed
+        (``attempt``): the attempt followed is stopped for ``reason`` (``follow()`` returns its
+        result; ``stopped`` waits for that), the next one is started under this owner's lock
+        (``NextAttempt.replace``: the verified stop of every node first) and followed by this owner.
+        Raises ``ClusterrunError`` when the next attempt could not be started."""
+        self.request_stop(reason)
+        stopped()
+        record = attempt.replace(self.store, owner_fd=self.owner_fd)
+        self.restarted(record)
+        return record
+
     def restarted(self, record: JobRecord) -> None:
-        """The user's restart (the dashboard's R) stopped the attempt this owner followed and
-        started ``record``'s: the stop asked of it was the restart's, done; follow the new attempt."""
+        """The user's restart stopped the attempt this owner followed and started ``record``'s:
+        the stop asked of it was the restart's, done; follow the new attempt."""
         self._wake.clear()  # the restart's stop is done: it must not cut a later backoff short
         self._move(Owner.restarted)
         self._follow_attempt(record)

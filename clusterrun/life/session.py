@@ -17,6 +17,8 @@ job's connections (``NodeGpus`` events; ``gpu_interval=None`` turns it off).
 ``NodeStopped`` reports). ``restart()`` is ``attempt.restart`` — the next attempt checked, then
 the verified stop of every node, whatever this view believes of them, then the next attempt
 (``AttemptStarted``) — and follows the new attempt; a refused restart leaves the job running.
+In ``up``'s dashboard the one owner carries both out (``Runner.request_stop``,
+``Runner.restart_by_user``): the session asks it and reads its ``state``.
 """
 
 from __future__ import annotations
@@ -254,23 +256,26 @@ class Session:
                 self.error = exc
                 self._thread = previous  # still following the running attempt
                 return
-            try:
-                self.kill()
+            def stopped() -> None:  # the attempt followed has ended: its result is not the job's
                 if previous is not None:
                     previous.join()
                 self.result = None
-                owner_fd = self.runner.owner_fd if self.runner is not None else None
-                try:
-                    record = attempt.replace(self.store, owner_fd=owner_fd)
-                except ClusterrunError as exc:
-                    self.error = exc
-                    return
+
+            try:
+                if self.owner and self.runner is not None:  # the one owner stops, starts and follows
+                    record = self.runner.restart_by_user(attempt, KILLED, stopped)
+                    followed = True
+                else:
+                    self.kill()
+                    stopped()
+                    record = attempt.replace(self.store, owner_fd=None)
+            except ClusterrunError as exc:
+                self.error = exc
+                return
             finally:
                 attempt.close()
             self.record = record
-            if self.runner is not None and owner_fd is not None:
-                self.runner.restarted(record)  # the one owner follows the new attempt
-                followed = True
+            if followed and self.runner is not None:
                 self._announce(record, self.runner.job)
             elif not self._view({}, None):  # the new attempt runs, owned by its monitor; only following it failed
                 return
