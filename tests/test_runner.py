@@ -317,6 +317,8 @@ def test_the_owners_state_is_replaced_whole_and_a_restart_done_keeps_a_stop_aske
     assert (stopped.asked, stopped.reason) == (Asked.STOP, "Ctrl-C")
     assert (stopped.next_attempt().asked, stopped.next_attempt().reason) == (Asked.STOP, "Ctrl-C")
     assert new.start(failed=True).start_failed and not new.start().start_failed
+    by_user = restarting.begin_user_restart().restarted()  # the dashboard's R: a new attempt, nobody blamed
+    assert (by_user.late, by_user.replace, by_user.user_restart, by_user.asked) == ((), {}, False, Asked.FOLLOW)
 
 
 def test_requests_from_signal_handlers_are_taken_in_order_and_never_wait_for_the_lock(

@@ -98,8 +98,9 @@ class Owner:
 
     def restarted(self) -> Owner:
         """The user's restart stopped the attempt followed and started the next: the stop asked of
-        the old one (the restart's own) is done; follow the new one."""
-        return dataclasses.replace(self, asked=Asked.FOLLOW, reason=None, user_restart=False)
+        the old one (the restart's own) is done; follow the new one, whose hosts nobody has blamed
+        yet (what was decided of the old attempt, its spares too, does not carry over)."""
+        return dataclasses.replace(self, asked=Asked.FOLLOW, reason=None, user_restart=False, spares=(), late=())
 
     @property
     def replace(self) -> dict[str, str]:
