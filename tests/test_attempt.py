@@ -16,13 +16,14 @@ import pytest
 from clusterrun.config.hostsfile import ClusterSpec
 from clusterrun.core.errors import ConfigError, HostsUnavailable
 from clusterrun.core.events import Event, JobNote, JobState, NodeState, NodeStateChanged
-from clusterrun.life import lifecycle
 from clusterrun.life.attempt import begin_stop, restart, stop
 from clusterrun.life.recorder import Recorder, mark_failed_start, new_record
 from clusterrun.life.runner import Runner, run_monitor
 from clusterrun.life.session import Session
 from clusterrun.run.orchestrator import Job, Reconnect
+from clusterrun.store import opened
 from clusterrun.store.jobs import JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.transports.fake import FakeCluster
 from tests import test_runner
 from tests.test_orchestrator import JOB, spec_of
@@ -156,7 +157,8 @@ def test_ctrl_c_of_the_owner_records_a_stop(fake: FakeCluster, store: JobStore, 
 
 def test_a_restart_stops_then_starts_the_next_attempt(fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
     runner = running_job(fake, store, tmp_path)
-    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd,
+                     recorded=Opened(store.load(JOB)).spec())
     assert record.attempt == 2
     assert states(store) == (JobState.RUNNING, [JobState.STOPPED, JobState.RUNNING])
     assert not fake.node(JOB, 0).running and fake.node(JOB, 0, 2).running
@@ -169,14 +171,15 @@ def test_a_restart_reads_the_hosts_file_once(fake: FakeCluster, store: JobStore,
     the stop and the start do not parse the recorded hosts file again."""
     runner = running_job(fake, store, tmp_path)
     parsed: list[str] = []
-    parse = lifecycle.load_cluster_text
+    parse = opened.load_cluster_text
 
     def counted(text: str, path: str) -> ClusterSpec:
         parsed.append(path)
         return parse(text, path)
 
-    monkeypatch.setattr(lifecycle, "load_cluster_text", counted)
-    assert restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd).attempt == 2
+    monkeypatch.setattr(opened, "load_cluster_text", counted)
+    assert restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd,
+                   recorded=Opened(store.load(JOB)).spec()).attempt == 2
     assert len(parsed) == 1
     runner.close()
 
@@ -186,7 +189,8 @@ def test_a_restart_refused_by_the_preflight_stops_nothing(fake: FakeCluster, sto
     runner = running_job(fake, store, tmp_path)
     fake.host("h1").missing = {"train.py"}
     with pytest.raises(HostsUnavailable) as refused:
-        restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+        restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd,
+                recorded=Opened(store.load(JOB)).spec())
     assert "(preflight)" in refused.value.render() and "train.py" in refused.value.render()
     assert fake.ops("stop") == [] and fake.node(JOB, 0).running and fake.node(JOB, 1).running
     assert states(store) == (JobState.RUNNING, [JobState.RUNNING])
@@ -212,11 +216,12 @@ def test_a_restart_without_a_secret_stops_nothing(fake: FakeCluster, store: JobS
     fake.wait_started(JOB, 1)
     monkeypatch.delenv(SECRET, raising=False)
     with pytest.raises(ConfigError, match=SECRET):
-        restart(store, store.load(JOB), lambda event: None, owner_fd=owner)
+        restart(store, store.load(JOB), lambda event: None, owner_fd=owner, recorded=Opened(store.load(JOB)).spec())
     assert fake.ops("stop") == [] and fake.ops("probe") == fake.ops("probe")[:2]  # not even probed again
     assert fake.node(JOB, 0).running and store.load(JOB).attempt == 1
     monkeypatch.setenv(SECRET, "hf_abc")
-    assert restart(store, store.load(JOB), lambda event: None, owner_fd=owner).attempt == 2
+    assert restart(store, store.load(JOB), lambda event: None, owner_fd=owner,
+                   recorded=Opened(store.load(JOB)).spec()).attempt == 2
     assert fake.node(JOB, 0, 2).env[SECRET] == "hf_abc"
     runner.close()
 
@@ -279,13 +284,13 @@ def test_the_owner_restarts_and_follows_the_next_attempt_without_parsing_the_hos
     runner = running_job(fake, store, tmp_path)
     runner.spec  # noqa: B018 - parsed now, before the count starts
     parsed: list[str] = []
-    parse = lifecycle.load_cluster_text
+    parse = opened.load_cluster_text
 
     def counted(text: str, path: str) -> ClusterSpec:
         parsed.append(path)
         return parse(text, path)
 
-    monkeypatch.setattr(lifecycle, "load_cluster_text", counted)
+    monkeypatch.setattr(opened, "load_cluster_text", counted)
     thread, out = follow_in_thread(runner)
     abort_at_start(fake.node(JOB, 1))
     fake.wait_started(JOB, 0, 2), fake.wait_started(JOB, 1, 2)
@@ -338,4 +343,4 @@ def test_the_owner_carries_the_record_through_a_restart_and_reads_it_only_to_pol
 def down_now(store: JobStore):  # type: ignore[no-untyped-def]
     """``attempt.stop`` of the recorded job now, as ``clusterrun down`` makes it."""
     record = store.load(JOB)
-    return stop(store, record, spec=lifecycle.spec_of(record))
+    return stop(store, record, spec=Opened(record).spec())

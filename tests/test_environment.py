@@ -27,6 +27,7 @@ from clusterrun.run import setups
 from clusterrun.run.orchestrator import Job
 from clusterrun.run.plan import HostFacts, build_plan, plan_to_json
 from clusterrun.store.jobs import JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.transports.fake import FakeCluster
 
 JOB = "train-20261123-120000-abcd"
@@ -204,13 +205,13 @@ def test_the_record_holds_secrets_masked_and_a_later_start_finds_them_again(
 
     # A later start (the monitor finishing a start) reads them again from where they came from.
     monkeypatch.setattr("os.environ", {**environ, "CLI_KEY": "cli-again", "PLAIN_BUT_SECRET": "listed-again"})
-    again = plan_to_start(store.load(JOB))
+    again = plan_to_start(store.load(JOB), recorded=Opened(store.load(JOB)).spec())
     assert again.nodes[1].env["HF_TOKEN"] == "forwarded-canary"
     assert again.nodes[1].env["FILE_TOKEN"] == "from-the-file-canary"
     assert again.nodes[1].env["CLI_KEY"] == "cli-again"
     monkeypatch.setattr("os.environ", {})
     with pytest.raises(ConfigError, match="CLI_KEY: its value is secret"):
-        plan_to_start(store.load(JOB))
+        plan_to_start(store.load(JOB), recorded=Opened(store.load(JOB)).spec())
 
 
 def test_unmask_and_redact() -> None:
@@ -392,5 +393,5 @@ def test_a_restart_without_a_secret_the_last_attempt_had_is_refused(
     store.create(record)
     monkeypatch.setattr("os.environ", {})
     with pytest.raises(ConfigError, match="HF_TOKEN: its value is secret"):
-        restart(store, store.load(JOB), lambda event: None)
+        restart(store, store.load(JOB), lambda event: None, recorded=Opened(store.load(JOB)).spec())
     assert store.load(JOB).attempt == 1  # nothing new was started or recorded

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.opened import Opened
 from tests.conftest import (
     ROOT,
     SUPPORT,
@@ -315,7 +316,8 @@ def test_a_new_attempt_is_read_back_with_its_nodes_started_even_when_the_record_
     owner = store.wait_own(job_id, timeout=30)
     assert owner is not None
     try:
-        record = restart(store, store.load(job_id), lambda event: None, owner_fd=owner)
+        record = restart(store, store.load(job_id), lambda event: None, owner_fd=owner,
+                         recorded=Opened(store.load(job_id)).spec())
         assert record.attempt == 2
         assert all(n.pid for n in record.nodes), record.nodes
     finally:

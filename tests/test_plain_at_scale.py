@@ -32,6 +32,7 @@ from clusterrun.life.recorder import new_record
 from clusterrun.life.runner import Runner
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.store.jobs import JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.sync.copy import SyncProgress, SyncReport
 from clusterrun.sync.view import SyncView
 from clusterrun.transports.fake import FakeCluster
@@ -153,7 +154,8 @@ def test_a_restart_of_64_nodes_is_a_line_for_the_stop_and_one_for_the_start(
     runner.start()
     err = io.StringIO()
     try:
-        restart(store, store.load(JOB), Printer(err=err, nnodes=N, hold=HOLD), owner_fd=runner.owner_fd)
+        restart(store, store.load(JOB), Printer(err=err, nnodes=N, hold=HOLD), owner_fd=runner.owner_fd,
+                recorded=Opened(store.load(JOB)).spec())
     finally:
         runner.close()
     assert err.getvalue().splitlines() == [

@@ -28,13 +28,13 @@ from clusterrun.core.events import (
     JobState,
     iso,
 )
-from clusterrun.life import lifecycle
 from clusterrun.life.attempt import Cancelled, attempt_event, restart, stop
 from clusterrun.life.recorder import new_record
 from clusterrun.life.runner import Clock, Runner, history, run_monitor
 from clusterrun.life.session import Session
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.store.jobs import OWNER_FD_VAR, JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.transports.fake import FakeCluster
 from clusterrun.views.board import Board
 from clusterrun.views.printer import Printer
@@ -283,7 +283,8 @@ def test_an_automatic_restart_of_a_stopped_job_starts_nothing(fake: FakeCluster,
     assert runner.job.run() is not None and store.load(JOB).state is JobState.RESTARTING
     down_now(store)
     with pytest.raises(Cancelled):
-        restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd, automatic=True)
+        restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd, automatic=True,
+                recorded=Opened(store.load(JOB)).spec())
     assert store.load(JOB).state is JobState.STOPPED and (JOB, 0, 2) not in fake.nodes
     runner.close()
 
@@ -295,7 +296,8 @@ def test_a_users_restart_during_the_backoff_leaves_the_attempt_failed_and_restar
     runner = owned(fake, store, tmp_path, RestartPolicy(max=3, backoff_first=3600, backoff_most=3600), [], FakeClock())
     fail(fake, 1)
     assert runner.job.run() is not None and store.load(JOB).state is JobState.RESTARTING
-    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd,
+                     recorded=Opened(store.load(JOB)).spec())
     assert record.attempt == 2 and (JOB, 0, 2) in fake.nodes
     assert [(str(a.state), a.restart) for a in record.attempts[:1]] == [("failed", "user")]
     assert record.attempts[1].restart is None
@@ -368,7 +370,7 @@ def test_restart_with_new_arguments_records_them(fake: FakeCluster, store: JobSt
     runner = owned(fake, store, tmp_path, RestartPolicy(), [], FakeClock())
     fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
     record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd,
-                     script_args=["--lr", "0.1"])
+                     script_args=["--lr", "0.1"], recorded=Opened(store.load(JOB)).spec())
     assert record.attempt == 2 and record.script_args == ["--lr", "0.1"]
     assert fake.wait_started(JOB, 0, 2).argv[-2:] == ["--lr", "0.1"]
     assert fake.node(JOB, 0, 1).argv[-1] == "train.py"  # attempt 1 ran with none
@@ -502,4 +504,4 @@ def test_the_countdown_is_one_line_with_the_restarts_time_and_each_failure_is_sa
 def down_now(store: JobStore):  # type: ignore[no-untyped-def]
     """``attempt.stop`` of the recorded job now, as ``clusterrun down`` makes it."""
     record = store.load(JOB)
-    return stop(store, record, spec=lifecycle.spec_of(record))
+    return stop(store, record, spec=Opened(record).spec())

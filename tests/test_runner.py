@@ -22,6 +22,7 @@ from clusterrun.life.recorder import new_record
 from clusterrun.life.runner import Runner
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.store.jobs import JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.transports.fake import FakeCluster
 from clusterrun.views.board import Board
 from tests.test_orchestrator import JOB, spec_of
@@ -72,7 +73,8 @@ def test_restart_stops_every_node_verified_before_the_next_attempt(fake: FakeClu
     restart stops each one on its host first: two attempts never run at once."""
     runner = owned_job(fake, store, tmp_path, [])
     a0, a1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
-    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd,
+                     recorded=Opened(store.load(JOB)).spec())
     assert record.attempt == 2
     assert a0.stops == 1 and a1.stops == 1 and not a0.running and not a1.running
     b0, b1 = fake.node(JOB, 0, 2), fake.node(JOB, 1, 2)
@@ -90,7 +92,8 @@ def test_restart_is_refused_while_a_node_cannot_be_verified_stopped(fake: FakeCl
     a0, a1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
     fake.host("h1").drop()
     with pytest.raises(HostsUnavailable) as unreachable:
-        restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+        restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd,
+                recorded=Opened(store.load(JOB)).spec())
     assert "h1" in unreachable.value.render()
     assert a0.stops == 0 and a0.running and a1.running  # the running attempt was left alone
     assert (JOB, 0, 2) not in fake.nodes and (JOB, 1, 2) not in fake.nodes  # nothing new started
@@ -99,7 +102,8 @@ def test_restart_is_refused_while_a_node_cannot_be_verified_stopped(fake: FakeCl
     a1.leave_on_stop = [{"pid": 77, "name": "escapee"}]  # reachable again, but something would not die
     fake.host("h1").restore()
     with pytest.raises(NotStopped) as refused:
-        restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+        restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd,
+                recorded=Opened(store.load(JOB)).spec())
     assert not refused.value.unreachable and (JOB, 0, 2) not in fake.nodes
     runner.close()
 
@@ -203,12 +207,13 @@ def test_an_adopted_job_restarted_here_is_owned_here(fake: FakeCluster, store: J
                                   local_cwd=str(tmp_path), ssh_config=None)
     assert notes == [] and [(r.job_id, r.attempt, r.adopted) for r in records] == [(JOB, 1, True)]
     store.create(records[0])
-    record = restart(store, store.load(JOB), lambda event: None, owner_fd=store.try_own(JOB))
+    record = restart(store, store.load(JOB), lambda event: None, owner_fd=store.try_own(JOB),
+                     recorded=Opened(store.load(JOB)).spec())
     assert record.attempt == 2 and not record.adopted
     assert not a0.running and not a1.running and fake.node(JOB, 0, 2).running and fake.node(JOB, 1, 2).running
     assert fake.node(JOB, 1, 2).argv == a1.argv  # the same command as the first controller's
-    stop_job(record, spec=lifecycle.spec_of(record))
-    removed = remove_on_hosts(record)
+    stop_job(record, spec=Opened(record).spec())
+    removed = remove_on_hosts(Opened(record))
     assert all(isinstance(a, dict) and a["removed"] for a in removed.values()), removed
     assert not [key for key in fake.nodes if key[0] == JOB]  # every attempt of every node
     runner.close()

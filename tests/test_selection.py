@@ -13,8 +13,8 @@ import pytest
 from clusterrun.config.hostsfile import load_cluster_text
 from clusterrun.config.selection import load_hosts, select
 from clusterrun.core.errors import ConfigError
-from clusterrun.life.lifecycle import spec_of
 from clusterrun.store.jobs import JobStore
+from clusterrun.store.opened import Opened
 from tests.conftest import ROOT, job_id_of, run_up, write_hosts
 from tests.simhosts import SimCluster
 from tests.test_ssh import check_ranks
@@ -101,7 +101,7 @@ def test_up_runs_on_the_hosts_left_and_its_record_keeps_them(tmp_path: Path) -> 
                            text=True, timeout=60, cwd=ROOT)
     assert [n["host"] for n in json.loads(shown.stdout)["jobs"][0]["nodes"]] == ["local-a", "local-c"]
     store = JobStore()
-    assert [h.host for h in spec_of(store.load(job)).hosts] == ["local-a", "local-c"]  # what a restart runs on
+    assert [h.host for h in Opened(store.load(job)).spec().hosts] == ["local-a", "local-c"]  # what a restart runs on
 
 
 @pytest.mark.integration

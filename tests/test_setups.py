@@ -21,6 +21,7 @@ from clusterrun.life.recorder import new_record
 from clusterrun.run import setups
 from clusterrun.run.orchestrator import Job
 from clusterrun.store.jobs import JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.transports.fake import FakeCluster
 from tests import test_runner
 from tests.test_orchestrator import JOB
@@ -137,7 +138,7 @@ def test_a_restarts_setup_runs_before_its_stop_and_says_which_nodes_are_still_in
                 fake.host("h1").setup_blocks = False
                 fake.changed.notify_all()
 
-    restart(store, store.load(JOB), emit)
+    restart(store, store.load(JOB), emit, recorded=Opened(store.load(JOB)).spec())
     assert seen and "1 (h1)" in seen[0][0] and seen[0][1], seen  # attempt 1 still ran then
     assert fake.wait_started(JOB, 1, 2).running and not fake.node(JOB, 1, 1).running
     assert [op["attempt"] for op in fake.ops("setup", "h1")] == [1, 2]  # once per attempt

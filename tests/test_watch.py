@@ -33,6 +33,7 @@ from clusterrun.run.hangwatch import HangWatch, silent_since
 from clusterrun.run.orchestrator import Job
 from clusterrun.run.startwatch import StartupWatch, progress_text
 from clusterrun.store.jobs import JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.transports.fake import FakeCluster
 from clusterrun.views.board import Board
 from clusterrun.views.joblist import job_json, job_state_text, node_state_text
@@ -561,7 +562,8 @@ def test_every_new_attempt_is_notified_as_restarted_once(fake: FakeCluster, stor
     runner = _owned(fake, store, tmp_path, None, notify_with=Notify(COMMAND.replace("{out}", str(out)),
                                                                    on=("restarted",)))
     fake.wait_started(JOB, 0)
-    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd)
+    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd,
+                     recorded=Opened(store.load(JOB)).spec())
     assert record.attempt == 2
     assert [(s["event"], s["attempts"]) for s in _sent(out, 1)] == [("restarted", 2)]
     assert notify.send_due(store, store.load(JOB)) == [] and store.load(JOB).notified == ["2:restarted"]
@@ -627,12 +629,12 @@ def test_an_end_recorded_by_an_owner_that_died_is_notified_by_the_next_command(s
         rec.state = rec.attempts[0].state = JobState.SUCCEEDED
 
     store.update(JOB, ended)
-    assert refresh(store, store.load(JOB)).state is JobState.SUCCEEDED
+    assert refresh(store, Opened(store.load(JOB))).record.state is JobState.SUCCEEDED
     assert _sent(out, 0) == [] and store.load(JOB).notified == []  # the owner lives: it sends, not ps
     assert runner.owner_fd is not None
     store.release(runner.owner_fd)  # the owner died
-    refresh(store, store.load(JOB))
-    refresh(store, store.load(JOB))
+    refresh(store, Opened(store.load(JOB)))
+    refresh(store, Opened(store.load(JOB)))
     assert [s["event"] for s in _sent(out, 1)] == ["succeeded"] and store.load(JOB).notified == ["1:succeeded"]
 
 

@@ -40,13 +40,14 @@ from clusterrun.core.protocol import decode_status
 from clusterrun.core.ranges import parse_ranges
 from clusterrun.core.terminal import safe
 from clusterrun.life import notify
-from clusterrun.life.lifecycle import follower, read_log_chunks, read_logs, save_seen, spec_of
+from clusterrun.life.lifecycle import follower, read_log_chunks, read_logs, save_seen
 from clusterrun.life.lookup import look
 from clusterrun.run.plan import LaunchPlan, plan_from_json
 from clusterrun.run.startwatch import late_after, progress_text, seconds_text
 from clusterrun.slurm.job import engine_text, is_slurm
 from clusterrun.store import preparing
 from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.views.completion import complete_jobs
 from clusterrun.views.gpus import per_gpu
 from clusterrun.views.interleave import interleaved
@@ -113,9 +114,8 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         if checking:  # its `up` still checks the hosts: no record yet, nothing started
             click.echo(_preparing_text(checking[-1], time.time()))
             return
-        store, record = _open_job(job, hosts_file)
-        record = _refresh(store, record)
-        seen = look(store, record)
+        store, opened = _open_job(job, hosts_file)
+        seen = look(store, _refresh(store, opened))
         record, statuses, gpus = seen.record, seen.statuses, seen.gpus
         report = store.hang_report(record.job_id, record.attempt)
         hung = any(node_state(n) == NodeState.HUNG for n in record.nodes) and report.exists()
@@ -173,7 +173,7 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
     store = JobStore()
     now = time.time()
     good, damaged = store.scan()
-    records, hidden = shown([_refresh(store, r) for r in good], now, show_all=show_all, states=states)
+    records, hidden = shown([_refresh(store, Opened(r)).record for r in good], now, show_all=show_all, states=states)
     if as_json:
         click.echo(json.dumps(jobs_json(records, damaged=damaged), indent=1))
         return
@@ -285,11 +285,12 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
     characters are shown escaped (`\x1b]52;...`). --node N without --prefix prints the node's file
     byte for byte, escape sequences included, as `cat` would: redirect it to a file, or pipe it to
     `cat -v`, to look at output you do not trust."""
-    store, record = _open_job(job, hosts_file)
-    ranks = _select_ranks(record, node)
-    attempt = _check_attempt(record, attempt)
-    record = _refresh(store, record)
-    plan = plan_from_json(record.plan, spec_of(record))
+    store, opened = _open_job(job, hosts_file)
+    ranks = _select_ranks(opened.record, node)
+    attempt = _check_attempt(opened.record, attempt)
+    opened = _refresh(store, opened)
+    record = opened.record
+    plan = plan_from_json(record.plan, opened.spec())
     global_ranks = _global_ranks(plan, rank_text)
     if global_ranks is not None:
         ranks = [r for r in ranks if set(plan.nodes[r].ranks) & global_ranks]
@@ -302,9 +303,9 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
     if not follow:
         failed = printed = False
         if by_node or len(ranks) == 1:
-            chunks = read_logs(record, ranks, attempt, tail)
+            chunks = read_logs(opened, ranks, attempt, tail)
         else:
-            chunks = interleaved(ranks, lambda rank: read_log_chunks(record, rank, attempt, tail))
+            chunks = interleaved(ranks, lambda rank: read_log_chunks(opened, rank, attempt, tail))
         for rank, item in chunks:
             if isinstance(item, ClusterrunError):
                 failed = True
@@ -320,10 +321,11 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
         from clusterrun.store.slurmlogs import SlurmFollower
 
         follower_job = SlurmFollower(store, record, printer, attempt=attempt, ranks=ranks, tail=tail,
-                                     reload=lambda: _refresh(store, store.load(record.job_id)))
+                                     reload=lambda: _refresh(
+                                         store, opened.with_record(store.load(record.job_id))).record)
     else:
         follower_job = follower(record, printer, owner=False, follow_logs=True, attempt=attempt, tail=tail,
-                                ranks=ranks)
+                                ranks=ranks, spec=opened.spec(attempt))
     with _on_signals({signal.SIGINT: lambda s: follower_job.detach(),
                       signal.SIGTERM: lambda s: follower_job.detach()}) as got:
         try:
@@ -361,8 +363,9 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
     Ctrl-C (d in the dashboard), SIGTERM or SIGHUP detach and leave the job running; K in the
     dashboard or `clusterrun down` stops it. A job of `up --from-slurm`: the log files its up keeps
     on this machine, followed (see docs/slurm.md)."""
-    store, record = _open_job(job, hosts_file)
-    record = _refresh(store, record)
+    store, opened = _open_job(job, hosts_file)
+    opened = _refresh(store, opened)
+    record = opened.record
     printer = Printer()
     offsets = {n.rank: n.seen for n in record.nodes}
     slurm = is_slurm(record)  # srun's output reaches only its `up`: a viewer follows the files that `up` keeps
@@ -371,18 +374,20 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
         from clusterrun.slurm.view import SlurmView
 
         scrollback = tail if tail is not None else shutil.get_terminal_size().lines  # a screenful
-        session = SlurmView(store, record, offsets) if slurm else Session(store, record, offsets=offsets,
-                                                                          scrollback=scrollback)
+        session = SlurmView(store, opened, offsets) if slurm else Session(store, record, offsets=offsets,
+                                                                          scrollback=scrollback, opened=opened)
         sys.exit(_dashboard(session, ui_lines, term_stops=False))
     viewer: Job | SlurmFollower
     if slurm:
         from clusterrun.store.slurmlogs import SlurmFollower
 
         viewer = SlurmFollower(store, record, printer, attempt=record.attempt, ranks=range(len(record.nodes)),
-                               tail=None, offsets=offsets, reload=lambda: _refresh(store, store.load(record.job_id)))
+                               tail=None, offsets=offsets,
+                               reload=lambda: _refresh(store, opened.with_record(store.load(record.job_id))).record)
     else:
-        viewer = follower(record, printer, owner=False, follow_logs=True, offsets=offsets, scrollback=tail or 0)
-    printer.set_plan(plan_from_json(record.plan, spec_of(record)))
+        viewer = follower(record, printer, owner=False, follow_logs=True, offsets=offsets, scrollback=tail or 0,
+                          spec=opened.spec())
+    printer.set_plan(plan_from_json(record.plan, opened.spec()))
     printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "
                  + ("it has ended: its lines since you last looked, then how it ended" if record.finished
                     else "Ctrl-C detaches, the job keeps running"))
@@ -412,12 +417,14 @@ def wait_job(job: str, timeout: float | None, hosts_file: str | None) -> None:
     controller starts after that is not waited for. Nothing is printed but one line on stderr at
     the end (and what --hosts adopted), and one whenever the nodes whose host cannot be reached
     change (`running; node 1 unreachable since 16:04:05Z`, as ps says it)."""
-    store, record = _open_job(job, hosts_file)
+    store, opened = _open_job(job, hosts_file)
+    record = opened.record
     deadline = None if timeout is None else time.monotonic() + timeout
     unreachable: list[int] = []
     while True:
         try:
-            record = _refresh(store, store.load(record.job_id))  # a job nobody owns gets a monitor again
+            opened = _refresh(store, opened.with_record(store.load(record.job_id)))  # nobody owns it: a monitor again
+            record = opened.record
         except DamagedRecord as exc:  # its outcome can no longer be known here
             _fail(exc, EXIT_FAILED)
         except ClusterrunError as exc:  # the record went away (removed) or cannot be read

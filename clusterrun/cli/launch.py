@@ -33,6 +33,7 @@ from clusterrun.run.interfaces import Interface
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.run.plan import MAX_NAME, LaunchPlan, job_name, make_job_id
 from clusterrun.store.jobs import JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.store.preparing import Preparing, live
 from clusterrun.sync.copy import SyncReport
 from clusterrun.sync.view import SyncView
@@ -249,7 +250,7 @@ def _holder(store: JobStore, name: str) -> tuple[str, str, str] | None:
     said; None when the name is free."""
     for record in store.named(name):
         if not record.finished:
-            record = _refresh(store, record)
+            record = _refresh(store, Opened(record)).record
         if not record.finished:
             return record.job_id, str(record.state), ""
     for entry in live():  # another `up` still checking its hosts: no record yet, only its note

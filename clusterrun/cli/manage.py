@@ -27,10 +27,11 @@ from clusterrun.life import notify, spares
 from clusterrun.life.attempt import NextAttempt, NotStopped
 from clusterrun.life.down import Verdict
 from clusterrun.life.down import down as stop_verified
-from clusterrun.life.lifecycle import daemonize, remove_on_hosts, spec_of
+from clusterrun.life.lifecycle import daemonize, remove_on_hosts
 from clusterrun.life.runner import run_monitor
 from clusterrun.slurm.job import is_slurm
 from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.views.completion import complete_jobs
 from clusterrun.views.printer import Printer
 
@@ -62,10 +63,11 @@ def down(job: str, grace: float | None, hosts_file: str | None) -> None:
     Slurm step is stopped (see docs/slurm.md)."""
     if (code := down_slurm_step(job, grace)) is not None:
         sys.exit(code)
-    store, record = _open_job(job, hosts_file)
+    store, opened = _open_job(job, hosts_file)
+    record = opened.record
     if not record.finished:
         _note(f"stopping job {record.job_id} (attempt {record.attempt}) on {len(record.nodes)} hosts")
-    downed = stop_verified(store, record, grace)  # a finished job too: its hosts confirm it
+    downed = stop_verified(store, opened, grace)  # a finished job too: its hosts confirm it
     verdict, summary = downed.verdict, downed.summary()
     if verdict is Verdict.ALREADY:
         _note(summary or "")
@@ -107,13 +109,14 @@ def _confirm_hosts(records: Sequence[JobRecord], yes: bool) -> None:
         sys.exit(EXIT_FAILED)
 
 
-def _remove(store: JobStore, records: Sequence[JobRecord], hosts_too: bool) -> tuple[int, int]:
+def _remove(store: JobStore, records: Sequence[Opened], hosts_too: bool) -> tuple[int, int]:
     """Remove the records (and with ``hosts_too`` first the jobs' directories on their hosts): the
     exit code and how many were removed."""
     code, removed = EXIT_OK, 0
-    for record in records:
+    for opened in records:
+        record = opened.record
         if hosts_too and not is_slurm(record):  # a Slurm job's logs are in its directory here
-            answers = remove_on_hosts(record)
+            answers = remove_on_hosts(opened)
             failed = False
             for rank, answer in sorted(answers.items()):
                 where = f"node{rank} {record.nodes[rank].host}"
@@ -178,17 +181,18 @@ def rm(jobs: tuple[str, ...], hosts_too: bool, yes: bool, hosts_file: str | None
             _fail(exc, EXIT_USAGE)
         if record.job_id not in {r.job_id for r in records}:
             records.append(record)
-    ready, refused = [], _remove_damaged(store, damaged.values(), hosts_too)
+    ready: list[Opened] = []
+    refused = _remove_damaged(store, damaged.values(), hosts_too)
     for record in records:
-        record = _refresh(store, record)
-        why = _removable(store, record)
+        opened = _refresh(store, Opened(record))
+        why = _removable(store, opened.record)
         if why is not None:
             _note(f"error: {why}")
             refused = True
         else:
-            ready.append(record)
+            ready.append(opened)
     if hosts_too and ready:
-        _confirm_hosts(ready, yes)
+        _confirm_hosts([o.record for o in ready], yes)
     code, _ = _remove(store, ready, hosts_too)
     sys.exit(code if code != EXIT_OK else EXIT_FAILED if refused else EXIT_OK)
 
@@ -203,9 +207,9 @@ def prune(hosts_too: bool, yes: bool) -> None:
     Prints each removed id. Exit codes: 0 done, 3 a host could not be reached (that job's record is kept)."""
     store = JobStore()
     good, damaged = store.scan()
-    ready = [r for r in good if r.finished and _removable(store, r) is None]
+    ready = [Opened(r) for r in good if r.finished and _removable(store, r) is None]
     if hosts_too and ready:
-        _confirm_hosts(ready, yes)
+        _confirm_hosts([o.record for o in ready], yes)
     code, removed = _remove(store, ready, hosts_too)
     _note(f"removed the records of {removed} ended job(s)"
           + ("" if hosts_too else "; their logs stay on the hosts"))
@@ -236,16 +240,17 @@ def restart(job: str, grace: float | None, no_preflight: bool, hosts_file: str |
     restarted now. This controller owns the new attempt (its monitor), an adopted job's too.
     A job of `up --from-slurm`: a new step in the same allocation, run in the foreground as up
     runs it (refused once the allocation has ended; see docs/slurm.md)."""
-    store, record = _open_job(job, hosts_file)
+    store, opened = _open_job(job, hosts_file)
+    record = opened.record
     if is_slurm(record):  # a new step in its allocation, run here in the foreground
         if exclude or replace:
             _fail(ConfigError("-x and --replace: a Slurm job's hosts are its allocation's",
                               hint="ask Slurm for other nodes (`up --from-slurm` in a new allocation)"), EXIT_USAGE)
-        restart_slurm(record, grace, script_args)
+        restart_slurm(opened, grace, script_args)
     printer = Printer(nnodes=len(record.nodes))
     try:
-        recorded = spec_of(record) if exclude or replace else None  # parsed once, for the spares and the checks
-        swaps = spares.pick(recorded, record, exclude, _chosen(replace)) if recorded is not None else {}
+        recorded = opened.spec()  # parsed once, for the spares and the checks
+        swaps = spares.pick(recorded, record, exclude, _chosen(replace)) if exclude or replace else {}
         attempt = NextAttempt(record, printer, full_preflight=not no_preflight,
                               script_args=script_args if script_args else None, recorded=recorded, replace=swaps)
     except ConfigError as exc:

@@ -15,6 +15,7 @@ from clusterrun.life.recorder import refresh
 from clusterrun.slurm.job import is_slurm
 from clusterrun.slurm.job import refresh as slurm_refresh
 from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.opened import Opened
 
 
 def _guarantee(fallbacks: Sequence[str], prefix: str = "  ") -> str:
@@ -57,7 +58,9 @@ def _adopt(hosts_file: str | None) -> None:
         _note(f"adopted job {record.job_id} ({record.state}) from the hosts of {hosts_file}")
 
 
-def _open_job(ref: str, hosts_file: str | None = None) -> tuple[JobStore, JobRecord]:
+def _open_job(ref: str, hosts_file: str | None = None) -> tuple[JobStore, Opened]:
+    """The job ``ref`` names, opened once for the command: its record, and its hosts file parsed
+    when first needed (``Opened``), carried to whatever the command does with it."""
     _adopt(hosts_file)
     store = JobStore()
     try:
@@ -66,7 +69,7 @@ def _open_job(ref: str, hosts_file: str | None = None) -> tuple[JobStore, JobRec
         _fail(exc, EXIT_USAGE)
     if os.path.isdir(record.local_cwd):
         os.chdir(record.local_cwd)  # relative paths in the job's hosts file are relative to it
-    return store, record
+    return store, Opened(record)
 
 
 def _find(store: JobStore, ref: str) -> str:
@@ -78,18 +81,20 @@ def _find(store: JobStore, ref: str) -> str:
     return found.job_id
 
 
-def _refresh(store: JobStore, record: JobRecord) -> JobRecord:
+def _refresh(store: JobStore, job: Opened) -> Opened:
+    """The job brought up to date (``recorder.refresh``), its hosts file parsed no more than once."""
+    record = job.record
     try:
         if is_slurm(record):  # no agent and no monitor: its `up` records it, else Slurm is asked
-            return slurm_refresh(store, record)
-        return refresh(store, record)
+            return job.with_record(slurm_refresh(store, record))
+        return refresh(store, job)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
     except DamagedRecord:  # not a record to show: exit 1 (``_Commands``)
         raise
     except StateError as exc:  # the record could not be brought up to date: show it as it is
         _note(f"warning: job {record.job_id} shows its last recorded state: {exc.render()}")
-        return record
+        return job
 
 
 def _not_under_slurm(record: JobRecord, what: str, instead: str) -> None:

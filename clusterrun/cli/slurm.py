@@ -35,7 +35,6 @@ from clusterrun.config.selection import load_hosts
 from clusterrun.core.errors import ClusterrunError, ConfigError, JobNotFound
 from clusterrun.core.events import JobResult, NodeResult, NodeState
 from clusterrun.life.attempt import record_next_attempt
-from clusterrun.life.lifecycle import spec_of
 from clusterrun.life.recorder import Recorder
 from clusterrun.run.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
 from clusterrun.slurm.job import (
@@ -51,6 +50,7 @@ from clusterrun.slurm.job import (
     slurm_record,
 )
 from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.views.printer import Printer
 
 # Slurm's modules are imported by the functions that run under Slurm: `up` and `down` of a job over
@@ -152,7 +152,7 @@ def _run_step(store: JobStore, record: JobRecord, plan: LaunchPlan, step: SlurmS
     sys.exit(code)
 
 
-def restart_slurm(record: JobRecord, grace: float | None, script_args: Sequence[str]) -> NoReturn:
+def restart_slurm(job: Opened, grace: float | None, script_args: Sequence[str]) -> NoReturn:
     """``restart JOB`` for a job of ``up --from-slurm``: its step stopped (``down``'s stop) if it
     runs, then the next attempt as a new step of the same srun in the same allocation, run here
     in the foreground as ``up --from-slurm`` runs it. Refused, with nothing stopped, where the
@@ -160,7 +160,7 @@ def restart_slurm(record: JobRecord, grace: float | None, script_args: Sequence[
     from clusterrun.slurm.step import SlurmStep
 
     store = JobStore()
-    record = refresh(store, record)  # its `up` may be gone, and its step with it
+    record = refresh(store, job.record)  # its `up` may be gone, and its step with it
     job_id, allocation = record.job_id, slurm_of(record).get("job")
     untouched = "nothing was stopped" if not record.finished else "nothing was started"
     if script_args:
@@ -171,7 +171,7 @@ def restart_slurm(record: JobRecord, grace: float | None, script_args: Sequence[
         _fail(ConfigError(f"job {job_id} cannot be restarted: {gone}; {untouched}",
                           hint=f"run `up --from-slurm {record.script}` in a new allocation (salloc, sbatch)"),
               EXIT_FAILED)
-    plan = plan_from_json(record.plan, spec_of(record))
+    plan = plan_from_json(record.plan, job.with_record(record).spec())
     env = dict(plan.nodes[0].env)
     missing = [name for name, value in env.items() if value == MASK and name not in os.environ]
     if missing:

@@ -41,7 +41,8 @@ def stack_command(job: str, node: tuple[int, ...], rank_text: str | None, native
 
     Exit 0 when every rank's stack was taken, 1 when some could not be (or the job is not
     running), 3 when a host could not be reached."""
-    store, record = _open_job(job, hosts_file)
+    store, opened = _open_job(job, hosts_file)
+    record = opened.record
     _not_under_slurm(record, "its stacks cannot be taken by clusterrun", "run py-spy in the step: "
                      "`srun --overlap --jobid=ALLOCATION py-spy dump --pid PID`")
     nodes = list(node) or None
@@ -53,12 +54,13 @@ def stack_command(job: str, node: tuple[int, ...], rank_text: str | None, native
         ranks = None if rank_text is None else parse_ranks(rank_text)
     except ValueError as exc:
         _fail(ConfigError(str(exc), key="--rank"), EXIT_USAGE)
-    record = _refresh(store, record)
+    opened = _refresh(store, opened)
+    record = opened.record
     if record.finished:
         _fail(ClusterrunError(f"job {record.job_id} has ended ({record.state}): it runs no rank to look at",
                               hint=f"clusterrun logs {record.job_id} shows how it ended"), EXIT_FAILED)
     try:
-        view = stacks_view(record, nodes, ranks, native=native, timeout=timeout)
+        view = stacks_view(opened, nodes, ranks, native=native, timeout=timeout)
     except ClusterrunError as exc:  # the recorded hosts file cannot be read
         _fail(exc, EXIT_USAGE)
     if not view.groups and not view.problems and not view.idle:

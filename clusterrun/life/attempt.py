@@ -112,7 +112,7 @@ class NextAttempt:
     the two."""
 
     def __init__(self, record: JobRecord, emit: Emit, *, full_preflight: bool = True,
-                 script_args: Sequence[str] | None = None, recorded: ClusterSpec | None = None,
+                 script_args: Sequence[str] | None = None, recorded: ClusterSpec,
                  replace: Mapping[str, str] | None = None) -> None:
         self.record = record
         self.emit = emit
@@ -185,7 +185,7 @@ class NextAttempt:
 
 def restart(store: JobStore, record: JobRecord, emit: Emit, *, owner_fd: int | None = None,
             grace: float | None = None, full_preflight: bool = True, automatic: bool = False,
-            script_args: Sequence[str] | None = None, recorded: ClusterSpec | None = None,
+            script_args: Sequence[str] | None = None, recorded: ClusterSpec,
             replace: Mapping[str, str] | None = None) -> JobRecord:
     """Check the next attempt, stop the current one (verified), start the next: ``NextAttempt``."""
     attempt = NextAttempt(record, emit, full_preflight=full_preflight, script_args=script_args, recorded=recorded,

@@ -14,8 +14,8 @@ from clusterrun.core.errors import StateError
 from clusterrun.core.events import JobState, StopReport, not_stopped_text
 from clusterrun.core.frozen import frozen
 from clusterrun.life.attempt import stop
-from clusterrun.life.lifecycle import spec_of
-from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.jobs import JobStore
+from clusterrun.store.opened import Opened
 
 
 class Verdict(str, Enum):
@@ -71,9 +71,10 @@ class Downed:
         return f"job {self.job_id} stopped; nothing of it is left on any host (verified by cgroup)"
 
 
-def down(store: JobStore, record: JobRecord, grace: float | None = None) -> Downed:
+def down(store: JobStore, job: Opened, grace: float | None = None) -> Downed:
     """Stop the job's current attempt on every host, verified (``attempt.stop``, the one stop
     path); a finished job too, whose hosts then confirm that nothing of it is left."""
+    record = job.record
     ended = record.state if record.finished else None
-    reports, unrecorded = stop(store, record, grace, spec=spec_of(record), by="down")
+    reports, unrecorded = stop(store, record, grace, spec=job.spec(), by="down")
     return Downed(record.job_id, len(record.nodes), reports, ended=ended, unrecorded=unrecorded)

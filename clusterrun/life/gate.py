@@ -21,7 +21,6 @@ from clusterrun.core.errors import ConfigError
 from clusterrun.core.events import JobNote
 from clusterrun.core.frozen import frozen
 from clusterrun.life import lifecycle
-from clusterrun.life.lifecycle import spec_of
 from clusterrun.run import setups
 from clusterrun.run.orchestrator import Emit, Job
 from clusterrun.run.plan import LaunchPlan, node_env, plan_from_json
@@ -41,11 +40,11 @@ class AttemptSpec:
     notes: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, record: JobRecord, environ: Mapping[str, str], recorded: ClusterSpec | None = None) -> AttemptSpec:
+    def of(cls, record: JobRecord, environ: Mapping[str, str], recorded: ClusterSpec) -> AttemptSpec:
         """Raises ``ConfigError`` for a file that cannot be read or a secret no longer found: a
         secret value is kept masked in the record, so only this environment can give it again.
-        ``recorded``: the record's hosts file (``spec_of``), if the caller has parsed it already."""
-        spec, notes = resolve(recorded or spec_of(record), environ)
+        ``recorded``: the record's hosts file (``Opened.spec``), as the command parsed it."""
+        spec, notes = resolve(recorded, environ)
         overrides = unmask(record.env_overrides, environ, "--env")
         return cls(spec, plan_from_json(record.plan, spec), overrides, tuple(notes))
 
@@ -67,7 +66,7 @@ class AttemptSpec:
         return dataclasses.replace(self.plan, nodes=tuple(nodes))
 
 
-def plan_to_start(record: JobRecord, recorded: ClusterSpec | None = None) -> LaunchPlan:
+def plan_to_start(record: JobRecord, recorded: ClusterSpec) -> LaunchPlan:
     """The recorded plan of the current attempt with its secret values, read from this environment."""
     return AttemptSpec.of(record, os.environ, recorded).plan_to_start()
 

@@ -9,7 +9,6 @@ job's recorded state: the attempt's life (checks, start, stop, its state) is own
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import threading
 from collections import deque
@@ -18,8 +17,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from clusterrun.agent.wire import NodeRequest, StackAnswer, node_request
-from clusterrun.config.hostsfile import ClusterSpec, load_cluster_text
-from clusterrun.config.watch import Notify, Watch
+from clusterrun.config.hostsfile import ClusterSpec
 from clusterrun.core import parallel
 from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import NodeGpus, StopReport
@@ -28,22 +26,13 @@ from clusterrun.run.orchestrator import Emit, Job, Reconnect
 from clusterrun.run.plan import plan_from_json
 from clusterrun.run.stops import stop_node
 from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.transports import Transport, transport_for
 from clusterrun.views.gpus import ask as ask_gpus
 from clusterrun.views.gpus import only
 
 if TYPE_CHECKING:  # `stack`'s grouping and Slurm's kept logs are imported by the functions that use them
     from clusterrun.diagnose.stacks import StackView
-
-
-def spec_of(record: JobRecord, attempt: int | None = None) -> ClusterSpec:
-    """The hosts file as it was when the job started (relative paths in it are the job's cwd's),
-    with the watch and notifications ``up``'s options made of it (the record's), and the spares in
-    use in ``attempt`` (default: the current one) in the places of the hosts they replaced."""
-    spec = load_cluster_text(record.hosts_text, record.hosts_file)
-    if record.watch:
-        spec = dataclasses.replace(spec, watch=Watch.from_json(record.watch), notify=Notify.from_json(record.notify))
-    return spec.with_spares(record.swaps(attempt))
 
 
 def transport_factory(record: JobRecord) -> Callable[..., Transport]:
@@ -53,12 +42,11 @@ def transport_factory(record: JobRecord) -> Callable[..., Transport]:
 def follower(record: JobRecord, emit: Emit | None, *, owner: bool, follow_logs: bool, attempt: int | None = None,
              offsets: dict[int, int] | None = None, tail: int | None = None,
              ranks: Sequence[int] | None = None, reconnect: Reconnect | None = None, scrollback: int = 0,
-             spec: ClusterSpec | None = None) -> Job:
+             spec: ClusterSpec) -> Job:
     """A ``Job`` that follows an attempt of the recorded job (the current one unless given);
     ``scrollback``: with ``offsets``, first the last lines before them (``LogLines(earlier=True)``);
-    ``spec``: the record's hosts file (``spec_of``), if the caller has parsed it already; ``owner``:
+    ``spec``: the record's hosts file (``Opened.spec``), as the command parsed it; ``owner``:
     the job's owner follows it (``--unreachable-timeout`` applies), not a viewer."""
-    spec = spec or spec_of(record)
     plan = plan_from_json(record.plan, spec)
     job = Job(spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
               grace=record.grace, attempt=attempt or record.attempt, transport_factory=transport_factory(record),
@@ -88,7 +76,7 @@ def daemonize() -> None:
 def per_node(record: JobRecord, call: Callable[[Transport, int], Any], ranks: Sequence[int] | None = None, *,
              spec: ClusterSpec) -> dict[int, Any]:
     """``call(transport, rank)`` on every node in parallel; an exception is returned as the value.
-    ``spec``: the job's hosts (``spec_of``), parsed once by the command."""
+    ``spec``: the job's hosts (``Opened.spec``), parsed once by the command."""
     factory = transport_factory(record)
     ranks = list(range(len(spec.hosts))) if ranks is None else list(ranks)
     transports = {rank: factory(spec.hosts[rank]) for rank in ranks}
@@ -120,11 +108,11 @@ def status_of(transport: Transport, record: JobRecord, rank: int) -> NodeStatus:
     return decode_status(transport.name, answer.get("state"), "status answer's state")
 
 
-def node_statuses(record: JobRecord, gpus: dict[int, NodeGpus] | None = None) -> dict[int, Any]:
+def node_statuses(job: Opened, gpus: dict[int, NodeGpus] | None = None) -> dict[int, Any]:
     """Every node's ``status`` answer for the current attempt, or the error that kept it away.
     ``gpus``: filled with each reached node's GPUs (those its ``gpus:`` names), read by the same
     agent after the status."""
-    spec = spec_of(record)
+    record, spec = job.record, job.spec()
 
     def look(transport: Transport, rank: int) -> Any:
         if gpus is None:
@@ -143,7 +131,7 @@ def node_statuses(record: JobRecord, gpus: dict[int, NodeGpus] | None = None) ->
 
 def stacks_of(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequence[int] | None = None, *,
               native: bool = False, timeout: float = 10.0, looks: int = 1,
-              apart: float = 3.0, spec: ClusterSpec | None = None) -> dict[int, StackAnswer | ClusterrunError]:
+              apart: float = 3.0, spec: ClusterSpec) -> dict[int, StackAnswer | ClusterrunError]:
     """Every node's ``stack`` answer for the current attempt (``ranks``: only these global ranks),
     in parallel, or the error that kept it away; ``looks`` 2: each rank looked at twice, ``apart``
     seconds apart (whether its stacks moved, its CPU meanwhile); ``spec``: as ``per_node``'s."""
@@ -154,39 +142,40 @@ def stacks_of(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequ
                                         looks=looks, apart=apart))
         return decode(transport.name, StackAnswer, answer, "stack answer")
 
-    return per_node(record, one, ranks=nodes, spec=spec or spec_of(record))
+    return per_node(record, one, ranks=nodes, spec=spec)
 
 
-def stacks_view(record: JobRecord, nodes: Sequence[int] | None = None, ranks: Sequence[int] | None = None, *,
+def stacks_view(job: Opened, nodes: Sequence[int] | None = None, ranks: Sequence[int] | None = None, *,
                 native: bool = False, timeout: float = 10.0) -> StackView:
     """The grouped stacks of the current attempt: of ``nodes`` (default all), only ``ranks``
     (default all: a node that holds none of them is not asked)."""
+    record = job.record
     if ranks is not None:
-        plan = plan_from_json(record.plan, spec_of(record))
+        plan = plan_from_json(record.plan, job.spec())
         holding = [n.rank for n in plan.nodes if set(n.ranks) & set(ranks)]
         nodes = [n for n in (nodes if nodes is not None else holding) if n in holding]
     from clusterrun.diagnose.stacks import group
 
-    answers = stacks_of(record, nodes, ranks, native=native, timeout=timeout) if nodes != [] else {}
+    answers = stacks_of(record, nodes, ranks, native=native, timeout=timeout, spec=job.spec()) if nodes != [] else {}
     return group(answers, {n.rank: n.host for n in record.nodes})
 
 
-def read_log(record: JobRecord, rank: int, attempt: int, tail: int | None = None) -> Iterator[str]:
+def read_log(job: Opened, rank: int, attempt: int, tail: int | None = None) -> Iterator[str]:
     """Node ``rank``'s log of ``attempt`` as written so far (from its last ``tail`` lines if
     given), in chunks of whole lines (the last one may lack its newline)."""
-    return (chunk.data for chunk in read_log_chunks(record, rank, attempt, tail))
+    return (chunk.data for chunk in read_log_chunks(job, rank, attempt, tail))
 
 
-def read_log_chunks(record: JobRecord, rank: int, attempt: int, tail: int | None = None) -> Iterator[LogChunk]:
+def read_log_chunks(job: Opened, rank: int, attempt: int, tail: int | None = None) -> Iterator[LogChunk]:
     """``read_log``'s chunks as the agent sent them, with when their lines were written (a Slurm
     job's from the files its ``up`` kept on this machine)."""
+    record = job.record
     if record.engine == "slurm":
         from clusterrun.store import slurmlogs
 
         yield from slurmlogs.read_chunks(JobStore(), record, rank, attempt, tail)
         return
-    spec = spec_of(record, attempt)  # the host that ran the node then
-    transport = transport_factory(record)(spec.hosts[rank])
+    transport = transport_factory(record)(job.spec(attempt).hosts[rank])  # the host that ran the node then
     where: dict[str, Any] = {"offset": 0} if tail is None else {"tail": tail}
     try:
         transport.connect()
@@ -200,7 +189,7 @@ def read_log_chunks(record: JobRecord, rank: int, attempt: int, tail: int | None
         transport.close()
 
 
-def read_logs(record: JobRecord, ranks: Sequence[int], attempt: int, tail: int | None = None,
+def read_logs(job: Opened, ranks: Sequence[int], attempt: int, tail: int | None = None,
               budget: int = 64 * 2**20) -> Iterator[tuple[int, str | ClusterrunError]]:
     """The logs of several nodes, node after node, each read from its host in a thread of its own
     while the nodes before it are printed. Yields ``(rank, chunk)`` (see ``read_log``), or
@@ -227,7 +216,7 @@ def read_logs(record: JobRecord, ranks: Sequence[int], attempt: int, tail: int |
 
     def read(rank: int) -> None:
         try:
-            for lines in read_log(record, rank, attempt, tail):
+            for lines in read_log(job, rank, attempt, tail):
                 put(rank, lines, len(lines))
                 if cancelled:
                     return
@@ -291,7 +280,8 @@ def save_seen(store: JobStore, job_id: str, attempt: int, offsets: dict[int, int
     store.update(job_id, change)
 
 
-def remove_on_hosts(record: JobRecord) -> dict[int, dict[str, Any] | ClusterrunError]:
+def remove_on_hosts(job: Opened) -> dict[int, dict[str, Any] | ClusterrunError]:
     """Delete every node's state and logs of the job on its host (the agent's ``remove``, which
     refuses while anything of the job runs there): each node's answer, or the error."""
-    return per_node(record, lambda t, rank: t.call(request(record, rank, "remove")), spec=spec_of(record))
+    record = job.record
+    return per_node(record, lambda t, rank: t.call(request(record, rank, "remove")), spec=job.spec())

@@ -15,6 +15,7 @@ from clusterrun.core.frozen import frozen
 from clusterrun.life.lifecycle import node_statuses
 from clusterrun.life.recorder import record_reachability
 from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.opened import Opened
 
 
 @frozen
@@ -28,12 +29,13 @@ class Look:
     gpus: Mapping[int, NodeGpus]
 
 
-def look(store: JobStore, record: JobRecord) -> Look:
+def look(store: JobStore, job: Opened) -> Look:
     """Ask every node's host about the job's current attempt (a Slurm job has no agent: its record
     is all there is) and note in the record which hosts could not be reached."""
+    record = job.record
     gpus: dict[int, NodeGpus] = {}
     try:
-        answers = node_statuses(record, gpus) if record.engine != "slurm" else {}
+        answers = node_statuses(job, gpus) if record.engine != "slurm" else {}
     except ClusterrunError:  # the recorded hosts file cannot be read: the record alone is shown
         answers = {}
     record = record_reachability(store, record, answers)  # a host that did not answer: since when

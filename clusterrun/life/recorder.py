@@ -41,10 +41,11 @@ from clusterrun.core.progress import Progress
 from clusterrun.core.protocol import HostState
 from clusterrun.life import notify
 from clusterrun.life.jobstate import Change, outcome, transition
-from clusterrun.life.lifecycle import per_node, spec_of, status_of
+from clusterrun.life.lifecycle import per_node, status_of
 from clusterrun.run.follower import end_note, node_state_of
 from clusterrun.run.plan import LaunchPlan, plan_to_json
 from clusterrun.store.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
+from clusterrun.store.opened import Opened
 
 
 def move(record: JobRecord, change: Change) -> bool:
@@ -259,14 +260,15 @@ GONE = ("its host has no state of it any more (the state directory was deleted?)
         "known; `clusterrun down` looks for its processes")
 
 
-def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
+def reconcile(store: JobStore, job: Opened) -> JobRecord:
     """Ask every host how the current attempt is doing and write that into the record.
 
     Only for a job that has no owner (the owner keeps the record itself). A host that cannot be
     reached leaves its node as it was, with the error noted (and since when: ``note_reachable``);
     so does a host that has no state of a node that was started (``GONE``). A job left
     ``stopping`` (its stopper died) whose nodes have all ended is ``stopped``."""
-    answers = per_node(record, lambda t, rank: status_of(t, record, rank), spec=spec_of(record))
+    record = job.record
+    answers = per_node(record, lambda t, rank: status_of(t, record, rank), spec=job.spec())
     now = time.time()
 
     def change(rec: JobRecord) -> None:
@@ -329,20 +331,21 @@ def record_reachability(store: JobStore, record: JobRecord, answers: dict[int, A
         return preview
 
 
-def refresh(store: JobStore, record: JobRecord) -> JobRecord:
-    """The record made current: if the job is unfinished and nobody owns it, reconcile it with
-    its hosts and start a monitor for it (fail-fast resumes), unless it was adopted from its hosts
+def refresh(store: JobStore, job: Opened) -> Opened:
+    """The job made current: if it is unfinished and nobody owns it, reconcile it with its hosts
+    and start a monitor for it (fail-fast resumes), unless it was adopted from its hosts
     (``discover``): the controller that started it may still be watching it."""
+    record = job.record
     if record.finished and record.notify is not None and notify.due(record) and not store.owned(record.job_id):
         notify.send_due(store, record)  # its owner recorded the end and died before notifying
     if record.finished or store.owned(record.job_id):
-        return record
-    record = reconcile(store, record)
+        return job
+    record = reconcile(store, job)
     if not record.finished and not record.adopted:
         store.spawn_monitor(record.job_id)
     elif not record.adopted:  # it ended with nobody owning it: its notifications are due here
         notify.send_due(store, record)
-    return record
+    return job.with_record(record)
 
 
 def give_up(store: JobStore, job_id: str, attempt: int, why: str) -> None:

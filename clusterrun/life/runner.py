@@ -53,12 +53,13 @@ from clusterrun.diagnose.rootcause import transient_start_failure
 from clusterrun.life import notify, spares
 from clusterrun.life.attempt import Cancelled, NextAttempt, restart, start, stop
 from clusterrun.life.gate import plan_to_start
-from clusterrun.life.lifecycle import follower, per_node, save_seen, spec_of, stacks_of, status_of, stop_job
+from clusterrun.life.lifecycle import follower, per_node, save_seen, stacks_of, status_of, stop_job
 from clusterrun.life.owner import Asked, Owner
 from clusterrun.life.recorder import Recorder, Retry, give_up, mark_failed_start
 from clusterrun.run.orchestrator import Emit, Job
 from clusterrun.run.stops import StopOrder
 from clusterrun.store.jobs import OWNER_FD_VAR, JobRecord, JobStore
+from clusterrun.store.opened import Opened
 
 LOOK_APART = 3.0  # seconds between the two looks at a hung job's ranks: long enough for a stack to move
 
@@ -186,10 +187,10 @@ class Runner:
 
     @property
     def spec(self) -> ClusterSpec:
-        """The job's hosts file as its record has it (``spec_of``), parsed once for this owner:
+        """The job's hosts file as its record has it (``Opened.spec``), parsed once for this owner:
         the same for every attempt (a restart changes the script's arguments, never the file)."""
         if self._spec is None:
-            self._spec = spec_of(self.record)
+            self._spec = Opened(self.record).spec()
         return self._spec
 
     @classmethod
@@ -198,7 +199,7 @@ class Runner:
               clock: Clock | None = None, spec: ClusterSpec | None = None) -> Runner:
         """The owner of a job started earlier (a monitor), following its current
         attempt; ``spec``: its recorded hosts file, if the caller has parsed it already."""
-        spec = spec or spec_of(record)
+        spec = spec or Opened(record).spec()
         job = follower(record, None, owner=True, follow_logs=follow_logs, offsets=offsets, spec=spec)
         return cls(store, record, job, owner_fd, emit, retry_startup=retry_startup, clock=clock, spec=spec,
                    started=True)

@@ -46,6 +46,7 @@ from clusterrun.life.recorder import record_stop
 from clusterrun.life.runner import Runner
 from clusterrun.run.orchestrator import Emit, Job
 from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.transports import Transport
 from clusterrun.views.gpus import INTERVAL, GpuPoller
 from clusterrun.views.joblist import history_rows, table_text
@@ -65,9 +66,10 @@ class Session:
 
     def __init__(self, store: JobStore, record: JobRecord, emit: Emit | None = None, *, runner: Runner | None = None,
                  offsets: dict[int, int] | None = None, tail: int | None = None, scrollback: int = 0,
-                 gpu_interval: float | None = INTERVAL) -> None:
+                 gpu_interval: float | None = INTERVAL, opened: Opened | None = None) -> None:
         self.store = store
         self.record = record
+        self._opened = opened or Opened(record)  # the command's; its hosts file parsed once, when first needed
         self._listeners: list[Emit] = [emit] if emit is not None else []
         self.runner = runner  # this process owns the job (``up``); else a monitor does and we view it
         self.result: JobResult | None = None
@@ -157,9 +159,10 @@ class Session:
     def _view(self, offsets: dict[int, int] | None, tail: int | None) -> bool:
         """Follow the job's current attempt as a viewer (the monitor owns it); False if it cannot be."""
         try:
-            record = self.store.load(self.job_id)
+            self._opened = self._opened.with_record(self.store.load(self.job_id))
+            record = self._opened.record
             job = follower(record, self.emit, owner=False, follow_logs=True, offsets=offsets, tail=tail,
-                           scrollback=self._scrollback if offsets else 0)
+                           scrollback=self._scrollback if offsets else 0, spec=self._opened.spec())
         except ClusterrunError as exc:  # e.g. the record is gone or damaged: the UI shows it
             self.error = exc
             return False
@@ -249,8 +252,9 @@ class Session:
         followed = False  # the one owner follows the new attempt: ``Runner.restarted`` ended the restart
         try:
             try:  # every check first, while the job runs on: a refused restart leaves it running
-                attempt = NextAttempt(self.store.load(self.job_id), self._confirmations,
-                                      recorded=self.runner.spec if self.runner is not None else None)
+                self._opened = self._opened.with_record(self.store.load(self.job_id))
+                attempt = NextAttempt(self._opened.record, self._confirmations,
+                                      recorded=self.runner.spec if self.runner is not None else self._opened.spec())
             except ClusterrunError as exc:
                 self.emit(JobNote(None, text="restart refused by its checks; nothing was stopped, the job runs on"))
                 self.error = exc
@@ -308,7 +312,7 @@ class Session:
         """Every rank's Python stack, grouped, as ``clusterrun stack`` prints it (blocks on the
         hosts: call it off the consumer's thread)."""
         try:
-            return render(stacks_view(self.record))
+            return render(stacks_view(self._opened.with_record(self.record)))
         except ClusterrunError as exc:
             return [exc.render()]
 

@@ -11,11 +11,12 @@ import threading
 from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import JobNote, NodeState, NodeStateChanged
 from clusterrun.life.attempt import attempt_event
-from clusterrun.life.lifecycle import save_seen, spec_of
+from clusterrun.life.lifecycle import save_seen
 from clusterrun.run.plan import plan_from_json
 from clusterrun.slurm.job import SlurmSession, refresh, slurm_of
 from clusterrun.slurm.run import mark_stopped, my_steps, step_gone, stop_step
 from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.store.slurmlogs import SlurmFollower
 
 
@@ -36,8 +37,9 @@ class SlurmView(SlurmSession):
 
     supports = frozenset({"kill", "detach"})
 
-    def __init__(self, store: JobStore, record: JobRecord, offsets: dict[int, int]) -> None:
-        super().__init__(store, record, plan_from_json(record.plan, spec_of(record)))
+    def __init__(self, store: JobStore, job: Opened, offsets: dict[int, int]) -> None:
+        record = job.record
+        super().__init__(store, record, plan_from_json(record.plan, job.spec()))
         self._follower = SlurmFollower(store, record, self.emit, attempt=record.attempt,
                                        ranks=range(len(record.nodes)), tail=None, offsets=offsets,
                                        reload=lambda: refresh(store, store.load(record.job_id)))

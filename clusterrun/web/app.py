@@ -116,6 +116,7 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["loss_chart"] = loss_chart
     watch = StoreWatch(store)
+    opener = jobs.Opener(store)  # each job's hosts file parsed once for the server's life
     state: dict[str, Any] = {"viewers": 0, "watch": watch}
 
     def feeds(request: Request) -> Feeds:
@@ -129,7 +130,7 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
     async def index(request: Request) -> Response:
         show_all = request.query_params.get("all") == "1"
         seen = version(await run_in_threadpool(signature, store))  # before the records are read: what changes shows
-        document = await run_in_threadpool(jobs.job_list, store, show_all)
+        document = await run_in_threadpool(jobs.job_list, opener, show_all)
         page = "joblist.html" if request.headers.get("hx-request") and request.query_params.get("part") else "jobs.html"
         return templates.TemplateResponse(request, page, {"doc": document, "show_all": show_all, "seen": seen})
 
@@ -157,13 +158,13 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
 
     async def job_page(request: Request) -> Response:
         job_id = request.path_params["job"]
-        view = await run_in_threadpool(jobs.job_view, store, job_id)
+        view = await run_in_threadpool(jobs.job_view, opener, job_id)
         record = await record_of(job_id)
         options = Options(request, record)
         found = None
         if options.query:
-            found = await run_in_threadpool(jobs.log_search, record, options.attempt, options.nodes, options.query,
-                                            options.ranks)
+            found = await run_in_threadpool(jobs.log_search, opener.keep(record), options.attempt, options.nodes,
+                                            options.query, options.ranks)
         context = {"job": view, "o": options, "control": control, "found": found, "nnodes": len(record.nodes)}
         if not (request.headers.get("hx-request") and request.query_params.get("part")):
             return templates.TemplateResponse(request, "job.html", context)
@@ -173,7 +174,7 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
                                           headers={"HX-Push-Url": address})
 
     async def summary(request: Request) -> Response:
-        view = await run_in_threadpool(jobs.job_view, store, request.path_params["job"])
+        view = await run_in_threadpool(jobs.job_view, opener, request.path_params["job"])
         return templates.TemplateResponse(request, "summary.html", {"job": view, "control": control})
 
     async def progress(request: Request) -> Response:
@@ -190,7 +191,7 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
 
         async def events() -> AsyncIterator[bytes]:
             viewer = Viewer()  # joined here, where the finally below is sure to leave
-            feed = feeds(request).join(record, options.attempt, viewer)
+            feed = feeds(request).join(opener.keep(record), options.attempt, viewer)
             changes = watch.subscribe()
             forward = asyncio.get_running_loop().create_task(_forward(changes, record.job_id, viewer))
             seen = jobs.marks(record)
@@ -235,15 +236,15 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
                                  headers={"x-accel-buffering": "no"})
 
     async def api_jobs(request: Request) -> Response:
-        return JSONResponse(await run_in_threadpool(jobs.job_list, store, request.query_params.get("all") == "1"))
+        return JSONResponse(await run_in_threadpool(jobs.job_list, opener, request.query_params.get("all") == "1"))
 
     async def api_job(request: Request) -> Response:
-        return JSONResponse(await run_in_threadpool(jobs.job_view, store, request.path_params["job"]))
+        return JSONResponse(await run_in_threadpool(jobs.job_view, opener, request.path_params["job"]))
 
     async def stop(request: Request) -> Response:
         if not control:
             return PlainTextResponse("read-only: start `clusterrun web --control` to stop jobs", status_code=403)
-        downed, lines = await run_in_threadpool(jobs.stop, store, request.path_params["job"])
+        downed, lines = await run_in_threadpool(jobs.stop, opener, request.path_params["job"])
         return templates.TemplateResponse(request, "stopped.html", {"downed": downed, "lines": lines,
                                                                     "summary": downed.summary()})
 

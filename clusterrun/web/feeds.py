@@ -21,9 +21,10 @@ from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import NodeState
 from clusterrun.core.protocol import End, LogChunk, StateUpdate, decode_follow
 from clusterrun.core.terminal import safe
-from clusterrun.life.lifecycle import request, spec_of, transport_factory
+from clusterrun.life.lifecycle import request, transport_factory
 from clusterrun.run.follower import node_state_of
 from clusterrun.store.jobs import JobRecord
+from clusterrun.store.opened import Opened
 from clusterrun.transports import AgentStream
 
 RING = 2000  # lines of each node kept for a viewer that comes later
@@ -80,7 +81,7 @@ class Viewer:
 class Feed:
     """Every node's log and state of one attempt of a job, read once (see the module docstring)."""
 
-    record: JobRecord
+    job: Opened  # the job's hosts file parsed once for the server
     attempt: int
     loop: asyncio.AbstractEventLoop
     rings: dict[int, deque[tuple[int, str]]] = field(default_factory=dict)  # (arrival number, line)
@@ -91,6 +92,10 @@ class Feed:
     streams: dict[int, AgentStream] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     linger: asyncio.TimerHandle | None = None
+
+    @property
+    def record(self) -> JobRecord:
+        return self.job.record
 
     def start(self) -> None:
         for node in self.record.nodes:
@@ -141,7 +146,7 @@ class Feed:
             self.closing.wait(RETRY)
 
     def _read(self, rank: int, where: dict[str, Any]) -> bool:
-        transport = transport_factory(self.record)(spec_of(self.record).hosts[rank])
+        transport = transport_factory(self.record)(self.job.spec(self.attempt).hosts[rank])
         try:
             transport.connect()
             stream = transport.stream(request(self.record, rank, "follow", attempt=self.attempt, **where))
@@ -177,12 +182,12 @@ class Feeds:
         self.loop = loop
         self.feeds: dict[tuple[str, int], Feed] = {}
 
-    def join(self, record: JobRecord, attempt: int, viewer: Viewer) -> Feed:
+    def join(self, job: Opened, attempt: int, viewer: Viewer) -> Feed:
         """The feed of the attempt (started if none runs), with ``viewer`` added; on the event loop."""
-        key = (record.job_id, attempt)
+        key = (job.job_id, attempt)
         feed = self.feeds.get(key)
         if feed is None:
-            feed = self.feeds[key] = Feed(record, attempt, self.loop)
+            feed = self.feeds[key] = Feed(job, attempt, self.loop)
             feed.start()
         if feed.linger is not None:
             feed.linger.cancel()

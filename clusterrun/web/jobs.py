@@ -8,6 +8,7 @@ progress in words, stop guarantees, the start-up watch) are ``ps`` and ``ps JOB`
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -24,27 +25,49 @@ from clusterrun.run.startwatch import progress_text
 from clusterrun.slurm.job import is_slurm
 from clusterrun.slurm.job import refresh as slurm_refresh
 from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.views.joblist import job_state_text, jobs_json, progress_of, shown, training_text
 
 SEARCH_LIMIT = 500  # matching lines a search shows (the last ones)
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-def current(store: JobStore, record: JobRecord) -> JobRecord:
-    """The record brought up to date as ``ps`` does (a job nobody owns is reconciled with its hosts)."""
+class Opener:
+    """The jobs the server shows, each opened once for its life: a record read again keeps its
+    parsed hosts file (``Opened.with_record``). From any thread."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self._kept: dict[str, Opened] = {}
+        self._lock = threading.Lock()
+
+    def open(self, job_id: str) -> Opened:
+        """The job of this id, its record read now (a page's address names its job by id only)."""
+        return self.keep(load(self.store, job_id))
+
+    def keep(self, record: JobRecord) -> Opened:
+        with self._lock:
+            kept = self._kept.get(record.job_id)
+            opened = self._kept[record.job_id] = kept.with_record(record) if kept is not None else Opened(record)
+        return opened
+
+
+def current(store: JobStore, job: Opened) -> Opened:
+    """The job brought up to date as ``ps`` does (a job nobody owns is reconciled with its hosts)."""
     try:
-        return slurm_refresh(store, record) if is_slurm(record) else refresh(store, record)
+        return job.with_record(slurm_refresh(store, job.record)) if is_slurm(job.record) else refresh(store, job)
     except DamagedRecord:
         raise
     except StateError:  # shown as last recorded, as ps does
-        return record
+        return job
 
 
-def job_list(store: JobStore, show_all: bool = False) -> dict[str, Any]:
+def job_list(jobs: Opener, show_all: bool = False) -> dict[str, Any]:
     """The ``ps --json`` document of the jobs ``ps`` (``-a``) lists, with each job's state in words."""
+    store = jobs.store
     good, damaged = store.scan()
     now = time.time()
-    records, hidden = shown([current(store, r) for r in good], now, show_all=show_all)
+    records, hidden = shown([current(store, jobs.keep(r)).record for r in good], now, show_all=show_all)
     document = jobs_json(records, damaged=damaged)
     for job, record in zip(document["jobs"], records, strict=True):
         job["state_text"] = job_state_text(record, now)
@@ -60,10 +83,10 @@ def load(store: JobStore, job_id: str) -> JobRecord:
     return store.load(job_id)
 
 
-def job_view(store: JobStore, job_id: str) -> dict[str, Any]:
+def job_view(jobs: Opener, job_id: str) -> dict[str, Any]:
     """``ps JOB --json``'s document of the job, with what ``ps JOB`` prints beside it: its state in
     words, each node's stop guarantee and trouble, and the start-up watch."""
-    seen = look(store, current(store, load(store, job_id)))
+    seen = look(jobs.store, current(jobs.store, jobs.open(job_id)))
     record, now = seen.record, time.time()
     document: dict[str, Any] = jobs_json([record], hosts=seen.statuses, gpus=seen.gpus)["jobs"][0]
     document["state_text"] = job_state_text(record, now)
@@ -114,7 +137,7 @@ def marks(record: JobRecord) -> tuple[tuple[Any, ...], Any]:
     return shown, record.progress
 
 
-def log_search(record: JobRecord, attempt: int, nodes: Sequence[int], query: str,
+def log_search(job: Opened, attempt: int, nodes: Sequence[int], query: str,
                ranks: Iterable[int] | None = None, limit: int = SEARCH_LIMIT) -> list[tuple[int, str]]:
     """The last ``limit`` lines of the attempt's logs (of ``nodes``; of ``ranks`` if given) that hold
     ``query`` (case-insensitive), read from the whole log as ``logs`` reads it."""
@@ -123,7 +146,7 @@ def log_search(record: JobRecord, attempt: int, nodes: Sequence[int], query: str
     found: list[tuple[int, str]] = []
     for node in nodes:
         try:
-            for chunk in read_log_chunks(record, node, attempt):
+            for chunk in read_log_chunks(job, node, attempt):
                 for line in chunk.data.splitlines():
                     if wanted in line.lower() and (keep is None or split_rank(line)[0] in keep):
                         found.append((node, safe(line, colour=False)))
@@ -133,9 +156,9 @@ def log_search(record: JobRecord, attempt: int, nodes: Sequence[int], query: str
     return found[-limit:]
 
 
-def stop(store: JobStore, job_id: str) -> tuple[Downed, list[str]]:
+def stop(jobs: Opener, job_id: str) -> tuple[Downed, list[str]]:
     """``clusterrun down JOB``'s stop (``life.down``), with each node's report as ``down`` prints it."""
-    downed = down(store, load(store, job_id))
+    downed = down(jobs.store, jobs.open(job_id))
     reports = [downed.reports[rank] for rank in sorted(downed.reports)]
     lines = [report.describe() for report in reports]
     lines += [caveat for caveat in (r.caveat() for r in reports) if caveat is not None][:1]  # once, as `down`
