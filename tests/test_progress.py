@@ -16,10 +16,11 @@ from clusterrun.agent.progress import Tracker, parse
 from clusterrun.config.hostsfile import load_cluster_text
 from clusterrun.core.errors import ConfigError
 from clusterrun.core.events import Event, JobResult, JobState
+from clusterrun.store.jobjson import progress_of
 from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.transports.fake import FakeCluster
 from clusterrun.views.board import Board
-from clusterrun.views.joblist import job_json, progress_of, training_text
+from clusterrun.views.joblist import job_json, training_text
 from clusterrun.views.printer import Printer
 from tests.test_orchestrator import JOB
 from tests.test_watch import _owned, _until

@@ -10,9 +10,10 @@ from clusterrun.agent.progress import Curve, Tracker
 from clusterrun.core.events import JobState, ProgressChanged
 from clusterrun.core.progress import POINTS, Progress, thin
 from clusterrun.life.recorder import Recorder
+from clusterrun.store.jobjson import progress_of
 from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.views.board import Board
-from clusterrun.views.joblist import job_json, progress_of
+from clusterrun.views.joblist import job_json
 
 
 def test_the_agent_and_the_controller_keep_as_many_points() -> None:

@@ -46,6 +46,7 @@ from clusterrun.run.plan import LaunchPlan, plan_from_json
 from clusterrun.run.startwatch import late_after, progress_text, seconds_text
 from clusterrun.slurm.job import engine_text, is_slurm
 from clusterrun.store import preparing
+from clusterrun.store.jobjson import node_state, progress_of
 from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.store.opened import Opened
 from clusterrun.views.completion import complete_jobs
@@ -58,9 +59,7 @@ from clusterrun.views.joblist import (
     job_state_text,
     jobs_json,
     node_rows,
-    node_state,
     outcome_text,
-    progress_of,
     shown,
     table_text,
     training_text,

@@ -42,6 +42,7 @@ from typing import Any
 from clusterrun.config.watch import Notify
 from clusterrun.core.errors import ClusterrunError, StateError
 from clusterrun.core.frozen import frozen
+from clusterrun.store.jobjson import record_json
 from clusterrun.store.jobs import JobRecord, JobStore, process_alive, process_id
 
 WAIT = 60.0  # seconds a command may run before its starter says it still runs (it is not killed)
@@ -167,11 +168,9 @@ def start(store: JobStore, record: JobRecord, event: Due, note: Callable[[str], 
         env["CLUSTERRUN_REPLACED"] = " ".join(f"{old}={new}" for old, new in swaps.items())
     argv = [sys.executable, "-m", "clusterrun", "_notify", "--root", str(store.root), record.job_id, event.key,
             process_id()]
-    from clusterrun.views.joblist import job_json  # `ps`'s JSON: only when a notification is sent
-
     try:
         with tempfile.TemporaryFile() as stdin:  # a file, not a pipe: a command that never reads it cannot block us
-            stdin.write(json.dumps(dict(job_json(record), event=event.event, event_id=ident)).encode())
+            stdin.write(json.dumps(dict(record_json(record), event=event.event, event_id=ident)).encode())
             stdin.seek(0)
             proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
                                     start_new_session=True)

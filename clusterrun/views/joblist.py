@@ -2,7 +2,8 @@
 
 Pure: records and plans in, lists and JSON data out (the clock is passed in). ``docs/json.md``
 specifies the documents (``SCHEMA``); a change that removes or renames a field, or changes its
-meaning, raises ``SCHEMA``; adding a field does not.
+meaning, raises ``SCHEMA``; adding a field does not. A record's own part of a job's document is
+``store.jobjson``'s (a notification sends it too); here it gets what the hosts said.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from clusterrun.core.events import JobState, NodeGpus, NodeState
 from clusterrun.core.progress import Progress, duration_words
 from clusterrun.core.terminal import safe
 from clusterrun.run.plan import LaunchPlan
+from clusterrun.store.jobjson import SCHEMA, ended_at, iso, node_state, record_json
 from clusterrun.store.jobs import JobRecord, NodeRecord
 from clusterrun.views.gpus import BROKEN, MISSING
 from clusterrun.views.gpus import cell as gpu_cell
@@ -29,17 +31,7 @@ if TYPE_CHECKING:
 from clusterrun.core.protocol import decode_status
 from clusterrun.run.startwatch import waiting_for
 
-SCHEMA = 1
 RECENT = 24 * 3600  # `ps` shows ended jobs for a day after they ended (`ps -a`: all of them)
-
-
-def ended_at(record: JobRecord) -> float | None:
-    """When the job ended (its last attempt's end; its creation for a record that lacks it), or
-    None while it is unfinished."""
-    if not record.finished:
-        return None
-    last = record.attempts[-1] if record.attempts else None
-    return (last.ended if last is not None else None) or record.created
 
 
 def shown(records: Iterable[JobRecord], now: float, *, show_all: bool = False,
@@ -59,22 +51,6 @@ def shown(records: Iterable[JobRecord], now: float, *, show_all: bool = False,
         else:
             hidden += 1
     return kept, hidden
-
-
-def iso(timestamp: float | None) -> str | None:
-    """``2026-11-23T16:04:05Z`` (``events.iso``), or None."""
-    return None if timestamp is None else events.iso(timestamp)
-
-
-def node_state(node: NodeRecord) -> str:
-    """The node's state as ``ps`` and ``ps --json`` give it: ``unreachable`` while its host could
-    not be reached when last asked and it had not ended (whatever it was doing then is not known
-    now), else its state in the record."""
-    if node.unreachable_since is not None and not NodeState(node.state).is_terminal:
-        return str(NodeState.UNREACHABLE)
-    if node.hung_since is not None and node.state is NodeState.RUNNING:
-        return str(NodeState.HUNG)
-    return str(node.state)
 
 
 def node_state_text(node: NodeRecord, now: float) -> str:
@@ -128,16 +104,6 @@ def job_state_text(record: JobRecord, now: float) -> str:
     since = min(n.unreachable_since for n in lost if n.unreachable_since is not None)
     which = f"node {lost[0].rank}" if len(lost) == 1 else f"nodes {', '.join(str(n.rank) for n in lost)}"
     return f"{record.state}; {which} {events.unreachable_text(since, now)}"
-
-
-def progress_of(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None) -> Progress | None:
-    """The training's progress: what node 0's host says now (``hosts``, ``ps JOB``), else the record's last
-    reading, which may come from an earlier attempt (a resumed run goes on from its step); with the loss
-    curves of the attempts before (the record's)."""
-    state = (hosts or {}).get(0, {}).get("state")
-    fresh = Progress.from_json(state.get("progress"), record.attempt) if isinstance(state, dict) else None
-    recorded = Progress.from_json(record.progress)
-    return fresh.after(recorded) if fresh is not None else recorded
 
 
 def training_text(record: JobRecord, progress: Progress | None, now: float) -> str | None:
@@ -196,16 +162,11 @@ def merged(readings: Sequence[NodeGpus]) -> NodeGpus:
 
 def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = None,
              gpus: Mapping[int, NodeGpus] | None = None, hang_report: str | None = None) -> dict[str, Any]:
-    """One job of ``ps --json`` (schema ``SCHEMA``). The environment is left out on purpose (it may
-    hold secrets); so are the record's internals (the plan, viewers' offsets, the hosts file's text).
-    ``hosts``: what each node's host said of it (``ps JOB --json``), by rank; ``gpus``: its GPUs;
-    ``hang_report``: the file with the attempt's hang report, if one was saved."""
-    nodes = []
-    for n in record.nodes:
-        node: dict[str, Any] = {"rank": n.rank, "host": n.host, "state": node_state(n), "pid": n.pid,
-                                "exit_code": n.exit_code, "signal": n.signal, "error": n.error,
-                                "unreachable_since": iso(n.unreachable_since), "hung_since": iso(n.hung_since),
-                                "last_state": str(n.state)}
+    """One job of ``ps --json`` (schema ``SCHEMA``): the record's document (``jobjson.record_json``)
+    with what each node's host said of it (``hosts``, ``ps JOB --json``, by rank), its GPUs
+    (``gpus``) and ``hang_report``, the file with the attempt's hang report, if one was saved."""
+    document = record_json(record, hosts)
+    for node, n in zip(document["nodes"], record.nodes, strict=True):
         if hosts is not None and n.rank in hosts:
             answer = hosts[n.rank]
             node["containment"] = answer.get("containment")
@@ -217,40 +178,7 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
             reading = gpus[n.rank]
             node["gpus"] = {"found": not reading.missing, "problem": reading.problem,
                             "gpus": [dataclasses.asdict(g) for g in reading.gpus]}
-        nodes.append(node)
-    return {
-        "id": record.job_id,
-        "name": record.name,
-        "state": str(record.state),
-        "attempt": record.attempt,
-        "created": iso(record.created),
-        "ended": iso(ended_at(record)),
-        "hosts_file": record.hosts_file,
-        "engine": record.engine,
-        "slurm": ({k: record.slurm.get(k) for k in ("job", "step", "controller", "unwatched")}
-                  if record.slurm is not None else None),
-        "script": record.script,
-        "args": list(record.script_args),
-        "restart_at": iso(record.restart_at) if record.state is JobState.RESTARTING else None,
-        "attempts": [{"attempt": a.attempt, "state": str(a.state), "started": iso(a.started),
-                      "ended": iso(a.ended), "master_port": a.master_port, "root_cause": a.root_cause,
-                      "cause": a.cause, "fix": a.fix, "restarted": a.restart, "replaced": a.replaced,
-                      "duration": round(a.ended - a.started, 3) if a.ended is not None else None}
-                     for a in record.attempts],
-        "nodes": nodes,
-        "notifications": [{"id": f"{record.job_id}:{key}", "state": n.get("state"), "exit_code": n.get("code"),
-                           "error": n.get("error") or None} for key, n in record.notices.items()],
-        "progress": _progress_json(progress_of(record, hosts)),
-    }
-
-
-def _progress_json(progress: Progress | None) -> dict[str, Any] | None:
-    if progress is None:
-        return None
-    shown = progress.to_json()
-    del shown["curve"], shown["earlier"]  # as one series: [[attempt, step, loss], ...], the earliest first
-    curve = [[a, int(step) if step == int(step) else step, loss] for a, step, loss in progress.series]
-    return dict(shown, updated=iso(progress.updated), loss_curve=curve)
+    return document
 
 
 def history_rows(record: JobRecord, now: float) -> list[tuple[str, ...]]:

@@ -24,9 +24,10 @@ from clusterrun.life.recorder import refresh
 from clusterrun.run.startwatch import progress_text
 from clusterrun.slurm.job import is_slurm
 from clusterrun.slurm.job import refresh as slurm_refresh
+from clusterrun.store.jobjson import progress_of
 from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.store.opened import Opened
-from clusterrun.views.joblist import job_state_text, jobs_json, progress_of, shown, training_text
+from clusterrun.views.joblist import job_state_text, jobs_json, shown, training_text
 
 SEARCH_LIMIT = 500  # matching lines a search shows (the last ones)
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
