@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from clusterrun.config.hostsfile import ClusterSpec
-from clusterrun.core.errors import ConfigError, HostsUnavailable
+from clusterrun.core.errors import ClusterrunError, ConfigError, HostsUnavailable
 from clusterrun.core.events import Event, JobNote, JobState, NodeState, NodeStateChanged
-from clusterrun.life.attempt import begin_stop, restart, stop
+from clusterrun.life.attempt import NextAttempt, begin_stop, restart, stop
 from clusterrun.life.recorder import Recorder, mark_failed_start, new_record
 from clusterrun.life.runner import Runner, run_monitor
 from clusterrun.life.session import Session
@@ -184,6 +184,25 @@ def test_a_restart_reads_the_hosts_file_once(fake: FakeCluster, store: JobStore,
     runner.close()
 
 
+def test_a_restart_that_another_restart_overtook_stops_nothing(fake: FakeCluster, store: JobStore,
+                                                               tmp_path: Path) -> None:
+    """Two restarts checked from the same record: the one carried out second finds the record at a
+    later attempt when it comes to stop (under the record's lock) and stops nothing of it."""
+    runner = running_job(fake, store, tmp_path)
+    late = NextAttempt(store.load(JOB), lambda event: None, recorded=Opened(store.load(JOB)).spec())
+    try:
+        assert restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd, full_preflight=False,
+                       recorded=Opened(store.load(JOB)).spec()).attempt == 2
+        with pytest.raises(ClusterrunError, match="restarted meanwhile"):
+            late.replace(store, owner_fd=runner.owner_fd)
+    finally:
+        late.close()
+    assert fake.node(JOB, 0, 2).running and fake.node(JOB, 1, 2).running
+    assert fake.node(JOB, 0, 2).stops == 0 and fake.node(JOB, 1, 2).stops == 0
+    assert states(store) == (JobState.RUNNING, [JobState.STOPPED, JobState.RUNNING])
+    runner.close()
+
+
 def test_a_restart_refused_by_the_preflight_stops_nothing(fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
     """The script is gone from a host: the restart's preflight refuses, the running attempt runs on."""
     runner = running_job(fake, store, tmp_path)
@@ -306,7 +325,7 @@ def test_the_owner_carries_the_record_through_a_restart_and_reads_it_only_to_pol
         fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The owner keeps the record its own writes return: deciding the end, the backoff's start and
     the next attempt's read none; it is read only where another process may have changed it (the
-    backoff's poll for a ``down``, the restart's check that nobody restarted it meanwhile)."""
+    backoff's poll for a ``down``; a ``down`` after it is refused by the start's locked write)."""
     from tests.test_runner import abort_at_start, follow_in_thread
 
     runner = running_job(fake, store, tmp_path)
@@ -335,7 +354,7 @@ def test_the_owner_carries_the_record_through_a_restart_and_reads_it_only_to_pol
     fake.node(JOB, 1, 2).exit(0)
     thread.join(10)
     assert out and out[0] is not None and not out[0].failed  # type: ignore[attr-defined]
-    assert loads == [JOB, JOB]  # the backoff's poll, the restart's check
+    assert loads == [JOB]  # the backoff's poll
     assert load(JOB).attempt == 2
     runner.close()
 

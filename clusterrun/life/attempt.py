@@ -71,25 +71,29 @@ class NotStopped(ClusterrunError):
         return any(r.error for r in self.reports.values())
 
 
-def begin_stop(store: JobStore, record: JobRecord) -> None:
+def begin_stop(store: JobStore, record: JobRecord, *, restart: bool = False) -> None:
     """Record that a stop of the current attempt is under way (``stopping``), before it is carried
-    out: from now on the follower's view of the nodes as they die does not decide the end."""
+    out: from now on the follower's view of the nodes as they die does not decide the end.
+    ``restart``: a restart's stop, refused (nothing written) when another restart came first."""
     def stopping(rec: JobRecord) -> None:
         if rec.attempt == record.attempt:
             move(rec, Change.STOP)
+        elif restart:
+            raise ClusterrunError(f"not restarting job {rec.job_id}: it was restarted meanwhile "
+                                  f"(attempt {rec.attempt})", hint=f"`clusterrun ps {rec.job_id}`")
 
     store.update(record.job_id, stopping)
 
 
 def stop(store: JobStore, record: JobRecord, grace: float | None = None, *, spec: ClusterSpec,
-         by: str | None = None) -> tuple[dict[int, StopReport], StateError | None]:
+         by: str | None = None, restart: bool = False) -> tuple[dict[int, StopReport], StateError | None]:
     """The one stop path: ``stopping`` recorded first (what the follower sees of the nodes as they
     are killed no longer decides the end), then the agents' verified stop of the current attempt
     on every node, then its outcome in the record. The stop on the hosts stands even when the
     record cannot be written: then the ``StateError`` comes back beside the reports. ``by``: who
-    stops it, as the mark in each node's log says (``down``, ``restart``)."""
+    stops it, as the mark in each node's log says (``down``, ``restart``); ``restart``: as ``begin_stop``'s."""
     try:
-        begin_stop(store, record)
+        begin_stop(store, record, restart=restart)
     except StateError:
         pass  # the stop matters more than its record: the error comes back after it (below)
     reports = stop_job(record, grace=grace, spec=spec, by=by)
@@ -134,16 +138,13 @@ class NextAttempt:
         waited for (the monitor of the stopped attempt exits) and given to a new monitor.
         ``automatic``: the owner's restart of a failed attempt (``restarting``): its stop is not
         the user's (the record stays ``restarting``), and ``Cancelled`` if a stop came first."""
-        record = store.load(self.record.job_id)
-        if record.attempt != self.record.attempt:
-            raise ClusterrunError(f"not restarting job {record.job_id}: it was restarted meanwhile "
-                                  f"(attempt {record.attempt})", hint=f"`clusterrun ps {record.job_id}`")
+        record = self.record  # as the command (the owner's backoff) read it: not read again
         if automatic and record.state is not JobState.RESTARTING:
             raise Cancelled(f"not restarting job {record.job_id}: it is {record.state}")
-        if automatic:
+        if automatic:  # a `down` meanwhile: the start refuses (``Cancelled``), under the record's lock
             reports, unrecorded = stop_job(record, grace=grace, spec=self.aspec.spec, by="the restart policy"), None
-        else:
-            reports, unrecorded = stop(store, record, grace, spec=self.aspec.spec, by="restart")
+        else:  # a restart meanwhile: the stop's first write refuses, under the record's lock
+            reports, unrecorded = stop(store, record, grace, spec=self.aspec.spec, by="restart", restart=True)
         for rank in sorted(reports):
             self.emit(NodeStopped(rank, report=reports[rank]))
         if unrecorded is not None:
