@@ -254,11 +254,16 @@ def printed_losses(job: str) -> dict[int, float]:
 
 
 def chart_points(page: Page) -> list[tuple[int, float]]:
-    """The (step, loss) points of the page's loss chart, as its SVG carries them (not its pixels)."""
-    line = page.locator("#loss-chart polyline[data-attempt]")
-    if line.count() != 1:
+    """The (step, loss) points of the page's loss chart, as its SVG carries them (not its pixels); both
+    attributes read in one script, so that a live swap of the chart cannot come between them."""
+    found = page.evaluate("""() => {
+        const lines = document.querySelectorAll("#loss-chart polyline[data-attempt]");
+        return lines.length === 1 ? [lines[0].getAttribute("data-steps") || "",
+                                     lines[0].getAttribute("data-losses") || ""] : null;
+    }""")
+    if found is None:
         return []
-    steps, losses = (line.get_attribute(name) or "" for name in ("data-steps", "data-losses"))
+    steps, losses = found
     return list(zip(map(int, steps.split()), map(float, losses.split()), strict=True))
 
 
