@@ -13,7 +13,8 @@ beside every figure:
   merges the ranks' files), the agents that stream the log (``follow``, one per controller
   process), and sshd; per node and in all;
 - with ``--memory LINES``: only that, on one host: ``up --no-tui``'s resident memory while one
-  rank writes LINES lines as fast as it can, at every million lines shown.
+  rank writes LINES lines at ``--memory-rate`` lines/s (0: as fast as it can), at every million
+  lines shown.
 
     python benchmarks/watching.py [--hosts 16] [--rate 100] [--seconds 30] [--memory 10000000]
 
@@ -248,13 +249,14 @@ class Bench:
         self.jobs.remove(job)
         return rows
 
-    def memory(self, lines: int) -> list[tuple[int, float, str]]:
-        """``up --no-tui``'s RSS at every million lines shown of one rank's ``lines``."""
+    def memory(self, lines: int, rate: float) -> list[tuple[int, float, str]]:
+        """``up --no-tui``'s RSS at every million lines shown of one rank's ``lines``, written at
+        ``rate`` lines/s (0: as fast as it can, when RSS also holds what is in flight)."""
         folder = self.open_fifos("mem")
         up, reader = self.start(["up", "--no-tui", "--name", "watch-mem", str(self.hosts), str(WRITER), str(folder)],
                                 "up-mem")
         self.wait(lambda: reader.ready >= self.n, 300, "the writer's `ready`")
-        self.tell(f"fast {lines}")
+        self.tell(f"paced {rate} {lines / rate}" if rate else f"fast {lines}")
         samples, mark, began = [], 1_000_000, time.monotonic()
         while reader.lines < lines:
             if up.poll() is not None:
@@ -300,6 +302,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30, help="the length of each window")
     parser.add_argument("--settle", type=float, default=15, help="seconds after the start before measuring")
     parser.add_argument("--memory", type=int, default=0, help="only the memory run: lines of one rank")
+    parser.add_argument("--memory-rate", type=float, default=20_000, help="its lines/s (0: as fast as it can)")
     args = parser.parse_args()
     subprocess.run(["sh", str(ROOT / "tests" / "_support" / "install_sshd.sh")], check=True, capture_output=True)
     n = 1 if args.memory else args.hosts
@@ -308,8 +311,9 @@ def main() -> None:
     try:
         log(f"{n} hosts up ({load()})")
         if args.memory:
-            samples = bench.memory(args.memory)
-            print(f"up --no-tui, one node writing {args.memory} lines of 100 bytes as fast as it can:\n")
+            samples = bench.memory(args.memory, args.memory_rate)
+            pace = f"at {args.memory_rate:g} lines/s" if args.memory_rate else "as fast as it can"
+            print(f"up --no-tui, one node writing {args.memory} lines of 100 bytes {pace}:\n")
             print("| lines shown | RSS (MB) | load |\n|---|---|---|")
             for count, mb, where in samples:
                 print(f"| {count} | {mb:.1f} | {where} |")
