@@ -18,6 +18,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -75,6 +76,12 @@ def main() -> None:
     parser.add_argument("--viewers", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()
+
+    def leave(signum: int, frame: object) -> None:  # SIGTERM, SIGHUP: through the finally below, as Ctrl-C
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGHUP, leave)
     work = Path(tempfile.mkdtemp(prefix="clusterrun-web-bench-"))
     env = {**os.environ, "XDG_STATE_HOME": str(work / "controller"), "PYTHONPATH": str(ROOT)}
     hosts = work / "hosts.yaml"
@@ -82,18 +89,19 @@ def main() -> None:
                      "hosts:\n  - local-a\n  - local-b\n")
     gate = work / "gate"
     count = int(args.rate / 2 * (args.seconds * 2 + 600))  # each rank's lines: enough for the whole run
-    # the quiet job prints one line, then waits for the gate (made at the end): a job that prints nothing
-    up = subprocess.run([sys.executable, "-m", "clusterrun", "up", "-d", "--name", "webbench", hosts,
-                         ROOT / "tests/_support/counter.py", "2", "0", str(gate)],
-                        capture_output=True, text=True, env=env, cwd=work, check=True)
-    quiet_job = up.stdout.strip()
-    up = subprocess.run([sys.executable, "-m", "clusterrun", "up", "-d", "--name", "webbench-busy", hosts,
-                         ROOT / "tests/_support/counter.py", str(count), str(2 / args.rate)],
-                        capture_output=True, text=True, env=env, cwd=work, check=True)
-    busy_job = up.stdout.strip()
-    server = subprocess.Popen([sys.executable, "-m", "clusterrun", "web", "--port", "0"], env=env, cwd=work,
-                              stderr=subprocess.PIPE, text=True)
+    jobs: list[str] = []
+    server: subprocess.Popen[str] | None = None
     try:
+        # the quiet job prints one line, then waits for the gate (made at the end): a job that prints nothing
+        for name, script_args in (("webbench", ["2", "0", str(gate)]),
+                                  ("webbench-busy", [str(count), str(2 / args.rate)])):
+            up = subprocess.run([sys.executable, "-m", "clusterrun", "up", "-d", "--name", name, hosts,
+                                 ROOT / "tests/_support/counter.py", *script_args],
+                                capture_output=True, text=True, env=env, cwd=work, check=True)
+            jobs.append(up.stdout.strip())
+        quiet_job, busy_job = jobs
+        server = subprocess.Popen([sys.executable, "-m", "clusterrun", "web", "--port", "0"], env=env, cwd=work,
+                                  stderr=subprocess.PIPE, text=True)
         assert server.stderr is not None
         found = re.search(r"(http://[^/]+)/\?token=(\S+)", server.stderr.readline())
         assert found, "no URL"
@@ -114,10 +122,11 @@ def main() -> None:
                   f"({100 * used / args.seconds:.2f} % of a core); its node readers (agents) {agents:.2f} s "
                   f"({100 * agents / args.seconds:.2f} %); lines per viewer {got}")
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
         gate.touch()
-        for job in (quiet_job, busy_job):
+        for job in jobs:
             subprocess.run([sys.executable, "-m", "clusterrun", "down", job], capture_output=True, env=env, cwd=work)
         shutil.rmtree(work, ignore_errors=True)
 

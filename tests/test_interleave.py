@@ -22,8 +22,12 @@ def chunk(offset: int, data: str, *times: tuple[int, int]) -> LogChunk:
 
 def test_a_chunks_lines_take_the_time_of_the_entry_that_covers_their_offset() -> None:
     c = chunk(10, "ab\ncd\r50%\nef\n", (4, 100), (13, 200), (20, 300))  # "cd\r50%" at 13, "ef" at 20
-    assert c.timed_lines() == [(100, "ab"), (200, "cd\r50%"), (300, "ef")]
-    assert chunk(0, "x\n").timed_lines() == [(None, "x")]
+    assert c.timed_runs() == [(100, "ab\n"), (200, "cd\r50%\n"), (300, "ef\n")]
+    assert chunk(0, "x\n").timed_runs() == [(None, "x\n")]
+    # entries inside a line: the next line takes the last of them; a run is many lines; a last line is ended
+    c = chunk(0, "ab\ncd\nef\ngh\nij", (0, 1), (1, 2), (2, 3), (7, 4), (12, 5), (40, 6))
+    assert c.timed_runs() == [(1, "ab\n"), (3, "cd\nef\n"), (4, "gh\n"), (5, "ij\n")]
+    assert chunk(20, "é\nz\n", (0, 1), (23, 2)).timed_runs() == [(1, "é\n"), (2, "z\n")]  # offsets count bytes
     message = {"t": "log", "offset": 0, "next": 2, "data": "x\n", "times": [[0, 7]]}
     assert decode_follow("h", message) == chunk(0, "x\n", (0, 7))
     with pytest.raises(ClusterrunError, match="times"):

@@ -405,6 +405,27 @@ def test_the_connection_waits_for_no_delayed_ack(sim_cluster: MakeCluster, monke
         transport.close()
 
 
+def test_a_quiet_connection_wakes_paramiko_once_a_second_and_still_closes(sim_cluster: MakeCluster) -> None:
+    """paramiko's reader thread wakes at every timeout of its socket (0.1 s by default: ten times a
+    second per host while a job is quiet, docs/benchmarks.md); once connected it waits a second.
+    close() does not wait for it, and the thread still ends."""
+    from clusterrun.config.hostsfile import HostSpec
+    from clusterrun.transports import ssh, sshhosts
+
+    cluster = sim_cluster(1)
+    transport = ssh.SSHTransport(HostSpec(host="sim1", python=sys.executable),
+                                 sshhosts.SSHOptions(ssh_config=str(cluster.ssh_config)))
+    try:
+        assert transport.call({"op": "probe", "free_port": False, "state_dir": None})["ok"]
+        assert transport._client is not None
+        reader = transport._client.get_transport()
+        assert reader is not None and reader.is_alive()
+        assert reader.sock.gettimeout() == ssh.READER_WAKE == 1.0
+    finally:
+        transport.close()
+    wait_for(lambda: not reader.is_alive(), timeout=10, what="paramiko's reader thread to end")
+
+
 def test_the_agent_channel_opened_ahead_is_the_one_the_probe_uses(sim_cluster: MakeCluster) -> None:
     """`up` opens each host's connection and agent channel ahead (``transports.connect_early``) while it
     imports the rest of itself; the probe then goes on that channel: one agent on the host, not two."""

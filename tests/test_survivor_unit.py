@@ -208,3 +208,46 @@ def test_a_stop_without_records_says_what_found_the_processes_or_where_it_looked
                                                   "looked": ["cgroups named x", "processes carrying M"]})
     assert "nothing was running" not in nothing.describe()
     assert "looked for cgroups named x and processes carrying M" in nothing.describe()
+
+
+def test_the_journal_is_rewritten_in_place_and_a_shorter_record_still_resumes(tmp_path: Path) -> None:
+    """Written for every batch: the same file (not a new one renamed over it, which ext4 writes out
+    at once); a record shorter than the one before is read without the rest of the longer one."""
+    root, log, journal = tmp_path / "torchrun", tmp_path / "output.log", str(tmp_path / "ranklogs.json")
+    ranks = [rank_file(root, local) for local in range(4)]
+    fd = open_log(log)
+    logs = RankLogs(str(root), fd, first_rank=0, journal=journal)
+    for path in ranks:  # a long record: a batch of four files
+        append(path, b"first\n")
+    logs.poll()
+    inode = os.stat(journal).st_ino
+    append(ranks[0], b"second\n")  # a short one: a batch of one file
+    logs.poll()
+    logs.close()
+    assert os.stat(journal).st_ino == inode
+    done = {f"run/attempt_0/{local}/stdout.log": len(b"first\n") for local in range(4)}
+    assert resume_offsets(journal, str(root), fd, 0) == {**done, "run/attempt_0/0/stdout.log": len(b"first\nsecond\n")}
+    os.close(fd)
+
+
+def test_a_rank_file_made_while_the_monitor_sleeps_is_found_by_its_waker(tmp_path: Path) -> None:
+    """With every directory watched, the tree is listed again only when inotify says something was
+    made in it: the new rank's lines come through all the same."""
+    from clusterrun.agent.waker import Waker
+
+    root, log = tmp_path / "torchrun", tmp_path / "output.log"
+    r0 = rank_file(root, 0)
+    fd = open_log(log)
+    waker = Waker()
+    logs = RankLogs(str(root), fd, first_rank=0, waker=waker)
+    append(r0, b"zero\n")
+    logs.poll()
+    assert waker.reliable and not waker.created
+    r1 = rank_file(root, 1)  # a new directory and file, below watched ones
+    append(r1, b"one\n")
+    waker.wait(5.0)
+    logs.poll()
+    logs.close()
+    waker.close()
+    os.close(fd)
+    assert log.read_bytes() == b"[rank0]:zero\n[rank1]:one\n"

@@ -248,7 +248,8 @@ under umask 077 so they are never readable by others, not even briefly):
                     before anything else: ``{exit_code, signal, pid}`` (see ``read_exit``)
 ``ranklogs.json``   the monitor's journal of ``RankLogs``: each per-rank file's offset passed
                     on, the last batch's ranges and the log's size before it (see
-                    ``resume_offsets``), rewritten (rename, no fsync) before each batch
+                    ``resume_offsets``), rewritten in place before each batch (JSON, padded
+                    with spaces over a longer record before it; no fsync)
 ``output.times``    when output.log's bytes were written: a line ``<offset> <ns>`` (wall clock) per
                     batch of lines, the bytes from ``offset`` to the next line's (``RankLogs.note_time``)
 ``monitor.lock``    flock'ed by the one monitor at work; another waits on it, then takes over

@@ -65,10 +65,13 @@ class RankLogs:
         self.times = times  # output.times: when the bytes of output.log were written (``note_time``)
         self.timed = -1  # the size of output.log after the last time noted
         self.files: dict[str, list[Any]] = {}  # path → [file, pending bytes, prefix]
+        self.names: dict[str, tuple[str, int]] = {}  # path → (relative to ``root``, global rank)
         self.done: dict[str, int] = {}  # path relative to ``root`` → bytes of it passed on
         self.error: str | None = None
         self.waker = waker  # told to watch every directory of the tree
         self.journal = journal
+        self._journal_fd = self._times_fd = -1  # opened at their first write, kept open
+        self._journal_size = 0
         if journal is not None:
             self.done = resume_offsets(journal, root, out_fd, first_rank)
 
@@ -76,9 +79,16 @@ class RankLogs:
         local = os.path.basename(os.path.dirname(path))
         return b"[rank%d]:" % (self.first_rank + int(local)) if local.isdigit() and path.endswith(".log") else None
 
-    def _discover(self) -> bool:
+    def _discover(self, final: bool) -> bool:
+        """Open the per-rank files not seen yet; True if there were any. Where the waker watches
+        every directory of the tree, only after it saw something made in one (or ``final``)."""
+        waker = self.waker
+        if waker is not None and waker.reliable and not final and self.root in waker.watched:
+            if not waker.created:  # every directory of the tree is watched: nothing new was made
+                return False
+            waker.created = False
         found = False
-        watch = self.waker.watch if self.waker is not None else None
+        watch = waker.watch if waker is not None else None
         for path in _files_at(self.root, ("", "attempt_", "", "std"), before_listing=watch):
             prefix = self._prefix(path)
             if path not in self.files and prefix is not None:
@@ -88,6 +98,8 @@ class RankLogs:
                 except OSError:
                     continue
                 self.files[path] = [handle, b"", prefix]
+                self.names[path] = (os.path.relpath(path, self.root),
+                                    self.first_rank + int(os.path.basename(os.path.dirname(path))))
                 found = True
         return found
 
@@ -106,7 +118,7 @@ class RankLogs:
     def poll(self, final: bool = False) -> bool:
         """Pass on every complete line written so far (and, when ``final``, the rest too); True if
         torchrun made new per-rank files (it is starting workers)."""
-        found = self._discover()
+        found = self._discover(final)
         out: list[bytes] = []
         batch: list[tuple[str, int, int, bool]] = []  # per file: the range of it in this batch
         for path in sorted(self.files, key=self._written_order):
@@ -114,11 +126,11 @@ class RankLogs:
             handle, pending, prefix = entry
             new = handle.read()
             if new and self.tap is not None:
-                self.tap(self.first_rank + int(os.path.basename(os.path.dirname(path))), new)
+                self.tap(self.names[path][1], new)
             pending += new
             cut = len(pending) if final else pending.rfind(b"\n") + 1
             if cut:
-                rel = os.path.relpath(path, self.root)
+                rel = self.names[path][0]
                 start = self.done.get(rel, 0)
                 out.append(_tagged(prefix, pending[:cut], final))
                 batch.append((rel, start, start + cut, final))
@@ -130,7 +142,8 @@ class RankLogs:
         if self.journal is not None:
             try:
                 size = os.fstat(self.out_fd).st_size
-                _write_quick(self.journal, json_dumps({"done": self.done, "batch": batch, "log_start": size}).encode())
+                record = {"done": self.done, "batch": batch, "log_start": size}
+                self._write_journal(self.journal, json_dumps(record).encode())
             except OSError:  # a full disk: the lines still go out; a monitor resumed later may repeat this batch
                 pass
         try:
@@ -158,24 +171,35 @@ class RankLogs:
             if self.timed < 0:  # the first look (a resumed monitor: the bytes before are timed or lost)
                 self.timed = size
             if size > self.timed or batch:
-                with open(self.times, "ab") as f:
-                    f.write(b"%d %d\n" % (self.timed, time.time_ns()))
+                if self._times_fd < 0:
+                    self._times_fd = os.open(self.times, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                os.write(self._times_fd, b"%d %d\n" % (self.timed, time.time_ns()))
             self.timed = size
         except OSError:  # a full disk: these lines go out untimed (shown at their neighbours' time)
             pass
 
+    def _write_journal(self, path: str, data: bytes) -> None:
+        """Write the journal's record in place, padded with spaces over a longer one before it
+        (JSON allows them). Not a temporary file renamed over it: on ext4 a rename that replaces
+        a file starts writing its data out, and this is written for every batch of log lines
+        (docs/benchmarks.md). A record within a page is not torn by the writer's death; a
+        host's crash may tear it, but no monitor resumes an attempt after a reboot."""
+        if self._journal_fd < 0:
+            self._journal_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._journal_size = os.fstat(self._journal_fd).st_size
+        padded = data.ljust(self._journal_size)
+        view = memoryview(padded)
+        while view:
+            view = view[os.pwrite(self._journal_fd, view, len(padded) - len(view)):]
+        self._journal_size = len(padded)
+
     def close(self) -> None:
         for handle, _, _ in self.files.values():
             handle.close()
-
-
-def _write_quick(path: str, data: bytes) -> None:
-    """Replace ``path`` by a rename (atomic against the writer's death; no fsync: a host's crash
-    ends the job anyway, and this is written for every batch of log lines)."""
-    tmp = f"{path}.tmp"  # one writer at a time: the monitor's lock
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.rename(tmp, path)
+        for fd in (self._journal_fd, self._times_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._journal_fd = self._times_fd = -1
 
 
 def resume_offsets(journal: str, root: str, log_fd: int, first_rank: int) -> dict[str, int]:

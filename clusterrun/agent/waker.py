@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+import sys
 import time
 
 # The supervisor and ``follow`` wait for inotify to say that something changed instead of waking
@@ -11,7 +12,7 @@ import time
 # goes at once. They look anyway after IDLE_CHECK seconds without any event.
 IDLE_CHECK = 1.0
 
-IN_MODIFY, IN_MOVED_TO, IN_CREATE = 0x2, 0x80, 0x100
+IN_MODIFY, IN_MOVED_TO, IN_CREATE, IN_Q_OVERFLOW = 0x2, 0x80, 0x100, 0x4000
 
 
 class Waker:
@@ -28,6 +29,7 @@ class Waker:
         self.fd = -1
         self.watched: set[str] = set()
         self.missed = False
+        self.created = False  # a file was created or renamed into a watched directory (cleared by the caller)
         try:
             import ctypes
 
@@ -55,14 +57,28 @@ class Waker:
         ready = select.select(watch, [], [], max(timeout, 0.0))[0] if watch else []
         if not watch:
             time.sleep(max(timeout, 0.0))
-        if self.fd in ready:
-            drain(self.fd)  # the events themselves do not matter: the caller looks at everything
+        if self.fd in ready and _read_events(self.fd) & (IN_CREATE | IN_MOVED_TO | IN_Q_OVERFLOW):
+            self.created = True  # the caller lists its directories again; only then (4 scandirs a wake-up)
         return [fd for fd in ready if fd != self.fd]
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _read_events(fd: int) -> int:
+    """Read every pending inotify event of ``fd``; their masks OR'ed together."""
+    masks = 0
+    try:
+        while data := os.read(fd, 65536):
+            at = 0
+            while at + 16 <= len(data):  # struct inotify_event: wd, mask, cookie, len, then len bytes of name
+                masks |= int.from_bytes(data[at + 4:at + 8], sys.byteorder)
+                at += 16 + int.from_bytes(data[at + 12:at + 16], sys.byteorder)
+    except BlockingIOError:
+        pass
+    return masks
 
 
 def drain(fd: int) -> None:

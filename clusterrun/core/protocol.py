@@ -182,16 +182,30 @@ class LogChunk:
         """When its last lines were written (wall clock, s), if the agent said."""
         return self.times[-1][1] / 1e9 if self.times else None
 
-    def timed_lines(self) -> list[tuple[int | None, str]]:
-        """The chunk's lines (without newlines), each with when it was written (ns), if known."""
-        times, at, i, out = self.times, self.offset, -1, []
-        lines = self.data.split("\n")
-        for line in lines[:-1] if lines[-1] == "" else lines:  # not splitlines: a rank's "\r" is no line end
-            while i + 1 < len(times) and times[i + 1][0] <= at:
-                i += 1
-            out.append((times[i][1] if i >= 0 else times[0][1] if times else None, line))
-            at += len(line.encode("utf-8", "surrogateescape")) + 1
-        return out
+    def timed_runs(self) -> list[tuple[int | None, str]]:
+        """The chunk's lines in runs written at one time (ns), if known: each run's text is whole
+        lines, each ended by a newline (a last line without one gets one). A line takes the time of
+        the last entry at or before its first byte (the first entry's, before it). Cut where
+        the entries say, never line by line: ``logs`` of a big job passes millions of lines."""
+        raw = self.data.encode("utf-8", "surrogateescape")
+        if raw and not raw.endswith(b"\n"):
+            raw += b"\n"
+        if not self.times:
+            return [(None, raw.decode("utf-8", "surrogateescape"))] if raw else []
+        runs, start, when = [], 0, self.times[0][1]
+        for offset, ns in self.times[1:]:
+            at = offset - self.offset
+            if at > 0:  # the first line that starts at or after ``at`` (not "\r": a rank's progress bar)
+                cut = raw.find(b"\n", at - 1) + 1
+                if not cut:
+                    break
+                if cut > start:
+                    runs.append((when, raw[start:cut]))
+                    start = cut
+            when = ns
+        if start < len(raw):
+            runs.append((when, raw[start:]))
+        return [(ns, text.decode("utf-8", "surrogateescape")) for ns, text in runs]
 
 
 @frozen

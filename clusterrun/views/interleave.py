@@ -45,7 +45,7 @@ def interleaved(ranks: Sequence[int], read: Reader, depth: int = 8) -> Iterator[
 
     for rank in ranks:
         threading.Thread(target=pump, args=(rank,), daemon=True, name=f"logs-node{rank}").start()
-    heads: dict[int, list[tuple[int, str]]] = {}  # per node: its lines not yet shown, with their times
+    heads: dict[int, list[tuple[int, str]]] = {}  # per node: its runs of lines not yet shown, with their times
     known: dict[int, int] = {}  # per node: the last time known
     try:
         live = list(ranks)
@@ -60,20 +60,20 @@ def interleaved(ranks: Sequence[int], read: Reader, depth: int = 8) -> Iterator[
                         yield rank, item
                     if not isinstance(item, LogChunk):
                         continue
-                    lines = []
-                    for ns, line in item.timed_lines():
+                    runs = []
+                    for ns, text in item.timed_runs():
                         known[rank] = ns if ns is not None else known.get(rank, 0)
-                        lines.append((known[rank], line))
-                    lines.reverse()  # taken from the end
-                    heads[rank] = lines
+                        runs.append((known[rank], text))
+                    runs.reverse()  # taken from the end
+                    heads[rank] = runs
             if not live:
                 break
             first = min(live, key=lambda r: (heads[r][-1][0], r))
             others = [(heads[r][-1][0], r) for r in live if r != first]
             bound = min(others) if others else None
-            run, lines = [], heads[first]
-            while lines and (bound is None or (lines[-1][0], first) < bound):
-                run.append(lines.pop()[1])
-            yield first, "".join(f"{line}\n" for line in run)
+            taken, runs = [], heads[first]
+            while runs and (bound is None or (runs[-1][0], first) < bound):
+                taken.append(runs.pop()[1])
+            yield first, "".join(taken)
     finally:
         cancelled.set()
