@@ -230,6 +230,26 @@ def test_the_journal_is_rewritten_in_place_and_a_shorter_record_still_resumes(tm
     os.close(fd)
 
 
+def test_a_journal_record_longer_than_a_page_is_renamed_into_place(tmp_path: Path) -> None:
+    """A kill between two pages of a write in place would leave a torn record (every line merged
+    again on resume): more than a page goes to a new file renamed over the old."""
+    root, log, journal = tmp_path / "torchrun", tmp_path / "output.log", str(tmp_path / "ranklogs.json")
+    ranks = [rank_file(root, local) for local in range(128)]
+    fd = open_log(log)
+    logs = RankLogs(str(root), fd, first_rank=0, journal=journal)
+    append(ranks[0], b"first\n")
+    logs.poll()
+    inode = os.stat(journal).st_ino
+    for path in ranks:
+        append(path, b"more\n")
+    logs.poll()
+    logs.close()
+    assert os.path.getsize(journal) > 4096 and os.stat(journal).st_ino != inode
+    done = {f"run/attempt_0/{local}/stdout.log": len(b"more\n") for local in range(1, 128)}
+    assert resume_offsets(journal, str(root), fd, 0) == {**done, "run/attempt_0/0/stdout.log": len(b"first\nmore\n")}
+    os.close(fd)
+
+
 def test_a_rank_file_made_while_the_monitor_sleeps_is_found_by_its_waker(tmp_path: Path) -> None:
     """With every directory watched, the tree is listed again only when inotify says something was
     made in it: the new rank's lines come through all the same."""

@@ -41,6 +41,9 @@ def _tagged(prefix: bytes, data: bytes, final: bool) -> bytes:
     return b"".join(prefix + line + b"\n" for line in data[:cut].splitlines())
 
 
+IN_PLACE = 4096  # the journal's longest record written in place: one page, which a kill cannot tear
+
+
 class RankLogs:
     """Merge torchrun's per-rank files into ``output.log``: whole lines, each tagged ``[rankN]:``.
 
@@ -182,8 +185,18 @@ class RankLogs:
         """Write the journal's record in place, padded with spaces over a longer one before it
         (JSON allows them). Not a temporary file renamed over it: on ext4 a rename that replaces
         a file starts writing its data out, and this is written for every batch of log lines
-        (docs/benchmarks.md). A record within a page is not torn by the writer's death; a
-        host's crash may tear it, but no monitor resumes an attempt after a reboot."""
+        (docs/benchmarks.md). A record within a page is not torn by the writer's death (a longer
+        one could be, between two pages: it is renamed into place); a host's crash may tear it,
+        but no monitor resumes an attempt after a reboot."""
+        if len(data) > IN_PLACE:
+            tmp = f"{path}.tmp"  # one writer at a time: the monitor's lock
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.rename(tmp, path)
+            if self._journal_fd >= 0:
+                os.close(self._journal_fd)
+            self._journal_fd = -1
+            return
         if self._journal_fd < 0:
             self._journal_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
             self._journal_size = os.fstat(self._journal_fd).st_size
