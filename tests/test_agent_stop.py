@@ -164,3 +164,29 @@ def test_a_cgroup_the_supervisor_could_not_record_is_taken_from_the_spec(procs: 
     assert answer["containment"] == "cgroup" and answer["verified"] and not os.path.exists(cgroup)
     assert sleep.wait(10) == -9
 
+
+
+def test_a_failing_attempts_cgroup_is_killed_at_once_torchrun_first_without_its_shutdown(
+        procs: Processes, attempt: Attempt, cgroup: str) -> None:
+    """Fail-fast's stop (``failing``): torchrun is SIGKILLed first, no SIGTERM and no grace, then the
+    cgroup is killed and verified empty; without a cgroup the same request keeps torchrun's shutdown."""
+    tree = job_tree(procs, attempt, workers=2)
+    for pid in (tree.torchrun, *tree.workers):
+        cg.cg_write(os.path.join(cgroup, "job", "cgroup.procs"), str(pid).encode())
+    cg.cg_write(os.path.join(cgroup, "cgroup.procs"), str(tree.survivor.pid).encode())
+    attempt.make(spec={"cgroup": cgroup}, cgroup=cgroup, **tree.state())
+
+    answer = ask(attempt.request("stop", grace=600, failing=True))
+    assert answer["containment"] == "cgroup" and answer["verified"] and answer["at_once"], answer
+    signals = {k["pid"]: k["signal"] for k in answer["killed"]}
+    assert signals[tree.torchrun] == "SIGKILL" and set(signals) == {tree.torchrun, *tree.workers}
+    assert not os.path.exists(cgroup) and carrying(attempt.marker) == []
+
+
+def test_a_failing_attempt_without_a_cgroup_still_gives_torchrun_its_sigterm(procs: Processes,
+                                                                            attempt: Attempt) -> None:
+    tree = job_tree(procs, attempt, workers=1)
+    attempt.make(**tree.state())
+    answer = ask(attempt.request("stop", grace=5, failing=True))
+    signals = {k["pid"]: k["signal"] for k in answer["killed"]}
+    assert signals[tree.torchrun] == "SIGTERM" and not answer["at_once"] and answer["containment"] == "sweep"

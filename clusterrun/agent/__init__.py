@@ -88,7 +88,8 @@ Requests (``op``) and answers
            ``{t: "log", offset, next, data, times}`` (complete lines only, bytes decoded as UTF-8 with
            surrogateescape; ``next`` is the byte offset to resume from; ``times``: the entries of
            ``output.times`` that cover them, ``[[offset, ns], ...]``), ``{t: "state", state}``
-           whenever the state file changes, ``{t: "beat"}`` after ``HEARTBEAT`` seconds without
+           whenever the state file changes (``stop_requested: true`` once a stop's ``stop`` file is
+           there: the ranks it kills did not fail), ``{t: "beat"}`` after ``HEARTBEAT`` seconds without
            anything else, and finally ``{t: "end", state}`` after a last read that includes a
            partial last line. Resuming from ``next`` loses and repeats nothing. ``tail: N`` starts
            at the last N complete lines instead of ``offset``; ``before: N`` with ``offset`` starts
@@ -100,8 +101,8 @@ Requests (``op``) and answers
            reused; ``rebooted: true`` when the host's boot id changed). ``follow``, ``status`` and
            ``stop`` start a monitor for an unfinished attempt that has none (``ensure_monitor``):
            it copies the lines left and writes the final state.
-``stop``   ``{job, node, attempt, state_dir, grace, by}`` → ``{ok, killed: [...], left: [...], state,
-           containment, verified, detail, fallbacks, degraded, notes, grace}``: the stop described below,
+``stop``   ``{job, node, attempt, state_dir, grace, by, failing}`` → ``{ok, killed: [...], left: [...], state,
+           containment, verified, detail, fallbacks, degraded, notes, grace, at_once}``: the stop described below,
            of that attempt only; idempotent. An attempt not ended yet first gets a line in its
            ``output.log``, ``---- stopped by <by> at 11:37:58Z ----`` (``by`` null: ``clusterrun``),
            before torchrun is signalled: its shutdown output, which reads like a crash, follows it.
@@ -317,7 +318,9 @@ cause's PID).
 The verified stop
 -----------------
 A stop names one attempt and touches nothing of another. SIGTERM to torchrun first (it stops its
-workers; killing workers first makes it restart them), up to ``grace`` seconds for it to exit;
+workers; killing workers first makes it restart them), up to ``grace`` seconds for it to exit
+(``failing``, an attempt that fails anyway, with a cgroup: SIGKILL to torchrun at once, no grace,
+``at_once`` in the answer);
 then, with a cgroup, ``cgroup.kill`` of its ``job`` cgroup (Linux >= 5.14; else freeze it and
 SIGKILL every process in ``cgroup.procs``), the monitor's and the survivor's exit (it removes the cgroup), and
 the same for the whole attempt cgroup if it is still there; verified: ``cgroup.events`` says

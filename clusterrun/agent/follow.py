@@ -131,6 +131,9 @@ def op_follow(req: FollowRequest) -> None:
             if version != last_seen:
                 last_seen = version
                 state = read_state(folder) or state
+                if state.get("state") != "exited" and os.path.exists(os.path.join(folder, "stop")):
+                    # A stop is under way (its file comes before any signal): the ranks it kills did not fail
+                    state = dict(state, stop_requested=True)
                 emit({"t": "state", "state": state})
             ended = state.get("state") == "exited"
             if not ended:

@@ -81,12 +81,15 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
     scope = JobScope(state, exclude={os.getpid()})
     tr = state.get("torchrun") or {}
     torchrun = pin(tr["pid"], tr.get("start_time")) if tr.get("pid") else None
+    # A failing attempt with a cgroup: torchrun's own shutdown is not waited for (it only ends the
+    # ranks, which the cgroup's kill does at once); torchrun is still the first to be signalled.
+    fast = bool(req.failing) and bool(cgroup)
     if torchrun is not None:
         info = proc_info(torchrun.pid)
         entry = dict(info.as_dict() if info else {"pid": torchrun.pid})
-        if torchrun.signal(signal.SIGTERM):
+        if not fast and torchrun.signal(signal.SIGTERM):
             killed[torchrun.pid] = dict(entry, signal="SIGTERM")
-        if not torchrun.wait(grace) and torchrun.signal(signal.SIGKILL):
+        if (fast or not torchrun.wait(grace)) and torchrun.signal(signal.SIGKILL):
             killed[torchrun.pid] = dict(entry, signal="SIGKILL")
             torchrun.wait(5)
         torchrun.close()
@@ -140,4 +143,5 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
         detail = f"swept {count} process{'es' if count != 1 else ''}{besides}; {UNSEEN}"
     return dict(base, killed=sorted(killed.values(), key=lambda e: e["pid"]), left=left, state=final,
                 containment="cgroup" if cgroup else "sweep", verified=bool(cgroup) and cgroup_empty and not left,
-                detail=detail, degraded=final.get("degraded") or state.get("degraded"), grace=grace)
+                detail=detail, degraded=final.get("degraded") or state.get("degraded"), grace=grace,
+                at_once=fast)

@@ -221,6 +221,9 @@ class StopRequest(NodeRequest):
     op: ClassVar[str] = "stop"
     grace: float = 10.0
     by: str | None = None  # who stops it, for the mark in its log (``restart``, ``down``, ...; None: clusterrun)
+    # The attempt fails anyway (fail-fast, the start-up watch): where it has a cgroup, torchrun is
+    # SIGKILLed and the cgroup killed at once, without torchrun's own SIGTERM shutdown (``grace``).
+    failing: bool = False
 
 
 @dataclass(frozen=True)
@@ -415,6 +418,7 @@ class StopAnswer(Message):
     records_gone: bool = False
     found_by: list[str] | None = None
     looked: list[str] | None = None
+    at_once: bool = False  # a failing attempt's cgroup was killed without torchrun's shutdown (``failing``)
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,12 @@ class StopOrder:
 
 
 def stop_node(transport: Transport, rank: int, host: str, *, job_id: str, attempt: int, state_dir: str | None,
-              grace: float, by: str | None = None) -> StopReport:
+              grace: float, by: str | None = None, failing: bool = False) -> StopReport:
     """The agent's verified stop of node ``rank``'s ``attempt``: its report, with the error that
-    kept it away. ``by``: who stops it, for the mark in the node's log (None: ``clusterrun``)."""
-    request = node_request("stop", job=job_id, node=rank, attempt=attempt, state_dir=state_dir, grace=grace, by=by)
+    kept it away. ``by``: who stops it, for the mark in the node's log (None: ``clusterrun``);
+    ``failing``: the attempt fails anyway, so where it has a cgroup its kill is the stop (no grace)."""
+    request = node_request("stop", job=job_id, node=rank, attempt=attempt, state_dir=state_dir, grace=grace, by=by,
+                           failing=failing)
     try:
         return stop_report(host, rank, transport.call(request))
     except ClusterrunError as exc:
