@@ -2,8 +2,9 @@
 
 Written by the agent when the stop reaches it, before torchrun is signalled, so that torchrun's
 shutdown output (``Received 15 death signal``, a ``SignalException`` traceback, which alone reads
-like a crash) follows a line that says who stopped the attempt, for every reader of the log. The
-agent's part is tested in this process in ``tests/test_agent_stop.py``.
+like a crash) follows a line that says who stopped the attempt, for every reader of the log (fail-fast
+kills a failing attempt's cgroup at once: no shutdown output follows). The agent's part is tested in
+this process in ``tests/test_agent_stop.py``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,12 @@ def test_fail_fast_marks_the_log_of_the_node_it_stopped(tmp_path: Path, state_di
     proc = run_up(hosts, SUPPORT / "fail_alone.py", timeout=180)
     assert proc.returncode == 1, proc.stderr
     job = job_id_of(proc.stderr)
-    marked_before_the_shutdown(log_of(job, 0), "fail-fast after node 1 failed")
+    # The attempt failed and has a cgroup: torchrun is killed at once with it, no SIGTERM shutdown
+    log = log_of(job, 0)
+    assert len(re.findall(MARK.format(by="fail-fast after node 1 failed"), log)) == 1, log
+    assert "Received 15 death signal" not in log and "SignalException" not in log, log
+    assert re.search(r"^clusterrun: node0 local-a: stopped torchrun \(pid \d+\).* at once \(SIGKILL, the attempt had "
+                     r"failed\); nothing left \(verified by cgroup\)$", proc.stderr, re.M), proc.stderr
     assert "---- stopped by" not in log_of(job, 1)  # it failed on its own
     assert re.search(r"^node0 local-a +\| " + MARK.format(by="fail-fast after node 1 failed") + "$", proc.stdout,
                      re.M), proc.stdout  # the stream shows it as a line of the node

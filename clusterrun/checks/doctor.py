@@ -318,7 +318,8 @@ def _examine_all(hosts: Sequence[_Host], spec: ClusterSpec, examine: Callable[[_
 def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | None]], spec: ClusterSpec,
               script: str, *, addr: str, port: int, local_cwd: str | None, full: bool,
               synced: Collection[int] = (), test_port: bool = True, set_up: Mapping[int, str] | None = None,
-              setup_of: tuple[str, int] | None = None, early: Mapping[int, Early] | None = None) -> Report:
+              setup_of: tuple[str, int] | None = None, early: Mapping[int, Early] | None = None,
+              recheck: bool = False) -> Report:
     """``up``'s checks on hosts its agents have probed already (``sessions``, by node rank): the
     workdir and the script (not on the nodes in ``synced``: a dry run of a sync that would make and
     copy them), disk, clock and logind always; with ``full`` the GPUs, the versions and the master
@@ -327,7 +328,9 @@ def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | N
     devices. On the nodes of ``set_up`` (rank → the job's interpreter there, in words), whose setup
     for ``setup_of`` (job, attempt) ran in these agents, the python checks run in its environment.
     The sessions stay open (``up`` starts the nodes with them). ``early``: by rank, what the
-    probes answered of ``preflight_ahead``'s requests, which are not asked again."""
+    probes answered of ``preflight_ahead``'s requests, which are not asked again. ``recheck``: an
+    automatic restart's hosts, checked minutes ago and just probed (reachable): without ``full``, the
+    master port's TCP test too (unless ``test_port`` is false); not the GPUs and the versions."""
     hosts = [_Host(rank, t, s, p) for rank, (t, s, p) in enumerate(sessions)]
     early = early or {}
     for h in hosts:
@@ -346,24 +349,26 @@ def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | N
 
     with parallel.threads(min(32, len(hosts)), "clusterrun-preflight") as pool:
         parallel.map_all(pool, inspect, hosts)
-        if full and test_port:
+        if (full or recheck) and test_port:
             came = early.get(0)
             _port_test(hosts, addr, port, pool, fixed=spec.master_port is not None,
                        early=came if came is not None and (came.listening or came.listen_error) else None)
-            _versions(hosts)
+            if not recheck:
+                _versions(hosts)
     return Report([HostReport(h.rank, h.transport.name, h.checks) for h in hosts])
 
 
 def preflight_ahead(spec: ClusterSpec, script: str, *, local_cwd: str | None, full: bool, test_port: bool,
-                    synced: Callable[[int], bool]) -> Ahead:
+                    synced: Callable[[int], bool], recheck: bool = False) -> Ahead:
     """The requests of ``preflight`` that can go with the probes (``Job.prepare(ahead=)``): the
     ``inspect`` of each host whose answer nothing before the preflight changes (no ``setup:``;
     ``synced(rank)`` false: no sync copies to it first), and node 0's listener on the master port
-    when the preflight tests it (``full`` and ``test_port``)."""
+    when the preflight tests it (``full`` or ``recheck``, and ``test_port``)."""
     inspect = {rank: inspect_request(host, rank, script, spec, local_cwd, deep=full and host.gpus is not None,
                                      full=full)
                for rank, host in enumerate(spec.hosts) if not host.setup and not synced(rank)}
-    listen = ListenRequest(port=spec.master_port, token=secrets.token_hex(8)) if full and test_port else None
+    listen = ListenRequest(port=spec.master_port, token=secrets.token_hex(8)) if (full or recheck) and test_port \
+        else None
     return Ahead(inspect=inspect, listen=listen)
 
 

@@ -60,6 +60,7 @@ from clusterrun.views.joblist import (
     jobs_json,
     node_rows,
     outcome_text,
+    phase_lines,
     shown,
     table_text,
     training_text,
@@ -136,6 +137,8 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         if len(record.attempts) > 1:
             click.echo("")
             _table([tuple(safe(c, colour=False) for c in row) for row in history_rows(record, now)])
+        for line in phase_lines(record):  # how each attempt came to run: a restart's from the failure
+            click.echo(line)
         if not record.finished and attempt is not None:  # the start-up watch: who still waits for what
             waiting = progress_text({n.rank: n.host for n in record.nodes},
                                     {r: decode_status(record.nodes[r].host, a["state"]) for r, a in statuses.items()

@@ -241,6 +241,7 @@ class StopReport:
     found_by: tuple[str, ...] = ()  # then: what found them (the cgroup by name, the marker scan)
     looked: tuple[str, ...] = ()  # and where it looked
     torchrun_pid: int | None = None  # torchrun's, as the host recorded it: named so among ``killed``
+    at_once: bool = False  # a failing attempt's: SIGKILLed with its cgroup, without torchrun's shutdown
 
     @property
     def ok(self) -> bool:
@@ -294,6 +295,8 @@ class StopReport:
                 return ("no records of the attempt on the host (never started, or deleted) and nothing "
                         f"of it runs: looked for {' and '.join(self.looked) or 'its cgroup and its marker'}")
             stopped += f" (its records on the host were gone; found by: {'; '.join(self.found_by)})"
+        if self.at_once and self.killed:
+            stopped += " at once (SIGKILL, the attempt had failed)"
         if self.grace_ran_out:
             grace = f"the {self.grace:g} s grace" if self.grace is not None else "the grace"
             stopped += f"; torchrun outlived {grace} after SIGTERM: SIGKILLed"
@@ -336,6 +339,7 @@ class NodeResult:
     error: str | None = None
     stopped_after: int | None = None  # fail-fast stopped it after this node failed (``error`` says so)
     hardware: tuple[str, ...] = ()  # its host's kernel logged these errors of the machine (GPU Xid, MCE, ECC)
+    contained: bool = False  # it ended with its attempt's cgroup emptied and removed (``NodeStatus.contained``)
 
     @property
     def ok(self) -> bool:
@@ -491,6 +495,24 @@ class StartupExpired(Event):
 
 
 @frozen
+class EveryNodeJoined(Event):
+    """Every node of the attempt started its workers (torchrun's rendezvous completed) at ``at``
+    (``time.time()``): the end of the start-up watch."""
+
+    at: float
+
+
+@frozen
+class AttemptTimed(Event):
+    """The phases of attempt ``attempt``'s start are all known (``AttemptRecord.phases``: name →
+    wall-clock time; ``began``: when the attempt started); ``up --timings`` shows them."""
+
+    attempt: int
+    began: float
+    phases: tuple[tuple[str, float], ...]
+
+
+@frozen
 class ProgressChanged(Event):
     """The training's progress, as the host of rank 0 read it from its output, changed."""
 
@@ -507,6 +529,17 @@ class LogLines(Event):
     lines: tuple[str, ...]
     earlier: bool = False
     written: float | None = None  # wall clock: when the last of them was written on the host, if known
+
+
+@frozen
+class RankFailed(Event):
+    """A worker of the node's torchrun exited non-zero (``exit_code``; negative: killed by that
+    signal) while nobody stopped it: the node fails (torchrun restarts no worker, ``--max-restarts=0``)
+    before torchrun itself has ended. Its owner stops the other nodes at once (fail-fast)."""
+
+    host: str
+    rank: int | None
+    exit_code: int
 
 
 @frozen

@@ -53,6 +53,7 @@ class Worker:
     local_rank: int | None
     pid: int | None
     died: float | None  # wall-clock time it ended
+    exit_code: int | None = None  # as its host's monitor read it (negative: killed by that signal)
 
 
 @frozen
@@ -112,6 +113,7 @@ class NodeStatus:
     # ``lost`` (the stream that said so was the first after the outage): when the host went away.
     away_since: float | None = None
     unanswered: bool = False  # the controller's: the host never answered again (lost after a wait for it)
+    contained: bool = False  # it ended, and its attempt's cgroup was emptied and removed: nothing of it is left
 
     @property
     def ended(self) -> bool:
@@ -317,13 +319,13 @@ def decode_status(host: str, state: Any, what: str = "state") -> NodeStatus:
     for i, entry in enumerate(r.items("workers")):
         w = _Reader(host, f"{what}.workers[{i}]", entry)
         workers.append(Worker(rank=w.integer("rank"), local_rank=w.integer("local_rank"),
-                              pid=w.integer("pid"), died=w.number("died")))
+                              pid=w.integer("pid"), died=w.number("died"), exit_code=w.integer("exit_code")))
     return NodeStatus(state=kind, exit_code=r.integer("exit_code"), signal=r.integer("signal"),
                       error=r.text("error"), stop_requested=bool(r.data.get("stop_requested")),
                       torchrun_pid=torchrun.integer("pid"), ended_at=r.number("ended_at"),
                       workers=tuple(workers), degraded=r.text("degraded") or None,
                       exit_unknown=r.data.get("exit_status") == "unknown", rebooted=r.data.get("rebooted") is True,
-                      exit_learned=r.text("exit_learned") or None,
+                      exit_learned=r.text("exit_learned") or None, contained=r.data.get("cgroup_removed") is True,
                       quiet_since=r.number("quiet_since"),
                       rdzv_joined=r.data.get("rdzv_joined") if isinstance(r.data.get("rdzv_joined"), bool) else None,
                       progress=Progress.from_json(r.data.get("progress")),
@@ -479,9 +481,9 @@ def stop_report(host: str, node: int, answer: Any) -> StopReport:
                       degraded=stop.degraded or None, notes=tuple(stop.notes or ()),
                       grace=float(stop.grace) if stop.grace is not None else None, records_gone=stop.records_gone,
                       found_by=tuple(stop.found_by or ()), looked=tuple(stop.looked or ()),
-                      torchrun_pid=pid if isinstance(pid, int) else None,
-                      grace_ran_out=pid is not None and any(k.get("pid") == pid and k.get("signal") == "SIGKILL"
-                                                            for k in killed))
+                      torchrun_pid=pid if isinstance(pid, int) else None, at_once=stop.at_once,
+                      grace_ran_out=pid is not None and not stop.at_once
+                      and any(k.get("pid") == pid and k.get("signal") == "SIGKILL" for k in killed))
 
 
 # ------------------------------------------------------------------- doctor (inspect, listen, reach)

@@ -14,6 +14,13 @@ also asks the host's route to the master, the preflight's inspect and node 0's l
 host connected and probed, each on its own (node 0's port goes into every node's plan), then
 routed again where the master address had to be settled again, checked (the TCP test of node 0's
 listener), synced and set up; so the critical path runs through the last host of each barrier.
+
+An attempt's own phases, as its record keeps them (``AttemptRecord.phases``, wall-clock times) and
+``ps JOB`` and ``up --timings`` show them (``phases_text``), are ``ATTEMPT_PHASES``: every attempt's
+``started`` (every node's torchrun started) and ``joined`` (every node started its workers:
+torchrun's rendezvous completed); a restart of a failed attempt's also ``failed`` (its owner saw a
+node of the last attempt fail), ``stopped`` (every node of it ended or was stopped, verified) and
+``checked`` (the next attempt's checks passed). A restart's are counted from ``failed``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ PHASES = ("resolve", "connect", "authenticate", "agent", "probe", "route", "pref
 BARRIERS = (("resolve", ("resolve",)), ("connect and probe", ("connect", "authenticate", "agent", "probe")),
             ("route", ("route",)),
             ("preflight", ("preflight",)), ("sync", ("sync",)), ("setup", ("setup",)), ("start", ("start",)))
+ATTEMPT_PHASES = ("failed", "stopped", "checked", "started", "joined")
+_WORDS = {"stopped": "stopped", "checked": "checked", "started": "started", "joined": "every node joined"}
 SHOWN_HOSTS = 5  # the slowest hosts shown row by row; the spread covers all
 
 
@@ -81,6 +90,11 @@ def enable(origin: float | None = None) -> Timeline:
     return _current
 
 
+def enabled() -> bool:
+    """Whether this process records its timeline (``up --timings``)."""
+    return _current is not None
+
+
 def begin(note: Callable[[str], None]) -> Callable[[], None]:
     """Record from now on; the function returned gives the timeline to ``note``, line by line, once."""
     before = startup_seconds()
@@ -110,6 +124,22 @@ def span(host: str, phase: str) -> Iterator[None]:
         yield
     finally:
         record(host, phase, began)
+
+
+def mark(phases: dict[str, float], name: str, at: float | None = None) -> None:
+    """Note in an attempt's ``phases`` that ``name`` is over now (or ``at``); the first time counts."""
+    phases.setdefault(name, time.time() if at is None else at)
+
+
+def phases_text(phases: dict[str, float] | None, began: float) -> str | None:
+    """``failure seen → stopped 0.21 s → checked 0.43 s → started 0.61 s → every node joined 9.80 s``
+    (from the failure, else from ``began``, the attempt's start); None without phases."""
+    if not phases:
+        return None
+    origin = phases.get("failed", began)
+    parts = ["failure seen"] if "failed" in phases else []
+    parts += [f"{_WORDS[p]} {phases[p] - origin:.2f} s" for p in ATTEMPT_PHASES[1:] if p in phases]
+    return " → ".join(parts)
 
 
 def startup_seconds() -> float | None:

@@ -28,8 +28,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from clusterrun.config.hostsfile import ClusterSpec
+from clusterrun.core import timings
 from clusterrun.core.errors import ClusterrunError, HostsUnavailable, StateError
-from clusterrun.core.events import AttemptStarted, JobState, NodeStopped, StopReport
+from clusterrun.core.events import AttemptStarted, JobResult, JobState, NodeStopped, StopReport
 from clusterrun.life import notify
 from clusterrun.life.gate import AttemptSpec, checked_attempt, note
 from clusterrun.life.jobstate import Change, transition
@@ -117,9 +118,11 @@ class NextAttempt:
 
     def __init__(self, record: JobRecord, emit: Emit, *, full_preflight: bool = True,
                  script_args: Sequence[str] | None = None, recorded: ClusterSpec,
-                 replace: Mapping[str, str] | None = None) -> None:
+                 replace: Mapping[str, str] | None = None, recheck: bool = False,
+                 phases: dict[str, float] | None = None) -> None:
         self.record = record
         self.emit = emit
+        self.phases = dict(phases or {})  # the restart's so far (``timings.ATTEMPT_PHASES``): in its record
         self.replace_hosts = dict(replace or {})  # a current host → the spare that takes its place
         self.aspec = AttemptSpec.of(record, os.environ, recorded)  # recorded: the owner's parsed hosts file
         self.aspec.plan_to_start()  # a secret of the running attempt that is no longer found refuses here
@@ -127,22 +130,30 @@ class NextAttempt:
         for old, new in self.replace_hosts.items():
             rank = [h.host for h in self.aspec.spec.hosts].index(old)
             note(emit, f"node {rank}: the spare {new} takes the place of {old} from attempt {record.attempt + 1}")
-        self.job = checked_attempt(record, following, emit, full=full_preflight, script_args=script_args)
+        self.job = checked_attempt(record, following, emit, full=full_preflight, script_args=script_args,
+                                   recheck=recheck)
+        if self.phases:
+            timings.mark(self.phases, "checked")
 
     def replace(self, store: JobStore, *, owner_fd: int | None = None, grace: float | None = None,
-                automatic: bool = False) -> JobRecord:
+                automatic: bool = False, verified: frozenset[int] = frozenset()) -> JobRecord:
         """Stop the current attempt on every node (verified), then start this one; its record.
         ``NotStopped`` (nothing new started) when a node could not be verified stopped.
 
         ``owner_fd``: the caller owns the job and keeps owning it. Otherwise the owner lock is
         waited for (the monitor of the stopped attempt exits) and given to a new monitor.
         ``automatic``: the owner's restart of a failed attempt (``restarting``): its stop is not
-        the user's (the record stays ``restarting``), and ``Cancelled`` if a stop came first."""
+        the user's (the record stays ``restarting``), and ``Cancelled`` if a stop came first; its nodes
+        in ``verified`` (``verified_ended``: nothing of them is left, as a cgroup verified) are not
+        stopped again."""
         record = self.record  # as the command (the owner's backoff) read it: not read again
         if automatic and record.state is not JobState.RESTARTING:
             raise Cancelled(f"not restarting job {record.job_id}: it is {record.state}")
         if automatic:  # a `down` meanwhile: the start refuses (``Cancelled``), under the record's lock
-            reports, unrecorded = stop_job(record, grace=grace, spec=self.aspec.spec, by="the restart policy"), None
+            rest = [rank for rank in range(len(record.nodes)) if rank not in verified]
+            reports = stop_job(record, grace=grace, spec=self.aspec.spec, by="the restart policy", ranks=rest) \
+                if rest else {}
+            unrecorded = None
         else:  # a restart meanwhile: the stop's first write refuses, under the record's lock
             reports, unrecorded = stop(store, record, grace, spec=self.aspec.spec, by="restart", restart=True)
         for rank in sorted(reports):
@@ -168,7 +179,8 @@ class NextAttempt:
         try:
             recorder = Recorder(store, record.job_id, self.job.attempt, record)
             self.job.subscribe(recorder)
-            start(self.job, self.emit, recorder, automatic=automatic, replaced=self.replace_hosts)
+            start(self.job, self.emit, recorder, automatic=automatic, replaced=self.replace_hosts,
+                  phases=self.phases)
             recorder.flush()  # the nodes' pids and states are in the record it carries
             new = recorder.record or record
             notify.send_due(store, new, lambda text: note(self.emit, text))  # restarted (and the last end)
@@ -187,14 +199,23 @@ class NextAttempt:
 def restart(store: JobStore, record: JobRecord, emit: Emit, *, owner_fd: int | None = None,
             grace: float | None = None, full_preflight: bool = True, automatic: bool = False,
             script_args: Sequence[str] | None = None, recorded: ClusterSpec,
-            replace: Mapping[str, str] | None = None) -> JobRecord:
+            replace: Mapping[str, str] | None = None, recheck: bool = False, phases: dict[str, float] | None = None,
+            verified: frozenset[int] = frozenset()) -> JobRecord:
     """Check the next attempt, stop the current one (verified), start the next: ``NextAttempt``."""
     attempt = NextAttempt(record, emit, full_preflight=full_preflight, script_args=script_args, recorded=recorded,
-                          replace=replace)
+                          replace=replace, recheck=recheck, phases=phases)
     try:
-        return attempt.replace(store, owner_fd=owner_fd, grace=grace, automatic=automatic)
+        return attempt.replace(store, owner_fd=owner_fd, grace=grace, automatic=automatic, verified=verified)
     finally:
         attempt.close()
+
+
+def verified_ended(result: JobResult) -> frozenset[int]:
+    """The nodes of a finished attempt of which nothing is left, as a cgroup verified: stopped by a
+    verified stop, or ended with their attempt's cgroup emptied and removed. A restart does not stop
+    them again."""
+    stopped = {r.node for r in result.stops if r.complete}
+    return frozenset(stopped | {n.node for n in result.nodes if n.contained})
 
 
 class Cancelled(ClusterrunError):
@@ -202,7 +223,8 @@ class Cancelled(ClusterrunError):
 
 
 def start(job: Job, emit: Emit, recorder: Recorder, *, first: bool = False, automatic: bool = False,
-          ranks: Sequence[int] | None = None, replaced: Mapping[str, str] | None = None) -> None:
+          ranks: Sequence[int] | None = None, replaced: Mapping[str, str] | None = None,
+          phases: Mapping[str, float] | None = None) -> None:
     """The one start of an attempt, checked (``checks``: its sync and setup ran there, before any
     stop) and with the last one verified stopped: ``up``'s ``first`` (its record just created),
     and the next attempt of ``restart``, the start-up retry and the restart policy (the attempt's
@@ -211,11 +233,13 @@ def start(job: Job, emit: Emit, recorder: Recorder, *, first: bool = False, auto
     (a monitor finishing the start of a controller that died during it). Then the nodes start;
     on a failure the record says so and the nodes that started were stopped again
     (``HostsUnavailable``). ``recorder``, subscribed to ``job`` by the caller, writes the
-    attempt's record, its start's too; ``replaced``: the spares it runs on instead of hosts of the last."""
+    attempt's record, its start's too, with its ``phases`` so far (a restart's); ``replaced``: the
+    spares it runs on instead of hosts of the last."""
     plan = job.plan
     if plan is None:
         raise RuntimeError("start() before the checks")
-    event, begin = attempt_event(plan, job.attempt), _begun(plan, job.attempt, job.script_args, automatic, replaced)
+    event = attempt_event(plan, job.attempt)
+    begin = _begun(plan, job.attempt, job.script_args, automatic, replaced, phases)
     if not first and ranks is None:
         recorder.begin(begin)
         emit(event)  # before the nodes' start: shown as the new attempt's
@@ -224,10 +248,13 @@ def start(job: Job, emit: Emit, recorder: Recorder, *, first: bool = False, auto
     except HostsUnavailable as exc:
         recorder.start_failed(exc)
         raise
+    if ranks is None:
+        recorder.phase("started")
 
 
 def _begun(plan: LaunchPlan, attempt: int, script_args: Sequence[str], automatic: bool,
-           replaced: Mapping[str, str] | None = None) -> Callable[[JobRecord], None]:
+           replaced: Mapping[str, str] | None = None,
+           phases: Mapping[str, float] | None = None) -> Callable[[JobRecord], None]:
     """The change that records the start of the next attempt ``attempt`` of ``plan``."""
     def begin(rec: JobRecord) -> None:
         if automatic and rec.state is not JobState.RESTARTING:
@@ -236,7 +263,8 @@ def _begun(plan: LaunchPlan, attempt: int, script_args: Sequence[str], automatic
         if not automatic and rec.attempts:
             rec.attempts[-1].restart = "user"  # `restart`, the dashboard's R: also of a failure in its backoff
         rec.attempts.append(AttemptRecord(attempt, started=time.time(), master_port=plan.master_port,
-                                          replaced=dict(replaced) if replaced else None))
+                                          replaced=dict(replaced) if replaced else None,
+                                          phases=dict(phases) if phases else None))
         move(rec, Change.START)
         rec.attempt, rec.plan, rec.restart_at = attempt, plan_to_json(plan), None
         rec.script_args = list(script_args)  # `restart JOB -- ARGS` replaces them from now on
@@ -253,4 +281,4 @@ def record_next_attempt(recorder: Recorder, plan: LaunchPlan, script_args: Seque
 
 
 __all__ = ["Cancelled", "NextAttempt", "NotStopped", "attempt_event", "begin_stop", "record_next_attempt", "restart",
-           "start", "stop"]
+           "start", "stop", "verified_ended"]

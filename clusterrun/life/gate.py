@@ -99,14 +99,14 @@ def _close_script(path: str) -> str | None:
 
 
 def preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, full: bool, local_cwd: str,
-              synced: Collection[int] = (), test_port: bool = True) -> list[str]:
+              synced: Collection[int] = (), test_port: bool = True, recheck: bool = False) -> list[str]:
     """``doctor``'s checks on the probed hosts before anything starts (or stops), the python ones in
     the environment of the hosts' setup where it ran: raises the refusal (``HostsUnavailable``,
     one line and a fix per problem); else the warnings."""
     report = doctor.preflight([job.probed(rank) for rank in range(plan.nnodes)], spec, script,
                               addr=plan.master_addr, port=plan.master_port, local_cwd=local_cwd, full=full,
                               synced=synced, test_port=test_port, set_up=job.set_up,
-                              setup_of=(job.job_id, job.attempt), early=job.early)
+                              setup_of=(job.job_id, job.attempt), early=job.early, recheck=recheck)
     refused = doctor.refusal(report)
     if refused is not None:
         raise refused
@@ -134,23 +134,28 @@ def check_new(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *, full:
 
 def _probe_and_check(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *, full: bool, dry_run: bool,
                      sync_dir: str | None = None, progress: Progress | None = None, test_port: bool = True,
-                     emit: Emit | None = None) -> tuple[LaunchPlan, dict[int, SyncReport], list[str]]:
+                     emit: Emit | None = None, recheck: bool = False,
+                     ) -> tuple[LaunchPlan, dict[int, SyncReport], list[str]]:
     """The checks every attempt goes through, in order: the probe, the sync (``sync_dir`` or the
     hosts' ``sync:``; for a ``dry_run`` only what it would copy), the hosts' setup (it sees the
     synced files; a dry run's, where the sync would make the workdir, not before it exists),
     then the preflight, whose python checks run in the environment setup made, as the job will.
     Setup runs once per attempt: its agent keeps the environment for the start. What of the
-    preflight nothing before it changes goes with the probes (``doctor.preflight_ahead``)."""
+    preflight nothing before it changes goes with the probes (``doctor.preflight_ahead``). ``recheck``:
+    hosts checked minutes ago, restarted automatically: the probe, the cheap inspection (workdir, script,
+    disk; it goes with the probe) and the master port's test, not the GPUs or the versions."""
     copied = {rank for rank, host in enumerate(spec.hosts) if not dry_run and source_of(spec, host, sync_dir)}
     job.prepare(run_setup=False, ahead=doctor.preflight_ahead(spec, script, local_cwd=local_cwd, full=full,
-                                                              test_port=test_port, synced=copied.__contains__))
+                                                              test_port=test_port, synced=copied.__contains__,
+                                                              recheck=recheck))
     reports = sync_hosts(spec, job.agents, progress, override=sync_dir, dry_run=dry_run)
     synced = {rank for rank, host in enumerate(spec.hosts) if source_of(spec, host, sync_dir)} if dry_run else ()
     setups.run(job, emit, if_cwd=synced)
     plan = job.plan  # torchrun's argv as the interpreter after setup takes it
     if plan is None:
         raise RuntimeError("the checks before the plan")
-    warnings = preflight(job, plan, spec, script, full=full, local_cwd=local_cwd, synced=synced, test_port=test_port)
+    warnings = preflight(job, plan, spec, script, full=full, local_cwd=local_cwd, synced=synced, test_port=test_port,
+                         recheck=recheck)
     return plan, reports, warnings
 
 
@@ -161,14 +166,16 @@ def note(emit: Emit | None, text: str) -> None:
 
 
 def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *, full: bool,
-                    script_args: Sequence[str] | None = None) -> Job:
+                    script_args: Sequence[str] | None = None, recheck: bool = False) -> Job:
     """The next attempt probed and checked, nothing started nor stopped: the script, the probe,
     the sync (what changed is copied while the current attempt runs on: files are written under
     a temporary name and renamed, never deleted), the hosts' setup (once: its agent keeps the
     environment for the start), the preflight in setup's environment (a fixed master port held
     by the running attempt is not tested). ``script_args``: new arguments for the script
-    (default: the record's). Raises ``ConfigError`` or ``HostsUnavailable``; the caller closes
-    the ``Job``."""
+    (default: the record's); ``recheck``: an automatic restart's, of hosts checked minutes ago whose
+    failure points at none of them: the probe (reachable), the cheap inspection and the master port's
+    test, not the full preflight (GPUs, versions).
+    Raises ``ConfigError`` or ``HostsUnavailable``; the caller closes the ``Job``."""
     for text in aspec.notes:
         note(emit, f"warning: {text}")
     check_script(aspec.spec, record.script, record.local_cwd)
@@ -180,7 +187,7 @@ def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *,
     try:
         held = aspec.spec.master_port is not None and not record.finished
         _, reports, warnings = _probe_and_check(job, aspec.spec, record.script, record.local_cwd, full=full,
-                                                dry_run=False, test_port=not held, emit=emit)
+                                                dry_run=False, test_port=not held, emit=emit, recheck=recheck)
         for rank, report in sorted(reports.items()):  # `sync:`, if any
             note(emit, f"sync node{rank} {report.host}: {report.describe()}")
         for warning in warnings:

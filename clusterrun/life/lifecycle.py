@@ -253,10 +253,10 @@ def read_logs(job: Opened, ranks: Sequence[int], attempt: int, tail: int | None 
 
 
 def stop_job(record: JobRecord, *, spec: ClusterSpec, grace: float | None = None,
-             by: str | None = None) -> dict[int, StopReport]:
-    """The agent's verified stop of the current attempt on every node, in parallel (the piece
-    ``attempt.stop`` records); ``spec``: the job's hosts file, parsed once by the command; ``by``:
-    who, for the mark in the nodes' logs."""
+             by: str | None = None, ranks: Sequence[int] | None = None) -> dict[int, StopReport]:
+    """The agent's verified stop of the current attempt on every node (or ``ranks``), in parallel
+    (the piece ``attempt.stop`` records); ``spec``: the job's hosts file, parsed once by the
+    command; ``by``: who, for the mark in the nodes' logs."""
     wait = record.grace if grace is None else grace
     state_dir = record.plan.get("state_dir")
 
@@ -264,7 +264,7 @@ def stop_job(record: JobRecord, *, spec: ClusterSpec, grace: float | None = None
         return stop_node(transport, rank, record.nodes[rank].host, job_id=record.job_id, attempt=record.attempt,
                          state_dir=state_dir, grace=wait, by=by)
 
-    answers = per_node(record, one, spec=spec)
+    answers = per_node(record, one, ranks, spec=spec)
     return {rank: answer if isinstance(answer, StopReport) else StopReport(rank, record.nodes[rank].host,
                                                                            error=answer.render())
             for rank, answer in answers.items()}

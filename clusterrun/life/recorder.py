@@ -21,9 +21,11 @@ from typing import Any
 
 from clusterrun.config.environment import mask_env
 from clusterrun.config.watch import Notify, Watch
+from clusterrun.core import timings
 from clusterrun.core.errors import ClusterrunError, StateError, TransportError
 from clusterrun.core.events import (
     Event,
+    EveryNodeJoined,
     JobFinished,
     JobHung,
     JobResult,
@@ -195,6 +197,18 @@ class Recorder:
 
         self._submit(change)
 
+    def phase(self, name: str, at: float | None = None) -> None:
+        """Phase ``name`` of this attempt's start is over (now, or ``at``): ``AttemptRecord.phases``."""
+        at = time.time() if at is None else at
+
+        def change(record: JobRecord) -> None:
+            attempt = record.attempts[-1] if record.attempts else None
+            if record.attempt == self.attempt and attempt is not None and attempt.attempt == self.attempt:
+                attempt.phases = attempt.phases or {}
+                timings.mark(attempt.phases, name, at)
+
+        self._submit(change)
+
     def _progress(self, progress: Progress) -> None:
         shown = dataclasses.replace(progress, attempt=self.attempt)
 
@@ -219,6 +233,8 @@ class Recorder:
             self._hung(event.nodes, event.since)
         elif isinstance(event, ProgressChanged):
             self._progress(event.progress)
+        elif isinstance(event, EveryNodeJoined):
+            self.phase("joined", event.at)
         elif isinstance(event, JobFinished):
             self.finish(event.result)
 

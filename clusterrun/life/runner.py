@@ -33,10 +33,13 @@ from collections.abc import Callable, Sequence
 
 from clusterrun.config.hostsfile import ClusterSpec
 from clusterrun.config.restarts import COUNTED, RestartPolicy
+from clusterrun.core import timings
 from clusterrun.core.errors import ClusterrunError, ConfigError, HostsUnavailable
 from clusterrun.core.events import (
     AttemptRestarting,
+    AttemptTimed,
     Event,
+    EveryNodeJoined,
     JobFinished,
     JobHung,
     JobNote,
@@ -44,6 +47,7 @@ from clusterrun.core.events import (
     JobState,
     NodeExited,
     NodeState,
+    RankFailed,
     StartupExpired,
     hung_text,
 )
@@ -51,7 +55,7 @@ from clusterrun.core.frozen import frozen
 from clusterrun.core.protocol import HostState, NodeStatus
 from clusterrun.diagnose.rootcause import transient_start_failure
 from clusterrun.life import notify, spares
-from clusterrun.life.attempt import Cancelled, NextAttempt, restart, start, stop
+from clusterrun.life.attempt import Cancelled, NextAttempt, restart, start, stop, verified_ended
 from clusterrun.life.gate import plan_to_start
 from clusterrun.life.lifecycle import follower, per_node, save_seen, stacks_of, status_of, stop_job
 from clusterrun.life.owner import Asked, Owner
@@ -123,10 +127,12 @@ def _finish_start(record: JobRecord, runner: Runner) -> None:
 def stop_for(event: Event) -> StopOrder | None:
     """The stop an owner orders for what its attempt's nodes report, if any: a node that failed or
     was lost stops the others after it (fail-fast); nodes that started no workers within
-    ``startup_timeout`` fail the attempt, the others are stopped (the start-up watch)."""
-    if isinstance(event, NodeExited) and event.node is not None \
-            and event.result.state in (NodeState.FAILED, NodeState.LOST):
-        return StopOrder(f"node {event.node} ({event.result.host}) failed", after=event.node,
+    ``startup_timeout`` fail the attempt, the others are stopped (the start-up watch). A node fails
+    as soon as its host saw a rank exit non-zero (``RankFailed``), before torchrun has ended."""
+    failed = isinstance(event, NodeExited) and event.result.state in (NodeState.FAILED, NodeState.LOST)
+    host = event.result.host if isinstance(event, NodeExited) else event.host if isinstance(event, RankFailed) else ""
+    if event.node is not None and (failed or isinstance(event, RankFailed)):
+        return StopOrder(f"node {event.node} ({host}) failed", after=event.node,
                          by=f"fail-fast after node {event.node} failed")
     if isinstance(event, StartupExpired):
         return StopOrder(f"start-up watch: {event.cause.message}", late=event, by="the start-up watch")
@@ -169,6 +175,7 @@ class Runner:
         # handler puts (``SimpleQueue.put`` is reentrant) and never waits for the lock.
         self._requests: queue.SimpleQueue[tuple[Asked, str | None]] = queue.SimpleQueue()
         self._wake = threading.Event()  # a stop or a hand-over asked for during a backoff
+        self._phases: dict[str, float] = {}  # the next attempt's, from this one's failure (``timings.mark``)
 
     @classmethod
     def create(cls, store: JobStore, record: JobRecord, job: Job, emit: Emit | None = None, *,
@@ -241,14 +248,21 @@ class Runner:
         is decided here, in the owner's thread (restart or not), then recorded in one write with
         that decision (``Recorder.finish``): the record is never read or written to decide."""
         if isinstance(event, JobFinished):
+            if self._phases:
+                timings.mark(self._phases, "stopped")
             self.recorder.finish(event.result, self._decide_end(event.result))
         else:
             self.recorder(event)
         self.emit(event)
+        if isinstance(event, EveryNodeJoined) and (phases := self.recorded().attempts[-1].phases):
+            self.emit(AttemptTimed(None, attempt=self.job.attempt, began=self.recorded().attempts[-1].started,
+                                   phases=tuple(phases.items())))
         if isinstance(event, StartupExpired):
             self._move(lambda state: state.blamed(event.nodes))  # a host's failure (``spares``)
         order = stop_for(event)
         if order is not None:
+            if not order.asked:
+                timings.mark(self._phases, "failed")
             self.job.stop(order)  # the first order decides: a stop under way is not replaced
 
     def emit(self, event: Event) -> None:
@@ -369,10 +383,11 @@ class Runner:
             replace = self.state.replace
             if replace:
                 self.note(f"the attempt lost {spares.why(result, list(replace))}")
+            host = bool(spares.failed_hosts(result, self.state.late))  # else reachability, inspection, port
             try:
-                record = restart(self.store, due, self.emit, owner_fd=self.owner_fd,
-                                 full_preflight=record.attempts[-1].restart == "policy", automatic=True,
-                                 recorded=self.spec, replace=replace)
+                record = restart(self.store, due, self.emit, owner_fd=self.owner_fd, full_preflight=host,
+                                 automatic=True, recorded=self.spec, replace=replace, recheck=not host,
+                                 phases=self._phases, verified=verified_ended(result))
             except Cancelled:
                 return dataclasses.replace(result, interrupted="stopped during the backoff")
             except ClusterrunError as exc:
@@ -380,6 +395,7 @@ class Runner:
                 give_up(self.store, self.job_id, record.attempt, exc.render())
                 return result
             self._spec = self.spec.with_spares(replace)  # the spares in use in the places of the lost hosts
+            self._phases = {}
             self._follow_attempt(record)
             _before, state = self._move(Owner.next_attempt)
             if state.asked is Asked.STOP:

@@ -22,6 +22,7 @@ from clusterrun.core.events import (
     NodeResult,
     NodeState,
     ProgressChanged,
+    RankFailed,
     RootCause,
     stopped_after_text,
 )
@@ -100,6 +101,7 @@ class Node:
     final: NodeStatus | None = None  # how the node ended, once the follower has ended
     log: NodeLog = field(default_factory=NodeLog)
     stop_sent: bool = False
+    rank_failed: bool = False  # ``RankFailed`` was reported
     error: str | None = None  # why the node ended as it did, where its status does not say
     agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node
     probe: Probe | None = None  # what its agent said of the host
@@ -125,6 +127,11 @@ class Node:
         if status.progress is not None and status.progress != self.progress:
             self.progress = status.progress
             found.append(ProgressChanged(rank, host=self.host, progress=status.progress))
+        failed = [w for w in status.workers if w.exit_code not in (None, 0)]
+        if failed and not (self.rank_failed or self.stop_sent or status.stop_requested or status.ended):
+            self.rank_failed = True  # the first worker's failure the host saw: torchrun is failing
+            first = min(failed, key=lambda w: w.died or 0.0)
+            found.append(RankFailed(rank, host=self.host, rank=first.rank, exit_code=first.exit_code or 0))
         return found
 
     def scrollback(self, message: LogChunk, resume: int) -> tuple[tuple[str, ...] | None, str]:
@@ -238,7 +245,8 @@ def node_results(nodes: Sequence[Node], failed_first: int | None) -> list[NodeRe
         after = failed_first if node.state is NodeState.STOPPED else None
         why = node.error or (stopped_after_text(after) if after is not None else final.error or end_note(final))
         results.append(NodeResult(rank, node.host, node.state, exit_code=final.exit_code, signal=final.signal,
-                                  error=why, stopped_after=after, hardware=final.oom.hardware if final.oom else ()))
+                                  error=why, stopped_after=after, hardware=final.oom.hardware if final.oom else (),
+                                  contained=final.contained))
     return results
 
 

@@ -284,7 +284,7 @@ class Job(JobHosts):
                 self.emit(hung)
             if self._order is not None and order is None:
                 order, self._failed_first = self._order, self._order.after
-                stop_futures = self._stop_async(order.reason, by=order.by)
+                stop_futures = self._stop_async(order)
             try:
                 rank, message = self._inbox.get(timeout=0.1)
             except queue.Empty:
@@ -397,20 +397,20 @@ class Job(JobHosts):
                 self.emit(LogLines(rank, host=node.host, lines=earlier, earlier=True))
         return data
 
-    def _stop_node(self, rank: int, by: str | None = None) -> StopReport | None:
+    def _stop_node(self, rank: int, by: str | None = None, failing: bool = False) -> StopReport | None:
         node = self._nodes[rank]
         report = stop_node(node.transport, rank, node.host, job_id=self.job_id, attempt=self.attempt,
-                           state_dir=self.spec.state_dir, grace=self.grace, by=by)
+                           state_dir=self.spec.state_dir, grace=self.grace, by=by, failing=failing)
         self.emit(NodeStopped(rank, report=report))
         return report
 
-    def _stop_async(self, reason: str, by: str | None) -> list[Any]:
-        ranks = [r for r, n in enumerate(self._nodes) if not n.state.is_terminal and n.launch is not None]
+    def _stop_async(self, order: StopOrder) -> list[Any]:  # the failed node ends on its own
+        ranks = [r for r, n in enumerate(self._nodes) if not n.state.is_terminal and n.launch and r != order.after]
         for rank in ranks:
             self._nodes[rank].stop_sent = True
             if self._nodes[rank].final is None:
-                self._set_state(rank, NodeState.STOPPING, reason)
-        return [self._pool.submit(self._stop_node, rank, by) for rank in ranks]
+                self._set_state(rank, NodeState.STOPPING, order.reason)
+        return [self._pool.submit(self._stop_node, rank, order.by, not order.asked) for rank in ranks]
 
     def _stop_nodes(self, ranks: Sequence[int]) -> list[StopReport]:
         for rank in ranks:

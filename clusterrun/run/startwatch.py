@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from clusterrun.core.events import Event, Explanation, JobNote, RootCause, StartupExpired
+from clusterrun.core.events import Event, EveryNodeJoined, Explanation, JobNote, RootCause, StartupExpired
 from clusterrun.core.protocol import HostState, NodeStatus
 from clusterrun.core.ranges import ranges_text
 
@@ -157,10 +157,14 @@ class StartupWatch:
 
     def step(self, now: float, emit: Callable[[Event], None]) -> None:
         """One turn of the follower's loop: emit the progress note that is due, and once ``expired``
-        the fact (``StartupExpired``, once): whether it fails the attempt is the owner's to decide."""
+        the fact (``StartupExpired``, once): whether it fails the attempt is the owner's to decide.
+        Once every node started its workers: ``EveryNodeJoined``, once."""
+        was_done = self.done
         note = self.poll(now)
         if note is not None:
             emit(JobNote(None, text=note))
+        if self.done and not was_done:
+            emit(EveryNodeJoined(None, at=now))
         if not self.reported and self.expired(now):
             self.reported = True
             emit(StartupExpired(None, cause=self.cause(), nodes=tuple(blamed(self.hosts, self.statuses)[0])))

@@ -75,7 +75,8 @@ def record_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None
         "attempts": [{"attempt": a.attempt, "state": str(a.state), "started": iso(a.started),
                       "ended": iso(a.ended), "master_port": a.master_port, "root_cause": a.root_cause,
                       "cause": a.cause, "fix": a.fix, "restarted": a.restart, "replaced": a.replaced,
-                      "duration": round(a.ended - a.started, 3) if a.ended is not None else None}
+                      "duration": round(a.ended - a.started, 3) if a.ended is not None else None,
+                      "phases": {k: round(v, 3) for k, v in (a.phases or {}).items()}}  # time.time()
                      for a in record.attempts],
         "nodes": [{"rank": n.rank, "host": n.host, "state": node_state(n), "pid": n.pid, "exit_code": n.exit_code,
                    "signal": n.signal, "error": n.error, "unreachable_since": iso(n.unreachable_since),

@@ -105,6 +105,9 @@ class AttemptRecord:
     fix: str | None = None
     restart: str | None = None  # who restarted this attempt: "policy", "start-up", "requested" (on_hang), "user"
     replaced: dict[str, str] | None = None  # the hosts that spares took the place of in this attempt: host → spare
+    # When each phase of the attempt's start was over (time.time()), ``life.phases.PHASES``: a restart's
+    # from its last attempt's failure seen; every attempt's nodes started and joined.
+    phases: dict[str, float] | None = None
 
 
 @dataclass
@@ -164,8 +167,9 @@ class JobRecord:
     def to_json(self) -> dict[str, Any]:
         # Not dataclasses.asdict: that deep-copies the plan on every write of the record.
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        # An attempt without spares is written as before: older clusterruns read it.
-        data["attempts"] = [{k: v for k, v in vars(a).items() if k != "replaced" or v} for a in self.attempts]
+        # An attempt without spares or phases is written as before: older clusterruns read it.
+        data["attempts"] = [{k: v for k, v in vars(a).items() if k not in ("replaced", "phases") or v}
+                            for a in self.attempts]
         data["nodes"] = [dict(vars(n)) for n in self.nodes]
         if self.engine == "ssh" and self.slurm is None:  # a job over SSH written as before: older clusterruns read it
             del data["engine"], data["slurm"]

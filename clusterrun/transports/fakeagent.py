@@ -213,8 +213,10 @@ class FakeAgent:
             code = None if node.outlives_grace else node.stop_exit_code
             node.state = dict(node.state, state="exited", exit_code=code, signal=9 if node.outlives_grace else
                               None if code is not None else 15, stop_requested=True, ended_at=self.now())
+        cgroup = {"containment": "cgroup", "verified": not node.leave_on_stop,
+                  "at_once": bool(request.get("failing")) and bool(killed)} if node.contained else {}
         return {"ok": True, "killed": killed, "left": list(node.leave_on_stop), "state": self._view(host, node),
-                "grace": float(request.get("grace", 10))}
+                "grace": float(request.get("grace", 10)), **cgroup}
 
     def _status(self, host: FakeHost, request: dict[str, Any]) -> dict[str, Any]:
         absent = self._absent(request)

@@ -38,6 +38,7 @@ class FakeNode:
     stop_exit_code: int | None = None  # torchrun's exit code when a stop's SIGTERM ends it (a real one exits 1)
     spec: dict[str, Any] = field(default_factory=dict)  # what its spec.json holds (for ``jobs`` and ``remove``)
     stacks: list[dict[str, Any]] = field(default_factory=list)  # its ranks' as ``stack`` answers them (RankStack)
+    contained: bool = False  # in a cgroup: a stop is verified by it, an end empties and removes it
 
     def write(self, data: bytes | str) -> None:
         """The job prints ``data``."""
@@ -50,7 +51,16 @@ class FakeNode:
         read of the kernel's OOM kills (the state's ``oom``)."""
         with self.host.cluster.changed:
             self.state = dict(self.state, state="exited", exit_code=None if signal else code, signal=signal,
-                              ended_at=self.host.cluster.now(), **({"oom": oom} if oom is not None else {}))
+                              ended_at=self.host.cluster.now(), **({"oom": oom} if oom is not None else {}),
+                              **({"cgroup_removed": True} if self.contained else {}))
+            self.host.cluster.changed.notify_all()
+
+    def fail_rank(self, rank: int, code: int = 1) -> None:
+        """A worker (global ``rank``) exits ``code`` while torchrun still runs: the monitor records it."""
+        with self.host.cluster.changed:
+            workers = [dict(w, died=self.host.cluster.now(), exit_code=code) if w["rank"] == rank else w
+                       for w in self.state.get("workers") or []]
+            self.state = dict(self.state, workers=workers)
             self.host.cluster.changed.notify_all()
 
     def degrade(self, reason: str) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from clusterrun.config.environment import mask_env
 from clusterrun.config.nodesets import fold, fold_ranks
-from clusterrun.core import events
+from clusterrun.core import events, timings
 from clusterrun.core.errors import DamagedRecord
 from clusterrun.core.events import JobState, NodeGpus, NodeState
 from clusterrun.core.progress import Progress, duration_words
@@ -194,6 +194,13 @@ def history_rows(record: JobRecord, now: float) -> list[tuple[str, ...]]:
         rows.append((str(a.attempt), iso(a.started) or "-", f"{duration:.0f} s", str(a.state), a.restart or "-",
                      *((swaps,) if spared else ()), cause or "-"))
     return rows
+
+
+def phase_lines(record: JobRecord) -> list[str]:
+    """``ps JOB``'s lines on how each attempt came to run (``timings.phases_text``), a restart's
+    from its last attempt's failure: ``attempt 2: failure seen → stopped 0.21 s → ...``."""
+    return [f"attempt {a.attempt}: {text}" for a in record.attempts
+            if (text := timings.phases_text(a.phases, a.started)) is not None]
 
 
 def table_text(rows: Sequence[Sequence[str]]) -> list[str]:

@@ -26,8 +26,10 @@ from dataclasses import replace
 from typing import TextIO
 
 from clusterrun.config.nodesets import FOLD_PAST, alike_lines
+from clusterrun.core import timings
 from clusterrun.core.events import (
     AttemptRestarting,
+    AttemptTimed,
     Event,
     JobFinished,
     JobHung,
@@ -42,6 +44,7 @@ from clusterrun.core.events import (
     NodeStateChanged,
     NodeStopped,
     ProgressChanged,
+    RankFailed,
     StopReport,
     hung_text,
     not_stopped_text,
@@ -196,12 +199,14 @@ class Printer:
         self.err.write(f"clusterrun: {safe(text, colour=False)}\n")
         self.err.flush()
 
-    def _status(self, rank: int, host: str, own: str, alike: str | None, remarks: Sequence[str] = ()) -> None:
+    def _status(self, rank: int, host: str, own: str, alike: str | None, remarks: Sequence[str] = (),
+                urgent: bool = False) -> None:
         """One node's status line (``own``; ``alike``: what nodes alike share, None: never shared)
-        and ``remarks`` after it: printed now up to ``FOLD_PAST`` nodes, else held until every node
-        has a line, a note or the summary comes, or ``hold`` seconds passed."""
+        and ``remarks`` after it: printed now up to ``FOLD_PAST`` nodes or when ``urgent`` (a
+        failure: never held), else held until every node has a line, a note or the summary comes,
+        or ``hold`` seconds passed."""
         with self._lock:
-            if self._nnodes <= FOLD_PAST:
+            if self._nnodes <= FOLD_PAST or urgent:
                 self.flush()
                 self._note(f"node{rank} {host}: {own}")
                 for line in remarks:
@@ -245,7 +250,13 @@ class Printer:
             if event.state not in _QUIET_STATES:
                 state = event.state.value + (f" ({event.detail})" if event.detail else "")
                 self._said[event.node or 0] = state
-                self._status(event.node or 0, event.host, state, state)
+                self._status(event.node or 0, event.host, state, state,
+                             urgent=event.state in (NodeState.FAILED, NodeState.LOST))
+        elif isinstance(event, RankFailed):
+            code = event.exit_code
+            how = f"killed by {signal_name(-code)}" if code < 0 else f"exit code {code}"
+            who = f"rank {event.rank}" if event.rank is not None else "a rank"
+            self._status(event.node or 0, event.host, f"failing ({who}: {how}); torchrun ends", None, urgent=True)
         elif isinstance(event, NodeLink):
             rank, host = event.node or 0, event.host
             if event.up:
@@ -274,6 +285,9 @@ class Printer:
             if self._restart_said != event.failed:  # the owner emits it again as it counts down
                 self._restart_said = event.failed
                 self.note(event.describe())
+        elif isinstance(event, AttemptTimed):
+            if timings.enabled():  # `up --timings`: how each attempt came to run, the restarts' from the failure
+                self.note(f"timings: attempt {event.attempt}: {timings.phases_text(dict(event.phases), event.began)}")
         elif isinstance(event, JobFinished):
             self.summary(event.result, restarting=event.restarting)
 

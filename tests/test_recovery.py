@@ -1,0 +1,116 @@
+"""Recovery after a failure against the fake transport: the failure seen at a rank's exit, the other
+nodes stopped at once, no second stop after a verified one, a restart's checks limited to the probe
+and the master port, and its phases in the attempt's record (``ps JOB``, ``up --timings``).
+
+Fast (no processes); end to end, with real torchrun and gloo: ``tests/test_restart_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.config.restarts import RestartPolicy
+from clusterrun.core import timings
+from clusterrun.core.events import AttemptTimed, Event, NodeState, NodeStateChanged, RankFailed
+from clusterrun.life import lifecycle
+from clusterrun.life.runner import Runner
+from clusterrun.store.jobs import JobStore
+from clusterrun.transports.fake import FakeCluster
+from clusterrun.transports.fakehosts import FakeNode
+from clusterrun.views.joblist import phase_lines
+from clusterrun.views.printer import Printer
+from tests.test_orchestrator import JOB
+from tests.test_runner import follow_in_thread, owned_job
+
+GPU_HOSTS = "hosts:\n  - host: h0\n    nproc: 1\n    gpus: 1\n  - host: h1\n    nproc: 1\n    gpus: 1\n"
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCluster]:
+    cluster = FakeCluster()
+    monkeypatch.setattr(lifecycle, "transport_factory", lambda record: cluster.transport)
+    yield cluster
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> JobStore:
+    return JobStore(tmp_path / "jobs")
+
+
+def running_pair(fake: FakeCluster, store: JobStore, tmp_path: Path, events: list[Event], *,
+                 restarts: int = 0) -> tuple[Runner, FakeNode, FakeNode]:
+    """Both nodes of a two-node job started their workers, in cgroups; followed by its owner."""
+    runner = owned_job(fake, store, tmp_path, events)
+    runner._spec = load_cluster_text(GPU_HOSTS, "hosts.yaml")  # as if the hosts file declared GPUs
+    runner.policy = RestartPolicy(max=restarts, backoff_first=0.0, backoff_most=0.0)
+    a0, a1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    for rank, node in enumerate((a0, a1)):
+        node.contained = True
+        node.start_workers(rank)
+    return runner, a0, a1
+
+
+def test_a_ranks_failure_stops_the_other_nodes_at_once_before_its_torchrun_has_ended(
+        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    events: list[Event] = []
+    runner, a0, a1 = running_pair(fake, store, tmp_path, events)
+    thread, out = follow_in_thread(runner)
+    a1.fail_rank(1, 3)
+    fake.wait(lambda: a0.stops == 1, what="node 0 stopped while node 1's torchrun still runs")
+    assert a1.stops == 0 and a1.state.get("state") != "exited"  # the failed node ends on its own
+    stop = fake.ops("stop", "h0")[0]
+    assert stop["failing"] is True and stop["by"] == "fail-fast after node 1 failed"
+    assert [(e.node, e.rank, e.exit_code) for e in events if isinstance(e, RankFailed)] == [(1, 1, 3)]
+    a1.exit(1)
+    thread.join(10)
+    result = out[0]
+    assert [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.FAILED]  # type: ignore[attr-defined]
+    assert fake.ops("stop", "h1") == []
+    runner.close()
+
+
+def test_a_restart_after_a_verified_stop_stops_nothing_again_and_checks_only_reach_and_port(
+        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    events: list[Event] = []
+    timed = threading.Event()
+    runner, a0, a1 = running_pair(fake, store, tmp_path, events, restarts=1)
+    runner.subscribe(lambda e: timed.set() if isinstance(e, AttemptTimed) and e.attempt == 2 else None)
+    thread, _ = follow_in_thread(runner)
+    a1.fail_rank(1)
+    fake.wait(lambda: a0.stops == 1, what="node 0 stopped")
+    a1.exit(1)
+    b0, b1 = fake.wait_started(JOB, 0, 2), fake.wait_started(JOB, 1, 2)
+    assert a0.stops == 1 and a1.stops == 0  # verified by their cgroups: no second stop
+    assert len(fake.ops("stop")) == 1
+    restart_probes = fake.ops("probe")[-2:]  # the preflight's inspection goes with the probe
+    assert [(p["inspect"]["gpus"], p["inspect"]["deep"]) for p in restart_probes] == [(False, False)] * 2
+    assert len(fake.ops("reach")) == 2  # their reach of the new master port is tested
+    b0.start_workers(0)
+    b1.start_workers(1)
+    assert timed.wait(10), "attempt 2's phases were never all known"
+    runner.request_stop("done")
+    thread.join(10)
+    phases = store.load(JOB).attempts[1].phases or {}
+    assert set(phases) == set(timings.ATTEMPT_PHASES)
+    assert sorted(phases.values()) == [phases[p] for p in timings.ATTEMPT_PHASES]
+    lines = phase_lines(store.load(JOB))
+    assert lines[-1].startswith("attempt 2: failure seen → stopped ") and "every node joined" in lines[-1]
+    runner.close()
+
+
+def test_a_failure_is_printed_at_once_past_the_folded_nodes() -> None:
+    err = io.StringIO()
+    printer = Printer(out=io.StringIO(), err=err, colour=False, hold=3600, nnodes=16)
+    printer(NodeStateChanged(3, host="h3", state=NodeState.STOPPING, detail="x"))
+    assert err.getvalue() == ""  # held for the rest of the nodes
+    printer(RankFailed(5, host="h5", rank=5, exit_code=-9))
+    printer(NodeStateChanged(5, host="h5", state=NodeState.FAILED, detail="exit code 1"))
+    assert err.getvalue().splitlines()[-2:] == [
+        "clusterrun: node5 h5: failing (rank 5: killed by SIGKILL); torchrun ends",
+        "clusterrun: node5 h5: failed (exit code 1)"]
