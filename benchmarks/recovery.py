@@ -7,9 +7,11 @@ each, the job is benchmarks/_recover_train.py (real torch, gloo on the CPU): eve
 written first). Measured, on this machine's wall clock:
 
 - clusterrun (`up --no-tui --max-restarts 1`, `restart: {backoff: 0s}`): the cold start (`up`
-  started → every rank joined), then from the failure: seen (the first node's `failed` line),
-  stopped (the last stop line), started (the last `started attempt 2`), every rank joined again;
-  clusterrun's own part is seen → started;
+  started → every rank joined), then from the failure: seen (the failed node's first line:
+  `failing`, its rank's exit, or `failed`), stopped (the last stop line of the others), ended (the
+  failed node's `failed`: its torchrun has ended on its own), started (the last `started attempt
+  2`), every rank joined again; clusterrun's own part is seen → stopped plus the later of stopped
+  and ended → started (the rest is the failed host's torchrun ending);
 - torchrun's own restart (`torchrun --max-restarts 1`, static rendezvous, started on every host
   over OpenSSH): failure → every rank of its second round joined, or "did not recover".
 
@@ -37,7 +39,7 @@ from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "_recover_train.py"
 TIMEOUT = 300.0
-PHASES = ("cold start", "seen", "stopped", "started", "joined", "own part", "torchrun joined")
+PHASES = ("cold start", "seen", "stopped", "ended", "started", "joined", "own part", "torchrun joined")
 
 
 def joined(lines: list[tuple[float, str]], attempt: int, ranks: int) -> float | None:
@@ -77,14 +79,17 @@ def clusterrun_run(cluster: SimCluster, work: Path, n: int) -> dict[str, float]:
         raise RuntimeError(f"clusterrun's run failed ({proc.returncode}):\n" + "\n".join(t for _, t in lines[-30:]))
     failed = float(flag.read_text())
     after = [(t, line) for t, line in lines if t >= failed]
-    seen = next(t for t, line in after if re.search(r"clusterrun: node\d+ \S+: failed", line))
+    seen = next(t for t, line in after if re.search(r"clusterrun: node\d+ \S+: fail(ed|ing)", line))
+    ended = next(t for t, line in after if re.search(r"clusterrun: node\d+ \S+: failed", line))
     started_at = [t for t, line in after if "started attempt 2" in line]
-    stops = [t for t, line in after if re.search(r"clusterrun: node\d+ \S+: (stopped|nothing was running)", line)
+    stops = [t for t, line in after if re.search(r"clusterrun: node\d+ \S+: (stopped|nothing was running)[^;]*;", line)
              and t <= started_at[0]]
     first, second = joined(lines, 1, n), joined(lines, 2, n)
     assert first is not None and second is not None, "\n".join(t for _, t in lines[-30:])
-    return {"cold start": first - began, "seen": seen - failed, "stopped": (max(stops) if stops else seen) - failed,
-            "started": max(started_at) - failed, "joined": second - failed, "own part": max(started_at) - seen}
+    stopped = max(stops) if stops else seen
+    return {"cold start": first - began, "seen": seen - failed, "stopped": stopped - failed, "ended": ended - failed,
+            "started": max(started_at) - failed, "joined": second - failed,
+            "own part": (stopped - seen) + (max(started_at) - max(stopped, ended))}
 
 
 def torchrun_run(cluster: SimCluster, work: Path, n: int, port: int) -> float | None:
