@@ -177,8 +177,8 @@ def test_a_node_that_cannot_start_is_named_and_the_others_fold(fake: FakeCluster
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     fake.host("gpu18").start_error = "cannot start: no space left on device"
     err = up_refused(fake, tmp_path, monkeypatch)
-    assert err[2:] == ["clusterrun: 63 nodes 0-16,18-63 (gpu[01-17,19-64]): started attempt 1",
-                       "clusterrun: node17 gpu18: failed (cannot start: no space left on device)",
+    assert err[2:] == ["clusterrun: node17 gpu18: failed (cannot start: no space left on device)",  # never held
+                       "clusterrun: 63 nodes 0-16,18-63 (gpu[01-17,19-64]): started attempt 1",
                        "clusterrun: 63 nodes 0-16,18-63 (gpu[01-17,19-64]): stopped torchrun; "
                        "no process of the job was found",
                        "clusterrun: error: 1 host(s) cannot run the job; nothing was started",

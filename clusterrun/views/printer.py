@@ -203,11 +203,12 @@ class Printer:
                 urgent: bool = False) -> None:
         """One node's status line (``own``; ``alike``: what nodes alike share, None: never shared)
         and ``remarks`` after it: printed now up to ``FOLD_PAST`` nodes or when ``urgent`` (a
-        failure: never held), else held until every node has a line, a note or the summary comes,
-        or ``hold`` seconds passed."""
+        failure: never held, nor does it end the others' hold), else held until every node has a
+        line, a note or the summary comes, or ``hold`` seconds passed."""
         with self._lock:
             if self._nnodes <= FOLD_PAST or urgent:
-                self.flush()
+                if not urgent:
+                    self.flush()
                 self._note(f"node{rank} {host}: {own}")
                 for line in remarks:
                     self._note(line)
