@@ -395,7 +395,6 @@ class Runner:
                 give_up(self.store, self.job_id, record.attempt, exc.render())
                 return result
             self._spec = self.spec.with_spares(replace)  # the spares in use in the places of the lost hosts
-            self._phases = {}
             self._follow_attempt(record)
             _before, state = self._move(Owner.next_attempt)
             if state.asked is Asked.STOP:
@@ -407,7 +406,7 @@ class Runner:
         """Follow ``record``'s current attempt from now on (a restart started it), with the same
         listeners, hosts file and owner lock: the job keeps its one owner."""
         self.job.close()
-        self.record = record
+        self.record, self._phases = record, {}  # its own failure's phases, if any, are the next attempt's
         self.recorder = Recorder(self.store, record.job_id, record.attempt, record)
         self.job = follower(record, None, owner=True, follow_logs=self.job.follow_logs,
                             reconnect=self.job.reconnect, spec=self.spec)
