@@ -82,8 +82,8 @@ def clusterrun_run(cluster: SimCluster, work: Path, n: int) -> dict[str, float]:
     seen = next(t for t, line in after if re.search(r"clusterrun: node\d+ \S+: fail(ed|ing)", line))
     ended = next(t for t, line in after if re.search(r"clusterrun: node\d+ \S+: failed", line))
     started_at = [t for t, line in after if "started attempt 2" in line]
-    stops = [t for t, line in after if re.search(r"clusterrun: node\d+ \S+: (stopped|nothing was running)[^;]*;", line)
-             and t <= started_at[0]]
+    stop_line = r"clusterrun: (node\d+ \S+|\d+ nodes [^:]+): (stopped|nothing was running)[^;]*;"  # nodes alike folded
+    stops = [t for t, line in after if re.search(stop_line, line) and t <= started_at[0]]
     first, second = joined(lines, 1, n), joined(lines, 2, n)
     assert first is not None and second is not None, "\n".join(t for _, t in lines[-30:])
     stopped = max(stops) if stops else seen
