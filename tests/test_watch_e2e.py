@@ -90,14 +90,15 @@ def logs(job: str) -> str:
 
 def hang_report(job: str, *wanted: str) -> tuple[dict, str] | None:  # type: ignore[type-arg]
     """The job as ``ps --json`` shows it and its hang report, once every node that runs is hung
-    and the report is of this hang and holds every one of ``wanted`` (an earlier hang's, while
-    torch was imported on a busy machine, is replaced by the next one's)."""
+    and the report is of this hang, holds every one of ``wanted`` (an earlier hang's, while
+    torch was imported on a busy machine, is replaced by the next one's) and is in the record."""
     record = ps_json(job)
     since = {n["hung_since"] for n in record["nodes"] if n["last_state"] == "running"}
     path = Path(os.environ["XDG_STATE_HOME"]) / "clusterrun" / "jobs" / job / "hang-1.txt"
     text = path.read_text() if path.exists() and len(since) == 1 and None not in since else ""
     fits = text.startswith(f"hung since {next(iter(since), None)}: ") and all(w in text for w in wanted)
-    return (record, text) if fits else None
+    recorded = all(n.get("hang_report") for n in record["nodes"] if n["last_state"] == "running")  # written after the file
+    return (record, text) if fits and recorded else None
 
 
 @needs_py_spy
