@@ -480,7 +480,11 @@ def test_logs_of_a_job_that_has_written_nothing_yet_say_so(tmp_path: Path, state
     wait_state(job, "succeeded")
     shown = clusterrun("logs", "--tail", "1", job)
     assert shown.returncode == 0 and shown.stderr == "", shown.stderr
-    assert sorted(shown.stdout.splitlines()) == [f"node{r} local-{'ab'[r]} rank{r} | rank {r} done" for r in (0, 1)]
+    # Each node's last line: its rank's, or torch elastic's own after it (node 1's agent may lose
+    # node 0's store at the exit: `DistNetworkError`, a line of the node's log all the same).
+    assert [line.split(" ", 1)[0] for line in sorted(shown.stdout.splitlines())] == ["node0", "node1"], shown.stdout
+    every = clusterrun("logs", job).stdout.splitlines()
+    assert all(f"node{r} local-{'ab'[r]} rank{r} | rank {r} done" in every for r in (0, 1)), every
 
 
 def test_a_name_another_up_is_preparing_is_refused(tmp_path: Path, state_dir: Path) -> None:
