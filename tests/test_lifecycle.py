@@ -242,6 +242,10 @@ def test_a_reused_pid_or_a_reboot_means_lost_and_down_kills_no_stranger(
     job = up_detached(hosts, SUPPORT / "counter.py", "10000", "0.05")
     wait_state(job, "running")
     kill_monitors(controller_state)
+    # What the hosts said while it ran: a monitor an agent starts again between the kills below
+    # (its survivor and monitor gone) may record the ranks' deaths before it dies in turn.
+    running = [json.loads((attempt_dir(state_dir, job, node) / "state.json").read_text()) for node in (0, 1)]
+    assert [state["state"] for state in running] == ["running", "running"]
     # Take the job away behind clusterrun's back, as a crash would: survivors and monitors first, then the rest.
     for node in (0, 1):
         for key in ("survivor", "supervisor"):
@@ -255,12 +259,12 @@ def test_a_reused_pid_or_a_reboot_means_lost_and_down_kills_no_stranger(
     try:
         # node 0: its pids now belong to an unrelated process; node 1: the host has rebooted since.
         path0 = attempt_dir(state_dir, job, 0) / "state.json"
-        state = json.loads(path0.read_text())
+        state = running[0]
         for key in ("supervisor", "torchrun"):
             state[key]["pid"] = stranger.pid
         path0.write_text(json.dumps(state))
         path1 = attempt_dir(state_dir, job, 1) / "state.json"
-        state = json.loads(path1.read_text())
+        state = running[1]
         state["boot_id"] = "0" * 32
         path1.write_text(json.dumps(state))
         record = wait_state(job, "lost", timeout=60)
