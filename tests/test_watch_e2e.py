@@ -97,7 +97,8 @@ def hang_report(job: str, *wanted: str) -> tuple[dict, str] | None:  # type: ign
     path = Path(os.environ["XDG_STATE_HOME"]) / "clusterrun" / "jobs" / job / "hang-1.txt"
     text = path.read_text() if path.exists() and len(since) == 1 and None not in since else ""
     fits = text.startswith(f"hung since {next(iter(since), None)}: ") and all(w in text for w in wanted)
-    recorded = all(n.get("hang_report") for n in record["nodes"] if n["last_state"] == "running")  # written after the file
+    # The report's path is recorded after its file is written.
+    recorded = all(n.get("hang_report") for n in record["nodes"] if n["last_state"] == "running")
     return (record, text) if fits and recorded else None
 
 
