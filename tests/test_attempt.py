@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from clusterrun.config.hostsfile import ClusterSpec
 from clusterrun.core.errors import ClusterrunError, ConfigError, HostsUnavailable
 from clusterrun.core.events import Event, JobNote, JobState, NodeState, NodeStateChanged
 from clusterrun.life.attempt import NextAttempt, begin_stop, restart, stop
@@ -21,11 +20,11 @@ from clusterrun.life.recorder import Recorder, mark_failed_start, new_record
 from clusterrun.life.runner import Runner, run_monitor
 from clusterrun.life.session import Session
 from clusterrun.run.orchestrator import Job, Reconnect
-from clusterrun.store import opened
 from clusterrun.store.jobs import JobStore
 from clusterrun.store.opened import Opened
 from clusterrun.transports.fake import FakeCluster
 from tests import test_runner
+from tests.test_opened import parses  # noqa: F401 - a fixture
 from tests.test_orchestrator import JOB, spec_of
 from tests.test_runner import HOSTS_TEXT, owned_job
 
@@ -166,21 +165,14 @@ def test_a_restart_stops_then_starts_the_next_attempt(fake: FakeCluster, store: 
 
 
 def test_a_restart_reads_the_hosts_file_once(fake: FakeCluster, store: JobStore, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+                                             parses: list[str]) -> None:  # noqa: F811
     """The next attempt is read from the record once (``AttemptSpec``) and passed on: the checks,
     the stop and the start do not parse the recorded hosts file again."""
     runner = running_job(fake, store, tmp_path)
-    parsed: list[str] = []
-    parse = opened.load_cluster_text
-
-    def counted(text: str, path: str) -> ClusterSpec:
-        parsed.append(path)
-        return parse(text, path)
-
-    monkeypatch.setattr(opened, "load_cluster_text", counted)
+    parsed = len(parses)  # the count starts now
     assert restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd,
                    recorded=Opened(store.load(JOB)).spec()).attempt == 2
-    assert len(parsed) == 1
+    assert len(parses) == parsed + 1
     runner.close()
 
 
@@ -295,21 +287,14 @@ def test_the_owners_dashboard_restart_keeps_its_one_owner(fake: FakeCluster, sto
 
 
 def test_the_owner_restarts_and_follows_the_next_attempt_without_parsing_the_hosts_file_again(
-        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        fake: FakeCluster, store: JobStore, tmp_path: Path, parses: list[str]) -> None:  # noqa: F811
     """The owner parses its job's recorded hosts file once and carries it: an automatic restart
     (the start-up retry: checks, stop, start) and the follower of the next attempt use it."""
     from tests.test_runner import abort_at_start, follow_in_thread
 
     runner = running_job(fake, store, tmp_path)
     runner.spec  # noqa: B018 - parsed now, before the count starts
-    parsed: list[str] = []
-    parse = opened.load_cluster_text
-
-    def counted(text: str, path: str) -> ClusterSpec:
-        parsed.append(path)
-        return parse(text, path)
-
-    monkeypatch.setattr(opened, "load_cluster_text", counted)
+    parsed = len(parses)
     thread, out = follow_in_thread(runner)
     abort_at_start(fake.node(JOB, 1))
     fake.wait_started(JOB, 0, 2), fake.wait_started(JOB, 1, 2)
@@ -317,7 +302,7 @@ def test_the_owner_restarts_and_follows_the_next_attempt_without_parsing_the_hos
     fake.node(JOB, 1, 2).exit(0)
     thread.join(10)
     assert out and out[0] is not None and not out[0].failed  # type: ignore[attr-defined]
-    assert store.load(JOB).attempt == 2 and parsed == []
+    assert store.load(JOB).attempt == 2 and len(parses) == parsed
     runner.close()
 
 

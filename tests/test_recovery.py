@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from clusterrun.config.hostsfile import load_cluster_text
 from clusterrun.config.restarts import RestartPolicy
 from clusterrun.core import timings
 from clusterrun.core.events import AttemptTimed, Event, NodeState, NodeStateChanged, RankFailed
-from clusterrun.life import lifecycle
 from clusterrun.life.runner import Runner
 from clusterrun.store.jobs import JobStore
 from clusterrun.transports.fake import FakeCluster
@@ -26,24 +22,12 @@ from clusterrun.transports.fakehosts import FakeNode
 from clusterrun.views.joblist import phase_lines
 from clusterrun.views.printer import Printer
 from tests.test_orchestrator import JOB
-from tests.test_runner import follow_in_thread, owned_job
+from tests.test_runner import fake, follow_in_thread, owned_job, store  # noqa: F401 - fixtures
 
 GPU_HOSTS = "hosts:\n  - host: h0\n    nproc: 1\n    gpus: 1\n  - host: h1\n    nproc: 1\n    gpus: 1\n"
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCluster]:
-    cluster = FakeCluster()
-    monkeypatch.setattr(lifecycle, "transport_factory", lambda record: cluster.transport)
-    yield cluster
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> JobStore:
-    return JobStore(tmp_path / "jobs")
-
-
-def running_pair(fake: FakeCluster, store: JobStore, tmp_path: Path, events: list[Event], *,
+def running_pair(fake: FakeCluster, store: JobStore, tmp_path: Path, events: list[Event], *,  # noqa: F811
                  restarts: int = 0) -> tuple[Runner, FakeNode, FakeNode]:
     """Both nodes of a two-node job started their workers, in cgroups; followed by its owner."""
     runner = owned_job(fake, store, tmp_path, events)
@@ -57,7 +41,7 @@ def running_pair(fake: FakeCluster, store: JobStore, tmp_path: Path, events: lis
 
 
 def test_a_ranks_failure_stops_the_other_nodes_at_once_before_its_torchrun_has_ended(
-        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:  # noqa: F811
     events: list[Event] = []
     runner, a0, a1 = running_pair(fake, store, tmp_path, events)
     thread, out = follow_in_thread(runner)
@@ -76,7 +60,7 @@ def test_a_ranks_failure_stops_the_other_nodes_at_once_before_its_torchrun_has_e
 
 
 def test_a_restart_after_a_verified_stop_stops_nothing_again_and_checks_only_reach_and_port(
-        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:  # noqa: F811
     events: list[Event] = []
     timed = threading.Event()
     runner, a0, a1 = running_pair(fake, store, tmp_path, events, restarts=1)
