@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,27 @@ from tests.test_lifecycle import clusterrun, up_detached, wait_state
 pytestmark = pytest.mark.integration
 
 
+def _notified(path: Path, count: int) -> list[str]:
+    """The notify command's lines (event id, the job's state when it was sent), once there are ``count``
+    (its sender runs in the background). Sent by the attempt's owner as it follows it, the job is not ended:
+    a command that finds the job ended and its events unsent would send them too."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        lines = [line.split() for line in (path.read_text().splitlines() if path.exists() else [])]
+        if len(lines) >= count:
+            assert all(state in ("starting", "running") for _, state in lines), lines
+            return [event for event, _ in lines]
+        time.sleep(0.05)  # poll the command's output file
+    raise AssertionError(f"{path}: fewer than {count} notifications")
+
+
+def _notify(path: Path) -> str:
+    return f"notify: {{command: 'echo $CLUSTERRUN_EVENT_ID $CLUSTERRUN_STATE >> {path}', on: [restarted]}}\n"
+
+
 def test_a_job_failing_twice_is_restarted_and_succeeds(tmp_path: Path, state_dir: Path) -> None:
-    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra="restart: {backoff: 0s}\n")
+    sent = tmp_path / "sent"
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra="restart: {backoff: 0s}\n" + _notify(sent))
     counter = tmp_path / "runs"
     proc = run_up("--max-restarts", "2", hosts, SUPPORT / "fail_until.py", counter, "3", timeout=240)
     assert proc.returncode == 0, proc.stderr
@@ -36,6 +56,7 @@ def test_a_job_failing_twice_is_restarted_and_succeeds(tmp_path: Path, state_dir
     assert record["state"] == "succeeded" and record["attempt"] == 3
     assert [(a["state"], a["restarted"]) for a in record["attempts"]] == [
         ("failed", "policy"), ("failed", "policy"), ("succeeded", None)]
+    assert _notified(sent, 2) == [f"{job}:2:restarted", f"{job}:3:restarted"]  # by the owner, `up`
     history = subprocess.run([sys.executable, "-m", "clusterrun", "ps", job], capture_output=True, text=True,
                              cwd=ROOT, timeout=60)
     assert "ATTEMPT" in history.stdout and "RESTARTED" in history.stdout, history.stdout
@@ -64,7 +85,8 @@ def test_a_users_restart_during_the_backoff_is_the_users_and_the_failed_attempt_
         tmp_path: Path, state_dir: Path, controller_state: Path) -> None:
     """`up -d --max-restarts 1` with a backoff of an hour: attempt 1 fails, its monitor counts down;
     `clusterrun restart` takes over. Attempt 1 is `failed`, restarted by the user, not the policy."""
-    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra="restart: {backoff: 1h}\n")
+    sent = tmp_path / "sent"
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra="restart: {backoff: 1h}\n" + _notify(sent))
     counter = tmp_path / "runs"
     job = up_detached("--max-restarts", "1", hosts, SUPPORT / "fail_until.py", counter, "2")
     wait_state(job, "restarting", timeout=120)
@@ -74,3 +96,4 @@ def test_a_users_restart_during_the_backoff_is_the_users_and_the_failed_attempt_
     assert counter.read_text() == "run\n" * 2
     assert [(a["state"], a["restarted"]) for a in record["attempts"]] == [("failed", "user"), ("succeeded", None)]
     assert record["attempts"][0]["root_cause"].startswith("rank 0 on node 0 (local-a"), record
+    assert _notified(sent, 1) == [f"{job}:2:restarted"]  # by the new attempt's monitor

@@ -18,6 +18,7 @@ from clusterrun.agent import hangwatch
 from clusterrun.agent.hangwatch import QuietWatch
 from clusterrun.agent.wire import Frame, RankStack, StackAnswer, ThreadStack
 from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.config.restarts import RestartPolicy
 from clusterrun.config.watch import Notify, Watch, parse_duration
 from clusterrun.core.errors import ConfigError
 from clusterrun.core.events import AttemptStarted, JobHung, JobNote, JobState, LogLines, NodeState, NodeStateChanged
@@ -26,7 +27,7 @@ from clusterrun.core.ranges import parse_ranges, ranges_text
 from clusterrun.diagnose.hangreport import HangReport
 from clusterrun.life import lifecycle, notify
 from clusterrun.life import runner as runner_module
-from clusterrun.life.attempt import restart
+from clusterrun.life.attempt import NextAttempt
 from clusterrun.life.recorder import new_record, refresh
 from clusterrun.life.runner import Runner
 from clusterrun.run.hangwatch import HangWatch, silent_since
@@ -553,20 +554,34 @@ def test_the_events_are_read_off_the_record_and_claimed_once(store: JobStore, tm
     assert store.load(JOB).notified == ["1:failed"]
 
 
-def test_every_new_attempt_is_notified_as_restarted_once(fake: FakeCluster, store: JobStore, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """`restart`, the dashboard's R, the start-up retry and on_hang: restart all start the next
-    attempt in one place, which sends ``restarted``."""
+def test_every_new_attempt_is_notified_as_restarted_once_by_its_owner(fake: FakeCluster, store: JobStore,
+                                                                     tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner sends ``restarted`` as it follows each new attempt, the one place for every way to
+    start one: here its restart policy's and the user's (the dashboard's R); a later owner sends none again."""
     monkeypatch.setattr(lifecycle, "transport_factory", lambda record: fake.transport)
     out = tmp_path / "sent.jsonl"
     runner = _owned(fake, store, tmp_path, None, notify_with=Notify(COMMAND.replace("{out}", str(out)),
-                                                                   on=("restarted",)))
-    fake.wait_started(JOB, 0)
-    record = restart(store, store.load(JOB), lambda event: None, owner_fd=runner.owner_fd,
-                     recorded=Opened(store.load(JOB)).spec())
-    assert record.attempt == 2
+                                                                   on=("restarted",)), max_restarts=1)
+    runner.policy = RestartPolicy(max=1, backoff_first=0, backoff_most=0)
+    following = threading.Thread(target=runner.follow, daemon=True)
+    following.start()
+    fake.wait_started(JOB, 1)
+    fake.wait_started(JOB, 0).exit(1)  # the policy restarts the job
+    fake.wait_started(JOB, 0, attempt=2)
     assert [(s["event"], s["attempts"]) for s in _sent(out, 1)] == [("restarted", 2)]
-    assert notify.send_due(store, store.load(JOB)) == [] and store.load(JOB).notified == ["2:restarted"]
+    attempt = NextAttempt(store.load(JOB), lambda event: None, recorded=runner.spec)
+    record = runner.restart_by_user(attempt, "restarted by the user", stopped=lambda: following.join(10))
+    assert record.attempt == 3 and not following.is_alive()
+    following = threading.Thread(target=runner.follow, daemon=True)  # as the dashboard's session follows on
+    following.start()
+    assert [(s["event"], s["attempts"]) for s in _sent(out, 2)] == [("restarted", 2), ("restarted", 3)]
+    for rank in (0, 1):
+        fake.wait_started(JOB, rank, attempt=3).exit(0)
+    following.join(10)
+    assert notify.send_due(store, store.load(JOB)) == [] and store.load(JOB).notified == ["2:restarted",
+                                                                                         "3:restarted"]
+    assert len(_sent(out, 2)) == 2
     runner.close()
 
 

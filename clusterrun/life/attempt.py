@@ -31,7 +31,6 @@ from clusterrun.config.hostsfile import ClusterSpec
 from clusterrun.core import timings
 from clusterrun.core.errors import ClusterrunError, HostsUnavailable, StateError
 from clusterrun.core.events import AttemptStarted, JobResult, JobState, NodeStopped, StopReport
-from clusterrun.life import notify
 from clusterrun.life.gate import AttemptSpec, checked_attempt, note
 from clusterrun.life.jobstate import Change, transition
 from clusterrun.life.lifecycle import stop_job
@@ -182,8 +181,7 @@ class NextAttempt:
             start(self.job, self.emit, recorder, automatic=automatic, replaced=self.replace_hosts,
                   phases=self.phases)
             recorder.flush()  # the nodes' pids and states are in the record it carries
-            new = recorder.record or record
-            notify.send_due(store, new, lambda text: note(self.emit, text))  # restarted (and the last end)
+            new = recorder.record or record  # its owner sends `restarted` as it follows it (``Runner.follow``)
         except BaseException:
             if owner_fd is None:
                 store.release(owner)

@@ -353,6 +353,8 @@ class Runner:
         A failed attempt that the owner decided to restart (``_decide_end``: recorded ``restarting``)
         is restarted after its backoff, visibly, and followed in turn."""
         while True:
+            # Each attempt followed, from its start: what is due (``restarted``, a previous owner's unsent events).
+            notify.send_due(self.store, self.recorded(), self.note)
             try:
                 result = self.job.run()
             except OSError:
