@@ -63,7 +63,7 @@ def test_ctrl_c_in_the_first_moments_of_up_exits_130(monkeypatch: pytest.MonkeyP
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(up, "load_hosts", interrupted)
+    monkeypatch.setattr(up, "hosts_for_up", interrupted)
     result = CliRunner().invoke(main, ["up", "--no-tui", "hosts.yaml", "train.py"])
     assert (result.exit_code, result.output) == (130, "clusterrun: interrupted\n")
 

@@ -21,7 +21,7 @@ from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_SIGNAL, EXIT_USAGE, _fa
 from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
 from clusterrun.cli.records import _guarantee, _refresh
 from clusterrun.cli.up import interrupted_connecting
-from clusterrun.config.hostsfile import ClusterSpec, HostSpec
+from clusterrun.config.hostsfile import ClusterSpec
 from clusterrun.config.nodesets import FOLD_PAST, alike_lines
 from clusterrun.core.errors import ClusterrunError, ConfigError, HostsUnavailable, StateError
 from clusterrun.core.events import Event, JobNote
@@ -37,7 +37,7 @@ from clusterrun.store.opened import Opened
 from clusterrun.store.preparing import Preparing, live
 from clusterrun.sync.copy import SyncReport
 from clusterrun.sync.view import SyncView
-from clusterrun.transports import Transport
+from clusterrun.transports import Transport, made
 from clusterrun.views.printer import Printer
 
 
@@ -70,12 +70,6 @@ class UpArgs:
     unreachable_timeout: float | None
 
 
-def _prepared(transports: Sequence[Transport]) -> Callable[[HostSpec], Transport]:
-    """``Job``'s transport factory: the transports made for ``spec.hosts``, in that order."""
-    by_host = {id(t.host): t for t in transports}
-    return lambda host: by_host[id(host)]
-
-
 def launch(a: UpArgs) -> None:
     """``up`` from its checks on: the script, the name, the hosts' checks (or the dry run's plan), the
     start, then following the job (see ``up``); the hosts' connections are under way already."""
@@ -94,7 +88,7 @@ def launch(a: UpArgs) -> None:
         printer = Printer()
         job = Job(a.spec, a.script, a.script_args, job_id=job_id, name=jname, emit=None, env_overrides=a.overrides,
                   local_cwd=os.getcwd(), grace=a.grace, reconnect=Reconnect(give_up_after=a.unreachable_timeout),
-                  transport_factory=_prepared(a.transports), follow_logs=not a.detach)  # -d shows no log line
+                  transport_factory=made(a.transports), follow_logs=not a.detach)  # -d shows no log line
         prep = None if a.dry_run else Preparing(job_id, jname, [h.host for h in a.spec.hosts])  # listed by `ps`
     except KeyboardInterrupt:  # the hosts are connecting already
         interrupted_connecting()

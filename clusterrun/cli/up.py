@@ -4,7 +4,6 @@ under way (their handshakes overlap its imports: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
 import shlex
@@ -29,11 +28,9 @@ from clusterrun.cli import (
     ssh_config_option,
     ui_lines_option,
 )
-from clusterrun.config.environment import resolve
-from clusterrun.config.hostsfile import ClusterSpec
+from clusterrun.config.options import UpOptions, hosts_for_up
 from clusterrun.config.restarts import MAX_RESTARTS
-from clusterrun.config.selection import load_hosts
-from clusterrun.config.watch import EVENTS, ON_HANG, Notify, parse_duration
+from clusterrun.config.watch import ON_HANG
 from clusterrun.core import timings
 from clusterrun.core.errors import ConfigError
 from clusterrun.run.plan import parse_env_overrides
@@ -208,18 +205,16 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
             script, script_args = script_args[0], script_args[1:]
         else:
             _check_up_arguments(hosts_file, script, script_args)
-        spec, hosts_text = load_hosts(hosts_file, nodes, exclude)  # a hostfile too; the record keeps the YAML
+        found = hosts_for_up(hosts_file, UpOptions(nodes, exclude, startup_timeout, setup_timeout, hang_after, on_hang,
+                                                   notify_command, no_sync), os.environ)
+        spec, hosts_text = found.spec, found.text  # a hostfile too; the record keeps the YAML
         overrides = parse_env_overrides(env)
-        if no_sync:
-            spec = _without_sync(spec)
-        spec = _with_watch(spec, startup_timeout, hang_after, on_hang, notify_command, setup_timeout)
-        spec, env_notes = resolve(spec, os.environ)
         if as_json and not dry_run:
             raise ConfigError("--json goes with --dry-run (a job's state as JSON: `clusterrun ps --json`)",
                               key="--json", hint="add --dry-run to print the plan as JSON; nothing was started")
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
-    for text in env_notes:
+    for text in found.notes:
         _note(f"warning: {text}")
     ssh_config = ssh_config or spec.ssh_config
     transports = [transport_for(h, ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys)
@@ -243,38 +238,3 @@ def interrupted_connecting() -> NoReturn:
     program (``__main__``), nothing started anywhere."""
     _note("interrupted while connecting to the hosts, copying files or checking them; nothing was started")
     sys.exit(EXIT_SIGNAL[signal.SIGINT])  # the program leaves without its host threads (__main__)
-
-
-def _with_watch(spec: ClusterSpec, startup_timeout: str | None, hang_after: str | None, on_hang: str | None,
-                notify_command: str | None, setup_timeout: str | None = None) -> ClusterSpec:
-    """The hosts file's watch and notify with up's options applied (``ConfigError`` for a bad duration)."""
-    def seconds(text: str, key: str) -> float:
-        try:
-            value = parse_duration(text)
-        except ValueError as exc:
-            raise ConfigError(str(exc), key=key) from None
-        if value <= 0:
-            raise ConfigError(f"{text!r}: must be above 0", key=key)
-        return value
-
-    watch = spec.watch
-    if startup_timeout is not None:
-        watch = dataclasses.replace(watch, startup_timeout=seconds(startup_timeout, "--startup-timeout"))
-    if setup_timeout is not None:
-        watch = dataclasses.replace(watch, setup_timeout=seconds(setup_timeout, "--setup-timeout"))
-    if hang_after is not None:
-        watch = dataclasses.replace(watch, hang_after=None if hang_after.lower() in ("off", "never")
-                                    else seconds(hang_after, "--hang-after"))
-    if on_hang is not None:
-        watch = dataclasses.replace(watch, on_hang=on_hang)
-    notify = spec.notify
-    if notify_command is not None and not notify_command.strip():
-        raise ConfigError("must not be empty", key="--notify",
-                          hint="e.g. --notify 'notify-send clusterrun $CLUSTERRUN_EVENT'; nothing was started")
-    if notify_command is not None:
-        notify = Notify(notify_command, notify.on if notify is not None else EVENTS)
-    return dataclasses.replace(spec, watch=watch, notify=notify)
-
-
-def _without_sync(spec: ClusterSpec) -> ClusterSpec:
-    return dataclasses.replace(spec, hosts=tuple(dataclasses.replace(h, sync=None) for h in spec.hosts))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from clusterrun.config.hostsfile import HostSpec
 from clusterrun.transports.base import AgentSession, AgentStream, Transport
@@ -40,4 +40,11 @@ def connect_early(transports: Sequence[Transport], workers: int = 32) -> None:
         threading.Thread(target=work, name="clusterrun-connect", daemon=True).start()
 
 
-__all__ = ["AgentSession", "AgentStream", "Transport", "connect_early", "transport_for"]
+def made(transports: Sequence[Transport]) -> Callable[[HostSpec], Transport]:
+    """A transport factory (``Job``'s) that hands out the transports made already for these hosts
+    (``connect_early``'s), each for the ``HostSpec`` it was made for."""
+    by_host = {id(t.host): t for t in transports}
+    return lambda host: by_host[id(host)]
+
+
+__all__ = ["AgentSession", "AgentStream", "Transport", "connect_early", "made", "transport_for"]
