@@ -16,7 +16,7 @@ import pytest
 from clusterrun.core.errors import HostsUnavailable
 from clusterrun.core.events import AttemptRestarting, AttemptStarted, Event, JobNote, JobState, NodeStarted, NodeState
 from clusterrun.life import lifecycle
-from clusterrun.life.attempt import NotStopped, restart
+from clusterrun.life.attempt import NextAttempt, NotStopped, restart
 from clusterrun.life.owner import Asked, Owner
 from clusterrun.life.recorder import new_record
 from clusterrun.life.runner import Runner
@@ -219,6 +219,34 @@ def test_an_adopted_job_restarted_here_is_owned_here(fake: FakeCluster, store: J
     runner.close()
 
 
+def test_a_stop_asked_during_the_users_restart_stops_the_new_attempt(fake: FakeCluster, store: JobStore,
+                                                                    tmp_path: Path) -> None:
+    """The dashboard's K pressed while its R restarts the job: the restart's own stop is done, the
+    next attempt is started and stopped at once, verified: the job ends stopped, nothing runs."""
+    runner = owned_job(fake, store, tmp_path, [])
+    fake.wait_started(JOB, 0)
+    fake.wait_started(JOB, 1)
+    thread, out = follow_in_thread(runner)
+    assert runner.begin_user_restart()
+    attempt = NextAttempt(store.load(JOB), lambda event: None, recorded=runner.spec)
+
+    def stopped() -> None:  # the restart's stop is done: K, while the next attempt is being started
+        thread.join(10)
+        runner.request_stop("stopped from the dashboard")
+
+    try:
+        record = runner.restart_by_user(attempt, "restarted from the dashboard", stopped)
+    finally:
+        attempt.close()
+    assert record.attempt == 2 and out and out[0] is not None
+    thread, out = follow_in_thread(runner)  # as the dashboard's session follows the new attempt
+    thread.join(10)
+    assert out and out[0].interrupted == "stopped from the dashboard"  # type: ignore[attr-defined]
+    assert store.load(JOB).state is JobState.STOPPED
+    assert not fake.node(JOB, 0, 2).running and not fake.node(JOB, 1, 2).running
+    runner.close()
+
+
 def half_started(fake: FakeCluster, store: JobStore, tmp_path: Path) -> Job:
     """A job whose controller died during its start: node 0 started, node 1 never reached, the
     record ``starting`` and owned by nobody."""
@@ -324,6 +352,10 @@ def test_the_owners_state_is_replaced_whole_and_a_restart_done_keeps_a_stop_aske
     assert new.start(failed=True).start_failed and not new.start().start_failed
     by_user = restarting.begin_user_restart().restarted()  # the dashboard's R: a new attempt, nobody blamed
     assert (by_user.late, by_user.replace, by_user.user_restart, by_user.asked) == ((), {}, False, Asked.FOLLOW)
+    restart_stop = restarting.begin_user_restart().ask(Asked.STOP, "R")
+    assert restart_stop.restarted("R").asked is Asked.FOLLOW  # the restart's own stop is done
+    assert (restart_stop.ask(Asked.STOP, "K").restarted("R").asked, restart_stop.ask(Asked.STOP, "K").restarted(
+        "R").reason) == (Asked.STOP, "K")  # a stop asked meanwhile stays, for the new attempt
 
 
 def test_requests_from_signal_handlers_are_taken_in_order_and_never_wait_for_the_lock(

@@ -349,8 +349,8 @@ class NodeResult:
 # Who stopped a job, as the mark in each node's log says it (``---- stopped by Ctrl-C at ... ----``), for
 # the reasons its stop is asked with; other reasons are said as they are.
 STOPPED_BY = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM to clusterrun", "SIGHUP": "SIGHUP to clusterrun",
-              "stopped from the dashboard": "K in the dashboard", "stopped by an earlier command": "an earlier command",
-              "stop requested": "clusterrun"}
+              "stopped from the dashboard": "K in the dashboard", "restarted from the dashboard": "R in the dashboard",
+              "stopped by an earlier command": "an earlier command", "stop requested": "clusterrun"}
 
 
 def stopped_by(reason: str) -> str:

@@ -96,11 +96,14 @@ class Owner:
         """The user's restart was refused or failed: the attempt followed (if any) goes on as it was."""
         return dataclasses.replace(self, user_restart=False)
 
-    def restarted(self) -> Owner:
-        """The user's restart stopped the attempt followed and started the next: the stop asked of
-        the old one (the restart's own) is done; follow the new one, whose hosts nobody has blamed
-        yet (what was decided of the old attempt, its spares too, does not carry over)."""
-        return dataclasses.replace(self, asked=Asked.FOLLOW, reason=None, user_restart=False, spares=(), late=())
+    def restarted(self, reason: str | None = None) -> Owner:
+        """The user's restart, whose stop was asked for ``reason``, stopped the attempt followed and
+        started the next: that stop is done; a stop asked for another reason meanwhile (the
+        dashboard's K) stays, for the new attempt. Its hosts nobody has blamed yet (what was decided
+        of the old attempt, its spares too, does not carry over)."""
+        stays = self.asked is Asked.STOP and self.reason != reason
+        return dataclasses.replace(self, asked=self.asked if stays else Asked.FOLLOW,
+                                   reason=self.reason if stays else None, user_restart=False, spares=(), late=())
 
     @property
     def replace(self) -> dict[str, str]:

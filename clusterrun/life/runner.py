@@ -423,15 +423,18 @@ class Runner:
         self.request_stop(reason)
         stopped()
         record = attempt.replace(self.store, owner_fd=self.owner_fd)
-        self.restarted(record)
+        self.restarted(record, reason)
         return record
 
-    def restarted(self, record: JobRecord) -> None:
-        """The user's restart stopped the attempt this owner followed and started ``record``'s:
-        the stop asked of it was the restart's, done; follow the new attempt."""
+    def restarted(self, record: JobRecord, reason: str | None = None) -> None:
+        """The user's restart, whose stop was asked for ``reason``, stopped the attempt this owner
+        followed and started ``record``'s: follow the new attempt. A stop asked for meanwhile for
+        another reason (the dashboard's K) stops the new attempt, as ``follow()`` goes on."""
         self._wake.clear()  # the restart's stop is done: it must not cut a later backoff short
-        self._move(Owner.restarted)
+        _before, state = self._move(lambda state: state.restarted(reason))
         self._follow_attempt(record)
+        if state.asked is Asked.STOP:
+            self.job.request_stop(state.reason or "stop requested")
 
     def begin_user_restart(self) -> bool:
         """The user's restart (the dashboard's R) begins, unless one is under way already (False):

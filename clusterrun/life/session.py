@@ -52,6 +52,7 @@ from clusterrun.views.gpus import INTERVAL, GpuPoller
 from clusterrun.views.joblist import history_rows, table_text
 
 KILLED = "stopped from the dashboard"
+RESTARTED = "restarted from the dashboard"  # the stop of the attempt R replaces: not K's
 
 
 class Session:
@@ -267,7 +268,7 @@ class Session:
 
             try:
                 if self.owner and self.runner is not None:  # the one owner stops, starts and follows
-                    record = self.runner.restart_by_user(attempt, KILLED, stopped)
+                    record = self.runner.restart_by_user(attempt, RESTARTED, stopped)
                     followed = True
                 else:
                     self.kill()
