@@ -82,6 +82,7 @@ from clusterrun.run.follower import (
 )
 from clusterrun.run.hangwatch import HangWatch
 from clusterrun.run.hosts import Emit, JobHosts
+from clusterrun.run.inbox import Inbox
 from clusterrun.run.interfaces import Interface
 from clusterrun.run.plan import LaunchPlan, NodeLaunch, about_json
 from clusterrun.run.probing import Early
@@ -150,7 +151,7 @@ class Job(JobHosts):
         self._wake = threading.Event()  # set by detach() and request_stop(): followers stop waiting to retry
         self._nodes = [Node(None, transport_factory(h)) for h in spec.hosts]
         self.ranks = list(range(len(self._nodes))) if ranks is None else sorted(ranks)  # the nodes run() follows
-        self._inbox: queue.Queue[tuple[int, FollowMessage | Link]] = queue.Queue(maxsize=256)
+        self._inbox = Inbox()  # bounded by count and by log bytes: a flood waits on the hosts, not in memory
         self._order: StopOrder | None = None  # the first stop ordered: it decides the attempt's end
         self._failed_first: int | None = None  # the node whose failure the others were stopped after
         self._stop_event = threading.Event()  # a stop was asked for: the followers wait for no host

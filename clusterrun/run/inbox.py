@@ -1,0 +1,62 @@
+"""The job's inbox: the followers' messages for ``Job.run()``, bounded in log bytes as in count.
+
+A count alone does not bound memory: a follower's log chunk is up to a MB (the agent reads the
+log a MB at a time), so 256 queued chunks were 256 MB in flight when the consumer fell behind a
+flood. Here a follower's ``put`` of a log chunk waits while the chunks queued hold ``budget``
+characters or more; an empty inbox takes any chunk, so a chunk larger than the budget still passes.
+Messages without log data (states, links, the end) wait only for the count. Each follower puts
+from its own thread in its stream's order, so what waits is never overtaken by its own node's
+later messages.
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import Any
+
+# What the followers may hold queued, in characters of log data, all nodes together: a few of
+# the agent's MB reads, so a consumer that keeps up never waits on it.
+BUDGET = 8 << 20
+
+
+def _size(item: Item) -> int:
+    """Characters of log data in a ``(rank, message)`` item (0 for a message without)."""
+    data = getattr(item[1], "data", None)
+    return len(data) if isinstance(data, str) else 0
+
+
+Item = tuple[int, Any]  # (rank, the follower's message)
+
+
+class Inbox(queue.Queue[Item]):
+    """A ``queue.Queue`` of ``(rank, message)`` that also bounds the log data queued (``held``)."""
+
+    def __init__(self, maxsize: int = 256, budget: int = BUDGET) -> None:
+        super().__init__(maxsize)
+        self.budget = budget
+        self.held = 0  # characters of log data queued
+
+    def put(self, item: Item, block: bool = True, timeout: float | None = None) -> None:
+        """Queue ``item``; wait while the inbox is full by count, or, for a log chunk, by data."""
+        size = _size(item)
+        with self.not_full:
+            while self._full(size):
+                if not block:
+                    raise queue.Full
+                if not self.not_full.wait(timeout):
+                    if self._full(size):
+                        raise queue.Full
+                    break
+            self._put(item)
+            self.held += size
+            self.unfinished_tasks += 1
+            self.not_empty.notify()
+
+    def _full(self, size: int) -> bool:
+        return (0 < self.maxsize <= self._qsize()) or (size > 0 and self.held > 0 and self.held + size > self.budget)
+
+    def _get(self) -> Item:
+        item = super()._get()
+        self.held -= _size(item)
+        self.not_full.notify_all()  # a waiting chunk may fit now that a larger one left (``get`` wakes one)
+        return item

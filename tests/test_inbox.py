@@ -1,0 +1,51 @@
+"""The job's inbox: log chunks wait while the queued ones hold the budget; other messages do not."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import pytest
+
+from clusterrun.core.protocol import LogChunk
+from clusterrun.run.follower import Link
+from clusterrun.run.inbox import Inbox
+
+
+def chunk(chars: int, offset: int = 0) -> LogChunk:
+    data = ("x" * 99 + "\n") * (chars // 100)
+    return LogChunk(offset=offset, next=offset + len(data), data=data)
+
+
+def test_a_chunk_over_the_budget_waits_until_the_consumer_takes_one() -> None:
+    inbox = Inbox(budget=1000)
+    inbox.put((0, chunk(800)))
+    with pytest.raises(queue.Full):
+        inbox.put((1, chunk(300)), block=False)
+    inbox.put((1, Link(up=False)), block=False)  # no log data: only the count bounds it
+    assert inbox.held == 800
+    put = threading.Thread(target=inbox.put, args=((1, chunk(300, 300)),))
+    put.start()
+    assert inbox.get(timeout=5)[0] == 0  # frees the budget: the waiting chunk goes in
+    put.join(timeout=10)
+    assert not put.is_alive()
+    assert [inbox.get(timeout=5)[1] for _ in range(2)] == [Link(up=False), chunk(300, 300)]
+    assert inbox.held == 0
+
+
+def test_an_empty_inbox_takes_a_chunk_larger_than_the_budget() -> None:
+    inbox = Inbox(budget=100)
+    inbox.put((0, chunk(5000)), block=False)
+    assert inbox.held == 5000
+    with pytest.raises(queue.Full):
+        inbox.put((0, chunk(100)), timeout=0.01)
+    inbox.get(timeout=5)
+    inbox.put((0, chunk(100)), block=False)
+
+
+def test_the_count_still_bounds_messages_without_data() -> None:
+    inbox = Inbox(maxsize=2)
+    inbox.put((0, Link(up=True)))
+    inbox.put((0, Link(up=True)))
+    with pytest.raises(queue.Full):
+        inbox.put((0, Link(up=True)), block=False)
