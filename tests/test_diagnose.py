@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from clusterrun.core.events import RootCause
 from clusterrun.core.protocol import HostState, NodeStatus, decode_status
 from clusterrun.diagnose.rootcause import (
@@ -139,3 +141,23 @@ def test_a_host_gone_for_good_is_the_cause_of_its_peers_gloo_errors() -> None:
     cause = find_root_cause({0: "a", 1: "b"}, {0: node0, 1: NodeLog()}, states, stopped_by_us={1})
     assert cause is not None and cause.node == 1 and cause.lost  # the fail-fast stop sent to it never reached it
     assert cause.message.endswith("and has not answered since (cannot be reached)"), cause.message
+
+
+@pytest.mark.parametrize("extra", [
+    (),  # every line a rank's: only each rank's last lines are read
+    ("  rank      : 1 (local_rank: 1)", "  exitcode  : 3 (pid: 77)"),  # torchrun's report among them
+    ("[rank_x] not a tag",),  # untagged, though it starts like a tag
+])
+def test_a_long_batch_keeps_what_line_by_line_feeding_keeps(extra: tuple[str, ...]) -> None:
+    # rank 0 floods, rank 1 writes a few lines early, rank 2 as `[rank02]:`, one tag doubled by torch
+    flood = [f"[rank0]:seq={i}" for i in range(500)]
+    lines = ([f"[rank1]:early {i}" for i in range(3)] + flood[:250] + list(extra) + ["[rank02]:zero-padded"]
+             + flood[250:] + ["[rank0]:[rank0]: Traceback doubled"])
+    batch, one_by_one = NodeLog(), NodeLog()
+    batch.feed(tuple(lines))
+    for line in lines:
+        one_by_one.feed([line])
+    assert batch == one_by_one
+    assert list(batch.rank_tails[1]) == ["early 0", "early 1", "early 2"]
+    assert list(batch.rank_tails[0])[-1] == "Traceback doubled"
+    assert batch.failures == ({1: {"local_rank": 1, "exit_code": 3, "pid": 77}} if len(extra) == 2 else {})

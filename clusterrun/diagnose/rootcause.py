@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections import deque
-from collections.abc import Iterable, Mapping
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from clusterrun.core.events import OomEvidence, RootCause, unreachable_text
@@ -23,6 +23,7 @@ from clusterrun.diagnose.signatures import explain, printed_its_own, transient_s
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
 _REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
 _REPORT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
+_TAG_AFTER_NEWLINE = re.compile(r"\n\[rank(\d+)\]:")
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b.*|^[A-Za-z_][\w.]*: .+")
 TAIL_LINES = 20
 
@@ -63,6 +64,8 @@ class NodeLog:
     _pending_rank: tuple[int, int] | None = None
 
     def feed(self, lines: Iterable[str]) -> None:
+        if isinstance(lines, (tuple, list)) and len(lines) > 4 * self.tail:
+            lines = self._worth_reading(lines)
         for line in lines:
             rank, text = split_rank(line)
             if rank is not None:
@@ -79,6 +82,23 @@ class NodeLog:
                 self.failures[rank] = {"local_rank": local, "exit_code": int(found.group(1)),
                                        "pid": int(found.group(2))}
                 self._pending_rank = None
+
+    def _worth_reading(self, lines: Sequence[str]) -> Sequence[str]:
+        """Of a long batch, the lines that can change what is kept: when every line is a rank's,
+        each rank's last ``tail`` (found from the end); else all (torchrun's own lines are all
+        read). A flood feeds millions of lines: the check runs in the regex engine, not line by line."""
+        ranks = _TAG_AFTER_NEWLINE.findall("\n" + "\n".join(lines))
+        if len(ranks) != len(lines):
+            return lines
+        left = {rank: min(count, self.tail) for rank, count in Counter(ranks).items()}  # by tag: `[rank03]` apart
+        wanted, kept = sum(left.values()), []
+        for at in range(len(lines) - 1, -1, -1):
+            if left[ranks[at]]:
+                left[ranks[at]] -= 1
+                kept.append(at)
+                if len(kept) == wanted:
+                    break
+        return [lines[at] for at in reversed(kept)]
 
     def lines(self) -> list[str]:
         """The last lines kept: each rank's tagged ``[rankN]:`` again, then torchrun's."""
