@@ -465,9 +465,10 @@ def report(args: argparse.Namespace, n: int, isolated: bool, paced: dict[str, di
            fast: dict[str, dict[str, float]], big: dict[str, dict[str, float]]) -> None:
     print(f"{os.cpu_count()} cores; {n} hosts isolated in namespaces: {isolated}; one worker per node; "
           f"lines of {WIDTH} bytes as written")
-    print(f"\n### Latency: {n} hosts × {args.rate:.0f} lines/s for {args.seconds:.0f} s, all readers at once\n")
-    print("| reader | lines read | lost | shown twice | p50 (ms) | p99 (ms) | max (ms) |")
-    print("|---|---|---|---|---|---|---|")
+    if paced:
+        print(f"\n### Latency: {n} hosts × {args.rate:.0f} lines/s for {args.seconds:.0f} s, all readers at once\n")
+        print("| reader | lines read | lost | shown twice | p50 (ms) | p99 (ms) | max (ms) |")
+        print("|---|---|---|---|---|---|---|")
     for name, r in paced.items():
         print(f"| {name} | {r['lines']:.0f} | {r['lost']:.0f} | {r['extra']:.0f} | {r['p50'] * 1000:.0f} "
               f"| {r['p99'] * 1000:.0f} | {r['max'] * 1000:.0f} |")
@@ -504,11 +505,20 @@ def report(args: argparse.Namespace, n: int, isolated: bool, paced: dict[str, di
     for name, r in big.items():
         print(f"| {name} | {r['first']:.2f} | {r['first_max']:.2f} | {r['seconds']:.2f} | {r['lines']:.0f} |")
     ratio = fast["clusterrun logs JOB"]["rate"] / every["rate"]
-    p99 = max(paced["clusterrun logs -f"]["p99"], paced["clusterrun up --no-tui"]["p99"])
+    ratio_one = fast["clusterrun logs JOB --node 0"]["rate"] / one["rate"]
+    follow = fast["clusterrun logs -f"]["rate"] / fast["ssh tail -F"]["rate"]
     first = big["clusterrun attach --tail 100"]["first_max"]
-    print(f"\nTargets: `logs` throughput ≥ 0.80 × ssh cat: {ratio:.2f} → {'met' if ratio >= 0.8 else 'NOT met'}; "
-          f"p99 ≤ 150 ms: {p99 * 1000:.0f} ms → {'met' if p99 <= 0.15 else 'NOT met'}; "
-          f"attach --tail 100 first line ≤ 1 s: {first:.2f} s (worst) → {'met' if first <= 1 else 'NOT met'}")
+    print(f"\nTargets: `logs` ≥ 1.0 × ssh cat: {ratio:.2f} for every node, {ratio_one:.2f} for node 0 → "
+          f"{'met' if min(ratio, ratio_one) >= 1 else 'NOT met'}; `logs -f` following ≥ 1.0 × tail -F's lines/s: "
+          f"{follow:.2f} → {'met' if follow >= 1 else 'NOT met'}", end="")
+    if paced:
+        p99 = max(paced["clusterrun logs -f"]["p99"], paced["clusterrun up --no-tui"]["p99"])
+        floor = paced["ssh tail -F"]["p99"]
+        print(f"; p99 ≤ 2 × ssh tail -F's: {p99 / floor:.1f} × → {'met' if p99 <= 2 * floor else 'NOT met'}", end="")
+    if not args.skip_big:
+        print(f"; attach --tail 100 first line ≤ 1 s: {first:.2f} s (worst) → {'met' if first <= 1 else 'NOT met'}",
+              end="")
+    print()
 
 
 def main() -> None:
@@ -525,6 +535,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each whole-file read and attach")
     parser.add_argument("--skip-big", action="store_true", help="leave out the 1,000,000-line attach check")
     parser.add_argument("--latency-only", action="store_true", help="only the latency run (a quick check)")
+    parser.add_argument("--skip-latency", action="store_true", help="leave out the latency run (throughput only)")
     args = parser.parse_args()
     subprocess.run(["sh", str(ROOT / "tests" / "_support" / "install_sshd.sh")], check=True, capture_output=True)
     n = args.hosts
@@ -536,7 +547,7 @@ def main() -> None:
         bench = Bench(cluster, folder)
         every = hosts_file(folder / "hosts.yaml", folder, cluster, n)
         began = time.monotonic()
-        paced = bench.paced(every, n, args.rate, args.seconds)
+        paced = {} if args.skip_latency else bench.paced(every, n, args.rate, args.seconds)
         log(f"latency run done after {time.monotonic() - began:.0f} s")
         if args.latency_only:
             for name, r in paced.items():
