@@ -499,10 +499,11 @@ def report(args: argparse.Namespace, n: int, isolated: bool, paced: dict[str, di
         r = fast.get(name, {"lost": 0, "extra": 0})
         print(f"{name.removesuffix(' check')}: {r['lost']:.0f} lines lost, {r['extra']:.0f} shown twice "
               f"(all runs)")
-    print(f"\n### `attach --tail 100` on a job of {BIG} lines (1 node; median of {args.repeat})\n")
-    print("| command | first line after (s) | worst (s) | exit after (s) | lines shown |")
-    print("|---|---|---|---|---|")
-    for name, r in big.items():
+    if not args.skip_big:
+        print(f"\n### `attach --tail 100` on a job of {BIG} lines (1 node; median of {args.repeat})\n")
+        print("| command | first line after (s) | worst (s) | exit after (s) | lines shown |")
+        print("|---|---|---|---|---|")
+    for name, r in big.items() if not args.skip_big else ():
         print(f"| {name} | {r['first']:.2f} | {r['first_max']:.2f} | {r['seconds']:.2f} | {r['lines']:.0f} |")
     ratio = fast["clusterrun logs JOB"]["rate"] / every["rate"]
     ratio_one = fast["clusterrun logs JOB --node 0"]["rate"] / one["rate"]

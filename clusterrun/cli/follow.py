@@ -42,6 +42,18 @@ def _exit_code(result: JobResult | None, got: dict[str, int]) -> int:
     return EXIT_OK if result is not None and result.ok else EXIT_FAILED
 
 
+# How long a thread may keep the interpreter lock while another waits for it (CPython: 5 ms).
+# Following N nodes, paramiko's readers and the followers' JSON decoding hold it while the
+# printing thread waits to get it back after each write to stdout: at 5 ms a flood of 8 nodes
+# was printed ~1.6 times slower (docs/benchmarks.md, "Logs").
+HANDOFF = 0.0005
+
+
+def quick_handoffs() -> None:
+    """Let the printing thread have the interpreter lock back soon after each write (``HANDOFF``)."""
+    sys.setswitchinterval(HANDOFF)
+
+
 def _follow_hint(job_id: str) -> str:
     return (f"follow it with `clusterrun attach {job_id}` or `clusterrun logs -f {job_id}`; "
             f"stop it with `clusterrun down {job_id}`")

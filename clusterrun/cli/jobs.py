@@ -29,7 +29,7 @@ from clusterrun.cli import (
     no_tui_option,
     ui_lines_option,
 )
-from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
+from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui, quick_handoffs
 from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, hosts_option
 from clusterrun.cli.slurm import slurm_rows
 from clusterrun.config.watch import Watch
@@ -302,6 +302,7 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
     raw = len(ranks) == 1 and bool(node) and not prefix
     printer = Printer(prefix=len(ranks) > 1 if prefix is None else prefix, quiet=True, raw=raw, ranks=global_ranks)
     printer.set_plan(plan)
+    quick_handoffs()  # the nodes' readers are threads beside the one printing
     if not follow:
         failed = printed = False
         if by_node or len(ranks) == 1:
