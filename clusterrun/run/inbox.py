@@ -12,20 +12,20 @@ later messages.
 from __future__ import annotations
 
 import queue
+import time
 from typing import Any
 
 # What the followers may hold queued, in characters of log data, all nodes together: a few of
 # the agent's MB reads, so a consumer that keeps up never waits on it.
 BUDGET = 8 << 20
 
+Item = tuple[int, Any]  # (rank, the follower's message)
+
 
 def _size(item: Item) -> int:
     """Characters of log data in a ``(rank, message)`` item (0 for a message without)."""
     data = getattr(item[1], "data", None)
     return len(data) if isinstance(data, str) else 0
-
-
-Item = tuple[int, Any]  # (rank, the follower's message)
 
 
 class Inbox(queue.Queue[Item]):
@@ -39,14 +39,13 @@ class Inbox(queue.Queue[Item]):
     def put(self, item: Item, block: bool = True, timeout: float | None = None) -> None:
         """Queue ``item``; wait while the inbox is full by count, or, for a log chunk, by data."""
         size = _size(item)
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self.not_full:
             while self._full(size):
-                if not block:
+                left = None if deadline is None else deadline - time.monotonic()
+                if not block or (left is not None and left <= 0):
                     raise queue.Full
-                if not self.not_full.wait(timeout):
-                    if self._full(size):
-                        raise queue.Full
-                    break
+                self.not_full.wait(left)
             self._put(item)
             self.held += size
             self.unfinished_tasks += 1
