@@ -302,6 +302,7 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
     raw = len(ranks) == 1 and bool(node) and not prefix
     printer = Printer(prefix=len(ranks) > 1 if prefix is None else prefix, quiet=True, raw=raw, ranks=global_ranks)
     printer.set_plan(plan)
+    quick_handoffs()  # the nodes' readers or followers are threads beside the one printing
     if not follow:
         failed = printed = False
         if by_node or len(ranks) == 1:
@@ -328,7 +329,6 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
     else:
         follower_job = follower(record, printer, owner=False, follow_logs=True, attempt=attempt, tail=tail,
                                 ranks=ranks, spec=opened.spec(attempt))
-    quick_handoffs()  # the nodes' followers are threads beside the one printing
     with _on_signals({signal.SIGINT: lambda s: follower_job.detach(),
                       signal.SIGTERM: lambda s: follower_job.detach()}) as got:
         try:
