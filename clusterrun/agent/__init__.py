@@ -84,7 +84,7 @@ Requests (``op``) and answers
            nothing). The supervisor tells it how the start went through a pipe, not the disk.
            With ``unlisten`` (a port), this agent's ``listen``er there is closed first (node 0's
            preflight listener on the master port, which torchrun binds).
-``follow`` ``{job, node, attempt, state_dir, offset | tail, logs, once}`` → a stream of lines:
+``follow`` ``{job, node, attempt, state_dir, offset | tail, logs, once, interval}`` → a stream of lines:
            ``{t: "log", offset, next, data, times}`` (complete lines only, bytes decoded as UTF-8 with
            surrogateescape; ``next`` is the byte offset to resume from; ``times``: the entries of
            ``output.times`` that cover them, ``[[offset, ns], ...]``), ``{t: "state", state}``
@@ -94,7 +94,10 @@ Requests (``op``) and answers
            partial last line. Resuming from ``next`` loses and repeats nothing. ``tail: N`` starts
            at the last N complete lines instead of ``offset``; ``before: N`` with ``offset`` starts
            at the last N complete lines before ``offset`` (a viewer's scrollback: the ``offset``
-           of the first ``log`` message is then before the one asked for); ``logs: false`` sends no log data
+           of the first ``log`` message is then before the one asked for); ``interval``: the least
+           time in seconds between two reads of the log, so between two ``log`` messages (the
+           controller's share of its message budget; the first lines after a pause go at once);
+           ``logs: false`` sends no log data
            (states only); ``once: true`` ends with ``{t: "eof", next, state}`` at the end of what
            is written so far if the job still runs. ``state.state`` is ``lost`` when neither the
            survivor, the monitor nor torchrun runs any more (host rebooted, processes killed, pid

@@ -18,11 +18,14 @@ if TYPE_CHECKING:
     from .wire import FollowRequest
 
 
-# How often at most ``follow`` reads new bytes of the node's log (the supervisor's MERGE_INTERVAL
-# is its counterpart): under a steady flow a line's latency from the worker to the controller is
-# about the sum of the two, plus the network (docs/benchmarks.md). Without inotify it is also the
-# polling interval; with it, the wait ends at an event or after IDLE_CHECK seconds.
+# How often at most ``follow`` reads new bytes of the node's log unless the request says
+# (``interval``: the controller shares a budget of messages a second among its nodes); the
+# supervisor's MERGE_INTERVAL is its counterpart: under a steady flow a line's latency from the
+# worker to the controller is about the sum of the two, plus the network (docs/benchmarks.md).
+# Without inotify it is also the polling interval; with it, the wait ends at an event or after
+# IDLE_CHECK seconds, and the first lines after a pause are read at once.
 POLL_INTERVAL = 0.05
+INTERVALS = (0.005, 0.5)  # the intervals a request may ask for
 # ``follow`` says something at least this often, so a reader can tell a dead connection from a
 # quiet job: no message for a few heartbeats means the link is gone.
 HEARTBEAT = 5.0
@@ -96,6 +99,7 @@ def op_follow(req: FollowRequest) -> None:
         if req.before:  # a viewer's scrollback: the lines just before where it resumes
             offset = tail_offset(log_path, req.before, end=offset)
     want_logs, once = req.logs, req.once
+    interval = POLL_INTERVAL if req.interval is None else min(max(req.interval, INTERVALS[0]), INTERVALS[1])
     state_path = os.path.join(folder, "state.json")
     degraded_path = os.path.join(folder, "degraded")
     last_seen = None
@@ -107,10 +111,12 @@ def op_follow(req: FollowRequest) -> None:
             offset = log.seek(0, os.SEEK_END)
         log.seek(offset)
         pending = b""
+        last_data = 0.0  # when a read last found new bytes: the next one waits ``interval`` after it
         while True:
-            last_read = time.monotonic()
+            now = time.monotonic()
             chunk = log.read(1 << 20) if want_logs else b""
             if chunk:
+                last_data = now
                 data = pending + chunk
                 cut = data.rfind(b"\n") + 1
                 if cut:
@@ -165,14 +171,14 @@ def op_follow(req: FollowRequest) -> None:
             if waker.reliable:
                 timeout = min(IDLE_CHECK, HEARTBEAT - (time.monotonic() - last_emit[0]))
             else:
-                timeout = POLL_INTERVAL
+                timeout = interval
             ready = waker.wait(timeout, [h.fd for h in pins.values() if h is not None and h.fd >= 0])
             for key, handle in pins.items():
                 if handle is not None and handle.fd in ready:  # it ended: do not wait on it again
                     handle.close()
                     pins[key] = None
-            left = last_read + POLL_INTERVAL - time.monotonic()
-            if left > 0:  # woken again at once (a flood): read in batches
+            left = last_data + interval - time.monotonic()
+            if left > 0:  # woken again soon after lines (a flow): read in batches; after a pause, at once
                 time.sleep(left)
     if waker is not None:
         waker.close()

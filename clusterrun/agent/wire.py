@@ -214,6 +214,7 @@ class FollowRequest(NodeRequest):
     before: int | None = None
     logs: bool = True
     once: bool = False
+    interval: float | None = None  # the least time between two reads of the log (None: follow.POLL_INTERVAL)
 
 
 @dataclass(frozen=True)

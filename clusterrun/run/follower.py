@@ -50,6 +50,19 @@ class Reconnect:
         return min(self.most, self.first * failures)
 
 
+# The messages a second that one controller's followers may receive in all (paramiko takes
+# 135-306 us of CPU per message, docs/benchmarks.md): each node's ``follow`` reads its log at
+# most every nodes / MESSAGE_BUDGET seconds, within FOLLOW_INTERVALS (one node as soon as the
+# supervisor's merge, 64 in a bounded number of messages). A line after a pause goes at once.
+MESSAGE_BUDGET = 160.0
+FOLLOW_INTERVALS = (0.01, 0.5)
+
+
+def follow_interval(nodes: int) -> float:
+    """The least time between two log messages of each of ``nodes`` followed nodes."""
+    return min(max(nodes / MESSAGE_BUDGET, FOLLOW_INTERVALS[0]), FOLLOW_INTERVALS[1])
+
+
 def split_lines(data: str) -> tuple[str, ...]:
     """The lines of a ``log`` message's data, without their newlines."""
     lines = data.split("\n")
@@ -261,5 +274,5 @@ def root_cause_of(nodes: Sequence[Node]) -> RootCause | None:
     )
 
 
-__all__ = ["Follower", "Link", "Node", "Reconnect", "end_note", "node_results", "node_state_of", "root_cause_of",
-           "split_lines"]
+__all__ = ["Follower", "Link", "Node", "Reconnect", "end_note", "follow_interval", "node_results", "node_state_of",
+           "root_cause_of", "split_lines"]

@@ -75,6 +75,7 @@ from clusterrun.run.follower import (
     Node,
     Reconnect,
     end_note,
+    follow_interval,
     node_results,
     node_state_of,
     root_cause_of,
@@ -92,6 +93,7 @@ from clusterrun.run.stops import StopOrder, stop_node
 from clusterrun.run.unreachable import UnreachableWait
 from clusterrun.transports import Transport, transport_for
 
+DRAIN = 256  # messages handled at most between two rounds of the job loop's checks
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
 
 
@@ -254,7 +256,9 @@ class Job(JobHosts):
 
     def _follower(self, rank: int) -> Follower:
         def request(where: dict[str, Any]) -> NodeRequest:
-            return self._request(rank, "follow", logs=self.follow_logs, **where)
+            return self._request(rank, "follow", logs=self.follow_logs, interval=interval, **where)
+
+        interval = follow_interval(len(self.ranks))
 
         return Follower(rank, self._nodes[rank], request, inbox=self._inbox, reconnect=self.reconnect, tail=self.tail,
                         offset=self.offsets.get(rank, 0),
@@ -291,6 +295,7 @@ class Job(JobHosts):
             except queue.Empty:
                 continue
             self._handle(rank, message)
+            self._drain(order is None)
         stops = self._stop_reports(stop_futures)
         for thread in self._threads:
             thread.join(timeout=5)
@@ -300,6 +305,18 @@ class Job(JobHosts):
             self._set_state(rank, NodeState.FAILED, self._nodes[rank].error or "")
         interrupted = order.reason if order is not None and order.asked else None
         return self._result(stops, interrupted, late.cause if late is not None else None)
+
+    def _drain(self, unordered: bool) -> None:
+        """Handle what else is in the inbox before the loop's checks again (each looks at every
+        node), unless a detach or, while ``unordered``, a stop order waits."""
+        for _ in range(DRAIN):
+            if self._detach.is_set() or (unordered and self._order is not None):
+                return
+            try:
+                rank, message = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(rank, message)
 
     def _stop_reports(self, stop_futures: Sequence[Any]) -> list[StopReport]:
         stops: list[StopReport] = []  # each node's state mended by what its stop found
