@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from clusterrun.agent.follow import Times, tail_offset
+from clusterrun.agent import follow as agent_follow
+from clusterrun.agent.follow import POLL_INTERVAL, Times, tail_offset
 from clusterrun.agent.records import write_json_atomic
 from clusterrun.agent.serve import answer
 from tests.agenthost import Attempt, Processes, job_tree
@@ -90,6 +91,34 @@ def test_following_a_running_job_to_its_end_gets_every_line_once_then_the_final_
     writer.join()
     assert data(messages) == "first\nsecond\nthird\n"
     assert messages[-1] == {"t": "end", "state": dict(state, state="exited", exit_code=0)}
+
+
+def test_a_flow_is_read_in_batches_of_the_interval_asked_for_and_loses_and_repeats_nothing(
+        capsys: pytest.CaptureFixture[str], procs: Processes, attempt: Attempt,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = job_tree(procs, attempt)
+    state = attempt.make(**tree.state())
+    log = attempt.folder / "output.log"
+    log.write_bytes(b"first\n")
+    slept: list[float] = []  # by follow, in this thread (time is the module everybody's)
+    real_sleep, here = agent_follow.time.sleep, threading.current_thread()
+    monkeypatch.setattr(agent_follow.time, "sleep",
+                        lambda s: (slept.append(s) if threading.current_thread() is here else None, real_sleep(s)))
+    lines = [f"line {i}\n".encode() for i in range(300)]
+
+    def a_flow_then_the_end() -> None:  # a write each: inotify wakes follow at every one
+        wait_for(lambda: watched(attempt.folder), timeout=30, what="follow to watch the attempt's directory")
+        with open(log, "ab", buffering=0) as f:
+            for line in lines:
+                f.write(line)
+        write_json_atomic(str(attempt.folder / "state.json"), dict(state, state="exited", exit_code=0))
+
+    writer = threading.Thread(target=a_flow_then_the_end)
+    writer.start()
+    messages = follow(capsys, attempt, interval=0.5)
+    writer.join()
+    assert data(messages) == "first\n" + b"".join(lines).decode()
+    assert max(slept, default=0.0) > POLL_INTERVAL  # the interval asked for, not the default, batched the reads
 
 
 def watched(folder: Path) -> bool:

@@ -30,6 +30,7 @@ from clusterrun.core.events import (
     iso,
 )
 from clusterrun.life.runner import stop_for
+from clusterrun.run.follower import FOLLOW_INTERVALS, MESSAGE_BUDGET, follow_interval
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.transports.fake import FakeCluster
 from clusterrun.views.printer import Printer
@@ -362,6 +363,16 @@ def test_a_viewer_resuming_gets_the_lines_before_its_resume_point_once_as_scroll
     assert seen.lines(1) == ["x"] and not any(e.earlier for e in seen.of(LogLines) if e.node == 1)  # type: ignore
     assert fake.ops("follow", "h1")[-1].get("before") is None  # nothing before offset 0
     assert viewer.offsets[0] == len(fake.node(JOB, 0).log)
+    assert {op["interval"] for op in fake.ops("follow", "h0") + fake.ops("follow", "h1")} == {follow_interval(2)}
+
+
+def test_the_controller_shares_its_message_budget_among_the_nodes_it_follows() -> None:
+    """One node is read as often as the supervisor merges; many share a bounded number of
+    messages a second, each node read at most twice a second."""
+    assert follow_interval(1) == FOLLOW_INTERVALS[0] < follow_interval(2)
+    assert follow_interval(8) == 8 / MESSAGE_BUDGET < follow_interval(16) < follow_interval(64)
+    assert 64 / follow_interval(64) == pytest.approx(MESSAGE_BUDGET)
+    assert follow_interval(1000) == FOLLOW_INTERVALS[1]
 
 
 def test_a_degraded_supervisor_is_reported_once_while_the_job_runs(fake: FakeCluster) -> None:
