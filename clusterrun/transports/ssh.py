@@ -65,7 +65,7 @@ MAX_SESSIONS = 8  # sshd's MaxSessions defaults to 10 per connection
 CONNECT_ATTEMPTS = 5  # sshd's MaxStartups drops connections under load: retry those
 MAX_JUMPS = 5
 CLOSE_WAIT = 1.0  # how long close() waits for a connect in progress to let go (see close())
-READER_WAKE = 5.0  # seconds between wake-ups of paramiko's reader thread on a quiet connection (see connect())
+READER_WAKE = 1.0  # seconds between wake-ups of paramiko's reader thread on a quiet connection (see connect())
 
 
 class SSHTransport(Transport):
@@ -145,9 +145,8 @@ class SSHTransport(Transport):
             transport.set_keepalive(5)
             # paramiko's reader thread wakes at each timeout of its socket (0.1 s) to look for a
             # close and a keepalive due: 10 times a second per host while a job is quiet. Once
-            # connected, at the keepalive's interval is enough (a follow's heartbeats keep the
-            # link busy anyway; close() does not wait for the thread: docs/benchmarks.md, "The
-            # cost of watching").
+            # connected, every second is enough (the keepalive is due every 5 s; close() does not
+            # wait for the thread: docs/benchmarks.md, "Cost of watching").
             with contextlib.suppress(AttributeError, OSError):
                 transport.sock.settimeout(READER_WAKE)
             kex_done = getattr(transport, "kex_done", None) or began
