@@ -80,6 +80,17 @@ class Times:
         return shown
 
 
+def _state_version(state_path: str, degraded_path: str) -> tuple[int, ...] | None:
+    """What tells a new state: the state file is replaced by a rename; a ``degraded`` marker changes
+    what is sent too, also once its reason is written (seen empty, between its creation and the
+    write, it says less). None while there is no state file."""
+    try:
+        seen = os.stat(state_path)
+    except OSError:
+        return None
+    return (seen.st_ino, seen.st_mtime_ns, seen.st_size, *(_marker_version(degraded_path) or ()))
+
+
 def _marker_version(path: str) -> tuple[int, int] | None:
     """The ``degraded`` marker's size and modification time; None while there is none."""
     try:
@@ -115,7 +126,7 @@ def op_follow(req: FollowRequest) -> None:
         while True:
             now = time.monotonic()
             chunk = log.read(1 << 20) if want_logs else b""
-            if chunk:
+            if chunk or not want_logs:  # (without the log: the wakes by its writes are batched alike)
                 last_data = now
                 data = pending + chunk
                 cut = data.rfind(b"\n") + 1
@@ -127,13 +138,7 @@ def op_follow(req: FollowRequest) -> None:
                 pending = data[cut:]
                 if len(chunk) == 1 << 20:
                     continue
-            try:
-                seen = os.stat(state_path)
-                # replaced by a rename; a ``degraded`` marker changes what is sent too, also once
-                # its reason is written (seen empty, between its creation and the write, it says less)
-                version = (seen.st_ino, seen.st_mtime_ns, seen.st_size, _marker_version(degraded_path))
-            except OSError:
-                version = None
+            version = _state_version(state_path, degraded_path)
             if version != last_seen:
                 last_seen = version
                 state = read_state(folder) or state
@@ -178,7 +183,9 @@ def op_follow(req: FollowRequest) -> None:
                     handle.close()
                     pins[key] = None
             left = last_data + interval - time.monotonic()
-            if left > 0:  # woken again soon after lines (a flow): read in batches; after a pause, at once
+            # Woken again soon after lines (a flow): read in batches; after a pause, or for a new
+            # state (a failure, a stop, the end: the lines before it come with it), at once
+            if left > 0 and _state_version(state_path, degraded_path) == last_seen:
                 time.sleep(left)
     if waker is not None:
         waker.close()
