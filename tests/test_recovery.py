@@ -40,22 +40,24 @@ def running_pair(fake: FakeCluster, store: JobStore, tmp_path: Path, events: lis
     return runner, a0, a1
 
 
-def test_a_ranks_failure_stops_the_other_nodes_at_once_before_its_torchrun_has_ended(
+def test_a_ranks_failure_stops_every_node_at_once_its_own_too_and_it_stays_the_failure(
         fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:  # noqa: F811
     events: list[Event] = []
     runner, a0, a1 = running_pair(fake, store, tmp_path, events)
     thread, out = follow_in_thread(runner)
     a1.fail_rank(1, 3)
-    fake.wait(lambda: a0.stops == 1, what="node 0 stopped while node 1's torchrun still runs")
-    assert a1.stops == 0 and a1.state.get("state") != "exited"  # the failed node ends on its own
+    thread.join(10)  # node 1's torchrun never ends by itself here: its stop ends it
     stop = fake.ops("stop", "h0")[0]
-    assert stop["failing"] is True and stop["by"] == "fail-fast after node 1 failed"
+    assert stop["failing"] is True and stop["by"] == "fail-fast after node 1 failed" and not stop["failed"]
+    own = fake.ops("stop", "h1")
+    assert len(own) == 1 and own[0]["failing"] is True and own[0]["failed"] is True
     assert [(e.node, e.rank, e.exit_code) for e in events if isinstance(e, RankFailed)] == [(1, 1, 3)]
-    a1.exit(1)
-    thread.join(10)
     result = out[0]
     assert [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.FAILED]  # type: ignore[attr-defined]
-    assert fake.ops("stop", "h1") == []
+    assert result.nodes[1].exit_code == 1  # type: ignore[attr-defined]
+    root = result.root_cause  # type: ignore[attr-defined]
+    assert (root.node, root.rank, root.exit_code) == (1, 1, 3)
+    assert store.load(JOB).attempts[0].root_cause.startswith("rank 1 on node 1 (h1, local rank 0): exit code 3")
     runner.close()
 
 
@@ -67,11 +69,9 @@ def test_a_restart_after_a_verified_stop_stops_nothing_again_and_checks_only_rea
     runner.subscribe(lambda e: timed.set() if isinstance(e, AttemptTimed) and e.attempt == 2 else None)
     thread, _ = follow_in_thread(runner)
     a1.fail_rank(1)
-    fake.wait(lambda: a0.stops == 1, what="node 0 stopped")
-    a1.exit(1)
     b0, b1 = fake.wait_started(JOB, 0, 2), fake.wait_started(JOB, 1, 2)
-    assert a0.stops == 1 and a1.stops == 0  # verified by their cgroups: no second stop
-    assert len(fake.ops("stop")) == 1
+    assert a0.stops == 1 and a1.stops == 1  # verified by their cgroups: no second stop
+    assert len(fake.ops("stop")) == 2
     restart_probes = fake.ops("probe")[-2:]  # the preflight's inspection goes with the probe
     assert [(p["inspect"]["gpus"], p["inspect"]["deep"]) for p in restart_probes] == [(False, False)] * 2
     assert len(fake.ops("reach")) == 2  # their reach of the new master port is tested

@@ -84,7 +84,7 @@ def test_a_stop_answer_the_controller_cannot_read_is_the_nodes_stop_error() -> N
     report = stop_node(bad, 2, "gpu-a", job_id="j", attempt=3, state_dir="/s", grace=4.0)  # type: ignore[arg-type]
     assert not report.ok and "killed" in (report.error or "")
     assert bad.sent == [{"op": "stop", "job": "j", "node": 2, "attempt": 3, "state_dir": "/s", "grace": 4.0,
-                         "by": None, "failing": False}]
+                         "by": None, "failing": False, "failed": False}]
     good = Answers({"ok": True, "killed": [{"pid": 5, "name": "torchrun", "signal": "SIGTERM"}], "left": [],
                     "containment": "cgroup", "verified": True})
     assert stop_node(good, 0, "gpu-a", job_id="j", attempt=1, state_dir=None, grace=1.0).complete  # type: ignore[arg-type]

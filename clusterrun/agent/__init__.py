@@ -104,7 +104,7 @@ Requests (``op``) and answers
            reused; ``rebooted: true`` when the host's boot id changed). ``follow``, ``status`` and
            ``stop`` start a monitor for an unfinished attempt that has none (``ensure_monitor``):
            it copies the lines left and writes the final state.
-``stop``   ``{job, node, attempt, state_dir, grace, by, failing}`` → ``{ok, killed: [...], left: [...], state,
+``stop``   ``{job, node, attempt, state_dir, grace, by, failing, failed}`` → ``{ok, killed: [...], left: [...], state,
            containment, verified, detail, fallbacks, degraded, notes, grace, at_once}``: the stop described below,
            of that attempt only; idempotent. An attempt not ended yet first gets a line in its
            ``output.log``, ``---- stopped by <by> at 11:37:58Z ----`` (``by`` null: ``clusterrun``),
@@ -220,7 +220,8 @@ under umask 077 so they are never readable by others, not even briefly):
                     sid}``, ``exit_status`` (``unknown``: torchrun ended after its survivor,
                     which alone could reap it; ``exit_code`` is then null and ``error`` says so,
                     unless its ranks' ends tell it: ``exit_learned`` then says how, see
-                    ``monitor.learned_exit``),
+                    ``monitor.learned_exit``; or a ``failed`` stop cut torchrun's teardown short
+                    after a rank of it had failed: ``monitor.failed_first``),
                     ``cgroup`` (the attempt's cgroup once the supervisor is in it, else null),
                     ``fallbacks`` (what the host lacked, in words), ``degraded`` (why the
                     supervisor could not write something), ``supervisor`` (the monitor) and ``torchrun``
@@ -247,7 +248,7 @@ under umask 077 so they are never readable by others, not even briefly):
                     kernel's), ``cgroup_oom_kills`` (``oom_kill`` of the attempt's cgroup's
                     ``memory.events``), ``cgroup_events`` and ``cgroup_error``
 ``spec.json`` also holds ``cgroup`` (made for the attempt), ``user_scope`` and ``fallbacks``
-``stop``            present once a stop was requested
+``stop``            present once a stop was requested; ``failed`` in it: a ``failed`` stop's
 ``exit``            written by the survivor once it reaped torchrun, atomically (temp + rename),
                     before anything else: ``{exit_code, signal, pid}`` (see ``read_exit``)
 ``ranklogs.json``   the monitor's journal of ``RankLogs``: each per-rank file's offset passed
@@ -323,7 +324,8 @@ The verified stop
 A stop names one attempt and touches nothing of another. SIGTERM to torchrun first (it stops its
 workers; killing workers first makes it restart them), up to ``grace`` seconds for it to exit
 (``failing``, an attempt that fails anyway, with a cgroup: SIGKILL to torchrun at once, no grace,
-``at_once`` in the answer);
+``at_once`` in the answer; ``failed`` too, the node whose rank failed first: its ``stop`` file says
+``failed`` and its final state is that failure, exit code 1 as torchrun's, not stopped);
 then, with a cgroup, ``cgroup.kill`` of its ``job`` cgroup (Linux >= 5.14; else freeze it and
 SIGKILL every process in ``cgroup.procs``), the monitor's and the survivor's exit (it removes the cgroup), and
 the same for the whole attempt cgroup if it is still there; verified: ``cgroup.events`` says

@@ -90,6 +90,26 @@ def learned_exit(workers: list[dict[str, Any]], folder: str) -> dict[str, Any] |
 
 
 UNREAPED = " (torchrun's own exit was not recorded: its survivor was killed)"
+# The stop file's word when this node failed first (a fail-fast's ``failed`` stop): the stop only
+# cut torchrun's teardown short, its end is its rank's failure, not a stop.
+FAILED_STOP = "failed"
+
+
+def failed_first(workers: list[dict[str, Any]], folder: str) -> dict[str, Any] | None:
+    """This node's end when a stop cut torchrun's teardown short after one of its ranks had failed
+    (the stop file says ``FAILED_STOP``): exit code 1, as torchrun's for a failed rank, learned from
+    the first failed rank; None for any other stop, or when no rank had failed."""
+    failed = [w for w in workers if w.get("exit_code") not in (None, 0)]
+    try:
+        with open(os.path.join(folder, "stop")) as mark:
+            word = mark.read().strip()
+    except OSError:
+        return None
+    if word != FAILED_STOP or not failed:
+        return None
+    w = min(failed, key=lambda w: w.get("died") or 0)
+    return {"exit_code": 1, "signal": None,
+            "exit_learned": f"rank {w['rank']} exited {w['exit_code']}; torchrun was stopped at once after it"}
 REPORT_TAIL = 1 << 16  # bytes of the log's end read for torchrun's failure report
 
 
@@ -348,14 +368,18 @@ class Monitor:
                 w["exit_code"] = self.exits.codes[w["pid"]]
         self.state["quiet_since"] = None  # no rank runs: the job's owner must not read an ended node as quiet
         found = self._exit_status() or learned_exit(self.state["workers"], self.folder)
+        cut_short = failed_first(self.state["workers"], self.folder)
+        if cut_short is not None and (found is None or found.get("signal") is not None):
+            found = cut_short  # torchrun killed by the stop: it would have exited 1 for its rank
         if found is None:
             self.state.update(exit_code=None, signal=None, exit_status="unknown",
                               error="torchrun's exit status is unknown: the survivor that waited for it ended "
                                     "first (killed?)")
         else:
             self.state.update(found)
-        self.state["stop_requested"] = (self.term_requested or bool(self.state.get("stop_requested"))
-                                        or os.path.exists(os.path.join(self.folder, "stop")))
+        self.state["stop_requested"] = cut_short is None and (
+            self.term_requested or bool(self.state.get("stop_requested"))
+            or os.path.exists(os.path.join(self.folder, "stop")))
         self.save()
         if self.job_cgroup and os.path.isdir(self.job_cgroup):  # what torchrun left behind, all of it, at once
             cg_kill(self.job_cgroup, {})

@@ -6,7 +6,7 @@ import os
 import time
 
 from .cgroup import cg_kill, cg_pids, cg_populated, cg_remove, cg_wait_empty, forget_cgroup
-from .monitor import EXIT_WAIT, ensure_monitor
+from .monitor import EXIT_WAIT, FAILED_STOP, ensure_monitor
 from .orphans import census, stop_unrecorded
 from .procs import JobScope, all_procs, pin, proc_info, signal
 from .records import attempt_dir, boot_id, fs_problem, read_json, read_state, write_json_atomic
@@ -64,8 +64,8 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
                     detail="the host rebooted since the job started: nothing of it can be running")
     if state.get("state") != "exited":
         try:
-            with open(os.path.join(folder, "stop"), "w"):
-                pass
+            with open(os.path.join(folder, "stop"), "w") as mark:
+                mark.write(FAILED_STOP if req.failed else "")  # the monitor records the rank's failure then
         except OSError as exc:
             notes.append(f"could not record the stop request: {fs_problem(exc)}")
         try:

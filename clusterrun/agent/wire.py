@@ -225,6 +225,9 @@ class StopRequest(NodeRequest):
     # The attempt fails anyway (fail-fast, the start-up watch): where it has a cgroup, torchrun is
     # SIGKILLed and the cgroup killed at once, without torchrun's own SIGTERM shutdown (``grace``).
     failing: bool = False
+    # This node failed first (its host saw a rank exit non-zero): the stop only cuts torchrun's
+    # teardown short; its end stays that rank's failure (``monitor.FAILED_STOP``), not a stop.
+    failed: bool = False
 
 
 @dataclass(frozen=True)

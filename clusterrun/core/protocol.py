@@ -108,7 +108,7 @@ class NodeStatus:
     rdzv_joined: bool | None = None  # before its workers: torchrun is connected to the master port (None: unknown)
     progress: Progress | None = None  # the training's progress, on the node of rank 0 (``agent/progress.py``)
     rebooted: bool = False  # lost: the host's boot id changed since the job started
-    exit_learned: str | None = None  # nobody reaped torchrun: how its exit code was learned (its ranks' ends)
+    exit_learned: str | None = None  # how torchrun's exit code was learned where it was not reaped or was cut short
     # The controller's, not the host's: when contact with the host was lost just before it said
     # ``lost`` (the stream that said so was the first after the outage): when the host went away.
     away_since: float | None = None

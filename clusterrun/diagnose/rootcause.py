@@ -146,15 +146,17 @@ def find_root_cause(
             continue
         died = {w.pid: w.died for w in state.workers}
         died_by_rank = {w.rank: w.died for w in state.workers}
-        for rank, failure in log.failures.items():
+        failures = log.failures or (ranks_failed(state) if state.exit_learned else {})
+        for rank, failure in failures.items():
             code = failure["exit_code"]
             tail = tuple(log.rank_tails.get(rank, ()))
             when = died.get(failure["pid"]) or died_by_rank.get(rank) or state.ended_at or float("inf")
             candidates.append((secondary, when, RootCause(
-                node=node, host=hosts[node], rank=rank, local_rank=failure["local_rank"],
+                node=node, host=hosts[node], rank=rank, local_rank=failure["local_rank"] if failure["local_rank"] >= 0
+                else None,
                 exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
                 last_lines=tail, message=exception_message(tail), pid=failure["pid"] or None)))
-        if not log.failures:
+        if not failures:
             tail = tuple(log.node_tail)
             node_code = state.exit_code
             sig = state.signal
@@ -174,6 +176,15 @@ def find_root_cause(
 
 
 SIGKILL = 9
+
+
+def ranks_failed(state: NodeStatus) -> dict[int, dict[str, int]]:
+    """The failed ranks as the host's monitor recorded them (``NodeLog.failures``' form), for a node
+    whose torchrun printed no failure report: it was stopped at once after its rank failed, or
+    nobody reaped it (``exit_learned`` says which)."""
+    return {w.rank: {"local_rank": -1 if w.local_rank is None else w.local_rank, "exit_code": w.exit_code,
+                     "pid": w.pid or 0}
+            for w in state.workers if w.rank is not None and w.exit_code}
 
 
 def lost_text(state: NodeStatus) -> str:

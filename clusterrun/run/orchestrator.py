@@ -415,20 +415,28 @@ class Job(JobHosts):
                 self.emit(LogLines(rank, host=node.host, lines=earlier, earlier=True))
         return data
 
-    def _stop_node(self, rank: int, by: str | None = None, failing: bool = False) -> StopReport | None:
+    def _stop_node(self, rank: int, by: str | None = None, failing: bool = False,
+                   failed: bool = False) -> StopReport | None:
         node = self._nodes[rank]
         report = stop_node(node.transport, rank, node.host, job_id=self.job_id, attempt=self.attempt,
-                           state_dir=self.spec.state_dir, grace=self.grace, by=by, failing=failing)
+                           state_dir=self.spec.state_dir, grace=self.grace, by=by, failing=failing, failed=failed)
         self.emit(NodeStopped(rank, report=report))
         return report
 
-    def _stop_async(self, order: StopOrder) -> list[Any]:  # the failed node ends on its own
+    def _stop_async(self, order: StopOrder) -> list[Any]:
         ranks = [r for r, n in enumerate(self._nodes) if not n.state.is_terminal and n.launch and r != order.after]
         for rank in ranks:
             self._nodes[rank].stop_sent = True
             if self._nodes[rank].final is None:
                 self._set_state(rank, NodeState.STOPPING, order.reason)
-        return [self._pool.submit(self._stop_node, rank, order.by, not order.asked) for rank in ranks]
+        futures = [self._pool.submit(self._stop_node, rank, order.by, not order.asked) for rank in ranks]
+        after = order.after
+        if after is not None and (failed := self._nodes[after]).rank_failed and failed.final is None and failed.launch:
+            # Its host saw a rank exit non-zero: torchrun's teardown (seconds of Python) is cut short
+            # the same way; the agent records the rank's failure as the node's end (not a stop).
+            futures.append(self._pool.submit(self._stop_node, after, "fail-fast after its rank failed",
+                                             True, True))
+        return futures
 
     def _stop_nodes(self, ranks: Sequence[int]) -> list[StopReport]:
         for rank in ranks:

@@ -37,12 +37,13 @@ class StopOrder:
 
 
 def stop_node(transport: Transport, rank: int, host: str, *, job_id: str, attempt: int, state_dir: str | None,
-              grace: float, by: str | None = None, failing: bool = False) -> StopReport:
+              grace: float, by: str | None = None, failing: bool = False, failed: bool = False) -> StopReport:
     """The agent's verified stop of node ``rank``'s ``attempt``: its report, with the error that
     kept it away. ``by``: who stops it, for the mark in the node's log (None: ``clusterrun``);
-    ``failing``: the attempt fails anyway, so where it has a cgroup its kill is the stop (no grace)."""
+    ``failing``: the attempt fails anyway, so where it has a cgroup its kill is the stop (no grace);
+    ``failed``: this node's rank failed first, and its end stays that failure (not a stop)."""
     request = node_request("stop", job=job_id, node=rank, attempt=attempt, state_dir=state_dir, grace=grace, by=by,
-                           failing=failing)
+                           failing=failing or failed, failed=failed)
     try:
         return stop_report(host, rank, transport.call(request))
     except ClusterrunError as exc:

@@ -213,6 +213,11 @@ class FakeAgent:
             code = None if node.outlives_grace else node.stop_exit_code
             node.state = dict(node.state, state="exited", exit_code=code, signal=9 if node.outlives_grace else
                               None if code is not None else 15, stop_requested=True, ended_at=self.now())
+            failed = [w for w in node.state.get("workers") or [] if w.get("exit_code")]
+            if request.get("failed") and failed:  # as the monitor's ``failed_first``: the rank's failure, not a stop
+                node.state.update(exit_code=1, signal=None, stop_requested=False,
+                                  exit_learned=f"rank {failed[0]['rank']} exited {failed[0]['exit_code']}; "
+                                               "torchrun was stopped at once after it")
         cgroup = {"containment": "cgroup", "verified": not node.leave_on_stop,
                   "at_once": bool(request.get("failing")) and bool(killed)} if node.contained else {}
         return {"ok": True, "killed": killed, "left": list(node.leave_on_stop), "state": self._view(host, node),
