@@ -2,7 +2,7 @@
 nodes stopped at once, no second stop after a verified one, a restart's checks limited to the probe
 and the master port, and its phases in the attempt's record (``ps JOB``, ``up --timings``).
 
-Fast (no processes); end to end, with real torchrun and gloo: ``tests/test_restart_e2e.py``.
+Fast (no processes); end to end, with real torchrun and gloo: ``tests/test_recovery_e2e.py``.
 """
 
 from __future__ import annotations
