@@ -6,12 +6,12 @@ each, the job is benchmarks/_recover_train.py (real torch, gloo on the CPU): eve
 (process group and a first all_reduce), then the last rank fails once (exit 1, its wall time
 written first). Measured, on this machine's wall clock:
 
-- clusterrun (`up --no-tui --max-restarts 1`, `restart: {backoff: 0s}`): the cold start (`up`
-  started → every rank joined), then from the failure: seen (the failed node's first line:
-  `failing`, its rank's exit, or `failed`), stopped (the last stop line of the others), ended (the
-  failed node's `failed`: its torchrun has ended on its own), started (the last `started attempt
-  2`), every rank joined again; clusterrun's own part is seen → stopped plus the later of stopped
-  and ended → started (the rest is the failed host's torchrun ending);
+- clusterrun (`up --no-tui --timings`, `restart: {max: 1, backoff: 0s}`): the cold start (`up`
+  started → every rank joined); from the rank's failure (its wall time), seen (the failed node's
+  first line: `failing`, its rank's exit, or `failed`) and every rank joined again; and
+  clusterrun's own part as its own clock has it (`timings: attempt 2: failure seen → stopped →
+  checked → started`, the restart's phases of `ps JOB`): from the failure seen, every node
+  stopped (the failed one too) and verified, the next attempt checked, every node started;
 - torchrun's own restart (`torchrun --max-restarts 1`, static rendezvous, started on every host
   over OpenSSH): failure → every rank of its second round joined, or "did not recover".
 
@@ -39,7 +39,8 @@ from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "_recover_train.py"
 TIMEOUT = 300.0
-PHASES = ("cold start", "seen", "stopped", "ended", "started", "joined", "own part", "torchrun joined")
+PHASES = ("cold start", "seen", "stopped", "checked", "started (own part)", "joined", "torchrun joined")
+OWN = re.compile(r"timings: attempt 2: failure seen → stopped ([0-9.]+) s → checked ([0-9.]+) s → started ([0-9.]+) s")
 
 
 def joined(lines: list[tuple[float, str]], attempt: int, ranks: int) -> float | None:
@@ -64,7 +65,8 @@ def clusterrun_run(cluster: SimCluster, work: Path, n: int) -> dict[str, float]:
                                 f"hosts: [{', '.join(h.name for h in cluster.hosts)}]"]) + "\n")
     lines: list[tuple[float, str]] = []
     began = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", "--no-tui", str(hosts), str(SCRIPT), str(flag)],
+    proc = subprocess.Popen([sys.executable, "-m", "clusterrun", "up", "--no-tui", "--timings", str(hosts), str(SCRIPT),
+                             str(flag)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     reader = threading.Thread(target=read_lines, args=(proc, lines), daemon=True)
     reader.start()
@@ -80,16 +82,11 @@ def clusterrun_run(cluster: SimCluster, work: Path, n: int) -> dict[str, float]:
     failed = float(flag.read_text())
     after = [(t, line) for t, line in lines if t >= failed]
     seen = next(t for t, line in after if re.search(r"clusterrun: node\d+ \S+: fail(ed|ing)", line))
-    ended = next(t for t, line in after if re.search(r"clusterrun: node\d+ \S+: failed", line))
-    started_at = [t for t, line in after if "started attempt 2" in line]
-    stop_line = r"clusterrun: (node\d+ \S+|\d+ nodes [^:]+): (stopped|nothing was running)[^;]*;"  # nodes alike folded
-    stops = [t for t, line in after if re.search(stop_line, line) and t <= started_at[0]]
+    own = next(m for _, line in after if (m := OWN.search(line)))  # printed once every rank joined
     first, second = joined(lines, 1, n), joined(lines, 2, n)
     assert first is not None and second is not None, "\n".join(t for _, t in lines[-30:])
-    stopped = max(stops) if stops else seen
-    return {"cold start": first - began, "seen": seen - failed, "stopped": stopped - failed, "ended": ended - failed,
-            "started": max(started_at) - failed, "joined": second - failed,
-            "own part": (stopped - seen) + (max(started_at) - max(stopped, ended))}
+    return {"cold start": first - began, "seen": seen - failed, "stopped": float(own[1]), "checked": float(own[2]),
+            "started (own part)": float(own[3]), "joined": second - failed}
 
 
 def torchrun_run(cluster: SimCluster, work: Path, n: int, port: int) -> float | None:
