@@ -11,13 +11,17 @@ import io
 import threading
 from pathlib import Path
 
-from clusterrun.config.hostsfile import load_cluster_text
+import pytest
+
+from clusterrun.config.hostsfile import HostSpec, load_cluster_text
 from clusterrun.config.restarts import RestartPolicy
 from clusterrun.core import timings
 from clusterrun.core.events import AttemptTimed, Event, NodeState, NodeStateChanged, RankFailed
+from clusterrun.life import lifecycle
 from clusterrun.life.runner import Runner
 from clusterrun.store.jobs import JobStore
-from clusterrun.transports.fake import FakeCluster
+from clusterrun.transports import Transport
+from clusterrun.transports.fake import FakeCluster, FakeTransport
 from clusterrun.transports.fakehosts import FakeNode
 from clusterrun.views.joblist import phase_lines
 from clusterrun.views.printer import Printer
@@ -86,6 +90,31 @@ def test_a_restart_after_a_verified_stop_stops_nothing_again_and_checks_only_rea
     lines = phase_lines(store.load(JOB))
     assert lines[-1].startswith("attempt 2: failure seen → stopped ") and "every node joined" in lines[-1]
     runner.close()
+
+
+def test_a_restart_uses_the_connections_its_owner_holds_and_closes_them_at_its_end(
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    made: list[Transport] = []
+
+    def counted(host: HostSpec) -> Transport:
+        made.append(fake.transport(host))
+        return made[-1]
+
+    monkeypatch.setattr(lifecycle, "transport_factory", lambda record: counted)
+    runner, a0, a1 = running_pair(fake, store, tmp_path, [], restarts=1)
+    closed: list[str] = []
+    monkeypatch.setattr(FakeTransport, "close", lambda self: closed.append(self.name))
+    thread, _ = follow_in_thread(runner)
+    a1.fail_rank(1)
+    b0, b1 = fake.wait_started(JOB, 0, 2), fake.wait_started(JOB, 1, 2)
+    assert made == [] and closed == []  # attempt 2's checks, start and follower: attempt 1's follower's transports
+    b0.start_workers(0)
+    b1.start_workers(1)
+    runner.request_stop("done")
+    thread.join(10)
+    assert closed == []  # lent to every attempt: kept open until the owner's end
+    runner.close()
+    assert sorted(closed) == ["h0", "h1"]
 
 
 def test_a_failure_is_printed_at_once_past_the_folded_nodes() -> None:

@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from clusterrun.config.hostsfile import ClusterSpec
+from clusterrun.config.hostsfile import ClusterSpec, HostSpec
 from clusterrun.core import timings
 from clusterrun.core.errors import ClusterrunError, HostsUnavailable, StateError
 from clusterrun.core.events import AttemptStarted, JobResult, JobState, NodeStopped, StopReport
@@ -38,6 +38,7 @@ from clusterrun.life.recorder import Recorder, move, record_stop
 from clusterrun.run.orchestrator import Emit, Job
 from clusterrun.run.plan import LaunchPlan, plan_to_json
 from clusterrun.store.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
+from clusterrun.transports import Transport
 
 
 def attempt_event(plan: LaunchPlan, attempt: int, record: JobRecord | None = None) -> AttemptStarted:
@@ -118,7 +119,8 @@ class NextAttempt:
     def __init__(self, record: JobRecord, emit: Emit, *, full_preflight: bool = True,
                  script_args: Sequence[str] | None = None, recorded: ClusterSpec,
                  replace: Mapping[str, str] | None = None, recheck: bool = False,
-                 phases: dict[str, float] | None = None) -> None:
+                 phases: dict[str, float] | None = None,
+                 transports: Callable[[HostSpec], Transport] | None = None) -> None:
         self.record = record
         self.emit = emit
         self.phases = dict(phases or {})  # the restart's so far (``timings.ATTEMPT_PHASES``): in its record
@@ -130,7 +132,7 @@ class NextAttempt:
             rank = [h.host for h in self.aspec.spec.hosts].index(old)
             note(emit, f"node {rank}: the spare {new} takes the place of {old} from attempt {record.attempt + 1}")
         self.job = checked_attempt(record, following, emit, full=full_preflight, script_args=script_args,
-                                   recheck=recheck)
+                                   recheck=recheck, transports=transports)  # the owner's connections, if lent
         if self.phases:
             timings.mark(self.phases, "checked")
 
@@ -198,10 +200,11 @@ def restart(store: JobStore, record: JobRecord, emit: Emit, *, owner_fd: int | N
             grace: float | None = None, full_preflight: bool = True, automatic: bool = False,
             script_args: Sequence[str] | None = None, recorded: ClusterSpec,
             replace: Mapping[str, str] | None = None, recheck: bool = False, phases: dict[str, float] | None = None,
-            verified: frozenset[int] = frozenset()) -> JobRecord:
+            verified: frozenset[int] = frozenset(),
+            transports: Callable[[HostSpec], Transport] | None = None) -> JobRecord:
     """Check the next attempt, stop the current one (verified), start the next: ``NextAttempt``."""
     attempt = NextAttempt(record, emit, full_preflight=full_preflight, script_args=script_args, recorded=recorded,
-                          replace=replace, recheck=recheck, phases=phases)
+                          replace=replace, recheck=recheck, phases=phases, transports=transports)
     try:
         return attempt.replace(store, owner_fd=owner_fd, grace=grace, automatic=automatic, verified=verified)
     finally:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from clusterrun.checks import doctor
 from clusterrun.config.environment import MASK, resolve, unmask
-from clusterrun.config.hostsfile import ClusterSpec
+from clusterrun.config.hostsfile import ClusterSpec, HostSpec
 from clusterrun.config.nodesets import hosts_alike
 from clusterrun.core.errors import ConfigError
 from clusterrun.core.events import JobNote
@@ -26,6 +26,7 @@ from clusterrun.run.orchestrator import Emit, Job
 from clusterrun.run.plan import LaunchPlan, node_env, plan_from_json
 from clusterrun.store.jobs import JobRecord
 from clusterrun.sync.copy import Progress, SyncReport, source_of, sync_hosts
+from clusterrun.transports import Transport
 
 
 @frozen
@@ -166,7 +167,8 @@ def note(emit: Emit | None, text: str) -> None:
 
 
 def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *, full: bool,
-                    script_args: Sequence[str] | None = None, recheck: bool = False) -> Job:
+                    script_args: Sequence[str] | None = None, recheck: bool = False,
+                    transports: Callable[[HostSpec], Transport] | None = None) -> Job:
     """The next attempt probed and checked, nothing started nor stopped: the script, the probe,
     the sync (what changed is copied while the current attempt runs on: files are written under
     a temporary name and renamed, never deleted), the hosts' setup (once: its agent keeps the
@@ -174,7 +176,8 @@ def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *,
     by the running attempt is not tested). ``script_args``: new arguments for the script
     (default: the record's); ``recheck``: an automatic restart's, of hosts checked minutes ago whose
     failure points at none of them: the probe (reachable), the cheap inspection and the master port's
-    test, not the full preflight (GPUs, versions).
+    test, not the full preflight (GPUs, versions); ``transports``: the owner's, lent (its
+    connections to the hosts: ``transports.lent``), else new ones.
     Raises ``ConfigError`` or ``HostsUnavailable``; the caller closes the ``Job``."""
     for text in aspec.notes:
         note(emit, f"warning: {text}")
@@ -182,7 +185,7 @@ def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *,
     args = record.script_args if script_args is None else script_args
     job = Job(aspec.spec, record.script, args, job_id=record.job_id, name=record.name, emit=emit,
               env_overrides=dict(aspec.overrides), local_cwd=record.local_cwd, grace=record.grace,
-              attempt=record.attempt + 1, transport_factory=lifecycle.transport_factory(record),
+              attempt=record.attempt + 1, transport_factory=transports or lifecycle.transport_factory(record),
               follow_logs=False)  # it starts the attempt; its follower (``lifecycle.follower``) shows the log
     try:
         held = aspec.spec.master_port is not None and not record.finished

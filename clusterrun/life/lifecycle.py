@@ -17,7 +17,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from clusterrun.agent.wire import NodeRequest, StackAnswer, node_request
-from clusterrun.config.hostsfile import ClusterSpec
+from clusterrun.config.hostsfile import ClusterSpec, HostSpec
 from clusterrun.core import parallel
 from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import NodeGpus, StopReport
@@ -42,14 +42,16 @@ def transport_factory(record: JobRecord) -> Callable[..., Transport]:
 def follower(record: JobRecord, emit: Emit | None, *, owner: bool, follow_logs: bool, attempt: int | None = None,
              offsets: dict[int, int] | None = None, tail: int | None = None,
              ranks: Sequence[int] | None = None, reconnect: Reconnect | None = None, scrollback: int = 0,
-             spec: ClusterSpec) -> Job:
+             spec: ClusterSpec, transports: Callable[[HostSpec], Transport] | None = None) -> Job:
     """A ``Job`` that follows an attempt of the recorded job (the current one unless given);
     ``scrollback``: with ``offsets``, first the last lines before them (``LogLines(earlier=True)``);
     ``spec``: the record's hosts file (``Opened.spec``), as the command parsed it; ``owner``:
-    the job's owner follows it (``--unreachable-timeout`` applies), not a viewer."""
+    the job's owner follows it (``--unreachable-timeout`` applies), not a viewer; ``transports``:
+    the owner's, lent (``transports.lent``), else new ones."""
     plan = plan_from_json(record.plan, spec)
     job = Job(spec, record.script, record.script_args, job_id=record.job_id, name=record.name, emit=emit,
-              grace=record.grace, attempt=attempt or record.attempt, transport_factory=transport_factory(record),
+              grace=record.grace, attempt=attempt or record.attempt,
+              transport_factory=transports or transport_factory(record),
               follow_logs=follow_logs, offsets=offsets, tail=tail, ranks=ranks,
               reconnect=reconnect or Reconnect(give_up_after=record.unreachable_timeout if owner else None),
               scrollback=scrollback)

@@ -54,7 +54,7 @@ from clusterrun.core.events import (
 from clusterrun.core.frozen import frozen
 from clusterrun.core.protocol import HostState, NodeStatus
 from clusterrun.diagnose.rootcause import transient_start_failure
-from clusterrun.life import notify, spares
+from clusterrun.life import lifecycle, notify, spares
 from clusterrun.life.attempt import Cancelled, NextAttempt, restart, start, stop, verified_ended
 from clusterrun.life.gate import plan_to_start
 from clusterrun.life.lifecycle import follower, per_node, save_seen, stacks_of, status_of, stop_job
@@ -64,6 +64,7 @@ from clusterrun.run.orchestrator import Emit, Job
 from clusterrun.run.stops import StopOrder
 from clusterrun.store.jobs import OWNER_FD_VAR, JobRecord, JobStore
 from clusterrun.store.opened import Opened
+from clusterrun.transports.lent import TransportPool
 
 LOOK_APART = 3.0  # seconds between the two looks at a hung job's ranks: long enough for a stack to move
 
@@ -176,6 +177,9 @@ class Runner:
         self._requests: queue.SimpleQueue[tuple[Asked, str | None]] = queue.SimpleQueue()
         self._wake = threading.Event()  # a stop or a hand-over asked for during a backoff
         self._phases: dict[str, float] = {}  # the next attempt's, from this one's failure (``timings.mark``)
+        # The hosts' transports, kept from the first restart on: each next attempt's checks, start and
+        # follower use the connections the last one's follower held, not new ones (``transports.lent``).
+        self._transports = TransportPool(lifecycle.transport_factory(record))
 
     @classmethod
     def create(cls, store: JobStore, record: JobRecord, job: Job, emit: Emit | None = None, *,
@@ -386,10 +390,12 @@ class Runner:
             if replace:
                 self.note(f"the attempt lost {spares.why(result, list(replace))}")
             host = bool(spares.failed_hosts(result, self.state.late))  # else reachability, inspection, port
+            self._transports.adopt(self.job.lend_transports())
             try:
                 record = restart(self.store, due, self.emit, owner_fd=self.owner_fd, full_preflight=host,
                                  automatic=True, recorded=self.spec, replace=replace, recheck=not host,
-                                 phases=self._phases, verified=verified_ended(result))
+                                 phases=self._phases, verified=verified_ended(result),
+                                 transports=self._transports.lend)
             except Cancelled:
                 return dataclasses.replace(result, interrupted="stopped during the backoff")
             except ClusterrunError as exc:
@@ -411,7 +417,7 @@ class Runner:
         self.record, self._phases = record, {}  # its own failure's phases, if any, are the next attempt's
         self.recorder = Recorder(self.store, record.job_id, record.attempt, record)
         self.job = follower(record, None, owner=True, follow_logs=self.job.follow_logs,
-                            reconnect=self.job.reconnect, spec=self.spec)
+                            reconnect=self.job.reconnect, spec=self.spec, transports=self._transports.lend)
         self.job.subscribe(self._on_job_event)
 
     def restart_by_user(self, attempt: NextAttempt, reason: str, stopped: Callable[[], None]) -> JobRecord:
@@ -541,6 +547,7 @@ class Runner:
 
     def close(self) -> None:
         self.job.close()
+        self._transports.close()
 
 
 def _restarts(record: JobRecord) -> list[float]:

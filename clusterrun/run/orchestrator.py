@@ -92,6 +92,7 @@ from clusterrun.run.startwatch import StartupWatch
 from clusterrun.run.stops import StopOrder, stop_node
 from clusterrun.run.unreachable import UnreachableWait
 from clusterrun.transports import Transport, transport_for
+from clusterrun.transports.lent import Lent
 
 DRAIN = 256  # messages handled at most between two rounds of the job loop's checks
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
@@ -477,6 +478,16 @@ class Job(JobHosts):
                            interrupted=interrupted)
         self.emit(JobFinished(None, result=result))
         return result
+
+    def lend_transports(self) -> list[Transport]:
+        """Give this job's own transports to its owner's pool (``transports.lent``), open: from now
+        on it only borrows them, and ``close`` leaves them open."""
+        given = []
+        for node in self._nodes:
+            if not isinstance(node.transport, Lent):
+                given.append(node.transport)
+                node.transport = Lent(node.transport)
+        return given
 
     def close(self) -> None:
         self._stop_event.set()
