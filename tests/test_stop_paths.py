@@ -200,8 +200,9 @@ def test_every_stop_path_stops_every_hostile_process_and_says_which_guarantee_he
         # unless the supervisor had recorded its session before it was killed.
         unseen = {n for n in pids if n.startswith("a1-rank0-escape-escape-")} if killed and not where.cgroup else set()
         assert set(where.alive(pids)) <= unseen, said
-        # the node whose rank failed stopped by itself (its supervisor contained what torchrun left)
-        stopped = 1 if path == "fail-fast" else 2
+        # the node whose rank failed is killed at once with the others where it has a cgroup; else its
+        # torchrun ends by itself (its supervisor contained what torchrun left)
+        stopped = 1 if path == "fail-fast" and not where.cgroup else 2
         # the ranks ignore SIGTERM, so each torchrun waits for its rank until the grace is over; but a
         # failing attempt's cgroup is killed at once, torchrun first, without its SIGTERM shutdown
         at_once = path == "fail-fast" and where.cgroup

@@ -62,6 +62,13 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
         forget_cgroup(state)
         return dict(base, killed=[], left=[], state=state, containment="reboot", verified=True,
                     detail="the host rebooted since the job started: nothing of it can be running")
+    # The cgroup counts once the supervisor joined it (it says so in its first state); else the sweep.
+    cgroup = state.get("cgroup") or None
+    if cgroup is None and spec.get("cgroup") and state.get("state") == "starting" and os.path.isdir(spec["cgroup"]):
+        cgroup = spec["cgroup"]  # the supervisor could not record it (a full disk): the cgroup is there
+    if req.failed and not cgroup:  # its kill could not be verified: torchrun ends on its own, as it does
+        return dict(base, killed=[], left=[], state=state, containment="sweep", verified=False, grace=grace,
+                    detail="its rank failed: torchrun ends on its own (no cgroup to kill it with at once)")
     if state.get("state") != "exited":
         try:
             with open(os.path.join(folder, "stop"), "w") as mark:
@@ -74,10 +81,6 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
             pass  # torchrun never had a log: nothing to mark
         except OSError as exc:
             notes.append(f"could not mark the stop in output.log: {fs_problem(exc)}")
-    # The cgroup counts once the supervisor joined it (it says so in its first state); else the sweep.
-    cgroup = state.get("cgroup") or None
-    if cgroup is None and spec.get("cgroup") and state.get("state") == "starting" and os.path.isdir(spec["cgroup"]):
-        cgroup = spec["cgroup"]  # the supervisor could not record it (a full disk): the cgroup is there
     scope = JobScope(state, exclude={os.getpid()})
     tr = state.get("torchrun") or {}
     torchrun = pin(tr["pid"], tr.get("start_time")) if tr.get("pid") else None

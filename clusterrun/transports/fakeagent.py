@@ -204,6 +204,9 @@ class FakeAgent:
             return absent
         node = self.nodes[self._key(request)]
         node.stops += 1
+        if request.get("failed") and not node.contained:  # as the agent: torchrun ends on its own
+            return {"ok": True, "killed": [], "left": [], "state": self._view(host, node), "containment": "sweep",
+                    "verified": False, "grace": float(request.get("grace", 10))}
         killed = []
         if node.running:
             when = time.strftime("%H:%M:%SZ", time.gmtime(time.time()))
