@@ -65,6 +65,20 @@ def test_a_ranks_failure_stops_every_node_at_once_its_own_too_and_it_stays_the_f
     runner.close()
 
 
+def test_a_failed_node_without_a_cgroup_ends_on_its_own(
+        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:  # noqa: F811
+    runner, a0, a1 = running_pair(fake, store, tmp_path, [])
+    a1.contained = False
+    thread, out = follow_in_thread(runner)
+    a1.fail_rank(1, 3)
+    fake.wait(lambda: a0.stops == 1 and a1.stops == 1, what="both stops sent")
+    assert a1.state.get("state") != "exited"  # its kill could not be verified: not killed
+    a1.exit(1)
+    thread.join(10)
+    assert [n.state for n in out[0].nodes] == [NodeState.STOPPED, NodeState.FAILED]  # type: ignore[attr-defined]
+    runner.close()
+
+
 def test_a_restart_after_a_verified_stop_stops_nothing_again_and_checks_only_reach_and_port(
         fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:  # noqa: F811
     events: list[Event] = []
