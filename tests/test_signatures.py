@@ -320,15 +320,15 @@ def test_real_a_rank_killed_by_sigkill(tmp_path: Path, state_dir: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.splitlines()
     assert "clusterrun: root cause: rank 1 on node 0 (local-a, local rank 1): killed by SIGKILL" in lines, proc.stderr
-    pid = re.search(r"exitcode\s*: -9 \(pid: (\d+)\)", proc.stdout)
-    assert pid, proc.stdout
-    # a `kill -9`: the kernel's log, read where it can be, names no OOM kill of that process
+    # a `kill -9`: the kernel's log, read where it can be, names no OOM kill of that process (torchrun, stopped
+    # at once after its rank failed, reports nothing: the rank's pid is the one its host recorded)
     log = KernelLog()
     log.close()
-    kernel = (f"the kernel's log is not readable here: {log.error}; the kernel's OOM killer sends SIGKILL"
-              if log.error else f"the kernel's log names no OOM kill of PID {pid.group(1)} during the attempt")
+    kernel = (re.escape(f"the kernel's log is not readable here: {log.error}; the kernel's OOM killer sends SIGKILL")
+              if log.error else r"the kernel's log names no OOM kill of PID \d+ during the attempt")
     cause = next(line for line in lines if line.startswith("clusterrun: cause: "))
-    assert cause.startswith(f"clusterrun: cause: rank 1 on node 0 (local-a) was killed by SIGKILL; {kernel}"), cause
+    assert re.match(re.escape("clusterrun: cause: rank 1 on node 0 (local-a) was killed by SIGKILL; ") + kernel,
+                    cause), cause
     assert "killed by the kernel's OOM killer" not in cause
 
 
