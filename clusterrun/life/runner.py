@@ -432,7 +432,7 @@ class Runner:
         self.restarted(record, reason)
         return record
 
-    def restarted(self, record: JobRecord, reason: str | None = None) -> None:
+    def restarted(self, record: JobRecord, reason: str) -> None:
         """The user's restart, whose stop was asked for ``reason``, stopped the attempt this owner
         followed and started ``record``'s: follow the new attempt. A stop asked for meanwhile for
         another reason (the dashboard's K) stops the new attempt, as ``follow()`` goes on."""

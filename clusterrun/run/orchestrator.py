@@ -256,10 +256,10 @@ class Job(JobHosts):
         return self._detach.is_set()
 
     def _follower(self, rank: int) -> Follower:
+        interval = follow_interval(len(self.ranks))
+
         def request(where: dict[str, Any]) -> NodeRequest:
             return self._request(rank, "follow", logs=self.follow_logs, interval=interval, **where)
-
-        interval = follow_interval(len(self.ranks))
 
         return Follower(rank, self._nodes[rank], request, inbox=self._inbox, reconnect=self.reconnect, tail=self.tail,
                         offset=self.offsets.get(rank, 0),
