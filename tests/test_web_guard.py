@@ -112,8 +112,9 @@ def test_a_live_stream_past_the_cap_of_viewers_is_503(monkeypatch: pytest.Monkey
     assert call(path="/jobs/j1/stream", app=guarded, cookie=f"{COOKIE}={TOKEN}")[0] == 404
 
 
-async def _events(app: Any, seen: str, then: Any, wanted: bytes) -> bytes:
-    """The job list's stream (``/events?seen=...``) until it has sent ``wanted``; ``then()`` once it started."""
+async def _events(app: Any, seen: str, then: Any, wanted: bytes, path: str = "/events") -> bytes:
+    """A stream (the job list's ``/events?seen=...`` or a job's) until it has sent ``wanted``; ``then()`` once it
+    started."""
     body = b""
     done = asyncio.Event()
 
@@ -130,7 +131,7 @@ async def _events(app: Any, seen: str, then: Any, wanted: bytes) -> bytes:
             if wanted in body:
                 done.set()
 
-    scope = {"type": "http", "method": "GET", "path": "/events", "query_string": f"seen={seen}".encode(),
+    scope = {"type": "http", "method": "GET", "path": path, "query_string": f"seen={seen}".encode(),
              "headers": [(b"host", b"127.0.0.1:8321"), (b"cookie", f"{COOKIE}={TOKEN}".encode())]}
     await asyncio.wait_for(app(scope, receive, send), 30)
     return body
@@ -150,4 +151,41 @@ def test_the_job_list_s_stream_says_what_changed_and_what_changed_before_it_star
     assert b"event: changed\ndata: \n\n" in asyncio.run(_events(guarded, "before", lambda: None, b"event: changed"))
     # a page that read it after: nothing until the next change, which is named
     body = asyncio.run(_events(guarded, version(signature(JobStore(tmp_path))), lambda: new_job("j-2"), b"data: j-2\n"))
+    assert body.count(b"event: changed") == 1, body
+
+
+def test_a_job_s_stream_says_at_once_what_changed_since_its_page_was_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page is read, then the job changes (a new attempt's node starts running), then the page's stream
+    starts: the stream tells the page at once, as the page names the record it showed."""
+    from clusterrun.core.events import NodeState
+    from clusterrun.web import app as web
+    from clusterrun.web import jobs
+    from tests.test_joblist import make_record
+
+    class NoLogs:  # the stream's log feed: no host to follow here
+        def snapshot(self) -> tuple[dict[int, list[Any]], dict[int, Any]]:
+            return {0: []}, {}
+
+    class Feeds:
+        def __init__(self, loop: Any) -> None: ...
+        def join(self, *args: Any) -> NoLogs: return NoLogs()
+        def leave(self, *args: Any) -> None: ...
+
+    monkeypatch.setattr(web, "Feeds", Feeds)
+    store = JobStore(tmp_path)
+    record = make_record("train-20261129-010000-ab12", "running", None)
+    record.nodes[0].state = NodeState.STARTING
+    store.create(record)
+    shown = jobs.marks_digest(record)  # what the page showed
+    record.nodes[0].state = NodeState.RUNNING
+    store._write(record)
+    guarded = web.create_app(TOKEN, store=store)
+    path = f"/jobs/{record.job_id}/stream"
+    body = asyncio.run(_events(guarded, shown, lambda: None, b"event: changed", path=path))
+    assert b"event: changed\ndata: record" in body, body
+    # a page that showed the record as it is: nothing until the next change
+    now = jobs.marks_digest(record)
+    record.nodes[0].state = NodeState.SUCCEEDED
+    body = asyncio.run(_events(guarded, now, lambda: store._write(record), b"event: changed", path=path))
     assert body.count(b"event: changed") == 1, body

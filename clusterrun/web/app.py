@@ -158,14 +158,15 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
 
     async def job_page(request: Request) -> Response:
         job_id = request.path_params["job"]
+        record = await record_of(job_id)  # before the view is read: what changes after it, the stream tells
         view = await run_in_threadpool(jobs.job_view, opener, job_id)
-        record = await record_of(job_id)
         options = Options(request, record)
         found = None
         if options.query:
             found = await run_in_threadpool(jobs.log_search, opener.keep(record), options.attempt, options.nodes,
                                             options.query, options.ranks)
-        context = {"job": view, "o": options, "control": control, "found": found, "nnodes": len(record.nodes)}
+        context = {"job": view, "o": options, "control": control, "found": found, "nnodes": len(record.nodes),
+                   "seen": jobs.marks_digest(record)}
         if not (request.headers.get("hx-request") and request.query_params.get("part")):
             return templates.TemplateResponse(request, "job.html", context)
         # the choices go into the address (without the fragment's marker): a link or a reload shows this view
@@ -194,12 +195,20 @@ def create_app(token: str, *, control: bool = False, store: JobStore | None = No
             feed = feeds(request).join(opener.keep(record), options.attempt, viewer)
             changes = watch.subscribe()
             forward = asyncio.get_running_loop().create_task(_forward(changes, record.job_id, viewer))
-            seen = jobs.marks(record)
             state["viewers"] += 1
             try:
+                await watch.baseline()  # subscribed: a change from here on reaches this stream
+                now = record
+                with contextlib.suppress(ClusterrunError):  # removed meanwhile: the next look tells
+                    now = await record_of(record.job_id)
+                seen = jobs.marks(now)
                 rings, states = feed.snapshot()
                 first = _first_lines(rings, options, prefix)
                 yield b"retry: 3000\n" + _sse("lines", first or "")
+                if options.follows and now.attempt > options.attempt:
+                    yield _sse("attempt", str(now.attempt))
+                elif jobs.marks_digest(now) != request.query_params.get("seen"):  # changed since the page read it
+                    yield _sse("changed", "record") + _sse("progress", "")
                 while True:
                     message = await viewer.queue.get()
                     if message is None:  # fell behind: the browser reconnects and starts again

@@ -7,6 +7,7 @@ progress in words, stop guarantees, the start-up watch) are ``ps`` and ``ps JOB`
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 import time
@@ -136,6 +137,12 @@ def marks(record: JobRecord) -> tuple[tuple[Any, ...], Any]:
     shown = (record.state, record.attempt, nodes, last.state if last else None, last.root_cause if last else None,
              record.restart_at)
     return shown, record.progress
+
+
+def marks_digest(record: JobRecord) -> str:
+    """A short name of ``marks``: a page carries the one it showed to its stream, which tells the page
+    at once if the job changed between the page's reading and the stream's start."""
+    return hashlib.sha256(repr(marks(record)).encode()).hexdigest()[:16]
 
 
 def log_search(job: Opened, attempt: int, nodes: Sequence[int], query: str,
