@@ -262,6 +262,39 @@ def test_the_dashboards_refused_restart_stops_nothing_and_keeps_following(fake: 
     runner.close()
 
 
+@pytest.mark.parametrize("when", ["checks", "start"])
+def test_k_during_a_viewers_restart_stops_the_job(fake: FakeCluster, store: JobStore, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """K in a dashboard that views a job, while its R restarts the job: during the checks nothing new
+    starts; once the next attempt is being started, that attempt is stopped. Either way the job ends
+    stopped and nothing runs."""
+    runner = running_job(fake, store, tmp_path)
+    owner = runner.owner_fd
+    assert owner is not None
+    monitor = threading.Thread(target=lambda: (runner.follow(), runner.close(), store.release(owner)),
+                               daemon=True)  # the job's owner, as its monitor: it lets go once its attempt ended
+    monitor.start()
+    monkeypatch.setattr(JobStore, "spawn_monitor", lambda self, job_id, owner_fd=None: True)  # the next one's
+    session = Session(store, store.load(JOB), gpu_interval=None)
+    session.begin()
+    original = NextAttempt.__init__ if when == "checks" else NextAttempt.replace
+
+    def pressed_k(attempt: NextAttempt, *args: Any, **kwargs: Any) -> Any:
+        session.kill()
+        return original(attempt, *args, **kwargs)
+
+    monkeypatch.setattr(NextAttempt, "__init__" if when == "checks" else "replace", pressed_k)
+    session.restart()
+    session.wait(timeout=30)
+    monitor.join(30)
+    record = store.load(JOB)
+    assert session.error is None, session.error
+    assert record.state is JobState.STOPPED, record.state
+    assert record.attempt == (1 if when == "checks" else 2)
+    assert not any(node.running for node in fake.nodes.values())
+    assert not session.running and not session.busy
+
+
 def test_the_owners_dashboard_restart_keeps_its_one_owner(fake: FakeCluster, store: JobStore,
                                                           tmp_path: Path) -> None:
     """R in `up`'s dashboard: the attempt is stopped (verified) and the next one started, and the

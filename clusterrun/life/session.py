@@ -83,6 +83,7 @@ class Session:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._restarting = False  # a viewer's restart is under way (an owner's is in ``runner.state``)
+        self._kill_asked = False  # K during a viewer's restart: the restart carries it out (see ``kill``)
         self._reached: set[int] = set()  # nodes this view has reached after a failure: the record's since is old
         self._gpu_interval = gpu_interval
         if runner is not None:
@@ -221,7 +222,15 @@ class Session:
             return
         if self.runner is not None:
             self.runner.request_stop(KILLED)
-        elif self._viewer is not None:
+            return
+        with self._lock:
+            if self._restarting:  # stopped by the restart before it starts anything, else its new attempt
+                self._kill_asked = True
+                return
+        self._stop_viewed()
+
+    def _stop_viewed(self) -> None:
+        if self._viewer is not None:
             try:  # the monitor that owns the job sees the nodes die: the record says why first
                 begin_stop(self.store, self.record)
             except ClusterrunError as exc:  # e.g. a full state directory: the stop goes on, unrecorded
@@ -247,7 +256,11 @@ class Session:
         """The restart asked for ended without a new attempt to follow (refused, or it failed)."""
         if self.runner is not None:
             self.runner.end_user_restart()
-        self._restarting = False
+        with self._lock:
+            self._restarting = False
+            kill, self._kill_asked = self._kill_asked, False
+        if kill:  # asked once the new attempt was being started: it is the one followed now
+            self._stop_viewed()
 
     def _restart(self, previous: threading.Thread | None) -> None:
         followed = False  # the one owner follows the new attempt: ``Runner.restarted`` ended the restart
@@ -261,9 +274,12 @@ class Session:
                 self.error = exc
                 self._thread = previous  # still following the running attempt
                 return
+            ended: list[JobResult | None] = []  # the attempt's result, the job's if K cancels the restart
+
             def stopped() -> None:  # the attempt followed has ended: its result is not the job's
                 if previous is not None:
                     previous.join()
+                ended.append(self.result)
                 self.result = None
 
             try:
@@ -271,8 +287,13 @@ class Session:
                     record = self.runner.restart_by_user(attempt, RESTARTED, stopped)
                     followed = True
                 else:
-                    self.kill()
+                    self._stop_viewed()
                     stopped()
+                    with self._lock:
+                        if self._kill_asked:  # K during the checks or the stop: nothing new starts
+                            self._kill_asked = False
+                            self.result = ended[0] if ended else None
+                            return
                     record = attempt.replace(self.store, owner_fd=None)
             except ClusterrunError as exc:
                 self.error = exc
