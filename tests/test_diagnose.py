@@ -10,6 +10,7 @@ from clusterrun.core.events import RootCause
 from clusterrun.core.protocol import HostState, NodeStatus, decode_status
 from clusterrun.diagnose.rootcause import (
     NodeLog,
+    RankFailure,
     exception_message,
     find_root_cause,
     split_rank,
@@ -52,8 +53,8 @@ def test_split_rank_drops_torchs_own_repeat() -> None:
 def test_report_is_parsed() -> None:
     log = NodeLog()
     log.feed(REPORT.splitlines())
-    assert log.failures == {0: {"local_rank": 0, "exit_code": -15, "pid": 2262},
-                            1: {"local_rank": 1, "exit_code": 1, "pid": 2263}}
+    assert log.failures == {0: RankFailure(local_rank=0, exit_code=-15, pid=2262),
+                            1: RankFailure(local_rank=1, exit_code=1, pid=2263)}
     assert list(log.rank_tails[1])[-1] == "ValueError: boom from rank 1"
     assert exception_message(log.rank_tails[1]) == "ValueError: boom from rank 1"
 
@@ -160,4 +161,4 @@ def test_a_long_batch_keeps_what_line_by_line_feeding_keeps(extra: tuple[str, ..
     assert batch == one_by_one
     assert list(batch.rank_tails[1]) == ["early 0", "early 1", "early 2"]
     assert list(batch.rank_tails[0])[-1] == "Traceback doubled"
-    assert batch.failures == ({1: {"local_rank": 1, "exit_code": 3, "pid": 77}} if len(extra) == 2 else {})
+    assert batch.failures == ({1: RankFailure(local_rank=1, exit_code=3, pid=77)} if len(extra) == 2 else {})

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from clusterrun.core.events import OomEvidence, RootCause, unreachable_text
+from clusterrun.core.frozen import frozen
 from clusterrun.core.protocol import HostState, KernelOom, NodeStatus
 from clusterrun.diagnose.signatures import explain, printed_its_own, transient_start
 
@@ -52,6 +53,21 @@ def undoubled(lines: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+@frozen
+class RankFailure:
+    """A rank's end as torchrun's failure report, or the host's monitor, recorded it."""
+
+    local_rank: int | None
+    exit_code: int  # negative: the signal that killed it (torchrun's form)
+    pid: int | None
+
+    def cause(self, node: int, host: str, rank: int, tail: tuple[str, ...]) -> RootCause:
+        code = self.exit_code
+        return RootCause(node=node, host=host, rank=rank, local_rank=self.local_rank,
+                         exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
+                         last_lines=tail, message=exception_message(tail), pid=self.pid)
+
+
 @dataclass
 class NodeLog:
     """What one node printed, as far as a diagnosis needs it: tails per rank and torchrun's
@@ -60,7 +76,7 @@ class NodeLog:
     tail: int = TAIL_LINES
     rank_tails: dict[int, deque[str]] = field(default_factory=dict)
     node_tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
-    failures: dict[int, dict[str, int]] = field(default_factory=dict)  # rank → local_rank, exit_code, pid
+    failures: dict[int, RankFailure] = field(default_factory=dict)  # by rank
     _pending_rank: tuple[int, int] | None = None
 
     def feed(self, lines: Iterable[str]) -> None:
@@ -79,8 +95,7 @@ class NodeLog:
             found = _REPORT_EXIT.match(line)
             if found and self._pending_rank is not None:
                 rank, local = self._pending_rank
-                self.failures[rank] = {"local_rank": local, "exit_code": int(found.group(1)),
-                                       "pid": int(found.group(2))}
+                self.failures[rank] = RankFailure(local, int(found.group(1)), int(found.group(2)) or None)
                 self._pending_rank = None
 
     def _worth_reading(self, lines: Sequence[str]) -> Sequence[str]:
@@ -148,14 +163,10 @@ def find_root_cause(
         died_by_rank = {w.rank: w.died for w in state.workers}
         failures = log.failures or (ranks_failed(state) if state.exit_learned else {})
         for rank, failure in failures.items():
-            code = failure["exit_code"]
-            tail = tuple(log.rank_tails.get(rank, ()))
-            when = died.get(failure["pid"]) or died_by_rank.get(rank) or state.ended_at or float("inf")
-            candidates.append((secondary, when, RootCause(
-                node=node, host=hosts[node], rank=rank, local_rank=failure["local_rank"] if failure["local_rank"] >= 0
-                else None,
-                exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
-                last_lines=tail, message=exception_message(tail), pid=failure["pid"] or None)))
+            when = (died.get(failure.pid) if failure.pid else None) or died_by_rank.get(rank) or state.ended_at \
+                or float("inf")
+            candidates.append((secondary, when, failure.cause(node, hosts[node], rank,
+                                                              tuple(log.rank_tails.get(rank, ())))))
         if not failures:
             tail = tuple(log.node_tail)
             node_code = state.exit_code
@@ -178,12 +189,11 @@ def find_root_cause(
 SIGKILL = 9
 
 
-def ranks_failed(state: NodeStatus) -> dict[int, dict[str, int]]:
-    """The failed ranks as the host's monitor recorded them (``NodeLog.failures``' form), for a node
-    whose torchrun printed no failure report: it was stopped at once after its rank failed, or
-    nobody reaped it (``exit_learned`` says which)."""
-    return {w.rank: {"local_rank": -1 if w.local_rank is None else w.local_rank, "exit_code": w.exit_code,
-                     "pid": w.pid or 0}
+def ranks_failed(state: NodeStatus) -> dict[int, RankFailure]:
+    """The failed ranks as the host's monitor recorded them, for a node whose torchrun printed no
+    failure report: it was stopped at once after its rank failed, or nobody reaped it
+    (``exit_learned`` says which)."""
+    return {w.rank: RankFailure(w.local_rank, w.exit_code, w.pid or None)
             for w in state.workers if w.rank is not None and w.exit_code}
 
 

@@ -43,7 +43,7 @@ from clusterrun.core.events import (
     RootCause,
 )
 from clusterrun.core.frozen import frozen
-from clusterrun.diagnose.rootcause import NodeLog, exception_message
+from clusterrun.diagnose.rootcause import NodeLog
 from clusterrun.slurm.step import FAILURE_MARK, Allocation, SlurmStep, allocation_from_env, gpus_by_node
 
 Emit = Callable[[Event], None]
@@ -317,10 +317,7 @@ class SlurmRun:
             return None
         log, host = self._logs[node], self.step.nodes[node]
         for rank, failure in log.failures.items():
-            code, tail = failure["exit_code"], tuple(log.rank_tails.get(rank, ()))
-            return RootCause(node=node, host=host, rank=rank, local_rank=failure["local_rank"],
-                             exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
-                             last_lines=tail, message=exception_message(tail), pid=failure["pid"] or None)
+            return failure.cause(node, host, rank, tuple(log.rank_tails.get(rank, ())))
         lines = tuple(log.lines())
         before = next((m.group(1) for line in reversed(lines) if (m := FAILURE_MARK.match(line))), "")
         return RootCause(node=node, host=host, rank=None, local_rank=None, exit_code=self._ends[node].exit_code,
