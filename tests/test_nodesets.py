@@ -66,7 +66,7 @@ def test_fold_of_names_with_one_number_is_clustershells_without_importing_its_no
 
     rng = random.Random(26)
     prefixes = ["sim", "gpu", "n", "node-", "a.b", "x_", "rack1-n", "", "GPU", "h."]
-    for _ in range(2000):
+    for _ in range(500):
         chosen = rng.sample(prefixes, rng.randint(1, 2))
         names = [rng.choice(chosen) + (str(n) if rng.random() < 0.9 else f"{n:03d}")
                  + ("" if rng.random() < 0.95 else rng.choice([".lan", "a", "-ib"]))
