@@ -23,6 +23,12 @@ NOT_FOR_UP_PS_LOGS_DOWN = ("textual", "rich", "clusterrun.tui", "clusterrun.life
                            "clusterrun.web", "starlette", "uvicorn", "jinja2", "anyio")  # web: an optional extra
 # ... and `ps`'s listing and JSON, which a job's start and stop need not.
 NOT_FOR_UP_DOWN = ("clusterrun.views.joblist",)
+# ... and a job's owner, start, stop and follower, which `logs` of an ended job need not (its start-up is
+# most of what it takes beside `ssh HOST cat`: docs/benchmarks.md, "Logs"); `logs -f` loads them to follow.
+NOT_FOR_LOGS = ("clusterrun.life.lifecycle", "clusterrun.life.recorder", "clusterrun.life.attempt",
+                "clusterrun.life.gate", "clusterrun.life.notify", "clusterrun.run.orchestrator",
+                "clusterrun.run.follower", "clusterrun.run.stops", "clusterrun.slurm", "clusterrun.sync",
+                "clusterrun.checks", "paramiko")
 REPORT = ("import atexit, os, sys\n"
           "report = lambda: print('MODULES', *sorted(sys.modules), file=sys.stderr, flush=True)\n"
           "atexit.register(report)\n"
@@ -79,3 +85,4 @@ def test_up_ps_logs_and_down_load_no_slurm_dashboard_or_stack_module(command: st
     modules, _ = _modules(f"from clusterrun.cli import main, {module}\n")
     assert not _loaded(modules, NOT_FOR_UP_PS_LOGS_DOWN)
     assert command in ("ps", "logs") or not _loaded(modules, NOT_FOR_UP_DOWN)
+    assert command != "logs" or not _loaded(modules, NOT_FOR_LOGS)

@@ -1,4 +1,4 @@
-"""``lifecycle.read_logs``: several nodes' logs read ahead in threads, within one memory budget."""
+"""``logread.read_logs``: several nodes' logs read ahead in threads, within one memory budget."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from clusterrun.life import lifecycle
+from clusterrun.life import logread
 
 CHUNK = 1000
 
@@ -25,8 +25,8 @@ def test_what_is_read_ahead_is_bounded_in_bytes_across_nodes(monkeypatch: pytest
                 produced[0] += CHUNK
             yield f"{rank}:{i:04d}".ljust(CHUNK - 1, ".") + "\n"
 
-    monkeypatch.setattr(lifecycle, "read_log", fake_read_log)
-    logs = lifecycle.read_logs(None, list(range(nodes)), 1, budget=budget)  # type: ignore[arg-type]
+    monkeypatch.setattr(logread, "read_log", fake_read_log)
+    logs = logread.read_logs(None, list(range(nodes)), 1, budget=budget)  # type: ignore[arg-type]
     first = next(logs)
     assert first[0] == 0 and first[1].startswith("0:0000")
     # Held: the budget, one chunk of the node being printed, and one in each reader's hand.

@@ -15,7 +15,7 @@ import pytest
 from clusterrun.core import timings
 from tests.conftest import ROOT, SUPPORT, job_id_of, run_up, write_hosts
 from tests.simhosts import SimCluster
-from tests.test_cli_imports import NOT_FOR_UP_PS_LOGS_DOWN
+from tests.test_cli_imports import NOT_FOR_LOGS, NOT_FOR_UP_PS_LOGS_DOWN
 from tests.test_ssh import ssh_hosts
 
 
@@ -97,12 +97,15 @@ def test_up_timings_names_the_host_whose_agent_is_slow(sim_cluster: Callable[...
 @pytest.mark.fake_torchrun
 def test_the_commands_that_print_import_no_textual(tmp_path: Path) -> None:
     """`up --no-tui`, `ps`, `logs` and `down` run without loading Textual (or rich), nor Slurm's,
-    the dashboard's or `stack`'s modules: their start-up stays light."""
+    the dashboard's or `stack`'s modules: their start-up stays light; `logs` of an ended job loads no
+    module of its owner (``NOT_FOR_LOGS``)."""
     state = tmp_path / "state"
     hosts = write_hosts(tmp_path, [1], state)
     code = ("import atexit, sys\n"
-            f"atexit.register(lambda: print('LOADED', sorted(m for m in sys.modules "
-            f"for n in {NOT_FOR_UP_PS_LOGS_DOWN!r} if m == n or m.startswith(n + '.')), file=sys.stderr))\n"
+            "loaded = lambda names: sorted(m for m in sys.modules for n in names if m == n or m.startswith(n + '.'))\n"
+            f"atexit.register(lambda: print('LOADED', loaded({NOT_FOR_UP_PS_LOGS_DOWN!r}), file=sys.stderr))\n"
+            "if sys.argv[1] == 'logs':\n"
+            f"    atexit.register(lambda: print('FOR LOGS', loaded({NOT_FOR_LOGS!r}), file=sys.stderr))\n"
             "from clusterrun.cli import main\nmain()\n")
     env_state = {"XDG_STATE_HOME": str(tmp_path / "xdg")}
 
@@ -119,4 +122,5 @@ def test_the_commands_that_print_import_no_textual(tmp_path: Path) -> None:
         done = run(*args)
         assert done.returncode == 0, (args, done.stderr)
         assert f"LOADED {loaded}" in done.stderr, (args, done.stderr)
+    assert "FOR LOGS []" in run("logs", job, "--node", "0").stderr  # an ended job's log: no owner's module
     assert "LOADED []" in started.stderr

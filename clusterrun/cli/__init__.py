@@ -14,7 +14,7 @@ SIGINT / SIGTERM (``up``: the job was stopped on every node, or left running wit
 ``--leave-running``) · 129 SIGHUP (``up``: the job was left running, owned by a monitor).
 
 The commands are in the modules of this package, which register them on ``main`` when imported:
-``up``; ``jobs`` (ps, logs, attach, wait); ``manage`` (down/stop, rm, prune, restart, _monitor);
+``up``; ``jobs`` (ps, attach, wait); ``logs``; ``manage`` (down/stop, rm, prune, restart, _monitor);
 ``stack``; ``web`` (the web page, an optional extra); ``tools`` (doctor, exec, hosts convert,
 completion); ``slurm`` (export); ``follow`` and ``records`` hold what they share. ``main`` imports a
 command's module only when that command runs (``COMMANDS``): ``ps`` does not pay for ``up``'s
@@ -118,7 +118,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "exec": ("tools", "Run COMMAND on every host of HOSTS.yaml at once, each output line prefixed by its host."),
     "export": ("slurm", "Write a batch script that runs SCRIPT as `up HOSTS.yaml SCRIPT` would, under Slurm."),
     "hosts": ("tools", "Hosts files: convert another tool's hostfile."),
-    "logs": ("jobs", "Print JOB's logs from its hosts' log files: every node's lines with a prefix, interleaved "
+    "logs": ("logs", "Print JOB's logs from its hosts' log files: every node's lines with a prefix, interleaved "
                      "in the order they were written by the hosts' clocks (--by-node: node after node), or one "
                      "node's exactly as written with --node N."),
     "prune": ("manage", "Remove the records of every ended job (succeeded, failed, stopped, lost) from this "

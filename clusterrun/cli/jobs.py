@@ -1,9 +1,8 @@
-"""The commands that look at a job: ``ps``, ``logs``, ``attach``, ``wait``."""
+"""The commands that look at a job: ``ps``, ``attach``, ``wait`` (``logs`` has a module of its own)."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import shlex
 import shutil
@@ -17,7 +16,6 @@ import click
 
 from clusterrun.cli import (
     EXIT_FAILED,
-    EXIT_HOSTS,
     EXIT_OK,
     EXIT_SIGNAL,
     EXIT_TIMEOUT,
@@ -29,29 +27,27 @@ from clusterrun.cli import (
     no_tui_option,
     ui_lines_option,
 )
-from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui, quick_handoffs
+from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
 from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, hosts_option
 from clusterrun.cli.slurm import slurm_rows
 from clusterrun.config.watch import Watch
-from clusterrun.core.errors import ClusterrunError, ConfigError, DamagedRecord
+from clusterrun.core.errors import ClusterrunError, DamagedRecord
 from clusterrun.core.events import JobState, NodeState
 from clusterrun.core.progress import duration_words
 from clusterrun.core.protocol import decode_status
-from clusterrun.core.ranges import parse_ranges
 from clusterrun.core.terminal import safe
 from clusterrun.life import notify
-from clusterrun.life.lifecycle import follower, read_log_chunks, read_logs, save_seen
+from clusterrun.life.lifecycle import follower, save_seen
 from clusterrun.life.lookup import look
-from clusterrun.run.plan import LaunchPlan, plan_from_json
-from clusterrun.run.startwatch import late_after, progress_text, seconds_text
-from clusterrun.slurm.job import engine_text, is_slurm
+from clusterrun.run.plan import plan_from_json
+from clusterrun.run.startwatch import late_after, progress_text
+from clusterrun.slurm.job import engine_text
 from clusterrun.store import preparing
 from clusterrun.store.jobjson import node_state, progress_of
-from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.jobs import JobRecord, JobStore, is_slurm
 from clusterrun.store.opened import Opened
 from clusterrun.views.completion import complete_jobs
 from clusterrun.views.gpus import per_gpu
-from clusterrun.views.interleave import interleaved
 from clusterrun.views.joblist import (
     COMPACT,
     STATES,
@@ -225,131 +221,6 @@ def _preparing_text(entry: preparing.Entry, now: float) -> str:
 def _table(rows: Sequence[Sequence[str]]) -> None:
     for line in table_text(rows):
         click.echo(line)
-
-
-def _select_ranks(record: JobRecord, node: tuple[int, ...]) -> list[int]:
-    ranks = list(node) or list(range(len(record.nodes)))
-    bad = [r for r in ranks if not 0 <= r < len(record.nodes)]
-    if bad:
-        _fail(ConfigError(f"job {record.job_id} has nodes 0..{len(record.nodes) - 1}, not {bad[0]}", key="--node"),
-              EXIT_USAGE)
-    return ranks
-
-
-def _global_ranks(plan: LaunchPlan, text: str | None) -> frozenset[int] | None:
-    """``logs --rank``'s ranks (``0,4-7``), checked against the job's world size; None without it."""
-    if text is None:
-        return None
-    try:
-        ranks = frozenset(parse_ranges(text))
-    except ValueError as exc:
-        _fail(ConfigError(str(exc), key="--rank"), EXIT_USAGE)
-    beyond = sorted(r for r in ranks if r >= plan.world_size)
-    if beyond:
-        _fail(ConfigError(f"job {plan.job_id} has ranks 0..{plan.world_size - 1}, not {beyond[0]}", key="--rank"),
-              EXIT_USAGE)
-    return ranks
-
-
-def _check_attempt(record: JobRecord, attempt: int | None) -> int:
-    if attempt is None:
-        return record.attempt
-    if not 1 <= attempt <= record.attempt:
-        _fail(ConfigError(f"job {record.job_id} has attempts 1..{record.attempt}, not {attempt}", key="--attempt"),
-              EXIT_USAGE)
-    return attempt
-
-
-@main.command()
-@click.argument("job", shell_complete=complete_jobs)
-@click.option("-n", "--node", type=int, multiple=True, metavar="N", help="Only node N (repeatable).")
-@click.option("-r", "--rank", "rank_text", metavar="RANKS", help="Only the lines of these global ranks: 3, or "
-              "0,4-7 (from the nodes that hold them; torchrun's own lines left out). --tail counts a node's lines "
-              "before this filter.")
-@click.option("-f", "--follow", is_flag=True, help="Keep following until the job ends.")
-@click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Start at the last N lines of each node.")
-@click.option("--attempt", type=click.IntRange(min=1), metavar="K", help="An earlier attempt (default: the last).")
-@click.option("--prefix/--no-prefix", default=None,
-              help="Prefix each line with its node (default: only when several nodes are shown).")
-@click.option("--by-node", is_flag=True,
-              help="Node after node (default: the nodes' lines interleaved in the order they were written).")
-@hosts_option
-def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, tail: int | None,
-         attempt: int | None, prefix: bool | None, by_node: bool, hosts_file: str | None) -> None:
-    """Print JOB's logs from its hosts' log files: every node's lines with a prefix, interleaved
-    in the order they were written by the hosts' clocks (--by-node: node after node), or one
-    node's exactly as written with --node N. Works during and after the job, from any controller
-    that has its record. With -f, ends when the job does, with its summary and exit code as `up`
-    (0 succeeded, 1 failed or stopped).
-
-    Lines shown with a prefix (or of a one-node job) are made safe for a terminal: colours pass
-    (dropped with NO_COLOR, TERM=dumb or when not a terminal), other escape sequences and control
-    characters are shown escaped (`\x1b]52;...`). --node N without --prefix prints the node's file
-    byte for byte, escape sequences included, as `cat` would: redirect it to a file, or pipe it to
-    `cat -v`, to look at output you do not trust."""
-    store, opened = _open_job(job, hosts_file)
-    ranks = _select_ranks(opened.record, node)
-    attempt = _check_attempt(opened.record, attempt)
-    opened = _refresh(store, opened)
-    record = opened.record
-    plan = plan_from_json(record.plan, opened.spec())
-    global_ranks = _global_ranks(plan, rank_text)
-    if global_ranks is not None:
-        ranks = [r for r in ranks if set(plan.nodes[r].ranks) & global_ranks]
-        if not ranks:
-            _fail(ConfigError(f"ranks {rank_text} are not on node {', '.join(map(str, node))}", key="--rank",
-                              hint="leave out --node, or see which node holds a rank: `clusterrun ps JOB`"), EXIT_USAGE)
-    raw = len(ranks) == 1 and bool(node) and not prefix
-    printer = Printer(prefix=len(ranks) > 1 if prefix is None else prefix, quiet=True, raw=raw, ranks=global_ranks)
-    printer.set_plan(plan)
-    quick_handoffs()  # the nodes' readers or followers are threads beside the one printing
-    if not follow:
-        failed = printed = False
-        if by_node or len(ranks) == 1:
-            chunks = read_logs(opened, ranks, attempt, tail)
-        else:
-            chunks = interleaved(ranks, lambda rank: read_log_chunks(opened, rank, attempt, tail))
-        for rank, item in chunks:
-            if isinstance(item, ClusterrunError):
-                failed = True
-                _note(f"node{rank} {record.nodes[rank].host}: {item.render()}")
-            else:
-                printed = printed or bool(item)
-                printer.write_log(rank, record.nodes[rank].host, item)
-        if not printed and not failed:  # silence would look like a broken command
-            _note(_no_output_text(record, attempt, time.time()))
-        sys.exit(EXIT_HOSTS if failed else EXIT_OK)
-    follower_job: Job | SlurmFollower
-    if is_slurm(record):  # its files on this machine, as its `up` writes them
-        from clusterrun.store.slurmlogs import SlurmFollower
-
-        follower_job = SlurmFollower(store, record, printer, attempt=attempt, ranks=ranks, tail=tail,
-                                     reload=lambda: _refresh(
-                                         store, opened.with_record(store.load(record.job_id))).record)
-    else:
-        follower_job = follower(record, printer, owner=False, follow_logs=True, attempt=attempt, tail=tail,
-                                ranks=ranks, spec=opened.spec(attempt))
-    with _on_signals({signal.SIGINT: lambda s: follower_job.detach(),
-                      signal.SIGTERM: lambda s: follower_job.detach()}) as got:
-        try:
-            result = follower_job.run()
-        finally:
-            follower_job.close()
-    if result is not None:  # the job ended: its outcome as `up --no-tui` ends with it (of the nodes shown)
-        result = dataclasses.replace(result, nodes=tuple(n for n in result.nodes if n.node in ranks))
-        Printer().summary(result)
-    sys.exit(_exit_code(result, got) if result is not None else EXIT_SIGNAL.get(got.get("signal", 0), EXIT_OK))
-
-
-def _no_output_text(record: JobRecord, attempt: int, now: float) -> str:
-    """What ``logs`` says when the nodes asked for have written nothing: ``no output yet (running
-    for 4 s)``, or that the attempt ended without any."""
-    shown = next((a for a in record.attempts if a.attempt == attempt), None)
-    if shown is None:
-        return "no output"
-    if attempt == record.attempt and not record.finished:
-        return f"no output yet ({record.state} for {seconds_text(max(0.0, now - shown.started))})"
-    return f"no output: attempt {attempt} ended ({shown.state}) without writing any"
 
 
 @main.command()

@@ -29,8 +29,7 @@ from clusterrun.life.down import Verdict
 from clusterrun.life.down import down as stop_verified
 from clusterrun.life.lifecycle import daemonize, remove_on_hosts
 from clusterrun.life.runner import run_monitor
-from clusterrun.slurm.job import is_slurm
-from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.jobs import JobRecord, JobStore, is_slurm
 from clusterrun.store.opened import Opened
 from clusterrun.views.completion import complete_jobs
 from clusterrun.views.printer import Printer

@@ -11,10 +11,7 @@ import click
 from clusterrun.cli import EXIT_USAGE, _fail, _note
 from clusterrun.config.selection import load_hosts
 from clusterrun.core.errors import ConfigError, DamagedRecord, JobNotFound, StateError
-from clusterrun.life.recorder import refresh
-from clusterrun.slurm.job import is_slurm
-from clusterrun.slurm.job import refresh as slurm_refresh
-from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.jobs import JobRecord, JobStore, is_slurm
 from clusterrun.store.opened import Opened
 
 
@@ -82,8 +79,15 @@ def _find(store: JobStore, ref: str) -> str:
 
 
 def _refresh(store: JobStore, job: Opened) -> Opened:
-    """The job brought up to date (``recorder.refresh``), its hosts file parsed no more than once."""
+    """The job brought up to date (``recorder.refresh``), its hosts file parsed no more than once.
+    An ended job with no notifications to send is as recorded: for it neither the recorder nor Slurm's
+    modules are imported (``logs`` of an ended job beside ``ssh cat``: docs/benchmarks.md, "Logs")."""
     record = job.record
+    if record.finished and record.notify is None:
+        return job
+    from clusterrun.life.recorder import refresh
+    from clusterrun.slurm.job import refresh as slurm_refresh
+
     try:
         if is_slurm(record):  # no agent and no monitor: its `up` records it, else Slurm is asked
             return job.with_record(slurm_refresh(store, record))

@@ -43,13 +43,12 @@ from clusterrun.slurm.job import (
     StepNoter,
     allocation_gone,
     fan_out,
-    is_slurm,
     record_end,
     refresh,
     slurm_of,
     slurm_record,
 )
-from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.jobs import JobRecord, JobStore, is_slurm
 from clusterrun.store.opened import Opened
 from clusterrun.views.printer import Printer
 

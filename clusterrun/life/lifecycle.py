@@ -1,4 +1,5 @@
-"""The pieces of a recorded job on its hosts: its hosts file, status, logs, the agents' stop, ``rm``'s removal.
+"""The pieces of a recorded job on its hosts: its hosts file, status, the agents' stop, ``rm``'s removal
+(its logs: ``logread``).
 
 Every function here works from the job's record (``jobs.JobRecord``) and talks to the hosts
 through the same transports and node agent as ``up``; none of them prints, and none changes the
@@ -10,33 +11,27 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from functools import partial
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from clusterrun.agent.wire import NodeRequest, StackAnswer, node_request
+from clusterrun.agent.wire import StackAnswer
 from clusterrun.config.hostsfile import ClusterSpec, HostSpec
 from clusterrun.core import parallel
 from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import NodeGpus, StopReport
-from clusterrun.core.protocol import End, Eof, LogChunk, NodeStatus, decode, decode_follow, decode_status
+from clusterrun.core.protocol import NodeStatus, decode, decode_status
+from clusterrun.life.logread import request, transport_factory
 from clusterrun.run.orchestrator import Emit, Job, Reconnect
 from clusterrun.run.plan import plan_from_json
 from clusterrun.run.stops import stop_node
 from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.store.opened import Opened
-from clusterrun.transports import Transport, transport_for
+from clusterrun.transports import Transport
 from clusterrun.views.gpus import ask as ask_gpus
 from clusterrun.views.gpus import only
 
-if TYPE_CHECKING:  # `stack`'s grouping and Slurm's kept logs are imported by the functions that use them
+if TYPE_CHECKING:  # `stack`'s grouping is imported by the function that uses it
     from clusterrun.diagnose.stacks import StackView
-
-
-def transport_factory(record: JobRecord) -> Callable[..., Transport]:
-    return partial(transport_for, ssh_config=record.ssh_config)
 
 
 def follower(record: JobRecord, emit: Emit | None, *, owner: bool, follow_logs: bool, attempt: int | None = None,
@@ -98,12 +93,6 @@ def per_node(record: JobRecord, call: Callable[[Transport, int], Any], ranks: Se
         return dict(zip(ranks, parallel.map_all(pool, one, ranks), strict=True))
 
 
-def request(record: JobRecord, rank: int, op: str, attempt: int | None = None, **extra: Any) -> NodeRequest:
-    """The ``op`` request (``wire``) for node ``rank``'s current attempt (or ``attempt``) of the recorded job."""
-    return node_request(op, job=record.job_id, node=rank, attempt=attempt or record.attempt,
-                        state_dir=record.plan.get("state_dir"), **extra)
-
-
 def status_of(transport: Transport, record: JobRecord, rank: int) -> NodeStatus:
     """What node ``rank``'s agent says of the current attempt (``absent`` if never started)."""
     answer = transport.call(request(record, rank, "status"))
@@ -160,95 +149,6 @@ def stacks_view(job: Opened, nodes: Sequence[int] | None = None, ranks: Sequence
 
     answers = stacks_of(record, nodes, ranks, native=native, timeout=timeout, spec=job.spec()) if nodes != [] else {}
     return group(answers, {n.rank: n.host for n in record.nodes})
-
-
-def read_log(job: Opened, rank: int, attempt: int, tail: int | None = None) -> Iterator[str]:
-    """Node ``rank``'s log of ``attempt`` as written so far (from its last ``tail`` lines if
-    given), in chunks of whole lines (the last one may lack its newline)."""
-    return (chunk.data for chunk in read_log_chunks(job, rank, attempt, tail))
-
-
-def read_log_chunks(job: Opened, rank: int, attempt: int, tail: int | None = None) -> Iterator[LogChunk]:
-    """``read_log``'s chunks as the agent sent them, with when their lines were written (a Slurm
-    job's from the files its ``up`` kept on this machine)."""
-    record = job.record
-    if record.engine == "slurm":
-        from clusterrun.store import slurmlogs
-
-        yield from slurmlogs.read_chunks(JobStore(), record, rank, attempt, tail)
-        return
-    transport = transport_factory(record)(job.spec(attempt).hosts[rank])  # the host that ran the node then
-    where: dict[str, Any] = {"offset": 0} if tail is None else {"tail": tail}
-    try:
-        transport.connect()
-        for raw in transport.stream(request(record, rank, "follow", attempt=attempt, once=True, **where)):
-            message = decode_follow(transport.name, raw)
-            if isinstance(message, LogChunk):
-                yield message
-            elif isinstance(message, (End, Eof)):
-                return
-    finally:
-        transport.close()
-
-
-def read_logs(job: Opened, ranks: Sequence[int], attempt: int, tail: int | None = None,
-              budget: int = 64 * 2**20) -> Iterator[tuple[int, str | ClusterrunError]]:
-    """The logs of several nodes, node after node, each read from its host in a thread of its own
-    while the nodes before it are printed. Yields ``(rank, chunk)`` (see ``read_log``), or
-    ``(rank, error)`` once for a node whose host failed. What is read ahead waits while the chunks
-    held for all nodes together exceed ``budget`` characters; the node being printed may always
-    hold one chunk, so it never waits for the others (each reader thread also has one in hand)."""
-    done = object()
-    queues: dict[int, deque[tuple[Any, int]]] = {rank: deque() for rank in ranks}
-    held = {rank: 0 for rank in ranks}
-    total = 0
-    current = ranks[0] if ranks else None
-    cancelled = False
-    changed = threading.Condition()
-
-    def put(rank: int, item: Any, size: int = 0) -> None:
-        nonlocal total
-        with changed:
-            while size and total + size > budget and not (rank == current and not held[rank]) and not cancelled:
-                changed.wait()
-            queues[rank].append((item, size))
-            held[rank] += size
-            total += size
-            changed.notify_all()
-
-    def read(rank: int) -> None:
-        try:
-            for lines in read_log(job, rank, attempt, tail):
-                put(rank, lines, len(lines))
-                if cancelled:
-                    return
-        except ClusterrunError as exc:
-            put(rank, exc)
-        put(rank, done)
-
-    threads = [threading.Thread(target=read, args=(rank,), daemon=True, name=f"logs-node{rank}") for rank in ranks]
-    for thread in threads:
-        thread.start()
-    try:
-        for rank in ranks:
-            with changed:
-                current = rank
-                changed.notify_all()
-            while True:
-                with changed:
-                    while not queues[rank]:
-                        changed.wait()
-                    item, size = queues[rank].popleft()
-                    held[rank] -= size
-                    total -= size
-                    changed.notify_all()
-                if item is done:
-                    break
-                yield rank, item
-    finally:
-        with changed:
-            cancelled = True
-            changed.notify_all()
 
 
 # ------------------------------------------------------------------------------- down, restart

@@ -25,16 +25,13 @@ from clusterrun.core.events import Event, JobFinished, JobResult, LogLines, Node
 from clusterrun.life.attempt import attempt_event
 from clusterrun.life.recorder import Recorder, new_record
 from clusterrun.run.plan import LaunchPlan
-from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.jobs import SLURM, JobRecord, JobStore
 
 # Slurm's own modules are imported where a Slurm job is handled: `ps` and `up` of a job without Slurm
-# ask only `is_slurm`.
+# ask only `store.jobs.is_slurm`.
 if TYPE_CHECKING:
     from clusterrun.slurm.run import SlurmRun
     from clusterrun.slurm.step import SlurmStep
-
-SLURM = "slurm"  # JobRecord.engine of a job of up --from-slurm ("ssh" for every other)
-
 
 def hosts_text(step: SlurmStep) -> str:
     """The allocation's nodes as a hosts file (the record's ``hosts_text``): the plan of a recorded
@@ -57,10 +54,6 @@ def slurm_of(record: JobRecord) -> dict[str, Any]:
     """The record's Slurm part (the allocation ``job``, the ``step`` once known, the ``controller``
     host and ``pid`` of the ``up`` that runs it, ``unwatched``: why nobody records it any more)."""
     return record.slurm or {}
-
-
-def is_slurm(record: JobRecord) -> bool:
-    return record.engine == SLURM
 
 
 class StepNoter:

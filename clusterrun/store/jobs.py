@@ -186,6 +186,14 @@ class JobRecord:
         return cls(**data)
 
 
+SLURM = "slurm"  # JobRecord.engine of a job of up --from-slurm ("ssh" for every other)
+
+
+def is_slurm(record: JobRecord) -> bool:
+    """A job of ``up --from-slurm`` (one srun, no agent on its nodes), told without Slurm's modules."""
+    return record.engine == SLURM
+
+
 class JobStore:
     """The job directories under ``root`` (``state_home()/jobs`` unless given)."""
 

@@ -21,7 +21,7 @@ from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import NodeState
 from clusterrun.core.protocol import End, LogChunk, StateUpdate, decode_follow
 from clusterrun.core.terminal import safe
-from clusterrun.life.lifecycle import request, transport_factory
+from clusterrun.life.logread import request, transport_factory
 from clusterrun.run.follower import node_state_of
 from clusterrun.store.jobs import JobRecord
 from clusterrun.store.opened import Opened

@@ -19,14 +19,13 @@ from clusterrun.core.protocol import decode_status
 from clusterrun.core.terminal import safe
 from clusterrun.diagnose.rootcause import split_rank
 from clusterrun.life.down import Downed, down
-from clusterrun.life.lifecycle import read_log_chunks
+from clusterrun.life.logread import read_log_chunks
 from clusterrun.life.lookup import look
 from clusterrun.life.recorder import refresh
 from clusterrun.run.startwatch import progress_text
-from clusterrun.slurm.job import is_slurm
 from clusterrun.slurm.job import refresh as slurm_refresh
 from clusterrun.store.jobjson import progress_of
-from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.jobs import JobRecord, JobStore, is_slurm
 from clusterrun.store.opened import Opened
 from clusterrun.views.joblist import job_state_text, jobs_json, shown, training_text
 
