@@ -9,7 +9,6 @@ from collections.abc import Sequence
 import click
 
 from clusterrun.cli import EXIT_USAGE, _fail, _note
-from clusterrun.config.selection import load_hosts
 from clusterrun.core.errors import ConfigError, DamagedRecord, JobNotFound, StateError
 from clusterrun.store.jobs import JobRecord, JobStore, is_slurm
 from clusterrun.store.opened import Opened
@@ -36,6 +35,7 @@ def _adopt(hosts_file: str | None) -> None:
     controller does not know (``discover``); say which were adopted and what could not be."""
     if hosts_file is None:
         return
+    from clusterrun.config.selection import load_hosts  # these, only with --hosts
     from clusterrun.store.discover import ask_hosts, records_from
 
     try:
