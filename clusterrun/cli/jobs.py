@@ -27,7 +27,7 @@ from clusterrun.cli import (
     no_tui_option,
     ui_lines_option,
 )
-from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
+from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui, quick_handoffs
 from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, hosts_option
 from clusterrun.cli.slurm import slurm_rows
 from clusterrun.config.watch import Watch
@@ -262,6 +262,7 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
         viewer = follower(record, printer, owner=False, follow_logs=True, offsets=offsets, scrollback=tail or 0,
                           spec=opened.spec())
     printer.set_plan(plan_from_json(record.plan, opened.spec()))
+    quick_handoffs()  # the nodes' followers are threads beside the one printing
     printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "
                  + ("it has ended: its lines since you last looked, then how it ended" if record.finished
                     else "Ctrl-C detaches, the job keeps running"))

@@ -18,7 +18,7 @@ from functools import partial
 import click
 
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_SIGNAL, EXIT_USAGE, _fail, _note
-from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui
+from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui, quick_handoffs
 from clusterrun.cli.records import _guarantee, _refresh
 from clusterrun.cli.up import interrupted_connecting
 from clusterrun.config.hostsfile import ClusterSpec
@@ -148,6 +148,7 @@ def launch(a: UpArgs) -> None:
                 click.echo(job_id)
                 _note(f"job {job_id} started; {_follow_hint(job_id)}")
                 return
+            quick_handoffs()  # the nodes' followers are threads beside the one printing
             result = runner.follow()
             if result is None:  # SIGHUP, or Ctrl-C with --leave-running: a monitor owns the job now
                 runner.hand_over()
