@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,18 @@ def test_a_long_batch_keeps_what_line_by_line_feeding_keeps(extra: tuple[str, ..
     assert list(batch.rank_tails[1]) == ["early 0", "early 1", "early 2"]
     assert list(batch.rank_tails[0])[-1] == "Traceback doubled"
     assert batch.failures == ({1: RankFailure(local_rank=1, exit_code=3, pid=77)} if len(extra) == 2 else {})
+
+
+def test_any_batch_keeps_what_line_by_line_feeding_keeps() -> None:
+    """Batches of ranks' lines (tags padded or doubled), torchrun's report and untagged lines, mixed at random."""
+    rnd = random.Random(7)
+    kinds = ["[rank0]:a", "[rank1]:b", "[rank01]:c", "[rank2]:[rank2]:d", "  rank      : 1 (local_rank: 1)",
+             "  exitcode  : 3 (pid: 77)", "[rank_x] no tag", "torchrun's own", "[rank3]:"]
+    for _ in range(300):
+        mix = rnd.sample(kinds, rnd.choice([1, 2, 3, len(kinds)]))
+        lines = tuple(rnd.choice(mix) + str(i) for i in range(rnd.randint(81, 400)))  # past 4 × tail: a batch
+        batch, one_by_one = NodeLog(), NodeLog()
+        batch.feed(lines)
+        for line in lines:
+            one_by_one.feed([line])
+        assert batch == one_by_one, mix

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -24,7 +24,7 @@ from clusterrun.diagnose.signatures import explain, printed_its_own, transient_s
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
 _REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
 _REPORT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
-_TAG_AFTER_NEWLINE = re.compile(r"\n\[rank(\d+)\]:")
+_TAG_AT_START = re.compile(r"\[rank\d+\]:")
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b.*|^[A-Za-z_][\w.]*: .+")
 TAIL_LINES = 20
 
@@ -101,18 +101,27 @@ class NodeLog:
     def _worth_reading(self, lines: Sequence[str]) -> Sequence[str]:
         """Of a long batch, the lines that can change what is kept: when every line is a rank's,
         each rank's last ``tail`` (found from the end); else all (torchrun's own lines are all
-        read). A flood feeds millions of lines: the check runs in the regex engine, not line by line."""
-        ranks = _TAG_AFTER_NEWLINE.findall("\n" + "\n".join(lines))
-        if len(ranks) != len(lines):
-            return lines
-        left = {rank: min(count, self.tail) for rank, count in Counter(ranks).items()}  # by tag: `[rank03]` apart
-        wanted, kept = sum(left.values()), []
+        read). A flood feeds millions of lines: only the batch's end is read line by line; that
+        the lines before it are all of the ranks found there is counted by ``str.count``."""
+        text = "\n" + "\n".join(lines)
+        left: dict[str, int] = {}  # by tag, `[rank03]:` apart from `[rank3]:`: lines still wanted
+        wanted, kept = 0, []
+        pos = len(text)  # text[pos] is the newline before lines[at]
         for at in range(len(lines) - 1, -1, -1):
-            if left[ranks[at]]:
-                left[ranks[at]] -= 1
+            pos -= len(lines[at]) + 1
+            found = _TAG_AT_START.match(lines[at])
+            if found is None:
+                return lines
+            tag = found.group()
+            if tag not in left:
+                left[tag] = self.tail
+                wanted += self.tail
+            if left[tag]:
+                left[tag] -= 1
+                wanted -= 1
                 kept.append(at)
-                if len(kept) == wanted:
-                    break
+                if not wanted and sum(text.count("\n" + t, 0, pos) for t in left) == at:
+                    break  # every line before is of these ranks, whose last lines are kept
         return [lines[at] for at in reversed(kept)]
 
     def lines(self) -> list[str]:
