@@ -20,7 +20,7 @@ from clusterrun.config.nodesets import hosts_alike
 from clusterrun.core.errors import ConfigError
 from clusterrun.core.events import JobNote
 from clusterrun.core.frozen import frozen
-from clusterrun.life import logread
+from clusterrun.life import lifecycle
 from clusterrun.run import setups
 from clusterrun.run.orchestrator import Emit, Job
 from clusterrun.run.plan import LaunchPlan, node_env, plan_from_json
@@ -185,7 +185,7 @@ def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *,
     args = record.script_args if script_args is None else script_args
     job = Job(aspec.spec, record.script, args, job_id=record.job_id, name=record.name, emit=emit,
               env_overrides=dict(aspec.overrides), local_cwd=record.local_cwd, grace=record.grace,
-              attempt=record.attempt + 1, transport_factory=transports or logread.transport_factory(record),
+              attempt=record.attempt + 1, transport_factory=transports or lifecycle.transport_factory(record),
               follow_logs=False)  # it starts the attempt; its follower (``lifecycle.follower``) shows the log
     try:
         held = aspec.spec.master_port is not None and not record.finished

@@ -20,7 +20,8 @@ from clusterrun.core import parallel
 from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import NodeGpus, StopReport
 from clusterrun.core.protocol import NodeStatus, decode, decode_status
-from clusterrun.life.logread import request, transport_factory
+from clusterrun.life.logread import request as request  # re-exported: the owner (runner, gate) makes its
+from clusterrun.life.logread import transport_factory as transport_factory  # transports by this name (a test seam)
 from clusterrun.run.orchestrator import Emit, Job, Reconnect
 from clusterrun.run.plan import plan_from_json
 from clusterrun.run.stops import stop_node

@@ -54,7 +54,7 @@ from clusterrun.core.events import (
 from clusterrun.core.frozen import frozen
 from clusterrun.core.protocol import HostState, NodeStatus
 from clusterrun.diagnose.rootcause import transient_start_failure
-from clusterrun.life import logread, notify, spares
+from clusterrun.life import lifecycle, notify, spares
 from clusterrun.life.attempt import Cancelled, NextAttempt, restart, start, stop, verified_ended
 from clusterrun.life.gate import plan_to_start
 from clusterrun.life.lifecycle import follower, per_node, save_seen, stacks_of, status_of, stop_job
@@ -179,7 +179,7 @@ class Runner:
         self._phases: dict[str, float] = {}  # the next attempt's, from this one's failure (``timings.mark``)
         # The hosts' transports, kept from the first restart on: each next attempt's checks, start and
         # follower use the connections the last one's follower held, not new ones (``transports.lent``).
-        self._transports = TransportPool(logread.transport_factory(record))
+        self._transports = TransportPool(lifecycle.transport_factory(record))
 
     @classmethod
     def create(cls, store: JobStore, record: JobRecord, job: Job, emit: Emit | None = None, *,
