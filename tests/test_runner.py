@@ -15,7 +15,7 @@ import pytest
 
 from clusterrun.core.errors import HostsUnavailable
 from clusterrun.core.events import AttemptRestarting, AttemptStarted, Event, JobNote, JobState, NodeStarted, NodeState
-from clusterrun.life import lifecycle
+from clusterrun.life import lifecycle, logread
 from clusterrun.life.attempt import NextAttempt, NotStopped, restart
 from clusterrun.life.owner import Asked, Owner
 from clusterrun.life.recorder import new_record
@@ -35,6 +35,7 @@ TORCHRUN_REPORT = "  rank      : 1 (local_rank: 0)\n  exitcode  : -6 (pid: 4321)
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCluster]:
     cluster = FakeCluster()
     monkeypatch.setattr(lifecycle, "transport_factory", lambda record: cluster.transport)
+    monkeypatch.setattr(logread, "transport_factory", lambda record: cluster.transport)  # `logs` reads by it
     yield cluster
 
 

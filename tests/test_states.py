@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from clusterrun import cli
 from clusterrun.core.events import Event, NodeState
-from clusterrun.life import lifecycle
+from clusterrun.life import lifecycle, logread
 from clusterrun.life.recorder import new_record
 from clusterrun.life.runner import Runner
 from clusterrun.run.orchestrator import Job, Reconnect
@@ -37,6 +37,7 @@ SINCE = re.compile(r"unreachable since (\d\d:\d\d:\d\dZ)")
 def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeCluster]:
     cluster = FakeCluster()
     monkeypatch.setattr(lifecycle, "transport_factory", lambda record: cluster.transport)
+    monkeypatch.setattr(logread, "transport_factory", lambda record: cluster.transport)  # `logs` reads by it
     monkeypatch.chdir(tmp_path)  # commands move to the job's directory
     yield cluster
 
