@@ -96,10 +96,10 @@ def test_doctor_checks_only_the_hosts_of_w_and_not_those_of_x(tmp_path: Path) ->
 
 def test_hosts_adopts_from_a_deepspeed_hostfile_as_from_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`ps --hosts HOSTFILE` reads a DeepSpeed/MPI hostfile as `up` does (it was a YAML error)."""
-    import clusterrun.store.discover
+    import clusterrun.life.discover
 
     asked = []
-    monkeypatch.setattr(clusterrun.store.discover, "ask_hosts", lambda spec, ssh_config: asked.append(spec) or {})
+    monkeypatch.setattr(clusterrun.life.discover, "ask_hosts", lambda spec, ssh_config: asked.append(spec) or {})
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# two workers\nworker-1 slots=4\nworker-2 slots=2\n")

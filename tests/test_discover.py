@@ -19,7 +19,7 @@ import pytest
 from clusterrun.config.hostsfile import load_cluster_text
 from clusterrun.core.errors import ConnectError
 from clusterrun.core.events import JobState, NodeState
-from clusterrun.store.discover import records_from
+from clusterrun.life.discover import records_from
 from tests.conftest import ROOT, SUPPORT, wait_for
 from tests.simhosts import SimCluster
 from tests.test_lifecycle import clusterrun, ps_json, up_detached, wait_state

@@ -195,8 +195,8 @@ def test_an_adopted_job_restarted_here_is_owned_here(fake: FakeCluster, store: J
     ``--hosts``): a restart here stops it, starts attempt 2 as this controller's own (no longer
     adopted: a monitor is started for it here again), and ``remove`` then clears its hosts."""
     from clusterrun.config.hostsfile import load_cluster_text
+    from clusterrun.life.discover import records_from
     from clusterrun.life.lifecycle import remove_on_hosts, stop_job
-    from clusterrun.store.discover import records_from
 
     elsewhere = JobStore(tmp_path / "elsewhere")
     runner = owned_job(fake, elsewhere, tmp_path, [])

@@ -36,7 +36,7 @@ def _adopt(hosts_file: str | None) -> None:
     if hosts_file is None:
         return
     from clusterrun.config.selection import load_hosts  # these, only with --hosts
-    from clusterrun.store.discover import ask_hosts, records_from
+    from clusterrun.life.discover import ask_hosts, records_from
 
     try:
         spec, text = load_hosts(hosts_file)  # a DeepSpeed/MPI hostfile too: its text as YAML
