@@ -77,6 +77,13 @@ ui_lines_option = click.option(
     help="Lines of each node the dashboard keeps in memory (the whole log stays on the hosts).")
 
 
+def interrupted_connecting() -> NoReturn:
+    """Ctrl-C of ``up`` once the connections started and before the start: every connection closes
+    with the program (``__main__``), nothing started anywhere."""
+    _note("interrupted while connecting to the hosts, copying files or checking them; nothing was started")
+    sys.exit(EXIT_SIGNAL[signal.SIGINT])  # the program leaves without its host threads (__main__)
+
+
 def _fail(error: ClusterrunError, code: int) -> NoReturn:
     text = _hosts_unavailable(error) if isinstance(error, HostsUnavailable) else error.render()
     click.echo(f"clusterrun: error: {safe(text, colour=False)}", err=True)  # may quote a host

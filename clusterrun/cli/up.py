@@ -7,22 +7,21 @@ from __future__ import annotations
 import difflib
 import os
 import shlex
-import signal
 import sys
 from collections.abc import Callable
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 
 import click
 
 from clusterrun.cli import (
     EXCLUDE_HELP,
-    EXIT_SIGNAL,
     EXIT_USAGE,
     NODES_HELP,
     Seconds,
     _fail,
     _note,
     accept_new_host_keys_option,
+    interrupted_connecting,
     main,
     no_tui_option,
     ssh_config_option,
@@ -222,19 +221,15 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
     connect_early(transports)
     try:
         from clusterrun.cli.launch import UpArgs, launch  # the rest, imported while the hosts connect
+        from clusterrun.life.launch import NewJob
     except KeyboardInterrupt:
         interrupted_connecting()
 
-    launch(UpArgs(spec=spec, hosts_file=hosts_file, hosts_text=hosts_text, script=script,
-                  script_args=tuple(script_args), overrides=overrides, transports=transports, ssh_config=ssh_config,
-                  show_timings=show_timings, name=name, dry_run=dry_run, as_json=as_json, detach=detach,
-                  no_tui=no_tui, ui_lines=ui_lines, leave_running=leave_running, grace=grace, sync_dir=sync_dir,
-                  no_preflight=no_preflight, no_retry_startup=no_retry_startup, max_restarts=max_restarts,
-                  unreachable_timeout=unreachable_timeout))
+    launch(UpArgs(NewJob(hosts_file=hosts_file, hosts_text=hosts_text, script=script, script_args=tuple(script_args),
+                         overrides=overrides, local_cwd=os.getcwd(), ssh_config=ssh_config, name=name,
+                         dry_run=dry_run, follow_logs=not detach, grace=grace, sync_dir=sync_dir,
+                         full=not no_preflight, retry_startup=not no_retry_startup, max_restarts=max_restarts,
+                         unreachable_timeout=unreachable_timeout),
+                  spec=spec, transports=transports, show_timings=show_timings, as_json=as_json, detach=detach,
+                  no_tui=no_tui, ui_lines=ui_lines, leave_running=leave_running))
 
-
-def interrupted_connecting() -> NoReturn:
-    """Ctrl-C once the connections started and before the start: every connection closes with the
-    program (``__main__``), nothing started anywhere."""
-    _note("interrupted while connecting to the hosts, copying files or checking them; nothing was started")
-    sys.exit(EXIT_SIGNAL[signal.SIGINT])  # the program leaves without its host threads (__main__)
