@@ -398,7 +398,7 @@ def test_no_preflight_skips_the_port_test_and_versions_but_not_the_script(fake: 
     assert "master port" not in verdicts(cheap, "h1") and "same versions" not in verdicts(cheap, "h1")
     assert {"workdir", "script"} <= set(verdicts(cheap, "h1"))
     assert verdicts(full, "h1")["master port"] == "✗"
-    assert gate.warnings(full) == ["h1: same versions: torch 2.12.0 here, 2.13.0 on h0 (fix: install the same "
+    assert doctor.warnings(full) == ["h1: same versions: torch 2.12.0 here, 2.13.0 on h0 (fix: install the same "
                                      "versions on every host (mismatches hang or crash collectives))"]
 
 
@@ -435,7 +435,7 @@ def test_up_asks_each_host_the_probe_the_reach_and_the_start_and_checks_as_when_
                 return refused.value.render()
             job.prepare()
             report = run_preflight(job, spec)
-            return (doctor.refusal(report) or HostsUnavailable([])).render() + "\n" + "\n".join(gate.warnings(report))
+            return (doctor.refusal(report) or HostsUnavailable([])).render() + "\n" + "\n".join(doctor.warnings(report))
         finally:
             job.close()
 

@@ -20,13 +20,13 @@ import pytest
 
 import clusterrun.cli.launch as launch_cli
 import clusterrun.cli.up as up_cli
-from clusterrun.checks.doctor import Check, HostReport, Report, Verdict
+from clusterrun.checks.doctor import Check, HostReport, Report, Verdict, warnings
 from clusterrun.cli import main
 from clusterrun.config.hostsfile import load_cluster_text
 from clusterrun.config.nodesets import FOLD_PAST
 from clusterrun.core.events import JobHung, NodeLink, NodeStarted, StopReport
 from clusterrun.core.ranges import parse_ranges
-from clusterrun.life import gate, lifecycle
+from clusterrun.life import lifecycle
 from clusterrun.life.attempt import restart
 from clusterrun.life.recorder import new_record
 from clusterrun.life.runner import Runner
@@ -201,10 +201,10 @@ def test_a_preflight_warning_of_many_hosts_is_one_line_and_the_odd_host_its_own(
     hosts = [HostReport(rank, f"gpu{rank + 1:02d}", [Check("ssh", Verdict.OK, "ok"), old_python])
              for rank in range(N)]
     hosts[17].checks[1] = Check("python", Verdict.WARN, "3.8 is old", fix="python 3.10 or newer")
-    assert gate.warnings(Report(hosts)) == [
+    assert warnings(Report(hosts)) == [
         "63 hosts gpu[01-17,19-64]: python: 3.9 is old (fix: python 3.10 or newer)",
         "gpu18: python: 3.8 is old (fix: python 3.10 or newer)"]
-    assert gate.warnings(Report(hosts[:FOLD_PAST])) == [
+    assert warnings(Report(hosts[:FOLD_PAST])) == [
         f"gpu{rank + 1:02d}: python: 3.9 is old (fix: python 3.10 or newer)" for rank in range(FOLD_PAST)]
 
 

@@ -38,6 +38,7 @@ from clusterrun.agent.wire import (
 )
 from clusterrun.config.environment import redact
 from clusterrun.config.hostsfile import ClusterSpec, HostSpec
+from clusterrun.config.nodesets import hosts_alike
 from clusterrun.core import parallel
 from clusterrun.core.errors import AgentError, ClusterrunError, ConnectError, HostError, HostsUnavailable
 from clusterrun.core.protocol import (
@@ -70,6 +71,7 @@ from clusterrun.run.hostchecks import (  # re-exported: the checks are the docto
 from clusterrun.run.interfaces import decide_interfaces, master_derived, reached_address, route_request, settle_master
 from clusterrun.run.plan import HostFacts, master_addr, node_env
 from clusterrun.run.probing import Ahead, Early
+from clusterrun.sync.copy import source_of
 from clusterrun.transports import AgentSession, Transport
 
 REACH_TIMEOUT = 5.0
@@ -359,17 +361,27 @@ def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | N
 
 
 def preflight_ahead(spec: ClusterSpec, script: str, *, local_cwd: str | None, full: bool, test_port: bool,
-                    synced: Callable[[int], bool], recheck: bool = False) -> Ahead:
+                    sync_dir: str | None = None, copies: bool = True, recheck: bool = False) -> Ahead:
     """The requests of ``preflight`` that can go with the probes (``Job.prepare(ahead=)``): the
-    ``inspect`` of each host whose answer nothing before the preflight changes (no ``setup:``;
-    ``synced(rank)`` false: no sync copies to it first), and node 0's listener on the master port
-    when the preflight tests it (``full`` or ``recheck``, and ``test_port``)."""
+    ``inspect`` of each host whose answer nothing before the preflight changes (no ``setup:``; no
+    sync copies to it first: its ``sync:`` or ``sync_dir``, where the sync ``copies``, not a dry
+    run's), and node 0's listener on the master port when the preflight tests it (``full`` or
+    ``recheck``, and ``test_port``)."""
     inspect = {rank: inspect_request(host, rank, script, spec, local_cwd, deep=full and host.gpus is not None,
                                      full=full)
-               for rank, host in enumerate(spec.hosts) if not host.setup and not synced(rank)}
+               for rank, host in enumerate(spec.hosts)
+               if not host.setup and not (copies and source_of(spec, host, sync_dir))}
     listen = ListenRequest(port=spec.master_port, token=secrets.token_hex(8)) if (full or recheck) and test_port \
         else None
     return Ahead(inspect=inspect, listen=listen)
+
+
+def warnings(report: Report) -> list[str]:
+    """The preflight's warnings, a line each: ``host: check: detail (fix: ...)``; past ``FOLD_PAST``
+    hosts, the hosts of one warning on one line (``64 hosts gpu[01-64]: ...``)."""
+    warned = [(h.host, f"{c.name}: {c.detail}" + (f" (fix: {c.fix})" if c.fix else ""))
+              for h in report.hosts for c in h.checks if c.verdict is Verdict.WARN]
+    return hosts_alike(warned, len(report.hosts))
 
 
 def refusal(report: Report) -> HostsUnavailable | None:
@@ -385,4 +397,4 @@ def refusal(report: Report) -> HostsUnavailable | None:
 
 
 __all__ = ["Check", "HostReport", "Report", "Verdict", "clock_check", "connection_check", "disk_check", "gpu_check",
-           "inspect_request", "preflight", "preflight_ahead", "refusal", "run_doctor", "version_checks"]
+           "inspect_request", "preflight", "preflight_ahead", "refusal", "run_doctor", "version_checks", "warnings"]

@@ -11,12 +11,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from clusterrun.checks import doctor
 from clusterrun.config.environment import MASK, resolve, unmask
 from clusterrun.config.hostsfile import ClusterSpec, HostSpec
-from clusterrun.config.nodesets import hosts_alike
 from clusterrun.core.errors import ConfigError
 from clusterrun.core.events import JobNote
 from clusterrun.core.frozen import frozen
@@ -99,29 +98,6 @@ def _close_script(path: str) -> str | None:
     return close[0] if close else None
 
 
-def preflight(job: Job, plan: LaunchPlan, spec: ClusterSpec, script: str, *, full: bool, local_cwd: str,
-              synced: Collection[int] = (), test_port: bool = True, recheck: bool = False) -> list[str]:
-    """``doctor``'s checks on the probed hosts before anything starts (or stops), the python ones in
-    the environment of the hosts' setup where it ran: raises the refusal (``HostsUnavailable``,
-    one line and a fix per problem); else the warnings."""
-    report = doctor.preflight([job.probed(rank) for rank in range(plan.nnodes)], spec, script,
-                              addr=plan.master_addr, port=plan.master_port, local_cwd=local_cwd, full=full,
-                              synced=synced, test_port=test_port, set_up=job.set_up,
-                              setup_of=(job.job_id, job.attempt), early=job.early, recheck=recheck)
-    refused = doctor.refusal(report)
-    if refused is not None:
-        raise refused
-    return warnings(report)
-
-
-def warnings(report: doctor.Report) -> list[str]:
-    """The preflight's warnings, a line each: ``host: check: detail (fix: ...)``; past ``FOLD_PAST``
-    hosts, the hosts of one warning on one line (``64 hosts gpu[01-64]: ...``)."""
-    warned = [(h.host, f"{c.name}: {c.detail}" + (f" (fix: {c.fix})" if c.fix else ""))
-              for h in report.hosts for c in h.checks if c.verdict is doctor.Verdict.WARN]
-    return hosts_alike(warned, len(report.hosts))
-
-
 def check_new(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *, full: bool, dry_run: bool,
               sync_dir: str | None = None, progress: Progress | None = None, emit: Emit | None = None,
               ) -> tuple[LaunchPlan, dict[int, SyncReport], list[str]]:
@@ -145,19 +121,23 @@ def _probe_and_check(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *
     preflight nothing before it changes goes with the probes (``doctor.preflight_ahead``). ``recheck``:
     hosts checked minutes ago, restarted automatically: the probe, the cheap inspection (workdir, script,
     disk; it goes with the probe) and the master port's test, not the GPUs or the versions."""
-    copied = {rank for rank, host in enumerate(spec.hosts) if not dry_run and source_of(spec, host, sync_dir)}
     job.prepare(run_setup=False, ahead=doctor.preflight_ahead(spec, script, local_cwd=local_cwd, full=full,
-                                                              test_port=test_port, synced=copied.__contains__,
-                                                              recheck=recheck))
+                                                              test_port=test_port, sync_dir=sync_dir,
+                                                              copies=not dry_run, recheck=recheck))
     reports = sync_hosts(spec, job.agents, progress, override=sync_dir, dry_run=dry_run)
     synced = {rank for rank, host in enumerate(spec.hosts) if source_of(spec, host, sync_dir)} if dry_run else ()
     setups.run(job, emit, if_cwd=synced)
     plan = job.plan  # torchrun's argv as the interpreter after setup takes it
     if plan is None:
         raise RuntimeError("the checks before the plan")
-    warnings = preflight(job, plan, spec, script, full=full, local_cwd=local_cwd, synced=synced, test_port=test_port,
-                         recheck=recheck)
-    return plan, reports, warnings
+    report = doctor.preflight([job.probed(rank) for rank in range(plan.nnodes)], spec, script,
+                              addr=plan.master_addr, port=plan.master_port, local_cwd=local_cwd, full=full,
+                              synced=synced, test_port=test_port, set_up=job.set_up,
+                              setup_of=(job.job_id, job.attempt), early=job.early, recheck=recheck)
+    refused = doctor.refusal(report)  # one line and a fix per problem
+    if refused is not None:
+        raise refused
+    return plan, reports, doctor.warnings(report)
 
 
 def note(emit: Emit | None, text: str) -> None:
@@ -201,4 +181,4 @@ def checked_attempt(record: JobRecord, aspec: AttemptSpec, emit: Emit | None, *,
     return job
 
 
-__all__ = ["AttemptSpec", "check_script", "checked_attempt", "note", "plan_to_start", "preflight", "warnings"]
+__all__ = ["AttemptSpec", "check_script", "checked_attempt", "note", "plan_to_start"]
