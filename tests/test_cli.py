@@ -149,8 +149,8 @@ def test_up_starts_connecting_before_it_loads_the_launch_or_slurm() -> None:
     assert done.returncode == 0, done.stderr
     loaded = set(eval(done.stdout))
     assert "clusterrun.transports" in loaded
-    assert not {"clusterrun.cli.launch", "clusterrun.cli.slurm", "clusterrun.slurm.step", "clusterrun.life.attempt",
-                "clusterrun.life.gate", "clusterrun.run.orchestrator"} & loaded
+    assert not {"clusterrun.cli.launch", "clusterrun.life.launch", "clusterrun.cli.slurm", "clusterrun.slurm.step",
+                "clusterrun.life.attempt", "clusterrun.life.gate", "clusterrun.run.orchestrator"} & loaded
 
 def test_the_job_list_shortens_long_host_lists() -> None:
     from clusterrun.cli.jobs import _hosts_cell

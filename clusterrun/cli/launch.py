@@ -57,7 +57,7 @@ def launch(a: UpArgs) -> None:
     tui = not a.detach and _use_tui(a.no_tui)
     shown = _Shown(store, a)
     try:
-        launched = first_attempt(a.new, a.spec, a.transports, shown, None if tui else printer)
+        launched = first_attempt(a.new, a.spec, a.transports, store, shown, None if tui else printer)
     except HostsUnavailable as exc:
         _fail(exc, EXIT_HOSTS)
     except DamagedRecord:  # a record in the way of the name: the command's answer to it (exit 1)
@@ -66,11 +66,12 @@ def launch(a: UpArgs) -> None:
         _fail(exc, EXIT_USAGE)
     except ClusterrunError as exc:
         _fail(exc, EXIT_FAILED)
-    except KeyboardInterrupt:  # every connection closed (the job's), nothing started
+    except KeyboardInterrupt:  # nothing started; the connections close with the program
         interrupted_connecting()
     if launched is None:  # the dry run
         return
-    runner, plan, job, job_id = launched.runner, launched.plan, launched.runner.job, launched.plan.job_id
+    runner, plan = launched.runner, launched.plan
+    job, job_id = runner.job, plan.job_id
     try:
         if tui:
             from clusterrun.life.session import Session  # the dashboard's: `up --no-tui` and `-d` need none

@@ -104,10 +104,10 @@ class Launched:
     plan: LaunchPlan
 
 
-def first_attempt(new: NewJob, spec: ClusterSpec, transports: Sequence[Transport], view: LaunchView,
-           emit: Emit | None) -> Launched | None:
-    """``up``'s job checked, named, recorded and owned (see the module docstring), the hosts'
-    connections already under way (``transports``); ``emit`` hears the owner's events (None: the
+def first_attempt(new: NewJob, spec: ClusterSpec, transports: Sequence[Transport], store: JobStore,
+                  view: LaunchView, emit: Emit | None) -> Launched | None:
+    """``up``'s job checked, named, recorded in ``store`` and owned (see the module docstring), the
+    hosts' connections already under way (``transports``); ``emit`` hears the owner's events (None: the
     dashboard subscribes later). None for a dry run (its plan shown by ``view.planned``). Raises
     ``ConfigError`` (the script, the name, a bad ``--sync``), ``HostsUnavailable`` (a host refused:
     nothing started anywhere) or ``StateError`` (no record could be made: nothing started)."""
@@ -121,10 +121,13 @@ def first_attempt(new: NewJob, spec: ClusterSpec, transports: Sequence[Transport
                           hint=("wait for that start to end (`clusterrun ps`)" if held.state == "preparing" else
                                 f"stop it first (`clusterrun down {held.job_id}`)")
                           + ", or name this job otherwise with --name NAME")
-    if held is not None:  # the script's name: NAME-2, NAME-3... (two learning rates need no names of their own)
-        number, taken = 2, name
-        while view.holder(name := taken[:MAX_NAME - len(str(number)) - 1].rstrip("-.") + f"-{number}") is not None:
+    if held is not None:  # the script's name taken: the first free of NAME-2, NAME-3... (two learning rates)
+        number, taken = 1, name
+        while True:
             number += 1
+            name = taken[:MAX_NAME - len(str(number)) - 1].rstrip("-.") + f"-{number}"
+            if view.holder(name) is None:
+                break
         view.note(f"{taken!r} is {held.state} (job {held.job_id}): this job is named {name!r}")
     job_id = make_job_id(name, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
     job = Job(spec, new.script, new.script_args, job_id=job_id, name=name, emit=None, env_overrides=new.overrides,
@@ -148,7 +151,7 @@ def first_attempt(new: NewJob, spec: ClusterSpec, transports: Sequence[Transport
                             unreachable_timeout=new.unreachable_timeout, retry_startup=new.retry_startup,
                             max_restarts=new.max_restarts, watch=spec.watch, notify=spec.notify)
         try:
-            runner = Runner.create(JobStore(), record, job, emit, retry_startup=new.retry_startup,
+            runner = Runner.create(store, record, job, emit, retry_startup=new.retry_startup,
                                    policy=spec.restart.with_max(new.max_restarts))
         except StateError as exc:
             exc.message += "; nothing was started"
