@@ -124,17 +124,18 @@ class _Shown:
 
     def __init__(self, store: JobStore, a: UpArgs) -> None:
         self.store, self.as_json, self.dry_run, self.hosts = store, a.as_json, a.new.dry_run, len(a.spec.hosts)
-        self.sync = SyncView()
+        self._sync: SyncView | None = None  # made when the sync begins
 
     def note(self, text: str) -> None:
         _note(text)
 
     def syncing(self) -> SyncView:
-        self.sync = SyncView(live=None if not self.dry_run else False, hosts=self.hosts)
-        return self.sync
+        self._sync = SyncView(live=None if not self.dry_run else False, hosts=self.hosts)
+        return self._sync
 
     def synced(self, reports: Mapping[int, SyncReport]) -> None:
-        self.sync.report(reports)
+        if self._sync is not None:
+            self._sync.report(reports)
 
     def planned(self, checked: Checked) -> None:
         job = checked.job
