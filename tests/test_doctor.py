@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -589,3 +590,14 @@ def test_the_inspect_runs_its_slow_looks_side_by_side(tmp_path: Path, monkeypatc
     assert answer["deep"]["devices"] == 1 and answer["deep"]["cuda"] == "12.4", answer["deep"]
     assert answer["gpu_list"] == "GPU 0: NVIDIA Fake 80GB (UUID: GPU-aaaa)\n"
     assert answer["gpu_apps"] == "GPU-aaaa, 4242, /usr/bin/python3\n"
+
+
+def test_the_inspections_that_go_with_the_probes_leave_out_the_hosts_a_sync_fills_first() -> None:
+    """A host the sync copies to (its ``sync:``, or ``--sync`` for all) is inspected after the
+    sync, not with its probe; a dry run copies nothing, so every host goes with its probe."""
+    spec = load_cluster_text("hosts:\n  - host: h0\n    workdir: /proj\n    sync: .\n"
+                             "  - host: h1\n    workdir: /proj\n", "hosts.yaml")
+    ahead = partial(doctor.preflight_ahead, spec, "train.py", local_cwd="/here", full=False, test_port=False)
+    assert set(ahead().inspect) == {1}
+    assert set(ahead(sync_dir="/src").inspect) == set()
+    assert set(ahead(sync_dir="/src", copies=False).inspect) == {0, 1}
