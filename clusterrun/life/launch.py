@@ -2,10 +2,10 @@
 named, the hosts checked (the probe, the sync, their setup, the preflight), the record made and
 owned by a ``Runner`` that has not started anything yet.
 
-``first_attempt`` does it in that order and hands back what it made (``Launched``); nothing here prints,
-exits or starts a process: what the user sees goes through the command's ``LaunchView``, and a
-refusal is raised typed (``ConfigError``, ``HostsUnavailable``, ``StateError``), for the command
-to turn into its message and exit code.
+``first_attempt`` does it in that order and hands back what it made (``Launched``); nothing here
+prints, exits or starts a process: what the user sees goes through the command's ``LaunchView``,
+and a refusal is raised typed (``ConfigError``, ``HostsUnavailable``, ``StateError``), for the
+command to turn into its message and exit code.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ class Checked:
 
 class LaunchView(Protocol):
     """What the command shows of a launch and tells it: lines for the user, the sync's progress,
-    the dry run's plan, and who holds a job name (a record brought up to date the command's way)."""
+    the dry run's plan, and who holds a job name (records brought up to date the command's way: a
+    Slurm job's by Slurm, which is above this layer)."""
 
     def note(self, text: str) -> None:
         """A line for the user: a name already taken, a setup still running, a warning."""
