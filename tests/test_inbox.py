@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import signal
 import threading
 
 import pytest
@@ -49,3 +50,35 @@ def test_the_count_still_bounds_messages_without_data() -> None:
     inbox.put((0, Link(up=True)))
     with pytest.raises(queue.Full):
         inbox.put((0, Link(up=True)), block=False)
+
+
+def woken(inbox: Inbox) -> bool:
+    """``inbox.wait(None)``: True if it returned before a watchdog's message (30 s) would wake it."""
+    watchdog = threading.Timer(30, inbox.put, args=((9, Link(up=False)),))
+    watchdog.start()
+    inbox.wait(None)
+    watchdog.cancel()
+    return inbox.empty()
+
+
+def test_wait_returns_for_a_message_or_a_ring_and_takes_their_tokens() -> None:
+    inbox = Inbox()
+    inbox.wait(0)  # nothing: returns after its timeout
+    inbox.put((0, Link(up=True)))
+    inbox.wait(None)  # something queued: at once
+    inbox.get_nowait()
+    threading.Timer(0.05, inbox.ring).start()
+    assert woken(inbox)
+    assert inbox._bell.empty()  # the tokens taken: the next wait sleeps
+
+
+def test_a_signal_handler_that_rings_wakes_the_wait_it_interrupted() -> None:
+    """A stop from a signal handler in the loop's own thread: ``ring`` takes no lock the
+    interrupted ``wait`` may hold, and the wait returns."""
+    inbox = Inbox()
+    previous = signal.signal(signal.SIGUSR1, lambda *_: inbox.ring())
+    try:
+        threading.Timer(0.05, signal.pthread_kill, args=(threading.get_ident(), signal.SIGUSR1)).start()
+        assert woken(inbox)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

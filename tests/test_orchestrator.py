@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +31,9 @@ from clusterrun.core.events import (
     iso,
 )
 from clusterrun.life.runner import stop_for
+from clusterrun.run import orchestrator
 from clusterrun.run.follower import FOLLOW_INTERVALS, MESSAGE_BUDGET, follow_interval
+from clusterrun.run.inbox import Inbox
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.transports.fake import FakeCluster
 from clusterrun.views.printer import Printer
@@ -160,7 +163,7 @@ def test_a_node_that_ended_before_the_stop_came_is_failed_not_stopped(fake: Fake
 class Clock:
     """``time.monotonic`` that can jump forward, as it does for a controller paused or asleep."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, idle: float = 3600.0) -> None:
         self.real = time.monotonic
         self.skipped = 0.0
         monkeypatch.setattr(time, "monotonic", lambda: self.real() + self.skipped)
@@ -495,3 +498,76 @@ def test_setups_lines_come_before_the_start_they_preceded_and_are_not_shown_twic
             f"clusterrun: node{rank} h{rank}: started attempt 1 (torchrun pid {pid})",
             f"node{rank} h{rank} rank{rank} | training"], lines
     assert job.offsets == {r: len(fake.node(JOB, r).log) for r in (0, 1)}
+
+
+class Waits:
+    """``Inbox.wait`` recorded: the timeouts the job's loop asked for; ``idle`` set once it sleeps
+    for ``orchestrator.IDLE`` (nothing that changes with time alone is left to check)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, idle: float = 3600.0) -> None:
+        self.timeouts: list[float | None] = []
+        self.idle = threading.Event()
+        wait = Inbox.wait
+
+        def recorded(inbox: Inbox, timeout: float | None) -> None:
+            self.timeouts.append(timeout)
+            if timeout == orchestrator.IDLE:
+                self.idle.set()
+            wait(inbox, timeout)
+
+        monkeypatch.setattr(orchestrator, "IDLE", idle)  # an hour: a loop left asleep would outlast the test
+        monkeypatch.setattr(Inbox, "wait", recorded)
+
+
+def test_a_quiet_job_sleeps_until_a_stop_from_another_thread_wakes_it(fake: FakeCluster,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the start-up watch waits, the loop looks every TICK; once every node started its
+    workers it sleeps until something comes (a message, a stop, a detach), not in timed polls."""
+    waits = Waits(monkeypatch)
+    run = Running(fake)
+    n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    n0.start_workers(0)
+    n1.start_workers(1)
+    assert waits.idle.wait(10), waits.timeouts
+    assert orchestrator.TICK in waits.timeouts  # the start-up watch was stepped while it waited
+    run.job.request_stop("SIGTERM")  # from this thread: rings the inbox
+    result = run.finish()
+    assert result is not None and result.interrupted == "SIGTERM"
+    assert [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.STOPPED]
+
+
+def test_a_stop_from_a_signal_handler_wakes_the_loop_it_interrupted(fake: FakeCluster,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``up``'s Ctrl-C: the handler runs in the loop's own thread, during its wait; the stop is
+    carried out (at the latest at the loop's next IDLE wake-up: a ring from a handler was seen
+    to be missed now and then, with IDLE an hour)."""
+    waits = Waits(monkeypatch, idle=orchestrator.IDLE)
+    job = Job(spec_of(2), "train.py", job_id=JOB, name="train", emit=None, transport_factory=fake.transport,
+              reconnect=FAST)
+    job.prepare()
+    job.start()
+    for rank in (0, 1):
+        fake.wait_started(JOB, rank).start_workers(rank)
+    previous = signal.signal(signal.SIGUSR1, lambda *_: job.request_stop("SIGINT"))
+    ended, loop = threading.Event(), threading.get_ident()  # run() below: this thread handles signals
+
+    def kill_when_idle() -> None:
+        if waits.idle.wait(10) and not ended.is_set():
+            signal.pthread_kill(loop, signal.SIGUSR1)
+
+    def watchdog() -> None:  # a loop the handler did not wake: the nodes' own end wakes it, not interrupted
+        if not ended.wait(30):
+            fake.node(JOB, 0).exit(0)
+            fake.node(JOB, 1).exit(0)
+
+    threading.Thread(target=kill_when_idle, daemon=True).start()
+    threading.Thread(target=watchdog, daemon=True).start()
+    try:
+        result = job.run()
+    finally:
+        ended.set()
+        signal.signal(signal.SIGUSR1, previous)
+        job.close()
+    assert waits.idle.is_set()
+    assert result is not None and result.interrupted == "SIGINT"
+    assert [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.STOPPED]

@@ -56,6 +56,12 @@ class HangWatch:
         if status.ended:
             self.ended.setdefault(rank, self.clock())
 
+    @property
+    def waiting(self) -> bool:
+        """Whether ``poll()`` may change its verdict with time alone (a node's end ageing), not
+        only after an ``update``."""
+        return self.since is None and bool(self.ended)
+
     def poll(self) -> JobHung | None:
         since = silent_since(self.statuses)
         if since is not None and self.since is None and self.ended:

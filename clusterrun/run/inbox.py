@@ -7,6 +7,10 @@ characters or more; an empty inbox takes any chunk, so a chunk larger than the b
 Messages without log data (states, links, the end) wait only for the count. Each follower puts
 from its own thread in its stream's order, so what waits is never overtaken by its own node's
 later messages.
+
+The job's loop sleeps in ``wait()`` until something is queued or ``ring()`` is called (a stop, a
+detach), not in timed polls: ``ring()`` only puts on a ``queue.SimpleQueue``, whose ``put`` is
+reentrant, so a signal handler may call it even while it interrupted the loop inside the inbox.
 """
 
 from __future__ import annotations
@@ -35,6 +39,22 @@ class Inbox(queue.Queue[Item]):
         super().__init__(maxsize)
         self.budget = budget
         self.held = 0  # characters of log data queued
+        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()  # a token per message queued or ring()
+
+    def ring(self) -> None:
+        """Wake ``wait()`` (safe from any thread and from signal handlers)."""
+        self._bell.put(None)
+
+    def wait(self, timeout: float | None) -> None:
+        """Return once something is queued or ``ring()`` was called, or after ``timeout`` seconds."""
+        if not self.empty():
+            return
+        try:
+            self._bell.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while not self._bell.empty():  # the tokens of what came meanwhile: the caller takes it all now
+            self._bell.get_nowait()
 
     def put(self, item: Item, block: bool = True, timeout: float | None = None) -> None:
         """Queue ``item``; wait while the inbox is full by count, or, for a log chunk, by data."""
@@ -47,6 +67,7 @@ class Inbox(queue.Queue[Item]):
                     raise queue.Full
                 self.not_full.wait(left)
             self._put(item)
+            self._bell.put(None)
             self.held += size
             self.unfinished_tasks += 1
             self.not_empty.notify()

@@ -95,6 +95,11 @@ from clusterrun.transports import Transport, transport_for
 from clusterrun.transports.lent import Lent
 
 DRAIN = 256  # messages handled at most between two rounds of the job loop's checks
+# The job's loop wakes for a message, a stop or a detach (``Inbox.ring``); besides, every TICK
+# while a check may change with time alone (``Job._timed``, a stop under way), else every IDLE:
+# a signal that another thread took runs its handler only when the loop's thread wakes.
+TICK = 0.1
+IDLE = 0.5
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
 
 
@@ -241,6 +246,7 @@ class Job(JobHosts):
         if order.asked:
             self._stop_event.set()
         self._wake.set()
+        self._inbox.ring()
 
     def request_stop(self, reason: str, by: str | None = None) -> None:
         """Ask ``run()`` to stop every node (the user's stop, a restart's): ``stop``; ``by``: who, for the logs."""
@@ -250,6 +256,7 @@ class Job(JobHosts):
         """Make ``run()`` return None soon, leaving the job as it is (safe from signal handlers)."""
         self._detach.set()
         self._wake.set()
+        self._inbox.ring()
 
     @property
     def detached(self) -> bool:
@@ -291,11 +298,7 @@ class Job(JobHosts):
             if self._order is not None and order is None:
                 order, self._failed_first = self._order, self._order.after
                 stop_futures = self._stop_async(order)
-            try:
-                rank, message = self._inbox.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            self._handle(rank, message)
+            self._inbox.wait(TICK if order is not None or waiting.pending or self._timed(watch) else IDLE)
             self._drain(order is None)
         stops = self._stop_reports(stop_futures)
         for thread in self._threads:
@@ -307,9 +310,14 @@ class Job(JobHosts):
         interrupted = order.reason if order is not None and order.asked else None
         return self._result(stops, interrupted, late.cause if late is not None else None)
 
+    def _timed(self, watch: StartupWatch | None) -> bool:
+        """Whether a check of the loop may change with time alone: the start-up watch's notes and
+        expiry, until every node started; the hang watch's wait after a node's end."""
+        return (watch is not None and not watch.done) or (self._hang is not None and self._hang.waiting)
+
     def _drain(self, unordered: bool) -> None:
-        """Handle what else is in the inbox before the loop's checks again (each looks at every
-        node), unless a detach or, while ``unordered``, a stop order waits."""
+        """Handle what is in the inbox before the loop's checks again (each looks at every node),
+        unless a detach or, while ``unordered``, a stop order waits."""
         for _ in range(DRAIN):
             if self._detach.is_set() or (unordered and self._order is not None):
                 return

@@ -35,6 +35,11 @@ class UnreachableWait:
     def end(self, rank: int) -> None:
         self._since.pop(rank, None)
 
+    @property
+    def pending(self) -> bool:
+        """Whether a node is waited for (``due`` and its notes change with time)."""
+        return bool(self._since)
+
     def due(self, now: float) -> list[int]:
         """The nodes waited for ``limit`` seconds (no longer waited for); the others' notes said."""
         over = [rank for rank, (_, began, _) in self._since.items() if now - began >= self.limit]
