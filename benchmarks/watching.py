@@ -192,7 +192,7 @@ class Bench:
         quiet window, then over one at ``rate`` lines/s per node."""
         time.sleep(settle)  # the start's scans and first state writes are over
         rows = []
-        for label in ("quiet", f"{rate:g} lines/s per node"):
+        for label in ("quiet", f"{rate:g} lines/s per node")[:2 if rate else 1]:  # --rate 0: quiet only
             told = [r.lines for r in readers]
             if label != "quiet":
                 self.tell(f"paced {rate} {seconds + 4}")
@@ -298,7 +298,7 @@ def main() -> None:
     close_on_signals()  # a SIGTERM or SIGHUP closes the simulated hosts too
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=16)
-    parser.add_argument("--rate", type=float, default=100, help="lines/s per node in the busy window")
+    parser.add_argument("--rate", type=float, default=100, help="lines/s per node in the busy window (0: none)")
     parser.add_argument("--seconds", type=float, default=30, help="the length of each window")
     parser.add_argument("--settle", type=float, default=15, help="seconds after the start before measuring")
     parser.add_argument("--memory", type=int, default=0, help="only the memory run: lines of one rank")
