@@ -407,13 +407,18 @@ def test_the_connection_waits_for_no_delayed_ack(sim_cluster: MakeCluster, monke
         transport.close()
 
 
-def test_a_quiet_connection_wakes_paramiko_once_a_second_and_still_closes(sim_cluster: MakeCluster) -> None:
+def test_a_quiet_connection_wakes_paramiko_less_often_than_the_heartbeat_and_still_closes(
+        sim_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """paramiko's reader thread wakes at every timeout of its socket (0.1 s by default: ten times a
-    second per host while a job is quiet, docs/benchmarks.md); once connected it waits a second.
-    close() does not wait for it, and the thread still ends."""
+    second per host while a job is quiet, docs/benchmarks.md); once connected it waits longer than
+    the agent's heartbeat, so a followed link wakes it only with messages. close() does not wait
+    for it, and the thread still ends before its next wake (here an hour away)."""
+    from clusterrun.agent.follow import HEARTBEAT
     from clusterrun.config.hostsfile import HostSpec
     from clusterrun.transports import ssh, sshhosts
 
+    assert ssh.READER_WAKE > HEARTBEAT
+    monkeypatch.setattr(ssh, "READER_WAKE", 3600.0)
     cluster = sim_cluster(1)
     transport = ssh.SSHTransport(HostSpec(host="sim1", python=sys.executable),
                                  sshhosts.SSHOptions(ssh_config=str(cluster.ssh_config)))
@@ -422,10 +427,10 @@ def test_a_quiet_connection_wakes_paramiko_once_a_second_and_still_closes(sim_cl
         assert transport._client is not None
         reader = transport._client.get_transport()
         assert reader is not None and reader.is_alive()
-        assert reader.sock.gettimeout() == ssh.READER_WAKE == 1.0
+        assert reader.sock.gettimeout() == 3600.0
     finally:
         transport.close()
-    wait_for(lambda: not reader.is_alive(), timeout=10, what="paramiko's reader thread to end")
+    wait_for(lambda: not reader.is_alive(), timeout=30, what="paramiko's reader thread to end")
 
 
 def test_the_agent_channel_opened_ahead_is_the_one_the_probe_uses(sim_cluster: MakeCluster) -> None:

@@ -65,7 +65,12 @@ MAX_SESSIONS = 8  # sshd's MaxSessions defaults to 10 per connection
 CONNECT_ATTEMPTS = 5  # sshd's MaxStartups drops connections under load: retry those
 MAX_JUMPS = 5
 CLOSE_WAIT = 1.0  # how long close() waits for a connect in progress to let go (see close())
-READER_WAKE = 1.0  # seconds between wake-ups of paramiko's reader thread on a quiet connection (see connect())
+# paramiko's reader thread looks for a close, a keepalive due and a rekey asked for only when a
+# read of its socket times out; one that receives something within the timeout never does. Above
+# the agent's heartbeat (5 s): a followed connection's reader wakes only for its messages, and
+# sends no keepalive (the heartbeats keep the link's NAT and firewall state); an idle one sends
+# its keepalive every READER_WAKE seconds (see connect()).
+READER_WAKE = 10.0
 
 
 class SSHTransport(Transport):
@@ -143,10 +148,9 @@ class SSHTransport(Transport):
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(5)
-            # paramiko's reader thread wakes at each timeout of its socket (0.1 s) to look for a
-            # close and a keepalive due: 10 times a second per host while a job is quiet. Once
-            # connected, every second is enough (the keepalive is due every 5 s; close() does not
-            # wait for the thread: docs/benchmarks.md, "Cost of watching").
+            # paramiko's timeout (0.1 s) woke the thread 10 times a second per host while a job is
+            # quiet (docs/benchmarks.md, "The cost of watching"). close() does not wait for it: the
+            # server's answer to the channels' close wakes it, a dead link's timeout at the latest.
             with contextlib.suppress(AttributeError, OSError):
                 transport.sock.settimeout(READER_WAKE)
             kex_done = getattr(transport, "kex_done", None) or began
