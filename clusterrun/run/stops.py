@@ -10,6 +10,8 @@ signals torchrun (``---- stopped by restart at 11:37:58Z ----``).
 
 from __future__ import annotations
 
+import dataclasses
+
 from clusterrun.agent.wire import node_request
 from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import StartupExpired, StopReport
@@ -50,9 +52,10 @@ def stop_node(transport: Transport, rank: int, host: str, *, job_id: str, attemp
                            failing=failing or failed, failed=failed)
     try:
         answer = aside.ask(request) if aside is not None else None
-        return stop_report(host, rank, answer if answer is not None else transport.call(request))
+        report = stop_report(host, rank, answer if answer is not None else transport.call(request))
     except ClusterrunError as exc:
-        return StopReport(rank, host, error=exc.render())
+        return StopReport(rank, host, error=exc.render(), failed=failed)
+    return dataclasses.replace(report, failed=True) if failed else report
 
 
 __all__ = ["StopOrder", "stop_node"]
