@@ -326,8 +326,9 @@ The verified stop
 A stop names one attempt and touches nothing of another. SIGTERM to torchrun first (it stops its
 workers; killing workers first makes it restart them), up to ``grace`` seconds for it to exit
 (``failing``, an attempt that fails anyway, with a cgroup: SIGKILL to torchrun at once, no grace,
-and its end waited for with its workers', after the cgroup's kill; ``at_once`` in the answer; ``failed`` too, the node whose rank failed first: its ``stop`` file says
-``failed`` and its final state is that failure, exit code 1 as torchrun's, not stopped);
+and its end waited for with its workers', after the cgroup's kill; ``at_once`` in the answer;
+``failed`` too, the node whose rank failed first: its ``stop`` file says ``failed`` and its final
+state is that failure, exit code 1 as torchrun's, not stopped);
 then, with a cgroup, ``cgroup.kill`` of its ``job`` cgroup (Linux >= 5.14; else freeze it and
 SIGKILL every process in ``cgroup.procs``), the monitor's and the survivor's exit (it removes the cgroup), and
 the same for the whole attempt cgroup if it is still there; verified: ``cgroup.events`` says

@@ -9,7 +9,7 @@ from .codec import emit, last_emit
 from .monitor import ensure_monitor
 from .procs import PidHandle, job_alive, pin
 from .records import load_state, lost, read_state
-from .serve import answer_aside
+from .serve import answer_aside, aside_ready
 from .waker import IDLE_CHECK, IN_MODIFY, IN_MOVED_TO, Waker
 
 TYPE_CHECKING = False
@@ -112,6 +112,8 @@ def op_follow(req: FollowRequest) -> None:
             offset = tail_offset(log_path, req.before, end=offset)
     want_logs, once = req.logs, req.once
     asks = req.asks  # while stdin is open: a stop may come on it (answered here, between two reads)
+    if asks:
+        aside_ready()
     interval = POLL_INTERVAL if req.interval is None else min(max(req.interval, INTERVALS[0]), INTERVALS[1])
     state_path = os.path.join(folder, "state.json")
     degraded_path = os.path.join(folder, "degraded")
