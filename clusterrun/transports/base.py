@@ -119,6 +119,8 @@ class AgentStream:
                 return None
             self._answered.wait(read_timeout(data))
             answer = self._answer
+            if self._set_timeout is not None and self._closer is not None:  # the stream goes on as before
+                self._set_timeout(FOLLOW_TIMEOUT)
         if answer is not None and not answer.get("ok"):
             raise AgentError(self._host, str(answer.get("error") or "the agent failed"))
         return answer
