@@ -141,6 +141,24 @@ def test_a_stop_report_says_which_guarantee_held(answer: dict, line: str) -> Non
     assert "nothing of the job is left" not in describe_stop(report) or report.complete
 
 
+def test_the_failed_nodes_stop_adds_no_line_to_its_failed_line_unless_something_is_left() -> None:
+    """The node whose rank failed first says "failed (...; torchrun was stopped at once after it)":
+    its stop's own line would say it again; a stop that left something, or could not be done, is said."""
+    import dataclasses
+
+    killed = {"ok": True, "killed": [{"pid": 5}], "containment": "cgroup", "verified": True, "at_once": True,
+              "state": {"torchrun": {"pid": 5}}}
+    for answer, said in [(dict(killed, left=[]), False),
+                         (dict(killed, left=[{"pid": 7, "name": "python", "state": "D"}]), True)]:
+        err = io.StringIO()
+        Printer(err=err).report(dataclasses.replace(stop_report("h", 1, answer), failed=True))
+        assert bool(err.getvalue()) is said, err.getvalue()
+    err = io.StringIO()
+    Printer(err=err).report(dataclasses.replace(stop_report("h", 1, dict(killed, left=[])), failed=False))
+    assert err.getvalue() == "clusterrun: node1 h: stopped torchrun (pid 5) at once (SIGKILL, the attempt had " \
+        "failed); nothing left (verified by cgroup)\n"
+
+
 def test_a_stop_report_names_what_the_host_could_not_do() -> None:
     report = stop_report("h", 0, {
         "ok": True, "killed": [], "left": [], "containment": "sweep", "verified": False, "detail": SWEPT,

@@ -141,3 +141,29 @@ def test_a_failure_is_printed_at_once_past_the_folded_nodes() -> None:
     assert err.getvalue().splitlines()[-2:] == [
         "clusterrun: node5 h5: failing (rank 5: killed by SIGKILL); torchrun ends",
         "clusterrun: node5 h5: failed (exit code 1)"]
+
+
+def test_a_failing_stop_is_handed_the_nodes_follow_stream_and_goes_elsewhere_where_that_cannot_carry_it(
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Each node's stop is given its follower's live stream (the agent there answers it: see
+    tests/test_stop_aside.py); the fake's streams carry no request after the first, so the stop
+    goes to an agent of its own, as where a follow has ended."""
+    from clusterrun.run import orchestrator
+    from clusterrun.transports.base import AgentStream
+
+    given: dict[int, object] = {}
+    real = orchestrator.stop_node
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        given[int(args[1])] = kwargs.get("aside")  # type: ignore[call-overload]
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(orchestrator, "stop_node", recorded)
+    runner, a0, a1 = running_pair(fake, store, tmp_path, [])
+    thread, out = follow_in_thread(runner)
+    a1.fail_rank(1, 3)
+    thread.join(10)
+    assert sorted(given) == [0, 1] and all(isinstance(s, AgentStream) for s in given.values()), given
+    assert len(fake.ops("stop", "h0")) == 1 and len(fake.ops("stop", "h1")) == 1  # each once, elsewhere
+    assert [n.state for n in out[0].nodes] == [NodeState.STOPPED, NodeState.FAILED]  # type: ignore[attr-defined]
+    runner.close()

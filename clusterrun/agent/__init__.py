@@ -84,7 +84,7 @@ Requests (``op``) and answers
            nothing). The supervisor tells it how the start went through a pipe, not the disk.
            With ``unlisten`` (a port), this agent's ``listen``er there is closed first (node 0's
            preflight listener on the master port, which torchrun binds).
-``follow`` ``{job, node, attempt, state_dir, offset | tail, logs, once, interval}`` → a stream of lines:
+``follow`` ``{job, node, attempt, state_dir, offset | tail, logs, once, interval, asks}`` → a stream of lines:
            ``{t: "log", offset, next, data, times}`` (complete lines only, bytes decoded as UTF-8 with
            surrogateescape; ``next`` is the byte offset to resume from; ``times``: the entries of
            ``output.times`` that cover them, ``[[offset, ns], ...]``), ``{t: "state", state}``
@@ -99,7 +99,9 @@ Requests (``op``) and answers
            controller's share of its message budget; the first lines after a pause go at once);
            ``logs: false`` sends no log data
            (states only); ``once: true`` ends with ``{t: "eof", next, state}`` at the end of what
-           is written so far if the job still runs. ``state.state`` is ``lost`` when neither the
+           is written so far if the job still runs. ``asks: true`` (the job owner's follower): a
+           ``stop`` request may come on stdin while it streams; it is answered in the stream as
+           ``{t: "answer", answer}``, before the state it leads to. ``state.state`` is ``lost`` when neither the
            survivor, the monitor nor torchrun runs any more (host rebooted, processes killed, pid
            reused; ``rebooted: true`` when the host's boot id changed). ``follow``, ``status`` and
            ``stop`` start a monitor for an unfinished attempt that has none (``ensure_monitor``):
@@ -324,8 +326,9 @@ The verified stop
 A stop names one attempt and touches nothing of another. SIGTERM to torchrun first (it stops its
 workers; killing workers first makes it restart them), up to ``grace`` seconds for it to exit
 (``failing``, an attempt that fails anyway, with a cgroup: SIGKILL to torchrun at once, no grace,
-``at_once`` in the answer; ``failed`` too, the node whose rank failed first: its ``stop`` file says
-``failed`` and its final state is that failure, exit code 1 as torchrun's, not stopped);
+and its end waited for with its workers', after the cgroup's kill; ``at_once`` in the answer;
+``failed`` too, the node whose rank failed first: its ``stop`` file says ``failed`` and its final
+state is that failure, exit code 1 as torchrun's, not stopped);
 then, with a cgroup, ``cgroup.kill`` of its ``job`` cgroup (Linux >= 5.14; else freeze it and
 SIGKILL every process in ``cgroup.procs``), the monitor's and the survivor's exit (it removes the cgroup), and
 the same for the whole attempt cgroup if it is still there; verified: ``cgroup.events`` says

@@ -9,6 +9,7 @@ from .codec import emit, last_emit
 from .monitor import ensure_monitor
 from .procs import PidHandle, job_alive, pin
 from .records import load_state, lost, read_state
+from .serve import answer_aside, aside_ready
 from .waker import IDLE_CHECK, IN_MODIFY, IN_MOVED_TO, Waker
 
 TYPE_CHECKING = False
@@ -110,6 +111,9 @@ def op_follow(req: FollowRequest) -> None:
         if req.before:  # a viewer's scrollback: the lines just before where it resumes
             offset = tail_offset(log_path, req.before, end=offset)
     want_logs, once = req.logs, req.once
+    asks = req.asks  # while stdin is open: a stop may come on it (answered here, between two reads)
+    if asks:
+        aside_ready()
     interval = POLL_INTERVAL if req.interval is None else min(max(req.interval, INTERVALS[0]), INTERVALS[1])
     state_path = os.path.join(folder, "state.json")
     degraded_path = os.path.join(folder, "degraded")
@@ -177,7 +181,11 @@ def op_follow(req: FollowRequest) -> None:
                 timeout = min(IDLE_CHECK, HEARTBEAT - (time.monotonic() - last_emit[0]))
             else:
                 timeout = interval
-            ready = waker.wait(timeout, [h.fd for h in pins.values() if h is not None and h.fd >= 0])
+            ready = waker.wait(timeout, [h.fd for h in pins.values() if h is not None and h.fd >= 0]
+                               + ([0] if asks else []))
+            if asks and 0 in ready:
+                asks = answer_aside()
+                continue  # the stop changed the state: it goes out at once, the end after it
             for key, handle in pins.items():
                 if handle is not None and handle.fd in ready:  # it ended: do not wait on it again
                     handle.close()

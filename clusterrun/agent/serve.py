@@ -64,6 +64,34 @@ def answer_to(request: Request) -> dict[str, Any] | None:
         return failure(exc)
 
 
+# What may come on the stdin of a ``follow`` (its ``asks``): the owner's stop of the node, sent down the
+# channel its follower holds instead of to a new agent (a channel and an interpreter's start).
+ASIDE_OPS = ("stop",)
+
+
+def aside_ready() -> None:
+    """Import what answers ``ASIDE_OPS`` now (the stop: 10-45 ms of imports on a loaded host), not
+    while a failing attempt waits for its stop."""
+    for op in ASIDE_OPS:
+        handler(op)
+
+
+def answer_aside() -> bool:
+    """Answer one request that came on stdin while a ``follow`` streams, as ``{"t": "answer",
+    "answer": ...}`` among its messages; False once stdin has ended (nothing more will come)."""
+    line = sys.stdin.buffer.readline()
+    if not line:
+        return False
+    if line.strip():
+        try:
+            op = json_loads(line).get("op")
+        except (ValueError, AttributeError):
+            op = None
+        reply = answer(line) if op in ASIDE_OPS else {"ok": False, "error": f"{op!r} cannot come aside a follow"}
+        emit({"t": "answer", "answer": reply})
+    return True
+
+
 def failure(exc: Exception) -> dict[str, Any]:
     """A failed operation's answer, in words."""
     if isinstance(exc, BrokenPipeError):

@@ -85,7 +85,8 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
     tr = state.get("torchrun") or {}
     torchrun = pin(tr["pid"], tr.get("start_time")) if tr.get("pid") else None
     # A failing attempt with a cgroup: torchrun's own shutdown is not waited for (it only ends the
-    # ranks, which the cgroup's kill does at once); torchrun is still the first to be signalled.
+    # ranks, which the cgroup's kill does at once); torchrun is still the first to be signalled,
+    # and its end (a process with torch imported: tenths of a second) is waited for with its ranks'.
     fast = bool(req.failing) and bool(cgroup)
     if torchrun is not None:
         info = proc_info(torchrun.pid)
@@ -94,14 +95,18 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
             killed[torchrun.pid] = dict(entry, signal="SIGTERM")
         if (fast or not torchrun.wait(grace)) and torchrun.signal(signal.SIGKILL):
             killed[torchrun.pid] = dict(entry, signal="SIGKILL")
-            torchrun.wait(5)
-        torchrun.close()
+            if not fast:
+                torchrun.wait(5)
     method = ""
     if cgroup:
         job = os.path.join(cgroup, "job")
         if os.path.isdir(job):
             method = cg_kill(job, killed)
             cg_wait_empty(job, deadline)
+    if torchrun is not None:
+        if fast:
+            torchrun.wait(5)
+        torchrun.close()
     scope.sweep(term_wait=0.5 if cgroup else 2.0, deadline=deadline, killed=killed)
     current = read_state(folder) or state  # a monitor started since names itself there
     for key in ("supervisor", "survivor"):  # the monitor writes the final state, then the survivor leaves

@@ -215,6 +215,7 @@ class FollowRequest(NodeRequest):
     logs: bool = True
     once: bool = False
     interval: float | None = None  # the least time between two reads of the log (None: follow.POLL_INTERVAL)
+    asks: bool = False  # a stop may come on stdin while it streams (``serve.answer_aside``): the job's own follower
 
 
 @dataclass(frozen=True)

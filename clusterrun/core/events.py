@@ -242,6 +242,7 @@ class StopReport:
     looked: tuple[str, ...] = ()  # and where it looked
     torchrun_pid: int | None = None  # torchrun's, as the host recorded it: named so among ``killed``
     at_once: bool = False  # a failing attempt's: SIGKILLed with its cgroup, without torchrun's shutdown
+    failed: bool = False  # this node's rank failed first: the stop only cut its torchrun's teardown short
 
     @property
     def ok(self) -> bool:

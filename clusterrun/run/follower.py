@@ -31,7 +31,7 @@ from clusterrun.core.progress import Progress
 from clusterrun.core.protocol import Beat, End, FollowMessage, HostState, LogChunk, NodeStatus, Probe, decode_follow
 from clusterrun.diagnose.rootcause import NodeLog, find_root_cause
 from clusterrun.run.plan import NodeLaunch
-from clusterrun.transports import AgentSession, Transport
+from clusterrun.transports import AgentSession, AgentStream, Transport
 
 
 @frozen
@@ -122,6 +122,7 @@ class Node:
     progress: Progress | None = None  # the training's progress its host read last (node 0)
     earlier: list[str] = field(default_factory=list)  # scrollback lines read, before the resume point
     away_since: float | None = None  # its follower's first failure to reach the host, while it lasts
+    stream: AgentStream | None = None  # its follower's stream while it runs: a stop may go down its channel
 
     @property
     def host(self) -> str:
@@ -202,7 +203,7 @@ class Follower:
             agent, node.agent = node.agent, None
             began = time.monotonic()
             try:
-                stream = agent.stream(request) if agent is not None else node.transport.stream(request)
+                stream = node.stream = agent.stream(request) if agent is not None else node.transport.stream(request)
                 try:
                     for raw in stream:
                         message = decode_follow(node.host, raw)
@@ -223,6 +224,7 @@ class Follower:
                         if isinstance(message, End):
                             return
                 finally:
+                    node.stream = None
                     stream.close()
             except ClusterrunError as exc:
                 error = exc.render()

@@ -266,7 +266,7 @@ class Job(JobHosts):
         interval = follow_interval(len(self.ranks))
 
         def request(where: dict[str, Any]) -> NodeRequest:
-            return self._request(rank, "follow", logs=self.follow_logs, interval=interval, **where)
+            return self._request(rank, "follow", logs=self.follow_logs, interval=interval, asks=True, **where)
 
         return Follower(rank, self._nodes[rank], request, inbox=self._inbox, reconnect=self.reconnect, tail=self.tail,
                         offset=self.offsets.get(rank, 0),
@@ -427,8 +427,12 @@ class Job(JobHosts):
     def _stop_node(self, rank: int, by: str | None = None, failing: bool = False,
                    failed: bool = False) -> StopReport | None:
         node = self._nodes[rank]
+        # A failing attempt's stop (no grace: nothing of torchrun's shutdown to stream meanwhile)
+        # goes to the agent that follows the node where it still streams
+        aside = node.stream if failing else None
         report = stop_node(node.transport, rank, node.host, job_id=self.job_id, attempt=self.attempt,
-                           state_dir=self.spec.state_dir, grace=self.grace, by=by, failing=failing, failed=failed)
+                           state_dir=self.spec.state_dir, grace=self.grace, by=by, failing=failing, failed=failed,
+                           aside=aside)
         self.emit(NodeStopped(rank, report=report))
         return report
 

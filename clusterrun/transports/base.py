@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
@@ -23,7 +24,7 @@ from clusterrun.agent import BOOTSTRAP
 from clusterrun.agent.wire import Request
 from clusterrun.config.hostsfile import HostSpec
 from clusterrun.core import timings
-from clusterrun.core.errors import AgentError
+from clusterrun.core.errors import AgentError, ClusterrunError
 from clusterrun.transports.bundle import AgentBundle, agent_bundle
 
 __all__ = ["AgentBundle", "AnyRequest", "AgentSession", "AgentStream", "Transport", "agent_bundle", "agent_command",
@@ -67,25 +68,67 @@ def read_timeout(request: dict[str, Any]) -> float:
 
 
 class AgentStream:
-    """The agent's answer lines as they arrive: iterate for dicts, ``close()`` to stop early."""
+    """The agent's answer lines as they arrive: iterate for dicts, ``close()`` to stop early.
 
-    def __init__(self, host: str, lines: Iterator[bytes], closer: Any) -> None:
+    While one thread iterates, another may ``ask`` the agent a one-answer request (a ``follow``
+    sent with ``asks``: the owner's stop) down the same channel: its answer comes among the
+    stream's messages (``{"t": "answer"}``), and the iterating thread hands it over."""
+
+    def __init__(self, host: str, lines: Iterator[bytes], closer: Any, *, send: Callable[[bytes], None] | None = None,
+                 set_timeout: Callable[[float], None] | None = None) -> None:
         self._host = host
         self._lines = lines
         self._closer = closer
+        self._send = send  # None: this transport's streams carry no request after the first
+        self._set_timeout = set_timeout
+        self._asking = threading.Lock()  # one request at a time
+        self._answered = threading.Event()
+        self._answer: dict[str, Any] | None = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """The messages; the stream closes itself when they end (or iteration fails)."""
         try:
             for raw in self._lines:
                 if raw.strip():
-                    yield _parse(self._host, raw)
+                    message = _parse(self._host, raw)
+                    if message.get("t") == "answer":  # to ``ask``'s request, not one of the stream's
+                        self._answer = message.get("answer") if isinstance(message.get("answer"), dict) else None
+                        self._answered.set()
+                        continue
+                    yield message
         finally:
             self.close()
+
+    def ask(self, request: AnyRequest) -> dict[str, Any] | None:
+        """Send ``request`` to the streaming agent and wait for its answer; None where it cannot
+        come this way (the transport's streams take no request, or the stream ended first): send
+        it to an agent of its own. Raises ``AgentError`` if the agent answered a failure."""
+        data = as_json(request)
+        if self._send is None:
+            return None
+        with self._asking:
+            self._answer = None
+            self._answered.clear()
+            if self._closer is None:
+                return None
+            if self._set_timeout is not None:  # the agent answers it before streaming on
+                self._set_timeout(max(FOLLOW_TIMEOUT, read_timeout(data)))
+            try:
+                self._send(request_line(data))
+            except ClusterrunError:
+                return None
+            self._answered.wait(read_timeout(data))
+            answer = self._answer
+            if self._set_timeout is not None and self._closer is not None:  # the stream goes on as before
+                self._set_timeout(FOLLOW_TIMEOUT)
+        if answer is not None and not answer.get("ok"):
+            raise AgentError(self._host, str(answer.get("error") or "the agent failed"))
+        return answer
 
     def close(self) -> None:
         """Stop the agent if it is still answering and release the channel (idempotent)."""
         closer, self._closer = self._closer, None
+        self._answered.set()  # an ``ask`` still waiting has no answer
         if closer is not None:
             closer()
 
@@ -122,8 +165,9 @@ class AgentSession:
     def __init__(self, host: str, send: Callable[[bytes], None], lines: Iterator[bytes], closer: Callable[[], None],
                  *, set_timeout: Callable[[float], None] | None = None,
                  last_words: Callable[[], str] = lambda: "", bundle: AgentBundle | None = None,
-                 opened: float | None = None) -> None:
+                 opened: float | None = None, asides: bool = False) -> None:
         self.host = host
+        self._asides = asides  # its stream may carry a request after the first (``AgentStream.ask``)
         self.sent = 0
         self._opened = time.monotonic() if opened is None else opened  # for the timeline (clusterrun.core.timings)
         self._asked = self._opened
@@ -204,7 +248,8 @@ class AgentSession:
         """Send a streaming request (``follow``); the session belongs to the stream from now on."""
         self._ask(request)
         closer, self._closer = self._closer, None
-        return AgentStream(self.host, self._lines, closer)
+        return AgentStream(self.host, self._lines, closer, send=self._send if self._asides else None,
+                           set_timeout=self._set_timeout)
 
     def close(self) -> None:
         """End the agent and release its channel (idempotent)."""

@@ -91,7 +91,7 @@ class LocalTransport(Transport):
             return f": {text.splitlines()[-1]}" if text else ""
 
         return AgentSession(self.name, send, iter(stdout.readline, b""), close, last_words=last_words,
-                            bundle=agent_bundle())
+                            bundle=agent_bundle(), asides=True)
 
     def pipe(self, command: str, peer: socket.socket) -> tuple[int, str]:
         """``command`` run by ``sh`` here, as a login shell would run it on a host."""

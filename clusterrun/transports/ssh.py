@@ -304,7 +304,7 @@ class SSHTransport(Transport):
 
         try:  # sends the agent's loader and the sha256 of its zip at once
             return AgentSession(self.name, send, self._lines(channel), close, set_timeout=channel.settimeout,
-                                last_words=last_words, bundle=agent_bundle(), opened=opened)
+                                last_words=last_words, bundle=agent_bundle(), opened=opened, asides=True)
         except BaseException:
             self._sessions.release()
             channel.close()

@@ -300,6 +300,10 @@ class Printer:
         if caveat is not None:
             self._caveat_said = True
             remarks.append(caveat)
+        if report.failed and report.ok:  # its own line says it: "failed (...; torchrun was stopped at once after it)"
+            for line in remarks:
+                self.note(line)
+            return
         self._status(report.node, report.host, report.outcome(report.killed_text()), report.alike(), remarks)
 
     def reports(self, reports: Sequence[StopReport], nnodes: int) -> None:
