@@ -178,6 +178,8 @@ def _end(proc: subprocess.Popen[str]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
+    if proc.stdout is not None:  # a test that failed before reading it leaves it open: a later test's gc would say so
+        proc.stdout.close()
 
 
 def _read_lines(proc: subprocess.Popen[str], enough: Callable[[list[str]], bool], timeout: float) -> list[str]:
