@@ -158,7 +158,7 @@ def test_a_long_batch_keeps_what_line_by_line_feeding_keeps(extra: tuple[str, ..
     batch, one_by_one = NodeLog(), NodeLog()
     batch.feed(tuple(lines))
     for line in lines:
-        one_by_one.feed([line])
+        one_by_one.feed(iter([line]))  # an iterator: line by line, no batch's shortcut
     assert batch == one_by_one
     assert list(batch.rank_tails[1]) == ["early 0", "early 1", "early 2"]
     assert list(batch.rank_tails[0])[-1] == "Traceback doubled"
@@ -176,5 +176,21 @@ def test_any_batch_keeps_what_line_by_line_feeding_keeps() -> None:
         batch, one_by_one = NodeLog(), NodeLog()
         batch.feed(lines)
         for line in lines:
-            one_by_one.feed([line])
+            one_by_one.feed(iter([line]))
         assert batch == one_by_one, mix
+
+
+def test_a_short_batch_of_one_rank_or_many_keeps_what_line_by_line_feeding_keeps() -> None:
+    """A flow's batches: most are one rank's lines (kept without reading each), some mixed."""
+    rnd = random.Random(11)
+    kinds = ["[rank0]:a", "[rank00]:p", "[rank1]:b", "[rank0]:[rank0]:d", "[rank00]:[rank0]:e", "torchrun's own",
+             "  rank      : 1 (local_rank: 1)", "  exitcode  : 3 (pid: 77)", "[rank0]:]:[rank"]
+    for _ in range(500):
+        batch, one_by_one = NodeLog(), NodeLog()
+        for _ in range(rnd.randint(1, 4)):
+            mix = rnd.sample(kinds, 1 if rnd.random() < 0.5 else rnd.randint(1, len(kinds)))
+            lines = tuple(rnd.choice(mix) + str(i) for i in range(rnd.randint(1, 80)))
+            batch.feed(lines)
+            for line in lines:
+                one_by_one.feed(iter([line]))
+            assert batch == one_by_one, lines

@@ -80,6 +80,8 @@ class NodeLog:
     _pending_rank: tuple[int, int] | None = None
 
     def feed(self, lines: Iterable[str]) -> None:
+        if isinstance(lines, (tuple, list)) and lines and self._one_rank(lines):
+            return
         if isinstance(lines, (tuple, list)) and len(lines) > 4 * self.tail:
             lines = self._worth_reading(lines)
         for line in lines:
@@ -97,6 +99,20 @@ class NodeLog:
                 rank, local = self._pending_rank
                 self.failures[rank] = RankFailure(local, int(found.group(1)), int(found.group(2)) or None)
                 self._pending_rank = None
+
+    def _one_rank(self, lines: Sequence[str]) -> bool:
+        """Whether every line of ``lines`` is one rank's, as most of a flow is (one process a node);
+        if so its last ``tail`` lines are kept, found without a pattern matched on each line."""
+        found = _TAG_AT_START.match(lines[0])
+        if found is None:
+            return False
+        tag = found.group()
+        text = "\n".join(lines)
+        if text.count("\n" + tag) != len(lines) - 1 or "]:[rank" in text:  # torch's doubled tag: split_rank's
+            return False
+        kept = self.rank_tails.setdefault(int(tag[5:-2]), deque(maxlen=self.tail))
+        kept.extend(line[len(tag):] for line in lines[-self.tail:])
+        return True
 
     def _worth_reading(self, lines: Sequence[str]) -> Sequence[str]:
         """Of a long batch, the lines that can change what is kept: when every line is a rank's,
