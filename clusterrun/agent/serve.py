@@ -68,8 +68,12 @@ def answer_to(request: Request) -> dict[str, Any] | None:
 # channel its follower holds instead of to a new agent (a channel and an interpreter's start).
 ASIDE_OPS = ("stop",)
 # Whether stdin is still read once the streaming request ends: a ``follow`` with ``asks`` leaves
-# its agent to the owner's next requests (its next attempt's probe and start), until stdin ends.
-_after = {"carry_on": False}
+# its agent to the owner's next requests (its next attempt's probe and start), until stdin ends;
+# whether a failing attempt's stop came aside (``failing``: a restart may follow).
+_after = {"carry_on": False, "failing": False}
+# What a restart asks of the agent that followed the failed attempt: imported once the follow ends
+# after a failing stop, while the other nodes still stop, not when the next attempt waits for it.
+NEXT_OPS = ("probe", "inspect", "listen", "reach", "start")
 
 
 def aside_ready() -> None:
@@ -89,10 +93,12 @@ def answer_aside() -> bool:
         return False
     if line.strip():
         try:
-            op = json_loads(line).get("op")
+            req = json_loads(line)
+            op = req.get("op")
         except (ValueError, AttributeError):
-            op = None
+            req, op = {}, None
         reply = answer(line) if op in ASIDE_OPS else {"ok": False, "error": f"{op!r} cannot come aside a follow"}
+        _after["failing"] = _after["failing"] or bool(req.get("failing"))
         emit({"t": "answer", "answer": reply})
     return True
 
@@ -124,6 +130,10 @@ def serve(first: bytes = b"") -> int:
                 return 0  # a follow or a run streamed to its end: the controller closes the channel
             if reply is not None:
                 emit(reply)
+            elif _after["failing"]:
+                _after["failing"] = False
+                for op in NEXT_OPS:
+                    handler(op)
     except BrokenPipeError:
         return 0
 
