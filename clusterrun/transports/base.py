@@ -133,8 +133,13 @@ class AgentStream:
         """After the stream's last message (a ``follow`` sent with ``asks``: its ``end``), its agent
         as a session that answers more requests, the channel handed over to it (``close`` no longer
         closes it); None where it cannot (the transport's streams take no request, the stream was
-        closed, or an ``ask`` is under way: its answer would come first)."""
-        if self._session is None or not self._asking.acquire(blocking=False):
+        closed, or an ``ask`` waits for an answer that would come after the end: closing the stream
+        sends it elsewhere)."""
+        if self._session is None:
+            return None
+        # An ask whose answer came (the stop that led to this end) is about to return: waited for
+        if not self._asking.acquire(blocking=False) and not (self._answered.is_set()
+                                                             and self._asking.acquire(timeout=5)):
             return None
         try:
             closer, self._closer = self._closer, None
