@@ -101,7 +101,9 @@ Requests (``op``) and answers
            (states only); ``once: true`` ends with ``{t: "eof", next, state}`` at the end of what
            is written so far if the job still runs. ``asks: true`` (the job owner's follower): a
            ``stop`` request may come on stdin while it streams; it is answered in the stream as
-           ``{t: "answer", answer}``, before the state it leads to. ``state.state`` is ``lost`` when neither the
+           ``{t: "answer", answer}``, before the state it leads to; after its ``end`` the agent
+           answers further requests on stdin as any agent does (the owner's next attempt probes
+           and starts the node on it), until stdin ends. ``state.state`` is ``lost`` when neither the
            survivor, the monitor nor torchrun runs any more (host rebooted, processes killed, pid
            reused; ``rebooted: true`` when the host's boot id changed). ``follow``, ``status`` and
            ``stop`` start a monitor for an unfinished attempt that has none (``ensure_monitor``):

@@ -67,11 +67,19 @@ def answer_to(request: Request) -> dict[str, Any] | None:
 # What may come on the stdin of a ``follow`` (its ``asks``): the owner's stop of the node, sent down the
 # channel its follower holds instead of to a new agent (a channel and an interpreter's start).
 ASIDE_OPS = ("stop",)
+# Whether stdin is still read once the streaming request ends: a ``follow`` with ``asks`` leaves
+# its agent to the owner's next requests (its next attempt's probe and start), until stdin ends;
+# whether a failing attempt's stop came aside (``failing``: a restart may follow).
+_after = {"carry_on": False, "failing": False}
+# What a restart asks of the agent that followed the failed attempt: imported once the follow ends
+# after a failing stop, while the other nodes still stop, not when the next attempt waits for it.
+NEXT_OPS = ("probe", "inspect", "listen", "reach", "start")
 
 
 def aside_ready() -> None:
     """Import what answers ``ASIDE_OPS`` now (the stop: 10-45 ms of imports on a loaded host), not
-    while a failing attempt waits for its stop."""
+    while a failing attempt waits for its stop; the agent answers requests after the follow's end."""
+    _after["carry_on"] = True
     for op in ASIDE_OPS:
         handler(op)
 
@@ -81,13 +89,16 @@ def answer_aside() -> bool:
     "answer": ...}`` among its messages; False once stdin has ended (nothing more will come)."""
     line = sys.stdin.buffer.readline()
     if not line:
+        _after["carry_on"] = False
         return False
     if line.strip():
         try:
-            op = json_loads(line).get("op")
+            req = json_loads(line)
+            op = req.get("op")
         except (ValueError, AttributeError):
-            op = None
+            req, op = {}, None
         reply = answer(line) if op in ASIDE_OPS else {"ok": False, "error": f"{op!r} cannot come aside a follow"}
+        _after["failing"] = _after["failing"] or bool(req.get("failing"))
         emit({"t": "answer", "answer": reply})
     return True
 
@@ -115,9 +126,14 @@ def serve(first: bytes = b"") -> int:
             if not line.strip():
                 continue
             reply = answer(line)
-            if reply is None:
+            if reply is None and not _after["carry_on"]:
                 return 0  # a follow or a run streamed to its end: the controller closes the channel
-            emit(reply)
+            if reply is not None:
+                emit(reply)
+            elif _after["failing"]:
+                _after["failing"] = False
+                for op in NEXT_OPS:
+                    handler(op)
     except BrokenPipeError:
         return 0
 

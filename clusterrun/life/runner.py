@@ -178,7 +178,8 @@ class Runner:
         self._wake = threading.Event()  # a stop or a hand-over asked for during a backoff
         self._phases: dict[str, float] = {}  # the next attempt's, from this one's failure (``timings.mark``)
         # The hosts' transports, kept from the first restart on: each next attempt's checks, start and
-        # follower use the connections the last one's follower held, not new ones (``transports.lent``).
+        # follower use the connections the last one's follower held, not new ones, and its checks and
+        # start the agents that followed it to its end (``transports.lent``).
         self._transports = TransportPool(lifecycle.transport_factory(record))
 
     @classmethod
@@ -390,7 +391,7 @@ class Runner:
             if replace:
                 self.note(f"the attempt lost {spares.why(result, list(replace))}")
             host = bool(spares.failed_hosts(result, self.state.late))  # else reachability, inspection, port
-            self._transports.adopt(self.job.lend_transports())
+            self._transports.adopt(self.job.lend_transports(), idle=self.job.idle_agents())
             try:
                 record = restart(self.store, due, self.emit, owner_fd=self.owner_fd, full_preflight=host,
                                  automatic=True, recorded=self.spec, replace=replace, recheck=not host,

@@ -116,7 +116,8 @@ class Node:
     stop_sent: bool = False
     rank_failed: bool = False  # ``RankFailed`` was reported
     error: str | None = None  # why the node ended as it did, where its status does not say
-    agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node
+    agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node;
+    # after the end, the one that followed it (``Job.idle_agents``)
     probe: Probe | None = None  # what its agent said of the host
     degraded: str | None = None  # the agent's word that the supervisor cannot write its state
     progress: Progress | None = None  # the training's progress its host read last (node 0)
@@ -220,6 +221,8 @@ class Follower:
                         if (isinstance(message, End) and away is not None
                                 and node_state_of(message.status) is NodeState.LOST):
                             message = End(replace(message.status, away_since=away))
+                        if isinstance(message, End):  # its agent answers on (the owner's next attempt)
+                            node.agent = stream.carry_on()
                         self.inbox.put((rank, message))
                         if isinstance(message, End):
                             return

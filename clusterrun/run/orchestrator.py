@@ -91,7 +91,7 @@ from clusterrun.run.setups import redacted
 from clusterrun.run.startwatch import StartupWatch
 from clusterrun.run.stops import StopOrder, stop_node
 from clusterrun.run.unreachable import UnreachableWait
-from clusterrun.transports import Transport, transport_for
+from clusterrun.transports import AgentSession, Transport, transport_for
 from clusterrun.transports.lent import Lent
 
 DRAIN = 256  # messages handled at most between two rounds of the job loop's checks
@@ -500,6 +500,15 @@ class Job(JobHosts):
                 given.append(node.transport)
                 node.transport = Lent(node.transport)
         return given
+
+    def idle_agents(self) -> dict[str, AgentSession]:
+        """Give the agents this job holds idle (those that followed its ended nodes), by host, to its
+        owner's pool for the next attempt (``transports.lent``); ``close`` no longer closes them."""
+        idle = {}
+        for node in self._nodes:
+            if node.agent is not None and node.agent.idle:
+                idle[node.host], node.agent = node.agent, None
+        return idle
 
     def close(self) -> None:
         self._stop_event.set()

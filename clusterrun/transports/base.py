@@ -72,15 +72,17 @@ class AgentStream:
 
     While one thread iterates, another may ``ask`` the agent a one-answer request (a ``follow``
     sent with ``asks``: the owner's stop) down the same channel: its answer comes among the
-    stream's messages (``{"t": "answer"}``), and the iterating thread hands it over."""
+    stream's messages (``{"t": "answer"}``), and the iterating thread hands it over. Once the
+    stream has ended, ``carry_on`` gives its agent back as a session for more requests."""
 
     def __init__(self, host: str, lines: Iterator[bytes], closer: Any, *, send: Callable[[bytes], None] | None = None,
-                 set_timeout: Callable[[float], None] | None = None) -> None:
+                 set_timeout: Callable[[float], None] | None = None, session: AgentSession | None = None) -> None:
         self._host = host
         self._lines = lines
         self._closer = closer
         self._send = send  # None: this transport's streams carry no request after the first
         self._set_timeout = set_timeout
+        self._session = session  # the session it came from, which ``carry_on`` hands the channel back to
         self._asking = threading.Lock()  # one request at a time
         self._answered = threading.Event()
         self._answer: dict[str, Any] | None = None
@@ -96,6 +98,8 @@ class AgentStream:
                         self._answered.set()
                         continue
                     yield message
+                    if self._session is not None and message.get("t") == "end":
+                        return  # its agent answers on: taken by ``carry_on`` at the end, else closed
         finally:
             self.close()
 
@@ -124,6 +128,24 @@ class AgentStream:
         if answer is not None and not answer.get("ok"):
             raise AgentError(self._host, str(answer.get("error") or "the agent failed"))
         return answer
+
+    def carry_on(self) -> AgentSession | None:
+        """After the stream's last message (a ``follow`` sent with ``asks``: its ``end``), its agent
+        as a session that answers more requests, the channel handed over to it (``close`` no longer
+        closes it); None where it cannot (the transport's streams take no request, the stream was
+        closed, or an ``ask`` waits for an answer that would come after the end: closing the stream
+        sends it elsewhere)."""
+        if self._session is None:
+            return None
+        # An ask whose answer came (the stop that led to this end) is about to return: waited for
+        if not self._asking.acquire(blocking=False) and not (self._answered.is_set()
+                                                             and self._asking.acquire(timeout=5)):
+            return None
+        try:
+            closer, self._closer = self._closer, None
+        finally:
+            self._asking.release()
+        return self._session.resumed(closer) if closer is not None else None
 
     def close(self) -> None:
         """Stop the agent if it is still answering and release the channel (idempotent)."""
@@ -177,6 +199,9 @@ class AgentSession:
         self._set_timeout = set_timeout
         self._last_words = last_words
         self._bundle = bundle  # its preamble goes with the first request (see _ask)
+        self._waiting = False  # a request was sent and its answer not read yet
+        self._heard = 0  # answers read: a request that got none found the agent gone
+        self._renew: Callable[[], AgentSession] | None = None  # see ``renewable``
 
     def _send(self, data: bytes) -> None:
         self.sent += len(data)
@@ -200,6 +225,7 @@ class AgentSession:
             self._handshake(bundle, data)
             timings.record(self.host, "agent", self._opened)
         self._asked = time.monotonic()
+        self._waiting = True
         self._send(request_line(data))
         return data
 
@@ -218,7 +244,34 @@ class AgentSession:
 
     def call(self, request: AnyRequest) -> dict[str, Any]:
         """Send a one-answer request; raise ``AgentError`` if the agent reports a failure."""
-        return self._answer(self._ask(request))
+        renew, self._renew = self._renew, None
+        heard = self._heard
+        try:
+            return self._answer(self._ask(request))
+        except ClusterrunError:
+            if renew is None or self._heard != heard:  # it answered: its failure stands
+                raise
+        # A kept agent that had ended meanwhile: the request goes to a new one (it was not answered)
+        self.close()
+        vars(self).update(vars(renew()))
+        return self.call(request)
+
+    @property
+    def idle(self) -> bool:
+        """Open, and no request waits for its answer: another may be sent (``transports.lent`` keeps it)."""
+        return self._closer is not None and not self._waiting
+
+    def renewable(self, renew: Callable[[], AgentSession]) -> AgentSession:
+        """This session, kept idle for a while (its agent may have ended meanwhile): where its next
+        ``call`` gets no answer at all, the request goes to the session ``renew`` makes, which this
+        one becomes."""
+        self._renew = renew
+        return self
+
+    def resumed(self, closer: Callable[[], None]) -> AgentSession:
+        """This session again, its stream ended (``AgentStream.carry_on``): ``closer`` releases its channel."""
+        self._closer, self._waiting = closer, False
+        return self
 
     def call_with_data(self, request: AnyRequest, data: Iterable[bytes]) -> dict[str, Any]:
         """``call`` with raw bytes after the request line, as ``sync_put`` reads its files' contents."""
@@ -238,6 +291,8 @@ class AgentSession:
         for raw in self._lines:
             if raw.strip():
                 message = _parse(self.host, raw)
+                self._heard += 1
+                self._waiting = False
                 if not message.get("ok"):
                     raise AgentError(self.host, str(message.get("error") or "the agent failed"))
                 return message
@@ -246,10 +301,11 @@ class AgentSession:
 
     def stream(self, request: AnyRequest) -> AgentStream:
         """Send a streaming request (``follow``); the session belongs to the stream from now on."""
-        self._ask(request)
+        self._renew = None
+        asks = bool(self._ask(request).get("asks"))  # its agent answers on after its end (``carry_on``)
         closer, self._closer = self._closer, None
         return AgentStream(self.host, self._lines, closer, send=self._send if self._asides else None,
-                           set_timeout=self._set_timeout)
+                           set_timeout=self._set_timeout, session=self if self._asides and asks else None)
 
     def close(self) -> None:
         """End the agent and release its channel (idempotent)."""
