@@ -11,7 +11,11 @@ same hosts:
   minus the `time.time()` the worker wrote in it (all hosts share this machine's clock): it
   includes the worker's write, torchrun's per-rank file, the supervisor merging it into the
   node's output.log, the agent, SSH and the controller's printing. p50, p99 and max; lines lost
-  or shown twice are counted.
+  or shown twice are counted. Beside them, the merge's part ("merge": when output.times says
+  the line's batch was written to output.log, minus when it was written), which no reader of
+  output.log can avoid, and `ssh tail -F` of the worker's own file (before the merge). With
+  --apart, `up --no-tui` and `logs -f` (of a job of `up -d`) each follow a run of their own
+  beside the tails, so that neither reader's CPU slows the other.
 - throughput, following: every writer prints LINES lines as fast as it can while `logs -f JOB`
   and the N `ssh tail -F` follow; lines/s from the moment the writers are released to the last
   line read, beside the writers' own rate.
@@ -28,29 +32,29 @@ the supervisor appends the worker's lines tagged `[rankR]:`. Every reader is sta
 writers are released (a go-file on the shared filesystem) and has shown the writers' `ready`
 line. Needs root (namespaces); installs OpenSSH with apt when missing. Takes a few minutes.
 
-    python benchmarks/logs.py [--hosts 8] [--lines 100000] [--rate 1000] [--seconds 10]
+    python benchmarks/logs.py [--hosts 8] [--lines 100000] [--rate 1000] [--seconds 10] [--apart]
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
 import os
 import re
-import selectors
 import shlex
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._pump import DONE, READY, Pump, Source  # noqa: E402
 from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
 
 WRITER = ROOT / "benchmarks" / "_log_writer.py"
@@ -58,132 +62,12 @@ PYTHON = sys.executable
 CLUSTERRUN = [PYTHON, "-m", "clusterrun"]
 WIDTH = 100  # bytes per written line, newline included (the log file adds `[rankR]:`)
 BIG = 1_000_000
-READY, DONE = b"ready\n", b"done lines="
 RANK = re.compile(rb"rank(\d+)")
 JOB_ID = re.compile(r"clusterrun: job ([A-Za-z0-9][A-Za-z0-9._-]*): \d+ nodes")
 
 
 def log(text: str) -> None:
     print(f"logs.py: {text}", file=sys.stderr, flush=True)
-
-
-# ------------------------------------------------------------------------ reading many processes
-
-
-@dataclass
-class Source:
-    """One process whose stdout is read by the pump: the data as it arrived, with arrival times."""
-
-    name: str
-    proc: subprocess.Popen[bytes]
-    node: int | None = None  # the node whose log this is (None: lines carry their node)
-    started: float = 0.0
-    chunks: list[tuple[float, bytes]] = field(default_factory=list)
-    first: float | None = None  # when the first complete line arrived
-    end: float | None = None  # when stdout closed
-    marks: dict[bytes, int] = field(default_factory=lambda: {READY: 0, DONE: 0})
-    _edge: bytes = b""
-
-    def feed(self, when: float, data: bytes) -> None:
-        self.chunks.append((when, data))
-        if self.first is None and b"\n" in data:
-            self.first = when
-        for mark in self.marks:  # occurrences ending in `data`, none counted twice
-            self.marks[mark] += (self._edge[len(self._edge) - len(mark) + 1:] + data).count(mark)
-        self._edge = (self._edge + data)[-16:]
-
-    def lines(self) -> Iterable[tuple[float, bytes]]:
-        """Every complete line, with the time the chunk holding its newline arrived."""
-        partial = b""
-        for when, data in self.chunks:
-            parts = (partial + data).split(b"\n")
-            partial = parts.pop()
-            for line in parts:
-                yield when, line
-
-    @property
-    def nbytes(self) -> int:
-        return sum(len(data) for _, data in self.chunks)
-
-
-class Pump:
-    """Starts processes and reads all their stdouts in this one thread (no reader lags behind)."""
-
-    def __init__(self, logdir: Path, env: dict[str, str]) -> None:
-        self.selector = selectors.DefaultSelector()
-        self.logdir = logdir
-        self.env = env
-        self.sources: list[Source] = []
-
-    def start(self, name: str, argv: list[str], node: int | None = None, stdin: bool = False) -> Source:
-        err = open(self.logdir / f"{name}.err", "wb")  # noqa: SIM115 - the child keeps it
-        try:
-            began = time.time()
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=err, cwd=ROOT, env=self.env)
-        finally:
-            err.close()
-        assert proc.stdout is not None
-        source = Source(name, proc, node, started=began)
-        self.sources.append(source)
-        self.selector.register(proc.stdout.fileno(), selectors.EVENT_READ, source)
-        return source
-
-    def stderr(self, source: Source) -> str:
-        return (self.logdir / f"{source.name}.err").read_text(errors="replace")
-
-    def run(self, until: Callable[[], bool], timeout: float, what: str,
-            alive: Iterable[Source] = ()) -> None:
-        """Read until ``until()``; fail after ``timeout`` s or if a source of ``alive`` ends first."""
-        alive = list(alive)
-        deadline = time.monotonic() + timeout
-        while not until():
-            for source in alive:
-                if source.end is not None:
-                    source.proc.wait()
-                    raise RuntimeError(f"{source.name} ended (exit {source.proc.returncode}) while waiting for "
-                                       f"{what}:\n{self.stderr(source)[-3000:]}")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-            for key, _ in self.selector.select(min(left, 0.2)):
-                data = os.read(key.fd, 1 << 16)
-                when = time.time()
-                source = key.data
-                if data:
-                    source.feed(when, data)
-                else:
-                    source.end = when
-                    self.selector.unregister(key.fd)
-                    assert source.proc.stdout is not None
-                    source.proc.stdout.close()
-
-    def finish(self, source: Source, timeout: float = 30) -> int:
-        """Wait for a source's process to exit (its stdout already closed); its exit code."""
-        try:
-            return source.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            source.proc.kill()
-            return source.proc.wait()
-
-    def close(self) -> None:
-        """Stop what is still running among the processes started here (by their own pid)."""
-        for source in self.sources:
-            proc = source.proc
-            if proc.stdin is not None and not proc.stdin.closed:
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()
-            if proc.poll() is None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(3)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None and not proc.stdout.closed:
-                with contextlib.suppress(KeyError, ValueError):
-                    self.selector.unregister(proc.stdout.fileno())
-                proc.stdout.close()
-        self.sources.clear()
 
 
 # ---------------------------------------------------------------------------------- the figures
@@ -314,48 +198,84 @@ class Bench:
 
     # ----------------------------------------------------------------------------- latency
 
-    def paced(self, hosts: Path, n: int, rate: float, seconds: float) -> dict[str, dict[str, float]]:
-        go = self.folder / "go-paced"
-        up = self.pump.start("paced-up", [*CLUSTERRUN, "up", "--no-tui", "--name", "paced", str(hosts), str(WRITER),
-                                          str(go), "paced", str(rate), str(seconds), str(WIDTH)])
+    def paced(self, hosts: Path, n: int, rate: float, seconds: float,
+              readers: tuple[str, ...] = ("up", "logs")) -> dict[str, dict[str, float]]:
+        """One latency run: the clusterrun ``readers`` ("up": the job's own `up --no-tui`; "logs":
+        `logs -f`, of a job started by `up -d` if "up" is not among them) beside the tails."""
+        tag = "-".join(readers)
+        go = self.folder / f"go-paced-{tag}"
+        script = [str(WRITER), str(go), "paced", str(rate), str(seconds), str(WIDTH)]
+        named: list[tuple[str, Source]] = []  # the clusterrun readers
         job = ""
+        if "up" in readers:
+            up = self.pump.start(f"paced-{tag}-up", [*CLUSTERRUN, "up", "--no-tui", "--name", f"paced-{tag}",
+                                                     str(hosts), *script])
+            named.append(("clusterrun up --no-tui", up))
 
-        def have_id() -> bool:
-            nonlocal job
-            found = JOB_ID.search(self.pump.stderr(up))
-            job = found.group(1) if found else ""
-            return bool(job)
+            def have_id() -> bool:
+                nonlocal job
+                found = JOB_ID.search(self.pump.stderr(up))
+                job = found.group(1) if found else ""
+                return bool(job)
 
-        self.pump.run(have_id, 120, "the job id from `up --no-tui`", alive=[up])
-        self.jobs.append(job)
-        follow = self.pump.start("paced-logs-f", [*CLUSTERRUN, "logs", "-f", job])
+            self.pump.run(have_id, 120, "the job id from `up --no-tui`", alive=[up])
+            self.jobs.append(job)
+        else:
+            job = self.up_detached(f"paced-{tag}", hosts, *script[1:])
+        if "logs" in readers:
+            named.append(("clusterrun logs -f", self.pump.start(f"paced-{tag}-logs-f",
+                                                                 [*CLUSTERRUN, "logs", "-f", job])))
+        shown = [source for _, source in named]
         self.wait_ready_in_files(job, n)
-        tails = self.start_tails(job, n, "paced")
-        raw = self.start_tails(job, n, "paced-raw", worker=True)
-        readers = [up, follow, *tails, *raw]
-        self.pump.run(lambda: all(r.marks[READY] >= (1 if r.node is not None else n) for r in readers), 120,
-                      "every reader to show the writers' `ready`", alive=readers)
-        log(f"paced: every reader is ready, {n} writers at {rate:.0f} lines/s for {seconds:.0f} s")
+        tails = self.start_tails(job, n, f"paced-{tag}")
+        raw = self.start_tails(job, n, f"paced-{tag}-raw", worker=True)
+        every = [*shown, *tails, *raw]
+        self.pump.run(lambda: all(r.marks[READY] >= (1 if r.node is not None else n) for r in every), 120,
+                      "every reader to show the writers' `ready`", alive=every)
+        log(f"paced ({' and '.join(readers)}): every reader is ready, {n} writers at {rate:.0f} lines/s "
+            f"for {seconds:.0f} s")
         go.touch()
-        self.pump.run(lambda: up.end is not None and follow.end is not None
-                      and all(t.marks[DONE] for t in [*tails, *raw]), seconds + 180, "the paced job to end",
-                      alive=[*tails, *raw])
+        self.pump.run(lambda: all(s.end is not None for s in shown) and all(t.marks[DONE] for t in [*tails, *raw]),
+                      seconds + 180, "the paced job to end", alive=[*tails, *raw])
         self.stop_tails([*tails, *raw])
-        if self.pump.finish(up) != 0:
-            raise RuntimeError(f"up --no-tui failed:\n{self.pump.stderr(up)[-3000:]}")
-        self.pump.finish(follow)
-        self.jobs.remove(job)
+        for source in shown:
+            if self.pump.finish(source) != 0 and source.name.endswith("-up"):
+                raise RuntimeError(f"up --no-tui failed:\n{self.pump.stderr(source)[-3000:]}")
+        if "up" in readers:
+            self.jobs.remove(job)
+        else:
+            self.wait_job(job, 120)
         count = int(rate * seconds)
-        results = {}
+        results = {"merge (written → in output.log)": self.merged(job, n, count)}
         for name, group in (("ssh tail -F (worker's stdout file)", raw), ("ssh tail -F", tails),
-                            ("clusterrun up --no-tui", [up]),
-                            ("clusterrun logs -f", [follow])):
+                            *((name, [source]) for name, source in named)):
             records = [r for source in group for r in parse(source)]
             lost, extra = completeness(records, range(n), count)
             delays = [read - written for _, _, written, read in records]
             results[name] = {"lines": len(records), "lost": lost, "extra": extra, "p50": percentile(delays, 0.5),
                              "p99": percentile(delays, 0.99), "max": max(delays)}
         return results
+
+    def merged(self, job: str, n: int, count: int) -> dict[str, float]:
+        """When each timed line reached its node's output.log (the supervisor's merge, timed in
+        output.times: ``<offset> <ns>`` before each batch written from offset on) minus when it
+        was written: the part of every reader's latency spent before anything can read it."""
+        delays = []
+        for node in range(n):
+            path = self.output_log(job, node)
+            stamps = [tuple(map(int, line.split())) for line in
+                      path.with_name("output.times").read_text().splitlines() if len(line.split()) == 2]
+            data, at = path.read_bytes(), 0
+            offsets = [o for o, _ in stamps]
+            for line in data.split(b"\n"):
+                found = line.find(b"seq=")
+                if found >= 0 and (k := bisect.bisect_right(offsets, at) - 1) >= 0:
+                    written = float(line[found:].split(b" ", 2)[1][2:])
+                    delays.append(stamps[k][1] / 1e9 - written)
+                at += len(line) + 1
+        lost = n * count - len(delays)
+        return {"lines": len(delays), "lost": lost, "extra": 0, "p50": percentile(delays, 0.5),
+                "p99": percentile(delays, 0.99), "max": max(delays)}
 
     # -------------------------------------------------------------------------- throughput
 
@@ -461,17 +381,24 @@ class Bench:
 # ----------------------------------------------------------------------------------- reporting
 
 
-def report(args: argparse.Namespace, n: int, isolated: bool, paced: dict[str, dict[str, float]],
+def latency_target(results: dict[str, dict[str, float]]) -> str:
+    """The clusterrun readers' worst p99 against `ssh tail -F`'s of the same run."""
+    p99 = max(r["p99"] for name, r in results.items() if name.startswith("clusterrun"))
+    floor = results["ssh tail -F"]["p99"]
+    return f"p99 ≤ 2 × ssh tail -F's: {p99 / floor:.1f} × → {'met' if p99 <= 2 * floor else 'NOT met'}"
+
+
+def report(args: argparse.Namespace, n: int, isolated: bool, paced: list[dict[str, dict[str, float]]],
            fast: dict[str, dict[str, float]], big: dict[str, dict[str, float]]) -> None:
     print(f"{os.cpu_count()} cores; {n} hosts isolated in namespaces: {isolated}; one worker per node; "
           f"lines of {WIDTH} bytes as written")
-    if paced:
-        print(f"\n### Latency: {n} hosts × {args.rate:.0f} lines/s for {args.seconds:.0f} s, all readers at once\n")
+    for results in paced:
+        print(f"\n### Latency: {n} hosts × {args.rate:.0f} lines/s for {args.seconds:.0f} s, these readers at once\n")
         print("| reader | lines read | lost | shown twice | p50 (ms) | p99 (ms) | max (ms) |")
         print("|---|---|---|---|---|---|---|")
-    for name, r in paced.items():
-        print(f"| {name} | {r['lines']:.0f} | {r['lost']:.0f} | {r['extra']:.0f} | {r['p50'] * 1000:.0f} "
-              f"| {r['p99'] * 1000:.0f} | {r['max'] * 1000:.0f} |")
+        for name, r in results.items():
+            print(f"| {name} | {r['lines']:.0f} | {r['lost']:.0f} | {r['extra']:.0f} | {r['p50'] * 1000:.0f} "
+                  f"| {r['p99'] * 1000:.0f} | {r['max'] * 1000:.0f} |")
     total = n * args.lines
     print(f"\n### Throughput, following: {n} hosts × {args.lines} lines as fast as they can "
           f"({total} lines), both readers at once\n")
@@ -512,10 +439,8 @@ def report(args: argparse.Namespace, n: int, isolated: bool, paced: dict[str, di
     print(f"\nTargets: `logs` ≥ 1.0 × ssh cat: {ratio:.2f} for every node, {ratio_one:.2f} for node 0 → "
           f"{'met' if min(ratio, ratio_one) >= 1 else 'NOT met'}; `logs -f` following ≥ 1.0 × tail -F's lines/s: "
           f"{follow:.2f} → {'met' if follow >= 1 else 'NOT met'}", end="")
-    if paced:
-        p99 = max(paced["clusterrun logs -f"]["p99"], paced["clusterrun up --no-tui"]["p99"])
-        floor = paced["ssh tail -F"]["p99"]
-        print(f"; p99 ≤ 2 × ssh tail -F's: {p99 / floor:.1f} × → {'met' if p99 <= 2 * floor else 'NOT met'}", end="")
+    for results in paced:
+        print(f"; {latency_target(results)}", end="")
     if not args.skip_big:
         print(f"; attach --tail 100 first line ≤ 1 s: {first:.2f} s (worst) → {'met' if first <= 1 else 'NOT met'}",
               end="")
@@ -536,6 +461,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each whole-file read and attach")
     parser.add_argument("--skip-big", action="store_true", help="leave out the 1,000,000-line attach check")
     parser.add_argument("--latency-only", action="store_true", help="only the latency run (a quick check)")
+    parser.add_argument("--apart", action="store_true",
+                        help="latency: `up --no-tui` and `logs -f` each in a run of its own beside the tails")
     parser.add_argument("--skip-latency", action="store_true", help="leave out the latency run (throughput only)")
     args = parser.parse_args()
     subprocess.run(["sh", str(ROOT / "tests" / "_support" / "install_sshd.sh")], check=True, capture_output=True)
@@ -548,12 +475,16 @@ def main() -> None:
         bench = Bench(cluster, folder)
         every = hosts_file(folder / "hosts.yaml", folder, cluster, n)
         began = time.monotonic()
-        paced = {} if args.skip_latency else bench.paced(every, n, args.rate, args.seconds)
+        rounds: list[tuple[str, ...]] = [] if args.skip_latency else [("up",), ("logs",)] if args.apart else [
+            ("up", "logs")]
+        paced = [bench.paced(every, n, args.rate, args.seconds, readers) for readers in rounds]
         log(f"latency run done after {time.monotonic() - began:.0f} s")
         if args.latency_only:
-            for name, r in paced.items():
-                print(f"{name}: p50 {r['p50'] * 1000:.0f} ms, p99 {r['p99'] * 1000:.0f} ms, "
-                      f"max {r['max'] * 1000:.0f} ms, {r['lost']:.0f} lost, {r['extra']:.0f} twice")
+            for results in paced:
+                for name, r in results.items():
+                    print(f"{name}: p50 {r['p50'] * 1000:.0f} ms, p99 {r['p99'] * 1000:.0f} ms, "
+                          f"max {r['max'] * 1000:.0f} ms, {r['lost']:.0f} lost, {r['extra']:.0f} twice")
+                print(latency_target(results))
             return
         fast = bench.fast(every, n, args.lines, args.repeat)
         log(f"throughput runs done after {time.monotonic() - began:.0f} s")

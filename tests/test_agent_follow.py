@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -160,3 +161,41 @@ def test_times_are_the_entries_that_cover_a_range_as_the_file_grows(tmp_path: Pa
     with open(path, "ab") as f:
         f.write(b"00\n")
     assert times.covering(15, 30) == [[12, 300], [20, 400]]
+
+
+def test_in_a_flow_the_liveness_checks_run_now_and_then_and_at_once_when_the_job_goes(
+        capsys: pytest.CaptureFixture[str], procs: Processes, attempt: Attempt,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each line read in its own wake (a flow) does not cost a look at /proc (``CHECK_EVERY``);
+    once the job's processes are killed mid-flow (no last state written), it is found lost."""
+    tree = job_tree(procs, attempt)
+    attempt.make(**tree.state())
+    log = attempt.folder / "output.log"
+    log.write_bytes(b"first\n")
+    emitted: list[dict[str, Any]] = []
+    checks: list[bool] = []
+    real_emit = agent_follow.emit
+    monkeypatch.setattr(agent_follow, "emit", lambda m: (emitted.append(m), real_emit(m)))
+    # (the monitor it would start for a job left without one is not started in this process)
+    monkeypatch.setattr(agent_follow, "ensure_monitor", lambda folder, state: (checks.append(True), state)[1])
+    reads = 60
+
+    def a_flow_then_the_job_killed() -> None:
+        try:
+            wait_for(lambda: watched(attempt.folder), timeout=30, what="follow to watch the attempt's directory")
+            with open(log, "ab", buffering=0) as f:
+                for i in range(reads):  # each line once the one before was sent: a wake and a read each
+                    f.write(f"line {i}\n".encode())
+                    wait_for(lambda i=i: any(f"line {i}\n" in m.get("data", "") for m in emitted[-3:]),
+                             timeout=30, interval=0.002, what=f"line {i} sent")
+        finally:  # (also when the flow failed: follow ends only with the job)
+            for pid in (tree.survivor.pid, tree.torchrun, *tree.workers):
+                os.kill(pid, signal.SIGKILL)
+
+    writer = threading.Thread(target=a_flow_then_the_job_killed)
+    writer.start()
+    messages = follow(capsys, attempt, interval=0.005)
+    writer.join()
+    assert data(messages) == "first\n" + "".join(f"line {i}\n" for i in range(reads))
+    assert messages[-1]["t"] == "end" and messages[-1]["state"]["state"] == "lost"
+    assert len(checks) < reads / 4  # at the start, at most twice a second, and at the end (not at every read)
