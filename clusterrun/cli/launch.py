@@ -18,7 +18,7 @@ from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_SIGNAL, EXIT_USAGE, _fa
 from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui, quick_handoffs
 from clusterrun.cli.records import _guarantee, _refresh
 from clusterrun.config.hostsfile import ClusterSpec
-from clusterrun.config.nodesets import FOLD_PAST, alike_lines
+from clusterrun.config.nodesets import FOLD_PAST
 from clusterrun.core.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, StateError
 from clusterrun.core.frozen import frozen
 from clusterrun.life.launch import Checked, Holder, NewJob, first_attempt
@@ -28,9 +28,9 @@ from clusterrun.store.jobs import JobStore
 from clusterrun.store.opened import Opened
 from clusterrun.store.preparing import live
 from clusterrun.sync.copy import SyncReport
-from clusterrun.sync.view import SyncView
 from clusterrun.transports import Transport
-from clusterrun.views.printer import Printer
+from clusterrun.views.printer import Printer, alike_lines
+from clusterrun.views.sync import SyncView
 
 
 @frozen

@@ -46,6 +46,7 @@ from clusterrun.core.events import (
 from clusterrun.core.progress import POINTS, Progress
 from clusterrun.diagnose.rootcause import undoubled
 from clusterrun.views.gpus import only
+from clusterrun.views.printer import stop_caveat, stop_text
 
 RING = 10_000
 LOSSES = POINTS  # losses kept for the dashboard's sparkline: the host's curve (else one per step read)
@@ -245,7 +246,7 @@ class Board:
             report = event.report
             self.stops[rank] = report
             self.note(describe_stop(report))
-            caveat = report.caveat()
+            caveat = stop_caveat(report)
             if caveat is not None and not self._caveat_noted:  # once: it says the same of every such host
                 self._caveat_noted = True
                 self.note(caveat)
@@ -373,5 +374,5 @@ class Board:
 
 
 def describe_stop(report: StopReport) -> str:
-    """One line of a stop's report (which guarantee held: see ``StopReport.describe``)."""
-    return report.describe() + (f"; degraded: {report.degraded}" if report.degraded else "")
+    """One line of a stop's report (which guarantee held: see ``printer.stop_text``)."""
+    return stop_text(report) + (f"; degraded: {report.degraded}" if report.degraded else "")
