@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from clusterrun.config.nodesets import fold_ranks
+from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import (
     AttemptRestarting,
     AttemptStarted,
@@ -371,6 +372,16 @@ class Board:
             return "\n".join([f"first failure: node {row.rank} ({row.host}): {row.status(self.wall())}"
                               + (f": {row.detail}" if row.detail else ""), *(f"  {line}" for line in last)])
         return ""
+
+
+def exit_code(result: JobResult | None, error: ClusterrunError | None) -> int:
+    """The dashboard's exit code for a job it did not leave running: 0 succeeded (or nothing to
+    follow), 1 failed, 130 stopped by the user, 3 could not start (``error``, no result)."""
+    if result is None:
+        return 3 if error is not None else 0
+    if result.ok:
+        return 0
+    return 130 if result.interrupted else 1
 
 
 def describe_stop(report: StopReport) -> str:

@@ -13,6 +13,10 @@ Past ``nodesets.FOLD_PAST`` nodes the per-node status lines (started, a state, u
 stop's report) are held until their phase is over — every node has a line, a note or
 the summary comes, or ``hold`` seconds passed — and then nodes alike share one line
 (``alike_lines``); the odd ones keep theirs. Log lines are never held.
+
+The words other consumers share are here too: a stop's report (``stop_text`` and its parts:
+``down``, the dashboard, the web page say it alike), lines of nodes alike (the sync's too) and
+``up``'s network line.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import threading
 import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from clusterrun.config.nodesets import FOLD_PAST, fold, fold_ranks
 from clusterrun.core import timings
@@ -55,6 +59,9 @@ from clusterrun.core.progress import Progress
 from clusterrun.core.terminal import safe, wants_colour
 from clusterrun.diagnose.rootcause import split_rank
 from clusterrun.run.plan import LaunchPlan
+
+if TYPE_CHECKING:  # the network line's, as `up` shows it
+    from clusterrun.run.interfaces import Interface
 
 _COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 _QUIET_STATES = {NodeState.PENDING, NodeState.CONNECTING, NodeState.STARTING, NodeState.RUNNING,
@@ -102,6 +109,18 @@ def alike_lines(items: Sequence[tuple[int, str, str | None, str]], total: int) -
         ranks = [rank for rank, *_ in group]
         lines.append(f"{len(set(ranks))} {fold_ranks(ranks)} ({fold([host for _, host, *_ in group])}): {alike}")
     return lines
+
+
+def network_text(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | None:
+    """``network: node0 gpu-a eth1, node1 gpu-b eth1``: the interface each node's ranks use, when
+    clusterrun chose one (not on a job whose nodes all share this machine's loopback)."""
+    if not any(i.name for i in interfaces):
+        return None
+    if plan.nnodes > FOLD_PAST:  # nodes alike share a part: ``64 nodes 0-63 (gpu[01-64]): eth0``
+        return "network: " + "; ".join(alike_lines([(n.rank, n.host.host, i.name or "loopback", i.name or "loopback")
+                                                    for n, i in zip(plan.nodes, interfaces, strict=True)], plan.nnodes))
+    return "network: " + ", ".join(f"node{n.rank} {n.host.host} {i.name or 'loopback'}"
+                                   for n, i in zip(plan.nodes, interfaces, strict=True))
 
 
 # How a stop is said: here, by ``down``, the dashboard and the web page alike.
