@@ -113,7 +113,7 @@ def hosts_file(folder: Path, cluster: SimCluster) -> Path:
     return path
 
 
-FOLDED = re.compile(r"clusterrun: (\d+) nodes ")  # the printer's line for nodes alike (nodesets.alike_lines)
+FOLDED = re.compile(r"clusterrun: (\d+) nodes ")  # the printer's line for nodes alike (printer.alike_lines)
 
 
 def run_clusterrun(folder: Path, cluster: SimCluster, *options: str, tree: Path = ROOT) -> Run:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clusterrun.core.events import JobState, NodeState
+from clusterrun.views.printer import stop_text
 
 S, F, X, L, R, U, P = (NodeState.SUCCEEDED, NodeState.FAILED, NodeState.STOPPED, NodeState.LOST, NodeState.RUNNING,
                        NodeState.UNREACHABLE, NodeState.PENDING)
@@ -45,11 +46,11 @@ def test_a_stop_report_says_when_torchrun_outlived_the_grace() -> None:
               "killed": [{"pid": 10, "name": "python3", "signal": "SIGTERM"},
                          {"pid": 12, "name": "python3", "signal": "SIGKILL"}]}
     within = stop_report("gpu-a", 0, answer)
-    assert not within.grace_ran_out and "grace" not in within.describe()
+    assert not within.grace_ran_out and "grace" not in stop_text(within)
     answer["killed"][0]["signal"] = "SIGKILL"  # type: ignore[index]
     outlived = stop_report("gpu-a", 0, answer)
-    assert outlived.grace_ran_out and outlived.describe() == (
+    assert outlived.grace_ran_out and stop_text(outlived) == (
         "node0 gpu-a: stopped torchrun (pid 10) and 1 other process; torchrun outlived the 2.5 s grace after "
         "SIGTERM: SIGKILLed; nothing left (verified by cgroup)")
-    assert "outlived the grace after" in stop_report("gpu-a", 0, dict(answer, grace=None)).describe()
+    assert "outlived the grace after" in stop_text(stop_report("gpu-a", 0, dict(answer, grace=None)))
     assert not stop_report("gpu-a", 0, dict(answer, state={"state": "exited"})).grace_ran_out

@@ -36,7 +36,7 @@ from clusterrun.run.follower import FOLLOW_INTERVALS, MESSAGE_BUDGET, follow_int
 from clusterrun.run.inbox import Inbox
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.transports.fake import FakeCluster
-from clusterrun.views.printer import Printer
+from clusterrun.views.printer import Printer, stop_text
 
 JOB = "train-20261123-120000-abcd"
 FAST = Reconnect(first=0.01, most=0.02)
@@ -154,7 +154,7 @@ def test_a_node_that_ended_before_the_stop_came_is_failed_not_stopped(fake: Fake
     n1.exit(1)
     result = run.finish()
     assert result is not None and [r.node for r in result.stops] == [0]
-    assert result.stops[0].describe() == "node0 h0: nothing was running; no process of the job was found"
+    assert stop_text(result.stops[0]) == "node0 h0: nothing was running; no process of the job was found"
     assert [(n.state, n.exit_code) for n in result.nodes] == [(NodeState.FAILED, 1), (NodeState.FAILED, 1)]
     assert [n.stopped_after for n in result.nodes] == [None, None]
     assert result.root_cause is not None and result.root_cause.node == 1

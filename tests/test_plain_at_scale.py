@@ -34,9 +34,9 @@ from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.store.jobs import JobStore
 from clusterrun.store.opened import Opened
 from clusterrun.sync.copy import SyncProgress, SyncReport
-from clusterrun.sync.view import SyncView
 from clusterrun.transports.fake import FakeCluster
 from clusterrun.views.printer import Printer
+from clusterrun.views.sync import SyncView
 from tests.conftest import SUPPORT, cli_runner
 from tests.simhosts import SimCluster, namespace_problem, unavailable
 from tests.test_orchestrator import JOB

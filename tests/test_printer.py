@@ -12,7 +12,7 @@ from clusterrun.core.events import LogLines, NodeStopped, StopReport
 from clusterrun.core.protocol import stop_report
 from clusterrun.diagnose.rootcause import split_rank
 from clusterrun.views.board import Board
-from clusterrun.views.printer import Printer
+from clusterrun.views.printer import Printer, stop_remarks, stop_text
 
 
 def plan(*nprocs: int) -> SimpleNamespace:
@@ -133,7 +133,7 @@ def test_a_stop_report_says_which_guarantee_held(answer: dict, line: str) -> Non
     from clusterrun.views.board import describe_stop
 
     report = stop_report("h", 1, {"ok": True, **answer})
-    assert report.describe() == line
+    assert stop_text(report) == line
     assert report.complete is (answer.get("verified") is True and not answer["left"])
     err = io.StringIO()
     Printer(err=err).report(report)
@@ -165,9 +165,9 @@ def test_a_stop_report_names_what_the_host_could_not_do() -> None:
         "fallbacks": ["no cgroup: no cgroup2 file system is mounted", "no pidfd (Python 3.8): ..."],
         "degraded": "cannot write state.json: No space left on device",
         "notes": ["could not record the end of the job in state.json: No space left on device"]})
-    assert report.remarks() == ["node0 h: degraded: cannot write state.json: No space left on device",
+    assert stop_remarks(report) == ["node0 h: degraded: cannot write state.json: No space left on device",
                                 "node0 h: could not record the end of the job in state.json: No space left on device"]
-    assert report.describe() == "node0 h: nothing was running; nothing left"
+    assert stop_text(report) == "node0 h: nothing was running; nothing left"
 
 
 def test_a_stop_is_one_short_line_per_host_and_the_sweeps_caveat_is_said_once() -> None:

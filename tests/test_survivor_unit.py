@@ -197,17 +197,18 @@ def test_a_workers_exit_is_read_while_it_is_a_zombie() -> None:
 
 def test_a_stop_without_records_says_what_found_the_processes_or_where_it_looked() -> None:
     from clusterrun.core.protocol import stop_report
+    from clusterrun.views.printer import stop_text
 
     found = stop_report("gpu-a", 0, {
         "ok": True, "killed": [{"pid": 7, "name": "torchrun", "signal": "SIGTERM"}], "left": [],
         "containment": "cgroup", "verified": True, "records_gone": True,
         "found_by": ["cgroup /sys/fs/cgroup/clusterrun-j-n0-a1 found by name"]})
-    text = found.describe()
+    text = stop_text(found)
     assert "records on the host were gone" in text and "found by name" in text and "verified" in text
     nothing = stop_report("gpu-a", 0, {"ok": True, "killed": [], "left": [], "records_gone": True, "found_by": [],
                                                   "looked": ["cgroups named x", "processes carrying M"]})
-    assert "nothing was running" not in nothing.describe()
-    assert "looked for cgroups named x and processes carrying M" in nothing.describe()
+    assert "nothing was running" not in stop_text(nothing)
+    assert "looked for cgroups named x and processes carrying M" in stop_text(nothing)
 
 
 def test_the_journal_is_rewritten_in_place_and_a_shorter_record_still_resumes(tmp_path: Path) -> None:

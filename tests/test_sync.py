@@ -313,7 +313,7 @@ def test_a_local_host_is_synced_by_rsync_where_it_is_installed_else_by_the_agent
 
 def test_the_progress_shows_bytes_and_files_per_host_on_a_terminal_and_plain_lines_elsewhere() -> None:
     from clusterrun.sync.copy import SyncProgress, SyncReport
-    from clusterrun.sync.view import SyncView
+    from clusterrun.views.sync import SyncView
 
     events = [SyncProgress(0, "gpu-a", "compare"), SyncProgress(0, "gpu-a", "copy", 1, 3, 2 * 2**20, 6 * 2**20),
               SyncProgress(1, "gpu-b", "copy", 0, 0, 0, 0),

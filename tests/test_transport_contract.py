@@ -27,6 +27,7 @@ from clusterrun.core.errors import AgentError
 from clusterrun.core.protocol import decode_network, stop_report
 from clusterrun.transports import Transport, transport_for
 from clusterrun.transports.fake import FakeCluster
+from clusterrun.views.printer import stop_text
 from tests.conftest import unique_job, wait_for
 from tests.simhosts import SimCluster
 
@@ -265,7 +266,7 @@ def test_a_stop_says_when_torchrun_outlived_the_grace(harness: Harness) -> None:
     assert torchrun["signal"] == "SIGKILL"
     report = stop_report("h0", 0, answer)
     assert report.grace_ran_out and report.grace == 1
-    assert "; torchrun outlived the 1 s grace after SIGTERM: SIGKILLed; " in report.describe()
+    assert "; torchrun outlived the 1 s grace after SIGTERM: SIGKILLed; " in stop_text(report)
 
 
 def test_a_node_never_started_is_absent_not_an_error(harness: Harness) -> None:

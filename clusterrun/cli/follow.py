@@ -69,6 +69,7 @@ def _dashboard(session: Session | SlurmSession, ring: int, *, term_stops: bool =
     stops the job (``up``), or, without ``term_stops`` (``attach``), detaches as SIGHUP does: only
     an explicit stop (K, ``down``) stops a job one attached to."""
     from clusterrun.tui import Dashboard  # Textual is loaded only for the dashboard
+    from clusterrun.views.board import exit_code
 
     app = Dashboard(session, ring=ring)
     printer = Printer()
@@ -102,4 +103,4 @@ def _dashboard(session: Session | SlurmSession, ring: int, *, term_stops: bool =
         printer.summary(session.result)
     if got.get("signal"):
         return EXIT_SIGNAL.get(got["signal"], 1)
-    return code if code is not None else app.exit_code_of()
+    return code if code is not None else exit_code(session.result, session.error)  # not left running: see above

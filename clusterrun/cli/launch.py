@@ -18,7 +18,6 @@ from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_SIGNAL, EXIT_USAGE, _fa
 from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui, quick_handoffs
 from clusterrun.cli.records import _guarantee, _refresh
 from clusterrun.config.hostsfile import ClusterSpec
-from clusterrun.config.nodesets import FOLD_PAST, alike_lines
 from clusterrun.core.errors import ClusterrunError, ConfigError, DamagedRecord, HostsUnavailable, StateError
 from clusterrun.core.frozen import frozen
 from clusterrun.life.launch import Checked, Holder, NewJob, first_attempt
@@ -28,9 +27,9 @@ from clusterrun.store.jobs import JobStore
 from clusterrun.store.opened import Opened
 from clusterrun.store.preparing import live
 from clusterrun.sync.copy import SyncReport
-from clusterrun.sync.view import SyncView
 from clusterrun.transports import Transport
-from clusterrun.views.printer import Printer
+from clusterrun.views.printer import Printer, network_text
+from clusterrun.views.sync import SyncView
 
 
 @frozen
@@ -76,13 +75,14 @@ def launch(a: UpArgs) -> None:
         if tui:
             from clusterrun.life.session import Session  # the dashboard's: `up --no-tui` and `-d` need none
 
-            code = _dashboard(Session(store, runner.record, runner=runner), a.ui_lines)
+            session = Session(store, runner.record, runner=runner)
+            code = _dashboard(session, a.ui_lines)
             a.show_timings()
             sys.exit(code)
         printer.set_plan(plan)
         printer.note(f"job {job_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
                      f"master {plan.master_addr}:{plan.master_port}")
-        if (network := _network_note(plan, job.interfaces)) is not None:
+        if (network := network_text(plan, job.interfaces)) is not None:
             printer.note(network)
 
         def stop(signum: int) -> None:
@@ -193,14 +193,3 @@ def _print_plan(plan: LaunchPlan, fallbacks: Mapping[int, Sequence[str]],
         click.echo(f"  command: {shlex.join(node.argv)}")
         click.echo(_guarantee(fallbacks.get(node.rank) or ()))
 
-
-def _network_note(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | None:
-    """``network: node0 gpu-a eth1, node1 gpu-b eth1``: the interface each node's ranks use, when
-    clusterrun chose one (not on a job whose nodes all share this machine's loopback)."""
-    if not any(i.name for i in interfaces):
-        return None
-    if plan.nnodes > FOLD_PAST:  # nodes alike share a part: ``64 nodes 0-63 (gpu[01-64]): eth0``
-        return "network: " + "; ".join(alike_lines([(n.rank, n.host.host, i.name or "loopback", i.name or "loopback")
-                                                    for n, i in zip(plan.nodes, interfaces, strict=True)], plan.nnodes))
-    return "network: " + ", ".join(f"node{n.rank} {n.host.host} {i.name or 'loopback'}"
-                                   for n, i in zip(plan.nodes, interfaces, strict=True))

@@ -101,6 +101,25 @@ def _check_up_arguments(hosts_file: str, script: str, script_args: tuple[str, ..
                       "and its arguments; nothing was started", hint=hint)
 
 
+def _script_of(hosts_file: str, script: str | None, script_args: tuple[str, ...],
+               slurm_hosts: str | None) -> tuple[str, tuple[str, ...]]:
+    """The script and its arguments of ``up HOSTS.yaml SCRIPT ARGS``, checked (``_check_up_arguments``):
+    a usage error, or the message and exit code of a refusal, before anything is read or started."""
+    if script is None:
+        raise click.UsageError("Missing argument 'SCRIPT'.")
+    if slurm_hosts is not None:
+        raise click.UsageError("--slurm-hosts goes with --from-slurm (without it, HOSTS.yaml names the hosts file)")
+    if script_args[:1] == ("--",):  # click passes the separator on once SCRIPT has been read
+        script_args = script_args[1:]
+    if script == "--" and script_args:  # `up HOSTS.yaml -- SCRIPT ...`: the script may start with '-'
+        return script_args[0], script_args[1:]
+    try:
+        _check_up_arguments(hosts_file, script, script_args)
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    return script, script_args
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-d", "--detach", is_flag=True, help="Start the job, print its id and return; a background "
               "monitor applies fail-fast until it ends.")
@@ -182,7 +201,9 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
     SIGTERM) stops the job on every host and checks that nothing is left; with --leave-running
     Ctrl-C only stops following. Inside a Slurm allocation: `up --from-slurm SCRIPT [ARGS]`.
     """
-    if from_slurm:  # no HOSTS.yaml: the first word is the script
+    if not from_slurm:
+        script, script_args = _script_of(hosts_file, script, script_args, slurm_hosts)
+    else:  # no HOSTS.yaml: the first word is the script
         words = [hosts_file, *([script] if script is not None else []), *script_args]
         given = {"--detach": detach, "--leave-running": leave_running, "--sync": sync_dir is not None,
                  "--nodes": nodes is not None, "--exclude": exclude is not None, "--json": as_json}
@@ -192,18 +213,8 @@ def up(hosts_file: str, script: str | None, script_args: tuple[str, ...], detach
                       name=name, env=env, dry_run=dry_run, grace=grace, no_sync=no_sync,
                       no_preflight=no_preflight, no_tui=no_tui, ui_lines=ui_lines,
                       unsupported=[k for k, v in given.items() if v])
-    if script is None:
-        raise click.UsageError("Missing argument 'SCRIPT'.")
-    if slurm_hosts is not None:
-        raise click.UsageError("--slurm-hosts goes with --from-slurm (without it, HOSTS.yaml names the hosts file)")
-    if script_args[:1] == ("--",):  # click passes the separator on once SCRIPT has been read
-        script_args = script_args[1:]
     show_timings = timings.begin(_note) if timings_wanted else lambda: None
     try:
-        if script == "--" and script_args:  # `up HOSTS.yaml -- SCRIPT ...`: the script may start with '-'
-            script, script_args = script_args[0], script_args[1:]
-        else:
-            _check_up_arguments(hosts_file, script, script_args)
         found = hosts_for_up(hosts_file, UpOptions(nodes, exclude, startup_timeout, setup_timeout, hang_after, on_hang,
                                                    notify_command, no_sync), os.environ)
         spec, hosts_text = found.spec, found.text  # a hostfile too; the record keeps the YAML

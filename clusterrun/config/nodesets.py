@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 # fold), not at every command's start: it brings logging and configparser (docs/benchmarks.md,
 # "Figures behind choices").
 
-__all__ = ["FOLD_PAST", "MAX_HOSTS", "NodeSetError", "alike_lines", "expand", "fold", "fold_ranks",
+__all__ = ["FOLD_PAST", "MAX_HOSTS", "NodeSetError", "expand", "fold", "fold_ranks",
            "hosts_alike", "is_nodeset", "size"]
 
-# Past this many nodes the plain output's per-node status lines fold (``alike_lines``); up to it,
+# Past this many nodes the plain output's per-node status lines fold (``views.printer.alike_lines``); up to it,
 # a line per node reads better than node sets.
 FOLD_PAST = 8
 # The most hosts a hosts file (or a -w/-x node set) may name: what the rest of clusterrun is built
@@ -156,28 +156,6 @@ def fold(names: list[str]) -> str:
 def fold_ranks(ranks: list[int]) -> str:
     """Node ranks as a node set in words: ``node 3``, ``nodes 0-61``, ``nodes 0-2,5,7-9``."""
     return ("node " if len(set(ranks)) == 1 else "nodes ") + ranges_text(ranks)
-
-
-def alike_lines(items: Sequence[tuple[int, str, str | None, str]], total: int) -> list[str]:
-    """Status lines of a job of ``total`` nodes from ``(rank, host, alike, own)`` items: ``own``
-    is what one node's line says (``node3 gpu04: own``), ``alike`` the same without what is that
-    node's only (a pid), by which nodes are grouped (None: never grouped). Up to ``FOLD_PAST``
-    nodes a line per item; past it a line per group, in the order of its first item, a group of
-    one as its own line: ``64 nodes 0-63 (gpu[01-64]): alike``. Every item is in exactly one line."""
-    if total <= FOLD_PAST:
-        return [f"node{rank} {host}: {own}" for rank, host, _, own in items]
-    groups: dict[object, list[tuple[int, str, str | None, str]]] = {}
-    for i, item in enumerate(items):
-        groups.setdefault(item[2] if item[2] is not None else i, []).append(item)
-    lines = []
-    for alike, group in groups.items():
-        if len(group) == 1 or not isinstance(alike, str):
-            rank, host, _, own = group[0]
-            lines.append(f"node{rank} {host}: {own}")
-            continue
-        ranks = [rank for rank, *_ in group]
-        lines.append(f"{len(set(ranks))} {fold_ranks(ranks)} ({fold([host for _, host, *_ in group])}): {alike}")
-    return lines
 
 
 def hosts_alike(items: Sequence[tuple[str, str]], total: int) -> list[str]:

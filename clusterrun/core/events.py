@@ -127,13 +127,6 @@ def hung_text(since: float | None, now: float) -> str:
     return "hung" if since is None else unreachable_text(since, now).replace("unreachable", "hung", 1)
 
 
-def not_stopped_text(job_id: str, nodes: Iterable[tuple[int, str]]) -> str:
-    """What ``down`` and the printer's summary say of a stop that could not reach some nodes'
-    hosts (``(rank, host)``): the job is not known to have stopped there."""
-    which = ", ".join(f"node {rank} ({host})" for rank, host in nodes)
-    return f"job {job_id} is NOT marked stopped: {which} could not be stopped (see above); it may still run there"
-
-
 def signal_name(number: int) -> str:
     """``SIGKILL`` for 9, or ``signal 64`` for numbers without a name."""
     import signal
@@ -253,79 +246,6 @@ class StopReport:
     def complete(self) -> bool:
         """Stopped, and verified by a method that sees every process of the job (its cgroup)."""
         return self.ok and self.verified
-
-    def killed_text(self) -> str:
-        """``torchrun (pid 58)``, ``torchrun (pid 58) and 2 other processes``, or ``nothing was running``."""
-        return self._killed(with_pids=True)
-
-    def killed_kinds(self) -> str:
-        """What ``killed_text`` says without pids (nodes alike share it): ``torchrun and 2 other processes``."""
-        return self._killed(with_pids=False)
-
-    def _killed(self, with_pids: bool) -> str:
-        if not self.killed:
-            return "nothing was running"
-        first = next((k for k in self.killed if k.get("pid") == self.torchrun_pid), self.killed[0])
-        name = "torchrun" if first.get("pid") == self.torchrun_pid else str(first.get("name"))
-        text = f"{name} (pid {first.get('pid')})" if with_pids else name
-        others = len(self.killed) - 1
-        return text + (f" and {others} other process{'es' if others > 1 else ''}" if others else "")
-
-    def describe(self) -> str:
-        """One line: what was stopped and whether anything is left."""
-        return f"node{self.node} {self.host}: {self.outcome(self.killed_text())}"
-
-    def alike(self) -> str | None:
-        """``describe`` without the node and its pids, which nodes whose stop went alike share
-        (``nodesets.alike_lines``; hosts without a cgroup apart, and named so); None for a stop that
-        failed or left a process: its own line."""
-        if self.error or self.left:
-            return None
-        return self.outcome(self.killed_kinds()) + (" (no cgroup)" if self.containment == "sweep" else "")
-
-    def outcome(self, killed: str) -> str:
-        """What the stop did (``killed``: the processes it stopped, in words) and whether anything of
-        the job is left: ``stopped torchrun (pid 58); nothing left (verified by cgroup)``. How far
-        "nothing left" goes without a cgroup is said once per command (``caveat``), not on every line."""
-        if self.error:
-            return f"could not be stopped: {self.error}"
-        # Nothing killed: the node had ended before the stop came (it was not stopped by it).
-        stopped = f"stopped {killed}" if self.killed else "nothing was running"
-        if self.records_gone:  # never "nothing was running" without saying where it looked
-            if not self.killed and not self.left and not self.found_by:
-                return ("no records of the attempt on the host (never started, or deleted) and nothing "
-                        f"of it runs: looked for {' and '.join(self.looked) or 'its cgroup and its marker'}")
-            stopped += f" (its records on the host were gone; found by: {'; '.join(self.found_by)})"
-        if self.at_once and self.killed:
-            stopped += " at once (SIGKILL, the attempt had failed)"
-        if self.grace_ran_out:
-            grace = f"the {self.grace:g} s grace" if self.grace is not None else "the grace"
-            stopped += f"; torchrun outlived {grace} after SIGTERM: SIGKILLed"
-        if self.left:
-            left = ", ".join(f"{p.get('name')}[{p.get('pid')}] state {p.get('state')}" for p in self.left)
-            return f"{stopped}; STILL RUNNING: {left}"
-        if self.containment == "reboot":
-            return f"{stopped}; the host rebooted since the job started: nothing of it runs"
-        if self.containment == "cgroup" and self.verified:
-            return f"{stopped}; nothing left (verified by cgroup)"
-        if self.containment in ("cgroup", "sweep"):
-            return f"{stopped}; nothing left"
-        return f"{stopped}; no process of the job was found"
-
-    def caveat(self) -> str | None:
-        """What "nothing left" means where the host had no cgroup for the attempt (None where a
-        cgroup verified it): said once per command, after the first such host's line."""
-        if not self.ok or self.containment != "sweep":
-            return None
-        why = [f.removeprefix("no cgroup: ") for f in self.fallbacks if f.startswith("no cgroup")]
-        return (f"no cgroup on {self.host}{f' ({why[0]})' if why else ''}: \"nothing left\" there is of what could "
-                "be seen; processes that left the job's tree, session and environment could not be seen")
-
-    def remarks(self) -> list[str]:
-        """Further lines, only where the host failed at something: what it could not write."""
-        where = f"node{self.node} {self.host}"
-        degraded = [f"{where}: degraded: {self.degraded}"] if self.degraded else []
-        return degraded + [f"{where}: {note}" for note in self.notes]
 
 
 @frozen

@@ -11,11 +11,12 @@ from enum import Enum
 
 from clusterrun.config.nodesets import FOLD_PAST, fold
 from clusterrun.core.errors import StateError
-from clusterrun.core.events import JobState, StopReport, not_stopped_text
+from clusterrun.core.events import JobState, StopReport
 from clusterrun.core.frozen import frozen
 from clusterrun.life.attempt import stop
 from clusterrun.store.jobs import JobStore
 from clusterrun.store.opened import Opened
+from clusterrun.views.printer import not_stopped_text
 
 
 class Verdict(str, Enum):
@@ -65,7 +66,7 @@ class Downed:
         if verdict is Verdict.LEFT:
             return None  # each node's report names what is left
         swept = [r.host for r in self.reports.values() if not r.complete]
-        if swept:  # what that means is said once, after the first such host's line (``StopReport.caveat``)
+        if swept:  # what that means is said once, after the first such host's line (``printer.stop_caveat``)
             on = fold(swept) if self.nnodes > FOLD_PAST else ", ".join(swept)
             return f"job {self.job_id} stopped; nothing it could see is left (no cgroup on {on})"
         return f"job {self.job_id} stopped; nothing of it is left on any host (verified by cgroup)"

@@ -45,7 +45,7 @@ from clusterrun.tui.nodetable import (
 from clusterrun.tui.screens import Confirm, Help, History, QuitQuestion, Stacks
 from clusterrun.tui.search import Matches
 from clusterrun.views import gpus
-from clusterrun.views.board import Board, NodeRow
+from clusterrun.views.board import Board, NodeRow, exit_code
 
 if TYPE_CHECKING:
     from clusterrun.slurm.job import SlurmSession
@@ -558,11 +558,4 @@ class Dashboard(App[int]):
 
     def exit_code_of(self) -> int:
         """0 succeeded or detached; 1 failed; 130 stopped by the user; 3 could not start."""
-        result = self.session.result
-        if self.outcome in ("detached", "left"):
-            return 0
-        if result is None:
-            return 3 if self.session.error is not None else 0
-        if result.ok:
-            return 0
-        return 130 if result.interrupted else 1
+        return 0 if self.outcome in ("detached", "left") else exit_code(self.session.result, self.session.error)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from clusterrun.config.nodesets import fold_ranks
+from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import (
     AttemptRestarting,
     AttemptStarted,
@@ -46,6 +47,7 @@ from clusterrun.core.events import (
 from clusterrun.core.progress import POINTS, Progress
 from clusterrun.diagnose.rootcause import undoubled
 from clusterrun.views.gpus import only
+from clusterrun.views.printer import stop_caveat, stop_text
 
 RING = 10_000
 LOSSES = POINTS  # losses kept for the dashboard's sparkline: the host's curve (else one per step read)
@@ -245,7 +247,7 @@ class Board:
             report = event.report
             self.stops[rank] = report
             self.note(describe_stop(report))
-            caveat = report.caveat()
+            caveat = stop_caveat(report)
             if caveat is not None and not self._caveat_noted:  # once: it says the same of every such host
                 self._caveat_noted = True
                 self.note(caveat)
@@ -372,6 +374,16 @@ class Board:
         return ""
 
 
+def exit_code(result: JobResult | None, error: ClusterrunError | None) -> int:
+    """The dashboard's exit code for a job it did not leave running: 0 succeeded (or nothing to
+    follow), 1 failed, 130 stopped by the user, 3 could not start (``error``, no result)."""
+    if result is None:
+        return 3 if error is not None else 0
+    if result.ok:
+        return 0
+    return 130 if result.interrupted else 1
+
+
 def describe_stop(report: StopReport) -> str:
-    """One line of a stop's report (which guarantee held: see ``StopReport.describe``)."""
-    return report.describe() + (f"; degraded: {report.degraded}" if report.degraded else "")
+    """One line of a stop's report (which guarantee held: see ``printer.stop_text``)."""
+    return stop_text(report) + (f"; degraded: {report.degraded}" if report.degraded else "")

@@ -12,7 +12,11 @@ written as the node wrote it, byte for byte.
 Past ``nodesets.FOLD_PAST`` nodes the per-node status lines (started, a state, unreachable, a
 stop's report) are held until their phase is over — every node has a line, a note or
 the summary comes, or ``hold`` seconds passed — and then nodes alike share one line
-(``nodesets.alike_lines``); the odd ones keep theirs. Log lines are never held.
+(``alike_lines``); the odd ones keep theirs. Log lines are never held.
+
+The words other consumers share are here too: a stop's report (``stop_text`` and its parts:
+``down``, the dashboard, the web page say it alike), lines of nodes alike (the sync's too) and
+``up``'s network line.
 """
 
 from __future__ import annotations
@@ -21,11 +25,11 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from clusterrun.config.nodesets import FOLD_PAST, alike_lines
+from clusterrun.config.nodesets import FOLD_PAST, fold, fold_ranks
 from clusterrun.core import timings
 from clusterrun.core.events import (
     AttemptRestarting,
@@ -47,7 +51,6 @@ from clusterrun.core.events import (
     RankFailed,
     StopReport,
     hung_text,
-    not_stopped_text,
     signal_name,
     stopped_after_text,
     unreachable_text,
@@ -56,6 +59,9 @@ from clusterrun.core.progress import Progress
 from clusterrun.core.terminal import safe, wants_colour
 from clusterrun.diagnose.rootcause import split_rank
 from clusterrun.run.plan import LaunchPlan
+
+if TYPE_CHECKING:  # the network line's, as `up` shows it
+    from clusterrun.run.interfaces import Interface
 
 _COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 _QUIET_STATES = {NodeState.PENDING, NodeState.CONNECTING, NodeState.STARTING, NodeState.RUNNING,
@@ -81,6 +87,123 @@ def node_end_text(node: NodeResult) -> str:
     else:
         how = node.error or ""
     return node.state.value + (f" ({how})" if how else "")
+
+
+def alike_lines(items: Sequence[tuple[int, str, str | None, str]], total: int) -> list[str]:
+    """Status lines of a job of ``total`` nodes from ``(rank, host, alike, own)`` items: ``own``
+    is what one node's line says (``node3 gpu04: own``), ``alike`` the same without what is that
+    node's only (a pid), by which nodes are grouped (None: never grouped). Up to ``FOLD_PAST``
+    nodes a line per item; past it a line per group, in the order of its first item, a group of
+    one as its own line: ``64 nodes 0-63 (gpu[01-64]): alike``. Every item is in exactly one line."""
+    if total <= FOLD_PAST:
+        return [f"node{rank} {host}: {own}" for rank, host, _, own in items]
+    groups: dict[object, list[tuple[int, str, str | None, str]]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(item[2] if item[2] is not None else i, []).append(item)
+    lines = []
+    for alike, group in groups.items():
+        if len(group) == 1 or not isinstance(alike, str):
+            rank, host, _, own = group[0]
+            lines.append(f"node{rank} {host}: {own}")
+            continue
+        ranks = [rank for rank, *_ in group]
+        lines.append(f"{len(set(ranks))} {fold_ranks(ranks)} ({fold([host for _, host, *_ in group])}): {alike}")
+    return lines
+
+
+def network_text(plan: LaunchPlan, interfaces: Sequence[Interface]) -> str | None:
+    """``network: node0 gpu-a eth1, node1 gpu-b eth1``: the interface each node's ranks use, when
+    clusterrun chose one (not on a job whose nodes all share this machine's loopback)."""
+    if not any(i.name for i in interfaces):
+        return None
+    if plan.nnodes > FOLD_PAST:  # nodes alike share a part: ``64 nodes 0-63 (gpu[01-64]): eth0``
+        return "network: " + "; ".join(alike_lines([(n.rank, n.host.host, i.name or "loopback", i.name or "loopback")
+                                                    for n, i in zip(plan.nodes, interfaces, strict=True)], plan.nnodes))
+    return "network: " + ", ".join(f"node{n.rank} {n.host.host} {i.name or 'loopback'}"
+                                   for n, i in zip(plan.nodes, interfaces, strict=True))
+
+
+# How a stop is said: here, by ``down``, the dashboard and the web page alike.
+
+def not_stopped_text(job_id: str, nodes: Iterable[tuple[int, str]]) -> str:
+    """What ``down`` and the printer's summary say of a stop that could not reach some nodes'
+    hosts (``(rank, host)``): the job is not known to have stopped there."""
+    which = ", ".join(f"node {rank} ({host})" for rank, host in nodes)
+    return f"job {job_id} is NOT marked stopped: {which} could not be stopped (see above); it may still run there"
+
+
+def killed_text(report: StopReport, with_pids: bool = True) -> str:
+    """``torchrun (pid 58)``, ``torchrun (pid 58) and 2 other processes``, or ``nothing was running``;
+    without pids (``with_pids=False``) what nodes alike share: ``torchrun and 2 other processes``."""
+    if not report.killed:
+        return "nothing was running"
+    first = next((k for k in report.killed if k.get("pid") == report.torchrun_pid), report.killed[0])
+    name = "torchrun" if first.get("pid") == report.torchrun_pid else str(first.get("name"))
+    text = f"{name} (pid {first.get('pid')})" if with_pids else name
+    others = len(report.killed) - 1
+    return text + (f" and {others} other process{'es' if others > 1 else ''}" if others else "")
+
+
+def stop_text(report: StopReport) -> str:
+    """One line: what was stopped on the node and whether anything is left."""
+    return f"node{report.node} {report.host}: {stop_outcome(report, killed_text(report))}"
+
+
+def stop_alike(report: StopReport) -> str | None:
+    """``stop_text`` without the node and its pids, which nodes whose stop went alike share
+    (``alike_lines``; hosts without a cgroup apart, and named so); None for a stop that failed or
+    left a process: its own line."""
+    if report.error or report.left:
+        return None
+    return stop_outcome(report, killed_text(report, with_pids=False)) + (
+        " (no cgroup)" if report.containment == "sweep" else "")
+
+
+def stop_outcome(report: StopReport, killed: str) -> str:
+    """What the stop did (``killed``: the processes it stopped, in words) and whether anything of
+    the job is left: ``stopped torchrun (pid 58); nothing left (verified by cgroup)``. How far
+    "nothing left" goes without a cgroup is said once per command (``stop_caveat``), not on every line."""
+    if report.error:
+        return f"could not be stopped: {report.error}"
+    # Nothing killed: the node had ended before the stop came (it was not stopped by it).
+    stopped = f"stopped {killed}" if report.killed else "nothing was running"
+    if report.records_gone:  # never "nothing was running" without saying where it looked
+        if not report.killed and not report.left and not report.found_by:
+            return ("no records of the attempt on the host (never started, or deleted) and nothing "
+                    f"of it runs: looked for {' and '.join(report.looked) or 'its cgroup and its marker'}")
+        stopped += f" (its records on the host were gone; found by: {'; '.join(report.found_by)})"
+    if report.at_once and report.killed:
+        stopped += " at once (SIGKILL, the attempt had failed)"
+    if report.grace_ran_out:
+        grace = f"the {report.grace:g} s grace" if report.grace is not None else "the grace"
+        stopped += f"; torchrun outlived {grace} after SIGTERM: SIGKILLed"
+    if report.left:
+        left = ", ".join(f"{p.get('name')}[{p.get('pid')}] state {p.get('state')}" for p in report.left)
+        return f"{stopped}; STILL RUNNING: {left}"
+    if report.containment == "reboot":
+        return f"{stopped}; the host rebooted since the job started: nothing of it runs"
+    if report.containment == "cgroup" and report.verified:
+        return f"{stopped}; nothing left (verified by cgroup)"
+    if report.containment in ("cgroup", "sweep"):
+        return f"{stopped}; nothing left"
+    return f"{stopped}; no process of the job was found"
+
+
+def stop_caveat(report: StopReport) -> str | None:
+    """What "nothing left" means where the host had no cgroup for the attempt (None where a
+    cgroup verified it): said once per command, after the first such host's line."""
+    if not report.ok or report.containment != "sweep":
+        return None
+    why = [f.removeprefix("no cgroup: ") for f in report.fallbacks if f.startswith("no cgroup")]
+    return (f"no cgroup on {report.host}{f' ({why[0]})' if why else ''}: \"nothing left\" there is of what could "
+            "be seen; processes that left the job's tree, session and environment could not be seen")
+
+
+def stop_remarks(report: StopReport) -> list[str]:
+    """Further lines of a stop, only where the host failed at something: what it could not write."""
+    where = f"node{report.node} {report.host}"
+    degraded = [f"{where}: degraded: {report.degraded}"] if report.degraded else []
+    return degraded + [f"{where}: {note}" for note in report.notes]
 
 
 class Printer:
@@ -295,8 +418,8 @@ class Printer:
     def report(self, report: StopReport) -> None:
         """What a stop did on one node, whether anything is left, and what the host could not record;
         after the first host without a cgroup, once, how far its "nothing left" goes."""
-        remarks = report.remarks()
-        caveat = None if self._caveat_said else report.caveat()
+        remarks = stop_remarks(report)
+        caveat = None if self._caveat_said else stop_caveat(report)
         if caveat is not None:
             self._caveat_said = True
             remarks.append(caveat)
@@ -304,7 +427,7 @@ class Printer:
             for line in remarks:
                 self.note(line)
             return
-        self._status(report.node, report.host, report.outcome(report.killed_text()), report.alike(), remarks)
+        self._status(report.node, report.host, stop_outcome(report, killed_text(report)), stop_alike(report), remarks)
 
     def reports(self, reports: Sequence[StopReport], nnodes: int) -> None:
         """Every node's stop report of a job of ``nnodes`` nodes (``down``), nodes alike on one line."""

@@ -28,6 +28,7 @@ from clusterrun.store.jobjson import progress_of
 from clusterrun.store.jobs import JobRecord, JobStore, is_slurm
 from clusterrun.store.opened import Opened
 from clusterrun.views.joblist import job_state_text, jobs_json, shown, training_text
+from clusterrun.views.printer import stop_caveat, stop_text
 
 SEARCH_LIMIT = 500  # matching lines a search shows (the last ones)
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -167,6 +168,6 @@ def stop(jobs: Opener, job_id: str) -> tuple[Downed, list[str]]:
     """``clusterrun down JOB``'s stop (``life.down``), with each node's report as ``down`` prints it."""
     downed = down(jobs.store, jobs.open(job_id))
     reports = [downed.reports[rank] for rank in sorted(downed.reports)]
-    lines = [report.describe() for report in reports]
-    lines += [caveat for caveat in (r.caveat() for r in reports) if caveat is not None][:1]  # once, as `down`
+    lines = [stop_text(report) for report in reports]
+    lines += [caveat for caveat in (stop_caveat(r) for r in reports) if caveat is not None][:1]  # once, as `down`
     return downed, [safe(line, colour=False) for line in lines]

@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, TextIO
 
-from clusterrun.config.nodesets import FOLD_PAST, alike_lines
+from clusterrun.config.nodesets import FOLD_PAST
 from clusterrun.core.terminal import safe
 from clusterrun.sync.copy import SyncProgress, SyncReport, human
+from clusterrun.views.printer import alike_lines
 
 
 class SyncView:
