@@ -111,7 +111,8 @@ class NodeLog:
         if text.count("\n" + tag) != len(lines) - 1 or "]:[rank" in text:  # torch's doubled tag: split_rank's
             return False
         kept = self.rank_tails.setdefault(int(tag[5:-2]), deque(maxlen=self.tail))
-        kept.extend(line[len(tag):] for line in lines[-self.tail:])
+        last = "\n".join(lines[-self.tail:])
+        kept.extend(last[len(tag):].replace("\n" + tag, "\n").split("\n"))
         return True
 
     def _worth_reading(self, lines: Sequence[str]) -> Sequence[str]:
