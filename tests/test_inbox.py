@@ -34,6 +34,22 @@ def test_a_chunk_over_the_budget_waits_until_the_consumer_takes_one() -> None:
     assert inbox.held == 0
 
 
+def test_every_chunk_that_fits_once_a_large_one_left_goes_in() -> None:
+    """Two chunks wait for the budget; the one that held it leaves: both go in, not only the first woken."""
+    inbox = Inbox(budget=1000)
+    inbox.put((0, chunk(900)))
+    puts = [threading.Thread(target=inbox.put, args=((rank, chunk(300)),)) for rank in (1, 2)]
+    for put in puts:
+        put.start()
+    while inbox._blocked < 2:  # both wait for room  # noqa: ASYNC110 - a thread's state, no event to wait on
+        threading.Event().wait(0.01)
+    assert inbox.get(timeout=5)[0] == 0
+    for put in puts:
+        put.join(timeout=10)
+    assert not any(put.is_alive() for put in puts)
+    assert sorted(inbox.get(timeout=5)[0] for _ in range(2)) == [1, 2]
+
+
 def test_an_empty_inbox_takes_a_chunk_larger_than_the_budget() -> None:
     inbox = Inbox(budget=100)
     inbox.put((0, chunk(5000)), block=False)

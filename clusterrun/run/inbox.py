@@ -39,6 +39,7 @@ class Inbox(queue.Queue[Item]):
         super().__init__(maxsize)
         self.budget = budget
         self.held = 0  # characters of log data queued
+        self._blocked = 0  # puts waiting for room
         self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()  # a token per message queued or ring()
 
     def ring(self) -> None:
@@ -65,7 +66,11 @@ class Inbox(queue.Queue[Item]):
                 left = None if deadline is None else deadline - time.monotonic()
                 if not block or (left is not None and left <= 0):
                     raise queue.Full
-                self.not_full.wait(left)
+                self._blocked += 1
+                try:
+                    self.not_full.wait(left)
+                finally:
+                    self._blocked -= 1
             self._put(item)
             self._bell.put(None)
             self.held += size
@@ -78,5 +83,6 @@ class Inbox(queue.Queue[Item]):
     def _get(self) -> Item:
         item = super()._get()
         self.held -= _size(item)
-        self.not_full.notify_all()  # a waiting chunk may fit now that a larger one left (``get`` wakes one)
+        if self._blocked:  # a waiting chunk may fit now that a larger one left (``get`` wakes one)
+            self.not_full.notify_all()
         return item
