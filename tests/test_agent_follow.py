@@ -167,7 +167,7 @@ def test_times_are_the_entries_that_cover_a_range_as_the_file_grows(tmp_path: Pa
 
 
 def test_in_a_flow_the_liveness_checks_run_now_and_then_and_at_once_when_the_job_goes(
-        capsys: pytest.CaptureFixture[str], procs: Processes, attempt: Attempt,
+        capsysbinary: pytest.CaptureFixture[bytes], procs: Processes, attempt: Attempt,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each line read in its own wake (a flow) does not cost a look at /proc (``CHECK_EVERY``);
     once the job's processes are killed mid-flow (no last state written), it is found lost."""
@@ -189,7 +189,7 @@ def test_in_a_flow_the_liveness_checks_run_now_and_then_and_at_once_when_the_job
             with open(log, "ab", buffering=0) as f:
                 for i in range(reads):  # each line once the one before was sent: a wake and a read each
                     f.write(f"line {i}\n".encode())
-                    wait_for(lambda i=i: any(f"line {i}\n" in m.get("data", "") for m in emitted[-3:]),
+                    wait_for(lambda i=i: any(f"line {i}\n".encode() in m.get("data", b"") for m in emitted[-3:]),
                              timeout=30, interval=0.002, what=f"line {i} sent")
         finally:  # (also when the flow failed: follow ends only with the job)
             for pid in (tree.survivor.pid, tree.torchrun, *tree.workers):
@@ -197,8 +197,8 @@ def test_in_a_flow_the_liveness_checks_run_now_and_then_and_at_once_when_the_job
 
     writer = threading.Thread(target=a_flow_then_the_job_killed)
     writer.start()
-    messages = follow(capsys, attempt, interval=0.005)
+    messages = follow(capsysbinary, attempt, interval=0.005)
     writer.join()
-    assert data(messages) == "first\n" + "".join(f"line {i}\n" for i in range(reads))
+    assert data(messages) == b"first\n" + b"".join(f"line {i}\n".encode() for i in range(reads))
     assert messages[-1]["t"] == "end" and messages[-1]["state"]["state"] == "lost"
     assert len(checks) < reads / 4  # at the start, at most twice a second, and at the end (not at every read)
