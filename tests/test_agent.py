@@ -63,7 +63,7 @@ def test_follow_holds_back_partial_lines_and_resumes_exactly(tmp_path: Path) -> 
     state_dir = tmp_path / "state"
     start(state_dir, WRITER)
     messages = []
-    parts = ["first line\n", "partial\n\udcff\udcfe not utf-8\n", "unterminated tail"]
+    parts = [b"first line\n", b"partial\n\xff\xfe not utf-8\n", b"unterminated tail"]
     for message in TRANSPORT.stream(req(state_dir, "follow", offset=0)):
         messages.append(message)
         if message["t"] == "log":  # a partial line stays back until the job completes it
@@ -73,15 +73,15 @@ def test_follow_holds_back_partial_lines_and_resumes_exactly(tmp_path: Path) -> 
     logs = [m for m in messages if m["t"] == "log"]
     assert messages[-1]["t"] == "end" and messages[-1]["state"]["exit_code"] == 0
     # every chunk but the last ends at a line boundary; the final read brings the partial line
-    assert all(m["data"].endswith("\n") for m in logs[:-1])
-    assert logs[-1]["data"].endswith("unterminated tail")
-    data = b"".join(m["data"].encode("utf-8", "surrogateescape") for m in logs)
+    assert all(m["data"].endswith(b"\n") for m in logs[:-1])
+    assert logs[-1]["data"].endswith(b"unterminated tail")
+    data = b"".join(m["data"] for m in logs)
     log_file = next(state_dir.glob(f"jobs/{JOB}/node0/attempt1/output.log"))
     assert data == log_file.read_bytes() == b"first line\npartial\n\xff\xfe not utf-8\nunterminated tail"
     # resuming from any offset the agent handed out gives exactly the rest: nothing lost or repeated
     for m in logs:
         rest = follow(state_dir, offset=m["next"])
-        tail = b"".join(x["data"].encode("utf-8", "surrogateescape") for x in rest if x["t"] == "log")
+        tail = b"".join(x["data"] for x in rest if x["t"] == "log")
         assert tail == data[m["next"]:]
 
 
@@ -526,7 +526,7 @@ def test_job_finds_its_program_on_its_own_path_and_keeps_no_descriptor(tmp_path:
                                 cwd=str(tmp_path)))
     messages = follow(state_dir)
     assert messages[-1]["state"]["exit_code"] == 0
-    fds, stdin, sid, pid, _, ignored = "".join(m["data"] for m in messages if m["t"] == "log").split()[:6]
+    fds, stdin, sid, pid, _, ignored = b"".join(m["data"] for m in messages if m["t"] == "log").decode().split()[:6]
     assert int(fds) == 4  # 0, 1, 2 and the one ls itself lists /proc/self/fd with
     assert stdin == "/dev/null" and sid == pid == str(answer["state"]["torchrun"]["pid"])
     assert int(ignored, 16) & (1 << (13 - 1)) == 0  # SIGPIPE (13) not ignored
@@ -558,7 +558,7 @@ def test_a_quiet_job_costs_its_supervisor_and_follower_no_cpu(tmp_path: Path) ->
     follower = threading.Thread(target=read, daemon=True)
     try:
         follower.start()
-        wait_for(lambda: any("hello" in m.get("data", "") for m in messages), 10, what="the first line")
+        wait_for(lambda: any(b"hello" in m.get("data", b"") for m in messages), 10, what="the first line")
         agents = [int(p) for p in os.listdir("/proc") if p.isdigit() and Path(f"/proc/{p}/stat").exists()
                   and BOOTSTRAP.encode() in Path(f"/proc/{p}/cmdline").read_bytes()
                   and int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()]
@@ -573,7 +573,7 @@ def test_a_quiet_job_costs_its_supervisor_and_follower_no_cpu(tmp_path: Path) ->
         flag.touch()
         follower.join(10)
         assert not follower.is_alive() and messages[-1]["t"] == "end"
-        assert "".join(m["data"] for m in messages if m["t"] == "log") == "hello\nlate\n"
+        assert b"".join(m["data"] for m in messages if m["t"] == "log") == b"hello\nlate\n"
     finally:
         TRANSPORT.call(req(state_dir, "stop", grace=1))
 

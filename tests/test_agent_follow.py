@@ -1,7 +1,7 @@
-"""The agent's ``follow`` (``agent/follow.py``): a node's log and state as a stream of JSON lines,
-resumable by byte offset, from the start, the tail or before an offset, with or without the log, once
-or to the job's end. In this process from an attempt's records (``tests/agenthost.py``); end to end
-through a real agent and torchrun: ``tests/test_agent.py``."""
+"""The agent's ``follow`` (``agent/follow.py``): a node's log and state as a stream of JSON lines
+(a log's bytes raw after its line), resumable by byte offset, from the start, the tail or before an
+offset, with or without the log, once or to the job's end. In this process from an attempt's records
+(``tests/agenthost.py``); end to end through a real agent and torchrun: ``tests/test_agent.py``."""
 
 from __future__ import annotations
 
@@ -18,63 +18,66 @@ from clusterrun.agent import follow as agent_follow
 from clusterrun.agent.follow import POLL_INTERVAL, Times, tail_offset
 from clusterrun.agent.records import write_json_atomic
 from clusterrun.agent.serve import answer
+from clusterrun.transports.base import AgentReader, AgentStream
 from tests.agenthost import Attempt, Processes, job_tree
 from tests.conftest import wait_for
 
 LOG = b"one\ntwo\nthree\nfour\npartial"
 
 
-def follow(capsys: pytest.CaptureFixture[str], at: Attempt, **fields: Any) -> list[dict[str, Any]]:
-    """The messages ``follow`` streams for ``at`` (it answers nothing else: None)."""
+def follow(capsys: pytest.CaptureFixture[bytes], at: Attempt, **fields: Any) -> list[dict[str, Any]]:
+    """The messages ``follow`` streams for ``at`` (it answers nothing else: None), as the
+    controller reads them (``AgentStream``: a log's ``data`` is its bytes)."""
     assert answer(json.dumps(at.request("follow", **fields)).encode()) is None
-    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    written = [capsys.readouterr().out]
+    return list(AgentStream("h", AgentReader(lambda: written.pop() if written else b""), None))
 
 
-def data(messages: list[dict[str, Any]]) -> str:
-    return "".join(m["data"] for m in messages if m["t"] == "log")
+def data(messages: list[dict[str, Any]]) -> bytes:
+    return b"".join(m["data"] for m in messages if m["t"] == "log")
 
 
 def test_an_ended_attempt_streams_its_log_its_state_and_ends_with_the_partial_line(
-        capsys: pytest.CaptureFixture[str], attempt: Attempt) -> None:
+        capsysbinary: pytest.CaptureFixture[bytes], attempt: Attempt) -> None:
     attempt.make(state="exited", exit_code=0)
     (attempt.folder / "output.log").write_bytes(LOG)
     (attempt.folder / "output.times").write_bytes(b"0 1000\n8 2000\n")
-    messages = follow(capsys, attempt)
+    messages = follow(capsysbinary, attempt)
     assert [m["t"] for m in messages] == ["log", "state", "log", "end"]
     first = messages[0]
-    assert (first["offset"], first["next"], first["data"]) == (0, 19, "one\ntwo\nthree\nfour\n")
+    assert (first["offset"], first["next"], first["data"]) == (0, 19, b"one\ntwo\nthree\nfour\n")
     assert first["times"] == [[0, 1000], [8, 2000]]
-    assert messages[2]["offset"] == 19 and messages[2]["data"] == "partial"
+    assert messages[2]["offset"] == 19 and messages[2]["data"] == b"partial"
     assert messages[3]["state"]["exit_code"] == 0 and messages[1]["state"]["state"] == "exited"
 
 
 @pytest.mark.parametrize(("fields", "expected"), [
-    ({"offset": 8}, "three\nfour\npartial"),
-    ({"tail": 2}, "three\nfour\npartial"),
-    ({"tail": 0}, "partial"),
-    ({"offset": 14, "before": 2}, "two\nthree\nfour\npartial"),  # a viewer's scrollback before offset 14
-    ({"logs": False}, ""),
+    ({"offset": 8}, b"three\nfour\npartial"),
+    ({"tail": 2}, b"three\nfour\npartial"),
+    ({"tail": 0}, b"partial"),
+    ({"offset": 14, "before": 2}, b"two\nthree\nfour\npartial"),  # a viewer's scrollback before offset 14
+    ({"logs": False}, b""),
 ])
 def test_it_starts_where_it_is_asked_and_loses_and_repeats_nothing(
-        capsys: pytest.CaptureFixture[str], attempt: Attempt, fields: dict[str, Any], expected: str) -> None:
+        capsysbinary: pytest.CaptureFixture[bytes], attempt: Attempt, fields: dict[str, Any], expected: bytes) -> None:
     attempt.make(state="exited")
     (attempt.folder / "output.log").write_bytes(LOG)
-    messages = follow(capsys, attempt, **fields)
+    messages = follow(capsysbinary, attempt, **fields)
     assert data(messages) == expected and messages[-1]["t"] == "end"
 
 
-def test_once_ends_at_what_is_written_so_far_while_the_job_runs(capsys: pytest.CaptureFixture[str],
+def test_once_ends_at_what_is_written_so_far_while_the_job_runs(capsysbinary: pytest.CaptureFixture[bytes],
                                                                   procs: Processes, attempt: Attempt) -> None:
     tree = job_tree(procs, attempt)
     attempt.make(**tree.state())
     (attempt.folder / "output.log").write_bytes(b"a\nb\npart")
-    messages = follow(capsys, attempt, once=True)
+    messages = follow(capsysbinary, attempt, once=True)
     assert [m["t"] for m in messages] == ["log", "state", "eof"]
     assert messages[-1]["next"] == 4 and messages[-1]["state"]["state"] == "running"
 
 
 def test_following_a_running_job_to_its_end_gets_every_line_once_then_the_final_state(
-        capsys: pytest.CaptureFixture[str], procs: Processes, attempt: Attempt) -> None:
+        capsysbinary: pytest.CaptureFixture[bytes], procs: Processes, attempt: Attempt) -> None:
     tree = job_tree(procs, attempt)
     state = attempt.make(**tree.state())
     log = attempt.folder / "output.log"
@@ -88,14 +91,14 @@ def test_following_a_running_job_to_its_end_gets_every_line_once_then_the_final_
 
     writer = threading.Thread(target=the_job_ends)
     writer.start()
-    messages = follow(capsys, attempt)
+    messages = follow(capsysbinary, attempt)
     writer.join()
-    assert data(messages) == "first\nsecond\nthird\n"
+    assert data(messages) == b"first\nsecond\nthird\n"
     assert messages[-1] == {"t": "end", "state": dict(state, state="exited", exit_code=0)}
 
 
 def test_a_flow_is_read_in_batches_of_the_interval_asked_for_and_loses_and_repeats_nothing(
-        capsys: pytest.CaptureFixture[str], procs: Processes, attempt: Attempt,
+        capsysbinary: pytest.CaptureFixture[bytes], procs: Processes, attempt: Attempt,
         monkeypatch: pytest.MonkeyPatch) -> None:
     tree = job_tree(procs, attempt)
     state = attempt.make(**tree.state())
@@ -116,9 +119,9 @@ def test_a_flow_is_read_in_batches_of_the_interval_asked_for_and_loses_and_repea
 
     writer = threading.Thread(target=a_flow_then_the_end)
     writer.start()
-    messages = follow(capsys, attempt, interval=0.5)
+    messages = follow(capsysbinary, attempt, interval=0.5)
     writer.join()
-    assert data(messages) == "first\n" + b"".join(lines).decode()
+    assert data(messages) == b"first\n" + b"".join(lines)
     assert max(slept, default=0.0) > POLL_INTERVAL  # the interval asked for, not the default, batched the reads
 
 
@@ -134,12 +137,12 @@ def watched(folder: Path) -> bool:
     return False
 
 
-def test_an_attempt_from_before_a_reboot_is_followed_to_the_end_as_lost(capsys: pytest.CaptureFixture[str],
+def test_an_attempt_from_before_a_reboot_is_followed_to_the_end_as_lost(capsysbinary: pytest.CaptureFixture[bytes],
                                                                          attempt: Attempt) -> None:
     attempt.make(boot_id="another boot")
     (attempt.folder / "output.log").write_bytes(b"last words\n")
-    messages = follow(capsys, attempt)
-    assert data(messages) == "last words\n" and messages[-1]["state"]["state"] == "lost"
+    messages = follow(capsysbinary, attempt)
+    assert data(messages) == b"last words\n" and messages[-1]["state"]["state"] == "lost"
 
 
 def test_the_tail_offset_counts_complete_lines_only(tmp_path: Path) -> None:
@@ -164,7 +167,7 @@ def test_times_are_the_entries_that_cover_a_range_as_the_file_grows(tmp_path: Pa
 
 
 def test_in_a_flow_the_liveness_checks_run_now_and_then_and_at_once_when_the_job_goes(
-        capsys: pytest.CaptureFixture[str], procs: Processes, attempt: Attempt,
+        capsysbinary: pytest.CaptureFixture[bytes], procs: Processes, attempt: Attempt,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each line read in its own wake (a flow) does not cost a look at /proc (``CHECK_EVERY``);
     once the job's processes are killed mid-flow (no last state written), it is found lost."""
@@ -186,7 +189,7 @@ def test_in_a_flow_the_liveness_checks_run_now_and_then_and_at_once_when_the_job
             with open(log, "ab", buffering=0) as f:
                 for i in range(reads):  # each line once the one before was sent: a wake and a read each
                     f.write(f"line {i}\n".encode())
-                    wait_for(lambda i=i: any(f"line {i}\n" in m.get("data", "") for m in emitted[-3:]),
+                    wait_for(lambda i=i: any(f"line {i}\n".encode() in m.get("data", b"") for m in emitted[-3:]),
                              timeout=30, interval=0.002, what=f"line {i} sent")
         finally:  # (also when the flow failed: follow ends only with the job)
             for pid in (tree.survivor.pid, tree.torchrun, *tree.workers):
@@ -194,8 +197,8 @@ def test_in_a_flow_the_liveness_checks_run_now_and_then_and_at_once_when_the_job
 
     writer = threading.Thread(target=a_flow_then_the_job_killed)
     writer.start()
-    messages = follow(capsys, attempt, interval=0.005)
+    messages = follow(capsysbinary, attempt, interval=0.005)
     writer.join()
-    assert data(messages) == "first\n" + "".join(f"line {i}\n" for i in range(reads))
+    assert data(messages) == b"first\n" + b"".join(f"line {i}\n".encode() for i in range(reads))
     assert messages[-1]["t"] == "end" and messages[-1]["state"]["state"] == "lost"
     assert len(checks) < reads / 4  # at the start, at most twice a second, and at the end (not at every read)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from clusterrun.agent import serve
+from clusterrun.transports.base import AgentReader, AgentStream
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +39,10 @@ class Stdio:
         monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(self.out))
 
     def answers(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.out.getvalue().splitlines()]
+        """What the agent wrote, read as the controller does (a log's bytes raw after its line)."""
+        sys.stdout.flush()
+        written = [self.out.getvalue()]
+        return list(AgentStream("h", AgentReader(lambda: written.pop() if written else b""), None))
 
 
 def test_each_request_line_gets_its_answer_line_until_stdin_ends(tmp_path: Path,

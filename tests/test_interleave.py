@@ -28,7 +28,7 @@ def test_a_chunks_lines_take_the_time_of_the_entry_that_covers_their_offset() ->
     c = chunk(0, "ab\ncd\nef\ngh\nij", (0, 1), (1, 2), (2, 3), (7, 4), (12, 5), (40, 6))
     assert c.timed_runs() == [(1, "ab\n"), (3, "cd\nef\n"), (4, "gh\n"), (5, "ij\n")]
     assert chunk(20, "é\nz\n", (0, 1), (23, 2)).timed_runs() == [(1, "é\n"), (2, "z\n")]  # offsets count bytes
-    message = {"t": "log", "offset": 0, "next": 2, "data": "x\n", "times": [[0, 7]]}
+    message = {"t": "log", "offset": 0, "next": 2, "data": b"x\n", "times": [[0, 7]]}
     assert decode_follow("h", message) == chunk(0, "x\n", (0, 7))
     with pytest.raises(ClusterrunError, match="times"):
         decode_follow("h", dict(message, times=[[0, "7"]]))

@@ -456,7 +456,7 @@ def test_an_agent_of_another_protocol_is_refused_before_anything_starts(fake: Fa
     with pytest.raises(HostsUnavailable) as raised:
         job.prepare()
     job.close()
-    assert "h1: the agent speaks protocol 0, this controller 1" in raised.value.render()
+    assert "h1: the agent speaks protocol 0, this controller 2" in raised.value.render()
     assert not fake.ops("start")
 
 

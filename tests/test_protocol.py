@@ -50,7 +50,10 @@ def test_follow_messages_and_states() -> None:
     state = {"state": "exited", "exit_code": 3, "signal": None, "stop_requested": True, "ended_at": 5,
              "torchrun": {"pid": 42, "start_time": 1},
              "workers": [{"rank": 1, "local_rank": 0, "pid": 43, "died": 4.5}]}
-    assert decode_follow("h", {"t": "log", "offset": 0, "next": 4, "data": "a\nb\n"}) == LogChunk(0, 4, "a\nb\n")
+    assert decode_follow("h", {"t": "log", "offset": 0, "next": 4, "data": b"a\nb\n"}) == LogChunk(0, 4, "a\nb\n")
+    odd = b"\xff\x00\r\x1b[2J\xe9\n"  # a log's bytes as written: the printer neutralises what it must
+    assert decode_follow("h", {"t": "log", "offset": 0, "next": 6, "data": odd}).data.encode(
+        "utf-8", "surrogateescape") == odd
     assert decode_follow("h", {"t": "beat"}) == Beat()
     end = decode_follow("h", {"t": "end", "state": state})
     assert isinstance(end, End) and end.status.exit_code == 3 and end.status.stop_requested
@@ -62,8 +65,10 @@ def test_follow_messages_and_states() -> None:
 
 
 @pytest.mark.parametrize(("message", "text"), [
-    ({"t": "log", "offset": 0, "data": "x\n"}, "follow message has next=None"),
-    ({"t": "log", "offset": 0, "next": True, "data": "x\n"}, "has next=True"),
+    ({"t": "log", "offset": 0, "data": b"x\n"}, "follow message has next=None"),
+    ({"t": "log", "offset": 0, "next": True, "data": b"x\n"}, "has next=True"),
+    ({"t": "log", "offset": 0, "next": 2, "data": "x\n"}, "; expected the log's bytes"),  # JSON text
+    ({"t": "log", "offset": 0, "next": 2}, "has data=None"),
     ({"t": "end", "state": {"state": "exploded"}}, "state has state='exploded'"),
     ({"t": "end", "state": {"state": "exited", "workers": [{"died": "late"}]}}, "workers[0] has died='late'"),
     ({"t": "gossip"}, "has t='gossip'"),

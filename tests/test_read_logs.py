@@ -19,7 +19,8 @@ def test_what_is_read_ahead_is_bounded_in_bytes_across_nodes(monkeypatch: pytest
     produced = [0]
     lock = threading.Lock()
 
-    def fake_read_log(record: Any, rank: int, attempt: int, tail: int | None = None) -> Iterator[str]:
+    def fake_read_log(record: Any, rank: int, attempt: int, tail: int | None = None,
+                      transport: Any = None) -> Iterator[str]:
         for i in range(chunks):
             with lock:
                 produced[0] += CHUNK

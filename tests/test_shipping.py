@@ -211,7 +211,7 @@ def test_without_a_cache_it_can_make_the_agent_is_cached_in_a_temporary_director
 def test_the_first_request_goes_with_the_preamble_before_the_loader_answers(word: str) -> None:
     """One round trip fewer per connection: the request does not wait for the loader's have/need
     (the loader reads it before any zip); a request followed by data still waits."""
-    from clusterrun.transports.base import AgentSession
+    from clusterrun.transports.base import AgentReader, AgentSession
 
     bundle = agent_bundle()
     request = {"op": "jobs", "state_dir": "/nowhere"}
@@ -219,16 +219,17 @@ def test_the_first_request_goes_with_the_preamble_before_the_loader_answers(word
 
     def lines():  # type: ignore[no-untyped-def]
         assert sent == [bundle.preamble(ahead=True) + request_line(request)]  # before the loader's word
-        yield b'{"agent": "%s"}' % word.encode()
-        yield b'{"ok": true, "jobs": []}'
+        yield b'{"agent": "%s"}\n' % word.encode()
+        yield b'{"ok": true, "jobs": []}\n'
 
-    session = AgentSession("h", sent.append, lines(), lambda: None, bundle=bundle)
+    received = lines()
+    session = AgentSession("h", sent.append, AgentReader(lambda: next(received, b"")), lambda: None, bundle=bundle)
     assert session.call(request) == {"ok": True, "jobs": []}
     assert sent[1:] == ([bundle.zip] if word == "need" else [])
 
     sent.clear()
-    replies = iter([b'{"agent": "have"}', b'{"ok": true}'])
-    session = AgentSession("h", sent.append, replies, lambda: None, bundle=bundle)
+    replies = iter([b'{"agent": "have"}\n{"ok": true}\n'])  # both in one receive
+    session = AgentSession("h", sent.append, AgentReader(lambda: next(replies, b"")), lambda: None, bundle=bundle)
     assert session.call_with_data({"op": "sync_put"}, [b"bytes"]) == {"ok": True}
     assert sent == [bundle.preamble(), request_line({"op": "sync_put"}), b"bytes"]
 

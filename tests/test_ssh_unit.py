@@ -268,18 +268,20 @@ FIRST, SECOND = b'{"ok": true, "n": 1}\n', b'{"ok": true, "n": 2}\n'
     [b"Last login: Mon" + FIRST, SECOND],  # a greeting without a newline
 ])
 def test_what_a_login_shell_prints_before_the_agent_is_not_taken_for_its_answer(lines: list[bytes]) -> None:
-    from clusterrun.transports.base import AgentSession
+    from clusterrun.transports.base import AgentReader, AgentSession
 
-    session = AgentSession("gpu-a", lambda data: None, iter(lines), lambda: None)
+    received = iter(lines)  # as the channel's receives
+    session = AgentSession("gpu-a", lambda data: None, AgentReader(lambda: next(received, b"")), lambda: None)
     assert session.call({"op": "probe"})["n"] == 1
     assert session.call({"op": "probe"})["n"] == 2
 
 
 def test_a_line_that_is_not_json_after_the_agent_spoke_is_still_an_error() -> None:
     from clusterrun.core.errors import AgentError
-    from clusterrun.transports.base import AgentSession
+    from clusterrun.transports.base import AgentReader, AgentSession
 
-    session = AgentSession("gpu-a", lambda data: None, iter([b'{"ok": true}\n', b"garbage\n"]), lambda: None)
+    received = iter([b'{"ok": true}\n', b"garbage\n"])
+    session = AgentSession("gpu-a", lambda data: None, AgentReader(lambda: next(received, b"")), lambda: None)
     session.call({"op": "probe"})
     with pytest.raises(AgentError, match="not JSON"):
         session.call({"op": "probe"})

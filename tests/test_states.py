@@ -17,12 +17,14 @@ import pytest
 from click.testing import CliRunner, Result
 
 from clusterrun import cli
+from clusterrun.config.hostsfile import HostSpec
 from clusterrun.core.events import Event, NodeState
 from clusterrun.life import lifecycle, logread
 from clusterrun.life.recorder import new_record
 from clusterrun.life.runner import Runner
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.store.jobs import JobStore
+from clusterrun.transports import Transport
 from clusterrun.transports.fake import FakeCluster
 from clusterrun.views.board import Board
 from tests.conftest import wait_for
@@ -227,3 +229,31 @@ def test_a_started_node_whose_state_on_its_host_is_gone_is_never_shown_pending_o
     assert record.state == "running" and record.nodes[1].state == NodeState.RUNNING
     waited = run("wait", "--timeout", "0", JOB)
     assert waited.exit_code == 124, waited.output
+
+
+def test_logs_of_one_node_reads_through_the_connection_it_opened_ahead(
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`logs JOB --node 0` starts connecting to the node's host before it loads the printer
+    (``logread.hosts_ahead``) and reads through that connection: one transport, the one connected early."""
+    runner = started(fake, store, tmp_path, [])
+    thread = threading.Thread(target=runner.follow, daemon=True)
+    thread.start()
+    fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    fake.node(JOB, 0).write(b"first\n\xff\x00odd\r50%\nlast")
+    fake.node(JOB, 0).exit(0)
+    fake.node(JOB, 1).exit(0)
+    thread.join(10)
+    runner.close()
+    made: list[Transport] = []
+    early: list[Transport] = []
+
+    def transport(host: HostSpec) -> Transport:
+        made.append(fake.transport(host))
+        return made[-1]
+
+    monkeypatch.setattr(logread, "transport_factory", lambda record: transport)
+    monkeypatch.setattr(logread, "connect_early", early.extend)
+    shown = run("logs", JOB, "--node", "0")
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout_bytes == b"first\n\xff\x00odd\r50%\nlast"  # as written, byte for byte
+    assert len(made) == 1 and early == made

@@ -127,7 +127,7 @@ def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]
 
 
 def log_of(messages: list[dict[str, Any]]) -> str:
-    return "".join(m["data"] for m in messages if m.get("t") == "log")
+    return b"".join(m["data"] for m in messages if m.get("t") == "log").decode("utf-8", "surrogateescape")
 
 
 def test_probe_describes_the_host(harness: Harness) -> None:
@@ -249,7 +249,7 @@ def test_stop_is_verified_and_idempotent(harness: Harness) -> None:
     assert again["ok"] is True and again["killed"] == [] and again["left"] == []
     ended = harness.follow(0, offset=0)
     assert ended[-1]["t"] == "end"
-    log = "".join(m["data"] for m in ended if m["t"] == "log")  # the stop's mark after the job's lines, once
+    log = log_of(ended)  # the stop's mark after the job's lines, once
     assert re.fullmatch(re.escape(expected(5)) + r"---- stopped by clusterrun at \d\d:\d\d:\d\dZ ----\n", log), log
     status = harness.transport.call(harness.request("status", 0))
     assert status["state"]["state"] == "exited" and status["log_size"] == len(log.encode())
@@ -291,11 +291,36 @@ def test_errors_are_answers(harness: Harness) -> None:
 
 
 def test_answers_are_json_round_trips(harness: Harness) -> None:
-    """Nothing but JSON types cross the wire: what the fake answers could be sent by the agent."""
+    """Nothing but JSON types cross the wire, and a log's bytes: what the fake answers could be sent by the agent."""
     harness.start(0, 3)
     harness.release(0)
     for message in harness.follow(0, offset=0):
-        assert json.loads(json.dumps(message)) == message
+        head = {k: v for k, v in message.items() if not (k == "data" and message["t"] == "log")}
+        assert json.loads(json.dumps(head)) == head
+        assert message["t"] != "log" or isinstance(message["data"], bytes)
+
+
+# Bytes a log may hold that JSON text would have to escape: invalid UTF-8, NUL, a carriage return
+# (a progress bar), a terminal escape, a lone surrogate's encoding; then a line longer than one
+# read of the agent (1 MiB) and of the transports (a few hundred KiB), and a last line without newline.
+ODD = b"\xff\xfe bad\n\x00nul\x00\n50%\r100%\n\x1b[31mred\x1b[0m\n\xed\xa0\x80\n" + b"y" * (1 << 21) + b"\nend"
+
+
+def test_a_log_arrives_byte_for_byte_whatever_it_holds(harness: Harness) -> None:
+    argv = [sys.executable, "-c", "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())",
+            str(harness.folder / "odd.log")]
+    (harness.folder / "odd.log").write_bytes(ODD)
+    harness.transport.call(harness.request("start", 0, argv=argv, env={}, cwd=None, first_rank=0))
+    if harness.fake is not None:
+        harness.fake.node(harness.job, 0).write(ODD)
+        harness.fake.node(harness.job, 0).exit(0)
+    harness.wait_ended(0)
+    messages = harness.follow(0, offset=0)
+    assert b"".join(m["data"] for m in messages if m["t"] == "log") == ODD and messages[-1]["t"] == "end"
+    logs = [m for m in messages if m["t"] == "log"]
+    assert all(m["next"] - m["offset"] == len(m["data"]) for m in logs)  # each message's bytes are its range
+    cut = ODD.index(b"red")  # resumed in the middle: the rest, from there
+    assert b"".join(m["data"] for m in harness.follow(0, offset=cut) if m["t"] == "log") == ODD[cut:]
 
 
 def test_setup_answers_ok_or_fails_with_its_output(harness: Harness) -> None:

@@ -38,7 +38,8 @@ The agent answers them, one per line, until stdin ends or a ``follow`` has strea
 the controller probes, starts and follows a node with one agent process (one SSH channel, one
 interpreter start). Argv and environment therefore travel as data: a fish or tcsh login shell,
 quoting or ``AcceptEnv`` cannot change them, and no secret appears on a command line. The agent
-answers with JSON lines on stdout. ``-S`` skips ``site``: the agent needs only the standard
+answers with JSON lines on stdout; a line with ``raw: N`` is followed by N bytes that are not JSON
+(a log's, as written: ``codec.encode``). ``-S`` skips ``site``: the agent needs only the standard
 library, and the ``.pth`` files of a big environment can cost more than the agent's own work
 (the probe looks for torch with ``site``'s paths all the same).
 
@@ -85,8 +86,8 @@ Requests (``op``) and answers
            With ``unlisten`` (a port), this agent's ``listen``er there is closed first (node 0's
            preflight listener on the master port, which torchrun binds).
 ``follow`` ``{job, node, attempt, state_dir, offset | tail, logs, once, interval, asks}`` → a stream of lines:
-           ``{t: "log", offset, next, data, times}`` (complete lines only, bytes decoded as UTF-8 with
-           surrogateescape; ``next`` is the byte offset to resume from; ``times``: the entries of
+           ``{t: "log", offset, next, times, raw}`` and ``raw`` bytes of the log after its newline,
+           as written (complete lines only; ``next`` is the byte offset to resume from; ``times``: the entries of
            ``output.times`` that cover them, ``[[offset, ns], ...]``), ``{t: "state", state}``
            whenever the state file changes (``stop_requested: true`` once a stop's ``stop`` file is
            there: the ranks it kills did not fail), ``{t: "beat"}`` after ``HEARTBEAT`` seconds without
@@ -345,7 +346,7 @@ cgroup verifies. The answer lists what was killed and what could not be (e.g. a 
 uninterruptible sleep). Nothing is ever matched by command line.
 """
 
-PROTOCOL = 1  # protocol.PROTOCOL on the controller: bump both for any change the other side would misread
+PROTOCOL = 2  # protocol.PROTOCOL on the controller: bump both for any change the other side would misread
 
 # Constant: no job data in it; no single quotes, backslashes, "!" or "$", so that once quoted for
 # the remote shell (sh, bash, zsh, fish or tcsh) it reaches Python unchanged. It runs the loader,

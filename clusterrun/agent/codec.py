@@ -1,4 +1,5 @@
-"""The agent's JSON (through json's C parts where checked) and its answer lines on stdout."""
+"""The agent's JSON (through json's C parts where checked) and its answers on stdout: a JSON line
+each, and a log message's bytes raw after its line (``encode``)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,22 @@ json_dumps, json_dumps_sorted, json_loads = _codec()
 last_emit = [0.0]
 
 
+def encode(obj: dict[str, Any]) -> bytes:
+    """A message as the agent writes it: a JSON line; a ``data`` of bytes leaves the JSON and follows
+    the line raw, its length as ``raw`` (``{"t": "log", ..., "raw": 6}\\nline\\n``): a log's bytes
+    are neither encoded here nor decoded on the controller as JSON text (docs/benchmarks.md, "Logs"),
+    and arrive as written."""
+    data = obj.get("data")
+    if isinstance(data, bytes):
+        head = {key: value for key, value in obj.items() if key != "data"}
+        head["raw"] = len(data)
+        line: str = json_dumps(head)
+        return line.encode() + b"\n" + data
+    line = json_dumps(obj)
+    return line.encode() + b"\n"
+
+
 def emit(obj: dict[str, Any]) -> None:
-    sys.stdout.buffer.write(json_dumps(obj).encode() + b"\n")
+    sys.stdout.buffer.write(encode(obj))
     sys.stdout.buffer.flush()
     last_emit[0] = time.monotonic()

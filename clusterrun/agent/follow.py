@@ -159,7 +159,7 @@ def op_follow(req: FollowRequest) -> None:
                 if cut:
                     emit({"t": "log", "offset": offset, "next": offset + cut,
                           "times": times.covering(offset, offset + cut),
-                          "data": data[:cut].decode("utf-8", "surrogateescape")})
+                          "data": data[:cut]})
                     offset += cut
                 pending = data[cut:]
                 if len(chunk) == 1 << 20:
@@ -189,7 +189,7 @@ def op_follow(req: FollowRequest) -> None:
                 if rest:
                     emit({"t": "log", "offset": offset, "next": offset + len(rest),
                           "times": times.covering(offset, offset + len(rest)),
-                          "data": rest.decode("utf-8", "surrogateescape")})
+                          "data": rest})
                 emit({"t": "end", "state": state})
                 break
             if once:

@@ -2,7 +2,8 @@
 
 Apart from the other commands that look at a job (``jobs``) so that ``logs`` of an ended job imports
 only what reads a log (``life.logread``): its start-up is most of what it takes beside ``ssh HOST cat``
-(docs/benchmarks.md, "Logs"); following (``-f``) imports the orchestrator's follower when it starts.
+(docs/benchmarks.md, "Logs"); its hosts connect while it imports the printer; following (``-f``) imports
+the orchestrator's follower when it starts.
 """
 
 from __future__ import annotations
@@ -16,20 +17,17 @@ from typing import TYPE_CHECKING
 import click
 
 from clusterrun.cli import EXIT_HOSTS, EXIT_OK, EXIT_SIGNAL, EXIT_USAGE, _fail, _note, main
-from clusterrun.cli.follow import _exit_code, _on_signals, quick_handoffs
 from clusterrun.cli.records import _open_job, _refresh, hosts_option
 from clusterrun.core.errors import ClusterrunError, ConfigError
 from clusterrun.core.ranges import parse_ranges
-from clusterrun.life.logread import read_log_chunks, read_logs
-from clusterrun.run.plan import LaunchPlan, plan_from_json
+from clusterrun.life.logread import hosts_ahead, read_log_chunks, read_logs
 from clusterrun.run.startwatch import seconds_text
 from clusterrun.store.jobs import JobRecord, is_slurm
 from clusterrun.views.completion import complete_jobs
-from clusterrun.views.interleave import interleaved
-from clusterrun.views.printer import Printer
 
 if TYPE_CHECKING:  # the followers of ``-f``: imported where one is made
     from clusterrun.run.orchestrator import Job
+    from clusterrun.run.plan import LaunchPlan
     from clusterrun.store.slurmlogs import SlurmFollower
 
 
@@ -96,6 +94,13 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
     store, opened = _open_job(job, hosts_file)
     ranks = _select_ranks(opened.record, node)
     attempt = _check_attempt(opened.record, attempt)
+    ahead = hosts_ahead(opened, ranks, attempt) if not follow and rank_text is None else {}
+    # Imported while those hosts connect: the printer's modules are most of what is left to load
+    from clusterrun.cli.follow import _exit_code, _on_signals, quick_handoffs
+    from clusterrun.run.plan import plan_from_json
+    from clusterrun.views.interleave import interleaved
+    from clusterrun.views.printer import Printer
+
     opened = _refresh(store, opened)
     record = opened.record
     plan = plan_from_json(record.plan, opened.spec())
@@ -112,9 +117,9 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
     if not follow:
         failed = printed = False
         if by_node or len(ranks) == 1:
-            chunks = read_logs(opened, ranks, attempt, tail)
+            chunks = read_logs(opened, ranks, attempt, tail, ahead=ahead)
         else:
-            chunks = interleaved(ranks, lambda rank: read_log_chunks(opened, rank, attempt, tail))
+            chunks = interleaved(ranks, lambda rank: read_log_chunks(opened, rank, attempt, tail, ahead.get(rank)))
         for rank, item in chunks:
             if isinstance(item, ClusterrunError):
                 failed = True

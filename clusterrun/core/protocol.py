@@ -27,7 +27,7 @@ from clusterrun.core.events import StopReport
 from clusterrun.core.frozen import frozen
 from clusterrun.core.progress import Progress
 
-PROTOCOL = 1  # agent.PROTOCOL: bumped by any change a controller of the previous version would misread
+PROTOCOL = 2  # agent.PROTOCOL: bumped by any change a controller of the previous version would misread
 
 
 class ProtocolError(AgentError):
@@ -400,8 +400,11 @@ def decode_follow(host: str, message: Any) -> FollowMessage:
         if not isinstance(times, list) or not all(
                 isinstance(t, list) and len(t) == 2 and all(type(v) is int for v in t) for t in times):
             raise r._fail("times", "a list of [offset, ns] pairs")
-        return LogChunk(offset=r.need_integer("offset"), next=r.need_integer("next"), data=r.need_text("data"),
-                        times=tuple((t[0], t[1]) for t in times))
+        data = r.data.get("data")
+        if not isinstance(data, bytes):  # a log's bytes come raw after its line (``transports.frames``)
+            raise r._fail("data", "the log's bytes")
+        return LogChunk(offset=r.need_integer("offset"), next=r.need_integer("next"),
+                        data=data.decode("utf-8", "surrogateescape"), times=tuple((t[0], t[1]) for t in times))
     if kind == "beat":
         return Beat()
     if kind == "state":

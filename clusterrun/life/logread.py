@@ -18,7 +18,7 @@ from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.protocol import End, Eof, LogChunk, decode_follow
 from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.store.opened import Opened
-from clusterrun.transports import Transport, transport_for
+from clusterrun.transports import Transport, connect_early, transport_for
 
 
 def transport_factory(record: JobRecord) -> Callable[..., Transport]:
@@ -31,22 +31,38 @@ def request(record: JobRecord, rank: int, op: str, attempt: int | None = None, *
                         state_dir=record.plan.get("state_dir"), **extra)
 
 
-def read_log(job: Opened, rank: int, attempt: int, tail: int | None = None) -> Iterator[str]:
+def hosts_ahead(job: Opened, ranks: Sequence[int], attempt: int) -> dict[int, Transport]:
+    """The transports to the hosts that ran ``ranks`` in ``attempt``, already connecting (and
+    starting their agents) in threads while the command goes on (``connect_early``): the
+    connection is most of a one-node ``logs``'s start-up beside ``ssh cat``'s. None for Slurm's."""
+    if job.record.engine == "slurm":
+        return {}
+    hosts = job.spec(attempt).hosts  # the hosts that ran the nodes then
+    made = {rank: transport_factory(job.record)(hosts[rank]) for rank in ranks}
+    connect_early(list(made.values()))
+    return made
+
+
+def read_log(job: Opened, rank: int, attempt: int, tail: int | None = None,
+             transport: Transport | None = None) -> Iterator[str]:
     """Node ``rank``'s log of ``attempt`` as written so far (from its last ``tail`` lines if
     given), in chunks of whole lines (the last one may lack its newline)."""
-    return (chunk.data for chunk in read_log_chunks(job, rank, attempt, tail))
+    return (chunk.data for chunk in read_log_chunks(job, rank, attempt, tail, transport))
 
 
-def read_log_chunks(job: Opened, rank: int, attempt: int, tail: int | None = None) -> Iterator[LogChunk]:
+def read_log_chunks(job: Opened, rank: int, attempt: int, tail: int | None = None,
+                    transport: Transport | None = None) -> Iterator[LogChunk]:
     """``read_log``'s chunks as the agent sent them, with when their lines were written (a Slurm
-    job's from the files its ``up`` kept on this machine)."""
+    job's from the files its ``up`` kept on this machine); through ``transport`` if given (``hosts_ahead``'s),
+    which it closes."""
     record = job.record
     if record.engine == "slurm":
         from clusterrun.store import slurmlogs
 
         yield from slurmlogs.read_chunks(JobStore(), record, rank, attempt, tail)
         return
-    transport = transport_factory(record)(job.spec(attempt).hosts[rank])  # the host that ran the node then
+    if transport is None:
+        transport = transport_factory(record)(job.spec(attempt).hosts[rank])  # the host that ran the node then
     where: dict[str, Any] = {"offset": 0} if tail is None else {"tail": tail}
     try:
         transport.connect()
@@ -61,12 +77,14 @@ def read_log_chunks(job: Opened, rank: int, attempt: int, tail: int | None = Non
 
 
 def read_logs(job: Opened, ranks: Sequence[int], attempt: int, tail: int | None = None,
-              budget: int = 64 * 2**20) -> Iterator[tuple[int, str | ClusterrunError]]:
+              budget: int = 64 * 2**20, ahead: dict[int, Transport] | None = None,
+              ) -> Iterator[tuple[int, str | ClusterrunError]]:
     """The logs of several nodes, node after node, each read from its host in a thread of its own
     while the nodes before it are printed. Yields ``(rank, chunk)`` (see ``read_log``), or
     ``(rank, error)`` once for a node whose host failed. What is read ahead waits while the chunks
     held for all nodes together exceed ``budget`` characters; the node being printed may always
-    hold one chunk, so it never waits for the others (each reader thread also has one in hand)."""
+    hold one chunk, so it never waits for the others (each reader thread also has one in hand).
+    ``ahead``: transports of ``hosts_ahead``, by rank."""
     done = object()
     queues: dict[int, deque[tuple[Any, int]]] = {rank: deque() for rank in ranks}
     held = {rank: 0 for rank in ranks}
@@ -87,7 +105,7 @@ def read_logs(job: Opened, ranks: Sequence[int], attempt: int, tail: int | None 
 
     def read(rank: int) -> None:
         try:
-            for lines in read_log(job, rank, attempt, tail):
+            for lines in read_log(job, rank, attempt, tail, (ahead or {}).get(rank)):
                 put(rank, lines, len(lines))
                 if cancelled:
                     return

@@ -3,10 +3,10 @@
 Lifecycle: create → ``connect()`` → any number of ``session()`` / ``call()`` / ``stream()`` →
 ``close()``. A session is one agent process (over SSH: one channel, one interpreter start) that
 answers requests in turn, so a node is probed, started and followed by the same agent. A
-transport only moves bytes: what the agent does is the agent's business (``clusterrun.agent``),
-and requests always travel on the agent's stdin, never on a command line. A session of a real
-transport starts with the agent's loader and the sha256 of its zip (``bundle``); the zip itself
-is sent only when the host's cache lacks it.
+transport only moves bytes (``frames.AgentReader`` reads what it receives): what the agent does
+is the agent's business (``clusterrun.agent``), and requests always travel on the agent's stdin,
+never on a command line. A session of a real transport starts with the agent's loader and the
+sha256 of its zip (``bundle``); the zip itself is sent only when the host's cache lacks it.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from clusterrun.config.hostsfile import HostSpec
 from clusterrun.core import timings
 from clusterrun.core.errors import AgentError, ClusterrunError
 from clusterrun.transports.bundle import AgentBundle, agent_bundle
+from clusterrun.transports.frames import AgentReader
 
-__all__ = ["AgentBundle", "AnyRequest", "AgentSession", "AgentStream", "Transport", "agent_bundle", "agent_command",
-           "request_line", "read_timeout"]
+__all__ = ["AgentBundle", "AgentReader", "AnyRequest", "AgentSession", "AgentStream", "Transport", "agent_bundle",
+           "agent_command", "request_line", "read_timeout"]
 
 # How long a follow may stay silent before its connection is taken for dead even if TCP has not
 # noticed: the agent speaks at least every 5 s (agent.HEARTBEAT).
@@ -75,10 +76,10 @@ class AgentStream:
     stream's messages (``{"t": "answer"}``), and the iterating thread hands it over. Once the
     stream has ended, ``carry_on`` gives its agent back as a session for more requests."""
 
-    def __init__(self, host: str, lines: Iterator[bytes], closer: Any, *, send: Callable[[bytes], None] | None = None,
+    def __init__(self, host: str, reader: AgentReader, closer: Any, *, send: Callable[[bytes], None] | None = None,
                  set_timeout: Callable[[float], None] | None = None, session: AgentSession | None = None) -> None:
         self._host = host
-        self._lines = lines
+        self._reader = reader
         self._closer = closer
         self._send = send  # None: this transport's streams carry no request after the first
         self._set_timeout = set_timeout
@@ -90,16 +91,15 @@ class AgentStream:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """The messages; the stream closes itself when they end (or iteration fails)."""
         try:
-            for raw in self._lines:
-                if raw.strip():
-                    message = _parse(self._host, raw)
-                    if message.get("t") == "answer":  # to ``ask``'s request, not one of the stream's
-                        self._answer = message.get("answer") if isinstance(message.get("answer"), dict) else None
-                        self._answered.set()
-                        continue
-                    yield message
-                    if self._session is not None and message.get("t") == "end":
-                        return  # its agent answers on: taken by ``carry_on`` at the end, else closed
+            while raw := self._reader.message_line():
+                message = _parse(self._host, raw, self._reader)
+                if message.get("t") == "answer":  # to ``ask``'s request, not one of the stream's
+                    self._answer = message.get("answer") if isinstance(message.get("answer"), dict) else None
+                    self._answered.set()
+                    continue
+                yield message
+                if self._session is not None and message.get("t") == "end":
+                    return  # its agent answers on: taken by ``carry_on`` at the end, else closed
         finally:
             self.close()
 
@@ -155,24 +155,21 @@ class AgentStream:
             closer()
 
 
-def _past_greeting(lines: Iterator[bytes]) -> Iterator[bytes]:
-    """``lines`` from the agent's first message on: what a login shell's start-up files print
-    before the agent runs (a banner, conda's or a module system's notes) is not the agent's."""
-    for raw in lines:
-        start = raw.find(b'{"')
-        if start >= 0:
-            yield raw[start:]  # the agent's first line, after any greeting without a newline
-            break
-    yield from lines
-
-
-def _parse(host: str, raw: bytes) -> dict[str, Any]:
+def _parse(host: str, raw: bytes, reader: AgentReader) -> dict[str, Any]:
+    """The message of the line ``raw``, with the raw bytes after it (``raw: N``) as its ``data``."""
     try:
         message = json.loads(raw)
     except ValueError:
         raise AgentError(host, f"the agent answered something that is not JSON: {raw[:200]!r}") from None
     if not isinstance(message, dict):
         raise AgentError(host, f"the agent answered {message!r}")
+    if "raw" in message:
+        size = message.pop("raw")
+        if type(size) is not int or size < 0:
+            raise AgentError(host, f"the agent's message says raw={size!r}, not a length: {raw[:200]!r}")
+        message["data"] = data = reader.read(size)
+        if len(data) < size:  # the stream was cut: a reader resumes from the last whole message
+            raise AgentError(host, f"the agent's output ended after {len(data)} of the {size} bytes of a message")
     return message
 
 
@@ -184,7 +181,7 @@ class AgentSession:
     once, and before its first request reads whether the host has the zip, sending it if not.
     ``sent`` counts the bytes written to the agent."""
 
-    def __init__(self, host: str, send: Callable[[bytes], None], lines: Iterator[bytes], closer: Callable[[], None],
+    def __init__(self, host: str, send: Callable[[bytes], None], reader: AgentReader, closer: Callable[[], None],
                  *, set_timeout: Callable[[float], None] | None = None,
                  last_words: Callable[[], str] = lambda: "", bundle: AgentBundle | None = None,
                  opened: float | None = None, asides: bool = False) -> None:
@@ -194,7 +191,7 @@ class AgentSession:
         self._opened = time.monotonic() if opened is None else opened  # for the timeline (clusterrun.core.timings)
         self._asked = self._opened
         self._write = send
-        self._lines = _past_greeting(lines)
+        self._reader = reader
         self._closer: Callable[[], None] | None = closer
         self._set_timeout = set_timeout
         self._last_words = last_words
@@ -231,14 +228,13 @@ class AgentSession:
 
     def _handshake(self, bundle: AgentBundle, request: dict[str, Any]) -> None:
         """The loader's first word: ``have`` (the host's cache holds this zip) or ``need`` (send it)."""
-        for raw in self._lines:
-            if raw.strip():
-                word = _parse(self.host, raw).get("agent")
-                if word == "need":
-                    self._send(bundle.zip)
-                elif word != "have":
-                    raise AgentError(self.host, f"the agent's loader answered {raw[:200]!r}")
-                return
+        if raw := self._reader.message_line():
+            word = _parse(self.host, raw, self._reader).get("agent")
+            if word == "need":
+                self._send(bundle.zip)
+            elif word != "have":
+                raise AgentError(self.host, f"the agent's loader answered {raw[:200]!r}")
+            return
         raise AgentError(self.host, f"the agent ended without an answer to {request.get('op')!r}"
                          + self._last_words())
 
@@ -288,14 +284,13 @@ class AgentSession:
             timings.record(self.host, timings.PHASE_OF.get(op, op), self._asked)
 
     def _read_answer(self, request: dict[str, Any]) -> dict[str, Any]:
-        for raw in self._lines:
-            if raw.strip():
-                message = _parse(self.host, raw)
-                self._heard += 1
-                self._waiting = False
-                if not message.get("ok"):
-                    raise AgentError(self.host, str(message.get("error") or "the agent failed"))
-                return message
+        if raw := self._reader.message_line():
+            message = _parse(self.host, raw, self._reader)
+            self._heard += 1
+            self._waiting = False
+            if not message.get("ok"):
+                raise AgentError(self.host, str(message.get("error") or "the agent failed"))
+            return message
         raise AgentError(self.host, f"the agent ended without an answer to {request.get('op')!r}"
                          + self._last_words())
 
@@ -304,7 +299,7 @@ class AgentSession:
         self._renew = None
         asks = bool(self._ask(request).get("asks"))  # its agent answers on after its end (``carry_on``)
         closer, self._closer = self._closer, None
-        return AgentStream(self.host, self._lines, closer, send=self._send if self._asides else None,
+        return AgentStream(self.host, self._reader, closer, send=self._send if self._asides else None,
                            set_timeout=self._set_timeout, session=self if self._asides and asks else None)
 
     def close(self) -> None:

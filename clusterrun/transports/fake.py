@@ -20,9 +20,10 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from clusterrun.agent.codec import encode
 from clusterrun.config.hostsfile import HostSpec
 from clusterrun.core.errors import ConnectError
-from clusterrun.transports.base import AgentSession, Transport
+from clusterrun.transports.base import AgentReader, AgentSession, Transport
 from clusterrun.transports.fakeagent import FakeAgent
 from clusterrun.transports.fakehosts import FakeHost, FakeNode
 
@@ -106,7 +107,7 @@ class FakeTransport(Transport):
                     opened = answer.get("listen", answer)
                     if isinstance(opened, dict) and opened.get("listening"):
                         listened.append(int(opened["port"]))
-                    yield json.dumps(answer).encode() + b"\n"
+                    yield encode(answer)  # as the agent writes it: a log's bytes raw after its line
                     if answer.get("t") in ("end", "eof"):
                         return
 
@@ -120,12 +121,13 @@ class FakeTransport(Transport):
             if fake.close_error is not None:
                 raise fake.close_error
 
-        return AgentSession(self.name, send, _Lines(lines), close)
+        answers = _Lines(lines)
+        return AgentSession(self.name, send, AgentReader(lambda: next(answers, b"")), close)
 
 
 class _Lines:
-    """An iterator over a session's answer lines that picks up requests sent after it was made
-    (``AgentSession`` iterates one iterator for every request of a session)."""
+    """An iterator over a session's answers, as the agent writes them, that picks up requests sent
+    after it was made (the session's one ``AgentReader`` reads it for every request)."""
 
     def __init__(self, make: Callable[[], Iterator[bytes]]) -> None:
         self._make = make

@@ -309,7 +309,7 @@ class FakeAgent:
             cut = data.rfind(b"\n") + 1
             if cut:
                 yield {"t": "log", "offset": offset, "next": offset + cut,
-                       "data": data[:cut].decode("utf-8", "surrogateescape")}
+                       "data": data[:cut]}
                 offset += cut
                 with self.changed:
                     node.sent_to = offset
@@ -321,7 +321,7 @@ class FakeAgent:
                 rest = data[cut:]
                 if rest:
                     yield {"t": "log", "offset": offset, "next": offset + len(rest),
-                           "data": rest.decode("utf-8", "surrogateescape")}
+                           "data": rest}
                 yield {"t": "end", "state": state}
                 return
             if request.get("once"):

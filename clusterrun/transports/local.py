@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import socket
@@ -13,8 +14,9 @@ from typing import IO, cast
 
 from clusterrun.config.hostsfile import HostSpec
 from clusterrun.core.errors import AgentError
-from clusterrun.transports.base import AgentSession, Transport, agent_bundle, agent_command
+from clusterrun.transports.base import AgentReader, AgentSession, Transport, agent_bundle, agent_command
 
+READ_SIZE = 1 << 18  # at most what one read of the agent's stdout takes: a pipe holds 64 KiB
 CLOSE_WAIT = 0.5  # seconds an agent gets to end after its stdin closed (it checks a running setup 5 times a second)
 
 
@@ -55,7 +57,8 @@ class LocalTransport(Transport):
                 raise AgentError(self.name, f"cannot run {self.python!r}: {exc.strerror or exc}",
                                  hint="set `python:` for this host to an interpreter that exists") from None
             self._live.add(proc)
-        stdin, stdout, stderr = cast(IO[bytes], proc.stdin), cast(IO[bytes], proc.stdout), cast(IO[bytes], proc.stderr)
+        stdin, stderr = cast(IO[bytes], proc.stdin), cast(IO[bytes], proc.stderr)
+        stdout = cast(io.BufferedReader, proc.stdout)
 
         def drain() -> None:
             with stderr:
@@ -90,7 +93,7 @@ class LocalTransport(Transport):
             text = self._stderr_tail.decode(errors="replace").strip()
             return f": {text.splitlines()[-1]}" if text else ""
 
-        return AgentSession(self.name, send, iter(stdout.readline, b""), close, last_words=last_words,
+        return AgentSession(self.name, send, AgentReader(lambda: stdout.read1(READ_SIZE)), close, last_words=last_words,
                             bundle=agent_bundle(), asides=True)
 
     def pipe(self, command: str, peer: socket.socket) -> tuple[int, str]:

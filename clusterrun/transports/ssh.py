@@ -41,7 +41,7 @@ from typing import Any
 from clusterrun.config.hostsfile import HostSpec
 from clusterrun.core import timings
 from clusterrun.core.errors import ConnectError, HostKeyError
-from clusterrun.transports.base import AgentSession, Transport, agent_bundle, agent_command
+from clusterrun.transports.base import AgentReader, AgentSession, Transport, agent_bundle, agent_command
 from clusterrun.transports.sshhosts import (
     CONNECT_TIMEOUT,
     HostKeyPolicy,
@@ -303,7 +303,7 @@ class SSHTransport(Transport):
             return self._last_words()
 
         try:  # sends the agent's loader and the sha256 of its zip at once
-            return AgentSession(self.name, send, self._lines(channel), close, set_timeout=channel.settimeout,
+            return AgentSession(self.name, send, self._reader(channel), close, set_timeout=channel.settimeout,
                                 last_words=last_words, bundle=agent_bundle(), opened=opened, asides=True)
         except BaseException:
             self._sessions.release()
@@ -407,27 +407,14 @@ class SSHTransport(Transport):
         finally:
             self._done(channel)
 
-    def _lines(self, channel: paramiko.Channel) -> Iterator[bytes]:
-        # A log message is one line of up to a few MB: keep its pieces in a list and look for the
-        # newline only in what just arrived (not in the whole line again at every read).
-        pieces: list[bytes] = []
-        while True:
+    def _reader(self, channel: paramiko.Channel) -> AgentReader:
+        def recv() -> bytes:
             try:
-                data = channel.recv(MAX_PACKET * 4)
+                return channel.recv(MAX_PACKET * 4)
             except Exception as exc:  # noqa: BLE001 - a timeout or a dead connection
                 raise map_error(self.name, exc) from exc
-            if not data:
-                if pieces:
-                    yield b"".join(pieces)
-                return
-            if b"\n" not in data:
-                pieces.append(data)
-                continue
-            first, *lines, rest = data.split(b"\n")
-            pieces.append(first)
-            yield b"".join(pieces)
-            yield from lines
-            pieces = [rest] if rest else []
+
+        return AgentReader(recv)
 
     def _last_words(self) -> str:
         text = self._stderr_tail.decode(errors="replace").strip()
