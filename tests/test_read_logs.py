@@ -39,3 +39,27 @@ def test_what_is_read_ahead_is_bounded_in_bytes_across_nodes(monkeypatch: pytest
     rest = list(logs)
     assert [(rank, text[:6]) for rank, text in rest] == [
         (rank, f"{rank}:{i:04d}") for rank in range(nodes) for i in range(chunks)][1:]
+
+
+def test_a_reader_that_fails_unexpectedly_raises_where_the_logs_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a ClusterrunError (a bug): raised by ``read_logs``, after the nodes before it, not waited on forever."""
+    def fake_read_log(record: Any, rank: int, attempt: int, tail: int | None = None,
+                      transport: Any = None) -> Iterator[str]:
+        if rank == 1:
+            raise TypeError("a reader's bug")
+        yield f"node {rank}\n"
+
+    monkeypatch.setattr(logread, "read_log", fake_read_log)
+    got: list[object] = []
+
+    def consume() -> None:
+        try:
+            got.extend(logread.read_logs(None, [0, 1, 2], 1))  # type: ignore[arg-type]
+        except TypeError as exc:
+            got.append(exc)
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    reader.join(timeout=30)  # (before the fix, forever)
+    assert not reader.is_alive()
+    assert got[0] == (0, "node 0\n") and isinstance(got[1], TypeError) and len(got) == 2, got

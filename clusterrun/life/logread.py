@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -76,6 +77,11 @@ def read_log_chunks(job: Opened, rank: int, attempt: int, tail: int | None = Non
         transport.close()
 
 
+@dataclass
+class _Raised:
+    exc: BaseException
+
+
 def read_logs(job: Opened, ranks: Sequence[int], attempt: int, tail: int | None = None,
               budget: int = 64 * 2**20, ahead: dict[int, Transport] | None = None,
               ) -> Iterator[tuple[int, str | ClusterrunError]]:
@@ -111,6 +117,8 @@ def read_logs(job: Opened, ranks: Sequence[int], attempt: int, tail: int | None 
                     return
         except ClusterrunError as exc:
             put(rank, exc)
+        except BaseException as exc:  # a bug: raised where the nodes are printed, not left to wait there
+            put(rank, _Raised(exc))
         put(rank, done)
 
     threads = [threading.Thread(target=read, args=(rank,), daemon=True, name=f"logs-node{rank}") for rank in ranks]
@@ -131,6 +139,8 @@ def read_logs(job: Opened, ranks: Sequence[int], attempt: int, tail: int | None 
                     changed.notify_all()
                 if item is done:
                     break
+                if isinstance(item, _Raised):
+                    raise item.exc
                 yield rank, item
     finally:
         with changed:
