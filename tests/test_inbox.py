@@ -41,13 +41,34 @@ def test_every_chunk_that_fits_once_a_large_one_left_goes_in() -> None:
     puts = [threading.Thread(target=inbox.put, args=((rank, chunk(300)),)) for rank in (1, 2)]
     for put in puts:
         put.start()
-    while inbox._blocked < 2:  # both wait for room  # noqa: ASYNC110 - a thread's state, no event to wait on
+    while inbox._budget_waits < 2:  # both wait for the budget
         threading.Event().wait(0.01)
     assert inbox.get(timeout=5)[0] == 0
     for put in puts:
         put.join(timeout=10)
     assert not any(put.is_alive() for put in puts)
     assert sorted(inbox.get(timeout=5)[0] for _ in range(2)) == [1, 2]
+
+
+def test_a_place_freed_in_a_full_inbox_wakes_one_waiting_put_not_every_one() -> None:
+    """64 followers waiting on a full inbox: each message taken lets one in; waking them all each
+    time kept the job's loop from the inbox behind them."""
+    inbox = Inbox(maxsize=2)
+    for offset in (0, 100):
+        inbox.put((0, chunk(100, offset)))
+    woken_all = []
+    notify_all = inbox.not_full.notify_all
+    inbox.not_full.notify_all = lambda: (woken_all.append(1), notify_all())  # type: ignore[method-assign]
+    puts = [threading.Thread(target=inbox.put, args=((rank, chunk(100)),)) for rank in range(1, 6)]
+    for put in puts:
+        put.start()
+    while len(inbox.not_full._waiters) < 5:  # type: ignore[attr-defined]  # all five wait for a place
+        threading.Event().wait(0.01)
+    taken = [inbox.get(timeout=5)[0] for _ in range(7)]
+    for put in puts:
+        put.join(timeout=10)
+    assert not any(put.is_alive() for put in puts)
+    assert sorted(taken) == [0, 0, 1, 2, 3, 4, 5] and woken_all == []
 
 
 def test_an_empty_inbox_takes_a_chunk_larger_than_the_budget() -> None:

@@ -39,7 +39,7 @@ class Inbox(queue.Queue[Item]):
         super().__init__(maxsize)
         self.budget = budget
         self.held = 0  # characters of log data queued
-        self._blocked = 0  # puts waiting for room
+        self._budget_waits = 0  # puts of log chunks waiting for the budget (not for a place)
         self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()  # a token per message queued or ring()
 
     def ring(self) -> None:
@@ -62,27 +62,31 @@ class Inbox(queue.Queue[Item]):
         size = _size(item)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.not_full:
-            while self._full(size):
+            while (by_count := 0 < self.maxsize <= self._qsize()) or self._over_budget(size):
                 left = None if deadline is None else deadline - time.monotonic()
                 if not block or (left is not None and left <= 0):
                     raise queue.Full
-                self._blocked += 1
+                self._budget_waits += not by_count
                 try:
                     self.not_full.wait(left)
                 finally:
-                    self._blocked -= 1
+                    self._budget_waits -= not by_count
             self._put(item)
             self._bell.put(None)
             self.held += size
             self.unfinished_tasks += 1
             self.not_empty.notify()
 
-    def _full(self, size: int) -> bool:
-        return (0 < self.maxsize <= self._qsize()) or (size > 0 and self.held > 0 and self.held + size > self.budget)
+    def _over_budget(self, size: int) -> bool:
+        return size > 0 and self.held > 0 and self.held + size > self.budget
 
     def _get(self) -> Item:
         item = super()._get()
-        self.held -= _size(item)
-        if self._blocked:  # a waiting chunk may fit now that a larger one left (``get`` wakes one)
+        size = _size(item)
+        self.held -= size
+        # ``get`` wakes one put, which a freed place is enough for. Only the chunks waiting for the
+        # budget may all fit once a large one left: waking every put each time (64 followers of a
+        # full inbox) left the job's loop waiting for the inbox's lock behind them.
+        if size and self._budget_waits:
             self.not_full.notify_all()
         return item
