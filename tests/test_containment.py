@@ -231,7 +231,7 @@ def test_a_stale_stop_of_attempt_1_leaves_attempt_2_untouched(place: Place, tmp_
         messages = list(place.transport.stream(req(state_dir, "follow", attempt=2)))
         end = messages[-1]
         assert end["t"] == "end" and end["state"]["exit_code"] == 0 and not end["state"]["stop_requested"], end
-        assert "attempt 2 done" in "".join(m.get("data", "") for m in messages)
+        assert b"attempt 2 done" in b"".join(m.get("data", b"") for m in messages)
     finally:
         place.kill([pid for pid, _ in pids.values()])
         place.call(req(state_dir, "stop", attempt=2, grace=1))
