@@ -118,6 +118,7 @@ class Node:
     error: str | None = None  # why the node ended as it did, where its status does not say
     agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node;
     # after the end, the one that followed it (``Job.idle_agents``)
+    closed: bool = False  # the job was closed: an agent its follower carries on after that is closed too
     probe: Probe | None = None  # what its agent said of the host
     degraded: str | None = None  # the agent's word that the supervisor cannot write its state
     progress: Progress | None = None  # the training's progress its host read last (node 0)
@@ -223,6 +224,8 @@ class Follower:
                             message = End(replace(message.status, away_since=away))
                         if isinstance(message, End):  # its agent answers on (the owner's next attempt)
                             node.agent = stream.carry_on()
+                            if node.closed:  # the job closed meanwhile (detached): nobody will take it
+                                node.close_agent()
                         self.inbox.put((rank, message))
                         if isinstance(message, End):
                             return
