@@ -80,10 +80,11 @@ class NodeLog:
     _pending_rank: tuple[int, int] | None = None
 
     def feed(self, lines: Iterable[str]) -> None:
-        if isinstance(lines, (tuple, list)) and lines and self._one_rank(lines):
-            return
-        if isinstance(lines, (tuple, list)) and len(lines) > 4 * self.tail:
-            lines = self._worth_reading(lines)
+        if isinstance(lines, (tuple, list)) and lines:
+            if self._one_rank(lines):
+                return
+            if len(lines) > 4 * self.tail:
+                lines = self._worth_reading(lines)
         for line in lines:
             rank, text = split_rank(line)
             if rank is not None:
@@ -104,7 +105,7 @@ class NodeLog:
         """Whether every line of ``lines`` is one rank's, as most of a flow is (one process a node);
         if so its last ``tail`` lines are kept, found without a pattern matched on each line."""
         found = _TAG_AT_START.match(lines[0])
-        if found is None:
+        if found is None or not lines[-1].startswith(found.group()):  # most batches of several ranks: no join
             return False
         tag = found.group()
         text = "\n".join(lines)
