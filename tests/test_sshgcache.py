@@ -52,3 +52,18 @@ def test_a_failed_write_leaves_no_temporary(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(usercache.os, "replace", full)
     sshgcache.store(path, {"user": ["trainer"]})  # a cache: no error
     assert os.listdir(Path(path).parent) == []
+
+
+@pytest.mark.parametrize("folder", ["clusterrun", "clusterrun/bundle"])
+def test_nothing_is_kept_in_a_folder_another_user_could_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              folder: str) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = Path(usercache.cache_path("bundle", "agent.zip"))
+    (tmp_path / "cache" / folder).mkdir(parents=True, mode=0o700)
+    (tmp_path / "cache" / folder).chmod(0o777)  # another user could swap the zip in it
+    usercache.keep(str(path), b"zip")
+    assert sorted(p.relative_to(tmp_path / "cache").as_posix() for p in (tmp_path / "cache").rglob("*")) == \
+        sorted({"clusterrun", folder})
+    (tmp_path / "cache" / folder).chmod(0o700)
+    usercache.keep(str(path), b"zip")
+    assert path.read_bytes() == b"zip"

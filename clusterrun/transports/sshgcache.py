@@ -98,7 +98,7 @@ def load(alias: str, config: str | None, port: int | None, user: str | None,
     """Where the answer for these is kept (None: never kept), and the answer if it is there; the
     configuration's files as read in the last ``reuse`` seconds (0: read now)."""
     path = _path(alias, config, port, user, ssh, reuse)
-    if path is None or not _own(os.path.dirname(path)):
+    if path is None or not usercache.own(os.path.dirname(path)):  # a kept answer may run a ProxyCommand
         return None, None
     try:
         with open(path, encoding="utf-8") as f:
@@ -106,21 +106,6 @@ def load(alias: str, config: str | None, port: int | None, user: str | None,
     except (OSError, ValueError):
         return path, None
     return path, values if isinstance(values, dict) else None
-
-
-def _own(folder: str) -> bool:
-    """Whether ``folder`` (and its parent) is the user's and nobody else can write it: a kept answer may
-    name a ``ProxyCommand`` that runs. True where it does not exist yet (``store`` makes it so)."""
-    for each in (folder, os.path.dirname(folder)):
-        try:
-            st = os.stat(each)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return False
-        if st.st_uid != os.getuid() or st.st_mode & 0o022:
-            return False
-    return True
 
 
 def store(path: str, values: dict[str, list[str]]) -> None:

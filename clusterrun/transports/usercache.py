@@ -1,6 +1,7 @@
 """Files the controller keeps in the user's cache between runs: ``$XDG_CACHE_HOME/clusterrun/KIND/``
 (else ``~/.cache/clusterrun/KIND/``), the folders the user's own (0700), each file written whole,
-then renamed (0600). A cache that cannot be written is skipped, never an error. Users:
+then renamed (0600). A cache that cannot be written, or that another user could write, is skipped,
+never an error. Users:
 ``sshgcache`` (``ssh -G``'s answers) and ``bundle`` (the agent's zip)."""
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ def keep(path: str, data: bytes) -> None:
     folder = os.path.dirname(path)
     try:
         os.makedirs(os.path.dirname(os.path.dirname(folder)), exist_ok=True)  # ~/.cache
-        for own in (os.path.dirname(folder), folder):  # clusterrun/ and KIND/: the user's own, 0700
+        for each in (os.path.dirname(folder), folder):  # clusterrun/ and KIND/: the user's own, 0700
             try:
-                os.mkdir(own, 0o700)
+                os.mkdir(each, 0o700)
             except FileExistsError:
                 pass
+            if not _private(each):  # another user could swap what is kept: nothing is written there
+                return
         tmp = f"{path}.{os.urandom(6).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError:
@@ -37,3 +40,19 @@ def keep(path: str, data: bytes) -> None:
             os.unlink(tmp)  # a full disk: no half-written temporary left behind
         except OSError:
             pass
+
+
+def own(folder: str) -> bool:
+    """Whether ``folder`` and its parent are the user's and nobody else can write them (True where
+    they do not exist yet: ``keep`` makes them so)."""
+    return _private(folder) and _private(os.path.dirname(folder))
+
+
+def _private(folder: str) -> bool:
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
