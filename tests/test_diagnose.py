@@ -194,3 +194,32 @@ def test_a_short_batch_of_one_rank_or_many_keeps_what_line_by_line_feeding_keeps
             for line in lines:
                 one_by_one.feed(iter([line]))
             assert batch == one_by_one, lines
+
+
+def test_a_node_whose_report_was_not_seen_fails_when_its_first_rank_died() -> None:
+    """A viewer that attached after node 1's torchrun printed its report (``attach --tail 0``) saw only
+    node 0's: node 1's rank still died first, as its host recorded, and torchrun ended after it."""
+    node0 = NodeLog()
+    node0.feed(["[rank0]:RuntimeError: a failure of its own", "  rank      : 0 (local_rank: 0)",
+                "  exitcode  : 1 (pid: 100)"])
+    states = {0: _state(1, [{"pid": 100, "rank": 0, "died": 50.2, "exit_code": 1}], 50.4),
+              1: _state(1, [{"pid": 200, "rank": 1, "died": 50.0, "exit_code": 1}], 51.5)}
+    cause = find_root_cause({0: "a", 1: "b"}, {0: node0, 1: NodeLog()}, states, stopped_by_us=set())
+    assert cause is not None and cause.node == 1
+
+
+def test_a_rank_that_failed_because_its_peer_went_away_is_not_the_root_cause_even_when_it_ended_first() -> None:
+    """Rank 1 raised; while its interpreter still shut down, its closed sockets failed rank 0's collective
+    and rank 0 ended first (torch 2.13 on a loaded host): the rank that raised is the cause."""
+    node0, node1 = NodeLog(), NodeLog()
+    node0.feed(["[rank0]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+                "closed by peer [10.77.3.12]:54166. This is typically caused by a remote worker crashing.",
+                "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 100)"])
+    node1.feed(["[rank1]: RuntimeError: custom failure 42", "  rank      : 1 (local_rank: 0)",
+                "  exitcode  : 1 (pid: 200)"])
+    states = {0: _state(1, [{"pid": 100, "rank": 0, "died": 50.0}], 50.1),
+              1: _state(1, [{"pid": 200, "rank": 1, "died": 50.3}], 50.4)}
+    cause = find_root_cause({0: "a", 1: "b"}, {0: node0, 1: node1}, states, stopped_by_us=set())
+    assert cause is not None and (cause.node, cause.rank) == (1, 1)
+    alone = find_root_cause({0: "a"}, {0: node0}, {0: states[0]}, stopped_by_us=set())
+    assert alone is not None and alone.node == 0  # nothing else failed: it is still named

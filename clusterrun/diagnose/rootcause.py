@@ -4,7 +4,8 @@ the node agent tags each worker line with ``[rankN]:`` (``agent.RankLogs``) and 
 worker fails, prints a report with ``rank : N (local_rank: M)`` and ``exitcode : X (pid: P)``
 for every failed worker, whether or not the script uses ``@record``. The agent records when each
 worker process ended. The root cause is the failed worker that ended first across the cluster;
-failures of nodes that clusterrun itself stopped only count when nothing else failed. A known
+a rank whose collective failed because a peer went away counts after the others, and failures of
+nodes that clusterrun itself stopped only count when nothing else failed. A known
 failure signature (``signatures.SIGNATURES``) adds its cause and fix to the root cause.
 """
 
@@ -25,6 +26,9 @@ _RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
 _REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
 _REPORT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
 _TAG_AT_START = re.compile(r"\[rank\d+\]:")
+# A collective failed because a peer's process or connection went away: a consequence of the peer's failure
+_PEER_GONE = re.compile(r"connection (closed|reset) by peer|remote process exited|caused by a remote worker crashing",
+                        re.IGNORECASE)
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b.*|^[A-Za-z_][\w.]*: .+")
 TAIL_LINES = 20
 
@@ -175,7 +179,7 @@ def find_root_cause(
         if state.exit_code in (0, None) and not state.error and state.state is not HostState.LOST:
             continue
         log = logs.get(node) or NodeLog()
-        secondary = 1 if node in stopped_by_us else 0
+        secondary = 2 if node in stopped_by_us else 0
         if (state.exit_unknown or state.state is HostState.LOST) and not log.failures:
             # No exit status, nothing of torchrun's failure report: the node was lost, not failed. Only
             # a node lost before any stop is a cause (a lost node after ours is the stop's doing).
@@ -192,15 +196,17 @@ def find_root_cause(
         for rank, failure in failures.items():
             when = (died.get(failure.pid) if failure.pid else None) or died_by_rank.get(rank) or state.ended_at \
                 or float("inf")
-            candidates.append((secondary, when, failure.cause(node, hosts[node], rank,
-                                                              tuple(log.rank_tails.get(rank, ())))))
+            tail = tuple(log.rank_tails.get(rank, ()))
+            candidates.append((max(secondary, _after_a_peer(tail)), when, failure.cause(node, hosts[node], rank, tail)))
         if not failures:
             tail = tuple(log.node_tail)
             node_code = state.exit_code
             sig = state.signal
             message = state.error or exception_message(tail)
-            when = state.ended_at or float("inf")
-            candidates.append((secondary, when, RootCause(
+            # its torchrun's report unseen (a viewer that attached after it): its first failed rank's death
+            when = min((w.died for w in state.workers if w.exit_code and w.died), default=None) \
+                or state.ended_at or float("inf")
+            candidates.append((max(secondary, _after_a_peer(tail)), when, RootCause(
                 node=node, host=hosts[node], rank=None, local_rank=None,
                 exit_code=None if sig else node_code, signal=sig, last_lines=tail, message=message,
                 pid=state.torchrun_pid)))
@@ -214,6 +220,12 @@ def find_root_cause(
 
 
 SIGKILL = 9
+
+
+def _after_a_peer(tail: tuple[str, ...]) -> int:
+    """1 where the rank's last lines say a collective failed because a peer went away: it may end
+    before the peer that failed (whose interpreter still shuts down), so it ranks after real failures."""
+    return 1 if any(_PEER_GONE.search(line) for line in tail[-6:]) else 0
 
 
 def ranks_failed(state: NodeStatus) -> dict[int, RankFailure]:
