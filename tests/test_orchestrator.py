@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from clusterrun.config.hostsfile import load_cluster_text
+from clusterrun.config.hostsfile import HostSpec, load_cluster_text
 from clusterrun.core.errors import HostsUnavailable
 from clusterrun.core.events import (
     Event,
@@ -32,7 +32,7 @@ from clusterrun.core.events import (
 )
 from clusterrun.life.runner import stop_for
 from clusterrun.run import orchestrator
-from clusterrun.run.follower import FOLLOW_INTERVALS, MESSAGE_BUDGET, follow_interval
+from clusterrun.run.follower import FOLLOW_INTERVALS, MESSAGE_BUDGET, Node, follow_interval
 from clusterrun.run.inbox import Inbox
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.transports.fake import FakeCluster
@@ -571,3 +571,16 @@ def test_a_stop_from_a_signal_handler_wakes_the_loop_it_interrupted(fake: FakeCl
     assert waits.idle.is_set()
     assert result is not None and result.interrupted == "SIGINT"
     assert [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.STOPPED]
+
+
+def test_an_agent_handed_to_a_node_after_its_job_was_closed_is_closed(fake: FakeCluster) -> None:
+    """A probe's or a carried-on follow's agent that reaches its node after the job was closed (Ctrl-C
+    while connecting, a viewer that detached) is closed there: nobody else would close it."""
+    transport = fake.transport(HostSpec(host="gpu-a"))
+    node = Node(launch=None, transport=transport)
+    kept = transport.session()
+    assert node.hold(kept) and node.agent is kept and kept.idle
+    node.close()
+    assert node.agent is None and not kept.idle  # the job's close closed it
+    late = transport.session()
+    assert not node.hold(late) and node.agent is None and not late.idle

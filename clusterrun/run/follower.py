@@ -118,13 +118,14 @@ class Node:
     error: str | None = None  # why the node ended as it did, where its status does not say
     agent: AgentSession | None = None  # the agent that probed the host, kept to start and follow the node;
     # after the end, the one that followed it (``Job.idle_agents``)
-    closed: bool = False  # the job was closed: an agent its follower carries on after that is closed too
+    closed: bool = False  # the job was closed: an agent handed to the node after that is closed too (``hold``)
     probe: Probe | None = None  # what its agent said of the host
     degraded: str | None = None  # the agent's word that the supervisor cannot write its state
     progress: Progress | None = None  # the training's progress its host read last (node 0)
     earlier: list[str] = field(default_factory=list)  # scrollback lines read, before the resume point
     away_since: float | None = None  # its follower's first failure to reach the host, while it lasts
     stream: AgentStream | None = None  # its follower's stream while it runs: a stop may go down its channel
+    _holding: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def host(self) -> str:
@@ -161,8 +162,26 @@ class Node:
             earlier, self.earlier = tuple(self.earlier), []
         return earlier, raw[cut:].decode("utf-8", "surrogateescape")
 
+    def hold(self, agent: AgentSession | None) -> bool:
+        """Keep ``agent`` as the node's (the one that probes it, or the one its follow carried on);
+        False, and ``agent`` closed, where the job was closed meanwhile: nobody else would close it."""
+        with self._holding:
+            if not self.closed:
+                self.agent, agent = agent, None
+        if agent is not None:
+            agent.close()
+            return False
+        return True
+
+    def close(self) -> None:
+        """The job is closed: its agent is closed, and any handed to it later."""
+        with self._holding:
+            self.closed = True
+        self.close_agent()
+
     def close_agent(self) -> None:
-        agent, self.agent = self.agent, None
+        with self._holding:
+            agent, self.agent = self.agent, None
         if agent is not None:
             agent.close()
 
@@ -223,9 +242,7 @@ class Follower:
                                 and node_state_of(message.status) is NodeState.LOST):
                             message = End(replace(message.status, away_since=away))
                         if isinstance(message, End):  # its agent answers on (the owner's next attempt)
-                            node.agent = stream.carry_on()
-                            if node.closed:  # the job closed meanwhile (detached): nobody will take it
-                                node.close_agent()
+                            node.hold(stream.carry_on())
                         self.inbox.put((rank, message))
                         if isinstance(message, End):
                             return

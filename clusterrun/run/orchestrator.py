@@ -514,8 +514,7 @@ class Job(JobHosts):
         self._stop_event.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         for node in self._nodes:
-            node.closed = True
-            node.close_agent()
+            node.close()
             node.transport.close()
 
 

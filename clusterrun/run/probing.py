@@ -122,7 +122,9 @@ def probe_all(pool: Executor, nodes: Sequence[Node], spec: ClusterSpec,
     def probe(rank: int) -> Probe:
         node = nodes[rank]
         node.transport.connect()
-        node.agent = node.transport.session()
+        agent = node.transport.session()
+        if not node.hold(agent):  # the job was closed meanwhile (Ctrl-C)
+            raise AgentError(node.host, "the job was closed while its host was probed")
         inspect = ahead.inspect.get(rank) if ahead is not None else None
         listen = ahead.listen if ahead is not None and rank == 0 else None
         free_port = rank == 0 and spec.master_port is None and listen is None  # else the listener's port
@@ -130,7 +132,7 @@ def probe_all(pool: Executor, nodes: Sequence[Node], spec: ClusterSpec,
                                route_to=None if master is None else route_target(rank, master, port, addresses),
                                inspect=inspect, listen=listen)
         sent = time.time()
-        answer = node.agent.call(request)
+        answer = agent.call(request)
         if inspect is not None or listen is not None:
             early[rank] = early_answers(node.host, answer, sent, time.time(), listen.token if listen else "")
         node.probe = checked_probe(node.transport, answer)
