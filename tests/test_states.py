@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,7 +131,7 @@ def test_an_unreachable_node_is_unreachable_since_the_first_failure_in_ps_json_w
 
 
 def test_a_job_nobody_owns_is_unreachable_since_the_first_ps_that_could_not_reach_it(
-        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runner = started(fake, store, tmp_path, [])
     fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
     runner.recorder.flush()
@@ -146,7 +147,12 @@ def test_a_job_nobody_owns_is_unreachable_since_the_first_ps_that_could_not_reac
     since = store.load(JOB).nodes[0].unreachable_since
     assert since is not None and run("ps", JOB).output == first.output  # kept from the first failure
     assert store.load(JOB).nodes[0].unreachable_since == since
-    waited = run("wait", "--timeout", "1", JOB)  # says so while it waits, then when it gives up
+    here, real_sleep, slept = threading.current_thread(), time.sleep, []
+    with monkeypatch.context() as patch:
+        patch.setattr(time, "sleep", lambda s: (slept.append(s) if threading.current_thread() is here else None,
+                                                real_sleep(s))[1])
+        waited = run("wait", "--timeout", "1", JOB)  # says so while it waits, then when it gives up
+    assert sum(slept) <= 1, slept  # gives up when its timeout says, not at its next look at the hosts after it
     assert waited.exit_code == 124 and waited.output.splitlines() == [
         f"clusterrun: job {JOB} is running; node 0 {rows['0']}",
         f"clusterrun: job {JOB} is still running; node 0 {rows['0']} after 1 s"], waited.output

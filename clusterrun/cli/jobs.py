@@ -314,7 +314,9 @@ def wait_job(job: str, timeout: float | None, hosts_file: str | None) -> None:
             _note(f"job {record.job_id} is {job_state_text(record, time.time())}"
                   + ("" if unreachable else ": every host can be reached again"))
         # the job's owner writes its record and this process only reads it; an adopted job's is
-        # brought up to date from its hosts by every refresh (a connection to each host)
-        time.sleep(2.0 if record.adopted else 0.5)
+        # brought up to date from its hosts by every refresh (a connection to each host); a
+        # --timeout ends the wait when it says, not at the next look after it
+        pause = 2.0 if record.adopted else 0.5
+        time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
     _note(outcome_text(record))
     sys.exit(EXIT_OK if record.state == JobState.SUCCEEDED else EXIT_FAILED)
