@@ -16,21 +16,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-
-# The tests keep their compiled code (pytest's rewritten test modules and the package's bytecode, in
-# the __pycache__ folders git ignores) even where PYTHONDONTWRITEBYTECODE is set, as on the project's
-# machines: else each xdist worker parses, rewrites and compiles ~50,000 lines again on every run
-# (10 s of the fast tier's collection, against 1.4 s), and every command a test starts compiles the
-# package again. Set before the imports below, so that they are cached too.
-sys.dont_write_bytecode = False
-
-from click.testing import CliRunner  # noqa: E402 - after the bytecode setting above
+from click.testing import CliRunner
 
 from tests.simhosts import sim_cluster  # noqa: F401 - the simulated machines, for every test module
 from tests.slurmsim import slurm_cluster, slurm_gpu_cluster  # noqa: F401 - a real Slurm on them (test_slurm_cluster)
 
 if TYPE_CHECKING:
     from tests.agenthost import Attempt, Processes
+
+# The tests keep their compiled code (pytest's rewritten test modules and the package's bytecode, in
+# the __pycache__ folders git ignores) even where PYTHONDONTWRITEBYTECODE is set, as on the project's
+# machines: else each xdist worker parses, rewrites and compiles ~50,000 lines again on every run
+# (10 s of the fast tier's collection, against 1.4 s), and every command a test starts (they read
+# the bytecode the tests wrote) compiles the package again.
+sys.dont_write_bytecode = False
 
 # A suite started in the background by a non-interactive shell (`nohup pytest ... &`) inherits SIGINT
 # ignored, and so would every command the tests start: Python then never raises KeyboardInterrupt,

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import sys
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from clusterrun.life import logread
+from tests.conftest import wait_for
 
 CHUNK = 1000
+
+
+def stopped(thread: threading.Thread) -> bool:
+    """The reader ``thread`` can read no more until the logs are printed on: it ended, or it waits in
+    ``read_logs``'s ``put`` for the budget."""
+    frame = sys._current_frames().get(thread.ident or 0) if thread.is_alive() else None
+    names = []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return not names or (names[0] == "wait" and "put" in names)
 
 
 def test_what_is_read_ahead_is_bounded_in_bytes_across_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -32,9 +44,14 @@ def test_what_is_read_ahead_is_bounded_in_bytes_across_nodes(monkeypatch: pytest
     assert first[0] == 0 and first[1].startswith("0:0000")
     # Held: the budget, one chunk of the node being printed, and one in each reader's hand.
     bound = budget + (nodes + 1) * CHUNK + CHUNK
-    deadline = time.monotonic() + 2  # the readers stop within the budget, or exceed it within this time
-    while time.monotonic() < deadline and produced[0] <= bound:
-        time.sleep(0.01)
+    readers = [thread for thread in threading.enumerate() if thread.name.startswith("logs-node")]  # or ended
+    seen: list[int] = []
+
+    def still() -> bool:  # twice in a row every reader ended or waits for the budget, and nothing was read between
+        seen.append(produced[0] if all(map(stopped, readers)) else -1)
+        return len(seen) > 1 and seen[-1] == seen[-2] >= 0
+
+    wait_for(still, timeout=30, interval=0.01, what="the readers to stop")
     assert produced[0] <= bound, f"{produced[0]} characters read ahead, budget {budget}"
     rest = list(logs)
     assert [(rank, text[:6]) for rank, text in rest] == [
