@@ -43,11 +43,13 @@ def bash(code: str, env: dict[str, str]) -> str:
     return done.stdout
 
 
-def test_the_bash_script_loads_and_completes_job_ids(shell_env: dict[str, str]) -> None:
-    assert bash("source <(clusterrun completion bash); complete -p clusterrun", shell_env).strip() == (
-        "complete -o nosort -F _clusterrun_completion clusterrun")
-    # what bash does on TAB: the function asks clusterrun through click's environment protocol
-    complete = ("source <(clusterrun completion bash); COMP_WORDS=({words}); COMP_CWORD={cword}; "
+def test_the_bash_script_loads_and_completes_job_ids(shell_env: dict[str, str], tmp_path: Path) -> None:
+    script = tmp_path / "clusterrun.bash"
+    assert bash(f"clusterrun completion bash > {script}; source {script}; complete -p clusterrun",
+                shell_env).strip() == "complete -o nosort -F _clusterrun_completion clusterrun"
+    # what bash does on TAB: the function (the script as printed above) asks clusterrun through
+    # click's environment protocol
+    complete = (f"source {script}; COMP_WORDS=({{words}}); COMP_CWORD={{cword}}; "
                 "_clusterrun_completion clusterrun; printf '%s\\n' \"${{COMPREPLY[@]}}\"")
     assert bash(complete.format(words="clusterrun logs train-", cword=2), shell_env).split() == [JOBS[1], JOBS[0]]
     assert bash(complete.format(words="clusterrun down e", cword=2), shell_env).split() == [JOBS[2], "eval"]
