@@ -34,6 +34,15 @@ def test_a_days_long_run_keeps_a_bounded_curve_evenly_spread_over_all_of_it() ->
     assert max(gaps) <= 2 * min(gaps)  # evenly spread, not the start's detail and then nothing
 
 
+def test_the_curve_keeps_six_significant_digits_of_each_loss_the_latest_too() -> None:
+    curve = Curve()
+    for step in range(1, AGENT_POINTS + 2):  # one over the bound: every other point dropped, kept 2 steps apart
+        curve.add(step, 1 / 3, None)
+    curve.add(AGENT_POINTS + 2, 2 / 3, None)  # closer than that to the last kept point: shown, not kept
+    shown = curve.to_json()
+    assert {y for _, y in shown["points"]} == {0.333333} and shown["latest"] == [AGENT_POINTS + 2, 0.666667]
+
+
 def test_every_loss_line_is_a_point_until_the_bound() -> None:
     tracker = Tracker()
     losses = [round(2.5 - i / 100, 4) for i in range(1, 41)]

@@ -177,11 +177,12 @@ class Curve:
                 self.points = [p for p in self.points if p[0] < step + self.offset]
                 self.latest = None
         self.last = (step, epoch)
-        x, y = step + self.offset, float(f"{loss:.6g}")
+        x = step + self.offset
         if self.points and x - self.points[-1][0] < self.spacing:
-            self.latest = [x, y]
+            self.latest = [x, loss]  # rounded when written (to_json): most readings of a long run end here
             return
         self.latest = None
+        y = _rounded(loss)
         if self.points and x == self.points[-1][0]:
             self.points[-1] = [x, y]
             return
@@ -195,7 +196,12 @@ class Curve:
             return int(value) if value == int(value) else value
 
         return {"points": [[whole(x), y] for x, y in self.points], "spacing": self.spacing, "offset": self.offset,
-                "latest": [whole(self.latest[0]), self.latest[1]] if self.latest else None}
+                "latest": [whole(self.latest[0]), _rounded(self.latest[1])] if self.latest else None}
+
+
+def _rounded(loss: float) -> float:
+    """A loss as the curve keeps it: 6 significant digits."""
+    return float(f"{loss:.6g}")
 
 
 class Tracker:
