@@ -183,6 +183,17 @@ def _ssh_tools_for_integration(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("_ssh_tools")
 
 
+@pytest.fixture
+def young_heap() -> Iterator[None]:
+    """For a test that starts the dashboard: what the test process made before is left out of the
+    garbage collections, as a dashboard's own process has only the app's objects. The app collects
+    all of it once when its first frame is drawn (then ``gc.freeze``: ``Dashboard._freeze_heap``),
+    which in a test process is the whole suite's heap: 0.2-0.3 s a test."""
+    gc.freeze()
+    yield
+    gc.unfreeze()  # the app's unmount has done it already, unless it never started
+
+
 @pytest.fixture(autouse=True)
 def _leaks_found_where_made(request: pytest.FixtureRequest) -> Iterator[None]:
     """An integration test's garbage is collected as it ends: a pipe or process it left behind fails

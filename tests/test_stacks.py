@@ -189,6 +189,7 @@ class WithStacks(Scripted):
         return [f"take {self.taken}", *render(view)]
 
 
+@pytest.mark.usefixtures("young_heap")
 def test_the_dashboard_s_key_shows_the_grouped_stacks_and_r_takes_them_again() -> None:
     session = WithStacks(running=True)
     app = Dashboard(session, ring=100)  # type: ignore[arg-type]

@@ -32,6 +32,8 @@ from clusterrun.core.events import (
 from clusterrun.life.session import Session
 from clusterrun.tui import Dashboard
 
+pytestmark = pytest.mark.usefixtures("young_heap")
+
 T0 = 1000.0
 WALL = 1_795_608_000.0  # the wall clock at T0: 2026-11-25T12:00:00Z
 HOSTS = ("gpu-a", "gpu-b", "gpu-c")

@@ -607,6 +607,7 @@ def test_the_dashboard_shows_a_hung_node_and_filters_a_nodes_log_by_rank() -> No
     assert board.nodes[1].status(time.time()) == "running"
 
 
+@pytest.mark.usefixtures("young_heap")
 def test_r_in_a_nodes_log_shows_one_rank_after_the_other_then_all() -> None:
     import asyncio
 
