@@ -112,6 +112,14 @@ def test_a_live_stream_past_the_cap_of_viewers_is_503(monkeypatch: pytest.Monkey
     assert call(path="/jobs/j1/stream", app=guarded, cookie=f"{COOKIE}={TOKEN}")[0] == 404
 
 
+@pytest.fixture
+def quick_looks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The streams look at the store every 50 ms, not every second: a test of a change waits for the look after it."""
+    from clusterrun.web import watch
+
+    monkeypatch.setattr(watch, "EVERY", 0.05)
+
+
 async def _events(app: Any, seen: str, then: Any, wanted: bytes, path: str = "/events") -> bytes:
     """A stream (the job list's ``/events?seen=...`` or a job's) until it has sent ``wanted``; ``then()`` once it
     started."""
@@ -137,6 +145,7 @@ async def _events(app: Any, seen: str, then: Any, wanted: bytes, path: str = "/e
     return body
 
 
+@pytest.mark.usefixtures("quick_looks")
 def test_the_job_list_s_stream_says_what_changed_and_what_changed_before_it_started(tmp_path: Path) -> None:
     from clusterrun.web import app as web
     from clusterrun.web.watch import signature, version
@@ -154,6 +163,7 @@ def test_the_job_list_s_stream_says_what_changed_and_what_changed_before_it_star
     assert body.count(b"event: changed") == 1, body
 
 
+@pytest.mark.usefixtures("quick_looks")
 def test_a_job_s_stream_says_at_once_what_changed_since_its_page_was_read(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A page is read, then the job changes (a new attempt's node starts running), then the page's stream
