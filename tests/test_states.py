@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -147,12 +148,17 @@ def test_a_job_nobody_owns_is_unreachable_since_the_first_ps_that_could_not_reac
     since = store.load(JOB).nodes[0].unreachable_since
     assert since is not None and run("ps", JOB).output == first.output  # kept from the first failure
     assert store.load(JOB).nodes[0].unreachable_since == since
-    here, real_sleep, slept = threading.current_thread(), time.sleep, []
+    real_sleep, paused = time.sleep, []  # the pauses of wait's loop between its looks at the hosts
+
+    def sleep(seconds: float) -> None:
+        if sys._getframe(1).f_code.co_name == "wait_job":
+            paused.append(seconds)
+        real_sleep(seconds)
+
     with monkeypatch.context() as patch:
-        patch.setattr(time, "sleep", lambda s: (slept.append(s) if threading.current_thread() is here else None,
-                                                real_sleep(s))[1])
+        patch.setattr(time, "sleep", sleep)
         waited = run("wait", "--timeout", "1", JOB)  # says so while it waits, then when it gives up
-    assert sum(slept) <= 1, slept  # gives up when its timeout says, not at its next look at the hosts after it
+    assert paused and sum(paused) <= 1, paused  # gives up when its timeout says, not at its next look after it
     assert waited.exit_code == 124 and waited.output.splitlines() == [
         f"clusterrun: job {JOB} is running; node 0 {rows['0']}",
         f"clusterrun: job {JOB} is still running; node 0 {rows['0']} after 1 s"], waited.output
