@@ -146,3 +146,31 @@ def test_the_job_emits_each_chunk_with_its_lines_as_written(fake: FakeCluster) -
 @pytest.fixture
 def fake() -> FakeCluster:
     return FakeCluster()
+
+
+def test_a_chunk_reaches_a_file_whole_through_writes_cut_anywhere(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Into a real file the prefix and the chunk go in one ``writev``, resumed where a write
+    stopped (a pipe's reader that takes a few bytes at a time)."""
+    import os
+
+    real = os.writev
+    rng = random.Random(2)
+    calls = [0]
+
+    def short(fd: int, buffers: list[memoryview]) -> int:  # at most a few bytes each time
+        calls[0] += 1
+        if calls[0] > 200_000:  # far more than the bytes written: the same bytes again and again
+            raise RuntimeError("the writes never end")
+        return real(fd, [bytes(b"".join(buffers)[:rng.randint(1, 9)])])
+
+    monkeypatch.setattr(os, "writev", short)
+    path = tmp_path / "out"
+    expected = ""
+    with open(path, "w", encoding="utf-8", errors="surrogateescape") as out:
+        printer = Printer(out=out, err=io.StringIO(), colour=False)
+        printer.set_plan(plan(1, 2))  # type: ignore[arg-type]
+        for _ in range(300):
+            lines = random_lines(rng)
+            expected += "".join(slow_line(printer, 1, "host1", line) for line in lines)
+            printer(LogLines(1, host="host1", lines=lines, text="\n".join(lines) + "\n"))
+    assert path.read_bytes() == expected.encode("utf-8", "surrogateescape")

@@ -269,29 +269,45 @@ class Printer:
                 text += "\n"
             text = safe(text, self.colour)
             if self.prefix:
-                text = self._prefixed(node, host, text, count)
+                head, text, skip = self._prefix_parts(node, host, text, count)
+                self._write_out(text, head, skip)
+                return
         self._write_out(text)
 
-    def _write_out(self, text: str) -> None:
-        """Write ``text`` to ``out`` whole. Into a real file its bytes go through ``os.write`` in a
-        loop: CPython's buffered stdout drops the rest of a large write that a signal interrupts
-        part-way (Ctrl-C while a slow reader holds the pipe), and the offsets counted it as shown."""
+    def _write_out(self, text: str, head: str = "", skip: int = 0) -> None:
+        """Write ``head`` and ``text`` from its ``skip``-th character (one write; no copy of
+        ``text`` made to join them) to ``out`` whole. Into a real file the bytes go through
+        ``os.writev`` in a loop: CPython's buffered stdout drops the rest of a large write that a
+        signal interrupts part-way (Ctrl-C while a slow reader holds the pipe), and the offsets
+        counted it as shown."""
         self.out.flush()  # whatever was written to it otherwise goes first
         try:
             fd = self.out.fileno()
         except (OSError, ValueError):  # not a file (a test's StringIO, pytest's capture)
-            self.out.write(text)
+            self.out.write(head + text[skip:])
             self.out.flush()
             return
-        view = memoryview(text.encode(self.out.encoding or "utf-8", self.out.errors or "strict"))
-        while view:
-            view = view[os.write(fd, view):]
+        encoding, errors = self.out.encoding or "utf-8", self.out.errors or "strict"
+        skipped = len(text[:skip].encode(encoding, errors))
+        views = [memoryview(head.encode(encoding, errors)), memoryview(text.encode(encoding, errors))[skipped:]]
+        views = [view for view in views if view]
+        while views:
+            written = os.writev(fd, views)
+            while views and written >= len(views[0]):
+                written -= len(views.pop(0))
+            if views:
+                views[0] = views[0][written:]
 
     def _prefixed(self, node: int, host: str, chunk: str, count: int | None = None) -> str:
-        """``chunk`` (whole lines; ``count`` of them, if known) with their prefixes. Done on the
-        whole chunk with ``str`` methods (C speed) when every tagged line carries a tag of this
-        node's ranks; line by line otherwise (e.g. torch's doubled tag on a traceback, which
-        ``split_rank`` drops)."""
+        """``chunk`` (whole lines; ``count`` of them, if known) with their prefixes."""
+        head, text, skip = self._prefix_parts(node, host, chunk, count)
+        return head + text[skip:]
+
+    def _prefix_parts(self, node: int, host: str, chunk: str, count: int | None = None) -> tuple[str, str, int]:
+        """``chunk`` (whole lines; ``count`` of them, if known) with their prefixes, as ``head``
+        followed by ``text`` from its ``skip``-th character. Done on the whole chunk with ``str``
+        methods (C speed) when every tagged line carries a tag of this node's ranks; line by line
+        otherwise (e.g. torch's doubled tag on a traceback, which ``split_rank`` drops)."""
         tags = self._tags.get(node)
         if tags and chunk.startswith("[rank"):  # every line of one rank (one process per node): 2 passes
             for tag, tag_rank in tags:
@@ -303,8 +319,12 @@ class Printer:
                     lines = chunk.count("\n") if count is None else count
                     if (len(mine) > len(tag) and len(whole) - len(chunk) == (lines - 1) * (len(mine) - len(tag))
                             and tag + tag not in chunk):
-                        return mine + whole[len(tag):]
+                        return mine, whole, len(tag)  # the first line's tag is skipped, not cut off by a copy
                     break
+        return "", self._prefixed_slowly(node, host, tags, chunk), 0
+
+    def _prefixed_slowly(self, node: int, host: str, tags: list[tuple[str, int]] | None, chunk: str) -> str:
+        """``chunk`` prefixed where its lines are of several ranks, or some of none."""
         text = chunk[:-1]
         head = self._prefix(node, host, None) + " | "
         if tags is not None and head not in text:
