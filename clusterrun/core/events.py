@@ -444,12 +444,15 @@ class ProgressChanged(Event):
 @frozen
 class LogLines(Event):
     """Complete lines of one node's log, in order, without their newlines. ``earlier``: lines
-    before the point a viewer resumed at, sent once as its scrollback (they were shown before)."""
+    before the point a viewer resumed at, sent once as its scrollback (they were shown before).
+    ``text``: the same lines each ended by a newline, where the producer had them so (the log's
+    chunk as read): a consumer that writes text uses it instead of joining ``lines`` again."""
 
     host: str
     lines: tuple[str, ...]
     earlier: bool = False
     written: float | None = None  # wall clock: when the last of them was written on the host, if known
+    text: str | None = field(default=None, compare=False, repr=False)
 
 
 @frozen

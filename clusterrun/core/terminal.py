@@ -22,9 +22,10 @@ _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\udc80-\udc9f]")
 # An SGR sequence, or one control character (its escape sequence, if any, then shows as text).
 _TOKEN = re.compile("(\x1b\\[[0-9;:]*m)|[\x00-\x08\x0b-\x1f\x7f-\x9f\udc80-\udc9f]")
 _NAMES = {"\r": "\\r", "\x1b": "\\x1b"}
-# For ASCII text, 1 where a byte is a control other than tab and newline: ``bytes.translate`` and
-# ``in`` look at a chunk three times faster than the regular expression does.
-_ASCII_CONTROLS = bytes(int((b < 0x20 and b not in (0x09, 0x0A)) or b == 0x7F) for b in range(256))
+# The bytes ASCII text may hold as they are: tab, newline and the printable ones. ``bytes.translate``
+# deleting them leaves a chunk's controls: a scan in C ~10 times faster than the regular expression,
+# and twice as fast as mapping every byte to a flag and looking for one.
+_ASCII_KEPT = b"\t\n" + bytes(range(0x20, 0x7F))
 
 
 def _escaped(char: str) -> str:
@@ -45,7 +46,7 @@ def _drop_sgr(match: re.Match[str]) -> str:
 def safe(text: str, colour: bool = True) -> str:
     """``text`` with SGR kept (``colour``) or dropped, and every other control character escaped."""
     if text.isascii():
-        if b"\x01" not in text.encode("ascii").translate(_ASCII_CONTROLS):
+        if not text.encode("ascii").translate(None, _ASCII_KEPT):
             return text
     elif _UNSAFE.search(text) is None:
         return text

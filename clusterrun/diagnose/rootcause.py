@@ -83,9 +83,11 @@ class NodeLog:
     failures: dict[int, RankFailure] = field(default_factory=dict)  # by rank
     _pending_rank: tuple[int, int] | None = None
 
-    def feed(self, lines: Iterable[str]) -> None:
+    def feed(self, lines: Iterable[str], text: str | None = None) -> None:
+        """Read ``lines`` (a batch, in order); ``text``: the same lines each ended by a newline,
+        where the caller has them so (the one-rank check then reads it instead of joining them)."""
         if isinstance(lines, (tuple, list)) and lines:
-            if self._one_rank(lines):
+            if self._one_rank(lines, text):
                 return
             if len(lines) > 4 * self.tail:
                 lines = self._worth_reading(lines)
@@ -105,14 +107,16 @@ class NodeLog:
                 self.failures[rank] = RankFailure(local, int(found.group(1)), int(found.group(2)) or None)
                 self._pending_rank = None
 
-    def _one_rank(self, lines: Sequence[str]) -> bool:
-        """Whether every line of ``lines`` is one rank's, as most of a flow is (one process a node);
-        if so its last ``tail`` lines are kept, found without a pattern matched on each line."""
+    def _one_rank(self, lines: Sequence[str], text: str | None = None) -> bool:
+        """Whether every line of ``lines`` (``text``: joined, each ended by a newline) is one
+        rank's, as most of a flow is (one process a node); if so its last ``tail`` lines are kept,
+        found without a pattern matched on each line."""
         found = _TAG_AT_START.match(lines[0])
         if found is None or not lines[-1].startswith(found.group()):  # most batches of several ranks: no join
             return False
         tag = found.group()
-        text = "\n".join(lines)
+        if text is None:
+            text = "\n".join(lines)
         if text.count("\n" + tag) != len(lines) - 1 or "]:[rank" in text:  # torch's doubled tag: split_rank's
             return False
         kept = self.rank_tails.setdefault(int(tag[5:-2]), deque(maxlen=self.tail))

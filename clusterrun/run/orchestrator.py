@@ -367,8 +367,9 @@ class Job(JobHosts):
                 data = self._earlier(rank, message, resume)
             lines = split_lines(data)
             if lines:
-                node.log.feed(lines)
-                self.emit(LogLines(rank, host=node.host, lines=lines, written=message.written))
+                text = data if data.endswith("\n") else data + "\n"  # the lines as written: nobody joins them again
+                node.log.feed(lines, text)
+                self.emit(LogLines(rank, host=node.host, lines=lines, written=message.written, text=text))
             self.offsets[rank] = message.next  # shown: a viewer that leaves now resumes after it
             return
         if isinstance(message, (StateUpdate, End)):

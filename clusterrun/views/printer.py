@@ -256,11 +256,12 @@ class Printer:
             return f"\x1b[{_COLOURS[node % len(_COLOURS)]}m{text}\x1b[0m"
         return text
 
-    def write_log(self, node: int, host: str, text: str) -> None:
+    def write_log(self, node: int, host: str, text: str, count: int | None = None) -> None:
         """Print a chunk of node ``node``'s log: whole lines, made terminal-safe (a missing last
-        newline is added); with ``raw``, the chunk as it is."""
+        newline is added); with ``raw``, the chunk as it is. ``count``: its lines, where the caller
+        knows it (a pass over the chunk saved)."""
         if self.ranks is not None:
-            text = only_ranks(text, self.ranks)
+            text, count = only_ranks(text, self.ranks), None
         if not text:
             return
         if not self.raw:
@@ -268,35 +269,63 @@ class Printer:
                 text += "\n"
             text = safe(text, self.colour)
             if self.prefix:
-                text = self._prefixed(node, host, text)
+                head, text, skip = self._prefix_parts(node, host, text, count)
+                self._write_out(text, head, skip)
+                return
         self._write_out(text)
 
-    def _write_out(self, text: str) -> None:
-        """Write ``text`` to ``out`` whole. Into a real file its bytes go through ``os.write`` in a
-        loop: CPython's buffered stdout drops the rest of a large write that a signal interrupts
-        part-way (Ctrl-C while a slow reader holds the pipe), and the offsets counted it as shown."""
+    def _write_out(self, text: str, head: str = "", skip: int = 0) -> None:
+        """Write ``head`` and ``text`` from its ``skip``-th character (one write; no copy of
+        ``text`` made to join them) to ``out`` whole. Into a real file the bytes go through
+        ``os.writev`` in a loop: CPython's buffered stdout drops the rest of a large write that a
+        signal interrupts part-way (Ctrl-C while a slow reader holds the pipe), and the offsets
+        counted it as shown."""
         self.out.flush()  # whatever was written to it otherwise goes first
         try:
             fd = self.out.fileno()
         except (OSError, ValueError):  # not a file (a test's StringIO, pytest's capture)
-            self.out.write(text)
+            self.out.write(head + text[skip:])
             self.out.flush()
             return
-        view = memoryview(text.encode(self.out.encoding or "utf-8", self.out.errors or "strict"))
-        while view:
-            view = view[os.write(fd, view):]
+        encoding, errors = self.out.encoding or "utf-8", self.out.errors or "strict"
+        skipped = len(text[:skip].encode(encoding, errors))
+        views = [memoryview(head.encode(encoding, errors)), memoryview(text.encode(encoding, errors))[skipped:]]
+        views = [view for view in views if view]
+        while views:
+            written = os.writev(fd, views)
+            while views and written >= len(views[0]):
+                written -= len(views.pop(0))
+            if views:
+                views[0] = views[0][written:]
 
-    def _prefixed(self, node: int, host: str, chunk: str) -> str:
-        """``chunk`` (whole lines) with their prefixes. Done on the whole chunk with ``str``
+    def _prefixed(self, node: int, host: str, chunk: str, count: int | None = None) -> str:
+        """``chunk`` (whole lines; ``count`` of them, if known) with their prefixes."""
+        head, text, skip = self._prefix_parts(node, host, chunk, count)
+        return head + text[skip:]
+
+    def _prefix_parts(self, node: int, host: str, chunk: str, count: int | None = None) -> tuple[str, str, int]:
+        """``chunk`` (whole lines; ``count`` of them, if known) with their prefixes, as ``head``
+        followed by ``text`` from its ``skip``-th character. Done on the whole chunk with ``str``
         methods (C speed) when every tagged line carries a tag of this node's ranks; line by line
         otherwise (e.g. torch's doubled tag on a traceback, which ``split_rank`` drops)."""
-        text = chunk[:-1]
         tags = self._tags.get(node)
-        if tags and text.startswith("[rank"):  # every line of one rank (one process per node): 4 passes
+        if tags and chunk.startswith("[rank"):  # every line of one rank (one process per node): 2 passes
             for tag, tag_rank in tags:
-                if text.startswith(tag) and text.count("\n" + tag) == text.count("\n") and tag + tag not in text:
+                if chunk.startswith(tag):
                     mine = self._prefix(node, host, tag_rank) + " | "
-                    return mine + text[len(tag):].replace("\n" + tag, "\n" + mine) + "\n"
+                    # Each tag after a newline replaced lengthens the chunk alike (``mine`` is longer than any
+                    # tag): every line but the first was one when it grew by that for each newline but the last.
+                    whole = chunk.replace("\n" + tag, "\n" + mine)
+                    lines = chunk.count("\n") if count is None else count
+                    if (len(mine) > len(tag) and len(whole) - len(chunk) == (lines - 1) * (len(mine) - len(tag))
+                            and tag + tag not in chunk):
+                        return mine, whole, len(tag)  # the first line's tag is skipped, not cut off by a copy
+                    break
+        return "", self._prefixed_slowly(node, host, tags, chunk), 0
+
+    def _prefixed_slowly(self, node: int, host: str, tags: list[tuple[str, int]] | None, chunk: str) -> str:
+        """``chunk`` prefixed where its lines are of several ranks, or some of none."""
+        text = chunk[:-1]
         head = self._prefix(node, host, None) + " | "
         if tags is not None and head not in text:
             tagged = text.count("\n[rank") + text.startswith("[rank")
@@ -361,7 +390,7 @@ class Printer:
         if isinstance(event, LogLines):
             if event.lines:
                 self.write_log(event.node if event.node is not None else -1, event.host,
-                               "\n".join(event.lines) + "\n")
+                               "\n".join(event.lines) + "\n" if event.text is None else event.text, len(event.lines))
             if event.earlier:
                 self.note(f"node{event.node} {event.host}: resumed here; the lines above were shown before")
         elif self.quiet:
