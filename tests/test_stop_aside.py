@@ -95,3 +95,22 @@ def test_where_the_follow_has_ended_the_stop_goes_to_a_new_agent(tmp_path: Path)
         assert not alive(pid, began)
     finally:
         transport.close()
+
+
+def test_a_follow_that_may_be_asked_ends_when_its_controller_goes(tmp_path: Path) -> None:
+    """Its stdin ended (the controller gone: no transport closes only that side): nobody reads the
+    follow, which ends at once rather than go on acting on the host (starting a supervisor again)."""
+    transport, job, state_dir = Counted(), unique_job("aside"), tmp_path / "state"
+    try:
+        pid, began = started(transport, state_dir, job)
+        stream, _messages, reader = followed(transport, state_dir, job)
+        [agent] = transport._live
+        assert agent.stdin is not None
+        agent.stdin.close()  # what the controller's end does to it, without reading on
+        wait_for(lambda: agent.poll() is not None, timeout=20, what="the follow's agent to end")
+        assert agent.returncode == 0 and alive(pid, began)  # the job runs on
+        stream.close()
+        reader.join(20)
+        assert stop(transport, state_dir, job, None).ok
+    finally:
+        transport.close()

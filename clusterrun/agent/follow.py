@@ -209,6 +209,8 @@ def op_follow(req: FollowRequest) -> None:
                                + ([0] if asks else []))
             if asks and 0 in ready:
                 asks = answer_aside()
+                if not asks:  # stdin ended: the controller is gone (no transport half-closes it), so is
+                    break  # whoever read this; a follow that went on could start a supervisor again
                 continue  # the stop changed the state: it goes out at once, the end after it
             for key, handle in pins.items():
                 if handle is not None and handle.fd in ready:  # it ended: do not wait on it again
