@@ -111,6 +111,8 @@ def test_a_follow_that_may_be_asked_ends_when_its_controller_goes(tmp_path: Path
         assert agent.returncode == 0 and alive(pid, began)  # the job runs on
         stream.close()
         reader.join(20)
-        assert stop(transport, state_dir, job, None).ok
     finally:
-        transport.close()
+        try:
+            assert stop(transport, state_dir, job, None).ok
+        finally:
+            transport.close()
