@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import random
-from types import SimpleNamespace
 
 import pytest
 
@@ -19,21 +18,13 @@ from clusterrun.diagnose.rootcause import NodeLog, split_rank
 from clusterrun.run.follower import split_lines
 from clusterrun.transports.fake import FakeCluster
 from clusterrun.views.printer import Printer
+from tests.test_printer import plan
 
 # Pieces of lines: tags of the node's ranks (1, 2) and of another's (9), torch's doubled tag,
 # text that looks like a tag or a prefix, controls, colours, non-ASCII and undecodable bytes.
 PIECES = ["[rank1]:", "[rank2]:", "[rank9]:", "[rank1]:[rank1]: Traceback", "[rank1]:[rank2]:", "[rank", "]:",
           "plain text", "", " ", "text with [rank2]: inside", "node1 host1 rank1 | ", "\t", "\r", "\x1b[31mred\x1b[0m",
           "\x1b]0;title\x07", "\x1b[2J", "\x7f", "\x00", "\x9b", "ü", "\udc9b", "\udcff", "  exitcode  : 1 (pid: 7)"]
-
-
-def plan(*nprocs: int) -> SimpleNamespace:
-    nodes, first = [], 0
-    for rank, nproc in enumerate(nprocs):
-        nodes.append(SimpleNamespace(rank=rank, host=SimpleNamespace(host=f"host{rank}"),
-                                     ranks=range(first, first + nproc)))
-        first += nproc
-    return SimpleNamespace(nodes=nodes, world_size=first)
 
 
 def random_lines(rng: random.Random) -> tuple[str, ...]:
