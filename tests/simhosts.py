@@ -42,7 +42,6 @@ from tests.simnet import (
     PREFIX,
     SSHD,
     SimHostError,
-    _children,
     _comm,
     _free_port,
     _free_subnet,
@@ -53,6 +52,7 @@ from tests.simnet import (
     _netns_names,
     _passwd,
     _sshd_version,
+    children,
 )
 
 TIMEOUT = 10.0
@@ -136,7 +136,7 @@ class SimHost:
 
     def served(self) -> list[int]:
         """The sshd processes serving connections to this host now (children of the listener)."""
-        return [pid for pid in _children().get(self.pid, []) if _comm(pid) == "sshd"]
+        return [pid for pid in children().get(self.pid, []) if _comm(pid) == "sshd"]
 
     def drop_connections(self) -> int:
         """Cut every SSH connection to this host, as a network failure would, but leave sshd listening:
@@ -423,9 +423,9 @@ class SimCluster:
                 raise SimHostError(f"sshd not ready after {TIMEOUT} s on {sorted(pending)}")
             time.sleep(0.01 if pending else 0)
         if self.isolated:
-            children = _children()
+            parents = children()
             for host in self.hosts if hosts is None else hosts:
-                found = children.get(host._proc.pid if host._proc else 0, [])
+                found = parents.get(host._proc.pid if host._proc else 0, [])
                 if len(found) != 1:
                     raise SimHostError(f"{host.name}: expected one first process, found {found}")
                 host.pid = found[0]

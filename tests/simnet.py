@@ -51,7 +51,7 @@ def _free_subnet(prefix: str = "10.77") -> int:
     raise SimHostError(f"no free /24 left in {prefix}.0.0/16")
 
 
-def _children() -> dict[int, list[int]]:
+def children() -> dict[int, list[int]]:
     """Parent pid → child pids, from /proc/*/stat (this kernel has no /proc/PID/task/TID/children)."""
     found: dict[int, list[int]] = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):

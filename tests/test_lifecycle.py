@@ -36,6 +36,7 @@ from tests.conftest import (
     write_hosts,
 )
 from tests.simhosts import unavailable
+from tests.simnet import children
 
 pytestmark = pytest.mark.integration
 
@@ -84,25 +85,14 @@ def kill_monitors(home: Path) -> list[int]:
     """Kill the controller's monitors; wait until they and the agents they had started have ended (a
     follow agent that outlived its monitor could start the host's supervisor again as it looks)."""
     pids = monitors(home)
-    agents = [(pid, start_time(pid)) for pid in children_of(set(pids))]
+    found = children()
+    agents = [(child, start_time(child)) for pid in pids for child in found.get(pid, [])]
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not monitors(home), timeout=10, what="the monitors to die")
     wait_for(lambda: not [p for p, began in agents if began is not None and alive(p, began)], timeout=30,
              what="the monitors' agents to end")
     return pids
-
-
-def children_of(parents: set[int]) -> list[int]:
-    """Pids of the live processes whose parent is one of ``parents``."""
-    found = []
-    for name in os.listdir("/proc"):
-        try:
-            if name.isdigit() and int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1]) in parents:
-                found.append(int(name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
 
 
 def test_detached_job_outlives_every_controller_process(tmp_path: Path, state_dir: Path,
