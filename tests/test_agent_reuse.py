@@ -86,14 +86,25 @@ def followed_to_its_end(transport: Counted, state_dir: Path, job: str, asks: boo
     return kept[0]
 
 
+def lent_after(transport: Counted, kept: AgentSession) -> tuple[TransportPool, AgentSession]:
+    """The owner's pool once attempt 1 ended, its follow's agent kept idle (``Job.idle_agents``), and
+    the next attempt's first session on the host."""
+    pool = TransportPool(lambda host: transport)
+    pool.adopt([], idle={"here": kept})
+    return pool, pool.lend(HOST).session()
+
+
+def stop_attempt_2(transport: Counted, state_dir: Path, job: str) -> bool:
+    return stop_node(transport, 0, "here", job_id=job, attempt=2, state_dir=str(state_dir), grace=1.0,
+                     by="the test").ok
+
+
 def test_the_agent_that_followed_a_node_to_its_end_probes_and_starts_its_next_attempt(tmp_path: Path) -> None:
     transport, job, state_dir = Counted(), unique_job("reuse"), tmp_path / "state"
     try:
         kept = followed_to_its_end(transport, state_dir, job)
         assert transport.sessions == 2 and kept is not None and kept.idle  # attempt 1's start, its follow
-        pool = TransportPool(lambda host: transport)
-        pool.adopt([], idle={"here": kept})  # as the owner does (``Job.idle_agents``)
-        agent = pool.lend(HOST).session()
+        pool, agent = lent_after(transport, kept)
         assert agent.call(ProbeRequest(state_dir=str(state_dir)))["ok"]
         pid, began = start(agent, state_dir, job, 2)
         assert transport.sessions == 2  # the probe and the start went to the agent that followed attempt 1
@@ -102,8 +113,7 @@ def test_the_agent_that_followed_a_node_to_its_end_probes_and_starts_its_next_at
         assert other is not agent and transport.sessions == 3
         other.close()
         agent.close()
-        assert stop_node(transport, 0, "here", job_id=job, attempt=2, state_dir=str(state_dir), grace=1.0,
-                         by="the test").ok
+        assert stop_attempt_2(transport, state_dir, job)
         pool.close()
     finally:
         transport.close()
@@ -116,16 +126,13 @@ def test_an_agent_kept_idle_that_has_ended_is_replaced_by_a_new_one(tmp_path: Pa
         assert kept is not None and kept.idle
         [pid] = transport.agent_pids()  # the follow's agent, still answering
         os.kill(pid, signal.SIGKILL)  # it ends meanwhile (a host's OOM killer, a dropped channel)
-        pool = TransportPool(lambda host: transport)
-        pool.adopt([], idle={"here": kept})
-        agent = pool.lend(HOST).session()
+        pool, agent = lent_after(transport, kept)
         assert agent.call(ProbeRequest(state_dir=str(state_dir)))["ok"]  # answered by a new agent
         assert transport.sessions == 3 and transport.agent_pids() != [pid]
         pid2, began = start(agent, state_dir, job, 2)  # the new agent goes on with the start
         assert alive(pid2, began) and transport.sessions == 3
         agent.close()
-        assert stop_node(transport, 0, "here", job_id=job, attempt=2, state_dir=str(state_dir), grace=1.0,
-                         by="the test").ok
+        assert stop_attempt_2(transport, state_dir, job)
         pool.close()
     finally:
         transport.close()
