@@ -61,9 +61,12 @@ def test_nothing_is_kept_in_a_folder_another_user_could_write(tmp_path: Path, mo
     path = Path(usercache.cache_path("bundle", "agent.zip"))
     (tmp_path / "cache" / folder).mkdir(parents=True, mode=0o700)
     (tmp_path / "cache" / folder).chmod(0o777)  # another user could swap the zip in it
-    usercache.keep(str(path), b"zip")
+    theirs = tmp_path / "cache" / folder / "theirs.zip"
+    theirs.write_bytes(b"")
+    usercache.keep(str(path), b"zip", alone=True)
     assert sorted(p.relative_to(tmp_path / "cache").as_posix() for p in (tmp_path / "cache").rglob("*")) == \
-        sorted({"clusterrun", folder})
+        sorted({"clusterrun", folder, f"{folder}/theirs.zip"})  # nothing written there, nothing removed
     (tmp_path / "cache" / folder).chmod(0o700)
-    usercache.keep(str(path), b"zip")
+    usercache.keep(str(path), b"zip", alone=True)
     assert path.read_bytes() == b"zip"
+    assert theirs.exists() == (folder == "clusterrun")  # in the zips' own folder: another version, removed

@@ -6,7 +6,6 @@ opens an agent, reading and checking the kept zip takes 1.6."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import threading
@@ -93,11 +92,7 @@ def _zip() -> bytes:
     if kept and _holds(kept, files):
         return kept
     data = build_zip(files=files)
-    usercache.keep(path, data)
-    for other in Path(path).parent.glob("*.zip"):  # other sources' zips: an upgrade's, an edit's
-        if other.name != Path(path).name:
-            with contextlib.suppress(OSError):
-                other.unlink()
+    usercache.keep(path, data, alone=True)  # other sources' zips (an upgrade's, an edit's) removed
     return data
 
 

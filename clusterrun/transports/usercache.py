@@ -15,8 +15,9 @@ def cache_path(kind: str, name: str) -> str:
     return os.path.join(base, "clusterrun", kind, name)
 
 
-def keep(path: str, data: bytes) -> None:
-    """Keep ``data`` at ``path`` (a ``cache_path``): written whole, then renamed."""
+def keep(path: str, data: bytes, alone: bool = False) -> None:
+    """Keep ``data`` at ``path`` (a ``cache_path``): written whole, then renamed. ``alone``: the
+    other files of its kind with its suffix (other versions') are removed once it is kept."""
     folder = os.path.dirname(path)
     try:
         os.makedirs(os.path.dirname(os.path.dirname(folder)), exist_ok=True)  # ~/.cache
@@ -40,6 +41,14 @@ def keep(path: str, data: bytes) -> None:
             os.unlink(tmp)  # a full disk: no half-written temporary left behind
         except OSError:
             pass
+        return
+    suffix = os.path.splitext(path)[1]
+    for other in os.listdir(folder) if alone else ():
+        if other.endswith(suffix) and other != os.path.basename(path):
+            try:
+                os.unlink(os.path.join(folder, other))
+            except OSError:
+                pass
 
 
 def own(folder: str) -> bool:
