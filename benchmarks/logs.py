@@ -1,4 +1,5 @@
-"""Log benchmark: clusterrun's `logs`, `logs -f` and `up --no-tui` beside `ssh cat` and `ssh tail -F`.
+"""Log benchmark: clusterrun's `logs`, `logs -f` and `up --no-tui` beside `ssh cat` and `ssh tail -F`,
+and beside the same commands read over paramiko (the floor of any paramiko client).
 
 For N simulated hosts (tests/simhosts.py: separate network and PID namespaces, a real sshd each),
 each running a real torchrun with one worker per node that writes numbered, timestamped lines
@@ -16,8 +17,13 @@ same hosts:
   output.log can avoid, and `ssh tail -F` of the worker's own file (before the merge). With
   --apart, `up --no-tui` and `logs -f` (of a job of `up -d`) each follow a run of their own
   beside the tails, so that neither reader's CPU slows the other.
-- throughput, following: every writer prints LINES lines as fast as it can while `logs -f JOB`
-  and the N `ssh tail -F` follow; lines/s from the moment the writers are released to the last
+- paramiko: "paramiko tail -F" runs the tails' very command on every host over paramiko, in one
+  process (benchmarks/_paramiko_tail.py: clusterrun's SSH transport connects, one thread reads
+  every channel through a selector and prints complete lines); it follows beside the tails in
+  the latency and flood runs, and "paramiko cat" reads the finished files beside `ssh cat`.
+  Each clusterrun reader is given against it as against OpenSSH.
+- throughput, following: every writer prints LINES lines as fast as it can while `logs -f JOB`,
+  the N `ssh tail -F` and "paramiko tail -F" follow; lines/s from the moment the writers are released to the last
   line read, beside the writers' own rate.
 - throughput, whole files: once that job has ended, `logs JOB` (every node, prefixed) beside N
   `ssh HOST cat FILE` started at once, and `logs JOB --node 0` beside one `ssh sim1 cat FILE`;
@@ -58,6 +64,7 @@ from benchmarks._pump import DONE, READY, Pump, Source  # noqa: E402
 from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
 
 WRITER = ROOT / "benchmarks" / "_log_writer.py"
+PARAMIKO_READER = ROOT / "benchmarks" / "_paramiko_tail.py"
 PYTHON = sys.executable
 CLUSTERRUN = [PYTHON, "-m", "clusterrun"]
 WIDTH = 100  # bytes per written line, newline included (the log file adds `[rankR]:`)
@@ -104,6 +111,11 @@ def completeness(records: list[tuple[int, int, float, float]], nodes: Iterable[i
             marks[seq] = 1
     lost = sum(count - sum(marks) for marks in seen.values())
     return lost, extra
+
+
+def tail_command(path: Path) -> str:
+    """Follow ``path`` from its first line until stdin closes (for `ssh` and the paramiko reader alike)."""
+    return f"tail -n +1 -F {shlex.quote(str(path))} & read _; kill $!"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -169,10 +181,16 @@ class Bench:
         tails = []
         for node in range(n):
             path = self.worker_log(job, node) if worker else self.output_log(job, node)
-            command = f"tail -n +1 -F {shlex.quote(str(path))} & read _; kill $!"
-            argv = self.cluster.ssh_argv(self.cluster.hosts[node].name, command)
+            argv = self.cluster.ssh_argv(self.cluster.hosts[node].name, tail_command(path))
             tails.append(self.pump.start(f"{tag}-tail-{node}", argv, node=node, stdin=True))
         return tails
+
+    def paramiko_tail(self, hosts: Path, job: str, n: int, tag: str) -> Source:
+        """The paramiko baseline of `ssh tail -F`: the same command on the same files, every host read
+        in one thread of one process (benchmarks/_paramiko_tail.py); its lines carry their rank; it
+        ends when its stdin is closed."""
+        commands = [tail_command(self.output_log(job, node)) for node in range(n)]
+        return self.pump.start(f"{tag}-paramiko", [PYTHON, str(PARAMIKO_READER), str(hosts), *commands], stdin=True)
 
     def stop_tails(self, tails: list[Source]) -> None:
         for tail in tails:
@@ -229,15 +247,16 @@ class Bench:
         self.wait_ready_in_files(job, n)
         tails = self.start_tails(job, n, f"paced-{tag}")
         raw = self.start_tails(job, n, f"paced-{tag}-raw", worker=True)
-        every = [*shown, *tails, *raw]
+        pm = self.paramiko_tail(hosts, job, n, f"paced-{tag}")
+        every = [*shown, *tails, *raw, pm]
         self.pump.run(lambda: all(r.marks[READY] >= (1 if r.node is not None else n) for r in every), 120,
                       "every reader to show the writers' `ready`", alive=every)
         log(f"paced ({' and '.join(readers)}): every reader is ready, {n} writers at {rate:.0f} lines/s "
             f"for {seconds:.0f} s")
         go.touch()
-        self.pump.run(lambda: all(s.end is not None for s in shown) and all(t.marks[DONE] for t in [*tails, *raw]),
-                      seconds + 180, "the paced job to end", alive=[*tails, *raw])
-        self.stop_tails([*tails, *raw])
+        self.pump.run(lambda: all(s.end is not None for s in shown) and all(t.marks[DONE] for t in [*tails, *raw])
+                      and pm.marks[DONE] >= n, seconds + 180, "the paced job to end", alive=[*tails, *raw, pm])
+        self.stop_tails([*tails, *raw, pm])
         for source in shown:
             if self.pump.finish(source) != 0 and source.name.endswith("-up"):
                 raise RuntimeError(f"up --no-tui failed:\n{self.pump.stderr(source)[-3000:]}")
@@ -248,7 +267,7 @@ class Bench:
         count = int(rate * seconds)
         results = {"merge (written → in output.log)": self.merged(job, n, count)}
         for name, group in (("ssh tail -F (worker's stdout file)", raw), ("ssh tail -F", tails),
-                            *((name, [source]) for name, source in named)):
+                            ("paramiko tail -F", [pm]), *((name, [source]) for name, source in named)):
             records = [r for source in group for r in parse(source)]
             lost, extra = completeness(records, range(n), count)
             delays = [read - written for _, _, written, read in records]
@@ -285,20 +304,21 @@ class Bench:
         follow = self.pump.start("fast-logs-f", [*CLUSTERRUN, "logs", "-f", job])
         self.wait_ready_in_files(job, n)
         tails = self.start_tails(job, n, "fast")
-        self.pump.run(lambda: all(r.marks[READY] >= (1 if r.node is not None else n) for r in [follow, *tails]),
-                      120, "every reader to show the writers' `ready`", alive=[follow, *tails])
+        pm = self.paramiko_tail(hosts, job, n, "fast")
+        self.pump.run(lambda: all(r.marks[READY] >= (1 if r.node is not None else n) for r in [follow, *tails, pm]),
+                      120, "every reader to show the writers' `ready`", alive=[follow, *tails, pm])
         log(f"fast: every reader is ready, {n} writers of {lines} lines each")
         began = time.time()
         go.touch()
-        self.pump.run(lambda: follow.end is not None and all(t.marks[DONE] for t in tails), 600,
-                      "the fast job to end", alive=tails)
-        self.stop_tails(tails)
+        self.pump.run(lambda: follow.end is not None and all(t.marks[DONE] for t in tails) and pm.marks[DONE] >= n,
+                      600, "the fast job to end", alive=[*tails, pm])
+        self.stop_tails([*tails, pm])
         self.pump.finish(follow)
         self.wait_job(job, 120)
         results: dict[str, dict[str, float]] = {}
         total = n * lines
         written_last = 0.0
-        for name, group in (("ssh tail -F", tails), ("clusterrun logs -f", [follow])):
+        for name, group in (("ssh tail -F", tails), ("paramiko tail -F", [pm]), ("clusterrun logs -f", [follow])):
             records = [r for source in group for r in parse(source)]
             lost, extra = completeness(records, range(n), lines)
             last = max(read for _, _, _, read in records)
@@ -310,14 +330,16 @@ class Bench:
         size_all, size_one = sum(p.stat().st_size for p in files), files[0].stat().st_size
         lines_all = sum(p.read_bytes().count(b"\n") for p in files)
         lines_one = files[0].read_bytes().count(b"\n")
+        cats = [shlex.join(["cat", str(path)]) for path in files]  # the same command for ssh and paramiko
         runs: dict[str, list[tuple[float, float]]] = {}
         for i in range(repeat):
             for name, commands, nodes in (
-                (f"ssh cat ×{n} at once", [self.cluster.ssh_argv(self.cluster.hosts[k].name, "cat", str(files[k]))
+                (f"ssh cat ×{n} at once", [self.cluster.ssh_argv(self.cluster.hosts[k].name, cats[k])
                                            for k in range(n)], None),
+                (f"paramiko cat ×{n}", [[PYTHON, str(PARAMIKO_READER), str(hosts), *cats]], range(n)),
                 ("clusterrun logs JOB", [[*CLUSTERRUN, "logs", job]], range(n)),
-                ("ssh sim1 cat (node 0)", [self.cluster.ssh_argv(self.cluster.hosts[0].name, "cat", str(files[0]))],
-                 None),
+                ("ssh sim1 cat (node 0)", [self.cluster.ssh_argv(self.cluster.hosts[0].name, cats[0])], None),
+                ("paramiko cat (node 0)", [[PYTHON, str(PARAMIKO_READER), str(hosts), cats[0]]], range(1)),
                 ("clusterrun logs JOB --node 0", [[*CLUSTERRUN, "logs", job, "--node", "0"]], range(1)),
             ):
                 sources = [self.pump.start(f"read-{i}-{len(runs.get(name, []))}-{k}", argv) for k, argv in
@@ -382,10 +404,14 @@ class Bench:
 
 
 def latency_target(results: dict[str, dict[str, float]]) -> str:
-    """The clusterrun readers' worst p99 against `ssh tail -F`'s of the same run."""
+    """The clusterrun readers' worst p99 against `ssh tail -F`'s of the same run, and each reader's
+    p99 against paramiko's (the floor of a paramiko client) and paramiko's against OpenSSH's."""
     p99 = max(r["p99"] for name, r in results.items() if name.startswith("clusterrun"))
-    floor = results["ssh tail -F"]["p99"]
-    return f"p99 ≤ 2 × ssh tail -F's: {p99 / floor:.1f} × → {'met' if p99 <= 2 * floor else 'NOT met'}"
+    floor, pm = results["ssh tail -F"]["p99"], results["paramiko tail -F"]["p99"]
+    each = ", ".join(f"{name.removeprefix('clusterrun ')} {r['p99'] / floor:.1f}× ssh, {r['p99'] / pm:.1f}× paramiko"
+                     for name, r in results.items() if name.startswith("clusterrun"))
+    return (f"p99 ≤ 2 × ssh tail -F's: {p99 / floor:.1f} × → {'met' if p99 <= 2 * floor else 'NOT met'} "
+            f"({each}; paramiko tail -F itself {pm / floor:.1f}× ssh tail -F's p99)")
 
 
 def report(args: argparse.Namespace, n: int, isolated: bool, paced: list[dict[str, dict[str, float]]],
@@ -394,35 +420,42 @@ def report(args: argparse.Namespace, n: int, isolated: bool, paced: list[dict[st
           f"lines of {WIDTH} bytes as written")
     for results in paced:
         print(f"\n### Latency: {n} hosts × {args.rate:.0f} lines/s for {args.seconds:.0f} s, these readers at once\n")
-        print("| reader | lines read | lost | shown twice | p50 (ms) | p99 (ms) | max (ms) |")
-        print("|---|---|---|---|---|---|---|")
+        print("| reader | lines read | lost | shown twice | p50 (ms) | p99 (ms) | max (ms) | p99 vs ssh tail -F "
+              "| vs paramiko tail -F |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        ssh, pm = results["ssh tail -F"]["p99"], results["paramiko tail -F"]["p99"]
         for name, r in results.items():
             print(f"| {name} | {r['lines']:.0f} | {r['lost']:.0f} | {r['extra']:.0f} | {r['p50'] * 1000:.0f} "
-                  f"| {r['p99'] * 1000:.0f} | {r['max'] * 1000:.0f} |")
+                  f"| {r['p99'] * 1000:.0f} | {r['max'] * 1000:.0f} | {r['p99'] / ssh:.2f} | {r['p99'] / pm:.2f} |")
     total = n * args.lines
     print(f"\n### Throughput, following: {n} hosts × {args.lines} lines as fast as they can "
-          f"({total} lines), both readers at once\n")
-    print("| reader | lines/s | last line read after (s) | lag of the last line (s) | lost | shown twice |")
-    print("|---|---|---|---|---|---|")
+          f"({total} lines), these readers at once\n")
+    print("| reader | lines/s | last line read after (s) | lag of the last line (s) | lost | shown twice "
+          "| vs ssh tail -F | vs paramiko tail -F |")
+    print("|---|---|---|---|---|---|---|---|")
     w = fast["writers"]
-    print(f"| (the writers themselves) | {w['rate']:.0f} | {w['seconds']:.2f} | | | |")
-    for name in ("ssh tail -F", "clusterrun logs -f"):
+    print(f"| (the writers themselves) | {w['rate']:.0f} | {w['seconds']:.2f} | | | | | |")
+    for name in ("ssh tail -F", "paramiko tail -F", "clusterrun logs -f"):
         r = fast[name]
         print(f"| {name} | {r['rate']:.0f} | {r['seconds']:.2f} | {r['lag']:.2f} | {r['lost']:.0f} "
-              f"| {r['extra']:.0f} |")
+              f"| {r['extra']:.0f} | {r['rate'] / fast['ssh tail -F']['rate']:.2f} "
+              f"| {r['rate'] / fast['paramiko tail -F']['rate']:.2f} |")
     one = fast["ssh sim1 cat (node 0)"]
     every = fast[f"ssh cat ×{n} at once"]
     print(f"\n### Throughput, whole files of the finished job (median of {args.repeat}; start-up included)\n")
     print(f"{n} files: {every['lines']:.0f} lines, {every['bytes'] / 1e6:.1f} MB; node 0: {one['lines']:.0f} lines, "
           f"{one['bytes'] / 1e6:.1f} MB.\n")
-    print("| reader | time (s) | first line after (s) | lines/s | MB/s (log bytes) | vs ssh cat |")
-    print("|---|---|---|---|---|---|")
-    for name, base in ((f"ssh cat ×{n} at once", every), ("clusterrun logs JOB", every),
-                       ("ssh sim1 cat (node 0)", one), ("clusterrun logs JOB --node 0", one)):
+    print("| reader | time (s) | first line after (s) | lines/s | MB/s (log bytes) | vs ssh cat | vs paramiko cat |")
+    print("|---|---|---|---|---|---|---|")
+    every_pm, one_pm = fast[f"paramiko cat ×{n}"], fast["paramiko cat (node 0)"]
+    for name, base, base_pm in ((f"ssh cat ×{n} at once", every, every_pm), (f"paramiko cat ×{n}", every, every_pm),
+                                ("clusterrun logs JOB", every, every_pm), ("ssh sim1 cat (node 0)", one, one_pm),
+                                ("paramiko cat (node 0)", one, one_pm), ("clusterrun logs JOB --node 0", one, one_pm)):
         r = fast[name]
         print(f"| {name} | {r['seconds']:.2f} | {r['first']:.2f} | {r['rate']:.0f} | {r['mbps']:.1f} "
-              f"| {r['rate'] / base['rate']:.2f} |")
-    for name in ("clusterrun logs JOB check", "clusterrun logs JOB --node 0 check"):
+              f"| {r['rate'] / base['rate']:.2f} | {r['rate'] / base_pm['rate']:.2f} |")
+    for name in (f"paramiko cat ×{n} check", "clusterrun logs JOB check", "paramiko cat (node 0) check",
+                 "clusterrun logs JOB --node 0 check"):
         r = fast.get(name, {"lost": 0, "extra": 0})
         print(f"{name.removesuffix(' check')}: {r['lost']:.0f} lines lost, {r['extra']:.0f} shown twice "
               f"(all runs)")
@@ -435,10 +468,16 @@ def report(args: argparse.Namespace, n: int, isolated: bool, paced: list[dict[st
     ratio = fast["clusterrun logs JOB"]["rate"] / every["rate"]
     ratio_one = fast["clusterrun logs JOB --node 0"]["rate"] / one["rate"]
     follow = fast["clusterrun logs -f"]["rate"] / fast["ssh tail -F"]["rate"]
+    follow_pm = fast["clusterrun logs -f"]["rate"] / fast["paramiko tail -F"]["rate"]
+    floor = fast["paramiko tail -F"]["rate"] / fast["ssh tail -F"]["rate"]
     first = big["clusterrun attach --tail 100"]["first_max"]
     print(f"\nTargets: `logs` ≥ 1.0 × ssh cat: {ratio:.2f} for every node, {ratio_one:.2f} for node 0 → "
-          f"{'met' if min(ratio, ratio_one) >= 1 else 'NOT met'}; `logs -f` following ≥ 1.0 × tail -F's lines/s: "
-          f"{follow:.2f} → {'met' if follow >= 1 else 'NOT met'}", end="")
+          f"{'met' if min(ratio, ratio_one) >= 1 else 'NOT met'} (against paramiko cat: "
+          f"{fast['clusterrun logs JOB']['rate'] / every_pm['rate']:.2f}, "
+          f"{fast['clusterrun logs JOB --node 0']['rate'] / one_pm['rate']:.2f}; paramiko cat itself "
+          f"{every_pm['rate'] / every['rate']:.2f}, {one_pm['rate'] / one['rate']:.2f} × ssh cat); "
+          f"`logs -f` following ≥ 1.0 × tail -F's lines/s: {follow:.2f} → {'met' if follow >= 1 else 'NOT met'} "
+          f"({follow_pm:.2f} × paramiko tail -F's; paramiko tail -F itself {floor:.2f} × ssh tail -F's)", end="")
     for results in paced:
         print(f"; {latency_target(results)}", end="")
     if not args.skip_big:
