@@ -257,6 +257,7 @@ class Bench:
         self.pump.run(lambda: all(s.end is not None for s in shown) and all(t.marks[DONE] for t in [*tails, *raw])
                       and pm.marks[DONE] >= n, seconds + 180, "the paced job to end", alive=[*tails, *raw, pm])
         self.stop_tails([*tails, *raw, pm])
+        log(f"paced ({' and '.join(readers)}): {self.pump.stderr(pm).strip().splitlines()[-1]}")
         for source in shown:
             if self.pump.finish(source) != 0 and source.name.endswith("-up"):
                 raise RuntimeError(f"up --no-tui failed:\n{self.pump.stderr(source)[-3000:]}")
@@ -313,6 +314,7 @@ class Bench:
         self.pump.run(lambda: follow.end is not None and all(t.marks[DONE] for t in tails) and pm.marks[DONE] >= n,
                       600, "the fast job to end", alive=[*tails, pm])
         self.stop_tails([*tails, pm])
+        log(f"fast: {self.pump.stderr(pm).strip().splitlines()[-1]}")
         self.pump.finish(follow)
         self.wait_job(job, 120)
         results: dict[str, dict[str, float]] = {}
