@@ -2,6 +2,7 @@
 way the best paramiko client would, to measure what paramiko itself costs beside OpenSSH.
 
     _paramiko_tail.py HOSTS_FILE COMMAND0 [COMMAND1 ...]   COMMANDk runs on the hosts file's host k
+                                                          (``-``: nothing on that host)
 
 One connection per host, made by clusterrun's SSH transport (its ssh_config resolution, keys,
 known_hosts, ciphers, window and packet sizes) in threads, as clusterrun connects; then one
@@ -39,9 +40,9 @@ def write_all(fd: int, data: bytes) -> None:
 
 def main() -> int:
     spec = load_cluster(sys.argv[1])
-    commands = sys.argv[2:]
-    hosts = spec.hosts[: len(commands)]
-    transports = [SSHTransport(host, SSHOptions(ssh_config=spec.ssh_config)) for host in hosts]
+    pairs = [(host, command) for host, command in zip(spec.hosts, sys.argv[2:], strict=False) if command != "-"]
+    commands = [command for _, command in pairs]
+    transports = [SSHTransport(host, SSHOptions(ssh_config=spec.ssh_config)) for host, _ in pairs]
 
     def open_channel(k: int) -> paramiko.Channel:
         # The transport's own channel (its window and packet sizes, its connection made as for a

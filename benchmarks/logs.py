@@ -192,6 +192,12 @@ class Bench:
         commands = [tail_command(self.output_log(job, node)) for node in range(n)]
         return self.pump.start(f"{tag}-paramiko", [PYTHON, str(PARAMIKO_READER), str(hosts), *commands], stdin=True)
 
+    def paramiko_tails(self, hosts: Path, job: str, n: int, tag: str) -> list[Source]:
+        """The same as ``paramiko_tail``, one process per host (as `ssh` is), for --paramiko-per-host."""
+        return [self.pump.start(f"{tag}-paramiko-{node}", [PYTHON, str(PARAMIKO_READER), str(hosts),
+                                                           *["-"] * node, tail_command(self.output_log(job, node))],
+                                node=node, stdin=True) for node in range(n)]
+
     def stop_tails(self, tails: list[Source]) -> None:
         for tail in tails:
             assert tail.proc.stdin is not None
@@ -217,7 +223,7 @@ class Bench:
     # ----------------------------------------------------------------------------- latency
 
     def paced(self, hosts: Path, n: int, rate: float, seconds: float,
-              readers: tuple[str, ...] = ("up", "logs")) -> dict[str, dict[str, float]]:
+              readers: tuple[str, ...] = ("up", "logs"), per_host: bool = False) -> dict[str, dict[str, float]]:
         """One latency run: the clusterrun ``readers`` ("up": the job's own `up --no-tui`; "logs":
         `logs -f`, of a job started by `up -d` if "up" is not among them) beside the tails."""
         tag = "-".join(readers)
@@ -248,15 +254,16 @@ class Bench:
         tails = self.start_tails(job, n, f"paced-{tag}")
         raw = self.start_tails(job, n, f"paced-{tag}-raw", worker=True)
         pm = self.paramiko_tail(hosts, job, n, f"paced-{tag}")
-        every = [*shown, *tails, *raw, pm]
+        pms = self.paramiko_tails(hosts, job, n, f"paced-{tag}") if per_host else []
+        every = [*shown, *tails, *raw, pm, *pms]
         self.pump.run(lambda: all(r.marks[READY] >= (1 if r.node is not None else n) for r in every), 120,
                       "every reader to show the writers' `ready`", alive=every)
         log(f"paced ({' and '.join(readers)}): every reader is ready, {n} writers at {rate:.0f} lines/s "
             f"for {seconds:.0f} s")
         go.touch()
-        self.pump.run(lambda: all(s.end is not None for s in shown) and all(t.marks[DONE] for t in [*tails, *raw])
-                      and pm.marks[DONE] >= n, seconds + 180, "the paced job to end", alive=[*tails, *raw, pm])
-        self.stop_tails([*tails, *raw, pm])
+        self.pump.run(lambda: all(s.end is not None for s in shown) and all(t.marks[DONE] for t in [*tails, *raw, *pms])
+                      and pm.marks[DONE] >= n, seconds + 180, "the paced job to end", alive=[*tails, *raw, pm, *pms])
+        self.stop_tails([*tails, *raw, pm, *pms])
         log(f"paced ({' and '.join(readers)}): {self.pump.stderr(pm).strip().splitlines()[-1]}")
         for source in shown:
             if self.pump.finish(source) != 0 and source.name.endswith("-up"):
@@ -267,8 +274,9 @@ class Bench:
             self.wait_job(job, 120)
         count = int(rate * seconds)
         results = {"merge (written → in output.log)": self.merged(job, n, count)}
+        per_host = [("paramiko tail -F, a process per host", pms)] if pms else []
         for name, group in (("ssh tail -F (worker's stdout file)", raw), ("ssh tail -F", tails),
-                            ("paramiko tail -F", [pm]), *((name, [source]) for name, source in named)):
+                            ("paramiko tail -F", [pm]), *per_host, *((name, [source]) for name, source in named)):
             records = [r for source in group for r in parse(source)]
             lost, extra = completeness(records, range(n), count)
             delays = [read - written for _, _, written, read in records]
@@ -504,6 +512,8 @@ def main() -> None:
     parser.add_argument("--latency-only", action="store_true", help="only the latency run (a quick check)")
     parser.add_argument("--apart", action="store_true",
                         help="latency: `up --no-tui` and `logs -f` each in a run of its own beside the tails")
+    parser.add_argument("--paramiko-per-host", action="store_true",
+                        help="latency: paramiko's tail -F also in a process per host (as ssh), beside the one")
     parser.add_argument("--skip-latency", action="store_true", help="leave out the latency run (throughput only)")
     args = parser.parse_args()
     subprocess.run(["sh", str(ROOT / "tests" / "_support" / "install_sshd.sh")], check=True, capture_output=True)
@@ -518,7 +528,7 @@ def main() -> None:
         began = time.monotonic()
         rounds: list[tuple[str, ...]] = [] if args.skip_latency else [("up",), ("logs",)] if args.apart else [
             ("up", "logs")]
-        paced = [bench.paced(every, n, args.rate, args.seconds, readers) for readers in rounds]
+        paced = [bench.paced(every, n, args.rate, args.seconds, readers, args.paramiko_per_host) for readers in rounds]
         log(f"latency run done after {time.monotonic() - began:.0f} s")
         if args.latency_only:
             for results in paced:
