@@ -21,10 +21,11 @@ same hosts:
   process (benchmarks/_paramiko_tail.py: clusterrun's SSH transport connects, one thread reads
   every channel through a selector and prints complete lines); it follows beside the tails in
   the latency and flood runs, and "paramiko cat" reads the finished files beside `ssh cat`.
-  Each clusterrun reader is given against it as against OpenSSH.
+  Each clusterrun reader is given against it as against OpenSSH. With --paramiko-per-host the
+  latency run also has it in a process per host, as `ssh` runs: one process's cost apart.
 - throughput, following: every writer prints LINES lines as fast as it can while `logs -f JOB`,
-  the N `ssh tail -F` and "paramiko tail -F" follow; lines/s from the moment the writers are released to the last
-  line read, beside the writers' own rate.
+  the N `ssh tail -F` and "paramiko tail -F" follow; lines/s from the moment the writers are
+  released to the last line read, beside the writers' own rate.
 - throughput, whole files: once that job has ended, `logs JOB` (every node, prefixed) beside N
   `ssh HOST cat FILE` started at once, and `logs JOB --node 0` beside one `ssh sim1 cat FILE`;
   from starting the command (start-up and connecting included) to its exit; MB/s counts the log
@@ -39,6 +40,7 @@ writers are released (a go-file on the shared filesystem) and has shown the writ
 line. Needs root (namespaces); installs OpenSSH with apt when missing. Takes a few minutes.
 
     python benchmarks/logs.py [--hosts 8] [--lines 100000] [--rate 1000] [--seconds 10] [--apart]
+                              [--paramiko-per-host]
 """
 
 from __future__ import annotations
