@@ -276,9 +276,9 @@ class Bench:
             self.wait_job(job, 120)
         count = int(rate * seconds)
         results = {"merge (written → in output.log)": self.merged(job, n, count)}
-        per_host = [("paramiko tail -F, a process per host", pms)] if pms else []
+        each_host = [("paramiko tail -F, a process per host", pms)] if pms else []
         for name, group in (("ssh tail -F (worker's stdout file)", raw), ("ssh tail -F", tails),
-                            ("paramiko tail -F", [pm]), *per_host, *((name, [source]) for name, source in named)):
+                            ("paramiko tail -F", [pm]), *each_host, *((name, [source]) for name, source in named)):
             records = [r for source in group for r in parse(source)]
             lost, extra = completeness(records, range(n), count)
             delays = [read - written for _, _, written, read in records]
