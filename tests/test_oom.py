@@ -219,7 +219,7 @@ USER_PYTHON = "/usr/bin/python3"  # an interpreter every user may run (this one 
 
 
 @pytest.mark.integration
-def test_real_an_unprivileged_supervisor_says_the_kernels_log_is_not_readable(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_real_an_unprivileged_supervisor_says_the_kernels_log_is_not_readable() -> None:
     """A node's job run as ``nobody`` (no cgroup of its own) kills itself with SIGKILL: its state
     says why the kernel's log could not be read, and the root cause says so and keeps `dmesg`."""
     from clusterrun.config.hostsfile import HostSpec
@@ -233,9 +233,10 @@ def test_real_an_unprivileged_supervisor_says_the_kernels_log_is_not_readable(mo
     folder.chmod(0o755)
     os.chown(folder, 65534, 65534)
     wrapper = folder / "python"
-    wrapper.write_text(f'#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups {USER_PYTHON} "$@"\n')
+    # the agent's cache its own (root's ~/.cache is refused), not this process's, where the controller keeps its zip
+    wrapper.write_text(f'#!/bin/sh\nXDG_CACHE_HOME={folder / "cache"} exec setpriv --reuid=65534 --regid=65534 '
+                       f'--clear-groups {USER_PYTHON} "$@"\n')
     wrapper.chmod(0o755)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(folder / "cache"))  # the agent's cache: root's ~/.cache is refused
     transport = LocalTransport(HostSpec(host="here", transport="local", python=str(wrapper)))
     request = {"job": unique_job("crtest-oom"), "node": 0, "attempt": 1, "state_dir": str(folder / "state")}
     try:
