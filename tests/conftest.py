@@ -23,6 +23,7 @@ from tests.slurmsim import slurm_cluster, slurm_gpu_cluster  # noqa: F401 - a re
 
 if TYPE_CHECKING:
     from tests.agenthost import Attempt, Processes
+    from tests.leaks import Snapshot
 
 # The tests keep their compiled code (pytest's rewritten test modules and the package's bytecode, in
 # the __pycache__ folders git ignores) even where PYTHONDONTWRITEBYTECODE is set, as on the project's
@@ -201,6 +202,39 @@ def _leaks_found_where_made(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if request.node.get_closest_marker("integration"):
         gc.collect()
+
+
+_CALL_STARTED = pytest.StashKey["Snapshot"]()
+LEAK_REPORT = "CRTEST_LEAK_REPORT"  # a file: each test's leftovers appended to it
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    from tests.leaks import Snapshot
+
+    before = Snapshot.take()
+    try:
+        return (yield)
+    finally:
+        item.stash[_CALL_STARTED] = before.started_since()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    from tests.leaks import left_running
+
+    result = yield
+    started = item.stash.get(_CALL_STARTED, None)
+    report = os.environ.get(LEAK_REPORT)
+    if started is not None and report:
+        kids, threads = left_running(started)
+        if kids or threads:
+            lines = [f"{item.nodeid} [pid {os.getpid()}]"]
+            lines += [f"  child {k.pid} {k.state} {k.argv}" for k in kids]
+            lines += [f"  thread {name}" for name in threads]
+            with open(report, "a") as out:
+                out.write("\n".join(lines) + "\n")
+    return result
 
 
 @pytest.fixture(autouse=True)
