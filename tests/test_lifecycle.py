@@ -363,7 +363,8 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
     events: list[object] = []
     owner = store.try_own(job_id)
     assert owner is not None
-    session = Session(store, record, events.append, runner=Runner(store, record, job, owner))
+    runner = Runner(store, record, job, owner)
+    session = Session(store, record, events.append, runner=runner)
     try:
         session.begin()
         wait_for(lambda: sum(isinstance(e, NodeStarted) for e in events) == 2, 60, what="both nodes started")
@@ -371,6 +372,9 @@ def test_the_dashboards_detach_leaves_the_record_written(tmp_path: Path, state_d
         assert all(n.pid for n in store.load(job_id).nodes), store.load(job_id).nodes
     finally:
         assert clusterrun("down", job_id).returncode == 0
+        # as `up` closes its job however it ends: the agents that followed the nodes to their end
+        # are kept idle for a next attempt, and this process does not exit as `up` does after a detach
+        runner.close()
 
 
 def read_slowly(proc: subprocess.Popen[bytes], interrupt_after: int | None, sig: int, pause: float = 0.005) -> bytes:
