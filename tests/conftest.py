@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 import pytest
 from click.testing import CliRunner
 
+from tests.leaks import Snapshot, agents_left, end, report
 from tests.simhosts import sim_cluster  # noqa: F401 - the simulated machines, for every test module
 from tests.slurmsim import slurm_cluster, slurm_gpu_cluster  # noqa: F401 - a real Slurm on them (test_slurm_cluster)
 
 if TYPE_CHECKING:
     from tests.agenthost import Attempt, Processes
-    from tests.leaks import Snapshot
 
 # The tests keep their compiled code (pytest's rewritten test modules and the package's bytecode, in
 # the __pycache__ folders git ignores) even where PYTHONDONTWRITEBYTECODE is set, as on the project's
@@ -204,14 +204,12 @@ def _leaks_found_where_made(request: pytest.FixtureRequest) -> Iterator[None]:
         gc.collect()
 
 
-_CALL_STARTED = pytest.StashKey["Snapshot"]()
-LEAK_REPORT = "CRTEST_LEAK_REPORT"  # a file: each test's leftovers appended to it
+_CALL_STARTED = pytest.StashKey[Snapshot]()
+LEAK_REPORT = "CRTEST_LEAK_REPORT"  # a file: each test's leftover children and threads appended to it
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    from tests.leaks import Snapshot
-
     before = Snapshot.take()
     try:
         return (yield)
@@ -221,19 +219,20 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
-    from tests.leaks import left_running
-
+    """After the test's own fixtures are torn down: a local agent its call phase started and left
+    running fails it here, not a later test of this worker once the agent ends (``tests/leaks.py``).
+    Module fixtures start theirs in setup, which is not looked at."""
     result = yield
     started = item.stash.get(_CALL_STARTED, None)
-    report = os.environ.get(LEAK_REPORT)
-    if started is not None and report:
-        kids, threads = left_running(started)
-        if kids or threads:
-            lines = [f"{item.nodeid} [pid {os.getpid()}]"]
-            lines += [f"  child {k.pid} {k.state} {k.argv}" for k in kids]
-            lines += [f"  thread {name}" for name in threads]
-            with open(report, "a") as out:
-                out.write("\n".join(lines) + "\n")
+    if started is not None:
+        if os.environ.get(LEAK_REPORT):
+            report(item.nodeid, started, os.environ[LEAK_REPORT])
+        agents = agents_left(started)
+        if agents:
+            end(agents)
+            raise AssertionError(f"{item.nodeid} left {len(agents)} local agent(s) it started running: "
+                                 f"{', '.join(a.render() for a in agents)}; close the sessions, jobs and "
+                                 f"runners it made (as `up` closes its job), or their Popens warn in a later test")
     return result
 
 

@@ -1,16 +1,23 @@
-"""What a test leaves running: the children of the test process and the threads it started in its
-call phase that are still alive once its own fixtures are torn down.
+"""What a test leaves behind: the children of the test process and the threads it started in its
+call phase that are still there once its own fixtures are torn down.
 
-A child left so is a ``Popen`` nobody waits for: the garbage collector finds it later, in whichever
-test it runs then, and pytest fails that test on the ``ResourceWarning`` (still running, its pipes
-unclosed). Found here, the leak is named by the test that made it.
+A local agent left so (``transports/local.py``: an ``AgentSession`` or a job never closed) is a
+``Popen`` nobody waits for. Once its agent ends (another test's monitor kills the sessions below
+it, which is the test process) its last reference goes, and ``Popen.__del__`` warns "still
+running" in whichever test runs then, which pytest fails. ``agents_left`` fails the test that made
+it instead; ``CRTEST_LEAK_REPORT=FILE`` lists every child and thread each test leaves, for a hunt.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from dataclasses import dataclass
-from pathlib import Path
+
+from clusterrun.agent import BOOTSTRAP
+
+REAPED_WITHIN = 10.0  # seconds: an agent killed by a job's close is reaped by its follower's thread
 
 
 @dataclass(frozen=True)
@@ -18,30 +25,70 @@ class Child:
     pid: int
     start: int  # its start time in clock ticks: a pid reused later is another process
     state: str  # /proc's one-letter state: Z is a zombie (ended, not yet waited for)
-    argv: str
+    argv: bytes
+
+    @property
+    def is_agent(self) -> bool:
+        return BOOTSTRAP.encode() in self.argv
+
+    def render(self) -> str:
+        text = self.argv.replace(b"\0", b" ").decode(errors="replace").strip()
+        return f"{self.pid} ({self.state}) {'local agent' if self.is_agent else text[:160]}"
+
+
+def _read(path: str) -> bytes:
+    """The file's bytes, read with the os module's calls: a test may have patched ``open``
+    and ``os.path`` while its call phase runs, and the snapshot at its end comes before its undoing."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+
+
+def _child_pids() -> list[int]:
+    """This process's children, of every thread (a kernel without /proc/PID/task/TID/children: by ppid)."""
+    pids: list[int] = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            pids += map(int, _read(f"/proc/self/task/{tid}/children").split())
+        except FileNotFoundError:
+            try:
+                _read(f"/proc/self/task/{tid}/stat")
+            except OSError:
+                continue  # the thread ended meanwhile
+            return _child_pids_by_parent()
+    return pids
+
+
+def _child_pids_by_parent() -> list[int]:
+    me = str(os.getpid()).encode()
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if _read(f"/proc/{name}/stat").rsplit(b")", 1)[1].split()[1] == me:
+                found.append(int(name))
+        except (OSError, IndexError):
+            continue
+    return found
 
 
 def children() -> dict[tuple[int, int], Child]:
-    """This process's children (of every thread), keyed by pid and start time."""
+    """This process's children (running, or zombies not yet waited for), keyed by pid and start time."""
     found: dict[tuple[int, int], Child] = {}
-    for listing in Path("/proc/self/task").glob("*/children"):
+    for pid in _child_pids():
         try:
-            pids = listing.read_text().split()
-        except OSError:  # the thread ended meanwhile
+            fields = _read(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()
+            argv = _read(f"/proc/{pid}/cmdline")
+        except (OSError, IndexError):  # reaped meanwhile
             continue
-        for pid in map(int, pids):
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except (OSError, IndexError):  # reaped meanwhile
-                continue
-            found[pid, int(fields[19])] = Child(pid, int(fields[19]), fields[0], argv.strip()[:200])
+        found[pid, int(fields[19])] = Child(pid, int(fields[19]), fields[0].decode(), argv)
     return found
 
 
 @dataclass
 class Snapshot:
-    """The children and threads alive when a test's call phase began."""
+    """The children and threads alive at a moment (``take``), or started after one (``started_since``)."""
 
     kids: set[tuple[int, int]]
     threads: set[threading.Thread]
@@ -51,12 +98,49 @@ class Snapshot:
         return cls(set(children()), set(threading.enumerate()))
 
     def started_since(self) -> Snapshot:
-        return Snapshot(set(children()) - self.kids, set(threading.enumerate()) - self.threads)
+        now = Snapshot.take()
+        return Snapshot(now.kids - self.kids, now.threads - self.threads)
 
 
-def left_running(started: Snapshot) -> tuple[list[Child], list[str]]:
-    """Of what a call phase started, the children still running (not zombies) and the threads alive."""
+def left(started: Snapshot) -> tuple[list[Child], list[str]]:
+    """Of what a call phase started, the children not reaped and the names of the threads alive."""
     now = children()
-    kids = [now[key] for key in sorted(started.kids) if key in now and now[key].state != "Z"]
-    threads = sorted(t.name for t in started.threads if t.is_alive())
-    return kids, threads
+    return ([now[key] for key in sorted(started.kids) if key in now],
+            sorted(t.name for t in started.threads if t.is_alive()))
+
+
+def agents_left(started: Snapshot, within: float = REAPED_WITHIN) -> list[Child]:
+    """The local agents started since ``started`` was taken that nobody has reaped ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        agents = [kid for kid in left(started)[0] if kid.is_agent]
+        if not agents or time.monotonic() > deadline:
+            return agents
+        time.sleep(0.05)
+
+
+def end(agents: list[Child]) -> None:
+    """Kill and reap the leaked ``agents`` through their ``Popen``s, pipes closed: the test that
+    leaked them fails, not the next one as well."""
+    import contextlib
+    import gc
+    import subprocess
+
+    pids = {a.pid for a in agents}
+    for proc in [o for o in gc.get_objects() if isinstance(o, subprocess.Popen) and o.pid in pids]:
+        proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout):  # stderr: its reader thread closes it at the end
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
+def report(nodeid: str, started: Snapshot, path: str) -> None:
+    """Append what the test left (if anything) to the file ``path``."""
+    kids, threads = left(started)
+    if kids or threads:
+        lines = [f"{nodeid} [pid {os.getpid()}]", *(f"  child {k.render()}" for k in kids),
+                 *(f"  thread {name}" for name in threads)]
+        with open(path, "a") as out:
+            out.write("\n".join(lines) + "\n")
