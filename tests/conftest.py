@@ -225,6 +225,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     result = yield
     started = item.stash.get(_CALL_STARTED, None)
     if started is not None:
+        del item.stash[_CALL_STARTED]
         if os.environ.get(LEAK_REPORT):
             report(item.nodeid, started, os.environ[LEAK_REPORT])
         agents = agents_left(started)

@@ -86,16 +86,22 @@ def children() -> dict[tuple[int, int], Child]:
     return found
 
 
+def _threads() -> set[tuple[int | None, str]]:
+    """The live threads by ident and name: no reference to them is kept (a thread object may hold
+    a test's sockets, which must become garbage when the test ends)."""
+    return {(t.ident, t.name) for t in threading.enumerate()}
+
+
 @dataclass
 class Snapshot:
     """The children and threads alive at a moment (``take``), or started after one (``started_since``)."""
 
     kids: set[tuple[int, int]]
-    threads: set[threading.Thread]
+    threads: set[tuple[int | None, str]]
 
     @classmethod
     def take(cls) -> Snapshot:
-        return cls(set(children()), set(threading.enumerate()))
+        return cls(set(children()), _threads())
 
     def started_since(self) -> Snapshot:
         now = Snapshot.take()
@@ -106,7 +112,7 @@ def left(started: Snapshot) -> tuple[list[Child], list[str]]:
     """Of what a call phase started, the children not reaped and the names of the threads alive."""
     now = children()
     return ([now[key] for key in sorted(started.kids) if key in now],
-            sorted(t.name for t in started.threads if t.is_alive()))
+            sorted(name for _, name in started.threads & _threads()))
 
 
 def agents_left(started: Snapshot, within: float = REAPED_WITHIN) -> list[Child]:
