@@ -114,7 +114,7 @@ def launch(a: UpArgs) -> None:
                 os._exit(EXIT_SIGNAL.get(got.get("signal", 0), 1))  # its followers may still wait on the hosts
     finally:
         printer.flush()  # status lines still held when up ends another way (an error): never lost
-        job.close()
+        runner.close()  # the current attempt's job (a restart replaced the first) and the pooled connections
     sys.exit(_exit_code(result, got))
 
 
