@@ -108,16 +108,21 @@ def clusters() -> Iterator[dict[bool, SimCluster]]:
 
 
 @pytest.fixture(params=["local-cgroup", "local-sweep", "ssh-cgroup", "ssh-sweep"])
-def place(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Place:
+def place(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Place]:
     where, how = request.param.split("-")
     cgroup = how == "cgroup"
     if where == "local":
         if not cgroup:
             monkeypatch.setenv("CLUSTERRUN_NO_CGROUP", "1")
-        return Place(request.param, LocalTransport(HostSpec(host="here", transport="local")), cgroup)
-    cluster = request.getfixturevalue("clusters")[cgroup]
-    transport = transport_for(HostSpec(host="sim1", python=sys.executable), ssh_config=str(cluster.ssh_config))
-    return Place(request.param, transport, cgroup, cluster.hosts[0])
+        found = Place(request.param, LocalTransport(HostSpec(host="here", transport="local")), cgroup)
+    else:
+        cluster = request.getfixturevalue("clusters")[cgroup]
+        transport = transport_for(HostSpec(host="sim1", python=sys.executable), ssh_config=str(cluster.ssh_config))
+        found = Place(request.param, transport, cgroup, cluster.hosts[0])
+    try:
+        yield found
+    finally:
+        found.transport.close()  # its connection (an SSH one's reader thread) ends with the test
 
 
 JOB = "hostile-1"  # each test's own (_own_job): the agent names machine-wide cgroups after it
