@@ -22,7 +22,10 @@ same hosts:
   every channel through a selector and prints complete lines); it follows beside the tails in
   the latency and flood runs, and "paramiko cat" reads the finished files beside `ssh cat`.
   Each clusterrun reader is given against it as against OpenSSH. With --paramiko-per-host the
-  latency run also has it in a process per host, as `ssh` runs: one process's cost apart.
+  latency run also has it in a process per host, as `ssh` runs: one process's cost apart. With
+  --paramiko-threads the latency and flood runs also have it read as clusterrun's controller
+  reads (a thread per channel blocking in recv, one queue, the main thread printing), once with
+  Python's switch interval and once with clusterrun's 0.5 ms: what the threads cost apart.
 - throughput, following: every writer prints LINES lines as fast as it can while `logs -f JOB`,
   the N `ssh tail -F` and "paramiko tail -F" follow; lines/s from the moment the writers are
   released to the last line read, beside the writers' own rate.
@@ -38,9 +41,11 @@ FILE is the node's log on the host, `<state_dir>/jobs/<job>/node<N>/attempt1/out
 the supervisor appends the worker's lines tagged `[rankR]:`. Every reader is started before the
 writers are released (a go-file on the shared filesystem) and has shown the writers' `ready`
 line. Needs root (namespaces); installs OpenSSH with apt when missing. Takes a few minutes.
+--profile DIR samples `up --no-tui` and the paramiko readers of one process through the latency
+run, by thread (benchmarks/_spy.py).
 
     python benchmarks/logs.py [--hosts 8] [--lines 100000] [--rate 1000] [--seconds 10] [--apart]
-                              [--paramiko-per-host]
+                              [--paramiko-per-host] [--paramiko-threads] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._pump import DONE, READY, Pump, Source  # noqa: E402
+from benchmarks._spy import Spy, split  # noqa: E402
 from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
 
 WRITER = ROOT / "benchmarks" / "_log_writer.py"
@@ -72,6 +78,9 @@ CLUSTERRUN = [PYTHON, "-m", "clusterrun"]
 WIDTH = 100  # bytes per written line, newline included (the log file adds `[rankR]:`)
 BIG = 1_000_000
 RANK = re.compile(rb"rank(\d+)")
+# --paramiko-threads: the paramiko readers in the controller's shape (benchmarks/_paramiko_tail.py)
+THREADED = {"paramiko tail -F, threads": ("--threads",),
+            "paramiko tail -F, threads, 0.5 ms switch": ("--threads", "--switch-interval", "0.0005")}
 JOB_ID = re.compile(r"clusterrun: job ([A-Za-z0-9][A-Za-z0-9._-]*): \d+ nodes")
 
 
@@ -137,9 +146,11 @@ def hosts_file(path: Path, folder: Path, cluster: SimCluster, count: int) -> Pat
 
 
 class Bench:
-    def __init__(self, cluster: SimCluster, folder: Path) -> None:
+    def __init__(self, cluster: SimCluster, folder: Path, threaded: bool = False, profile: Path | None = None) -> None:
         self.cluster = cluster
         self.folder = folder
+        self.variants = THREADED if threaded else {}  # more paramiko readers, by name: their flags
+        self.profile = profile  # where py-spy's samples of `up --no-tui` and the paramiko readers go
         self.env = dict(os.environ, XDG_STATE_HOME=str(folder / "xdg"))
         self.pump = Pump(folder / "out", self.env)
         self.jobs: list[str] = []  # started by this benchmark, for `down` if something fails
@@ -187,12 +198,16 @@ class Bench:
             tails.append(self.pump.start(f"{tag}-tail-{node}", argv, node=node, stdin=True))
         return tails
 
-    def paramiko_tail(self, hosts: Path, job: str, n: int, tag: str) -> Source:
+    def paramiko_tail(self, hosts: Path, job: str, n: int, tag: str, *flags: str) -> Source:
         """The paramiko baseline of `ssh tail -F`: the same command on the same files, every host read
-        in one thread of one process (benchmarks/_paramiko_tail.py); its lines carry their rank; it
-        ends when its stdin is closed."""
+        in one thread of one process (benchmarks/_paramiko_tail.py; ``flags``: another way); its
+        lines carry their rank; it ends when its stdin is closed."""
         commands = [tail_command(self.output_log(job, node)) for node in range(n)]
-        return self.pump.start(f"{tag}-paramiko", [PYTHON, str(PARAMIKO_READER), str(hosts), *commands], stdin=True)
+        return self.pump.start(f"{tag}-paramiko{''.join('-' + f.lstrip('-') for f in flags)}",
+                               [PYTHON, str(PARAMIKO_READER), *flags, str(hosts), *commands], stdin=True)
+
+    def paramiko_variants(self, hosts: Path, job: str, n: int, tag: str) -> dict[str, Source]:
+        return {name: self.paramiko_tail(hosts, job, n, tag, *flags) for name, flags in self.variants.items()}
 
     def paramiko_tails(self, hosts: Path, job: str, n: int, tag: str) -> list[Source]:
         """The same as ``paramiko_tail``, one process per host (as `ssh` is), for --paramiko-per-host."""
@@ -257,16 +272,24 @@ class Bench:
         raw = self.start_tails(job, n, f"paced-{tag}-raw", worker=True)
         pm = self.paramiko_tail(hosts, job, n, f"paced-{tag}")
         pms = self.paramiko_tails(hosts, job, n, f"paced-{tag}") if per_host else []
-        every = [*shown, *tails, *raw, pm, *pms]
+        variants = self.paramiko_variants(hosts, job, n, f"paced-{tag}")
+        every = [*shown, *tails, *raw, pm, *pms, *variants.values()]
         self.pump.run(lambda: all(r.marks[READY] >= (1 if r.node is not None else n) for r in every), 120,
                       "every reader to show the writers' `ready`", alive=every)
         log(f"paced ({' and '.join(readers)}): every reader is ready, {n} writers at {rate:.0f} lines/s "
             f"for {seconds:.0f} s")
+        ones = [pm, *variants.values()]  # the one-process readers of every host
+        spied = [*(source for source in shown if source.name.endswith("-up")), *ones]
+        spies = [Spy(source.proc.pid, self.profile, source.name) for source in spied] if self.profile else []
         go.touch()
         self.pump.run(lambda: all(s.end is not None for s in shown) and all(t.marks[DONE] for t in [*tails, *raw, *pms])
-                      and pm.marks[DONE] >= n, seconds + 180, "the paced job to end", alive=[*tails, *raw, pm, *pms])
-        self.stop_tails([*tails, *raw, pm, *pms])
-        log(f"paced ({' and '.join(readers)}): {self.pump.stderr(pm).strip().splitlines()[-1]}")
+                      and all(p.marks[DONE] >= n for p in ones), seconds + 180, "the paced job to end",
+                      alive=[*tails, *raw, *ones, *pms])
+        self.stop_tails([*tails, *raw, *ones, *pms])
+        for source in ones:
+            log(f"paced ({' and '.join(readers)}): {source.name}: {self.pump.stderr(source).strip().splitlines()[-1]}")
+        for spy in spies:
+            log(f"py-spy of {spy.path.name} exited {spy.wait(60)}; by thread:\n{split(spy.path)}")
         for source in shown:
             if self.pump.finish(source) != 0 and source.name.endswith("-up"):
                 raise RuntimeError(f"up --no-tui failed:\n{self.pump.stderr(source)[-3000:]}")
@@ -278,7 +301,8 @@ class Bench:
         results = {"merge (written → in output.log)": self.merged(job, n, count)}
         each_host = [("paramiko tail -F, a process per host", pms)] if pms else []
         for name, group in (("ssh tail -F (worker's stdout file)", raw), ("ssh tail -F", tails),
-                            ("paramiko tail -F", [pm]), *each_host, *((name, [source]) for name, source in named)):
+                            ("paramiko tail -F", [pm]), *((name, [v]) for name, v in variants.items()), *each_host,
+                            *((name, [source]) for name, source in named)):
             records = [r for source in group for r in parse(source)]
             lost, extra = completeness(records, range(n), count)
             delays = [read - written for _, _, written, read in records]
@@ -316,21 +340,25 @@ class Bench:
         self.wait_ready_in_files(job, n)
         tails = self.start_tails(job, n, "fast")
         pm = self.paramiko_tail(hosts, job, n, "fast")
-        self.pump.run(lambda: all(r.marks[READY] >= (1 if r.node is not None else n) for r in [follow, *tails, pm]),
-                      120, "every reader to show the writers' `ready`", alive=[follow, *tails, pm])
+        variants = self.paramiko_variants(hosts, job, n, "fast")
+        ones = [pm, *variants.values()]
+        self.pump.run(lambda: all(r.marks[READY] >= (1 if r.node is not None else n) for r in [follow, *tails, *ones]),
+                      120, "every reader to show the writers' `ready`", alive=[follow, *tails, *ones])
         log(f"fast: every reader is ready, {n} writers of {lines} lines each")
         began = time.time()
         go.touch()
-        self.pump.run(lambda: follow.end is not None and all(t.marks[DONE] for t in tails) and pm.marks[DONE] >= n,
-                      600, "the fast job to end", alive=[*tails, pm])
-        self.stop_tails([*tails, pm])
-        log(f"fast: {self.pump.stderr(pm).strip().splitlines()[-1]}")
+        self.pump.run(lambda: follow.end is not None and all(t.marks[DONE] for t in tails)
+                      and all(p.marks[DONE] >= n for p in ones), 600, "the fast job to end", alive=[*tails, *ones])
+        self.stop_tails([*tails, *ones])
+        for source in ones:
+            log(f"fast: {source.name}: {self.pump.stderr(source).strip().splitlines()[-1]}")
         self.pump.finish(follow)
         self.wait_job(job, 120)
         results: dict[str, dict[str, float]] = {}
         total = n * lines
         written_last = 0.0
-        for name, group in (("ssh tail -F", tails), ("paramiko tail -F", [pm]), ("clusterrun logs -f", [follow])):
+        for name, group in (("ssh tail -F", tails), ("paramiko tail -F", [pm]),
+                            *((name, [v]) for name, v in variants.items()), ("clusterrun logs -f", [follow])):
             records = [r for source in group for r in parse(source)]
             lost, extra = completeness(records, range(n), lines)
             last = max(read for _, _, _, read in records)
@@ -447,7 +475,7 @@ def report(args: argparse.Namespace, n: int, isolated: bool, paced: list[dict[st
     print("|---|---|---|---|---|---|---|---|")
     w = fast["writers"]
     print(f"| (the writers themselves) | {w['rate']:.0f} | {w['seconds']:.2f} | | | | | |")
-    for name in ("ssh tail -F", "paramiko tail -F", "clusterrun logs -f"):
+    for name in ("ssh tail -F", "paramiko tail -F", *(v for v in THREADED if v in fast), "clusterrun logs -f"):
         r = fast[name]
         print(f"| {name} | {r['rate']:.0f} | {r['seconds']:.2f} | {r['lag']:.2f} | {r['lost']:.0f} "
               f"| {r['extra']:.0f} | {r['rate'] / fast['ssh tail -F']['rate']:.2f} "
@@ -516,6 +544,9 @@ def main() -> None:
                         help="latency: `up --no-tui` and `logs -f` each in a run of its own beside the tails")
     parser.add_argument("--paramiko-per-host", action="store_true",
                         help="latency: paramiko's tail -F also in a process per host (as ssh), beside the one")
+    parser.add_argument("--paramiko-threads", action="store_true",
+                        help="latency and flood: paramiko's tail -F also read in clusterrun's shape (threads, a queue)")
+    parser.add_argument("--profile", type=Path, help="py-spy's samples of the latency run's up and paramiko readers")
     parser.add_argument("--skip-latency", action="store_true", help="leave out the latency run (throughput only)")
     args = parser.parse_args()
     subprocess.run(["sh", str(ROOT / "tests" / "_support" / "install_sshd.sh")], check=True, capture_output=True)
@@ -525,7 +556,7 @@ def main() -> None:
     try:
         folder = cluster.dir / "bench"
         (folder / "out").mkdir(parents=True)
-        bench = Bench(cluster, folder)
+        bench = Bench(cluster, folder, args.paramiko_threads, args.profile)
         every = hosts_file(folder / "hosts.yaml", folder, cluster, n)
         began = time.monotonic()
         rounds: list[tuple[str, ...]] = [] if args.skip_latency else [("up",), ("logs",)] if args.apart else [
