@@ -39,9 +39,11 @@ from clusterrun.transports.sshlib import paramiko  # noqa: E402
 
 STDIN = "stdin"
 QUEUED = 256  # places in the threads' queue, as the job's inbox (run/inbox.py)
+WRITTEN = [0]  # chunks written to stdout (one a host's complete lines): the CPU per chunk
 
 
 def write_all(fd: int, data: bytes) -> None:
+    WRITTEN[0] += 1
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
@@ -177,7 +179,8 @@ def main() -> int:
         split = ", ".join(f"{name} {seconds:.2f}" for name, seconds in threads.items())
         print(f"_paramiko_tail.py: cpu {used.ru_utime + used.ru_stime:.2f} s (user {used.ru_utime:.2f}, "
               f"sys {used.ru_stime:.2f}); {reading:.2f} s of it reading ({split}, paramiko's transport threads "
-              f"{reading - sum(threads.values()):.2f}), {time.monotonic() - began:.1f} s after the channels opened",
+              f"{reading - sum(threads.values()):.2f}), {WRITTEN[0]} chunks written, "
+              f"{time.monotonic() - began:.1f} s after the channels opened",
               file=sys.stderr, flush=True)
         if any(codes):
             print(f"_paramiko_tail.py: exit statuses {codes}", file=sys.stderr)
