@@ -4,12 +4,14 @@ samples of it by thread, beside each thread's CPU time.
     python benchmarks/_spy.py DIR/NAME     per group of threads (digits in their names folded):
                                            CPU seconds, and where their samples were
 
-``Spy(pid, DIR, NAME)`` runs ``py-spy record --threads --idle --native`` on the process until it
-exits (raw stacks to NAME.txt; native stacks pause the process at each sample, which slows it a
-little) and reads every thread's CPU time from /proc until then (NAME.cpu: ``tid user system``,
-the seconds used from the start to the last reading). A sample "waits for the GIL" where its
-native frames below the last Python frame hold a pthread condition wait: CPython 3.11 waits on one
-only in take_gil and drop_gil (its locks wait on semaphores, sockets in poll: "blocked").
+``Spy(pid, DIR, NAME, RATE)`` runs ``py-spy record --threads --idle --native`` on the process until
+it exits (raw stacks to NAME.txt; native stacks pause the process at each sample: at 100 a second
+that slowed an 8-host controller several times over, and each pause costs every thread system
+time) and reads every thread's CPU time from /proc until then (NAME.cpu: ``tid user system``, the
+seconds used from the start to the last reading; at RATE 1 the samples only name the threads).
+A sample "waits for the GIL" where its native frames below the last Python frame hold a pthread
+condition wait: CPython 3.11 waits on one only in take_gil and drop_gil (its locks wait on
+semaphores, sockets in poll: "blocked").
 """
 
 from __future__ import annotations
@@ -37,14 +39,14 @@ def file(path: Path, suffix: str) -> Path:
 class Spy:
     """py-spy on ``pid`` and its threads' CPU time, until the process exits: start → wait."""
 
-    def __init__(self, pid: int, folder: Path, name: str) -> None:
+    def __init__(self, pid: int, folder: Path, name: str, rate: int = 100) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.pid, self.path = pid, folder / name  # NAME.txt, .cpu, .err
         spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        argv = [spy, "record", "--pid", str(pid), "--threads", "--idle", "--native", "--rate", str(rate),
+                "--format", "raw", "--output", str(file(self.path, ".txt"))]
         with open(file(self.path, ".err"), "wb") as err:
-            self.proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--threads", "--idle", "--native",
-                                          "--format", "raw", "--output", str(file(self.path, ".txt"))],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
         self.gone = threading.Event()
         self.reader = threading.Thread(target=self._read_cpu, daemon=True, name="spy-cpu")
         self.reader.start()

@@ -41,8 +41,8 @@ FILE is the node's log on the host, `<state_dir>/jobs/<job>/node<N>/attempt1/out
 the supervisor appends the worker's lines tagged `[rankR]:`. Every reader is started before the
 writers are released (a go-file on the shared filesystem) and has shown the writers' `ready`
 line. Needs root (namespaces); installs OpenSSH with apt when missing. Takes a few minutes.
---profile DIR samples `up --no-tui` and the paramiko readers of one process through the latency
-run, by thread (benchmarks/_spy.py).
+--profile DIR samples `up --no-tui` through the latency run, by thread (benchmarks/_spy.py), at
+--profile-rate samples a second.
 
     python benchmarks/logs.py [--hosts 8] [--lines 100000] [--rate 1000] [--seconds 10] [--apart]
                               [--paramiko-per-host] [--paramiko-threads] [--profile DIR]
@@ -146,11 +146,12 @@ def hosts_file(path: Path, folder: Path, cluster: SimCluster, count: int) -> Pat
 
 
 class Bench:
-    def __init__(self, cluster: SimCluster, folder: Path, threaded: bool = False, profile: Path | None = None) -> None:
+    def __init__(self, cluster: SimCluster, folder: Path, threaded: bool = False, profile: Path | None = None,
+                 profile_rate: int = 20) -> None:
         self.cluster = cluster
         self.folder = folder
         self.variants = THREADED if threaded else {}  # more paramiko readers, by name: their flags
-        self.profile = profile  # where py-spy's samples of `up --no-tui` and the paramiko readers go
+        self.profile, self.profile_rate = profile, profile_rate  # py-spy's samples of `up --no-tui`
         self.env = dict(os.environ, XDG_STATE_HOME=str(folder / "xdg"))
         self.pump = Pump(folder / "out", self.env)
         self.jobs: list[str] = []  # started by this benchmark, for `down` if something fails
@@ -279,8 +280,8 @@ class Bench:
         log(f"paced ({' and '.join(readers)}): every reader is ready, {n} writers at {rate:.0f} lines/s "
             f"for {seconds:.0f} s")
         ones = [pm, *variants.values()]  # the one-process readers of every host
-        spied = [*(source for source in shown if source.name.endswith("-up")), *ones]
-        spies = [Spy(source.proc.pid, self.profile, source.name) for source in spied] if self.profile else []
+        spies = [Spy(source.proc.pid, self.profile, source.name, self.profile_rate) for source in shown
+                 if self.profile and source.name.endswith("-up")]
         go.touch()
         self.pump.run(lambda: all(s.end is not None for s in shown) and all(t.marks[DONE] for t in [*tails, *raw, *pms])
                       and all(p.marks[DONE] >= n for p in ones), seconds + 180, "the paced job to end",
@@ -546,7 +547,8 @@ def main() -> None:
                         help="latency: paramiko's tail -F also in a process per host (as ssh), beside the one")
     parser.add_argument("--paramiko-threads", action="store_true",
                         help="latency and flood: paramiko's tail -F also read in clusterrun's shape (threads, a queue)")
-    parser.add_argument("--profile", type=Path, help="py-spy's samples of the latency run's up and paramiko readers")
+    parser.add_argument("--profile", type=Path, help="py-spy's samples of the latency run's up --no-tui, by thread")
+    parser.add_argument("--profile-rate", type=int, default=20, help="--profile's samples a second")
     parser.add_argument("--skip-latency", action="store_true", help="leave out the latency run (throughput only)")
     args = parser.parse_args()
     subprocess.run(["sh", str(ROOT / "tests" / "_support" / "install_sshd.sh")], check=True, capture_output=True)
@@ -556,7 +558,7 @@ def main() -> None:
     try:
         folder = cluster.dir / "bench"
         (folder / "out").mkdir(parents=True)
-        bench = Bench(cluster, folder, args.paramiko_threads, args.profile)
+        bench = Bench(cluster, folder, args.paramiko_threads, args.profile, args.profile_rate)
         every = hosts_file(folder / "hosts.yaml", folder, cluster, n)
         began = time.monotonic()
         rounds: list[tuple[str, ...]] = [] if args.skip_latency else [("up",), ("logs",)] if args.apart else [
