@@ -8,7 +8,8 @@ samples of it by thread, beside each thread's CPU time.
 it exits (raw stacks to NAME.txt; native stacks pause the process at each sample: at 100 a second
 that slowed an 8-host controller several times over, and each pause costs every thread system
 time) and reads every thread's CPU time from /proc until then (NAME.cpu: ``tid user system``, the
-seconds used from the start to the last reading; at RATE 1 the samples only name the threads).
+seconds used from the start to the last reading; at RATE 1 the samples only name the threads;
+without ``native`` py-spy does not pause it, and tells no wait for the GIL).
 A sample "waits for the GIL" where its native frames below the last Python frame hold a pthread
 condition wait: CPython 3.11 waits on one only in take_gil and drop_gil (its locks wait on
 semaphores, sockets in poll: "blocked").
@@ -39,12 +40,12 @@ def file(path: Path, suffix: str) -> Path:
 class Spy:
     """py-spy on ``pid`` and its threads' CPU time, until the process exits: start → wait."""
 
-    def __init__(self, pid: int, folder: Path, name: str, rate: int = 100) -> None:
+    def __init__(self, pid: int, folder: Path, name: str, rate: int = 100, native: bool = True) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.pid, self.path = pid, folder / name  # NAME.txt, .cpu, .err
         spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-        argv = [spy, "record", "--pid", str(pid), "--threads", "--idle", "--native", "--rate", str(rate),
-                "--format", "raw", "--output", str(file(self.path, ".txt"))]
+        argv = [spy, "record", "--pid", str(pid), "--threads", "--idle", "--rate", str(rate), "--format", "raw",
+                "--output", str(file(self.path, ".txt")), "--native" if native else "--nonblocking"]
         with open(file(self.path, ".err"), "wb") as err:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
         self.gone = threading.Event()
@@ -109,7 +110,7 @@ def split(path: Path, top: int = 6) -> str:
         tid, user, system = row.split()
         cpu[names.get(int(tid), "(not sampled)")] += float(user) + float(system)
     out = []
-    for group in sorted(set(kinds) | set(cpu), key=lambda g: -cpu[g]):
+    for group in sorted(set(kinds) | {g for g, s in cpu.items() if s}, key=lambda g: -cpu[g]):
         threads = sum(1 for g in names.values() if g == group)
         seen = kinds[group]
         total, waiting, lost = sum(seen.values()), seen.pop("blocked", 0), seen.pop("unresolved", 0)

@@ -42,7 +42,7 @@ the supervisor appends the worker's lines tagged `[rankR]:`. Every reader is sta
 writers are released (a go-file on the shared filesystem) and has shown the writers' `ready`
 line. Needs root (namespaces); installs OpenSSH with apt when missing. Takes a few minutes.
 --profile DIR samples `up --no-tui` through the latency run, by thread (benchmarks/_spy.py), at
---profile-rate samples a second.
+--profile-rate samples a second (--profile-python: without native stacks nor pauses).
 
     python benchmarks/logs.py [--hosts 8] [--lines 100000] [--rate 1000] [--seconds 10] [--apart]
                               [--paramiko-per-host] [--paramiko-threads] [--profile DIR]
@@ -147,11 +147,11 @@ def hosts_file(path: Path, folder: Path, cluster: SimCluster, count: int) -> Pat
 
 class Bench:
     def __init__(self, cluster: SimCluster, folder: Path, threaded: bool = False, profile: Path | None = None,
-                 profile_rate: int = 20) -> None:
+                 profile_rate: int = 20, native: bool = True) -> None:
         self.cluster = cluster
         self.folder = folder
         self.variants = THREADED if threaded else {}  # more paramiko readers, by name: their flags
-        self.profile, self.profile_rate = profile, profile_rate  # py-spy's samples of `up --no-tui`
+        self.profile, self.profile_rate, self.native = profile, profile_rate, native  # py-spy's, of `up --no-tui`
         self.env = dict(os.environ, XDG_STATE_HOME=str(folder / "xdg"))
         self.pump = Pump(folder / "out", self.env)
         self.jobs: list[str] = []  # started by this benchmark, for `down` if something fails
@@ -280,7 +280,7 @@ class Bench:
         log(f"paced ({' and '.join(readers)}): every reader is ready, {n} writers at {rate:.0f} lines/s "
             f"for {seconds:.0f} s")
         ones = [pm, *variants.values()]  # the one-process readers of every host
-        spies = [Spy(source.proc.pid, self.profile, source.name, self.profile_rate) for source in shown
+        spies = [Spy(source.proc.pid, self.profile, source.name, self.profile_rate, self.native) for source in shown
                  if self.profile and source.name.endswith("-up")]
         go.touch()
         self.pump.run(lambda: all(s.end is not None for s in shown) and all(t.marks[DONE] for t in [*tails, *raw, *pms])
@@ -549,6 +549,7 @@ def main() -> None:
                         help="latency and flood: paramiko's tail -F also read in clusterrun's shape (threads, a queue)")
     parser.add_argument("--profile", type=Path, help="py-spy's samples of the latency run's up --no-tui, by thread")
     parser.add_argument("--profile-rate", type=int, default=20, help="--profile's samples a second")
+    parser.add_argument("--profile-python", action="store_true", help="--profile: Python stacks only, no pauses")
     parser.add_argument("--skip-latency", action="store_true", help="leave out the latency run (throughput only)")
     args = parser.parse_args()
     subprocess.run(["sh", str(ROOT / "tests" / "_support" / "install_sshd.sh")], check=True, capture_output=True)
@@ -558,7 +559,7 @@ def main() -> None:
     try:
         folder = cluster.dir / "bench"
         (folder / "out").mkdir(parents=True)
-        bench = Bench(cluster, folder, args.paramiko_threads, args.profile, args.profile_rate)
+        bench = Bench(cluster, folder, args.paramiko_threads, args.profile, args.profile_rate, not args.profile_python)
         every = hosts_file(folder / "hosts.yaml", folder, cluster, n)
         began = time.monotonic()
         rounds: list[tuple[str, ...]] = [] if args.skip_latency else [("up",), ("logs",)] if args.apart else [
