@@ -166,13 +166,14 @@ def test_dashboard_shows_a_dropped_connection_and_resumes_from_its_offset(sim_cl
 
     cluster = sim_cluster(1)
     hosts = ssh_hosts(tmp_path, cluster, [1], tmp_path / "state")
-    job = up_detached(hosts, SUPPORT / "counter.py", "300", "0.025")
+    gate = tmp_path / "gate"  # the ranks wait at line 150 for it: the job runs on at each drop, however late it is seen
+    job = up_detached(hosts, SUPPORT / "counter.py", "300", "0.025", gate)
     app = dashboard_on(job)
     drops: list[int] = []
     shown: list[str] = []
 
     async def script(app: Any, pilot: Any) -> None:
-        for at in (60, 180):
+        for at in (60, 120):
             await until(pilot, lambda a=at: app.board.nodes and app.board.nodes[0].log.count >= a, 60,
                         f"{at} lines")
             drops.append(cluster.hosts[0].drop_connections())
@@ -182,6 +183,7 @@ def test_dashboard_shows_a_dropped_connection_and_resumes_from_its_offset(sim_cl
             await until(pilot, lambda: any("reconnected" in n for n in after_loss(list(app.board.notes))), 60,
                         "reconnected")
             app.board.notes.clear()
+        gate.touch()
         await until(pilot, lambda: app.board.finished, 120, "the job's end")
         assert table_states(app) == ["succeeded"]
         assert [line for line in log_lines(app) if line.startswith("[rank")] == counter_lines(0, 300)
