@@ -268,6 +268,16 @@ class Monitor:
         if state is None or state.get("state") == "exited":
             return 0
         self.state = state
+        # A monitor that resumes watches the workers still running first: one that ends before it is
+        # watched leaves no exit code. The state names this monitor once it watches them.
+        self.exits.start()
+        for w in state.get("workers") or []:
+            if w.get("died") is None and w.get("pid") and w["pid"] not in self.workers:
+                try:
+                    self.workers[w["pid"]] = PidHandle(w["pid"])
+                except ProcessLookupError:
+                    continue
+                self.exits.watch(w["pid"])
         self.state["supervisor"] = proc_entry(os.getpid())
         self.save()
         signal.signal(signal.SIGTERM, self._on_term)
@@ -298,14 +308,6 @@ class Monitor:
         self.silence = QuietWatch(spec.get("hang_after"), state.get("quiet_since"))
         self.master_port = master_port(spec.get("argv") or [])
         self.rdzv_next = time.monotonic() + RDZV_CHECK  # torchrun cannot have joined in its first moments
-        self.exits.start()
-        for w in state.get("workers") or []:  # a monitor that resumes watches the workers still running
-            if w.get("died") is None and w.get("pid") and w["pid"] not in self.workers:
-                try:
-                    self.workers[w["pid"]] = PidHandle(w["pid"])
-                except ProcessLookupError:
-                    continue
-                self.exits.watch(w["pid"])
         tr = state.get("torchrun") or {}
         torchrun = pin(tr["pid"], tr.get("start_time")) if tr.get("pid") else None
         if torchrun is not None:
