@@ -298,11 +298,6 @@ class Printer:
             if views:
                 views[0] = views[0][written:]
 
-    def _prefixed(self, node: int, host: str, chunk: str, count: int | None = None) -> str:
-        """``chunk`` (whole lines; ``count`` of them, if known) with their prefixes."""
-        head, text, skip = self._prefix_parts(node, host, chunk, count)
-        return head + text[skip:]
-
     def _prefix_parts(self, node: int, host: str, chunk: str, count: int | None = None) -> tuple[str, str, int]:
         """``chunk`` (whole lines; ``count`` of them, if known) with their prefixes, as ``head``
         followed by ``text`` from its ``skip``-th character. Done on the whole chunk with ``str``
