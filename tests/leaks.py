@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 
 from clusterrun.agent import BOOTSTRAP
+from tests import simnet
+from tests.simnet import proc_bytes
 
 REAPED_WITHIN = 10.0  # seconds: an agent killed by a job's close is reaped by its follower's thread
 
@@ -36,50 +38,13 @@ class Child:
         return f"{self.pid} ({self.state}) {'local agent' if self.is_agent else text[:160]}"
 
 
-def _read(path: str) -> bytes:
-    """The file's bytes, read with the os module's calls: a test may have patched ``open``
-    and ``os.path`` while its call phase runs, and the snapshot at its end comes before its undoing."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.read(fd, 1 << 16)
-    finally:
-        os.close(fd)
-
-
-def _child_pids() -> list[int]:
-    """This process's children, of every thread (a kernel without /proc/PID/task/TID/children: by ppid)."""
-    pids: list[int] = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            pids += map(int, _read(f"/proc/self/task/{tid}/children").split())
-        except FileNotFoundError:
-            try:
-                _read(f"/proc/self/task/{tid}/stat")
-            except OSError:
-                continue  # the thread ended meanwhile
-            return _child_pids_by_parent()
-    return pids
-
-
-def _child_pids_by_parent() -> list[int]:
-    me = str(os.getpid()).encode()
-    found = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if _read(f"/proc/{name}/stat").rsplit(b")", 1)[1].split()[1] == me:
-                found.append(int(name))
-        except (OSError, IndexError):
-            continue
-    return found
-
-
 def children() -> dict[tuple[int, int], Child]:
     """This process's children (running, or zombies not yet waited for), keyed by pid and start time."""
     found: dict[tuple[int, int], Child] = {}
-    for pid in _child_pids():
+    for pid in simnet.children().get(os.getpid(), []):
         try:
-            fields = _read(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()
-            argv = _read(f"/proc/{pid}/cmdline")
+            fields = proc_bytes(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()
+            argv = proc_bytes(f"/proc/{pid}/cmdline")
         except (OSError, IndexError):  # reaped meanwhile
             continue
         found[pid, int(fields[19])] = Child(pid, int(fields[19]), fields[0].decode(), argv)
