@@ -49,6 +49,12 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+def whole_lines(partial: bytes, data: bytes) -> tuple[bytes, bytes]:
+    """The complete lines of ``partial`` + ``data`` (b"" if none yet), and what is left after them."""
+    cut = data.rfind(b"\n") + 1
+    return (partial + data[:cut], data[cut:]) if cut else (b"", partial + data)
+
+
 def cpu() -> float:
     """The whole process's CPU seconds so far, every thread's."""
     used = resource.getrusage(resource.RUSAGE_SELF)
@@ -92,12 +98,9 @@ def read_selecting(channels: list[paramiko.Channel], out: int) -> dict[str, floa
                 selector.unregister(key.fd)
                 open_count -= 1
                 continue
-            cut = data.rfind(b"\n") + 1
-            if cut:
-                write_all(out, partial[id(channel)] + data[:cut])
-                partial[id(channel)] = data[cut:]
-            else:
-                partial[id(channel)] += data
+            lines, partial[id(channel)] = whole_lines(partial[id(channel)], data)
+            if lines:
+                write_all(out, lines)
     return {"main": time.thread_time() - main_began}
 
 
@@ -112,12 +115,9 @@ def read_threaded(channels: list[paramiko.Channel], out: int) -> dict[str, float
         partial = b""
         try:
             while data := channel.recv(MAX_PACKET * 4):
-                cut = data.rfind(b"\n") + 1
-                if cut:
-                    inbox.put(partial + data[:cut])
-                    partial = data[cut:]
-                else:
-                    partial += data
+                lines, partial = whole_lines(partial, data)
+                if lines:
+                    inbox.put(lines)
         finally:
             used[f"reader{k}"] = time.thread_time()
             inbox.put(None)
