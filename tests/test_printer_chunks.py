@@ -134,6 +134,20 @@ def test_the_job_emits_each_chunk_with_its_lines_as_written(fake: FakeCluster) -
     assert [line for e in events for line in e.lines] == list(split_lines(written + "last line, no newline"))
 
 
+def test_a_stdout_in_utf16_has_one_byte_order_mark(tmp_path) -> None:
+    """Chunks written into a UTF-16 stream (PYTHONIOENCODING=utf-16) make one UTF-16 text: the
+    stream's byte-order mark once, not one per chunk."""
+    path = tmp_path / "out"
+    with open(path, "w", encoding="utf-16") as out:
+        printer = Printer(out=out, err=io.StringIO(), colour=False)
+        printer.set_plan(plan(1, 2))  # type: ignore[arg-type]
+        expected = ""
+        for chunk in (["first", "second"], ["thïrd"]):
+            expected += "".join(slow_line(printer, 1, "host1", line) for line in chunk)
+            printer(LogLines(1, host="host1", lines=tuple(chunk), text="\n".join(chunk) + "\n"))
+    assert path.read_bytes().decode("utf-16") == expected
+
+
 @pytest.fixture
 def fake() -> FakeCluster:
     return FakeCluster()

@@ -281,13 +281,15 @@ class Printer:
         signal interrupts part-way (Ctrl-C while a slow reader holds the pipe), and the offsets
         counted it as shown."""
         self.out.flush()  # whatever was written to it otherwise goes first
+        encoding, errors = getattr(self.out, "encoding", None) or "utf-8", getattr(self.out, "errors", None) or "strict"
         try:
             fd = self.out.fileno()
         except (OSError, ValueError):  # not a file (a test's StringIO, pytest's capture)
+            fd = -1
+        if fd < 0 or "".encode(encoding):  # UTF-16 or -32: only the stream knows its byte-order mark went out
             self.out.write(head + text[skip:])
             self.out.flush()
             return
-        encoding, errors = self.out.encoding or "utf-8", self.out.errors or "strict"
         skipped = len(text[:skip].encode(encoding, errors))
         views = [memoryview(head.encode(encoding, errors)), memoryview(text.encode(encoding, errors))[skipped:]]
         views = [view for view in views if view]
