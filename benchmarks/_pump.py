@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import selectors
 import subprocess
 import time
@@ -28,6 +29,7 @@ class Source:
     chunks: list[tuple[float, bytes]] = field(default_factory=list)
     first: float | None = None  # when the first complete line arrived
     end: float | None = None  # when stdout closed
+    cpu: float | None = None  # its user + system CPU seconds, once ended (``Pump.finish``)
     marks: dict[bytes, int] = field(default_factory=lambda: {READY: 0, DONE: 0})
     _edge: bytes = b""
 
@@ -51,6 +53,24 @@ class Source:
     @property
     def nbytes(self) -> int:
         return sum(len(data) for _, data in self.chunks)
+
+
+def _exited(pid: int, timeout: float) -> bool:
+    """Whether ``pid`` exits within ``timeout`` s; it is left unreaped (its pidfd turns readable)."""
+    fd = os.pidfd_open(pid)
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """``pid``'s own user + system CPU seconds (``/proc/PID/stat``), or None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Pump:
@@ -106,8 +126,11 @@ class Pump:
                     source.proc.stdout.close()
 
     def finish(self, source: Source, timeout: float = 30) -> int:
-        """Wait for a source's process to exit (its stdout already closed); its exit code."""
+        """Wait for a source's process to exit (its stdout already closed); its exit code. Its CPU
+        time is read (``source.cpu``) while it is a zombie: exited, not yet reaped."""
         try:
+            if source.proc.returncode is None and _exited(source.proc.pid, timeout):
+                source.cpu = _cpu_seconds(source.proc.pid)
             return source.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             source.proc.kill()

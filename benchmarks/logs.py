@@ -42,10 +42,13 @@ the supervisor appends the worker's lines tagged `[rankR]:`. Every reader is sta
 writers are released (a go-file on the shared filesystem) and has shown the writers' `ready`
 line. Needs root (namespaces); installs OpenSSH with apt when missing. Takes a few minutes.
 --profile DIR samples `up --no-tui` through the latency run, by thread (benchmarks/_spy.py), at
---profile-rate samples a second (--profile-python: without native stacks nor pauses).
+--profile-rate samples a second (--profile-python: without native stacks nor pauses). Each
+reader's CPU (its processes' user + system time, start-up included) is given beside its latency.
+--split-cpus: the hosts' processes (sshd and all it starts) on the first half of the cores, this
+process and every reader on the rest, as if the hosts were other machines; without it all share.
 
     python benchmarks/logs.py [--hosts 8] [--lines 100000] [--rate 1000] [--seconds 10] [--apart]
-                              [--paramiko-per-host] [--paramiko-threads] [--profile DIR]
+                              [--paramiko-per-host] [--paramiko-threads] [--profile DIR] [--split-cpus]
 """
 
 from __future__ import annotations
@@ -309,6 +312,9 @@ class Bench:
             delays = [read - written for _, _, written, read in records]
             results[name] = {"lines": len(records), "lost": lost, "extra": extra, "p50": percentile(delays, 0.5),
                              "p99": percentile(delays, 0.99), "max": max(delays)}
+            cpu = [source.cpu for source in group]
+            if all(c is not None for c in cpu):  # the clusterrun readers: the whole run, start-up included
+                results[name]["cpu"] = sum(c for c in cpu if c is not None)
         return results
 
     def merged(self, job: str, n: int, count: int) -> dict[str, float]:
@@ -458,16 +464,19 @@ def latency_target(results: dict[str, dict[str, float]]) -> str:
 def report(args: argparse.Namespace, n: int, isolated: bool, paced: list[dict[str, dict[str, float]]],
            fast: dict[str, dict[str, float]], big: dict[str, dict[str, float]]) -> None:
     print(f"{os.cpu_count()} cores; {n} hosts isolated in namespaces: {isolated}; one worker per node; "
-          f"lines of {WIDTH} bytes as written")
+          f"lines of {WIDTH} bytes as written" + ("; the hosts and the readers on separate cores" if args.split_cpus
+                                                  else ""))
     for results in paced:
         print(f"\n### Latency: {n} hosts × {args.rate:.0f} lines/s for {args.seconds:.0f} s, these readers at once\n")
         print("| reader | lines read | lost | shown twice | p50 (ms) | p99 (ms) | max (ms) | p99 vs ssh tail -F "
-              "| vs paramiko tail -F |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "| vs paramiko tail -F | CPU (s) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         ssh, pm = results["ssh tail -F"]["p99"], results["paramiko tail -F"]["p99"]
         for name, r in results.items():
+            cpu = f"{r['cpu']:.2f}" if "cpu" in r else ""
             print(f"| {name} | {r['lines']:.0f} | {r['lost']:.0f} | {r['extra']:.0f} | {r['p50'] * 1000:.0f} "
-                  f"| {r['p99'] * 1000:.0f} | {r['max'] * 1000:.0f} | {r['p99'] / ssh:.2f} | {r['p99'] / pm:.2f} |")
+                  f"| {r['p99'] * 1000:.0f} | {r['max'] * 1000:.0f} | {r['p99'] / ssh:.2f} | {r['p99'] / pm:.2f} "
+                  f"| {cpu} |")
     total = n * args.lines
     print(f"\n### Throughput, following: {n} hosts × {args.lines} lines as fast as they can "
           f"({total} lines), these readers at once\n")
@@ -551,10 +560,21 @@ def main() -> None:
     parser.add_argument("--profile-rate", type=int, default=20, help="--profile's samples a second")
     parser.add_argument("--profile-python", action="store_true", help="--profile: Python stacks only, no pauses")
     parser.add_argument("--skip-latency", action="store_true", help="leave out the latency run (throughput only)")
+    parser.add_argument("--split-cpus", action="store_true",
+                        help="the hosts' processes on the first half of the cores, the readers on the rest")
     args = parser.parse_args()
     subprocess.run(["sh", str(ROOT / "tests" / "_support" / "install_sshd.sh")], check=True, capture_output=True)
     n = args.hosts
+    cores = sorted(os.sched_getaffinity(0))
+    hosts_cpus, readers_cpus = set(cores[:len(cores) // 2]), set(cores[len(cores) // 2:])
+    if args.split_cpus:  # every process a host's sshd starts inherits its cores: as if the hosts were other machines
+        if not hosts_cpus:
+            parser.error("--split-cpus needs at least 2 cores")
+        os.sched_setaffinity(0, hosts_cpus)
     cluster = SimCluster.start(n)
+    if args.split_cpus:  # this process, the readers it starts and the ssh clients: the controller's machine
+        os.sched_setaffinity(0, readers_cpus)
+        log(f"hosts on cores {sorted(hosts_cpus)}, readers on cores {sorted(readers_cpus)}")
     bench = None
     try:
         folder = cluster.dir / "bench"
@@ -569,8 +589,9 @@ def main() -> None:
         if args.latency_only:
             for results in paced:
                 for name, r in results.items():
+                    cpu = f", CPU {r['cpu']:.2f} s" if "cpu" in r else ""
                     print(f"{name}: p50 {r['p50'] * 1000:.0f} ms, p99 {r['p99'] * 1000:.0f} ms, "
-                          f"max {r['max'] * 1000:.0f} ms, {r['lost']:.0f} lost, {r['extra']:.0f} twice")
+                          f"max {r['max'] * 1000:.0f} ms, {r['lost']:.0f} lost, {r['extra']:.0f} twice{cpu}")
                 print(latency_target(results))
             return
         fast = bench.fast(every, n, args.lines, args.repeat)
