@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,49 @@ def test_ps_job_shows_a_notification_that_failed(fake: FakeCluster, tmp_path: Pa
     shown = CliRunner().invoke(main, ["ps", JOB])
     assert shown.exit_code == 0, shown.output
     assert f"notification {JOB}:1:failed: exited 7: webhook said 403\n" in shown.output
+
+
+class _HeldSender:
+    """A sender's process as ``notify.start`` waits for it: it "ends" (killed) when ``ended`` is set."""
+
+    def __init__(self) -> None:
+        self.ended, self.returncode, self.pid = threading.Event(), -9, 0
+
+    def communicate(self, timeout: float | None = None) -> tuple[bytes, bytes]:
+        self.ended.wait()
+        return b"", b""
+
+
+def test_a_late_waiter_of_a_dead_sender_leaves_the_same_process_s_next_claim_alone(
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process whose sender died claims the event again; the thread that waited for the dead
+    sender, late, must not take that new claim for its own unsent one (it wrote "failed", and the
+    new sender found nothing to send)."""
+    record = _failed_job(fake, store, tmp_path, "true")
+    senders: list[_HeldSender] = []
+
+    def held(*args: object, **kwargs: object) -> _HeldSender:
+        senders.append(_HeldSender())
+        return senders[-1]
+
+    monkeypatch.setattr(notify.subprocess, "Popen", held)
+    before = set(threading.enumerate())
+    assert notify.send_due(store, record) == ["1:failed"]
+    first = [t for t in threading.enumerate() if t not in before]
+
+    def taken_by_a_dead_sender(rec: JobRecord) -> None:  # it took the claim over, ran the command, was killed
+        rec.notices["1:failed"] = dict(rec.notices["1:failed"], by=f"{2**22 + 1} 1")
+
+    store.update(JOB, taken_by_a_dead_sender)
+    assert _notice(store).orphaned
+    assert notify.send_due(store, store.load(JOB)) == ["1:failed"]  # claimed again, by this process
+    senders[0].ended.set()  # the first sender's waiter runs only now
+    for thread in first:
+        thread.join(10)
+    assert not any(t.is_alive() for t in first)
+    assert (_notice(store).state, _notice(store).tries) == ("claimed", 2)  # left to its own sender
+    second = [t for t in threading.enumerate() if t not in before and t not in first]
+    senders[1].ended.set()
+    for thread in second:  # it writes what its own sender left: done before the test's files go
+        thread.join(10)
+    assert _notice(store).state == "failed"  # its sender "died" before it took the claim over

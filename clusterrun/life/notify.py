@@ -168,6 +168,7 @@ def start(store: JobStore, record: JobRecord, event: Due, note: Callable[[str], 
         env["CLUSTERRUN_REPLACED"] = " ".join(f"{old}={new}" for old, new in swaps.items())
     argv = [sys.executable, "-m", "clusterrun", "_notify", "--root", str(store.root), record.job_id, event.key,
             process_id()]
+    claim_made = record.notices[event.key]["tries"]  # this claim: this process may claim the event again later
     try:
         with tempfile.TemporaryFile() as stdin:  # a file, not a pipe: a command that never reads it cannot block us
             stdin.write(json.dumps(dict(record_json(record), event=event.event, event_id=ident)).encode())
@@ -192,7 +193,8 @@ def start(store: JobStore, record: JobRecord, event: Due, note: Callable[[str], 
         except ClusterrunError:  # the job was removed meanwhile (`rm`), or its record cannot be read
             return
         notice = Notice.from_json(found) if found is not None else None
-        if notice is not None and notice.state == "claimed" and notice.by == process_id():  # it never took over
+        if (notice is not None and notice.state == "claimed" and notice.by == process_id()
+                and notice.tries == claim_made):  # its sender never took over
             last = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
             notice = _ended(store, record.job_id, event.key, notice.by, None,
                             f"its sender exited {proc.returncode}: {last[0]}".rstrip(": "))
