@@ -1,6 +1,8 @@
 """What users type: durations on the command line (and in the hosts file), Ctrl-C at any moment, script names."""
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,34 @@ def test_ctrl_c_while_the_command_is_imported_exits_130_without_a_traceback(monk
     with pytest.raises(SystemExit) as caught:
         entry.run()
     assert caught.value.code == 130 and capsys.readouterr().err == "clusterrun: interrupted\n"
+
+
+LOST_CTRL_C = """
+import time, weakref
+import clusterrun.__main__ as entry
+import clusterrun.cli
+
+def command():
+    class Held:
+        pass
+    def callback(ref):  # where a Ctrl-C can land: importlib's module locks have such a callback
+        raise KeyboardInterrupt
+    held = Held()
+    ref = weakref.ref(held, callback)
+    del held  # the callback runs, from C: its exception is printed and dropped
+    time.sleep(60)
+    print("not interrupted")
+
+clusterrun.cli.main = command
+entry.program()
+"""
+
+
+def test_a_ctrl_c_dropped_inside_a_callback_is_raised_again() -> None:
+    """A KeyboardInterrupt raised in a weakref's callback (Ctrl-C while `up` imports its modules)
+    is lost to the program: it is raised again, and the command exits 130 with its one line."""
+    proc = subprocess.run([sys.executable, "-c", LOST_CTRL_C], capture_output=True, text=True, timeout=30)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "clusterrun: interrupted\n")
 
 
 def test_ctrl_c_in_the_first_moments_of_up_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
