@@ -290,15 +290,16 @@ def test_lines_are_never_split_or_mixed_under_a_flood(tmp_path: Path, state_dir:
 def interrupted(argv: list[str], stuck: Callable[[], None], env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run ``argv`` (with ``env``), Ctrl-C it once ``stuck()`` returned; its exit code and stderr. A
     command still running 30 s later (far below the stalled hosts' ConnectTimeout, 300 s) fails the test."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
-    try:
-        stuck()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                          env=env) as proc:  # its pipes closed, also when it fails: not left to a later test
+        try:
+            stuck()
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return proc.returncode, err
 
 
