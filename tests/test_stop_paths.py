@@ -113,10 +113,16 @@ def hosts_file(where: Where, tmp_path: Path, state_dir: Path) -> Path:
     return ssh_hosts(tmp_path, where.cluster, [1, 1], state_dir)
 
 
-def recorded(piddir: Path, attempt: int) -> dict[str, tuple[int, int]]:
-    """Every process attempt ``attempt`` made, once both ranks are ready: name → (pid, start time)."""
-    wait_for(lambda: all((piddir / f"a{attempt}-rank{r}.ready").exists() for r in (0, 1)), 120,
-             what=f"attempt {attempt}'s hostile processes: {sorted(p.name for p in piddir.iterdir())}")
+def recorded(piddir: Path, attempt: int, job: str) -> dict[str, tuple[int, int]]:
+    """Every process attempt ``attempt`` of ``job`` made, once both ranks are ready: name → (pid,
+    start time). If they never are: what the folder holds then, and what `ps JOB` says."""
+    try:
+        wait_for(lambda: all((piddir / f"a{attempt}-rank{r}.ready").exists() for r in (0, 1)), 120,
+                 what=f"attempt {attempt}'s hostile processes")
+    except AssertionError as exc:
+        ps = clusterrun("ps", job)
+        raise AssertionError(f"{exc}; {piddir} holds {sorted(p.name for p in piddir.iterdir())}; "
+                             f"`clusterrun ps {job}` said:\n{ps.stdout}{ps.stderr}") from None
     found = {}
     for path in piddir.glob(f"a{attempt}-rank*-*/*.pid"):
         pid, started = map(int, path.read_text().split())
@@ -143,7 +149,7 @@ def stop_by(path: str, hosts: Path, piddir: Path, where: Where, state_dir: Path,
                                 stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
         job = job_id_of(proc.stderr.readline())
-        pids = recorded(piddir, 1)
+        pids = recorded(piddir, 1, job)
         if kill_supervisor:
             kill_node0_supervisor(where, state_dir, job)
         if path == "ctrl-c":
@@ -160,7 +166,7 @@ def stop_by(path: str, hosts: Path, piddir: Path, where: Where, state_dir: Path,
         assert code == (130 if path == "ctrl-c" else 1), err
         return err, pids
     job = up_detached(*args)
-    pids = recorded(piddir, 1)
+    pids = recorded(piddir, 1, job)
     if kill_supervisor:
         kill_node0_supervisor(where, state_dir, job)
     if path == "down":
@@ -170,7 +176,7 @@ def stop_by(path: str, hosts: Path, piddir: Path, where: Where, state_dir: Path,
     if path == "restart":
         again = clusterrun("restart", job)
         assert again.returncode == 0, again.stderr
-        second = recorded(piddir, 2)
+        second = recorded(piddir, 2, job)
         assert len(second) == len(pids)  # attempt 2 runs, whole
         return again.stderr, pids
     app = dashboard_on(job, tail=0)
