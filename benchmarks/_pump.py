@@ -55,9 +55,12 @@ class Source:
         return sum(len(data) for _, data in self.chunks)
 
 
-def _exited(pid: int, timeout: float) -> bool:
-    """Whether ``pid`` exits within ``timeout`` s; it is left unreaped (its pidfd turns readable)."""
-    fd = os.pidfd_open(pid)
+def exited(pid: int, timeout: float) -> bool:
+    """Whether ``pid`` (a child, left unreaped, or any other process) exits within ``timeout`` s."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # gone already
+        return True
     try:
         return bool(select.select([fd], [], [], timeout)[0])
     finally:
@@ -129,7 +132,7 @@ class Pump:
         """Wait for a source's process to exit (its stdout already closed); its exit code. Its CPU
         time is read (``source.cpu``) while it is a zombie: exited, not yet reaped."""
         try:
-            if source.proc.returncode is None and _exited(source.proc.pid, timeout):
+            if source.proc.returncode is None and exited(source.proc.pid, timeout):
                 source.cpu = _cpu_seconds(source.proc.pid)
             return source.proc.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._pump import exited  # noqa: E402
 from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
 
 WRITER = ROOT / "benchmarks" / "_watch_writer.py"
@@ -246,7 +247,10 @@ class Bench:
                             seconds, settle)
         self.close_fifos()
         attach.wait(120)
-        self.jobs.remove(job)
+        # The monitor ends with the job, unless it missed a node's end (a link lost under load): it
+        # would retry that host for ever once the hosts are gone, so ``close`` stops the job then.
+        if exited(monitor[0], 120):
+            self.jobs.remove(job)
         return rows
 
     def memory(self, lines: int, rate: float) -> list[tuple[int, float, str]]:
