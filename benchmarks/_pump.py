@@ -67,12 +67,9 @@ def exited(pid: int, timeout: float) -> bool:
         os.close(fd)
 
 
-def _cpu_seconds(pid: int) -> float | None:
-    """``pid``'s own user + system CPU seconds (``/proc/PID/stat``), or None if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
+def cpu_seconds(pid: int) -> float:
+    """``pid``'s own user + system CPU seconds (``/proc/PID/stat``); OSError if it is gone."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -133,7 +130,8 @@ class Pump:
         time is read (``source.cpu``) while it is a zombie: exited, not yet reaped."""
         try:
             if source.proc.returncode is None and exited(source.proc.pid, timeout):
-                source.cpu = _cpu_seconds(source.proc.pid)
+                with contextlib.suppress(OSError):
+                    source.cpu = cpu_seconds(source.proc.pid)
             return source.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             source.proc.kill()

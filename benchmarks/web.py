@@ -28,13 +28,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TICK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(ROOT))
 
-
-def cpu(pid: int) -> float:
-    """Seconds of CPU the process has used (user + system)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+from benchmarks._pump import cpu_seconds as cpu  # noqa: E402
 
 
 def children(pid: int) -> list[int]:
