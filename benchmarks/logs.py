@@ -313,7 +313,7 @@ class Bench:
             results[name] = {"lines": len(records), "lost": lost, "extra": extra, "p50": percentile(delays, 0.5),
                              "p99": percentile(delays, 0.99), "max": max(delays)}
             cpu = [source.cpu for source in group]
-            if all(c is not None for c in cpu):  # the clusterrun readers: the whole run, start-up included
+            if all(c is not None for c in cpu):  # every reader's processes, the whole run, start-up included
                 results[name]["cpu"] = sum(c for c in cpu if c is not None)
         return results
 
