@@ -9,7 +9,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,7 @@ from clusterrun.life import runner as runner_module
 from clusterrun.life.attempt import NextAttempt
 from clusterrun.life.recorder import new_record, refresh
 from clusterrun.life.runner import Runner
+from clusterrun.run import hangwatch as hangwatch_verdict
 from clusterrun.run.hangwatch import HangWatch, silent_since
 from clusterrun.run.orchestrator import Job
 from clusterrun.run.startwatch import StartupWatch, progress_text
@@ -288,6 +289,39 @@ def test_a_node_that_ended_was_the_jobs_last_sign_of_life() -> None:
     hung = watch.poll()
     assert hung is not None and (hung.since, hung.nodes) == (1000.0, (1,))
 
+
+
+def test_the_hang_watch_looks_at_every_node_again_only_after_a_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's loop polls after every message, log chunks too: at 64 nodes a look at every
+    node's status each time was a scan per log message. Time alone changes only an ended node's wait."""
+    looked: list[int] = []
+
+    def counted(statuses: Mapping[int, NodeStatus | None]) -> float | None:
+        looked.append(len(statuses))
+        return silent_since(statuses)
+
+    monkeypatch.setattr(hangwatch_verdict, "silent_since", counted)
+    now = [1000.0]
+    watch = HangWatch(range(64), 60.0, clock=lambda: now[0])
+    for rank in range(64):
+        watch.update(rank, _quiet(None))
+    for _ in range(100):  # log chunks: no status came
+        assert watch.poll() is None
+    assert len(looked) == 1
+    watch.update(5, _quiet(None, ended=True))
+    assert watch.poll() is None and len(looked) == 2
+    now[0] = 1030.0
+    assert watch.poll() is None and len(looked) == 3  # its end ages: looked at again
+    watch.update(0, _quiet(900.0))
+    for rank in (r for r in range(64) if r != 5):
+        watch.update(rank, _quiet(900.0))
+    now[0] = 1060.0
+    hung = watch.poll()
+    assert hung is not None and hung.since == 1000.0 and len(hung.nodes) == 63
+    looked.clear()
+    for _ in range(100):
+        assert watch.poll() is None
+    assert looked == []
 
 def _rank(rank: int, where: str, *, cpu: float, runnable: float | None = None, moved: bool | None = False) -> RankStack:
     """A rank looked at twice, its main thread's frames ``name:file:line``, innermost first."""

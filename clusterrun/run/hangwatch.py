@@ -50,9 +50,11 @@ class HangWatch:
         self.ended: dict[int, float] = {}  # when this watch saw each ended node end (its own clock)
         self.since: float | None = None
         self.nodes: tuple[int, ...] = ()  # the nodes shown hung: those that had not ended
+        self._updated = True  # a status came since the last poll: the verdict may have changed
 
     def update(self, rank: int, status: NodeStatus) -> None:
         self.statuses[rank] = status
+        self._updated = True
         if status.ended:
             self.ended.setdefault(rank, self.clock())
 
@@ -63,6 +65,11 @@ class HangWatch:
         return self.since is None and bool(self.ended)
 
     def poll(self) -> JobHung | None:
+        # The loop polls after every message, log chunks too: the verdict is looked at again (every
+        # node's status) only where a status came or time alone may change it.
+        if not (self._updated or self.waiting):
+            return None
+        self._updated = False
         since = silent_since(self.statuses)
         if since is not None and self.since is None and self.ended:
             last_end = max(self.ended.values())
