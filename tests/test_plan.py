@@ -7,11 +7,13 @@ import pytest
 from clusterrun.config.hostsfile import ClusterSpec, HostSpec
 from clusterrun.core.errors import ConfigError
 from clusterrun.run.plan import (
+    JOB_ID_SHAPE,
     HostFacts,
     build_plan,
     job_name,
     make_job_id,
     master_addr,
+    new_job_id,
     parse_env_overrides,
 )
 
@@ -100,6 +102,8 @@ def test_job_names_and_ids() -> None:
     assert job_name(None, "../") == "job"
     assert job_name(None, "benchmarks/_recover_train.py") == "recover_train"  # an agent's job id starts alphanumeric
     assert make_job_id("train", "20261122-150102", "3f9a") == "train-20261122-150102-3f9a"
+    made = new_job_id("train")  # Slurm's `ps` tells a clusterrun step from others by this shape
+    assert made.startswith("train-") and JOB_ID_SHAPE.sub("", made) == "train" and new_job_id("train") != made
 
 
 def test_env_overrides_parse_verbatim_and_reject_bad_names() -> None:

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import secrets
 import shlex
 import signal
 import socket
 import sys
-import time
 from collections.abc import Container, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
@@ -36,7 +33,7 @@ from clusterrun.core.errors import ClusterrunError, ConfigError, JobNotFound
 from clusterrun.core.events import JobResult, NodeResult, NodeState
 from clusterrun.life.attempt import record_next_attempt
 from clusterrun.life.recorder import Recorder
-from clusterrun.run.plan import LaunchPlan, job_name, make_job_id, parse_env_overrides, plan_from_json
+from clusterrun.run.plan import JOB_ID_SHAPE, LaunchPlan, job_name, new_job_id, parse_env_overrides, plan_from_json
 from clusterrun.slurm.job import (
     SRUN_MISSING,
     SlurmSession,
@@ -58,7 +55,6 @@ if TYPE_CHECKING:
     from clusterrun.slurm.run import SlurmRun
     from clusterrun.slurm.step import SlurmStep
 
-JOB_ID_SHAPE = re.compile(r"-\d{8}-\d{6}-[0-9a-f]{4}$")  # what plan.make_job_id appends to a job's name
 def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str | None, name: str | None,
                   env: tuple[str, ...], dry_run: bool, grace: float = 10.0, no_sync: bool = False,
                   no_preflight: bool = False, no_tui: bool = True, ui_lines: int = 10_000,
@@ -72,7 +68,7 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
     from clusterrun.slurm.step import build_step, launch_plan
 
     jname = job_name(name, script)
-    job_id = make_job_id(jname, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
+    job_id = new_job_id(jname)
     try:
         if script.endswith((".yaml", ".yml")):
             raise ConfigError(f"with --from-slurm the first argument is the script, not a hosts file: {script}",

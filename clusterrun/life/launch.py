@@ -10,8 +10,6 @@ command to turn into its message and exit code.
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
@@ -25,7 +23,7 @@ from clusterrun.life.gate import check_new, check_script
 from clusterrun.life.recorder import new_record
 from clusterrun.life.runner import Runner
 from clusterrun.run.orchestrator import Emit, Job, Reconnect
-from clusterrun.run.plan import MAX_NAME, LaunchPlan, job_name, make_job_id
+from clusterrun.run.plan import MAX_NAME, LaunchPlan, job_name, new_job_id
 from clusterrun.store.jobs import JobStore
 from clusterrun.store.preparing import Preparing
 from clusterrun.sync.copy import Progress, SyncReport
@@ -130,7 +128,7 @@ def first_attempt(new: NewJob, spec: ClusterSpec, transports: Sequence[Transport
             if view.holder(name) is None:
                 break
         view.note(f"{taken!r} is {held.state} (job {held.job_id}): this job is named {name!r}")
-    job_id = make_job_id(name, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
+    job_id = new_job_id(name)
     job = Job(spec, new.script, new.script_args, job_id=job_id, name=name, emit=None, env_overrides=new.overrides,
               local_cwd=new.local_cwd, grace=new.grace, reconnect=Reconnect(give_up_after=new.unreachable_timeout),
               transport_factory=made(transports), follow_logs=new.follow_logs)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import secrets
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import field
 from typing import Any
@@ -98,6 +100,14 @@ def job_name(name: str | None, script: str) -> str:
 def make_job_id(name: str, timestamp: str, suffix: str) -> str:
     """``train-20261122-150102-3f9a``: readable, sortable, unique with a random ``suffix``."""
     return f"{name}-{timestamp}-{suffix}"
+
+
+JOB_ID_SHAPE = re.compile(r"-\d{8}-\d{6}-[0-9a-f]{4}$")  # what ``new_job_id`` appends to a job's name
+
+
+def new_job_id(name: str) -> str:
+    """A new job's id: its name, the local time to the second, and 4 random hex digits."""
+    return make_job_id(name, time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(2))
 
 
 def parse_env_overrides(items: Sequence[str]) -> dict[str, str]:
