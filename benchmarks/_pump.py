@@ -1,5 +1,7 @@
 """The benchmarks' reader of many processes at once (benchmarks/logs.py): each one's stdout as it
-arrived, with the time each chunk arrived, all read in one thread so that no reader lags behind."""
+arrived, with the time each chunk arrived, all read in one thread so that no reader lags behind;
+and what they share about processes: a process's exit and CPU, the hosts kept off the controller's
+cores (``hosts_apart``)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import select
 import selectors
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +73,26 @@ def cpu_seconds(pid: int) -> float:
     """``pid``'s own user + system CPU seconds (``/proc/PID/stat``); OSError if it is gone."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def hosts_apart(split: bool) -> Iterator[str]:
+    """With ``split``, what starts inside (the simulated hosts: sshd, and all it starts inherits
+    its cores) runs on the first half of this machine's cores, and this process and what it starts
+    afterwards (the controller's side) on the rest: as if the hosts were other machines. Yields
+    the split, said in words ("" without)."""
+    if not split:
+        yield ""
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--split-cpus needs at least 2 cores")
+    hosts, readers = cores[:len(cores) // 2], cores[len(cores) // 2:]
+    os.sched_setaffinity(0, hosts)
+    try:
+        yield f"hosts on cores {hosts}, the controller's side on cores {readers}"
+    finally:
+        os.sched_setaffinity(0, readers)
 
 
 class Pump:

@@ -70,7 +70,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._pump import DONE, READY, Pump, Source  # noqa: E402
+from benchmarks._pump import DONE, READY, Pump, Source, hosts_apart  # noqa: E402
 from benchmarks._spy import Spy, split  # noqa: E402
 from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
 
@@ -565,16 +565,10 @@ def main() -> None:
     args = parser.parse_args()
     subprocess.run(["sh", str(ROOT / "tests" / "_support" / "install_sshd.sh")], check=True, capture_output=True)
     n = args.hosts
-    cores = sorted(os.sched_getaffinity(0))
-    hosts_cpus, readers_cpus = set(cores[:len(cores) // 2]), set(cores[len(cores) // 2:])
-    if args.split_cpus:  # every process a host's sshd starts inherits its cores: as if the hosts were other machines
-        if not hosts_cpus:
-            parser.error("--split-cpus needs at least 2 cores")
-        os.sched_setaffinity(0, hosts_cpus)
-    cluster = SimCluster.start(n)
-    if args.split_cpus:  # this process, the readers it starts and the ssh clients: the controller's machine
-        os.sched_setaffinity(0, readers_cpus)
-        log(f"hosts on cores {sorted(hosts_cpus)}, readers on cores {sorted(readers_cpus)}")
+    with hosts_apart(args.split_cpus) as split:  # the readers it starts and the ssh clients: the controller's side
+        cluster = SimCluster.start(n)
+    if split:
+        log(split)
     bench = None
     try:
         folder = cluster.dir / "bench"

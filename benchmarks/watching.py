@@ -16,7 +16,10 @@ beside every figure:
   rank writes LINES lines at ``--memory-rate`` lines/s (0: as fast as it can), at every million
   lines shown.
 
-    python benchmarks/watching.py [--hosts 16] [--rate 100] [--seconds 30] [--memory 10000000]
+With ``--split-cpus`` the hosts' processes run on the first half of the cores and the
+controller's on the rest, as if the hosts were other machines.
+
+    python benchmarks/watching.py [--hosts 16] [--rate 100] [--seconds 30] [--memory 10000000] [--split-cpus]
 
 Needs root (namespaces). Interrupted (Ctrl-C, SIGTERM), it stops its jobs and closes its hosts.
 """
@@ -37,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._pump import exited  # noqa: E402
+from benchmarks._pump import exited, hosts_apart  # noqa: E402
 from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
 
 WRITER = ROOT / "benchmarks" / "_watch_writer.py"
@@ -307,13 +310,16 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=15, help="seconds after the start before measuring")
     parser.add_argument("--memory", type=int, default=0, help="only the memory run: lines of one rank")
     parser.add_argument("--memory-rate", type=float, default=20_000, help="its lines/s (0: as fast as it can)")
+    parser.add_argument("--split-cpus", action="store_true",
+                        help="the hosts' processes on the first half of the cores, the controller's on the rest")
     args = parser.parse_args()
     subprocess.run(["sh", str(ROOT / "tests" / "_support" / "install_sshd.sh")], check=True, capture_output=True)
     n = 1 if args.memory else args.hosts
-    cluster = SimCluster.start(n)
+    with hosts_apart(args.split_cpus) as split:
+        cluster = SimCluster.start(n)
     bench = Bench(cluster, n)
     try:
-        log(f"{n} hosts up ({load()})")
+        log(f"{n} hosts up ({load()})" + (f"; {split}" if split else ""))
         if args.memory:
             samples = bench.memory(args.memory, args.memory_rate)
             pace = f"at {args.memory_rate:g} lines/s" if args.memory_rate else "as fast as it can"
@@ -328,7 +334,7 @@ def main() -> None:
         bench.close()
         cluster.close()
     print(f"{n} simulated hosts, one rank each; windows of {args.seconds:g} s; % of one core "
-          f"(hosts: all {n} together)\n")
+          f"(hosts: all {n} together)" + (f"; {split}" if split else "") + "\n")
     table(rows)
 
 
