@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from clusterrun.slurm.run import SlurmRun
     from clusterrun.slurm.step import SlurmStep
 
+
 def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str | None, name: str | None,
                   env: tuple[str, ...], dry_run: bool, grace: float = 10.0, no_sync: bool = False,
                   no_preflight: bool = False, no_tui: bool = True, ui_lines: int = 10_000,
