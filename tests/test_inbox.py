@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import signal
 import threading
+import time
 
 import pytest
 
@@ -117,5 +118,41 @@ def test_a_signal_handler_that_rings_wakes_the_wait_it_interrupted() -> None:
     try:
         threading.Timer(0.05, signal.pthread_kill, args=(threading.get_ident(), signal.SIGUSR1)).start()
         assert woken(inbox)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_settle_waits_its_time_while_messages_are_queued() -> None:
+    """Queued messages do not end it (a wait's would): the loop then takes them together."""
+    inbox = Inbox()
+    inbox.put((0, Link(up=True)))
+    until = time.monotonic() + 0.05
+    inbox.settle(until)
+    assert time.monotonic() >= until
+
+
+def test_a_ring_ends_a_settle_now_or_before_it_and_only_that_one() -> None:
+    inbox = Inbox()
+    threading.Timer(0.05, inbox.ring).start()
+    until = time.monotonic() + 30
+    inbox.settle(until)
+    assert time.monotonic() < until  # the ring, not the 30 s
+    inbox.ring()  # before the settle: a stop asked while the loop handled messages
+    until = time.monotonic() + 30
+    inbox.settle(until)
+    assert time.monotonic() < until
+    until = time.monotonic() + 0.05  # the rings were taken: the next settle waits its time
+    inbox.settle(until)
+    assert time.monotonic() >= until
+
+
+def test_a_signal_handler_that_rings_ends_the_settle_it_interrupted() -> None:
+    inbox = Inbox()
+    previous = signal.signal(signal.SIGUSR1, lambda *_: inbox.ring())
+    try:
+        threading.Timer(0.05, signal.pthread_kill, args=(threading.get_ident(), signal.SIGUSR1)).start()
+        until = time.monotonic() + 30
+        inbox.settle(until)
+        assert time.monotonic() < until
     finally:
         signal.signal(signal.SIGUSR1, previous)

@@ -11,6 +11,7 @@ later messages.
 The job's loop sleeps in ``wait()`` until something is queued or ``ring()`` is called (a stop, a
 detach), not in timed polls: ``ring()`` only puts on a ``queue.SimpleQueue``, whose ``put`` is
 reentrant, so a signal handler may call it even while it interrupted the loop inside the inbox.
+In a flow, ``settle()`` lets messages gather for a few milliseconds, cut short by ``ring()``.
 """
 
 from __future__ import annotations
@@ -41,10 +42,24 @@ class Inbox(queue.Queue[Item]):
         self.held = 0  # characters of log data queued
         self._budget_waits = 0  # puts of log chunks waiting for the budget (not for a place)
         self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()  # a token per message queued or ring()
+        self._rung: queue.SimpleQueue[None] = queue.SimpleQueue()  # a token per ring(): ends a settle()
 
     def ring(self) -> None:
-        """Wake ``wait()`` (safe from any thread and from signal handlers)."""
+        """Wake ``wait()`` and end ``settle()`` (safe from any thread and from signal handlers)."""
         self._bell.put(None)
+        self._rung.put(None)
+
+    def settle(self, until: float) -> None:
+        """Let more messages come until ``until`` (``time.monotonic()``), unless ``ring()`` is or
+        was called: the followers then queue without waking the caller."""
+        left = until - time.monotonic()
+        if left > 0 and self._rung.empty():
+            try:
+                self._rung.get(timeout=left)
+            except queue.Empty:
+                pass
+        while not self._rung.empty():  # a ring is for now: an earlier one must not end a later settle
+            self._rung.get_nowait()
 
     def wait(self, timeout: float | None) -> None:
         """Return once something is queued or ``ring()`` was called, or after ``timeout`` seconds."""

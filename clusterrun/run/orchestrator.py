@@ -100,6 +100,11 @@ DRAIN = 256  # messages handled at most between two rounds of the job loop's che
 # a signal that another thread took runs its handler only when the loop's thread wakes.
 TICK = 0.1
 IDLE = 0.5
+# In a flow the loop handles the messages that came within SETTLE of its last round together: each
+# of its wakes takes the interpreter lock from the followers and paramiko's readers, and a wake per
+# message cost 1.5× the CPU at 400 messages a second (docs/benchmarks.md). A stop or a detach ends
+# the wait; the first message after a pause is handled at once.
+SETTLE = 0.01
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
 
 
@@ -287,6 +292,7 @@ class Job(JobHosts):
         every_node = self.ranks == list(range(len(self._nodes)))  # a hang is the silence of all of them
         self._hang = HangWatch(self.ranks, hang) if every_node and (hang := self.spec.watch.hang_after) else None
         waiting = UnreachableWait(self.reconnect.give_up_after, self.emit)
+        drained = 0.0  # when the loop last handled what was queued (``SETTLE``)
         while not all(self._nodes[r].final is not None for r in self.ranks):
             if self._detach.is_set():
                 return None
@@ -299,7 +305,10 @@ class Job(JobHosts):
                 order, self._failed_first = self._order, self._order.after
                 stop_futures = self._stop_async(order)
             self._inbox.wait(TICK if order is not None or waiting.pending or self._timed(watch) else IDLE)
+            if order is None:
+                self._inbox.settle(drained + SETTLE)
             self._drain(order is None)
+            drained = time.monotonic()
         stops = self._stop_reports(stop_futures)
         for thread in self._threads:
             thread.join(timeout=5)
