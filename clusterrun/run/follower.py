@@ -51,10 +51,10 @@ class Reconnect:
 
 
 # The messages a second that one controller's followers may receive in all (a message costs the
-# controller 0.3-0.45 ms of CPU, docs/benchmarks.md): each node's ``follow`` reads its log at
-# most every nodes / MESSAGE_BUDGET seconds, within FOLLOW_INTERVALS (one node as soon as the
-# supervisor's merge, 64 in a bounded number of messages). A line after a pause goes at once.
-MESSAGE_BUDGET = 160.0
+# controller ~0.25-0.4 ms of CPU, docs/benchmarks.md): each node's ``follow`` reads its log at
+# most every nodes / MESSAGE_BUDGET seconds, within FOLLOW_INTERVALS (8 nodes at the supervisor's
+# merge pace, 64 in a bounded number of messages). A line after a pause goes at once.
+MESSAGE_BUDGET = 400.0
 FOLLOW_INTERVALS = (0.01, 0.5)
 
 
