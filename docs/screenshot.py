@@ -40,8 +40,8 @@ def main() -> None:
 
 
 async def shoot(job: str, target: Path) -> None:
-    from clusterrun.store.jobs import JobStore
     from clusterrun.life.session import Session
+    from clusterrun.store.jobs import JobStore
     from clusterrun.tui import Dashboard
 
     store = JobStore()
