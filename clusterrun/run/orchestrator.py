@@ -102,7 +102,7 @@ TICK = 0.1
 IDLE = 0.5
 # In a flow the loop handles the messages that came within SETTLE of its last round together: each
 # of its wakes takes the interpreter lock from the followers and paramiko's readers, and a wake per
-# message cost 1.5× the CPU at 400 messages a second (docs/benchmarks.md). A stop or a detach ends
+# message cost 1.4× the CPU at 400 messages a second (docs/benchmarks.md). A stop or a detach ends
 # the wait; the first message after a pause is handled at once.
 SETTLE = 0.01
 TAIL_READ = 200  # lines of a failed node's log read for its diagnosis when the log is not followed
