@@ -45,7 +45,9 @@ def blocked(job: str, *args: str) -> subprocess.CompletedProcess[str]:
     in their own time: asked again until they are)."""
     def ready() -> subprocess.CompletedProcess[str] | None:
         proc = stack(job, *args)
-        return proc if "wait_for_peers (barrier_rank.py" in proc.stdout and "linger (" in proc.stdout else None
+        summary = proc.stdout.split("\n", 1)[0]  # every rank's place: none still in init_process_group
+        places = {part.split(": ", 1)[-1].split(" at ")[0] for part in summary.split(" · ")}
+        return proc if places == {"barrier in wait_for_peers", "linger"} else None
 
     return wait_for(ready, timeout=120, interval=0.5, what="the ranks in the barrier")  # type: ignore[no-any-return]
 
