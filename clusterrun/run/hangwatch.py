@@ -65,8 +65,9 @@ class HangWatch:
         return self.since is None and bool(self.ended)
 
     def poll(self) -> JobHung | None:
-        # The loop polls after every message, log chunks too: the verdict is looked at again (every
-        # node's status) only where a status came or time alone may change it.
+        # The loop polls at every round, log chunks alone too (a round per message when they come
+        # sparsely): the verdict is looked at again (every node's status) only where a status came
+        # or time alone may change it.
         if not (self._updated or self.waiting):
             return None
         self._updated = False
