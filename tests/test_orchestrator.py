@@ -270,6 +270,27 @@ def test_processes_vanishing_is_evidence_too(fake: FakeCluster) -> None:
     assert result is not None and [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.LOST]
 
 
+@pytest.mark.parametrize("how", ["vanished", "rebooted"])
+def test_a_node_that_ends_unknown_during_a_stop_from_elsewhere_is_stopped_and_fails_nothing(
+        fake: FakeCluster, how: str) -> None:
+    """``down`` or a viewer's K stops the hosts itself while the owner follows, and node 0 ends with
+    its exit unknown (its supervisor was killed) or lost: the stop ended it. A fail-fast stop of the
+    owner's would kill node 1 at once, inside the grace the user's stop gives it."""
+    run = Running(fake)
+    n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    n0.stop_asked()
+    n1.stop_asked()
+    if how == "rebooted":
+        fake.host("h0").reboot()
+    else:
+        n0.vanish()
+    run.seen.wait(lambda ev: any(isinstance(e, NodeExited) and e.node == 0 for e in ev))
+    n1.exit(signal=9)  # the other controller's stop, after its grace
+    result = run.finish()
+    assert result is not None and [n.state for n in result.nodes] == [NodeState.STOPPED, NodeState.STOPPED]
+    assert not fake.ops("stop")
+
+
 def test_a_viewer_never_stops_anything(fake: FakeCluster) -> None:
     run = Running(fake, owner=False)
     n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)

@@ -94,6 +94,12 @@ class FakeNode:
             self.state = dict(self.state, progress=progress)
             self.host.cluster.changed.notify_all()
 
+    def stop_asked(self) -> None:
+        """Another controller's stop is under way here (its ``stop`` file): the agent says ``stop_requested``."""
+        with self.host.cluster.changed:
+            self.state = dict(self.state, stop_requested=True)
+            self.host.cluster.changed.notify_all()
+
     def vanish(self) -> None:
         """Its supervisor and torchrun are killed without a word (the agent then says ``lost``)."""
         with self.host.cluster.changed:
