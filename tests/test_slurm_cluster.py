@@ -271,7 +271,9 @@ def test_real_torchrun_allreduces_over_gloo_through_srun(slurm_cluster: SlurmClu
     done = _run_up(slurm_cluster, tmp_path, hosts, str(ROOT / "tests" / "_support" / "allreduce_net.py"),
                    env={"TMPDIR": str(tmp_path / "tmp")})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert not list((tmp_path / "tmp").iterdir())  # torchrun alone leaves a torchelastic_* on every node
+    # torchrun alone leaves a torchelastic_* on every node; torch's compile cache, made by an import of
+    # torch._dynamo now and then, is torch's to keep there
+    assert not [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]
     sums = re.findall(r"^node(\d) sim(\d) rank\d \| NET rank=(\d) host=(sim\d) .* sum=(\d+) expected=(\d+)$",
                       done.stdout, re.MULTILINE)
     assert sorted(sums) == [("0", "1", "0", "sim1", "10", "10"), ("0", "1", "1", "sim1", "10", "10"),

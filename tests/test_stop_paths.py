@@ -113,27 +113,37 @@ def hosts_file(where: Where, tmp_path: Path, state_dir: Path) -> Path:
     return ssh_hosts(tmp_path, where.cluster, [1, 1], state_dir)
 
 
-def recorded(piddir: Path, attempt: int, job: str) -> dict[str, tuple[int, int]]:
-    """Every process attempt ``attempt`` of ``job`` made, once both ranks are ready: name → (pid,
-    start time). If they never are: what the folder holds then, and what `ps JOB` says."""
+def ready_attempt(piddir: Path, after: int) -> int | None:
+    """The first attempt after ``after`` whose two ranks are both ready, if any."""
+    attempts = sorted({int(p.name[1:].split("-")[0]) for p in piddir.glob("a*-rank*.ready")})
+    return next((a for a in attempts if a > after
+                 and all((piddir / f"a{a}-rank{r}.ready").exists() for r in (0, 1))), None)
+
+
+def recorded(piddir: Path, job: str, after: int = 0) -> tuple[int, dict[str, tuple[int, int]]]:
+    """The first attempt of ``job`` after ``after`` whose ranks are both ready, and every process it made:
+    name → (pid, start time). An attempt whose start failed and was retried at once (its master port
+    taken meanwhile by another test's job: "Address already in use") is passed over. If none is
+    ready: what the folder holds then, and what `ps JOB` says."""
     try:
-        wait_for(lambda: all((piddir / f"a{attempt}-rank{r}.ready").exists() for r in (0, 1)), 120,
-                 what=f"attempt {attempt}'s hostile processes")
+        wait_for(lambda: ready_attempt(piddir, after) is not None, 120, what=f"the hostile processes of {job}")
     except AssertionError as exc:
         ps = clusterrun("ps", job)
         raise AssertionError(f"{exc}; {piddir} holds {sorted(p.name for p in piddir.iterdir())}; "
                              f"`clusterrun ps {job}` said:\n{ps.stdout}{ps.stderr}") from None
+    attempt = ready_attempt(piddir, after)
+    assert attempt is not None
     found = {}
     for path in piddir.glob(f"a{attempt}-rank*-*/*.pid"):
         pid, started = map(int, path.read_text().split())
         found[f"{path.parent.name}-{path.stem}"] = (pid, started)
     assert len(found) == 2 * 23, sorted(found)  # per rank: itself, 4 kinds' mains, 3 children, 15 of the storm
-    return found
+    return attempt, found
 
 
-def kill_node0_supervisor(where: Where, state_dir: Path, job: str) -> None:
-    sup = host_state(state_dir, job, 0)["survivor"]  # torchrun's parent, the subreaper: the harder fault
-    supervisor = {"a1-rank0-supervisor": (sup["pid"], sup["start_time"])}
+def kill_node0_supervisor(where: Where, state_dir: Path, job: str, attempt: int) -> None:
+    sup = host_state(state_dir, job, 0, attempt)["survivor"]  # torchrun's parent, the subreaper: the harder fault
+    supervisor = {f"a{attempt}-rank0-supervisor": (sup["pid"], sup["start_time"])}
     where.kill(supervisor)
     wait_for(lambda: not where.alive(supervisor), 10, what="node 0's supervisor to die")
 
@@ -141,34 +151,41 @@ def kill_node0_supervisor(where: Where, state_dir: Path, job: str) -> None:
 def stop_by(path: str, hosts: Path, piddir: Path, where: Where, state_dir: Path,
             kill_supervisor: bool = False) -> tuple[str, dict[str, tuple[int, int]]]:
     """Start the hostile job, stop it by ``path`` (after SIGKILLing node 0's supervisor, with
-    ``kill_supervisor``); what the controller said, and attempt 1's processes."""
+    ``kill_supervisor``); what the controller said of it, and the processes of the attempt it stopped."""
     args = ["--grace", "1", hosts, SUPPORT / "hostile_all.py", piddir]
     if path in ("ctrl-c", "fail-fast"):
         extra = ["fail", "1"] if path == "fail-fast" else []
         proc = subprocess.Popen(up_argv(*args, *extra), cwd=ROOT, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
-        job = job_id_of(proc.stderr.readline())
-        pids = recorded(piddir, 1, job)
-        if kill_supervisor:
-            kill_node0_supervisor(where, state_dir, job)
-        if path == "ctrl-c":
-            proc.send_signal(signal.SIGINT)
-        else:
-            (piddir / "fail").touch()
         try:
-            code = proc.wait(timeout=120)  # its stderr is a few lines: the pipe does not fill
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
+            job = job_id_of(proc.stderr.readline())
+            attempt, pids = recorded(piddir, job)
+            if kill_supervisor:
+                kill_node0_supervisor(where, state_dir, job, attempt)
+            if path == "ctrl-c":
+                proc.send_signal(signal.SIGINT)
+            else:
+                (piddir / "fail").touch()
+            try:
+                code = proc.wait(timeout=120)  # its stderr is a few lines: the pipe does not fill
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         err = proc.stderr.read()
         proc.stderr.close()
         assert code == (130 if path == "ctrl-c" else 1), err
+        if attempt > 1:  # what the failed start said is not this stop's
+            err = err[err.index(f"started attempt {attempt}"):]
         return err, pids
     job = up_detached(*args)
-    pids = recorded(piddir, 1, job)
+    attempt, pids = recorded(piddir, job)
     if kill_supervisor:
-        kill_node0_supervisor(where, state_dir, job)
+        kill_node0_supervisor(where, state_dir, job, attempt)
     if path == "down":
         down = clusterrun("down", job)
         assert down.returncode == 0, down.stderr
@@ -176,7 +193,7 @@ def stop_by(path: str, hosts: Path, piddir: Path, where: Where, state_dir: Path,
     if path == "restart":
         again = clusterrun("restart", job)
         assert again.returncode == 0, again.stderr
-        second = recorded(piddir, 2, job)
+        _, second = recorded(piddir, job, after=attempt)
         assert len(second) == len(pids)  # attempt 2 runs, whole
         return again.stderr, pids
     app = dashboard_on(job, tail=0)
@@ -205,7 +222,7 @@ def test_every_stop_path_stops_every_hostile_process_and_says_which_guarantee_he
         said, pids = stop_by(path, hosts, piddir, where, state_dir, kill_supervisor=killed)
         # What a sweep may not see: the escapee, once no supervisor (a subreaper) holds it in the tree —
         # unless the supervisor had recorded its session before it was killed.
-        unseen = {n for n in pids if n.startswith("a1-rank0-escape-escape-")} if killed and not where.cgroup else set()
+        unseen = {n for n in pids if "-rank0-escape-escape-" in n} if killed and not where.cgroup else set()
         assert set(where.alive(pids)) <= unseen, said
         # the node whose rank failed is killed at once with the others where it has a cgroup; else its
         # torchrun ends by itself (its supervisor contained what torchrun left)
