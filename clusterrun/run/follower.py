@@ -73,16 +73,16 @@ def split_lines(data: str) -> tuple[str, ...]:
 
 def node_state_of(status: NodeStatus, stop_sent: bool = False) -> NodeState:
     """A node's state from what its agent reports of its state file."""
-    stopped = stop_sent or status.stop_requested
     if status.state is HostState.LOST or status.exit_unknown:  # not a failure of torchrun: nobody knows
-        return NodeState.STOPPED if stopped else NodeState.LOST  # ended during a stop: the stop's doing
+        # Ended after a stop reached its host (the host says so): the stop's doing, whoever sent it
+        return NodeState.STOPPED if status.stop_requested else NodeState.LOST
     if status.state is HostState.ABSENT:
         return NodeState.PENDING
     if status.state is not HostState.EXITED:
         return NodeState.STARTING if status.state is HostState.STARTING else NodeState.RUNNING
     if status.exit_code == 0 and not status.error:
         return NodeState.SUCCEEDED
-    if stopped:
+    if stop_sent or status.stop_requested:
         return NodeState.STOPPED
     return NodeState.FAILED
 
