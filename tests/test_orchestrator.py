@@ -32,7 +32,7 @@ from clusterrun.core.events import (
 )
 from clusterrun.life.runner import stop_for
 from clusterrun.run import orchestrator
-from clusterrun.run.follower import FOLLOW_INTERVALS, MESSAGE_BUDGET, Node, follow_interval
+from clusterrun.run.follower import BUDGET_NODES, FOLLOW_INTERVALS, MESSAGE_BUDGET, Node, follow_interval
 from clusterrun.run.inbox import Inbox
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.transports.fake import FakeCluster
@@ -391,11 +391,15 @@ def test_a_viewer_resuming_gets_the_lines_before_its_resume_point_once_as_scroll
 
 
 def test_the_controller_shares_its_message_budget_among_the_nodes_it_follows() -> None:
-    """One node is read as often as the supervisor merges; many share a bounded number of
-    messages a second, each node read at most twice a second."""
+    """One node is read as often as the supervisor merges; up to BUDGET_NODES share a bounded
+    number of messages a second, more nodes fewer (200 for 64); each node is read at most twice a
+    second."""
     assert follow_interval(1) == FOLLOW_INTERVALS[0] < follow_interval(8)
-    assert follow_interval(8) == 8 / MESSAGE_BUDGET < follow_interval(16) < follow_interval(64)
-    assert 64 / follow_interval(64) == pytest.approx(MESSAGE_BUDGET)
+    assert follow_interval(8) == 8 / MESSAGE_BUDGET < follow_interval(BUDGET_NODES) < follow_interval(64)
+    assert BUDGET_NODES / follow_interval(BUDGET_NODES) == pytest.approx(MESSAGE_BUDGET)
+    assert 64 / follow_interval(64) == pytest.approx(MESSAGE_BUDGET / 2)
+    intervals = [follow_interval(n) for n in range(1, 200)]
+    assert intervals == sorted(intervals) and all(n / i <= MESSAGE_BUDGET for n, i in enumerate(intervals, 1))
     assert follow_interval(1000) == FOLLOW_INTERVALS[1]
 
 

@@ -7,6 +7,7 @@ byte offset reached. Only ``Job.run()`` reads the inbox and changes the node's s
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -51,16 +52,20 @@ class Reconnect:
 
 
 # The messages a second that one controller's followers may receive in all (a message costs the
-# controller ~0.25-0.4 ms of CPU, docs/benchmarks.md): each node's ``follow`` reads its log at
-# most every nodes / MESSAGE_BUDGET seconds, within FOLLOW_INTERVALS (8 nodes at the supervisor's
-# merge pace, 64 in a bounded number of messages). A line after a pause goes at once.
+# controller ~0.25-0.4 ms of CPU, docs/benchmarks.md): MESSAGE_BUDGET for up to BUDGET_NODES nodes,
+# fewer beyond (√(BUDGET_NODES / nodes) of it: 200 for 64; at 400, 64 nodes on 2 shared cores fell
+# seconds behind ``ssh tail -F``). Each node's ``follow`` reads its log at most every nodes / budget
+# seconds, within FOLLOW_INTERVALS (one node at the supervisor's merge pace). A line after a pause
+# goes at once.
 MESSAGE_BUDGET = 400.0
+BUDGET_NODES = 16
 FOLLOW_INTERVALS = (0.01, 0.5)
 
 
 def follow_interval(nodes: int) -> float:
     """The least time between two log messages of each of ``nodes`` followed nodes."""
-    return min(max(nodes / MESSAGE_BUDGET, FOLLOW_INTERVALS[0]), FOLLOW_INTERVALS[1])
+    budget = MESSAGE_BUDGET * min(1.0, math.sqrt(BUDGET_NODES / max(nodes, 1)))
+    return min(max(nodes / budget, FOLLOW_INTERVALS[0]), FOLLOW_INTERVALS[1])
 
 
 def split_lines(data: str) -> tuple[str, ...]:
