@@ -108,13 +108,18 @@ def test_a_flow_is_read_in_batches_of_the_interval_asked_for_and_loses_and_repea
     real_sleep, here = agent_follow.time.sleep, threading.current_thread()
     monkeypatch.setattr(agent_follow.time, "sleep",
                         lambda s: (slept.append(s) if threading.current_thread() is here else None, real_sleep(s)))
-    lines = [f"line {i}\n".encode() for i in range(300)]
+    lines: list[bytes] = []
 
     def a_flow_then_the_end() -> None:  # a write each: inotify wakes follow at every one
         wait_for(lambda: watched(attempt.folder), timeout=30, what="follow to watch the attempt's directory")
         with open(log, "ab", buffering=0) as f:
-            for line in lines:
-                f.write(line)
+            # Until follow has waited in the flow: a new state is read at once, so the end written
+            # earlier would leave it nothing to wait for
+            for i in range(100_000):
+                if i >= 300 and slept:
+                    break
+                lines.append(f"line {i}\n".encode())
+                f.write(lines[-1])
         write_json_atomic(str(attempt.folder / "state.json"), dict(state, state="exited", exit_code=0))
 
     writer = threading.Thread(target=a_flow_then_the_end)
