@@ -113,7 +113,9 @@ def test_with_its_survivor_and_monitor_killed_a_node_whose_ranks_exited_0_succee
     """A real gloo job: node 0's survivor and monitor are SIGKILLed while its ranks wait at a gate;
     the agent that follows it starts another monitor, which watches the ranks end. Nobody reaped
     torchrun, yet every rank exited 0: node 0 `succeeded`, `exit code 0` with how that was learned."""
-    hosts = write_hosts(tmp_path, [2, 1], state_dir)
+    # A rank's exit is read while it is a zombie, until torchrun reaps it at its monitor's next look:
+    # every 2 s here, not 0.1, so that the new monitor's reader is in time on a loaded machine
+    hosts = write_hosts(tmp_path, [2, 1], state_dir, extra="env:\n  PET_MONITOR_INTERVAL: '2'\n")
     gate = tmp_path / "gate"
     job = up_detached(hosts, SUPPORT / "progress_train.py", "examples", "20", gate)
     log = attempt_dir(state_dir, job, 0) / "output.log"
