@@ -126,13 +126,11 @@ def recorded(piddir: Path, job: str, after: int = 0) -> tuple[int, dict[str, tup
     taken meanwhile by another test's job: "Address already in use") is passed over. If none is
     ready: what the folder holds then, and what `ps JOB` says."""
     try:
-        wait_for(lambda: ready_attempt(piddir, after) is not None, 120, what=f"the hostile processes of {job}")
+        attempt: int = wait_for(lambda: ready_attempt(piddir, after), 120, what=f"the hostile processes of {job}")
     except AssertionError as exc:
         ps = clusterrun("ps", job)
         raise AssertionError(f"{exc}; {piddir} holds {sorted(p.name for p in piddir.iterdir())}; "
                              f"`clusterrun ps {job}` said:\n{ps.stdout}{ps.stderr}") from None
-    attempt = ready_attempt(piddir, after)
-    assert attempt is not None
     found = {}
     for path in piddir.glob(f"a{attempt}-rank*-*/*.pid"):
         pid, started = map(int, path.read_text().split())
