@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -87,6 +88,27 @@ if [ -n "$passwd" ]; then mount --bind "$passwd" /etc/passwd; fi
 if [ -n "$boot_id" ]; then mount --bind "$boot_id" /proc/sys/kernel/random/boot_id; fi
 exec "$sshd" -D -e -f "$config"
 """
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, then raise the first one that came: their exception
+    raised inside ``Popen``, after the fork, would leave the child running where no ``close`` can find it."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread runs handlers
+        yield
+        return
+    came: list[int] = []
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    held = {signum: handler for signum, handler in before.items() if handler is not None}  # None: set in C
+    for signum in held:
+        signal.signal(signum, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+        if came:
+            signal.raise_signal(came[0])
 
 
 @dataclass
@@ -380,7 +402,7 @@ class SimCluster:
                     str(boot_id or ""), *filter(os.path.isfile, WIPED_LOGS), *self.hide]
         else:
             argv = [SSHD, "-D", "-e", "-f", str(folder / "sshd_config")]
-        with open(host.log, "wb") as log:
+        with open(host.log, "wb") as log, _signals_held():
             host._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                           start_new_session=True)
         host.pid = 0 if netns else host._proc.pid

@@ -246,6 +246,35 @@ def test_loopback_fallback_serves_every_host_on_its_own_port(sim_cluster: Make) 
     assert processes_mentioning(str(folder)) == []
 
 
+def test_a_signal_while_a_host_starts_leaves_no_host_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGHUP that comes just after sshd's fork, before Popen returned (a benchmark's close_on_signals)."""
+    launched: list[subprocess.Popen[bytes]] = []
+    real = subprocess.Popen
+
+    def popen(argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+        proc = real(argv, **kwargs)  # type: ignore[call-overload]
+        if argv[:2] == [SSHD, "-D"]:  # a host's sshd, not a version check
+            launched.append(proc)
+            signal.raise_signal(signal.SIGHUP)  # runs the handler now, as a signal during Popen's wait would
+        return proc
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    before = signal.signal(signal.SIGHUP, leave)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            SimCluster.start(2, isolated=False)
+    finally:
+        signal.signal(signal.SIGHUP, before)
+        for proc in launched:
+            if proc.poll() is None:
+                proc.kill()
+    assert ended.value.code == 128 + signal.SIGHUP
+    assert len(launched) == 1 and launched[0].returncode == -signal.SIGKILL  # killed by close, not by the finally
+
+
 def test_leftovers_of_a_crashed_run_are_swept(tmp_path: Path) -> None:
     if namespace_problem():
         unavailable(f"namespaces not permitted here: {namespace_problem()}")
