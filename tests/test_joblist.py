@@ -21,7 +21,7 @@ import pytest
 
 from clusterrun.core.events import JobState, NodeState
 from clusterrun.store.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
-from clusterrun.views.joblist import RECENT, shown
+from clusterrun.views.joblist import RECENT, shown, stop_guarantee
 from tests import clirun
 from tests.conftest import ROOT, write_hosts
 
@@ -81,6 +81,14 @@ def test_the_recent_window_is_pure() -> None:
     assert [r.job_id for r in shown(records, now)[0]] == ["a-1", "b-1"] and shown(records, now)[1] == 1
     assert len(shown(records, now, show_all=True)[0]) == 3
     assert [r.job_id for r in shown(records, now, states=["failed"])[0]] == ["b-1", "c-1"]
+
+
+def test_a_hosts_stop_guarantee_says_what_a_stop_will_rest_on() -> None:
+    """The one wording of `up --dry-run`, `ps JOB` and the web page."""
+    assert stop_guarantee([]) == ["a stop is verified by the attempt's cgroup"]
+    lines = stop_guarantee(["no cgroup: cgroup2 is not mounted", "no pidfd: Python 3.8"])
+    assert lines[0].startswith("a stop sweeps (no cgroup: ") and "verified" not in lines[0]
+    assert lines[1:] == ["fallback: no cgroup: cgroup2 is not mounted", "fallback: no pidfd: Python 3.8"]
 
 
 def test_ps_shows_unfinished_and_recently_ended_jobs_by_default(jobs: dict[str, str]) -> None:

@@ -661,14 +661,14 @@ def test_dry_run_ps_and_down_say_which_guarantee_holds(tmp_path: Path, state_dir
     assert re.findall(r"^\d\s+local-\w\s+(\w+)\s+\d+\s+(\S+)", after.stdout, re.M) == [("stopped", "SIGTERM")] * 2, \
         after.stdout
     if cgroup:
-        assert dry.stdout.count("  stop: verified by the attempt's cgroup") == 2, dry.stdout
-        assert ps.stdout.count(": stop: verified by the attempt's cgroup") == 2, ps.stdout
+        assert dry.stdout.count("  a stop is verified by the attempt's cgroup") == 2, dry.stdout
+        assert ps.stdout.count(": a stop is verified by the attempt's cgroup") == 2, ps.stdout
         assert down.stderr.count("nothing left (verified by cgroup)") == 2, down.stderr
         assert f"job {job} stopped; nothing of it is left on any host (verified by cgroup)" in down.stderr
     else:
-        assert dry.stdout.count("  stop: a sweep (no cgroup") == 2, dry.stdout
+        assert dry.stdout.count("  a stop sweeps (no cgroup") == 2, dry.stdout
         assert dry.stdout.count("fallback: no cgroup: cgroups turned off on this host (CLUSTERRUN_NO_CGROUP") == 2
-        assert ps.stdout.count(": stop: a sweep (no cgroup") == 2, ps.stdout
+        assert ps.stdout.count(": a stop sweeps (no cgroup") == 2, ps.stdout
         assert "verified" not in down.stderr and "nothing of it is left" not in down.stderr, down.stderr
         # one short line per host; what it means without a cgroup once, not again in the job's line
         assert down.stderr.count("processes that left the job's tree, session and environment could not be seen") == 1

@@ -12,16 +12,12 @@ from clusterrun.cli import EXIT_USAGE, _fail, _note
 from clusterrun.core.errors import ConfigError, DamagedRecord, JobNotFound, StateError
 from clusterrun.store.jobs import JobRecord, JobStore, is_slurm
 from clusterrun.store.opened import Opened
+from clusterrun.views.joblist import stop_guarantee
 
 
 def _guarantee(fallbacks: Sequence[str], prefix: str = "  ") -> str:
-    """How a stop will be verified on a host, and what else it lacks (from its probe or status)."""
-    if any(f.startswith("no cgroup") for f in fallbacks):
-        text = (f"{prefix}stop: a sweep (no cgroup: processes that leave the job's tree, session and "
-                "environment cannot be seen)")
-    else:
-        text = f"{prefix}stop: verified by the attempt's cgroup"
-    return text + "".join(f"\n{prefix}fallback: {f}" for f in fallbacks)
+    """How a stop will be verified on a host, and what else it lacks, each line after ``prefix``."""
+    return "\n".join(prefix + line for line in stop_guarantee(fallbacks))
 
 
 HOSTS_HELP = ("Also find the jobs on the hosts of HOSTS.yaml (their state dirs) and adopt those this machine has no "

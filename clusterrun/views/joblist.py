@@ -181,6 +181,16 @@ def job_json(record: JobRecord, hosts: Mapping[int, Mapping[str, Any]] | None = 
     return document
 
 
+def stop_guarantee(fallbacks: Sequence[str]) -> list[str]:
+    """How a stop will be verified on a host, then what else the host lacks (its probe's or status's fallbacks)."""
+    if any(f.startswith("no cgroup") for f in fallbacks):
+        first = ("a stop sweeps (no cgroup: processes that leave the job's tree, session and environment "
+                 "cannot be seen)")
+    else:
+        first = "a stop is verified by the attempt's cgroup"
+    return [first, *(f"fallback: {f}" for f in fallbacks)]
+
+
 def history_rows(record: JobRecord, now: float) -> list[tuple[str, ...]]:
     """``ps JOB``'s table of the job's attempts: when each started, for how long it ran, how it
     ended, who restarted it (the policy, the start-up retry, ``on_hang``, the user) and its root cause."""

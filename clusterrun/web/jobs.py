@@ -27,7 +27,7 @@ from clusterrun.slurm.job import refresh as slurm_refresh
 from clusterrun.store.jobjson import progress_of
 from clusterrun.store.jobs import JobRecord, JobStore, is_slurm
 from clusterrun.store.opened import Opened
-from clusterrun.views.joblist import job_state_text, jobs_json, shown, training_text
+from clusterrun.views.joblist import job_state_text, jobs_json, shown, stop_guarantee, training_text
 from clusterrun.views.printer import stop_caveat, stop_text
 
 SEARCH_LIMIT = 500  # matching lines a search shows (the last ones)
@@ -102,12 +102,7 @@ def job_view(jobs: Opener, job_id: str) -> dict[str, Any]:
         if answer.get("records_gone"):
             notes.setdefault(rank, []).append(safe(str(answer["state"].get("error")), colour=False))
             continue
-        fallbacks = list(answer.get("fallbacks") or ())
-        sweep = any(f.startswith("no cgroup") for f in fallbacks)
-        notes.setdefault(rank, []).append(
-            "stop: a sweep (no cgroup: processes that leave the job's tree, session and environment cannot be seen)"
-            if sweep else "stop: verified by the attempt's cgroup")
-        notes[rank] += [f"fallback: {f}" for f in fallbacks]
+        notes.setdefault(rank, []).extend(stop_guarantee(answer.get("fallbacks") or ()))
         if answer.get("degraded"):
             notes[rank].append(f"degraded: {answer['degraded']}")
     document["notes"] = {str(rank): lines for rank, lines in sorted(notes.items())}
