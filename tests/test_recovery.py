@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from clusterrun.config.restarts import RestartPolicy
 from clusterrun.core import timings
 from clusterrun.core.events import AttemptTimed, Event, NodeState, NodeStateChanged, RankFailed
 from clusterrun.life import lifecycle
-from clusterrun.life.runner import Runner
+from clusterrun.life.runner import Clock, Runner
 from clusterrun.store.jobs import JobStore
 from clusterrun.transports import Transport
 from clusterrun.transports.fake import FakeCluster, FakeTransport
@@ -31,12 +32,29 @@ from tests.test_runner import fake, follow_in_thread, owned_job, store  # noqa: 
 GPU_HOSTS = "hosts:\n  - host: h0\n    nproc: 1\n    gpus: 1\n  - host: h1\n    nproc: 1\n    gpus: 1\n"
 
 
+class Skipping:
+    """Wall-clock time that a backoff's wait moves forward instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        self.ahead += seconds
+        return event.is_set()
+
+    def clock(self) -> Clock:
+        return Clock(now=lambda: time.time() + self.ahead, wait=self.wait, poll=60.0, show=120.0)
+
+
 def running_pair(fake: FakeCluster, store: JobStore, tmp_path: Path, events: list[Event], *,  # noqa: F811
-                 restarts: int = 0) -> tuple[Runner, FakeNode, FakeNode]:
-    """Both nodes of a two-node job started their workers, in cgroups; followed by its owner."""
+                 restarts: int = 0, backoff: float = 0.0) -> tuple[Runner, FakeNode, FakeNode]:
+    """Both nodes of a two-node job started their workers, in cgroups; followed by its owner. A
+    ``backoff`` is waited out on a clock that moves on at once (``Skipping``)."""
     runner = owned_job(fake, store, tmp_path, events)
     runner._spec = load_cluster_text(GPU_HOSTS, "hosts.yaml")  # as if the hosts file declared GPUs
-    runner.policy = RestartPolicy(max=restarts, backoff_first=0.0, backoff_most=0.0)
+    runner.policy = RestartPolicy(max=restarts, backoff_first=backoff, backoff_most=backoff)
+    if backoff:
+        runner.clock = Skipping().clock()
     a0, a1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
     for rank, node in enumerate((a0, a1)):
         node.contained = True
@@ -79,11 +97,12 @@ def test_a_failed_node_without_a_cgroup_ends_on_its_own(
     runner.close()
 
 
+@pytest.mark.parametrize("backoff", [0.0, 30.0])
 def test_a_restart_after_a_verified_stop_stops_nothing_again_and_checks_only_reach_and_port(
-        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:  # noqa: F811
+        fake: FakeCluster, store: JobStore, tmp_path: Path, backoff: float) -> None:  # noqa: F811
     events: list[Event] = []
     timed = threading.Event()
-    runner, a0, a1 = running_pair(fake, store, tmp_path, events, restarts=1)
+    runner, a0, a1 = running_pair(fake, store, tmp_path, events, restarts=1, backoff=backoff)
     runner.subscribe(lambda e: timed.set() if isinstance(e, AttemptTimed) and e.attempt == 2 else None)
     thread, _ = follow_in_thread(runner)
     a1.fail_rank(1)
@@ -99,10 +118,11 @@ def test_a_restart_after_a_verified_stop_stops_nothing_again_and_checks_only_rea
     runner.request_stop("done")
     thread.join(10)
     phases = store.load(JOB).attempts[1].phases or {}
-    assert set(phases) == set(timings.ATTEMPT_PHASES)
-    assert sorted(phases.values()) == [phases[p] for p in timings.ATTEMPT_PHASES]
+    expected = [p for p in timings.ATTEMPT_PHASES if backoff or p != "waited"]  # a backoff's end, once it waited
+    assert set(phases) == set(expected) and sorted(phases.values()) == [phases[p] for p in expected]
     lines = phase_lines(store.load(JOB))
     assert lines[-1].startswith("attempt 2: failure seen → stopped ") and "every node joined" in lines[-1]
+    assert (" → backoff over " in lines[-1]) == bool(backoff)  # else the checks' phase would hold the wait
     runner.close()
 
 

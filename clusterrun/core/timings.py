@@ -19,8 +19,9 @@ An attempt's own phases, as its record keeps them (``AttemptRecord.phases``, wal
 ``ps JOB`` and ``up --timings`` show them (``phases_text``), are ``ATTEMPT_PHASES``: every attempt's
 ``started`` (every node's torchrun started) and ``joined`` (every node started its workers:
 torchrun's rendezvous completed); a restart of a failed attempt's also ``failed`` (its owner saw a
-node of the last attempt fail), ``stopped`` (every node of it ended or was stopped, verified) and
-``checked`` (the next attempt's checks passed). A restart's are counted from ``failed``.
+node of the last attempt fail), ``stopped`` (every node of it ended or was stopped, verified),
+``waited`` (its backoff was over; only after a backoff that waited) and ``checked`` (the next attempt's
+checks passed). A restart's are counted from ``failed``.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ PHASES = ("resolve", "connect", "authenticate", "agent", "probe", "route", "pref
 BARRIERS = (("resolve", ("resolve",)), ("connect and probe", ("connect", "authenticate", "agent", "probe")),
             ("route", ("route",)),
             ("preflight", ("preflight",)), ("sync", ("sync",)), ("setup", ("setup",)), ("start", ("start",)))
-ATTEMPT_PHASES = ("failed", "stopped", "checked", "started", "joined")
-_WORDS = {"stopped": "stopped", "checked": "checked", "started": "started", "joined": "every node joined"}
+ATTEMPT_PHASES = ("failed", "stopped", "waited", "checked", "started", "joined")
+_WORDS = {"stopped": "stopped", "waited": "backoff over", "checked": "checked", "started": "started",
+          "joined": "every node joined"}
 SHOWN_HOSTS = 5  # the slowest hosts shown row by row; the spread covers all
 
 
@@ -133,7 +135,8 @@ def mark(phases: dict[str, float], name: str, at: float | None = None) -> None:
 
 def phases_text(phases: dict[str, float] | None, began: float) -> str | None:
     """``failure seen → stopped 0.21 s → checked 0.43 s → started 0.61 s → every node joined 9.80 s``
-    (from the failure, else from ``began``, the attempt's start); None without phases."""
+    (from the failure, else from ``began``, the attempt's start; after a backoff that waited,
+    ``backoff over 30.02 s`` comes before ``checked``); None without phases."""
     if not phases:
         return None
     origin = phases.get("failed", began)

@@ -516,6 +516,7 @@ class Runner:
         at = record.restart_at if record.restart_at is not None else self.clock.now()
         made = sum(1 for a in record.attempts if a.restart in COUNTED)
         shown: float | None = None
+        waited = False
         while True:
             now = self.clock.now()
             if shown is None or (kind == "policy" and now - shown >= self.clock.show):
@@ -534,7 +535,10 @@ class Runner:
             if polled.state is not JobState.RESTARTING:
                 return None
             if now >= at:
+                if waited and "failed" in self._phases:  # else the checks' phase would hold the wait
+                    timings.mark(self._phases, "waited")
                 return polled
+            waited = True
             self.clock.wait(self._wake, min(at - now, self.clock.poll))
 
     def hand_over(self) -> None:
