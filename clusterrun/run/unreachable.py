@@ -53,7 +53,8 @@ class UnreachableWait:
         return over
 
     def lost_text(self) -> str:
-        return f"cannot be reached; its stop could not be verified in {self.limit:g} s (the host went away?)"
+        # the root cause says when the host went away (``rootcause.lost_text``)
+        return f"cannot be reached; its stop could not be verified in {self.limit:g} s"
 
 
 __all__ = ["SAY_EVERY", "WAIT", "UnreachableWait"]
