@@ -21,7 +21,7 @@ import pytest
 
 from clusterrun.core.events import JobState, NodeState
 from clusterrun.store.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
-from clusterrun.views.joblist import RECENT, shown, stop_guarantee
+from clusterrun.views.joblist import RECENT, job_state_text, shown, stop_guarantee
 from tests import clirun
 from tests.conftest import ROOT, write_hosts
 
@@ -89,6 +89,18 @@ def test_a_hosts_stop_guarantee_says_what_a_stop_will_rest_on() -> None:
     lines = stop_guarantee(["no cgroup: cgroup2 is not mounted", "no pidfd: Python 3.8"])
     assert lines[0].startswith("a stop sweeps (no cgroup: ") and "verified" not in lines[0]
     assert lines[1:] == ["fallback: no cgroup: cgroup2 is not mounted", "fallback: no pidfd: Python 3.8"]
+
+
+def test_a_running_attempt_with_a_failed_node_is_shown_failing_while_its_other_nodes_stop() -> None:
+    now = time.time()
+    record = make_record("run-20261123-100000-aaaa", "running", None, now=now)
+    record.nodes = [NodeRecord(0, "a", NodeState.STOPPED), NodeRecord(1, "b", NodeState.FAILED, exit_code=1),
+                    NodeRecord(2, "c", NodeState.RUNNING, unreachable_since=now - 30)]
+    assert job_state_text(record, now).startswith("failing; node 2 unreachable since ")
+    record.nodes[1].state = NodeState.LOST
+    assert job_state_text(record, now).startswith("failing; ")
+    record.nodes[1].state = NodeState.RUNNING  # only the host cannot be reached: nothing failed
+    assert job_state_text(record, now).startswith("running; node 2 unreachable since ")
 
 
 def test_ps_shows_unfinished_and_recently_ended_jobs_by_default(jobs: dict[str, str]) -> None:

@@ -89,8 +89,14 @@ def unreachable_ranks(record: JobRecord) -> list[int]:
 def job_state_text(record: JobRecord, now: float) -> str:
     """The job's state as ``ps`` and ``wait`` word it: ``running``, or, while nodes of an unfinished
     job are unreachable, ``running; node 1 unreachable since 16:04:05Z`` (``nodes 1, 3 ...``:
-    since the first of them); else while the job hangs, ``running; hung since 16:10:00Z``."""
+    since the first of them); else while the job hangs, ``running; hung since 16:10:00Z``. A
+    running attempt with a node failed or lost is ``failing``: its other nodes are being stopped
+    (a host that cannot be reached is waited for, ``unreachable.WAIT``)."""
     lost = [record.nodes[rank] for rank in unreachable_ranks(record)]
+    state = str(record.state)
+    if record.state in (JobState.STARTING, JobState.RUNNING) and any(
+            n.state in (NodeState.FAILED, NodeState.LOST) for n in record.nodes):
+        state = "failing"
     unwatched = (record.slurm or {}).get("unwatched") if not record.finished else None
     if unwatched:  # a Slurm job whose `up` is gone (slurmjob.refresh)
         return f"{record.state}; {unwatched}"
@@ -98,12 +104,12 @@ def job_state_text(record: JobRecord, now: float) -> str:
         return f"restarting: attempt {record.attempt + 1} starts in {max(0, record.restart_at - now):.0f} s"
     hung = [n for n in record.nodes if node_state(n) == NodeState.HUNG] if not record.finished else []
     if hung and not lost:  # the job hangs: every node that runs is hung since the same time
-        return f"{record.state}; {events.hung_text(min(n.hung_since or now for n in hung), now)}"
+        return f"{state}; {events.hung_text(min(n.hung_since or now for n in hung), now)}"
     if not lost:
-        return str(record.state)
+        return state
     since = min(n.unreachable_since for n in lost if n.unreachable_since is not None)
     which = f"node {lost[0].rank}" if len(lost) == 1 else f"nodes {', '.join(str(n.rank) for n in lost)}"
-    return f"{record.state}; {which} {events.unreachable_text(since, now)}"
+    return f"{state}; {which} {events.unreachable_text(since, now)}"
 
 
 def training_text(record: JobRecord, progress: Progress | None, now: float) -> str | None:
