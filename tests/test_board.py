@@ -165,7 +165,7 @@ def test_the_summary_counts_the_state_most_nodes_are_in_and_names_the_others_as_
         board.apply(NodeExited(rank, result=NodeResult(rank, f"h{rank}", NodeState.FAILED, exit_code=1)))
     board.apply(NodeLink(5, host="h5", up=False, detail="timed out"))
     assert board.summary() == "60 running · 1 unreachable: node 5 · 3 failed: nodes 7,62-63"  # by first node
-    assert board.state == "running"  # a viewer's job: fail-fast did not stop the others
+    assert board.state == "failing"  # fail-fast stops the others (a viewer sees their stop later)
 
 
 def test_gpu_readings_mark_a_row_only_when_they_change_and_a_host_with_nvidia_smi_adds_the_column() -> None:

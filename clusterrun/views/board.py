@@ -298,7 +298,7 @@ class Board:
 
     @property
     def state(self) -> str:
-        """The job's state: starting, running, stopping, succeeded, failed, stopped, lost,
+        """The job's state: starting, running, failing, stopping, succeeded, failed, stopped, lost,
         restarting (the owner restarts it: ``restarting``), or unreachable (a stop that could not
         reach a host: the job may still run there)."""
         if self.restart_next or self.restarting is not None and self.restarting.failed == self.attempt:
@@ -310,7 +310,8 @@ class Board:
         if NodeState.STOPPING in states:
             return "stopping"
         if NodeState.RUNNING in states and all(s is NodeState.RUNNING or s.is_terminal for s in states):
-            return "running"  # (a failed node among running ones: a viewer's job, not stopped by fail-fast)
+            # a node failed or lost among running ones: fail-fast stops them (a viewer sees it later)
+            return "failing" if states & {NodeState.FAILED, NodeState.LOST} else "running"
         if states and all(s.is_terminal for s in states):
             return "ending"
         return "starting"
