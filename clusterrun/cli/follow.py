@@ -5,18 +5,24 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_SIGNAL, _fail
-from clusterrun.core.events import JobResult
+from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_SIGNAL, _fail, _note
+from clusterrun.cli.records import _refresh
+from clusterrun.core.events import JobResult, JobState
+from clusterrun.store.jobs import JobStore
+from clusterrun.store.opened import Opened
 from clusterrun.views.printer import Printer
 
 if TYPE_CHECKING:  # the sessions are the dashboard's: made by the commands that open it
     from clusterrun.life.session import Session
     from clusterrun.slurm.job import SlurmSession
+
+POLL = 0.5  # how often a viewer reads the record while the job's owner decides and starts the next attempt
 
 
 @contextmanager
@@ -34,6 +40,67 @@ def _on_signals(handlers: Mapping[signal.Signals, Callable[[int], None]]) -> Ite
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+class Viewer(Protocol):
+    """What follows one attempt of a job for a viewer: ``Job`` over SSH, ``SlurmFollower`` under Slurm."""
+
+    attempt: int
+    offsets: dict[int, int]  # per node: the log's bytes shown so far
+
+    def run(self) -> JobResult | None: ...
+
+    def detach(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def follow_attempts(store: JobStore, opened: Opened, viewer: Viewer, summary: Callable[[JobResult, bool], None],
+                    next_viewer: Callable[[Opened], Viewer] | None, signals: Sequence[signal.Signals],
+                    done: Callable[[Viewer], None] = lambda viewer: None) -> tuple[JobResult | None, dict[str, int]]:
+    """Follow the job with ``viewer`` until one of ``signals`` detaches it or the job ends. An attempt
+    that ends while the job goes on (its owner restarts it, or a ``restart`` started the next) is summed
+    up as ``up`` does (``summary(result, True)``), and the next one is followed from its start with
+    ``next_viewer(opened)``; None: this attempt only. The job's end: ``summary(result, False)``, or its
+    outcome's line when it ended during a backoff. ``done(viewer)``: as each viewer ends. Returns the
+    last attempt's result (None: detached) and the signals that came."""
+    from clusterrun.views.joblist import job_state_text, outcome_text  # ps's module: not on `up`'s path
+
+    current = [viewer]
+    with _on_signals({s: lambda _s: current[0].detach() for s in signals}) as got:
+        while True:
+            try:
+                result = current[0].run()
+            finally:
+                done(current[0])
+                current[0].close()
+            if result is None:
+                return None, got
+            if next_viewer is None:
+                summary(result, False)
+                return result, got
+            attempt, said = current[0].attempt, False
+            while not got.get("signal"):  # the owner decides, then starts the next attempt after its backoff
+                opened = _refresh(store, opened.with_record(store.load(opened.record.job_id)))
+                record = opened.record
+                if record.attempt > attempt or (record.state is JobState.RESTARTING and not said):
+                    if not said:
+                        summary(result, True)
+                        said = True
+                    if record.attempt > attempt:
+                        break
+                    _note(f"job {record.job_id} is {job_state_text(record, time.time())}")
+                elif record.finished:
+                    if said:  # stopped during the backoff, or its restart failed
+                        _note(outcome_text(record))
+                    else:
+                        summary(result, False)
+                    return result, got
+                time.sleep(POLL)
+            else:
+                return None, got
+            _note(f"following attempt {record.attempt} of job {record.job_id}")
+            current[0] = next_viewer(opened)
 
 
 def _exit_code(result: JobResult | None, got: dict[str, int]) -> int:

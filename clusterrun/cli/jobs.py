@@ -10,7 +10,6 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import click
 
@@ -27,12 +26,20 @@ from clusterrun.cli import (
     no_tui_option,
     ui_lines_option,
 )
-from clusterrun.cli.follow import _dashboard, _exit_code, _follow_hint, _on_signals, _use_tui, quick_handoffs
+from clusterrun.cli.follow import (
+    Viewer,
+    _dashboard,
+    _exit_code,
+    _follow_hint,
+    _use_tui,
+    follow_attempts,
+    quick_handoffs,
+)
 from clusterrun.cli.records import _adopt, _guarantee, _open_job, _refresh, hosts_option
 from clusterrun.cli.slurm import slurm_rows
 from clusterrun.config.watch import Watch
 from clusterrun.core.errors import ClusterrunError, DamagedRecord
-from clusterrun.core.events import JobState, NodeState
+from clusterrun.core.events import Event, JobFinished, JobState, NodeState
 from clusterrun.core.progress import duration_words
 from clusterrun.core.protocol import decode_status
 from clusterrun.core.terminal import safe
@@ -63,10 +70,6 @@ from clusterrun.views.joblist import (
     unreachable_ranks,
 )
 from clusterrun.views.printer import Printer
-
-if TYPE_CHECKING:  # the followers of Slurm jobs and the dashboard's sessions: imported where one is made
-    from clusterrun.run.orchestrator import Job
-    from clusterrun.store.slurmlogs import SlurmFollower
 
 
 def _hosts_cell(hosts: Sequence[str], width: int = 40) -> str:
@@ -251,28 +254,34 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
         session = SlurmView(store, opened, offsets) if slurm else Session(store, record, offsets=offsets,
                                                                           scrollback=scrollback, opened=opened)
         sys.exit(_dashboard(session, ui_lines, term_stops=False))
-    viewer: Job | SlurmFollower
-    if slurm:
-        from clusterrun.store.slurmlogs import SlurmFollower
 
-        viewer = SlurmFollower(store, record, printer, attempt=record.attempt, ranks=range(len(record.nodes)),
-                               tail=None, offsets=offsets,
-                               reload=lambda: _refresh(store, opened.with_record(store.load(record.job_id))).record)
-    else:
-        viewer = follower(record, printer, owner=False, follow_logs=True, offsets=offsets, scrollback=tail or 0,
-                          spec=opened.spec())
-    printer.set_plan(plan_from_json(record.plan, opened.spec()))
+    def viewer(opened: Opened, offsets: dict[int, int], scrollback: int) -> Viewer:
+        record = opened.record
+        printer.set_plan(plan_from_json(record.plan, opened.spec()))  # a restart's may have a spare's host
+        if slurm:
+            from clusterrun.store.slurmlogs import SlurmFollower
+
+            return SlurmFollower(store, record, without_end, attempt=record.attempt, ranks=range(len(record.nodes)),
+                                 tail=None, offsets=offsets,
+                                 reload=lambda: _refresh(store, opened.with_record(store.load(record.job_id))).record)
+        return follower(record, without_end, owner=False, follow_logs=True, offsets=offsets, scrollback=scrollback,
+                        spec=opened.spec())
+
+    def without_end(event: Event) -> None:  # an attempt's end is summed up once its owner decided (a restart?)
+        if not isinstance(event, JobFinished):
+            printer(event)
+
+    def saved(viewer: Viewer) -> None:
+        save_seen(store, record.job_id, viewer.attempt, viewer.offsets)
+
     quick_handoffs()  # the nodes' followers are threads beside the one printing
+    first = viewer(opened, offsets, tail or 0)
     printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "
                  + ("it has ended: its lines since you last looked, then how it ended" if record.finished
                     else "Ctrl-C detaches, the job keeps running"))
-    with _on_signals({signal.SIGINT: lambda s: viewer.detach(), signal.SIGTERM: lambda s: viewer.detach(),
-                      signal.SIGHUP: lambda s: viewer.detach()}) as got:
-        try:
-            result = viewer.run()
-        finally:
-            save_seen(store, record.job_id, record.attempt, viewer.offsets)
-            viewer.close()
+    result, got = follow_attempts(store, opened, first, lambda result, again: printer.summary(result, again),
+                                  lambda opened: viewer(opened, {}, 0),  # the next attempt from its start
+                                  [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], done=saved)
     if result is None:
         with contextlib.suppress(OSError):
             printer.note(f"detached; job {record.job_id} keeps running. {_follow_hint(record.job_id)}")

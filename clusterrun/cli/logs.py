@@ -26,9 +26,9 @@ from clusterrun.store.jobs import JobRecord, is_slurm
 from clusterrun.views.completion import complete_jobs
 
 if TYPE_CHECKING:  # the followers of ``-f``: imported where one is made
-    from clusterrun.run.orchestrator import Job
+    from clusterrun.core.events import JobResult
     from clusterrun.run.plan import LaunchPlan
-    from clusterrun.store.slurmlogs import SlurmFollower
+    from clusterrun.store.opened import Opened
 
 
 def _select_ranks(record: JobRecord, node: tuple[int, ...]) -> list[int]:
@@ -83,8 +83,8 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
     """Print JOB's logs from its hosts' log files: every node's lines with a prefix, interleaved
     in the order they were written by the hosts' clocks (--by-node: node after node), or one
     node's exactly as written with --node N. Works during and after the job, from any controller
-    that has its record. With -f, ends when the job does, with its summary and exit code as `up`
-    (0 succeeded, 1 failed or stopped).
+    that has its record. With -f, ends when the job does, through its restarts (each next attempt
+    from its start), with its summary and exit code as `up` (0 succeeded, 1 failed or stopped).
 
     Lines shown with a prefix (or of a one-node job) are made safe for a terminal: colours pass
     (dropped with NO_COLOR, TERM=dumb or when not a terminal), other escape sequences and control
@@ -93,10 +93,11 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
     `cat -v`, to look at output you do not trust."""
     store, opened = _open_job(job, hosts_file)
     ranks = _select_ranks(opened.record, node)
+    explicit = attempt is not None
     attempt = _check_attempt(opened.record, attempt)
     ahead = hosts_ahead(opened, ranks, attempt) if not follow and rank_text is None else {}
     # Imported while those hosts connect: the printer's modules are most of what is left to load
-    from clusterrun.cli.follow import _exit_code, _on_signals, quick_handoffs
+    from clusterrun.cli.follow import Viewer, _exit_code, follow_attempts, quick_handoffs
     from clusterrun.run.plan import plan_from_json
     from clusterrun.views.interleave import interleaved
     from clusterrun.views.printer import Printer
@@ -130,28 +131,31 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
         if not printed and not failed:  # silence would look like a broken command
             _note(_no_output_text(record, attempt, time.time()))
         sys.exit(EXIT_HOSTS if failed else EXIT_OK)
-    follower_job: Job | SlurmFollower
-    if is_slurm(record):  # its files on this machine, as its `up` writes them
-        from clusterrun.store.slurmlogs import SlurmFollower
 
-        follower_job = SlurmFollower(store, record, printer, attempt=attempt, ranks=ranks, tail=tail,
-                                     reload=lambda: _refresh(
-                                         store, opened.with_record(store.load(record.job_id))).record)
-    else:
+    def viewer(opened: Opened, attempt: int, tail: int | None) -> Viewer:
+        record = opened.record
+        printer.set_plan(plan_from_json(record.plan, opened.spec()))  # a restart's may have a spare's host
+        if is_slurm(record):  # its files on this machine, as its `up` writes them
+            from clusterrun.store.slurmlogs import SlurmFollower
+
+            return SlurmFollower(store, record, printer, attempt=attempt, ranks=ranks, tail=tail,
+                                 reload=lambda: _refresh(store, opened.with_record(store.load(record.job_id))).record)
         from clusterrun.life.lifecycle import follower
 
-        follower_job = follower(record, printer, owner=False, follow_logs=True, attempt=attempt, tail=tail,
-                                ranks=ranks, spec=opened.spec(attempt))
-    with _on_signals({signal.SIGINT: lambda s: follower_job.detach(),
-                      signal.SIGTERM: lambda s: follower_job.detach()}) as got:
-        try:
-            result = follower_job.run()
-        finally:
-            follower_job.close()
-    if result is not None:  # the job ended: its outcome as `up --no-tui` ends with it (of the nodes shown)
-        result = dataclasses.replace(result, nodes=tuple(n for n in result.nodes if n.node in ranks))
-        Printer().summary(result)
-    sys.exit(_exit_code(result, got) if result is not None else EXIT_SIGNAL.get(got.get("signal", 0), EXIT_OK))
+        return follower(record, printer, owner=False, follow_logs=True, attempt=attempt, tail=tail, ranks=ranks,
+                        spec=opened.spec(attempt))
+
+    def shown(result: JobResult) -> JobResult:  # the outcome of the nodes shown
+        return dataclasses.replace(result, nodes=tuple(n for n in result.nodes if n.node in ranks))
+
+    def summary(result: JobResult, restarting: bool) -> None:  # as `up --no-tui` ends
+        Printer().summary(shown(result), restarting=restarting)
+
+    # the attempt asked for, else every attempt from the current one on, each next one from its start
+    result, got = follow_attempts(store, opened, viewer(opened, attempt, tail), summary,
+                                  None if explicit else (lambda opened: viewer(opened, opened.record.attempt, None)),
+                                  [signal.SIGINT, signal.SIGTERM])
+    sys.exit(_exit_code(shown(result), got) if result is not None else EXIT_SIGNAL.get(got.get("signal", 0), EXIT_OK))
 
 
 def _no_output_text(record: JobRecord, attempt: int, now: float) -> str:

@@ -12,11 +12,12 @@ from clusterrun.cli import EXIT_USAGE, _fail, _note
 from clusterrun.core.errors import ConfigError, DamagedRecord, JobNotFound, StateError
 from clusterrun.store.jobs import JobRecord, JobStore, is_slurm
 from clusterrun.store.opened import Opened
-from clusterrun.views.joblist import stop_guarantee
 
 
 def _guarantee(fallbacks: Sequence[str], prefix: str = "  ") -> str:
     """How a stop will be verified on a host, and what else it lacks, each line after ``prefix``."""
+    from clusterrun.views.joblist import stop_guarantee  # ps's module: not on `down`'s path
+
     return "\n".join(prefix + line for line in stop_guarantee(fallbacks))
 
 
