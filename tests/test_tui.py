@@ -178,6 +178,48 @@ def test_restart_asks_then_starts_attempt_two(tmp_path: Path, state_dir: Path) -
     assert subprocess.run([sys.executable, "-m", "clusterrun", "down", job], cwd=ROOT).returncode == 0
 
 
+def test_an_attached_dashboard_follows_the_owners_restart_to_the_next_attempt(tmp_path: Path,
+                                                                              state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra="restart: {backoff: 1s}\n")
+    counter, gate = tmp_path / "runs", tmp_path / "fail"
+    job = up_detached("--max-restarts", "1", hosts, SUPPORT / "fail_once_gated.py", counter, gate)
+    app = dashboard_on(job, tail=0)
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: table_states(app) == ["running", "running"], 60, "both nodes running")
+        gate.touch()  # rank 1 fails: the job's monitor restarts it
+        await until(pilot, lambda: app.board.attempt == 2 and table_states(app) == ["running", "running"], 90,
+                    "attempt 2 running")
+        assert "attempt 2 · " in str(app.query_one("#header").render())  # type: ignore[attr-defined]
+        await until(pilot, lambda: any("run 2 rank" in line for line in log_lines(app)), 60, "attempt 2's lines")
+        assert "FAILED" not in str(app.query_one("#header").render())  # type: ignore[attr-defined]
+        await pilot.press("d")  # type: ignore[attr-defined]
+        await until(pilot, lambda: not app.is_running, 15, "the app to exit")
+
+    drive(app, script)
+    assert app.outcome == "detached"
+    assert ps_json(job)["attempt"] == 2 and clusterrun("down", job).returncode == 0
+
+
+def test_k_in_an_attached_dashboard_during_the_owners_backoff_stops_the_job(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra="restart: {backoff: 10m}\n")
+    counter, gate = tmp_path / "runs", tmp_path / "fail"
+    job = up_detached("--max-restarts", "1", hosts, SUPPORT / "fail_once_gated.py", counter, gate)
+    app = dashboard_on(job, tail=0)
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: table_states(app) == ["running", "running"], 60, "both nodes running")
+        gate.touch()
+        await until(pilot, lambda: app.board.state == "restarting", 60, "the owner's backoff")
+        await pilot.press("K", "y")  # type: ignore[attr-defined]
+        await until(pilot, lambda: app.board.finished and app.board.state != "restarting", 60, "the job's end")
+        await pilot.press("q")  # type: ignore[attr-defined]
+
+    drive(app, script)
+    record = wait_state(job, "stopped")
+    assert record["attempt"] == 1 and marked(job) == []
+
+
 @pytest.mark.fake_torchrun
 def test_detach_leaves_the_job_running(tmp_path: Path, state_dir: Path) -> None:
     hosts = write_hosts(tmp_path, [1, 1], state_dir)

@@ -12,6 +12,7 @@ import pytest
 
 from clusterrun.cli import follow
 from clusterrun.core.events import JobResult, JobState, NodeResult, NodeState
+from clusterrun.life import lifecycle
 from clusterrun.store.jobs import AttemptRecord, JobRecord, JobStore
 from clusterrun.store.opened import Opened
 from tests.test_joblist import make_record
@@ -44,7 +45,7 @@ def ended(state: NodeState) -> JobResult:
 @pytest.fixture
 def store(controller_state: Path, monkeypatch: pytest.MonkeyPatch) -> JobStore:
     monkeypatch.setattr(follow, "_refresh", lambda store, opened: opened)  # no hosts: the record as written
-    monkeypatch.setattr(follow, "POLL", 0.01)
+    monkeypatch.setattr(lifecycle, "POLL", 0.01)
     made = JobStore(controller_state / "clusterrun" / "jobs")
     made.create(make_record(JOB, "running", None))
     return made

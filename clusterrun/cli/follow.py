@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_SIGNAL, _fail, _note
 from clusterrun.cli.records import _refresh
-from clusterrun.core.events import JobResult, JobState
-from clusterrun.store.jobs import JobStore
+from clusterrun.core.events import JobResult
+from clusterrun.life.lifecycle import after_attempt
+from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.store.opened import Opened
 from clusterrun.views.printer import Printer
 
@@ -22,7 +23,6 @@ if TYPE_CHECKING:  # the sessions are the dashboard's: made by the commands that
     from clusterrun.life.session import Session
     from clusterrun.slurm.job import SlurmSession
 
-POLL = 0.5  # how often a viewer reads the record while the job's owner decides and starts the next attempt
 
 
 @contextmanager
@@ -64,7 +64,7 @@ def follow_attempts(store: JobStore, opened: Opened, viewer: Viewer, summary: Ca
     ``next_viewer(opened)``; None: this attempt only. The job's end: ``summary(result, False)``, or its
     outcome's line when it ended during a backoff. ``done(viewer)``: as each viewer ends. Returns the
     last attempt's result (None: detached) and the signals that came."""
-    from clusterrun.views.joblist import job_state_text, outcome_text  # ps's module: not on `up`'s path
+    from clusterrun.views.joblist import outcome_text  # ps's module: not on `up`'s path
 
     current = [viewer]
     with _on_signals({s: lambda _s: current[0].detach() for s in signals}) as got:
@@ -79,28 +79,40 @@ def follow_attempts(store: JobStore, opened: Opened, viewer: Viewer, summary: Ca
             if next_viewer is None:
                 summary(result, False)
                 return result, got
-            attempt, said = current[0].attempt, False
-            while not got.get("signal"):  # the owner decides, then starts the next attempt after its backoff
-                opened = _refresh(store, opened.with_record(store.load(opened.record.job_id)))
-                record = opened.record
-                if record.attempt > attempt or (record.state is JobState.RESTARTING and not said):
-                    if not said:
-                        summary(result, True)
-                        said = True
-                    if record.attempt > attempt:
-                        break
-                    _note(f"job {record.job_id} is {job_state_text(record, time.time())}")
-                elif record.finished:
-                    if said:  # stopped during the backoff, or its restart failed
-                        _note(outcome_text(record))
-                    else:
-                        summary(result, False)
-                    return result, got
-                time.sleep(POLL)
-            else:
+            attempt = current[0].attempt
+            opened, record, said = _decided(store, opened, attempt, result, summary, got)
+            if record is None:
                 return None, got
+            if record.attempt == attempt:  # the job's end
+                if said:  # stopped during the backoff, or its restart failed
+                    _note(outcome_text(record))
+                else:
+                    summary(result, False)
+                return result, got
             _note(f"following attempt {record.attempt} of job {record.job_id}")
             current[0] = next_viewer(opened)
+
+
+def _decided(store: JobStore, opened: Opened, attempt: int, result: JobResult,
+             summary: Callable[[JobResult, bool], None], got: dict[str, int]) -> tuple[Opened, JobRecord | None, bool]:
+    """``after_attempt`` for a command's viewer: the job as last read, what became of it (None: a
+    signal came first), and whether the attempt's end (``result``) was said as a restart's."""
+    from clusterrun.views.joblist import job_state_text  # ps's module: not on `up`'s path
+
+    seen, said = [opened], [False]
+
+    def look() -> JobRecord:  # nobody owns it: a monitor again (``_refresh``)
+        seen.append(_refresh(store, seen[-1].with_record(store.load(opened.record.job_id))))
+        return seen[-1].record
+
+    def restarting(record: JobRecord) -> None:
+        summary(result, True)
+        said[0] = True
+        if record.attempt == attempt:  # its backoff: when the next one starts
+            _note(f"job {record.job_id} is {job_state_text(record, time.time())}")
+
+    record = after_attempt(look, attempt, restarting, lambda: bool(got.get("signal")))
+    return seen[-1], record, said[0]
 
 
 def _exit_code(result: JobResult | None, got: dict[str, int]) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ from clusterrun.agent.wire import StackAnswer
 from clusterrun.config.hostsfile import ClusterSpec, HostSpec
 from clusterrun.core import parallel
 from clusterrun.core.errors import ClusterrunError
-from clusterrun.core.events import NodeGpus, StopReport
+from clusterrun.core.events import JobState, NodeGpus, StopReport
 from clusterrun.core.protocol import NodeStatus, decode, decode_status
 from clusterrun.life.logread import request as request  # re-exported: the owner (runner, gate) makes its
 from clusterrun.life.logread import transport_factory as transport_factory  # transports by this name (a test seam)
@@ -171,6 +172,31 @@ def stop_job(record: JobRecord, *, spec: ClusterSpec, grace: float | None = None
     return {rank: answer if isinstance(answer, StopReport) else StopReport(rank, record.nodes[rank].host,
                                                                            error=answer.render())
             for rank, answer in answers.items()}
+
+
+POLL = 0.5  # how often a viewer reads the record while the job's owner decides and starts the next attempt
+
+
+def after_attempt(look: Callable[[], JobRecord], attempt: int, restarting: Callable[[JobRecord], None],
+                  gone: Callable[[], bool]) -> JobRecord | None:
+    """What became of a job whose ``attempt`` a viewer followed to its end, as the job's owner decides:
+    the record once the next attempt has started (``record.attempt > attempt``: the restart policy, a
+    ``restart``) or the job has ended (``record.finished``); None when ``gone()`` first (the viewer
+    left). ``look()``: the record as the viewer reads it now; ``restarting(record)``: once, as soon as
+    the job goes on (its backoff begins, or the next attempt has started)."""
+    said = False
+    while not gone():
+        record = look()
+        if record.attempt > attempt or record.state is JobState.RESTARTING:
+            if not said:
+                restarting(record)
+                said = True
+            if record.attempt > attempt:
+                return record
+        elif record.finished:
+            return record
+        time.sleep(POLL)
+    return None
 
 
 def save_seen(store: JobStore, job_id: str, attempt: int, offsets: dict[int, int]) -> None:

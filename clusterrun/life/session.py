@@ -31,6 +31,7 @@ from collections.abc import Callable
 from clusterrun.core.errors import ClusterrunError, HostsUnavailable
 from clusterrun.core.events import (
     Event,
+    JobFinished,
     JobNote,
     JobResult,
     NodeLink,
@@ -40,8 +41,8 @@ from clusterrun.core.events import (
     NodeStopped,
 )
 from clusterrun.diagnose.stacks import render
-from clusterrun.life.attempt import NextAttempt, attempt_event, begin_stop
-from clusterrun.life.lifecycle import follower, save_seen, stacks_view
+from clusterrun.life.attempt import NextAttempt, attempt_event, begin_stop, stop
+from clusterrun.life.lifecycle import after_attempt, follower, save_seen, stacks_view
 from clusterrun.life.recorder import record_stop
 from clusterrun.life.runner import Runner
 from clusterrun.run.orchestrator import Emit, Job
@@ -49,7 +50,7 @@ from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.store.opened import Opened
 from clusterrun.transports import Transport
 from clusterrun.views.gpus import INTERVAL, GpuPoller
-from clusterrun.views.joblist import history_rows, table_text
+from clusterrun.views.joblist import history_rows, job_state_text, table_text
 
 KILLED = "stopped from the dashboard"
 RESTARTED = "restarted from the dashboard"  # the stop of the attempt R replaces: not K's
@@ -80,10 +81,12 @@ class Session:
         self._tail = tail
         self._scrollback = scrollback  # lines shown before where the last viewer stopped (attach)
         self._viewer: Job | None = None
+        self._ended: JobFinished | None = None  # the viewed attempt's end, until its owner has decided
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._restarting = False  # a viewer's restart is under way (an owner's is in ``runner.state``)
         self._kill_asked = False  # K during a viewer's restart: the restart carries it out (see ``kill``)
+        self._waiting = False  # a viewer waits for the owner's next attempt (``_view_on``)
         self._reached: set[int] = set()  # nodes this view has reached after a failure: the record's since is old
         self._gpu_interval = gpu_interval
         if runner is not None:
@@ -163,7 +166,7 @@ class Session:
         try:
             self._opened = self._opened.with_record(self.store.load(self.job_id))
             record = self._opened.record
-            job = follower(record, self.emit, owner=False, follow_logs=True, offsets=offsets, tail=tail,
+            job = follower(record, self._viewed, owner=False, follow_logs=True, offsets=offsets, tail=tail,
                            scrollback=self._scrollback if offsets else 0, spec=self._opened.spec())
         except ClusterrunError as exc:  # e.g. the record is gone or damaged: the UI shows it
             self.error = exc
@@ -172,6 +175,13 @@ class Session:
         self._viewer = job
         self._announce(record, job)
         return True
+
+    def _viewed(self, event: Event) -> None:
+        """A viewer's event: its attempt's end waits for what the job's owner decides (``_view_on``)."""
+        if isinstance(event, JobFinished):
+            self._ended = event
+        else:
+            self.emit(event)
 
     def _announce(self, record: JobRecord, job: Job) -> None:
         assert job.plan is not None
@@ -205,16 +215,65 @@ class Session:
             self.result = self.runner.follow()
             self.record = self.runner.record
             return
-        try:
-            self.result = job.run()
-        finally:
-            save_seen(self.store, self.job_id, job.attempt, job.offsets)
-            job.close()
-        if self.result is not None and self.result.interrupted == KILLED:
+        while True:
             try:
-                record_stop(self.store, self.store.load(self.job_id), {s.node: s for s in self.result.stops})
-            except ClusterrunError as exc:  # e.g. a full state directory: the stop stands, unrecorded
+                self.result = job.run()
+            finally:
+                save_seen(self.store, self.job_id, job.attempt, job.offsets)
+                job.close()
+            ended, self._ended = self._ended, None
+            if self.result is not None and self.result.interrupted == KILLED:
+                try:
+                    record_stop(self.store, self.store.load(self.job_id), {s.node: s for s in self.result.stops})
+                except ClusterrunError as exc:  # e.g. a full state directory: the stop stands, unrecorded
+                    self.error = exc
+            if ended is None:
+                return
+            if self.result is None or self.result.interrupted is not None:  # this view's K or R stopped it
+                self.emit(ended)
+                return
+            if not self._view_on(ended, job.attempt):
+                return
+            assert self._viewer is not None
+            job = self._viewer
+
+    def _view_on(self, ended: JobFinished, attempt: int) -> bool:
+        """The viewed ``attempt`` ended by itself (``ended``): once its owner has decided, either the
+        job's end (False) or a restart (said as the owner's dashboard says it), its next attempt
+        followed from its start (True). False too when this view is left or restarts the job itself."""
+        def restarting(record: JobRecord) -> None:
+            self.emit(dataclasses.replace(ended, restarting=True))
+            if record.attempt == attempt:  # its backoff: when the next one starts
+                self.emit(JobNote(None, text=f"the job is {job_state_text(record, time.time())}"))
+
+        def look() -> JobRecord:
+            self.record = self.store.load(self.job_id)
+            return self.record
+
+        with self._lock:
+            self._waiting = True
+        try:
+            record = after_attempt(look, attempt, restarting, lambda: self.detached or self.busy or self._kill_asked)
+        except ClusterrunError as exc:  # the record went away or cannot be read: the end as seen
+            self.error = exc
+            record = None
+        finally:
+            with self._lock:
+                self._waiting = False
+                kill = self._kill_asked and not self._restarting
+                if kill:
+                    self._kill_asked = False
+        if kill and (record is None or not record.finished):  # K during the backoff: `down`'s stop
+            try:
+                stop(self.store, self.store.load(self.job_id), spec=self._opened.spec(), by="K in the dashboard")
+            except ClusterrunError as exc:
                 self.error = exc
+            record = None
+        if record is None or record.attempt == attempt:
+            if not self.detached:
+                self.emit(dataclasses.replace(ended, restarting=False))
+            return False
+        return self._view({}, None)
 
     def kill(self) -> None:
         """Stop the job on every host (verified); the result arrives as ``JobFinished``."""
@@ -224,7 +283,9 @@ class Session:
             self.runner.request_stop(KILLED)
             return
         with self._lock:
-            if self._restarting:  # stopped by the restart before it starts anything, else its new attempt
+            # stopped by the restart before it starts anything, else its new attempt; or, while the
+            # owner restarts the job, by the waiting view (``_view_on``)
+            if self._restarting or self._waiting:
                 self._kill_asked = True
                 return
         self._stop_viewed()

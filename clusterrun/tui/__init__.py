@@ -374,13 +374,16 @@ class Dashboard(App[int]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         running = self.session.running and not self.board.finished
+        waiting = self.session.running and self.board.restart_next  # the owner's backoff: K cancels the restart
         if action in ("kill", "restart", "stack", "detach") and action not in self.session.supports:
             return False  # a Slurm job's session: K only
         if action == "kill":
-            return running and self.board.state != "stopping" and not self.session.busy
+            return (running or waiting) and self.board.state != "stopping" and not self.session.busy
         if action == "restart":
             return not self.session.busy and self.board.attempt > 0
-        if action in ("detach", "stack"):
+        if action == "detach":
+            return running or waiting
+        if action == "stack":
             return running
         if action in ("match",):
             return bool(self._matches.lines)
