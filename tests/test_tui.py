@@ -398,6 +398,24 @@ def test_up_in_a_real_terminal_shows_the_dashboard_and_kill_leaves_nothing(termi
     assert NodeState.STOPPED.value in ps_json(job)["nodes"][0]["state"]
 
 
+def test_k_in_ups_dashboard_during_a_restarts_backoff_stops_the_job(tmp_path: Path, state_dir: Path) -> None:
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra="restart: {backoff: 10m}\n")
+    counter, gate = tmp_path / "runs", tmp_path / "fail"
+    with in_terminal(tmp_path, f"up --name inbackoff --max-restarts 1 {hosts} {SUPPORT / 'fail_once_gated.py'} "
+                               f"{counter} {gate}") as (tmux, session):
+        gate.touch()  # rank 1 fails: `up` waits its backoff
+        wait_for(lambda: "· RESTARTING ·" in screen(tmux, session), timeout=60,
+                 what=f"the backoff:\n{screen(tmux, session)}")
+        subprocess.run([*tmux, "send-keys", "-t", session, "K"], check=True)
+        wait_for(lambda: "Kill job" in screen(tmux, session), timeout=15,
+                 what=f"K's question:\n{screen(tmux, session)}")
+        subprocess.run([*tmux, "send-keys", "-t", session, "y"], check=True)
+        wait_for(lambda: "· STOPPED ·" in screen(tmux, session), timeout=60,
+                 what=f"the job stopped:\n{screen(tmux, session)}")
+    record = ps_json("inbackoff")
+    assert record["state"] == "stopped" and record["attempt"] == 1
+
+
 @pytest.mark.fake_torchrun
 def test_sigterm_to_up_in_a_terminal_stops_the_job_and_exits_143(terminal: tuple[list[str], str],
                                                                   state_dir: Path) -> None:

@@ -259,6 +259,8 @@ class Board:
             self.restarting = event
         elif isinstance(event, JobFinished):
             self.result, self.restart_next = event.result, event.restarting
+            if not event.restarting:  # the job's end, also one during a restart's backoff
+                self.restarting = None
             if self.ended is None:  # else the record said when the attempt ended
                 self.ended = event.ts
         if rank is not None:
@@ -305,6 +307,8 @@ class Board:
             return "restarting"
         if self.result is not None:
             ended = JobState.of_nodes(n.state for n in self.result.nodes)
+            if ended is not None and self.result.interrupted is not None:  # the user's stop decides, as recorded
+                return JobState.STOPPED.value  # (K during a restart's backoff: its nodes had failed)
             return ended.value if ended is not None else "unreachable"  # stopped, but a host was not reached
         states = {row.state for row in self.nodes}
         if NodeState.STOPPING in states:
