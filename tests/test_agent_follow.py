@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 
 from clusterrun.agent import follow as agent_follow
 from clusterrun.agent.follow import POLL_INTERVAL, Times, tail_offset
+from clusterrun.agent.procs import proc_entry
 from clusterrun.agent.records import write_json_atomic
 from clusterrun.agent.serve import answer
 from clusterrun.transports.base import AgentReader, AgentStream
@@ -207,3 +209,28 @@ def test_in_a_flow_the_liveness_checks_run_now_and_then_and_at_once_when_the_job
     assert data(messages) == b"first\n" + b"".join(f"line {i}\n".encode() for i in range(reads))
     assert messages[-1]["t"] == "end" and messages[-1]["state"]["state"] == "lost"
     assert len(checks) < reads / 4  # at the start, at most twice a second, and at the end (not at every read)
+
+
+def test_a_monitor_that_cannot_record_the_end_is_started_once_and_the_node_ends_lost_saying_why(
+        capsysbinary: pytest.CaptureFixture[bytes], attempt: Attempt, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full state disk: the job's processes are gone and the monitor started for them exits without its
+    last state written; following on would start one every check, and the node would never end."""
+    attempt.make()  # running, by a state that names no live process
+    (attempt.folder / "degraded").write_text("the supervisor could not write its state (no space left on ...)")
+    started: list[subprocess.Popen[bytes]] = []
+
+    def monitor_that_exits(folder: str, state: dict[str, Any]) -> dict[str, Any]:
+        assert len(started) < 3, "a monitor was started again and again"
+        started.append(subprocess.Popen(["sleep", "0.3"]))  # alive at the next look, then gone, its end unrecorded
+        return dict(state, supervisor=proc_entry(started[-1].pid))
+
+    monkeypatch.setattr(agent_follow, "ensure_monitor", monitor_that_exits)
+    try:
+        messages = follow(capsysbinary, attempt)
+    finally:
+        for monitor in started:
+            monitor.wait()
+    end = messages[-1]
+    assert end["t"] == "end" and end["state"]["state"] == "lost" and len(started) == 1
+    assert end["state"]["error"] == ("the job's processes on the host are gone and their end could not be "
+                                     "recorded: the supervisor could not write its state (no space left on ...)")

@@ -145,6 +145,26 @@ def test_a_host_gone_for_good_is_the_cause_of_its_peers_gloo_errors() -> None:
     assert cause.message.endswith("and has not answered since (cannot be reached)"), cause.message
 
 
+def test_a_node_whose_records_stopped_on_a_full_disk_is_the_cause_of_its_peers_gloo_errors() -> None:
+    """Node 1's state disk filled up: its ranks' end was never recorded, and fail-fast stopped it after
+    node 0's rank failed in a collective with it. What node 1 did before the stop is unknown: the full
+    disk is the cause, with its fix, not node 0's peer-gone error."""
+    node0 = NodeLog()
+    node0.feed(["[rank0]:RuntimeError: Connection closed by peer [10.77.3.12]:34508",
+                "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 100)"])
+    full = ("the job's processes on the host are gone and their end could not be recorded: the supervisor could "
+            "not write its state (no space left on the file system of /data/state/jobs/j/node1/attempt1)")
+    states = {0: _state(1, [{"pid": 100, "rank": 0, "died": 50.2}], 51.0),
+              1: NodeStatus(HostState.LOST, error=full, degraded=full.split(": ", 1)[1])}
+    cause = find_root_cause({0: "a", 1: "b"}, {0: node0, 1: NodeLog()}, states, stopped_by_us={1})
+    assert cause is not None and cause.node == 1 and cause.lost and cause.explanation is not None
+    assert cause.explanation.cause == "b could not keep node 1's log and state: the file system of /data/state is full"
+    assert cause.explanation.fix.startswith("free space there on b (`df -h /data/state`)")
+    states[1] = NodeStatus(HostState.LOST, error="gone", ended_at=52.0)  # its records whole: our stop's doing
+    cause = find_root_cause({0: "a", 1: "b"}, {0: node0, 1: NodeLog()}, states, stopped_by_us={1})
+    assert cause is not None and cause.node == 0
+
+
 @pytest.mark.parametrize("extra", [
     (),  # every line a rank's: only each rank's last lines are read
     ("  rank      : 1 (local_rank: 1)", "  exitcode  : 3 (pid: 77)"),  # torchrun's report among them

@@ -213,9 +213,24 @@ def test_a_job_that_printed_nothing_is_not_explained() -> None:
     assert explain(_root("RuntimeError: boom"), {0: "gpu-a"}, {0: ["[rank0]:RuntimeError: boom"]}) is None
 
 
+@pytest.mark.parametrize(("why", "what", "remedy"), [
+    ("no space left on the file system of /s/clusterrun/jobs/j-1/node0/attempt1)", "full", "free space there"),
+    ("the file system of /s/clusterrun/jobs/j-1/node0/attempt1 is read-only)", "read-only", "make it writable"),
+])
+def test_a_full_or_read_only_state_dir_names_its_file_system_and_the_fix(why: str, what: str, remedy: str) -> None:
+    lost = f"the job's processes on the host are gone and their end could not be recorded: the supervisor could " \
+           f"not write its state ({why}"
+    explanation = explain(_root(lost), {0: "gpu-a"}, {})
+    assert explanation is not None and explanation.signature == "state-disk-full"
+    assert explanation.cause == ("gpu-a could not keep node 0's log and state: the file system of /s/clusterrun is "
+                                 + what)
+    assert explanation.fix.startswith(f"{remedy} on gpu-a (`df -h /s/clusterrun`)")
+
+
 def test_every_signature_is_tested() -> None:
     tested = {"killed", "oom-killed", "module-missing", "collective-timeout", "address-in-use", "master-unreachable",
-              "cuda-out-of-memory", "gloo-abort", "script-missing", "host-out-of-memory", "peer-refused"}
+              "cuda-out-of-memory", "gloo-abort", "script-missing", "host-out-of-memory", "peer-refused",
+              "state-disk-full"}
     assert {s.name for s in SIGNATURES} == tested
 
 

@@ -149,6 +149,7 @@ def op_follow(req: FollowRequest) -> None:
         pending = b""
         last_data = 0.0  # when a read last found new bytes: the next one waits ``interval`` after it
         checked = 0.0  # when the liveness checks last ran (CHECK_EVERY)
+        resumed = False  # this follow started a monitor for the attempt (``ensure_monitor``)
         while True:
             now = time.monotonic()
             chunk = log.read(1 << 20) if want_logs else b""
@@ -176,7 +177,10 @@ def op_follow(req: FollowRequest) -> None:
             check = not ended and now - checked >= CHECK_EVERY
             if check:
                 checked = now
-                state = ensure_monitor(folder, state)
+                if not resumed:  # once: a monitor that could not record the end (a full disk) is not started again
+                    before = state.get("supervisor")
+                    state = ensure_monitor(folder, state)
+                    resumed = state.get("supervisor") != before
             if check and not job_alive(state):
                 # Read the state again: the supervisor may have written its last word and exited
                 # since the read above. Only if it still says nothing is the node lost.

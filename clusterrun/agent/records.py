@@ -40,7 +40,9 @@ def lost(state: dict[str, Any]) -> dict[str, Any]:
     ``lost``, with why as far as the host can tell (a restart of the host shows in its boot id)."""
     rebooted = bool(state.get("boot_id")) and state.get("boot_id") != boot_id()
     why = ("the host restarted since the job started (its boot id changed): the job's processes ended with it"
-           if rebooted else "the job's processes on the host are gone (killed?) and none recorded an end")
+           if rebooted else f"the job's processes on the host are gone and their end could not be recorded: "
+                            f"{state['degraded']}" if state.get("degraded")
+           else "the job's processes on the host are gone (killed?) and none recorded an end")
     return dict(state, state="lost", error=state.get("error") or why, rebooted=rebooted)
 
 

@@ -254,6 +254,15 @@ SIGNATURES: tuple[Signature, ...] = (
         "(init_process_group(timeout=...)) only where one rank is legitimately slow (saving, evaluating)",
         refine=_peers_not_timed_out),
     Signature(
+        "state-disk-full",
+        (r"could not write its state \(no space left on the file system of (?P<path>/\S*?)/jobs/",
+         r"could not write its state \(the file system of (?P<path>/\S*?)/jobs/\S+ is (?P<readonly>read-only)\)"),
+        "{host} could not keep node {node}'s log and state: the file system of {path} is {what}",
+        "{remedy} on {host} (`df -h {path}`), or set `state_dir:` in the hosts file to a file system with room "
+        "for the logs",
+        refine=lambda f, e: {**f, "what": "read-only" if f.get("readonly") else "full",
+                             "remedy": "make it writable" if f.get("readonly") else "free space there"}),
+    Signature(
         "module-missing",
         (r"ModuleNotFoundError: No module named '(?P<module>[^']+)'",),
         "Python module '{module}' not found {where}",
