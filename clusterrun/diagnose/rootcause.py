@@ -191,8 +191,8 @@ def find_root_cause(
             if state.unanswered:  # our stop never reached its host: its loss is not the stop's doing
                 secondary = 0
             elif state.degraded:  # its records stopped (a full disk): whether it failed before the stop is unknown
-                secondary = 1  # as uncertain as a rank that failed because a peer went away, and before it
-                when = -1.0
+                secondary = min(secondary, 1)  # as uncertain as a rank that failed because a peer went away,
+                when = -1.0  # and before it
             candidates.append((secondary, when, RootCause(
                 node=node, host=hosts[node], rank=None, local_rank=None, exit_code=None, signal=None,
                 last_lines=tuple(log.node_tail), message=lost_text(state), pid=state.torchrun_pid, lost=True)))
