@@ -190,9 +190,10 @@ def find_root_cause(
             when = state.away_since or state.ended_at or float("inf")
             if state.unanswered:  # our stop never reached its host: its loss is not the stop's doing
                 secondary = 0
-            elif state.degraded:  # its records stopped (a full disk): whether it failed before the stop is unknown
-                secondary = min(secondary, 1)  # as uncertain as a rank that failed because a peer went away,
-                when = -1.0  # and before it
+            elif state.degraded and secondary:  # stopped by us, but its records had stopped (a full disk):
+                # whether it failed before the stop is unknown; as uncertain as a rank that failed because a
+                # peer went away, and before it
+                secondary, when = 1, -1.0
             candidates.append((secondary, when, RootCause(
                 node=node, host=hosts[node], rank=None, local_rank=None, exit_code=None, signal=None,
                 last_lines=tuple(log.node_tail), message=lost_text(state), pid=state.torchrun_pid, lost=True)))
