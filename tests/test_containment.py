@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -366,6 +367,15 @@ def test_a_disk_that_fills_up_degrades_the_supervisor_but_the_stop_works(small_d
         assert any("could not record the end of the job in state.json: No space left on device" in n
                    for n in report["notes"]), report["notes"]
         assert "Traceback" not in (folder / "supervisor.log").read_text(errors="replace")
+        # Followed now, the node ends at once, lost, saying why (the monitor started for it cannot record it either)
+        ended: list[dict[str, Any]] = []
+        reader = threading.Thread(target=lambda: ended.extend(transport.stream(req(state_dir, "follow", logs=False))),
+                                  daemon=True)
+        reader.start()
+        reader.join(timeout=30)
+        assert not reader.is_alive(), "the follow of a node whose end cannot be recorded never ended"
+        assert ended[-1]["t"] == "end" and ended[-1]["state"]["state"] == "lost", ended[-1]
+        assert "their end could not be recorded: " in ended[-1]["state"]["error"], ended[-1]
     finally:
         for pid, _ in pids.values():
             try:
