@@ -236,6 +236,8 @@ def test_a_stop_asked_of_the_owner_during_the_backoff_is_recorded(fake: FakeClus
     result = run(runner, lambda: fail(fake, 1))
     assert result is not None and result.interrupted == "SIGINT"
     assert store.load(JOB).state is JobState.STOPPED and (JOB, 0, 2) not in fake.nodes
+    ends = [e for e in events if isinstance(e, JobFinished)]  # the attempt's, then the job's: said, never silent
+    assert [(e.restarting, e.result.interrupted) for e in ends] == [(True, None), (False, "SIGINT")]
     runner.close()
 
 
@@ -416,6 +418,7 @@ def test_a_restart_its_checks_refuse_fails_the_job_with_why(fake: FakeCluster, s
     why = record.attempts[-1].root_cause or ""
     assert "; not restarted: " in why and "train.py is missing" in why
     assert any(isinstance(e, JobNote) and e.text.startswith("could not restart: ") for e in events)
+    assert [e.restarting for e in events if isinstance(e, JobFinished)] == [True, False]  # then the job's end
     runner.close()
 
 

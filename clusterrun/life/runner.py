@@ -386,7 +386,7 @@ class Runner:
                 if state.asked is Asked.HAND_OVER:
                     return None  # the monitor resumes the wait
                 stopped = state.reason if state.asked is Asked.STOP else None
-                return dataclasses.replace(result, interrupted=stopped or "stopped during the backoff")
+                return self._ended(dataclasses.replace(result, interrupted=stopped or "stopped during the backoff"))
             replace = self.state.replace
             if replace:
                 self.note(f"the attempt lost {spares.why(result, list(replace))}")
@@ -398,11 +398,11 @@ class Runner:
                                  phases=self._phases, verified=verified_ended(result),
                                  transports=self._transports.lend)
             except Cancelled:
-                return dataclasses.replace(result, interrupted="stopped during the backoff")
+                return self._ended(dataclasses.replace(result, interrupted="stopped during the backoff"))
             except ClusterrunError as exc:
                 self.emit(JobNote(None, text=f"could not restart: {exc.render()}"))
                 give_up(self.store, self.job_id, record.attempt, exc.render())
-                return result
+                return self._ended(result)
             self._spec = self.spec.with_spares(replace)  # the spares in use in the places of the lost hosts
             self._follow_attempt(record)
             _before, state = self._move(Owner.next_attempt)
@@ -410,6 +410,13 @@ class Runner:
                 self.job.request_stop(state.reason or "stop requested")
             elif state.asked is Asked.HAND_OVER:
                 self.job.detach()
+
+    def _ended(self, result: JobResult) -> JobResult:
+        """The job ends where its restart would have begun: ``result`` said as the job's end (the
+        attempt's end was said as a restart's: ``emit``)."""
+        self.recorder.restarting = False
+        self.emit(JobFinished(None, result=result))
+        return result
 
     def _follow_attempt(self, record: JobRecord) -> None:
         """Follow ``record``'s current attempt from now on (a restart started it), with the same

@@ -87,7 +87,6 @@ class Session:
         self._restarting = False  # a viewer's restart is under way (an owner's is in ``runner.state``)
         self._kill_asked = False  # K during a viewer's restart: the restart carries it out (see ``kill``)
         self._waiting = False  # a viewer waits for the owner's next attempt (``_view_on``)
-        self._restart_said = False  # the last attempt's end was said as a restart's: the job goes on
         self._reached: set[int] = set()  # nodes this view has reached after a failure: the record's since is old
         self._gpu_interval = gpu_interval
         if runner is not None:
@@ -121,8 +120,6 @@ class Session:
         self._listeners.append(listener)
 
     def emit(self, event: Event) -> None:
-        if isinstance(event, JobFinished):
-            self._restart_said = event.restarting
         if isinstance(event, NodeLink) and event.node is not None:
             if event.up:
                 self._reached.add(event.node)
@@ -217,8 +214,6 @@ class Session:
         if self.runner is not None:
             self.result = self.runner.follow()
             self.record = self.runner.record
-            if self.result is not None and self._restart_said:  # stopped during the backoff: the job's end
-                self.emit(JobFinished(None, result=self.result))
             return
         while True:
             try:
