@@ -178,11 +178,16 @@ def test_restart_asks_then_starts_attempt_two(tmp_path: Path, state_dir: Path) -
     assert subprocess.run([sys.executable, "-m", "clusterrun", "down", job], cwd=ROOT).returncode == 0
 
 
+def failing_once(tmp_path: Path, state_dir: Path, backoff: str) -> tuple[str, Path]:
+    """A detached job whose rank 1 fails once when the test touches the gate, restarted once after ``backoff``."""
+    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra=f"restart: {{backoff: {backoff}}}\n")
+    gate = tmp_path / "fail"
+    return up_detached("--max-restarts", "1", hosts, SUPPORT / "fail_once_gated.py", tmp_path / "runs", gate), gate
+
+
 def test_an_attached_dashboard_follows_the_owners_restart_to_the_next_attempt(tmp_path: Path,
                                                                               state_dir: Path) -> None:
-    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra="restart: {backoff: 1s}\n")
-    counter, gate = tmp_path / "runs", tmp_path / "fail"
-    job = up_detached("--max-restarts", "1", hosts, SUPPORT / "fail_once_gated.py", counter, gate)
+    job, gate = failing_once(tmp_path, state_dir, "1s")
     app = dashboard_on(job, tail=0)
 
     async def script(app: Dashboard, pilot: object) -> None:
@@ -202,9 +207,7 @@ def test_an_attached_dashboard_follows_the_owners_restart_to_the_next_attempt(tm
 
 
 def test_k_in_an_attached_dashboard_during_the_owners_backoff_stops_the_job(tmp_path: Path, state_dir: Path) -> None:
-    hosts = write_hosts(tmp_path, [1, 1], state_dir, extra="restart: {backoff: 10m}\n")
-    counter, gate = tmp_path / "runs", tmp_path / "fail"
-    job = up_detached("--max-restarts", "1", hosts, SUPPORT / "fail_once_gated.py", counter, gate)
+    job, gate = failing_once(tmp_path, state_dir, "10m")
     app = dashboard_on(job, tail=0)
 
     async def script(app: Dashboard, pilot: object) -> None:
