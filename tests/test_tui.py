@@ -215,7 +215,7 @@ def test_k_in_an_attached_dashboard_during_the_owners_backoff_stops_the_job(tmp_
         gate.touch()
         await until(pilot, lambda: app.board.state == "restarting", 60, "the owner's backoff")
         await pilot.press("K", "y")  # type: ignore[attr-defined]
-        await until(pilot, lambda: app.board.finished and app.board.state != "restarting", 60, "the job's end")
+        await until(pilot, lambda: app.board.finished and app.board.state == "stopped", 60, "the job's end")
         await pilot.press("q")  # type: ignore[attr-defined]
 
     drive(app, script)

@@ -269,6 +269,7 @@ class Session:
             except ClusterrunError as exc:
                 self.error = exc
             record = None
+            ended = dataclasses.replace(ended, result=dataclasses.replace(ended.result, interrupted=KILLED))
         if record is None or record.attempt == attempt:
             if not self.detached:
                 self.emit(dataclasses.replace(ended, restarting=False))
