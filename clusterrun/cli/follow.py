@@ -24,7 +24,6 @@ if TYPE_CHECKING:  # the sessions are the dashboard's: made by the commands that
     from clusterrun.slurm.job import SlurmSession
 
 
-
 @contextmanager
 def _on_signals(handlers: Mapping[signal.Signals, Callable[[int], None]]) -> Iterator[dict[str, int]]:
     """Install ``handlers`` (by signal) for the duration; the dict yielded says which signal came first."""
