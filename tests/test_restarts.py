@@ -308,6 +308,26 @@ def test_a_users_restart_during_the_backoff_leaves_the_attempt_failed_and_restar
     runner.close()
 
 
+def test_an_owner_whose_backoff_a_restart_from_elsewhere_ended_says_so_not_that_the_job_ended(
+        fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
+    events: list[Event] = []
+    holder: list[Runner] = []
+
+    def restarted_elsewhere() -> None:  # `clusterrun restart` from another shell, during the countdown
+        restart(store, store.load(JOB), lambda event: None, owner_fd=holder[0].owner_fd,
+                recorded=Opened(store.load(JOB)).spec())
+
+    clock = FakeClock(on_wait=restarted_elsewhere)
+    runner = owned(fake, store, tmp_path, RestartPolicy(max=3, backoff_first=3600, backoff_most=3600), events, clock)
+    holder.append(runner)
+    run(runner, lambda: fail(fake, 1))
+    assert store.load(JOB).attempt == 2
+    assert [e.restarting for e in events if isinstance(e, JobFinished)] == [True]  # not the job's end
+    assert any(isinstance(e, JobNote) and e.text == "the job was restarted from elsewhere as attempt 2; its new "
+               "owner follows it" for e in events)
+    runner.close()
+
+
 def test_after_the_dashboards_restart_a_backoff_waits_its_time_and_is_not_woken_by_the_old_stop(
         fake: FakeCluster, store: JobStore, tmp_path: Path) -> None:
     """The dashboard's R stops the attempt through the owner (a request that wakes a backoff);

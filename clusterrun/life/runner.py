@@ -413,7 +413,14 @@ class Runner:
 
     def _ended(self, result: JobResult) -> JobResult:
         """The job ends where its restart would have begun: ``result`` said as the job's end (the
-        attempt's end was said as a restart's: ``emit``)."""
+        attempt's end was said as a restart's: ``emit``), unless a ``restart`` from elsewhere took it."""
+        try:
+            now = self.store.load(self.job_id)
+        except ClusterrunError:
+            now = None
+        if now is not None and now.attempt > self.job.attempt:
+            self.note(f"the job was restarted from elsewhere as attempt {now.attempt}; its new owner follows it")
+            return result
         self.recorder.restarting = False
         self.emit(JobFinished(None, result=result))
         return result
