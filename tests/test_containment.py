@@ -323,7 +323,7 @@ def test_a_full_state_dir_refuses_the_start_cleanly(small_disk: Path, tmp_path: 
     request = req(state_dir, "start", argv=[sys.executable, "-c", "import time; time.sleep(600)"], env={},
                   cwd=str(tmp_path))
     with pytest.raises(AgentError, match=r"cannot write to the state dir .*No space left on device.*nothing was "
-                                         r"started \(free space there or set `state_dir:` for this host\)"):
+                                         r"started \(free space there, or set `state_dir:` in the hosts file\)"):
         transport.call(request)
     assert transport.call(req(state_dir, "status"))["state"] == {"state": "absent"}
     filler.unlink()  # once there is room, the same attempt starts

@@ -496,6 +496,8 @@ def test_disk_thresholds() -> None:
     assert doctor.disk_check(inspection(disk_free=512 << 10)).verdict is Verdict.FAIL
     assert doctor.disk_check(inspection(disk_free=4 << 20)).verdict is Verdict.WARN  # a small job still fits
     assert doctor.disk_check(inspection(disk_free=None, disk_error="Permission denied")).verdict is Verdict.FAIL
+    read_only = doctor.disk_check(inspection(disk_path="/data", disk_free=2 << 30, disk_writable=False))
+    assert read_only.verdict is Verdict.FAIL and read_only.detail.startswith("/data is not writable")
 
 
 def test_gpus_by_index_or_uuid_and_busy_ones_warn() -> None:

@@ -113,6 +113,16 @@ def fs_problem(exc: OSError) -> str:
     return f"{os.strerror(exc.errno) if exc.errno else exc}" + (f": {exc.filename}" if exc.filename else "")
 
 
+def not_started(what: str, folder: str, exc: OSError) -> str:
+    """Why a start wrote nothing to the state dir (``what``: "cannot create the state dir"), and the fix."""
+    import errno
+
+    remedy = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space there (a quota)",
+              errno.EROFS: "make that file system writable", errno.EACCES: "let this user write there",
+              errno.EPERM: "let this user write there"}.get(exc.errno or 0, "free space there or make it writable")
+    return f"{what} {folder}: {fs_problem(exc)}; nothing was started ({remedy}, or set `state_dir:` in the hosts file)"
+
+
 def load_state(req: NodeRequest) -> tuple[str, dict[str, Any]]:
     folder = attempt_dir(req)
     state = read_state(folder)

@@ -8,7 +8,7 @@ import time
 from .cgroup import cg_populated, cg_remove, make_cgroup
 from .codec import json_loads
 from .logind import logind_problem, user_scope
-from .records import AgentFailure, attempt_dir, fs_problem, write_json_atomic
+from .records import AgentFailure, attempt_dir, not_started, write_json_atomic
 from .setup import PREPARED, run_setup, setup_key
 from .supervisor import spawn_supervisor
 from .system import read_until, static_fallbacks
@@ -42,8 +42,7 @@ def op_start(req: StartRequest) -> dict[str, Any]:
     except FileExistsError:
         raise AgentFailure(f"{folder} already exists: this attempt was started before") from None
     except OSError as exc:
-        raise AgentFailure(f"cannot create the state dir {folder}: {fs_problem(exc)}; nothing was started "
-                           "(free space there or set `state_dir:` for this host)") from None
+        raise AgentFailure(not_started("cannot create the state dir", folder, exc)) from None
     scope = None
     session_problem = logind_problem()
     if session_problem:
@@ -72,8 +71,7 @@ def op_start(req: StartRequest) -> dict[str, Any]:
         if cgroup:
             cg_remove(cgroup)
         _discard(folder)
-        raise AgentFailure(f"cannot write to the state dir {folder}: {fs_problem(exc)}; nothing was started "
-                           "(free space there or set `state_dir:` for this host)") from None
+        raise AgentFailure(not_started("cannot write to the state dir", folder, exc)) from None
     deadline = time.monotonic() + 30
     try:
         data = read_until(ready, deadline, line=True)

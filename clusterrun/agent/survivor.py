@@ -13,7 +13,15 @@ from .codec import json_dumps
 from .kmsg import KernelLog
 from .monitor import EXIT_FILE, RESPAWNS, Monitor, leave_cgroup, save_state
 from .procs import proc_entry, signal
-from .records import attempt_marker, boot_id, fs_problem, read_json, write_atomic, write_json_atomic
+from .records import (
+    attempt_marker,
+    boot_id,
+    fs_problem,
+    not_started,
+    read_json,
+    write_atomic,
+    write_json_atomic,
+)
 from .system import exit_with
 from .waker import IDLE_CHECK, Waker, drain
 
@@ -146,8 +154,7 @@ class Survivor:
             write_json_atomic(os.path.join(self.folder, "state.json"), self.state)  # nothing runs yet
         except OSError as exc:
             self.state.update(state="exited", ended_at=time.time(), unwritable=True,
-                              error=f"cannot write to the state dir {self.folder}: {fs_problem(exc)}; nothing was "
-                                    "started (free space there or set `state_dir:` for this host)")
+                              error=not_started("cannot write to the state dir", self.folder, exc))
             self._leave_cgroup()
             self._ready()
             return 1

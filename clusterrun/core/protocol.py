@@ -514,6 +514,7 @@ class Inspection:
     disk_path: str = ""
     disk_free: int | None = None
     disk_error: str | None = None
+    disk_writable: bool = True  # this user may write there (no read-only file system, the permissions)
     torch_cuda: str | None = None
     deep: DeepTorch | None = None
     nvidia_smi: str | None = None  # its path, None where it is missing (or not asked)
@@ -543,7 +544,8 @@ def decode_inspection(host: str, answer: Any) -> Inspection:
     return Inspection(cwd=r.need_text("cwd"), paths=dict(paths), time=r.number("time") or 0.0,
                       elapsed=r.number("elapsed") or 0.0,
                       disk_path=disk.text("path") or "", disk_free=disk.integer("free"), disk_error=disk.text("error"),
-                      torch_cuda=r.text("torch_cuda"), deep=deep, nvidia_smi=r.text("nvidia_smi"),
+                      disk_writable=disk.data.get("writable") is not False, torch_cuda=r.text("torch_cuda"),
+                      deep=deep, nvidia_smi=r.text("nvidia_smi"),
                       gpu_list=r.text("gpu_list"), gpu_apps=r.text("gpu_apps"), logind=r.text("logind") or "",
                       logind_scope=bool(r.data.get("logind_scope")),
                       imports_missing=None if missing is None else tuple(missing), imports_error=imports.text("error"))

@@ -189,6 +189,9 @@ def disk_check(inspection: Inspection) -> Check:
         return Check("state disk", Verdict.FAIL, f"cannot read {inspection.disk_path}: {inspection.disk_error}",
                      "make the state dir's file system readable, or set `state_dir:`")
     free = _size(inspection.disk_free)
+    if not inspection.disk_writable:
+        return Check("state disk", Verdict.FAIL, f"{inspection.disk_path} is not writable (a read-only file system, "
+                     "or its permissions)", "make it writable for this user, or set `state_dir:` in the hosts file")
     if inspection.disk_free < DISK_FULL:  # full: not even the state files fit
         return Check("state disk", Verdict.FAIL, f"only {free} free in {inspection.disk_path}",
                      "free space there, or set `state_dir:` to a file system with room for the logs")
