@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Protocol
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_SIGNAL, _fail, _note
 from clusterrun.cli.records import _refresh
 from clusterrun.core.events import JobResult
-from clusterrun.life.lifecycle import after_attempt
 from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.store.opened import Opened
 from clusterrun.views.printer import Printer
@@ -96,6 +95,7 @@ def _decided(store: JobStore, opened: Opened, attempt: int, result: JobResult,
              summary: Callable[[JobResult, bool], None], got: dict[str, int]) -> tuple[Opened, JobRecord | None, bool]:
     """``after_attempt`` for a command's viewer: the job as last read, what became of it (None: a
     signal came first), and whether the attempt's end (``result``) was said as a restart's."""
+    from clusterrun.life.lifecycle import after_attempt  # not on `logs`'s path without -f
     from clusterrun.views.joblist import job_state_text  # ps's module: not on `up`'s path
 
     seen, said = [opened], [False]
