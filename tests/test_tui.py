@@ -206,6 +206,28 @@ def test_an_attached_dashboard_follows_the_owners_restart_to_the_next_attempt(tm
     assert ps_json(job)["attempt"] == 2 and clusterrun("down", job).returncode == 0
 
 
+def test_an_attached_dashboard_whose_jobs_monitor_died_in_the_backoff_starts_one_and_follows_the_restart(
+        tmp_path: Path, state_dir: Path) -> None:
+    job, gate = failing_once(tmp_path, state_dir, "3s")
+    app = dashboard_on(job, tail=0)
+    pidfile = JobStore().dir(job) / "monitor.pid"
+
+    async def script(app: Dashboard, pilot: object) -> None:
+        await until(pilot, lambda: table_states(app) == ["running", "running"], 60, "both nodes running")
+        first = pidfile.read_text()
+        gate.touch()
+        await until(pilot, lambda: app.board.state == "restarting", 60, "the owner's backoff")
+        os.kill(int(first.split()[0]), signal.SIGKILL)  # nobody owns the job now: nothing would restart it
+        await until(pilot, lambda: app.board.attempt == 2 and table_states(app) == ["running", "running"], 90,
+                    "attempt 2 running, restarted by a new monitor")
+        assert pidfile.read_text() != first
+        await pilot.press("d")  # type: ignore[attr-defined]
+        await until(pilot, lambda: not app.is_running, 15, "the app to exit")
+
+    drive(app, script)
+    assert ps_json(job)["attempt"] == 2 and clusterrun("down", job).returncode == 0
+
+
 def test_k_in_an_attached_dashboard_during_the_owners_backoff_stops_the_job(tmp_path: Path, state_dir: Path) -> None:
     job, gate = failing_once(tmp_path, state_dir, "10m")
     app = dashboard_on(job, tail=0)

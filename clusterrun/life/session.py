@@ -43,7 +43,7 @@ from clusterrun.core.events import (
 from clusterrun.diagnose.stacks import render
 from clusterrun.life.attempt import NextAttempt, attempt_event, begin_stop, stop
 from clusterrun.life.lifecycle import after_attempt, follower, save_seen, stacks_view
-from clusterrun.life.recorder import record_stop
+from clusterrun.life.recorder import record_stop, refresh
 from clusterrun.life.runner import Runner
 from clusterrun.run.orchestrator import Emit, Job
 from clusterrun.store.jobs import JobRecord, JobStore
@@ -246,8 +246,9 @@ class Session:
             if record.attempt == attempt:  # its backoff: when the next one starts
                 self.emit(JobNote(None, text=f"the job is {job_state_text(record, time.time())}"))
 
-        def look() -> JobRecord:
-            self.record = self.store.load(self.job_id)
+        def look() -> JobRecord:  # nobody owns it (its monitor died): reconciled, and a monitor again
+            self._opened = refresh(self.store, self._opened.with_record(self.store.load(self.job_id)))
+            self.record = self._opened.record
             return self.record
 
         with self._lock:
