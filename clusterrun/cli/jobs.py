@@ -279,7 +279,7 @@ def attach(job: str, tail: int | None, no_tui: bool, ui_lines: int, hosts_file: 
     printer.note(f"attached to job {record.job_id} (attempt {record.attempt}, {record.state}); "
                  + ("it has ended: its lines since you last looked, then how it ended" if record.finished
                     else "Ctrl-C detaches, the job keeps running"))
-    result, got = follow_attempts(store, opened, first, lambda result, again: printer.summary(result, again),
+    result, got = follow_attempts(store, opened, first, printer.summary,
                                   lambda opened: viewer(opened, {}, 0),  # the next attempt from its start
                                   [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], done=saved)
     if result is None:
