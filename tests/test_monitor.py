@@ -57,7 +57,7 @@ class Job:
     """fake torchrun with ``nproc`` ``sh`` ranks, started as the survivor starts it, and the survivor's part."""
 
     def __init__(self, procs: Processes, at: Attempt, tmp_path: Path, codes: str = "0 0", nproc: int = 2,
-                 survivor: bool = True, monitor_interval: float = 0.1, **spec: Any) -> None:
+                 survivor: bool = True, monitor_interval: float = 0.1, rank: str = RANK, **spec: Any) -> None:
         self.at, self.gate, self.pids, self.nproc = at, tmp_path / "gate", tmp_path / "pids", nproc
         os.mkfifo(self.gate)
         # Held open here (read-write: no wait for a reader): a rank's open never waits, and what is
@@ -67,7 +67,7 @@ class Job:
         port = free_port()
         argv = [sys.executable, str(SUPPORT / "fake_torchrun.py"), f"--nproc-per-node={nproc}", "--redirects=3",
                 f"--master-port={port}", "--rdzv-id=mon", f"--monitor-interval={monitor_interval}", "--no-python",
-                "sh", "-c", RANK]
+                "sh", "-c", rank]
         at.make()
         log = os.open(at.folder / "output.log", os.O_WRONLY | os.O_APPEND)
         try:
@@ -192,6 +192,34 @@ def test_without_a_survivor_torchruns_exit_is_learned_from_its_ranks_exits(
     assert state["exit_code"] == 0 and "exit_status" not in state and not state["error"]
     assert state["exit_learned"] == ("every rank exited 0 (torchrun's own exit was not recorded: its survivor "
                                      "was killed)")
+
+
+def test_a_failed_rank_that_torchrun_reaped_before_its_exit_was_read_stays_the_first_failure(
+        procs: Processes, attempt: Attempt, tmp_path: Path, own_signals: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 exits 1; torchrun reaps it and SIGTERMs rank 0. On a loaded machine torchrun can reap
+    rank 1 before the monitor reads its exit (here it never can): the node's failure is still rank
+    1's, not that of rank 0, which torchrun stopped because of it."""
+    from clusterrun.agent import procs as agent_procs
+    from clusterrun.core.protocol import decode_status
+    from clusterrun.diagnose.rootcause import NodeLog, find_root_cause
+
+    def read_late(pid: int, real: Callable[[int], int | None] = agent_procs.zombie_exit) -> int | None:
+        code = real(pid)
+        return None if code == 1 else code  # rank 1's: reaped before it was read
+
+    monkeypatch.setattr(agent_procs, "zombie_exit", read_late)
+    monkeypatch.setattr(monitor, "zombie_exit", read_late)
+    rank = 'if [ "$RANK" = 1 ]; then read go < "$GATE"; exit 1; fi; exec sleep 600'
+    job = Job(procs, attempt, tmp_path, survivor=False, rank=rank)  # nobody reaps torchrun: its exit is learned
+    job.survive(until=_workers(2))
+    run_monitor(attempt.folder, job.state)
+
+    state = attempt.state()
+    assert {w["rank"]: w.get("exit_code") for w in state["workers"]} == {0: -signal.SIGTERM, 1: None}
+    assert state["exit_code"] == 1 and state["failed_rank"] == 1
+    assert state["exit_learned"].startswith("rank 1 ended first, its exit code unread"), state["exit_learned"]
+    root = find_root_cause({0: "h"}, {0: NodeLog()}, {0: decode_status("h", state)}, set())
+    assert root is not None and root.describe() == "rank 1 on node 0 (h, local rank 1): failed"
 
 
 def test_ranks_quiet_for_hang_after_make_the_node_quiet_since_their_last_output(

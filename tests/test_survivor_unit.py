@@ -166,6 +166,27 @@ def test_without_an_exit_file_torchruns_exit_is_learned_from_its_ranks_ends(tmp_
         "exit_code": 1, "signal": None, "exit_learned": "torchrun's failure report: rank 1 exited 2" + unreaped}
 
 
+def test_the_first_failure_is_the_first_rank_to_end_non_zero_or_unread_before_torchruns_sigterm(
+        tmp_path: Path) -> None:
+    from clusterrun.agent.monitor import FAILED_STOP, failed_first, first_failure
+
+    def worker(rank: int, died: float, code: int | None) -> dict[str, object]:
+        return {"rank": rank, "local_rank": rank, "pid": 100 + rank, "died": died, "exit_code": code}
+
+    done, failed, stopped = worker(0, 1.0, None), worker(1, 5.0, 3), worker(2, 6.0, -signal.SIGTERM)
+    assert first_failure([done, failed, stopped]) == failed  # an unread end before a known failure: not it
+    unread = worker(1, 5.0, None)  # torchrun reaped it before its exit was read, then SIGTERMed rank 2
+    assert first_failure([done, unread, stopped]) == unread  # the last unread end before the SIGTERM
+    assert first_failure([done, unread, worker(2, 5.0, -signal.SIGTERM)]) == unread  # seen together
+    assert first_failure([done, worker(1, 7.0, None), stopped]) == stopped  # it ended after: torchrun's stop
+    assert first_failure([done, unread]) is None  # no failure known at all
+    (tmp_path / "stop").write_text(FAILED_STOP)
+    assert failed_first([done, unread, stopped], str(tmp_path)) == {
+        "exit_code": 1, "signal": None, "failed_rank": 1,
+        "exit_learned": "rank 1 ended first, its exit code unread (torchrun reaped it first); "
+                        "torchrun was stopped at once after it"}
+
+
 def test_a_workers_exit_is_read_while_it_is_a_zombie() -> None:
     import subprocess
     import sys

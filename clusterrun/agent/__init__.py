@@ -226,7 +226,8 @@ under umask 077 so they are never readable by others, not even briefly):
                     which alone could reap it; ``exit_code`` is then null and ``error`` says so,
                     unless its ranks' ends tell it: ``exit_learned`` then says how, see
                     ``monitor.learned_exit``; or a ``failed`` stop cut torchrun's teardown short
-                    after a rank of it had failed: ``monitor.failed_first``),
+                    after a rank of it had failed: ``monitor.failed_first``; ``failed_rank`` then
+                    names the rank that failed first, its exit code possibly unread),
                     ``cgroup`` (the attempt's cgroup once the supervisor is in it, else null),
                     ``fallbacks`` (what the host lacked, in words), ``degraded`` (why the
                     supervisor could not write something), ``supervisor`` (the monitor) and ``torchrun``

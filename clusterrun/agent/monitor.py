@@ -75,18 +75,45 @@ def learned_exit(workers: list[dict[str, Any]], folder: str) -> dict[str, Any] |
     """torchrun's exit where nobody reaped it (its survivor was killed), as far as its ranks' ends
     tell: the exits the monitor read of them, then torchrun's failure report in the log. torchrun
     exits 0 when every rank did and 1 when one failed; ``exit_learned`` says how this was learned."""
-    failed = [w for w in workers if w.get("exit_code") not in (None, 0)]
-    if failed:
-        w = min(failed, key=lambda w: w.get("died") or 0)
-        how = f"rank {w['rank']} exited {w['exit_code']}"
-    elif workers and all(w.get("exit_code") == 0 for w in workers):
+    first = first_failure(workers)
+    if first is not None:
+        return {"exit_code": 1, "signal": None, "exit_learned": f"{rank_end(first)}{UNREAPED}",
+                "failed_rank": first.get("rank")}
+    if workers and all(w.get("exit_code") == 0 for w in workers):
         return {"exit_code": 0, "signal": None, "exit_learned": f"every rank exited 0{UNREAPED}"}
-    else:
-        report = failure_report(os.path.join(folder, "output.log"))
-        if report is None:
-            return None
-        how = report
-    return {"exit_code": 1, "signal": None, "exit_learned": f"{how}{UNREAPED}"}
+    report = failure_report(os.path.join(folder, "output.log"))
+    if report is None:
+        return None
+    return {"exit_code": 1, "signal": None, "exit_learned": f"{report}{UNREAPED}"}
+
+
+# Seconds from a rank's end to torchrun's SIGTERM of the others: its poll (0.1 s) on a loaded machine.
+REAP_SLACK = 3.0
+
+
+def first_failure(workers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The worker whose failure came first: the first to end non-zero. torchrun SIGTERMs its other
+    ranks when one fails and reaps it within its poll (0.1 s), sometimes before this monitor read its
+    exit: where the first failure is a SIGTERM, the last rank to end shortly before it with its exit
+    unread is the one torchrun stopped them for."""
+    failed = [w for w in workers if w.get("exit_code") not in (None, 0)]
+    if not failed:
+        return None
+    first = min(failed, key=lambda w: w.get("died") or 0)
+    if first["exit_code"] == -signal.SIGTERM:
+        stopped = first.get("died") or 0
+        unread = [w for w in workers if w.get("exit_code") is None and w.get("died") is not None
+                  and stopped - REAP_SLACK <= w["died"] <= stopped]
+        if unread:
+            return max(unread, key=lambda w: w["died"])
+    return first
+
+
+def rank_end(worker: dict[str, Any]) -> str:
+    """How a failed worker ended, in words (``first_failure``'s pick)."""
+    code = worker.get("exit_code")
+    return f"rank {worker.get('rank')} " + (f"exited {code}" if code is not None
+                                            else "ended first, its exit code unread (torchrun reaped it first)")
 
 
 UNREAPED = " (torchrun's own exit was not recorded: its survivor was killed)"
@@ -98,18 +125,19 @@ FAILED_STOP = "failed"
 def failed_first(workers: list[dict[str, Any]], folder: str) -> dict[str, Any] | None:
     """This node's end when a stop cut torchrun's teardown short after one of its ranks had failed
     (the stop file says ``FAILED_STOP``): exit code 1, as torchrun's for a failed rank, learned from
-    the first failed rank; None for any other stop, or when no rank had failed."""
-    failed = [w for w in workers if w.get("exit_code") not in (None, 0)]
+    the first failed rank (``first_failure``); None for any other stop, or when no rank had failed."""
     try:
         with open(os.path.join(folder, "stop")) as mark:
             word = mark.read().strip()
     except OSError:
         return None
-    if word != FAILED_STOP or not failed:
+    first = first_failure(workers)
+    if word != FAILED_STOP or first is None:
         return None
-    w = min(failed, key=lambda w: w.get("died") or 0)
-    return {"exit_code": 1, "signal": None,
-            "exit_learned": f"rank {w['rank']} exited {w['exit_code']}; torchrun was stopped at once after it"}
+    return {"exit_code": 1, "signal": None, "failed_rank": first.get("rank"),
+            "exit_learned": f"{rank_end(first)}; torchrun was stopped at once after it"}
+
+
 REPORT_TAIL = 1 << 16  # bytes of the log's end read for torchrun's failure report
 
 
@@ -363,9 +391,10 @@ class Monitor:
     def _finish(self, log_fd: int) -> None:
         """torchrun has ended: its exit status, what it left killed, the last lines, the final state."""
         self.exits.close()
+        now = time.time()
         for w in self.state["workers"]:
             if w["died"] is None:
-                w["died"] = time.time()
+                w["died"] = self.exits.ended.get(w["pid"], now)
             if w.get("exit_code") is None and w["pid"] in self.exits.codes:
                 w["exit_code"] = self.exits.codes[w["pid"]]
         self.state["quiet_since"] = None  # no rank runs: the job's owner must not read an ended node as quiet
@@ -427,12 +456,13 @@ class Monitor:
             if self.wakeup in ready:
                 drain(self.wakeup)
             changed = False
+            seen_at = time.time()
             for pid, handle in list(self.workers.items()):
                 if handle.fd in ready or (handle.fd < 0 and not handle.alive()):
                     code = self.exits.codes.get(pid, zombie_exit(pid))
                     for w in self.state["workers"]:
                         if w["pid"] == pid and w["died"] is None:
-                            w["died"] = time.time()
+                            w["died"] = self.exits.ended.get(pid, seen_at)
                             if code is not None:
                                 w["exit_code"] = code
                             changed = True

@@ -73,10 +73,12 @@ class ExitReader:
     The thread sleeps in ``select`` on the workers' pidfds and a wake-up pipe (a new worker, the
     close): a quiet job costs it nothing.
 
-    create → ``start()`` → ``watch(pid)`` as workers are found → ``codes`` (pid → exit) → ``close()``."""
+    create → ``start()`` → ``watch(pid)`` as workers are found → ``codes`` (pid → exit) and ``ended``
+    (pid → wall-clock time its end was seen, read or not) → ``close()``."""
 
     def __init__(self) -> None:
         self.codes: dict[int, int] = {}
+        self.ended: dict[int, float] = {}
         self._pids: set[int] = set()
         self._done = False
         self._running: Any = None  # a lock the thread holds while it runs
@@ -116,11 +118,14 @@ class ExitReader:
                         fds[os.pidfd_open(pid)] = pid
                     except OSError:
                         pass  # reaped already: its exit is not known
-                for fd in select.select([wake, *fds], [], [])[0]:
+                ready = select.select([wake, *fds], [], [])[0]
+                now = time.time()  # one time for the ends seen together: their order is not known
+                for fd in ready:
                     if fd == wake:
                         os.read(wake, 4096)
                         continue
                     pid = fds.pop(fd)
+                    self.ended[pid] = now
                     code = zombie_exit(pid)
                     if code is not None:
                         self.codes[pid] = code

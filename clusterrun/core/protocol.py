@@ -109,6 +109,7 @@ class NodeStatus:
     progress: Progress | None = None  # the training's progress, on the node of rank 0 (``agent/progress.py``)
     rebooted: bool = False  # lost: the host's boot id changed since the job started
     exit_learned: str | None = None  # how torchrun's exit code was learned where it was not reaped or was cut short
+    failed_rank: int | None = None  # with ``exit_learned``: the rank that failed first, as the host's monitor found it
     # The controller's, not the host's: when contact with the host was lost just before it said
     # ``lost`` (the stream that said so was the first after the outage): when the host went away.
     away_since: float | None = None
@@ -325,7 +326,8 @@ def decode_status(host: str, state: Any, what: str = "state") -> NodeStatus:
                       torchrun_pid=torchrun.integer("pid"), ended_at=r.number("ended_at"),
                       workers=tuple(workers), degraded=r.text("degraded") or None,
                       exit_unknown=r.data.get("exit_status") == "unknown", rebooted=r.data.get("rebooted") is True,
-                      exit_learned=r.text("exit_learned") or None, contained=r.data.get("cgroup_removed") is True,
+                      exit_learned=r.text("exit_learned") or None, failed_rank=r.integer("failed_rank"),
+                      contained=r.data.get("cgroup_removed") is True,
                       quiet_since=r.number("quiet_since"),
                       rdzv_joined=r.data.get("rdzv_joined") if isinstance(r.data.get("rdzv_joined"), bool) else None,
                       progress=Progress.from_json(r.data.get("progress")),

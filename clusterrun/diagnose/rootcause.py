@@ -62,13 +62,14 @@ class RankFailure:
     """A rank's end as torchrun's failure report, or the host's monitor, recorded it."""
 
     local_rank: int | None
-    exit_code: int  # negative: the signal that killed it (torchrun's form)
+    exit_code: int | None  # negative: the signal that killed it (torchrun's form); None: not read
     pid: int | None
 
     def cause(self, node: int, host: str, rank: int, tail: tuple[str, ...]) -> RootCause:
         code = self.exit_code
         return RootCause(node=node, host=host, rank=rank, local_rank=self.local_rank,
-                         exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
+                         exit_code=code if code is None or code >= 0 else None,
+                         signal=-code if code is not None and code < 0 else None,
                          last_lines=tail, message=exception_message(tail), pid=self.pid)
 
 
@@ -239,9 +240,10 @@ def _after_a_peer(tail: tuple[str, ...]) -> int:
 def ranks_failed(state: NodeStatus) -> dict[int, RankFailure]:
     """The failed ranks as the host's monitor recorded them, for a node whose torchrun printed no
     failure report: it was stopped at once after its rank failed, or nobody reaped it
-    (``exit_learned`` says which)."""
-    return {w.rank: RankFailure(w.local_rank, w.exit_code, w.pid or None)
-            for w in state.workers if w.rank is not None and w.exit_code}
+    (``exit_learned`` says which). The monitor names the first (``failed_rank``): its exit may be unread."""
+    named = [w for w in state.workers if w.rank is not None and w.rank == state.failed_rank]
+    failed = named or [w for w in state.workers if w.rank is not None and w.exit_code]
+    return {w.rank: RankFailure(w.local_rank, w.exit_code, w.pid or None) for w in failed if w.rank is not None}
 
 
 def lost_text(state: NodeStatus) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from clusterrun.agent.gpus import parse_gpus
+from clusterrun.agent.monitor import first_failure, rank_end
 from clusterrun.agent.wire import REQUESTS
 from clusterrun.core.errors import ConnectError
 from clusterrun.transports.fakehosts import FakeHost, FakeNode, Key, pids
@@ -216,11 +217,10 @@ class FakeAgent:
             code = None if node.outlives_grace else node.stop_exit_code
             node.state = dict(node.state, state="exited", exit_code=code, signal=9 if node.outlives_grace else
                               None if code is not None else 15, stop_requested=True, ended_at=self.now())
-            failed = [w for w in node.state.get("workers") or [] if w.get("exit_code")]
-            if request.get("failed") and failed:  # as the monitor's ``failed_first``: the rank's failure, not a stop
-                node.state.update(exit_code=1, signal=None, stop_requested=False,
-                                  exit_learned=f"rank {failed[0]['rank']} exited {failed[0]['exit_code']}; "
-                                               "torchrun was stopped at once after it")
+            first = first_failure(node.state.get("workers") or [])
+            if request.get("failed") and first:  # as the monitor's ``failed_first``: the rank's failure, not a stop
+                node.state.update(exit_code=1, signal=None, stop_requested=False, failed_rank=first.get("rank"),
+                                  exit_learned=f"{rank_end(first)}; torchrun was stopped at once after it")
         cgroup = {"containment": "cgroup", "verified": not node.leave_on_stop,
                   "at_once": bool(request.get("failing")) and bool(killed)} if node.contained else {}
         return {"ok": True, "killed": killed, "left": list(node.leave_on_stop), "state": self._view(host, node),
