@@ -7,6 +7,7 @@ what its hosts do. ``tests/test_transport_contract.py`` holds the fake to the re
 from __future__ import annotations
 
 import io
+import queue
 import re
 import signal
 import threading
@@ -202,6 +203,46 @@ def test_losing_contact_for_any_time_never_stops_the_job(fake: FakeCluster, monk
     assert not fake.ops("stop")
     # one notice that it is unreachable and one that it is back, however many reconnections failed
     assert [(e.node, e.up) for e in run.seen.events if isinstance(e, NodeLink)] == [(0, False), (0, True)]
+
+
+def test_a_host_is_unreachable_since_its_word_was_due_not_since_its_silence_was_noticed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dead link is noticed after a silence (the stream's read times out: FOLLOW_TIMEOUT), but the
+    agent speaks every HEARTBEAT: the host was gone by then after its last message. On one line."""
+    from types import SimpleNamespace
+
+    from clusterrun.agent.wire import HEARTBEAT
+    from clusterrun.core.errors import ConnectError
+    from clusterrun.run import follower
+    from clusterrun.transports.sshlib import map_error
+
+    wall = [1000.0]
+    monkeypatch.setattr(follower, "time", SimpleNamespace(time=lambda: wall[0], monotonic=time.monotonic))
+
+    class Silent:  # one heartbeat, then a silence noticed 20 s later; then refused
+        name = "h0"
+
+        def stream(self, request: object) -> Iterator[dict[str, str]]:
+            if wall[0] > 1000.0:
+                raise ConnectError("h0", "connection refused")
+            yield {"t": "beat"}
+            wall[0] += 20.0
+            raise map_error("h0", TimeoutError())
+
+    inbox: queue.Queue[tuple[int, object]] = queue.Queue()
+    detach = threading.Event()
+    run = follower.Follower(0, Node(None, Silent()), lambda where: where, inbox=inbox,  # type: ignore[arg-type]
+                            reconnect=Reconnect(first=0.001, most=0.001), tail=None, offset=0, before=0,
+                            detach=detach, stopping=threading.Event(), wake=threading.Event())
+    thread = threading.Thread(target=run.run)
+    thread.start()
+    try:
+        assert inbox.get(timeout=10) == (0, follower.Link(
+            up=False, error="h0: timed out; is the host up and reachable on its SSH port?", since=1000.0 + HEARTBEAT))
+    finally:
+        detach.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
 
 
 def test_an_unreachable_timeout_is_opt_in_and_then_counts_as_lost(fake: FakeCluster) -> None:

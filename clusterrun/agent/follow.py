@@ -11,6 +11,7 @@ from .procs import PidHandle, job_alive, pin
 from .records import load_state, lost, read_state
 from .serve import answer_aside, aside_ready
 from .waker import IDLE_CHECK, IN_MODIFY, IN_MOVED_TO, Waker
+from .wire import HEARTBEAT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,9 +32,6 @@ INTERVALS = (0.005, 0.5)  # the intervals a request may ask for
 # if none is) run at most this often, and at once when a pinned process ended: each reads /proc,
 # which cost more than the read of the log (~1 ms under load; 16 agents at 50 reads a second).
 CHECK_EVERY = IDLE_CHECK / 2
-# ``follow`` says something at least this often, so a reader can tell a dead connection from a
-# quiet job: no message for a few heartbeats means the link is gone.
-HEARTBEAT = 5.0
 
 
 def tail_offset(path: str, lines: int, end: int | None = None) -> int:

@@ -17,9 +17,9 @@ import sys
 import time
 
 from .codec import emit
-from .follow import HEARTBEAT
 from .records import AgentFailure
 from .setup import find_program, run_setup
+from .wire import HEARTBEAT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

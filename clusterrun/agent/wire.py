@@ -24,6 +24,10 @@ else:
 
 _MISSING = object()
 
+# A ``follow`` or ``run`` stream says something at least this often (seconds), so a reader can
+# tell a dead connection from a quiet job: no message for a few heartbeats means the link is gone.
+HEARTBEAT = 5.0
+
 
 def _frozen(cls: type) -> type:
     """A frozen dataclass made without ``dataclasses`` (see the module docstring)."""

@@ -38,6 +38,10 @@ class ClusterrunError(Exception):
             text += f"\n  hint: {self.hint}"
         return text
 
+    def one_line(self) -> str:
+        """``render()`` on one line, for a node's status: the hint after a semicolon."""
+        return self.render().replace("\n  hint: ", "; ")
+
 
 class ConfigError(ClusterrunError):
     """The hosts file (or a value given on the command line) is invalid.

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from clusterrun.agent.wire import NodeRequest
+from clusterrun.agent.wire import HEARTBEAT, NodeRequest
 from clusterrun.core.errors import ClusterrunError
 from clusterrun.core.events import (
     Event,
@@ -110,6 +110,7 @@ class Link:
     error: str = ""
     gave_up: bool = False
     lost: bool = False
+    since: float | None = None  # unreachable: when it was gone at the latest (wall clock)
 
 
 @dataclass
@@ -221,6 +222,7 @@ class Follower:
         # When contact was lost, until the host shows the job alive after it (a heartbeat, lines
         # written since): a ``lost`` said before that means the host went away then.
         away: float | None = None
+        heard: float | None = None  # when the host's last message came
         before = self.before if tail is None else 0
         while True:
             where: dict[str, Any] = {"offset": position} if tail is None else {"tail": tail}
@@ -234,6 +236,7 @@ class Follower:
                 try:
                     for raw in stream:
                         message = decode_follow(node.host, raw)
+                        heard = time.time()
                         if failures:
                             self.inbox.put((rank, Link(up=True)))
                             failures, retrying, node.away_since = 0, 0.0, None
@@ -256,7 +259,7 @@ class Follower:
                     node.stream = None
                     stream.close()
             except ClusterrunError as exc:
-                error = exc.render()
+                error = exc.one_line()
             except Exception as exc:  # noqa: BLE001 - a transport's untranslated error must not end the follower
                 error = f"{node.host}: {type(exc).__name__}: {exc}"
             else:
@@ -264,12 +267,14 @@ class Follower:
             if self.detach.is_set():
                 return
             failures += 1
-            if failures == 1:
-                away = node.away_since = time.time()
+            if failures == 1:  # a dead link is noticed only after a silence (FOLLOW_TIMEOUT), but the host
+                # speaks every HEARTBEAT: by its next word after the last one, it was gone
+                now = time.time()
+                away = node.away_since = now if heard is None else min(now, heard + HEARTBEAT)
             delay = self.reconnect.delay(failures)
             retrying += min(time.monotonic() - began, self.reconnect.try_cap) + delay
             if failures == 1 and not self.stopping.is_set():
-                self.inbox.put((rank, Link(up=False, error=error)))
+                self.inbox.put((rank, Link(up=False, error=error, since=away)))
             if self.stopping.is_set() and failures > 1:
                 self.inbox.put((rank, Link(up=False, error=error, gave_up=True)))  # a stop cannot wait for the host
                 return

@@ -406,7 +406,7 @@ class Job(JobHosts):
             return
         if isinstance(message, Link):
             self.emit(NodeLink(rank, host=node.host, up=message.up, detail=message.error,
-                               since=None if message.up else time.time()))
+                               since=None if message.up else message.since or time.time()))
             return
         if isinstance(message, End):
             status = message.status

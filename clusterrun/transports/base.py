@@ -32,7 +32,7 @@ __all__ = ["AgentBundle", "AgentReader", "AnyRequest", "AgentSession", "AgentStr
            "agent_command", "request_line", "read_timeout"]
 
 # How long a follow may stay silent before its connection is taken for dead even if TCP has not
-# noticed: the agent speaks at least every 5 s (agent.HEARTBEAT).
+# noticed: the agent speaks at least every 5 s (wire.HEARTBEAT).
 FOLLOW_TIMEOUT = 20.0
 
 
