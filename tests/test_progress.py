@@ -116,6 +116,20 @@ def test_pytorch_examples_mnist_and_imagenet_lines() -> None:
     assert (imagenet["step"], imagenet["total"], imagenet["metrics"]) == (10, 5005, {"epoch": 0, "loss": 6.9078})
 
 
+def test_ps_cell_names_the_epoch_where_the_step_counts_within_it() -> None:
+    from clusterrun.core.progress import Progress
+
+    def cell(line: str, ended: bool = False) -> str:
+        progress = Progress.from_json(fed(line).to_json())
+        assert progress is not None
+        return progress.cell(ended)
+
+    assert cell("[RANK0] Epoch 40 | Iter 0 | Train Loss 0.10710\n") == "epoch 40: 0 loss 0.1071"  # minGPT-ddp
+    assert cell("Train Epoch: 1 [640/60000 (1%)]\tLoss: 2.284950\n") == "epoch 1: 640/60000 1% loss 2.285"
+    assert cell("iter 120: loss 2.3051, time 45.02ms\n") == "120 loss 2.305"  # nanoGPT: no epoch
+    assert cell("epoch 3 loss 1.5\n") == "epoch 3 loss 1.5"  # it counts epochs only
+
+
 def test_pytorch_examples_word_language_model_counts_batches_within_its_epoch() -> None:
     line = "| epoch   1 |   200/ 2983 batches | lr 20.00 | ms/batch 45.60 | loss  7.63 | ppl  2063.10\n"
     progress = fed(line).to_json()

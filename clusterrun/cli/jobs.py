@@ -40,7 +40,6 @@ from clusterrun.cli.slurm import slurm_rows
 from clusterrun.config.watch import Watch
 from clusterrun.core.errors import ClusterrunError, DamagedRecord
 from clusterrun.core.events import Event, JobFinished, JobState, NodeState
-from clusterrun.core.progress import duration_words
 from clusterrun.core.protocol import decode_status
 from clusterrun.core.terminal import safe
 from clusterrun.life import notify
@@ -201,19 +200,9 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
 
 
 def _short_progress(record: JobRecord) -> str:
-    """``ps``'s PROGRESS cell: ``450/1000 45% loss 2.31 ETA 12 s``."""
+    """``ps``'s PROGRESS cell (``Progress.cell``)."""
     progress = progress_of(record)
-    if progress is None:
-        return ""
-    parts = []
-    if progress.step is not None:
-        parts.append(f"{progress.step:g}" + (f"/{progress.total:g} {100 * progress.step / progress.total:.0f}%"
-                                             if progress.total else ""))
-    if progress.loss is not None:
-        parts.append(f"loss {progress.loss:.4g}")
-    if progress.eta_seconds is not None and progress.total and not record.finished:
-        parts.append(f"ETA {duration_words(progress.eta_seconds)}")
-    return safe(" ".join(parts), colour=False)
+    return "" if progress is None else safe(progress.cell(record.finished), colour=False)
 
 
 def _preparing_text(entry: preparing.Entry, now: float) -> str:

@@ -120,6 +120,22 @@ class Progress:
                     else None, "epoch" if data.get("unit") == "epoch" else "step", _curve(data.get("curve")), earlier)
         return found if found.step is not None or found.metrics else None
 
+    def cell(self, ended: bool = False) -> str:
+        """``ps``'s PROGRESS cell: ``450/1000 45% loss 2.31 ETA 12 s``, ``epoch 3: 450/1000 ...`` where
+        the step counts within an epoch; no ETA once the job has ``ended``."""
+        parts = []
+        epoch = dict(self.metrics).get("epoch")
+        if epoch is not None and self.unit == "step":
+            parts.append(f"epoch {epoch:g}:")
+        if self.step is not None:
+            parts.append(("epoch " if self.unit == "epoch" else "") + f"{self.step:g}"
+                         + (f"/{self.total:g} {100 * self.step / self.total:.0f}%" if self.total else ""))
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.4g}")
+        if self.eta_seconds is not None and self.total and not ended:
+            parts.append(f"ETA {duration_words(self.eta_seconds)}")
+        return " ".join(parts)
+
     def text(self) -> str:
         """``step 450/1000 (45%), 45.0 steps/s, loss 2.31, ETA 12 s``."""
         parts = []
