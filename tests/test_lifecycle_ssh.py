@@ -142,6 +142,7 @@ def test_ps_shows_a_host_whose_cable_is_out_unreachable_since_then_never_running
         assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
         found = re.search(r"^1 +sim2 +(unreachable since \d\d:\d\d:\d\dZ) ", shown.stdout, re.M)
         assert found and re.search(r"^0 +sim1 +running ", shown.stdout, re.M), shown.stdout
+        assert "\n  hint:" not in shown.stdout, shown.stdout  # the error's hint stays in its row
         node = ps_json(job)["nodes"][1]
         assert node["state"] == "unreachable" and node["last_state"] == "running"
         assert node["unreachable_since"].endswith(found.group(1).split()[-1])  # the first failure's time, kept

@@ -125,7 +125,7 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
         now = time.time()
         click.echo(f"job {record.job_id} ({record.name}): {job_state_text(record, now)}, attempt {record.attempt}, "
                    f"{record.script} {shlex.join(record.script_args)}".rstrip())
-        errors = {rank: e.render() for rank, e in seen.errors.items()}
+        errors = {rank: e.one_line() for rank, e in seen.errors.items()}
         if is_slurm(record):
             click.echo(engine_text(record))
         _table(node_rows(record, now, errors, gpus))

@@ -295,7 +295,7 @@ def reconcile(store: JobStore, job: Opened) -> JobRecord:
             note_reachable(node, answer, now)
             if isinstance(answer, ClusterrunError):
                 why = "unreachable" if isinstance(answer, TransportError) else "no answer"
-                node.error = f"{why}: {answer.render()}"
+                node.error = f"{why}: {answer.one_line()}"
                 continue
             if answer.state is HostState.ABSENT and (node.pid is not None or node.state not in NOT_STARTED):
                 node.error = GONE  # it was started: never shown pending again, nor ended, on this word alone

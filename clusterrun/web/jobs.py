@@ -95,7 +95,7 @@ def job_view(jobs: Opener, job_id: str) -> dict[str, Any]:
     document["training"] = training_text(record, progress_of(record, seen.statuses), now)  # as ps JOB words it
     notes: dict[int, list[str]] = {}
     for rank, error in seen.errors.items():
-        notes.setdefault(rank, []).append(safe(error.render(), colour=False))
+        notes.setdefault(rank, []).append(safe(error.one_line(), colour=False))
     for rank, answer in seen.statuses.items():
         if (answer.get("state") or {}).get("state") == "absent":
             continue
@@ -154,7 +154,7 @@ def log_search(job: Opened, attempt: int, nodes: Sequence[int], query: str,
                     if wanted in line.lower() and (keep is None or split_rank(line)[0] in keep):
                         found.append((node, safe(line, colour=False)))
         except ClusterrunError as exc:
-            found.append((node, f"(node {node}: {safe(exc.render(), colour=False)})"))
+            found.append((node, f"(node {node}: {safe(exc.one_line(), colour=False)})"))
         del found[:-limit]
     return found[-limit:]
 
