@@ -6,12 +6,16 @@ stack said with its fix. A real py-spy on real torch ranks: ``tests/test_stack.p
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from clusterrun.agent.procs import proc_info
 from tests.agenthost import Attempt, Processes, ask, job_tree
+from tests.conftest import wait_for
 
 DUMP = [{"thread_name": "MainThread", "active": True,
          "frames": [{"name": "wait", "filename": "/usr/lib/python3.11/threading.py", "short_filename": "threading.py",
@@ -22,6 +26,7 @@ DUMP = [{"thread_name": "MainThread", "active": True,
 PY_SPY = """#!/bin/sh
 case "$CRTEST_PY_SPY" in
   json) cat "$CRTEST_DUMP" ;;
+  args) echo "$@" > "$CRTEST_ARGS"; cat "$CRTEST_DUMP" ;;
   garbage) echo 'not json' ;;
   old) echo "error: Found argument '--json' which wasn't expected" >&2; exit 2 ;;
   starting) echo 'Error: Failed to find python version from target process' >&2; exit 1 ;;
@@ -78,6 +83,23 @@ def test_what_py_spy_could_not_do_is_said_per_rank(attempt: Attempt, ranks: list
     assert error in rank["error"] and rank["threads"] == []
     if fix is not None:
         assert fix in rank["fix"]
+
+
+def test_a_stopped_rank_is_read_without_pausing_it_and_said_stopped(
+        attempt: Attempt, ranks: list[int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """py-spy pauses a rank to read it, which a stopped process (SIGSTOP, Ctrl-Z) refuses: it is read
+    as it is (``--nonblocking``: its memory holds still), and said stopped."""
+    monkeypatch.setenv("CRTEST_ARGS", str(tmp_path / "args"))
+    os.kill(ranks[0], signal.SIGSTOP)
+    try:
+        wait_for(lambda: proc_info(ranks[0]).state == "T", timeout=10, what="the rank to stop")  # type: ignore[union-attr]
+        (rank,) = stacks(attempt, monkeypatch, "args", ranks=[0])["ranks"]
+        assert (rank["error"], rank["state"], len(rank["threads"])) == (None, "T", 1)
+        assert "--nonblocking" in (tmp_path / "args").read_text().split()
+    finally:
+        os.kill(ranks[0], signal.SIGCONT)
+    (rank,) = stacks(attempt, monkeypatch, "args", ranks=[0])["ranks"]  # running: paused to be read, as always
+    assert rank["state"] is None and "--nonblocking" not in (tmp_path / "args").read_text().split()
 
 
 def test_a_py_spy_that_does_not_answer_in_time_is_given_up_with_the_ranks_state(

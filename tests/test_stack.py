@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from clusterrun.tui import Dashboard
 from clusterrun.tui.screens import Stacks
 from tests.conftest import ROOT, SUPPORT, start_time, wait_for, write_hosts
 from tests.simhosts import SimCluster, in_ci
-from tests.test_lifecycle import clusterrun, up_detached
+from tests.test_lifecycle import attempt_dir, clusterrun, up_detached
 from tests.test_ssh import ssh_hosts
 from tests.test_tui import dashboard_on, drive, until
 
@@ -98,6 +99,20 @@ def test_stack_groups_the_ranks_blocked_in_a_barrier(tmp_path: Path, state_dir: 
         assert [(g["ranks"], g["nodes"]) for g in data["groups"]] == [([0, 1, 2], [0, 1]), ([3], [1])]
         assert data["groups"][1]["where"] == "linger at barrier_rank.py:12" and not data["problems"]
         assert dashboard_stacks(job).startswith(data["summary"])  # the dashboard's `s` shows the same
+        state = json.loads((attempt_dir(state_dir, job, 1) / "state.json").read_text())
+        pid = next(w["pid"] for w in state["workers"] if w["rank"] == 3)
+        os.kill(pid, signal.SIGSTOP)  # Ctrl-Z on rank 3: py-spy cannot pause it to read it
+        try:
+            wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T",
+                     timeout=30, what="rank 3 to stop")
+            held = stack(job, "--rank", "3")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert held.returncode == 0, held.stdout + held.stderr
+        assert held.stdout.splitlines()[:3] == [
+            "rank 3: linger at barrier_rank.py:12 (stopped)", "", "rank 3 (node 1 local-b):"]
+        assert (f"  stopped (a SIGSTOP, Ctrl-Z or a debugger holds it): the ranks that wait for it wait until "
+                f"`kill -CONT {pid}` on local-b") in held.stdout.splitlines()
         bad = stack(job, "--rank", "two")
         assert bad.returncode == 2 and "'two' is not a rank or a range of ranks" in bad.stderr
     finally:

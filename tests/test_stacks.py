@@ -63,6 +63,18 @@ def test_identical_stacks_are_one_group_with_their_ranks_across_nodes() -> None:
     assert "    __next__ (dataset.py:88)" in lines and "    wait_for_peers (train.py:42)" in lines
 
 
+def test_a_stopped_rank_is_a_group_of_its_own_that_says_so_even_where_the_others_are() -> None:
+    view = group({0: node(rank(0, BARRIER), rank(1, BARRIER, state="T")), 1: node(rank(2, BARRIER))}, HOSTS)
+    assert [(g.ranks, g.stopped) for g in view.groups] == [((0, 2), False), ((1,), True)]
+    assert view.summary() == ("ranks 0,2: barrier in wait_for_peers at train.py:42 · "
+                              "rank 1: barrier in wait_for_peers at train.py:42 (stopped)")
+    lines = render(view)
+    at = lines.index("rank 1 (node 0 gpu01):")
+    assert lines[at + 1] == ("  stopped (a SIGSTOP, Ctrl-Z or a debugger holds it): the ranks that wait for it wait "
+                             "until `kill -CONT 1001` on gpu01")
+    assert view.ok
+
+
 def test_the_same_threads_in_another_order_are_the_same_stack() -> None:
     main, loader = ThreadStack(name="MainThread", frames=BARRIER), ThreadStack(name="pin_memory", frames=LOADER)
     view = group({0: node(RankStack(rank=0, pid=1, threads=[main, loader]),

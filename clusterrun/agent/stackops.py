@@ -15,7 +15,7 @@ import os
 from .codec import json_loads
 from .procs import has_marker, job_alive, proc_env, proc_info
 from .records import attempt_dir, attempt_marker, load_state, read_json
-from .wire import Frame, RankStack, StackAnswer, StackRequest, ThreadStack
+from .wire import STOPPED, Frame, RankStack, StackAnswer, StackRequest, ThreadStack
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -156,16 +156,21 @@ def dump_rank(tool: str, worker: dict[str, Any], marker: str, native: bool, time
     pid, rank = int(worker["pid"]), int(worker.get("rank", -1))
     local = worker.get("local_rank")
 
+    info = proc_info(pid)
+    # Stopped (SIGSTOP, Ctrl-Z, a debugger): py-spy cannot pause it, and need not, its memory holds still
+    stopped = info is not None and info.state in STOPPED
+
     def made(threads: list[ThreadStack] | None = None, error: str | None = None, fix: str | None = None) -> RankStack:
         return RankStack(rank=rank, pid=pid, local_rank=local if isinstance(local, int) else None,
-                         threads=threads or [], error=error, fix=fix)
+                         threads=threads or [], error=error, fix=fix,
+                         state=info.state if stopped and info is not None else None)
 
-    info = proc_info(pid)
     if info is None or info.state == "Z":
         return made(error="its process has ended")
     if not has_marker(pid, marker) and _environ_readable(pid):
         return made(error="its process has ended (the pid is another process's now)")
-    argv = [tool, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
+    argv = ([tool, "dump", "--json", "--pid", str(pid)] + (["--nonblocking"] if stopped else [])
+            + (["--native"] if native else []))
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:

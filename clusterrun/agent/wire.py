@@ -498,13 +498,16 @@ class ThreadStack(Message):
     active: bool = False
 
 
+STOPPED = ("T", "t")  # process states: stopped by a signal, stopped by a debugger (``RankStack.state``)
+
+
 @dataclass(frozen=True)
 class RankStack(Message):
     """One rank's stacks, or why they could not be taken (``error``, and ``fix`` where there is one).
     Looked at twice: ``moved``, whether its stacks differ between the looks (None: not compared),
     ``cpu``, the share of one core it used between them (every thread), ``runnable``, the share of
     that time its main thread ran or waited for a core, ``state``, its process's at the last look
-    (``R`` running, ``S`` sleeping, ``D`` waiting in the kernel)."""
+    (``R`` running, ``S`` sleeping, ``D`` waiting in the kernel; ``T``/``t`` stopped, said with one look too)."""
 
     rank: int
     pid: int

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import field
 from typing import Any
 
-from clusterrun.agent.wire import Frame, RankStack, StackAnswer, ThreadStack
+from clusterrun.agent.wire import STOPPED, Frame, RankStack, StackAnswer, ThreadStack
 from clusterrun.core.errors import ClusterrunError, TransportError
 from clusterrun.core.frozen import frozen
 from clusterrun.core.ranges import ranges_text
@@ -55,6 +55,8 @@ class StackGroup:
     ranks: tuple[int, ...]
     threads: tuple[ThreadStack, ...]
     nodes: tuple[int, ...]
+    stopped: bool = False  # their processes are stopped (SIGSTOP, Ctrl-Z, a debugger): they go on only when continued
+    pids: tuple[int, ...] = ()  # of a stopped group: its processes, on their hosts
 
     @property
     def headline(self) -> str:
@@ -92,7 +94,8 @@ class StackView:
         return bool(self.groups) and not self.problems and not self.idle
 
     def summary(self) -> str:
-        return " · ".join(f"{_ranks_text(g.ranks)}: {g.headline}" for g in self.groups)
+        return " · ".join(f"{_ranks_text(g.ranks)}: {g.headline}" + (" (stopped)" if g.stopped else "")
+                          for g in self.groups)
 
 
 def _where(frame: Frame) -> str:
@@ -107,7 +110,7 @@ def signature(stack: RankStack) -> Signature:
 
 def group(answers: Mapping[int, StackAnswer | ClusterrunError], hosts: Mapping[int, str]) -> StackView:
     """The nodes' answers as groups of identical stacks, and what could not be looked at."""
-    by_signature: dict[Signature, list[tuple[int, RankStack]]] = {}
+    by_signature: dict[tuple[Signature, bool], list[tuple[int, RankStack]]] = {}
     by_problem: dict[tuple[str, str | None], list[tuple[int, int | None]]] = {}
     idle: list[tuple[int, str]] = []
     unreachable = False
@@ -129,11 +132,13 @@ def group(answers: Mapping[int, StackAnswer | ClusterrunError], hosts: Mapping[i
             if stack.error:
                 by_problem.setdefault((stack.error, stack.fix), []).append((node, stack.rank))
             else:
-                by_signature.setdefault(signature(stack), []).append((node, stack))
+                by_signature.setdefault((signature(stack), stack.state in STOPPED), []).append((node, stack))
     groups = []
-    for same in by_signature.values():
-        groups.append(StackGroup(ranks=tuple(sorted(s.rank for _, s in same)), threads=tuple(same[0][1].threads),
-                                 nodes=tuple(sorted({n for n, _ in same}))))
+    for (_, stopped), same in by_signature.items():
+        same.sort(key=lambda member: member[1].rank)
+        groups.append(StackGroup(ranks=tuple(s.rank for _, s in same), threads=tuple(same[0][1].threads),
+                                 nodes=tuple(sorted({n for n, _ in same})), stopped=stopped,
+                                 pids=tuple(s.pid for _, s in same) if stopped else ()))
     problems = [Problem(nodes=tuple(sorted({n for n, _ in members})),
                         ranks=tuple(sorted(r for _, r in members if r is not None)), error=error, fix=fix)
                 for (error, fix), members in by_problem.items()]
@@ -154,6 +159,11 @@ def render(view: StackView) -> list[str]:
     lines = [view.summary()] if view.groups else []
     for g in view.groups:
         lines += ["", f"{_ranks_text(g.ranks)} ({_nodes_text(view, g.nodes)}):"]
+        if g.stopped:
+            one = len(g.ranks) == 1
+            lines.append(f"  stopped (a SIGSTOP, Ctrl-Z or a debugger holds {'it' if one else 'them'}): the ranks that "
+                         f"wait for {'it' if one else 'them'} wait until `kill -CONT {' '.join(map(str, g.pids))}` "
+                         f"on {view.hosts.get(g.nodes[0], 'its host') if one else 'their hosts'}")
         for thread in g.threads:
             lines.append(f"  Thread {thread.name or '?'}" + (" (active)" if thread.active else ""))
             lines += [f"    {f.name} ({f.file}" + (f":{f.line})" if f.line is not None else ")") for f in thread.frames]
@@ -174,7 +184,8 @@ def view_json(view: StackView, job: str, attempt: int) -> dict[str, Any]:
     return {
         "schema": 1, "job": job, "attempt": attempt, "summary": view.summary(),
         "groups": [{"ranks": list(g.ranks), "nodes": list(g.nodes), "where": g.headline,
-                    "threads": [t.to_json() for t in g.threads]} for g in view.groups],
+                    "threads": [t.to_json() for t in g.threads], "stopped": g.stopped, "pids": list(g.pids)}
+                   for g in view.groups],
         "problems": [{"ranks": list(p.ranks), "nodes": list(p.nodes), "error": p.error, "fix": p.fix}
                      for p in view.problems],
         "idle": [{"node": node, "state": state} for node, state in view.idle],
