@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,7 @@ from clusterrun.run import hangwatch as hangwatch_verdict
 from clusterrun.run.hangwatch import HangWatch, silent_since
 from clusterrun.run.orchestrator import Job
 from clusterrun.run.startwatch import StartupWatch, progress_text
-from clusterrun.store.jobs import JobStore
+from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.store.opened import Opened
 from clusterrun.transports.fake import FakeCluster
 from clusterrun.views.board import Board
@@ -436,6 +437,7 @@ def test_on_hang_restart_stops_the_attempt_and_starts_the_next_within_the_budget
     """A hang's restart counts against the restart budget (--max-restarts 1): the next hang is reported,
     not restarted (a job that hangs again at once was restarted every ~20 s, for ever)."""
     monkeypatch.setattr(lifecycle, "transport_factory", lambda record: fake.transport)
+    monkeypatch.setattr(runner_module, "LOOK_APART", 0.0)
     events: list[object] = []
     runner = _owned(fake, store, tmp_path, events.append, watch=Watch(on_hang="restart"), max_restarts=1)
     out: list[object] = []
@@ -449,6 +451,7 @@ def test_on_hang_restart_stops_the_attempt_and_starts_the_next_within_the_budget
     record = store.load(JOB)
     assert record.attempt == 2 and str(record.attempts[0].state) == "stopped"
     assert any(isinstance(e, JobNote) and "on_hang: restart" in e.text for e in events)
+    assert store.hang_report(JOB, 1).is_file()  # the hung ranks were looked at before the stop
     b0.quiet(time.time() - 60)
     b1.quiet(time.time() - 60)
     _until(lambda: any(isinstance(e, JobNote) and "not restarting" in e.text for e in events))
@@ -460,6 +463,65 @@ def test_on_hang_restart_stops_the_attempt_and_starts_the_next_within_the_budget
     b1.exit(0)
     thread.join(10)
     assert store.load(JOB).state is JobState.SUCCEEDED and store.load(JOB).attempt == 2
+    runner.close()
+
+
+def test_on_hang_restart_leaves_a_job_that_wrote_while_its_ranks_were_looked_at(
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lifecycle, "transport_factory", lambda record: fake.transport)
+    events: list[object] = []
+    runner = _owned(fake, store, tmp_path, events.append, watch=Watch(on_hang="restart"), max_restarts=1)
+    real = runner_module.stacks_of
+
+    def looked_at(record: JobRecord, **how: Any) -> Any:  # a rank writes again meanwhile
+        for node in nodes:
+            node.quiet(None)
+        _until(lambda: all(n.hung_since is None for n in store.load(JOB).nodes))
+        return real(record, **how)
+
+    monkeypatch.setattr(runner_module, "stacks_of", looked_at)
+    thread = threading.Thread(target=runner.follow, daemon=True)
+    thread.start()
+    nodes = [fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)]
+    for node in nodes:
+        node.quiet(time.time() - 60)
+    _until(lambda: any(isinstance(e, JobNote) and "no hang report" in e.text for e in events))
+    assert [e.text for e in events if isinstance(e, JobNote) and "no hang report" in e.text] == [
+        "a rank wrote while the hung ranks were looked at: no hang report, no restart"]
+    assert all(n.running and n.stops == 0 for n in nodes) and store.load(JOB).attempt == 1
+    for node in nodes:
+        node.exit(0)
+    thread.join(10)
+    assert store.load(JOB).state is JobState.SUCCEEDED and store.load(JOB).attempt == 1
+    runner.close()
+
+
+def test_what_a_stop_makes_a_hung_job_print_does_not_say_it_runs_again(
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun prints as a stop shuts it down: that is the stop's doing, not the job running again."""
+    events: list[object] = []
+    runner = _owned(fake, store, tmp_path, events.append, watch=Watch(on_hang="nothing"))
+    thread = threading.Thread(target=runner.follow, daemon=True)
+    thread.start()
+    nodes = [fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)]
+    for node in nodes:
+        node.quiet(time.time() - 60)
+    _until(lambda: any(isinstance(e, JobHung) and e.since is not None for e in events))
+    real_stop = fake._stop
+
+    def stop(host: Any, request: dict[str, Any]) -> Any:  # its lines reach the hang watch before its end
+        nodes[request["node"]].quiet(None)
+        deadline = time.monotonic() + 30
+        while runner.job._hang is None or runner.job._hang.since is not None:
+            assert time.monotonic() < deadline, "the hang watch never saw the lines"
+            fake.changed.wait(0.02)  # the fake answers under its lock: its streams go on meanwhile
+        return real_stop(host, request)
+
+    monkeypatch.setattr(fake, "_stop", stop)
+    runner.request_stop("down")
+    thread.join(10)
+    assert not thread.is_alive()
+    assert [e.since is None for e in events if isinstance(e, JobHung)] == [False]
     runner.close()
 
 

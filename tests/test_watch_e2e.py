@@ -151,6 +151,26 @@ def test_a_rank_that_spins_while_the_others_wait_in_all_reduce_is_named_busy(tmp
     assert marked(job) == []
 
 
+@needs_py_spy
+def test_on_hang_restart_saves_the_report_then_restarts_the_job_which_succeeds(tmp_path: Path,
+                                                                               state_dir: Path) -> None:
+    """Real gloo: rank 2 (node 1) stalls before a barrier in attempt 1 while ranks 0-1 wait in it.
+    on_hang: restart saves the hang report naming rank 2, then restarts; torchrun's lines as the
+    stop shuts it down are not the job running again. In attempt 2 every rank passes the barrier."""
+    hosts = write_hosts(tmp_path, [2, 1], state_dir)
+    done = run_up("--hang-after", "20s", "--on-hang", "restart", "--max-restarts", "1", hosts,
+                  SUPPORT / "hang_once.py", tmp_path / "stalled", timeout=300)
+    assert done.returncode == 0, done.stderr
+    job = job_id_of(done.stderr)
+    report = Path(os.environ["XDG_STATE_HOME"]) / "clusterrun" / "jobs" / job / "hang-1.txt"
+    assert "rank 2 elsewhere: stall at hang_once.py:" in report.read_text().splitlines()[1], report.read_text()
+    assert "restarting the job as attempt 2 (on_hang: restart)" in done.stderr
+    assert "the job is running" not in done.stderr, done.stderr
+    record = ps_json(job)
+    assert [a["state"] for a in record["attempts"]] == ["stopped", "succeeded"]
+    assert marked(job) == []
+
+
 def test_a_job_that_progresses_without_a_word_from_most_nodes_is_never_hung(tmp_path: Path,
                                                                            state_dir: Path) -> None:
     """Real gloo: both ranks compute and all_reduce for 45 s, only rank 0 (node 0) writes, every

@@ -284,25 +284,27 @@ class Runner:
     def on_hang(self, since: float) -> None:
         """The job hangs (no rank wrote anything for ``hang_after``): notify, then what ``on_hang``
         says. ``stack``: look at every rank twice and save the report (``diagnose.hangreport``), in
-        a thread of its own, so that the loop follows on meanwhile; ``restart``: stop this attempt,
-        and ``follow()`` starts the next; ``nothing``: only the notification."""
+        a thread of its own, so that the loop follows on meanwhile; ``restart``: the report too,
+        then, if no rank wrote meanwhile, stop this attempt, and ``follow()`` starts the next;
+        ``nothing``: only the notification."""
         record = self.recorded()  # what came before the hang (the job running) is in the record it sends
         notify.send_due(self.store, record, self.note, also=[notify.hung(record.attempt, since)])
         action = self.job.spec.watch.on_hang
         where = f"the job is {hung_text(since, time.time())}"
-        if action == "stack":
-            self.note(f"looking at every rank's stacks twice, {LOOK_APART:g} s apart, for the hang report")
-            threading.Thread(target=self._report_hang, args=(record, since), daemon=True, name="hang-report").start()
-        elif action == "restart" and self.state.asked is Asked.FOLLOW:
+        if action == "restart" and self.state.asked is Asked.FOLLOW:
             refused = self.policy.hang_refusal(_restarts(record), self.clock.now())
             if refused is not None:  # the same budget as a failure's: a job that keeps hanging is not restarted
                 self.note(f"{where}: not restarting: {refused}")
                 return
-            self.note(f"{where}: restarting the job as attempt {self.job.attempt + 1} (on_hang: restart)")
-            self.request_restart(f"{where} (on_hang: restart)")
+        elif action != "stack":
+            return
+        self.note(f"looking at every rank's stacks twice, {LOOK_APART:g} s apart, for the hang report")
+        threading.Thread(target=self._report_hang, args=(record, since, where if action == "restart" else None),
+                         daemon=True, name="hang-report").start()
 
-    def _report_hang(self, record: JobRecord, since: float) -> None:
-        """Take the ranks' stacks twice, save the hang report in the job's directory, say where."""
+    def _report_hang(self, record: JobRecord, since: float, restart: str | None) -> None:
+        """Take the ranks' stacks twice, save the hang report in the job's directory, say where;
+        then, given ``restart`` (how the hang is worded), restart the job unless a rank wrote meanwhile."""
         from clusterrun.diagnose.hangreport import HangReport  # not on `up`'s path to the start
 
         try:
@@ -310,13 +312,17 @@ class Runner:
             report = HangReport.of(answers, {n.rank: n.host for n in record.nodes}, since, LOOK_APART)
             now = self.recorded()  # a line written meanwhile ended the hang in the record
             if now.attempt != record.attempt or all(n.hung_since != since for n in now.nodes):
-                self.note("a rank wrote while the hung ranks were looked at: no hang report")  # a mix of both
+                self.note("a rank wrote while the hung ranks were looked at: no hang report"  # a mix of both
+                          + (", no restart" if restart else ""))
                 return
             path = self.store.save_hang_report(record.job_id, record.attempt, "\n".join(report.render()) + "\n")
         except ClusterrunError as exc:
             self.note(f"could not look at the hung ranks: {exc.render()}")
-            return
-        self.note(f"hang report: {report.summary()}; in {path}")
+        else:
+            self.note(f"hang report: {report.summary()}; in {path}")
+        if restart is not None and self.state.asked is Asked.FOLLOW:
+            self.note(f"{restart}: restarting the job as attempt {self.job.attempt + 1} (on_hang: restart)")
+            self.request_restart(f"on_hang: restart: {restart}")
 
     def start(self, ranks: Sequence[int] | None = None) -> None:
         """Start every node of the prepared job (``ranks``: those of its recorded attempt that were

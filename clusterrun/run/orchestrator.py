@@ -300,7 +300,8 @@ class Job(JobHosts):
             if watch is not None and order is None:
                 watch.step(time.time(), self.emit)
             if self._hang is not None and (hung := self._hang.poll()) is not None:  # a node's end ages too
-                self.emit(hung)
+                if hung.since is not None or (order or self._order) is None:  # what a stop makes torchrun
+                    self.emit(hung)  # print is not the job running again
             if self._order is not None and order is None:
                 order, self._failed_first = self._order, self._order.after
                 stop_futures = self._stop_async(order)
