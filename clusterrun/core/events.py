@@ -69,6 +69,11 @@ class NodeState(_Named):
     def is_terminal(self) -> bool:
         return self in (NodeState.SUCCEEDED, NodeState.FAILED, NodeState.STOPPED, NodeState.LOST)
 
+    @property
+    def fails_the_attempt(self) -> bool:
+        """Failed or lost: while other nodes of its attempt run, the attempt is ``failing`` (fail-fast stops them)."""
+        return self in (NodeState.FAILED, NodeState.LOST)
+
 
 class JobState(_Named):
     """A whole job's state, as its record keeps it: ``starting → running (→ stopping) → one of the

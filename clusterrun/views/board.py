@@ -315,7 +315,7 @@ class Board:
             return "stopping"
         if NodeState.RUNNING in states and all(s is NodeState.RUNNING or s.is_terminal for s in states):
             # a node failed or lost among running ones: fail-fast stops them (a viewer sees it later)
-            return "failing" if states & {NodeState.FAILED, NodeState.LOST} else "running"
+            return "failing" if any(s.fails_the_attempt for s in states) else "running"
         if states and all(s.is_terminal for s in states):
             return "ending"
         return "starting"

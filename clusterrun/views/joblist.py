@@ -95,7 +95,7 @@ def job_state_text(record: JobRecord, now: float) -> str:
     lost = [record.nodes[rank] for rank in unreachable_ranks(record)]
     state = str(record.state)
     if record.state in (JobState.STARTING, JobState.RUNNING) and any(
-            n.state in (NodeState.FAILED, NodeState.LOST) for n in record.nodes):
+            NodeState(n.state).fails_the_attempt for n in record.nodes):
         state = "failing"
     unwatched = (record.slurm or {}).get("unwatched") if not record.finished else None
     if unwatched:  # a Slurm job whose `up` is gone (slurmjob.refresh)
