@@ -149,3 +149,18 @@ def test_a_preparing_note_whose_up_is_gone_is_not_listed_and_removed(tmp_path: P
     assert not gone.path.exists() and oct(mine.path.stat().st_mode & 0o777) == "0o600"
     mine.close()
     assert preparing.live() == []
+
+
+def test_the_state_dir_is_made_for_this_user_alone_whichever_writes_first(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`up` writes its preparing note before the job's record: each makes the missing directories 0700."""
+    from clusterrun.store import preparing
+
+    for first in ("preparing", "record"):
+        home = tmp_path / first
+        monkeypatch.setenv("XDG_STATE_HOME", str(home))
+        if first == "preparing":
+            preparing.Preparing("a-1", "a", ["h0"]).close()
+        JobStore().create(record("a-1", "a", 1.0))
+        made = [home / "clusterrun", home / "clusterrun" / "jobs", home / "clusterrun" / "jobs" / "a-1"]
+        assert [oct(p.stat().st_mode & 0o777) for p in made] == ["0o700"] * 3, first

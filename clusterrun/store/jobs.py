@@ -76,6 +76,15 @@ def state_home() -> Path:
     return Path(base) / "clusterrun"
 
 
+def private_dirs(path: Path) -> None:
+    """``path`` and the parents it lacks made for this user alone (0700): the state holds jobs' commands and logs."""
+    old = os.umask(0o077)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    finally:
+        os.umask(old)
+
+
 @dataclass
 class NodeRecord:
     """The last known state of one node of the current attempt."""
@@ -204,11 +213,7 @@ class JobStore:
         return self.root / job_id
 
     def _ensure_root(self) -> None:
-        old = os.umask(0o077)
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        finally:
-            os.umask(old)
+        private_dirs(self.root)
 
     def create(self, record: JobRecord) -> None:
         """Make the job's directory and write its record; on failure, leave no directory behind."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from clusterrun.core.errors import StateError
 from clusterrun.core.frozen import frozen
-from clusterrun.store.jobs import process_alive, process_id, state_home, write_atomic
+from clusterrun.store.jobs import private_dirs, process_alive, process_id, state_home, write_atomic
 
 
 def folder() -> Path:
@@ -54,7 +54,7 @@ class Preparing:
 
     def _write(self) -> None:
         try:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            private_dirs(self.path.parent)
             write_atomic(self.path, json.dumps(self.data).encode())
         except (OSError, StateError):
             pass
