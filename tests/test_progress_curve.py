@@ -66,6 +66,10 @@ def test_a_resume_from_a_checkpoint_drops_what_came_after_it_and_a_new_epoch_s_b
         for step in range(1, 4):
             epochs.add(step, 1.0 - epoch / 10, float(epoch))
     assert [p[0] for p in epochs.to_json()["points"]] == [1, 2, 3, 4, 5, 6]
+    firsts = Curve()  # minGPT-ddp prints a bar's first step only: `Epoch 4 | Iter 0 | Train Loss 2.37`
+    for epoch in range(1, 5):
+        firsts.add(0, 3.0 - epoch / 2, float(epoch))
+    assert firsts.to_json()["points"] == [[0, 2.5], [1, 2.0], [2, 1.5], [3, 1.0]]
 
 
 def test_the_record_carries_the_earlier_attempts_curves_to_ps_json() -> None:

@@ -758,10 +758,12 @@ def test_the_training_s_progress_shows_under_the_header_with_a_sparkline_of_its_
         shown = app.query_one("#progress")
         await pilot.pause()  # type: ignore[attr-defined]
         assert not shown.has_class("shown")  # nothing read yet: no line for it
-        for step, loss in ((100, 3.0), (200, 2.5), (450, 2.31)):
+        app.emit(ProgressChanged(0, host="gpu-a", progress=Progress(100, 1000, 45.0, 12.0, (("loss", 3.0),))))
+        await until(pilot, lambda: shown.has_class("shown"), 5, "the progress line")
+        assert list(app.query_one("#loss", Sparkline).data or ()) == []  # one point is no curve
+        for step, loss in ((200, 2.5), (450, 2.31)):
             app.emit(ProgressChanged(0, host="gpu-a", progress=Progress(step, 1000, 45.0, 12.0, (("loss", loss),))))
-        await until(pilot, lambda: shown.has_class("shown") and len(app.query_one("#loss", Sparkline).data or ())
-                    == 3, 5, "the progress line")
+        await until(pilot, lambda: len(app.query_one("#loss", Sparkline).data or ()) == 3, 5, "the curve")
         text = str(app.query_one("#progress-text").render())  # type: ignore[attr-defined]
         assert text == "progress: step 450/1000 (45%), 45 steps/s, loss 2.31, ETA 12 s"
         assert list(app.query_one("#loss", Sparkline).data or ()) == [3.0, 2.5, 2.31]

@@ -52,7 +52,7 @@ EXAMPLES_METER = re.compile(  # pytorch/examples' ProgressMeter (imagenet)
 STEP = re.compile(r"\b(?:global[_ ]step|step|iter|iteration)\b\s*[:=#]?\s*(?P<step>\d+)(?:\s*/\s*(?P<total>\d+))?",
                   re.IGNORECASE)
 EPOCH = re.compile(r"\bepoch\b\s*[:=#]?\s*(?P<epoch>\d+)(?:\s*/\s*(?P<total>\d+))?", re.IGNORECASE)
-LOSS = re.compile(rf"\b(?P<name>(?:train[_ ]|val[_ ])?loss)\b\s*[:=]?\s*(?P<loss>{NUMBER})", re.IGNORECASE)
+LOSS = re.compile(rf"\b(?P<name>(?:train[_ ]|val[_ ]|eval[_ ])?loss)\b\s*[:=]?\s*(?P<loss>{NUMBER})", re.IGNORECASE)
 BATCHES = re.compile(r"\b(?P<step>\d+)\s*/\s*(?P<total>\d+)\s+(?:batches|batch|steps|iterations|iters)\b")
 TIME_MS = re.compile(rf"\btime\s*[:=]?\s*(?P<ms>{NUMBER})\s*ms\b|\bms/(?:batch|step|iter)\s*[:=]?\s*(?P<per>{NUMBER})")
 
@@ -158,8 +158,9 @@ class Curve:
     doubles, so the points stay evenly spread over the whole run; the latest reading is always shown.
 
     A step lower than the last one is a bar that starts again: the next epoch's (its ``epoch`` metric
-    went up) goes on after the last step; otherwise the run went back to a checkpoint, and the points
-    after it are dropped (the curve shows what the model went through)."""
+    went up) goes on after the last step (at least one step on: an output that prints only a bar's
+    first step, ``Epoch 4 | Iter 0``, is a point per epoch); otherwise the run went back to a
+    checkpoint, and the points after it are dropped (the curve shows what the model went through)."""
 
     def __init__(self, start: dict[str, Any] | None = None) -> None:
         start = start or {}
@@ -170,9 +171,10 @@ class Curve:
         self.last: tuple[float, float | None] | None = None  # (step, epoch) as the output printed them last
 
     def add(self, step: float, loss: float, epoch: float | None) -> None:
-        if self.last is not None and step < self.last[0]:
-            if epoch is not None and self.last[1] is not None and epoch > self.last[1]:
-                self.offset += self.last[0]
+        next_epoch = self.last is not None and epoch is not None and self.last[1] is not None and epoch > self.last[1]
+        if self.last is not None and (step < self.last[0] or step == self.last[0] and next_epoch):
+            if next_epoch:
+                self.offset += max(self.last[0], 1.0)
             else:
                 self.points = [p for p in self.points if p[0] < step + self.offset]
                 self.latest = None

@@ -146,8 +146,8 @@ class Progress:
             parts.append(f"{self.per_second:.3g} {self.unit}s/s" if self.per_second >= 1 else
                          f"{1 / self.per_second:.3g} s/{self.unit}")
         named = dict(self.metrics)
-        parts += [f"{k.replace('_', ' ')} {named[k]:.4g}" for k in ("epoch", "loss", "train_loss", "val_loss")
-                  if k in named]
+        parts += [f"{k.replace('_', ' ')} {named[k]:.4g}"
+                  for k in ("epoch", "loss", "train_loss", "val_loss", "eval_loss") if k in named]
         if self.eta_seconds is not None and self.total:
             parts.append(f"ETA {duration_words(self.eta_seconds)}")
         return ", ".join(parts)

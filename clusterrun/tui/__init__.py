@@ -288,7 +288,8 @@ class Dashboard(App[int]):
             ended = board.state not in ("starting", "running", "restarting")  # no time left to show
             shown = replace(board.progress, eta_seconds=None) if ended else board.progress
             self.query_one("#progress-text", Static).update(Text(safe("progress: " + shown.text(), colour=False)))
-            self.query_one("#loss", Sparkline).data = list(board.losses)
+            losses = list(board.losses)  # one point is no curve: a full bar that says nothing
+            self.query_one("#loss", Sparkline).data = losses if len(losses) > 1 else []
             self.query_one("#progress").set_class(True, "shown")
 
     def _tick_clock(self) -> None:
