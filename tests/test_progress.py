@@ -124,11 +124,12 @@ def test_ps_cell_names_the_epoch_where_the_step_counts_within_it() -> None:
         assert progress is not None
         return progress.cell(ended)
 
-    assert cell("[RANK0] Epoch 40 | Iter 0 | Train Loss 0.10710\n") == "epoch 40: 0 loss 0.1071"  # minGPT-ddp
+    assert cell("[RANK0] Epoch 40 | Iter 0 | Train Loss 0.10710\n") == "epoch 40 loss 0.1071"  # minGPT-ddp
+    assert cell("Epoch 3 | Iter 100 | Train Loss 0.5\n") == "epoch 3: 100 loss 0.5"
     evaluated = Progress.from_json(fed("[RANK0] Epoch 40 | Iter 0 | Train Loss 0.10710\n"
                                        "[RANK0] Epoch 40 | Iter 0 | Eval Loss 0.07357\n").to_json())
     assert evaluated is not None and evaluated.loss == 0.1071  # the training's loss, not the evaluation's
-    assert evaluated.text() == "step 0, epoch 40, train loss 0.1071, eval loss 0.07357"
+    assert evaluated.text() == "epoch 40, train loss 0.1071, eval loss 0.07357"  # its first step says nothing more
     assert cell("Train Epoch: 1 [640/60000 (1%)]\tLoss: 2.284950\n") == "epoch 1: 640/60000 1% loss 2.285"
     assert cell("iter 120: loss 2.3051, time 45.02ms\n") == "120 loss 2.305"  # nanoGPT: no epoch
     assert cell("epoch 3 loss 1.5\n") == "epoch 3 loss 1.5"  # it counts epochs only

@@ -120,16 +120,24 @@ class Progress:
                     else None, "epoch" if data.get("unit") == "epoch" else "step", _curve(data.get("curve")), earlier)
         return found if found.step is not None or found.metrics else None
 
+    @property
+    def shown_step(self) -> float | None:
+        """The step worth showing: none for step 0 of a known epoch without a total (an output that
+        prints only each epoch's first step, ``Epoch 4 | Iter 0``, says the epoch and nothing finer)."""
+        if self.step == 0 and not self.total and self.unit == "step" and "epoch" in dict(self.metrics):
+            return None
+        return self.step
+
     def cell(self, ended: bool = False) -> str:
         """``ps``'s PROGRESS cell: ``450/1000 45% loss 2.31 ETA 12 s``, ``epoch 3: 450/1000 ...`` where
         the step counts within an epoch; no ETA once the job has ``ended``."""
         parts = []
-        epoch = dict(self.metrics).get("epoch")
+        epoch, step = dict(self.metrics).get("epoch"), self.shown_step
         if epoch is not None and self.unit == "step":
-            parts.append(f"epoch {epoch:g}:")
-        if self.step is not None:
-            parts.append(("epoch " if self.unit == "epoch" else "") + f"{self.step:g}"
-                         + (f"/{self.total:g} {100 * self.step / self.total:.0f}%" if self.total else ""))
+            parts.append(f"epoch {epoch:g}" + (":" if step is not None else ""))
+        if step is not None:
+            parts.append(("epoch " if self.unit == "epoch" else "") + f"{step:g}"
+                         + (f"/{self.total:g} {100 * step / self.total:.0f}%" if self.total else ""))
         if self.loss is not None:
             parts.append(f"loss {self.loss:.4g}")
         if self.eta_seconds is not None and self.total and not ended:
@@ -139,9 +147,9 @@ class Progress:
     def text(self) -> str:
         """``step 450/1000 (45%), 45.0 steps/s, loss 2.31, ETA 12 s``."""
         parts = []
-        if self.step is not None:
-            step = f"{self.unit} {self.step:g}" + (f"/{self.total:g}" if self.total else "")
-            parts.append(step + (f" ({100 * self.step / self.total:.0f}%)" if self.total else ""))
+        if self.shown_step is not None:
+            step = f"{self.unit} {self.shown_step:g}" + (f"/{self.total:g}" if self.total else "")
+            parts.append(step + (f" ({100 * self.shown_step / self.total:.0f}%)" if self.total else ""))
         if self.per_second:
             parts.append(f"{self.per_second:.3g} {self.unit}s/s" if self.per_second >= 1 else
                          f"{1 / self.per_second:.3g} s/{self.unit}")
