@@ -146,12 +146,13 @@ def test_stop_kills_the_whole_job_and_verifies(tmp_path: Path) -> None:
     monitor = answer["state"]["supervisor"]["pid"]  # not the job's: it is the survivor's child, in its session
     members = wait_for(lambda: t if len(t := _job_tree(sup) - {monitor}) == 4 else None, timeout=10, what="children")
     pinned = {pid: start_time(pid) for pid in members}
-    report = TRANSPORT.call(req(state_dir, "stop", grace=1))
+    report = TRANSPORT.call(req(state_dir, "stop", grace=1, by="down"))
     assert report["left"] == []
     killed = {k["pid"] for k in report["killed"]}
     assert set(pinned) <= killed
     assert [pid for pid, st in pinned.items() if st is not None and alive(pid, st)] == []
     assert report["state"]["state"] == "exited" and report["state"]["stop_requested"] is True
+    assert report["state"]["stopped_by"] == "down"  # what a viewer, which did not stop it, says
     # idempotent: a second stop finds nothing to do
     again = TRANSPORT.call(req(state_dir, "stop", grace=1))
     assert again["killed"] == [] and again["left"] == []

@@ -34,7 +34,7 @@ def test_a_torchrun_that_ignores_sigterm_is_killed_after_the_grace_and_its_worke
     assert all(gone(pid, started[pid]) for pid in started) and carrying(attempt.marker) == []
     state = attempt.state()
     assert answer["state"] == state and state["state"] == "exited" and state["stop_requested"]
-    assert state["error"] == "the supervisor ended without recording an exit"
+    assert state["error"] == "the supervisor ended without recording an exit" and state["stopped_by"] == "clusterrun"
     assert (attempt.folder / "stop").exists()  # the monitor's sign that the end was asked for
 
 

@@ -343,6 +343,21 @@ def test_a_viewer_never_stops_anything(fake: FakeCluster) -> None:
     assert result is not None and [n.state for n in result.nodes] == [NodeState.SUCCEEDED, NodeState.FAILED]
 
 
+def test_a_viewer_says_who_stopped_a_node_as_its_host_recorded_it(fake: FakeCluster) -> None:
+    """The owner's fail-fast stops node 0 after node 1 failed: a viewer, which stopped nothing and
+    knows no order, says so from node 0's host (how torchrun ended, SIGKILL, would only puzzle)."""
+    run = Running(fake, owner=False)
+    n0, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)
+    n1.exit(1)
+    n0.stop_asked(by="fail-fast after node 1 failed")
+    n0.exit(signal=9)
+    result = run.finish()
+    assert result is not None and [(n.state, n.error) for n in result.nodes] == [
+        (NodeState.STOPPED, "stopped by fail-fast after node 1 failed"), (NodeState.FAILED, None)]
+    said = {e.node: e.result.error for e in run.seen.of(NodeExited)}  # type: ignore[attr-defined]
+    assert said[0] == "stopped by fail-fast after node 1 failed"  # as the node ends, and in the summary
+
+
 def test_a_stop_that_cannot_reach_a_host_says_it_may_still_run(fake: FakeCluster) -> None:
     run = Running(fake)
     _, n1 = fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)

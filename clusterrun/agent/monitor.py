@@ -122,17 +122,24 @@ UNREAPED = " (torchrun's own exit was not recorded: its survivor was killed)"
 FAILED_STOP = "failed"
 
 
+def read_stop(folder: str) -> tuple[str, str] | None:
+    """The stop file (``stop.write_stop``): its word (``FAILED_STOP`` or empty) and who stopped the
+    node (``StopRequest.by``, in words); None without one."""
+    try:
+        with open(os.path.join(folder, "stop")) as mark:
+            word, _, by = mark.read().partition("\n")
+    except OSError:
+        return None
+    return word.strip(), by.strip() or "clusterrun"
+
+
 def failed_first(workers: list[dict[str, Any]], folder: str) -> dict[str, Any] | None:
     """This node's end when a stop cut torchrun's teardown short after one of its ranks had failed
     (the stop file says ``FAILED_STOP``): exit code 1, as torchrun's for a failed rank, learned from
     the first failed rank (``first_failure``); None for any other stop, or when no rank had failed."""
-    try:
-        with open(os.path.join(folder, "stop")) as mark:
-            word = mark.read().strip()
-    except OSError:
-        return None
+    stop = read_stop(folder)
     first = first_failure(workers)
-    if word != FAILED_STOP or first is None:
+    if stop is None or stop[0] != FAILED_STOP or first is None:
         return None
     return {"exit_code": 1, "signal": None, "failed_rank": first.get("rank"),
             "exit_learned": f"{rank_end(first)}; torchrun was stopped at once after it"}
@@ -408,9 +415,11 @@ class Monitor:
                                     "first (killed?)")
         else:
             self.state.update(found)
+        stop = read_stop(self.folder)
         self.state["stop_requested"] = cut_short is None and (
-            self.term_requested or bool(self.state.get("stop_requested"))
-            or os.path.exists(os.path.join(self.folder, "stop")))
+            self.term_requested or bool(self.state.get("stop_requested")) or stop is not None)
+        if self.state["stop_requested"] and stop is not None:
+            self.state["stopped_by"] = stop[1]
         self.save()
         if self.job_cgroup and os.path.isdir(self.job_cgroup):  # what torchrun left behind, all of it, at once
             cg_kill(self.job_cgroup, {})

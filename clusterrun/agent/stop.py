@@ -71,8 +71,9 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
                     detail="its rank failed: torchrun ends on its own (no cgroup to kill it with at once)")
     if state.get("state") != "exited":
         try:
-            with open(os.path.join(folder, "stop"), "w") as mark:
-                mark.write(FAILED_STOP if req.failed else "")  # the monitor records the rank's failure then
+            with open(os.path.join(folder, "stop"), "w") as mark:  # read by ``monitor.read_stop``
+                # FAILED_STOP: the monitor records the rank's failure; then who stops it, for its end
+                mark.write(f"{FAILED_STOP if req.failed else ''}\n{req.by or 'clusterrun'}\n")
         except OSError as exc:
             notes.append(f"could not record the stop request: {fs_problem(exc)}")
         try:
@@ -128,7 +129,7 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
             notes.append(f"could not remove the empty cgroup {cgroup}")
     final = read_state(folder) or state
     if final.get("state") != "exited":
-        final = dict(final, state="exited", stop_requested=True,
+        final = dict(final, state="exited", stop_requested=True, stopped_by=req.by or "clusterrun",
                      error=final.get("error") or "the supervisor ended without recording an exit")
         try:
             write_json_atomic(os.path.join(folder, "state.json"), final)

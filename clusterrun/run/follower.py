@@ -285,6 +285,16 @@ class Follower:
                 return
             self.wake.wait(delay)
 
+def end_text(status: NodeStatus, after: int | None) -> str | None:
+    """Why a node ended as it did, in words: after which node's failure fail-fast stopped it (the
+    owner knows), else its host's error, how its exit was learned, or who stopped it as its host
+    recorded it (a viewer, which stopped nothing, says so rather than how torchrun ended)."""
+    if after is not None:
+        return stopped_after_text(after)
+    stopped = f"stopped by {status.stopped_by}" if status.stop_requested and status.stopped_by else None
+    return status.error or end_note(status) or stopped
+
+
 def node_results(nodes: Sequence[Node], failed_first: int | None) -> list[NodeResult]:
     """Each node's end as the attempt's result says it; a node that fail-fast stopped says after
     which node's failure (``failed_first``)."""
@@ -292,7 +302,7 @@ def node_results(nodes: Sequence[Node], failed_first: int | None) -> list[NodeRe
     for rank, node in enumerate(nodes):
         final = node.final or NodeStatus(HostState.RUNNING)
         after = failed_first if node.state is NodeState.STOPPED else None
-        why = node.error or (stopped_after_text(after) if after is not None else final.error or end_note(final))
+        why = node.error or end_text(final, after)
         results.append(NodeResult(rank, node.host, node.state, exit_code=final.exit_code, signal=final.signal,
                                   error=why, stopped_after=after, hardware=final.oom.hardware if final.oom else (),
                                   contained=final.contained))
@@ -310,5 +320,5 @@ def root_cause_of(nodes: Sequence[Node]) -> RootCause | None:
     )
 
 
-__all__ = ["Follower", "Link", "Node", "Reconnect", "end_note", "follow_interval", "node_results", "node_state_of",
-           "root_cause_of", "split_lines"]
+__all__ = ["Follower", "Link", "Node", "Reconnect", "end_note", "end_text", "follow_interval", "node_results",
+           "node_state_of", "root_cause_of", "split_lines"]

@@ -55,7 +55,6 @@ from clusterrun.core.events import (
     NodeStopped,
     RootCause,
     StopReport,
-    stopped_after_text,
     stopped_by,
 )
 from clusterrun.core.protocol import (
@@ -74,7 +73,7 @@ from clusterrun.run.follower import (
     Link,
     Node,
     Reconnect,
-    end_note,
+    end_text,
     follow_interval,
     node_results,
     node_state_of,
@@ -417,7 +416,7 @@ class Job(JobHosts):
                                              "(the host rebooted, or they were killed)")
             node.final, code = status, status.exit_code
             after = self._failed_first if new is NodeState.STOPPED else None  # fail-fast stopped it
-            why = stopped_after_text(after) if after is not None else status.error or end_note(status)
+            why = end_text(status, after)
             self._set_state(rank, new, why or (f"exit code {code}" if code is not None else ""))
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, new, exit_code=code, signal=status.signal,
                                                          error=why, stopped_after=after)))

@@ -216,10 +216,12 @@ class FakeAgent:
             killed = [{"pid": node.state["torchrun"]["pid"], "name": "torchrun", "signal": how}]
             code = None if node.outlives_grace else node.stop_exit_code
             node.state = dict(node.state, state="exited", exit_code=code, signal=9 if node.outlives_grace else
-                              None if code is not None else 15, stop_requested=True, ended_at=self.now())
+                              None if code is not None else 15, stop_requested=True, ended_at=self.now(),
+                              stopped_by=request.get("by") or "clusterrun")
             first = first_failure(node.state.get("workers") or [])
             if request.get("failed") and first:  # as the monitor's ``failed_first``: the rank's failure, not a stop
-                node.state.update(exit_code=1, signal=None, stop_requested=False, failed_rank=first.get("rank"),
+                node.state.update(exit_code=1, signal=None, stop_requested=False, stopped_by=None,
+                                  failed_rank=first.get("rank"),
                                   exit_learned=f"{rank_end(first)}; torchrun was stopped at once after it")
         cgroup = {"containment": "cgroup", "verified": not node.leave_on_stop,
                   "at_once": bool(request.get("failing")) and bool(killed)} if node.contained else {}

@@ -94,10 +94,11 @@ class FakeNode:
             self.state = dict(self.state, progress=progress)
             self.host.cluster.changed.notify_all()
 
-    def stop_asked(self) -> None:
-        """Another controller's stop is under way here (its ``stop`` file): the agent says ``stop_requested``."""
+    def stop_asked(self, by: str = "clusterrun") -> None:
+        """Another controller's stop is under way here (its ``stop`` file): the agent says ``stop_requested``,
+        and ``stopped_by`` once the node has ended."""
         with self.host.cluster.changed:
-            self.state = dict(self.state, stop_requested=True)
+            self.state = dict(self.state, stop_requested=True, stopped_by=by)
             self.host.cluster.changed.notify_all()
 
     def vanish(self) -> None:
