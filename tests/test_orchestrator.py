@@ -37,7 +37,7 @@ from clusterrun.run.follower import BUDGET_NODES, FOLLOW_INTERVALS, MESSAGE_BUDG
 from clusterrun.run.inbox import Inbox
 from clusterrun.run.orchestrator import Job, Reconnect
 from clusterrun.transports.fake import FakeCluster
-from clusterrun.views.printer import Printer, stop_text
+from clusterrun.views.printer import Printer, node_end_text, stop_text
 
 JOB = "train-20261123-120000-abcd"
 FAST = Reconnect(first=0.01, most=0.02)
@@ -354,8 +354,8 @@ def test_a_viewer_says_who_stopped_a_node_as_its_host_recorded_it(fake: FakeClus
     result = run.finish()
     assert result is not None and [(n.state, n.error) for n in result.nodes] == [
         (NodeState.STOPPED, "stopped by fail-fast after node 1 failed"), (NodeState.FAILED, None)]
-    said = {e.node: e.result.error for e in run.seen.of(NodeExited)}  # type: ignore[attr-defined]
-    assert said[0] == "stopped by fail-fast after node 1 failed"  # as the node ends, and in the summary
+    said = {e.node: e.result for e in run.seen.of(NodeExited)}  # type: ignore[attr-defined]
+    assert node_end_text(said[0]) == node_end_text(result.nodes[0]) == "stopped by fail-fast after node 1 failed"
 
 
 def test_a_stop_that_cannot_reach_a_host_says_it_may_still_run(fake: FakeCluster) -> None:

@@ -264,6 +264,7 @@ class NodeResult:
     signal: int | None = None
     error: str | None = None
     stopped_after: int | None = None  # fail-fast stopped it after this node failed (``error`` says so)
+    stopped_by: str | None = None  # stopped: who stopped it, as its host recorded it (``error`` says so)
     hardware: tuple[str, ...] = ()  # its host's kernel logged these errors of the machine (GPU Xid, MCE, ECC)
     contained: bool = False  # it ended with its attempt's cgroup emptied and removed (``NodeStatus.contained``)
 

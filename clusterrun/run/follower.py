@@ -285,6 +285,11 @@ class Follower:
                 return
             self.wake.wait(delay)
 
+def who_stopped(state: NodeState, status: NodeStatus) -> str | None:
+    """Who stopped a stopped node, as its host recorded it."""
+    return status.stopped_by if state is NodeState.STOPPED and status.stop_requested else None
+
+
 def end_text(status: NodeStatus, after: int | None) -> str | None:
     """Why a node ended as it did, in words: after which node's failure fail-fast stopped it (the
     owner knows), else its host's error, how its exit was learned, or who stopped it as its host
@@ -304,8 +309,8 @@ def node_results(nodes: Sequence[Node], failed_first: int | None) -> list[NodeRe
         after = failed_first if node.state is NodeState.STOPPED else None
         why = node.error or end_text(final, after)
         results.append(NodeResult(rank, node.host, node.state, exit_code=final.exit_code, signal=final.signal,
-                                  error=why, stopped_after=after, hardware=final.oom.hardware if final.oom else (),
-                                  contained=final.contained))
+                                  error=why, stopped_after=after, stopped_by=who_stopped(node.state, final),
+                                  hardware=final.oom.hardware if final.oom else (), contained=final.contained))
     return results
 
 
@@ -321,4 +326,4 @@ def root_cause_of(nodes: Sequence[Node]) -> RootCause | None:
 
 
 __all__ = ["Follower", "Link", "Node", "Reconnect", "end_note", "end_text", "follow_interval", "node_results",
-           "node_state_of", "root_cause_of", "split_lines"]
+           "node_state_of", "root_cause_of", "split_lines", "who_stopped"]

@@ -79,6 +79,7 @@ from clusterrun.run.follower import (
     node_state_of,
     root_cause_of,
     split_lines,
+    who_stopped,
 )
 from clusterrun.run.hangwatch import HangWatch
 from clusterrun.run.hosts import Emit, JobHosts
@@ -419,7 +420,8 @@ class Job(JobHosts):
             why = end_text(status, after)
             self._set_state(rank, new, why or (f"exit code {code}" if code is not None else ""))
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, new, exit_code=code, signal=status.signal,
-                                                         error=why, stopped_after=after)))
+                                                         error=why, stopped_after=after,
+                                                         stopped_by=who_stopped(new, status))))
             return
 
     def _earlier(self, rank: int, message: LogChunk, resume: int) -> str:

@@ -78,6 +78,8 @@ def node_end_text(node: NodeResult) -> str:
     """How a node ended, as the summary says it: ``failed (exit code 1)``."""
     if node.stopped_after is not None:  # why it was stopped, not how torchrun ended (our SIGTERM)
         return stopped_after_text(node.stopped_after)
+    if node.stopped_by is not None:  # a stop from elsewhere (a viewer's, `down`'s): who, as its host said
+        return f"stopped by {node.stopped_by}"
     if node.exit_code is not None:
         how = f"exit code {node.exit_code}"
         if node.signal:
