@@ -324,12 +324,14 @@ def test_the_hang_watch_looks_at_every_node_again_only_after_a_status(monkeypatc
         assert watch.poll() is None
     assert looked == []
 
-def _rank(rank: int, where: str, *, cpu: float, runnable: float | None = None, moved: bool | None = False) -> RankStack:
+def _rank(rank: int, where: str, *, cpu: float, runnable: float | None = None, moved: bool | None = False,
+          state: str | None = None) -> RankStack:
     """A rank looked at twice, its main thread's frames ``name:file:line``, innermost first."""
     frames = [Frame(name, file, int(line), lib=file.startswith("torch/"))
               for name, file, line in (f.split(":") for f in where.split())]
     return RankStack(rank=rank, pid=100 + rank, cpu=cpu, runnable=runnable, moved=moved,
-                     state="R" if (runnable or cpu) > 0.5 else "S", threads=[ThreadStack("MainThread", frames)])
+                     state=state or ("R" if (runnable or cpu) > 0.5 else "S"),
+                     threads=[ThreadStack("MainThread", frames)])
 
 
 BARRIER = "barrier:torch/distributed/distributed_c10d.py:4500 step:train.py:42"
@@ -350,6 +352,15 @@ def test_the_hang_report_names_the_rank_outside_the_collective_and_the_busy_one(
     text = "\n".join(report.render())
     assert text.startswith("hung since 1970-01-01T00:16:40Z: no rank wrote anything for 20 s\n")
     assert "\n2     1     h1    21%  97%       R      moved\n" in text and "ranks 0-1 (node 0 h0):" in text
+
+
+def test_the_report_s_summary_says_the_rank_elsewhere_is_stopped() -> None:
+    stopped = _rank(2, "forward:model.py:57 step:train.py:30", cpu=0.0, state="T")
+    answers = {0: StackAnswer(ok=True, state="running", ranks=[_rank(0, BARRIER, cpu=0.0), _rank(1, BARRIER, cpu=0.0)]),
+               1: StackAnswer(ok=True, state="running", ranks=[stopped])}
+    report = HangReport.of(answers, {0: "h0", 1: "h1"}, since=1000.0, apart=3.0, now=1020.0)
+    assert report.summary().startswith("rank 2 elsewhere: forward at model.py:57 (stopped) (the others: barrier in "
+                                       "step at train.py:42)"), report.summary()
 
 
 def test_the_rank_the_others_wait_for_is_named_also_with_two_ranks_or_without_a_collective() -> None:

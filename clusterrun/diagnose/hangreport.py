@@ -104,7 +104,8 @@ class HangReport:
 
     def _where(self, ranks: tuple[int, ...]) -> str:
         """Where these ranks are: each of their groups' headline."""
-        return "; ".join(f"{g.headline}" + ("" if set(g.ranks) <= set(ranks) else f" ({_ranks(g.ranks)})")
+        return "; ".join(f"{g.headline}" + (" (stopped)" if g.stopped else "")
+                         + ("" if set(g.ranks) <= set(ranks) else f" ({_ranks(g.ranks)})")
                          for g in self.view.groups if set(g.ranks) & set(ranks))
 
     def summary(self) -> str:
