@@ -8,15 +8,29 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 from clusterrun.agent import cgroup as cg
+from clusterrun.agent.procs import proc_info
 from tests.agenthost import Attempt, Processes, ask, carrying, gone, job_tree, pids_from
-from tests.conftest import start_time
+from tests.conftest import start_time, wait_for
 from tests.simhosts import unavailable
+
+
+def test_a_stopped_worker_is_continued_so_that_it_ends_on_its_sigterm(procs: Processes, attempt: Attempt) -> None:
+    """A rank stopped by SIGSTOP (Ctrl-Z) acts on no SIGTERM until it is continued: the stop
+    continues it, as systemd does, so that it ends on SIGTERM, not at the SIGKILL after the wait."""
+    tree = job_tree(procs, attempt, workers=2)
+    attempt.make(**tree.state())
+    os.kill(tree.workers[0], signal.SIGSTOP)
+    wait_for(lambda: proc_info(tree.workers[0]).state == "T", timeout=10, what="the worker to stop")  # type: ignore[union-attr]
+    answer = ask(attempt.request("stop", grace=0.2))
+    assert answer["ok"] and answer["left"] == []
+    assert {k["pid"]: k["signal"] for k in answer["killed"]}[tree.workers[0]] == "SIGTERM"
 
 
 def test_a_torchrun_that_ignores_sigterm_is_killed_after_the_grace_and_its_workers_are_swept(

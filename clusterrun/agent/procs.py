@@ -339,9 +339,28 @@ class JobScope:
                     count += 1
                     entry = killed.setdefault(pid, info.as_dict() if info else {"pid": pid})
                     entry["signal"] = SIGNAL_NAMES.get(sig, str(sig))
+                    if sig == signal.SIGTERM and info is not None and info.state == "T":
+                        handle.signal(signal.SIGCONT)  # a stopped process acts on its SIGTERM once continued
             finally:
                 handle.close()
         return count
+
+    def continue_stopped(self) -> None:
+        """SIGCONT the members stopped by a signal (SIGSTOP, Ctrl-Z), as systemd does after its SIGTERM:
+        torchrun's SIGTERM to a stopped rank waits until it goes on, and torchrun with it."""
+        for pid in sorted(self.members(all_procs())):
+            info = proc_info(pid)
+            if info is None or info.state != "T":
+                continue
+            try:
+                handle = PidHandle(pid)
+            except ProcessLookupError:
+                continue
+            try:
+                if self.belongs(pid):
+                    handle.signal(signal.SIGCONT)
+            finally:
+                handle.close()
 
     def sweep(self, term_wait: float, deadline: float, killed: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
         """SIGTERM what is left, wait up to ``term_wait``, then SIGKILL and re-scan until nothing

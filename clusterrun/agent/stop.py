@@ -94,6 +94,7 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
         entry = dict(info.as_dict() if info else {"pid": torchrun.pid})
         if not fast and torchrun.signal(signal.SIGTERM):
             killed[torchrun.pid] = dict(entry, signal="SIGTERM")
+            scope.continue_stopped()
         if (fast or not torchrun.wait(grace)) and torchrun.signal(signal.SIGKILL):
             killed[torchrun.pid] = dict(entry, signal="SIGKILL")
             if not fast:
