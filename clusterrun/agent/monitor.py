@@ -123,7 +123,7 @@ FAILED_STOP = "failed"
 
 
 def read_stop(folder: str) -> tuple[str, str] | None:
-    """The stop file (``stop.write_stop``): its word (``FAILED_STOP`` or empty) and who stopped the
+    """The stop file (written by ``stop``): its word (``FAILED_STOP`` or empty) and who stopped the
     node (``StopRequest.by``, in words); None without one."""
     try:
         with open(os.path.join(folder, "stop")) as mark:

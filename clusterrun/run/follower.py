@@ -285,6 +285,7 @@ class Follower:
                 return
             self.wake.wait(delay)
 
+
 def who_stopped(state: NodeState, status: NodeStatus) -> str | None:
     """Who stopped a stopped node, as its host recorded it."""
     return status.stopped_by if state is NodeState.STOPPED and status.stop_requested else None
