@@ -142,6 +142,18 @@ def test_a_missing_script_on_one_host_is_a_problem_there_only(fake: FakeCluster)
     assert f"fix: {script.fix}" in report.render()
 
 
+def test_a_mistyped_script_is_given_the_close_name_of_this_directory(fake: FakeCluster, tmp_path: Path) -> None:
+    (tmp_path / "main.py").write_text("")
+    for host in ("h0", "h1"):
+        fake.host(host).missing.add("mian.py")
+    report = doctor.run_doctor(spec_of(2), "mian.py", fake.transport, local_cwd=str(tmp_path))
+    assert [rows(report, h)["script"].fix.startswith("did you mean main.py? else copy mian.py to ")  # type: ignore[union-attr]
+            for h in ("h0", "h1")] == [True, True]
+    (tmp_path / "mian.py").write_text("")  # here, not there: nothing to suggest
+    report = doctor.run_doctor(spec_of(2), "mian.py", fake.transport, local_cwd=str(tmp_path))
+    assert not rows(report, "h0")["script"].fix.startswith("did you mean")  # type: ignore[union-attr]
+
+
 def test_a_missing_workdir_is_a_problem_and_the_script_is_not_looked_for(fake: FakeCluster) -> None:
     fake.host("h0").missing.add(".")
     report = doctor.run_doctor(spec_of(2), "train.py", fake.transport)

@@ -59,6 +59,7 @@ from clusterrun.run.hostchecks import (  # re-exported: the checks are the docto
     Verdict,
     after_setup,
     clock_check,
+    close_script,
     connection_check,
     disk_check,
     gpu_check,
@@ -125,17 +126,19 @@ def _inspect(h: _Host, script: str | None, spec: ClusterSpec, local_cwd: str | N
     except HostError as exc:  # the agent failed, or the connection was lost on the way
         h.checks.append(Check("agent", Verdict.FAIL, exc.message, exc.hint))
         return
-    _inspected(h, decode_inspection(h.transport.name, answer), script, sent, time.time(), full=full, synced=synced)
+    _inspected(h, decode_inspection(h.transport.name, answer), script, sent, time.time(), full=full, synced=synced,
+               close=close_script(script, local_cwd))
 
 
 def _inspected(h: _Host, inspection: Inspection, script: str | None, sent: float, answered: float, *,
-               full: bool, synced: bool) -> None:
-    """The checks the host's ``inspect`` answer decides (``sent`` and ``answered`` bracket it)."""
+               full: bool, synced: bool, close: str | None) -> None:
+    """The checks the host's ``inspect`` answer decides (``sent`` and ``answered`` bracket it;
+    ``close``: a name of this directory close to a missing script's)."""
     assert h.probe is not None
     h.inspection = inspection
     h.checks += host_checks(h.transport.host, h.python or h.transport.python, h.probe, inspection, script=script,
                             sent=sent, answered=max(sent, answered - inspection.elapsed), full=full, synced=synced,
-                            setup=h.setup_of is not None)
+                            setup=h.setup_of is not None, close=close)
 
 
 def _setup(h: _Host, spec: ClusterSpec, local_cwd: str | None, synced: bool = False) -> bool:
@@ -344,7 +347,8 @@ def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | N
         if came is not None and came.inspect_error is not None and h.probe is not None:
             h.checks.append(Check("agent", Verdict.FAIL, came.inspect_error))
         elif came is not None and came.inspection is not None and h.probe is not None:
-            _inspected(h, came.inspection, script, came.sent, came.answered, full=full, synced=h.rank in synced)
+            _inspected(h, came.inspection, script, came.sent, came.answered, full=full, synced=h.rank in synced,
+                       close=close_script(script, local_cwd))
         else:  # torch is imported (a few seconds) only where the hosts file declares GPUs: that it sees them all
             _inspect(h, script, spec, local_cwd, deep=full and h.transport.host.gpus is not None, full=full,
                      synced=h.rank in synced)

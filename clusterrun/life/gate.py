@@ -9,7 +9,6 @@ starts or stops a process (``attempt.start`` does).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -21,6 +20,7 @@ from clusterrun.core.events import JobNote
 from clusterrun.core.frozen import frozen
 from clusterrun.life import lifecycle
 from clusterrun.run import setups
+from clusterrun.run.hostchecks import close_script
 from clusterrun.run.orchestrator import Emit, Job
 from clusterrun.run.plan import LaunchPlan, node_env, plan_from_json
 from clusterrun.store.jobs import JobRecord
@@ -81,21 +81,11 @@ def check_script(spec: ClusterSpec, script: str, local_cwd: str, sync: str | Non
         base = source_of(spec, host, sync) or base
         path = os.path.join(base, script)
         if not os.path.isfile(path):
-            close = _close_script(path)
-            hint = (f"did you mean {os.path.join(os.path.dirname(script), close)}?" if close else
+            close = close_script(script, base)
+            hint = (f"did you mean {close}?" if close else
                     "give the script's path relative to the current directory or the host's workdir "
                     "(or `sync: .` in the hosts file to copy the project there)")
             raise ConfigError(f"{path} does not exist (needed by local host {host.host!r})", path=script, hint=hint)
-
-
-def _close_script(path: str) -> str | None:
-    """The file beside ``path`` whose name is closest to its name (``trian.py`` -> ``train.py``)."""
-    try:
-        names = [e.name for e in os.scandir(os.path.dirname(path) or ".") if e.is_file()]
-    except OSError:
-        return None
-    close = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.75)
-    return close[0] if close else None
 
 
 def check_new(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *, full: bool, dry_run: bool,

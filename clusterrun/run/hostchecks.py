@@ -5,6 +5,8 @@ decided by pure functions of the agents' decoded answers (``host_checks``, ``ver
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import os
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -155,9 +157,25 @@ def versions(probe: Probe, inspection: Inspection | None) -> tuple[str | None, s
     return probe.torch, inspection.torch_cuda if inspection is not None else None, None
 
 
-def path_checks(host: HostSpec, inspection: Inspection, script: str | None, synced: bool = False) -> list[Check]:
+def close_script(script: str | None, cwd: str | None) -> str | None:
+    """A file beside ``script`` in ``cwd`` (this machine's directory) whose name is close to it
+    (``trian.py``: ``train.py``), as the path was given; None when the script is there or none is close."""
+    if not script or not cwd or os.path.isfile(os.path.join(cwd, script)):
+        return None
+    folder = os.path.join(cwd, os.path.dirname(script))
+    try:
+        names = [e.name for e in os.scandir(folder) if e.is_file()]
+    except OSError:
+        return None
+    close = difflib.get_close_matches(os.path.basename(script), names, n=1, cutoff=0.75)
+    return os.path.join(os.path.dirname(script), close[0]) if close else None
+
+
+def path_checks(host: HostSpec, inspection: Inspection, script: str | None, synced: bool = False,
+                close: str | None = None) -> list[Check]:
     """The workdir and the script; ``synced``: a dry run of a sync that would make the one and copy
-    the other (the script is looked for in the local directory instead)."""
+    the other (the script is looked for in the local directory instead); ``close``: a file of this
+    directory whose name is close to a missing script's (``close_script``)."""
     where = inspection.cwd
     if synced:
         return [Check("workdir", Verdict.OK, f"{where} (the sync makes or updates it)")]
@@ -179,7 +197,8 @@ def path_checks(host: HostSpec, inspection: Inspection, script: str | None, sync
             what = "is missing" if kind == "missing" else "is no file"
             rows.append(Check("script", Verdict.FAIL,
                               f"{script} {what} in {where} (SCRIPT is relative to the host's workdir)",
-                              f"copy {script} to {where} on {host.host} (`sync: .` in the hosts file copies the "
+                              (f"did you mean {close}? else " if close else "")
+                              + f"copy {script} to {where} on {host.host} (`sync: .` in the hosts file copies the "
                               "project before each start), or fix workdir: for this host"))
     return rows
 
@@ -290,11 +309,12 @@ def imports_check(host: HostSpec, python: str, inspection: Inspection, script: s
 
 
 def host_checks(host: HostSpec, python: str, probe: Probe, inspection: Inspection, *, script: str | None,
-                sent: float, answered: float, full: bool, synced: bool = False, setup: bool = False) -> list[Check]:
+                sent: float, answered: float, full: bool, synced: bool = False, setup: bool = False,
+                close: str | None = None) -> list[Check]:
     """Every check of one host that its own probe and ``inspect`` answers decide (``setup``: both
-    as the job's interpreter sees them in the environment of the host's setup)."""
+    as the job's interpreter sees them in the environment of the host's setup; ``close``: see ``path_checks``)."""
     rows = [torch_check(python, probe, inspection, setup=setup)] if full else []
-    rows += path_checks(host, inspection, script, synced)
+    rows += path_checks(host, inspection, script, synced, close)
     if script is not None and (imports := imports_check(host, python, inspection, script)) is not None:
         rows.append(imports)
     rows.append(disk_check(inspection))
