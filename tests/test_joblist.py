@@ -21,7 +21,7 @@ import pytest
 
 from clusterrun.core.events import JobState, NodeState
 from clusterrun.store.jobs import AttemptRecord, JobRecord, JobStore, NodeRecord
-from clusterrun.views.joblist import RECENT, job_state_text, shown, stop_guarantee
+from clusterrun.views.joblist import RECENT, header_text, job_state_text, shown, stop_guarantee
 from tests import clirun
 from tests.conftest import ROOT, write_hosts
 
@@ -101,6 +101,15 @@ def test_a_running_attempt_with_a_failed_node_is_shown_failing_while_its_other_n
     assert job_state_text(record, now).startswith("failing; ")
     record.nodes[1].state = NodeState.RUNNING  # only the host cannot be reached: nothing failed
     assert job_state_text(record, now).startswith("running; node 2 unreachable since ")
+
+
+def test_ps_job_s_first_line_names_the_next_attempt_during_a_backoff_and_the_current_one_else() -> None:
+    now = time.time()
+    record = make_record("run-20261123-100000-aaaa", "running", None, now=now)
+    assert header_text(record, now) == "job run-20261123-100000-aaaa (run): running, attempt 1, train.py --lr 0.1"
+    record.state, record.restart_at = JobState.RESTARTING, now + 25
+    assert header_text(record, now) == ("job run-20261123-100000-aaaa (run): restarting: attempt 2 starts in 25 s, "
+                                        "train.py --lr 0.1")
 
 
 def test_ps_shows_unfinished_and_recently_ended_jobs_by_default(jobs: dict[str, str]) -> None:

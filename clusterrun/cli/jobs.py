@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shlex
 import shutil
 import signal
 import sys
@@ -57,6 +56,7 @@ from clusterrun.views.gpus import per_gpu
 from clusterrun.views.joblist import (
     COMPACT,
     STATES,
+    header_text,
     history_rows,
     job_state_text,
     jobs_json,
@@ -123,8 +123,7 @@ def ps(job: str | None, show_all: bool, states: tuple[str, ...], as_json: bool, 
             return
         attempt = record.attempts[-1] if record.attempts else None
         now = time.time()
-        click.echo(f"job {record.job_id} ({record.name}): {job_state_text(record, now)}, attempt {record.attempt}, "
-                   f"{record.script} {shlex.join(record.script_args)}".rstrip())
+        click.echo(header_text(record, now))
         errors = {rank: e.one_line() for rank, e in seen.errors.items()}
         if is_slurm(record):
             click.echo(engine_text(record))

@@ -9,6 +9,7 @@ meaning, raises ``SCHEMA``; adding a field does not. A record's own part of a jo
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -110,6 +111,15 @@ def job_state_text(record: JobRecord, now: float) -> str:
     since = min(n.unreachable_since for n in lost if n.unreachable_since is not None)
     which = f"node {lost[0].rank}" if len(lost) == 1 else f"nodes {', '.join(str(n.rank) for n in lost)}"
     return f"{state}; {which} {events.unreachable_text(since, now)}"
+
+
+def header_text(record: JobRecord, now: float) -> str:
+    """``ps JOB``'s first line: ``job ID (name): running, attempt 2, train.py --lr 3``; during a
+    restart's backoff the state names the next attempt (``restarting: attempt 3 starts in 25 s``)."""
+    state = job_state_text(record, now)
+    attempt = "" if state.startswith("restarting: ") else f", attempt {record.attempt}"
+    return f"job {record.job_id} ({record.name}): {state}{attempt}, {record.script} {shlex.join(record.script_args)}" \
+        .rstrip()
 
 
 def training_text(record: JobRecord, progress: Progress | None, now: float) -> str | None:
