@@ -224,14 +224,19 @@ def test_the_gpu_line_follows_the_selected_node_and_keys_answer_at_64_nodes() ->
     from clusterrun.tui import NodeTable
 
     async def gpus_line() -> list[str]:
+        import time
+
         app = app_for(Scripted(with_gpus(), running=True))
         seen = []
         async with app.run_test(size=(120, 36)) as pilot:
             await mounted(app, pilot)
-            for key in ("", "j", "j"):
+            for node, key in enumerate(("", "j", "j")):
                 if key:
                     await pilot.press(key)
-                await pilot.pause()
+                deadline = time.monotonic() + 30  # the readings and the cursor are drawn in their own time
+                while not str(app.query_one("#gpus", Static).render()).startswith(f"node {node} GPUs: "):
+                    assert time.monotonic() < deadline, f"node {node}'s GPU line never shown"
+                    await pilot.pause(0.05)
                 seen.append(str(app.query_one("#gpus", Static).render()))
         return seen
 
@@ -240,11 +245,17 @@ def test_the_gpu_line_follows_the_selected_node_and_keys_answer_at_64_nodes() ->
                                         "node 2 GPUs: no nvidia-smi on this host"]
 
     async def cursor() -> list[int]:
+        import time
+
         app = app_for(Scripted(many(), running=True))
         rows = []
         async with app.run_test(size=(80, 24)) as pilot:
             await mounted(app, pilot)
             table = app.query_one("#nodes", NodeTable)
+            deadline = time.monotonic() + 30
+            while table.row_count < 64 or table.cursor_row != 62:  # every row, and the failures, drawn
+                assert time.monotonic() < deadline, f"{table.row_count} rows, row {table.cursor_row} selected"
+                await pilot.pause(0.05)
             rows.append(table.cursor_row)  # the first failed node, selected and in view
             await pilot.press("k", "k")
             rows.append(table.cursor_row)
