@@ -209,8 +209,11 @@ def test_a_failed_rank_that_torchrun_reaped_before_its_exit_was_read_stays_the_f
 
     monkeypatch.setattr(agent_procs, "zombie_exit", read_late)
     monkeypatch.setattr(monitor, "zombie_exit", read_late)
-    rank = 'if [ "$RANK" = 1 ]; then read go < "$GATE"; exit 1; fi; exec sleep 600'
-    job = Job(procs, attempt, tmp_path, survivor=False, rank=rank)  # nobody reaps torchrun: its exit is learned
+    # Rank 0 ends on torchrun's SIGTERM 0.3 s after it, and torchrun reaps it a second later: its exit
+    # is read also on a loaded machine (a rank killed at once is reaped at once, read or not).
+    rank = ('if [ "$RANK" = 1 ]; then read go < "$GATE"; exit 1; fi; '
+            "trap 'sleep 0.3; trap - TERM; kill -TERM $$' TERM; sleep 600 & wait")
+    job = Job(procs, attempt, tmp_path, survivor=False, rank=rank, monitor_interval=1.0)  # torchrun: nobody reaps it
     job.survive(until=_workers(2))
     run_monitor(attempt.folder, job.state)
 
