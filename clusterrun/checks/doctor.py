@@ -20,6 +20,8 @@ node 0's listener, which its start closes), so ``up`` adds one request per host:
 
 from __future__ import annotations
 
+import difflib
+import os
 import secrets
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -59,7 +61,6 @@ from clusterrun.run.hostchecks import (  # re-exported: the checks are the docto
     Verdict,
     after_setup,
     clock_check,
-    close_script,
     connection_check,
     disk_check,
     gpu_check,
@@ -93,6 +94,20 @@ class _Host:
     # environment, and the job's interpreter there as named in the rows
     setup_of: tuple[str, int] | None = None
     python: str = ""
+
+
+def close_script(script: str | None, cwd: str | None) -> str | None:
+    """A file beside ``script`` in ``cwd`` (this machine's directory) whose name is close to it
+    (``trian.py``: ``train.py``), as the path was given; None when the script is there or none is close."""
+    if not script or not cwd or os.path.isfile(os.path.join(cwd, script)):
+        return None
+    folder = os.path.join(cwd, os.path.dirname(script))
+    try:
+        names = [e.name for e in os.scandir(folder) if e.is_file()]
+    except OSError:
+        return None
+    close = difflib.get_close_matches(os.path.basename(script), names, n=1, cutoff=0.75)
+    return os.path.join(os.path.dirname(script), close[0]) if close else None
 
 
 def _cwd(host: HostSpec, local_cwd: str | None) -> str | None:

@@ -20,7 +20,6 @@ from clusterrun.core.events import JobNote
 from clusterrun.core.frozen import frozen
 from clusterrun.life import lifecycle
 from clusterrun.run import setups
-from clusterrun.run.hostchecks import close_script
 from clusterrun.run.orchestrator import Emit, Job
 from clusterrun.run.plan import LaunchPlan, node_env, plan_from_json
 from clusterrun.store.jobs import JobRecord
@@ -81,7 +80,7 @@ def check_script(spec: ClusterSpec, script: str, local_cwd: str, sync: str | Non
         base = source_of(spec, host, sync) or base
         path = os.path.join(base, script)
         if not os.path.isfile(path):
-            close = close_script(script, base)
+            close = doctor.close_script(script, base)
             hint = (f"did you mean {close}?" if close else
                     "give the script's path relative to the current directory or the host's workdir "
                     "(or `sync: .` in the hosts file to copy the project there)")

@@ -5,8 +5,6 @@ decided by pure functions of the agents' decoded answers (``host_checks``, ``ver
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import os
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -157,25 +155,11 @@ def versions(probe: Probe, inspection: Inspection | None) -> tuple[str | None, s
     return probe.torch, inspection.torch_cuda if inspection is not None else None, None
 
 
-def close_script(script: str | None, cwd: str | None) -> str | None:
-    """A file beside ``script`` in ``cwd`` (this machine's directory) whose name is close to it
-    (``trian.py``: ``train.py``), as the path was given; None when the script is there or none is close."""
-    if not script or not cwd or os.path.isfile(os.path.join(cwd, script)):
-        return None
-    folder = os.path.join(cwd, os.path.dirname(script))
-    try:
-        names = [e.name for e in os.scandir(folder) if e.is_file()]
-    except OSError:
-        return None
-    close = difflib.get_close_matches(os.path.basename(script), names, n=1, cutoff=0.75)
-    return os.path.join(os.path.dirname(script), close[0]) if close else None
-
-
 def path_checks(host: HostSpec, inspection: Inspection, script: str | None, synced: bool = False,
                 close: str | None = None) -> list[Check]:
     """The workdir and the script; ``synced``: a dry run of a sync that would make the one and copy
     the other (the script is looked for in the local directory instead); ``close``: a file of this
-    directory whose name is close to a missing script's (``close_script``)."""
+    directory whose name is close to a missing script's (``doctor.close_script``)."""
     where = inspection.cwd
     if synced:
         return [Check("workdir", Verdict.OK, f"{where} (the sync makes or updates it)")]
