@@ -286,9 +286,9 @@ class Follower:
             self.wake.wait(delay)
 
 
-def who_stopped(state: NodeState, status: NodeStatus) -> str | None:
-    """Who stopped a stopped node, as its host recorded it."""
-    return status.stopped_by if state is NodeState.STOPPED and status.stop_requested else None
+def who_stopped(status: NodeStatus) -> str | None:
+    """Who stopped a node whose stop was requested, as its host recorded it."""
+    return status.stopped_by if status.stop_requested else None
 
 
 def end_text(status: NodeStatus, after: int | None) -> str | None:
@@ -297,8 +297,8 @@ def end_text(status: NodeStatus, after: int | None) -> str | None:
     recorded it (a viewer, which stopped nothing, says so rather than how torchrun ended)."""
     if after is not None:
         return stopped_after_text(after)
-    stopped = f"stopped by {status.stopped_by}" if status.stop_requested and status.stopped_by else None
-    return status.error or end_note(status) or stopped
+    by = who_stopped(status)
+    return status.error or end_note(status) or (f"stopped by {by}" if by else None)
 
 
 def node_results(nodes: Sequence[Node], failed_first: int | None) -> list[NodeResult]:
@@ -309,8 +309,9 @@ def node_results(nodes: Sequence[Node], failed_first: int | None) -> list[NodeRe
         final = node.final or NodeStatus(HostState.RUNNING)
         after = failed_first if node.state is NodeState.STOPPED else None
         why = node.error or end_text(final, after)
+        by = who_stopped(final) if node.state is NodeState.STOPPED else None
         results.append(NodeResult(rank, node.host, node.state, exit_code=final.exit_code, signal=final.signal,
-                                  error=why, stopped_after=after, stopped_by=who_stopped(node.state, final),
+                                  error=why, stopped_after=after, stopped_by=by,
                                   hardware=final.oom.hardware if final.oom else (), contained=final.contained))
     return results
 

@@ -418,10 +418,11 @@ class Job(JobHosts):
             node.final, code = status, status.exit_code
             after = self._failed_first if new is NodeState.STOPPED else None  # fail-fast stopped it
             why = end_text(status, after)
+            by = who_stopped(status) if new is NodeState.STOPPED else None
             self._set_state(rank, new, why or (f"exit code {code}" if code is not None else ""))
             self.emit(NodeExited(rank, result=NodeResult(rank, node.host, new, exit_code=code, signal=status.signal,
                                                          error=why, stopped_after=after,
-                                                         stopped_by=who_stopped(new, status))))
+                                                         stopped_by=by)))
             return
 
     def _earlier(self, rank: int, message: LogChunk, resume: int) -> str:
