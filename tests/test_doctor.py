@@ -337,8 +337,8 @@ def prepared(fake: FakeCluster, spec: ClusterSpec) -> Job:
 
 def run_preflight(job: Job, spec: ClusterSpec, full: bool = True) -> doctor.Report:
     assert job.plan is not None
-    return doctor.preflight([job.probed(r) for r in range(job.plan.nnodes)], spec, "train.py",
-                            addr=job.plan.master_addr, port=job.plan.master_port, local_cwd=None, full=full)
+    return doctor.Preflight(spec, "train.py", None, full).run([job.probed(r) for r in range(job.plan.nnodes)],
+                                                              addr=job.plan.master_addr, port=job.plan.master_port)
 
 
 def test_preflight_refuses_a_missing_script_on_any_host_before_anything_starts(fake: FakeCluster) -> None:
@@ -611,7 +611,7 @@ def test_the_inspections_that_go_with_the_probes_leave_out_the_hosts_a_sync_fill
     sync, not with its probe; a dry run copies nothing, so every host goes with its probe."""
     spec = load_cluster_text("hosts:\n  - host: h0\n    workdir: /proj\n    sync: .\n"
                              "  - host: h1\n    workdir: /proj\n", "hosts.yaml")
-    ahead = partial(doctor.preflight_ahead, spec, "train.py", local_cwd="/here", full=False, test_port=False)
-    assert set(ahead().inspect) == {1}
-    assert set(ahead(sync_dir="/src").inspect) == set()
-    assert set(ahead(sync_dir="/src", copies=False).inspect) == {0, 1}
+    checks = partial(doctor.Preflight, spec, "train.py", "/here", False, test_port=False)
+    assert set(checks().ahead().inspect) == {1}
+    assert set(checks(sync_dir="/src").ahead().inspect) == set()
+    assert set(checks(sync_dir="/src", copies=False).ahead().inspect) == {0, 1}

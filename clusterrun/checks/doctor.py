@@ -10,11 +10,11 @@ logind. Each finding is a ``Check``: ✓, ✗ (the job cannot run: with a one-li
 (it may run, badly: a warning with a fix).
 
 The checks are pure functions of the agents' decoded answers (hostchecks.py: ``host_checks``,
-``version_checks``, ``port_checks``); ``run_doctor`` and ``preflight`` here only gather the
-answers. ``preflight`` reuses the agents ``up`` opened to probe the hosts: its cheap part
+``version_checks``, ``port_checks``); ``run_doctor`` and ``Preflight`` here only gather the
+answers. ``Preflight`` reuses the agents ``up`` opened to probe the hosts: its cheap part
 (workdir, script, disk, clock, logind) always runs; the rest (GPUs, versions, the TCP test of
 the master port) is skipped by ``up --no-preflight``. What nothing before the preflight changes
-goes in the probe's request (``preflight_ahead``: ``inspect`` where no setup or sync comes first,
+goes in the probe's request (``Preflight.ahead``: ``inspect`` where no setup or sync comes first,
 node 0's listener, which its start closes), so ``up`` adds one request per host: ``reach``.
 """
 
@@ -43,6 +43,7 @@ from clusterrun.config.hostsfile import ClusterSpec, HostSpec
 from clusterrun.config.nodesets import hosts_alike
 from clusterrun.core import parallel
 from clusterrun.core.errors import AgentError, ClusterrunError, ConnectError, HostError, HostsUnavailable
+from clusterrun.core.frozen import frozen
 from clusterrun.core.protocol import (
     Inspection,
     Network,
@@ -190,7 +191,7 @@ def _setup(h: _Host, spec: ClusterSpec, local_cwd: str | None, synced: bool = Fa
 def _port_test(hosts: Sequence[_Host], addr: str, port: int | None, pool: ThreadPoolExecutor, *, fixed: bool,
                early: Early | None = None) -> None:
     """Node 0's agent listens on the master port; every node's agent connects to it at ``addr``.
-    With ``early`` (its probe opened the listener: ``preflight_ahead``) node 0's start closes it."""
+    With ``early`` (its probe opened the listener: ``Preflight.ahead``) node 0's start closes it."""
     node0 = hosts[0]
     if node0.session is None:
         return
@@ -335,64 +336,79 @@ def _examine_all(hosts: Sequence[_Host], spec: ClusterSpec, examine: Callable[[_
     _versions(hosts)
 
 
-def preflight(sessions: Sequence[tuple[Transport, AgentSession | None, Probe | None]], spec: ClusterSpec,
-              script: str, *, addr: str, port: int, local_cwd: str | None, full: bool,
-              synced: Collection[int] = (), test_port: bool = True, set_up: Mapping[int, str] | None = None,
-              setup_of: tuple[str, int] | None = None, early: Mapping[int, Early] | None = None,
-              recheck: bool = False) -> Report:
-    """``up``'s checks on hosts its agents have probed already (``sessions``, by node rank): the
-    workdir and the script (not on the nodes in ``synced``: a dry run of a sync that would make and
-    copy them), disk, clock and logind always; with ``full`` the GPUs, the versions and the master
-    port's TCP test as well (unless ``test_port`` is false: a restart's fixed port, held by the
-    attempt it replaces); with ``full``, on hosts that declare ``gpus``, that torch sees as many CUDA
-    devices. On the nodes of ``set_up`` (rank → the job's interpreter there, in words), whose setup
-    for ``setup_of`` (job, attempt) ran in these agents, the python checks run in its environment.
-    The sessions stay open (``up`` starts the nodes with them). ``early``: by rank, what the
-    probes answered of ``preflight_ahead``'s requests, which are not asked again. ``recheck``: an
-    automatic restart's hosts, checked minutes ago and just probed (reachable): without ``full``, the
-    master port's TCP test too (unless ``test_port`` is false); not the GPUs and the versions."""
-    hosts = [_Host(rank, t, s, p) for rank, (t, s, p) in enumerate(sessions)]
-    early = early or {}
-    for h in hosts:
-        if set_up and h.rank in set_up and setup_of is not None:
-            h.setup_of, h.python = setup_of, set_up[h.rank]
+@frozen
+class Preflight:
+    """``up``'s checks of one attempt, asked once and run in two parts: the requests that can go with
+    the probes (``ahead``), then the rest on the probed hosts (``run``). Always the workdir and the
+    script, disk, clock and logind; with ``full`` the GPUs, the versions and the master port's TCP
+    test as well (unless ``test_port`` is false: a restart's fixed port, held by the attempt it
+    replaces), and on hosts that declare ``gpus``, that torch sees as many CUDA devices. ``recheck``:
+    an automatic restart's hosts, checked minutes ago and just probed (reachable): without ``full``,
+    the master port's TCP test too (unless ``test_port`` is false); not the GPUs and the versions.
+    ``sync_dir`` and ``copies`` (not a dry run): the sync that fills hosts before their inspection."""
 
-    def inspect(h: _Host) -> None:
-        came = early.get(h.rank)
-        if came is not None and came.inspect_error is not None and h.probe is not None:
-            h.checks.append(Check("agent", Verdict.FAIL, came.inspect_error))
-        elif came is not None and came.inspection is not None and h.probe is not None:
-            _inspected(h, came.inspection, script, came.sent, came.answered, full=full, synced=h.rank in synced,
-                       close=close_script(script, local_cwd))
-        else:  # torch is imported (a few seconds) only where the hosts file declares GPUs: that it sees them all
-            _inspect(h, script, spec, local_cwd, deep=full and h.transport.host.gpus is not None, full=full,
-                     synced=h.rank in synced)
+    spec: ClusterSpec
+    script: str
+    local_cwd: str | None
+    full: bool
+    test_port: bool = True
+    recheck: bool = False
+    sync_dir: str | None = None
+    copies: bool = True
 
-    with parallel.threads(min(32, len(hosts)), "clusterrun-preflight") as pool:
-        parallel.map_all(pool, inspect, hosts)
-        if (full or recheck) and test_port:
-            came = early.get(0)
-            _port_test(hosts, addr, port, pool, fixed=spec.master_port is not None,
-                       early=came if came is not None and (came.listening or came.listen_error) else None)
-            if not recheck:
-                _versions(hosts)
-    return Report([HostReport(h.rank, h.transport.name, h.checks) for h in hosts])
+    def ahead(self) -> Ahead:
+        """The requests that can go with the probes (``Job.prepare(ahead=)``): the ``inspect`` of each
+        host whose answer nothing before ``run`` changes (no ``setup:``; no sync copies to it first: its
+        ``sync:`` or ``sync_dir``, where the sync ``copies``), and node 0's listener on the master port
+        when ``run`` tests it (``full`` or ``recheck``, and ``test_port``)."""
+        spec = self.spec
+        inspect = {rank: inspect_request(host, rank, self.script, spec, self.local_cwd,
+                                         deep=self.full and host.gpus is not None, full=self.full)
+                   for rank, host in enumerate(spec.hosts)
+                   if not host.setup and not (self.copies and source_of(spec, host, self.sync_dir))}
+        listen = (ListenRequest(port=spec.master_port, token=secrets.token_hex(8))
+                  if self._tests_port() else None)
+        return Ahead(inspect=inspect, listen=listen)
 
+    def run(self, sessions: Sequence[tuple[Transport, AgentSession | None, Probe | None]], *, addr: str,
+            port: int, synced: Collection[int] = (), set_up: Mapping[int, str] | None = None,
+            setup_of: tuple[str, int] | None = None, early: Mapping[int, Early] | None = None) -> Report:
+        """The checks on hosts whose agents have probed them already (``sessions``, by node rank; they
+        stay open: ``up`` starts the nodes with them), not the workdir and the script on the nodes in
+        ``synced`` (a dry run of a sync that would make and copy them). On the nodes of ``set_up``
+        (rank → the job's interpreter there, in words), whose setup for ``setup_of`` (job, attempt)
+        ran in these agents, the python checks run in its environment. ``early``: by rank, what the
+        probes answered of ``ahead``'s requests, which are not asked again."""
+        script, local_cwd, full = self.script, self.local_cwd, self.full
+        hosts = [_Host(rank, t, s, p) for rank, (t, s, p) in enumerate(sessions)]
+        early = early or {}
+        for h in hosts:
+            if set_up and h.rank in set_up and setup_of is not None:
+                h.setup_of, h.python = setup_of, set_up[h.rank]
 
-def preflight_ahead(spec: ClusterSpec, script: str, *, local_cwd: str | None, full: bool, test_port: bool,
-                    sync_dir: str | None = None, copies: bool = True, recheck: bool = False) -> Ahead:
-    """The requests of ``preflight`` that can go with the probes (``Job.prepare(ahead=)``): the
-    ``inspect`` of each host whose answer nothing before the preflight changes (no ``setup:``; no
-    sync copies to it first: its ``sync:`` or ``sync_dir``, where the sync ``copies``, not a dry
-    run's), and node 0's listener on the master port when the preflight tests it (``full`` or
-    ``recheck``, and ``test_port``)."""
-    inspect = {rank: inspect_request(host, rank, script, spec, local_cwd, deep=full and host.gpus is not None,
-                                     full=full)
-               for rank, host in enumerate(spec.hosts)
-               if not host.setup and not (copies and source_of(spec, host, sync_dir))}
-    listen = ListenRequest(port=spec.master_port, token=secrets.token_hex(8)) if (full or recheck) and test_port \
-        else None
-    return Ahead(inspect=inspect, listen=listen)
+        def inspect(h: _Host) -> None:
+            came = early.get(h.rank)
+            if came is not None and came.inspect_error is not None and h.probe is not None:
+                h.checks.append(Check("agent", Verdict.FAIL, came.inspect_error))
+            elif came is not None and came.inspection is not None and h.probe is not None:
+                _inspected(h, came.inspection, script, came.sent, came.answered, full=full, synced=h.rank in synced,
+                           close=close_script(script, local_cwd))
+            else:  # torch is imported (a few seconds) only where the hosts file declares GPUs: that it sees them all
+                _inspect(h, script, self.spec, local_cwd, deep=full and h.transport.host.gpus is not None, full=full,
+                         synced=h.rank in synced)
+
+        with parallel.threads(min(32, len(hosts)), "clusterrun-preflight") as pool:
+            parallel.map_all(pool, inspect, hosts)
+            if self._tests_port():
+                came = early.get(0)
+                _port_test(hosts, addr, port, pool, fixed=self.spec.master_port is not None,
+                           early=came if came is not None and (came.listening or came.listen_error) else None)
+                if not self.recheck:
+                    _versions(hosts)
+        return Report([HostReport(h.rank, h.transport.name, h.checks) for h in hosts])
+
+    def _tests_port(self) -> bool:
+        return (self.full or self.recheck) and self.test_port
 
 
 def warnings(report: Report) -> list[str]:
@@ -416,4 +432,4 @@ def refusal(report: Report) -> HostsUnavailable | None:
 
 
 __all__ = ["Check", "HostReport", "Report", "Verdict", "clock_check", "connection_check", "disk_check", "gpu_check",
-           "inspect_request", "preflight", "preflight_ahead", "refusal", "run_doctor", "version_checks", "warnings"]
+           "Preflight", "inspect_request", "refusal", "run_doctor", "version_checks", "warnings"]

@@ -107,22 +107,21 @@ def _probe_and_check(job: Job, spec: ClusterSpec, script: str, local_cwd: str, *
     synced files; a dry run's, where the sync would make the workdir, not before it exists),
     then the preflight, whose python checks run in the environment setup made, as the job will.
     Setup runs once per attempt: its agent keeps the environment for the start. What of the
-    preflight nothing before it changes goes with the probes (``doctor.preflight_ahead``). ``recheck``:
+    preflight nothing before it changes goes with the probes (``Preflight.ahead``). ``recheck``:
     hosts checked minutes ago, restarted automatically: the probe, the cheap inspection (workdir, script,
     disk; it goes with the probe) and the master port's test, not the GPUs or the versions."""
-    job.prepare(run_setup=False, ahead=doctor.preflight_ahead(spec, script, local_cwd=local_cwd, full=full,
-                                                              test_port=test_port, sync_dir=sync_dir,
-                                                              copies=not dry_run, recheck=recheck))
+    checks = doctor.Preflight(spec, script, local_cwd, full, test_port=test_port, recheck=recheck,
+                              sync_dir=sync_dir, copies=not dry_run)
+    job.prepare(run_setup=False, ahead=checks.ahead())
     reports = sync_hosts(spec, job.agents, progress, override=sync_dir, dry_run=dry_run)
     synced = {rank for rank, host in enumerate(spec.hosts) if source_of(spec, host, sync_dir)} if dry_run else ()
     setups.run(job, emit, if_cwd=synced)
     plan = job.plan  # torchrun's argv as the interpreter after setup takes it
     if plan is None:
         raise RuntimeError("the checks before the plan")
-    report = doctor.preflight([job.probed(rank) for rank in range(plan.nnodes)], spec, script,
-                              addr=plan.master_addr, port=plan.master_port, local_cwd=local_cwd, full=full,
-                              synced=synced, test_port=test_port, set_up=job.set_up,
-                              setup_of=(job.job_id, job.attempt), early=job.early, recheck=recheck)
+    report = checks.run([job.probed(rank) for rank in range(plan.nnodes)], addr=plan.master_addr,
+                        port=plan.master_port, synced=synced, set_up=job.set_up,
+                        setup_of=(job.job_id, job.attempt), early=job.early)
     refused = doctor.refusal(report)  # one line and a fix per problem
     if refused is not None:
         raise refused

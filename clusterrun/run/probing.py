@@ -47,7 +47,7 @@ ROUTE_PORT = 29500  # the route's port when the master port is not known yet (se
 
 @frozen
 class Ahead:
-    """The preflight's requests that go in the probes' exchange (``doctor.preflight_ahead`` decides
+    """The preflight's requests that go in the probes' exchange (``doctor.Preflight.ahead`` decides
     which): each node's ``inspect`` by rank, and node 0's ``listen`` on the master port."""
 
     inspect: Mapping[int, InspectRequest] = field(default_factory=dict)
