@@ -70,8 +70,9 @@ def test_the_step_is_one_srun_with_one_task_per_node_and_the_rank_from_slurm() -
                              "hosts:\n  - host: gpu[01-02]\n", "hosts.yaml")
     step = build_step(Allocation("99", ("gpu01", "gpu02")), spec, "train.py", ["--", "--lr", "1 2"], name="train-1",
                       python="/usr/bin/python3", env_overrides={"SEED": "1"}, cwd="/home/me/proj")
+    assert step.name == "train-1" and step.job_id.startswith("train-1-")
     assert step.argv[:9] == ("srun", "--jobid=99", "--nodelist=gpu[01-02]", "--nodes=2", "--ntasks=2",
-                             "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--label", "--job-name=train-1")
+                             "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--label", f"--job-name={step.job_id}")
     assert step.argv[9:] == ("sh", "-c", TASK_SCRIPT, "clusterrun-node", "/venv/bin/python", "3", "/home/me/proj", "",
                              "preflight", "train.py", "--", "--", "--lr", "1 2")
     assert step.env == {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NCCL_DEBUG": "INFO", "SEED": "1",
@@ -141,9 +142,8 @@ def test_each_node_finds_its_own_process_count_by_its_slurm_name(tmp_path: Path)
     step = build_step(Allocation("3", ("n2", "n1", "n[4]")), spec, "t.py", [], name="t", python="p",
                       env_overrides={}, cwd=None)
     assert (step.nprocs, step.world_size) == ((1, 2, 1), 4)  # n[4] is not in the file: the template's (n2's)
-    assert [(n.host.host, n.nproc, n.first_rank) for n in launch_plan(step, job_id="j", name="t", script="t.py",
-                                                                      script_args=()).nodes] == \
-        [("n2", 1, 0), ("n1", 2, 1), ("n[4]", 1, 3)]
+    assert [(n.host.host, n.nproc, n.first_rank) for n in launch_plan(step).nodes] \
+        == [("n2", 1, 0), ("n1", 2, 1), ("n[4]", 1, 3)]
     for node, count in (("n1", 2), ("n2", 1), ("n[4]", 1)):
         done = _task(tmp_path, step.argv, node=node)
         assert done.returncode == 0 and f"--nproc-per-node={count}" in done.stdout.splitlines(), done.stderr
@@ -301,8 +301,8 @@ def _stand_in(tmp_path: Path, script: str) -> SlurmStep:
     """A step whose "srun" is ``script`` run by this Python: labelled lines and srun's reports, as srun prints them."""
     path = tmp_path / "srun.py"
     path.write_text(script)
-    return SlurmStep(argv=(sys.executable, str(path)), env={"X": "1"}, nodes=("n1", "n2"), nprocs=(1, 1),
-                     master_addr="n1", master_port=1)
+    return SlurmStep(job_id="job-1", name="job", script="t.py", script_args=(), argv=(sys.executable, str(path)),
+                     env={"X": "1"}, nodes=("n1", "n2"), nprocs=(1, 1), master_addr="n1", master_port=1)
 
 
 def test_the_runner_turns_labelled_output_into_node_logs_and_results(tmp_path: Path) -> None:

@@ -15,11 +15,12 @@ from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.store.slurmlogs import LogFiles, SlurmFollower, node_dir, read_chunks
 from clusterrun.views.joblist import job_state_text
 
-STEP = SlurmStep(argv=("srun",), env={}, nodes=("n1", "n2"), nprocs=(2, 2), master_addr="n1", master_port=20001)
+STEP = SlurmStep(job_id="t-20261125-000000-abcd", name="t", script="t.py", script_args=(), argv=("srun",), env={},
+                 nodes=("n1", "n2"), nprocs=(2, 2), master_addr="n1", master_port=20001)
 
 
 def _recorded(tmp_path: Path) -> tuple[JobStore, JobRecord]:
-    plan = launch_plan(STEP, job_id="t-20261125-000000-abcd", name="t", script="t.py", script_args=())
+    plan = launch_plan(STEP)
     record = slurm_record(plan, STEP, allocation="41", hosts_file=None, env_overrides={}, grace=3.0)
     store = JobStore(tmp_path / "jobs")
     store.create(record)

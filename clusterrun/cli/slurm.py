@@ -33,7 +33,7 @@ from clusterrun.core.errors import ClusterrunError, ConfigError, JobNotFound
 from clusterrun.core.events import JobResult, NodeResult, NodeState
 from clusterrun.life.attempt import record_next_attempt
 from clusterrun.life.recorder import Recorder
-from clusterrun.run.plan import JOB_ID_SHAPE, LaunchPlan, job_name, new_job_id, parse_env_overrides, plan_from_json
+from clusterrun.run.plan import JOB_ID_SHAPE, LaunchPlan, job_name, parse_env_overrides, plan_from_json
 from clusterrun.slurm.job import (
     SRUN_MISSING,
     SlurmSession,
@@ -68,8 +68,6 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
     from clusterrun.slurm.run import allocation_here
     from clusterrun.slurm.step import build_step, launch_plan
 
-    jname = job_name(name, script)
-    job_id = new_job_id(jname)
     try:
         if script.endswith((".yaml", ".yml")):
             raise ConfigError(f"with --from-slurm the first argument is the script, not a hosts file: {script}",
@@ -81,12 +79,13 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
         allocation = allocation_here(os.environ)
         spec = _slurm_hosts(hosts_file)
         overrides = parse_env_overrides(env)
-        step = build_step(allocation, spec, script, script_args, name=job_id, python=sys.executable,
+        step = build_step(allocation, spec, script, script_args, name=name, python=sys.executable,
                           env_overrides=overrides, cwd=os.getcwd(), no_sync=no_sync,
                           preflight=not no_preflight)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
     secret = spec.secret_env if spec is not None else ()
+    job_id = step.job_id
     if dry_run:
         click.echo(f"job {job_id}: Slurm job {allocation.job_id}, {len(step.nodes)} nodes, world size "
                    f"{step.world_size}, master {step.master_addr}:{step.master_port}")
@@ -100,7 +99,7 @@ def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str 
         click.echo(f"  command: {shlex.join(step.argv)}")
         sys.exit(EXIT_OK)
     printer = Printer(nnodes=len(step.nodes))
-    plan = dataclasses.replace(launch_plan(step, job_id=job_id, name=jname, script=script, script_args=script_args),
+    plan = dataclasses.replace(launch_plan(step),
                                secret_env=tuple(secret), grace=grace)
     printer.set_plan(plan)
     store = JobStore()  # the job's record, owned by this process until the step ends (no monitor under Slurm)
@@ -189,7 +188,8 @@ def restart_slurm(job: Opened, grace: float | None, script_args: Sequence[str]) 
     except ClusterrunError as exc:
         store.release(owner)
         _fail(exc, EXIT_FAILED)
-    step = SlurmStep(argv=tuple(plan.nodes[0].argv), env=env, nodes=tuple(record.hosts),
+    step = SlurmStep(job_id=job_id, name=plan.name, script=plan.script, script_args=plan.script_args,
+                     argv=tuple(plan.nodes[0].argv), env=env, nodes=tuple(record.hosts),
                      nprocs=tuple(n.nproc for n in plan.nodes), master_addr=plan.master_addr,
                      master_port=plan.master_port)
     printer = Printer(nnodes=len(step.nodes))

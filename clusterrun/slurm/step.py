@@ -23,7 +23,7 @@ from clusterrun.config.hostsfile import ClusterSpec, HostSpec
 from clusterrun.config.nodesets import NodeSetError, expand, fold
 from clusterrun.core.errors import ConfigError
 from clusterrun.core.frozen import frozen
-from clusterrun.run.plan import TORCHRUN_MODULE, LaunchPlan, NodeLaunch, node_env
+from clusterrun.run.plan import TORCHRUN_MODULE, LaunchPlan, NodeLaunch, job_name, new_job_id, node_env
 
 # What each task runs, one constant script (its names prefixed _cr_: setup runs in its shell and must
 # not change them); the job's values come as arguments (``sh -c TASK_SCRIPT
@@ -239,8 +239,13 @@ def refuse_sync(spec: ClusterSpec, hosts: Sequence[HostSpec]) -> None:
 class SlurmStep:
     """The job step ``up --from-slurm`` runs: the ``srun`` argv and the environment it needs
     (Slurm passes srun's environment on to every task: ``--export=ALL``), each node's process count
-    (``nprocs``, in the nodes' order) and where it came from."""
+    (``nprocs``, in the nodes' order) and where it came from; the job it runs (``job_id``, the
+    step's Slurm name, ``name``, the script and its arguments)."""
 
+    job_id: str
+    name: str
+    script: str
+    script_args: tuple[str, ...]
     argv: tuple[str, ...]
     env: Mapping[str, str]
     nodes: tuple[str, ...]
@@ -254,16 +259,15 @@ class SlurmStep:
         return sum(self.nprocs)
 
 
-def launch_plan(step: SlurmStep, *, job_id: str, name: str, script: str,
-                script_args: Sequence[str]) -> LaunchPlan:
+def launch_plan(step: SlurmStep) -> LaunchPlan:
     """The step as the plan a consumer (the printer) knows: node ranks in Slurm's order, global
     ranks packed node after node as torchrun's static rendezvous assigns them."""
     firsts = [sum(step.nprocs[:i]) for i in range(len(step.nodes))]
     nodes = tuple(NodeLaunch(rank=i, host=HostSpec(host=host, nproc=n), nproc=n, first_rank=first, argv=step.argv,
                              env=step.env, cwd=None)
                   for i, (host, n, first) in enumerate(zip(step.nodes, step.nprocs, firsts, strict=True)))
-    return LaunchPlan(job_id=job_id, name=name, master_addr=step.master_addr, master_port=step.master_port,
-                      nodes=nodes, script=script, script_args=tuple(script_args))
+    return LaunchPlan(job_id=step.job_id, name=step.name, master_addr=step.master_addr, master_port=step.master_port,
+                      nodes=nodes, script=step.script, script_args=step.script_args)
 
 
 def task_argv(python: str, nproc: str, script: str, script_args: Sequence[str], *, workdir: str | None = None,
@@ -284,10 +288,11 @@ def srun_options(nnodes: int, *, name: str) -> tuple[str, ...]:
 
 
 def build_step(allocation: Allocation, spec: ClusterSpec | None, script: str, script_args: Sequence[str], *,
-               name: str, python: str, env_overrides: Mapping[str, str], cwd: str | None,
+               name: str | None, python: str, env_overrides: Mapping[str, str], cwd: str | None,
                no_sync: bool = False, preflight: bool = True) -> SlurmStep:
     """The step for ``allocation``: every node of it, the hosts file's first host as the template
-    (its nproc per node); ``ConfigError`` for a ``sync:`` unless ``no_sync``."""
+    (its nproc per node), a new job (``name``: ``--name``, else the script's); ``ConfigError`` for a
+    ``sync:`` unless ``no_sync``."""
     host = template_host(spec, allocation.nodes[0])
     if spec is not None and not no_sync:
         refuse_sync(spec, [host, *(h for h in spec.hosts if h.host in allocation.nodes)])
@@ -299,12 +304,15 @@ def build_step(allocation: Allocation, spec: ClusterSpec | None, script: str, sc
     # srun no longer takes -c from SLURM_CPUS_PER_TASK (Slurm 22.05): without it, torchrun and all
     # its workers would share one CPU where Slurm confines tasks to theirs
     cpus = (f"--cpus-per-task={allocation.cpus_per_task}",) if allocation.cpus_per_task else ()
+    task = task_argv(host.python or python, nproc_word(allocation.nodes, nprocs), script, script_args,
+                     workdir=host.workdir or cwd, setup=host.setup, preflight=preflight)
+    jname = job_name(name, script)
+    job_id = new_job_id(jname)
     argv = ("srun", f"--jobid={allocation.job_id}", f"--nodelist={fold(list(allocation.nodes))}", *cpus,
-            *srun_options(len(allocation.nodes), name=name),
-            *task_argv(host.python or python, nproc_word(allocation.nodes, nprocs), script, script_args,
-                       workdir=host.workdir or cwd, setup=host.setup, preflight=preflight))
-    return SlurmStep(argv=argv, env=env, nodes=allocation.nodes, nprocs=nprocs, master_addr=master_addr,
-                     master_port=master_port, nproc_source=source)
+            *srun_options(len(allocation.nodes), name=job_id), *task)
+    return SlurmStep(job_id=job_id, name=jname, script=script, script_args=tuple(script_args), argv=argv, env=env,
+                     nodes=allocation.nodes, nprocs=nprocs, master_addr=master_addr, master_port=master_port,
+                     nproc_source=source)
 
 
 def sbatch_script(spec: ClusterSpec, script: str, script_args: Sequence[str], *, name: str,
