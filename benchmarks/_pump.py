@@ -6,6 +6,7 @@ cores (``hosts_apart``)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import select
 import selectors
@@ -17,6 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 READY, DONE = b"ready\n", b"done lines="
+PIPE_SIZE = 1 << 20
 
 
 
@@ -113,6 +115,8 @@ class Pump:
         finally:
             err.close()
         assert proc.stdout is not None
+        with contextlib.suppress(OSError):  # a reader of every node writes as much as the tails together
+            fcntl.fcntl(proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         source = Source(name, proc, node, started=began)
         self.sources.append(source)
         self.selector.register(proc.stdout.fileno(), selectors.EVENT_READ, source)
@@ -136,7 +140,7 @@ class Pump:
             if left <= 0:
                 raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
             for key, _ in self.selector.select(min(left, 0.2)):
-                data = os.read(key.fd, 1 << 16)
+                data = os.read(key.fd, PIPE_SIZE)
                 when = time.time()
                 source = key.data
                 if data:

@@ -371,7 +371,8 @@ class Bench:
             last = max(read for _, _, _, read in records)
             written_last = max(written for _, _, written, _ in records)
             results[name] = {"seconds": last - began, "rate": len(records) / (last - began), "lost": lost,
-                             "extra": extra, "lag": last - written_last}
+                             "extra": extra, "lag": last - written_last,
+                             "cpu": sum(source.cpu or 0.0 for source in group)}
         results["writers"] = {"seconds": written_last - began, "rate": total / (written_last - began)}
         files = [self.output_log(job, node) for node in range(n)]
         size_all, size_one = sum(p.stat().st_size for p in files), files[0].stat().st_size
@@ -481,15 +482,15 @@ def report(args: argparse.Namespace, n: int, isolated: bool, paced: list[dict[st
     print(f"\n### Throughput, following: {n} hosts × {args.lines} lines as fast as they can "
           f"({total} lines), these readers at once\n")
     print("| reader | lines/s | last line read after (s) | lag of the last line (s) | lost | shown twice "
-          "| vs ssh tail -F | vs paramiko tail -F |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| vs ssh tail -F | vs paramiko tail -F | CPU (s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     w = fast["writers"]
-    print(f"| (the writers themselves) | {w['rate']:.0f} | {w['seconds']:.2f} | | | | | |")
+    print(f"| (the writers themselves) | {w['rate']:.0f} | {w['seconds']:.2f} | | | | | | |")
     for name in ("ssh tail -F", "paramiko tail -F", *(v for v in THREADED if v in fast), "clusterrun logs -f"):
         r = fast[name]
         print(f"| {name} | {r['rate']:.0f} | {r['seconds']:.2f} | {r['lag']:.2f} | {r['lost']:.0f} "
               f"| {r['extra']:.0f} | {r['rate'] / fast['ssh tail -F']['rate']:.2f} "
-              f"| {r['rate'] / fast['paramiko tail -F']['rate']:.2f} |")
+              f"| {r['rate'] / fast['paramiko tail -F']['rate']:.2f} | {r['cpu']:.2f} |")
     one = fast["ssh sim1 cat (node 0)"]
     every = fast[f"ssh cat ×{n} at once"]
     print(f"\n### Throughput, whole files of the finished job (median of {args.repeat}; start-up included)\n")
