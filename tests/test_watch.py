@@ -374,6 +374,25 @@ def test_the_rank_the_others_wait_for_is_named_also_with_two_ranks_or_without_a_
     assert HangReport.of(even, {0: "h0"}, 0.0, 3.0).elsewhere == ()  # nothing to single out
 
 
+def test_a_job_whose_stacks_moved_on_most_ranks_is_said_to_work_without_writing() -> None:
+    """A silent step (FSDP's backward, say) looked at twice: most ranks' stacks moved, each caught
+    somewhere else in the step. No rank is singled out as the one the others wait for: the
+    summary says the ranks moved, and how to keep such a job from being hung."""
+    ranks = [_rank(0, "_engine_run_backward:torch/autograd/graph.py:979 main:example.py:102", cpu=0.9, moved=True),
+             _rank(1, "reduce_scatter:torch/distributed/distributed_c10d.py:4943 main:example.py:102", cpu=0.9),
+             _rank(2, "split_with_sizes_copy:torch/distributed/fsdp/c.py:298 main:example.py:102", cpu=0.9,
+                   moved=True),
+             _rank(3, "reduce_scatter:torch/distributed/distributed_c10d.py:4943 main:example.py:102", cpu=0.9,
+                   moved=True)]
+    report = HangReport.of({0: StackAnswer(ok=True, state="running", ranks=ranks)}, {0: "h0"}, 0.0, 3.0)
+    assert report.working and report.summary() == (
+        "stacks moved: ranks 0,2-3 (the job may be working without writing: print progress more often than "
+        "hang_after, or raise it) · busy: ranks 0-3 · stacks unmoved: rank 1")
+    assert "elsewhere" not in "\n".join(report.render())
+    waiting = [_rank(r, BARRIER, cpu=0.0) for r in range(2)] + [_rank(2, "spin:train.py:7", cpu=1.0, moved=True)]
+    assert not HangReport.of({0: StackAnswer(ok=True, state="running", ranks=waiting)}, {0: "h0"}, 0.0, 3.0).working
+
+
 def test_without_py_spy_the_report_still_says_which_ranks_are_busy() -> None:
     bare = RankStack(rank=0, pid=10, threads=[], cpu=1.0, state="R")
     answers = {0: StackAnswer(ok=True, state="running", ranks=[bare], error="py-spy is not installed on this host",

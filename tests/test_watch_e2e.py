@@ -152,6 +152,27 @@ def test_a_rank_that_spins_while_the_others_wait_in_all_reduce_is_named_busy(tmp
 
 
 @needs_py_spy
+def test_ranks_that_work_without_a_word_are_reported_working_with_no_rank_singled_out(tmp_path: Path,
+                                                                                   state_dir: Path) -> None:
+    """Real gloo: both ranks compute for a minute without a line, each a step's phases one after
+    the other. The job is hung (silence is the signal), and the report says that their stacks
+    moved and how to keep such a job from being hung, naming no rank as the one the others wait for."""
+    hosts = write_hosts(tmp_path, [2], state_dir)
+    done = run_up("--detach", "--hang-after", "8s", hosts, SUPPORT / "silent_steps.py", "60")
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip()
+    wait_for(lambda: all(f"rank {r} works" in logs(job) for r in (0, 1)), timeout=180, interval=1,
+             what="every rank at work")
+    _, text = wait_for(lambda: hang_report(job, "RANK"), timeout=8 + 30, interval=1, what="the hang report")
+    summary = text.splitlines()[1]
+    assert summary.startswith("each rank looked at twice, 3 s apart: stacks moved: ranks 0-1 (the job may be "
+                              "working without writing: print progress more often than hang_after, or raise it)"), text
+    assert "elsewhere" not in text
+    assert clusterrun("down", job).returncode == 0
+    assert marked(job) == []
+
+
+@needs_py_spy
 def test_on_hang_restart_saves_the_report_then_restarts_the_job_which_succeeds(tmp_path: Path,
                                                                                state_dir: Path) -> None:
     """Real gloo: rank 2 (node 1) stalls before a barrier in attempt 1 while ranks 0-1 wait in it.

@@ -12,7 +12,9 @@ rank's Python stacks, whether they moved between the looks, how busy it was mean
   spinning rank is busy also on a host whose cores are taken. CPU is evidence, never the reason
   for the verdict: gloo's and NCCL's threads poll and CUDA spins in ranks that wait;
 - ``unmoved``: ranks whose stacks were the same at both looks (stuck there, or a tight loop on
-  one line).
+  one line);
+- ``working``: the stacks of more than half the ranks moved between the looks: the job works on
+  without writing (a long silent step), as far as the stacks tell; no rank is then singled out.
 """
 
 from __future__ import annotations
@@ -102,6 +104,15 @@ class HangReport:
     def unmoved(self) -> tuple[int, ...]:
         return tuple(r for r, (_, s) in sorted(self.ranks.items()) if s.moved is False)
 
+    @property
+    def moved(self) -> tuple[int, ...]:
+        return tuple(r for r, (_, s) in sorted(self.ranks.items()) if s.moved is True)
+
+    @property
+    def working(self) -> bool:
+        """Whether the stacks of more than half the ranks looked at twice moved between the looks."""
+        return 2 * len(self.moved) > len(self.moved) + len(self.unmoved)
+
     def _where(self, ranks: tuple[int, ...]) -> str:
         """Where these ranks are: each of their groups' headline."""
         return "; ".join(f"{g.headline}" + (" (stopped)" if g.stopped else "")
@@ -112,8 +123,11 @@ class HangReport:
         """One line: the ranks to look at and why, ``rank 7 elsewhere: __next__ at data.py:88 (the
         others: barrier in step at train.py:42) · busy: rank 7 · stacks unmoved: ranks 0-15``."""
         parts = []
-        away = self.elsewhere
-        if away:
+        away = () if self.working else self.elsewhere  # ranks caught at different points of a step
+        if self.working:
+            parts.append(f"stacks moved: {_ranks(self.moved)} (the job may be working without writing: print "
+                         "progress more often than hang_after, or raise it)")
+        elif away:
             others = tuple(r for g in self.view.groups for r in g.ranks if r not in away)
             parts.append(f"{_ranks(away)} elsewhere: {self._where(away)} (the others: {self._where(others)})")
         elif self.view.groups:
@@ -135,7 +149,7 @@ class HangReport:
             lines.append(f"busy (running or runnable at least {BUSY:.0%} of the time between the looks): "
                          f"{_ranks(self.busy) if self.busy else 'none'}; idle: "
                          f"{_ranks(self.idle) if self.idle else 'none'}")
-        if self.elsewhere:
+        if self.elsewhere and not self.working:
             lines.append(f"elsewhere (not where the others wait): {_ranks(self.elsewhere)}")
         rows = [("RANK", "NODE", "HOST", "CPU", "RUNNABLE", "STATE", "STACKS")]
         for rank, (node, s) in sorted(self.ranks.items()):
