@@ -95,9 +95,12 @@ def _abort_when(fields: Fields, evidence: Evidence) -> Fields:
     """gloo's abort comes at start-up (the rank printed nothing of its own yet) or at exit."""
     printed = printed_its_own(evidence.root.last_lines)
     fields["when"] = "at exit" if printed else "at start-up"
-    fields["why"] = ("while tearing down its connections: the script most likely ends without "
-                     "destroy_process_group()" if printed else "while setting up its connections")
-    fields["remedy"] = ("call torch.distributed.destroy_process_group() at the end of the script, on every rank"
+    fields["why"] = "while tearing down its connections" if printed else "while setting up its connections"
+    # A script that calls destroy_process_group() is aborted too, less often (pytorch/examples' FSDP2 here)
+    fields["likelier"] = (": a script that ends without destroy_process_group() makes it likelier" if printed
+                          else "")
+    fields["remedy"] = ("call torch.distributed.destroy_process_group() at the end of the script, on every rank, "
+                        "if it does not; if it does, run the job again (gloo's teardown fails now and then)"
                         if printed else "run the job again: `up` retries this once by itself (unless "
                         "--no-retry-startup)")
     return fields
@@ -220,7 +223,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "gloo-abort",
         (r"terminate called without an active exception",),
-        "gloo aborted {who} {when} {why} (SIGABRT; pytorch/pytorch#188266, torch 2.13)",
+        "gloo aborted {who} {when} {why} (SIGABRT; pytorch/pytorch#188266, torch 2.13){likelier}",
         "{remedy}",
         refine=_abort_when,
         transient_start="gloo aborted a rank while setting up its connections (pytorch/pytorch#188266)"),
