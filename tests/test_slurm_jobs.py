@@ -291,3 +291,46 @@ def test_restart_runs_a_new_step_in_the_allocation_and_is_refused_once_it_ended(
                      r"started", refused.stderr), refused.stderr
     assert "run `up --from-slurm" in refused.stderr
     assert json.loads(_cli(slurm_cluster, "ps", "flaky", "--json").stdout)["jobs"][0]["attempt"] == 2
+
+
+SLEEPY = """\
+import os, pathlib, sys, time
+sys.stdout.write(f"rank {os.environ['RANK']} here\\n")
+sys.stdout.flush()
+if not pathlib.Path(sys.argv[1]).exists():
+    time.sleep(600)
+"""
+
+
+def test_logs_f_follows_a_restart_run_from_another_shell_into_the_next_attempt(
+        slurm_cluster: SlurmCluster, tmp_path: Path, fake_python: Path) -> None:
+    """`logs -f` of a Slurm job whose step `restart` stops from another shell: the viewer waits while
+    the restart records the next attempt, follows it from its start, and ends with its outcome."""
+    _script, hosts = _files(tmp_path, fake_python)
+    sleepy, ok = tmp_path / "sleepy.py", tmp_path / "ok"
+    sleepy.write_text(SLEEPY)
+    up = shlex.join([sys.executable, "-m", "clusterrun", *_up(hosts, "--name", "sleepy", str(sleepy), str(ok))[5:]])
+    proc = subprocess.Popen(["salloc", "-N2", "sh", "-c", f"{up}; echo UP=$?; sleep 120"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=_env(slurm_cluster), cwd=tmp_path,
+                            start_new_session=True)
+    follow = None
+    try:
+        seen = _read_lines(proc, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
+        job_id = _job_id("".join(seen))
+        follow = subprocess.Popen([sys.executable, "-m", "clusterrun", "logs", "-f", job_id], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, env=_env(slurm_cluster))
+        _read_lines(follow, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
+        ok.touch()
+        restarted = subprocess.run([sys.executable, "-m", "clusterrun", "restart", job_id], capture_output=True,
+                                   text=True, env=_env(slurm_cluster), cwd=tmp_path, timeout=180)
+        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        rest, _ = follow.communicate(timeout=60)
+    finally:
+        _end(proc)
+        if follow is not None and follow.poll() is None:
+            follow.kill()
+            follow.wait()
+    assert f"following attempt 2 of job {job_id}" in rest, rest
+    assert rest.count(" | rank ") == 4 and f"job {job_id} succeeded" in rest, rest
+    assert follow.returncode == 0, rest
+

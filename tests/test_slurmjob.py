@@ -4,6 +4,9 @@ one whose ``up`` is gone, by what Slurm lists (``steps``) or where Slurm cannot 
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,7 @@ import pytest
 from clusterrun.core.events import Event, JobFinished, JobState, LogLines, NodeState
 from clusterrun.slurm.job import SLURM, hosts_text, refresh, slurm_record
 from clusterrun.slurm.step import SlurmStep, launch_plan
-from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.jobs import JobRecord, JobStore, restart_pending
 from clusterrun.store.slurmlogs import LogFiles, SlurmFollower, node_dir, read_chunks
 from clusterrun.views.joblist import job_state_text
 
@@ -100,3 +103,21 @@ def test_a_record_over_ssh_is_written_without_the_slurm_fields_and_a_slurm_one_w
     over_ssh = dataclasses.replace(record, engine="ssh", slurm=None)
     assert "engine" not in over_ssh.to_json() and "slurm" not in over_ssh.to_json()  # as older clusterruns wrote it
     assert JobRecord.from_json(over_ssh.to_json()).engine == "ssh"
+
+
+def test_a_restart_is_pending_while_its_process_lives_and_before_its_deadline(tmp_path: Path) -> None:
+    """The mark ``restart`` writes before it stops a Slurm job's step: a viewer waits for the next
+    attempt while it holds; a restart that died, or ran past its deadline, is waited for no more."""
+    _, record = _recorded(tmp_path)
+    assert record.slurm is not None and not restart_pending(record)
+    here, gone = socket.gethostname(), subprocess.Popen(["true"])
+    gone.wait()
+    record.slurm["restarting"] = {"pid": os.getpid(), "host": here, "until": 1000.0}
+    assert restart_pending(record, now=999.0) and not restart_pending(record, now=1000.0)
+    record.slurm["restarting"] = {"pid": gone.pid, "host": here, "until": 1000.0}
+    assert not restart_pending(record, now=999.0)  # its process is gone
+    record.slurm["restarting"] = {"pid": gone.pid, "host": "elsewhere", "until": 1000.0}
+    assert restart_pending(record, now=999.0)  # another machine's: its deadline alone
+    record.slurm["restarting"] = None
+    assert not restart_pending(record, now=999.0)
+

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from clusterrun.cli import EXIT_FAILED, EXIT_HOSTS, EXIT_OK, EXIT_SIGNAL, _fail, _note
 from clusterrun.cli.records import _refresh
-from clusterrun.core.events import JobResult
+from clusterrun.core.events import JobResult, JobState
 from clusterrun.store.jobs import JobRecord, JobStore
 from clusterrun.store.opened import Opened
 from clusterrun.views.printer import Printer
@@ -107,7 +107,7 @@ def _decided(store: JobStore, opened: Opened, attempt: int, result: JobResult,
     def restarting(record: JobRecord) -> None:
         summary(result, True)
         said[0] = True
-        if record.attempt == attempt:  # its backoff: when the next one starts
+        if record.attempt == attempt and record.state is JobState.RESTARTING:  # its backoff: when the next starts
             _note(f"job {record.job_id} is {job_state_text(record, time.time())}")
 
     record = after_attempt(look, attempt, restarting, lambda: bool(got.get("signal")))

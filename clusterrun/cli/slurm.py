@@ -9,6 +9,7 @@ import shlex
 import signal
 import socket
 import sys
+import time
 from collections.abc import Container, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
@@ -54,6 +55,8 @@ from clusterrun.views.printer import Printer
 if TYPE_CHECKING:
     from clusterrun.slurm.run import SlurmRun
     from clusterrun.slurm.step import SlurmStep
+
+RESTART_SLACK = 20.0  # s: a restart's wait for the stopped step's `up` to let the job go, twice over
 
 
 def up_from_slurm(script: str, script_args: tuple[str, ...], *, hosts_file: str | None, name: str | None,
@@ -147,6 +150,12 @@ def _run_step(store: JobStore, record: JobRecord, plan: LaunchPlan, step: SlurmS
     sys.exit(code)
 
 
+def _mark_restarting(store: JobStore, job_id: str, until: float | None) -> None:
+    """Say in the record that this process restarts the job until ``until`` (None: no longer)."""
+    mark = {"pid": os.getpid(), "host": socket.gethostname(), "until": until} if until is not None else None
+    store.update(job_id, lambda rec: rec.slurm.update(restarting=mark) if rec.slurm is not None else None)
+
+
 def restart_slurm(job: Opened, grace: float | None, script_args: Sequence[str]) -> NoReturn:
     """``restart JOB`` for a job of ``up --from-slurm``: its step stopped (``down``'s stop) if it
     runs, then the next attempt as a new step of the same srun in the same allocation, run here
@@ -173,19 +182,24 @@ def restart_slurm(job: Opened, grace: float | None, script_args: Sequence[str]) 
         _fail(ConfigError(f"job {job_id}: the secret {', '.join(missing)} is not in this shell's environment; "
                           f"{untouched}", hint=f"export {missing[0]}=... and restart again"), EXIT_USAGE)
     env.update({name: os.environ[name] for name, value in env.items() if value == MASK})
-    if not record.finished and down_slurm_step(job_id, grace) is None:
-        _fail(ConfigError(f"job {job_id}: its step could not be found to stop it"), EXIT_FAILED)
-    owner = store.wait_own(job_id, 10.0)
+    if not record.finished:  # its viewers wait for the next attempt instead of ending with this one
+        _mark_restarting(store, job_id, time.time() + (record.grace if grace is None else grace) + RESTART_SLACK)
+        if down_slurm_step(job_id, grace) is None:
+            _mark_restarting(store, job_id, None)
+            _fail(ConfigError(f"job {job_id}: its step could not be found to stop it"), EXIT_FAILED)
+    owner = store.wait_own(job_id, RESTART_SLACK / 2)
     record = store.load(job_id)
     if owner is None or not record.finished:
+        _mark_restarting(store, job_id, None)
         _fail(ConfigError(f"job {job_id} is {record.state} and owned by another clusterrun: not restarted",
                           hint=f"`clusterrun ps {job_id}`; try again once it has ended"), EXIT_FAILED)
     try:
         record = record_next_attempt(Recorder(store, job_id, record.attempt + 1), plan, record.script_args)
-        fresh = {"step": None, "unwatched": None, "root_cause": None, "pid": os.getpid(),
+        fresh = {"step": None, "unwatched": None, "root_cause": None, "pid": os.getpid(), "restarting": None,
                  "controller": socket.gethostname()}  # this process runs the new step
         record = store.update(job_id, lambda rec: rec.slurm.update(fresh) if rec.slurm is not None else None)
     except ClusterrunError as exc:
+        _mark_restarting(store, job_id, None)
         store.release(owner)
         _fail(exc, EXIT_FAILED)
     step = SlurmStep(job_id=job_id, name=plan.name, script=plan.script, script_args=plan.script_args,

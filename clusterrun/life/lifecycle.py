@@ -26,7 +26,7 @@ from clusterrun.life.logread import transport_factory as transport_factory  # tr
 from clusterrun.run.orchestrator import Emit, Job, Reconnect
 from clusterrun.run.plan import plan_from_json
 from clusterrun.run.stops import stop_node
-from clusterrun.store.jobs import JobRecord, JobStore
+from clusterrun.store.jobs import JobRecord, JobStore, restart_pending
 from clusterrun.store.opened import Opened
 from clusterrun.transports import Transport
 from clusterrun.views.gpus import ask as ask_gpus
@@ -181,13 +181,14 @@ def after_attempt(look: Callable[[], JobRecord], attempt: int, restarting: Calla
                   gone: Callable[[], bool]) -> JobRecord | None:
     """What became of a job whose ``attempt`` a viewer followed to its end, as the job's owner decides:
     the record once the next attempt has started (``record.attempt > attempt``: the restart policy, a
-    ``restart``) or the job has ended (``record.finished``); None when ``gone()`` first (the viewer
+    ``restart``, also one of a Slurm job that stopped its step first: ``restart_pending``) or the job
+    has ended (``record.finished``); None when ``gone()`` first (the viewer
     left). ``look()``: the record as the viewer reads it now; ``restarting(record)``: once, as soon as
     the job goes on (its backoff begins, or the next attempt has started)."""
     said = False
     while not gone():
         record = look()
-        if record.attempt > attempt or record.state is JobState.RESTARTING:
+        if record.attempt > attempt or record.state is JobState.RESTARTING or restart_pending(record):
             if not said:
                 restarting(record)
                 said = True

@@ -35,6 +35,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -201,6 +202,24 @@ SLURM = "slurm"  # JobRecord.engine of a job of up --from-slurm ("ssh" for every
 def is_slurm(record: JobRecord) -> bool:
     """A job of ``up --from-slurm`` (one srun, no agent on its nodes), told without Slurm's modules."""
     return record.engine == SLURM
+
+
+def restart_pending(record: JobRecord, now: float | None = None) -> bool:
+    """Whether a ``restart`` of this Slurm job stopped its step and has yet to record the next
+    attempt (``slurm["restarting"]``, written before the stop): until its deadline, and only while
+    its process lives where that can be seen (this machine)."""
+    mark = (record.slurm or {}).get("restarting")
+    if not mark or (time.time() if now is None else now) >= float(mark.get("until") or 0):
+        return False
+    if mark.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(int(mark["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, KeyError, TypeError, ValueError):
+        return True
+    return True
 
 
 class JobStore:
