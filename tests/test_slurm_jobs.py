@@ -302,10 +302,11 @@ if not pathlib.Path(sys.argv[1]).exists():
 """
 
 
-def test_logs_f_follows_a_restart_run_from_another_shell_into_the_next_attempt(
-        slurm_cluster: SlurmCluster, tmp_path: Path, fake_python: Path) -> None:
-    """`logs -f` of a Slurm job whose step `restart` stops from another shell: the viewer waits while
-    the restart records the next attempt, follows it from its start, and ends with its outcome."""
+@pytest.mark.parametrize("command", [["logs", "-f"], ["attach", "--no-tui"]])
+def test_a_viewer_follows_a_restart_run_from_another_shell_into_the_next_attempt(
+        slurm_cluster: SlurmCluster, tmp_path: Path, fake_python: Path, command: list[str]) -> None:
+    """`logs -f` or `attach` of a Slurm job whose step `restart` stops from another shell: the viewer
+    waits while the restart records the next attempt, follows it from its start, and ends with its outcome."""
     _script, hosts = _files(tmp_path, fake_python)
     sleepy, ok = tmp_path / "sleepy.py", tmp_path / "ok"
     sleepy.write_text(SLEEPY)
@@ -317,7 +318,7 @@ def test_logs_f_follows_a_restart_run_from_another_shell_into_the_next_attempt(
     try:
         seen = _read_lines(proc, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
         job_id = _job_id("".join(seen))
-        follow = subprocess.Popen([sys.executable, "-m", "clusterrun", "logs", "-f", job_id], stdout=subprocess.PIPE,
+        follow = subprocess.Popen([sys.executable, "-m", "clusterrun", *command, job_id], stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, env=_env(slurm_cluster))
         _read_lines(follow, lambda lines: sum(" | rank " in line for line in lines) == 4, timeout=60)
         ok.touch()
