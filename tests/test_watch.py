@@ -526,6 +526,37 @@ def test_on_hang_restart_leaves_a_job_that_wrote_while_its_ranks_were_looked_at(
     runner.close()
 
 
+def test_on_hang_restart_leaves_a_job_whose_ranks_stacks_moved(
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks work without a word: their stacks moved between the looks. The hang is reported and
+    the job runs on: a restart would throw their work away."""
+    monkeypatch.setattr(lifecycle, "transport_factory", lambda record: fake.transport)
+    events: list[object] = []
+    runner = _owned(fake, store, tmp_path, events.append, watch=Watch(on_hang="restart"), max_restarts=1)
+
+    def looked_at(record: JobRecord, **how: Any) -> Any:
+        return {node: StackAnswer(ok=True, state="running", ranks=[
+            _rank(node, f"step{node}:train.py:{40 + node}", cpu=1.0, moved=True)]) for node in (0, 1)}
+
+    monkeypatch.setattr(runner_module, "stacks_of", looked_at)
+    thread = threading.Thread(target=runner.follow, daemon=True)
+    thread.start()
+    nodes = [fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)]
+    for node in nodes:
+        node.quiet(time.time() - 60)
+    _until(lambda: any(isinstance(e, JobNote) and "not restarting" in e.text for e in events))
+    (said,) = [e.text for e in events if isinstance(e, JobNote) and "not restarting" in e.text]
+    assert said.endswith(": not restarting: the stacks of ranks 0-1 moved between the looks: the job works without "
+                         "writing (print progress more often than hang_after, or raise it)"), said
+    assert store.hang_report(JOB, 1).is_file()
+    assert all(n.running and n.stops == 0 for n in nodes) and store.load(JOB).attempt == 1
+    for node in nodes:
+        node.exit(0)
+    thread.join(10)
+    assert store.load(JOB).state is JobState.SUCCEEDED and store.load(JOB).attempt == 1
+    runner.close()
+
+
 def test_what_a_stop_makes_a_hung_job_print_does_not_say_it_runs_again(
         fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """torchrun prints as a stop shuts it down: that is the stop's doing, not the job running again."""

@@ -173,6 +173,19 @@ def test_ranks_that_work_without_a_word_are_reported_working_with_no_rank_single
 
 
 @needs_py_spy
+def test_on_hang_restart_leaves_ranks_that_work_without_a_word_to_finish(tmp_path: Path, state_dir: Path) -> None:
+    """Real gloo: both ranks compute for 30 s without a line, longer than hang_after. The job is hung
+    and its report saved, but it is not restarted: the ranks' stacks moved between the looks, and a
+    restart would throw their work away. The attempt succeeds."""
+    hosts = write_hosts(tmp_path, [2], state_dir)
+    done = run_up("--hang-after", "8s", "--on-hang", "restart", "--max-restarts", "1", hosts,
+                  SUPPORT / "silent_steps.py", "30", timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "not restarting: the stacks of ranks 0-1 moved between the looks" in done.stderr, done.stderr
+    assert [a["state"] for a in ps_json(job_id_of(done.stderr))["attempts"]] == ["succeeded"]
+
+
+@needs_py_spy
 def test_on_hang_restart_saves_the_report_then_restarts_the_job_which_succeeds(tmp_path: Path,
                                                                                state_dir: Path) -> None:
     """Real gloo: rank 2 (node 1) stalls before a barrier in attempt 1 while ranks 0-1 wait in it.

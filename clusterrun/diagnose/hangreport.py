@@ -113,6 +113,11 @@ class HangReport:
         """Whether the stacks of more than half the ranks looked at twice moved between the looks."""
         return 2 * len(self.moved) > len(self.moved) + len(self.unmoved)
 
+    def working_text(self) -> str:
+        """Why the job looks at work, for ``on_hang: restart``'s refusal."""
+        return (f"the stacks of {_ranks(self.moved)} moved between the looks: the job works without writing "
+                "(print progress more often than hang_after, or raise it)")
+
     def _where(self, ranks: tuple[int, ...]) -> str:
         """Where these ranks are: each of their groups' headline."""
         return "; ".join(f"{g.headline}" + (" (stopped)" if g.stopped else "")

@@ -304,7 +304,8 @@ class Runner:
 
     def _report_hang(self, record: JobRecord, since: float, restart: str | None) -> None:
         """Take the ranks' stacks twice, save the hang report in the job's directory, say where;
-        then, given ``restart`` (how the hang is worded), restart the job unless a rank wrote meanwhile."""
+        then, given ``restart`` (how the hang is worded), restart the job unless a rank wrote meanwhile
+        or most ranks' stacks moved (``HangReport.working``)."""
         from clusterrun.diagnose.hangreport import HangReport  # not on `up`'s path to the start
 
         try:
@@ -320,6 +321,9 @@ class Runner:
             self.note(f"could not look at the hung ranks: {exc.render()}")
         else:
             self.note(f"hang report: {report.summary()}; in {path}")
+            if restart is not None and report.working:  # a restart would throw the ranks' work away
+                self.note(f"{restart}: not restarting: {report.working_text()}")
+                return
         if restart is not None and self.state.asked is Asked.FOLLOW:
             self.note(f"{restart}: restarting the job as attempt {self.job.attempt + 1} (on_hang: restart)")
             self.request_restart(f"on_hang: restart: {restart}")
