@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from clusterrun.agent.procs import proc_info
+from clusterrun.agent.stackops import _frames
+from clusterrun.agent.wire import Frame, ThreadStack
 from tests.agenthost import Attempt, Processes, ask, job_tree
 from tests.conftest import wait_for
 
@@ -145,3 +147,16 @@ def test_only_a_starting_or_running_attempt_has_stacks(attempt: Attempt) -> None
     assert ask(attempt.request("stack"))["state"] == "exited"
     attempt.make(boot_id="another boot")
     assert ask(attempt.request("stack"))["state"] == "lost"
+
+
+def test_a_rank_s_stacks_moved_when_its_main_thread_s_did() -> None:
+    """A data loader's or a logger's thread moves in a rank that waits for ever: only the main
+    thread's frames (else the first thread's) say whether the rank moved."""
+    def threads(main_line: int, loader_line: int, main: str = "MainThread") -> list[ThreadStack]:
+        return [ThreadStack("pin_memory", [Frame("get", "queue.py", loader_line)]),
+                ThreadStack(main, [Frame("barrier", "distributed_c10d.py", main_line)])]
+
+    assert _frames(threads(4500, 180)) == _frames(threads(4500, 199))
+    assert _frames(threads(4500, 180)) != _frames(threads(4510, 180))
+    assert _frames(threads(4500, 180, main="Thread-1")) != _frames(threads(4500, 199, main="Thread-1"))  # the first
+

@@ -142,7 +142,7 @@ Requests (``op``) and answers
            could not be looked at (a ptrace the kernel refused: the process's owner,
            ``kernel.yama.ptrace_scope``, no ``CAP_SYS_PTRACE``; py-spy's timeout; the process
            gone). ``looks`` 2 (the job's owner, when the job hangs): every worker twice, ``apart``
-           seconds apart, and the last look with ``moved`` (its stacks differ between the looks),
+           seconds apart, and the last look with ``moved`` (its main thread's stack differs between the looks),
            ``cpu`` (the share of one core it used between them), ``runnable`` (the share of that
            time its main thread ran or waited for a core: ``/proc/PID/schedstat``) and ``state``
            (its process's: ``R``, ``S``, ``D``); the ranks are then there without py-spy too,

@@ -107,7 +107,7 @@ def _counters(pid: int) -> tuple[float, float | None, float | None]:
 
 
 def _compared(first: Look, last: Look, stacks: bool) -> Look:
-    """The last look at a rank, with whether its stacks moved since the first (``stacks``: py-spy
+    """The last look at a rank, with whether its main thread's stack moved since the first (``stacks``: py-spy
     took them), its share of a core and of the time running or runnable meanwhile, its process state."""
     stack, counters = last
     (at0, cpu0, wants0), (at1, cpu1, wants1) = first[1], counters
@@ -122,8 +122,10 @@ def _compared(first: Look, last: Look, stacks: bool) -> Look:
 
 
 def _frames(threads: list[ThreadStack]) -> list[str]:
-    """What must differ for a rank's stacks to have moved: a thread's name, a frame or a line."""
-    return sorted(repr((t.name, [(f.name, f.file, f.line) for f in t.frames])) for t in threads)
+    """What must differ for a rank's stacks to have moved: its main thread's frames or lines (a data
+    loader's or a logger's thread moves in a rank that waits for ever)."""
+    main = [t for t in threads if t.name == "MainThread"] or threads[:1]
+    return [repr([(f.name, f.file, f.line) for f in t.frames]) for t in main]
 
 
 def find_py_spy(python: str | None, workers: list[dict[str, Any]], marker: str) -> str | None:

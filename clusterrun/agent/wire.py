@@ -504,7 +504,7 @@ STOPPED = ("T", "t")  # process states: stopped by a signal, stopped by a debugg
 @dataclass(frozen=True)
 class RankStack(Message):
     """One rank's stacks, or why they could not be taken (``error``, and ``fix`` where there is one).
-    Looked at twice: ``moved``, whether its stacks differ between the looks (None: not compared),
+    Looked at twice: ``moved``, whether its main thread's stack differs between the looks (None: not compared),
     ``cpu``, the share of one core it used between them (every thread), ``runnable``, the share of
     that time its main thread ran or waited for a core, ``state``, its process's at the last look
     (``R`` running, ``S`` sleeping, ``D`` waiting in the kernel; ``T``/``t`` stopped, said with one look too)."""
