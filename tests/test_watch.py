@@ -496,65 +496,56 @@ def test_on_hang_restart_stops_the_attempt_and_starts_the_next_within_the_budget
     runner.close()
 
 
-def test_on_hang_restart_leaves_a_job_that_wrote_while_its_ranks_were_looked_at(
-        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _left_running(fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                  looked_at: Callable[..., Any], said: str) -> list[str]:
+    """A job of two nodes under ``on_hang: restart`` hangs and its ranks are looked at (``looked_at``,
+    in place of ``stacks_of``): once a note holds ``said``, the notes that do; the job is not restarted
+    and ends well."""
     monkeypatch.setattr(lifecycle, "transport_factory", lambda record: fake.transport)
     events: list[object] = []
     runner = _owned(fake, store, tmp_path, events.append, watch=Watch(on_hang="restart"), max_restarts=1)
-    real = runner_module.stacks_of
-
-    def looked_at(record: JobRecord, **how: Any) -> Any:  # a rank writes again meanwhile
-        for node in nodes:
-            node.quiet(None)
-        _until(lambda: all(n.hung_since is None for n in store.load(JOB).nodes))
-        return real(record, **how)
-
     monkeypatch.setattr(runner_module, "stacks_of", looked_at)
     thread = threading.Thread(target=runner.follow, daemon=True)
     thread.start()
     nodes = [fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)]
     for node in nodes:
         node.quiet(time.time() - 60)
-    _until(lambda: any(isinstance(e, JobNote) and "no hang report" in e.text for e in events))
-    assert [e.text for e in events if isinstance(e, JobNote) and "no hang report" in e.text] == [
-        "a rank wrote while the hung ranks were looked at: no hang report, no restart"]
+    _until(lambda: any(isinstance(e, JobNote) and said in e.text for e in events))
     assert all(n.running and n.stops == 0 for n in nodes) and store.load(JOB).attempt == 1
     for node in nodes:
         node.exit(0)
     thread.join(10)
     assert store.load(JOB).state is JobState.SUCCEEDED and store.load(JOB).attempt == 1
     runner.close()
+    return [e.text for e in events if isinstance(e, JobNote) and said in e.text]
+
+
+def test_on_hang_restart_leaves_a_job_that_wrote_while_its_ranks_were_looked_at(
+        fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = runner_module.stacks_of
+
+    def looked_at(record: JobRecord, **how: Any) -> Any:  # a rank writes again meanwhile
+        for rank in (0, 1):
+            fake.wait_started(JOB, rank).quiet(None)
+        _until(lambda: all(n.hung_since is None for n in store.load(JOB).nodes))
+        return real(record, **how)
+
+    assert _left_running(fake, store, tmp_path, monkeypatch, looked_at, "no hang report") == [
+        "a rank wrote while the hung ranks were looked at: no hang report, no restart"]
 
 
 def test_on_hang_restart_leaves_a_job_whose_ranks_stacks_moved(
         fake: FakeCluster, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The ranks work without a word: their stacks moved between the looks. The hang is reported and
     the job runs on: a restart would throw their work away."""
-    monkeypatch.setattr(lifecycle, "transport_factory", lambda record: fake.transport)
-    events: list[object] = []
-    runner = _owned(fake, store, tmp_path, events.append, watch=Watch(on_hang="restart"), max_restarts=1)
-
     def looked_at(record: JobRecord, **how: Any) -> Any:
         return {node: StackAnswer(ok=True, state="running", ranks=[
             _rank(node, f"step{node}:train.py:{40 + node}", cpu=1.0, moved=True)]) for node in (0, 1)}
 
-    monkeypatch.setattr(runner_module, "stacks_of", looked_at)
-    thread = threading.Thread(target=runner.follow, daemon=True)
-    thread.start()
-    nodes = [fake.wait_started(JOB, 0), fake.wait_started(JOB, 1)]
-    for node in nodes:
-        node.quiet(time.time() - 60)
-    _until(lambda: any(isinstance(e, JobNote) and "not restarting" in e.text for e in events))
-    (said,) = [e.text for e in events if isinstance(e, JobNote) and "not restarting" in e.text]
+    (said,) = _left_running(fake, store, tmp_path, monkeypatch, looked_at, "not restarting")
     assert said.endswith(": not restarting: the stacks of ranks 0-1 moved between the looks: the job works without "
                          "writing (print progress more often than hang_after, or raise it)"), said
     assert store.hang_report(JOB, 1).is_file()
-    assert all(n.running and n.stops == 0 for n in nodes) and store.load(JOB).attempt == 1
-    for node in nodes:
-        node.exit(0)
-    thread.join(10)
-    assert store.load(JOB).state is JobState.SUCCEEDED and store.load(JOB).attempt == 1
-    runner.close()
 
 
 def test_what_a_stop_makes_a_hung_job_print_does_not_say_it_runs_again(
