@@ -25,7 +25,7 @@ from clusterrun.agent.monitor import EXIT_FILE, Monitor
 from clusterrun.agent.records import write_atomic
 from clusterrun.agent.survivor import exit_record
 from tests.agenthost import Attempt, Processes, carrying, entry
-from tests.conftest import SUPPORT
+from tests.conftest import SUPPORT, wait_for
 
 # Each rank: a line on stdout and one on stderr, an orphan in a session of its own that keeps the
 # job's marker (only the final sweep finds it), then it waits for the gate (a FIFO) and exits
@@ -57,7 +57,8 @@ class Job:
     """fake torchrun with ``nproc`` ``sh`` ranks, started as the survivor starts it, and the survivor's part."""
 
     def __init__(self, procs: Processes, at: Attempt, tmp_path: Path, codes: str = "0 0", nproc: int = 2,
-                 survivor: bool = True, monitor_interval: float = 0.1, rank: str = RANK, **spec: Any) -> None:
+                 survivor: bool = True, monitor_interval: float = 0.1, rank: str = RANK,
+                 spawn_gate: Path | None = None, **spec: Any) -> None:
         self.at, self.gate, self.pids, self.nproc = at, tmp_path / "gate", tmp_path / "pids", nproc
         os.mkfifo(self.gate)
         # Held open here (read-write: no wait for a reader): a rank's open never waits, and what is
@@ -71,8 +72,9 @@ class Job:
         at.make()
         log = os.open(at.folder / "output.log", os.O_WRONLY | os.O_APPEND)
         try:
-            self.torchrun = procs.start(argv, env=at.env(GATE=str(self.gate), PIDS=str(self.pids), CODES=codes),
-                                        stdout=log, stderr=log, start_new_session=True)
+            gated = {"FAKE_TORCHRUN_SPAWN_GATE": str(spawn_gate)} if spawn_gate is not None else {}
+            self.torchrun = procs.start(argv, env=at.env(GATE=str(self.gate), PIDS=str(self.pids), CODES=codes,
+                                                         **gated), stdout=log, stderr=log, start_new_session=True)
         finally:
             os.close(log)
         self.survivor = procs.start(["sleep", "600"]) if survivor else None  # only its pid counts
@@ -244,9 +246,15 @@ def test_a_monitor_resumes_from_state_json_and_a_finished_attempt_is_left_alone(
     """A monitor started by an agent (no state handed over) reads state.json; the start-up watch
     sees torchrun in the rendezvous (checked at once here: RDZV_CHECK 0)."""
     monkeypatch.setattr(monitor, "RDZV_CHECK", 0.0)
-    job = Job(procs, attempt, tmp_path)
-    # the job ends once the watch has looked (else, on a loaded machine, it could end before the first look)
-    job.survive(until=lambda state: "rdzv_joined" in state and _workers(2)(state))
+    spawn = tmp_path / "spawn"
+    job = Job(procs, attempt, tmp_path, spawn_gate=spawn)
+
+    def spawned() -> None:  # the workers once the watch saw the rendezvous: it looks only while there are none
+        spawn.touch()
+        wait_for(lambda: _workers(2)(_read(attempt.folder / "state.json")), timeout=30, what="the workers")
+        job.open_gate()
+
+    job.survive(until=lambda state: "rdzv_joined" in state, then=spawned)
     assert run_monitor(attempt.folder) == 0
     state = attempt.state()
     assert state["state"] == "exited" and state["exit_code"] == 0 and len(state["workers"]) == 2

@@ -119,6 +119,9 @@ def main() -> int:
         signal.signal(sig, on_signal)
     signal.signal(signal.SIGALRM, lambda *_: kill_all(signal.SIGKILL))
     nprocs, _store = rendezvous(addr, port, nnodes, node_rank, nproc)
+    spawn_gate = os.environ.get("FAKE_TORCHRUN_SPAWN_GATE")  # a test's: the workers start once this file exists
+    while spawn_gate and not os.path.exists(spawn_gate):
+        time.sleep(0.02)
     first, world = sum(nprocs[:node_rank]), sum(nprocs)
     # torchrun's --log-dir, else $PET_LOG_DIR, else a new /tmp/torchelastic_* that nobody removes
     log_root = options.get("log-dir") or os.environ.get("PET_LOG_DIR") or tempfile.mkdtemp(prefix="torchelastic_")
