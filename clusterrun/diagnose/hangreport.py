@@ -30,6 +30,7 @@ from clusterrun.core.ranges import ranges_text
 from clusterrun.diagnose.stacks import StackGroup, StackView, group, render
 
 BUSY = 0.25  # share of the time between the looks above which a rank is busy (a waiting rank: about 0.01)
+_SILENT_FIX = "print progress more often than hang_after, or raise it"  # for a job that works without a word
 
 
 def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
@@ -90,7 +91,8 @@ class HangReport:
 
     @property
     def elsewhere(self) -> tuple[int, ...]:
-        return elsewhere(self.view)
+        """The ranks the others wait for; none while the job works (its ranks caught at different points)."""
+        return () if self.working else elsewhere(self.view)
 
     @property
     def busy(self) -> tuple[int, ...]:
@@ -115,8 +117,8 @@ class HangReport:
 
     def working_text(self) -> str:
         """Why the job looks at work, for ``on_hang: restart``'s refusal."""
-        return (f"the stacks of {_ranks(self.moved)} moved between the looks: the job works without writing "
-                "(print progress more often than hang_after, or raise it)")
+        moved = _ranks(self.moved)
+        return f"the stacks of {moved} moved between the looks: the job works without writing ({_SILENT_FIX})"
 
     def _where(self, ranks: tuple[int, ...]) -> str:
         """Where these ranks are: each of their groups' headline."""
@@ -128,10 +130,9 @@ class HangReport:
         """One line: the ranks to look at and why, ``rank 7 elsewhere: __next__ at data.py:88 (the
         others: barrier in step at train.py:42) · busy: rank 7 · stacks unmoved: ranks 0-15``."""
         parts = []
-        away = () if self.working else self.elsewhere  # ranks caught at different points of a step
+        away = self.elsewhere
         if self.working:
-            parts.append(f"stacks moved: {_ranks(self.moved)} (the job may be working without writing: print "
-                         "progress more often than hang_after, or raise it)")
+            parts.append(f"stacks moved: {_ranks(self.moved)} (the job may be working without writing: {_SILENT_FIX})")
         elif away:
             others = tuple(r for g in self.view.groups for r in g.ranks if r not in away)
             parts.append(f"{_ranks(away)} elsewhere: {self._where(away)} (the others: {self._where(others)})")
@@ -154,7 +155,7 @@ class HangReport:
             lines.append(f"busy (running or runnable at least {BUSY:.0%} of the time between the looks): "
                          f"{_ranks(self.busy) if self.busy else 'none'}; idle: "
                          f"{_ranks(self.idle) if self.idle else 'none'}")
-        if self.elsewhere and not self.working:
+        if self.elsewhere:
             lines.append(f"elsewhere (not where the others wait): {_ranks(self.elsewhere)}")
         rows = [("RANK", "NODE", "HOST", "CPU", "RUNNABLE", "STATE", "STACKS")]
         for rank, (node, s) in sorted(self.ranks.items()):
