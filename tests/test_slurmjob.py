@@ -4,7 +4,6 @@ one whose ``up`` is gone, by what Slurm lists (``steps``) or where Slurm cannot 
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 import subprocess
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 from clusterrun.core.events import Event, JobFinished, JobState, LogLines, NodeState
 from clusterrun.slurm.job import SLURM, hosts_text, refresh, slurm_record
 from clusterrun.slurm.step import SlurmStep, launch_plan
-from clusterrun.store.jobs import JobRecord, JobStore, restart_pending
+from clusterrun.store.jobs import JobRecord, JobStore, process_id, restart_pending
 from clusterrun.store.slurmlogs import LogFiles, SlurmFollower, node_dir, read_chunks
 from clusterrun.views.joblist import job_state_text
 
@@ -112,11 +111,11 @@ def test_a_restart_is_pending_while_its_process_lives_and_before_its_deadline(tm
     assert record.slurm is not None and not restart_pending(record)
     here, gone = socket.gethostname(), subprocess.Popen(["true"])
     gone.wait()
-    record.slurm["restarting"] = {"pid": os.getpid(), "host": here, "until": 1000.0}
+    record.slurm["restarting"] = {"process": process_id(), "host": here, "until": 1000.0}
     assert restart_pending(record, now=999.0) and not restart_pending(record, now=1000.0)
-    record.slurm["restarting"] = {"pid": gone.pid, "host": here, "until": 1000.0}
+    record.slurm["restarting"] = {"process": process_id(gone.pid), "host": here, "until": 1000.0}
     assert not restart_pending(record, now=999.0)  # its process is gone
-    record.slurm["restarting"] = {"pid": gone.pid, "host": "elsewhere", "until": 1000.0}
+    record.slurm["restarting"] = {"process": process_id(gone.pid), "host": "elsewhere", "until": 1000.0}
     assert restart_pending(record, now=999.0)  # another machine's: its deadline alone
     record.slurm["restarting"] = None
     assert not restart_pending(record, now=999.0)

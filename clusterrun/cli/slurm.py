@@ -46,7 +46,7 @@ from clusterrun.slurm.job import (
     slurm_of,
     slurm_record,
 )
-from clusterrun.store.jobs import JobRecord, JobStore, is_slurm
+from clusterrun.store.jobs import JobRecord, JobStore, is_slurm, process_id
 from clusterrun.store.opened import Opened
 from clusterrun.views.printer import Printer
 
@@ -152,7 +152,7 @@ def _run_step(store: JobStore, record: JobRecord, plan: LaunchPlan, step: SlurmS
 
 def _mark_restarting(store: JobStore, job_id: str, until: float | None) -> None:
     """Say in the record that this process restarts the job until ``until`` (None: no longer)."""
-    mark = {"pid": os.getpid(), "host": socket.gethostname(), "until": until} if until is not None else None
+    mark = {"process": process_id(), "host": socket.gethostname(), "until": until} if until is not None else None
     store.update(job_id, lambda rec: rec.slurm.update(restarting=mark) if rec.slurm is not None else None)
 
 

@@ -211,15 +211,8 @@ def restart_pending(record: JobRecord, now: float | None = None) -> bool:
     mark = (record.slurm or {}).get("restarting")
     if not mark or (time.time() if now is None else now) >= float(mark.get("until") or 0):
         return False
-    if mark.get("host") != socket.gethostname():
-        return True
-    try:
-        os.kill(int(mark["pid"]), 0)
-    except ProcessLookupError:
-        return False
-    except (OSError, KeyError, TypeError, ValueError):
-        return True
-    return True
+    ident = mark.get("process")
+    return mark.get("host") != socket.gethostname() or not isinstance(ident, str) or process_alive(ident)
 
 
 class JobStore:
