@@ -129,9 +129,9 @@ def inspect_request(host: HostSpec, rank: int, script: str | None, spec: Cluster
 
 
 def _inspect(h: _Host, script: str | None, spec: ClusterSpec, local_cwd: str | None, *, deep: bool,
-             full: bool, synced: bool = False, imports: bool = False) -> None:
+             full: bool, close: str | None, synced: bool = False, imports: bool = False) -> None:
     """Ask the host's agent ``inspect`` and add the checks its answers decide (``imports``: the
-    script's top-level imports too)."""
+    script's top-level imports too; ``close``: ``close_script``'s, for every host)."""
     if h.session is None or h.probe is None:
         return
     request = inspect_request(h.transport.host, h.rank, script, spec, local_cwd, deep=deep, full=full,
@@ -143,7 +143,7 @@ def _inspect(h: _Host, script: str | None, spec: ClusterSpec, local_cwd: str | N
         h.checks.append(Check("agent", Verdict.FAIL, exc.message, exc.hint))
         return
     _inspected(h, decode_inspection(h.transport.name, answer), script, sent, time.time(), full=full, synced=synced,
-               close=close_script(script, local_cwd))
+               close=close)
 
 
 def _inspected(h: _Host, inspection: Inspection, script: str | None, sent: float, answered: float, *,
@@ -290,6 +290,7 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
     """Every check on every host of ``spec``, in parallel; nothing is started."""
     hosts = [_Host(rank, factory(h)) for rank, h in enumerate(spec.hosts)]
     synced = {rank for rank, h in enumerate(spec.hosts) if h.sync is not None}  # up's sync makes the workdir first
+    close = close_script(script, local_cwd)
 
     def examine(h: _Host) -> None:
         error: ClusterrunError | None = None
@@ -310,7 +311,7 @@ def run_doctor(spec: ClusterSpec, script: str | None, factory: Callable[[HostSpe
         h.checks.append(python_check(h.transport.python, h.probe, error))
         if h.probe is None or h.transport.host.setup and not _setup(h, spec, local_cwd, h.rank in synced):
             return
-        _inspect(h, script, spec, local_cwd, deep=True, full=True, imports=True, synced=h.rank in synced)
+        _inspect(h, script, spec, local_cwd, deep=True, full=True, close=close, imports=True, synced=h.rank in synced)
 
     try:
         with parallel.threads(min(32, len(hosts)), "clusterrun-doctor") as pool:
@@ -380,6 +381,7 @@ class Preflight:
         ran in these agents, the python checks run in its environment. ``early``: by rank, what the
         probes answered of ``ahead``'s requests, which are not asked again."""
         script, local_cwd, full = self.script, self.local_cwd, self.full
+        close = close_script(script, local_cwd)
         hosts = [_Host(rank, t, s, p) for rank, (t, s, p) in enumerate(sessions)]
         early = early or {}
         for h in hosts:
@@ -392,10 +394,10 @@ class Preflight:
                 h.checks.append(Check("agent", Verdict.FAIL, came.inspect_error))
             elif came is not None and came.inspection is not None and h.probe is not None:
                 _inspected(h, came.inspection, script, came.sent, came.answered, full=full, synced=h.rank in synced,
-                           close=close_script(script, local_cwd))
+                           close=close)
             else:  # torch is imported (a few seconds) only where the hosts file declares GPUs: that it sees them all
                 _inspect(h, script, self.spec, local_cwd, deep=full and h.transport.host.gpus is not None, full=full,
-                         synced=h.rank in synced)
+                         close=close, synced=h.rank in synced)
 
         with parallel.threads(min(32, len(hosts)), "clusterrun-preflight") as pool:
             parallel.map_all(pool, inspect, hosts)
