@@ -498,6 +498,8 @@ def test_logs_of_a_job_that_has_written_nothing_yet_say_so(tmp_path: Path, state
     # Each node's last line: its rank's, or torch elastic's own after it (node 1's agent may lose
     # node 0's store at the exit: `DistNetworkError`, a line of the node's log all the same).
     assert [line.split(" ", 1)[0] for line in sorted(shown.stdout.splitlines())] == ["node0", "node1"], shown.stdout
+    asked_none = clusterrun("logs", "--tail", "0", job)  # no lines asked for: none shown, nothing to explain
+    assert (asked_none.returncode, asked_none.stdout, asked_none.stderr) == (0, "", "")
     every = clusterrun("logs", job).stdout.splitlines()
     assert all(f"node{r} local-{'ab'[r]} rank{r} | rank {r} done" in every for r in (0, 1)), every
 

@@ -128,7 +128,7 @@ def logs(job: str, node: tuple[int, ...], rank_text: str | None, follow: bool, t
             else:
                 printed = printed or bool(item)
                 printer.write_log(rank, record.nodes[rank].host, item)
-        if not printed and not failed:  # silence would look like a broken command
+        if not printed and not failed and tail != 0:  # silence would look like a broken command
             _note(_no_output_text(record, attempt, time.time()))
         sys.exit(EXIT_HOSTS if failed else EXIT_OK)
 
