@@ -41,15 +41,12 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
+from tests.simhosts import PARAMIKO_TERMS, SimCluster, close_on_signals  # noqa: E402
 
 SCRIPT = ROOT / "tests" / "_support" / "counter.py"
 PYTHON = sys.executable
 STUB = "sleep 2"
-# What paramiko negotiates with OpenSSH 9.2 (its first choice, mlkem768x25519, is newer than 9.2),
-# and the cipher clusterrun asks for first: the OpenSSH clients at the same terms.
-EQUAL = ("-o", "KexAlgorithms=curve25519-sha256", "-o", "Ciphers=aes128-gcm@openssh.com")
-KEXES = {"equal": EQUAL, "default": ()}
+KEXES = {"equal": PARAMIKO_TERMS, "default": ()}  # the OpenSSH clients on paramiko's terms, and on their own
 
 
 class Run(NamedTuple):

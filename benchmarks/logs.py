@@ -37,6 +37,8 @@ same hosts:
 - `attach JOB --tail 100 --no-tui` on a one-node job of 1,000,000 lines: time from starting it
   to its first log line on stdout, beside `ssh sim1 tail -n 100 FILE` (median of --repeat).
 
+Every `ssh` runs on paramiko's terms (tests/simhosts.py `PARAMIKO_TERMS`: its key exchange and
+clusterrun's cipher); the whole-file run also has `ssh cat` on OpenSSH's own terms.
 FILE is the node's log on the host, `<state_dir>/jobs/<job>/node<N>/attempt1/output.log`, where
 the supervisor appends the worker's lines tagged `[rankR]:`. Every reader is started before the
 writers are released (a go-file on the shared filesystem) and has shown the writers' `ready`
@@ -72,7 +74,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._pump import DONE, READY, Pump, Source, hosts_apart  # noqa: E402
 from benchmarks._spy import Spy, split  # noqa: E402
-from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
+from tests.simhosts import PARAMIKO_TERMS, SimCluster, close_on_signals  # noqa: E402
 
 WRITER = ROOT / "benchmarks" / "_log_writer.py"
 PARAMIKO_READER = ROOT / "benchmarks" / "_paramiko_tail.py"
@@ -198,7 +200,7 @@ class Bench:
         tails = []
         for node in range(n):
             path = self.worker_log(job, node) if worker else self.output_log(job, node)
-            argv = self.cluster.ssh_argv(self.cluster.hosts[node].name, tail_command(path))
+            argv = self.cluster.ssh_argv(self.cluster.hosts[node].name, tail_command(path), terms=PARAMIKO_TERMS)
             tails.append(self.pump.start(f"{tag}-tail-{node}", argv, node=node, stdin=True))
         return tails
 
@@ -382,11 +384,14 @@ class Bench:
         runs: dict[str, list[tuple[float, float]]] = {}
         for i in range(repeat):
             for name, commands, nodes in (
-                (f"ssh cat ×{n} at once", [self.cluster.ssh_argv(self.cluster.hosts[k].name, cats[k])
-                                           for k in range(n)], None),
+                (f"ssh cat ×{n} at once", [self.cluster.ssh_argv(self.cluster.hosts[k].name, cats[k],
+                                                                  terms=PARAMIKO_TERMS) for k in range(n)], None),
+                (f"ssh cat ×{n}, OpenSSH's terms", [self.cluster.ssh_argv(self.cluster.hosts[k].name, cats[k])
+                                                    for k in range(n)], None),
                 (f"paramiko cat ×{n}", [[PYTHON, str(PARAMIKO_READER), str(hosts), *cats]], range(n)),
                 ("clusterrun logs JOB", [[*CLUSTERRUN, "logs", job]], range(n)),
-                ("ssh sim1 cat (node 0)", [self.cluster.ssh_argv(self.cluster.hosts[0].name, cats[0])], None),
+                ("ssh sim1 cat (node 0)", [self.cluster.ssh_argv(self.cluster.hosts[0].name, cats[0],
+                                                                 terms=PARAMIKO_TERMS)], None),
                 ("paramiko cat (node 0)", [[PYTHON, str(PARAMIKO_READER), str(hosts), cats[0]]], range(1)),
                 ("clusterrun logs JOB --node 0", [[*CLUSTERRUN, "logs", job, "--node", "0"]], range(1)),
             ):
@@ -427,7 +432,8 @@ class Bench:
         log(f"big: job {job} ended; its log has {count} lines, {path.stat().st_size / 1e6:.0f} MB")
         runs: dict[str, list[tuple[float, float, int]]] = {}
         for i in range(repeat):
-            for name, argv in (("ssh sim1 tail -n 100", self.cluster.ssh_argv("sim1", "tail", "-n", "100", str(path))),
+            for name, argv in (("ssh sim1 tail -n 100", self.cluster.ssh_argv("sim1", "tail", "-n", "100", str(path),
+                                                                              terms=PARAMIKO_TERMS)),
                                ("clusterrun attach --tail 100", [*CLUSTERRUN, "attach", job, "--tail", "100",
                                                                  "--no-tui"])):
                 source = self.pump.start(f"big-{i}-{name.split()[0]}", argv)
@@ -499,7 +505,9 @@ def report(args: argparse.Namespace, n: int, isolated: bool, paced: list[dict[st
     print("| reader | time (s) | first line after (s) | lines/s | MB/s (log bytes) | vs ssh cat | vs paramiko cat |")
     print("|---|---|---|---|---|---|---|")
     every_pm, one_pm = fast[f"paramiko cat ×{n}"], fast["paramiko cat (node 0)"]
-    for name, base, base_pm in ((f"ssh cat ×{n} at once", every, every_pm), (f"paramiko cat ×{n}", every, every_pm),
+    for name, base, base_pm in ((f"ssh cat ×{n} at once", every, every_pm), (f"ssh cat ×{n}, OpenSSH's terms", every,
+                                                                             every_pm),
+                                (f"paramiko cat ×{n}", every, every_pm),
                                 ("clusterrun logs JOB", every, every_pm), ("ssh sim1 cat (node 0)", one, one_pm),
                                 ("paramiko cat (node 0)", one, one_pm), ("clusterrun logs JOB --node 0", one, one_pm)):
         r = fast[name]

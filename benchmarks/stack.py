@@ -1,5 +1,6 @@
 """`clusterrun stack` on N simulated hosts × R ranks, beside the usual script: ssh to every host
-at once and `py-spy dump` each rank there in turn (what OLMo-style "py-spy on all ranks" scripts do).
+at once and `py-spy dump` each rank there in turn (what OLMo-style "py-spy on all ranks" scripts do),
+on paramiko's terms (tests/simhosts.py ``PARAMIKO_TERMS``).
 
 The ranks are real Python processes started by the stdlib stand-in for torchrun
 (tests/_support/fake_torchrun.py, through an interpreter shim): every rank sleeps in ``wait()``
@@ -29,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
+from tests.simhosts import PARAMIKO_TERMS, SimCluster, close_on_signals  # noqa: E402
 
 RANKS_SCRIPT = '''import os, time
 def load():
@@ -118,8 +119,8 @@ def main() -> None:
             start.append(seconds)
 
             def ssh_all() -> list[str]:
-                procs = [subprocess.Popen(cluster.ssh_argv(h.name, remote), stdout=subprocess.PIPE, text=True)
-                         for h in cluster.hosts]
+                argvs = [cluster.ssh_argv(h.name, remote, terms=PARAMIKO_TERMS) for h in cluster.hosts]
+                procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for argv in argvs]
                 return [p.communicate()[0] for p in procs]
 
             seconds, outs = timed(ssh_all)

@@ -12,9 +12,10 @@ clusterrun: in this process, from opening the SSH connections (as ``up`` does be
 connect, start the agent) to the end of ``sync_hosts``, once per carrier of the data (``--via``:
 rsync through the open connection, the choice where both ends have it; SFTP and the agent,
 forced); rsync: ``rsync -a`` per host, all started at once, from the first start to the last exit
-(its ssh connections included). Wall seconds, the controller's CPU seconds (this process's and
-its rsyncs' for clusterrun, rsync's and ssh's for rsync) and the whole
-machine's CPU seconds (hosts' sshd, agents and rsyncs included), median of ``--repeat`` runs.
+(its ssh connections included, on paramiko's terms: tests/simhosts.py ``PARAMIKO_TERMS``). Wall
+seconds, the controller's CPU seconds (this process's and its rsyncs' for clusterrun, rsync's and
+ssh's for rsync) and the whole machine's CPU seconds (hosts' sshd, agents and rsyncs included),
+median of ``--repeat`` runs.
 Needs root (namespaces); installs rsync with apt when missing.
 
     python benchmarks/sync.py --hosts 4 --repeat 3
@@ -26,6 +27,7 @@ import argparse
 import os
 import random
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -42,7 +44,7 @@ from clusterrun.config.hostsfile import load_cluster  # noqa: E402
 from clusterrun.sync import copy  # noqa: E402
 from clusterrun.sync.copy import sync_hosts  # noqa: E402
 from clusterrun.transports import transport_for  # noqa: E402
-from tests.simhosts import SimCluster, close_on_signals  # noqa: E402
+from tests.simhosts import PARAMIKO_TERMS, SimCluster, close_on_signals  # noqa: E402
 
 
 def machine_cpu() -> float:
@@ -119,7 +121,8 @@ def _run_clusterrun(hosts: Path, via: str) -> tuple[float, float, float, str]:
 def run_rsync(folder: Path, cluster: SimCluster, source: Path) -> tuple[float, float, float, str]:
     (folder / "rs").mkdir(exist_ok=True)  # rsync makes the last directory of the target only
     cpu0, machine0, began = cpu(resource.RUSAGE_CHILDREN), machine_cpu(), time.monotonic()
-    procs = [subprocess.Popen(["rsync", "-a", "--stats", "--exclude=.git", "-e", f"ssh -F {cluster.ssh_config}",
+    procs = [subprocess.Popen(["rsync", "-a", "--stats", "--exclude=.git", "-e",
+                               shlex.join(["ssh", "-F", str(cluster.ssh_config), *PARAMIKO_TERMS]),
                                f"{source}/", f"{h.name}:{folder / 'rs' / h.name}/"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in cluster.hosts]
     outs = [p.communicate() for p in procs]

@@ -62,6 +62,9 @@ FIREWALL = "crsim-firewall"  # the nftables table block_tcp adds in a host's own
 USER, USER_ID = "crtest", 64123  # the simulated hosts' unprivileged user (SimCluster.start(user=True))
 SECOND_NET = "10.76"  # below the first network's 10.77: of two gloo peers, the higher address connects to the lower
 ATTEMPT_CGROUPS = "clusterrun-*-n*-a*"  # the agent's cgroup of an attempt, at the top of the hierarchy
+# What paramiko negotiates with this OpenSSH (its first choice, mlkem768x25519, is newer than 9.2)
+# and the cipher clusterrun asks for first: the benchmarks' OpenSSH baselines on paramiko's terms.
+PARAMIKO_TERMS = ("-o", "KexAlgorithms=curve25519-sha256", "-o", "Ciphers=aes128-gcm@openssh.com")
 WIPED_LOGS = ("/var/log/wtmp", "/var/log/lastlog", "/var/log/btmp")
 
 # First process of a new PID namespace, inside the host's network namespace; ends by exec'ing sshd.
@@ -218,9 +221,10 @@ class SimCluster:
         self.ssh_config, self.known_hosts = self.dir / "ssh_config", self.dir / "known_hosts"
         self.client_key = self.dir / "client" / "id_ed25519"
 
-    def ssh_argv(self, host: str, *command: str) -> list[str]:
-        """The OpenSSH client argv that runs ``command`` on ``host`` with this cluster's config."""
-        return ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", host, *command]
+    def ssh_argv(self, host: str, *command: str, terms: Sequence[str] = ()) -> list[str]:
+        """The OpenSSH client argv that runs ``command`` on ``host`` with this cluster's config
+        (``terms``: options to add, e.g. ``PARAMIKO_TERMS``)."""
+        return ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", *terms, host, *command]
 
     @classmethod
     def start(cls, n: int, *, login_shell: str | Mapping[str, str] | None = None,
