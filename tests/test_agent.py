@@ -153,6 +153,9 @@ def test_stop_kills_the_whole_job_and_verifies(tmp_path: Path) -> None:
     assert [pid for pid, st in pinned.items() if st is not None and alive(pid, st)] == []
     assert report["state"]["state"] == "exited" and report["state"]["stop_requested"] is True
     assert report["state"]["stopped_by"] == "down"  # what a viewer, which did not stop it, says
+    stop_at = report["state"]["stop_at"]  # when the stop reached the host: what it killed ended after
+    assert stop_at == (Path(answer["dir"]) / "stop").stat().st_mtime
+    assert all(w["died"] >= stop_at for w in report["state"]["workers"]), (stop_at, report["state"]["workers"])
     # idempotent: a second stop finds nothing to do
     again = TRANSPORT.call(req(state_dir, "stop", grace=1))
     assert again["killed"] == [] and again["left"] == []

@@ -90,6 +90,26 @@ def test_nodes_we_stopped_are_not_the_root_cause() -> None:
     assert cause is not None and cause.node == 1
 
 
+def test_a_node_we_stopped_whose_rank_failed_before_the_stop_reached_it_is_the_root_cause() -> None:
+    """Node 1's rank raised; node 0's all_reduce then failed on its closed sockets, and its failure
+    reached the controller first, which stopped node 1 as healthy: the stop came after rank 1 ended."""
+    node0, node1 = NodeLog(), NodeLog()
+    node0.feed(["[rank0]:RuntimeError: Connection closed by peer [10.0.0.2]:1234", "  rank      : 0 (local_rank: 0)",
+                "  exitcode  : 1 (pid: 100)"])
+    node1.feed(["[rank1]:RuntimeError: custom failure 42", "  rank      : 1 (local_rank: 0)",
+                "  exitcode  : 1 (pid: 200)"])
+    stopped = {"state": "exited", "exit_code": 1, "stop_requested": True,
+               "workers": [{"pid": 200, "rank": 1, "died": 50.1, "exit_code": 1}]}
+    for stop_at, root in ((50.6, 1), (50.0, 0), (None, 0)):  # after rank 1 ended; before (it killed it); unknown
+        states = {0: _state(1, [{"pid": 100, "rank": 0, "died": 50.2, "exit_code": 1}], 51.0),
+                  1: decode_status("h", dict(stopped, stop_at=stop_at))}
+        cause = find_root_cause({0: "a", 1: "b"}, {0: node0, 1: node1}, states, stopped_by_us={1})
+        assert cause is not None and cause.node == root, stop_at
+        if root == 1:
+            assert (cause.rank, cause.message) == (1, "RuntimeError: custom failure 42")
+    assert cause.node == 0 and cause.message.startswith("RuntimeError: Connection closed by peer")
+
+
 def test_signals_and_node_level_failures() -> None:
     log = NodeLog()
     log.feed(["  rank      : 2 (local_rank: 0)", "  exitcode  : -9 (pid: 7)"])

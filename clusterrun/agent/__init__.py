@@ -234,7 +234,8 @@ under umask 077 so they are never readable by others, not even briefly):
                     ``{pid, start_time}`` (start time in clock ticks since boot), ``boot_id``,
                     ``exit_code`` / ``signal`` of torchrun, ``error`` (could not start),
                     ``stop_requested`` and ``stopped_by`` (who, in words: ``down``, ``fail-fast
-                    after node 1 failed``), ``workers`` ``[{rank, local_rank, pid, died, exit_code}]``
+                    after node 1 failed``), ``stop_at`` (the ``stop`` file's time),
+                    ``workers`` ``[{rank, local_rank, pid, died, exit_code}]``
                     (``died``: wall-clock time the worker process ended, to find the first failure;
                     ``exit_code``: as read while it was a zombie, before torchrun reaped it),
                     ``sessions`` (session ids seen among the job's processes),
@@ -255,8 +256,10 @@ under umask 077 so they are never readable by others, not even briefly):
                     kernel's), ``cgroup_oom_kills`` (``oom_kill`` of the attempt's cgroup's
                     ``memory.events``), ``cgroup_events`` and ``cgroup_error``
 ``spec.json`` also holds ``cgroup`` (made for the attempt), ``user_scope`` and ``fallbacks``
-``stop``            present once a stop was requested: a line with ``failed`` for a ``failed`` stop
-                    (else empty), then who stopped it (the request's ``by``: ``monitor.read_stop``)
+``stop``            written by the first stop request, kept by later ones: a line with ``failed`` for a
+                    ``failed`` stop (else empty), then who stopped it (the request's ``by``); its
+                    mtime is ``stop_at`` in the state: when a stop first reached the node
+                    (``monitor.read_stop``)
 ``exit``            written by the survivor once it reaped torchrun, atomically (temp + rename),
                     before anything else: ``{exit_code, signal, pid}`` (see ``read_exit``)
 ``ranklogs.json``   the monitor's journal of ``RankLogs``: each per-rank file's offset passed

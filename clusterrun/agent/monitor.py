@@ -122,15 +122,16 @@ UNREAPED = " (torchrun's own exit was not recorded: its survivor was killed)"
 FAILED_STOP = "failed"
 
 
-def read_stop(folder: str) -> tuple[str, str] | None:
-    """The stop file (written by ``stop``): its word (``FAILED_STOP`` or empty) and who stopped the
-    node (``StopRequest.by``, in words); None without one."""
+def read_stop(folder: str) -> tuple[str, str, float] | None:
+    """The stop file (written by the first ``stop``): its word (``FAILED_STOP`` or empty), who stopped
+    the node (``StopRequest.by``, in words) and when (its mtime); None without one."""
     try:
         with open(os.path.join(folder, "stop")) as mark:
             word, _, by = mark.read().partition("\n")
+            at = os.fstat(mark.fileno()).st_mtime
     except OSError:
         return None
-    return word.strip(), by.strip() or "clusterrun"
+    return word.strip(), by.strip() or "clusterrun", at
 
 
 def failed_first(workers: list[dict[str, Any]], folder: str) -> dict[str, Any] | None:
@@ -418,6 +419,8 @@ class Monitor:
         stop = read_stop(self.folder)
         self.state["stop_requested"] = cut_short is None and (
             self.term_requested or bool(self.state.get("stop_requested")) or stop is not None)
+        if stop is not None:
+            self.state["stop_at"] = stop[2]  # a rank that ended before it failed by itself (``rootcause``)
         if self.state["stop_requested"] and stop is not None:
             self.state["stopped_by"] = stop[1]
         self.save()

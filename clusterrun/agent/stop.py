@@ -6,7 +6,7 @@ import os
 import time
 
 from .cgroup import cg_kill, cg_pids, cg_populated, cg_remove, cg_wait_empty, forget_cgroup
-from .monitor import EXIT_WAIT, FAILED_STOP, ensure_monitor
+from .monitor import EXIT_WAIT, FAILED_STOP, ensure_monitor, read_stop
 from .orphans import census, stop_unrecorded
 from .procs import JobScope, all_procs, pin, proc_info, signal
 from .records import attempt_dir, boot_id, fs_problem, read_json, read_state, write_json_atomic
@@ -70,10 +70,12 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
         return dict(base, killed=[], left=[], state=state, containment="sweep", verified=False, grace=grace,
                     detail="its rank failed: torchrun ends on its own (no cgroup to kill it with at once)")
     if state.get("state") != "exited":
+        mark_path = os.path.join(folder, "stop")  # read by ``monitor.read_stop``
         try:
-            with open(os.path.join(folder, "stop"), "w") as mark:  # read by ``monitor.read_stop``
-                # FAILED_STOP: the monitor records the rank's failure; then who stops it, for its end
-                mark.write(f"{FAILED_STOP if req.failed else ''}\n{req.by or 'clusterrun'}\n")
+            if not os.path.isfile(mark_path):  # the first stop's is kept: its time is when a stop first reached us
+                with open(mark_path, "w") as mark:
+                    # FAILED_STOP: the monitor records the rank's failure; then who stops it, for its end
+                    mark.write(f"{FAILED_STOP if req.failed else ''}\n{req.by or 'clusterrun'}\n")
         except OSError as exc:
             notes.append(f"could not record the stop request: {fs_problem(exc)}")
         try:
@@ -130,7 +132,9 @@ def op_stop(req: StopRequest) -> dict[str, Any]:
             notes.append(f"could not remove the empty cgroup {cgroup}")
     final = read_state(folder) or state
     if final.get("state") != "exited":
+        stop = read_stop(folder)
         final = dict(final, state="exited", stop_requested=True, stopped_by=req.by or "clusterrun",
+                     stop_at=stop[2] if stop else None,
                      error=final.get("error") or "the supervisor ended without recording an exit")
         try:
             write_json_atomic(os.path.join(folder, "state.json"), final)

@@ -99,6 +99,7 @@ class NodeStatus:
     error: str | None = None
     stop_requested: bool = False
     stopped_by: str | None = None  # with ``stop_requested``: who stopped it, in words (``StopRequest.by``)
+    stop_at: float | None = None  # when a stop first reached the host (its clock): what ended before, it did not end
     torchrun_pid: int | None = None
     ended_at: float | None = None
     workers: tuple[Worker, ...] = ()
@@ -324,7 +325,7 @@ def decode_status(host: str, state: Any, what: str = "state") -> NodeStatus:
                               pid=w.integer("pid"), died=w.number("died"), exit_code=w.integer("exit_code")))
     return NodeStatus(state=kind, exit_code=r.integer("exit_code"), signal=r.integer("signal"),
                       error=r.text("error"), stop_requested=bool(r.data.get("stop_requested")),
-                      stopped_by=r.text("stopped_by") or None,
+                      stopped_by=r.text("stopped_by") or None, stop_at=r.number("stop_at"),
                       torchrun_pid=torchrun.integer("pid"), ended_at=r.number("ended_at"),
                       workers=tuple(workers), degraded=r.text("degraded") or None,
                       exit_unknown=r.data.get("exit_status") == "unknown", rebooted=r.data.get("rebooted") is True,

@@ -5,7 +5,8 @@ worker fails, prints a report with ``rank : N (local_rank: M)`` and ``exitcode :
 for every failed worker, whether or not the script uses ``@record``. The agent records when each
 worker process ended. The root cause is the failed worker that ended first across the cluster;
 a rank whose collective failed because a peer went away counts after the others, and failures of
-nodes that clusterrun itself stopped only count when nothing else failed. A known
+nodes that clusterrun itself stopped only count when nothing else failed (unless they came before
+the stop reached the node's host, by its clock). A known
 failure signature (``signatures.SIGNATURES``) adds its cause and fix to the root cause.
 """
 
@@ -206,7 +207,8 @@ def find_root_cause(
             when = (died.get(failure.pid) if failure.pid else None) or died_by_rank.get(rank) or state.ended_at \
                 or float("inf")
             tail = tuple(log.rank_tails.get(rank, ()))
-            candidates.append((max(secondary, _after_a_peer(tail)), when, failure.cause(node, hosts[node], rank, tail)))
+            candidates.append((max(_ours(secondary, when, state), _after_a_peer(tail)), when,
+                               failure.cause(node, hosts[node], rank, tail)))
         if not failures:
             tail = tuple(log.node_tail)
             node_code = state.exit_code
@@ -215,7 +217,7 @@ def find_root_cause(
             # its torchrun's report unseen (a viewer that attached after it): its first failed rank's death
             when = min((w.died for w in state.workers if w.exit_code and w.died), default=None) \
                 or state.ended_at or float("inf")
-            candidates.append((max(secondary, _after_a_peer(tail)), when, RootCause(
+            candidates.append((max(_ours(secondary, when, state), _after_a_peer(tail)), when, RootCause(
                 node=node, host=hosts[node], rank=None, local_rank=None,
                 exit_code=None if sig else node_code, signal=sig, last_lines=tail, message=message,
                 pid=state.torchrun_pid)))
@@ -229,6 +231,12 @@ def find_root_cause(
 
 
 SIGKILL = 9
+
+
+def _ours(secondary: int, when: float, state: NodeStatus) -> int:
+    """``secondary`` (2: a node we stopped), but 0 for a failure that came before our stop reached its
+    host: the node failed by itself while its end was still on its way to us."""
+    return 0 if secondary == 2 and state.stop_at is not None and when < state.stop_at else secondary
 
 
 def _after_a_peer(tail: tuple[str, ...]) -> int:

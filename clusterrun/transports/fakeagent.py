@@ -210,6 +210,7 @@ class FakeAgent:
                     "verified": False, "grace": float(request.get("grace", 10))}
         killed = []
         if node.running:
+            stop_at = self.now()  # as the agent's ``stop`` file: before the end it brings
             when = time.strftime("%H:%M:%SZ", time.gmtime(time.time()))
             node.log += f"---- stopped by {request.get('by') or 'clusterrun'} at {when} ----\n".encode()  # as the agent
             how = "SIGKILL" if node.outlives_grace else "SIGTERM"
@@ -217,7 +218,7 @@ class FakeAgent:
             code = None if node.outlives_grace else node.stop_exit_code
             node.state = dict(node.state, state="exited", exit_code=code, signal=9 if node.outlives_grace else
                               None if code is not None else 15, stop_requested=True, ended_at=self.now(),
-                              stopped_by=request.get("by") or "clusterrun")
+                              stopped_by=request.get("by") or "clusterrun", stop_at=stop_at)
             first = first_failure(node.state.get("workers") or [])
             if request.get("failed") and first:  # as the monitor's ``failed_first``: the rank's failure, not a stop
                 node.state.update(exit_code=1, signal=None, stop_requested=False, stopped_by=None,
