@@ -257,7 +257,9 @@ def test_the_dashboards_refused_restart_stops_nothing_and_keeps_following(fake: 
     assert fake.ops("stop") == [] and fake.node(JOB, 0).running and session.running
     fake.node(JOB, 0).exit(0)
     fake.node(JOB, 1).exit(0)
+    assert runner.follow() is not None  # the owner records the end, which the view waits for
     session.wait(timeout=30)
+    assert session._thread is not None and not session._thread.is_alive()
     assert session.result is not None and session.result.ok  # it followed the attempt to its end
     runner.close()
 
