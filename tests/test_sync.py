@@ -20,7 +20,7 @@ from clusterrun.agent.wire import SyncPutRequest
 from clusterrun.config.hostsfile import load_cluster_text
 from clusterrun.core.errors import ConfigError
 from clusterrun.core.protocol import RemoteEntry
-from clusterrun.sync.carriers import RemotePipe, carrier
+from clusterrun.sync.carriers import DELTA_MIN, RemotePipe, carrier
 from clusterrun.sync.copy import HostSync, source_of
 from clusterrun.sync.excludes import Excludes
 from clusterrun.sync.tree import LocalEntry, diff, scan, settle
@@ -131,11 +131,14 @@ def test_diff_copies_what_is_missing_or_different_and_compares_where_only_the_mt
     assert [e.path for e in changes.touch] == ["mode"]
     assert [e.path for e in changes.compare] == ["mtime"]
     assert changes.unchanged == 3  # same, d, l
+    assert changes.revised == 4  # the bytes of the files the host holds in another version: "size" ("kind" is a link)
 
     equal = settle(changes, {"mtime": "h1"}, {"mtime": "h1"})
     assert [e.path for e in equal.touch] == ["mode", "mtime"] and "mtime" not in [e.path for e in equal.put]
+    assert equal.revised == 4
     differ = settle(changes, {"mtime": "h1"}, {"mtime": "h2"})
     assert "mtime" in [e.path for e in differ.put] and [e.path for e in differ.touch] == ["mode"]
+    assert differ.revised == 4 + 3
     unreadable = settle(changes, {}, {})
     assert "mtime" in [e.path for e in unreadable.put]
 
@@ -242,9 +245,10 @@ def test_an_sftp_copy_is_installed_only_when_its_size_and_hash_are_the_sources(t
     ("local", None, None, "agent"),
     (None, "/usr/bin/rsync", "/usr/bin/rsync", "agent"),  # a transport that runs only the agent
 ])
-def test_rsync_carries_the_data_where_both_ends_have_it_else_sftp_else_the_agent(
+def test_the_agent_carries_the_data_unless_a_delta_may_spare_it_then_rsync_where_both_ends_have_it_else_sftp(
         files: str | None, local: str | None, remote: str | None, expected: str) -> None:
-    assert carrier(files, local, remote) == expected
+    assert carrier(files, local, remote, DELTA_MIN) == expected  # the host holds other versions of enough
+    assert carrier(files, local, remote, DELTA_MIN - 1) == "agent"  # files new there, or a little changed
 
 
 class PipeRecorder:
@@ -282,12 +286,13 @@ def test_rsyncs_remote_shell_runs_only_the_hosts_rsync_server_with_shell_safe_wo
 
 @pytest.mark.parametrize("use_rsync", [pytest.param(True, marks=pytest.mark.integration, id="rsync"),
                                        pytest.param(False, id="no-rsync")])
-def test_a_local_host_is_synced_by_rsync_where_it_is_installed_else_by_the_agent(tmp_path: Path,
-                                                                                 use_rsync: bool) -> None:
+def test_a_local_host_is_synced_by_the_agent_and_a_changed_big_file_by_rsync_where_it_is_installed(
+        tmp_path: Path, use_rsync: bool) -> None:
     rsync = shutil.which("rsync") if use_rsync else None  # the integration setup installs it
     if use_rsync and rsync is None:
         unavailable("rsync is not installed (tests/_support/install_sshd.sh rsync)")
     make_tree(tmp_path / "src")
+    (tmp_path / "src" / "big.bin").write_bytes(os.urandom(DELTA_MIN))
     spec = load_cluster_text(f"defaults:\n  python: {sys.executable}\nhosts:\n  - host: here\n    transport: local\n"
                              f"    workdir: {tmp_path / 'w'}\n", path=str(tmp_path / "hosts.yaml"))
     transport = LocalTransport(spec.hosts[0])
@@ -296,12 +301,16 @@ def test_a_local_host_is_synced_by_rsync_where_it_is_installed_else_by_the_agent
     try:
         report = HostSync(0, spec.hosts[0], session, manifest, transport=transport, rsync=rsync).run()
         (tmp_path / "src" / "train.py").write_text("print(2)\n")
+        small = HostSync(0, spec.hosts[0], session, scan(str(tmp_path / "src"), ["*.ckpt"]), transport=transport,
+                         rsync=rsync).run()
+        with open(tmp_path / "src" / "big.bin", "ab") as f:  # another version of DELTA_MIN bytes on the host
+            f.write(b"more")
         again = HostSync(0, spec.hosts[0], session, scan(str(tmp_path / "src"), ["*.ckpt"]), transport=transport,
                          rsync=rsync).run()
     finally:
         session.close()
-    assert (report.via, report.copied, again.via, again.copied, again.unchanged) == (
-        "rsync" if rsync else "agent", 5, "rsync" if rsync else "agent", 1, 7)
+    assert (report.via, report.copied, small.via, small.copied) == ("agent", 6, "agent", 1)
+    assert (again.via, again.copied, again.unchanged) == ("rsync" if rsync else "agent", 1, 8)
     for entry in manifest.entries:
         copy, source = tmp_path / "w" / entry.path, tmp_path / "src" / entry.path
         assert copy.lstat().st_mode == source.lstat().st_mode, entry.path

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterrun.sync.carriers import DELTA_MIN
 from tests.conftest import ROOT, run_up
 from tests.simhosts import SimCluster, namespace_problem, unavailable
 from tests.test_sync import make_tree
@@ -66,9 +67,20 @@ def same_content(source: Path, copy: Path, left_out: str = r"\.ckpt$") -> None:
     assert have == want
 
 
-# What carries the data (sync.carrier), and the simulated hosts that make it so: rsync where the
-# hosts have it, SFTP where they have not, the agent where their sshd has no SFTP either.
+# What carries the data where a host holds another version of a big file (sync.carrier), and the
+# simulated hosts that make it so: rsync where the hosts have it, SFTP where they have not, the
+# agent where their sshd has no SFTP either (files new to a host always go by the agent).
 CARRIERS = ("rsync", "sftp", "agent")
+BIG = "pkg/model.bin"  # a file of DELTA_MIN bytes that the hosts hold in another version (``stale``)
+
+
+def stale(source: Path, workdirs: list[Path]) -> None:
+    """A big file in ``source`` and another version of it in each workdir: rsync's delta may spare
+    sending it, so the sync's carrier is the host's (``carrier``)."""
+    (source / BIG).write_bytes(os.urandom(DELTA_MIN))
+    for workdir in workdirs:
+        (workdir / BIG).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / BIG).write_bytes(b"an older version")
 
 
 @pytest.fixture(params=CARRIERS)
@@ -87,8 +99,9 @@ def hosts_for(carrier: str) -> dict[str, object]:
             "agent": {"hide": [rsync], "sshd_options": {"Subsystem": "other /bin/false"}}}[carrier]
 
 
-def copied(node: int, host: str, files: int, via: str, size: str = r"[^);]*") -> str:
-    note = "; the host has no SFTP that works" if via == "agent" else ""
+def copied(node: int, host: str, files: int, via: str, size: str = r"[^);]*", chosen: str = "") -> str:
+    """The line of a sync by ``via``, where ``chosen`` (``carrier``'s choice) gave way to the agent or not."""
+    note = "; the host has no SFTP that works" if via == "agent" and chosen in ("sftp", "agent") else ""
     return rf"sync node{node} {host}: {files} file\(s\) copied \({size} by {via}{note}\)"
 
 
@@ -97,6 +110,7 @@ def test_up_syncs_the_project_to_every_host_then_only_what_changed(sim_cluster: 
     cluster = sim_cluster(2, **hosts_for(carrier))
     source = project(tmp_path / "proj")
     workdirs = [tmp_path / "w1", tmp_path / "w2"]
+    stale(source, workdirs)
     hosts = sim_hosts_file(tmp_path, cluster, workdirs)
     first = run_up(hosts, "train.py")
     assert first.returncode == 0, first.stderr
@@ -106,7 +120,7 @@ def test_up_syncs_the_project_to_every_host_then_only_what_changed(sim_cluster: 
         synced = rf"^node{node} {host.name} +rank{node} +\| synced {workdir} v1$"
         assert re.search(synced, first.stdout, re.M), first.stdout
         same_content(source, workdir)
-        assert re.search(copied(node, host.name, 6, carrier), first.stderr), first.stderr
+        assert re.search(copied(node, host.name, 7, carrier, chosen=carrier), first.stderr), first.stderr
     assert (workdirs[0] / "pkg" / "tool.sh").stat().st_mode & 0o777 == 0o750
     assert not (workdirs[0] / ".git").exists() and not (workdirs[0] / "pkg" / "data" / "big.ckpt").exists()
     assert (workdirs[0] / "secret.txt").exists() and not (workdirs[0] / "pkg" / "secret.txt").exists()
@@ -116,8 +130,8 @@ def test_up_syncs_the_project_to_every_host_then_only_what_changed(sim_cluster: 
     os.utime(source / "pkg" / "tool.sh", ns=(10**18, 10**18))  # only its mtime changed: not copied
     second = run_up(hosts, "train.py")
     assert second.returncode == 0, second.stderr
-    for node, (host, workdir) in enumerate(zip(cluster.hosts, workdirs, strict=True)):
-        assert re.search(copied(node, host.name, 1, carrier, "11 B") + ", 1 with only mode/mtime set, 7 unchanged",
+    for node, (host, workdir) in enumerate(zip(cluster.hosts, workdirs, strict=True)):  # a small change: the agent
+        assert re.search(copied(node, host.name, 1, "agent", "11 B") + ", 1 with only mode/mtime set, 8 unchanged",
                          second.stderr), second.stderr
         assert re.search(rf"^node{node} {host.name} +rank{node} +\| synced {workdir} v2, longer$", second.stdout, re.M)
         same_content(source, workdir)
@@ -148,10 +162,11 @@ def test_a_login_shell_that_prints_text_makes_rsync_or_sftp_give_way_to_the_agen
                                                   "sshd_options": {"Subsystem": f"sftp {SFTP_SERVER}"}}
     cluster = sim_cluster(1, login_shell=str(noisy), **hosts_options)
     source = project(tmp_path / "proj")
+    stale(source, [tmp_path / "w1"])
     hosts = sim_hosts_file(tmp_path, cluster, [tmp_path / "w1"])
     proc = run_up(hosts, "train.py")
     assert proc.returncode == 0, proc.stderr
-    assert re.search(rf"sync node0 sim1: 6 file\(s\) copied \([^)]* by agent; {NOISY[first]}\)", proc.stderr), \
+    assert re.search(rf"sync node0 sim1: 7 file\(s\) copied \([^)]* by agent; {NOISY[first]}\)", proc.stderr), \
         proc.stderr
     same_content(source, tmp_path / "w1")
 
@@ -172,14 +187,16 @@ def test_a_full_or_read_only_workdir_fails_the_host_before_anything_starts(sim_c
     cluster = sim_cluster(3, **hosts_for(carrier))
     assert cluster.isolated
     source = project(tmp_path / "proj")
-    (source / "weights.bin").write_bytes(os.urandom(2 << 20))  # more than the 1 MB disk holds
     workdirs = [tmp_path / "w1", tmp_path / "full", tmp_path / "ro"]
     for workdir in workdirs:
         workdir.mkdir()
+    stale(source, [workdirs[0], workdirs[2]])  # more than the 1 MB disk holds
     for host, argv in ((cluster.hosts[1], ["mount", "-t", "tmpfs", "-o", "size=1m", "crtest-full", str(workdirs[1])]),
                        (cluster.hosts[2], ["mount", "--bind", "-o", "ro", str(workdirs[2]), str(workdirs[2])])):
         done = host.run(*argv)  # in the host's own mount namespace: gone with the host
         assert done.returncode == 0, done.stderr
+    done = cluster.hosts[1].run("sh", "-c", f"mkdir {workdirs[1]}/pkg && echo old > {workdirs[1]}/{BIG}")
+    assert done.returncode == 0, done.stderr  # on its small disk, the older version of the big file
     hosts = sim_hosts_file(tmp_path, cluster, workdirs)
     proc = run_up(hosts, "train.py")
     assert proc.returncode == 3, proc.stderr
@@ -234,7 +251,7 @@ def test_restart_syncs_the_project_again_before_the_new_attempt(tmp_path: Path) 
 
     restarted = clusterrun("restart", job.group(1))
     assert restarted.returncode == 0, restarted.stderr
-    assert "sync node0 here: 1 file(s) copied (3 B by rsync)" in restarted.stderr  # the setup installs rsync
+    assert "sync node0 here: 1 file(s) copied (3 B by agent)" in restarted.stderr  # a small change: no delta to gain
     assert clusterrun("wait", job.group(1)).returncode == 0
     logs = clusterrun("logs", job.group(1), "--node", "0")
     assert f"synced {workdir} v2" in logs.stdout, logs.stdout + logs.stderr

@@ -8,10 +8,11 @@ as unchanged, a file whose size is the same but whose mtime differs is compared 
 only its mtime and mode are set). Nothing is ever deleted on the host.
 
 What to change is decided in ``synctree``, for every host alike; what carries the files' bytes is
-``synccarriers.carrier()``: this machine's **rsync** where both ends have it (to an SSH host through
-``rsh.py`` and a command channel on the connection already open, its paths inside rsync's protocol),
-else **SFTP** on that connection (paramiko), else the agent's ``sync_put`` (the bytes follow the
-request on its stdin); this module drives them per host (``HostSync``) and reports. Directories,
+``synccarriers.carrier()``: the agent's ``sync_put`` (the bytes follow the request on its stdin),
+unless the host holds other versions of enough of the files (``DELTA_MIN``): then this machine's
+**rsync** where both ends have it (to an SSH host through ``rsh.py`` and a command channel on the
+connection already open, its paths inside rsync's protocol), else **SFTP** on that connection
+(paramiko); this module drives them per host (``HostSync``) and reports. Directories,
 symlinks and mode/mtime-only changes always go through the agent. Files are written to a
 temporary name and renamed, with their permission bits and mtime.
 
@@ -187,7 +188,8 @@ class HostSync:
         files = [e for e in changes.put if e.kind == "f"]
         others = [e for e in changes.put if e.kind != "f"]
         total = sum(e.size for e in files)
-        via = carrier(self.transport.files if self.transport else None, self.rsync, found.rsync) if files else "agent"
+        via = carrier(self.transport.files if self.transport else None, self.rsync, found.rsync,
+                      changes.revised) if files else "agent"
         report = SyncReport(self.rank, self.host.host, self.manifest.root, found.root, copied=len(files), bytes=total,
                             touched=len(changes.touch), other=len(others), unchanged=changes.unchanged,
                             same_dir=same, dry_run=self.dry_run, via="" if same else via)

@@ -104,12 +104,14 @@ def scan(root: str, patterns: Sequence[str] = ()) -> Manifest:
 @dataclass
 class Changes:
     """What one host needs: ``put`` (dirs, links and files with their data), ``touch`` (files whose
-    content is the same: mode and mtime only) and ``compare`` (same size, other mtime: hash them)."""
+    content is the same: mode and mtime only) and ``compare`` (same size, other mtime: hash them);
+    ``revised``: the bytes of the files in ``put`` that the host holds in another version."""
 
     put: list[LocalEntry] = field(default_factory=list)
     touch: list[LocalEntry] = field(default_factory=list)
     compare: list[LocalEntry] = field(default_factory=list)
     unchanged: int = 0
+    revised: int = 0
 
 
 def diff(local: Sequence[LocalEntry], remote: Mapping[str, RemoteEntry]) -> Changes:
@@ -131,6 +133,7 @@ def diff(local: Sequence[LocalEntry], remote: Mapping[str, RemoteEntry]) -> Chan
                 changes.unchanged += 1
         elif there.size != entry.size:
             changes.put.append(entry)
+            changes.revised += entry.size
         elif there.mtime_ns != entry.mtime_ns:
             changes.compare.append(entry)
         elif there.mode != entry.mode:
@@ -142,13 +145,15 @@ def diff(local: Sequence[LocalEntry], remote: Mapping[str, RemoteEntry]) -> Chan
 
 def settle(changes: Changes, local_hashes: Mapping[str, str], remote_hashes: Mapping[str, str]) -> Changes:
     """``changes`` with its ``compare`` list decided: equal hashes → ``touch``, else ``put``."""
-    put, touch = list(changes.put), list(changes.touch)
+    put, touch, revised = list(changes.put), list(changes.touch), changes.revised
     for entry in changes.compare:
         if local_hashes.get(entry.path) is not None and local_hashes.get(entry.path) == remote_hashes.get(entry.path):
             touch.append(entry)
         else:
             put.append(entry)
-    return Changes(put=sorted(put, key=lambda e: e.path), touch=touch, compare=[], unchanged=changes.unchanged)
+            revised += entry.size
+    return Changes(put=sorted(put, key=lambda e: e.path), touch=touch, compare=[], unchanged=changes.unchanged,
+                   revised=revised)
 
 
 def file_hash(path: str) -> str | None:
