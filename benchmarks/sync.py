@@ -6,16 +6,18 @@ big ones, it measures three cases, each for both tools, all hosts in parallel:
 
 - ``full``: every workdir empty (the whole tree to every host);
 - ``none``: nothing changed since (every file compared, nothing copied);
-- ``one``: one small file edited and one big file touched (same content, new mtime).
+- ``one``: one small file edited and one big file touched (same content, new mtime);
+- ``part``: 4 KB rewritten in the middle of a big file (what rsync's delta spares sending).
 
 clusterrun: in this process, from opening the SSH connections (as ``up`` does before its probe:
-connect, start the agent) to the end of ``sync_hosts``, once per carrier of the data (``--via``:
-rsync through the open connection, the choice where both ends have it; SFTP and the agent,
-forced); rsync: ``rsync -a`` per host, all started at once, from the first start to the last exit
-(its ssh connections included, on paramiko's terms: tests/simhosts.py ``PARAMIKO_TERMS``). Wall
+connect, start the agent) to the end of ``sync_hosts``, as it chooses the carrier of the data
+(``choice``) and once with each forced (``--via``: rsync through the open connection, SFTP, the
+agent); rsync: ``rsync -a`` per host, all started at once, from the first start to the last exit
+(its ssh connections included, on clusterrun's terms: tests/simhosts.py ``PARAMIKO_TERMS``). Wall
 seconds, the controller's CPU seconds (this process's and its rsyncs' for clusterrun, rsync's and
 ssh's for rsync) and the whole machine's CPU seconds (hosts' sshd, agents and rsyncs included),
-median of ``--repeat`` runs.
+median of ``--repeat`` runs, each led by another tool; the disks are synced before each tool (the
+last one's writes would land in its time).
 Needs root (namespaces); installs rsync with apt when missing.
 
     python benchmarks/sync.py --hosts 4 --repeat 3
@@ -82,11 +84,10 @@ def hosts_file(folder: Path, cluster: SimCluster, source: Path, name: str) -> Pa
 
 
 def run_clusterrun(hosts: Path, via: str) -> tuple[float, float, float, str]:
-    """``sync_hosts`` with ``via`` carrying the data: ``rsync`` (the choice here), or ``sftp`` and
-    ``agent`` forced as if rsync (and SFTP) were missing."""
-    forced = {"rsync": None, "sftp": lambda files, here, there: "sftp", "agent": lambda files, here, there: "agent"}
+    """``sync_hosts`` with ``via`` carrying the data (``copy.carrier`` forced), or ``choice``: as it
+    chooses."""
     original = copy.carrier
-    copy.carrier = forced[via] or original  # type: ignore[assignment]
+    copy.carrier = original if via == "choice" else lambda *_: via  # type: ignore[assignment]
     try:
         return _run_clusterrun(hosts, via)
     finally:
@@ -105,12 +106,13 @@ def _run_clusterrun(hosts: Path, via: str) -> tuple[float, float, float, str]:
             sessions.append(t.session())
         reports = sync_hosts(spec, list(zip(transports, sessions, strict=True)))
         wall = time.monotonic() - began
-        if reports[0].copied and reports[0].via != via:
+        if reports[0].copied and reports[0].via != via and via != "choice":
             raise SystemExit(f"clusterrun's sync went by {reports[0].via}, not {via}")
         # rsync's own CPU (a child of this process) is the controller's too
         spent = cpu(resource.RUSAGE_SELF) - cpu0 + cpu(resource.RUSAGE_CHILDREN) - children0
         return (wall, spent, machine_cpu() - machine0,
-                f"{reports[0].copied} files, {reports[0].bytes / 2**20:.1f} MB per host")
+                f"{reports[0].copied} files, {reports[0].bytes / 2**20:.1f} MB per host" +
+                (f" by {reports[0].via}" if via == "choice" and reports[0].copied else ""))
     finally:
         for s in sessions:
             s.close()
@@ -142,8 +144,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--small", type=int, default=2000, help="small files (default 2000 of 10 KB)")
     parser.add_argument("--big", type=int, default=3, help="big files (default 3 of 10 MB)")
-    parser.add_argument("--via", default="rsync,sftp,agent", help="what carries clusterrun's data (copy.carrier), "
-                        "each measured as a tool of its own (default: rsync,sftp,agent)")
+    parser.add_argument("--via", default="choice,rsync,sftp,agent", help="what carries clusterrun's data "
+                        "(copy.carrier; choice: as it chooses), each measured as a tool of its own "
+                        "(default: choice,rsync,sftp,agent)")
     args = parser.parse_args()
     if shutil.which("rsync") is None:
         subprocess.run(["apt-get", "install", "-y", "-qq", "rsync"], check=True)
@@ -168,17 +171,24 @@ def main() -> None:
             stamp = time.time_ns()
             os.utime(touched, ns=(stamp, stamp))
 
+        def edit_part() -> None:  # 4 KB in the middle of a big file: what rsync's delta spares sending
+            with open(source / "weights" / "part1.bin", "r+b") as f:
+                f.seek(5 * 2**20)
+                f.write(os.urandom(4096))
+
         print(f"{'case':<6} {'tool':<11} {'wall s':>7} {'ctl cpu s':>9} {'machine cpu s':>13}  copied")
-        for case in ("full", "none", "one"):
+        for case in ("full", "none", "one", "part"):
             figures: dict[str, list[tuple[float, float, float, str]]] = {name: [] for name in tools}
-            for _ in range(args.repeat):
+            for turn in range(args.repeat):
                 if case == "full":
                     for copies in [folder / "rs", *folder.glob("cr-*")]:
                         shutil.rmtree(copies, ignore_errors=True)
-                elif case == "one":
-                    edit()  # the same change for both tools, each copying it once
-                for name, run in tools.items():
-                    figures[name].append(run())
+                elif case in ("one", "part"):
+                    (edit if case == "one" else edit_part)()  # the same change for every tool, each copying it once
+                names = list(tools)
+                for name in names[turn % len(names):] + names[:turn % len(names)]:  # each goes first in turn
+                    os.sync()  # the last tool's writes go to disk before this one's clock starts, not during it
+                    figures[name].append(tools[name]())
             for name, runs in figures.items():
                 wall, ccpu, mcpu = (statistics.median(f[i] for f in runs) for i in range(3))
                 print(f"{case:<6} {name:<11} {wall:7.2f} {ccpu:9.2f} {mcpu:13.2f}  {runs[-1][3]}", flush=True)
