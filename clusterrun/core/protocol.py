@@ -99,7 +99,7 @@ class NodeStatus:
     error: str | None = None
     stop_requested: bool = False
     stopped_by: str | None = None  # with ``stop_requested``: who stopped it, in words (``StopRequest.by``)
-    stop_at: float | None = None  # when a stop first reached the host (its clock): what ended before, it did not end
+    stop_at: float | None = None  # when a stop first reached the host (its clock): what ended earlier, it did not end
     torchrun_pid: int | None = None
     ended_at: float | None = None
     workers: tuple[Worker, ...] = ()
