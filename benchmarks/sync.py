@@ -11,13 +11,13 @@ big ones, it measures three cases, each for both tools, all hosts in parallel:
 
 clusterrun: in this process, from opening the SSH connections (as ``up`` does before its probe:
 connect, start the agent) to the end of ``sync_hosts``, as it chooses the carrier of the data
-(``choice``) and once with each forced (``--via``: rsync through the open connection, SFTP, the
-agent); rsync: ``rsync -a`` per host, all started at once, from the first start to the last exit
-(its ssh connections included, on clusterrun's terms: tests/simhosts.py ``PARAMIKO_TERMS``). Wall
-seconds, the controller's CPU seconds (this process's and its rsyncs' for clusterrun, rsync's and
-ssh's for rsync) and the whole machine's CPU seconds (hosts' sshd, agents and rsyncs included),
-median of ``--repeat`` runs, each led by another tool; the disks are synced before each tool (the
-last one's writes would land in its time).
+(``choice``) and once with each forced (``--via``: rsync through the open connection, the agent);
+rsync: ``rsync -a`` per host, all started at once, from the first start to the last exit (its ssh
+connections included, on clusterrun's terms: tests/simhosts.py ``PARAMIKO_TERMS``). Wall seconds,
+the controller's CPU seconds (this process's and its rsyncs' for clusterrun, rsync's and ssh's for
+rsync) and the whole machine's CPU seconds (hosts' sshd, agents and rsyncs included), median of
+``--repeat`` runs, each led by another tool; the disks are synced before each tool (the last one's
+writes would land in its time).
 Needs root (namespaces); installs rsync with apt when missing.
 
     python benchmarks/sync.py --hosts 4 --repeat 3
@@ -144,10 +144,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--small", type=int, default=2000, help="small files (default 2000 of 10 KB)")
     parser.add_argument("--big", type=int, default=3, help="big files (default 3 of 10 MB)")
-    parser.add_argument("--via", default="choice,rsync,sftp,agent", help="what carries clusterrun's data "
+    parser.add_argument("--via", default="choice,rsync,agent", help="what carries clusterrun's data "
                         "(copy.carrier; choice: as it chooses), each measured as a tool of its own "
-                        "(default: choice,rsync,sftp,agent)")
+                        "(default: choice,rsync,agent)")
     args = parser.parse_args()
+    if unknown := set(args.via.split(",")) - {"choice", "rsync", "agent"}:
+        parser.error(f"--via: no carrier {', '.join(sorted(unknown))} (choice, rsync, agent)")
     if shutil.which("rsync") is None:
         subprocess.run(["apt-get", "install", "-y", "-qq", "rsync"], check=True)
     import tempfile

@@ -88,24 +88,3 @@ def test_a_failed_entry_is_the_answer_and_the_data_after_it_is_read_all_the_same
     assert not (root / "cut.py").exists() and not list(root.glob(".cut.py.*"))
     link_in_the_way = [{"path": "in-the-way", "kind": "l", "target": "x"}]
     assert "a directory is in the way of a symlink" in put(monkeypatch, root, link_in_the_way, b"")[0]["error"]
-
-
-def test_a_file_written_over_sftp_is_installed_only_if_it_arrived_whole(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = tmp_path / "work"
-    root.mkdir()
-    data = b"weights" * 100
-    (root / "w.bin.1.clusterrun-tmp").write_bytes(data)
-    entry = {"path": "w.bin", "kind": "f", "size": len(data), "mode": 0o600, "mtime_ns": 10**18,
-             "from": "w.bin.1.clusterrun-tmp", "sha256": hashlib.sha256(data).hexdigest()}
-    assert put(monkeypatch, root, [entry], b"")[0] == {"ok": True, "written": 1}
-    assert (root / "w.bin").read_bytes() == data and not (root / "w.bin.1.clusterrun-tmp").exists()
-
-    (root / "v.bin.2.clusterrun-tmp").write_bytes(data[:10])  # pipelined SFTP writes that failed unseen
-    answer = put(monkeypatch, root, [dict(entry, path="v.bin", **{"from": "v.bin.2.clusterrun-tmp"})], b"")[0]
-    assert answer["error"] == (f"cannot write {root / 'v.bin'}: only 10 of {len(data)} bytes arrived over SFTP "
-                               "(is the disk full, or a quota reached?)")
-    assert not (root / "v.bin").exists() and not (root / "v.bin.2.clusterrun-tmp").exists()
-    assert put(monkeypatch, root, [dict(entry, **{"from": "w.bin"})], b"")[0]["error"] == (
-        "invalid sync temporary file " + repr(str(root / "w.bin")))
-

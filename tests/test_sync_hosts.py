@@ -68,9 +68,9 @@ def same_content(source: Path, copy: Path, left_out: str = r"\.ckpt$") -> None:
 
 
 # What carries the data where a host holds another version of a big file (sync.carrier), and the
-# simulated hosts that make it so: rsync where the hosts have it, SFTP where they have not, the
-# agent where their sshd has no SFTP either (files new to a host always go by the agent).
-CARRIERS = ("rsync", "sftp", "agent")
+# simulated hosts that make it so: rsync where the hosts have it, else the agent (which carries
+# files new to a host, or a little changed, always).
+CARRIERS = ("rsync", "agent")
 BIG = "pkg/model.bin"  # a file of DELTA_MIN bytes that the hosts hold in another version (``stale``)
 
 
@@ -87,7 +87,7 @@ def stale(source: Path, workdirs: list[Path]) -> None:
 def carrier(request: pytest.FixtureRequest) -> str:
     if shutil.which("rsync") is None:  # the integration tests' setup installs it
         unavailable("rsync is not installed here (tests/_support/install_sshd.sh rsync)")
-    if request.param != "rsync" and (reason := namespace_problem()) is not None:
+    if request.param == "agent" and (reason := namespace_problem()) is not None:
         unavailable(f"hiding rsync needs the hosts' own mount namespaces: {reason}")
     return str(request.param)
 
@@ -95,14 +95,11 @@ def carrier(request: pytest.FixtureRequest) -> str:
 def hosts_for(carrier: str) -> dict[str, object]:
     """SimCluster.start's options for simulated hosts whose sync goes by ``carrier``."""
     rsync = shutil.which("rsync")
-    return {"rsync": {}, "sftp": {"hide": [rsync]},
-            "agent": {"hide": [rsync], "sshd_options": {"Subsystem": "other /bin/false"}}}[carrier]
+    return {"rsync": {}, "agent": {"hide": [rsync]}}[carrier]
 
 
-def copied(node: int, host: str, files: int, via: str, size: str = r"[^);]*", chosen: str = "") -> str:
-    """The line of a sync by ``via``, where ``chosen`` (``carrier``'s choice) gave way to the agent or not."""
-    note = "; the host has no SFTP that works" if via == "agent" and chosen in ("sftp", "agent") else ""
-    return rf"sync node{node} {host}: {files} file\(s\) copied \({size} by {via}{note}\)"
+def copied(node: int, host: str, files: int, via: str, size: str = r"[^);]*") -> str:
+    return rf"sync node{node} {host}: {files} file\(s\) copied \({size} by {via}\)"
 
 
 def test_up_syncs_the_project_to_every_host_then_only_what_changed(sim_cluster: MakeCluster, tmp_path: Path,
@@ -120,7 +117,7 @@ def test_up_syncs_the_project_to_every_host_then_only_what_changed(sim_cluster: 
         synced = rf"^node{node} {host.name} +rank{node} +\| synced {workdir} v1$"
         assert re.search(synced, first.stdout, re.M), first.stdout
         same_content(source, workdir)
-        assert re.search(copied(node, host.name, 7, carrier, chosen=carrier), first.stderr), first.stderr
+        assert re.search(copied(node, host.name, 7, carrier), first.stderr), first.stderr
     assert (workdirs[0] / "pkg" / "tool.sh").stat().st_mode & 0o777 == 0o750
     assert not (workdirs[0] / ".git").exists() and not (workdirs[0] / "pkg" / "data" / "big.ckpt").exists()
     assert (workdirs[0] / "secret.txt").exists() and not (workdirs[0] / "pkg" / "secret.txt").exists()
@@ -141,41 +138,28 @@ def test_up_syncs_the_project_to_every_host_then_only_what_changed(sim_cluster: 
     assert after["pkg/tool.sh"][3] == 10**18 and before["pkg/tool.sh"][3] != 10**18
 
 
-SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # an sftp subsystem that sshd starts through the login shell
-NOISY = {  # how the sync says it gave way to the agent, for rsync and for SFTP
-    "rsync": r"rsync could not start \(exit 2: protocol version mismatch -- is your shell clean\?\)",
-    "sftp": r"the host has no SFTP that works",
-}
-
-
-@pytest.mark.parametrize("first", list(NOISY))
-def test_a_login_shell_that_prints_text_makes_rsync_or_sftp_give_way_to_the_agent(
-        sim_cluster: MakeCluster, tmp_path: Path, first: str) -> None:
-    """rsync and an sftp-server started by the shell cannot pass a shell's greeting (their
-    protocols break); the agent skips it: the sync still copies everything, and says why."""
-    if shutil.which("rsync") is None or not os.path.exists(SFTP_SERVER):
-        unavailable(f"rsync and {SFTP_SERVER} are needed (tests/_support/install_sshd.sh rsync)")
+def test_a_login_shell_that_prints_text_makes_rsync_give_way_to_the_agent(sim_cluster: MakeCluster,
+                                                                          tmp_path: Path) -> None:
+    """rsync cannot pass a shell's greeting (its protocol breaks); the agent skips it: the sync
+    still copies everything, and says why."""
+    if shutil.which("rsync") is None:
+        unavailable("rsync is needed (tests/_support/install_sshd.sh rsync)")
     noisy = tmp_path / "noisy-sh"
     noisy.write_text('#!/bin/sh\necho "Welcome to the cluster!"\nexec /bin/sh "$@"\n')
     noisy.chmod(0o755)
-    hosts_options = {} if first == "rsync" else {"hide": [shutil.which("rsync")],
-                                                  "sshd_options": {"Subsystem": f"sftp {SFTP_SERVER}"}}
-    cluster = sim_cluster(1, login_shell=str(noisy), **hosts_options)
+    cluster = sim_cluster(1, login_shell=str(noisy))
     source = project(tmp_path / "proj")
     stale(source, [tmp_path / "w1"])
     hosts = sim_hosts_file(tmp_path, cluster, [tmp_path / "w1"])
     proc = run_up(hosts, "train.py")
     assert proc.returncode == 0, proc.stderr
-    assert re.search(rf"sync node0 sim1: 7 file\(s\) copied \([^)]* by agent; {NOISY[first]}\)", proc.stderr), \
-        proc.stderr
+    assert re.search(r"sync node0 sim1: 7 file\(s\) copied \([^)]* by agent; rsync could not start \(exit 2: "
+                     r"protocol version mismatch -- is your shell clean\?\)\)", proc.stderr), proc.stderr
     same_content(source, tmp_path / "w1")
 
 
 FULL = {  # how each carrier says that sim2's disk is full
     "rsync": r'by rsync \(exit 11\): rsync: \[receiver\] write failed on "{w}/\S+": No space left on device \(28\)$',
-    "sftp": r"cannot write {w}/\S+(: only \d+ of \d+ bytes arrived over SFTP \(is the disk full, or a quota "
-            r"reached\?\)| over SFTP: Failure \(the SFTP server does not say why: a full disk, a quota or a read-only "
-            r"file system\))$",
     "agent": r"cannot write {w}/\S+: No space left on device$",
 }
 

@@ -161,13 +161,11 @@ Requests (``op``) and answers
            [kind, size, mtime_ns, mode, link target]}}`` of the paths below ``root`` (the workdir, ``~``
            expanded) that exist; kind ``f``, ``d``, ``l`` or ``o``; ``rsync``: its path on PATH.
 ``sync_hash`` ``{root, paths}`` → ``{ok, hashes: {path: sha256 hex}}``.
-``sync_put`` ``{root, root_mode, entries: [{path, kind, mode, size, mtime_ns, data, target, from}]}``
+``sync_put`` ``{root, root_mode, entries: [{path, kind, mode, size, mtime_ns, data, target}]}``
            followed on stdin by the bytes of every entry with ``data`` (``size`` each, in order)
            → ``{ok, written}``: directories, symlinks and files (written to a temporary name, then
-           renamed; mode and mtime set); a file with ``from`` is that temporary file below
-           ``root`` (``*.clusterrun-tmp``, written over SFTP), renamed into place. The data is
-           read to its end even after a failure, whose answer names the path (``cannot write
-           PATH: No space left on device``).
+           renamed; mode and mtime set). The data is read to its end even after a failure, whose
+           answer names the path (``cannot write PATH: No space left on device``).
            ``clusterrun/sync/copy.py`` is the controller's side.
 
 ``inspect`` ``{cwd, paths, state_dir, deep, gpus, imports, pythonpath, job, node, attempt}`` →

@@ -124,10 +124,6 @@ def op_sync_put(req: SyncPutRequest) -> dict[str, Any]:
                     pending -= size
                     _sync_file(stdin, path, size, mode, int(entry.get("mtime_ns") or 0))
                     written += 1
-                elif kind == "f" and entry.get("from"):
-                    _sync_install(_sync_path(root, entry.get("from")), path, mode, int(entry.get("mtime_ns") or 0),
-                                  size, str(entry.get("sha256") or ""))
-                    written += 1
                 elif kind == "f":
                     os.chmod(path, mode)
                     os.utime(path, ns=(int(entry["mtime_ns"]), int(entry["mtime_ns"])))
@@ -182,33 +178,6 @@ def _sync_link(path: str, target: str) -> None:
         os.rename(tmp, path)
     except BaseException:
         os.unlink(tmp)
-        raise
-
-
-def _sync_install(tmp: str, path: str, mode: int, mtime_ns: int, size: int, sha256: str) -> None:
-    """Rename the temporary file ``tmp`` (written over SFTP) to ``path``, with its mode and mtime,
-    once its size and sha256 are the source's: paramiko's pipelined SFTP writes can fail unseen."""
-    import hashlib
-
-    if not tmp.endswith(".clusterrun-tmp"):
-        raise AgentFailure(f"invalid sync temporary file {tmp!r}")
-    try:
-        if os.path.isdir(path) and not os.path.islink(path):
-            raise AgentFailure(f"cannot write {path}: a directory is in the way of a file; remove it on the host")
-        digest = hashlib.sha256()
-        got = 0
-        with open(tmp, "rb") as f:
-            while block := f.read(SYNC_CHUNK):
-                digest.update(block)
-                got += len(block)
-        if got != size or digest.hexdigest() != sha256:
-            lost = f"only {got} of {size} bytes arrived" if got < size else "its content arrived damaged"
-            raise AgentFailure(f"cannot write {path}: {lost} over SFTP (is the disk full, or a quota reached?)")
-        os.chmod(tmp, mode)
-        os.utime(tmp, ns=(mtime_ns, mtime_ns))
-        os.rename(tmp, path)
-    except BaseException:
-        unlink_quietly(tmp)
         raise
 
 

@@ -170,7 +170,7 @@ def _script_of(hosts_file: str, script: str | None, script_args: tuple[str, ...]
 @click.option("--sync", "sync_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Copy DIR to every host's workdir before the start (only what changed; .gitignore and "
               "sync_exclude honoured, .git left out), over the connections already open: by clusterrun's agent, "
-              "or where a host holds older versions of 4 MB of the files, by rsync (else SFTP). Wins over "
+              "or where a host holds older versions of 4 MB of the files and has rsync, by rsync. Wins over "
               "`sync:` in the hosts file. With --dry-run: say what would be copied.")
 @click.option("--no-sync", is_flag=True, help="Do not copy anything, whatever `sync:` in the hosts file says.")
 @click.option("--timings", "timings_wanted", is_flag=True, help="Once every node started, print how long each "

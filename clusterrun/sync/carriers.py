@@ -1,8 +1,9 @@
 """What carries a sync's bytes to a host (``carrier()``), and rsync's way there over SSH (``RemotePipe``).
 
-The agent's ``sync_put``, unless the host holds other versions of enough of the files (``DELTA_MIN``):
-then this machine's rsync where both ends have it (to an SSH host through ``rsh.py`` and a command
-channel on the connection already open), else SFTP on that connection.
+The agent's ``sync_put``, unless the host holds other versions of enough of the files (``DELTA_MIN``)
+and both ends have rsync: then this machine's rsync (to an SSH host through ``rsh.py`` and a command
+channel on the connection already open). SFTP is no carrier: slower than the agent in every case
+measured (docs/benchmarks.md, Sync).
 """
 
 from __future__ import annotations
@@ -33,16 +34,16 @@ RSYNC_CODES = {
 
 def carrier(files: str | None, local_rsync: str | None, remote_rsync: str | None, revised: int) -> str:
     """What carries the files' data to a host whose transport reaches its files ``files``
-    (``Transport.files``), where it holds other versions of ``revised`` bytes of them: the agent's
-    ``sync_put`` (the fastest for files new there), unless ``revised`` reaches ``DELTA_MIN``: then
-    ``rsync`` where both ends have it (a local host: this machine's rsync alone), else ``sftp`` over
-    SSH. A host's rsync whose path a login shell could misread (spaces, quotes) is not used."""
+    (``Transport.files``), where it holds other versions of ``revised`` bytes of them: ``rsync``
+    where ``revised`` reaches ``DELTA_MIN`` and both ends have it (a local host: this machine's rsync
+    alone), else the agent's ``sync_put``. A host's rsync whose path a login shell could misread
+    (spaces, quotes) is not used."""
     if revised < DELTA_MIN:
         return "agent"
     if files == "local":
         return "rsync" if local_rsync else "agent"
     if files == "ssh":
-        return "rsync" if local_rsync and remote_rsync and SAFE_WORD.fullmatch(remote_rsync) else "sftp"
+        return "rsync" if local_rsync and remote_rsync and SAFE_WORD.fullmatch(remote_rsync) else "agent"
     return "agent"
 
 

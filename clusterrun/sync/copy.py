@@ -9,10 +9,10 @@ only its mtime and mode are set). Nothing is ever deleted on the host.
 
 What to change is decided in ``synctree``, for every host alike; what carries the files' bytes is
 ``synccarriers.carrier()``: the agent's ``sync_put`` (the bytes follow the request on its stdin),
-unless the host holds other versions of enough of the files (``DELTA_MIN``): then this machine's
-**rsync** where both ends have it (to an SSH host through ``rsh.py`` and a command channel on the
-connection already open, its paths inside rsync's protocol), else **SFTP** on that connection
-(paramiko); this module drives them per host (``HostSync``) and reports. Directories,
+unless the host holds other versions of enough of the files (``DELTA_MIN``) and both ends have
+rsync: then this machine's **rsync** (to an SSH host through ``rsh.py`` and a command channel on
+the connection already open, its paths inside rsync's protocol); this module drives them per host
+(``HostSync``) and reports. Directories,
 symlinks and mode/mtime-only changes always go through the agent. Files are written to a
 temporary name and renamed, with their permission bits and mtime.
 
@@ -28,7 +28,6 @@ directory; they win); the syntax supported is in ``clusterrun.sync.excludes``. N
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import subprocess
@@ -39,7 +38,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
 
 from clusterrun.agent.wire import SyncHashRequest, SyncPutRequest, SyncStatRequest, Written
 from clusterrun.config.hostsfile import ClusterSpec, HostSpec
@@ -89,7 +87,7 @@ class SyncReport:
     same_dir: bool = False  # the workdir is the source directory itself (a local host): nothing to do
     seconds: float = 0.0
     dry_run: bool = False  # what would be copied; nothing was
-    via: str = ""  # what carried the files' data: ``rsync``, ``sftp`` or ``agent`` (see ``carrier``)
+    via: str = ""  # what carried the files' data: ``rsync`` or ``agent`` (see ``carrier``)
     note: str = ""  # why ``via`` is not the first choice, where that was a surprise
 
     def describe(self, timed: bool = True) -> str:
@@ -208,8 +206,6 @@ class HostSync:
                 self._rsync(files, found, done, total)
             except _RsyncUnusable as exc:  # e.g. a shell that prints: the agent copes with it
                 via, report = "agent", replace(report, via="agent", note=f"rsync could not start ({exc.message})")
-        elif via == "sftp" and not self._sftp(files, found.root, done, total):
-            via, report = "agent", replace(report, via="agent", note="the host has no SFTP that works")
         if via == "agent" and files:
             for i, batch in enumerate(_batches(files)):
                 request = SyncPutRequest(root=self.root, root_mode=self.manifest.mode,
@@ -273,84 +269,9 @@ class HostSync:
             raise AgentError(self.host.host, f"by rsync (exit {code}): {cause}",
                              hint=RSYNC_CODES.get(code, "see rsync's message above"))
 
-    # ------------------------------------------------------------------------------ SFTP
-
-    def _sftp(self, files: Sequence[LocalEntry], root: str, done: list[int], total: int) -> bool:
-        """Copy ``files`` over SFTP on the connection, each to a temporary name that the agent then
-        checks (size and sha256) and renames into place with its mode and mtime (SFTP sets whole
-        seconds only); False when the server has no SFTP."""
-        assert self.transport is not None
-        with self.transport.sftp() as sftp:
-            if sftp is None:
-                return False
-            installs: list[dict[str, object]] = []
-            for entry in files:
-                folder, _, name = entry.path.rpartition("/")
-                temporary = f"{folder}/" * bool(folder) + f".{name}.{os.urandom(6).hex()}.clusterrun-tmp"
-                self._sftp_file(sftp, entry, f"{root}/{temporary}", f"{root}/{entry.path}", done)
-                installs.append({**self._entry(entry, data=False), "from": temporary,
-                                 "sha256": self._local_hash(entry)})  # the agent checks what arrived
-                self._tell("copy", (done[0], len(files)), (done[1], total))
-                if len(installs) >= BATCH_FILES:
-                    self._install(installs)
-            self._install(installs)
-        return True
-
-    def _install(self, installs: list[dict[str, object]]) -> None:
-        if installs:
-            self._put(SyncPutRequest(root=self.root, entries=installs), [])
-            installs.clear()
-
     def _put(self, request: SyncPutRequest, data: Iterable[bytes]) -> int:
         """Send a ``sync_put`` (its files' bytes after it); how many files the agent wrote."""
         return decode(self.host.host, Written, self.session.call_with_data(request, data), "sync_put answer").written
-
-    def _sftp_file(self, sftp: Any, entry: LocalEntry, temporary: str, target: str, done: list[int]) -> None:
-        """Write ``entry``'s bytes to ``temporary`` on the host (beside ``target``, which errors
-        name); a failure removes it again."""
-        path = os.path.join(self.manifest.root, entry.path)
-
-        def failed(exc: OSError) -> AgentError:
-            return AgentError(self.host.host, f"cannot write {target} over SFTP: {_sftp_reason(exc)}")
-
-        try:
-            source = open(path, "rb")  # noqa: SIM115 - closed below, with the remote file
-        except OSError as exc:
-            raise _Aborted(f"cannot read {path}: {exc.strerror or exc}") from None
-        written = False
-        with source:
-            try:
-                remote = sftp.open(temporary, "wx")
-            except OSError as exc:
-                raise failed(exc) from None
-            try:
-                remote.set_pipelined(True)
-                left = entry.size
-                while left > 0:
-                    try:
-                        block = source.read(min(CHUNK, left))
-                    except OSError as exc:
-                        raise _Aborted(f"cannot read {path}: {exc.strerror or exc}") from None
-                    if not block:
-                        raise _Aborted(f"{path} changed while it was being copied", hint="run again once it is written")
-                    try:
-                        remote.write(block)
-                    except OSError as exc:
-                        raise failed(exc) from None
-                    left -= len(block)
-                    done[1] += len(block)
-                try:
-                    remote.close()  # waits for the answers to the pipelined writes
-                except OSError as exc:
-                    raise failed(exc) from None
-                written = True
-            finally:
-                if not written:
-                    with contextlib.suppress(OSError):
-                        remote.close()
-                    with contextlib.suppress(OSError):
-                        sftp.remove(temporary)
-        done[0] += 1
 
     def _local_hash(self, entry: LocalEntry) -> str | None:
         """The file's sha256, computed once for all hosts (the manifest's cache)."""
@@ -406,14 +327,6 @@ class HostSync:
                 self.session.close()
                 raise _Aborted(f"{path} changed while it was being copied", hint="run again once it is written")
             done[0] += 1
-
-
-def _sftp_reason(exc: OSError) -> str:
-    """OpenSSH's sftp-server reports most errors (a full disk among them) as a bare ``Failure``."""
-    text = exc.strerror or str(exc)
-    if text.strip().lower() == "failure":
-        return "Failure (the SFTP server does not say why: a full disk, a quota or a read-only file system)"
-    return text
 
 
 def _batches(files: Sequence[LocalEntry]) -> Iterator[list[LocalEntry]]:

@@ -17,7 +17,6 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager
 from typing import Any
 
 from clusterrun.agent import BOOTSTRAP
@@ -369,18 +368,14 @@ class Transport(ABC):
             session.close()
 
     # How a sync may reach the host's files besides the agent's ``sync_put`` (clusterrun.sync.copy):
-    # ``local`` (the host's file system is this machine's), ``ssh`` (``pipe()`` and ``sftp()`` over
-    # the connection) or None (only the agent).
+    # ``local`` (the host's file system is this machine's), ``ssh`` (``pipe()`` over the connection)
+    # or None (only the agent).
     files: str | None = None
 
     def pipe(self, command: str, peer: socket.socket) -> tuple[int, str]:
         """Run ``command`` (its words safe for any login shell) on the host, with ``peer`` as its
         stdin and stdout, until it ends: its exit status and the end of its stderr."""
         raise NotImplementedError(f"{type(self).__name__} runs only the agent")
-
-    def sftp(self) -> AbstractContextManager[Any]:
-        """An SFTP client (paramiko's) on the host's connection, for a ``with`` block."""
-        raise NotImplementedError(f"{type(self).__name__} has no SFTP")
 
     def close(self) -> None:  # noqa: B027 - optional hook: a local host has nothing to release
         """Release the connection (nothing to do for a local host)."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager
 from typing import Any
 
 from clusterrun.config.hostsfile import HostSpec
@@ -66,9 +65,6 @@ class Lent(Transport):
 
     def pipe(self, command: str, peer: socket.socket) -> tuple[int, str]:
         return self.inner.pipe(command, peer)
-
-    def sftp(self) -> AbstractContextManager[Any]:
-        return self.inner.sftp()
 
     def close(self) -> None:
         """The owner closes ``inner``, not its borrowers."""

@@ -34,8 +34,6 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from clusterrun.config.hostsfile import HostSpec
@@ -312,7 +310,7 @@ class SSHTransport(Transport):
 
     _stderr_tail = b""
 
-    # ------------------------------------------------------------------- commands and SFTP (sync)
+    # ------------------------------------------------------------------------- commands (sync)
 
     files = "ssh"
 
@@ -379,31 +377,6 @@ class SSHTransport(Transport):
             status = channel.recv_exit_status()  # -1: the connection ended without one
             threads[1].join(timeout=5)
             return status, b"".join(stderr)[-4000:].decode(errors="replace")
-        finally:
-            self._done(channel)
-
-    @contextmanager
-    def sftp(self) -> Iterator[paramiko.SFTPClient | None]:
-        """paramiko's SFTP client on the connection; None when the server has no usable SFTP
-        subsystem. paramiko's own errors in the block are translated (``map_error``)."""
-        transport, channel = self._channel()
-        try:
-            try:
-                channel.invoke_subsystem("sftp")
-            except Exception as exc:  # noqa: BLE001 - a refusal, or a dead connection (map_error)
-                if transport.is_active() and not isinstance(exc, socket.timeout | TimeoutError):
-                    yield None
-                    return
-                raise map_error(self.name, exc) from exc
-            try:
-                client = paramiko.SFTPClient(channel)
-            except (paramiko.SSHException, paramiko.SFTPError, EOFError, OSError):  # a login shell printing into it
-                yield None
-                return
-            try:
-                yield client
-            except (paramiko.SSHException, paramiko.SFTPError, EOFError) as exc:  # the connection died under it
-                raise map_error(self.name, exc) from exc
         finally:
             self._done(channel)
 
