@@ -428,6 +428,8 @@ def test_a_quiet_connection_wakes_paramiko_less_often_than_the_heartbeat_and_sti
         reader = transport._client.get_transport()
         assert reader is not None and reader.is_alive()
         assert reader.sock.gettimeout() == 3600.0
+        # The probe's channel closed both ways: the server has nothing more to say that would wake the reader
+        wait_for(lambda: not reader._channels.values(), timeout=30, what="the channel's close")
     finally:
         transport.close()
     wait_for(lambda: not reader.is_alive(), timeout=30, what="paramiko's reader thread to end")

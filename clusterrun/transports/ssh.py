@@ -255,6 +255,12 @@ class SSHTransport(Transport):
     def _close_clients(self) -> None:
         for client in [self._client, *reversed(self._jumps)]:
             if client is not None:
+                # Shut the socket down first: paramiko only closes it, which on Linux leaves its reader
+                # thread blocked in recv until the server next says something (up to READER_WAKE later)
+                sock = getattr(client.get_transport(), "sock", None)
+                if isinstance(sock, socket.socket):
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
                 client.close()
         self._client = None
         self._jumps = []
