@@ -20,8 +20,8 @@ from clusterrun.transports import Transport
 SAFE_WORD = re.compile(r"[A-Za-z0-9_.,:=/+-]+")  # a word that every login shell passes unchanged
 # rsync only where the host holds other versions of this many bytes of the files to send: its delta
 # then spares more than it costs to start (about what sending 2.5 MB whole costs). 4 hosts
-# (docs/benchmarks.md, Sync): one small file 0.23 s by the agent, 0.34 by rsync; a whole tree 3.29
-# and 3.52; 4 KB changed in a 10 MB file 0.66 and 0.39.
+# (docs/benchmarks.md, Sync): one small file 0.22-0.23 s by the agent, 0.34-0.35 by rsync; 4 KB
+# changed in a 10 MB file 0.60-0.66 and 0.37-0.39; a whole tree alike, the agent with less CPU.
 DELTA_MIN = 4 * 2**20
 # rsync's exit codes that have a fix to name (its man page, EXIT VALUES)
 RSYNC_CODES = {
