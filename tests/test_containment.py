@@ -847,10 +847,13 @@ def logout(where: UserHost) -> None:
     session's scope — except the simulated host's sshd listener (its PID 1), which stands in for
     sshd.service, outside the session on a real host."""
     for pid in Path(where.here(where.login), "cgroup.procs").read_text().split():
-        status = Path(f"/proc/{pid}/status").read_text()
-        nspid = next(line.split()[-1] for line in status.splitlines() if line.startswith("NSpid:"))
-        if nspid != "1":
-            os.kill(int(pid), signal.SIGKILL)
+        try:  # sshd's processes of the closed connection may end on their own meanwhile
+            status = Path(f"/proc/{pid}/status").read_text()
+            nspid = next(line.split()[-1] for line in status.splitlines() if line.startswith("NSpid:"))
+            if nspid != "1":
+                os.kill(int(pid), signal.SIGKILL)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
     wait_for(lambda: len(Path(where.here(where.login), "cgroup.procs").read_text().split()) <= 1, 10,
              what="the session to end")
 
