@@ -2,7 +2,7 @@
 
 For N simulated hosts (tests/simhosts.py: separate namespaces, a real sshd each; their filesystem
 is this machine's, so each host gets a workdir of its own) and a tree of many small files and a few
-big ones, it measures three cases, each for both tools, all hosts in parallel:
+big ones, it measures four cases, each for every tool, all hosts in parallel:
 
 - ``full``: every workdir empty (the whole tree to every host);
 - ``none``: nothing changed since (every file compared, nothing copied);

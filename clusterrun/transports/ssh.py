@@ -320,8 +320,8 @@ class SSHTransport(Transport):
 
     files = "ssh"
 
-    def _channel(self, command: str | None = None) -> tuple[paramiko.Transport, paramiko.Channel]:
-        """A new channel on the connection running ``command`` (if any), holding one of its
+    def _channel(self, command: str) -> tuple[paramiko.Transport, paramiko.Channel]:
+        """A new channel on the connection running ``command``, holding one of its
         ``MAX_SESSIONS`` until ``_done``. A channel that cannot be opened drops the connection
         (``_drop``), unless sshd refused it: then the connection works."""
         self.connect()
@@ -333,8 +333,7 @@ class SSHTransport(Transport):
         try:
             channel = transport.open_session(window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET,
                                              timeout=CONNECT_TIMEOUT)
-            if command is not None:
-                channel.exec_command(command)
+            channel.exec_command(command)
         except Exception as exc:  # noqa: BLE001 - translated by map_error
             self._sessions.release()
             if not isinstance(exc, paramiko.ChannelException):
